@@ -1,0 +1,40 @@
+"""The ``shardloader`` command: thin commands over the library; errors become exit codes.
+
+``ShardloaderError`` → exit 1 with its message; ``UsageError`` (and click's own usage errors)
+→ exit 2.  The library never prints or exits; only this module does.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from shardloader.errors import ShardloaderError, UsageError
+
+
+class _Group(click.Group):
+    """Maps library errors to exit codes in one place."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except UsageError as err:
+            click.echo(f"error: {err}", err=True)
+            sys.exit(2)
+        except ShardloaderError as err:
+            click.echo(f"error: {err}", err=True)
+            sys.exit(1)
+
+
+@click.group(cls=_Group)
+@click.version_option(package_name="shardloader")
+def main() -> None:
+    """Pack raw files into verified shards and stream them into PyTorch."""
+
+
+def command(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Register a command defined in another module (keeps this file thin)."""
+    return main.add_command(fn) or fn  # type: ignore[func-returns-value]

@@ -1,0 +1,150 @@
+"""Per-field encode checks and decoders, chosen from an allowlist by file extension.
+
+A field's extension (the part of a member name after the sample key, e.g. ``jpg`` or
+``seg.png``; its last dotted component decides) maps to a codec name.  The codec name is
+recorded in the manifest, so readers never guess.  There is no pickle codec: ``.pkl``/``.pth``
+fields are stored as opaque bytes and decoding them is an error that names the remedy.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from shardloader.errors import DecodeError, InputError
+
+__all__ = [
+    "IMAGE_EXTENSIONS",
+    "PICKLE_EXTENSIONS",
+    "codec_for_extension",
+    "check_field",
+    "decode_field",
+    "Decoder",
+]
+
+IMAGE_EXTENSIONS = frozenset({"jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff", "ppm"})
+PICKLE_EXTENSIONS = frozenset({"pkl", "pickle", "pyd", "pth", "pt", "ckpt"})
+_TEXT = frozenset({"txt", "text", "md", "html", "xml", "csv", "tsv", "caption"})
+_JSON = frozenset({"json", "jsonl"})
+_INT = frozenset({"cls", "cls2", "index", "label", "int", "id"})
+_CODECS = ("image", "text", "json", "int", "npy", "tokens", "bytes", "opaque")
+
+
+def codec_for_extension(ext: str) -> str:
+    """Return the codec name for a field extension (``"seg.png"`` decides on ``png``)."""
+    last = ext.rsplit(".", 1)[-1].lower()
+    if last in IMAGE_EXTENSIONS:
+        return "image"
+    if last in _TEXT:
+        return "text"
+    if last in _JSON:
+        return "json"
+    if last in _INT:
+        return "int"
+    if last == "npy":
+        return "npy"
+    if last in ("tokens", "ids"):
+        return "tokens"
+    if last in PICKLE_EXTENSIONS:
+        return "opaque"
+    return "bytes"
+
+
+def check_field(codec: str, data: bytes, *, validate_images: bool = False) -> None:
+    """Raise :class:`InputError` (without location; the caller adds it) if ``data`` is invalid."""
+    try:
+        if codec == "text":
+            data.decode("utf-8")
+        elif codec == "json":
+            json.loads(data.decode("utf-8"))
+        elif codec == "int":
+            int(data.decode("ascii").strip())
+        elif codec == "npy":
+            _load_npy(data)
+        elif codec == "image" and validate_images:
+            from PIL import Image
+
+            with Image.open(io.BytesIO(data)) as im:
+                im.load()
+    except UnicodeDecodeError as err:
+        raise InputError(f"invalid UTF-8 at byte {err.start}") from err
+    except json.JSONDecodeError as err:
+        raise InputError(f"invalid JSON ({err.msg} at char {err.pos})") from err
+    except InputError:
+        raise
+    except Exception as err:  # PIL and numpy raise many types for corrupt data
+        raise InputError(f"invalid {codec} data: {err}") from err
+
+
+def _load_npy(data: bytes) -> np.ndarray:
+    return np.load(io.BytesIO(data), allow_pickle=False)
+
+
+def _decode_image(data: bytes, mode: str) -> Any:
+    from PIL import Image
+
+    image = Image.open(io.BytesIO(data))
+    if mode == "pil":
+        image.load()
+        return image
+    if image.mode != "RGB":
+        image = image.convert("RGB")
+    array = np.asarray(image)
+    if mode == "numpy":
+        return array
+    import torch
+
+    return torch.from_numpy(array.copy()).permute(2, 0, 1)  # uint8 CHW
+
+
+@dataclass(frozen=True)
+class Decoder:
+    """How to turn stored bytes into Python values, per codec.
+
+    ``image``: ``"tensor"`` (uint8 CHW), ``"numpy"`` (uint8 HWC), ``"pil"`` or ``"raw"`` (bytes).
+    ``custom`` maps an extension to a function of the bytes; it is the only way to read an
+    opaque (pickled) field, and the choice of trusting that data is then the caller's.
+    """
+
+    image: str = "tensor"
+    custom: Mapping[str, Callable[[bytes], Any]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.image not in ("tensor", "numpy", "pil", "raw"):
+            raise DecodeError(
+                f"Decoder(image={self.image!r}) is not one of 'tensor', 'numpy', 'pil', 'raw'"
+            )
+
+
+def decode_field(
+    ext: str, codec: str, data: bytes, decoder: Decoder, *, dtype: str | None = None
+) -> Any:
+    """Decode one field's bytes according to its codec (recorded in the manifest)."""
+    custom = decoder.custom.get(ext)
+    if custom is not None:
+        return custom(data)
+    if codec == "image":
+        return data if decoder.image == "raw" else _decode_image(data, decoder.image)
+    if codec == "text":
+        return data.decode("utf-8")
+    if codec == "json":
+        return json.loads(data)
+    if codec == "int":
+        return int(data)
+    if codec == "npy":
+        return _load_npy(data)
+    if codec == "tokens":
+        return np.frombuffer(data, dtype=np.dtype(dtype or "uint32").newbyteorder("<"))
+    if codec == "bytes":
+        return data
+    if codec == "opaque":
+        raise DecodeError(
+            f"field {ext!r} holds pickled data, which shardloader never unpickles; "
+            f"pass Decoder(custom={{{ext!r}: your_function}}) if you trust its source"
+        )
+    raise DecodeError(f"unknown codec {codec!r} for field {ext!r}; known: {', '.join(_CODECS)}")

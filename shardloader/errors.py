@@ -1,0 +1,62 @@
+"""One exception tree for the whole package.
+
+Every error is a :class:`ShardloaderError` *and* the matching built-in (``ValueError``,
+``OSError``, ...), so callers can catch either.  Messages name the value, the place (file, shard,
+sample key, rank, worker) and the remedy; the CLI maps ``ShardloaderError`` to exit code 1 and
+:class:`UsageError` to exit code 2.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ShardloaderError",
+    "UsageError",
+    "InputError",
+    "OutputExistsError",
+    "ManifestError",
+    "ShardError",
+    "ChecksumError",
+    "DecodeError",
+    "StorageError",
+    "ResumeError",
+]
+
+
+class ShardloaderError(Exception):
+    """Base class of every error shardloader raises on purpose."""
+
+
+class UsageError(ShardloaderError, ValueError):
+    """The call itself is wrong: bad option values, empty or ambiguous input layout."""
+
+
+class InputError(ShardloaderError, ValueError):
+    """A raw input file cannot be packed: unreadable, invalid UTF-8/JSON, corrupt image."""
+
+
+class OutputExistsError(ShardloaderError, FileExistsError):
+    """The output location already holds data and neither --overwrite nor --resume was given."""
+
+
+class ManifestError(ShardloaderError, ValueError):
+    """The manifest is missing, malformed, of an unknown version, or does not match the shards."""
+
+
+class ShardError(ShardloaderError, OSError):
+    """A shard cannot be read: truncated, malformed tar/arrow, sample index out of range."""
+
+
+class ChecksumError(ShardError):
+    """A shard's bytes do not hash to the checksum recorded in the manifest."""
+
+
+class DecodeError(ShardloaderError, ValueError):
+    """A field of a sample cannot be decoded (or must not be: pickled data)."""
+
+
+class StorageError(ShardloaderError, OSError):
+    """Reading or writing a URL failed for good (retries exhausted or a permanent error)."""
+
+
+class ResumeError(ShardloaderError, ValueError):
+    """A saved loader state does not fit the dataset it is loaded into."""

@@ -1,0 +1,184 @@
+"""Arrow IPC shards: one row per sample, a ``__key__`` column and one binary column per field.
+
+Why IPC and not Parquet: IPC record batches are addressable without decoding row groups and, once
+staged uncompressed, memory-map with zero copies, so reading one sample is a slice.  Stored
+shards use IPC's zstd buffer compression (batches of up to ``_ROWS_PER_BATCH`` rows or about
+``_BYTES_PER_BATCH`` bytes, whichever comes first).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator, Mapping
+from typing import BinaryIO
+
+import numpy as np
+import pyarrow as pa
+
+from shardloader.errors import ShardError
+from shardloader.format import Sample, WrittenShard
+from shardloader.manifest import FieldInfo, SampleIndex
+
+_ROWS_PER_BATCH = 1024
+_BYTES_PER_BATCH = 8 << 20
+KEY_COLUMN = "__key__"
+
+
+def _schema(fields: Mapping[str, FieldInfo]) -> pa.Schema:
+    return pa.schema([(KEY_COLUMN, pa.string())] + [(f, pa.large_binary()) for f in sorted(fields)])
+
+
+class _Counter:
+    def __init__(self, fileobj: BinaryIO) -> None:
+        self._f = fileobj
+        self.sha = hashlib.sha256()
+        self.count = 0
+
+    def write(self, data: bytes) -> int:
+        view = memoryview(data)
+        self.sha.update(view)
+        self.count += view.nbytes
+        return self._f.write(view)
+
+    def flush(self) -> None:
+        self._f.flush()
+
+    def close(self) -> None:
+        self._f.flush()
+
+    @property
+    def closed(self) -> bool:
+        return False
+
+
+class ArrowShardWriter:
+    """Buffers rows into record batches and writes a compressed IPC file."""
+
+    def __init__(self, fileobj: BinaryIO, compression: str, fields: Mapping[str, FieldInfo]):
+        self._out = _Counter(fileobj)
+        self._columns = sorted(fields)
+        self._schema = _schema(fields)
+        codec = None if compression == "none" else compression
+        if codec == "gzip":
+            raise ShardError("arrow shards support compression 'zstd' or 'none', not 'gzip'")
+        options = pa.ipc.IpcWriteOptions(compression=codec)
+        self._writer = pa.ipc.new_file(pa.PythonFile(self._out, mode="w"), self._schema,
+                                       options=options)
+        self._rows: list[Sample] = []
+        self._pending = 0
+        self._keys: list[str] = []
+        self._sizes: list[int] = []
+        self._lengths: list[int] = []
+
+    def add(self, key: str, fields: Mapping[str, bytes], length: int | None = None) -> None:
+        unknown = set(fields) - set(self._columns)
+        if unknown:
+            raise ShardError(f"sample {key!r} has fields {sorted(unknown)} not in the schema")
+        self._rows.append((key, dict(fields)))
+        size = sum(len(v) for v in fields.values())
+        self._keys.append(key)
+        self._sizes.append(size)
+        self._lengths.append(-1 if length is None else length)
+        self._pending += size
+        if len(self._rows) >= _ROWS_PER_BATCH or self._pending >= _BYTES_PER_BATCH:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self._rows:
+            return
+        arrays = [pa.array([k for k, _ in self._rows], pa.string())]
+        for col in self._columns:
+            arrays.append(pa.array([f.get(col) for _, f in self._rows], pa.large_binary()))
+        self._writer.write_batch(pa.record_batch(arrays, schema=self._schema))
+        self._rows, self._pending = [], 0
+
+    def close(self) -> WrittenShard:
+        self._flush()
+        self._writer.close()
+        n = len(self._keys)
+        has_lengths = bool(self._lengths) and min(self._lengths) >= 0
+        index = SampleIndex(
+            keys=self._keys,
+            offsets=np.arange(n, dtype=np.int64),
+            sizes=np.asarray(self._sizes, np.int64),
+            lengths=np.asarray(self._lengths, np.int64) if has_lengths else None,
+        )
+        raw = sum(self._sizes) + sum(len(k) for k in self._keys)
+        return WrittenShard(n, self._out.count, raw, self._out.sha.hexdigest(), index)
+
+
+def _open(src: BinaryIO | pa.NativeFile, where: str) -> pa.ipc.RecordBatchFileReader:
+    try:
+        return pa.ipc.open_file(src)
+    except (pa.ArrowInvalid, OSError) as err:
+        raise ShardError(f"{where}: not a readable Arrow IPC shard ({err})") from err
+
+
+def _rows(batch: pa.RecordBatch) -> Iterator[Sample]:
+    names = [n for n in batch.schema.names if n != KEY_COLUMN]
+    keys = batch.column(KEY_COLUMN).to_pylist()
+    cols = [batch.column(n) for n in names]
+    for r, key in enumerate(keys):
+        fields = {}
+        for name, col in zip(names, cols):
+            value = col[r].as_py()
+            if value is not None:
+                fields[name] = value
+        yield key, fields
+
+
+def iter_arrow(src: BinaryIO, where: str) -> Iterator[Sample]:
+    data = src.read()
+    reader = _open(pa.BufferReader(data), where)
+    try:
+        for b in range(reader.num_record_batches):
+            yield from _rows(reader.get_batch(b))
+    except (pa.ArrowInvalid, OSError) as err:
+        raise ShardError(f"{where}: corrupt Arrow record batch ({err})") from err
+
+
+def stage_arrow(src: BinaryIO, dst: BinaryIO, where: str) -> int:
+    """Rewrite a (compressed) IPC shard uncompressed so it memory-maps with zero copies."""
+    reader = _open(pa.BufferReader(src.read()), where)
+    sink = pa.PythonFile(dst, mode="w")
+    before = dst.tell()
+    try:
+        with pa.ipc.new_file(sink, reader.schema) as writer:
+            for b in range(reader.num_record_batches):
+                writer.write_batch(reader.get_batch(b))
+    except (pa.ArrowInvalid, OSError) as err:
+        raise ShardError(f"{where}: corrupt Arrow record batch ({err})") from err
+    return dst.tell() - before
+
+
+class ArrowShardReader:
+    """Row access on a memory-mapped uncompressed IPC file."""
+
+    def __init__(self, local_path: str, index: SampleIndex, where: str) -> None:
+        self._where = where
+        self._index = index
+        self._mmap = pa.memory_map(local_path)
+        self._reader = _open(self._mmap, where)
+        counts = [self._reader.get_batch(b).num_rows for b in range(self._reader.num_record_batches)]
+        self._starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        self._cached: tuple[int, list[Sample]] | None = None
+        if self._starts[-1] != len(index):
+            raise ShardError(
+                f"{where}: shard has {self._starts[-1]} rows but its index lists {len(index)}"
+            )
+
+    def read(self, i: int) -> Sample:
+        b = int(np.searchsorted(self._starts, i, side="right")) - 1
+        batch = self._reader.get_batch(b)
+        r = i - int(self._starts[b])
+        names = [n for n in batch.schema.names if n != KEY_COLUMN]
+        key = batch.column(KEY_COLUMN)[r].as_py()
+        fields = {}
+        for n in names:
+            value = batch.column(n)[r].as_py()
+            if value is not None:
+                fields[n] = value
+        return key, fields
+
+    def close(self) -> None:
+        self._mmap.close()

@@ -1,0 +1,276 @@
+"""POSIX (pax) tar shards, webdataset-compatible: one sample = consecutive members sharing a key.
+
+Writer: members sorted by extension, mtime 0, uid/gid 0, no user names, mode 0644, so the same
+samples give the same bytes.  The writer records each sample's offset and size in the
+*uncompressed* tar, so a staged copy can be read by seeking.  Reader: a small header parser that
+understands ustar, pax ``x``/``g`` records and GNU long names: enough for our shards and for
+shards written by webdataset or GNU tar.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import tarfile
+from collections.abc import Iterator, Mapping
+from typing import BinaryIO
+
+import numpy as np
+import zstandard
+
+from shardloader.errors import ShardError
+from shardloader.format import Sample, WrittenShard
+from shardloader.manifest import SampleIndex
+
+BLOCK = 512
+_ZSTD_LEVEL = 3
+_GZIP_LEVEL = 6
+
+
+def split_key(name: str) -> tuple[str, str] | None:
+    """webdataset's rule: the key is the path up to the first dot of the basename."""
+    slash = name.rfind("/")
+    dot = name.find(".", slash + 1)
+    if dot <= slash + 1:
+        return None
+    return name[:dot], name[dot + 1 :]
+
+
+class _HashingCounter:
+    """File wrapper that hashes and counts the stored bytes on their way to disk."""
+
+    def __init__(self, fileobj: BinaryIO) -> None:
+        self._f = fileobj
+        self.sha = hashlib.sha256()
+        self.count = 0
+
+    def write(self, data: bytes) -> int:  # type: ignore[override]
+        self.sha.update(data)
+        self.count += len(data)
+        return self._f.write(data)
+
+    def flush(self) -> None:
+        self._f.flush()
+
+
+def _member_header(name: str, size: int) -> bytes:
+    info = tarfile.TarInfo(name)
+    info.size = size
+    info.mtime = 0
+    info.mode = 0o644
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    return info.tobuf(format=tarfile.PAX_FORMAT, encoding="utf-8", errors="strict")
+
+
+class TarShardWriter:
+    """Writes samples as tar members through zstd/gzip/no compression."""
+
+    def __init__(self, fileobj: BinaryIO, compression: str) -> None:
+        self._out = _HashingCounter(fileobj)
+        self._compressor: object | None
+        if compression == "zstd":
+            cctx = zstandard.ZstdCompressor(level=_ZSTD_LEVEL)
+            self._compressor = cctx.stream_writer(self._out, closefd=False)  # type: ignore[arg-type]
+        elif compression == "gzip":
+            self._compressor = gzip.GzipFile(
+                filename="", mode="wb", fileobj=self._out, mtime=0, compresslevel=_GZIP_LEVEL  # type: ignore[arg-type]
+            )
+        elif compression == "none":
+            self._compressor = None
+        else:
+            raise ShardError(f"unknown tar compression {compression!r}")
+        self._sink = self._compressor if self._compressor is not None else self._out
+        self._raw = 0
+        self._keys: list[str] = []
+        self._offsets: list[int] = []
+        self._sizes: list[int] = []
+        self._lengths: list[int] = []
+
+    def add(self, key: str, fields: Mapping[str, bytes], length: int | None = None) -> None:
+        start = self._raw
+        parts: list[bytes] = []
+        for ext in sorted(fields):
+            data = fields[ext]
+            parts.append(_member_header(f"{key}.{ext}", len(data)))
+            parts.append(data)
+            pad = -len(data) % BLOCK
+            if pad:
+                parts.append(b"\0" * pad)
+        blob = b"".join(parts)
+        self._sink.write(blob)  # type: ignore[attr-defined]
+        self._raw += len(blob)
+        self._keys.append(key)
+        self._offsets.append(start)
+        self._sizes.append(len(blob))
+        self._lengths.append(-1 if length is None else length)
+
+    def close(self) -> WrittenShard:
+        end = b"\0" * (2 * BLOCK)
+        self._sink.write(end)  # type: ignore[attr-defined]
+        self._raw += len(end)
+        if self._compressor is not None:
+            self._compressor.close()  # type: ignore[attr-defined]
+        self._out.flush()
+        has_lengths = bool(self._lengths) and min(self._lengths) >= 0
+        index = SampleIndex(
+            keys=self._keys,
+            offsets=np.asarray(self._offsets, np.int64),
+            sizes=np.asarray(self._sizes, np.int64),
+            lengths=np.asarray(self._lengths, np.int64) if has_lengths else None,
+        )
+        return WrittenShard(
+            num_samples=len(self._keys),
+            bytes=self._out.count,
+            raw_bytes=self._raw,
+            sha256=self._out.sha.hexdigest(),
+            index=index,
+        )
+
+
+def _decompressed(src: BinaryIO, compression: str) -> BinaryIO:
+    if compression == "zstd":
+        return zstandard.ZstdDecompressor().stream_reader(src, read_across_frames=True)  # type: ignore[return-value]
+    if compression == "gzip":
+        return gzip.GzipFile(fileobj=src, mode="rb")  # type: ignore[return-value]
+    return src
+
+
+def _read_exact(f: BinaryIO, n: int, where: str, what: str) -> bytes:
+    chunks = []
+    remaining = n
+    while remaining:
+        chunk = f.read(remaining)
+        if not chunk:
+            raise ShardError(f"{where}: truncated shard: {what} ends {remaining} bytes early")
+        chunks.append(chunk)
+        remaining -= len(chunk)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def _pax_records(data: bytes) -> dict[str, str]:
+    out: dict[str, str] = {}
+    pos = 0
+    while pos < len(data):
+        space = data.index(b" ", pos)
+        length = int(data[pos:space])
+        record = data[space + 1 : pos + length - 1]
+        k, _, v = record.partition(b"=")
+        out[k.decode("utf-8")] = v.decode("utf-8", "surrogateescape")
+        pos += length
+    return out
+
+
+def _iter_members(
+    f: BinaryIO, where: str, require_end: bool = True
+) -> Iterator[tuple[str, bytes]]:
+    """Yield (name, data) of regular files; raise ShardError on any malformation.
+
+    A whole shard ends with a zero block; a single sample's bytes (``require_end=False``) don't.
+    """
+    long_name: str | None = None
+    pax: dict[str, str] = {}
+    while True:
+        header = f.read(BLOCK)
+        if header == b"\0" * BLOCK:
+            return
+        if not header:
+            if require_end:
+                raise ShardError(f"{where}: truncated shard: no end-of-archive marker")
+            return
+        if len(header) != BLOCK:
+            raise ShardError(f"{where}: truncated shard: partial tar header")
+        try:
+            info = tarfile.TarInfo.frombuf(header, "utf-8", "surrogateescape")
+        except tarfile.HeaderError as err:
+            raise ShardError(f"{where}: corrupt tar header ({err})") from err
+        size = int(pax["size"]) if "size" in pax else info.size
+        data = _read_exact(f, size, where, f"member {info.name!r}")
+        pad = -size % BLOCK
+        if pad:
+            _read_exact(f, pad, where, f"padding of member {info.name!r}")
+        if info.type in (tarfile.XHDTYPE, tarfile.XGLTYPE, b"x", b"g"):
+            if info.type in (tarfile.XHDTYPE, b"x"):
+                pax = _pax_records(data)
+            continue
+        if info.type == tarfile.GNUTYPE_LONGNAME:
+            long_name = data.rstrip(b"\0").decode("utf-8", "surrogateescape")
+            continue
+        name = pax.get("path") or long_name or info.name
+        pax, long_name = {}, None
+        if info.type in (tarfile.REGTYPE, tarfile.AREGTYPE):
+            yield name, data
+
+
+def _iter_samples(members: Iterator[tuple[str, bytes]], where: str) -> Iterator[Sample]:
+    key: str | None = None
+    fields: dict[str, bytes] = {}
+    for name, data in members:
+        parts = split_key(name)
+        if parts is None:
+            continue  # no extension: not a sample member (webdataset skips these too)
+        k, ext = parts
+        if k != key:
+            if key is not None:
+                yield key, fields
+            key, fields = k, {}
+        if ext in fields:
+            raise ShardError(f"{where}: sample {k!r} has two members with extension {ext!r}")
+        fields[ext] = data
+    if key is not None:
+        yield key, fields
+
+
+def iter_tar(src: BinaryIO, compression: str, where: str) -> Iterator[Sample]:
+    """Stream the samples of a stored tar shard (compressed or not)."""
+    stream = _decompressed(src, compression)
+    try:
+        yield from _iter_samples(_iter_members(stream, where), where)
+    except (zstandard.ZstdError, OSError, EOFError) as err:
+        if isinstance(err, ShardError):
+            raise
+        raise ShardError(f"{where}: cannot decompress shard ({err})") from err
+
+
+def stage_tar(src: BinaryIO, dst: BinaryIO, compression: str, where: str) -> int:
+    """Decompress a stored tar shard into ``dst``; return the uncompressed byte count."""
+    stream = _decompressed(src, compression)
+    total = 0
+    try:
+        while True:
+            chunk = stream.read(1 << 20)
+            if not chunk:
+                return total
+            dst.write(chunk)
+            total += len(chunk)
+    except (zstandard.ZstdError, OSError, EOFError) as err:
+        raise ShardError(f"{where}: cannot decompress shard ({err})") from err
+
+
+class TarShardReader:
+    """Random access to samples of an uncompressed local tar via its sample index."""
+
+    def __init__(self, local_path: str, index: SampleIndex, where: str) -> None:
+        self._f = open(local_path, "rb")  # noqa: SIM115 - closed in close()
+        self._index = index
+        self._where = where
+
+    def read(self, i: int) -> Sample:
+        offset, size = int(self._index.offsets[i]), int(self._index.sizes[i])
+        self._f.seek(offset)
+        blob = self._f.read(size)
+        key = self._index.keys[i]
+        if len(blob) != size:
+            raise ShardError(f"{self._where}: truncated shard: sample {key!r} is cut short")
+        samples = list(_iter_samples(_iter_members(io.BytesIO(blob), self._where, False), self._where))
+        if len(samples) != 1 or samples[0][0] != key:
+            found = [k for k, _ in samples]
+            raise ShardError(
+                f"{self._where}: sample index says {key!r} at byte {offset}, found {found}; "
+                "the shard and its .idx.arrow sidecar do not match"
+            )
+        return samples[0]
+
+    def close(self) -> None:
+        self._f.close()

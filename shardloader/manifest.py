@@ -1,0 +1,201 @@
+"""The versioned manifest (``index.json``): what every later stage reads.
+
+The manifest is written last, after every shard and its sample index are complete, so a
+manifest never points at a partial shard.  It records, per shard, the stored and raw sizes, a
+SHA-256 of the stored bytes, and the path of a small Arrow sidecar (``*.idx.arrow``) with each
+sample's key, byte offset and size inside the *uncompressed* shard, so readers seek instead of
+scanning.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from shardloader.errors import ManifestError
+
+__all__ = [
+    "FORMAT_VERSION",
+    "MANIFEST_NAME",
+    "FieldInfo",
+    "ShardInfo",
+    "Manifest",
+    "SampleIndex",
+]
+
+FORMAT_VERSION = 1
+MANIFEST_NAME = "index.json"
+FORMATS = ("tar", "arrow")
+COMPRESSIONS = ("zstd", "gzip", "none")
+
+
+@dataclass(frozen=True)
+class FieldInfo:
+    """A field (tar member extension / arrow column) and how to decode it."""
+
+    codec: str
+    dtype: str | None = None  # element type of ``tokens`` fields, e.g. "uint16"
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    """One shard: where it is, how big, and how to check it."""
+
+    path: str  # relative to the manifest's folder
+    num_samples: int
+    bytes: int  # stored (compressed) size
+    raw_bytes: int  # uncompressed size: what a staged copy occupies
+    sha256: str  # of the stored bytes
+    index_path: str  # Arrow sidecar: key, offset, size (+ length) per sample
+    index_sha256: str
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """Everything a reader needs, and nothing that changes between runs (no timestamps)."""
+
+    format: str
+    compression: str
+    fields: Mapping[str, FieldInfo]
+    shards: Sequence[ShardInfo]
+    classes: Sequence[str] = ()
+    layout: str = ""
+    length_field: str | None = None  # field whose per-sample length the sidecars record
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.format not in FORMATS:
+            raise ManifestError(f"unknown shard format {self.format!r}; known: {FORMATS}")
+        if self.compression not in COMPRESSIONS:
+            raise ManifestError(f"unknown compression {self.compression!r}; known: {COMPRESSIONS}")
+
+    @property
+    def num_samples(self) -> int:
+        return sum(s.num_samples for s in self.shards)
+
+    @property
+    def shard_sizes(self) -> np.ndarray:
+        """Sample count of every shard, in manifest order (int64)."""
+        return np.fromiter((s.num_samples for s in self.shards), np.int64, len(self.shards))
+
+    @property
+    def fingerprint(self) -> str:
+        """Short hash of what decides sample identity and order; saved with loader states."""
+        ident = [self.format, self.compression]
+        ident += [[s.path, s.num_samples, s.sha256] for s in self.shards]
+        return hashlib.sha256(json.dumps(ident).encode()).hexdigest()[:16]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format_version": FORMAT_VERSION,
+            "format": self.format,
+            "compression": self.compression,
+            "layout": self.layout,
+            "num_samples": self.num_samples,
+            "num_shards": len(self.shards),
+            "bytes": sum(s.bytes for s in self.shards),
+            "raw_bytes": sum(s.raw_bytes for s in self.shards),
+            "checksum_algorithm": "sha256",
+            "fields": {k: _drop_none(asdict(v)) for k, v in sorted(self.fields.items())},
+            "classes": list(self.classes),
+            "length_field": self.length_field,
+            "extra": dict(self.extra),
+            "shards": [asdict(s) for s in self.shards],
+        }
+
+    def to_json(self) -> bytes:
+        """Canonical bytes: same manifest, same bytes."""
+        return (json.dumps(self.to_dict(), indent=1, sort_keys=True) + "\n").encode()
+
+    @classmethod
+    def from_json(cls, data: bytes, where: str = "manifest") -> Manifest:
+        try:
+            raw = json.loads(data)
+        except (UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise ManifestError(f"{where} is not valid JSON: {err}") from err
+        if not isinstance(raw, dict):
+            raise ManifestError(f"{where} is not a JSON object")
+        version = raw.get("format_version")
+        if version != FORMAT_VERSION:
+            raise ManifestError(
+                f"{where} has format_version {version!r}; this shardloader reads version "
+                f"{FORMAT_VERSION}: upgrade shardloader or re-pack the data"
+            )
+        try:
+            manifest = cls(
+                format=raw["format"],
+                compression=raw["compression"],
+                fields={k: FieldInfo(**v) for k, v in raw["fields"].items()},
+                shards=tuple(ShardInfo(**s) for s in raw["shards"]),
+                classes=tuple(raw.get("classes", ())),
+                layout=raw.get("layout", ""),
+                length_field=raw.get("length_field"),
+                extra=raw.get("extra", {}),
+            )
+        except (KeyError, TypeError) as err:
+            raise ManifestError(f"{where} is missing or has a malformed entry: {err}") from err
+        if raw.get("num_samples") != manifest.num_samples:
+            raise ManifestError(
+                f"{where}: num_samples {raw.get('num_samples')} does not equal the sum of the "
+                f"shard counts ({manifest.num_samples}); the manifest was edited or damaged"
+            )
+        return manifest
+
+
+def _drop_none(d: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in d.items() if v is not None}
+
+
+@dataclass(frozen=True)
+class SampleIndex:
+    """Per-shard sample table: key, byte offset and size in the uncompressed shard.
+
+    For arrow shards ``offsets`` are row numbers and ``sizes`` the bytes of the row's fields.
+    ``lengths`` (optional) is the length of the manifest's ``length_field`` per sample.
+    """
+
+    keys: Sequence[str]
+    offsets: np.ndarray
+    sizes: np.ndarray
+    lengths: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def to_arrow_bytes(self) -> bytes:
+        columns = {
+            "key": pa.array(list(self.keys), pa.string()),
+            "offset": pa.array(self.offsets, pa.uint64()),
+            "size": pa.array(self.sizes, pa.uint64()),
+        }
+        if self.lengths is not None:
+            columns["length"] = pa.array(self.lengths, pa.uint32())
+        table = pa.table(columns)
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_file(sink, table.schema) as writer:
+            writer.write_table(table)
+        return sink.getvalue().to_pybytes()
+
+    @classmethod
+    def from_arrow_bytes(cls, data: bytes, where: str = "sample index") -> SampleIndex:
+        try:
+            table = pa.ipc.open_file(pa.py_buffer(data)).read_all()
+            lengths = (
+                table.column("length").to_numpy().astype(np.int64)
+                if "length" in table.column_names
+                else None
+            )
+            return cls(
+                keys=table.column("key").to_pylist(),
+                offsets=table.column("offset").to_numpy().astype(np.int64),
+                sizes=table.column("size").to_numpy().astype(np.int64),
+                lengths=lengths,
+            )
+        except (pa.ArrowInvalid, KeyError) as err:
+            raise ManifestError(f"{where} is not a valid shardloader sample index: {err}") from err
