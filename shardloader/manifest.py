@@ -27,6 +27,8 @@ __all__ = [
     "ShardInfo",
     "Manifest",
     "SampleIndex",
+    "manifest_url",
+    "read_manifest",
 ]
 
 FORMAT_VERSION = 1
@@ -199,3 +201,29 @@ class SampleIndex:
             )
         except (pa.ArrowInvalid, KeyError) as err:
             raise ManifestError(f"{where} is not a valid shardloader sample index: {err}") from err
+
+
+def manifest_url(url: str) -> tuple[str, str]:
+    """Split a dataset URL (folder or ``.../index.json``) into (base folder, manifest URL)."""
+    from shardloader.storage import join
+
+    if url.endswith(".json"):
+        base = url.rsplit("/", 1)[0] if "/" in url else "."
+        return base, url
+    return url.rstrip("/") or "/", join(url, MANIFEST_NAME)
+
+
+def read_manifest(url: str, storage_options: Mapping[str, Any] | None = None) -> tuple[Manifest, str]:
+    """Fetch and parse a dataset's manifest once; return it with the base URL of its shards."""
+    from shardloader.errors import StorageError
+    from shardloader.storage import read_bytes
+
+    base, murl = manifest_url(url)
+    try:
+        data = read_bytes(murl, storage_options)
+    except StorageError as err:
+        raise ManifestError(
+            f"no manifest at {murl!r} ({err}); pack the data first with "
+            "`shardloader pack SRC OUT`, or index existing shards with `shardloader index`"
+        ) from err
+    return Manifest.from_json(data, murl), base

@@ -1,0 +1,46 @@
+"""shardloader: pack raw files into verified shards and stream them into PyTorch."""
+
+from shardloader.codecs import Decoder
+from shardloader.dataset import EpochReport, ShardedDataset
+from shardloader.errors import (
+    ChecksumError,
+    DecodeError,
+    InputError,
+    ManifestError,
+    OutputExistsError,
+    ResumeError,
+    ShardError,
+    ShardloaderError,
+    StorageError,
+    UsageError,
+)
+from shardloader.loader import ShardLoader, make_loader
+from shardloader.manifest import Manifest, read_manifest
+from shardloader.shards import ReadOptions
+from shardloader.shuffle import ShuffleOptions
+from shardloader.storage.cache import CacheOptions
+
+__all__ = [
+    "CacheOptions",
+    "ChecksumError",
+    "DecodeError",
+    "Decoder",
+    "EpochReport",
+    "InputError",
+    "Manifest",
+    "ManifestError",
+    "OutputExistsError",
+    "ReadOptions",
+    "ResumeError",
+    "ShardError",
+    "ShardLoader",
+    "ShardedDataset",
+    "ShardloaderError",
+    "ShuffleOptions",
+    "StorageError",
+    "UsageError",
+    "make_loader",
+    "read_manifest",
+]
+
+__version__ = "0.1.0"

@@ -1,0 +1,358 @@
+"""``ShardedDataset``: an IterableDataset that composes order, split, shards and decoding.
+
+Guarantees (see DESIGN.md and README "Guarantees"): every sample exactly once per epoch across
+ranks × workers (plus reported padding), the same number of steps on every rank, the same
+sequence per rank whatever ``num_workers`` is, elastic and instant resume through
+:func:`shardloader.make_loader`, and augmentation seeded per step.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import multiprocessing.context
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from torch.utils.data import IterableDataset
+
+from shardloader.codecs import Decoder, decode_field
+from shardloader.errors import DecodeError, ShardError, ShardloaderError, StorageError, UsageError
+from shardloader.manifest import Manifest, SampleIndex, read_manifest
+from shardloader.shards import ReadOptions, ShardSet, shard_starts
+from shardloader.shuffle import ShuffleOptions, derive_seed, epoch_order, plan_rng, seed_global_rngs
+from shardloader.split import UNEVEN_POLICIES, BatchSlots, Place, cut_fixed_batches, rank_slots
+from shardloader.storage import join, read_bytes
+from shardloader.world import detect_place, detect_world
+
+__all__ = ["ShardedDataset", "EpochReport"]
+
+log = logging.getLogger(__name__)
+
+_EPOCH, _START, _RANK, _WORLD = range(4)
+
+
+@dataclass(frozen=True)
+class EpochReport:
+    """What one epoch looks like for this world size: steps per rank and what was evened out."""
+
+    epoch: int
+    num_samples: int
+    steps_per_rank: int
+    padded_samples: int  # duplicates added so every batch and rank is full
+    dropped_samples: int  # samples left out by ``uneven="drop"``
+
+
+@dataclass(frozen=True)
+class _Plan:
+    batches: list[np.ndarray]
+    slots: BatchSlots
+    pad_in_last: int  # padding samples at the end of the last global batch
+    dropped: int  # samples cut from a partial last batch
+    num_batches: int
+    start: int  # first global batch of this (possibly resumed) pass
+
+
+class _Control:
+    """Epoch, resume position, rank and world, readable by DataLoader workers.
+
+    NOTE [why shared memory here]: with ``persistent_workers=True`` torch keeps the dataset
+    copy the workers got at start, so ``set_epoch`` in the main process would never reach them.
+    Four int64s in an anonymous shared array (inherited by workers, gone with the processes,
+    nothing named to leak) carry it.  Outside process start-up the dataset pickles a snapshot.
+    """
+
+    def __init__(self, values: list[int]) -> None:
+        self.array: Any = multiprocessing.RawArray("q", values)
+
+    def get(self) -> list[int]:
+        return list(self.array)
+
+    def set(self, index: int, value: int) -> None:
+        self.array[index] = value
+
+    def __getstate__(self) -> dict[str, Any]:
+        if multiprocessing.context.get_spawning_popen() is not None:
+            return {"array": self.array}
+        return {"values": list(self.array)}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        if "array" in state:
+            self.array = state["array"]
+        else:
+            self.array = multiprocessing.RawArray("q", state["values"])
+
+
+class ShardedDataset(IterableDataset):  # type: ignore[type-arg]
+    """Stream a packed dataset (local folder or any fsspec URL) into PyTorch.
+
+    ``batch_size`` forms batches inside the workers (needed for the guarantee that a rank's
+    sequence does not depend on ``num_workers``); ``planner`` replaces fixed batches with
+    bucketing, token budgets or packing.  ``uneven`` says how ranks are evened out: ``"pad"``
+    repeats samples, ``"drop"`` leaves them out; :meth:`report` gives the numbers.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        batch_size: int | None = None,
+        planner: Any = None,
+        shuffle: bool | ShuffleOptions = False,
+        seed: int = 0,
+        uneven: str = "pad",
+        transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+        collate_fn: Callable[[list[dict[str, Any]]], Any] | None = None,
+        decoder: Decoder | None = Decoder(),
+        on_error: str = "raise",
+        rank: int | None = None,
+        world_size: int | None = None,
+        read: ReadOptions | None = None,
+    ) -> None:
+        super().__init__()
+        if uneven not in UNEVEN_POLICIES:
+            raise UsageError(f"uneven={uneven!r} is not one of {UNEVEN_POLICIES}")
+        if on_error not in ("raise", "skip"):
+            raise UsageError(f"on_error={on_error!r} is not 'raise' or 'skip'")
+        if batch_size is not None and planner is not None:
+            raise UsageError("pass batch_size or planner, not both")
+        if batch_size is not None and batch_size < 1:
+            raise UsageError(f"batch_size must be >= 1, got {batch_size}")
+        self.url = url
+        self.read_options = read or ReadOptions()
+        self.manifest, self.base = read_manifest(url, self.read_options.storage_options)
+        if self.manifest.num_samples == 0:
+            raise UsageError(f"{url} holds no samples")
+        self.batch_size = batch_size
+        self.planner = planner
+        self.shuffle = shuffle if isinstance(shuffle, ShuffleOptions) else ShuffleOptions(shuffle)
+        self.seed = int(seed)
+        self.uneven = uneven
+        self.transform = transform
+        self.collate_fn = collate_fn
+        self.decoder = decoder
+        self.on_error = on_error
+        self._explicit_world = (rank, world_size)
+        r, w = detect_world(rank, world_size)
+        Place(r, w)  # validate
+        self._control = _Control([0, 0, r, w])
+        self._lengths: np.ndarray | None = None
+        if planner is not None and getattr(planner, "needs_lengths", False):
+            self._lengths = self._load_lengths()
+
+    # -- public state ---------------------------------------------------------------------
+    @property
+    def epoch(self) -> int:
+        return self._control.get()[_EPOCH]
+
+    @property
+    def rank(self) -> int:
+        return self._control.get()[_RANK]
+
+    @property
+    def world_size(self) -> int:
+        return self._control.get()[_WORLD]
+
+    def set_epoch(self, epoch: int) -> None:
+        """Choose the epoch (reshuffles); keeps a loaded resume position for that same epoch."""
+        if epoch != self.epoch:
+            self._control.set(_START, 0)
+        self._control.set(_EPOCH, int(epoch))
+
+    def refresh_world(self) -> None:
+        """Re-detect rank/world (call after ``init_process_group``; make_loader does)."""
+        r, w = detect_world(*self._explicit_world)
+        self._control.set(_RANK, r)
+        self._control.set(_WORLD, w)
+
+    @property
+    def plan_signature(self) -> str:
+        """What must stay equal for a saved position to mean the same samples."""
+        planner = repr(self.planner) if self.planner is not None else f"fixed({self.batch_size})"
+        return f"{planner};shuffle={self.shuffle};uneven={self.uneven}"
+
+    def report(self, epoch: int | None = None) -> EpochReport:
+        """Steps per rank and the samples padded/dropped (all ranks together) for an epoch."""
+        e = self.epoch if epoch is None else epoch
+        start = self._control.get()[_START] if e == self.epoch else 0
+        plan = self._plan(e, start, self.rank, self.world_size)
+        sizes = [len(b) for b in plan.batches]
+        s, remaining = plan.slots, plan.num_batches - plan.start
+        padded = plan.pad_in_last + sum(
+            sizes[plan.start + i % remaining] for i in range(s.padded_batches)
+        )
+        dropped = plan.dropped + sum(sizes[plan.num_batches - s.dropped_batches :])
+        return EpochReport(e, self.manifest.num_samples, s.steps_per_rank, padded, dropped)
+
+    def __len__(self) -> int:
+        """Steps (batches, or samples when unbatched) this rank yields in the current epoch."""
+        state = self._control.get()
+        return self._plan(state[_EPOCH], state[_START], state[_RANK], state[_WORLD]).slots.steps_per_rank
+
+    # -- planning (pure) ------------------------------------------------------------------
+    def _load_lengths(self) -> np.ndarray:
+        parts = []
+        for info in self.manifest.shards:
+            data = read_bytes(join(self.base, info.index_path), self.read_options.storage_options)
+            idx = SampleIndex.from_arrow_bytes(data, info.index_path)
+            if idx.lengths is None:
+                raise UsageError(
+                    f"the planner needs per-sample lengths but {info.index_path} has none; "
+                    "pack with a text/token field (manifest length_field) to record them"
+                )
+            parts.append(idx.lengths)
+        return np.concatenate(parts).astype(np.int64)
+
+    def _plan(self, epoch: int, start: int, rank: int, world: int) -> _Plan:
+        order = epoch_order(self.manifest.shard_sizes, self.seed, epoch, self.shuffle)
+        pad_in_last = dropped = 0
+        if self.planner is not None:
+            batches = list(self.planner.plan(order, self._lengths, plan_rng(self.seed, epoch)))
+        else:
+            batches, pad_in_last, dropped = cut_fixed_batches(order, self.batch_size or 1, self.uneven)
+        slots = rank_slots(len(batches), start, rank, world, self.uneven)
+        return _Plan(batches, slots, pad_in_last, dropped, len(batches), start)
+
+    # -- iteration ------------------------------------------------------------------------
+    def __iter__(self) -> Iterator[Any]:
+        return self._iterate()
+
+    def _iterate(self) -> Iterator[Any]:
+        epoch, start, rank, world = self._control.get()
+        place = detect_place(rank, world)
+        seed_global_rngs(derive_seed(self.seed, epoch, place.rank, place.worker, 1 << 40))
+        plan = self._plan(epoch, start, place.rank, place.world_size)
+        mine = slice(place.worker, None, place.num_workers)
+        slots, seeds = plan.slots.slots[mine], plan.slots.seeds[mine]
+        shards = ShardSet(self.manifest, self.base, self.read_options, str(place))
+        try:
+            batch_shards = [shards.locate(plan.batches[int(s)])[0] for s in slots]
+            upcoming = _first_needed(batch_shards)
+            ahead = 0
+            for j, (slot, seed_index) in enumerate(zip(slots, seeds)):
+                ahead = _advance_readahead(shards, upcoming, batch_shards, j, ahead)
+                ids = plan.batches[int(slot)]
+                seed_global_rngs(derive_seed(self.seed, epoch, int(seed_index)))
+                pads = _pad_mask(plan, int(slot), int(seed_index), len(ids))
+                samples = self._load_batch(shards, ids, pads, place)
+                if self.batch_size is None and self.planner is None:
+                    if samples:
+                        yield samples[0]
+                elif self.collate_fn is not None:
+                    yield self.collate_fn(samples)
+                else:
+                    from torch.utils.data import default_collate
+
+                    yield default_collate(samples)
+        finally:
+            shards.close()
+
+    def _load_batch(
+        self, shards: ShardSet, ids: np.ndarray, pads: np.ndarray, place: Place
+    ) -> list[dict[str, Any]]:
+        """Read, decode and transform one batch's samples, in planned order.
+
+        Under ``on_error="skip"`` a bad sample is replaced by a repeat of a good one from the
+        same batch, flagged ``__pad__``, so batch shapes and step counts never change.
+        """
+        shard_of, local_of = shards.locate(ids)
+        out: list[dict[str, Any] | None] = []
+        last_error: ShardloaderError | None = None
+        for gid, shard, local, pad in zip(ids, shard_of, local_of, pads):
+            try:
+                out.append(self._load_sample(shards, int(shard), int(local), int(gid), bool(pad)))
+            except (ShardError, DecodeError, StorageError) as err:
+                if self.on_error == "raise":
+                    raise
+                log.warning("skipping sample %d (%s): %s", int(gid), place, err)
+                out.append(None)
+                last_error = err
+        good = [s for s in out if s is not None]
+        if last_error is None:
+            return good
+        if not good:
+            if len(out) == 1:
+                return []  # unbatched: the step is skipped
+            raise ShardError(
+                f"every sample of a batch failed ({place}); last error: {last_error}"
+            ) from last_error
+        return [s if s is not None else {**good[i % len(good)], "__pad__": True}
+                for i, s in enumerate(out)]
+
+    def _load_sample(
+        self, shards: ShardSet, shard: int, local: int, gid: int, pad: bool
+    ) -> dict[str, Any]:
+        key, fields = shards.read(shard, local)
+        sample: dict[str, Any] = {"__key__": key, "__index__": gid, "__pad__": pad}
+        fields_info = self.manifest.fields
+        for ext, data in fields.items():
+            if self.decoder is None:
+                sample[ext] = data
+                continue
+            info = fields_info.get(ext)
+            codec = info.codec if info is not None else "bytes"
+            try:
+                sample[ext] = decode_field(ext, codec, data, self.decoder,
+                                           dtype=info.dtype if info else None)
+            except DecodeError as err:
+                raise DecodeError(f"{shards.describe(shard)}, sample {key!r}: {err}") from err
+            except Exception as err:  # corrupt payloads surface as many library types
+                raise DecodeError(
+                    f"{shards.describe(shard)}, sample {key!r}: cannot decode field {ext!r} "
+                    f"as {codec}: {err}"
+                ) from err
+        if self.transform is not None:
+            sample = self.transform(sample)
+            if not isinstance(sample, Mapping):
+                raise UsageError(
+                    f"transform returned {type(sample).__name__} for sample {key!r}; it must "
+                    "return the sample dict (filtering in a transform would make ranks uneven)"
+                )
+        return dict(sample)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def _pad_mask(plan: _Plan, slot: int, seed_index: int, n: int) -> np.ndarray:
+    mask = np.zeros(n, bool)
+    if seed_index >= plan.num_batches:  # a repeated batch that evens out the ranks
+        mask[:] = True
+    elif slot == plan.num_batches - 1 and plan.pad_in_last:
+        mask[n - plan.pad_in_last :] = True
+    return mask
+
+
+def _first_needed(batch_shards: list[np.ndarray]) -> list[tuple[int, int]]:
+    """(step, shard) for each shard in the order this worker first needs it."""
+    seen: set[int] = set()
+    out = []
+    for j, shards in enumerate(batch_shards):
+        for s in dict.fromkeys(int(x) for x in shards):
+            if s not in seen:
+                seen.add(s)
+                out.append((j, s))
+    return out
+
+
+def _advance_readahead(
+    shards: ShardSet,
+    upcoming: list[tuple[int, int]],
+    batch_shards: list[np.ndarray],
+    step: int,
+    ahead: int,
+) -> int:
+    """Keep ``readahead`` shards beyond the current step staged or staging."""
+    limit = shards.options.readahead
+    if shards.in_place or limit <= 0:
+        return ahead
+    due = ahead
+    while due < len(upcoming) and upcoming[due][0] <= step:
+        due += 1  # needed now: read synchronously if not already staged
+    target = min(len(upcoming), due + limit)
+    if target > ahead:
+        shards.prefetch(s for _, s in upcoming[max(ahead, due) : target])
+        return target
+    return ahead

@@ -1,0 +1,193 @@
+"""Samples by global id: locate, stage (through the node cache) and read shards in one process.
+
+A :class:`ShardSet` lives for one pass of one worker; it opens what that worker needs, keeps a
+few readers open, and stages ahead in a background thread (read-ahead) when shards are remote
+or compressed.  Uncompressed local shards are read in place.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from shardloader import format as shard_format
+from shardloader.errors import ChecksumError, ManifestError, ShardError, StorageError
+from shardloader.format import Sample, ShardReader
+from shardloader.manifest import Manifest, SampleIndex
+from shardloader.storage import is_local, join, local_path, open_read, read_bytes
+from shardloader.storage.cache import CacheOptions, ShardCache
+
+__all__ = ["ReadOptions", "ShardSet", "shard_starts"]
+
+log = logging.getLogger(__name__)
+
+_OPEN_READERS = 8
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    """How shards are fetched: fsspec ``storage_options`` (explicit values win over the
+    environment), the node cache, and how many shards to stage ahead per worker."""
+
+    storage_options: Mapping[str, Any] = field(default_factory=dict)
+    cache: CacheOptions = field(default_factory=CacheOptions)
+    readahead: int = 2
+
+
+def shard_starts(manifest: Manifest) -> np.ndarray:
+    """Global id of each shard's first sample, plus the total at the end."""
+    return np.concatenate([[0], np.cumsum(manifest.shard_sizes)]).astype(np.int64)
+
+
+class ShardSet:
+    """Reads samples of one dataset by global id, for one process."""
+
+    def __init__(self, manifest: Manifest, base: str, options: ReadOptions, where: str) -> None:
+        self.manifest = manifest
+        self.base = base
+        self.options = options
+        self.where = where  # e.g. "rank 0/2, worker 1/4": goes into every error message
+        self.starts = shard_starts(manifest)
+        self.in_place = is_local(base) and manifest.compression == "none"
+        self._cache: ShardCache | None = None
+        self._indexes: OrderedDict[int, SampleIndex] = OrderedDict()
+        self._readers: OrderedDict[int, ShardReader] = OrderedDict()
+        self._pool: ThreadPoolExecutor | None = None
+        self._ahead: dict[int, Future[str]] = {}
+
+    # -- locating -------------------------------------------------------------------------
+    def locate(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(shard number, index inside the shard) of each global id."""
+        shards = np.searchsorted(self.starts, ids, side="right") - 1
+        return shards, ids - self.starts[shards]
+
+    def url(self, shard: int) -> str:
+        return join(self.base, self.manifest.shards[shard].path)
+
+    def describe(self, shard: int) -> str:
+        return f"shard {self.url(shard)} ({self.where})"
+
+    # -- sidecar index --------------------------------------------------------------------
+    def index(self, shard: int) -> SampleIndex:
+        idx = self._indexes.get(shard)
+        if idx is None:
+            info = self.manifest.shards[shard]
+            url = join(self.base, info.index_path)
+            data = read_bytes(url, self.options.storage_options)
+            digest = hashlib.sha256(data).hexdigest()
+            if digest != info.index_sha256:
+                raise ChecksumError(
+                    f"sample index {url} ({self.where}) hashes to {digest}, the manifest says "
+                    f"{info.index_sha256}; re-pack or re-index the dataset"
+                )
+            idx = SampleIndex.from_arrow_bytes(data, url)
+            if len(idx) != info.num_samples:
+                raise ManifestError(
+                    f"sample index {url} lists {len(idx)} samples, the manifest {info.num_samples}"
+                )
+            self._indexes[shard] = idx
+            if len(self._indexes) > 64:
+                self._indexes.popitem(last=False)
+        return idx
+
+    # -- staging --------------------------------------------------------------------------
+    def cache(self) -> ShardCache:
+        if self._cache is None:
+            self._cache = ShardCache(self.options.cache, self.manifest.fingerprint)
+        return self._cache
+
+    def _stage(self, shard: int) -> str:
+        info = self.manifest.shards[shard]
+        url = self.url(shard)
+        m = self.manifest
+        where = self.describe(shard)
+
+        def open_stored() -> Any:
+            return open_read(url, self.options.storage_options)
+
+        def stage(src: Any, dst: Any) -> int:
+            return shard_format.stage(m.format, m.compression, src, dst, where)
+
+        return self.cache().get(info.path, info.raw_bytes, info.sha256, where, open_stored, stage)
+
+    def local_file(self, shard: int) -> str:
+        """A local uncompressed file for ``shard``: the shard itself, or its staged copy."""
+        if self.in_place:
+            path = local_path(self.url(shard))
+            try:
+                size = os.path.getsize(path)
+            except OSError as err:
+                raise ShardError(f"{self.describe(shard)}: cannot open ({err.strerror})") from err
+            expected = self.manifest.shards[shard].bytes
+            if size != expected:
+                raise ShardError(
+                    f"{self.describe(shard)}: truncated or replaced: {size:,} bytes on disk, "
+                    f"{expected:,} in the manifest"
+                )
+            return path
+        future = self._ahead.pop(shard, None)
+        if future is not None:
+            return future.result()
+        return self._stage(shard)
+
+    def prefetch(self, shards: Iterable[int]) -> None:
+        """Stage these shards in the background (read-ahead); no-op for in-place shards."""
+        if self.in_place or self.options.readahead <= 0:
+            return
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=min(2, self.options.readahead),
+                                            thread_name_prefix="shardloader-readahead")
+        for shard in shards:
+            if shard not in self._ahead and shard not in self._readers:
+                self._ahead[shard] = self._pool.submit(self._stage, shard)
+
+    # -- reading --------------------------------------------------------------------------
+    def reader(self, shard: int) -> ShardReader:
+        reader = self._readers.get(shard)
+        if reader is not None:
+            self._readers.move_to_end(shard)
+            return reader
+        index = self.index(shard)
+        for attempt in range(3):
+            path = self.local_file(shard)
+            try:
+                reader = shard_format.open_reader(
+                    self.manifest.format, path, index, self.describe(shard)
+                )
+                break
+            except FileNotFoundError:  # evicted by another process between stage and open
+                if attempt == 2:
+                    raise
+        assert reader is not None
+        self._readers[shard] = reader
+        if len(self._readers) > _OPEN_READERS:
+            _, old = self._readers.popitem(last=False)
+            old.close()
+        return reader
+
+    def read(self, shard: int, local: int) -> Sample:
+        try:
+            return self.reader(shard).read(int(local))
+        except (ShardError, StorageError):
+            raise
+        except OSError as err:
+            raise ShardError(f"{self.describe(shard)}: read failed ({err})") from err
+
+    def close(self) -> None:
+        for reader in self._readers.values():
+            reader.close()
+        self._readers.clear()
+        if self._pool is not None:
+            for future in self._ahead.values():
+                future.cancel()
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+        self._ahead.clear()

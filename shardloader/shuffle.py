@@ -1,0 +1,79 @@
+"""Seeded orders: every random choice derives from the seed, never from time, pid or globals.
+
+NOTE [the epoch order]: all ranks and workers compute the same global order independently,
+from (manifest shard sizes, seed, epoch) alone.  Shards are permuted, their samples laid end to
+end, and samples are permuted inside consecutive blocks of ``block`` samples.  The block bounds
+how many shards must be staged at once (the node's cache working set) while mixing samples from
+``block / shard_size`` shards into every batch.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["ShuffleOptions", "derive_seed", "rng_for", "epoch_order", "seed_global_rngs"]
+
+
+@dataclass(frozen=True)
+class ShuffleOptions:
+    """``block``: samples permuted together (bigger mixes better, needs more cache)."""
+
+    enabled: bool = True
+    block: int = 1 << 16
+
+    def __post_init__(self) -> None:
+        if self.block < 1:
+            from shardloader.errors import UsageError
+
+            raise UsageError(f"shuffle block must be >= 1 sample, got {self.block}")
+
+
+def derive_seed(*parts: int) -> int:
+    """Mix integers into one 63-bit seed (numpy's SeedSequence: well mixed, stable)."""
+    return int(np.random.SeedSequence([int(p) & 0xFFFFFFFFFFFFFFFF for p in parts])
+               .generate_state(2, np.uint32).view(np.uint64)[0] >> np.uint64(1))
+
+
+def rng_for(*parts: int) -> np.random.Generator:
+    """A local generator for one purpose, e.g. ``rng_for(seed, epoch, block)``."""
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence([int(p) for p in parts])))
+
+
+_SHARDS, _BLOCK, _PLAN = 1, 2, 3  # domain tags so different uses never share a stream
+
+
+def epoch_order(
+    shard_sizes: np.ndarray, seed: int, epoch: int, options: ShuffleOptions
+) -> np.ndarray:
+    """Global sample ids (int64) in this epoch's order; ids count shards in manifest order."""
+    sizes = np.asarray(shard_sizes, np.int64)
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+    total = int(sizes.sum())
+    if not options.enabled:
+        return np.arange(total, dtype=np.int64)
+    shard_perm = rng_for(seed, epoch, _SHARDS).permutation(len(sizes))
+    order = np.concatenate(
+        [np.arange(starts[s], starts[s] + sizes[s], dtype=np.int64) for s in shard_perm]
+        or [np.zeros(0, np.int64)]
+    )
+    for b, lo in enumerate(range(0, total, options.block)):
+        hi = min(lo + options.block, total)
+        order[lo:hi] = order[lo:hi][rng_for(seed, epoch, _BLOCK, b).permutation(hi - lo)]
+    return order
+
+
+def plan_rng(seed: int, epoch: int) -> np.random.Generator:
+    """The generator handed to batch planners (bucketing shuffles batches with it)."""
+    return rng_for(seed, epoch, _PLAN)
+
+
+def seed_global_rngs(seed: int) -> None:
+    """Seed torch, numpy and ``random`` for user transforms that use the global generators."""
+    import torch
+
+    torch.manual_seed(seed)
+    np.random.seed(seed & 0xFFFFFFFF)
+    random.seed(seed)
