@@ -8,6 +8,7 @@ sequence per rank whatever ``num_workers`` is, elastic and instant resume throug
 
 from __future__ import annotations
 
+import copy
 import logging
 import multiprocessing
 import multiprocessing.context
@@ -160,6 +161,25 @@ class ShardedDataset(IterableDataset):  # type: ignore[type-arg]
         if epoch != self.epoch:
             self._control.set(_START, 0)
         self._control.set(_EPOCH, int(epoch))
+
+    def seek(self, epoch: int, position: int) -> None:
+        """Start the next pass of ``epoch`` after ``position`` global batches (all ranks).
+
+        A rank's ``j``-th step of an epoch is global batch ``j * world_size + rank``, so to
+        continue every rank at step ``j`` seek to ``position = j * world_size``.
+        """
+        if position < 0:
+            raise UsageError(f"position must be >= 0, got {position}")
+        self._control.set(_EPOCH, int(epoch))
+        self._control.set(_START, int(position))
+
+    def for_rank(self, rank: int, world_size: int) -> ShardedDataset:
+        """A copy of this dataset (same manifest, seed, plan) that reads as ``rank``."""
+        Place(rank, world_size)
+        clone = copy.copy(self)
+        clone._explicit_world = (rank, world_size)
+        clone._control = _Control([self.epoch, 0, rank, world_size])
+        return clone
 
     def refresh_world(self) -> None:
         """Re-detect rank/world (call after ``init_process_group``; make_loader does)."""

@@ -37,6 +37,7 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
         if kwargs.get("num_workers", 0) > 0:
             kwargs.setdefault("persistent_workers", True)
             kwargs.setdefault("prefetch_factor", 4)
+        kwargs.setdefault("collate_fn", _already_collated)
         super().__init__(dataset, batch_size=None, **kwargs)
         self._position = 0  # global batches consumed in the current epoch
         self._epoch = dataset.epoch
@@ -79,9 +80,13 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
                 raise ResumeError(
                     f"saved {key} {state.get(key)!r} does not match this dataset's {mine!r}: {remedy}"
                 )
-        ds.set_epoch(int(state["epoch"]))
-        ds._control.set(_START, int(state["position"]))
+        ds.seek(int(state["epoch"]), int(state["position"]))
         self._epoch, self._position = int(state["epoch"]), int(state["position"])
+
+
+def _already_collated(batch: Any) -> Any:
+    """Batches are collated in the workers; torch's per-item ``default_convert`` is skipped."""
+    return batch
 
 
 def make_loader(dataset: ShardedDataset, **kwargs: Any) -> ShardLoader:

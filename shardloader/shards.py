@@ -29,7 +29,7 @@ __all__ = ["ReadOptions", "ShardSet", "shard_starts"]
 
 log = logging.getLogger(__name__)
 
-_OPEN_READERS = 8
+_OPEN_READERS = 128  # file handles; a shuffle block touches many shards at once
 
 
 @dataclass(frozen=True)

@@ -74,6 +74,8 @@ def seed_global_rngs(seed: int) -> None:
     """Seed torch, numpy and ``random`` for user transforms that use the global generators."""
     import torch
 
-    torch.manual_seed(seed)
+    # The CPU generator only: torch.manual_seed also seeds (and lazily initialises) every
+    # accelerator backend, which costs milliseconds per call; transforms in workers run on CPU.
+    torch.random.default_generator.manual_seed(seed)
     np.random.seed(seed & 0xFFFFFFFF)
     random.seed(seed)

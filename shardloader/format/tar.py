@@ -162,6 +162,37 @@ def _pax_records(data: bytes) -> dict[str, str]:
     return out
 
 
+_ZERO_BLOCK = b"\0" * BLOCK
+_PAX_TYPES = (b"x", b"g")
+
+
+def _octal(field: bytes) -> int:
+    if field[:1] and field[0] & 0x80:  # GNU base-256 for big sizes
+        return int.from_bytes(field[1:], "big")
+    digits = field.split(b"\0", 1)[0].strip()
+    return int(digits, 8) if digits else 0
+
+
+def _parse_header(header: bytes, where: str) -> tuple[str, int, bytes]:
+    """(name, size, typeflag) of one 512-byte header, checksum verified.
+
+    Hand-rolled because ``tarfile.TarInfo.frombuf`` costs more than reading the sample.
+    """
+    try:
+        stored = _octal(header[148:156])
+        size = _octal(header[124:136])
+    except ValueError as err:
+        raise ShardError(f"{where}: corrupt tar header (bad number field)") from err
+    if stored != sum(header) - sum(header[148:156]) + 256:
+        raise ShardError(f"{where}: corrupt tar header (checksum mismatch)")
+    name = header[:100].split(b"\0", 1)[0]
+    if header[257:262] == b"ustar":
+        prefix = header[345:500].split(b"\0", 1)[0]
+        if prefix:
+            name = prefix + b"/" + name
+    return name.decode("utf-8", "surrogateescape"), size, header[156:157]
+
+
 def _iter_members(
     f: BinaryIO, where: str, require_end: bool = True
 ) -> Iterator[tuple[str, bytes]]:
@@ -173,7 +204,7 @@ def _iter_members(
     pax: dict[str, str] = {}
     while True:
         header = f.read(BLOCK)
-        if header == b"\0" * BLOCK:
+        if header == _ZERO_BLOCK:
             return
         if not header:
             if require_end:
@@ -181,25 +212,23 @@ def _iter_members(
             return
         if len(header) != BLOCK:
             raise ShardError(f"{where}: truncated shard: partial tar header")
-        try:
-            info = tarfile.TarInfo.frombuf(header, "utf-8", "surrogateescape")
-        except tarfile.HeaderError as err:
-            raise ShardError(f"{where}: corrupt tar header ({err})") from err
-        size = int(pax["size"]) if "size" in pax else info.size
-        data = _read_exact(f, size, where, f"member {info.name!r}")
+        name, size, kind = _parse_header(header, where)
+        if "size" in pax:
+            size = int(pax["size"])
+        data = _read_exact(f, size, where, f"member {name!r}")
         pad = -size % BLOCK
         if pad:
-            _read_exact(f, pad, where, f"padding of member {info.name!r}")
-        if info.type in (tarfile.XHDTYPE, tarfile.XGLTYPE, b"x", b"g"):
-            if info.type in (tarfile.XHDTYPE, b"x"):
+            _read_exact(f, pad, where, f"padding of member {name!r}")
+        if kind in _PAX_TYPES:
+            if kind == b"x":
                 pax = _pax_records(data)
             continue
-        if info.type == tarfile.GNUTYPE_LONGNAME:
+        if kind == b"L":  # GNU long name
             long_name = data.rstrip(b"\0").decode("utf-8", "surrogateescape")
             continue
-        name = pax.get("path") or long_name or info.name
+        name = pax.get("path") or long_name or name
         pax, long_name = {}, None
-        if info.type in (tarfile.REGTYPE, tarfile.AREGTYPE):
+        if kind in (b"0", b"\0"):
             yield name, data
 
 
@@ -248,6 +277,28 @@ def stage_tar(src: BinaryIO, dst: BinaryIO, compression: str, where: str) -> int
         raise ShardError(f"{where}: cannot decompress shard ({err})") from err
 
 
+def _fields_in(blob: bytes, key: str, where: str) -> dict[str, bytes] | None:
+    """Fast path for one sample of plain ustar members named ``key.ext``.
+
+    Returns None when anything unusual appears (pax/GNU headers, another key), so the caller
+    falls back to the general parser, which also produces the precise error.
+    """
+    fields: dict[str, bytes] = {}
+    prefix = key + "."
+    pos, end = 0, len(blob)
+    while pos < end:
+        name, size, kind = _parse_header(blob[pos : pos + BLOCK], where)
+        if kind not in (b"0", b"\0") or not name.startswith(prefix):
+            return None
+        ext = name[len(prefix) :]
+        if "/" in ext or ext in fields:
+            return None
+        start = pos + BLOCK
+        fields[ext] = blob[start : start + size]
+        pos = start + size + (-size % BLOCK)
+    return fields
+
+
 class TarShardReader:
     """Random access to samples of an uncompressed local tar via its sample index."""
 
@@ -263,14 +314,17 @@ class TarShardReader:
         key = self._index.keys[i]
         if len(blob) != size:
             raise ShardError(f"{self._where}: truncated shard: sample {key!r} is cut short")
-        samples = list(_iter_samples(_iter_members(io.BytesIO(blob), self._where, False), self._where))
-        if len(samples) != 1 or samples[0][0] != key:
-            found = [k for k, _ in samples]
-            raise ShardError(
-                f"{self._where}: sample index says {key!r} at byte {offset}, found {found}; "
-                "the shard and its .idx.arrow sidecar do not match"
-            )
-        return samples[0]
+        fields = _fields_in(blob, key, self._where)
+        if fields is None:
+            samples = list(_iter_samples(_iter_members(io.BytesIO(blob), self._where, False),
+                                         self._where))
+            if len(samples) != 1 or samples[0][0] != key:
+                raise ShardError(
+                    f"{self._where}: sample index says {key!r} at byte {offset}, found "
+                    f"{[k for k, _ in samples]}; the shard and its .idx.arrow sidecar do not match"
+                )
+            return samples[0]
+        return key, fields
 
     def close(self) -> None:
         self._f.close()
