@@ -22,7 +22,7 @@ from torch.utils.data import IterableDataset
 from shardloader.codecs import Decoder, decode_field
 from shardloader.errors import DecodeError, ShardError, ShardloaderError, StorageError, UsageError
 from shardloader.manifest import Manifest, SampleIndex, read_manifest
-from shardloader.shards import ReadOptions, ShardSet, shard_starts
+from shardloader.shards import ReadOptions, ShardSet, working_set_bytes
 from shardloader.shuffle import ShuffleOptions, derive_seed, epoch_order, plan_rng, seed_global_rngs
 from shardloader.split import UNEVEN_POLICIES, BatchSlots, Place, cut_fixed_batches, rank_slots
 from shardloader.storage import join, read_bytes
@@ -246,7 +246,9 @@ class ShardedDataset(IterableDataset):  # type: ignore[type-arg]
         plan = self._plan(epoch, start, place.rank, place.world_size)
         mine = slice(place.worker, None, place.num_workers)
         slots, seeds = plan.slots.slots[mine], plan.slots.seeds[mine]
-        shards = ShardSet(self.manifest, self.base, self.read_options, str(place))
+        need = working_set_bytes(self.manifest, self.shuffle, plan.batches,
+                                 self.read_options.readahead)
+        shards = ShardSet(self.manifest, self.base, self.read_options, str(place), need)
         try:
             batch_shards = [shards.locate(plan.batches[int(s)])[0] for s in slots]
             upcoming = _first_needed(batch_shards)

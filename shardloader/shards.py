@@ -22,10 +22,11 @@ from shardloader import format as shard_format
 from shardloader.errors import ChecksumError, ManifestError, ShardError, StorageError
 from shardloader.format import Sample, ShardReader
 from shardloader.manifest import Manifest, SampleIndex
+from shardloader.shuffle import ShuffleOptions
 from shardloader.storage import is_local, join, local_path, open_read, read_bytes
 from shardloader.storage.cache import CacheOptions, ShardCache
 
-__all__ = ["ReadOptions", "ShardSet", "shard_starts"]
+__all__ = ["ReadOptions", "ShardSet", "shard_starts", "working_set_bytes"]
 
 log = logging.getLogger(__name__)
 
@@ -47,16 +48,47 @@ def shard_starts(manifest: Manifest) -> np.ndarray:
     return np.concatenate([[0], np.cumsum(manifest.shard_sizes)]).astype(np.int64)
 
 
+def working_set_bytes(
+    manifest: Manifest, shuffle: ShuffleOptions, batches: list[np.ndarray], readahead: int
+) -> int:
+    """Staged bytes a plan keeps in use at once, plus its read-ahead.
+
+    Shuffled: the shards under the largest shuffle block of the order.  Unshuffled: a batch
+    spans at most two neighbouring shards (unless batches are larger than shards).
+    """
+    raw = np.fromiter((s.raw_bytes for s in manifest.shards), np.int64, len(manifest.shards))
+    if not batches or raw.size == 0:
+        return 0
+    largest = int(raw.max())
+    if not shuffle.enabled:
+        per_batch = max(len(b) for b in batches) // max(int(manifest.shard_sizes.min()), 1) + 2
+        return min(per_batch, len(raw)) * largest + readahead * largest
+    order = np.concatenate(batches)
+    shard_of = np.searchsorted(shard_starts(manifest), order, side="right") - 1
+    peak = 0
+    for lo in range(0, len(order), shuffle.block):
+        peak = max(peak, int(raw[np.unique(shard_of[lo : lo + shuffle.block])].sum()))
+    return peak + readahead * largest
+
+
 class ShardSet:
     """Reads samples of one dataset by global id, for one process."""
 
-    def __init__(self, manifest: Manifest, base: str, options: ReadOptions, where: str) -> None:
+    def __init__(
+        self,
+        manifest: Manifest,
+        base: str,
+        options: ReadOptions,
+        where: str,
+        working_set: int = 0,
+    ) -> None:
         self.manifest = manifest
         self.base = base
         self.options = options
         self.where = where  # e.g. "rank 0/2, worker 1/4": goes into every error message
         self.starts = shard_starts(manifest)
         self.in_place = is_local(base) and manifest.compression == "none"
+        self.working_set = working_set  # staged bytes the plan keeps in use at once
         self._cache: ShardCache | None = None
         self._indexes: OrderedDict[int, SampleIndex] = OrderedDict()
         self._readers: OrderedDict[int, ShardReader] = OrderedDict()
@@ -101,7 +133,11 @@ class ShardSet:
     # -- staging --------------------------------------------------------------------------
     def cache(self) -> ShardCache:
         if self._cache is None:
-            self._cache = ShardCache(self.options.cache, self.manifest.fingerprint)
+            cache = ShardCache(self.options.cache, self.manifest.fingerprint)
+            cache.require(self.working_set)
+            if cache.max_bytes is None:  # bounded by default: twice what the plan needs
+                cache.max_bytes = max(2 * self.working_set, 1 << 30)
+            self._cache = cache
         return self._cache
 
     def _stage(self, shard: int) -> str:

@@ -257,3 +257,23 @@ def test_memory_does_not_grow_across_epochs(uneven_zstd):
         list(loader)
     grown = workers_rss() - base
     assert grown < 8 << 20, f"workers grew by {grown / 2**20:.1f} MiB over 20 epochs"
+
+
+def test_cache_limit_too_small_fails_at_start_and_bounded_cache_evicts(tmp_path):
+    d = str(tmp_path / "ds")
+    write_dataset(d, [30] * 8, compression="zstd")
+    cache_dir = str(tmp_path / "cache")
+    tiny = sl.ReadOptions(cache=sl.CacheOptions(dir=cache_dir, max_bytes=1000))
+    with pytest.raises(sl.UsageError, match=r"cache limit 1,000 bytes is below"):
+        next(iter(sl.ShardedDataset(d, batch_size=4, read=tiny)))
+    manifest = sl.read_manifest(d)[0]
+    shard_raw = max(s.raw_bytes for s in manifest.shards)
+    # room for the unshuffled working set (2 shards + 1 ahead) but not the whole dataset
+    bounded = sl.ReadOptions(cache=sl.CacheOptions(dir=cache_dir, max_bytes=4 * shard_raw),
+                             readahead=1)
+    ds = sl.ShardedDataset(d, batch_size=4, read=bounded)
+    assert sorted(real_ids(run_epoch(ds, 2))) == list(range(240))
+    folder = os.path.join(cache_dir, manifest.fingerprint)
+    staged = [f for f in os.listdir(folder) if f.endswith(".raw")]
+    assert 0 < len(staged) <= 4  # evicted as it went, never above the limit
+    assert os.path.exists(os.path.join(folder, ".shardloader-cache"))
