@@ -113,7 +113,11 @@ class ShardSet:
         if idx is None:
             info = self.manifest.shards[shard]
             url = join(self.base, info.index_path)
-            data = read_bytes(url, self.options.storage_options)
+            if is_local(url):
+                data = read_bytes(url, self.options.storage_options)
+            else:  # remote: fetched once per node through the cache, like the shards
+                with open(self._cached_copy(info.index_path, info.index_sha256, url), "rb") as f:
+                    data = f.read()
             digest = hashlib.sha256(data).hexdigest()
             if digest != info.index_sha256:
                 raise ChecksumError(
@@ -129,6 +133,15 @@ class ShardSet:
             if len(self._indexes) > 64:
                 self._indexes.popitem(last=False)
         return idx
+
+    def _cached_copy(self, name: str, sha256: str, url: str) -> str:
+        def open_stored() -> Any:
+            return open_read(url, self.options.storage_options)
+
+        def copy(src: Any, dst: Any) -> int:
+            return dst.write(src.read())
+
+        return self.cache().get(name, 0, sha256, url, open_stored, copy)
 
     # -- staging --------------------------------------------------------------------------
     def cache(self) -> ShardCache:

@@ -277,3 +277,17 @@ def test_cache_limit_too_small_fails_at_start_and_bounded_cache_evicts(tmp_path)
     staged = [f for f in os.listdir(folder) if f.endswith(".raw")]
     assert 0 < len(staged) <= 4  # evicted as it went, never above the limit
     assert os.path.exists(os.path.join(folder, ".shardloader-cache"))
+
+
+def test_works_inside_a_users_own_dataloader(uneven_zstd):
+    from torch.utils.data import DataLoader
+
+    ds = make(uneven_zstd, shuffle=True, seed=4)  # unbatched: the user's loader batches
+    loader = DataLoader(ds, batch_size=8, num_workers=3, persistent_workers=True)
+    for epoch in range(2):
+        ds.set_epoch(epoch)  # reaches persistent workers through the shared control block
+        ids = [int(i) for b in loader for i in b["__index__"]]
+        assert sorted(ids) == list(range(200))
+    batched = make(uneven_zstd, batch_size=8, shuffle=True, seed=4)
+    mine = [batch_ids(b) for b in DataLoader(batched, batch_size=None, num_workers=2)]
+    assert mine == [batch_ids(b) for b in run_epoch(batched, 0)]
