@@ -19,6 +19,7 @@ from shardloader.manifest import Manifest, read_manifest
 from shardloader.shards import ReadOptions
 from shardloader.shuffle import ShuffleOptions
 from shardloader.storage.cache import CacheOptions
+from shardloader.storage.retry import RetryPolicy
 
 __all__ = [
     "CacheOptions",
@@ -32,6 +33,7 @@ __all__ = [
     "OutputExistsError",
     "ReadOptions",
     "ResumeError",
+    "RetryPolicy",
     "ShardError",
     "ShardLoader",
     "ShardedDataset",

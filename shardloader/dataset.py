@@ -123,7 +123,9 @@ class ShardedDataset(IterableDataset):  # type: ignore[type-arg]
             raise UsageError(f"batch_size must be >= 1, got {batch_size}")
         self.url = url
         self.read_options = read or ReadOptions()
-        self.manifest, self.base = read_manifest(url, self.read_options.storage_options)
+        self.manifest, self.base = read_manifest(
+            url, self.read_options.storage_options, policy=self.read_options.retry
+        )
         if self.manifest.num_samples == 0:
             raise UsageError(f"{url} holds no samples")
         self.batch_size = batch_size
@@ -215,7 +217,8 @@ class ShardedDataset(IterableDataset):  # type: ignore[type-arg]
     def _load_lengths(self) -> np.ndarray:
         parts = []
         for info in self.manifest.shards:
-            data = read_bytes(join(self.base, info.index_path), self.read_options.storage_options)
+            data = read_bytes(join(self.base, info.index_path), self.read_options.storage_options,
+                              policy=self.read_options.retry)
             idx = SampleIndex.from_arrow_bytes(data, info.index_path)
             if idx.lengths is None:
                 raise UsageError(

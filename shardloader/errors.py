@@ -18,6 +18,7 @@ __all__ = [
     "ChecksumError",
     "DecodeError",
     "StorageError",
+    "ObjectNotFoundError",
     "ResumeError",
 ]
 
@@ -56,6 +57,10 @@ class DecodeError(ShardloaderError, ValueError):
 
 class StorageError(ShardloaderError, OSError):
     """Reading or writing a URL failed for good (retries exhausted or a permanent error)."""
+
+
+class ObjectNotFoundError(StorageError, FileNotFoundError):
+    """The object or bucket a URL names does not exist (HTTP 404, NoSuchKey, NoSuchBucket)."""
 
 
 class ResumeError(ShardloaderError, ValueError):

@@ -213,14 +213,16 @@ def manifest_url(url: str) -> tuple[str, str]:
     return url.rstrip("/") or "/", join(url, MANIFEST_NAME)
 
 
-def read_manifest(url: str, storage_options: Mapping[str, Any] | None = None) -> tuple[Manifest, str]:
+def read_manifest(
+    url: str, storage_options: Mapping[str, Any] | None = None, *, policy: Any = None
+) -> tuple[Manifest, str]:
     """Fetch and parse a dataset's manifest once; return it with the base URL of its shards."""
     from shardloader.errors import StorageError
     from shardloader.storage import read_bytes
 
     base, murl = manifest_url(url)
     try:
-        data = read_bytes(murl, storage_options)
+        data = read_bytes(murl, storage_options, policy=policy)
     except StorageError as err:
         raise ManifestError(
             f"no manifest at {murl!r} ({err}); pack the data first with "

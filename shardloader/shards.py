@@ -8,8 +8,10 @@ or compressed.  Uncompressed local shards are read in place.
 from __future__ import annotations
 
 import hashlib
+import io
 import logging
 import os
+import uuid
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -25,6 +27,8 @@ from shardloader.manifest import Manifest, SampleIndex
 from shardloader.shuffle import ShuffleOptions
 from shardloader.storage import is_local, join, local_path, open_read, read_bytes
 from shardloader.storage.cache import CacheOptions, ShardCache
+from shardloader.storage.fetch import fetch_shard
+from shardloader.storage.retry import DEFAULT_POLICY, RetryPolicy
 
 __all__ = ["ReadOptions", "ShardSet", "shard_starts", "working_set_bytes"]
 
@@ -36,16 +40,32 @@ _OPEN_READERS = 128  # file handles; a shuffle block touches many shards at once
 @dataclass(frozen=True)
 class ReadOptions:
     """How shards are fetched: fsspec ``storage_options`` (explicit values win over the
-    environment), the node cache, and how many shards to stage ahead per worker."""
+    environment), the node cache, how many shards to stage ahead per worker, and the one
+    retry budget for every remote request."""
 
     storage_options: Mapping[str, Any] = field(default_factory=dict)
     cache: CacheOptions = field(default_factory=CacheOptions)
     readahead: int = 2
+    retry: RetryPolicy = DEFAULT_POLICY
 
 
 def shard_starts(manifest: Manifest) -> np.ndarray:
     """Global id of each shard's first sample, plus the total at the end."""
     return np.concatenate([[0], np.cumsum(manifest.shard_sizes)]).astype(np.int64)
+
+
+class _RemoveOnClose(io.FileIO):
+    """A downloaded temp file that disappears once staged from."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path, "rb")
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            if os.path.exists(self.name):  # type: ignore[arg-type]
+                os.remove(self.name)  # type: ignore[arg-type]
 
 
 def working_set_bytes(
@@ -136,7 +156,7 @@ class ShardSet:
 
     def _cached_copy(self, name: str, sha256: str, url: str) -> str:
         def open_stored() -> Any:
-            return open_read(url, self.options.storage_options)
+            return open_read(url, self.options.storage_options, policy=self.options.retry)
 
         def copy(src: Any, dst: Any) -> int:
             return dst.write(src.read())
@@ -158,14 +178,22 @@ class ShardSet:
         url = self.url(shard)
         m = self.manifest
         where = self.describe(shard)
+        cache = self.cache()
 
         def open_stored() -> Any:
-            return open_read(url, self.options.storage_options)
+            if is_local(url):
+                return open_read(url)
+            # Remote: download whole (ranged GETs, retried, size and sha256 checked), then
+            # stage from the local copy; a fault mid-body restarts the download, not the epoch.
+            download = cache.path_for(info.path) + f".download-{uuid.uuid4().hex}"
+            fetch_shard(url, download, sha256=info.sha256, size=info.bytes,
+                        policy=self.options.retry, storage_options=self.options.storage_options)
+            return _RemoveOnClose(download)
 
         def stage(src: Any, dst: Any) -> int:
             return shard_format.stage(m.format, m.compression, src, dst, where)
 
-        return self.cache().get(info.path, info.raw_bytes, info.sha256, where, open_stored, stage)
+        return cache.get(info.path, info.raw_bytes, info.sha256, where, open_stored, stage)
 
     def local_file(self, shard: int) -> str:
         """A local uncompressed file for ``shard``: the shard itself, or its staged copy."""

@@ -19,7 +19,13 @@ from shardloader.storage.fs import (
     write_bytes_atomic,
 )
 
+from shardloader.storage.fetch import fetch_shard
+from shardloader.storage.retry import RetryPolicy, call_with_retries
+
 __all__ = [
+    "RetryPolicy",
+    "call_with_retries",
+    "fetch_shard",
     "exists",
     "filesystem",
     "is_local",

@@ -1,0 +1,129 @@
+"""Shared fixtures: a real S3-compatible server on 127.0.0.1, a fault proxy, a thread-leak check.
+
+Loopback only: dummy credentials, no instance metadata, no profile or config files, no proxies
+from the environment, so nothing in the AWS stack probes an address off 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+from fault_proxy import FaultProxy  # noqa: E402
+from s3_server import MotoServer  # noqa: E402
+
+_LOOPBACK_ENV = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_EC2_METADATA_DISABLED": "true",
+    "AWS_CONFIG_FILE": os.devnull,
+    "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+    "NO_PROXY": "127.0.0.1,localhost",
+    "no_proxy": "127.0.0.1,localhost",
+}
+_UNSET_ENV = (
+    "AWS_PROFILE",
+    "AWS_DEFAULT_PROFILE",
+    "AWS_SESSION_TOKEN",
+    "AWS_SECURITY_TOKEN",
+    "AWS_ENDPOINT_URL",
+    "AWS_ENDPOINT_URL_S3",
+    "AWS_MAX_ATTEMPTS",
+    "AWS_RETRY_MODE",
+    "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+    "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "ALL_PROXY",
+    "http_proxy",
+    "https_proxy",
+    "all_proxy",
+)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _loopback_only_env() -> Iterator[None]:
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in _LOOPBACK_ENV.items():
+            mp.setenv(key, value)
+        for key in _UNSET_ENV:
+            mp.delenv(key, raising=False)
+        yield
+
+
+def _clear_fs_caches() -> None:
+    try:
+        import s3fs
+    except ImportError:
+        return
+    s3fs.S3FileSystem.clear_instance_cache()
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[str]:
+    """Endpoint URL of a moto S3 server, started once per session."""
+    pytest.importorskip("s3fs")
+    pytest.importorskip("moto")
+    with MotoServer() as server:
+        server.reset()
+        yield server.endpoint
+
+
+@pytest.fixture(scope="session")
+def s3_client(s3_server: str) -> Any:
+    """A plain boto3 client straight to the server (setup and inspection, not under test)."""
+    import boto3
+
+    return boto3.client("s3", endpoint_url=s3_server, region_name="us-east-1")
+
+
+@pytest.fixture
+def s3_bucket(s3_server: str, s3_client: Any) -> Iterator[str]:
+    """A fresh, empty bucket for one test; s3fs's instance cache is cleared around it."""
+    _clear_fs_caches()
+    name = f"test-{uuid.uuid4().hex[:12]}"
+    s3_client.create_bucket(Bucket=name)
+    yield name
+    _clear_fs_caches()
+
+
+@pytest.fixture(scope="session")
+def _proxy_session(s3_server: str) -> Iterator[FaultProxy]:
+    with FaultProxy(s3_server, stall_seconds=2.0, lifetime=900.0) as proxy:
+        yield proxy
+
+
+@pytest.fixture
+def fault_proxy(_proxy_session: FaultProxy) -> Iterator[FaultProxy]:
+    """The fault proxy in front of the S3 server, with no rules and an empty log."""
+    _proxy_session.clear()
+    _clear_fs_caches()
+    yield _proxy_session
+    _proxy_session.clear()
+    _clear_fs_caches()
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_threads() -> Iterator[None]:
+    """Fail a test that leaves a non-daemon thread running (it would hang the interpreter)."""
+    before = set(threading.enumerate())
+    yield
+    deadline = time.monotonic() + 2.0
+    while True:
+        leaked = [
+            t for t in threading.enumerate() if t not in before and t.is_alive() and not t.daemon
+        ]
+        if not leaked or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert not leaked, f"test leaked non-daemon threads: {[t.name for t in leaked]}"
