@@ -16,6 +16,8 @@ from shardloader.errors import (
 )
 from shardloader.loader import ShardLoader, make_loader
 from shardloader.manifest import Manifest, read_manifest
+from shardloader.monitoring import Monitor, MonitorStats, monitor
+from shardloader.service.client import RemoteLoader
 from shardloader.shards import ReadOptions
 from shardloader.shuffle import ShuffleOptions
 from shardloader.storage.cache import CacheOptions
@@ -30,8 +32,11 @@ __all__ = [
     "InputError",
     "Manifest",
     "ManifestError",
+    "Monitor",
+    "MonitorStats",
     "OutputExistsError",
     "ReadOptions",
+    "RemoteLoader",
     "ResumeError",
     "RetryPolicy",
     "ShardError",
@@ -42,6 +47,7 @@ __all__ = [
     "StorageError",
     "UsageError",
     "make_loader",
+    "monitor",
     "read_manifest",
 ]
 

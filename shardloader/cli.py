@@ -38,3 +38,6 @@ def main() -> None:
 def command(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Register a command defined in another module (keeps this file thin)."""
     return main.add_command(fn) or fn  # type: ignore[func-returns-value]
+from shardloader.pack import commands as _pack_commands  # noqa: E402,F401
+from shardloader import bench_commands as _bench_commands  # noqa: E402,F401
+from shardloader.service import commands as _service_commands  # noqa: E402,F401

@@ -139,7 +139,8 @@ def decode_field(
     if codec == "npy":
         return _load_npy(data)
     if codec == "tokens":
-        return np.frombuffer(data, dtype=np.dtype(dtype or "uint32").newbyteorder("<"))
+        # a writable copy: torch warns on (and may not share) read-only buffers
+        return np.frombuffer(bytearray(data), dtype=np.dtype(dtype or "uint32").newbyteorder("<"))
     if codec == "bytes":
         return data
     if codec == "opaque":

@@ -21,7 +21,7 @@ from torch.utils.data import IterableDataset
 
 from shardloader.codecs import Decoder, decode_field
 from shardloader.errors import DecodeError, ShardError, ShardloaderError, StorageError, UsageError
-from shardloader.manifest import Manifest, SampleIndex, read_manifest
+from shardloader.manifest import SampleIndex, read_manifest
 from shardloader.shards import ReadOptions, ShardSet, working_set_bytes
 from shardloader.shuffle import ShuffleOptions, derive_seed, epoch_order, plan_rng, seed_global_rngs
 from shardloader.split import UNEVEN_POLICIES, BatchSlots, Place, cut_fixed_batches, rank_slots
@@ -201,9 +201,9 @@ class ShardedDataset(IterableDataset):  # type: ignore[type-arg]
         start = self._control.get()[_START] if e == self.epoch else 0
         plan = self._plan(e, start, self.rank, self.world_size)
         sizes = [len(b) for b in plan.batches]
-        s, remaining = plan.slots, plan.num_batches - plan.start
+        s = plan.slots
         padded = plan.pad_in_last + sum(
-            sizes[plan.start + i % remaining] for i in range(s.padded_batches)
+            sizes[i % len(sizes)] for i in range(s.padded_batches)
         )
         dropped = plan.dropped + sum(sizes[plan.num_batches - s.dropped_batches :])
         return EpochReport(e, self.manifest.num_samples, s.steps_per_rank, padded, dropped)
@@ -369,15 +369,19 @@ def _advance_readahead(
     step: int,
     ahead: int,
 ) -> int:
-    """Keep ``readahead`` shards beyond the current step staged or staging."""
+    """Stage the shards this step needs, and ``readahead`` more, in the background pool.
+
+    Shards the current step needs are submitted too, so a batch spread over several shards
+    downloads them in parallel instead of one after another.
+    """
     limit = shards.options.readahead
     if shards.in_place or limit <= 0:
         return ahead
     due = ahead
     while due < len(upcoming) and upcoming[due][0] <= step:
-        due += 1  # needed now: read synchronously if not already staged
+        due += 1
     target = min(len(upcoming), due + limit)
     if target > ahead:
-        shards.prefetch(s for _, s in upcoming[max(ahead, due) : target])
+        shards.prefetch(s for _, s in upcoming[ahead:target])
         return target
     return ahead

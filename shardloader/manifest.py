@@ -189,18 +189,30 @@ class SampleIndex:
         try:
             table = pa.ipc.open_file(pa.py_buffer(data)).read_all()
             lengths = (
-                table.column("length").to_numpy().astype(np.int64)
-                if "length" in table.column_names
-                else None
+                _ints(table.column("length")) if "length" in table.column_names else None
             )
             return cls(
                 keys=table.column("key").to_pylist(),
-                offsets=table.column("offset").to_numpy().astype(np.int64),
-                sizes=table.column("size").to_numpy().astype(np.int64),
+                offsets=_ints(table.column("offset")),
+                sizes=_ints(table.column("size")),
                 lengths=lengths,
             )
         except (pa.ArrowInvalid, KeyError) as err:
             raise ManifestError(f"{where} is not a valid shardloader sample index: {err}") from err
+
+
+def _ints(column: pa.ChunkedArray) -> np.ndarray:
+    """An integer column as int64, read from its buffer.
+
+    ``to_numpy()`` would import pandas (about 1.5 s in every fresh worker) to check for it.
+    """
+    array = column.combine_chunks()
+    if array.null_count:
+        raise ManifestError("sample index has missing values")
+    width = array.type.bit_width // 8
+    data = np.frombuffer(array.buffers()[1], dtype=np.dtype(f"<u{width}"),
+                         count=len(array), offset=array.offset * width)
+    return data.astype(np.int64)
 
 
 def manifest_url(url: str) -> tuple[str, str]:

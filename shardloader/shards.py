@@ -114,6 +114,7 @@ class ShardSet:
         self._readers: OrderedDict[int, ShardReader] = OrderedDict()
         self._pool: ThreadPoolExecutor | None = None
         self._ahead: dict[int, Future[str]] = {}
+        self._corrupt: dict[int, ChecksumError] = {}  # failed their checksum (fetched twice)
 
     # -- locating -------------------------------------------------------------------------
     def locate(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -193,7 +194,8 @@ class ShardSet:
         def stage(src: Any, dst: Any) -> int:
             return shard_format.stage(m.format, m.compression, src, dst, where)
 
-        return cache.get(info.path, info.raw_bytes, info.sha256, where, open_stored, stage)
+        return cache.get(info.path, info.raw_bytes, info.sha256, where, open_stored, stage,
+                         verified=not is_local(url))
 
     def local_file(self, shard: int) -> str:
         """A local uncompressed file for ``shard``: the shard itself, or its staged copy."""
@@ -220,11 +222,12 @@ class ShardSet:
         if self.in_place or self.options.readahead <= 0:
             return
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=min(2, self.options.readahead),
+            self._pool = ThreadPoolExecutor(max_workers=min(4, self.options.readahead + 1),
                                             thread_name_prefix="shardloader-readahead")
         for shard in shards:
-            if shard not in self._ahead and shard not in self._readers:
-                self._ahead[shard] = self._pool.submit(self._stage, shard)
+            if shard in self._ahead or shard in self._readers or shard in self._corrupt:
+                continue
+            self._ahead[shard] = self._pool.submit(self._stage, shard)
 
     # -- reading --------------------------------------------------------------------------
     def reader(self, shard: int) -> ShardReader:
@@ -232,6 +235,21 @@ class ShardSet:
         if reader is not None:
             self._readers.move_to_end(shard)
             return reader
+        bad = self._corrupt.get(shard)
+        if bad is not None:  # on_error="skip" asks once per sample: fetch a bad shard once
+            raise ChecksumError(str(bad)) from bad
+        try:
+            reader = self._open_reader(shard)
+        except ChecksumError as err:
+            self._corrupt[shard] = err
+            raise
+        self._readers[shard] = reader
+        if len(self._readers) > _OPEN_READERS:
+            _, old = self._readers.popitem(last=False)
+            old.close()
+        return reader
+
+    def _open_reader(self, shard: int) -> ShardReader:
         index = self.index(shard)
         for attempt in range(3):
             path = self.local_file(shard)
@@ -244,10 +262,6 @@ class ShardSet:
                 if attempt == 2:
                     raise
         assert reader is not None
-        self._readers[shard] = reader
-        if len(self._readers) > _OPEN_READERS:
-            _, old = self._readers.popitem(last=False)
-            old.close()
         return reader
 
     def read(self, shard: int, local: int) -> Sample:

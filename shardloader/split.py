@@ -83,18 +83,30 @@ class BatchSlots:
 
 
 def rank_slots(num_batches: int, start: int, rank: int, world_size: int, uneven: str) -> BatchSlots:
-    """Assign global batches ``start..num_batches-1`` to ``rank`` of ``world_size``."""
+    """Assign global batches ``start..num_batches-1`` to ``rank`` of ``world_size``.
+
+    Slot ``q`` (counted from the epoch's start) holds batch ``q``; slots past the end, which even
+    out the ranks under ``pad``, repeat the epoch's batches from its beginning: ``q - M mod M``.
+    Padding therefore depends only on the slot, so a run resumed at ``start`` sees exactly the
+    batches an uninterrupted run would.  A ``start`` past the last batch leaves nothing to do.
+    """
     _check_policy(uneven)
-    if not 0 <= start <= num_batches:
-        raise UsageError(f"resume position {start} is outside the epoch's {num_batches} batches")
-    remaining = num_batches - start
+    if not 0 <= start < num_batches + world_size:  # past the end only by the padding
+        raise UsageError(
+            f"resume position {start} is outside the epoch's {num_batches} batches "
+            f"(at world size {world_size})"
+        )
+    remaining = max(num_batches - start, 0)
     steps = -(-remaining // world_size) if uneven == "pad" else remaining // world_size
     total = steps * world_size
-    positions = np.arange(steps, dtype=np.int64) * world_size + rank  # slot numbers
-    wrapped = positions % remaining if remaining else positions
+    slots = start + np.arange(steps, dtype=np.int64) * world_size + rank
+    past = slots >= num_batches
+    batches = slots.copy()
+    if num_batches:
+        batches[past] = (slots[past] - num_batches) % num_batches
     return BatchSlots(
-        slots=start + wrapped,
-        seeds=start + positions,
+        slots=batches,
+        seeds=slots,
         padded_batches=max(total - remaining, 0),
         dropped_batches=max(remaining - total, 0),
         steps_per_rank=steps,

@@ -111,8 +111,17 @@ def write_litdata(samples, out: str, ext: str) -> None:
              mode="overwrite")
 
 
+def _stub_streaming_extras() -> None:
+    """streaming's vision/text subpackages import torchvision/transformers, which this
+    benchmark neither needs nor can install beside torch 2.13: stub them."""
+    import types
+
+    for name in ("streaming.vision", "streaming.multimodal", "streaming.text"):
+        sys.modules.setdefault(name, types.ModuleType(name))
+
+
 def write_mosaic(samples, out: str, ext: str) -> None:
-    from streaming import MDSWriter
+    from streaming.base import MDSWriter
 
     with MDSWriter(out=out, columns={"key": "str", ext: "bytes", "cls": "int"}, compression="zstd",
                    size_limit="64mb") as w:
@@ -196,7 +205,7 @@ def loader_for(system: str, where, ext: str, workers: int, batch: int):
         return StreamingDataLoader(StreamingDataset(where, shuffle=True), batch_size=batch,
                                    collate_fn=_collate_list, **kw)
     if system == "mosaicml":
-        from streaming import StreamingDataset
+        from streaming.base import StreamingDataset
 
         shutil.rmtree(os.path.join(where, "..", "mds-local"), ignore_errors=True)
         ds = StreamingDataset(local=where, shuffle=True, batch_size=batch)
@@ -292,7 +301,9 @@ def main() -> None:
     systems = args.systems.split(",")
     available = []
     for s in systems:
-        mod = {"litdata": "litdata", "mosaicml": "streaming", "hf-datasets": "datasets"}.get(s)
+        mod = {"litdata": "litdata", "mosaicml": "streaming.base", "hf-datasets": "datasets"}.get(s)
+        if s == "mosaicml":
+            _stub_streaming_extras()
         if mod:
             try:
                 __import__(mod)

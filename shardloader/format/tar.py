@@ -55,6 +55,8 @@ class _HashingCounter:
 
 
 def _member_header(name: str, size: int) -> bytes:
+    if size < _USTAR_MAX_SIZE and len(name) <= 100 and name.isascii():
+        return _ustar_header(name, size)
     info = tarfile.TarInfo(name)
     info.size = size
     info.mtime = 0
@@ -62,6 +64,35 @@ def _member_header(name: str, size: int) -> bytes:
     info.uid = info.gid = 0
     info.uname = info.gname = ""
     return info.tobuf(format=tarfile.PAX_FORMAT, encoding="utf-8", errors="strict")
+
+
+# Fast path for the common member (ASCII name <= 100 chars, size < 8 GiB): the same bytes
+# tarfile's PAX_FORMAT writes then (a plain ustar block), built from a template instead of
+# TarInfo.tobuf, which costs ~20x more and dominated packing small records.
+_USTAR_MAX_SIZE = 8**11
+
+
+def _template() -> tuple[bytearray, int]:
+    info = tarfile.TarInfo("")
+    info.mtime, info.mode, info.uid, info.gid, info.uname, info.gname = 0, 0o644, 0, 0, "", ""
+    block = bytearray(info.tobuf(format=tarfile.USTAR_FORMAT, encoding="utf-8", errors="strict"))
+    block[124:136] = b"\0" * 12  # size: filled per member
+    block[148:156] = b" " * 8  # checksum: computed per member, over spaces
+    return block, sum(block)
+
+
+_USTAR, _USTAR_SUM = _template()
+
+
+def _ustar_header(name: str, size: int) -> bytes:
+    block = _USTAR.copy()
+    raw = name.encode("ascii")
+    block[0 : len(raw)] = raw
+    field = b"%011o\0" % size
+    block[124:136] = field
+    chksum = _USTAR_SUM + sum(raw) + sum(field)
+    block[148:155] = b"%06o\0" % chksum
+    return bytes(block)
 
 
 class TarShardWriter:

@@ -113,12 +113,15 @@ class ShardCache:
         where: str,
         open_stored: Callable[[], BinaryIO],
         stage: Callable[[BinaryIO, BinaryIO], int],
+        verified: bool = False,
     ) -> str:
         """Path of the staged copy of shard ``name``, staging it first if needed.
 
         ``open_stored`` opens the stored shard; ``stage`` copies it uncompressed into a file.
         The stored bytes are hashed on the way and must match ``sha256``; a mismatch is staged
-        once more (a flaky read), then raised as :class:`ChecksumError`.
+        once more (a flaky read), then raised as :class:`ChecksumError`.  ``verified`` says
+        ``open_stored`` already checked the bytes (a verified download), so they are not
+        hashed twice.
         """
         final = self.path_for(name)
         if os.path.exists(final):
@@ -132,7 +135,7 @@ class ShardCache:
                     return final
                 self._make_room(raw_bytes)
                 for attempt in (1, 2):
-                    digest = self._stage_once(final, sha256, open_stored, stage)
+                    digest = self._stage_once(final, sha256, open_stored, stage, verified)
                     if digest == sha256:
                         return final
                     log.warning("%s: checksum mismatch on attempt %d", where, attempt)
@@ -149,14 +152,19 @@ class ShardCache:
         sha256: str,
         open_stored: Callable[[], BinaryIO],
         stage: Callable[[BinaryIO, BinaryIO], int],
+        verified: bool,
     ) -> str:
         tmp = f"{final}.tmp-{uuid.uuid4().hex}"
         try:
             with open_stored() as src, open(tmp, "wb") as dst:
-                hashing = _HashingReader(src)
-                stage(hashing, dst)  # type: ignore[arg-type]
-                hashing.drain()
-            digest = hashing.sha.hexdigest()
+                if verified:
+                    stage(src, dst)
+                    digest = sha256
+                else:
+                    hashing = _HashingReader(src)
+                    stage(hashing, dst)  # type: ignore[arg-type]
+                    hashing.drain()
+                    digest = hashing.sha.hexdigest()
             if digest == sha256:
                 os.replace(tmp, final)
             return digest

@@ -123,5 +123,7 @@ def _open(
     if is_local(url):
         return open(local_path(url), "rb")  # noqa: SIM115 - closed by the caller's `with`
     fs, path = filesystem(url, storage_options, policy=policy)
-    # No read-ahead cache: each read is one ranged GET of ``chunk_size`` bytes.
+    # No read-ahead cache: each read is one ranged GET of ``chunk_size`` bytes.  The size is
+    # asked of the store (one HEAD) rather than taken from the manifest: an object shorter than
+    # the manifest says must end as a ChecksumError, not as an unsatisfiable range request.
     return fs.open(path, "rb", block_size=chunk_size, cache_type="none")

@@ -1,0 +1,327 @@
+"""``shardloader pack | merge | index | inspect | verify``: thin commands over the library.
+
+Only this module prints.  Progress bars go to stderr (tqdm) and only when stderr is a terminal
+and ``--quiet`` is not given; summaries go to stdout.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import click
+
+from shardloader.cli import main
+from shardloader.errors import ShardError, UsageError
+from shardloader.pack import DEFAULT_SHARD_SIZE, PackOptions, PackProgress, PackReport, pack
+from shardloader.pack.discover import LAYOUTS
+
+_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9,
+          "gb": 10**9, "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30,
+          "tib": 2**40}
+
+
+def parse_size(text: str) -> int:
+    """``"256MB"`` → 256000000, ``"1GiB"`` → 1073741824, ``"0"`` → 0 (no limit)."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-zA-Z]*)\s*", text)
+    unit = m.group(2).lower() if m else ""
+    if m is None or unit not in _UNITS:
+        raise UsageError(f"size {text!r}: use a number with an optional unit (KB, MB, GiB, ...)")
+    return int(float(m.group(1)) * _UNITS[unit])
+
+
+def _storage_options(pairs: tuple[str, ...]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--storage-option {pair!r}: use KEY=VALUE")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"
+
+
+def _show_progress(quiet: bool) -> bool:
+    return not quiet and sys.stderr.isatty()
+
+
+@contextmanager
+def _interruptible() -> Iterator[None]:
+    """SIGTERM behaves like Ctrl-C: the library cleans up its temporary files."""
+
+    def on_term(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGTERM, on_term)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+_storage_option = click.option(
+    "--storage-option", "-o", "storage_option", multiple=True, metavar="KEY=VALUE",
+    help="fsspec storage option for SRC and OUT (repeatable; VALUE parsed as JSON if it can be).",
+)
+
+
+@main.command("pack")
+@click.argument("src")
+@click.argument("out")
+@click.option("--format", "fmt", type=click.Choice(["tar", "arrow"]), default="tar",
+              show_default=True, help="Shard format.")
+@click.option("--compression", type=click.Choice(["zstd", "gzip", "none"]), default="zstd",
+              show_default=True, help="Shard compression (arrow: zstd or none).")
+@click.option("--shard-size", default=f"{DEFAULT_SHARD_SIZE >> 20}MiB", show_default=True,
+              help="Roll over to a new shard at this many uncompressed bytes (0: no limit).")
+@click.option("--max-samples", type=int, default=None, help="At most this many samples a shard.")
+@click.option("--layout", type=click.Choice(LAYOUTS), default="auto", show_default=True,
+              help="Input layout (default: detected).")
+@click.option("--workers", type=int, default=1, show_default=True, help="Writer processes.")
+@click.option("--num-parts", type=int, default=1, show_default=True,
+              help="Split the job into this many parts (one per machine) ...")
+@click.option("--part", type=int, default=0, show_default=True,
+              help="... and pack only this one (0-based); combine with `shardloader merge`.")
+@click.option("--on-error", type=click.Choice(["fail", "skip"]), default="fail",
+              show_default=True, help="Bad input: stop, or skip it and report it.")
+@click.option("--validate", is_flag=True, help="Decode every image to check it.")
+@click.option("--tokenizer", type=click.Path(dir_okay=False), default=None,
+              help="Hugging Face tokenizers JSON file: store token ids in a 'tokens' field.")
+@click.option("--text-field", default="text", show_default=True,
+              help="JSON key (or field) holding the text to measure / tokenize.")
+@click.option("--resume", is_flag=True, help="Keep the intact shards of an interrupted pack.")
+@click.option("--overwrite", is_flag=True, help="Replace a previous pack in OUT.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary.")
+@_storage_option
+def pack_command(src: str, out: str, fmt: str, compression: str, shard_size: str,
+                 max_samples: int | None, layout: str, workers: int, num_parts: int, part: int,
+                 on_error: str, validate: bool, tokenizer: str | None, text_field: str,
+                 resume: bool, overwrite: bool, quiet: bool,
+                 storage_option: tuple[str, ...]) -> None:
+    """Pack the raw files in SRC into shards + index.json in OUT.
+
+    SRC (a folder, a file or an fsspec URL) holds class folders (SRC/<class>/<image>), key
+    groups (a/0001.jpg + a/0001.json), record files (.jsonl, .txt, optionally .gz/.zst) or
+    tables (.parquet, .arrow).  The manifest is written last.
+    """
+    options = PackOptions(
+        format=fmt, compression=compression, shard_size=parse_size(shard_size),
+        max_samples=max_samples, layout=layout, on_error=on_error, validate=validate,
+        tokenizer=tokenizer, text_field=text_field, workers=workers, num_parts=num_parts,
+        part=part, resume=resume, overwrite=overwrite,
+        storage_options=_storage_options(storage_option),
+    )
+    bar = None
+    if _show_progress(quiet):
+        from tqdm import tqdm
+
+        bar = tqdm(unit="B", unit_scale=True, unit_divisor=1000, desc="pack", file=sys.stderr,
+                   dynamic_ncols=True)
+
+    def on_progress(p: PackProgress) -> None:
+        if bar is None:
+            return
+        if p.total_bytes and bar.total != p.total_bytes:
+            bar.total = p.total_bytes
+        bar.update(p.bytes_in - bar.n)
+        rate = p.samples / p.seconds if p.seconds > 0 else 0.0
+        bar.set_postfix_str(f"{p.samples} samples, {rate:,.0f} samples/s, {p.shards} shards",
+                            refresh=False)
+
+    try:
+        with _interruptible():
+            report = pack(src, out, options, progress=on_progress)
+    except KeyboardInterrupt:
+        if bar is not None:
+            bar.close()
+        click.echo(
+            "interrupted: no manifest was written; finished shards stay in OUT, re-run with "
+            "--resume to keep them", err=True,
+        )
+        sys.exit(130)
+    if bar is not None:
+        bar.close()
+    if not quiet:
+        click.echo(format_report(report))
+
+
+def format_report(r: PackReport) -> str:
+    """The one-screen summary of a pack."""
+    m = r.manifest
+    lines = [
+        f"packed {r.out}: {m.format}/{m.compression}, layout {m.layout}",
+        f"  samples   {r.samples:,}" + (f"  (skipped {r.skipped:,}, see {r.skip_report})"
+                                        if r.skipped else ""),
+        f"  shards    {r.shards:,}" + (f"  ({r.kept_shards} kept from an earlier run)"
+                                       if r.kept_shards else ""),
+        f"  fields    {', '.join(f'{k}:{v.codec}' for k, v in sorted(m.fields.items()))}",
+    ]
+    if m.classes:
+        lines.append(f"  classes   {len(m.classes)}")
+    lines += [
+        f"  bytes in  {_human(r.bytes_in)}",
+        f"  bytes out {_human(r.bytes_out)} stored, {_human(r.raw_bytes)} uncompressed",
+        f"  ratio     {r.ratio:.2f}x (input / stored)",
+        f"  time      {r.seconds:.1f} s, {r.mb_per_s:.1f} MB/s in",
+    ]
+    return "\n".join(lines)
+
+
+@main.command("merge")
+@click.argument("part_dirs", nargs=-1, required=True)
+@click.argument("out")
+@click.option("--copy", "mode", flag_value="copy", help="Copy shards into OUT (single-pack names).")
+@click.option("--reference", "mode", flag_value="reference",
+              help="Point at the shards in place (parts must be inside OUT).")
+@click.option("--overwrite", is_flag=True, help="Replace a previous manifest in OUT.")
+@_storage_option
+def merge_command(part_dirs: tuple[str, ...], out: str, mode: str | None, overwrite: bool,
+                  storage_option: tuple[str, ...]) -> None:
+    """Combine the outputs of `pack --num-parts N --part I` into OUT, in single-pack order.
+
+    By default shards are referenced in place when every part folder is inside OUT, and copied
+    (checked against their sha256) otherwise.
+    """
+    from shardloader.pack.merge import merge
+
+    r = merge(part_dirs, out, mode=mode or "auto", overwrite=overwrite,
+              storage_options=_storage_options(storage_option))
+    click.echo(f"merged {r.parts} parts into {out} ({r.mode}): {len(r.manifest.shards)} shards, "
+               f"{r.manifest.num_samples:,} samples")
+
+
+@main.command("index")
+@click.argument("shards", nargs=-1, required=True)
+@click.argument("out")
+@click.option("--overwrite", is_flag=True, help="Replace an index.json already in OUT.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@_storage_option
+def index_command(shards: tuple[str, ...], out: str, overwrite: bool, quiet: bool,
+                  storage_option: tuple[str, ...]) -> None:
+    """Write a manifest in OUT for existing webdataset tar shards, without rewriting them.
+
+    SHARDS are .tar/.tar.gz/.tar.zst files or folders holding them.
+    """
+    from shardloader.pack.index_existing import index_shards
+
+    bar = None
+    if _show_progress(quiet):
+        from tqdm import tqdm
+
+        bar = tqdm(unit="shard", desc="index", file=sys.stderr)
+
+    def on_progress(done: int, total: int) -> None:
+        if bar is not None:
+            bar.total = total
+            bar.update(done - bar.n)
+
+    r = index_shards(shards, out, overwrite=overwrite,
+                     storage_options=_storage_options(storage_option), progress=on_progress)
+    if bar is not None:
+        bar.close()
+    m = r.manifest
+    click.echo(f"indexed {len(m.shards)} shards, {m.num_samples:,} samples into {out}")
+
+
+def _fmt_stats(s: Any, unit: str = "") -> str:
+    if s is None:
+        return "-"
+    u = f" {unit}" if unit else ""
+    return (f"min {s.min:,}{u}, median {s.median:,.0f}, mean {s.mean:,.1f}, p95 {s.p95:,.0f}, "
+            f"max {s.max:,}{u}")
+
+
+@main.command("inspect")
+@click.argument("dataset")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@_storage_option
+def inspect_command(dataset: str, as_json: bool, storage_option: tuple[str, ...]) -> None:
+    """Summarise a packed dataset: shards, samples, fields, classes, sizes, lengths."""
+    from shardloader.inspect import inspect_dataset
+
+    s = inspect_dataset(dataset, _storage_options(storage_option))
+    if as_json:
+        click.echo(json.dumps(s.to_dict(), indent=1, sort_keys=True))
+        return
+    lines = [
+        f"{s.url}: {s.format}/{s.compression}, layout {s.layout or '-'}",
+        f"  shards     {s.num_shards:,}   samples {s.num_samples:,}"
+        + (f"   skipped when packed {s.skipped:,}" if s.skipped else ""),
+        f"  stored     {_human(s.bytes)}   uncompressed {_human(s.raw_bytes)}   "
+        f"ratio {s.ratio:.2f}x",
+        f"  per shard  samples: {_fmt_stats(s.shard_samples)}",
+        f"  per sample bytes: {_fmt_stats(s.sample_bytes)}",
+        "  fields     " + ", ".join(
+            f"{k} ({v['codec']}{'/' + v['dtype'] if 'dtype' in v else ''})"
+            for k, v in s.fields.items()
+        ),
+    ]
+    if s.lengths is not None:
+        lines.append(f"  lengths    {s.length_field} in {s.length_unit or 'units'}: "
+                     f"{_fmt_stats(s.lengths)}, total {s.lengths.total:,}")
+    if s.classes:
+        lines.append(f"  classes    {len(s.classes)}")
+        shown = s.classes if len(s.classes) <= 12 else s.classes[:10]
+        for i, (name, count) in enumerate(shown):
+            lines.append(f"    {i:>4} {name}" + (f": {count:,}" if count is not None else ""))
+        if len(shown) < len(s.classes):
+            lines.append(f"    ... {len(s.classes) - len(shown)} more (--json lists all)")
+    click.echo("\n".join(lines))
+
+
+@main.command("verify")
+@click.argument("dataset")
+@click.option("--no-images", is_flag=True, help="Do not decode images (faster).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@_storage_option
+def verify_command(dataset: str, no_images: bool, as_json: bool, quiet: bool,
+                   storage_option: tuple[str, ...]) -> None:
+    """Re-hash every shard and parse every sample; exit 1 if anything is bad."""
+    from shardloader.inspect import verify_dataset
+
+    bar = None
+    if _show_progress(quiet):
+        from tqdm import tqdm
+
+        bar = tqdm(unit="shard", desc="verify", file=sys.stderr)
+
+    def on_progress(done: int, total: int) -> None:
+        if bar is not None:
+            bar.total = total
+            bar.update(done - bar.n)
+
+    r = verify_dataset(dataset, _storage_options(storage_option), images=not no_images,
+                       progress=on_progress)
+    if bar is not None:
+        bar.close()
+    if as_json:
+        click.echo(json.dumps(r.to_dict(), indent=1, sort_keys=True))
+    else:
+        for b in r.bad:
+            click.echo(f"BAD {b.path}")
+            for reason in b.reasons:
+                click.echo(f"    {reason}")
+        click.echo(f"{r.shards - len(r.bad)} of {r.shards} shards ok, {r.samples:,} samples "
+                   "checked")
+    if not r.ok:
+        raise ShardError(f"{len(r.bad)} of {r.shards} shards in {dataset} are bad")

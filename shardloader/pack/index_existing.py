@@ -1,0 +1,256 @@
+"""``index``: adopt existing webdataset tar shards without rewriting them.
+
+Each shard is streamed once: its stored bytes are hashed, and the uncompressed tar is walked to
+record every sample's key, byte offset and size (from the first header of its first member to
+the padding of its last), the same sidecar ``pack`` writes.  Sidecars and ``index.json`` go to
+OUT; the manifest points at the shards where they are (paths relative to OUT).
+
+JSONL and Parquet files are not shards of a format that manifest v1 knows (``tar``/``arrow``),
+so they cannot be indexed in place; ``shardloader pack`` converts them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, BinaryIO
+
+import numpy as np
+
+from shardloader.codecs import codec_for_extension
+from shardloader.errors import OutputExistsError, ShardError, StorageError, UsageError
+from shardloader.format.tar import _decompressed, _iter_members, split_key
+from shardloader.manifest import MANIFEST_NAME, FieldInfo, Manifest, SampleIndex, ShardInfo
+from shardloader.pack.discover import list_inputs, record_kind
+from shardloader.pack.outdir import list_out, remove_temps
+from shardloader.storage import is_local, join, local_path, open_read, remove, write_bytes_atomic
+
+__all__ = ["HashingReader", "IndexReport", "index_shards", "tar_compression"]
+
+log = logging.getLogger(__name__)
+
+_TAR_SUFFIXES = {
+    ".tar": "none",
+    ".tar.gz": "gzip",
+    ".tgz": "gzip",
+    ".tar.zst": "zstd",
+    ".tar.zstd": "zstd",
+}
+_TEXT_FIELDS = ("txt", "text")
+
+
+@dataclass(frozen=True)
+class IndexReport:
+    out: str
+    manifest: Manifest
+
+
+def tar_compression(url: str) -> tuple[str, str] | None:
+    """(compression, name without the suffix) of a tar shard URL, or None."""
+    lower = url.lower()
+    for suffix in sorted(_TAR_SUFFIXES, key=len, reverse=True):
+        if lower.endswith(suffix):
+            return _TAR_SUFFIXES[suffix], url[: -len(suffix)]
+    return None
+
+
+class HashingReader:
+    """Reader that hashes and counts what passes through it."""
+
+    def __init__(self, f: BinaryIO, hashing: bool) -> None:
+        self._f = f
+        self.sha = hashlib.sha256() if hashing else None
+        self.pos = 0
+
+    def read(self, n: int = -1) -> bytes:
+        data = self._f.read(n)
+        if self.sha is not None:
+            self.sha.update(data)
+        self.pos += len(data)
+        return data
+
+    def readable(self) -> bool:
+        return True
+
+    def drain(self) -> None:
+        while self.read(4 << 20):
+            pass
+
+
+@dataclass
+class _Scanned:
+    index: SampleIndex
+    fields: dict[str, int]  # extension → number of samples that have it
+    stored: int
+    raw: int
+    sha256: str
+
+
+def _scan(url: str, compression: str, so: Mapping[str, Any]) -> _Scanned:
+    keys: list[str] = []
+    offsets: list[int] = []
+    sizes: list[int] = []
+    texts: list[int | None] = []
+    seen: dict[str, int] = {}
+    with open_read(url, so) as raw:
+        stored = HashingReader(raw, hashing=True)
+        tar = HashingReader(_decompressed(stored, compression), hashing=False)  # type: ignore[arg-type]
+        key: str | None = None
+        exts: set[str] = set()
+        start = end = text = 0
+        has_text = False
+        member_start = 0
+        try:
+            for name, data in _iter_members(tar, url):  # type: ignore[arg-type]
+                member_end = tar.pos
+                parts = split_key(name)
+                if parts is not None:
+                    k, ext = parts
+                    if k != key:
+                        if key is not None:
+                            keys.append(key)
+                            offsets.append(start)
+                            sizes.append(end - start)
+                            texts.append(text if has_text else None)
+                        key, exts, start, has_text = k, set(), member_start, False
+                    if ext in exts:
+                        raise ShardError(f"{url}: sample {k!r} has two {ext!r} members")
+                    exts.add(ext)
+                    seen[ext] = seen.get(ext, 0) + 1
+                    if ext in _TEXT_FIELDS and not has_text:
+                        text, has_text = len(data), True
+                    end = member_end
+                member_start = member_end
+            if key is not None:
+                keys.append(key)
+                offsets.append(start)
+                sizes.append(end - start)
+                texts.append(text if has_text else None)
+            tar.drain()
+        except (OSError, EOFError, ValueError) as err:
+            if isinstance(err, ShardError):
+                raise
+            raise ShardError(f"{url}: cannot read as a tar shard ({err})") from err
+        stored.drain()
+    lengths = None
+    if texts and all(t is not None for t in texts):
+        lengths = np.asarray(texts, np.int64)
+    index = SampleIndex(keys, np.asarray(offsets, np.int64), np.asarray(sizes, np.int64), lengths)
+    assert stored.sha is not None
+    return _Scanned(index, seen, stored.pos, tar.pos, stored.sha.hexdigest())
+
+
+def _expand(shards: Sequence[str], so: Mapping[str, Any]) -> list[str]:
+    """Folders become the tar shards inside them (sorted); files stay in the given order."""
+    out: list[str] = []
+    for s in shards:
+        if is_local(s) and os.path.isdir(local_path(s)):
+            found = [f.url for f in list_inputs(s, so) if tar_compression(f.rel)]
+            if not found:
+                raise UsageError(f"{s}: no tar shards (.tar, .tar.gz, .tar.zst) in this folder")
+            out.extend(found)
+        else:
+            out.append(s)
+    return out
+
+
+def _relative(url: str, out: str) -> str:
+    if is_local(url) and is_local(out):
+        return os.path.relpath(
+            os.path.abspath(local_path(url)), os.path.abspath(local_path(out))
+        ).replace(os.sep, "/")
+    o = out.rstrip("/") + "/"
+    if not url.startswith(o):
+        raise UsageError(f"{url} is not below {out}: remote shards must lie inside OUT")
+    return url[len(o) :]
+
+
+def index_shards(
+    shards: Sequence[str],
+    out: str,
+    *,
+    overwrite: bool = False,
+    storage_options: Mapping[str, Any] | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> IndexReport:
+    """Write sidecars and a manifest in ``out`` for existing tar shards (not rewritten)."""
+    so = dict(storage_options or {})
+    urls = _expand(shards, so)
+    if not urls:
+        raise UsageError("index needs at least one shard")
+    compressions = set()
+    for u in urls:
+        if record_kind(u):
+            raise UsageError(
+                f"{u}: JSONL/Parquet/Arrow files cannot be indexed in place (manifest v1 knows "
+                "tar and Arrow IPC shards only); convert them with `shardloader pack`"
+            )
+        found = tar_compression(u)
+        if found is None:
+            raise UsageError(f"{u}: not a tar shard (.tar, .tar.gz, .tgz, .tar.zst)")
+        compressions.add(found[0])
+    if len(compressions) > 1:
+        raise UsageError(
+            f"shards mix compressions {sorted(compressions)}; one manifest has one compression: "
+            "index each kind into its own OUT"
+        )
+    compression = compressions.pop()
+    existing = list_out(out, so)
+    if MANIFEST_NAME in existing and not overwrite:
+        raise OutputExistsError(
+            f"{out} already has a {MANIFEST_NAME}; pass --overwrite to replace it"
+        )
+    if MANIFEST_NAME in existing:
+        remove(join(out, MANIFEST_NAME), so)
+    remove_temps(out, existing, so)
+
+    infos = []
+    fields: dict[str, int] = {}
+    sidecar_names: dict[str, str] = {}
+    all_text = True
+    scans = []
+    for i, url in enumerate(urls):
+        rel = _relative(url, out)
+        stem = tar_compression(rel)[1]  # type: ignore[index]
+        inside = not rel.startswith("../")
+        index_path = f"{stem}.idx.arrow" if inside else f"{stem.rsplit('/', 1)[-1]}.idx.arrow"
+        if index_path in sidecar_names:
+            raise UsageError(
+                f"{url} and {sidecar_names[index_path]} would share the sidecar {index_path}; "
+                "index them into separate OUT folders"
+            )
+        sidecar_names[index_path] = url
+        try:
+            scanned = _scan(url, compression, so)
+        except StorageError as err:
+            raise ShardError(f"{url}: cannot read ({err})") from err
+        scans.append((rel, index_path, scanned))
+        for ext, n in scanned.fields.items():
+            fields[ext] = fields.get(ext, 0) + n
+        all_text = all_text and scanned.index.lengths is not None
+        if progress is not None:
+            progress(i + 1, len(urls))
+    for rel, index_path, scanned in scans:
+        index = scanned.index if all_text else SampleIndex(
+            scanned.index.keys, scanned.index.offsets, scanned.index.sizes
+        )
+        data = index.to_arrow_bytes()
+        write_bytes_atomic(join(out, index_path), data, so)
+        infos.append(ShardInfo(
+            rel, len(index), scanned.stored, scanned.raw, scanned.sha256, index_path,
+            hashlib.sha256(data).hexdigest(),
+        ))
+    manifest = Manifest(
+        format="tar",
+        compression=compression,
+        fields={ext: FieldInfo(codec_for_extension(ext)) for ext in sorted(fields)},
+        shards=infos,
+        layout="indexed",
+        length_field=next((t for t in _TEXT_FIELDS if t in fields), None) if all_text else None,
+        extra={"skipped": 0, "length_unit": "bytes"} if all_text else {"skipped": 0},
+    )
+    write_bytes_atomic(join(out, MANIFEST_NAME), manifest.to_json(), so)
+    return IndexReport(out, manifest)

@@ -1,0 +1,240 @@
+"""``merge``: combine the outputs of ``pack --num-parts N --part I`` into one manifest.
+
+Each part's manifest records the global number of every shard it packed (NOTE [parts] in
+plan.py), so merging restores the single-machine order exactly.  Two ways to place the shards:
+
+- **copy** (default when a part folder is not inside OUT): shards and sidecars are copied into
+  OUT under their single-machine names (``shard-00007.tar.zst``), each checked against its
+  sha256 on the way.  The result is byte-identical to what a single-machine ``pack`` writes.
+- **reference** (default when every part folder is inside OUT, e.g. ``OUT/part-0003``): nothing
+  is copied; the manifest points at ``part-0003/part-0003-shard-00001.tar.zst``.  This is the
+  cheap way on object stores, where a cluster job writes its parts next to each other.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import tempfile
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from shardloader.errors import ChecksumError, ManifestError, UsageError
+from shardloader.manifest import MANIFEST_NAME, Manifest, ShardInfo, read_manifest
+from shardloader.pack.outdir import (
+    SKIP_REPORT,
+    check_writable,
+    list_out,
+    old_manifest_paths,
+    read_skip_report,
+    remove_stale,
+    remove_temps,
+    shard_pattern,
+    write_skip_report,
+)
+from shardloader.pack.plan import shard_names
+from shardloader.storage import (
+    is_local,
+    join,
+    local_path,
+    open_read,
+    put_file,
+    remove,
+    write_bytes_atomic,
+)
+
+__all__ = ["MergeReport", "merge"]
+
+log = logging.getLogger(__name__)
+
+_SAME = ("format", "compression", "fields", "classes", "layout", "length_field")
+_PER_PART_EXTRA = ("part", "skipped", "skip_report")
+
+
+@dataclass(frozen=True)
+class MergeReport:
+    out: str
+    manifest: Manifest
+    mode: str  # "copy" | "reference"
+    parts: int
+    bytes_copied: int
+
+
+def _inside(child: str, parent: str) -> str | None:
+    """``child`` relative to ``parent`` if it lies strictly inside it, else None."""
+    if is_local(child) and is_local(parent):
+        c = os.path.realpath(local_path(child))
+        p = os.path.realpath(local_path(parent))
+        if c.startswith(p + os.sep):
+            return os.path.relpath(c, p).replace(os.sep, "/")
+        return None
+    c, p = child.rstrip("/"), parent.rstrip("/")
+    return c[len(p) + 1 :] if c.startswith(p + "/") else None
+
+
+def _load_parts(
+    part_dirs: Sequence[str], so: Mapping[str, Any]
+) -> list[tuple[str, Manifest, str, Mapping[str, Any]]]:
+    loaded = []
+    for d in part_dirs:
+        manifest, base = read_manifest(d, so)
+        part = manifest.extra.get("part")
+        if not isinstance(part, Mapping):
+            raise ManifestError(
+                f"{d}: not the output of a partial pack (no 'part' in its manifest); merge "
+                "combines folders written by `pack --num-parts N --part I`"
+            )
+        loaded.append((d, manifest, base, part))
+    loaded.sort(key=lambda t: int(t[3]["index"]))
+    count = int(loaded[0][3]["count"])
+    indices = [int(t[3]["index"]) for t in loaded]
+    if indices != list(range(count)):
+        missing = sorted(set(range(count)) - set(indices))
+        dup = sorted({i for i in indices if indices.count(i) > 1})
+        raise UsageError(
+            f"merge needs each of the {count} parts exactly once; got parts {indices}"
+            + (f", missing {missing}" if missing else "")
+            + (f", repeated {dup}" if dup else "")
+        )
+    first_dir, first, _, first_part = loaded[0]
+    for d, m, _, part in loaded[1:]:
+        if int(part["count"]) != count or part["planned_shards"] != first_part["planned_shards"]:
+            raise ManifestError(
+                f"{d}: packed as part of a different plan than {first_dir} "
+                f"({part['count']} parts, {part['planned_shards']} shards vs {count}, "
+                f"{first_part['planned_shards']}); re-pack the parts with the same input and "
+                "options"
+            )
+        for attr in _SAME:
+            if getattr(m, attr) != getattr(first, attr):
+                raise ManifestError(
+                    f"{d}: {attr} {getattr(m, attr)!r} differs from {first_dir}'s "
+                    f"{getattr(first, attr)!r}; parts must be packed with the same options"
+                )
+        if _shared_extra(m) != _shared_extra(first):
+            raise ManifestError(f"{d}: packing options differ from {first_dir}'s (manifest extra)")
+    return loaded
+
+
+def _shared_extra(m: Manifest) -> dict[str, Any]:
+    return {k: v for k, v in m.extra.items() if k not in _PER_PART_EXTRA}
+
+
+def _copy_verified(
+    src: str, dst: str, sha256: str, staging: str, so: Mapping[str, Any]
+) -> int:
+    """Copy ``src`` to ``dst`` through a temporary file, checking its sha256."""
+    name = dst.rsplit("/", 1)[-1]
+    tmp = os.path.join(staging, f".{name}.tmp-{uuid.uuid4().hex}")
+    h = hashlib.sha256()
+    n = 0
+    try:
+        with open_read(src, so) as fin, open(tmp, "wb") as fout:
+            while chunk := fin.read(4 << 20):
+                h.update(chunk)
+                fout.write(chunk)
+                n += len(chunk)
+            fout.flush()
+            os.fsync(fout.fileno())
+        if h.hexdigest() != sha256:
+            raise ChecksumError(
+                f"{src}: sha256 {h.hexdigest()} does not match its manifest ({sha256}); "
+                "re-pack this part"
+            )
+        put_file(tmp, dst, so)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    return n
+
+
+def merge(
+    part_dirs: Sequence[str],
+    out: str,
+    *,
+    mode: str = "auto",
+    overwrite: bool = False,
+    storage_options: Mapping[str, Any] | None = None,
+) -> MergeReport:
+    """Combine part outputs into ``out``; the manifest is written last."""
+    if mode not in ("auto", "copy", "reference"):
+        raise UsageError(f"merge mode {mode!r}: choose 'auto', 'copy' or 'reference'")
+    if not part_dirs:
+        raise UsageError("merge needs at least one part folder")
+    so = dict(storage_options or {})
+    loaded = _load_parts(part_dirs, so)
+    inside = [_inside(base, out) for _, _, base, _ in loaded]
+    if mode == "reference" and None in inside:
+        bad = loaded[inside.index(None)][0]
+        raise UsageError(f"--reference needs every part inside OUT; {bad} is not in {out}")
+    if mode == "auto":
+        mode = "reference" if None not in inside else "copy"
+    existing = list_out(out, so)
+    allowed = [p for p in inside if p is not None] if mode == "reference" else []
+    check_writable(out, existing, overwrite=overwrite, allowed=allowed)
+    old: set[str] = set()
+    if existing:
+        old = old_manifest_paths(out, so) if overwrite else set()
+        remove(join(out, MANIFEST_NAME), so)
+        remove_temps(out, existing, so)
+
+    first = loaded[0][1]
+    planned = int(loaded[0][3]["planned_shards"])
+    by_number: dict[int, tuple[ShardInfo, str, str | None]] = {}
+    skips: list[dict[str, Any]] = []
+    for (d, m, base, part), rel in zip(loaded, inside, strict=True):
+        numbers = list(part["shard_numbers"])
+        if len(numbers) != len(m.shards):
+            raise ManifestError(f"{d}: lists {len(m.shards)} shards but {len(numbers)} numbers")
+        for number, shard in zip(numbers, m.shards, strict=True):
+            if number in by_number or not 0 <= number < planned:
+                raise ManifestError(f"{d}: shard number {number} is repeated or out of range")
+            by_number[number] = (shard, base, rel)
+        if m.extra.get("skip_report"):
+            skips.extend(read_skip_report(join(base, str(m.extra["skip_report"])), so))
+
+    staging = local_path(out) if is_local(out) else tempfile.mkdtemp(prefix="shardloader-merge-")
+    os.makedirs(staging, exist_ok=True)
+    shards = []
+    copied = 0
+    for number in sorted(by_number):
+        shard, base, rel = by_number[number]
+        if mode == "reference":
+            shards.append(ShardInfo(
+                f"{rel}/{shard.path}", shard.num_samples, shard.bytes, shard.raw_bytes,
+                shard.sha256, f"{rel}/{shard.index_path}", shard.index_sha256,
+            ))
+            continue
+        name, index_name = shard_names(number, first.format, first.compression)
+        copied += _copy_verified(join(base, shard.path), join(out, name), shard.sha256,
+                                 staging, so)
+        copied += _copy_verified(join(base, shard.index_path), join(out, index_name),
+                                 shard.index_sha256, staging, so)
+        shards.append(ShardInfo(name, shard.num_samples, shard.bytes, shard.raw_bytes,
+                                shard.sha256, index_name, shard.index_sha256))
+    if not is_local(out):
+        os.rmdir(staging)
+
+    skips.sort(key=lambda s: s["shard"])
+    if skips:
+        write_skip_report(out, skips, so)
+    extra = _shared_extra(first)
+    extra["skipped"] = len(skips)
+    if skips:
+        extra["skip_report"] = SKIP_REPORT
+    manifest = Manifest(
+        format=first.format, compression=first.compression, fields=first.fields, shards=shards,
+        classes=first.classes, layout=first.layout, length_field=first.length_field,
+        extra=extra,
+    )
+    write_bytes_atomic(join(out, MANIFEST_NAME), manifest.to_json(), so)
+    if existing:
+        keep = {s.path for s in shards} | {s.index_path for s in shards}
+        if skips:
+            keep.add(SKIP_REPORT)
+        remove_stale(out, existing, keep, shard_pattern(None), old, so)
+    log.info("merged %d parts into %s (%s)", len(loaded), out, mode)
+    return MergeReport(out, manifest, mode, len(loaded), copied)

@@ -1,0 +1,164 @@
+"""The output folder: refuse to clobber, clean up only what shardloader itself wrote.
+
+Only files with our own names are ever deleted: temporary files of earlier runs
+(``.shard-00000.tar.zst.tmp-<32 hex>``, ``index.json.tmp-<32 hex>``, ...), shards and sidecars
+named like the ones this run writes, the skip report, and paths an old manifest listed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from collections.abc import Collection, Iterable, Mapping
+from typing import Any
+
+from shardloader.errors import ManifestError, OutputExistsError, StorageError, UsageError
+from shardloader.manifest import MANIFEST_NAME, Manifest
+from shardloader.storage import (
+    exists,
+    is_local,
+    join,
+    list_files,
+    local_path,
+    read_bytes,
+    remove,
+    write_bytes_atomic,
+)
+
+__all__ = [
+    "SKIP_REPORT",
+    "list_out",
+    "check_writable",
+    "old_manifest_paths",
+    "remove_stale",
+    "remove_temps",
+    "shard_pattern",
+    "write_skip_report",
+    "read_skip_report",
+]
+
+log = logging.getLogger(__name__)
+
+SKIP_REPORT = "skipped.jsonl"
+_HEX = r"[0-9a-f]{32}"
+_STEM = r"(?:part-\d{4}-)?shard-\d{5,}"
+_SUFFIX = r"(?:\.tar|\.tar\.gz|\.tar\.zst|\.arrow|\.idx\.arrow)"
+_TEMP = re.compile(
+    rf"^(?:\.{_STEM}{_SUFFIX}\.tmp-{_HEX}"
+    rf"|(?:{re.escape(MANIFEST_NAME)}|{re.escape(SKIP_REPORT)}|{_STEM}\.idx\.arrow)\.tmp-{_HEX})$"
+)
+
+
+def shard_pattern(part: int | None) -> re.Pattern[str]:
+    """Names of shards and sidecars a (part) run writes: ``shard-00001.tar.zst`` etc."""
+    stem = r"shard-\d{5,}" if part is None else rf"part-{part:04d}-shard-\d{{5,}}"
+    return re.compile(rf"^{stem}{_SUFFIX}$")
+
+
+def list_out(out: str, storage_options: Mapping[str, Any] | None) -> list[str]:
+    """Files below ``out`` (relative paths); [] if it does not exist."""
+    if is_local(out):
+        path = local_path(out)
+        if os.path.exists(path) and not os.path.isdir(path):
+            raise UsageError(f"output {out!r} exists and is not a folder")
+        if not os.path.isdir(path):
+            return []
+        found = []
+        for dirpath, _, filenames in os.walk(path):
+            for name in filenames:
+                rel = os.path.relpath(os.path.join(dirpath, name), path)
+                found.append(rel.replace(os.sep, "/"))
+        return sorted(found)
+    try:
+        return list_files(out, storage_options)
+    except (FileNotFoundError, StorageError):
+        return []
+
+
+def check_writable(
+    out: str,
+    existing: Collection[str],
+    *,
+    overwrite: bool,
+    resume: bool = False,
+    allowed: Iterable[str] = (),
+) -> None:
+    """Refuse a non-empty ``out`` unless overwriting or resuming."""
+    allowed = tuple(allowed)
+    blocking = [p for p in existing if not any(p == a or p.startswith(a + "/") for a in allowed)]
+    if blocking and not (overwrite or resume):
+        more = f" and {len(blocking) - 1} more" if len(blocking) > 1 else ""
+        remedy = "pass --overwrite to replace what is there"
+        if not allowed:
+            remedy += ", or --resume to finish an interrupted pack"
+        raise OutputExistsError(
+            f"output {out!r} is not empty (holds {blocking[0]!r}{more}); {remedy}"
+        )
+
+
+def old_manifest_paths(out: str, storage_options: Mapping[str, Any] | None) -> set[str]:
+    """Shard and sidecar paths listed by an existing manifest in ``out`` (none if unreadable)."""
+    url = join(out, MANIFEST_NAME)
+    if not exists(url, storage_options):
+        return set()
+    try:
+        manifest = Manifest.from_json(read_bytes(url, storage_options), url)
+    except (ManifestError, StorageError) as err:
+        log.warning("%s: ignoring unreadable old manifest (%s)", url, err)
+        return set()
+    paths = set()
+    for s in manifest.shards:
+        for p in (s.path, s.index_path):
+            if not p.startswith("/") and ".." not in p.split("/") and "://" not in p:
+                paths.add(p)
+    skip = manifest.extra.get("skip_report")
+    if isinstance(skip, str) and "/" not in skip:
+        paths.add(skip)
+    return paths
+
+
+def remove_stale(
+    out: str,
+    existing: Iterable[str],
+    keep: Collection[str],
+    pattern: re.Pattern[str] | None,
+    old: Collection[str] = (),
+    storage_options: Mapping[str, Any] | None = None,
+) -> list[str]:
+    """Delete our temporaries, our shard/sidecar names not in ``keep``, and ``old`` paths."""
+    removed = []
+    for rel in existing:
+        top = "/" not in rel
+        ours = top and (
+            bool(_TEMP.match(rel))
+            or (pattern is not None and bool(pattern.match(rel)))
+            or rel == SKIP_REPORT
+        )
+        if (ours or rel in old) and rel not in keep:
+            remove(join(out, rel), storage_options)
+            removed.append(rel)
+    if removed:
+        log.info("%s: removed %d stale files", out, len(removed))
+    return removed
+
+
+def remove_temps(out: str, existing: Iterable[str], storage_options: Any = None) -> None:
+    """Delete temporary files that killed runs left behind (never final names)."""
+    for rel in existing:
+        if "/" not in rel and _TEMP.match(rel):
+            remove(join(out, rel), storage_options)
+
+
+def write_skip_report(
+    out: str, skips: Iterable[Mapping[str, Any]], storage_options: Mapping[str, Any] | None
+) -> None:
+    """One JSON object per skipped sample or file, in plan order (reproducible bytes)."""
+    lines = [json.dumps(dict(s), sort_keys=True, ensure_ascii=False) + "\n" for s in skips]
+    write_bytes_atomic(join(out, SKIP_REPORT), "".join(lines).encode(), storage_options)
+
+
+def read_skip_report(url: str, storage_options: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+    data = read_bytes(url, storage_options)
+    return [json.loads(line) for line in data.decode().splitlines() if line.strip()]

@@ -1,0 +1,409 @@
+"""Write one planned shard: read its files, check its fields, write a temporary shard.
+
+Runs in a worker process (or inline with ``--workers 1``).  Everything a task needs crosses the
+process boundary as plain frozen dataclasses (:class:`WriteSpec`, :class:`ShardTask`): no open
+files, no lambdas.  The worker writes ``.<name>.tmp-<run id>`` and fsyncs it; the main process
+renames it to its final name (or uploads it), writes the sidecar, and the manifest last.
+
+NOTE [resume]: every sidecar's Arrow schema metadata (key ``shardloader``) records the shard's
+sha256, sizes, skipped samples and a *plan digest*: a hash of the options that change shard
+bytes, the shard's global number and its planned samples (keys, field names, file paths relative
+to SRC and sizes, record bytes).  A resumed run keeps a finished shard only if its plan digest is
+equal and the stored file still hashes to the recorded sha256.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import signal
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from shardloader.codecs import check_field
+from shardloader.errors import InputError, ManifestError, ShardloaderError, StorageError
+from shardloader.format import WrittenShard, open_writer
+from shardloader.manifest import FieldInfo, SampleIndex
+from shardloader.pack.discover import TextRule
+from shardloader.pack.plan import ShardPlan
+from shardloader.pack.refs import FileRef, SampleRef
+from shardloader.storage import exists, join, open_read, read_bytes
+
+__all__ = [
+    "WriteSpec",
+    "ShardTask",
+    "ShardResult",
+    "write_shard",
+    "plan_digest",
+    "sidecar_bytes",
+    "sidecar_meta",
+    "worker_init",
+    "temp_name",
+]
+
+log = logging.getLogger(__name__)
+
+META_KEY = b"shardloader"
+_HASH_CHUNK = 4 << 20
+
+
+@dataclass(frozen=True)
+class WriteSpec:
+    """What every shard of one run shares (picklable)."""
+
+    src: str
+    out: str  # final location (URL); shards are checked there on resume
+    staging: str  # local folder for temporary shards (OUT itself when OUT is local)
+    run_id: str
+    fmt: str
+    compression: str
+    fields: Mapping[str, FieldInfo]
+    options_digest: str
+    validate: bool = False
+    on_error: str = "fail"
+    text: TextRule | None = None
+    tokenizer: str | None = None  # local path of a Hugging Face tokenizers JSON file
+    resume: bool = False
+    storage_options: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ShardTask:
+    plan: ShardPlan
+    name: str
+    index_name: str
+
+
+@dataclass(frozen=True)
+class ShardResult:
+    number: int
+    name: str
+    index_name: str
+    num_samples: int
+    stored_bytes: int
+    raw_bytes: int
+    sha256: str
+    index_sha256: str
+    bytes_in: int
+    skips: tuple[dict[str, Any], ...]
+    temp: str | None = None  # local temporary shard to move into place; None when kept
+    sidecar: bytes | None = None  # sidecar to write; None when kept
+    kept: bool = False
+
+
+def temp_name(spec: WriteSpec, name: str) -> str:
+    return os.path.join(spec.staging, f".{name}.tmp-{spec.run_id}")
+
+
+# -- worker process -------------------------------------------------------------------------
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` still runs (a zombie, killed but not yet reaped, does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[-1].split()[0] != b"Z"
+    except OSError:  # no procfs (macOS): the kill() probe has to do
+        return True
+
+
+def worker_init(main_pid: int) -> None:
+    """Pool initializer: leave Ctrl-C to the main process, and die with it.
+
+    The main process reacts to SIGINT by terminating the pool and removing temporary files.  If
+    the main process dies (SIGKILL, OOM) nobody will collect this worker's work: it exits within
+    a second, leaving at most a temporary file, never a final name.  (With a forkserver the
+    worker's parent is the server, which lives as long as any worker does, so watch the main
+    process itself.)
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    def watch() -> None:
+        while True:
+            time.sleep(0.5)
+            if not _alive(main_pid):
+                os._exit(1)
+
+    threading.Thread(target=watch, name="shardloader-main-watch", daemon=True).start()
+
+
+_TOKENIZERS: dict[str, Any] = {}
+
+
+def _tokenizer(path: str) -> Any:
+    tok = _TOKENIZERS.get(path)
+    if tok is None:
+        from tokenizers import Tokenizer
+
+        tok = _TOKENIZERS[path] = Tokenizer.from_file(path)
+    return tok
+
+
+# -- the plan digest ------------------------------------------------------------------------
+
+
+def plan_digest(spec: WriteSpec, plan: ShardPlan) -> str:
+    """Hash of what decides a shard's bytes; see NOTE [resume]."""
+    h = hashlib.sha256()
+    parts = [json.dumps([spec.options_digest, plan.number]).encode()]
+    pending = 0
+    for sample in plan.samples:
+        parts.append(b"\0k" + sample.key.encode())
+        for ext, value in sample.fields:
+            parts.append(b"\0e" + ext.encode())
+            if isinstance(value, bytes):
+                parts.append(b"\0b%d\0" % len(value))
+                parts.append(value)
+                pending += len(value)
+            else:
+                parts.append(b"\0f%d\0" % value.size + value.rel.encode())
+        if pending > _HASH_CHUNK:  # few big updates instead of many small ones
+            h.update(b"".join(parts))
+            parts, pending = [], 0
+    h.update(b"".join(parts))
+    return h.hexdigest()
+
+
+def sidecar_meta(data: bytes, where: str) -> dict[str, Any]:
+    """The resume record stored in a sidecar written by ``pack`` ({} if there is none)."""
+    try:
+        schema = pa.ipc.open_file(pa.py_buffer(data)).schema
+        raw = (schema.metadata or {}).get(META_KEY)
+        return json.loads(raw) if raw else {}
+    except (pa.ArrowInvalid, ValueError) as err:
+        raise ManifestError(f"{where} is not a valid sample index: {err}") from err
+
+
+def sidecar_bytes(index: SampleIndex, meta: Mapping[str, Any]) -> bytes:
+    """The sidecar: :meth:`SampleIndex.to_arrow_bytes` plus the resume record as metadata."""
+    table = pa.ipc.open_file(pa.py_buffer(index.to_arrow_bytes())).read_all()
+    table = table.replace_schema_metadata({META_KEY: json.dumps(meta, sort_keys=True)})
+    sink = pa.BufferOutputStream()
+    # zstd buffers: keys and offsets are regular, so the sidecar shrinks ~5x (it is ~45 bytes a
+    # sample raw, a noticeable share of a text shard); readers decompress transparently.
+    options = pa.ipc.IpcWriteOptions(compression="zstd")
+    with pa.ipc.new_file(sink, table.schema, options=options) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+# -- reading and checking samples -----------------------------------------------------------
+
+
+class _Bad(Exception):
+    """A sample cannot be packed; becomes an InputError (fail) or a skip record (skip)."""
+
+    def __init__(self, sample: SampleRef, reason: str, ref: FileRef | None = None) -> None:
+        super().__init__(reason)
+        self.sample, self.reason, self.ref = sample, reason, ref
+
+    def message(self, spec: WriteSpec) -> str:
+        key = self.sample.key
+        if self.ref is not None:
+            return f"{self.ref.url} (key {key!r}): {self.reason}"
+        if self.sample.file:
+            return f"{join(spec.src, self.sample.file)} {self.sample.where} (key {key!r}): " \
+                f"{self.reason}"
+        return f"sample {key!r}: {self.reason}"
+
+    def record(self, number: int) -> dict[str, Any]:
+        """The skip report entry: paths relative to SRC, so reports are reproducible."""
+        return {
+            "shard": number,
+            "key": self.sample.key,
+            "file": self.ref.rel if self.ref is not None else self.sample.file,
+            "where": self.sample.where,
+            "reason": self.reason,
+        }
+
+
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
+def _read(spec: WriteSpec, sample: SampleRef, ref: FileRef) -> bytes:
+    try:
+        data = read_bytes(ref.url, spec.storage_options)
+    except (OSError, StorageError) as err:
+        raise _Bad(sample, f"unreadable ({err})", ref) from err
+    if len(data) != ref.size:
+        raise _Bad(
+            sample,
+            f"has {len(data)} bytes but had {ref.size} when the pack started; do not change "
+            "the input while packing, then re-run",
+            ref,
+        )
+    return data
+
+
+def _parse_json(data: bytes) -> Any:
+    """``json.loads`` with the messages of :func:`codecs.check_field`."""
+    try:
+        return json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as err:
+        raise InputError(f"invalid UTF-8 at byte {err.start}") from err
+    except json.JSONDecodeError as err:
+        raise InputError(f"invalid JSON ({err.msg} at char {err.pos})") from err
+
+
+def _text_of(
+    rule: TextRule, fields: Mapping[str, bytes], value: Any
+) -> tuple[str | bytes | None, str]:
+    for kind, name in rule.candidates:
+        if kind == "field" and name in fields:
+            return fields[name], name
+        if kind == "json" and "json" in fields:
+            text = value.get(name) if isinstance(value, dict) else None
+            return (text if isinstance(text, str) else None), f"json key {name!r}"
+    return None, " or ".join(n for _, n in rule.candidates)
+
+
+def _load(spec: WriteSpec, sample: SampleRef) -> tuple[dict[str, bytes], int | None]:
+    """Read and check a sample's fields; add derived fields; return (fields, length)."""
+    fields: dict[str, bytes] = {}
+    parsed: dict[str, Any] = {}
+    for ext, value in sample.fields:
+        ref = value if isinstance(value, FileRef) else None
+        data: bytes = value if ref is None else _read(spec, sample, ref)  # type: ignore[assignment]
+        codec = spec.fields[ext].codec
+        try:
+            if codec == "json":  # parse once: the text rule may need the value
+                parsed[ext] = _parse_json(data)
+            else:
+                check_field(codec, data, validate_images=spec.validate)
+        except InputError as err:
+            reason = _ADDRESS.sub("", str(err))  # PIL names object addresses: not reproducible
+            raise _Bad(sample, f"field {ext!r}: {reason}", ref) from err
+        fields[ext] = data
+    if spec.text is None:
+        return fields, None
+    text, what = _text_of(spec.text, fields, parsed.get("json"))
+    if spec.tokenizer is None:
+        if text is None:
+            return fields, 0
+        return fields, len(text.encode("utf-8") if isinstance(text, str) else text)
+    if text is None:
+        raise _Bad(sample, f"no text to tokenize ({what} is missing or not a string)")
+    as_str = text if isinstance(text, str) else text.decode("utf-8")
+    ids = _tokenizer(spec.tokenizer).encode(as_str).ids
+    dtype = np.dtype(spec.fields["tokens"].dtype or "uint32").newbyteorder("<")
+    fields["tokens"] = np.asarray(ids, dtype=dtype).tobytes()
+    return fields, len(ids)
+
+
+# -- one shard ------------------------------------------------------------------------------
+
+
+def _hash_url(url: str, storage_options: Mapping[str, Any]) -> tuple[str, int]:
+    h = hashlib.sha256()
+    n = 0
+    with open_read(url, storage_options) as f:
+        while chunk := f.read(_HASH_CHUNK):
+            h.update(chunk)
+            n += len(chunk)
+    return h.hexdigest(), n
+
+
+def _try_keep(spec: WriteSpec, task: ShardTask, digest: str) -> ShardResult | None:
+    """A finished shard from an earlier run, if it is intact and was planned the same way."""
+    shard_url, index_url = join(spec.out, task.name), join(spec.out, task.index_name)
+    if not (exists(shard_url, spec.storage_options) and exists(index_url, spec.storage_options)):
+        return None
+    try:
+        sidecar = read_bytes(index_url, spec.storage_options)
+        meta = sidecar_meta(sidecar, index_url)
+        if meta.get("plan_digest") != digest:
+            log.info("%s: planned differently; packing it again", shard_url)
+            return None
+        sha, size = _hash_url(shard_url, spec.storage_options)
+        index = SampleIndex.from_arrow_bytes(sidecar, index_url)
+    except ShardloaderError as err:
+        log.warning("%s: cannot reuse (%s); packing it again", shard_url, err)
+        return None
+    if sha != meta.get("sha256") or size != meta.get("bytes") or len(index) != meta.get(
+        "num_samples"
+    ):
+        log.warning("%s: checksum does not match its sidecar; packing it again", shard_url)
+        return None
+    return ShardResult(
+        task.plan.number, task.name, task.index_name, len(index), size, int(meta["raw_bytes"]),
+        sha, hashlib.sha256(sidecar).hexdigest(), int(meta.get("bytes_in", 0)),
+        tuple(meta.get("skips", ())), kept=True,
+    )
+
+
+def write_shard(spec: WriteSpec, task: ShardTask) -> ShardResult:
+    """Write one shard to a temporary file (or keep the finished one on resume)."""
+    digest = plan_digest(spec, task.plan)
+    if spec.resume:
+        kept = _try_keep(spec, task, digest)
+        if kept is not None:
+            return kept
+    tmp = temp_name(spec, task.name)
+    skips: list[dict[str, Any]] = []
+    bytes_in = 0
+    try:
+        with open(tmp, "wb") as f:
+            writer = open_writer(spec.fmt, f, spec.compression, spec.fields)
+            for sample in task.plan.samples:
+                try:
+                    fields, length = _load(spec, sample)
+                except _Bad as bad:
+                    if spec.on_error == "fail":
+                        raise InputError(
+                            f"{bad.message(spec)}; fix or remove it, or pass --on-error skip"
+                        ) from None
+                    log.warning("skipping %s", bad.message(spec))
+                    skips.append(bad.record(task.plan.number))
+                    continue
+                writer.add(sample.key, fields, length)
+                bytes_in += _input_size(sample)
+            written: WrittenShard = writer.close()
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        _remove(tmp)
+        raise
+    meta = {
+        "plan_digest": digest,
+        "sha256": written.sha256,
+        "bytes": written.bytes,
+        "raw_bytes": written.raw_bytes,
+        "num_samples": written.num_samples,
+        "bytes_in": bytes_in,
+        "skips": skips,
+    }
+    sidecar = sidecar_bytes(written.index, meta)
+    return ShardResult(
+        task.plan.number, task.name, task.index_name, written.num_samples, written.bytes,
+        written.raw_bytes, written.sha256, hashlib.sha256(sidecar).hexdigest(), bytes_in,
+        tuple(skips), temp=tmp, sidecar=sidecar,
+    )
+
+
+def _input_size(sample: SampleRef) -> int:
+    """Bytes the sample took from the input: its files, or its record (not derived fields)."""
+    if sample.file:
+        return sum(len(v) for _, v in sample.fields if isinstance(v, bytes))
+    return sum(v.size for _, v in sample.fields if isinstance(v, FileRef))
+
+
+def _remove(path: str) -> None:
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        pass

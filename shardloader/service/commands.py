@@ -1,0 +1,184 @@
+"""``shardloader serve PIPELINE``: run a dataset's pipeline here and stream batches to trainers.
+
+PIPELINE is either ``package.module:factory`` (imported from this machine's own code, called
+without arguments, returning a configured :class:`ShardedDataset`) or a dataset path/URL that
+the options below configure.  Nothing a client sends is ever run.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import sys
+from typing import Any
+
+import click
+
+from shardloader.cli import main
+from shardloader.errors import UsageError
+
+__all__ = ["serve", "load_pipeline", "read_token"]
+
+_FACTORY = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+_DATASET_OPTIONS = ("batch_size", "shuffle", "seed", "uneven", "decode", "transform",
+                    "image_size", "image_field", "cache_dir")
+
+
+def read_token(path: str) -> str:
+    """The bearer token in ``path`` (surrounding whitespace stripped); never empty."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            token = f.read().strip()
+    except (OSError, UnicodeDecodeError) as err:
+        raise UsageError(f"--token-file {path}: cannot read it ({err})") from err
+    if len(token) < 16 or any(c.isspace() for c in token):
+        raise UsageError(f"--token-file {path}: the token must be one word of at least 16 "
+                         "characters, e.g. from `python -c 'import secrets; "
+                         "print(secrets.token_urlsafe(32))'`")
+    return token
+
+
+def load_pipeline(pipeline: str, **options: Any) -> Any:
+    """The dataset PIPELINE names: a ``module:factory`` result, or a dataset path configured
+    by ``options`` (batch_size, shuffle, seed, uneven, decode, transform, image_size,
+    image_field, cache_dir)."""
+    from shardloader.dataset import ShardedDataset
+
+    if _FACTORY.match(pipeline) and not os.path.exists(pipeline):
+        import importlib
+
+        module_name, _, attr = pipeline.partition(":")
+        try:
+            target: Any = importlib.import_module(module_name)
+        except ImportError as err:
+            raise UsageError(f"PIPELINE {pipeline}: cannot import {module_name} ({err}); is it "
+                             "installed or on PYTHONPATH on this machine?") from err
+        for part in attr.split("."):
+            if not hasattr(target, part):
+                raise UsageError(f"PIPELINE {pipeline}: {module_name} has no {attr!r}")
+            target = getattr(target, part)
+        dataset = target
+        if callable(target) and not isinstance(target, ShardedDataset):
+            import inspect
+
+            try:
+                inspect.signature(target).bind()
+            except TypeError as err:
+                raise UsageError(f"PIPELINE {pipeline}: the factory must be callable without "
+                                 f"arguments ({err})") from err
+            except ValueError:  # no signature to inspect (builtins): just call it
+                pass
+            dataset = target()
+        if not isinstance(dataset, ShardedDataset):
+            raise UsageError(f"PIPELINE {pipeline} gave a {type(dataset).__name__}; the factory "
+                             "must return a shardloader.ShardedDataset")
+        return dataset
+    return _dataset_from_path(pipeline, **options)
+
+
+def _dataset_from_path(url: str, *, batch_size: int | None, shuffle: bool, seed: int,
+                       uneven: str, decode: str, transform: str, image_size: int,
+                       image_field: str | None, cache_dir: str | None) -> Any:
+    from shardloader.codecs import Decoder
+    from shardloader.dataset import ShardedDataset
+    from shardloader.shards import ReadOptions
+    from shardloader.storage.cache import CacheOptions
+
+    read = ReadOptions(cache=CacheOptions(dir=cache_dir))
+    transform_fn = None
+    if transform != "none":
+        from shardloader import vision
+        from shardloader.manifest import read_manifest
+
+        manifest, _ = read_manifest(url, read.storage_options)
+        images = [ext for ext, info in manifest.fields.items() if info.codec == "image"]
+        field = image_field or (images[0] if images else None)
+        if field is None or field not in manifest.fields:
+            raise UsageError(f"--transform {transform}: {url} has no image field "
+                             f"{image_field or ''} (fields: {', '.join(manifest.fields)})")
+        make = vision.train_transform if transform == "train" else vision.eval_transform
+        transform_fn = make(image_size, field=field)
+        decode = "raw"  # the transforms decode at reduced scale themselves
+    elif image_field is not None:
+        raise UsageError("--image-field applies with --transform train/eval only")
+    return ShardedDataset(url, batch_size=batch_size, shuffle=shuffle, seed=seed, uneven=uneven,
+                          transform=transform_fn, decoder=Decoder(image=decode), read=read,
+                          rank=0, world_size=1)
+
+
+@main.command()
+@click.argument("pipeline")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on; any non-loopback address needs --token-file.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8470, show_default=True,
+              help="Port to listen on; 0 picks a free one (see --port-file).")
+@click.option("--port-file", type=click.Path(dir_okay=False),
+              help="Write the bound port here once listening.")
+@click.option("--token-file", type=click.Path(dir_okay=False),
+              help="File holding the bearer token every request but /health must carry.")
+@click.option("--workers", type=click.IntRange(0), default=2, show_default=True,
+              help="DataLoader worker processes per stream.")
+@click.option("--max-inflight", type=click.IntRange(1), default=4, show_default=True,
+              help="Finished batches buffered per stream (backpressure).")
+@click.option("--max-clients", type=click.IntRange(1), default=8, show_default=True,
+              help="Concurrent streams; more are answered 503 with Retry-After.")
+@click.option("--batch-size", type=click.IntRange(1), help="Samples per batch (path PIPELINE).")
+@click.option("--shuffle/--no-shuffle", default=False, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--uneven", type=click.Choice(["pad", "drop"]), default="pad", show_default=True)
+@click.option("--decode", type=click.Choice(["tensor", "numpy", "raw"]), default="tensor",
+              show_default=True, help="How image fields are decoded.")
+@click.option("--transform", type=click.Choice(["none", "train", "eval"]), default="none",
+              show_default=True, help="Built-in image transform (random resized crop + flip, "
+              "or resize + centre crop) to --image-size.")
+@click.option("--image-size", type=click.IntRange(1), default=224, show_default=True)
+@click.option("--image-field", help="Image field the transform applies to (default: the first).")
+@click.option("--cache-dir", type=click.Path(file_okay=False), help="Node-local shard cache.")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
+              default="info", show_default=True)
+@click.pass_context
+def serve(ctx: click.Context, pipeline: str, host: str, port: int, port_file: str | None,
+          token_file: str | None, workers: int, max_inflight: int, max_clients: int,
+          log_level: str, **dataset_options: Any) -> None:
+    """Serve PIPELINE's batches to RemoteLoader clients (GET /v1/batches, /v1/info, /metrics,
+    /health).
+
+    PIPELINE: `package.module:factory` returning a configured ShardedDataset, or a dataset
+    path/URL configured by the dataset options.  Binds 127.0.0.1 unless --host says otherwise;
+    then --token-file is required and every request but /health is authenticated.
+    """
+    from shardloader.service.server import ServeOptions, is_loopback
+    from shardloader.service.server import serve as run_server
+
+    token = read_token(token_file) if token_file else None
+    if port_file and not os.path.isdir(os.path.dirname(os.path.abspath(port_file))):
+        raise UsageError(f"--port-file {port_file}: its folder does not exist")
+    if not is_loopback(host) and token is None:
+        raise UsageError(f"--host {host} is not a loopback address: pass --token-file so every "
+                         "request is authenticated")
+    options = ServeOptions(workers=workers, max_inflight=max_inflight, max_clients=max_clients,
+                           token=token)
+    if _FACTORY.match(pipeline) and not os.path.exists(pipeline):
+        given = [f"--{name.replace('_', '-')}" for name in _DATASET_OPTIONS
+                 if ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT]
+        if given:
+            raise UsageError(f"{', '.join(given)} configure a dataset path; the factory "
+                             f"{pipeline} configures its own dataset")
+    logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    dataset = load_pipeline(pipeline, **dataset_options)
+
+    def ready(bound_host: str, bound_port: int) -> None:
+        if port_file:
+            tmp = f"{port_file}.tmp{os.getpid()}"
+            with open(tmp, "w", encoding="utf-8") as f:
+                f.write(f"{bound_port}\n")
+            os.replace(tmp, port_file)
+        shown = f"[{bound_host}]" if ":" in bound_host else bound_host
+        click.echo(f"serving {pipeline} on http://{shown}:{bound_port} "
+                   f"({dataset.manifest.num_samples} samples, {workers} workers per stream)")
+        sys.stdout.flush()
+
+    run_server(dataset, options, host=host, port=port, on_ready=ready,
+               log_level="warning" if log_level == "info" else log_level)

@@ -1,0 +1,378 @@
+"""Frames on the wire between ``shardloader serve`` and :class:`RemoteLoader`: pure, no pickle.
+
+NOTE [frame layout, protocol 1]: a batch stream is a sequence of frames::
+
+    prefix   16 bytes   b"SLF1" | header length (uint32 LE) | payload length (uint64 LE)
+    header   UTF-8 JSON {"kind": "batch"|"end"|"error"|"ping", "step": int, ...}
+    payload  raw bytes: every tensor, array and bytes value of the batch, each at an offset
+             aligned to 64 bytes
+
+A batch header carries ``tree``, the batch's structure as tagged JSON nodes, and ``buffers``,
+``[offset, nbytes]`` per raw value.  Nodes (lists, so user keys such as ``"t"`` are never
+ambiguous): ``["j", scalar]`` (None, bool, int, float, str), ``["J", [scalar, ...]]`` (a list
+of scalars), ``["l", [node...]]``, ``["u", [node...]]`` (tuple), ``["d", {str: node}]``,
+``["t", buffer, dtype, shape, layout]`` (torch tensor; layout ``"c"`` contiguous or ``"cl"``
+channels-last), ``["n", buffer, dtype, shape]`` (numpy array), ``["g", buffer, dtype]`` (numpy
+scalar), ``["b", buffer]`` (bytes).  dtypes come from an allowlist; the decoder builds values
+only from these tags, so a stream can never make the receiver run code.  Anything else in a
+batch (objects, sets, non-string dict keys) is a :class:`UsageError` on the sending side.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from shardloader.errors import DecodeError, UsageError
+from shardloader.storage.retry import TruncatedBodyError
+
+__all__ = [
+    "MAGIC",
+    "PROTOCOL",
+    "Frame",
+    "encode_batch",
+    "encode_control",
+    "decode_batch",
+    "read_frame",
+    "iter_frames",
+    "frame_size",
+]
+
+MAGIC = b"SLF1"
+PROTOCOL = 1
+_PREFIX = struct.Struct("<4sIQ")
+_ALIGN = 64
+MAX_HEADER = 64 << 20  # a header this large means a broken or hostile stream
+MAX_PAYLOAD = 1 << 36
+MAX_DEPTH = 64
+KINDS = ("batch", "end", "error", "ping")
+
+_TORCH_DTYPES: dict[str, torch.dtype] = {
+    name: getattr(torch, name)
+    for name in (
+        "bool", "uint8", "int8", "int16", "int32", "int64", "uint16", "uint32", "uint64",
+        "float16", "bfloat16", "float32", "float64", "complex64", "complex128",
+    )
+    if hasattr(torch, name)
+}
+_TORCH_NAMES = {dtype: name for name, dtype in _TORCH_DTYPES.items()}
+_NUMPY_KINDS = frozenset("biufc")  # bool, int, uint, float, complex: plain bytes, nothing else
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One decoded frame: its header (JSON) and its raw payload."""
+
+    header: dict[str, Any]
+    payload: memoryview  # writable bytes; decoded tensors and arrays share it
+
+    @property
+    def kind(self) -> str:
+        return str(self.header["kind"])
+
+
+def frame_size(chunks: list[Any]) -> int:
+    """Bytes on the wire of an encoded frame (the sum of its chunks)."""
+    return sum(memoryview(c).nbytes for c in chunks)
+
+
+# -- encoding ---------------------------------------------------------------------------------
+
+
+class _Encoder:
+    def __init__(self) -> None:
+        self.buffers: list[memoryview] = []
+        self.spans: list[list[int]] = []
+        self.size = 0
+
+    def add(self, raw: memoryview) -> int:
+        offset = -(-self.size // _ALIGN) * _ALIGN
+        self.buffers.append(raw)
+        self.spans.append([offset, raw.nbytes])
+        self.size = offset + raw.nbytes
+        return len(self.spans) - 1
+
+    def node(self, value: Any, where: str, depth: int) -> list[Any]:
+        if depth > MAX_DEPTH:
+            raise UsageError(f"batch value at {where} is nested deeper than {MAX_DEPTH} levels")
+        if isinstance(value, np.generic):  # before float: np.float64 subclasses float
+            dtype = _numpy_dtype_name(value.dtype, where)
+            return ["g", self.add(_raw(np.asarray(value))), dtype]
+        if value is None or isinstance(value, bool | int | float | str):
+            return ["j", value]  # JSON keeps floats exactly (repr round-trips), NaN/inf included
+        if isinstance(value, torch.Tensor):
+            return self.tensor(value, where)
+        if isinstance(value, np.ndarray):
+            dtype = _numpy_dtype_name(value.dtype, where)
+            arr = value if value.flags.c_contiguous else value.copy(order="C")  # keeps 0-d
+            return ["n", self.add(_raw(arr)), dtype, list(arr.shape)]
+        if isinstance(value, bytes):
+            return ["b", self.add(memoryview(value))]
+        if isinstance(value, list | tuple):
+            if isinstance(value, list) and all(_is_scalar(v) for v in value):
+                return ["J", list(value)]
+            items = [self.node(v, f"{where}[{i}]", depth + 1) for i, v in enumerate(value)]
+            return ["l" if isinstance(value, list) else "u", items]
+        if isinstance(value, dict):
+            out = {}
+            for key, v in value.items():
+                if not isinstance(key, str):
+                    raise UsageError(
+                        f"batch dict at {where} has a {type(key).__name__} key {key!r}; only str "
+                        "keys can be sent (convert the key in the collate function)"
+                    )
+                out[key] = self.node(v, f"{where}[{key!r}]", depth + 1)
+            return ["d", out]
+        raise UsageError(
+            f"batch value at {where} is a {type(value).__module__}.{type(value).__qualname__}, "
+            "which shardloader serve cannot send: batches may hold tensors, numpy arrays, bytes, "
+            "str/int/float/bool/None and lists, tuples and str-keyed dicts of them (nothing is "
+            "pickled); convert it in the transform or collate function"
+        )
+
+    def tensor(self, t: torch.Tensor, where: str) -> list[Any]:
+        name = _TORCH_NAMES.get(t.dtype)
+        if name is None or t.layout != torch.strided or t.device.type != "cpu" or t.is_quantized:
+            raise UsageError(
+                f"batch tensor at {where} ({t.dtype}, {t.layout}, {t.device}) cannot be sent: "
+                f"only dense CPU tensors of {', '.join(_TORCH_DTYPES)}"
+            )
+        t = t.detach()
+        layout = "c"
+        if t.dim() == 4 and not t.is_contiguous() and t.is_contiguous(
+            memory_format=torch.channels_last
+        ):
+            t, layout = t.permute(0, 2, 3, 1), "cl"  # NHWC order: a contiguous view, no copy
+        shape = list(t.shape) if layout == "c" else [t.shape[0], t.shape[3], t.shape[1], t.shape[2]]
+        t = t.contiguous()
+        raw = t.reshape(-1).view(torch.uint8).numpy().data if t.numel() else memoryview(b"")
+        return ["t", self.add(raw), name, shape, layout]
+
+
+def _is_scalar(v: Any) -> bool:
+    return v is None or (isinstance(v, bool | int | float | str) and not isinstance(v, np.generic))
+
+
+def _raw(arr: np.ndarray) -> memoryview:
+    return arr.reshape(-1).view(np.uint8).data if arr.size else memoryview(b"")
+
+
+def _numpy_dtype_name(dtype: np.dtype, where: str) -> str:
+    if dtype.kind not in _NUMPY_KINDS or dtype.byteorder == ">" or dtype.fields is not None:
+        raise UsageError(
+            f"numpy value at {where} has dtype {dtype}; only little-endian bool/int/uint/float/"
+            "complex arrays can be sent"
+        )
+    return dtype.newbyteorder("<").str if dtype.itemsize > 1 else dtype.str
+
+
+_SMALL = 64 << 10  # pieces below this are copied together: one write instead of many
+
+
+def _frame(header: dict[str, Any], payload: list[memoryview], spans: list[list[int]],
+           size: int) -> list[Any]:
+    head = json.dumps(header, separators=(",", ":")).encode()
+    chunks: list[Any] = []
+    small = bytearray(_PREFIX.pack(MAGIC, len(head), size) + head)
+    pos = 0
+    for raw, (offset, nbytes) in zip(payload, spans, strict=True):
+        small += bytes(offset - pos)  # alignment padding
+        if nbytes >= _SMALL:
+            chunks.append(bytes(small))
+            chunks.append(raw)  # large values go out without a copy
+            small = bytearray()
+        else:
+            small += raw
+        pos = offset + nbytes
+    if small:
+        chunks.append(bytes(small))
+    return chunks
+
+
+def encode_batch(step: int, batch: Any) -> list[Any]:
+    """Encode one batch as a frame: a list of chunks (bytes / memoryviews) to write in order.
+
+    The chunks alias the batch's tensors (no copy); keep the batch alive until they are sent.
+    """
+    enc = _Encoder()
+    tree = enc.node(batch, "batch", 0)
+    header = {"kind": "batch", "step": int(step), "tree": tree, "buffers": enc.spans}
+    return _frame(header, enc.buffers, enc.spans, enc.size)
+
+
+def encode_control(kind: str, step: int, **fields: Any) -> bytes:
+    """An ``end`` / ``error`` / ``ping`` frame (no payload)."""
+    if kind not in KINDS or kind == "batch":
+        raise UsageError(f"control frame kind {kind!r} is not one of end, error, ping")
+    return b"".join(_frame({"kind": kind, "step": int(step), **fields}, [], [], 0))
+
+
+# -- decoding ---------------------------------------------------------------------------------
+
+ReadInto = Callable[[memoryview], int]
+
+
+def _read_exact(readinto: ReadInto, n: int, what: str) -> memoryview:
+    # numpy's empty: no zero-filling pass over a buffer the socket is about to fill
+    try:
+        view = np.empty(n, np.uint8).data if n >= _SMALL else memoryview(bytearray(n))
+    except MemoryError as err:
+        raise DecodeError(f"a frame announces a {what} of {n} bytes; cannot hold it") from err
+    got = 0
+    while got < n:
+        k = readinto(view[got:])
+        if not k:
+            raise TruncatedBodyError(f"stream ended inside a frame's {what} ({got} of {n} bytes)")
+        got += k
+    return view
+
+
+def read_frame(readinto: ReadInto) -> Frame | None:
+    """Read one frame with ``readinto`` (file-like ``readinto``); None at a clean end of stream.
+
+    A stream cut inside a frame raises ``TruncatedBodyError`` (a ``ConnectionError``: worth a
+    reconnect); a malformed frame raises :class:`DecodeError`.
+    """
+    first = bytearray(_PREFIX.size)
+    view = memoryview(first)
+    got = 0
+    while got < len(first):
+        k = readinto(view[got:])
+        if not k:
+            if got == 0:
+                return None
+            raise TruncatedBodyError(f"stream ended inside a frame prefix ({got} bytes)")
+        got += k
+    magic, head_len, size = _PREFIX.unpack(first)
+    if magic != MAGIC:
+        raise DecodeError(f"not a shardloader frame (magic {bytes(magic)!r}, want {MAGIC!r})")
+    if head_len > MAX_HEADER or size > MAX_PAYLOAD:
+        raise DecodeError(f"frame header {head_len} B / payload {size} B exceed the limits")
+    try:
+        header = json.loads(bytes(_read_exact(readinto, head_len, "header")))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise DecodeError(f"frame header is not JSON: {err}") from err
+    if not isinstance(header, dict) or header.get("kind") not in KINDS:
+        raise DecodeError(f"frame header has no known kind: {str(header)[:200]}")
+    if not isinstance(header.get("step"), int):
+        raise DecodeError(f"frame header has no integer step: {str(header)[:200]}")
+    return Frame(header, _read_exact(readinto, size, "payload"))
+
+
+def iter_frames(data: bytes | bytearray) -> Iterator[Frame]:
+    """Frames of a complete byte string (tests, tools)."""
+    view = memoryview(data)
+    pos = 0
+
+    def readinto(buf: memoryview) -> int:
+        nonlocal pos
+        n = min(len(buf), len(view) - pos)
+        buf[:n] = view[pos : pos + n]
+        pos += n
+        return n
+
+    while (frame := read_frame(readinto)) is not None:
+        yield frame
+
+
+class _Decoder:
+    def __init__(self, frame: Frame) -> None:
+        self.payload = frame.payload
+        spans = frame.header.get("buffers", [])
+        if not isinstance(spans, list):
+            raise DecodeError("frame buffers is not a list")
+        self.spans: list[tuple[int, int]] = []
+        for span in spans:
+            if (not isinstance(span, list) or len(span) != 2
+                    or not all(isinstance(x, int) and x >= 0 for x in span)
+                    or span[0] + span[1] > len(self.payload)):
+                raise DecodeError(
+                    f"frame buffer {span!r} lies outside the {len(self.payload)} B payload")
+            self.spans.append((span[0], span[1]))
+
+    def span(self, index: Any) -> tuple[int, int]:
+        if not isinstance(index, int) or not 0 <= index < len(self.spans):
+            raise DecodeError(f"frame refers to buffer {index!r} of {len(self.spans)}")
+        return self.spans[index]
+
+    def node(self, node: Any, depth: int) -> Any:
+        if depth > MAX_DEPTH or not isinstance(node, list) or not node:
+            raise DecodeError(f"malformed frame node {str(node)[:80]}")
+        tag, args = node[0], node[1:]
+        if tag == "j" and len(args) == 1 and _is_scalar(args[0]):
+            return args[0]
+        if tag == "J" and len(args) == 1 and isinstance(args[0], list):
+            if not all(_is_scalar(v) for v in args[0]):
+                raise DecodeError("a J node holds a non-scalar")
+            return list(args[0])
+        if tag in ("l", "u") and len(args) == 1 and isinstance(args[0], list):
+            items = [self.node(v, depth + 1) for v in args[0]]
+            return items if tag == "l" else tuple(items)
+        if tag == "d" and len(args) == 1 and isinstance(args[0], dict):
+            return {k: self.node(v, depth + 1) for k, v in args[0].items()}
+        if tag == "b" and len(args) == 1:
+            off, n = self.span(args[0])
+            return bytes(self.payload[off : off + n])
+        if tag == "t" and len(args) == 4:
+            return self.tensor(*args)
+        if tag in ("n", "g") and len(args) == (3 if tag == "n" else 2):
+            arr = self.array(args[0], args[1], args[2] if tag == "n" else [])
+            return arr if tag == "n" else arr[()]
+        raise DecodeError(f"malformed frame node {str(node)[:80]}")
+
+    def tensor(self, index: Any, dtype_name: Any, shape: Any, layout: Any) -> torch.Tensor:
+        dtype = _TORCH_DTYPES.get(dtype_name) if isinstance(dtype_name, str) else None
+        if dtype is None:
+            raise DecodeError(f"frame tensor has dtype {dtype_name!r}, not one of the allowlist")
+        if layout not in ("c", "cl") or (layout == "cl" and len(_shape(shape)) != 4):
+            raise DecodeError(f"frame tensor layout {layout!r} does not fit shape {shape!r}")
+        dims = _shape(shape)
+        off, n = self.span(index)
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        if math.prod(dims) * itemsize != n:
+            raise DecodeError(f"frame tensor {dims} {dtype_name} does not fill its {n} B buffer")
+        if n == 0:
+            return torch.empty(dims, dtype=dtype)
+        flat = torch.frombuffer(self.payload, dtype=dtype, count=n // itemsize, offset=off)
+        if layout == "cl":
+            b, c, h, w = dims
+            return flat.view(b, h, w, c).permute(0, 3, 1, 2)
+        return flat.view(dims)
+
+    def array(self, index: Any, dtype_name: Any, shape: Any) -> np.ndarray:
+        try:
+            dtype = np.dtype(dtype_name) if isinstance(dtype_name, str) else None
+        except TypeError:
+            dtype = None
+        if dtype is None or dtype.kind not in _NUMPY_KINDS or dtype.fields is not None:
+            raise DecodeError(f"frame array has dtype {dtype_name!r}, not one of the allowlist")
+        dims = _shape(shape)
+        off, n = self.span(index)
+        if math.prod(dims) * dtype.itemsize != n:
+            raise DecodeError(f"frame array {dims} {dtype_name} does not fill its {n} B buffer")
+        if n == 0:
+            return np.empty(dims, dtype=dtype)
+        return np.frombuffer(self.payload, dtype=dtype, count=n // dtype.itemsize,
+                             offset=off).reshape(dims)
+
+
+def _shape(shape: Any) -> list[int]:
+    if not isinstance(shape, list) or len(shape) > 32 or not all(
+        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+    ):
+        raise DecodeError(f"malformed frame shape {shape!r}")
+    return shape
+
+
+def decode_batch(frame: Frame) -> Any:
+    """The batch a ``batch`` frame carries; its tensors share the frame's payload buffer."""
+    if frame.kind != "batch" or "tree" not in frame.header:
+        raise DecodeError(f"a {frame.kind!r} frame carries no batch")
+    return _Decoder(frame).node(frame.header["tree"], 0)

@@ -1,0 +1,153 @@
+"""Small generated corpora for the pack tests, and helpers to read a packed dataset back."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import os
+import pickle
+from collections.abc import Iterable
+
+import numpy as np
+
+from shardloader import format as shard_format
+from shardloader.manifest import Manifest, SampleIndex
+
+WORDS = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi "
+         "rho sigma tau upsilon phi chi psi omega").split()
+
+
+def jpeg(seed: int, width: int = 24, height: int = 16) -> bytes:
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    pixels = (rng.random((height, width, 3)) * 255).astype("uint8")
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, "JPEG", quality=85)
+    return buf.getvalue()
+
+
+def write(root: str, rel: str, data: bytes) -> None:
+    path = os.path.join(root, rel)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(data)
+
+
+def class_folders(root: str, classes: Iterable[str] = ("cat", "dog", "eel"),
+                  per_class: int = 4) -> dict[str, bytes]:
+    """``root/<class>/<i>.jpg``; returns {relative path: bytes}."""
+    files = {}
+    for c, name in enumerate(classes):
+        for i in range(per_class):
+            rel = f"{name}/img{i:03d}.jpg"
+            files[rel] = jpeg(100 * c + i, 16 + 4 * i, 12 + 2 * c)
+            write(root, rel, files[rel])
+    return files
+
+
+class Boom:
+    """Unpickling this would create the file named by ``path``: proves nothing unpickles."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self):  # noqa: ANN204
+        return (open, (self.path, "w"))
+
+
+def key_groups(root: str, n: int = 6, marker: str | None = None) -> dict[str, bytes]:
+    """webdataset-style groups: ``a/0001.jpg`` + ``.json`` (+ ``.txt``, ``.seg.png``, ``.pkl``)."""
+    files = {}
+    for i in range(n):
+        key = f"{'ab'[i % 2]}/{i:04d}"
+        files[f"{key}.jpg"] = jpeg(i)
+        files[f"{key}.json"] = json.dumps({"i": i, "caption": WORDS[i % len(WORDS)]}).encode()
+        if i % 2 == 0:
+            files[f"{key}.txt"] = " ".join(WORDS[: i + 1]).encode()
+        if i % 3 == 0:
+            files[f"{key}.seg.png"] = bytes(range(i + 5))
+        if marker is not None and i == 1:
+            files[f"{key}.pkl"] = pickle.dumps(Boom(marker))
+    for rel, data in files.items():
+        write(root, rel, data)
+    return files
+
+
+def docs(n: int, seed: int = 0) -> list[str]:
+    rng = np.random.default_rng(seed)
+    lengths = np.minimum(rng.lognormal(2.0, 1.0, n).astype(int) + 1, 400)
+    return [" ".join(WORDS[int(j)] for j in rng.integers(0, len(WORDS), size=k)) for k in lengths]
+
+
+def jsonl(path: str, texts: list[str], compress: str | None = None,
+          extra_lines: dict[int, bytes] | None = None) -> list[bytes]:
+    """Write one JSON object per line (``extra_lines`` inserts raw lines at 0-based positions)."""
+    lines = [json.dumps({"id": i, "text": t}).encode() for i, t in enumerate(texts)]
+    for pos, raw in sorted((extra_lines or {}).items()):
+        lines.insert(pos, raw)
+    data = b"\n".join(lines) + b"\n"
+    if compress == "gzip":
+        data = gzip.compress(data, mtime=0)
+    elif compress == "zstd":
+        import zstandard
+
+        data = zstandard.ZstdCompressor().compress(data)
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(data)
+    return lines
+
+
+def parquet(path: str, n: int) -> list[dict]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [{"text": WORDS[i % len(WORDS)] * (i + 1), "label": i % 3, "score": i / 4,
+             "blob": bytes([i]) * (i + 1), "tags": [i, i + 1] if i % 2 else None}
+            for i in range(n)]
+    table = pa.Table.from_pylist(rows)
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    pq.write_table(table, path, row_group_size=4)
+    return rows
+
+
+def train_tokenizer(path: str, texts: list[str], vocab_size: int = 64) -> str:
+    """A tiny word-level tokenizer trained here (nothing is downloaded)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.WordLevel(unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    trainer = trainers.WordLevelTrainer(vocab_size=vocab_size, special_tokens=["[UNK]"])
+    tok.train_from_iterator(texts, trainer)
+    tok.save(path)
+    return path
+
+
+def read_back(out: str) -> tuple[Manifest, list[tuple[str, dict[str, bytes]]]]:
+    """Every sample of a packed dataset, streamed from its stored shards in manifest order."""
+    with open(os.path.join(out, "index.json"), "rb") as f:
+        manifest = Manifest.from_json(f.read())
+    samples = []
+    for shard in manifest.shards:
+        with open(os.path.join(out, shard.path), "rb") as f:
+            samples.extend(shard_format.iter_stored(manifest.format, manifest.compression, f,
+                                                    shard.path))
+    return manifest, samples
+
+
+def sidecar(out: str, index_path: str) -> SampleIndex:
+    with open(os.path.join(out, index_path), "rb") as f:
+        return SampleIndex.from_arrow_bytes(f.read())
+
+
+def tree(root: str) -> dict[str, bytes]:
+    """{relative path: bytes} of every file under ``root``."""
+    out = {}
+    for dirpath, _, names in os.walk(root):
+        for name in names:
+            path = os.path.join(dirpath, name)
+            with open(path, "rb") as f:
+                out[os.path.relpath(path, root)] = f.read()
+    return out

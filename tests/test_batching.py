@@ -1,0 +1,298 @@
+"""Batch planners: pure invariants (hypothesis), policies, determinism, equal steps per rank."""
+
+from __future__ import annotations
+
+import pickle
+from collections import Counter
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shardloader.batching import (
+    BatchPlanner,
+    BucketBatches,
+    FixedBatches,
+    PackedBatches,
+    TokenBudgetBatches,
+    pack_rows,
+    padded_length,
+)
+from shardloader.errors import UsageError
+from shardloader.split import rank_slots
+
+corpus_st = st.tuples(
+    st.lists(st.integers(0, 120), min_size=0, max_size=150),  # length per sample id
+    st.integers(0, 2**32 - 1),  # order / rng seed
+)
+
+
+def _setup(lengths: list[int], seed: int) -> tuple[np.ndarray, np.ndarray]:
+    lens = np.asarray(lengths, dtype=np.int64)
+    order = np.random.default_rng(seed).permutation(lens.size).astype(np.int64)
+    return order, lens
+
+
+def _exactly_once(order: np.ndarray, batches: list[np.ndarray], dropped: tuple[int, ...]) -> None:
+    counts = Counter(int(i) for b in batches for i in b)
+    assert all(c == 1 for c in counts.values()), "an id is in two batches"
+    assert not set(counts) & set(dropped)
+    assert set(counts) | set(dropped) == set(order.tolist())
+    assert all(b.dtype == np.int64 and b.ndim == 1 and b.size for b in batches)
+
+
+planners_st = st.one_of(
+    st.builds(FixedBatches, st.integers(1, 9), st.booleans()),
+    st.builds(
+        BucketBatches,
+        batch_size=st.integers(1, 9),
+        window=st.integers(1, 40),
+        drop_last=st.booleans(),
+    ),
+    st.builds(BucketBatches, max_tokens=st.integers(120, 400), window=st.integers(1, 40)),
+    st.builds(
+        TokenBudgetBatches,
+        st.integers(8, 300),
+        window=st.integers(1, 40),
+        max_batch_size=st.one_of(st.none(), st.integers(1, 6)),
+        pad_to_multiple_of=st.sampled_from([1, 8]),
+        oversize=st.sampled_from(["truncate", "drop"]),
+    ),
+    st.builds(
+        PackedBatches,
+        st.integers(1, 64),
+        st.integers(1, 4),
+        window=st.integers(1, 40),
+        long_docs=st.sampled_from(["split", "truncate", "drop"]),
+        tail=st.sampled_from(["keep", "drop"]),
+    ),
+)
+
+
+@settings(deadline=None, max_examples=150)
+@given(planners_st, corpus_st)
+def test_every_planner_delivers_each_id_once_or_reports_it(planner, corpus):
+    order, lens = _setup(*corpus)
+    assert isinstance(planner, BatchPlanner)
+    batches = planner.plan(order, lens, np.random.default_rng(corpus[1]))
+    report = planner.report(order, lens, batches)
+    _exactly_once(order, batches, report.dropped)
+    assert report.num_samples == order.size and report.num_batches == len(batches)
+    # a pure function of (order, lengths, rng state): same again, and so resumable anywhere
+    again = planner.plan(order, lens, np.random.default_rng(corpus[1]))
+    assert len(again) == len(batches) and all(map(np.array_equal, again, batches))
+    assert pickle.loads(pickle.dumps(planner)) == planner
+    assert report.tokens is None or 0 <= report.tokens <= (report.padded_tokens or 0)
+
+
+@given(st.integers(0, 100), st.integers(1, 9), st.booleans())
+def test_fixed_batches_cut_in_order(n, size, drop_last):
+    order = np.random.default_rng(n).permutation(n)
+    batches = FixedBatches(size, drop_last).plan(order, None, np.random.default_rng(0))
+    assert np.array_equal(
+        np.concatenate(batches or [np.empty(0, np.int64)]), order[: sum(map(len, batches))]
+    )
+    assert all(len(b) == size for b in batches[:-1])
+    if drop_last:
+        assert all(len(b) == size for b in batches)
+        assert FixedBatches(size, True).report(order, None, batches).dropped == tuple(
+            sorted(order[n - n % size :].tolist())
+        )
+
+
+@settings(deadline=None)
+@given(corpus_st, st.integers(1, 8), st.integers(1, 50), st.booleans())
+def test_bucket_batches_sort_within_windows(corpus, size, window, drop_last):
+    order, lens = _setup(*corpus)
+    planner = BucketBatches(size, window=window, drop_last=drop_last)
+    batches = planner.plan(order, lens, np.random.default_rng(0))
+    sizes = sorted(len(b) for b in batches)
+    assert all(s == size for s in sizes[1:]) and (not drop_last or sizes[:1] in ([], [size]))
+    span = -(-window // size) * size  # windows are rounded up to whole batches
+    position = {int(i): p for p, i in enumerate(order)}
+    for b in batches:
+        windows = {position[int(i)] // span for i in b}
+        assert len(windows) == 1  # a batch never mixes windows
+        assert np.all(np.diff(lens[b]) >= 0)  # sorted by length inside
+
+
+def test_bucketing_cuts_padding_on_lognormal_lengths():
+    rng = np.random.default_rng(0)
+    lens = np.maximum(rng.lognormal(np.log(300) - 0.5, 1.0, 20_000), 1).astype(np.int64)
+    order = rng.permutation(lens.size)
+    fixed = FixedBatches(32)
+    bucket = BucketBatches(32, window=16_384)
+    budget = TokenBudgetBatches(16_384, oversize="truncate")
+    pack = PackedBatches(2048, 8)
+    frac = {}
+    for p in (fixed, bucket, budget, pack):
+        frac[type(p).__name__] = p.report(order, lens, p.plan(order, lens, rng)).pad_fraction
+    assert frac["FixedBatches"] > 0.5
+    assert frac["BucketBatches"] < 0.10
+    assert frac["TokenBudgetBatches"] < 0.10
+    assert frac["PackedBatches"] < 0.01
+
+
+@settings(deadline=None)
+@given(
+    corpus_st,
+    st.integers(8, 300),
+    st.one_of(st.none(), st.integers(1, 6)),
+    st.sampled_from([1, 4, 8]),
+)
+def test_token_budgets_are_respected(corpus, max_tokens, max_batch_size, multiple):
+    order, lens = _setup(*corpus)
+    planner = TokenBudgetBatches(
+        max_tokens,
+        window=32,
+        max_batch_size=max_batch_size,
+        pad_to_multiple_of=multiple,
+        oversize="truncate",
+    )
+    batches = planner.plan(order, lens, np.random.default_rng(1))
+    report = planner.report(order, lens, batches)
+    assert not report.dropped
+    assert set(report.truncated) == {int(i) for i in order if lens[i] > planner.max_length}
+    for b in batches:
+        longest = min(int(lens[b].max()), planner.max_length)
+        assert len(b) * padded_length(longest, multiple) <= max_tokens
+        assert max_batch_size is None or len(b) <= max_batch_size
+    # what PadCollate allocates for these batches is exactly what the report says
+    collate = planner.make_collate({"ids": 0})
+    slots = 0
+    for b in batches:
+        out = collate([{"ids": np.ones(int(lens[i]), np.int64)} for i in b])
+        slots += out["ids"].numel()
+        assert out["ids"].numel() <= max_tokens
+    assert slots == report.padded_tokens
+
+
+def test_oversize_policies_are_explicit():
+    lens = np.array([5, 50, 5, 5])
+    order = np.arange(4)
+    rng = np.random.default_rng(0)
+    with pytest.raises(UsageError, match=r"sample 1 has 50 tokens.*oversize='truncate'"):
+        TokenBudgetBatches(16).plan(order, lens, rng)
+    with pytest.raises(UsageError, match="sample 1"):
+        BucketBatches(max_tokens=16).plan(order, lens, rng)
+    drop = TokenBudgetBatches(16, oversize="drop")
+    assert drop.report(order, lens, drop.plan(order, lens, rng)).dropped == (1,)
+    cut = TokenBudgetBatches(16, oversize="truncate", pad_to_multiple_of=8)
+    report = cut.report(order, lens, cut.plan(order, lens, rng))
+    assert report.truncated == (1,) and report.tokens == 15 + 16
+    assert cut.make_collate({"ids": 0}).max_length == 16
+
+
+def test_planner_arguments_are_checked():
+    with pytest.raises(UsageError, match="exactly one"):
+        BucketBatches(4, max_tokens=100)
+    with pytest.raises(UsageError, match="batch_size"):
+        FixedBatches(0)
+    with pytest.raises(UsageError, match="oversize"):
+        TokenBudgetBatches(100, oversize="skip")
+    with pytest.raises(UsageError, match="long_docs"):
+        PackedBatches(16, 2, long_docs="wrap")
+    with pytest.raises(UsageError, match="needs per-sample lengths"):
+        PackedBatches(16, 2).plan(np.arange(3), None, np.random.default_rng(0))
+    with pytest.raises(UsageError, match="outside lengths"):
+        BucketBatches(2).plan(np.arange(5), np.ones(3, np.int64), np.random.default_rng(0))
+
+
+# -- packing --------------------------------------------------------------------------------
+
+
+@settings(deadline=None, max_examples=150)
+@given(
+    corpus_st,
+    st.integers(1, 48),
+    st.integers(1, 4),
+    st.integers(1, 40),
+    st.sampled_from(["split", "truncate", "drop"]),
+    st.sampled_from(["keep", "drop"]),
+)
+def test_packing_rows_are_reproduced_from_the_batch_alone(
+    corpus, seq_len, rows, window, long, tail
+):
+    order, lens = _setup(*corpus)
+    planner = PackedBatches(seq_len, rows, window=window, long_docs=long, tail=tail)
+    batches = planner.plan(order, lens, np.random.default_rng(2))
+    report = planner.report(order, lens, batches)
+    _exactly_once(order, batches, report.dropped)
+    cap = planner.max_doc_tokens
+    short_batches = 0
+    for b in batches:
+        eff = planner.effective_lengths(lens[b])
+        layout = pack_rows(eff, seq_len)  # what PackCollate does with this batch
+        assert len(layout) <= rows
+        short_batches += len(layout) < rows
+        covered = Counter()
+        for row in layout:
+            assert sum(stop - start for _, start, stop in row) <= seq_len
+            for doc, start, stop in row:
+                covered[doc] += stop - start
+        assert [covered[d] for d in range(len(b))] == eff.tolist()  # every kept token once
+    assert tail == "keep" or short_batches == 0
+    delivered = np.concatenate(batches) if batches else np.empty(0, np.int64)
+    too_long = {int(i) for i in order if lens[i] > seq_len}
+    assert set(report.truncated) == {int(i) for i in delivered if lens[i] > cap}
+    if long == "drop":
+        assert too_long <= set(report.dropped)
+    if long == "split":
+        assert set(report.split) == too_long - set(report.dropped)
+    # tokens: delivered + cut by truncation + dropped == all
+    cut = sum(int(lens[i]) - cap for i in report.truncated)
+    gone = sum(int(lens[i]) for i in report.dropped)
+    assert report.tokens + cut + gone == int(lens.sum())
+
+
+def test_packing_only_tail_is_lost_and_it_is_reported():
+    lens = np.full(10, 5)
+    keep = PackedBatches(8, 4, tail="keep")
+    drop = PackedBatches(8, 4, tail="drop")
+    order = np.arange(10)
+    k = keep.plan(order, lens, np.random.default_rng(0))
+    d = drop.plan(order, lens, np.random.default_rng(0))
+    assert sorted(len(pack_rows(lens[b], 8)) for b in k) == [2, 4, 4]
+    assert drop.report(order, lens, d).dropped == (8, 9)
+    assert keep.report(order, lens, k).dropped == ()
+
+
+def test_pack_rows_first_fit_and_split():
+    assert pack_rows([3, 2, 4], 6) == [[(0, 0, 3), (1, 0, 2)], [(2, 0, 4)]]
+    assert pack_rows([14, 1], 4) == [
+        [(0, 0, 4)],
+        [(0, 4, 8)],
+        [(0, 8, 12)],
+        [(0, 12, 14), (1, 0, 1)],
+    ]
+    assert pack_rows([], 4) == []
+
+
+# -- equal steps across ranks -----------------------------------------------------------------
+
+
+@settings(deadline=None)
+@given(planners_st, corpus_st, st.integers(1, 8), st.sampled_from(["pad", "drop"]), st.data())
+def test_equal_steps_per_rank_and_resume(planner, corpus, world, uneven, data):
+    """Batches never depend on W; the dataset's pad/drop rule (split.rank_slots) then gives
+    every rank the same step count, also when resuming after ``start`` global batches."""
+    order, lens = _setup(*corpus)
+    batches = planner.plan(order, lens, np.random.default_rng(corpus[1]))
+    start = data.draw(st.integers(0, len(batches)))
+    slots = [rank_slots(len(batches), start, r, world, uneven) for r in range(world)]
+    assert len({s.steps_per_rank for s in slots}) == 1
+    remaining = list(range(start, len(batches)))
+    served = [int(b) for s in slots for b in s.slots]
+    assert all(0 <= b < len(batches) for b in served)
+    first_time = sorted(  # slots inside the epoch; the rest repeat batches to even ranks out
+        int(b) for s in slots for b, q in zip(s.slots, s.seeds, strict=True) if q < len(batches)
+    )
+    if uneven == "pad":
+        assert first_time == remaining and len(served) % world == 0
+    else:
+        assert len(set(first_time)) == len(first_time) == len(served)
+        assert set(first_time) <= set(remaining) and len(remaining) - len(served) < world
+    # a resumed process re-plans and finds the same batches at the same positions
+    resumed = planner.plan(order, lens, np.random.default_rng(corpus[1]))
+    assert all(np.array_equal(a, b) for a, b in zip(resumed[start:], batches[start:], strict=True))

@@ -1,0 +1,78 @@
+"""The examples in tools/ run end to end for a few steps and print the data-bound share."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+
+import corpus
+import pytest
+
+from shardloader.pack import PackOptions, pack
+
+TOOLS = os.path.join(os.path.dirname(__file__), "..", "tools")
+SHARE = re.compile(r"data-bound share \d+\.\d% \((data-bound|balanced|compute-bound)\)")
+
+
+def run(tmp_path, *args, timeout=240):
+    env = {**os.environ, "TMPDIR": str(tmp_path), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True,
+                          timeout=timeout)
+    assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-3000:])
+    return proc.stdout
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory):
+    root = tmp_path_factory.mktemp("images")
+    corpus.class_folders(str(root / "raw"), per_class=6)
+    pack(str(root / "raw"), str(root / "packed"), PackOptions(shard_size=4000))
+    return str(root / "packed")
+
+
+@pytest.fixture(scope="module")
+def tokens(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tokens")
+    texts = corpus.docs(60)
+    corpus.jsonl(str(root / "raw" / "docs.jsonl"), texts)
+    tok = corpus.train_tokenizer(str(root / "tok.json"), texts)
+    pack(str(root / "raw"), str(root / "packed"), PackOptions(tokenizer=tok, shard_size=2000))
+    return str(root / "packed")
+
+
+def test_train_image(images, tmp_path):
+    out = run(tmp_path, os.path.join(TOOLS, "train_image.py"), images, "--steps", "3",
+              "--batch-size", "4", "--workers", "1", "--log-every", "1", "--size", "16")
+    assert "step 3 " in out and SHARE.search(out), out
+
+
+def test_train_lm_with_sequence_packing(tokens, tmp_path):
+    out = run(tmp_path, os.path.join(TOOLS, "train_lm.py"), tokens, "--steps", "3",
+              "--seq-len", "32", "--rows", "2", "--workers", "1", "--dim", "32",
+              "--log-every", "1")
+    assert "step 3 " in out and "filled with real tokens" in out and SHARE.search(out), out
+
+
+def test_train_image_under_torchrun(images, tmp_path):
+    out = run(tmp_path, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+              os.path.join(TOOLS, "train_image.py"), images, "--steps", "2", "--batch-size", "2",
+              "--workers", "1", "--size", "16")
+    assert SHARE.search(out) and "(all 2 ranks)" in out, out
+
+
+def test_demo(tmp_path):
+    out = run(tmp_path, os.path.join(TOOLS, "demo.py"), "--per-class", "6", "--steps", "3")
+    for step in ("shardloader pack", "shardloader inspect", "shardloader verify", "== 3. stream"):
+        assert step in out, out
+    assert SHARE.search(out) and "== done" in out, out
+
+
+def test_demo_fails_loudly(tmp_path, capsys):
+    spec = importlib.util.spec_from_file_location("demo", os.path.join(TOOLS, "demo.py"))
+    demo = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(demo)
+    assert demo.main(["--workdir", str(tmp_path), "--per-class", "0"]) == 1  # nothing to pack
+    assert "demo FAILED: shardloader pack" in capsys.readouterr().err

@@ -1,0 +1,154 @@
+"""monitor(): data wait vs step, the article's reading, reports, and the disabled path."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from helpers import write_dataset
+from hypothesis import given
+from hypothesis import strategies as st
+
+import shardloader as sl
+import shardloader.monitoring as mon
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class SlowLoader:
+    """Yields ``len(waits)`` batches; producing batch i advances the clock by ``waits[i]``."""
+
+    def __init__(self, clock: FakeClock, waits: list[float]) -> None:
+        self.clock, self.waits = clock, waits
+
+    def __len__(self) -> int:
+        return len(self.waits)
+
+    def __iter__(self):
+        for i, w in enumerate(self.waits):
+            self.clock.now += w
+            yield i
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    c = FakeClock()
+    monkeypatch.setattr(mon, "_clock", c)
+    return c
+
+
+def run(m, clock, step):
+    out = []
+    for batch in m:
+        out.append(batch)
+        clock.now += step
+    return out
+
+
+def test_wait_and_step_are_separated(clock):
+    m = mon.monitor(SlowLoader(clock, [5.0, 1.0, 1.0, 1.0]), interval=0)
+    assert run(m, clock, 3.0) == [0, 1, 2, 3]
+    s = m.stats()
+    assert s.batches == 4 and s.timed_batches == 3
+    assert s.first_batch_s == 5.0  # start-up, kept out of the shares
+    assert s.data_wait_s == 3.0 and s.step_s == 12.0
+    assert s.data_share == 0.2 and s.step_share == 0.8
+    assert s.verdict == "balanced"  # exactly 20 % is not "above 20 %"
+
+
+@pytest.mark.parametrize(
+    "wait, step, expected",
+    [(1.0, 1.0, "data-bound"), (21.0, 79.0, "data-bound"), (1.0, 9.0, "balanced"),
+     (1.0, 19.0, "balanced"), (1.0, 24.0, "compute-bound"), (0.0, 1.0, "compute-bound")],
+)
+def test_the_articles_reading(clock, wait, step, expected):
+    m = mon.monitor(SlowLoader(clock, [0.0, wait]), interval=0)
+    run(m, clock, step / 2)  # two steps, one timed wait
+    assert m.stats().verdict == expected
+    assert mon.verdict(wait / (wait + step)) == expected
+
+
+@given(st.lists(st.floats(0, 1e6, allow_nan=False), min_size=2, max_size=2))
+def test_shares_add_up_exactly(pair):
+    s = mon.MonitorStats(5, 4, pair[0], pair[1], 0.1)
+    assert s.data_share + s.step_share == 1.0
+    assert 0.0 <= s.data_share <= 1.0
+
+
+def test_totals_accumulate_over_passes(clock):
+    m = mon.monitor(SlowLoader(clock, [2.0, 1.0]), interval=0)
+    run(m, clock, 1.0)
+    run(m, clock, 1.0)  # second epoch: its first wait is steady-state data time
+    s = m.stats()
+    assert (s.batches, s.timed_batches, s.first_batch_s) == (4, 3, 2.0)
+    assert s.data_wait_s == 4.0 and s.step_s == 4.0 and s.data_share == 0.5
+
+
+def test_periodic_reports_through_logging_and_callback(clock, caplog):
+    got = []
+    m = mon.monitor(SlowLoader(clock, [1.0] * 3 + [3.0] * 4), interval=3, callback=got.append)
+    with caplog.at_level(logging.INFO, logger="shardloader.monitoring"):
+        run(m, clock, 1.0)
+    assert len(got) == 2  # after batches 3 and 6
+    first, second = got
+    # reported on handing out batch 3: waits of batches 2-3, steps of batches 1-2
+    assert first["batches"] == 3 and first["data_share"] == 0.5
+    assert second["batches"] == 3 and second["data_share"] == 0.75  # waits 3+3+3, steps 3
+    assert second["verdict"] == "data-bound" and second["first_batch_s"] is None
+    assert second["total"]["batches"] == 6
+    lines = [r.getMessage() for r in caplog.records if r.name == "shardloader.monitoring"]
+    assert len(lines) == 2 and "data-bound share 75.0% (data-bound)" in lines[1]
+
+
+def test_own_logger(clock, caplog):
+    logger = logging.getLogger("my.training")
+    m = mon.monitor(SlowLoader(clock, [1.0] * 4), interval=2, logger=logger)
+    with caplog.at_level(logging.INFO, logger="my.training"):
+        run(m, clock, 1.0)
+    assert [r.name for r in caplog.records] == ["my.training", "my.training"]
+
+
+def test_disabled_returns_the_loaders_own_iterator():
+    data = [1, 2, 3]
+    it = mon.monitor(data, enabled=False)
+    assert type(it) is type(iter(data))
+    assert list(it) == data
+
+
+def test_empty_loader_and_early_break(clock):
+    m = mon.monitor(SlowLoader(clock, []), interval=0)
+    assert run(m, clock, 1.0) == []
+    assert m.stats().verdict == "no data yet" and m.stats().data_share == 0.0
+    m = mon.monitor(SlowLoader(clock, [1.0] * 10), interval=0)
+    for i, _ in enumerate(m):
+        clock.now += 1.0
+        if i == 2:
+            break
+    s = m.stats()
+    assert (s.batches, s.timed_batches, s.data_wait_s, s.step_s) == (3, 2, 2.0, 2.0)
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, True])
+def test_bad_interval(bad):
+    with pytest.raises(sl.UsageError):
+        mon.monitor([], interval=bad)
+
+
+def test_over_a_real_loader(tmp_path):
+    write_dataset(str(tmp_path), [20, 20], compression="zstd")
+    ds = sl.ShardedDataset(str(tmp_path), batch_size=4,
+                           read=sl.ReadOptions(cache=sl.CacheOptions(dir=str(tmp_path / "c"))))
+    m = mon.monitor(sl.make_loader(ds, num_workers=1), interval=0)
+    assert len(m) == 10
+    assert sum(len(b["__index__"]) for b in m) == 40
+    s = m.stats()
+    d = s.as_dict()
+    assert s.batches == 10 and d["data_share"] + d["step_share"] == 1.0
+    assert d["first_batch_s"] > 0 and d["data_wait_s"] >= 0 and d["step_s"] >= 0
+    assert "data-bound share" in s.summary()

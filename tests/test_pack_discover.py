@@ -1,0 +1,137 @@
+"""Layout detection, keys and the deterministic sample stream; bad layouts are usage errors."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from corpus import class_folders, jsonl, key_groups, parquet, write
+
+from shardloader.errors import UsageError
+from shardloader.pack.discover import FileRef, discover, record_kind
+
+
+def test_class_folders_detected_with_sorted_classes_and_cls_field(tmp_path):
+    class_folders(str(tmp_path), classes=("zebra", "ant", "mole"), per_class=2)
+    src = discover(str(tmp_path))
+    assert src.layout == "class-folders"
+    assert src.classes == ("ant", "mole", "zebra")
+    samples = list(src.samples())
+    assert [s.key for s in samples] == [
+        "ant/img000", "ant/img001", "mole/img000", "mole/img001", "zebra/img000", "zebra/img001"
+    ]
+    fields = dict(samples[-1].fields)
+    assert fields["cls"] == b"2"
+    assert isinstance(fields["jpg"], FileRef) and fields["jpg"].rel == "zebra/img001.jpg"
+    assert fields["jpg"].size == os.path.getsize(tmp_path / "zebra/img001.jpg")
+    assert src.fields["cls"].codec == "int" and src.fields["jpg"].codec == "image"
+
+
+def test_class_folder_keys_have_no_dots_and_collisions_are_refused(tmp_path):
+    write(str(tmp_path), "cat/a.b.JPG", b"x")
+    src = discover(str(tmp_path))
+    assert [s.key for s in src.samples()] == ["cat/a_b"]
+    assert dict(next(src.samples()).fields).keys() == {"cls", "jpg"}
+    write(str(tmp_path), "cat/a_b.png", b"y")
+    with pytest.raises(UsageError, match=r"a\.b\.JPG.*a_b\.png|a_b\.png.*a\.b\.JPG"):
+        list(discover(str(tmp_path)).samples())
+
+
+def test_key_groups_follow_the_webdataset_rule(tmp_path):
+    files = key_groups(str(tmp_path), n=4)
+    src = discover(str(tmp_path))
+    assert src.layout == "key-groups"
+    samples = list(src.samples())
+    assert [s.key for s in samples] == ["a/0000", "a/0002", "b/0001", "b/0003"]
+    first = dict(samples[0].fields)
+    assert sorted(first) == ["jpg", "json", "seg.png", "txt"]
+    assert first["seg.png"].size == len(files["a/0000.seg.png"])
+    assert src.fields["seg.png"].codec == "image"
+    assert src.text is not None and src.text.length_field == "txt"
+
+
+def test_records_keys_strip_compression_suffixes_and_count_lines(tmp_path):
+    jsonl(str(tmp_path / "docs/part-0.jsonl.gz"), ["a", "b"], compress="gzip",
+          extra_lines={1: b""})
+    jsonl(str(tmp_path / "docs/part-1.jsonl.zst"), ["c"], compress="zstd")
+    write(str(tmp_path), "notes.v2.txt", b"one\r\n\ntwo")
+    src = discover(str(tmp_path))
+    assert src.layout == "records"
+    samples = list(src.samples())
+    assert [s.key for s in samples] == [
+        "docs/part-0/000000001", "docs/part-0/000000003", "docs/part-1/000000001",
+        "notes.v2/000000001", "notes.v2/000000003",
+    ]
+    assert samples[1].where == "line 3" and samples[1].file == "docs/part-0.jsonl.gz"
+    assert samples[3].fields == (("txt", b"one"),)
+    assert set(src.fields) == {"json", "txt"}
+
+
+def test_tables_become_one_field_per_column(tmp_path):
+    rows = parquet(str(tmp_path / "t.parquet"), 5)
+    src = discover(str(tmp_path))
+    assert src.layout == "records"
+    assert {k: v.codec for k, v in src.fields.items()} == {
+        "text": "text", "label": "int", "score": "json", "blob": "bytes", "tags": "json"
+    }
+    samples = list(src.samples())
+    assert [s.key for s in samples] == [f"t/{i:09d}" for i in range(5)]
+    f0, f1 = dict(samples[0].fields), dict(samples[1].fields)
+    assert f0["blob"] == rows[0]["blob"] and f0["label"] == b"0" and "tags" not in f0
+    assert f1["tags"] == b"[1, 2]" and f1["text"] == rows[1]["text"].encode()
+
+
+def test_single_file_source(tmp_path):
+    jsonl(str(tmp_path / "corpus.jsonl"), ["x", "y"])
+    src = discover(str(tmp_path / "corpus.jsonl"))
+    assert [s.key for s in src.samples()] == ["corpus/000000001", "corpus/000000002"]
+
+
+def test_hidden_files_are_ignored(tmp_path):
+    class_folders(str(tmp_path), per_class=1)
+    write(str(tmp_path), ".DS_Store", b"junk")
+    write(str(tmp_path), "cat/.thumbs/x.db", b"junk")
+    assert discover(str(tmp_path)).layout == "class-folders"
+
+
+@pytest.mark.parametrize(
+    ("files", "message"),
+    [
+        ({}, "empty source"),
+        ({"a/b/c/README": b"x"}, "unknown layout.*README"),
+        ({"d.jsonl": b"{}\n", "img/1.jpg": b"x"}, "mixed layouts"),
+    ],
+)
+def test_bad_layouts_are_usage_errors(tmp_path, files, message):
+    for rel, data in files.items():
+        write(str(tmp_path), rel, data)
+    with pytest.raises(UsageError, match=message):
+        list(discover(str(tmp_path)).samples())
+
+
+def test_record_files_with_the_same_stem_are_refused(tmp_path):
+    write(str(tmp_path), "a.jsonl", b"{}\n")
+    write(str(tmp_path), "a.jsonl.gz", b"")
+    assert discover(str(tmp_path)).layout == "key-groups"  # same key: one sample, two fields
+    with pytest.raises(UsageError, match="both give sample keys"):
+        discover(str(tmp_path), layout="records")
+
+
+def test_missing_source_and_forced_layout_mismatch(tmp_path):
+    with pytest.raises(UsageError, match="does not exist"):
+        discover(str(tmp_path / "nope"))
+    key_groups(str(tmp_path), n=2)
+    with pytest.raises(UsageError, match="not an image at SRC/<class>/<file>"):
+        discover(str(tmp_path), layout="class-folders")
+    with pytest.raises(UsageError, match="not a record file"):
+        discover(str(tmp_path), layout="records")
+
+
+def test_record_kind():
+    assert record_kind("a/b.JSONL") == ("json", "a/b")
+    assert record_kind("a/b.txt.zst") == ("txt", "a/b")
+    assert record_kind("x.parquet") == ("parquet", "x")
+    assert record_kind("x.arrow") == ("arrow", "x")
+    assert record_kind("x.parquet.gz") is None
+    assert record_kind("x.json") is None
+    assert record_kind(".jsonl") is None

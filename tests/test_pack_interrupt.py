@@ -1,0 +1,126 @@
+"""Killed or interrupted mid-pack (real SIGKILL / SIGINT of a `python -m shardloader` process):
+no manifest, no partial shard under a final name, no orphaned workers; --resume finishes.
+
+The pack is held mid-way deterministically: one input file is a FIFO nobody writes to, so the
+shard holding it never finishes while the shards around it do.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+from corpus import tree
+
+from shardloader.format import iter_stored
+from shardloader.pack import PackOptions, pack
+from shardloader.pack.write import sidecar_meta
+
+psutil = pytest.importorskip("psutil")
+
+N = 12
+HELD = 3  # sample k/0003 (shard 1 with --max-samples 2) is a FIFO
+
+
+def _corpus(root) -> None:
+    os.makedirs(root / "k")
+    for i in range(N):
+        path = root / "k" / f"{i:04d}.bin"
+        if i == HELD:
+            os.mkfifo(path)
+        else:
+            path.write_bytes(bytes([i]) * (1000 + 100 * i))
+
+
+@contextmanager
+def _packing(src, out, workers: int) -> Iterator[subprocess.Popen]:
+    """`shardloader pack` in a subprocess, stopped and reaped whatever the test does."""
+    cmd = [sys.executable, "-m", "shardloader", "pack", str(src), str(out), "--max-samples", "2",
+           "--workers", str(workers)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+
+
+def _wait_for(path, proc, timeout=120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path):
+        if proc.poll() is not None:
+            pytest.fail(f"pack ended early ({proc.returncode}): {proc.stderr.read().decode()}")
+        if time.monotonic() > deadline:
+            pytest.fail("pack did not write its first shard in time")
+        time.sleep(0.05)
+
+
+def _check_final_names(out) -> list[str]:
+    """Every file under a final shard name is whole; return those names."""
+    names = sorted(p for p in os.listdir(out) if p.startswith("shard-") and p.endswith(".tar.zst"))
+    for name in names:
+        with open(out / name, "rb") as f:
+            samples = list(iter_stored("tar", "zstd", f, name))  # raises if truncated
+        assert len(samples) == 2
+        index = out / name.replace(".tar.zst", ".idx.arrow")
+        if index.exists():
+            import hashlib
+
+            meta = sidecar_meta(index.read_bytes(), str(index))
+            assert meta["sha256"] == hashlib.sha256((out / name).read_bytes()).hexdigest()
+    return names
+
+
+def _finish_and_compare(tmp_path, src, out) -> None:
+    os.remove(src / "k" / f"{HELD:04d}.bin")
+    (src / "k" / f"{HELD:04d}.bin").write_bytes(b"now a regular file")
+    resumed = pack(str(src), str(out), PackOptions(max_samples=2, resume=True))
+    assert resumed.kept_shards >= 1
+    pack(str(src), str(tmp_path / "fresh"), PackOptions(max_samples=2))
+    assert tree(str(out)) == tree(str(tmp_path / "fresh"))
+
+
+def test_sigkill_leaves_no_manifest_no_partial_shard_and_no_orphans(tmp_path):
+    src, out = tmp_path / "src", tmp_path / "out"
+    _corpus(src)
+    with _packing(src, out, workers=2) as proc:
+        _wait_for(out / "shard-00000.tar.zst", proc)
+        time.sleep(0.3)  # let the other worker get going
+        children = psutil.Process(proc.pid).children(recursive=True)
+        assert children, "expected worker processes"
+        proc.kill()
+        proc.wait(30)
+    gone, alive = psutil.wait_procs(children, timeout=20)
+    assert not alive, f"orphaned processes: {alive}"
+    assert not (out / "index.json").exists()
+    names = _check_final_names(out)
+    assert "shard-00001.tar.zst" not in names  # the held shard never got a final name
+    assert any(".tmp-" in p for p in os.listdir(out)) or len(names) == N // 2 - 1
+    _finish_and_compare(tmp_path, src, out)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_sigint_cleans_up_and_exits_130(tmp_path, workers):
+    src, out = tmp_path / "src", tmp_path / "out"
+    _corpus(src)
+    with _packing(src, out, workers=workers) as proc:
+        _wait_for(out / "shard-00000.tar.zst", proc)
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGINT)
+        try:
+            _, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            pytest.fail("pack did not stop on SIGINT")
+    assert proc.returncode == 130, err.decode()
+    assert b"re-run with --resume" in err
+    assert not (out / "index.json").exists()
+    assert not [p for p in os.listdir(out) if ".tmp-" in p]
+    assert "shard-00001.tar.zst" not in _check_final_names(out)
+    _finish_and_compare(tmp_path, src, out)

@@ -1,0 +1,89 @@
+"""``shardloader serve`` argument checks through the CLI runner (nothing binds here)."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+from helpers import write_dataset
+
+from shardloader.cli import main
+from shardloader.service.commands import load_pipeline
+from shardloader.service.server import ServeOptions, is_loopback
+
+TOKEN = "a-token-that-is-long-enough-123"
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    d = str(tmp_path_factory.mktemp("cli"))
+    write_dataset(d, [5, 7])
+    return d
+
+
+def run(*args):
+    return CliRunner().invoke(main, ["serve", *args])
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "10.1.2.3", "192.168.0.7", "example.org"])
+def test_off_loopback_needs_a_token(data, host):
+    result = run(data, "--host", host)
+    assert result.exit_code == 2
+    assert "not a loopback address: pass --token-file" in result.output
+
+
+@pytest.mark.parametrize(("host", "loopback"), [
+    ("127.0.0.1", True), ("127.8.9.10", True), ("::1", True), ("[::1]", True),
+    ("localhost", True), ("0.0.0.0", False), ("::", False), ("10.0.0.1", False),
+    ("localhost.evil.org", False), ("", False),
+])
+def test_is_loopback(host, loopback):
+    assert is_loopback(host) is loopback
+
+
+@pytest.mark.parametrize("content", ["", "short", "two words but long enough"])
+def test_weak_or_missing_tokens_are_usage_errors(data, tmp_path, content):
+    token = tmp_path / "token"
+    token.write_text(content)
+    result = run(data, "--host", "127.0.0.1", "--token-file", str(token))
+    assert result.exit_code == 2 and "--token-file" in result.output
+    result = run(data, "--token-file", str(tmp_path / "missing"))
+    assert result.exit_code == 2 and "cannot read" in result.output
+
+
+def test_factory_with_dataset_options_is_a_usage_error(data):
+    result = run("test_service_support:small_factory", "--batch-size", "4", "--shuffle")
+    assert result.exit_code == 2
+    assert "--batch-size, --shuffle configure a dataset path" in result.output
+
+
+@pytest.mark.parametrize(("pipeline", "message"), [
+    ("no_such_module_xyz:make", "cannot import no_such_module_xyz"),
+    ("test_service_support:nothing_here", "has no 'nothing_here'"),
+    ("test_service_support:Noise", "must return a shardloader.ShardedDataset"),
+    ("test_service_support:digest", "callable without arguments"),
+])
+def test_bad_factories_are_usage_errors(pipeline, message):
+    result = run(pipeline)
+    assert result.exit_code == 2 and message in result.output
+
+
+def test_missing_dataset_is_an_error(tmp_path):
+    result = run(str(tmp_path / "nothing"))
+    assert result.exit_code in (1, 2) and "error:" in result.output
+
+
+def test_path_pipeline_options_reach_the_dataset(data):
+    ds = load_pipeline(data, batch_size=4, shuffle=True, seed=9, uneven="drop", decode="raw",
+                       transform="none", image_size=224, image_field=None, cache_dir=None)
+    assert (ds.batch_size, ds.seed, ds.uneven, ds.shuffle.enabled) == (4, 9, "drop", True)
+    assert ds.decoder.image == "raw"
+    with pytest.raises(Exception, match="image field"):
+        load_pipeline(data, batch_size=4, shuffle=False, seed=0, uneven="pad", decode="tensor",
+                      transform="train", image_size=224, image_field=None, cache_dir=None)
+
+
+@pytest.mark.parametrize("kw", [{"workers": -1}, {"max_inflight": 0}, {"max_clients": 0},
+                                {"token": ""}, {"ping_interval": 0}])
+def test_serve_options_are_checked(kw):
+    with pytest.raises(ValueError):
+        ServeOptions(**kw)

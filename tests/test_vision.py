@@ -1,0 +1,221 @@
+"""Vision: fast decode, transforms deterministic under torch's seed, no torchvision needed."""
+
+from __future__ import annotations
+
+import io
+import pickle
+import random
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+from PIL import Image, JpegImagePlugin
+
+from shardloader.collate import PadCollate
+from shardloader.errors import DecodeError, UsageError
+from shardloader.vision import (
+    ApplyTo,
+    CenterCrop,
+    Compose,
+    Normalize,
+    RandomHorizontalFlip,
+    RandomResizedCrop,
+    Resize,
+    ToImageTensor,
+    decode_image,
+    eval_transform,
+    open_image,
+    train_transform,
+)
+
+
+def _array(h: int, w: int, seed: int = 0) -> np.ndarray:
+    """Smooth colour ramps plus mild noise: JPEG-friendly and position-dependent."""
+    y, x = np.mgrid[0:h, 0:w]
+    noise = np.random.default_rng(seed).integers(0, 8, (h, w, 3))
+    ramps = np.stack([x * 255 // max(w - 1, 1), y * 255 // max(h - 1, 1), (x + y) % 256], -1)
+    return np.clip(ramps + noise, 0, 255).astype(np.uint8)
+
+
+def _encode(a: np.ndarray, fmt: str = "JPEG") -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(a).save(buf, fmt, **({"quality": 95} if fmt == "JPEG" else {}))
+    return buf.getvalue()
+
+
+@pytest.fixture(scope="module")
+def jpeg() -> bytes:
+    return _encode(_array(120, 160))
+
+
+@pytest.fixture(scope="module")
+def big_jpeg() -> bytes:
+    return _encode(_array(960, 1280))
+
+
+# -- decoding -----------------------------------------------------------------------------------
+
+
+def test_decode_image_is_uint8_chw_or_hwc(jpeg):
+    chw = decode_image(jpeg)
+    hwc = decode_image(jpeg, channels_last=True)
+    assert chw.dtype == torch.uint8 and chw.shape == (3, 120, 160) and chw.is_contiguous()
+    assert hwc.shape == (120, 160, 3) and torch.equal(hwc.permute(2, 0, 1), chw)
+    ref = np.asarray(Image.open(io.BytesIO(jpeg)).convert("RGB"))
+    assert np.array_equal(hwc.numpy(), ref)
+
+
+def test_decode_drafts_jpeg_but_never_below_target(big_jpeg):
+    small = decode_image(big_jpeg, target_size=200)  # shorter side >= 200
+    assert small.shape == (3, 240, 320)  # 1/4 scale: 1/8 would give 120 < 200
+    exact = decode_image(big_jpeg, target_size=(300, 500))
+    assert exact.shape == (3, 480, 640)
+    png = _encode(_array(96, 128), "PNG")
+    assert decode_image(png, target_size=10).shape == (3, 96, 128)  # no draft for PNG
+    gray = io.BytesIO()
+    Image.fromarray(_array(40, 50)[..., 0]).save(gray, "JPEG")
+    assert decode_image(gray.getvalue()).shape == (3, 40, 50)
+    assert open_image(big_jpeg, target_size=100).mode == "RGB"
+
+
+def test_corrupt_images_raise_decode_error(jpeg):
+    with pytest.raises(DecodeError):
+        decode_image(b"not an image")
+    with pytest.raises(DecodeError):
+        RandomResizedCrop(32)(b"not an image")
+    with pytest.raises(UsageError, match="not an image"):
+        RandomResizedCrop(32)({"jpg": jpeg})
+
+
+# -- random transforms: determinism and bounds --------------------------------------------------
+
+
+def test_train_transform_is_deterministic_under_torch_seed_only(jpeg):
+    t = train_transform(64)
+    torch.manual_seed(5)
+    np.random.seed(1)
+    random.seed(1)
+    a = t(jpeg)
+    torch.manual_seed(5)
+    np.random.seed(2)  # numpy's and Python's global state play no part
+    random.seed(2)
+    b = t(jpeg)
+    assert a.shape == (3, 64, 64) and a.dtype == torch.uint8 and torch.equal(a, b)
+    outs = {t(jpeg).sum().item() for _ in range(8)}
+    assert len(outs) > 1  # and it does vary from call to call
+
+
+def test_explicit_generator_and_pickling(jpeg):
+    a = RandomResizedCrop(48, generator=torch.Generator().manual_seed(3))
+    b = RandomResizedCrop(48, generator=torch.Generator().manual_seed(3))
+    assert torch.equal(a(jpeg), b(jpeg))
+    t = train_transform(32, field="jpg")
+    clone = pickle.loads(pickle.dumps(t))
+    torch.manual_seed(0)
+    x = t({"jpg": jpeg, "cls": 1})
+    torch.manual_seed(0)
+    y = clone({"jpg": jpeg, "cls": 1})
+    assert torch.equal(x["jpg"], y["jpg"]) and x["cls"] == 1
+
+
+@given(
+    st.integers(1, 600),
+    st.integers(1, 600),
+    st.floats(0.01, 1.0),
+    st.floats(0.01, 1.0),
+    st.integers(0, 2**31),
+)
+def test_random_resized_crop_params_stay_inside(width, height, s1, s2, seed):
+    lo, hi = sorted((s1, s2))
+    t = RandomResizedCrop(32, scale=(lo, hi), generator=torch.Generator().manual_seed(seed))
+    left, top, w, h = t.params(width, height)
+    assert 0 <= left and 0 <= top and 1 <= w and 1 <= h
+    assert left + w <= width and top + h <= height
+    if min(w, h) >= 20 and w < width and h < height:  # not the fallback; rounding is small
+        assert 3 / 4 / 1.06 <= w / h <= 4 / 3 * 1.06
+
+
+def test_crop_inputs_agree_and_draft_matches_full_decode(big_jpeg, monkeypatch):
+    full = np.asarray(Image.open(io.BytesIO(big_jpeg)).convert("RGB"))
+    t = RandomResizedCrop(64, scale=(0.5, 1.0))
+    outs = []
+    for img in (full, Image.fromarray(full), torch.from_numpy(full.copy()).permute(2, 0, 1)):
+        torch.manual_seed(11)
+        outs.append(t(img).to(torch.int16))
+    assert torch.equal(outs[0], outs[1])
+    assert (outs[0] - outs[2]).abs().max() <= 1  # tensor path: same kernel, same box
+    drafted = []
+    original = JpegImagePlugin.JpegImageFile.draft
+
+    def spy(self, mode, size):
+        width = self.size[0]
+        result = original(self, mode, size)
+        drafted.append(round(width / result[1][2]) if result is not None else 1)
+        return result
+
+    monkeypatch.setattr(JpegImagePlugin.JpegImageFile, "draft", spy)
+    torch.manual_seed(11)
+    fast = t(big_jpeg).to(torch.int16)
+    assert drafted == [8]  # crops of >= 780 px decode at 1/8 scale for a 64 px output
+    assert (fast - outs[0]).abs().float().mean() < 6  # and the picture is the same
+
+
+def test_flip():
+    x = torch.arange(24, dtype=torch.uint8).reshape(2, 3, 4)
+    assert torch.equal(RandomHorizontalFlip(1.0)(x), x.flip(-1))
+    assert torch.equal(RandomHorizontalFlip(0.0)(x), x)
+    a = _array(5, 7)
+    assert np.array_equal(RandomHorizontalFlip(1.0)(a).permute(1, 2, 0).numpy(), a[:, ::-1])
+    with pytest.raises(UsageError):
+        RandomHorizontalFlip(2.0)
+
+
+# -- deterministic transforms -------------------------------------------------------------------
+
+
+def test_resize_and_center_crop(jpeg):
+    assert Resize(60)(jpeg).shape == (3, 60, 80)
+    assert Resize((30, 40))(jpeg).shape == (3, 30, 40)
+    assert Resize(60)(torch.zeros(3, 120, 160, dtype=torch.uint8)).shape == (3, 60, 80)
+    a = _array(50, 70)
+    crop = CenterCrop((20, 30))(a)
+    assert np.array_equal(crop.permute(1, 2, 0).numpy(), a[15:35, 20:50])
+    t = torch.from_numpy(a.copy()).permute(2, 0, 1)
+    assert torch.equal(CenterCrop((20, 30))(t), crop)
+    padded = CenterCrop(80)(a)
+    assert padded.shape == (3, 80, 80) and padded[:, :15].sum() == 0
+    assert np.array_equal(padded.permute(1, 2, 0)[15:65, 5:75].numpy(), a)
+    out = eval_transform(96)(jpeg)
+    assert out.shape == (3, 96, 96) and out.is_contiguous()
+
+
+def test_to_image_tensor_and_normalize():
+    a = _array(6, 8)
+    chw = ToImageTensor()(a)
+    hwc = ToImageTensor(channels_last=True)(Image.fromarray(a))
+    assert chw.is_contiguous() and hwc.is_contiguous() and np.array_equal(hwc.numpy(), a)
+    norm = Normalize((0.5, 0.5, 0.5), (0.25, 0.5, 1.0))
+    y = norm(chw)
+    want = (a.transpose(2, 0, 1) / 255 - 0.5) / np.array([0.25, 0.5, 1.0])[:, None, None]
+    assert y.dtype == torch.float32 and np.allclose(y.numpy(), want, atol=1e-5)
+    batch = torch.stack([chw, chw])
+    assert torch.allclose(norm(batch)[1], y)
+    assert torch.allclose(norm(chw.float() / 255), y, atol=1e-6)  # float input is in [0, 1]
+    cl = Normalize((0.5, 0.5, 0.5), (0.25, 0.5, 1.0), channels_last=True)(hwc)
+    assert torch.allclose(cl.permute(2, 0, 1), y)
+    with pytest.raises(UsageError):
+        Normalize((0.5,), (0.0,))
+
+
+def test_pipeline_on_sample_dicts_collates(jpeg):
+    t = train_transform(40, field="jpg", channels_last=True)
+    torch.manual_seed(0)
+    samples = [t({"jpg": jpeg, "cls": i, "__key__": f"k{i}"}) for i in range(3)]
+    batch = PadCollate()(samples)
+    assert batch["jpg"].shape == (3, 40, 40, 3) and batch["jpg"].dtype == torch.uint8
+    assert batch["cls"].tolist() == [0, 1, 2] and batch["__key__"] == ["k0", "k1", "k2"]
+    assert isinstance(Compose([Resize(10)]).transforms, tuple)
+    with pytest.raises(UsageError, match="no such field"):
+        ApplyTo("png", Resize(10))({"jpg": jpeg})

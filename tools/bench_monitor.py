@@ -1,0 +1,59 @@
+"""What does ``shardloader.monitor`` cost per batch?  Prints ns/batch against a bare loop.
+
+    python tools/bench_monitor.py [--batches 1000000] [--repeat 5]
+
+The loader is a plain list, so the loop body is nothing but the iteration: the difference is
+the wrapper's own cost (two ``perf_counter`` calls and a few additions per batch), which a real
+training step of milliseconds dwarfs.  Best of ``--repeat`` runs each, to shed scheduler noise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Iterable
+
+from shardloader.monitoring import monitor
+
+
+def _loop(iterable: Iterable[object]) -> float:
+    started = time.perf_counter()
+    for _ in iterable:
+        pass
+    return time.perf_counter() - started
+
+
+def _clock_cost(n: int) -> float:
+    clock = time.perf_counter
+    started = clock()
+    for _ in range(n):
+        clock()
+    return clock() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batches", type=int, default=1_000_000)
+    parser.add_argument("--repeat", type=int, default=5)
+    args = parser.parse_args()
+    batches = list(range(args.batches))
+    runs = {
+        "bare loop": lambda: _loop(batches),
+        "monitor(enabled=False)": lambda: _loop(monitor(batches, enabled=False)),
+        "monitor()": lambda: _loop(monitor(batches, interval=0)),
+        "monitor(interval=100)": lambda: _loop(monitor(batches, interval=100,
+                                                       callback=lambda d: None)),
+    }
+    best = {name: min(run() for _ in range(args.repeat)) / args.batches * 1e9
+            for name, run in runs.items()}
+    bare = best["bare loop"]
+    clock = min(_clock_cost(args.batches) for _ in range(args.repeat)) / args.batches * 1e9
+    print(f"{args.batches} batches, best of {args.repeat}; one perf_counter() call here: "
+          f"{clock:.0f} ns")
+    for name, ns in best.items():
+        extra = "" if name == "bare loop" else f"  (+{ns - bare:.0f} ns/batch)"
+        print(f"{name:>24}: {ns:8.1f} ns/batch{extra}")
+
+
+if __name__ == "__main__":
+    main()

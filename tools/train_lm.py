@@ -1,0 +1,180 @@
+"""Train a tiny causal transformer LM on packed token shards with sequence packing, on the CPU.
+
+    shardloader pack corpus/ packed/ --tokenizer tokenizer.json   # JSONL with a "text" key
+    python tools/train_lm.py packed/ --steps 50 --seq-len 64 --rows 8
+    python -m torch.distributed.run --standalone --nproc_per_node 2 tools/train_lm.py packed/
+
+Documents are packed whole into rows of ``--seq-len`` tokens, ``--rows`` rows per batch
+(``shardloader.batching.PackedBatches`` plans from the per-sample token counts in the sidecar
+index; ``PackCollate`` builds the rows in the worker).  Attention is block-diagonal: a token sees
+only the earlier tokens of its own document, read off ``position_ids`` (which restart at every
+document), and no position is scored across a document boundary (``labels`` are -100 there).
+Padding uses id ``vocab_size``, an embedding row of its own, so it can never be a real token.
+``shardloader.monitor`` times data wait against the step; the data-bound share is printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import os
+import sys
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+import shardloader as sl
+from shardloader.monitoring import MonitorStats, monitor
+
+IGNORE = -100
+
+
+class Block(nn.Module):
+    def __init__(self, d: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv, self.out = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+
+    def forward(self, x: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, d // self.heads).unbind(2)
+        y = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=allowed[:, None]
+        )
+        x = x + self.out(y.transpose(1, 2).reshape(b, t, d))
+        return x + self.mlp(self.ln2(x))
+
+
+class TinyLM(nn.Module):
+    def __init__(self, vocab: int, seq_len: int, d: int = 64, heads: int = 2, layers: int = 2):
+        super().__init__()
+        self.tok = nn.Embedding(vocab + 1, d, padding_idx=vocab)  # row `vocab`: padding
+        self.pos = nn.Embedding(seq_len, d)
+        self.blocks = nn.ModuleList(Block(d, heads) for _ in range(layers))
+        self.ln = nn.LayerNorm(d)
+        self.head = nn.Linear(d, vocab)
+
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        # a new segment (document or padding run) starts wherever position_ids restarts at 0
+        segment = torch.cumsum((position_ids == 0).long(), dim=1)
+        t = input_ids.shape[1]
+        causal = torch.ones(t, t, dtype=torch.bool).tril()
+        allowed = (segment[:, :, None] == segment[:, None, :]) & causal
+        x = self.tok(input_ids) + self.pos(position_ids)
+        for block in self.blocks:
+            x = block(x, allowed)
+        return self.head(self.ln(x))
+
+
+def setup_distributed() -> tuple[int, int]:
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1:
+        dist.init_process_group("gloo")
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def overall(stats: MonitorStats, world: int) -> MonitorStats:
+    if world == 1:
+        return stats
+    t = torch.tensor([stats.data_wait_s, stats.step_s, stats.timed_batches, stats.batches],
+                     dtype=torch.float64)
+    dist.all_reduce(t)
+    first = torch.tensor([stats.first_batch_s or 0.0], dtype=torch.float64)
+    dist.all_reduce(first, op=dist.ReduceOp.MAX)
+    return MonitorStats(int(t[3]), int(t[2]), float(t[0]), float(t[1]), float(first[0]))
+
+
+def vocab_size(manifest: sl.Manifest, given: int) -> int:
+    if given:
+        return given
+    tok: Any = manifest.extra.get("tokenizer") or {}
+    if "vocab_size" in tok:
+        return int(tok["vocab_size"])
+    raise SystemExit("the manifest records no tokenizer vocabulary; pass --vocab-size")
+
+
+def train(args: argparse.Namespace) -> int:
+    from shardloader.batching import PackedBatches
+
+    rank, world = setup_distributed()
+    torch.manual_seed(args.seed)
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
+                        format=f"[rank {rank}] %(message)s")
+    manifest, _ = sl.read_manifest(args.data)
+    if manifest.fields.get("tokens") is None or manifest.fields["tokens"].codec != "tokens":
+        raise SystemExit(f"{args.data} has no token field (fields: {', '.join(manifest.fields)});"
+                         " pack text with --tokenizer tokenizer.json")
+    vocab = vocab_size(manifest, args.vocab_size)
+    planner = PackedBatches(seq_len=args.seq_len, rows_per_batch=args.rows)
+    read = sl.ReadOptions(cache=sl.CacheOptions(dir=args.cache_dir)) if args.cache_dir else None
+    ds = sl.ShardedDataset(args.data, planner=planner, collate_fn=planner.make_collate(vocab),
+                           shuffle=True, seed=args.seed, read=read)
+    loader = sl.make_loader(ds, num_workers=args.workers)
+    model: nn.Module = TinyLM(vocab, args.seq_len, d=args.dim)
+    if world > 1:
+        model = nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    timed = monitor(loader, interval=args.log_every)
+    step = epoch = 0
+    tokens = 0
+    while step < args.steps:
+        ds.set_epoch(epoch)
+        for batch in timed:
+            ids, labels = batch["input_ids"], batch["labels"]
+            logits = model(ids, batch["position_ids"])
+            # logits at t predict the token at t + 1; labels are -100 at padding and at
+            # every segment start, so nothing learns across a document boundary
+            loss = F.cross_entropy(logits[:, :-1].reshape(-1, vocab), labels[:, 1:].reshape(-1),
+                                   ignore_index=IGNORE)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            step += 1
+            tokens += int(batch["attention_mask"].sum())
+            if rank == 0 and (step % args.log_every == 0 or step == args.steps):
+                print(f"step {step} epoch {epoch} loss {loss.item():.4f} "
+                      f"(ppl {math.exp(min(loss.item(), 20)):.1f})", flush=True)
+            if step >= args.steps:
+                break
+        epoch += 1
+    total = overall(timed.stats(), world)
+    if rank == 0:
+        fill = tokens / (step * args.rows * args.seq_len)
+        where = f" (all {world} ranks)" if world > 1 else ""
+        print(f"rows {fill:.0%} filled with real tokens (rank 0)", flush=True)
+        print(f"{total.summary()}{where}", flush=True)
+        print(f"reading: {total.advice}", flush=True)
+    if world > 1:
+        dist.destroy_process_group()
+    return 0
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("data", help="packed dataset with a tokens field (folder or URL)")
+    p.add_argument("--steps", type=int, default=50)
+    p.add_argument("--seq-len", type=int, default=64)
+    p.add_argument("--rows", type=int, default=8, help="rows (sequences) per batch")
+    p.add_argument("--workers", type=int, default=2, help="DataLoader num_workers per rank")
+    p.add_argument("--dim", type=int, default=64)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--log-every", type=int, default=10)
+    p.add_argument("--vocab-size", type=int, default=0, help="default: from the manifest")
+    p.add_argument("--cache-dir", default=None)
+    args = p.parse_args(argv)
+    if min(args.steps, args.seq_len, args.rows, args.log_every, args.dim) < 1 or args.workers < 0:
+        p.error("--steps, --seq-len, --rows, --log-every, --dim must be >= 1, --workers >= 0")
+    return args
+
+
+if __name__ == "__main__":
+    sys.exit(train(parse()))
