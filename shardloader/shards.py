@@ -174,7 +174,7 @@ class ShardSet:
             self._cache = cache
         return self._cache
 
-    def _stage(self, shard: int) -> str:
+    def _stage(self, shard: int, wait: bool = True) -> str | None:
         info = self.manifest.shards[shard]
         url = self.url(shard)
         m = self.manifest
@@ -195,7 +195,7 @@ class ShardSet:
             return shard_format.stage(m.format, m.compression, src, dst, where)
 
         return cache.get(info.path, info.raw_bytes, info.sha256, where, open_stored, stage,
-                         verified=not is_local(url))
+                         verified=not is_local(url), wait=wait)
 
     def local_file(self, shard: int) -> str:
         """A local uncompressed file for ``shard``: the shard itself, or its staged copy."""
@@ -213,9 +213,11 @@ class ShardSet:
                 )
             return path
         future = self._ahead.pop(shard, None)
-        if future is not None:
-            return future.result()
-        return self._stage(shard)
+        path = future.result() if future is not None else None
+        if path is None:  # not read ahead, or another process was staging it: wait for it
+            path = self._stage(shard)
+        assert path is not None
+        return path
 
     def prefetch(self, shards: Iterable[int]) -> None:
         """Stage these shards in the background (read-ahead); no-op for in-place shards."""
@@ -227,7 +229,9 @@ class ShardSet:
         for shard in shards:
             if shard in self._ahead or shard in self._readers or shard in self._corrupt:
                 continue
-            self._ahead[shard] = self._pool.submit(self._stage, shard)
+            # wait=False: a shard another worker is staging is skipped, so read-ahead threads
+            # of different workers fetch different shards in parallel instead of queueing.
+            self._ahead[shard] = self._pool.submit(self._stage, shard, False)
 
     # -- reading --------------------------------------------------------------------------
     def reader(self, shard: int) -> ShardReader:

@@ -115,7 +115,7 @@ def test_http_errors(http_root: tuple[str, Path, dict[str, int]], tmp_path: Path
         fetch_shard(
             f"{base}/s.tar", str(tmp_path / "s.tar"), sha256="0" * 64, size=300, policy=POLICY
         )
-    assert counts["/s.tar"] == 4  # two downloads, a HEAD and a GET each
+    assert counts["/s.tar"] == 2  # two downloads, one streamed GET each
 
 
 def test_local_paths_and_file_urls(tmp_path: Path) -> None:

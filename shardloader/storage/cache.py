@@ -114,21 +114,26 @@ class ShardCache:
         open_stored: Callable[[], BinaryIO],
         stage: Callable[[BinaryIO, BinaryIO], int],
         verified: bool = False,
-    ) -> str:
+        wait: bool = True,
+    ) -> str | None:
         """Path of the staged copy of shard ``name``, staging it first if needed.
 
         ``open_stored`` opens the stored shard; ``stage`` copies it uncompressed into a file.
         The stored bytes are hashed on the way and must match ``sha256``; a mismatch is staged
         once more (a flaky read), then raised as :class:`ChecksumError`.  ``verified`` says
         ``open_stored`` already checked the bytes (a verified download), so they are not
-        hashed twice.
+        hashed twice.  With ``wait=False`` (read-ahead) a shard that another process is staging
+        right now returns None at once, so the caller can fetch a different one meanwhile.
         """
         final = self.path_for(name)
         if os.path.exists(final):
             _touch(final)
             return final
         with open(final + ".lock", "a+b") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return None
             try:
                 if os.path.exists(final):
                     _touch(final)

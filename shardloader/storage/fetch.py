@@ -94,7 +94,18 @@ def _download_once(
     storage_options: Mapping[str, Any] | None,
     chunk_size: int,
 ) -> tuple[str, int]:
-    """One whole download into ``tmp`` (truncated first): (sha256 hex, bytes written)."""
+    """One whole download into ``tmp`` (truncated first): (sha256 hex, bytes written).
+
+    Remote objects come down as one streamed GET (``get_file``): measured against a local S3
+    server that is about 3x faster than ranged reads of ``chunk_size`` through ``open``.  The
+    file is hashed afterwards, from the page cache.
+    """
+    if not is_local(url):
+        fs, path = filesystem(url, storage_options, policy=policy)
+        # A body cut short of its Content-Length fails inside get_file (a transient error, so
+        # the download is retried); a whole body of the wrong size is the checksum's business.
+        fs.get_file(path, tmp)
+        return _hash_file(tmp, chunk_size)
     digest = hashlib.sha256()
     written = 0
     with _open(url, policy, storage_options, chunk_size) as src, open(tmp, "wb") as out:
@@ -111,6 +122,16 @@ def _download_once(
     expected = announced if announced is not None else size
     if expected is not None and written < expected:
         raise TruncatedBodyError(f"{url}: the body ended after {written} of {expected} bytes")
+    return digest.hexdigest(), written
+
+
+def _hash_file(path: str, chunk_size: int) -> tuple[str, int]:
+    digest = hashlib.sha256()
+    written = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(chunk_size):
+            digest.update(chunk)
+            written += len(chunk)
     return digest.hexdigest(), written
 
 
