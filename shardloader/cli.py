@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
 from typing import Any
 
 import click
@@ -35,9 +34,7 @@ def main() -> None:
     """Pack raw files into verified shards and stream them into PyTorch."""
 
 
-def command(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Register a command defined in another module (keeps this file thin)."""
-    return main.add_command(fn) or fn  # type: ignore[func-returns-value]
-from shardloader.pack import commands as _pack_commands  # noqa: E402,F401
+# Commands live next to what they drive; importing registers them on ``main``.
 from shardloader import bench_commands as _bench_commands  # noqa: E402,F401
+from shardloader.pack import commands as _pack_commands  # noqa: E402,F401
 from shardloader.service import commands as _service_commands  # noqa: E402,F401

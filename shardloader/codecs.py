@@ -88,7 +88,7 @@ def _load_npy(data: bytes) -> np.ndarray:
 def _decode_image(data: bytes, mode: str) -> Any:
     from PIL import Image
 
-    image = Image.open(io.BytesIO(data))
+    image: Image.Image = Image.open(io.BytesIO(data))
     if mode == "pil":
         image.load()
         return image

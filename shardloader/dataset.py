@@ -33,6 +33,7 @@ __all__ = ["ShardedDataset", "EpochReport"]
 log = logging.getLogger(__name__)
 
 _EPOCH, _START, _RANK, _WORLD = range(4)
+_DEFAULT_DECODER = Decoder()
 
 
 @dataclass(frozen=True)
@@ -106,7 +107,7 @@ class ShardedDataset(IterableDataset):  # type: ignore[type-arg]
         uneven: str = "pad",
         transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
         collate_fn: Callable[[list[dict[str, Any]]], Any] | None = None,
-        decoder: Decoder | None = Decoder(),
+        decoder: Decoder | None = _DEFAULT_DECODER,
         on_error: str = "raise",
         rank: int | None = None,
         world_size: int | None = None,
@@ -202,23 +203,26 @@ class ShardedDataset(IterableDataset):  # type: ignore[type-arg]
         plan = self._plan(e, start, self.rank, self.world_size)
         sizes = [len(b) for b in plan.batches]
         s = plan.slots
-        padded = plan.pad_in_last + sum(
-            sizes[i % len(sizes)] for i in range(s.padded_batches)
-        )
+        padded = plan.pad_in_last + sum(sizes[i % len(sizes)] for i in range(s.padded_batches))
         dropped = plan.dropped + sum(sizes[plan.num_batches - s.dropped_batches :])
         return EpochReport(e, self.manifest.num_samples, s.steps_per_rank, padded, dropped)
 
     def __len__(self) -> int:
         """Steps (batches, or samples when unbatched) this rank yields in the current epoch."""
         state = self._control.get()
-        return self._plan(state[_EPOCH], state[_START], state[_RANK], state[_WORLD]).slots.steps_per_rank
+        return self._plan(
+            state[_EPOCH], state[_START], state[_RANK], state[_WORLD]
+        ).slots.steps_per_rank
 
     # -- planning (pure) ------------------------------------------------------------------
     def _load_lengths(self) -> np.ndarray:
         parts = []
         for info in self.manifest.shards:
-            data = read_bytes(join(self.base, info.index_path), self.read_options.storage_options,
-                              policy=self.read_options.retry)
+            data = read_bytes(
+                join(self.base, info.index_path),
+                self.read_options.storage_options,
+                policy=self.read_options.retry,
+            )
             idx = SampleIndex.from_arrow_bytes(data, info.index_path)
             if idx.lengths is None:
                 raise UsageError(
@@ -234,7 +238,9 @@ class ShardedDataset(IterableDataset):  # type: ignore[type-arg]
         if self.planner is not None:
             batches = list(self.planner.plan(order, self._lengths, plan_rng(self.seed, epoch)))
         else:
-            batches, pad_in_last, dropped = cut_fixed_batches(order, self.batch_size or 1, self.uneven)
+            batches, pad_in_last, dropped = cut_fixed_batches(
+                order, self.batch_size or 1, self.uneven
+            )
         slots = rank_slots(len(batches), start, rank, world, self.uneven)
         return _Plan(batches, slots, pad_in_last, dropped, len(batches), start)
 
@@ -249,14 +255,15 @@ class ShardedDataset(IterableDataset):  # type: ignore[type-arg]
         plan = self._plan(epoch, start, place.rank, place.world_size)
         mine = slice(place.worker, None, place.num_workers)
         slots, seeds = plan.slots.slots[mine], plan.slots.seeds[mine]
-        need = working_set_bytes(self.manifest, self.shuffle, plan.batches,
-                                 self.read_options.readahead)
+        need = working_set_bytes(
+            self.manifest, self.shuffle, plan.batches, self.read_options.readahead
+        )
         shards = ShardSet(self.manifest, self.base, self.read_options, str(place), need)
         try:
             batch_shards = [shards.locate(plan.batches[int(s)])[0] for s in slots]
             upcoming = _first_needed(batch_shards)
             ahead = 0
-            for j, (slot, seed_index) in enumerate(zip(slots, seeds)):
+            for j, (slot, seed_index) in enumerate(zip(slots, seeds, strict=False)):
                 ahead = _advance_readahead(shards, upcoming, batch_shards, j, ahead)
                 ids = plan.batches[int(slot)]
                 seed_global_rngs(derive_seed(self.seed, epoch, int(seed_index)))
@@ -285,7 +292,7 @@ class ShardedDataset(IterableDataset):  # type: ignore[type-arg]
         shard_of, local_of = shards.locate(ids)
         out: list[dict[str, Any] | None] = []
         last_error: ShardloaderError | None = None
-        for gid, shard, local, pad in zip(ids, shard_of, local_of, pads):
+        for gid, shard, local, pad in zip(ids, shard_of, local_of, pads, strict=False):
             try:
                 out.append(self._load_sample(shards, int(shard), int(local), int(gid), bool(pad)))
             except (ShardError, DecodeError, StorageError) as err:
@@ -303,8 +310,10 @@ class ShardedDataset(IterableDataset):  # type: ignore[type-arg]
             raise ShardError(
                 f"every sample of a batch failed ({place}); last error: {last_error}"
             ) from last_error
-        return [s if s is not None else {**good[i % len(good)], "__pad__": True}
-                for i, s in enumerate(out)]
+        return [
+            s if s is not None else {**good[i % len(good)], "__pad__": True}
+            for i, s in enumerate(out)
+        ]
 
     def _load_sample(
         self, shards: ShardSet, shard: int, local: int, gid: int, pad: bool
@@ -319,8 +328,9 @@ class ShardedDataset(IterableDataset):  # type: ignore[type-arg]
             info = fields_info.get(ext)
             codec = info.codec if info is not None else "bytes"
             try:
-                sample[ext] = decode_field(ext, codec, data, self.decoder,
-                                           dtype=info.dtype if info else None)
+                sample[ext] = decode_field(
+                    ext, codec, data, self.decoder, dtype=info.dtype if info else None
+                )
             except DecodeError as err:
                 raise DecodeError(f"{shards.describe(shard)}, sample {key!r}: {err}") from err
             except Exception as err:  # corrupt payloads surface as many library types

@@ -71,14 +71,19 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
         """Continue a saved run; world size and num_workers may differ from the saving run."""
         ds: ShardedDataset = self.dataset  # type: ignore[assignment]
         if state.get("version") != _STATE_VERSION:
-            raise ResumeError(f"loader state version {state.get('version')!r} is not {_STATE_VERSION}")
-        checks = (("fingerprint", ds.manifest.fingerprint, "the dataset's shards changed"),
-                  ("seed", ds.seed, "pass the same seed= to ShardedDataset"),
-                  ("plan", ds.plan_signature, "use the same batch_size/planner/shuffle/uneven"))
+            raise ResumeError(
+                f"loader state version {state.get('version')!r} is not {_STATE_VERSION}"
+            )
+        checks = (
+            ("fingerprint", ds.manifest.fingerprint, "the dataset's shards changed"),
+            ("seed", ds.seed, "pass the same seed= to ShardedDataset"),
+            ("plan", ds.plan_signature, "use the same batch_size/planner/shuffle/uneven"),
+        )
         for key, mine, remedy in checks:
             if state.get(key) != mine:
                 raise ResumeError(
-                    f"saved {key} {state.get(key)!r} does not match this dataset's {mine!r}: {remedy}"
+                    f"saved {key} {state.get(key)!r} does not match this dataset's {mine!r}: "
+                    f"{remedy}"
                 )
         ds.seek(int(state["epoch"]), int(state["position"]))
         self._epoch, self._position = int(state["epoch"]), int(state["position"])

@@ -89,7 +89,7 @@ class Manifest:
     @property
     def fingerprint(self) -> str:
         """Short hash of what decides sample identity and order; saved with loader states."""
-        ident = [self.format, self.compression]
+        ident: list[Any] = [self.format, self.compression]
         ident += [[s.path, s.num_samples, s.sha256] for s in self.shards]
         return hashlib.sha256(json.dumps(ident).encode()).hexdigest()[:16]
 
@@ -188,9 +188,7 @@ class SampleIndex:
     def from_arrow_bytes(cls, data: bytes, where: str = "sample index") -> SampleIndex:
         try:
             table = pa.ipc.open_file(pa.py_buffer(data)).read_all()
-            lengths = (
-                _ints(table.column("length")) if "length" in table.column_names else None
-            )
+            lengths = _ints(table.column("length")) if "length" in table.column_names else None
             return cls(
                 keys=table.column("key").to_pylist(),
                 offsets=_ints(table.column("offset")),
@@ -210,8 +208,12 @@ def _ints(column: pa.ChunkedArray) -> np.ndarray:
     if array.null_count:
         raise ManifestError("sample index has missing values")
     width = array.type.bit_width // 8
-    data = np.frombuffer(array.buffers()[1], dtype=np.dtype(f"<u{width}"),
-                         count=len(array), offset=array.offset * width)
+    data = np.frombuffer(
+        array.buffers()[1],
+        dtype=np.dtype(f"<u{width}"),
+        count=len(array),
+        offset=array.offset * width,
+    )
     return data.astype(np.int64)
 
 

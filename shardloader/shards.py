@@ -113,7 +113,7 @@ class ShardSet:
         self._indexes: OrderedDict[int, SampleIndex] = OrderedDict()
         self._readers: OrderedDict[int, ShardReader] = OrderedDict()
         self._pool: ThreadPoolExecutor | None = None
-        self._ahead: dict[int, Future[str]] = {}
+        self._ahead: dict[int, Future[str | None]] = {}
         self._corrupt: dict[int, ChecksumError] = {}  # failed their checksum (fetched twice)
 
     # -- locating -------------------------------------------------------------------------
@@ -162,7 +162,9 @@ class ShardSet:
         def copy(src: Any, dst: Any) -> int:
             return dst.write(src.read())
 
-        return self.cache().get(name, 0, sha256, url, open_stored, copy)
+        path = self.cache().get(name, 0, sha256, url, open_stored, copy)
+        assert path is not None  # waiting calls always return the staged path
+        return path
 
     # -- staging --------------------------------------------------------------------------
     def cache(self) -> ShardCache:
@@ -187,22 +189,36 @@ class ShardSet:
             # Remote: download whole (ranged GETs, retried, size and sha256 checked), then
             # stage from the local copy; a fault mid-body restarts the download, not the epoch.
             download = cache.path_for(info.path) + f".download-{uuid.uuid4().hex}"
-            fetch_shard(url, download, sha256=info.sha256, size=info.bytes,
-                        policy=self.options.retry, storage_options=self.options.storage_options)
+            fetch_shard(
+                url,
+                download,
+                sha256=info.sha256,
+                size=info.bytes,
+                policy=self.options.retry,
+                storage_options=self.options.storage_options,
+            )
             return _RemoveOnClose(download)
 
         def stage(src: Any, dst: Any) -> int:
             return shard_format.stage(m.format, m.compression, src, dst, where)
 
-        return cache.get(info.path, info.raw_bytes, info.sha256, where, open_stored, stage,
-                         verified=not is_local(url), wait=wait)
+        return cache.get(
+            info.path,
+            info.raw_bytes,
+            info.sha256,
+            where,
+            open_stored,
+            stage,
+            verified=not is_local(url),
+            wait=wait,
+        )
 
     def local_file(self, shard: int) -> str:
         """A local uncompressed file for ``shard``: the shard itself, or its staged copy."""
         if self.in_place:
-            path = local_path(self.url(shard))
+            here = local_path(self.url(shard))
             try:
-                size = os.path.getsize(path)
+                size = os.path.getsize(here)
             except OSError as err:
                 raise ShardError(f"{self.describe(shard)}: cannot open ({err.strerror})") from err
             expected = self.manifest.shards[shard].bytes
@@ -211,9 +227,9 @@ class ShardSet:
                     f"{self.describe(shard)}: truncated or replaced: {size:,} bytes on disk, "
                     f"{expected:,} in the manifest"
                 )
-            return path
+            return here
         future = self._ahead.pop(shard, None)
-        path = future.result() if future is not None else None
+        path: str | None = future.result() if future is not None else None
         if path is None:  # not read ahead, or another process was staging it: wait for it
             path = self._stage(shard)
         assert path is not None
@@ -224,8 +240,10 @@ class ShardSet:
         if self.in_place or self.options.readahead <= 0:
             return
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=min(4, self.options.readahead + 1),
-                                            thread_name_prefix="shardloader-readahead")
+            self._pool = ThreadPoolExecutor(
+                max_workers=min(4, self.options.readahead + 1),
+                thread_name_prefix="shardloader-readahead",
+            )
         for shard in shards:
             if shard in self._ahead or shard in self._readers or shard in self._corrupt:
                 continue

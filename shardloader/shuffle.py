@@ -33,8 +33,12 @@ class ShuffleOptions:
 
 def derive_seed(*parts: int) -> int:
     """Mix integers into one 63-bit seed (numpy's SeedSequence: well mixed, stable)."""
-    return int(np.random.SeedSequence([int(p) & 0xFFFFFFFFFFFFFFFF for p in parts])
-               .generate_state(2, np.uint32).view(np.uint64)[0] >> np.uint64(1))
+    return int(
+        np.random.SeedSequence([int(p) & 0xFFFFFFFFFFFFFFFF for p in parts])
+        .generate_state(2, np.uint32)
+        .view(np.uint64)[0]
+        >> np.uint64(1)
+    )
 
 
 def rng_for(*parts: int) -> np.random.Generator:

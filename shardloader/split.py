@@ -45,7 +45,9 @@ def _check_policy(uneven: str) -> None:
         raise UsageError(f"uneven={uneven!r} is not one of {UNEVEN_POLICIES}")
 
 
-def cut_fixed_batches(order: np.ndarray, batch_size: int, uneven: str) -> tuple[list[np.ndarray], int, int]:
+def cut_fixed_batches(
+    order: np.ndarray, batch_size: int, uneven: str
+) -> tuple[list[np.ndarray], int, int]:
     """Cut the epoch order into full batches; return (batches, padded samples, dropped samples).
 
     A partial last batch is never emitted (it would make a 1-sample BatchNorm batch possible):

@@ -29,7 +29,9 @@ def detect_world(rank: int | None = None, world_size: int | None = None) -> tupl
         try:
             return int(env_rank), int(env_world)
         except ValueError as err:
-            raise UsageError(f"RANK={env_rank!r} / WORLD_SIZE={env_world!r} are not integers") from err
+            raise UsageError(
+                f"RANK={env_rank!r} / WORLD_SIZE={env_world!r} are not integers"
+            ) from err
     return 0, 1
 
 

@@ -26,8 +26,9 @@ def main(data: str, out: str, num_workers: int) -> None:
         seen[epoch] = {"ids": ids, "pads": pads, "len": len(loader)}
     report = ds.report(0)
     gathered = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, {"rank": dist.get_rank(), "seen": seen,
-                                      "padded": report.padded_samples})
+    dist.all_gather_object(
+        gathered, {"rank": dist.get_rank(), "seen": seen, "padded": report.padded_samples}
+    )
     if dist.get_rank() == 0:
         with open(out, "w") as f:
             json.dump(gathered, f)

@@ -33,16 +33,28 @@ def write_dataset(
             writer = open_writer(fmt, f, compression, fields)
             for _ in range(size):
                 label = gid * max(classes, 1) // max(sum(shard_sizes), 1) if classes else gid % 3
-                writer.add(f"s/{gid:06d}", {"bin": payload(gid), "cls": str(label).encode()},
-                           length=len(payload(gid)))
+                writer.add(
+                    f"s/{gid:06d}",
+                    {"bin": payload(gid), "cls": str(label).encode()},
+                    length=len(payload(gid)),
+                )
                 gid += 1
             written = writer.close()
         index_name = f"shard-{n:05d}.idx.arrow"
         index_bytes = written.index.to_arrow_bytes()
         with open(os.path.join(out, index_name), "wb") as f:
             f.write(index_bytes)
-        shards.append(ShardInfo(name, written.num_samples, written.bytes, written.raw_bytes,
-                                written.sha256, index_name, hashlib.sha256(index_bytes).hexdigest()))
+        shards.append(
+            ShardInfo(
+                name,
+                written.num_samples,
+                written.bytes,
+                written.raw_bytes,
+                written.sha256,
+                index_name,
+                hashlib.sha256(index_bytes).hexdigest(),
+            )
+        )
     manifest = Manifest(fmt, compression, fields, shards, length_field="bin")
     with open(os.path.join(out, "index.json"), "wb") as f:
         f.write(manifest.to_json())

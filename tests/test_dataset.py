@@ -9,9 +9,9 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
+from helpers import batch_ids, payload, write_dataset
 
 import shardloader as sl
-from helpers import batch_ids, payload, write_dataset
 
 UNEVEN_SIZES = [1, 120, 3, 0, 17, 59]  # wildly uneven, one empty shard: 200 samples
 
@@ -27,7 +27,8 @@ def run_epoch(ds, num_workers=0, **kw):
 
 
 def real_ids(batches):
-    return [i for b in batches for i, p in zip(batch_ids(b), b["__pad__"].tolist()) if not p]
+    pairs = (zip(batch_ids(b), b["__pad__"].tolist(), strict=True) for b in batches)
+    return [i for pair in pairs for i, p in pair if not p]
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +51,9 @@ def test_exactly_once_equal_per_rank(uneven_zstd, world, num_workers):
         seen += real_ids(batches)
     assert len(steps) == 1  # the same number of steps on every rank: DDP cannot hang
     assert sorted(seen) == list(range(200))  # every sample once, pads excluded
-    report = make(uneven_zstd, batch_size=8, shuffle=True, seed=5, rank=0, world_size=world).report()
+    report = make(
+        uneven_zstd, batch_size=8, shuffle=True, seed=5, rank=0, world_size=world
+    ).report()
     assert report.padded_samples == steps.pop() * world * 8 - 200
 
 
@@ -140,7 +143,9 @@ def test_resume_at_90_percent_reads_only_what_is_left(tmp_path):
     loader.load_state_dict({**loader.state_dict(), "position": 36})  # 90 % consumed
     batches = list(loader)
     assert sorted(real_ids(batches)) == list(range(360, 400))
-    staged = [f for f in os.listdir(os.path.join(cache, ds.manifest.fingerprint)) if f.endswith(".raw")]
+    staged = [
+        f for f in os.listdir(os.path.join(cache, ds.manifest.fingerprint)) if f.endswith(".raw")
+    ]
     assert sorted(staged) == ["shard-00018.tar.zst.raw", "shard-00019.tar.zst.raw"]
 
 
@@ -170,8 +175,10 @@ def test_augmentation_seeded_per_step_whatever_num_workers(uneven_zstd):
     def draws(nw, epoch):
         ds = make(uneven_zstd, batch_size=4, shuffle=True, seed=9, transform=RecordRandomness())
         ds.set_epoch(epoch)
-        return [(batch_ids(b), b["torch"].tolist(), b["numpy"].tolist(), b["random"].tolist())
-                for b in run_epoch(ds, nw)]
+        return [
+            (batch_ids(b), b["torch"].tolist(), b["numpy"].tolist(), b["random"].tolist())
+            for b in run_epoch(ds, nw)
+        ]
 
     a, b = draws(0, 0), draws(2, 0)
     assert a == b  # same draws for the same samples with 0 or 2 workers: reruns repeat exactly
@@ -182,27 +189,56 @@ def test_augmentation_seeded_per_step_whatever_num_workers(uneven_zstd):
 
 
 def test_fields_decode_through_the_allowlist(tmp_path):
-    from PIL import Image
+    import hashlib
     import io
+
+    from PIL import Image
+
     from shardloader.format import open_writer
     from shardloader.manifest import FieldInfo, Manifest, ShardInfo
-    import hashlib
 
     buf = io.BytesIO()
     Image.new("RGB", (6, 4), (255, 0, 0)).save(buf, format="PNG")
     arr = io.BytesIO()
     np.save(arr, np.arange(3, dtype=np.int16), allow_pickle=False)
-    fields = {"png": FieldInfo("image"), "npy": FieldInfo("npy"), "json": FieldInfo("json"),
-              "pth": FieldInfo("opaque"), "tokens": FieldInfo("tokens", "uint16")}
+    fields = {
+        "png": FieldInfo("image"),
+        "npy": FieldInfo("npy"),
+        "json": FieldInfo("json"),
+        "pth": FieldInfo("opaque"),
+        "tokens": FieldInfo("tokens", "uint16"),
+    }
     with open(tmp_path / "s.tar", "wb") as f:
         w = open_writer("tar", f, "none", fields)
-        w.add("k/0", {"png": buf.getvalue(), "npy": arr.getvalue(), "json": b'{"a": 1}',
-                      "pth": b"\x80\x04K\x01.", "tokens": np.array([1, 2, 65535], "<u2").tobytes()})
+        w.add(
+            "k/0",
+            {
+                "png": buf.getvalue(),
+                "npy": arr.getvalue(),
+                "json": b'{"a": 1}',
+                "pth": b"\x80\x04K\x01.",
+                "tokens": np.array([1, 2, 65535], "<u2").tobytes(),
+            },
+        )
         ws = w.close()
     idx = ws.index.to_arrow_bytes()
     (tmp_path / "s.idx.arrow").write_bytes(idx)
-    m = Manifest("tar", "none", fields, [ShardInfo("s.tar", 1, ws.bytes, ws.raw_bytes, ws.sha256,
-                 "s.idx.arrow", hashlib.sha256(idx).hexdigest())])
+    m = Manifest(
+        "tar",
+        "none",
+        fields,
+        [
+            ShardInfo(
+                "s.tar",
+                1,
+                ws.bytes,
+                ws.raw_bytes,
+                ws.sha256,
+                "s.idx.arrow",
+                hashlib.sha256(idx).hexdigest(),
+            )
+        ],
+    )
     (tmp_path / "index.json").write_bytes(m.to_json())
     dec = sl.Decoder(custom={"pth": lambda b: len(b)})
     sample = next(iter(sl.ShardedDataset(str(tmp_path), decoder=dec)))
@@ -269,8 +305,9 @@ def test_cache_limit_too_small_fails_at_start_and_bounded_cache_evicts(tmp_path)
     manifest = sl.read_manifest(d)[0]
     shard_raw = max(s.raw_bytes for s in manifest.shards)
     # room for the unshuffled working set (2 shards + 1 ahead) but not the whole dataset
-    bounded = sl.ReadOptions(cache=sl.CacheOptions(dir=cache_dir, max_bytes=4 * shard_raw),
-                             readahead=1)
+    bounded = sl.ReadOptions(
+        cache=sl.CacheOptions(dir=cache_dir, max_bytes=4 * shard_raw), readahead=1
+    )
     ds = sl.ShardedDataset(d, batch_size=4, read=bounded)
     assert sorted(real_ids(run_epoch(ds, 2))) == list(range(240))
     folder = os.path.join(cache_dir, manifest.fingerprint)

@@ -15,8 +15,18 @@ def test_ranks_disjoint_complete_equal(tmp_path):
     write_dataset(data, [13, 2, 40, 7], compression="zstd")  # 62 samples
     out = str(tmp_path / "seen.json")
     env = {**os.environ, "TMPDIR": str(tmp_path), "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "3",
-           os.path.join(os.path.dirname(__file__), "dist_job.py"), data, out, "2"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "3",
+        os.path.join(os.path.dirname(__file__), "dist_job.py"),
+        data,
+        out,
+        "2",
+    ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     with open(out) as f:
@@ -26,8 +36,13 @@ def test_ranks_disjoint_complete_equal(tmp_path):
         lengths = {len(r["seen"][epoch]["ids"]) for r in ranks}
         assert len(lengths) == 1  # equal steps on every rank
         assert lengths == {r["seen"][epoch]["len"] for r in ranks}  # len(loader) told the truth
-        real = [i for r in ranks for b, p in zip(r["seen"][epoch]["ids"], r["seen"][epoch]["pads"])
-                for i, pad in zip(b, p) if not pad]
+        real = [
+            i
+            for r in ranks
+            for b, p in zip(r["seen"][epoch]["ids"], r["seen"][epoch]["pads"], strict=False)
+            for i, pad in zip(b, p, strict=False)
+            if not pad
+        ]
         assert sorted(real) == list(range(62))  # disjoint and complete
         total = sum(len(b) for r in ranks for b in r["seen"][epoch]["ids"])
         assert total - 62 == ranks[0]["padded"]  # padding is exactly what the report says

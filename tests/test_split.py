@@ -54,20 +54,24 @@ def test_fixed_batches_are_full_and_cover(n, b, uneven):
 
 
 @settings(max_examples=300)
-@given(st.integers(0, 120), st.integers(0, 120), st.integers(1, 9), st.sampled_from(["pad", "drop"]))
+@given(
+    st.integers(0, 120), st.integers(0, 120), st.integers(1, 9), st.sampled_from(["pad", "drop"])
+)
 def test_rank_slots_exactly_once_and_equal(m, start, world, uneven):
     start = min(start, m)
     per_rank = [rank_slots(m, start, r, world, uneven) for r in range(world)]
     steps = {p.steps_per_rank for p in per_rank}
     assert len(steps) == 1 and all(len(p.slots) == p.steps_per_rank for p in per_rank)
-    real = sorted(int(s) for p in per_rank for s, k in zip(p.slots, p.seeds) if k < m)
+    real = sorted(int(s) for p in per_rank for s, k in zip(p.slots, p.seeds, strict=False) if k < m)
     remaining = list(range(start, m))
     if uneven == "pad":
         assert real == remaining  # every remaining batch exactly once, plus padding
         padding = sum(int((p.seeds >= m).sum()) for p in per_rank)
         assert padding == per_rank[0].padded_batches < world
     else:
-        assert real == remaining[: len(real)] and len(real) == m - start - per_rank[0].dropped_batches
+        assert (
+            real == remaining[: len(real)] and len(real) == m - start - per_rank[0].dropped_batches
+        )
         assert per_rank[0].dropped_batches < world
     seeds = [int(k) for p in per_rank for k in p.seeds]
     assert len(set(seeds)) == len(seeds)  # every step seeds its augmentation differently
@@ -79,10 +83,10 @@ def test_elastic_resume_covers_every_batch_once(m, w1, w2, steps_before):
     """Run k steps at world W1, then resume at W2: together every batch exactly once."""
     first = [rank_slots(m, 0, r, w1, "pad") for r in range(w1)]
     k = min(steps_before, first[0].steps_per_rank)
-    seen = [int(s) for p in first for s, sd in zip(p.slots[:k], p.seeds[:k]) if sd < m]
+    seen = [int(s) for p in first for s, sd in zip(p.slots[:k], p.seeds[:k], strict=True) if sd < m]
     start = min(k * w1, m)
     second = [rank_slots(m, start, r, w2, "pad") for r in range(w2)]
-    seen += [int(s) for p in second for s, sd in zip(p.slots, p.seeds) if sd < m]
+    seen += [int(s) for p in second for s, sd in zip(p.slots, p.seeds, strict=False) if sd < m]
     assert sorted(seen) == list(range(m))
 
 

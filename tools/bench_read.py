@@ -16,6 +16,7 @@ Medians over ``--repeat`` runs; machines are noisy, so compare ratios within one
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -47,14 +48,22 @@ def make_images(n: int, seed: int = 0) -> list[tuple[str, bytes, int]]:
     for i, size in enumerate(sizes):
         off = int(rng.integers(0, 4096))
         label = i * 10 // n
-        out.append((f"c{label}/{i:07d}", b"\xff\xd8" + blob[off : off + size] + i.to_bytes(4, "little"), label))
+        out.append(
+            (
+                f"c{label}/{i:07d}",
+                b"\xff\xd8" + blob[off : off + size] + i.to_bytes(4, "little"),
+                label,
+            )
+        )
     return out
 
 
 def make_docs(n: int, seed: int = 1) -> list[tuple[str, bytes, int]]:
     """JSONL documents with lognormal lengths (median ~1 KB of text)."""
     rng = np.random.default_rng(seed)
-    words = [w.encode() for w in "the of and to in data loader shard batch worker model train".split()]
+    words = [
+        w.encode() for w in "the of and to in data loader shard batch worker model train".split()
+    ]
     lengths = np.clip(rng.lognormal(np.log(180), 0.9, n), 5, 20_000).astype(int)
     out = []
     for i, length in enumerate(lengths):
@@ -67,7 +76,9 @@ def make_docs(n: int, seed: int = 1) -> list[tuple[str, bytes, int]]:
 # ----------------------------------------------------------------------------------- writers
 
 
-def write_shardloader(samples, out: str, ext: str, compression: str = "zstd", per_shard: int = 0) -> None:
+def write_shardloader(
+    samples, out: str, ext: str, compression: str = "zstd", per_shard: int = 0
+) -> None:
     per_shard = per_shard or max(1, len(samples) // 32)
     fields = {ext: FieldInfo("bytes"), "cls": FieldInfo("int")}
     shards = []
@@ -83,8 +94,17 @@ def write_shardloader(samples, out: str, ext: str, compression: str = "zstd", pe
         idx = ws.index.to_arrow_bytes()
         with open(os.path.join(out, f"shard-{n:05d}.idx.arrow"), "wb") as f:
             f.write(idx)
-        shards.append(ShardInfo(name, ws.num_samples, ws.bytes, ws.raw_bytes, ws.sha256,
-                                f"shard-{n:05d}.idx.arrow", hashlib.sha256(idx).hexdigest()))
+        shards.append(
+            ShardInfo(
+                name,
+                ws.num_samples,
+                ws.bytes,
+                ws.raw_bytes,
+                ws.sha256,
+                f"shard-{n:05d}.idx.arrow",
+                hashlib.sha256(idx).hexdigest(),
+            )
+        )
     with open(os.path.join(out, "index.json"), "wb") as f:
         f.write(Manifest("tar", compression, fields, shards).to_json())
 
@@ -107,8 +127,14 @@ def write_litdata(samples, out: str, ext: str) -> None:
     from litdata import optimize
 
     items = [{"key": k, ext: d, "cls": c} for k, d, c in samples]
-    optimize(fn=_litdata_item, inputs=items, output_dir=out, chunk_bytes="64MB", num_workers=1,
-             mode="overwrite")
+    optimize(
+        fn=_litdata_item,
+        inputs=items,
+        output_dir=out,
+        chunk_bytes="64MB",
+        num_workers=1,
+        mode="overwrite",
+    )
 
 
 def _stub_streaming_extras() -> None:
@@ -123,8 +149,12 @@ def _stub_streaming_extras() -> None:
 def write_mosaic(samples, out: str, ext: str) -> None:
     from streaming.base import MDSWriter
 
-    with MDSWriter(out=out, columns={"key": "str", ext: "bytes", "cls": "int"}, compression="zstd",
-                   size_limit="64mb") as w:
+    with MDSWriter(
+        out=out,
+        columns={"key": "str", ext: "bytes", "cls": "int"},
+        compression="zstd",
+        size_limit="64mb",
+    ) as w:
         for key, data, label in samples:
             w.write({"key": key, ext: data, "cls": label})
 
@@ -132,8 +162,13 @@ def write_mosaic(samples, out: str, ext: str) -> None:
 def write_hf(samples, out: str, ext: str) -> None:
     import datasets
 
-    ds = datasets.Dataset.from_dict({"key": [k for k, _, _ in samples], ext: [d for _, d, _ in samples],
-                                     "cls": [c for _, _, c in samples]})
+    ds = datasets.Dataset.from_dict(
+        {
+            "key": [k for k, _, _ in samples],
+            ext: [d for _, d, _ in samples],
+            "cls": [c for _, _, c in samples],
+        }
+    )
     ds.save_to_disk(out)
 
 
@@ -187,23 +222,31 @@ def loader_for(system: str, where, ext: str, workers: int, batch: int):
 
     kw = dict(num_workers=workers, persistent_workers=False)
     if workers:
+        # the same start method for everyone: an imported peer may switch the default to spawn
         kw["prefetch_factor"] = 4
+        kw["multiprocessing_context"] = "fork"
     if system == "shardloader":
-        ds = sl.ShardedDataset(where, batch_size=batch, shuffle=True, decoder=None,
-                               collate_fn=_collate_list)
+        ds = sl.ShardedDataset(
+            where, batch_size=batch, shuffle=True, decoder=None, collate_fn=_collate_list
+        )
         return sl.make_loader(ds, **kw)
     if system == "webdataset":
         import webdataset as wds
 
-        ds = (wds.WebDataset(where, shardshuffle=False, nodesplitter=wds.split_by_node,
-                             workersplitter=wds.split_by_worker, empty_check=False)
-              .batched(batch, collation_fn=_collate_list))
+        ds = wds.WebDataset(
+            where,
+            shardshuffle=False,
+            nodesplitter=wds.split_by_node,
+            workersplitter=wds.split_by_worker,
+            empty_check=False,
+        ).batched(batch, collation_fn=_collate_list)
         return DataLoader(ds, batch_size=None, **kw)
     if system == "litdata":
         from litdata import StreamingDataLoader, StreamingDataset
 
-        return StreamingDataLoader(StreamingDataset(where, shuffle=True), batch_size=batch,
-                                   collate_fn=_collate_list, **kw)
+        return StreamingDataLoader(
+            StreamingDataset(where, shuffle=True), batch_size=batch, collate_fn=_collate_list, **kw
+        )
     if system == "mosaicml":
         from streaming.base import StreamingDataset
 
@@ -211,11 +254,13 @@ def loader_for(system: str, where, ext: str, workers: int, batch: int):
         ds = StreamingDataset(local=where, shuffle=True, batch_size=batch)
         return DataLoader(ds, batch_size=batch, collate_fn=_collate_list, **kw)
     if system == "hf-datasets":
-        return DataLoader(HFDataset(where), batch_size=batch, shuffle=True,
-                          collate_fn=_collate_list, **kw)
+        return DataLoader(
+            HFDataset(where), batch_size=batch, shuffle=True, collate_fn=_collate_list, **kw
+        )
     if system == "files":
-        return DataLoader(FilesDataset(where), batch_size=batch, shuffle=True,
-                          collate_fn=_collate_list, **kw)
+        return DataLoader(
+            FilesDataset(where), batch_size=batch, shuffle=True, collate_fn=_collate_list, **kw
+        )
     raise ValueError(system)
 
 
@@ -268,7 +313,9 @@ class Result:
     samples: int
 
 
-def measure(make: Callable[[], Iterable], payload_key: str | None) -> tuple[float, float, int, int, float]:
+def measure(
+    make: Callable[[], Iterable], payload_key: str | None
+) -> tuple[float, float, int, int, float]:
     with PeakRSS() as rss:
         t0 = time.perf_counter()
         it = iter(make())
@@ -287,14 +334,18 @@ def measure(make: Callable[[], Iterable], payload_key: str | None) -> tuple[floa
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--images", type=int, default=20000)
     ap.add_argument("--docs", type=int, default=200000)
     ap.add_argument("--workers", default="0,2")
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--work", default="bench-out/read")
-    ap.add_argument("--systems", default="shardloader,webdataset,litdata,mosaicml,hf-datasets,files")
+    ap.add_argument(
+        "--systems", default="shardloader,webdataset,litdata,mosaicml,hf-datasets,files"
+    )
     ap.add_argument("--json", help="write results here")
     args = ap.parse_args()
     workers = [int(w) for w in args.workers.split(",")]
@@ -342,23 +393,42 @@ def main() -> None:
                 where[system] = out
             elif system == "files":
                 where[system] = write_files(samples, out, ext)
-            print(f"wrote {corpus} for {system} in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
+            print(
+                f"wrote {corpus} for {system} in {time.perf_counter() - t0:.1f}s", file=sys.stderr
+            )
         for w in workers:
             for system in where:
                 runs = []
                 for _ in range(args.repeat):
-                    runs.append(measure(lambda: loader_for(system, where[system], ext, w, args.batch_size), ext))
+                    make = functools.partial(
+                        loader_for, system, where[system], ext, w, args.batch_size
+                    )
+                    runs.append(measure(make, ext))
                 el = statistics.median(r[0] for r in runs)
                 r0 = runs[0]
-                results.append(Result(system, corpus, w, r0[2] / el, r0[3] / el / 1e6,
-                                      statistics.median(r[1] for r in runs),
-                                      max(r[4] for r in runs), r0[2]))
-                print(f"{corpus:6s} {system:12s} workers={w} {results[-1].samples_s:10.0f} samples/s",
-                      file=sys.stderr)
+                results.append(
+                    Result(
+                        system,
+                        corpus,
+                        w,
+                        r0[2] / el,
+                        r0[3] / el / 1e6,
+                        statistics.median(r[1] for r in runs),
+                        max(r[4] for r in runs),
+                        r0[2],
+                    )
+                )
+                print(
+                    f"{corpus:6s} {system:12s} workers={w} {results[-1].samples_s:10.0f} samples/s",
+                    file=sys.stderr,
+                )
         if "shardloader" in where:
             results_resume = resume_times(where["shardloader"], args.batch_size, args.repeat)
-            print(f"{corpus}: shardloader time to first batch fresh {results_resume[0]*1e3:.0f} ms, "
-                  f"resumed at 90% {results_resume[1]*1e3:.0f} ms")
+            print(
+                f"{corpus}: shardloader time to first batch fresh "
+                f"{results_resume[0] * 1e3:.0f} ms, "
+                f"resumed at 90% {results_resume[1] * 1e3:.0f} ms"
+            )
     print_table(results)
     if args.images:
         print_shuffle_quality(args.images, args.batch_size, os.path.join(args.work, "shuffle"))
@@ -371,8 +441,9 @@ def resume_times(path: str, batch: int, repeat: int) -> tuple[float, float]:
     fresh, resumed = [], []
     for _ in range(repeat):
         for target, pos_frac in ((fresh, 0.0), (resumed, 0.9)):
-            ds = sl.ShardedDataset(path, batch_size=batch, shuffle=True, decoder=None,
-                                   collate_fn=_collate_list)
+            ds = sl.ShardedDataset(
+                path, batch_size=batch, shuffle=True, decoder=None, collate_fn=_collate_list
+            )
             loader = sl.make_loader(ds, num_workers=2)
             state = loader.state_dict()
             state["position"] = int(len(ds) * pos_frac)
@@ -385,7 +456,10 @@ def resume_times(path: str, batch: int, repeat: int) -> tuple[float, float]:
 
 
 def print_table(results: list[Result]) -> None:
-    print("\n| corpus | system | workers | samples/s | MB/s | first batch (s) | peak RSS (MB) | vs best peer |")
+    print(
+        "\n| corpus | system | workers | samples/s | MB/s | first batch (s) | peak RSS (MB) "
+        "| vs best peer |"
+    )
     print("|---|---|---:|---:|---:|---:|---:|---:|")
     for corpus in dict.fromkeys(r.corpus for r in results):
         for w in dict.fromkeys(r.workers for r in results):
@@ -393,8 +467,10 @@ def print_table(results: list[Result]) -> None:
             peers = [r.samples_s for r in rows if r.system != "shardloader"]
             best = max(peers) if peers else float("nan")
             for r in sorted(rows, key=lambda r: -r.samples_s):
-                print(f"| {corpus} | {r.system} | {w} | {r.samples_s:,.0f} | {r.mb_s:,.0f} | "
-                      f"{r.ttfb_s:.2f} | {r.peak_rss_mb:,.0f} | {r.samples_s / best:.2f}x |")
+                print(
+                    f"| {corpus} | {r.system} | {w} | {r.samples_s:,.0f} | {r.mb_s:,.0f} | "
+                    f"{r.ttfb_s:.2f} | {r.peak_rss_mb:,.0f} | {r.samples_s / best:.2f}x |"
+                )
 
 
 def class_mix(labels_per_batch: list[list[int]]) -> float:
@@ -415,18 +491,32 @@ def print_shuffle_quality(n: int, batch: int, work: str) -> None:
     rng = np.random.default_rng(0)
     perm = np.array([s[2] for s in samples])[rng.permutation(n)]
     ideal = class_mix([perm[i : i + batch].tolist() for i in range(0, n - batch + 1, batch)])
-    print(f"\nShuffle quality on class-sorted data ({n} samples, 10 classes, batches of {batch}): "
-          f"distinct classes per batch (global shuffle = {ideal:.2f})")
+    print(
+        f"\nShuffle quality on class-sorted data ({n} samples, 10 classes, batches of {batch}): "
+        f"distinct classes per batch (global shuffle = {ideal:.2f})"
+    )
     print("| samples held | shardloader block shuffle | webdataset shardshuffle + buffer |")
     print("|---:|---:|---:|")
     for held in (1000, 5000, n):
-        ds = sl.ShardedDataset(os.path.join(work, "sl"), batch_size=batch, collate_fn=_collate_list,
-                               shuffle=sl.ShuffleOptions(True, block=held), uneven="drop")
+        ds = sl.ShardedDataset(
+            os.path.join(work, "sl"),
+            batch_size=batch,
+            collate_fn=_collate_list,
+            shuffle=sl.ShuffleOptions(True, block=held),
+            uneven="drop",
+        )
         ours = class_mix([[s["cls"] for s in b] for b in sl.make_loader(ds)])
-        pipe = (wds.WebDataset(urls, shardshuffle=100, empty_check=False, seed=0)
-                .shuffle(held, initial=held).batched(batch, partial=False))
-        theirs = class_mix([[int(c) for c in b["cls"]] if isinstance(b, dict) else [int(s[1]) for s in b]
-                            for b in (_labels(x) for x in pipe)])
+        pipe = (
+            wds.WebDataset(urls, shardshuffle=100, empty_check=False, seed=0)
+            .shuffle(held, initial=held)
+            .batched(batch, partial=False)
+        )
+        theirs = class_mix(
+            [
+                [int(c) for c in b["cls"]] if isinstance(b, dict) else [int(s[1]) for s in b]
+                for b in (_labels(x) for x in pipe)
+            ]
+        )
         print(f"| {held} | {ours:.2f} | {theirs:.2f} |")
 
 

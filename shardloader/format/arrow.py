@@ -62,8 +62,9 @@ class ArrowShardWriter:
         if codec == "gzip":
             raise ShardError("arrow shards support compression 'zstd' or 'none', not 'gzip'")
         options = pa.ipc.IpcWriteOptions(compression=codec)
-        self._writer = pa.ipc.new_file(pa.PythonFile(self._out, mode="w"), self._schema,
-                                       options=options)
+        self._writer = pa.ipc.new_file(
+            pa.PythonFile(self._out, mode="w"), self._schema, options=options
+        )
         self._rows: list[Sample] = []
         self._pending = 0
         self._keys: list[str] = []
@@ -120,7 +121,7 @@ def _rows(batch: pa.RecordBatch) -> Iterator[Sample]:
     cols = [batch.column(n) for n in names]
     for r, key in enumerate(keys):
         fields = {}
-        for name, col in zip(names, cols):
+        for name, col in zip(names, cols, strict=False):
             value = col[r].as_py()
             if value is not None:
                 fields[name] = value
@@ -159,7 +160,9 @@ class ArrowShardReader:
         self._index = index
         self._mmap = pa.memory_map(local_path)
         self._reader = _open(self._mmap, where)
-        counts = [self._reader.get_batch(b).num_rows for b in range(self._reader.num_record_batches)]
+        counts = [
+            self._reader.get_batch(b).num_rows for b in range(self._reader.num_record_batches)
+        ]
         self._starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         self._cached: tuple[int, list[Sample]] | None = None
         if self._starts[-1] != len(index):

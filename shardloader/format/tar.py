@@ -12,6 +12,8 @@ from __future__ import annotations
 import gzip
 import hashlib
 import io
+import mmap
+import os
 import tarfile
 from collections.abc import Iterator, Mapping
 from typing import BinaryIO
@@ -106,7 +108,11 @@ class TarShardWriter:
             self._compressor = cctx.stream_writer(self._out, closefd=False)  # type: ignore[arg-type]
         elif compression == "gzip":
             self._compressor = gzip.GzipFile(
-                filename="", mode="wb", fileobj=self._out, mtime=0, compresslevel=_GZIP_LEVEL  # type: ignore[arg-type]
+                filename="",
+                mode="wb",
+                fileobj=self._out,
+                mtime=0,
+                compresslevel=_GZIP_LEVEL,  # type: ignore[arg-type]
             )
         elif compression == "none":
             self._compressor = None
@@ -224,9 +230,7 @@ def _parse_header(header: bytes, where: str) -> tuple[str, int, bytes]:
     return name.decode("utf-8", "surrogateescape"), size, header[156:157]
 
 
-def _iter_members(
-    f: BinaryIO, where: str, require_end: bool = True
-) -> Iterator[tuple[str, bytes]]:
+def _iter_members(f: BinaryIO, where: str, require_end: bool = True) -> Iterator[tuple[str, bytes]]:
     """Yield (name, data) of regular files; raise ShardError on any malformation.
 
     A whole shard ends with a zero block; a single sample's bytes (``require_end=False``) don't.
@@ -308,54 +312,74 @@ def stage_tar(src: BinaryIO, dst: BinaryIO, compression: str, where: str) -> int
         raise ShardError(f"{where}: cannot decompress shard ({err})") from err
 
 
-def _fields_in(blob: bytes, key: str, where: str) -> dict[str, bytes] | None:
-    """Fast path for one sample of plain ustar members named ``key.ext``.
+def _fields_in(buf: mmap.mmap | bytes, start: int, end: int, key: str) -> dict[str, bytes] | None:
+    """Fast path for one sample of plain ustar members named ``key.ext``, read in place.
 
-    Returns None when anything unusual appears (pax/GNU headers, another key), so the caller
-    falls back to the general parser, which also produces the precise error.
+    Header checksums are not recomputed here: staged shards were verified whole against the
+    manifest's SHA-256, and any header that does not look like ours (pax/GNU records, another
+    key, a non-octal size) returns None, so the caller falls back to the general parser, which
+    also produces the precise error.
     """
     fields: dict[str, bytes] = {}
-    prefix = key + "."
-    pos, end = 0, len(blob)
+    prefix = (key + ".").encode("utf-8", "surrogateescape")
+    plen = len(prefix)
+    pos = start
     while pos < end:
-        name, size, kind = _parse_header(blob[pos : pos + BLOCK], where)
-        if kind not in (b"0", b"\0") or not name.startswith(prefix):
+        if buf[pos + 156 : pos + 157] not in (b"0", b"\0") or buf[pos : pos + plen] != prefix:
             return None
-        ext = name[len(prefix) :]
-        if "/" in ext or ext in fields:
+        name_end = buf.find(b"\0", pos, pos + 100)
+        ext = buf[pos + plen : name_end if name_end >= 0 else pos + 100]
+        try:
+            size = int(buf[pos + 124 : pos + 135], 8)
+        except ValueError:
             return None
-        start = pos + BLOCK
-        fields[ext] = blob[start : start + size]
-        pos = start + size + (-size % BLOCK)
-    return fields
+        if not ext or b"/" in ext:
+            return None
+        data_start = pos + BLOCK
+        name = ext.decode("utf-8", "surrogateescape")
+        if name in fields:
+            return None
+        fields[name] = buf[data_start : data_start + size]
+        pos = data_start + size + (-size % BLOCK)
+    return fields if pos == end else None
 
 
 class TarShardReader:
-    """Random access to samples of an uncompressed local tar via its sample index."""
+    """Random access to samples of an uncompressed local tar via its sample index.
+
+    The file is memory-mapped: a sample costs slices of the page cache, no seek/read calls.
+    """
 
     def __init__(self, local_path: str, index: SampleIndex, where: str) -> None:
         self._f = open(local_path, "rb")  # noqa: SIM115 - closed in close()
-        self._index = index
+        size = os.fstat(self._f.fileno()).st_size
+        self._map = mmap.mmap(self._f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
+        self._size = size
+        self._offsets = index.offsets.tolist()
+        self._sizes = index.sizes.tolist()
+        self._keys = index.keys
         self._where = where
 
     def read(self, i: int) -> Sample:
-        offset, size = int(self._index.offsets[i]), int(self._index.sizes[i])
-        self._f.seek(offset)
-        blob = self._f.read(size)
-        key = self._index.keys[i]
-        if len(blob) != size:
+        offset, size = self._offsets[i], self._sizes[i]
+        key = self._keys[i]
+        if offset + size > self._size:
             raise ShardError(f"{self._where}: truncated shard: sample {key!r} is cut short")
-        fields = _fields_in(blob, key, self._where)
-        if fields is None:
-            samples = list(_iter_samples(_iter_members(io.BytesIO(blob), self._where, False),
-                                         self._where))
-            if len(samples) != 1 or samples[0][0] != key:
-                raise ShardError(
-                    f"{self._where}: sample index says {key!r} at byte {offset}, found "
-                    f"{[k for k, _ in samples]}; the shard and its .idx.arrow sidecar do not match"
-                )
-            return samples[0]
-        return key, fields
+        fields = _fields_in(self._map, offset, offset + size, key)
+        if fields is not None:
+            return key, fields
+        blob = self._map[offset : offset + size]
+        samples = list(
+            _iter_samples(_iter_members(io.BytesIO(blob), self._where, False), self._where)
+        )
+        if len(samples) != 1 or samples[0][0] != key:
+            raise ShardError(
+                f"{self._where}: sample index says {key!r} at byte {offset}, found "
+                f"{[k for k, _ in samples]}; the shard and its .idx.arrow sidecar do not match"
+            )
+        return samples[0]
 
     def close(self) -> None:
+        if isinstance(self._map, mmap.mmap):
+            self._map.close()
         self._f.close()

@@ -5,6 +5,7 @@ mapping; filesystems are created lazily in each process (a dataset pickles cheap
 DataLoader workers).
 """
 
+from shardloader.storage.fetch import fetch_shard
 from shardloader.storage.fs import (
     exists,
     filesystem,
@@ -18,8 +19,6 @@ from shardloader.storage.fs import (
     remove,
     write_bytes_atomic,
 )
-
-from shardloader.storage.fetch import fetch_shard
 from shardloader.storage.retry import RetryPolicy, call_with_retries
 
 __all__ = [
