@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import gc
 import json
 import os
 import shutil
@@ -364,10 +365,11 @@ def main() -> None:
         available.append(s)
 
     results: list[Result] = []
-    corpora = {"images": (make_images(args.images), "jpg"), "docs": (make_docs(args.docs), "json")}
-    for corpus, (samples, ext) in corpora.items():
-        if not samples:
+    makers = {"images": (make_images, args.images, "jpg"), "docs": (make_docs, args.docs, "json")}
+    for corpus, (maker, count, ext) in makers.items():
+        if not count:
             continue
+        samples = maker(count)
         base = os.path.join(args.work, corpus)
         where = {}
         for system in available:
@@ -396,6 +398,10 @@ def main() -> None:
             print(
                 f"wrote {corpus} for {system} in {time.perf_counter() - t0:.1f}s", file=sys.stderr
             )
+        # Measure from a lean process: DataLoader workers fork from this one, and a parent
+        # holding the whole corpus in Python objects makes every fork (every system's) slower.
+        del samples
+        gc.collect()
         for w in workers:
             for system in where:
                 runs = []
