@@ -19,7 +19,14 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 
 from fault_proxy import FaultProxy  # noqa: E402
+from hypothesis import settings as hypothesis_settings  # noqa: E402
 from s3_server import MotoServer  # noqa: E402
+
+# Hypothesis: no per-example deadline (a shared 2-core CI machine is slow at random moments);
+# under CI the examples are derandomized, so a run is reproducible and a failure reruns the same.
+hypothesis_settings.register_profile("default", deadline=None)
+hypothesis_settings.register_profile("ci", deadline=None, derandomize=True)
+hypothesis_settings.load_profile("ci" if os.environ.get("CI") else "default")
 
 _LOOPBACK_ENV = {
     "AWS_ACCESS_KEY_ID": "testing",
