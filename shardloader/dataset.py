@@ -264,7 +264,7 @@ class ShardedDataset(IterableDataset):  # type: ignore[type-arg]
             upcoming = _first_needed(batch_shards)
             ahead = 0
             for j, (slot, seed_index) in enumerate(zip(slots, seeds, strict=False)):
-                ahead = _advance_readahead(shards, upcoming, batch_shards, j, ahead)
+                ahead = _advance_readahead(shards, upcoming, j, ahead)
                 ids = plan.batches[int(slot)]
                 seed_global_rngs(derive_seed(self.seed, epoch, int(seed_index)))
                 pads = _pad_mask(plan, int(slot), int(seed_index), len(ids))
@@ -347,9 +347,6 @@ class ShardedDataset(IterableDataset):  # type: ignore[type-arg]
                 )
         return dict(sample)
 
-    def __getstate__(self) -> dict[str, Any]:
-        return dict(self.__dict__)
-
 
 def _pad_mask(plan: _Plan, slot: int, seed_index: int, n: int) -> np.ndarray:
     mask = np.zeros(n, bool)
@@ -375,7 +372,6 @@ def _first_needed(batch_shards: list[np.ndarray]) -> list[tuple[int, int]]:
 def _advance_readahead(
     shards: ShardSet,
     upcoming: list[tuple[int, int]],
-    batch_shards: list[np.ndarray],
     step: int,
     ahead: int,
 ) -> int:

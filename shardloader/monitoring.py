@@ -29,6 +29,7 @@ from typing import Any, Generic, Literal, TypeVar, overload
 from shardloader.errors import UsageError
 
 __all__ = [
+    "all_ranks",
     "DATA_BOUND_ABOVE",
     "COMPUTE_BOUND_BELOW",
     "Monitor",
@@ -263,3 +264,22 @@ def monitor(
     if not enabled:
         return iter(loader)
     return Monitor(loader, interval=interval, logger=logger, callback=callback)
+
+
+def all_ranks(stats: MonitorStats) -> MonitorStats:
+    """The stats summed over every rank of the initialised process group (the whole job's
+    share of time spent waiting); the stats unchanged outside ``torch.distributed``."""
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return stats
+    totals = torch.tensor(
+        [stats.data_wait_s, stats.step_s, stats.timed_batches, stats.batches], dtype=torch.float64
+    )
+    dist.all_reduce(totals)
+    first = torch.tensor([stats.first_batch_s or 0.0], dtype=torch.float64)
+    dist.all_reduce(first, op=dist.ReduceOp.MAX)
+    return MonitorStats(
+        int(totals[3]), int(totals[2]), float(totals[0]), float(totals[1]), float(first[0])
+    )

@@ -152,3 +152,8 @@ def test_over_a_real_loader(tmp_path):
     assert s.batches == 10 and d["data_share"] + d["step_share"] == 1.0
     assert d["first_batch_s"] > 0 and d["data_wait_s"] >= 0 and d["step_s"] >= 0
     assert "data-bound share" in s.summary()
+
+
+def test_all_ranks_is_identity_outside_distributed():
+    stats = mon.MonitorStats(5, 4, 0.2, 0.6, 0.1)
+    assert mon.all_ranks(stats) is stats

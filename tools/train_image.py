@@ -27,7 +27,7 @@ import torch.distributed as dist
 from torch import nn
 
 import shardloader as sl
-from shardloader.monitoring import MonitorStats, monitor
+from shardloader.monitoring import all_ranks, monitor
 
 log = logging.getLogger("train_image")
 
@@ -92,18 +92,6 @@ def setup_distributed() -> tuple[int, int]:
     return 0, 1
 
 
-def overall(stats: MonitorStats, world: int) -> MonitorStats:
-    """The stats summed over ranks (the share of the whole job's time spent waiting)."""
-    if world == 1:
-        return stats
-    t = torch.tensor([stats.data_wait_s, stats.step_s, stats.timed_batches, stats.batches],
-                     dtype=torch.float64)
-    dist.all_reduce(t)
-    first = torch.tensor([stats.first_batch_s or 0.0], dtype=torch.float64)
-    dist.all_reduce(first, op=dist.ReduceOp.MAX)
-    return MonitorStats(int(t[3]), int(t[2]), float(t[0]), float(t[1]), float(first[0]))
-
-
 def make_loader(args: argparse.Namespace, rank: int, world: int) -> tuple[Any, Any, int]:
     """(loader, dataset or None, number of classes)."""
     if args.remote:
@@ -166,7 +154,7 @@ def train(args: argparse.Namespace) -> int:
             if step >= args.steps:
                 break
         epoch += 1
-    total = overall(timed.stats(), world)
+    total = all_ranks(timed.stats())
     if rank == 0:
         where = f" (all {world} ranks)" if world > 1 else ""
         print(f"{total.summary()}{where}", flush=True)

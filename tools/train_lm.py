@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import shardloader as sl
-from shardloader.monitoring import MonitorStats, monitor
+from shardloader.monitoring import all_ranks, monitor
 
 IGNORE = -100
 
@@ -78,17 +78,6 @@ def setup_distributed() -> tuple[int, int]:
         dist.init_process_group("gloo")
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
-
-
-def overall(stats: MonitorStats, world: int) -> MonitorStats:
-    if world == 1:
-        return stats
-    t = torch.tensor([stats.data_wait_s, stats.step_s, stats.timed_batches, stats.batches],
-                     dtype=torch.float64)
-    dist.all_reduce(t)
-    first = torch.tensor([stats.first_batch_s or 0.0], dtype=torch.float64)
-    dist.all_reduce(first, op=dist.ReduceOp.MAX)
-    return MonitorStats(int(t[3]), int(t[2]), float(t[0]), float(t[1]), float(first[0]))
 
 
 def vocab_size(manifest: sl.Manifest, given: int) -> int:
@@ -145,7 +134,7 @@ def train(args: argparse.Namespace) -> int:
             if step >= args.steps:
                 break
         epoch += 1
-    total = overall(timed.stats(), world)
+    total = all_ranks(timed.stats())
     if rank == 0:
         fill = tokens / (step * args.rows * args.seq_len)
         where = f" (all {world} ranks)" if world > 1 else ""
