@@ -7,7 +7,7 @@ from click.testing import CliRunner
 from helpers import write_dataset
 
 from shardloader.cli import main
-from shardloader.service.commands import load_pipeline
+from shardloader.service.pipeline import load_pipeline
 from shardloader.service.server import ServeOptions, is_loopback
 
 TOKEN = "a-token-that-is-long-enough-123"
