@@ -64,6 +64,8 @@ def test_import_shardloader_and_its_cli_is_light(tmp_path):
         (["inspect", "--help"], 0, "--json"),
         (["bench", "--help"], 0, "--tolerance"),
         (["serve", "--help"], 0, "--token-file"),
+        (["cache", "--help"], 0, "clear"),
+        (["cache", "clear", "--help"], 0, "FINGERPRINT"),
         (["pack"], 2, "Missing argument 'SRC'"),
         (["pack", "a", "b", "--format", "zip"], 2, "'zip' is not one of"),
         (["bench", "x", "--tolerance", "2"], 2, "--tolerance"),
@@ -84,7 +86,7 @@ def test_the_installed_command_answers_help(tmp_path):
     done = subprocess.run([*argv, "--help"], capture_output=True, text=True, timeout=120,
                           check=False)
     assert done.returncode == 0, done.stderr
-    for command in ("pack", "merge", "index", "inspect", "verify", "bench", "serve"):
+    for command in ("pack", "merge", "index", "inspect", "verify", "bench", "serve", "cache"):
         assert f"  {command} " in done.stdout, command
 
 
@@ -94,10 +96,13 @@ def test_option_defaults_copied_into_the_cli_agree_with_the_library():
 
     from shardloader import bench, pack
     from shardloader.cli import bench as bench_cli
+    from shardloader.cli import cache as cache_cli
     from shardloader.cli import pack as pack_cli
+    from shardloader.storage import cache
 
     discover = importlib.import_module("shardloader.pack.discover")  # pack.discover: a function
 
     assert pack_cli.DEFAULT_SHARD_SIZE == pack.DEFAULT_SHARD_SIZE
     assert pack_cli.LAYOUTS == discover.LAYOUTS
     assert bench_cli.DEFAULT_TOLERANCE == bench.DEFAULT_TOLERANCE
+    assert cache_cli.DIR_ENV == cache.DIR_ENV

@@ -3,11 +3,12 @@
     python tools/bench_cli.py [--runs 7]
 
 Each case starts a new process, as a user's shell does: ``shardloader --help``,
-``shardloader pack --help`` and a usage error (``shardloader pack`` without arguments); for
-reference, a bare ``python -c pass`` and ``python -c 'import torch'``.  Wall-clock medians, so
-a busy machine shows up as noise, not as a bias.  The goal is under 0.3 s for help and usage
-errors; tests check the cause instead of the time (tests/test_cli_imports.py: no torch, numpy
-or pyarrow imported for them).
+``shardloader pack --help``, a usage error (``shardloader pack`` without arguments) and
+``shardloader cache info`` (which imports the storage layer); for reference, a bare
+``python -c pass`` and ``python -c 'import torch'``.  Wall-clock medians, so a busy machine
+shows up as noise, not as a bias.  The goal is under 0.3 s for help and usage errors; tests
+check the cause instead of the time (tests/test_cli_imports.py: no torch, numpy or pyarrow
+imported for them).
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ def main() -> None:
             "shardloader --help": [*cli, "--help"],
             "shardloader pack --help": [*cli, "pack", "--help"],
             "shardloader pack (usage error)": [*cli, "pack"],
+            "shardloader cache info": [*cli, "cache", "info"],
         }
         print(f"{' '.join(cli)}: median of {args.runs} fresh runs each")
         for name, argv in cases.items():

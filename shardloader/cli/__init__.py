@@ -39,5 +39,6 @@ def main() -> None:
 # the library (torch, numpy, pyarrow, fsspec) when it runs, so `--help` and usage errors answer
 # at once.  tests/test_cli_imports.py checks it in fresh processes.
 from shardloader.cli import bench as _bench  # noqa: E402,F401
+from shardloader.cli import cache as _cache  # noqa: E402,F401
 from shardloader.cli import pack as _pack  # noqa: E402,F401
 from shardloader.cli import serve as _serve  # noqa: E402,F401
