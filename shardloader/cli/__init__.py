@@ -1,7 +1,8 @@
 """The ``shardloader`` command: thin commands over the library; errors become exit codes.
 
 ``ShardloaderError`` → exit 1 with its message; ``UsageError`` (and click's own usage errors)
-→ exit 2.  The library never prints or exits; only this package does.
+→ exit 2.  The library never exits and never prints, except the report line of ``monitor()``, an
+explicit channel with an off switch (``report=None``); only this package prints otherwise.
 """
 
 from __future__ import annotations
