@@ -200,3 +200,15 @@ def test_block_runs(block: Block, corpus: tuple[str, str], tmp_path):
         f"README.md line {block.line} ({block.section}) exited {done.returncode}:\n"
         f"{block.code}\n--- stdout\n{done.stdout[-2000:]}\n--- stderr\n{done.stderr[-4000:]}"
     )
+
+
+def test_the_layout_names_real_files():
+    """README's Layout block names modules and folders that exist (it once named monitor.py)."""
+    layout = [b for b in BLOCKS if b.section == "Layout"]
+    assert len(layout) == 1
+    names = re.findall(r"(?<![\w./])([a-z_]+(?:\.py|/))(?!\w)", layout[0].code)
+    assert len(names) >= 20
+    package = os.path.join(ROOT, "shardloader")
+    missing = [n for n in names if n != "shardloader/" and not os.path.exists(
+        os.path.join(package, n))]
+    assert missing == []
