@@ -1,7 +1,15 @@
-"""shardloader: pack raw files into verified shards and stream them into PyTorch."""
+"""shardloader: pack raw files into verified shards and stream them into PyTorch.
 
-from shardloader.codecs import Decoder
-from shardloader.dataset import EpochReport, ShardedDataset
+NOTE [lazy public names]: ``import shardloader`` imports nothing heavy (no torch, numpy,
+pyarrow): every public name resolves on first use through ``_EXPORTS`` (PEP 562), so the
+``shardloader`` command answers ``--help`` and usage errors without paying for torch.  The
+``TYPE_CHECKING`` block below names the same objects for mypy and IDEs;
+tests/test_public_api.py checks the table, ``__all__`` and that block agree.
+"""
+
+import importlib as _importlib
+import typing as _typing
+
 from shardloader.errors import (
     ChecksumError,
     DecodeError,
@@ -14,27 +22,69 @@ from shardloader.errors import (
     StorageError,
     UsageError,
 )
-from shardloader.loader import ShardLoader, make_loader
-from shardloader.manifest import Manifest, read_manifest
-from shardloader.monitoring import Monitor, MonitorStats, monitor
-from shardloader.service.client import RemoteLoader
-from shardloader.shards import ReadOptions
-from shardloader.shuffle import ShuffleOptions
-from shardloader.storage.cache import CacheOptions
-from shardloader.storage.retry import RetryPolicy
+
+if _typing.TYPE_CHECKING:
+    from shardloader.batching import BucketBatches, FixedBatches, PackedBatches, TokenBudgetBatches
+    from shardloader.codecs import Decoder
+    from shardloader.collate import DetectionCollate, PackCollate, PadCollate
+    from shardloader.dataset import EpochReport, ShardedDataset
+    from shardloader.loader import ShardLoader, make_loader
+    from shardloader.manifest import Manifest, read_manifest
+    from shardloader.monitoring import Monitor, MonitorStats, monitor
+    from shardloader.service.client import RemoteLoader
+    from shardloader.shards import ReadOptions
+    from shardloader.shuffle import ShuffleOptions
+    from shardloader.storage.cache import CacheOptions
+    from shardloader.storage.retry import RetryPolicy
+
+# public name -> the module that defines it (imported on first access)
+_EXPORTS = {
+    "BucketBatches": "shardloader.batching",
+    "FixedBatches": "shardloader.batching",
+    "PackedBatches": "shardloader.batching",
+    "TokenBudgetBatches": "shardloader.batching",
+    "Decoder": "shardloader.codecs",
+    "DetectionCollate": "shardloader.collate",
+    "PackCollate": "shardloader.collate",
+    "PadCollate": "shardloader.collate",
+    "EpochReport": "shardloader.dataset",
+    "ShardedDataset": "shardloader.dataset",
+    "ShardLoader": "shardloader.loader",
+    "make_loader": "shardloader.loader",
+    "Manifest": "shardloader.manifest",
+    "read_manifest": "shardloader.manifest",
+    "Monitor": "shardloader.monitoring",
+    "MonitorStats": "shardloader.monitoring",
+    "monitor": "shardloader.monitoring",
+    "RemoteLoader": "shardloader.service.client",
+    "ReadOptions": "shardloader.shards",
+    "ShuffleOptions": "shardloader.shuffle",
+    "CacheOptions": "shardloader.storage.cache",
+    "RetryPolicy": "shardloader.storage.retry",
+}
+
+# submodules reachable as attributes (``shardloader.collate.PadCollate``) without an import
+_SUBMODULES = ("batching", "bench", "codecs", "collate", "errors", "manifest", "monitoring",
+               "service", "storage", "vision")
 
 __all__ = [
+    "BucketBatches",
     "CacheOptions",
     "ChecksumError",
     "DecodeError",
     "Decoder",
+    "DetectionCollate",
     "EpochReport",
+    "FixedBatches",
     "InputError",
     "Manifest",
     "ManifestError",
     "Monitor",
     "MonitorStats",
     "OutputExistsError",
+    "PackCollate",
+    "PackedBatches",
+    "PadCollate",
     "ReadOptions",
     "RemoteLoader",
     "ResumeError",
@@ -45,6 +95,7 @@ __all__ = [
     "ShardloaderError",
     "ShuffleOptions",
     "StorageError",
+    "TokenBudgetBatches",
     "UsageError",
     "make_loader",
     "monitor",
@@ -52,3 +103,19 @@ __all__ = [
 ]
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> _typing.Any:
+    module = _EXPORTS.get(name)
+    if module is not None:
+        value = getattr(_importlib.import_module(module), name)
+    elif name in _SUBMODULES:
+        value = _importlib.import_module(f"{__name__}.{name}")
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__) | set(_SUBMODULES))

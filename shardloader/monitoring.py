@@ -13,22 +13,35 @@ The data-bound share is ``wait / (wait + step)``, read as the DataLoader article
 The first batch's wait (worker start-up, shard staging) is reported on its own as
 ``first_batch_s`` and left out of the shares, which describe the steady state.
 
+Every ``interval`` batches it reports the window since the last report as one line, to stderr
+by default, so a monitor put in the loop is visible without configuring logging::
+
+    shardloader.monitor: batch 400: waiting for data 12.3% (3.1 ms/batch), 210.4 batches/s, balanced
+
+This line is the library's one deliberate output channel (everything else goes through
+``logging``): ``report="log"`` sends it to the ``shardloader.monitoring`` logger at INFO
+instead, ``report=a_logger`` or ``report=a_stream`` elsewhere, and ``report=None`` switches it
+off (``callback=`` still gets every report).
+
 Disabled (``enabled=False``), ``monitor`` returns the loader's own iterator: the loop runs at
 exactly the speed it would without it.  Enabled, the cost is two ``perf_counter`` calls and a
-few additions per batch (``tools/bench_monitor.py`` measures it).
+few additions per batch (``tools/bench_monitor.py`` measures it); reports cost a formatted line
+once per ``interval``.
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, Generic, Literal, TypeVar, overload
+from typing import IO, Any, Generic, Literal, TypeVar, overload
 
 from shardloader.errors import UsageError
 
 __all__ = [
+    "Report",
     "all_ranks",
     "DATA_BOUND_ABOVE",
     "COMPUTE_BOUND_BELOW",
@@ -53,6 +66,10 @@ _ADVICE = {
 }
 
 T = TypeVar("T")
+
+# Where the periodic report line goes: "stderr" (the default), "log" (INFO on this module's
+# logger), a logging.Logger, a text stream, or None (no line; callback= still runs).
+Report = Literal["stderr", "log"] | logging.Logger | IO[str] | None
 
 _clock = time.perf_counter  # module attribute so tests can drive a fake clock
 
@@ -130,6 +147,20 @@ class MonitorStats:
             f"batches: waiting {self.data_wait_s:.2f}s, stepping {self.step_s:.2f}s{first}"
         )
 
+    def report_line(self, batch: int) -> str:
+        """The periodic report of this window, ending at ``batch`` (1-based)::
+
+        batch 400: waiting for data 12.3% (3.1 ms/batch), 210.4 batches/s, balanced
+        """
+        timed = max(self.timed_batches, 1)
+        total = self.data_wait_s + self.step_s
+        rate = f"{self.timed_batches / total:,.1f} batches/s" if total > 0 else "- batches/s"
+        first = f", first batch {self.first_batch_s:.2f}s" if self.first_batch_s is not None else ""
+        return (
+            f"batch {batch}: waiting for data {self.data_share:.1%} "
+            f"({self.data_wait_s / timed * 1e3:.1f} ms/batch), {rate}, {self.verdict}{first}"
+        )
+
 
 _EMPTY = MonitorStats(0, 0, 0.0, 0.0, None)
 
@@ -138,9 +169,10 @@ class Monitor(Generic[T]):
     """Iterable wrapper around a loader that accumulates data-wait and step times.
 
     Iterate it like the loader (again each epoch: totals accumulate across passes);
-    :meth:`stats` gives a snapshot at any time.  Every ``interval`` batches it logs a report
-    of the window since the last one (INFO on ``logger``) and calls ``callback`` with
-    ``{**window.as_dict(), "total": totals.as_dict()}``.
+    :meth:`stats` gives a snapshot at any time.  Every ``interval`` batches it writes a line
+    about the window since the last report to ``report`` (see :data:`Report`) and calls
+    ``callback`` with ``{**window.as_dict(), "total": totals.as_dict()}``.  ``logger=L`` is
+    kept as a shorthand for ``report=L``.
     """
 
     def __init__(
@@ -148,14 +180,23 @@ class Monitor(Generic[T]):
         loader: Iterable[T],
         *,
         interval: int = 100,
+        report: Report = "stderr",
         logger: logging.Logger | None = None,
         callback: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         if not isinstance(interval, int) or isinstance(interval, bool) or interval < 0:
             raise UsageError(f"interval must be a whole number of batches >= 0, got {interval!r}")
+        if logger is not None and report is not None:
+            report = logger
+        if report == "log":
+            report = log
+        if not (report is None or report == "stderr" or isinstance(report, logging.Logger)
+                or callable(getattr(report, "write", None))):
+            raise UsageError(f"report must be 'stderr', 'log', a logging.Logger, a text stream "
+                             f"or None, got {report!r}")
         self.loader = loader
         self.interval = interval
-        self.logger = logger if logger is not None else log
+        self.report = report
         self.callback = callback
         self._timed = 0
         self._wait = 0.0
@@ -219,10 +260,34 @@ class Monitor(Generic[T]):
         if not window.timed_batches:
             return  # only a first batch so far: nothing steady to report
         self._reported = total
-        if self.logger.isEnabledFor(logging.INFO):
-            self.logger.info("%s", window.summary())
+        report = self.report
+        if isinstance(report, logging.Logger):
+            if report.isEnabledFor(logging.INFO):
+                report.info("%s%s", _prefix(), window.report_line(total.batches))
+        elif report is not None:
+            # NOTE: the library's one print: an explicit, documented channel (report=None
+            # switches it off); sys.stderr is looked up now, so redirections apply.
+            stream = sys.stderr if report == "stderr" else report
+            try:
+                stream.write(f"{_prefix()}{window.report_line(total.batches)}\n")
+                stream.flush()
+            except (OSError, ValueError):  # a closed or broken stream must not stop training
+                pass
         if self.callback is not None:
             self.callback({**window.as_dict(), "total": total.as_dict()})
+
+
+def _prefix() -> str:
+    """``shardloader.monitor:``, with the rank under an initialised torch.distributed job."""
+    dist = sys.modules.get("torch.distributed")  # never imports torch itself
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            world = dist.get_world_size()
+            if world > 1:
+                return f"shardloader.monitor [rank {dist.get_rank()}/{world}]: "
+    except (RuntimeError, ValueError):
+        pass
+    return "shardloader.monitor: "
 
 
 @overload
@@ -230,6 +295,7 @@ def monitor(
     loader: Iterable[T],
     *,
     interval: int = ...,
+    report: Report = ...,
     logger: logging.Logger | None = ...,
     callback: Callable[[dict[str, Any]], None] | None = ...,
     enabled: Literal[True] = ...,
@@ -241,6 +307,7 @@ def monitor(
     loader: Iterable[T],
     *,
     interval: int = ...,
+    report: Report = ...,
     logger: logging.Logger | None = ...,
     callback: Callable[[dict[str, Any]], None] | None = ...,
     enabled: bool,
@@ -251,6 +318,7 @@ def monitor(
     loader: Iterable[T],
     *,
     interval: int = 100,
+    report: Report = "stderr",
     logger: logging.Logger | None = None,
     callback: Callable[[dict[str, Any]], None] | None = None,
     enabled: bool = True,
@@ -259,11 +327,13 @@ def monitor(
 
     ``for batch in shardloader.monitor(loader): ...``; keep the returned object to read
     ``.stats()`` (a :class:`MonitorStats`).  ``interval``: batches between reports (0: none).
+    ``report``: where each report's line goes: ``"stderr"`` (default), ``"log"`` (INFO on
+    ``shardloader.monitoring``), a ``logging.Logger``, a text stream, or ``None`` (off).
     ``enabled=False`` returns ``iter(loader)`` itself, so leaving the call in costs nothing.
     """
     if not enabled:
         return iter(loader)
-    return Monitor(loader, interval=interval, logger=logger, callback=callback)
+    return Monitor(loader, interval=interval, report=report, logger=logger, callback=callback)
 
 
 def all_ranks(stats: MonitorStats) -> MonitorStats:

@@ -68,6 +68,16 @@ def _loopback_only_env() -> Iterator[None]:
         yield
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _private_shard_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Datasets without an explicit cache folder stage into this session's own folder, never
+    into the user's ~/.cache/shardloader (worker processes inherit the variable)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SHARDLOADER_CACHE_DIR", str(tmp_path_factory.mktemp("shard-cache")))
+        mp.delenv("SHARDLOADER_CACHE_MAX_BYTES", raising=False)
+        yield
+
+
 def _clear_fs_caches() -> None:
     try:
         import s3fs

@@ -68,6 +68,16 @@ def test_dockerfile_is_slim_and_drops_root():
     assert f"--uid {user}" in created, "the uid must exist in the image"
 
 
+def test_the_shard_cache_is_where_the_user_can_write():
+    """The default cache root (~/.cache/shardloader) would be under the user's home, /app,
+    which root owns: the image points SHARDLOADER_CACHE_DIR into /data, which the user owns."""
+    envs = dict(pair.split("=", 1) for args in instructions("ENV") for pair in args.split())
+    cache = envs.get("SHARDLOADER_CACHE_DIR", "")
+    chown = " ".join(a for a in instructions("RUN") if "chown shardloader" in a)
+    assert cache.startswith("/data/"), cache
+    assert " /data " in f"{chown.split('chown', 1)[-1]} "  # /data belongs to the user
+
+
 def test_dockerfile_installs_pinned_cpu_torch_and_existing_extras():
     runs = instructions("RUN")
     torch_lines = [r for r in runs if "torch==" in r]

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import io
 import logging
+import os
+import subprocess
+import sys
 
 import pytest
 from helpers import write_dataset
@@ -90,11 +94,10 @@ def test_totals_accumulate_over_passes(clock):
     assert s.data_wait_s == 4.0 and s.step_s == 4.0 and s.data_share == 0.5
 
 
-def test_periodic_reports_through_logging_and_callback(clock, caplog):
+def test_periodic_reports_to_stderr_and_callback(clock, capsys):
     got = []
     m = mon.monitor(SlowLoader(clock, [1.0] * 3 + [3.0] * 4), interval=3, callback=got.append)
-    with caplog.at_level(logging.INFO, logger="shardloader.monitoring"):
-        run(m, clock, 1.0)
+    run(m, clock, 1.0)
     assert len(got) == 2  # after batches 3 and 6
     first, second = got
     # reported on handing out batch 3: waits of batches 2-3, steps of batches 1-2
@@ -102,16 +105,82 @@ def test_periodic_reports_through_logging_and_callback(clock, caplog):
     assert second["batches"] == 3 and second["data_share"] == 0.75  # waits 3+3+3, steps 3
     assert second["verdict"] == "data-bound" and second["first_batch_s"] is None
     assert second["total"]["batches"] == 6
-    lines = [r.getMessage() for r in caplog.records if r.name == "shardloader.monitoring"]
-    assert len(lines) == 2 and "data-bound share 75.0% (data-bound)" in lines[1]
+    out = capsys.readouterr()
+    assert out.out == ""
+    assert out.err.splitlines() == [
+        "shardloader.monitor: batch 3: waiting for data 50.0% (1000.0 ms/batch), 0.5 batches/s, "
+        "data-bound, first batch 1.00s",
+        "shardloader.monitor: batch 6: waiting for data 75.0% (3000.0 ms/batch), 0.2 batches/s, "
+        "data-bound",
+    ]
 
 
-def test_own_logger(clock, caplog):
-    logger = logging.getLogger("my.training")
-    m = mon.monitor(SlowLoader(clock, [1.0] * 4), interval=2, logger=logger)
-    with caplog.at_level(logging.INFO, logger="my.training"):
-        run(m, clock, 1.0)
-    assert [r.name for r in caplog.records] == ["my.training", "my.training"]
+def test_report_to_the_log_a_logger_a_stream_or_nowhere(clock, caplog, capsys):
+    with caplog.at_level(logging.INFO):
+        run(mon.monitor(SlowLoader(clock, [1.0] * 4), interval=2, report="log"), clock, 1.0)
+        mine = logging.getLogger("my.training")
+        run(mon.monitor(SlowLoader(clock, [1.0] * 4), interval=2, report=mine), clock, 1.0)
+        run(mon.monitor(SlowLoader(clock, [1.0] * 4), interval=2, logger=mine), clock, 1.0)
+    assert [r.name for r in caplog.records] == ["shardloader.monitoring"] * 2 + ["my.training"] * 4
+    assert all("waiting for data 50.0%" in r.getMessage() for r in caplog.records)
+    stream = io.StringIO()
+    run(mon.monitor(SlowLoader(clock, [1.0] * 4), interval=2, report=stream), clock, 1.0)
+    assert stream.getvalue().count("shardloader.monitor: batch") == 2
+    got = []
+    run(mon.monitor(SlowLoader(clock, [1.0] * 4), interval=2, report=None, callback=got.append),
+        clock, 1.0)
+    assert len(got) == 2  # the callback still runs with the line off
+    assert capsys.readouterr().err == ""
+
+
+def test_bad_report_target():
+    with pytest.raises(sl.UsageError, match="report must be"):
+        mon.monitor([], report="stdout")  # type: ignore[arg-type]
+
+
+_DEFAULT_LOGGING = """
+import shardloader
+loader = range(447)
+for batch in shardloader.monitor(loader):  # README: nothing configured, interval 100
+    pass
+"""
+
+
+def test_visible_without_configuring_logging():
+    """A fresh process with Python's default logging: one line per 100 batches on stderr."""
+    done = subprocess.run([sys.executable, "-c", _DEFAULT_LOGGING], capture_output=True,
+                          text=True, timeout=120, check=True)
+    lines = done.stderr.splitlines()
+    assert [line.split(":")[1] for line in lines] == [" batch 100", " batch 200", " batch 300",
+                                                      " batch 400"]
+    assert all(line.startswith("shardloader.monitor: ") for line in lines)
+    assert done.stdout == ""
+
+
+_RANKS = """
+import sys
+import torch.distributed as dist
+import shardloader
+
+dist.init_process_group("gloo")
+for batch in shardloader.monitor(range(6), interval=5):
+    pass
+dist.destroy_process_group()
+"""
+
+
+def test_each_rank_says_which_it_is(tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text(_RANKS)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+         str(script)], capture_output=True, text=True, timeout=240, env=env, check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = sorted(line for line in done.stderr.splitlines() if "shardloader.monitor" in line)
+    assert [line.split(":")[0] for line in lines] == ["shardloader.monitor [rank 0/2]",
+                                                      "shardloader.monitor [rank 1/2]"]
 
 
 def test_disabled_returns_the_loaders_own_iterator():

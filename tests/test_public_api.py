@@ -1,9 +1,28 @@
-"""The public surface is what __all__ says, and each error is also the matching built-in."""
+"""The public surface is what __all__ says, and each error is also the matching built-in.
 
+``import shardloader`` resolves names lazily (NOTE [lazy public names] in shardloader/__init__.py):
+the table, ``__all__`` and the ``TYPE_CHECKING`` block that mypy and IDEs read must agree.
+"""
+
+import ast
+import inspect
+import subprocess
+import sys
 import types
+
+import pytest
 
 import shardloader
 from shardloader import errors
+
+# The names README and the issues promise at the top level.
+PROMISED = {
+    "ShardedDataset", "make_loader", "ShardLoader", "monitor", "Monitor", "MonitorStats",
+    "ReadOptions", "CacheOptions", "RetryPolicy", "ShuffleOptions", "Decoder", "RemoteLoader",
+    "read_manifest", "Manifest", "EpochReport",
+    "PadCollate", "PackCollate", "DetectionCollate",
+    "FixedBatches", "BucketBatches", "TokenBudgetBatches", "PackedBatches",
+}
 
 
 def test_all_names_exist_and_public_names_are_exported():
@@ -13,6 +32,48 @@ def test_all_names_exist_and_public_names_are_exported():
     public = {n for n, v in vars(shardloader).items()
               if not n.startswith("_") and not isinstance(v, types.ModuleType)}
     assert public <= set(shardloader.__all__), public - set(shardloader.__all__)
+
+
+def test_promised_names_are_at_the_top_level():
+    assert PROMISED <= set(shardloader.__all__), PROMISED - set(shardloader.__all__)
+    assert shardloader.PadCollate is shardloader.collate.PadCollate
+    assert shardloader.PackedBatches is shardloader.batching.PackedBatches
+    assert set(errors.__all__) - {"ObjectNotFoundError"} <= set(shardloader.__all__)
+
+
+def _type_checking_imports() -> dict[str, str]:
+    tree = ast.parse(inspect.getsource(shardloader))
+    blocks = [node for node in tree.body if isinstance(node, ast.If)
+              and "TYPE_CHECKING" in ast.unparse(node.test)]
+    assert len(blocks) == 1
+    return {alias.name: node.module for node in blocks[0].body
+            if isinstance(node, ast.ImportFrom) for alias in node.names}
+
+
+def test_lazy_table_type_checking_block_and_all_agree():
+    table = shardloader._EXPORTS
+    assert _type_checking_imports() == table
+    assert set(table) | set(errors.__all__) >= set(shardloader.__all__)
+    assert set(table) <= set(shardloader.__all__)
+    for name, module in table.items():
+        value = getattr(shardloader, name)
+        assert value.__module__ == module, (name, value.__module__)  # pickles by its home
+    assert set(shardloader.__all__) <= set(dir(shardloader))
+
+
+def test_submodules_are_attributes_and_unknown_names_fail():
+    for name in shardloader._SUBMODULES:
+        assert isinstance(getattr(shardloader, name), types.ModuleType), name
+    with pytest.raises(AttributeError, match="no attribute 'PadColate'"):
+        shardloader.PadColate  # noqa: B018
+
+
+def test_import_shardloader_does_not_import_torch():
+    code = ("import sys, shardloader; "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'numpy', 'pyarrow'}))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, check=True)
+    assert done.stdout.strip() == "[]"
 
 
 def test_every_error_is_a_shardloader_error_and_a_builtin():

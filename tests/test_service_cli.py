@@ -7,7 +7,7 @@ from click.testing import CliRunner
 from helpers import write_dataset
 
 from shardloader.cli import main
-from shardloader.service.commands import load_pipeline
+from shardloader.service.pipeline import load_pipeline
 from shardloader.service.server import ServeOptions, is_loopback
 
 TOKEN = "a-token-that-is-long-enough-123"
@@ -87,3 +87,36 @@ def test_path_pipeline_options_reach_the_dataset(data):
 def test_serve_options_are_checked(kw):
     with pytest.raises(ValueError):
         ServeOptions(**kw)
+
+
+def test_transform_train_serves_the_vision_recipe_not_the_quick_tour(tmp_path):
+    """README, Service mode: `serve DATASET --transform train` is byte-identical to the Vision
+    recipe (raw decoder + train_transform), not to the Quick tour (decoded, then transformed)."""
+    import torch
+    from corpus import jpeg, write
+
+    import shardloader as sl
+    from shardloader import vision
+    from shardloader.pack import PackOptions, pack
+
+    for c in ("cat", "dog"):
+        for i in range(6):  # big enough that JPEG draft decoding applies at 32 pixels
+            write(str(tmp_path / "src"), f"{c}/{i}.jpg", jpeg(10 * len(c) + i, 200, 160))
+    data = str(tmp_path / "packed")
+    pack(str(tmp_path / "src"), data, PackOptions())
+    read = sl.ReadOptions(cache=sl.CacheOptions(dir=str(tmp_path / "cache")))
+    common = dict(batch_size=4, shuffle=True, seed=5, read=read)
+    served = load_pipeline(data, batch_size=4, shuffle=True, seed=5, uneven="pad",
+                           decode="tensor", transform="train", image_size=32, image_field=None,
+                           cache_dir=str(tmp_path / "cache"))
+    recipe = sl.ShardedDataset(data, decoder=sl.Decoder(image="raw"),
+                               transform=vision.train_transform(32, field="jpg"), **common)
+    tour = sl.ShardedDataset(data, transform=vision.train_transform(32, field="jpg"), **common)
+
+    def images(ds):
+        return [b["jpg"] for b in sl.make_loader(ds)]
+
+    got = images(served)
+    assert len(got) == 3
+    assert all(torch.equal(a, b) for a, b in zip(got, images(recipe), strict=True))
+    assert not all(torch.equal(a, b) for a, b in zip(got, images(tour), strict=True))

@@ -91,7 +91,7 @@ PATH_OPTIONS = ["--batch-size", "8", "--shuffle", "--seed", "7"]
 
 def path_pipeline() -> Any:
     """The dataset ``serve DATA --batch-size 8 --shuffle --seed 7`` builds (PATH_OPTIONS)."""
-    from shardloader.service.commands import load_pipeline
+    from shardloader.service.pipeline import load_pipeline
 
     return load_pipeline(os.environ["SERVICE_TEST_DATA"], batch_size=8, shuffle=True, seed=7,
                          uneven="pad", decode="tensor", transform="none", image_size=224,

@@ -1,20 +1,24 @@
-"""``shardloader bench DATASET``: sweep loader settings, print the table, recommend, plot."""
+"""``shardloader bench DATASET``: sweep loader settings, print the table, recommend, plot.
+
+The library (torch and all) is imported when the command runs, not when ``--help`` asks.
+"""
 
 from __future__ import annotations
 
 import json
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from shardloader import bench
 from shardloader.cli import main
-from shardloader.codecs import Decoder
 from shardloader.errors import UsageError
-from shardloader.manifest import read_manifest
-from shardloader.shards import ReadOptions
-from shardloader.storage.cache import CacheOptions
+
+if TYPE_CHECKING:
+    from shardloader.codecs import Decoder
+    from shardloader.shards import ReadOptions
+
+DEFAULT_TOLERANCE = 0.1  # = shardloader.bench.DEFAULT_TOLERANCE (tests/test_cli_imports.py)
 
 
 def _counts(text: str | None, name: str, minimum: int) -> tuple[int, ...] | None:
@@ -43,6 +47,10 @@ def _pipeline(
 ) -> tuple[Decoder | None, Any]:
     """(decoder, transform) for the decoding points: a vision transform on the first image
     field (decoding from the raw bytes at reduced JPEG scale, as in training), or none."""
+    from shardloader.codecs import Decoder
+    from shardloader.manifest import read_manifest
+    from shardloader.shards import ReadOptions
+
     if transform == "none":
         return None, None
     manifest, _ = read_manifest(url, (read or ReadOptions()).storage_options)
@@ -76,7 +84,7 @@ def _pipeline(
               "dataset has an image field")
 @click.option("--image-size", default=224, show_default=True, type=click.IntRange(min=1),
               help="output side of the image transform")
-@click.option("--tolerance", default=bench.DEFAULT_TOLERANCE, show_default=True,
+@click.option("--tolerance", default=DEFAULT_TOLERANCE, show_default=True,
               type=click.FloatRange(0, 1, max_open=True),
               help="throughput within this fraction of the best counts as as fast")
 @click.option("--cache-dir", default=None, help="node cache for staged shards")
@@ -105,6 +113,10 @@ def bench_command(
     points decode every field and run the --transform; the others move raw bytes: comparing
     them tells whether reading or decoding is the limit.
     """
+    from shardloader import bench
+    from shardloader.shards import ReadOptions
+    from shardloader.storage.cache import CacheOptions
+
     worker_counts = _counts(workers, "--workers", 0)
     prefetch_counts = _counts(prefetch, "--prefetch", 1) or ()
     if plot_path is not None:

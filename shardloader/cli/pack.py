@@ -1,38 +1,34 @@
 """``shardloader pack | merge | index | inspect | verify``: thin commands over the library.
 
 Only this module prints.  Progress bars go to stderr (tqdm) and only when stderr is a terminal
-and ``--quiet`` is not given; summaries go to stdout.
+and ``--quiet`` is not given; summaries go to stdout.  The library is imported inside each
+command (see ``shardloader.cli``), so ``--help`` and usage errors do not wait for it.
 """
 
 from __future__ import annotations
 
 import json
-import re
 import signal
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from shardloader.cli import main
 from shardloader.errors import ShardError, UsageError
-from shardloader.pack import DEFAULT_SHARD_SIZE, PackOptions, PackProgress, PackReport, pack
-from shardloader.pack.discover import LAYOUTS
+from shardloader.units import human_bytes as _human
+from shardloader.units import parse_size
 
-_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9,
-          "gb": 10**9, "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30,
-          "tib": 2**40}
+if TYPE_CHECKING:
+    from shardloader.pack import PackProgress, PackReport
 
-
-def parse_size(text: str) -> int:
-    """``"256MB"`` → 256000000, ``"1GiB"`` → 1073741824, ``"0"`` → 0 (no limit)."""
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-zA-Z]*)\s*", text)
-    unit = m.group(2).lower() if m else ""
-    if m is None or unit not in _UNITS:
-        raise UsageError(f"size {text!r}: use a number with an optional unit (KB, MB, GiB, ...)")
-    return int(float(m.group(1)) * _UNITS[unit])
+# Copies of shardloader.pack.DEFAULT_SHARD_SIZE and shardloader.pack.discover.LAYOUTS: the
+# option declarations need them before any command runs (tests/test_cli_imports.py checks
+# that they agree).
+DEFAULT_SHARD_SIZE = 128 << 20
+LAYOUTS = ("auto", "class-folders", "key-groups", "records")
 
 
 def _storage_options(pairs: tuple[str, ...]) -> dict[str, Any]:
@@ -46,14 +42,6 @@ def _storage_options(pairs: tuple[str, ...]) -> dict[str, Any]:
         except json.JSONDecodeError:
             out[key] = value
     return out
-
-
-def _human(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} TB"
 
 
 def _show_progress(quiet: bool) -> bool:
@@ -123,6 +111,8 @@ def pack_command(src: str, out: str, fmt: str, compression: str, shard_size: str
     groups (a/0001.jpg + a/0001.json), record files (.jsonl, .txt, optionally .gz/.zst) or
     tables (.parquet, .arrow).  The manifest is written last.
     """
+    from shardloader.pack import PackOptions, pack
+
     options = PackOptions(
         format=fmt, compression=compression, shard_size=parse_size(shard_size),
         max_samples=max_samples, layout=layout, on_error=on_error, validate=validate,

@@ -2,14 +2,14 @@
 
 PIPELINE is either ``package.module:factory`` (imported from this machine's own code, called
 without arguments, returning a configured :class:`ShardedDataset`) or a dataset path/URL that
-the options below configure.  Nothing a client sends is ever run.
+the options below configure (:mod:`shardloader.service.pipeline`).  Nothing a client sends is
+ever run.  Imports of the library happen inside the command, so ``--help`` stays fast.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import re
 import sys
 from typing import Any
 
@@ -18,93 +18,7 @@ import click
 from shardloader.cli import main
 from shardloader.errors import UsageError
 
-__all__ = ["serve", "load_pipeline", "read_token"]
-
-_FACTORY = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
-_DATASET_OPTIONS = ("batch_size", "shuffle", "seed", "uneven", "decode", "transform",
-                    "image_size", "image_field", "cache_dir")
-
-
-def read_token(path: str) -> str:
-    """The bearer token in ``path`` (surrounding whitespace stripped); never empty."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            token = f.read().strip()
-    except (OSError, UnicodeDecodeError) as err:
-        raise UsageError(f"--token-file {path}: cannot read it ({err})") from err
-    if len(token) < 16 or any(c.isspace() for c in token):
-        raise UsageError(f"--token-file {path}: the token must be one word of at least 16 "
-                         "characters, e.g. from `python -c 'import secrets; "
-                         "print(secrets.token_urlsafe(32))'`")
-    return token
-
-
-def load_pipeline(pipeline: str, **options: Any) -> Any:
-    """The dataset PIPELINE names: a ``module:factory`` result, or a dataset path configured
-    by ``options`` (batch_size, shuffle, seed, uneven, decode, transform, image_size,
-    image_field, cache_dir)."""
-    from shardloader.dataset import ShardedDataset
-
-    if _FACTORY.match(pipeline) and not os.path.exists(pipeline):
-        import importlib
-
-        module_name, _, attr = pipeline.partition(":")
-        try:
-            target: Any = importlib.import_module(module_name)
-        except ImportError as err:
-            raise UsageError(f"PIPELINE {pipeline}: cannot import {module_name} ({err}); is it "
-                             "installed or on PYTHONPATH on this machine?") from err
-        for part in attr.split("."):
-            if not hasattr(target, part):
-                raise UsageError(f"PIPELINE {pipeline}: {module_name} has no {attr!r}")
-            target = getattr(target, part)
-        dataset = target
-        if callable(target) and not isinstance(target, ShardedDataset):
-            import inspect
-
-            try:
-                inspect.signature(target).bind()
-            except TypeError as err:
-                raise UsageError(f"PIPELINE {pipeline}: the factory must be callable without "
-                                 f"arguments ({err})") from err
-            except ValueError:  # no signature to inspect (builtins): just call it
-                pass
-            dataset = target()
-        if not isinstance(dataset, ShardedDataset):
-            raise UsageError(f"PIPELINE {pipeline} gave a {type(dataset).__name__}; the factory "
-                             "must return a shardloader.ShardedDataset")
-        return dataset
-    return _dataset_from_path(pipeline, **options)
-
-
-def _dataset_from_path(url: str, *, batch_size: int | None, shuffle: bool, seed: int,
-                       uneven: str, decode: str, transform: str, image_size: int,
-                       image_field: str | None, cache_dir: str | None) -> Any:
-    from shardloader.codecs import Decoder
-    from shardloader.dataset import ShardedDataset
-    from shardloader.shards import ReadOptions
-    from shardloader.storage.cache import CacheOptions
-
-    read = ReadOptions(cache=CacheOptions(dir=cache_dir))
-    transform_fn = None
-    if transform != "none":
-        from shardloader import vision
-        from shardloader.manifest import read_manifest
-
-        manifest, _ = read_manifest(url, read.storage_options)
-        images = [ext for ext, info in manifest.fields.items() if info.codec == "image"]
-        field = image_field or (images[0] if images else None)
-        if field is None or field not in manifest.fields:
-            raise UsageError(f"--transform {transform}: {url} has no image field "
-                             f"{image_field or ''} (fields: {', '.join(manifest.fields)})")
-        make = vision.train_transform if transform == "train" else vision.eval_transform
-        transform_fn = make(image_size, field=field)
-        decode = "raw"  # the transforms decode at reduced scale themselves
-    elif image_field is not None:
-        raise UsageError("--image-field applies with --transform train/eval only")
-    return ShardedDataset(url, batch_size=batch_size, shuffle=shuffle, seed=seed, uneven=uneven,
-                          transform=transform_fn, decoder=Decoder(image=decode), read=read,
-                          rank=0, world_size=1)
+__all__ = ["serve"]
 
 
 @main.command()
@@ -148,6 +62,12 @@ def serve(ctx: click.Context, pipeline: str, host: str, port: int, port_file: st
     path/URL configured by the dataset options.  Binds 127.0.0.1 unless --host says otherwise;
     then --token-file is required and every request but /health is authenticated.
     """
+    from shardloader.service.pipeline import (
+        DATASET_OPTIONS,
+        is_factory,
+        load_pipeline,
+        read_token,
+    )
     from shardloader.service.server import ServeOptions, is_loopback
     from shardloader.service.server import serve as run_server
 
@@ -159,8 +79,8 @@ def serve(ctx: click.Context, pipeline: str, host: str, port: int, port_file: st
                          "request is authenticated")
     options = ServeOptions(workers=workers, max_inflight=max_inflight, max_clients=max_clients,
                            token=token)
-    if _FACTORY.match(pipeline) and not os.path.exists(pipeline):
-        given = [f"--{name.replace('_', '-')}" for name in _DATASET_OPTIONS
+    if is_factory(pipeline):
+        given = [f"--{name.replace('_', '-')}" for name in DATASET_OPTIONS
                  if ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT]
         if given:
             raise UsageError(f"{', '.join(given)} configure a dataset path; the factory "

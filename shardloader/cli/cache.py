@@ -1,0 +1,129 @@
+"""``shardloader cache info | clear``: what the node-local shard cache holds, and emptying it.
+
+Clearing is safe while training runs use the cache: a shard being staged right now is left in
+place (and reported), open copies stay readable, and a run that needs a cleared shard stages it
+again (see NOTE [eviction and clearing] in ``shardloader.storage.cache``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import TYPE_CHECKING
+
+import click
+
+from shardloader.cli import main
+from shardloader.errors import UsageError
+from shardloader.units import human_bytes
+
+if TYPE_CHECKING:
+    from shardloader.storage.cache import ClearReport, DatasetUsage
+
+# = shardloader.storage.cache.DIR_ENV; that module is imported when a command runs (importing
+# shardloader.storage pulls in fsspec, too slow for --help)
+DIR_ENV = "SHARDLOADER_CACHE_DIR"
+_cache_dir = click.option(
+    "--cache-dir", default=None, metavar="DIR",
+    help=f"Cache root (default: ${DIR_ENV}, else $XDG_CACHE_HOME/shardloader, else "
+    "~/.cache/shardloader).",
+)
+
+
+@main.group("cache")
+def cache_group() -> None:
+    """Inspect or empty the node-local cache of staged shards."""
+
+
+def _root_source(cache_dir: str | None) -> str:
+    if cache_dir:
+        return "--cache-dir"
+    if os.environ.get(DIR_ENV):
+        return f"${DIR_ENV}"
+    if os.path.isabs(os.environ.get("XDG_CACHE_HOME", "")):
+        return "$XDG_CACHE_HOME/shardloader"
+    return "default"
+
+
+def _when(t: float | None) -> str:
+    return "-" if t is None else time.strftime("%Y-%m-%d %H:%M", time.localtime(t))
+
+
+@cache_group.command("info")
+@_cache_dir
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def info_command(cache_dir: str | None, as_json: bool) -> None:
+    """Show the cache root, each dataset's staged shards and size, the total and the limit."""
+    from shardloader.storage.cache import cache_limit, cache_root, legacy_root, usage
+
+    root = cache_root(cache_dir)
+    datasets = sorted(usage(root), key=lambda d: d.last_used or 0.0, reverse=True)
+    limit, limit_source = cache_limit(root)
+    total = sum(d.bytes for d in datasets)
+    legacy = None
+    if cache_dir is None and os.path.abspath(legacy_root()) != root:
+        old = usage(legacy_root())
+        legacy = (legacy_root(), sum(d.bytes for d in old)) if old else None
+    if as_json:
+        click.echo(json.dumps({
+            "root": root, "root_source": _root_source(cache_dir), "limit": limit,
+            "limit_source": limit_source, "bytes": total,
+            "datasets": [_dataset_dict(d) for d in datasets],
+            "legacy": None if legacy is None else {"root": legacy[0], "bytes": legacy[1]},
+        }, indent=1))
+        return
+    lines = [
+        f"cache root {root}  ({_root_source(cache_dir)})",
+        f"  limit    {human_bytes(limit)}  ({limit_source})",
+        f"  total    {human_bytes(total)} in {len(datasets)} dataset"
+        f"{'' if len(datasets) == 1 else 's'}",
+    ]
+    for d in datasets:
+        lines.append(f"    {d.fingerprint}  {d.shards:>5} shards  {human_bytes(d.bytes):>9}  "
+                     f"last used {_when(d.last_used)}")
+    if legacy is not None:
+        lines.append(f"  {legacy[0]} (an earlier shardloader's cache) holds "
+                     f"{human_bytes(legacy[1])}: `shardloader cache clear` removes it")
+    click.echo("\n".join(lines))
+
+
+def _dataset_dict(d: DatasetUsage) -> dict[str, object]:
+    return {"fingerprint": d.fingerprint, "folder": d.folder, "shards": d.shards,
+            "bytes": d.bytes, "last_used": d.last_used}
+
+
+@cache_group.command("clear")
+@click.argument("fingerprint", required=False)
+@_cache_dir
+def clear_command(fingerprint: str | None, cache_dir: str | None) -> None:
+    """Remove staged shards: all, or one dataset's (FINGERPRINT, or a unique prefix of it, as
+    `cache info` lists them).  Safe while other processes use the cache."""
+    from shardloader.storage.cache import cache_root, clear, legacy_root, usage
+
+    root = cache_root(cache_dir)
+    roots = [root]
+    if fingerprint is not None:
+        known = [d.fingerprint for d in usage(root)]
+        matches = [f for f in known if f.startswith(fingerprint)] if fingerprint else []
+        if fingerprint in known:
+            matches = [fingerprint]
+        if len(matches) != 1:
+            what = "matches no dataset" if not matches else f"matches {len(matches)} datasets"
+            raise UsageError(f"FINGERPRINT {fingerprint!r} {what} in the cache at {root} "
+                             f"(`shardloader cache info` lists them)")
+        fingerprint = matches[0]
+    elif cache_dir is None and os.path.abspath(legacy_root()) != root:
+        roots.append(legacy_root())
+    for where in roots:
+        report = clear(where, fingerprint)
+        if where == root or report.files:
+            click.echo(_cleared(where, report))
+
+
+def _cleared(root: str, r: ClearReport) -> str:
+    text = f"removed {r.files} staged shard files ({human_bytes(r.bytes)}) from {root}"
+    if r.busy:
+        text += (f"; {len(r.busy)} being staged by another process right now were left in "
+                 "place")
+    return text

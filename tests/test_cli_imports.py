@@ -1,0 +1,108 @@
+"""The command answers help and usage errors without importing torch, numpy or pyarrow.
+
+Checked by what a fresh process imported (``sys.modules``), not by timing it:
+``python tools/bench_cli.py`` prints the times.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+HEAVY = ("torch", "numpy", "pyarrow", "fsspec", "PIL")
+
+_PROBE = r"""
+import json, sys
+argv, out = json.loads(sys.argv[1]), sys.argv[2]
+code = None
+if argv is None:
+    import shardloader
+    import shardloader.cli
+else:
+    from shardloader.cli import main
+    try:
+        main(argv)
+    except SystemExit as exc:
+        code = exc.code
+with open(out, "w") as f:
+    json.dump({"code": code, "modules": sorted(sys.modules)}, f)
+"""
+
+
+def _probe(tmp_path, argv: list[str] | None) -> tuple[int | None, set[str], str]:
+    out = tmp_path / "probe.json"
+    done = subprocess.run(
+        [sys.executable, "-c", _PROBE, json.dumps(argv), str(out)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert out.exists(), done.stderr
+    got = json.loads(out.read_text())
+    return got["code"], set(got["modules"]), done.stdout + done.stderr
+
+
+def _heavy(modules: set[str]) -> list[str]:
+    return sorted(m for m in modules if m.split(".")[0] in HEAVY)
+
+
+def test_import_shardloader_and_its_cli_is_light(tmp_path):
+    code, modules, _ = _probe(tmp_path, None)
+    assert code is None
+    assert "shardloader.cli" in modules
+    assert _heavy(modules) == []
+
+
+@pytest.mark.parametrize(
+    ("argv", "code", "says"),
+    [
+        (["--help"], 0, "Commands:"),
+        (["pack", "--help"], 0, "--shard-size"),
+        (["merge", "--help"], 0, "--reference"),
+        (["inspect", "--help"], 0, "--json"),
+        (["bench", "--help"], 0, "--tolerance"),
+        (["serve", "--help"], 0, "--token-file"),
+        (["cache", "--help"], 0, "clear"),
+        (["cache", "clear", "--help"], 0, "FINGERPRINT"),
+        (["pack"], 2, "Missing argument 'SRC'"),
+        (["pack", "a", "b", "--format", "zip"], 2, "'zip' is not one of"),
+        (["bench", "x", "--tolerance", "2"], 2, "--tolerance"),
+        (["no-such-command"], 2, "No such command"),
+    ],
+)
+def test_help_and_usage_errors_import_no_heavy_module(tmp_path, argv, code, says):
+    got, modules, output = _probe(tmp_path, argv)
+    assert got == code, output
+    assert says in output
+    assert _heavy(modules) == [], f"shardloader {' '.join(argv)} imported {_heavy(modules)}"
+
+
+def test_the_installed_command_answers_help(tmp_path):
+    """The console script itself (what a user types), in a fresh process."""
+    script = os.path.join(os.path.dirname(sys.executable), "shardloader")
+    argv = [script] if os.path.exists(script) else [sys.executable, "-m", "shardloader"]
+    done = subprocess.run([*argv, "--help"], capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert done.returncode == 0, done.stderr
+    for command in ("pack", "merge", "index", "inspect", "verify", "bench", "serve", "cache"):
+        assert f"  {command} " in done.stdout, command
+
+
+def test_option_defaults_copied_into_the_cli_agree_with_the_library():
+    """The CLI declares these without importing the library; they must not drift."""
+    import importlib
+
+    from shardloader import bench, pack
+    from shardloader.cli import bench as bench_cli
+    from shardloader.cli import cache as cache_cli
+    from shardloader.cli import pack as pack_cli
+    from shardloader.storage import cache
+
+    discover = importlib.import_module("shardloader.pack.discover")  # pack.discover: a function
+
+    assert pack_cli.DEFAULT_SHARD_SIZE == pack.DEFAULT_SHARD_SIZE
+    assert pack_cli.LAYOUTS == discover.LAYOUTS
+    assert bench_cli.DEFAULT_TOLERANCE == bench.DEFAULT_TOLERANCE
+    assert cache_cli.DIR_ENV == cache.DIR_ENV

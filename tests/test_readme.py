@@ -1,0 +1,214 @@
+"""Every ``bash`` and ``python`` block of README.md runs, as a user would run it.
+
+Each block runs in a fresh folder holding a small generated corpus: ``photos/`` (class folders
+mixing ``.jpg``, ``.jpeg`` and ``.png`` files in grey, RGB, RGBA and palette modes, of varying
+sizes), ``corpus/docs.jsonl`` (documents with a ``text`` key), ``tokenizer.json`` (a tiny
+word-level ``tokenizers`` file for that corpus) and ``tools/`` (this repository's).  Python blocks
+also find ``packed/`` and ``packed-text/`` already packed from those (bash blocks pack their own,
+as they say).  Python blocks run as scripts with this interpreter; bash blocks under
+``bash -euo pipefail`` with this environment's ``shardloader`` and ``python`` first on PATH.
+
+A block that cannot run here (installs, CI, a real S3 endpoint, signatures) carries a visible
+opt-out on the line before its fence: ``<!-- readme-test: skip (reason) -->``; it is reported as
+skipped with that reason.  A block that is neither runnable nor marked fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+README = os.path.join(ROOT, "README.md")
+RUN = {"python", "bash"}
+NOT_CODE = {"", "text"}  # diagrams and sample output
+_FENCE = re.compile(r"^```(\S*)\s*$")
+_MARKER = re.compile(r"^<!--\s*readme-test:\s*skip\s*\((.+)\)\s*-->\s*$")
+_ANY_MARKER = re.compile(r"readme-test")
+TIMEOUT = 300
+
+
+@dataclass(frozen=True)
+class Block:
+    line: int  # of the opening fence, 1-based
+    lang: str
+    code: str
+    skip: str | None  # the reason, when marked
+    section: str
+
+    @property
+    def id(self) -> str:
+        slug = re.sub(r"[^a-z0-9]+", "-", self.section.lower()).strip("-")[:40]
+        return f"L{self.line}-{self.lang}-{slug}"
+
+
+def parse(text: str) -> tuple[list[Block], list[str]]:
+    """The fenced blocks of a markdown text, and any problems with the skip markers."""
+    blocks: list[Block] = []
+    problems: list[str] = []
+    lines = text.splitlines()
+    section = ""
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if line.startswith("#"):
+            section = line.lstrip("#").strip()
+        if line.lstrip().startswith("<!--") and _ANY_MARKER.search(line) and not _MARKER.match(
+                line):
+            problems.append(f"line {i + 1}: malformed marker {line!r}")
+        fence = _FENCE.match(line)
+        if fence is None:
+            i += 1
+            continue
+        start = i
+        j = i + 1
+        while j < len(lines) and not lines[j].startswith("```"):
+            j += 1
+        if j == len(lines):
+            problems.append(f"line {start + 1}: unclosed fence")
+            break
+        before = start - 1
+        while before >= 0 and not lines[before].strip():
+            before -= 1
+        marker = _MARKER.match(lines[before]) if before >= 0 else None
+        blocks.append(Block(start + 1, fence.group(1), "\n".join(lines[start + 1:j]) + "\n",
+                            marker.group(1) if marker else None, section))
+        if marker and fence.group(1) not in RUN:
+            problems.append(f"line {before + 1}: skip marker on a block that never runs")
+        i = j + 1
+    for n, line in enumerate(lines):
+        if _MARKER.match(line):
+            after = n + 1
+            while after < len(lines) and not lines[after].strip():
+                after += 1
+            if after >= len(lines) or not _FENCE.match(lines[after]):
+                problems.append(f"line {n + 1}: skip marker not followed by a code block")
+    return blocks, problems
+
+
+with open(README, encoding="utf-8") as _f:
+    BLOCKS, PROBLEMS = parse(_f.read())
+
+
+def test_the_parser_and_the_markers():
+    assert PROBLEMS == []
+    langs = {b.lang for b in BLOCKS}
+    assert langs <= RUN | NOT_CODE, f"blocks in {langs - RUN - NOT_CODE}: run them or use text"
+    assert sum(b.lang in RUN for b in BLOCKS) >= 10  # the README did not lose its snippets
+    got, problems = parse("intro\n\n<!-- readme-test: skip (no endpoint) -->\n```python\nx\n```"
+                          "\n\n```bash\ny\n```\n")
+    assert [(b.line, b.lang, b.code, b.skip) for b in got] == [
+        (4, "python", "x\n", "no endpoint"), (8, "bash", "y\n", None)]
+    assert problems == []
+    _, problems = parse("<!-- readme-test: skip (stray) -->\ntext\n")
+    assert problems == ["line 1: skip marker not followed by a code block"]
+
+
+# -- the corpus ------------------------------------------------------------------------------
+
+_KINDS = [("jpg", "RGB"), ("jpeg", "L"), ("png", "RGBA"), ("png", "P"), ("jpg", "L"),
+          ("png", "RGB"), ("jpeg", "RGB"), ("png", "L")]
+
+
+def make_photos(root: str, per_class: int = 8) -> None:
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for c, name in enumerate(("bird", "cat", "dog")):
+        os.makedirs(os.path.join(root, name))
+        for i in range(per_class):
+            ext, mode = _KINDS[(i + c) % len(_KINDS)]
+            h, w = int(rng.integers(40, 90)), int(rng.integers(40, 90))
+            pixels = rng.integers(0, 255, (h, w, 3), dtype=np.uint8)
+            Image.fromarray(pixels).convert(mode).save(os.path.join(root, name, f"{i:03d}.{ext}"))
+
+
+def make_text(root: str, tokenizer: str, docs: int = 300) -> None:
+    import numpy as np
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    rng = np.random.default_rng(1)
+    words = [f"w{i}" for i in range(200)]
+    os.makedirs(root)
+    with open(os.path.join(root, "docs.jsonl"), "w", encoding="utf-8") as f:
+        for _ in range(docs):
+            n = int(rng.integers(5, 120))
+            f.write(json.dumps({"text": " ".join(rng.choice(words, n))}) + "\n")
+    tok = Tokenizer(models.WordLevel(unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.train_from_iterator([" ".join(words)],
+                            trainers.WordLevelTrainer(special_tokens=["[PAD]", "[UNK]"]))
+    tok.save(tokenizer)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> tuple[str, str]:
+    """(raw: inputs only, packed: inputs + packed/ + packed-text/)."""
+    pytest.importorskip("tokenizers")
+    from shardloader.pack import PackOptions, pack
+
+    raw = str(tmp_path_factory.mktemp("raw"))
+    make_photos(os.path.join(raw, "photos"))
+    make_text(os.path.join(raw, "corpus"), os.path.join(raw, "tokenizer.json"))
+    packed = str(tmp_path_factory.mktemp("packed"))
+    shutil.copytree(raw, packed, dirs_exist_ok=True)
+    pack(os.path.join(packed, "photos"), os.path.join(packed, "packed"), PackOptions())
+    pack(os.path.join(packed, "corpus"), os.path.join(packed, "packed-text"),
+         PackOptions(tokenizer=os.path.join(packed, "tokenizer.json")))
+    return raw, packed
+
+
+def _env(work: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    env["SHARDLOADER_CACHE_DIR"] = os.path.join(work, ".cache")  # cache commands see their own
+    env["MPLBACKEND"] = "Agg"
+    env["OMP_NUM_THREADS"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p)
+    return env
+
+
+@pytest.mark.parametrize("block", [b for b in BLOCKS if b.lang in RUN], ids=lambda b: b.id)
+def test_block_runs(block: Block, corpus: tuple[str, str], tmp_path):
+    if block.skip is not None:
+        pytest.skip(f"README.md line {block.line}: {block.skip}")
+    work = str(tmp_path / "work")
+    shutil.copytree(corpus[1] if block.lang == "python" else corpus[0], work)
+    os.symlink(os.path.join(ROOT, "tools"), os.path.join(work, "tools"))
+    if block.lang == "python":
+        script = os.path.join(work, "readme_block.py")
+        with open(script, "w", encoding="utf-8") as f:
+            f.write(block.code)
+        argv = [sys.executable, script]
+    else:
+        argv = ["bash", "-euo", "pipefail", "-c", block.code]
+    try:
+        done = subprocess.run(argv, cwd=work, env=_env(work), capture_output=True, text=True,
+                              timeout=TIMEOUT, check=False)
+    except subprocess.TimeoutExpired as err:
+        pytest.fail(f"README.md line {block.line} ({block.section}) ran over {TIMEOUT} s:\n"
+                    f"{block.code}\n{err.stderr!r}"[-4000:])
+    assert done.returncode == 0, (
+        f"README.md line {block.line} ({block.section}) exited {done.returncode}:\n"
+        f"{block.code}\n--- stdout\n{done.stdout[-2000:]}\n--- stderr\n{done.stderr[-4000:]}"
+    )
+
+
+def test_the_layout_names_real_files():
+    """README's Layout block names modules and folders that exist (it once named monitor.py)."""
+    layout = [b for b in BLOCKS if b.section == "Layout"]
+    assert len(layout) == 1
+    names = re.findall(r"(?<![\w./])([a-z_]+(?:\.py|/))(?!\w)", layout[0].code)
+    assert len(names) >= 20
+    package = os.path.join(ROOT, "shardloader")
+    missing = [n for n in names if n != "shardloader/" and not os.path.exists(
+        os.path.join(package, n))]
+    assert missing == []
