@@ -12,15 +12,22 @@ import copy
 import logging
 import multiprocessing
 import multiprocessing.context
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from torch.utils.data import IterableDataset
 
+from shardloader.aliases import FieldMap
 from shardloader.codecs import Decoder, decode_field
-from shardloader.errors import DecodeError, ShardError, ShardloaderError, StorageError, UsageError
+from shardloader.errors import (
+    DecodeError,
+    ShardError,
+    ShardloaderError,
+    StorageError,
+    UsageError,
+)
 from shardloader.manifest import SampleIndex, read_manifest
 from shardloader.shards import ReadOptions, ShardSet, working_set_bytes
 from shardloader.shuffle import ShuffleOptions, derive_seed, epoch_order, plan_rng, seed_global_rngs
@@ -112,6 +119,7 @@ class ShardedDataset(IterableDataset):  # type: ignore[type-arg]
         rank: int | None = None,
         world_size: int | None = None,
         read: ReadOptions | None = None,
+        aliases: Mapping[str, Sequence[str]] | None = None,
     ) -> None:
         super().__init__()
         if uneven not in UNEVEN_POLICIES:
@@ -138,6 +146,8 @@ class ShardedDataset(IterableDataset):  # type: ignore[type-arg]
         self.collate_fn = collate_fn
         self.decoder = decoder
         self.on_error = on_error
+        # member extension → logical field: the manifest's aliases, ``aliases`` merged over
+        self.field_map = FieldMap.of_manifest(self.manifest, aliases)
         self._explicit_world = (rank, world_size)
         r, w = detect_world(rank, world_size)
         Place(r, w)  # validate
@@ -318,34 +328,37 @@ class ShardedDataset(IterableDataset):  # type: ignore[type-arg]
     def _load_sample(
         self, shards: ShardSet, shard: int, local: int, gid: int, pad: bool
     ) -> dict[str, Any]:
-        key, fields = shards.read(shard, local)
+        """Read, decode and transform one sample; members fill their (aliased) fields."""
+        key, raw = shards.read(shard, local)
+        where = f"{shards.describe(shard)}, sample {key!r}"
         sample: dict[str, Any] = {"__key__": key, "__index__": gid, "__pad__": pad}
-        fields_info = self.manifest.fields
-        for ext, data in fields.items():
-            if self.decoder is None:
-                sample[ext] = data
-                continue
-            info = fields_info.get(ext)
-            codec = info.codec if info is not None else "bytes"
-            try:
-                sample[ext] = decode_field(
-                    ext, codec, data, self.decoder, dtype=info.dtype if info else None
-                )
-            except DecodeError as err:
-                raise DecodeError(f"{shards.describe(shard)}, sample {key!r}: {err}") from err
-            except Exception as err:  # corrupt payloads surface as many library types
-                raise DecodeError(
-                    f"{shards.describe(shard)}, sample {key!r}: cannot decode field {ext!r} "
-                    f"as {codec}: {err}"
-                ) from err
-        if self.transform is not None:
-            sample = self.transform(sample)
-            if not isinstance(sample, Mapping):
-                raise UsageError(
-                    f"transform returned {type(sample).__name__} for sample {key!r}; it must "
-                    "return the sample dict (filtering in a transform would make ranks uneven)"
-                )
-        return dict(sample)
+        for name, (ext, data) in self.field_map.rename(raw, where).items():
+            sample[name] = data if self.decoder is None else self._decode(name, ext, data, where)
+        if self.transform is None:
+            return sample
+        out = self.transform(sample)
+        if not isinstance(out, Mapping):
+            raise UsageError(
+                f"{where}: transform returned {type(out).__name__}; it must return the sample "
+                "dict (filtering in a transform would make ranks uneven)"
+            )
+        return dict(out)
+
+    def _decode(self, name: str, ext: str, data: bytes, where: str) -> Any:
+        assert self.decoder is not None
+        info = self.field_map.fields.get(name)
+        codec = info.codec if info is not None else "bytes"
+        try:
+            return decode_field(
+                name, codec, data, self.decoder, dtype=info.dtype if info else None, member=ext
+            )
+        except DecodeError as err:
+            raise DecodeError(f"{where}: {err}") from err
+        except Exception as err:  # corrupt payloads surface as many library types
+            member = f" (member .{ext})" if ext != name else ""
+            raise DecodeError(
+                f"{where}: cannot decode field {name!r}{member} as {codec}: {err}"
+            ) from err
 
 
 def _pad_mask(plan: _Plan, slot: int, seed_index: int, n: int) -> np.ndarray:

@@ -24,7 +24,7 @@ def test_inspect_class_folders(tmp_path):
     assert s.shard_samples.min == 2 and s.shard_samples.max == 4
     assert s.bytes == report.bytes_out and s.raw_bytes == report.raw_bytes
     assert s.sample_bytes.count == 6 and s.lengths is None
-    assert s.fields == {"cls": {"codec": "int"}, "jpg": {"codec": "image"}}
+    assert s.fields == {"cls": {"codec": "int"}, "image": {"codec": "image"}}
     json.dumps(s.to_dict())  # machine-readable
 
 

@@ -92,8 +92,7 @@ def _dataset_from_path(url: str, *, batch_size: int | None, shuffle: bool, seed:
         from shardloader.manifest import read_manifest
 
         manifest, _ = read_manifest(url, read.storage_options)
-        images = [ext for ext, info in manifest.fields.items() if info.codec == "image"]
-        field = image_field or (images[0] if images else None)
+        field = image_field or vision.image_field(manifest.fields)  # "image": class folders
         if field is None or field not in manifest.fields:
             raise UsageError(f"--transform {transform}: {url} has no image field "
                              f"{image_field or ''} (fields: {', '.join(manifest.fields)})")
@@ -133,7 +132,8 @@ def _dataset_from_path(url: str, *, batch_size: int | None, shuffle: bool, seed:
               show_default=True, help="Built-in image transform (random resized crop + flip, "
               "or resize + centre crop) to --image-size.")
 @click.option("--image-size", type=click.IntRange(1), default=224, show_default=True)
-@click.option("--image-field", help="Image field the transform applies to (default: the first).")
+@click.option("--image-field", help="Image field the transform applies to (default: 'image', "
+              "which class-folder packs hold whatever the extensions, else the first).")
 @click.option("--cache-dir", type=click.Path(file_okay=False), help="Node-local shard cache.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
               default="info", show_default=True)
