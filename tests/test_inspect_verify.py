@@ -98,5 +98,5 @@ def test_verify_parses_every_field(tmp_path):
     [bad] = r.bad
     assert any("'k/2'" in x and "invalid JSON" in x for x in bad.reasons)
     assert any("'k/3'" in x and "image" in x for x in bad.reasons)
-    assert verify_dataset(str(tmp_path), images=False).bad[0].reasons == (
-        next(x for x in bad.reasons if "k/2" in x),)
+    cheap = verify_dataset(str(tmp_path), images=False).bad[0].reasons  # header check only
+    assert len(cheap) == 2 and any("'k/3'" in x and "not an image PIL can" in x for x in cheap)
