@@ -12,6 +12,7 @@ from shardloader.errors import (
     ShardError,
     ShardloaderError,
     StorageError,
+    TransformError,
     UsageError,
 )
 from shardloader.loader import ShardLoader, make_loader
@@ -45,6 +46,7 @@ __all__ = [
     "ShardloaderError",
     "ShuffleOptions",
     "StorageError",
+    "TransformError",
     "UsageError",
     "make_loader",
     "monitor",

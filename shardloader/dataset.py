@@ -26,6 +26,7 @@ from shardloader.errors import (
     ShardError,
     ShardloaderError,
     StorageError,
+    TransformError,
     UsageError,
 )
 from shardloader.manifest import SampleIndex, read_manifest
@@ -328,7 +329,13 @@ class ShardedDataset(IterableDataset):  # type: ignore[type-arg]
     def _load_sample(
         self, shards: ShardSet, shard: int, local: int, gid: int, pad: bool
     ) -> dict[str, Any]:
-        """Read, decode and transform one sample; members fill their (aliased) fields."""
+        """Read, decode and transform one sample.
+
+        Every error on the way names shard, sample key, rank and worker and is chained to the
+        original: shardloader's own errors keep their class (a DecodeError stays one, so
+        ``on_error="skip"`` skips an image a transform cannot decode), anything else a
+        transform raises becomes a :class:`TransformError`.
+        """
         key, raw = shards.read(shard, local)
         where = f"{shards.describe(shard)}, sample {key!r}"
         sample: dict[str, Any] = {"__key__": key, "__index__": gid, "__pad__": pad}
@@ -336,7 +343,10 @@ class ShardedDataset(IterableDataset):  # type: ignore[type-arg]
             sample[name] = data if self.decoder is None else self._decode(name, ext, data, where)
         if self.transform is None:
             return sample
-        out = self.transform(sample)
+        try:
+            out = self.transform(sample)
+        except Exception as err:  # user code: anything at all
+            raise _located(err, where) from err
         if not isinstance(out, Mapping):
             raise UsageError(
                 f"{where}: transform returned {type(out).__name__}; it must return the sample "
@@ -359,6 +369,16 @@ class ShardedDataset(IterableDataset):  # type: ignore[type-arg]
             raise DecodeError(
                 f"{where}: cannot decode field {name!r}{member} as {codec}: {err}"
             ) from err
+
+
+def _located(err: Exception, where: str) -> ShardloaderError:
+    """``err`` with the sample's place in front: its own class if it is one of ours."""
+    if isinstance(err, ShardloaderError):
+        try:
+            return type(err)(f"{where}: {err}")
+        except TypeError:  # a subclass with another constructor
+            pass
+    return TransformError(f"{where}: transform raised {type(err).__name__}: {err}")
 
 
 def _pad_mask(plan: _Plan, slot: int, seed_index: int, n: int) -> np.ndarray:
