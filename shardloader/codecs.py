@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from shardloader.errors import DecodeError, InputError
+from shardloader.imagecheck import check_image
 from shardloader.imagemode import check_mode, convert
 
 __all__ = [
@@ -85,40 +86,6 @@ def check_field(codec: str, data: bytes, *, validate_images: bool = False) -> No
         raise
     except Exception as err:  # PIL and numpy raise many types for corrupt data
         raise InputError(f"invalid {codec} data: {err}") from err
-
-
-_PNG_END = b"\x00\x00\x00\x00IEND\xaeB`\x82"  # the IEND chunk: length 0, type, CRC
-
-
-def check_image(data: bytes) -> None:
-    """The cheap check ``pack`` runs on every image: raise :class:`InputError` for an empty
-    file, a header PIL cannot identify, or a JPEG/PNG/WebP whose end is missing (truncated).
-
-    No pixel is decoded (``--validate`` does that): the header is parsed and, for JPEG, the
-    end-of-image marker searched for after the start of the image data (``FFD9`` cannot
-    occur inside entropy-coded data, so bytes after it, such as camera trailers, are fine);
-    for PNG the IEND chunk; for WebP the RIFF length.  Other formats get the header check.
-    """
-    if not data:
-        raise InputError("empty file (0 bytes)")
-    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":  # before PIL, which decodes WebP to open
-        want = 8 + int.from_bytes(data[4:8], "little")
-        if len(data) < want:
-            raise InputError(f"truncated WebP: {len(data)} bytes, its header says {want}")
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        with Image.open(io.BytesIO(data)) as im:
-            fmt = im.format
-            start = im.tile[0][2] if im.tile else 0
-    except UnidentifiedImageError as err:
-        raise InputError(f"not an image PIL can identify ({len(data)} bytes)") from err
-    except Exception as err:  # a damaged header surfaces as many PIL and struct errors
-        raise InputError(f"damaged image header: {err}") from err
-    if fmt in ("JPEG", "MPO") and data.rfind(b"\xff\xd9", start) < 0:
-        raise InputError(f"truncated JPEG: no end-of-image marker (FFD9) in {len(data)} bytes")
-    if fmt == "PNG" and data.rfind(_PNG_END) < 0:
-        raise InputError(f"truncated PNG: no IEND chunk in {len(data)} bytes")
 
 
 def _load_npy(data: bytes) -> np.ndarray:

@@ -36,7 +36,10 @@ BAD = {
     "cut-png.png": (_png()[:-40], "truncated PNG"),
     "cut-webp.webp": (_webp()[:-30], "truncated WebP"),
     "noise.png": (b"this is not a picture at all" * 4, "not an image PIL can identify"),
-    "header.jpg": (jpeg(6)[:120], "damaged image header"),
+    "header.jpg": (jpeg(6)[:120], "damaged JPEG header"),
+    "cut-bmp.bmp": (mixed_image("bmp", 4)[1][:20], "damaged image header"),
+    "noframe.jpg": (b"\xff\xd8\xff\xe0\x00\x04ab\xff\xda\x00\x02" + bytes(50) + b"\xff\xd9",
+                    "image data before any frame header"),
 }
 
 
@@ -75,11 +78,20 @@ def test_complete_images_pass_whatever_follows_their_end(tail):
     codecs.check_image(_png() + tail)
 
 
-def test_every_real_format_and_mode_passes():
+@pytest.mark.parametrize("options", [
+    {"progressive": True}, {"optimize": True}, {"quality": 20, "subsampling": 2},
+    {"exif": b"Exif\x00\x00" + bytes(600), "icc_profile": bytes(3000)},
+    {"restart_marker_blocks": 1},
+])
+def test_every_real_format_and_mode_passes(options):
     for kind in MIXED_KINDS:
         codecs.check_image(mixed_image(kind, 2)[1])
-    buf = io.BytesIO()
-    Image.fromarray(np.zeros((64, 64, 3), np.uint8)).save(buf, "JPEG", progressive=True)
-    codecs.check_image(buf.getvalue())
-    with pytest.raises(InputError, match="truncated JPEG"):
-        codecs.check_image(buf.getvalue()[:-200])
+    image = Image.fromarray((np.random.default_rng(0).random((64, 80, 3)) * 255).astype("uint8"))
+    for mode in ("RGB", "L", "CMYK"):
+        buf = io.BytesIO()
+        image.convert(mode).save(buf, "JPEG", **options)
+        data = buf.getvalue()
+        codecs.check_image(data)
+        for cut in (len(data) // 3, len(data) - 2):  # cut in the header or the image data
+            with pytest.raises(InputError, match="(truncated|damaged) JPEG"):
+                codecs.check_image(data[:cut])
