@@ -254,3 +254,20 @@ def test_serve_streams_a_mixed_folder(mixed, tmp_path):
     keys = [k for b in batches for k, pad in zip(b["__key__"], b["__pad__"], strict=True)
             if not pad]
     assert sorted(keys) == sorted(want)
+
+
+@pytest.mark.parametrize("mode", ["L", "CMYK", "RGB"])
+def test_drafted_jpeg_decode_converts_grey_and_cmyk(mode):
+    """vision's draft path (a JPEG decoded at 1/2..1/8 scale) gives RGB for any JPEG mode."""
+    yy, xx = np.mgrid[0:480, 0:640]
+    rgb = np.dstack([xx * 255 // 640, yy * 255 // 480, (xx + yy) * 255 // 1120]).astype(np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(rgb).convert(mode).save(buf, "JPEG", quality=95)
+    data = buf.getvalue()
+    full = decode_field("image", "image", data, Decoder())
+    drafted = vision.decode_image(data, target_size=120)  # decodes at 1/4 scale
+    assert drafted.shape == (3, 120, 160) and full.shape == (3, 480, 640)
+    small = torch.nn.functional.interpolate(full[None].float(), size=(120, 160), mode="area")[0]
+    assert (drafted.float() - small).abs().mean() < 4  # the same picture, the same colours
+    out = vision.train_transform(32, field=None)(data)
+    assert out.shape == (3, 32, 32) and out.dtype == torch.uint8
