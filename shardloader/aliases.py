@@ -151,20 +151,9 @@ class FieldMap:
     def field_of(self, ext: str) -> str:
         return self.member_of.get(ext, ext)
 
-    def rename(self, fields: Mapping[str, bytes], where: str) -> dict[str, tuple[str, bytes]]:
-        """A sample's ``{extension: bytes}`` as ``{logical field: (extension, bytes)}``.
-
-        Two members of one sample filling the same logical field is an error naming both.
-        """
-        if not self.member_of:
-            return {ext: (ext, data) for ext, data in fields.items()}
-        out: dict[str, tuple[str, bytes]] = {}
-        for ext, data in fields.items():
-            name = self.member_of.get(ext, ext)
-            if name in out:
-                raise ShardError(
-                    f"{where}: members {out[name][0]!r} and {ext!r} both fill field {name!r} "
-                    "(aliases); a sample may hold only one of them"
-                )
-            out[name] = (ext, data)
-        return out
+    def clash(self, fields: Mapping[str, bytes], name: str) -> ShardError:
+        """The error for a sample whose members fill the logical field ``name`` twice."""
+        both = " and ".join(repr(e) for e in sorted(fields) if self.member_of.get(e, e) == name)
+        return ShardError(
+            f"members {both} both fill field {name!r} (aliases); a sample may hold only one"
+        )

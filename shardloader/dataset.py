@@ -337,24 +337,34 @@ class ShardedDataset(IterableDataset):  # type: ignore[type-arg]
         transform raises becomes a :class:`TransformError`.
         """
         key, raw = shards.read(shard, local)
-        where = f"{shards.describe(shard)}, sample {key!r}"
         sample: dict[str, Any] = {"__key__": key, "__index__": gid, "__pad__": pad}
-        for name, (ext, data) in self.field_map.rename(raw, where).items():
-            sample[name] = data if self.decoder is None else self._decode(name, ext, data, where)
+        member_of = self.field_map.member_of  # aliases: key.png fills "image"
+        for ext, data in raw.items():
+            name = member_of.get(ext, ext) if member_of else ext
+            if member_of and name in sample:
+                err = self.field_map.clash(raw, name)
+                raise ShardError(f"{_where(shards, shard, key)}: {err}") from err
+            if self.decoder is None:
+                sample[name] = data
+                continue
+            try:
+                sample[name] = self._decode(name, ext, data)
+            except DecodeError as err:
+                raise DecodeError(f"{_where(shards, shard, key)}: {err}") from err
         if self.transform is None:
             return sample
         try:
             out = self.transform(sample)
         except Exception as err:  # user code: anything at all
-            raise _located(err, where) from err
+            raise _located(err, _where(shards, shard, key)) from err
         if not isinstance(out, Mapping):
             raise UsageError(
-                f"{where}: transform returned {type(out).__name__}; it must return the sample "
-                "dict (filtering in a transform would make ranks uneven)"
+                f"{_where(shards, shard, key)}: transform returned {type(out).__name__}; it "
+                "must return the sample dict (filtering in a transform would make ranks uneven)"
             )
         return dict(out)
 
-    def _decode(self, name: str, ext: str, data: bytes, where: str) -> Any:
+    def _decode(self, name: str, ext: str, data: bytes) -> Any:
         assert self.decoder is not None
         info = self.field_map.fields.get(name)
         codec = info.codec if info is not None else "bytes"
@@ -362,13 +372,16 @@ class ShardedDataset(IterableDataset):  # type: ignore[type-arg]
             return decode_field(
                 name, codec, data, self.decoder, dtype=info.dtype if info else None, member=ext
             )
-        except DecodeError as err:
-            raise DecodeError(f"{where}: {err}") from err
+        except DecodeError:
+            raise
         except Exception as err:  # corrupt payloads surface as many library types
             member = f" (member .{ext})" if ext != name else ""
-            raise DecodeError(
-                f"{where}: cannot decode field {name!r}{member} as {codec}: {err}"
-            ) from err
+            raise DecodeError(f"cannot decode field {name!r}{member} as {codec}: {err}") from err
+
+
+def _where(shards: ShardSet, shard: int, key: str) -> str:
+    """Shard, sample key, rank and worker: built only when an error needs it."""
+    return f"{shards.describe(shard)}, sample {key!r}"
 
 
 def _located(err: Exception, where: str) -> ShardloaderError:
