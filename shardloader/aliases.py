@@ -148,9 +148,6 @@ class FieldMap:
             out.setdefault(name, []).append(ext)
         return {name: tuple(exts) for name, exts in sorted(out.items())}
 
-    def field_of(self, ext: str) -> str:
-        return self.member_of.get(ext, ext)
-
     def clash(self, fields: Mapping[str, bytes], name: str) -> ShardError:
         """The error for a sample whose members fill the logical field ``name`` twice."""
         both = " and ".join(repr(e) for e in sorted(fields) if self.member_of.get(e, e) == name)
