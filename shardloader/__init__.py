@@ -20,6 +20,7 @@ from shardloader.errors import (
     ShardError,
     ShardloaderError,
     StorageError,
+    TransformError,
     UsageError,
 )
 
@@ -96,6 +97,7 @@ __all__ = [
     "ShuffleOptions",
     "StorageError",
     "TokenBudgetBatches",
+    "TransformError",
     "UsageError",
     "make_loader",
     "monitor",

@@ -17,12 +17,15 @@ from typing import Any
 import numpy as np
 
 from shardloader.errors import DecodeError, InputError
+from shardloader.imagecheck import check_image
+from shardloader.imagemode import check_mode, convert
 
 __all__ = [
     "IMAGE_EXTENSIONS",
     "PICKLE_EXTENSIONS",
     "codec_for_extension",
     "check_field",
+    "check_image",
     "decode_field",
     "Decoder",
 ]
@@ -69,8 +72,12 @@ def check_field(codec: str, data: bytes, *, validate_images: bool = False) -> No
         elif codec == "image" and validate_images:
             from PIL import Image
 
+            if not data:
+                raise InputError("empty file (0 bytes)")
             with Image.open(io.BytesIO(data)) as im:
                 im.load()
+        elif codec == "image":
+            check_image(data)
     except UnicodeDecodeError as err:
         raise InputError(f"invalid UTF-8 at byte {err.start}") from err
     except json.JSONDecodeError as err:
@@ -85,21 +92,26 @@ def _load_npy(data: bytes) -> np.ndarray:
     return np.load(io.BytesIO(data), allow_pickle=False)
 
 
-def _decode_image(data: bytes, mode: str) -> Any:
+def _decode_image(data: bytes, kind: str, mode: str | None) -> Any:
     from PIL import Image
 
     image: Image.Image = Image.open(io.BytesIO(data))
-    if mode == "pil":
+    if mode is not None:
+        image = convert(image, mode)
+    else:
         image.load()
+    if kind == "pil":
         return image
-    if image.mode != "RGB":
-        image = image.convert("RGB")
     array = np.asarray(image)
-    if mode == "numpy":
+    if array.ndim == 2:  # one band (L, P, I;16... kept with mode=None): HW1
+        array = array[:, :, None]
+    if not array.dtype.isnative:
+        array = array.astype(array.dtype.newbyteorder("="))
+    if kind == "numpy":
         return array
     import torch
 
-    return torch.from_numpy(array.copy()).permute(2, 0, 1)  # uint8 CHW
+    return torch.from_numpy(array.copy()).permute(2, 0, 1)  # CHW
 
 
 @dataclass(frozen=True)
@@ -107,29 +119,51 @@ class Decoder:
     """How to turn stored bytes into Python values, per codec.
 
     ``image``: ``"tensor"`` (uint8 CHW), ``"numpy"`` (uint8 HWC), ``"pil"`` or ``"raw"`` (bytes).
-    ``custom`` maps an extension to a function of the bytes; it is the only way to read an
-    opaque (pickled) field, and the choice of trusting that data is then the caller's.
+    ``mode``: every decoded image is converted to ``"RGB"`` (default), ``"RGBA"`` or ``"L"``
+    (grey): 16-bit images are scaled to 8 bits, transparency is composited over white (kept in
+    ``"RGBA"``), CMYK and palette images converted (:mod:`shardloader.imagemode`).  ``None``
+    keeps each image's stored mode (e.g. palette indices of segmentation masks; 16-bit stays
+    uint16), so shapes and dtypes may then differ between images.
+    ``custom`` maps a field (or member extension) to a function of the bytes; it is the only
+    way to read an opaque (pickled) field, and the choice of trusting that data is then the
+    caller's.
     """
 
     image: str = "tensor"
     custom: Mapping[str, Callable[[bytes], Any]] = field(default_factory=dict)
+    mode: str | None = "RGB"
 
     def __post_init__(self) -> None:
         if self.image not in ("tensor", "numpy", "pil", "raw"):
             raise DecodeError(
                 f"Decoder(image={self.image!r}) is not one of 'tensor', 'numpy', 'pil', 'raw'"
             )
+        check_mode(self.mode, "Decoder")
 
 
 def decode_field(
-    ext: str, codec: str, data: bytes, decoder: Decoder, *, dtype: str | None = None
+    ext: str,
+    codec: str,
+    data: bytes,
+    decoder: Decoder,
+    *,
+    dtype: str | None = None,
+    member: str | None = None,
 ) -> Any:
-    """Decode one field's bytes according to its codec (recorded in the manifest)."""
+    """Decode one field's bytes according to its codec (recorded in the manifest).
+
+    ``ext`` is the field's name; ``member`` the extension of the stored member when the field
+    is an alias of several (``image`` ← ``png``); a custom decoder may be keyed by either.
+    """
     custom = decoder.custom.get(ext)
+    if custom is None and member is not None:
+        custom = decoder.custom.get(member)
     if custom is not None:
         return custom(data)
     if codec == "image":
-        return data if decoder.image == "raw" else _decode_image(data, decoder.image)
+        if decoder.image == "raw":
+            return data
+        return _decode_image(data, decoder.image, decoder.mode)
     if codec == "text":
         return data.decode("utf-8")
     if codec == "json":

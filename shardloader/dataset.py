@@ -12,15 +12,23 @@ import copy
 import logging
 import multiprocessing
 import multiprocessing.context
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from torch.utils.data import IterableDataset
 
+from shardloader.aliases import FieldMap
 from shardloader.codecs import Decoder, decode_field
-from shardloader.errors import DecodeError, ShardError, ShardloaderError, StorageError, UsageError
+from shardloader.errors import (
+    DecodeError,
+    ShardError,
+    ShardloaderError,
+    StorageError,
+    TransformError,
+    UsageError,
+)
 from shardloader.manifest import SampleIndex, read_manifest
 from shardloader.shards import ReadOptions, ShardSet, working_set_bytes
 from shardloader.shuffle import ShuffleOptions, derive_seed, epoch_order, plan_rng, seed_global_rngs
@@ -112,6 +120,7 @@ class ShardedDataset(IterableDataset):  # type: ignore[type-arg]
         rank: int | None = None,
         world_size: int | None = None,
         read: ReadOptions | None = None,
+        aliases: Mapping[str, Sequence[str]] | None = None,
     ) -> None:
         super().__init__()
         if uneven not in UNEVEN_POLICIES:
@@ -138,6 +147,8 @@ class ShardedDataset(IterableDataset):  # type: ignore[type-arg]
         self.collate_fn = collate_fn
         self.decoder = decoder
         self.on_error = on_error
+        # member extension → logical field: the manifest's aliases, ``aliases`` merged over
+        self.field_map = FieldMap.of_manifest(self.manifest, aliases)
         self._explicit_world = (rank, world_size)
         r, w = detect_world(rank, world_size)
         Place(r, w)  # validate
@@ -318,34 +329,69 @@ class ShardedDataset(IterableDataset):  # type: ignore[type-arg]
     def _load_sample(
         self, shards: ShardSet, shard: int, local: int, gid: int, pad: bool
     ) -> dict[str, Any]:
-        key, fields = shards.read(shard, local)
+        """Read, decode and transform one sample.
+
+        Every error on the way names shard, sample key, rank and worker and is chained to the
+        original: shardloader's own errors keep their class (a DecodeError stays one, so
+        ``on_error="skip"`` skips an image a transform cannot decode), anything else a
+        transform raises becomes a :class:`TransformError`.
+        """
+        key, raw = shards.read(shard, local)
         sample: dict[str, Any] = {"__key__": key, "__index__": gid, "__pad__": pad}
-        fields_info = self.manifest.fields
-        for ext, data in fields.items():
+        member_of = self.field_map.member_of  # aliases: key.png fills "image"
+        for ext, data in raw.items():
+            name = member_of.get(ext, ext) if member_of else ext
+            if member_of and name in sample:
+                err = self.field_map.clash(raw, name)
+                raise ShardError(f"{_where(shards, shard, key)}: {err}") from err
             if self.decoder is None:
-                sample[ext] = data
+                sample[name] = data
                 continue
-            info = fields_info.get(ext)
-            codec = info.codec if info is not None else "bytes"
             try:
-                sample[ext] = decode_field(
-                    ext, codec, data, self.decoder, dtype=info.dtype if info else None
-                )
+                sample[name] = self._decode(name, ext, data)
             except DecodeError as err:
-                raise DecodeError(f"{shards.describe(shard)}, sample {key!r}: {err}") from err
-            except Exception as err:  # corrupt payloads surface as many library types
-                raise DecodeError(
-                    f"{shards.describe(shard)}, sample {key!r}: cannot decode field {ext!r} "
-                    f"as {codec}: {err}"
-                ) from err
-        if self.transform is not None:
-            sample = self.transform(sample)
-            if not isinstance(sample, Mapping):
-                raise UsageError(
-                    f"transform returned {type(sample).__name__} for sample {key!r}; it must "
-                    "return the sample dict (filtering in a transform would make ranks uneven)"
-                )
-        return dict(sample)
+                raise DecodeError(f"{_where(shards, shard, key)}: {err}") from err
+        if self.transform is None:
+            return sample
+        try:
+            out = self.transform(sample)
+        except Exception as err:  # user code: anything at all
+            raise _located(err, _where(shards, shard, key)) from err
+        if not isinstance(out, Mapping):
+            raise UsageError(
+                f"{_where(shards, shard, key)}: transform returned {type(out).__name__}; it "
+                "must return the sample dict (filtering in a transform would make ranks uneven)"
+            )
+        return dict(out)
+
+    def _decode(self, name: str, ext: str, data: bytes) -> Any:
+        assert self.decoder is not None
+        info = self.field_map.fields.get(name)
+        codec = info.codec if info is not None else "bytes"
+        try:
+            return decode_field(
+                name, codec, data, self.decoder, dtype=info.dtype if info else None, member=ext
+            )
+        except DecodeError:
+            raise
+        except Exception as err:  # corrupt payloads surface as many library types
+            member = f" (member .{ext})" if ext != name else ""
+            raise DecodeError(f"cannot decode field {name!r}{member} as {codec}: {err}") from err
+
+
+def _where(shards: ShardSet, shard: int, key: str) -> str:
+    """Shard, sample key, rank and worker: built only when an error needs it."""
+    return f"{shards.describe(shard)}, sample {key!r}"
+
+
+def _located(err: Exception, where: str) -> ShardloaderError:
+    """``err`` with the sample's place in front: its own class if it is one of ours."""
+    if isinstance(err, ShardloaderError):
+        try:
+            return type(err)(f"{where}: {err}")
+        except TypeError:  # a subclass with another constructor
+            pass
+    return TransformError(f"{where}: transform raised {type(err).__name__}: {err}")
 
 
 def _pad_mask(plan: _Plan, slot: int, seed_index: int, n: int) -> np.ndarray:

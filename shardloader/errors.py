@@ -17,6 +17,7 @@ __all__ = [
     "ShardError",
     "ChecksumError",
     "DecodeError",
+    "TransformError",
     "StorageError",
     "ObjectNotFoundError",
     "ResumeError",
@@ -53,6 +54,15 @@ class ChecksumError(ShardError):
 
 class DecodeError(ShardloaderError, ValueError):
     """A field of a sample cannot be decoded (or must not be: pickled data)."""
+
+
+class TransformError(ShardloaderError, RuntimeError):
+    """A transform (the user's, or any code that is not shardloader's) failed on a sample.
+
+    The message names shard, sample key, rank and worker; the original exception is the
+    ``__cause__``.  ``on_error="skip"`` does not skip it: a bug in a transform should stop the
+    run.  A transform that meets bad data can raise :class:`DecodeError`, which is skipped.
+    """
 
 
 class StorageError(ShardloaderError, OSError):

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from shardloader import format as shard_format
+from shardloader.aliases import FieldMap
 from shardloader.codecs import check_field
 from shardloader.errors import InputError, ShardloaderError
 from shardloader.manifest import Manifest, SampleIndex, ShardInfo, read_manifest
@@ -182,6 +183,7 @@ class _Reasons(list[str]):
 def _check_sample(
     manifest: Manifest, index: SampleIndex | None, n: int, key: str,
     fields: Mapping[str, bytes], images: bool, reasons: _Reasons,
+    member_of: Mapping[str, str],
 ) -> None:
     if index is not None:
         if n >= len(index):
@@ -190,7 +192,7 @@ def _check_sample(
         if index.keys[n] != key:
             reasons.add(f"sample {n}: key {key!r}, but the sidecar says {index.keys[n]!r}")
     for ext, data in sorted(fields.items()):
-        info = manifest.fields.get(ext)
+        info = manifest.fields.get(member_of.get(ext, ext))
         if info is None:
             reasons.add(f"sample {key!r}: field {ext!r} is not in the manifest")
             continue
@@ -225,13 +227,14 @@ def _verify_shard(
     except (ShardloaderError, OSError) as err:
         reasons.add(f"sidecar {shard.index_path}: {err}")
     url = join(base, shard.path)
+    member_of = FieldMap.of_manifest(manifest).member_of  # aliases: key.png fills "image"
     n = 0
     try:
         with open_read(url, so) as raw:
             tap = HashingReader(raw, hashing=True)
             stream = shard_format.iter_stored(manifest.format, manifest.compression, tap, url)  # type: ignore[arg-type]
             for key, fields in stream:
-                _check_sample(manifest, index, n, key, fields, images, reasons)
+                _check_sample(manifest, index, n, key, fields, images, reasons, member_of)
                 n += 1
             tap.drain()
     except (ShardloaderError, OSError) as err:

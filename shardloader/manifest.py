@@ -70,6 +70,9 @@ class Manifest:
     layout: str = ""
     length_field: str | None = None  # field whose per-sample length the sidecars record
     extra: Mapping[str, Any] = field(default_factory=dict)
+    # {logical field: member extensions}: tar members ``key.jpg``/``key.png`` both fill
+    # ``image`` (see shardloader.aliases); ``fields`` is keyed by the logical name
+    aliases: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.format not in FORMATS:
@@ -94,7 +97,7 @@ class Manifest:
         return hashlib.sha256(json.dumps(ident).encode()).hexdigest()[:16]
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "format_version": FORMAT_VERSION,
             "format": self.format,
             "compression": self.compression,
@@ -110,6 +113,9 @@ class Manifest:
             "extra": dict(self.extra),
             "shards": [asdict(s) for s in self.shards],
         }
+        if self.aliases:  # only when used: manifests without aliases keep their exact bytes
+            out["aliases"] = {k: sorted(v) for k, v in sorted(self.aliases.items())}
+        return out
 
     def to_json(self) -> bytes:
         """Canonical bytes: same manifest, same bytes."""
@@ -139,6 +145,7 @@ class Manifest:
                 layout=raw.get("layout", ""),
                 length_field=raw.get("length_field"),
                 extra=raw.get("extra", {}),
+                aliases=_read_aliases(raw.get("aliases", {}), where),
             )
         except (KeyError, TypeError) as err:
             raise ManifestError(f"{where} is missing or has a malformed entry: {err}") from err
@@ -148,6 +155,15 @@ class Manifest:
                 f"shard counts ({manifest.num_samples}); the manifest was edited or damaged"
             )
         return manifest
+
+
+def _read_aliases(raw: Any, where: str) -> dict[str, tuple[str, ...]]:
+    if not isinstance(raw, dict) or not all(
+        isinstance(k, str) and isinstance(v, list) and all(isinstance(e, str) for e in v)
+        for k, v in raw.items()
+    ):
+        raise ManifestError(f"{where}: 'aliases' must map field names to lists of extensions")
+    return {k: tuple(v) for k, v in raw.items()}
 
 
 def _drop_none(d: dict[str, Any]) -> dict[str, Any]:

@@ -5,7 +5,12 @@ uint8 CHW tensor, and return a uint8 CHW tensor (often with channels-last memory
 the decoded pixels); :class:`ToImageTensor` ends a pipeline with a contiguous CHW tensor, or HWC
 with ``channels_last=True``.  Float conversion and normalization are left to
 :class:`Normalize`, best run on the GPU on the whole batch.  They work on one image; for the
-dataset's sample dicts wrap them in :class:`ApplyTo` (``train_transform(..., field="jpg")``).
+dataset's sample dicts wrap them in :class:`ApplyTo`; ``train_transform`` / ``eval_transform``
+do so for the field ``image`` (what a class-folder pack holds, whatever the extensions) unless
+given another ``field`` (``field=None``: a transform of one image).
+
+Every image is converted to RGB the way ``Decoder()`` does (:mod:`shardloader.imagemode`):
+grey, palette and CMYK converted, 16-bit scaled to 8 bits, transparency composited over white.
 
 The fast path is encoded bytes in (``Decoder(image="raw")`` on the dataset): the crop box is
 drawn from the image header, the JPEG decoder then runs at the smallest 1/2, 1/4 or 1/8 scale
@@ -32,6 +37,7 @@ import torch
 from PIL import Image
 
 from shardloader.errors import DecodeError, UsageError
+from shardloader.imagemode import convert
 
 __all__ = [
     "IMAGENET_MEAN",
@@ -48,6 +54,7 @@ __all__ = [
     "ApplyTo",
     "train_transform",
     "eval_transform",
+    "image_field",
 ]
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -85,7 +92,8 @@ def open_image(
     data: bytes | bytearray | memoryview, *, target_size: Size | None = None
 ) -> Image.Image:
     """Decode to an RGB PIL image, for JPEG at a reduced scale that still covers ``target_size``
-    (an int is the shorter side, else (height, width)); other formats decode at full size."""
+    (an int is the shorter side, else (height, width)); other formats decode at full size.
+    Other modes convert as ``Decoder(mode="RGB")`` does (:func:`shardloader.imagemode.convert`)."""
     try:
         lazy = Image.open(io.BytesIO(data))
         request = _draft_for(lazy.size, target_size)
@@ -97,10 +105,7 @@ def open_image(
 
 
 def _rgb(image: Image.Image) -> Image.Image:
-    if image.mode != "RGB":
-        return image.convert("RGB")
-    image.load()
-    return image
+    return convert(image, "RGB")  # the Decoder's conversion: one rule for every path
 
 
 def decode_image(
@@ -411,7 +416,7 @@ class Compose:
 
 @dataclass(frozen=True)
 class ApplyTo:
-    """Run ``transform`` on one field of a sample dict (e.g. ``"jpg"``); other fields pass."""
+    """Run ``transform`` on one field of a sample dict (e.g. ``"image"``); other fields pass."""
 
     field: str
     transform: Callable[[Any], Any]
@@ -425,6 +430,13 @@ class ApplyTo:
         return out
 
 
+def image_field(fields: Mapping[str, Any]) -> str | None:
+    """The field a vision transform should apply to, from a manifest's ``fields``: ``image``
+    (class-folder packs, ``--alias image=...``) if there is one, else the first image field."""
+    images = [name for name, info in sorted(fields.items()) if info.codec == "image"]
+    return "image" if "image" in images else next(iter(images), None)
+
+
 def _maybe_field(t: Compose, field: str | None) -> Compose | ApplyTo:
     return t if field is None else ApplyTo(field, t)
 
@@ -433,12 +445,13 @@ def train_transform(
     size: Size,
     *,
     scale: tuple[float, float] = (0.08, 1.0),
-    field: str | None = None,
+    field: str | None = "image",
     channels_last: bool = False,
 ) -> Compose | ApplyTo:
     """Random resized crop to ``size``, random flip, uint8 tensor (normalize on the GPU).
 
-    With ``field`` it transforms that field of a sample dict (the dataset's ``transform=``)."""
+    It transforms the ``field`` of a sample dict (the dataset's ``transform=``); with
+    ``field=None`` it transforms one image."""
     t = Compose(
         [RandomResizedCrop(size, scale), RandomHorizontalFlip(), ToImageTensor(channels_last)]
     )
@@ -449,11 +462,11 @@ def eval_transform(
     size: Size,
     *,
     resize: int | None = None,
-    field: str | None = None,
+    field: str | None = "image",
     channels_last: bool = False,
 ) -> Compose | ApplyTo:
     """Resize the shorter side to ``resize`` (default ``size / 0.875``), centre crop ``size``,
-    uint8 tensor."""
+    uint8 tensor; of the ``field`` of a sample dict, or of one image with ``field=None``."""
     short = min(_hw(size, "size"))
     t = Compose(
         [

@@ -28,6 +28,31 @@ def jpeg(seed: int, width: int = 24, height: int = 16) -> bytes:
     return buf.getvalue()
 
 
+def mask_png(seed: int, width: int = 6, height: int = 4) -> bytes:
+    """A small palette PNG (segmentation-mask style): a real image, of a few hundred bytes."""
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    image = Image.fromarray(rng.integers(0, 4, (height, width)).astype("uint8")).convert("P")
+    buf = io.BytesIO()
+    image.save(buf, "PNG")
+    return buf.getvalue()
+
+
+def undecodable_png(seed: int = 0) -> bytes:
+    """A PNG whose header and IEND chunk are intact but whose pixel data is garbage: only a
+    full decode (``--validate``) finds it."""
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    buf = io.BytesIO()
+    Image.fromarray((rng.random((40, 50, 3)) * 255).astype("uint8")).save(buf, "PNG")
+    data = bytearray(buf.getvalue())
+    start = data.index(b"IDAT") + 14
+    data[start : start + 30] = bytes(30)
+    return bytes(data)
+
+
 def write(root: str, rel: str, data: bytes) -> None:
     path = os.path.join(root, rel)
     os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -45,6 +70,96 @@ def class_folders(root: str, classes: Iterable[str] = ("cat", "dog", "eel"),
             files[rel] = jpeg(100 * c + i, 16 + 4 * i, 12 + 2 * c)
             write(root, rel, files[rel])
     return files
+
+
+def _encode(image, fmt: str, **options) -> bytes:
+    buf = io.BytesIO()
+    image.save(buf, fmt, **options)
+    return buf.getvalue()
+
+
+def mixed_image(kind: str, seed: int, width: int = 20, height: int = 14) -> tuple[
+    str, bytes, np.ndarray, float
+]:
+    """One image of the kind a real folder mixes: (extension, bytes, the RGB pixels every
+    decoder must produce as uint8 HWC, the mean absolute error allowed: 0 for lossless
+    formats, exact; 1 where alpha compositing rounds).
+
+    Transparent pixels are white (composited), 16-bit grey is scaled (not clipped) to 8 bits.
+    """
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    rgb = (rng.random((height, width, 3)) * 255).astype(np.uint8)
+    grey = (rng.random((height, width)) * 255).astype(np.uint8)
+    if kind == "jpg-rgb":
+        smooth = np.asarray(Image.fromarray(rgb[::4, ::4]).resize((width, height)))
+        return "jpg", _encode(Image.fromarray(smooth), "JPEG", quality=95, subsampling=0), smooth, 6
+    if kind == "jpeg-grey":
+        smooth = np.asarray(Image.fromarray(grey[::4, ::4]).resize((width, height)))
+        data = _encode(Image.fromarray(smooth), "JPEG", quality=95, subsampling=0)
+        return "jpeg", data, np.repeat(smooth[:, :, None], 3, 2), 6
+    if kind == "jpg-cmyk":
+        smooth = np.asarray(Image.fromarray(rgb[::4, ::4]).resize((width, height)))
+        data = _encode(Image.fromarray(smooth).convert("CMYK"), "JPEG", quality=95, subsampling=0)
+        return "jpg", data, smooth, 6
+    if kind == "png-rgb":
+        return "png", _encode(Image.fromarray(rgb), "PNG"), rgb, 0
+    if kind == "png-grey":
+        return "png", _encode(Image.fromarray(grey), "PNG"), np.repeat(grey[:, :, None], 3, 2), 0
+    if kind == "png-rgba":
+        alpha = rng.integers(0, 256, (height, width))
+        alpha[rng.random((height, width)) < 0.3] = 0
+        alpha[0, 0], alpha[0, 1] = 0, 255
+        rgba = np.dstack([rgb, alpha.astype(np.uint8)])
+        a = alpha[:, :, None] / 255
+        want = np.rint(rgb * a + 255 * (1 - a)).astype(np.uint8)
+        return "png", _encode(Image.fromarray(rgba), "PNG"), want, 1
+    if kind in ("png-palette", "gif"):
+        colours = (rng.random((4, 3)) * 255).astype(np.uint8)
+        index = rng.integers(0, 4, (height, width)).astype(np.uint8)
+        index[0, 0] = 0
+        image = Image.fromarray(index, "L").convert("P")  # indices stay the pixel values
+        image.putpalette(colours.flatten().tolist() + [0] * (3 * 252))
+        want = colours[index].copy()
+        want[index == 0] = 255  # index 0 is transparent: white
+        return kind.split("-")[0], _encode(image, kind.split("-")[0].upper(), transparency=0), \
+            want, 0
+    if kind == "png-16bit":
+        wide = grey.astype(np.uint16) * 257  # exactly g/255 of full scale
+        return "png", _encode(Image.fromarray(wide), "PNG"), np.repeat(grey[:, :, None], 3, 2), 0
+    if kind == "webp":
+        return "webp", _encode(Image.fromarray(rgb), "WEBP", lossless=True), rgb, 0
+    if kind == "bmp":
+        return "bmp", _encode(Image.fromarray(rgb), "BMP"), rgb, 0
+    if kind == "tiff-cmyk":
+        return "tiff", _encode(Image.fromarray(rgb).convert("CMYK"), "TIFF"), rgb, 0
+    raise ValueError(kind)
+
+
+MIXED_KINDS = ("jpg-rgb", "jpeg-grey", "jpg-cmyk", "png-rgb", "png-grey", "png-rgba",
+               "png-palette", "png-16bit", "gif", "webp", "bmp", "tiff-cmyk")
+
+
+def pixels_match(got: np.ndarray, want: np.ndarray, tolerance: float) -> bool:
+    """uint8 HWC ``got`` equals ``want`` exactly (tolerance 0), or within the mean error."""
+    diff = np.abs(np.asarray(got, np.int64) - want)
+    return got.shape == want.shape and (diff.max() == 0 if tolerance == 0 else
+                                        diff.mean() <= tolerance and diff.max() <= 64)
+
+
+def mixed_class_folders(root: str, classes: Iterable[str] = ("cat", "dog"),
+                        per_class: int = len(MIXED_KINDS)) -> dict[str, tuple[np.ndarray, float]]:
+    """Class folders as real ones are: every extension and mode of :data:`MIXED_KINDS`, in
+    turn; returns {sample key: (expected RGB pixels HWC, mean error allowed)}."""
+    want = {}
+    for c, name in enumerate(classes):
+        for i in range(per_class):
+            kind = MIXED_KINDS[(i + c) % len(MIXED_KINDS)]
+            ext, data, pixels, tol = mixed_image(kind, 1000 * c + i, 20 + i % 3, 14 + c)
+            write(root, f"{name}/{i:03d}.{ext}", data)
+            want[f"{name}/{i:03d}"] = (pixels, tol)
+    return want
 
 
 class Boom:
@@ -67,7 +182,7 @@ def key_groups(root: str, n: int = 6, marker: str | None = None) -> dict[str, by
         if i % 2 == 0:
             files[f"{key}.txt"] = " ".join(WORDS[: i + 1]).encode()
         if i % 3 == 0:
-            files[f"{key}.seg.png"] = bytes(range(i + 5))
+            files[f"{key}.seg.png"] = mask_png(i, 4 + i)
         if marker is not None and i == 1:
             files[f"{key}.pkl"] = pickle.dumps(Boom(marker))
     for rel, data in files.items():

@@ -28,7 +28,7 @@ def run(tmp_path, *args, timeout=240):
 @pytest.fixture(scope="module")
 def images(tmp_path_factory):
     root = tmp_path_factory.mktemp("images")
-    corpus.class_folders(str(root / "raw"), per_class=6)
+    corpus.mixed_class_folders(str(root / "raw"))  # every format and mode, in each class
     pack(str(root / "raw"), str(root / "packed"), PackOptions(shard_size=4000))
     return str(root / "packed")
 

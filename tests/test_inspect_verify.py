@@ -24,7 +24,7 @@ def test_inspect_class_folders(tmp_path):
     assert s.shard_samples.min == 2 and s.shard_samples.max == 4
     assert s.bytes == report.bytes_out and s.raw_bytes == report.raw_bytes
     assert s.sample_bytes.count == 6 and s.lengths is None
-    assert s.fields == {"cls": {"codec": "int"}, "jpg": {"codec": "image"}}
+    assert s.fields == {"cls": {"codec": "int"}, "image": {"codec": "image"}}
     json.dumps(s.to_dict())  # machine-readable
 
 
@@ -98,5 +98,5 @@ def test_verify_parses_every_field(tmp_path):
     [bad] = r.bad
     assert any("'k/2'" in x and "invalid JSON" in x for x in bad.reasons)
     assert any("'k/3'" in x and "image" in x for x in bad.reasons)
-    assert verify_dataset(str(tmp_path), images=False).bad[0].reasons == (
-        next(x for x in bad.reasons if "k/2" in x),)
+    cheap = verify_dataset(str(tmp_path), images=False).bad[0].reasons  # header check only
+    assert len(cheap) == 2 and any("'k/3'" in x and "not an image PIL can" in x for x in cheap)

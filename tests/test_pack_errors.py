@@ -7,7 +7,16 @@ import json
 import os
 
 import pytest
-from corpus import class_folders, docs, jsonl, key_groups, read_back, tree, write
+from corpus import (
+    class_folders,
+    docs,
+    jsonl,
+    key_groups,
+    read_back,
+    tree,
+    undecodable_png,
+    write,
+)
 
 from shardloader.errors import InputError, OutputExistsError, StorageError, UsageError
 from shardloader.pack import PackOptions, pack
@@ -40,17 +49,17 @@ def test_invalid_utf8_text_line_fails(tmp_path):
         pack(str(tmp_path / "src"), str(tmp_path / "out"))
 
 
-def test_corrupt_image_fails_only_with_validate(tmp_path):
+def test_undecodable_image_fails_only_with_validate(tmp_path):
     class_folders(str(tmp_path / "src"), per_class=2)
-    write(str(tmp_path / "src"), "dog/broken.jpg", b"\xff\xd8\xff\xe0 not really a jpeg")
+    write(str(tmp_path / "src"), "dog/broken.png", undecodable_png())  # passes the cheap check
     pack(str(tmp_path / "src"), str(tmp_path / "plain"))  # not decoded: packed as bytes
-    with pytest.raises(InputError, match=r"dog/broken\.jpg \(key 'dog/broken'\): field 'jpg'"):
+    with pytest.raises(InputError, match=r"dog/broken\.png \(key 'dog/broken'\): field 'png'"):
         pack(str(tmp_path / "src"), str(tmp_path / "out"), PackOptions(validate=True))
     report = pack(str(tmp_path / "src"), str(tmp_path / "skip"),
                   PackOptions(validate=True, on_error="skip"))
     assert report.skipped == 1 and report.samples == 6
     [skip] = _skips(tmp_path / "skip")
-    assert skip["key"] == "dog/broken" and skip["file"] == "dog/broken.jpg"
+    assert skip["key"] == "dog/broken" and skip["file"] == "dog/broken.png"
     assert "0x" not in skip["reason"]  # no object addresses: reports are reproducible
 
 

@@ -9,7 +9,18 @@ import shutil
 import subprocess
 
 import pytest
-from corpus import class_folders, docs, jsonl, key_groups, parquet, read_back, sidecar, write
+from corpus import (
+    class_folders,
+    docs,
+    jpeg,
+    jsonl,
+    key_groups,
+    mask_png,
+    parquet,
+    read_back,
+    sidecar,
+    write,
+)
 
 from shardloader.format import shard_suffix
 from shardloader.pack import PackOptions, pack
@@ -170,7 +181,7 @@ def test_pickled_inputs_are_stored_opaque_and_never_unpickled(tmp_path):
     from shardloader.inspect import inspect_dataset, verify_dataset
 
     inspect_dataset(report.out)
-    assert verify_dataset(report.out, images=False).ok  # its seg.png is not a real image
+    assert verify_dataset(report.out).ok
     assert not marker.exists()
 
 
@@ -213,7 +224,7 @@ def test_urls_in_and_out(tmp_path):
 
 
 def test_two_images_per_key_are_key_groups(tmp_path):
-    write(str(tmp_path / "src"), "a/0001.jpg", b"x")
-    write(str(tmp_path / "src"), "a/0001.png", b"y")
+    write(str(tmp_path / "src"), "a/0001.jpg", jpeg(1))
+    write(str(tmp_path / "src"), "a/0001.png", mask_png(1))
     report = pack(str(tmp_path / "src"), str(tmp_path / "out"))
     assert report.manifest.layout == "key-groups" and report.samples == 1

@@ -149,9 +149,8 @@ def test_pack_to_s3_then_inspect_verify_and_read_back_byte_identical(
                 seen[sample["__key__"]] = sample
     assert len(seen) == len(files)
     for rel, data in files.items():
-        key, ext = rel.rsplit(".", 1)
-        sample = seen[key]
-        assert sample[ext] == data  # the stored bytes are the input file's bytes
+        sample = seen[rel.rsplit(".", 1)[0]]
+        assert sample["image"] == data  # .jpg and .png alike, the input file's bytes
         assert int(sample["cls"]) == CLASSES.index(rel.split("/")[0])
 
 

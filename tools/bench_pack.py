@@ -244,11 +244,13 @@ def ensure_corpus(path: str, images: int, docs: int, seed: int) -> dict:
     if os.path.exists(meta):
         with open(meta) as f:
             params = json.load(f)
-        if (params.get("images"), params.get("docs"), params.get("seed")) == (images, docs, seed):
+        if (params.get("images"), params.get("docs"), params.get("seed"),
+                params.get("mixed")) == (images, docs, seed, False):
             return params
         shutil.rmtree(path)
     print(f"generating corpus in {path} ({images} images, {docs} docs) ...", file=sys.stderr)
-    return make_corpus(path, images=images, docs=docs, seed=seed)
+    # JPEGs only: the figures in README compare writers on the same RGB JPEGs
+    return make_corpus(path, images=images, docs=docs, seed=seed, mixed=False)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,7 +2,8 @@
 
     python tools/demo.py [--workdir DIR] [--keep]
 
-1. generates a small class-folder corpus of JPEGs (``tools/make_corpus.py`` when present, else
+1. generates a small class-folder corpus mixed as real folders are: .jpg/.jpeg/.png in RGB,
+   grey, CMYK, RGBA, palette and 16-bit (``tools/make_corpus.py`` when present, else JPEG
    pictures of circles, squares and stripes made here);
 2. ``shardloader pack`` → ``inspect`` → ``verify``;
 3. streams one epoch through ``make_loader`` with worker processes;
@@ -104,10 +105,11 @@ def stream(packed: str, cache: str) -> None:
     from shardloader.vision import train_transform
 
     print(">>> loader = make_loader(ShardedDataset(packed, batch_size=16, shuffle=True, "
-          "transform=train_transform(32, field='jpg')), num_workers=2)", flush=True)
+          "decoder=Decoder(image='raw'), transform=train_transform(32)), num_workers=2)",
+          flush=True)
     ds = sl.ShardedDataset(packed, batch_size=16, shuffle=True, seed=0,
                            decoder=sl.Decoder(image="raw"),
-                           transform=train_transform(32, field="jpg"),
+                           transform=train_transform(32),  # the field "image": every format
                            read=sl.ReadOptions(cache=sl.CacheOptions(dir=cache)))
     started = time.perf_counter()
     batches = list(sl.make_loader(ds, num_workers=2))
@@ -115,8 +117,8 @@ def stream(packed: str, cache: str) -> None:
     first = batches[0]
     real = sum(int((~b["__pad__"]).sum()) for b in batches)
     print(f"  {len(batches)} batches, {real} real samples + {ds.report().padded_samples} "
-          f"padding in {seconds:.2f}s; batch: jpg {tuple(first['jpg'].shape)} "
-          f"{first['jpg'].dtype}, cls {first['cls'].tolist()[:8]}...", flush=True)
+          f"padding in {seconds:.2f}s; batch: image {tuple(first['image'].shape)} "
+          f"{first['image'].dtype}, cls {first['cls'].tolist()[:8]}...", flush=True)
     if real != ds.manifest.num_samples:
         raise StepFailed(f"streamed {real} samples, the manifest holds {ds.manifest.num_samples}")
 

@@ -3,10 +3,15 @@
 
     python tools/make_corpus.py OUT [--images 20000] [--classes 100] [--docs 200000]
                                     [--doc-files 8] [--parquet-rows 0] [--seed 0] [--jobs N]
+                                    [--jpeg-only]
 
 Writes
-  OUT/images/<class>/<i>.jpg   real JPEGs (PIL) of varied sizes from smooth random content plus
-                               noise, so they compress like photos (i.e. hardly at all);
+  OUT/images/<class>/<i>.<ext> real images (PIL) of varied sizes from smooth random content plus
+                               noise, so they compress like photos (i.e. hardly at all), mixed
+                               as real folders are: per 10 images, 6 RGB .jpg, 1 RGB .jpeg,
+                               1 grey or CMYK .jpg, 2 .png (RGB, RGBA, palette with a
+                               transparent colour, 16-bit grey, in turn); --jpeg-only: all RGB
+                               .jpg (the corpus of the packing benchmarks);
   OUT/docs/part-NNNNN.jsonl    {"id", "text"} documents of lognormal length, Zipf-distributed
                                pseudo-words (compresses roughly like natural text);
   OUT/table/part-00000.parquet (with --parquet-rows) columns id, text, label;
@@ -31,7 +36,41 @@ _LETTER_P = np.array([12.7, 9.1, 8.2, 7.5, 7.0, 6.7, 6.3, 6.1, 6.0, 4.3, 4.0, 2.
 
 
 def image_bytes(seed: int, index: int) -> bytes:
-    """One JPEG: a smooth random field (upsampled low-res noise) plus fine grain."""
+    """One RGB JPEG: a smooth random field (upsampled low-res noise) plus fine grain."""
+    img, quality = _picture(seed, index)
+    return _save(img, "JPEG", quality=quality)
+
+
+def mixed_image(seed: int, index: int) -> tuple[str, bytes]:
+    """(extension, bytes) of image ``index`` in a mixed folder (see the module doc)."""
+    from PIL import Image
+
+    img, quality = _picture(seed, index)
+    slot, turn = index % 10, index // 10
+    if slot < 8:
+        if slot == 7:
+            img = img.convert("L" if turn % 2 == 0 else "CMYK")
+        return ("jpeg" if slot == 6 else "jpg"), _save(img, "JPEG", quality=quality)
+    kind = (2 * turn + slot - 8) % 4
+    if kind == 1:  # RGBA: an alpha ramp, fully transparent at the left edge
+        alpha = np.linspace(0, 255, img.size[0], dtype=np.uint8)[None, :].repeat(img.size[1], 0)
+        img = Image.fromarray(np.dstack([np.asarray(img), alpha]))
+    elif kind == 2:  # palette, colour 0 transparent
+        return "png", _save(img.quantize(64), "PNG", transparency=0)
+    elif kind == 3:  # 16-bit grey
+        img = Image.fromarray(np.asarray(img.convert("L"), np.uint16) * 257)
+    return "png", _save(img, "PNG")
+
+
+def _save(img, fmt: str, **options) -> bytes:  # noqa: ANN001 - PIL is imported lazily
+    buf = io.BytesIO()
+    img.save(buf, fmt, **options)
+    return buf.getvalue()
+
+
+def _picture(seed: int, index: int) -> tuple:
+    """(RGB PIL image, JPEG quality): a smooth random field (upsampled low-res noise) plus
+    fine grain, so it compresses like a photo."""
     from PIL import Image
 
     rng = np.random.default_rng([seed, index])
@@ -41,19 +80,17 @@ def image_bytes(seed: int, index: int) -> bytes:
     grain = np.frombuffer(rng.bytes(w * h), np.uint8).reshape(h, w, 1) & 15  # cheap noise
     pixels = np.asarray(img, dtype=np.uint16) + grain
     img = Image.fromarray(np.minimum(pixels, 255).astype(np.uint8))
-    buf = io.BytesIO()
-    img.save(buf, "JPEG", quality=int(rng.integers(80, 96)))
-    return buf.getvalue()
+    return img, int(rng.integers(80, 96))
 
 
-def _write_images(args: tuple[str, int, int, int, int]) -> int:
-    out, seed, classes, start, stop = args
+def _write_images(args: tuple[str, int, int, int, int, bool]) -> int:
+    out, seed, classes, start, stop, mixed = args
     total = 0
     for i in range(start, stop):
         folder = os.path.join(out, "images", f"class-{i % classes:03d}")
         os.makedirs(folder, exist_ok=True)
-        data = image_bytes(seed, i)
-        with open(os.path.join(folder, f"{i:07d}.jpg"), "wb") as f:
+        ext, data = mixed_image(seed, i) if mixed else ("jpg", image_bytes(seed, i))
+        with open(os.path.join(folder, f"{i:07d}.{ext}"), "wb") as f:
             f.write(data)
         total += len(data)
     return total
@@ -111,14 +148,15 @@ def _write_table(out: str, seed: int, rows: int) -> None:
 
 def make_corpus(out: str, images: int = 20000, classes: int = 100, docs: int = 200000,
                 doc_files: int = 8, parquet_rows: int = 0, seed: int = 0,
-                jobs: int | None = None) -> dict:
+                jobs: int | None = None, mixed: bool = True) -> dict:
     """Generate the corpus (see the module docstring); returns its parameters and sizes."""
     jobs = jobs or os.cpu_count() or 1
     os.makedirs(out, exist_ok=True)
     params = {"images": images, "classes": classes, "docs": docs, "doc_files": doc_files,
-              "parquet_rows": parquet_rows, "seed": seed, "version": 1}
+              "parquet_rows": parquet_rows, "seed": seed, "mixed": mixed, "version": 2}
     chunk = max(1, images // (jobs * 8) or 1)
-    image_jobs = [(out, seed, classes, s, min(s + chunk, images)) for s in range(0, images, chunk)]
+    image_jobs = [(out, seed, classes, s, min(s + chunk, images), mixed)
+                  for s in range(0, images, chunk)]
     per_file = -(-docs // doc_files) if docs else 0
     doc_jobs = [(out, seed, f, f * per_file, min(per_file, docs - f * per_file))
                 for f in range(doc_files) if docs - f * per_file > 0]
@@ -144,9 +182,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--parquet-rows", type=int, default=0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--jobs", type=int, default=None, help="generator processes (default: cores)")
+    p.add_argument("--jpeg-only", action="store_true", help="every image an RGB .jpg")
     a = p.parse_args(argv)
     params = make_corpus(a.out, a.images, a.classes, a.docs, a.doc_files, a.parquet_rows, a.seed,
-                         a.jobs)
+                         a.jobs, mixed=not a.jpeg_only)
     print(f"{a.out}: {a.images} images ({params['image_bytes'] / 1e6:.1f} MB), {a.docs} docs "
           f"({params['doc_bytes'] / 1e6:.1f} MB)", file=sys.stderr)
     return 0

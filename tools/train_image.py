@@ -1,13 +1,15 @@
 """Train a tiny CNN on a packed class-folder image dataset, on the CPU, and say who waits.
 
-    shardloader pack photos/ packed/            # photos/<class>/<image>.jpg
+    shardloader pack photos/ packed/            # photos/<class>/<image>.jpg|.jpeg|.png|...
     python tools/train_image.py packed/ --steps 50 --workers 2
     python -m torch.distributed.run --standalone --nproc_per_node 2 \\
         tools/train_image.py packed/ --steps 50    # DDP over gloo, one shard of batches per rank
     python tools/train_image.py --remote http://host:8000 --num-classes 10   # shardloader serve
 
-Images are decoded in the DataLoader workers at reduced JPEG scale and augmented there
-(``shardloader.vision.train_transform``); normalization runs on the whole batch in the loop.
+Images (any mix of formats and modes: a class-folder pack holds them all in the field
+``image``, converted to RGB) are decoded in the DataLoader workers at reduced JPEG scale and
+augmented there (``shardloader.vision.train_transform``); normalization runs on the whole batch
+in the loop.
 ``shardloader.monitor`` times the wait for each batch against the step and the script ends by
 printing the data-bound share (over all ranks under torchrun).
 """
@@ -107,7 +109,9 @@ def make_loader(args: argparse.Namespace, rank: int, world: int) -> tuple[Any, A
         raise SystemExit("give DATA (a packed dataset) or --remote URL")
     read = sl.ReadOptions(cache=sl.CacheOptions(dir=args.cache_dir)) if args.cache_dir else None
     manifest, _ = sl.read_manifest(args.data)
-    images = [ext for ext, info in manifest.fields.items() if info.codec == "image"]
+    images = sorted(name for name, info in manifest.fields.items() if info.codec == "image")
+    if "image" in images:  # class-folder packs: every extension of the folder, one field
+        images.insert(0, "image")
     if not images or "cls" not in manifest.fields:
         raise SystemExit(f"{args.data} is not a packed class-folder dataset (fields: "
                          f"{', '.join(manifest.fields)}); pack a folder of <class>/<image> files")

@@ -53,17 +53,17 @@ def _pipeline(
 
     if transform == "none":
         return None, None
+    from shardloader import vision
+
     manifest, _ = read_manifest(url, (read or ReadOptions()).storage_options)
-    images = [ext for ext, info in manifest.fields.items() if info.codec == "image"]
-    if not images:
+    field = vision.image_field(manifest.fields)  # "image" in class-folder packs
+    if field is None:
         if transform == "auto":
             return None, None
         raise UsageError(f"--transform {transform}: {url} has no image field "
                          f"(fields: {', '.join(manifest.fields)})")
-    from shardloader import vision
-
     make = vision.eval_transform if transform == "eval" else vision.train_transform
-    return Decoder(image="raw"), make(image_size, field=images[0])
+    return Decoder(image="raw"), make(image_size, field=field)
 
 
 @main.command("bench")

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from shardloader.aliases import parse_option
 from shardloader.cli import main
 from shardloader.errors import ShardError, UsageError
 from shardloader.units import human_bytes as _human
@@ -91,7 +92,11 @@ _storage_option = click.option(
               help="... and pack only this one (0-based); combine with `shardloader merge`.")
 @click.option("--on-error", type=click.Choice(["fail", "skip"]), default="fail",
               show_default=True, help="Bad input: stop, or skip it and report it.")
-@click.option("--validate", is_flag=True, help="Decode every image to check it.")
+@click.option("--validate", is_flag=True, help="Decode every image to check it (without it, a "
+              "cheap check: empty files, unreadable headers, truncated JPEG/PNG/WebP).")
+@click.option("--alias", "alias", multiple=True, metavar="FIELD=EXT,...",
+              help="Read several extensions as one field, e.g. image=jpg,jpeg,png (repeatable; "
+              "recorded in the manifest; class folders get image=<their extensions>).")
 @click.option("--tokenizer", type=click.Path(dir_okay=False), default=None,
               help="Hugging Face tokenizers JSON file: store token ids in a 'tokens' field.")
 @click.option("--text-field", default="text", show_default=True,
@@ -103,7 +108,7 @@ _storage_option = click.option(
 def pack_command(src: str, out: str, fmt: str, compression: str, shard_size: str,
                  max_samples: int | None, layout: str, workers: int, num_parts: int, part: int,
                  on_error: str, validate: bool, tokenizer: str | None, text_field: str,
-                 resume: bool, overwrite: bool, quiet: bool,
+                 resume: bool, overwrite: bool, quiet: bool, alias: tuple[str, ...],
                  storage_option: tuple[str, ...]) -> None:
     """Pack the raw files in SRC into shards + index.json in OUT.
 
@@ -118,7 +123,7 @@ def pack_command(src: str, out: str, fmt: str, compression: str, shard_size: str
         max_samples=max_samples, layout=layout, on_error=on_error, validate=validate,
         tokenizer=tokenizer, text_field=text_field, workers=workers, num_parts=num_parts,
         part=part, resume=resume, overwrite=overwrite,
-        storage_options=_storage_options(storage_option),
+        storage_options=_storage_options(storage_option), aliases=parse_option(alias),
     )
     bar = None
     if _show_progress(quiet):
@@ -163,7 +168,10 @@ def format_report(r: PackReport) -> str:
                                         if r.skipped else ""),
         f"  shards    {r.shards:,}" + (f"  ({r.kept_shards} kept from an earlier run)"
                                        if r.kept_shards else ""),
-        f"  fields    {', '.join(f'{k}:{v.codec}' for k, v in sorted(m.fields.items()))}",
+        "  fields    " + ", ".join(
+            f"{k}:{v.codec}" + (f" ({'/'.join(m.aliases[k])})" if k in m.aliases else "")
+            for k, v in sorted(m.fields.items())
+        ),
     ]
     if m.classes:
         lines.append(f"  classes   {len(m.classes)}")

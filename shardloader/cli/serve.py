@@ -47,7 +47,8 @@ __all__ = ["serve"]
               show_default=True, help="Built-in image transform (random resized crop + flip, "
               "or resize + centre crop) to --image-size.")
 @click.option("--image-size", type=click.IntRange(1), default=224, show_default=True)
-@click.option("--image-field", help="Image field the transform applies to (default: the first).")
+@click.option("--image-field", help="Image field the transform applies to (default: 'image', "
+              "which class-folder packs hold whatever the extensions, else the first).")
 @click.option("--cache-dir", type=click.Path(file_okay=False), help="Node-local shard cache.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
               default="info", show_default=True)

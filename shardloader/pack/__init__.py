@@ -28,6 +28,7 @@ from multiprocessing import get_all_start_methods, get_context
 from multiprocessing.context import BaseContext
 from typing import Any
 
+from shardloader.aliases import FieldMap
 from shardloader.errors import ShardError, UsageError
 from shardloader.manifest import FORMAT_VERSION, MANIFEST_NAME, FieldInfo, Manifest, ShardInfo
 from shardloader.pack.discover import LAYOUTS, Source, discover
@@ -72,6 +73,7 @@ class PackOptions:
     resume: bool = False
     overwrite: bool = False
     storage_options: Mapping[str, Any] = field(default_factory=dict)
+    aliases: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # --alias image=jpg,png
 
     def __post_init__(self) -> None:
         def bad(msg: str) -> UsageError:
@@ -291,7 +293,7 @@ def pack(
     check_writable(out, existing, overwrite=options.overwrite, resume=options.resume)
     source = discover(
         src, options.layout, so, text_field=options.text_field,
-        tokenize=options.tokenizer is not None,
+        tokenize=options.tokenizer is not None, aliases=options.aliases,
     )
     fields = dict(source.fields)
     tok_meta = _add_tokens(src, options.tokenizer, fields)
@@ -352,10 +354,12 @@ def pack(
                 "planned_shards": planner.planned,
                 "shard_numbers": sorted(run.infos),
             }
+        logical = FieldMap.build(fields, source.aliases, "--alias")  # members → manifest fields
         manifest = Manifest(
-            format=options.format, compression=options.compression, fields=fields,
+            format=options.format, compression=options.compression, fields=logical.fields,
             shards=shards, classes=source.classes, layout=source.layout,
             length_field=source.text.length_field if source.text else None, extra=extra,
+            aliases=logical.aliases,
         )
         write_bytes_atomic(join(out, MANIFEST_NAME), manifest.to_json(), so)
     except BaseException:

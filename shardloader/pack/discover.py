@@ -3,14 +3,17 @@
 Layouts (``--layout`` overrides the detection):
 
 - ``class-folders``: every file sits exactly at ``SRC/<class>/<file>`` and is an image.  One
-  sample per file, key ``<class>/<stem>`` (dots in the stem become ``_``), the file's lower-cased
-  extension as its field, plus ``cls`` = the class index (ascii) into the sorted class list.
+  sample per file, key ``<class>/<stem>`` (dots in the stem become ``_``), the image under the
+  field ``image`` whatever its extension (the tar member keeps its lower-cased extension; the
+  manifest's ``aliases`` lists the extensions seen), plus ``cls`` = the class index (ascii)
+  into the sorted class list.
 - ``records``: every file is a line file (``.jsonl``/``.txt``, optionally ``.gz``/``.zst``) or a
   table (``.parquet``, Arrow IPC ``.arrow``/``.feather``/``.ipc``).  One sample per non-empty line
   (key ``<path without suffixes>/<line number:09d>``, 1-based) or per row (``.../<row:09d>``,
   0-based).  Lines become field ``json`` or ``txt``; table columns become one field each.
 - ``key-groups``: anything else.  Files sharing a key (the path up to the first dot of the
-  basename, webdataset's rule) form one sample with one field per extension.
+  basename, webdataset's rule) form one sample with one field per extension; ``--alias
+  image=jpg,png`` makes several extensions one field (see :mod:`shardloader.aliases`).
 
 Files are listed (sizes from ``stat``/``find``, never read) in sorted order and samples are
 yielded sorted by key, so the stream is a pure function of the input tree.  Record files are read
@@ -23,9 +26,10 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from shardloader.aliases import Aliases, FieldMap, merge, normalize
 from shardloader.codecs import IMAGE_EXTENSIONS, codec_for_extension
 from shardloader.errors import InputError, StorageError, UsageError
 from shardloader.manifest import FieldInfo
@@ -69,6 +73,13 @@ class Source:
     classes: tuple[str, ...] = ()
     text: TextRule | None = None
     storage_options: Mapping[str, Any] | None = None
+    # {logical field: member extensions}; ``fields`` above are per member extension (what
+    # the writers and checks see), ``field_map.fields`` what the manifest records
+    aliases: Aliases = field(default_factory=dict)
+
+    @property
+    def field_map(self) -> FieldMap:
+        return FieldMap.build(self.fields, self.aliases, "--alias")
 
     @property
     def total_bytes(self) -> int:
@@ -180,8 +191,11 @@ def discover(
     *,
     text_field: str = "text",
     tokenize: bool = False,
+    aliases: Aliases | None = None,
 ) -> Source:
-    """List ``src``, decide its layout, and work out fields, classes and the text rule."""
+    """List ``src``, decide its layout, and work out fields, classes, aliases and the text rule.
+
+    ``aliases`` (``--alias``) merge over the layout's own (class folders: ``image``)."""
     if layout not in LAYOUTS:
         raise UsageError(f"unknown layout {layout!r}; choose one of {', '.join(LAYOUTS)}")
     files = list_inputs(src, storage_options)
@@ -203,7 +217,30 @@ def discover(
             f"--tokenizer needs text: {src} ({layout}) has no field {text_field!r}, 'txt' or "
             "'json'; pass --text-field"
         )
-    return Source(src, layout, tuple(files), fields, classes, text, storage_options)
+    groups = _aliases(src, layout, fields, normalize(aliases, "--alias"))
+    source = Source(src, layout, tuple(files), fields, classes, text, storage_options, groups)
+    source.field_map  # noqa: B018 - checks the aliases now, before anything is read
+    return source
+
+
+def _aliases(
+    src: str, layout: str, fields: Mapping[str, FieldInfo], given: Aliases
+) -> dict[str, tuple[str, ...]]:
+    """The layout's aliases (class folders: every image extension seen is ``image``) with the
+    given ones over them, keeping only extensions the source has."""
+    own = {}
+    if layout == "class-folders":
+        own = {"image": tuple(sorted(e for e, i in fields.items() if i.codec == "image"))}
+    out = {}
+    for name, exts in merge(own, given).items():
+        seen = tuple(e for e in exts if e in fields)
+        if not seen:
+            raise UsageError(
+                f"--alias {name}={','.join(exts)}: {src} has none of these fields "
+                f"(fields: {', '.join(sorted(fields))})"
+            )
+        out[name] = seen
+    return out
 
 
 def _class_folders(
@@ -262,12 +299,21 @@ def _file_samples(source: Source) -> list[SampleRef]:
     else:
         from shardloader.format.tar import split_key
 
+        member_of = source.field_map.member_of
         for f in source.files:
             parts = split_key(f.rel)
             if parts is None:
                 raise UsageError(f"{source.url}: {f.rel!r} has no extension")
             key, ext = parts
-            groups.setdefault(key, {})[ext] = FileRef(f.url, f.rel, f.size)
+            group = groups.setdefault(key, {})
+            name = member_of.get(ext)
+            same = next((r for e, r in group.items() if name and member_of.get(e) == name), None)
+            if same is not None:
+                raise UsageError(
+                    f"{source.url}: {same.rel!r} and {f.rel!r} both fill field {name!r} of "
+                    f"sample {key!r} (--alias); a sample may hold only one of them"
+                )
+            group[ext] = FileRef(f.url, f.rel, f.size)
     out = []
     for key in sorted(groups):
         fields: dict[str, FileRef | bytes] = dict(groups[key])

@@ -50,7 +50,7 @@ __all__ = ["MergeReport", "merge"]
 
 log = logging.getLogger(__name__)
 
-_SAME = ("format", "compression", "fields", "classes", "layout", "length_field")
+_SAME = ("format", "compression", "fields", "classes", "layout", "length_field", "aliases")
 _PER_PART_EXTRA = ("part", "skipped", "skip_report")
 
 
@@ -228,7 +228,7 @@ def merge(
     manifest = Manifest(
         format=first.format, compression=first.compression, fields=first.fields, shards=shards,
         classes=first.classes, layout=first.layout, length_field=first.length_field,
-        extra=extra,
+        extra=extra, aliases=first.aliases,
     )
     write_bytes_atomic(join(out, MANIFEST_NAME), manifest.to_json(), so)
     if existing:

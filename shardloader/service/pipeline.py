@@ -90,8 +90,7 @@ def _dataset_from_path(url: str, *, batch_size: int | None, shuffle: bool, seed:
         from shardloader.manifest import read_manifest
 
         manifest, _ = read_manifest(url, read.storage_options)
-        images = [ext for ext, info in manifest.fields.items() if info.codec == "image"]
-        field = image_field or (images[0] if images else None)
+        field = image_field or vision.image_field(manifest.fields)  # "image": class folders
         if field is None or field not in manifest.fields:
             raise UsageError(f"--transform {transform}: {url} has no image field "
                              f"{image_field or ''} (fields: {', '.join(manifest.fields)})")
