@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from shardloader.aliases import parse_option
 from shardloader.cli import main
 from shardloader.errors import ShardError, UsageError
 from shardloader.units import human_bytes as _human
@@ -123,7 +122,7 @@ def pack_command(src: str, out: str, fmt: str, compression: str, shard_size: str
         max_samples=max_samples, layout=layout, on_error=on_error, validate=validate,
         tokenizer=tokenizer, text_field=text_field, workers=workers, num_parts=num_parts,
         part=part, resume=resume, overwrite=overwrite,
-        storage_options=_storage_options(storage_option), aliases=parse_option(alias),
+        storage_options=_storage_options(storage_option), aliases=_aliases(alias),
     )
     bar = None
     if _show_progress(quiet):
@@ -323,3 +322,10 @@ def verify_command(dataset: str, no_images: bool, as_json: bool, quiet: bool,
                    "checked")
     if not r.ok:
         raise ShardError(f"{len(r.bad)} of {r.shards} shards in {dataset} are bad")
+
+
+def _aliases(pairs: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
+    """``--alias FIELD=EXT,...`` options; imported here so ``--help`` stays light."""
+    from shardloader.aliases import parse_option
+
+    return parse_option(pairs)
