@@ -5,6 +5,7 @@ from shardloader.dataset import EpochReport, ShardedDataset
 from shardloader.errors import (
     ChecksumError,
     DecodeError,
+    IncompleteEpochError,
     InputError,
     ManifestError,
     OutputExistsError,
@@ -29,6 +30,7 @@ __all__ = [
     "DecodeError",
     "Decoder",
     "EpochReport",
+    "IncompleteEpochError",
     "InputError",
     "Manifest",
     "ManifestError",
