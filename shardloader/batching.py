@@ -553,41 +553,36 @@ def pack_rows(lengths: Sequence[int] | np.ndarray, seq_len: int) -> list[list[Se
     """
     lens = np.asarray(lengths, dtype=np.int64)
     rows: list[list[Segment]] = []
-    capacity = int(lens.size + (lens // seq_len).sum()) if lens.size else 0
-    open_row = np.empty(capacity, np.int64)  # rows with room left, in creation order
-    open_room = np.empty(capacity, np.int64)  # their free tokens
-    n_open = 0
-
-    def new_row(segment: Segment, free: int) -> None:
-        nonlocal n_open
-        if free:
-            open_row[n_open], open_room[n_open] = len(rows), free
-            n_open += 1
-        rows.append([segment])
-
+    open_row: list[int] = []  # rows with room left, in creation order
+    open_room = np.empty(max(int(lens.size), 1), np.int64)  # their free tokens (a prefix)
     for item, length in enumerate(lens.tolist()):
         if length > seq_len:
             full = length // seq_len
             rows.extend([(item, p * seq_len, (p + 1) * seq_len)] for p in range(full))
-            rest = length - full * seq_len
-            if rest:
-                new_row((item, full * seq_len, length), seq_len - rest)
+            if length > full * seq_len:
+                open_room[len(open_row)] = (full + 1) * seq_len - length
+                open_row.append(len(rows))
+                rows.append([(item, full * seq_len, length)])
             continue
         if length == 0 and rows:
             rows[0].append((item, 0, 0))
             continue
+        n_open = len(open_row)
         if n_open:
             fits = open_room[:n_open] >= length
             k = int(fits.argmax())
             if fits[k]:
-                rows[int(open_row[k])].append((item, 0, length))
-                open_room[k] -= length
-                if not open_room[k]:  # full: never a candidate again
-                    open_row[k : n_open - 1] = open_row[k + 1 : n_open]
+                rows[open_row[k]].append((item, 0, length))
+                left = int(open_room[k]) - length
+                open_room[k] = left
+                if not left:  # full: never a candidate again
                     open_room[k : n_open - 1] = open_room[k + 1 : n_open]
-                    n_open -= 1
+                    del open_row[k]
                 continue
-        new_row((item, 0, length), seq_len - length)
+        if length < seq_len:
+            open_room[n_open] = seq_len - length
+            open_row.append(len(rows))
+        rows.append([(item, 0, length)])
     return rows
 
 

@@ -347,6 +347,38 @@ def test_long_doc_policies_count_their_tokens():
     assert (r.tokens, r.dropped_tokens, r.dropped) == (3, 29, (0, 2))
 
 
+def _first_fit(lengths: list[int], seq_len: int) -> list[list[tuple[int, int, int]]]:
+    """First-fit as the docstring states it, scanning every row: the reference."""
+    rows: list[list[tuple[int, int, int]]] = []
+    room: list[int] = []
+    for item, n in enumerate(lengths):
+        if n > seq_len:
+            full = n // seq_len
+            for p in range(full):
+                rows.append([(item, p * seq_len, (p + 1) * seq_len)])
+                room.append(0)
+            if n % seq_len:
+                rows.append([(item, full * seq_len, n)])
+                room.append(seq_len - n % seq_len)
+            continue
+        for r, free in enumerate(room):
+            if free >= n:
+                rows[r].append((item, 0, n))
+                room[r] -= n
+                break
+        else:
+            rows.append([(item, 0, n)])
+            room.append(seq_len - n)
+    return rows
+
+
+@given(st.lists(st.integers(0, 50), max_size=80), st.integers(1, 16), st.booleans())
+def test_pack_rows_is_first_fit(lengths, seq_len, decreasing):
+    if decreasing:  # as the planner feeds it
+        lengths = sorted(lengths, reverse=True)
+    assert pack_rows(lengths, seq_len) == _first_fit(lengths, seq_len)
+
+
 def test_pack_rows_first_fit_and_split():
     assert pack_rows([3, 2, 4], 6) == [[(0, 0, 3), (1, 0, 2)], [(2, 0, 4)]]
     assert pack_rows([14, 1], 4) == [
