@@ -255,9 +255,13 @@ def account(
     slots = 0
     if row_shape is not None:
         slots += len(segs) * row_shape[0] * row_shape[1]
-    for b in flat:
-        b_lens = lens[b] if max_length is None else np.minimum(lens[b], max_length)
-        slots += b.size * padded_length(int(b_lens.max()), pad_to_multiple_of)
+    if flat:  # each batch: its size times its padded longest
+        sizes = np.fromiter((b.size for b in flat), np.int64, len(flat))
+        eff = lens if max_length is None else np.minimum(lens, max_length)
+        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+        longest = np.maximum.reduceat(eff[np.concatenate(flat)], starts)
+        m = pad_to_multiple_of
+        slots += int((sizes * (-(-longest // m) * m)).sum())
     return PlanReport(
         **common,
         truncated=tuple(np.flatnonzero(short).tolist()),

@@ -188,14 +188,14 @@ class ShardedDataset(IterableDataset):  # type: ignore[type-arg]
         self._lengths: np.ndarray | None = None
         if planner is not None and getattr(planner, "needs_lengths", False):
             self._lengths = self._load_lengths()
-        # per process, never pickled: the last plan (len(), report() and the loader's step
-        # check ask for the same one) and lengths loaded only for report()
-        self._plan_cache: tuple[tuple[int, int, int, int], _Plan] | None = None
+        # len() of the last (epoch, start, rank, world) asked for: the loader checks every
+        # pass against it; lengths loaded only for report(), never pickled into workers
+        self._len_cache: tuple[tuple[int, ...], int] | None = None
         self._report_lengths: tuple[np.ndarray | None] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state["_plan_cache"] = state["_report_lengths"] = None
+        state["_report_lengths"] = None
         return state
 
     # -- public state ---------------------------------------------------------------------
@@ -302,10 +302,12 @@ class ShardedDataset(IterableDataset):  # type: ignore[type-arg]
 
     def __len__(self) -> int:
         """Steps (batches, or samples when unbatched) this rank yields in the current epoch."""
-        state = self._control.get()
-        return self._plan(
-            state[_EPOCH], state[_START], state[_RANK], state[_WORLD]
-        ).slots.steps_per_rank
+        key = tuple(self._control.get())  # epoch, start, rank, world
+        cached = self._len_cache
+        if cached is None or cached[0] != key:
+            steps = self._plan(*key).slots.steps_per_rank
+            self._len_cache = cached = (key, steps)
+        return cached[1]
 
     # -- planning (pure) ------------------------------------------------------------------
     def _load_lengths(self, required: bool = True) -> np.ndarray | None:
@@ -328,15 +330,6 @@ class ShardedDataset(IterableDataset):  # type: ignore[type-arg]
         return np.concatenate(parts).astype(np.int64)
 
     def _plan(self, epoch: int, start: int, rank: int, world: int) -> _Plan:
-        key = (epoch, start, rank, world)
-        cached = self._plan_cache
-        if cached is not None and cached[0] == key:
-            return cached[1]
-        plan = self._make_plan(*key)
-        self._plan_cache = (key, plan)
-        return plan
-
-    def _make_plan(self, epoch: int, start: int, rank: int, world: int) -> _Plan:
         order = epoch_order(self.manifest.shard_sizes, self.seed, epoch, self.shuffle)
         pad_in_last = dropped = 0
         if self.planner is not None:
