@@ -178,3 +178,74 @@ def test_the_readme_recipe_is_what_train_lm_uses():
     for name in ("PackedBatches", "ShardedDataset", "make_loader"):
         assert readme[name] <= tool[name], name
         assert tool[name] - readme[name] <= {"read"}, name  # the tool adds only --cache-dir
+
+
+def _real_spans(batch: dict) -> list[tuple[str, int, int]]:
+    return [(k, a, b) for k, (a, b), pad in zip(batch["__key__"], batch["__span__"],
+                                                 batch["__pad__"], strict=True) if not pad]
+
+
+def test_segment_batches_resume_elastically(lm):
+    """Checkpoint at 2 ranks x 2 workers after 3 steps, resume at 3 ranks x 1 worker: every
+    token of every document once, whatever the world size, repeats flagged __pad__."""
+    path, tokens, pad = lm
+    planner = PackedBatches(seq_len=SEQ, rows_per_batch=ROWS, window=16, pad_id=pad)
+    seen: list[tuple[str, int, int]] = []
+    states = []
+    for rank in range(2):
+        ds = sl.ShardedDataset(path, planner=planner, shuffle=True, seed=4, rank=rank,
+                               world_size=2)
+        ds.set_epoch(1)
+        loader = sl.make_loader(ds, num_workers=2)
+        for step, batch in enumerate(loader):
+            seen += _real_spans(batch)
+            if step == 2:
+                states.append(loader.state_dict())
+                break
+    assert states[0] == states[1] and states[0]["position"] == 6
+    for rank in range(3):
+        ds = sl.ShardedDataset(path, planner=planner, shuffle=True, seed=4, rank=rank,
+                               world_size=3)
+        loader = sl.make_loader(ds, num_workers=1)
+        loader.load_state_dict(states[0])
+        ds.set_epoch(1)
+        for batch in loader:
+            assert tuple(batch["input_ids"].shape) == (ROWS, SEQ)
+            seen += _real_spans(batch)
+    covered = {key: np.zeros(len(t), np.int64) for key, t in tokens.items()}
+    for key, a, b in seen:
+        covered[key][a:b] += 1
+    assert all((c == 1).all() for c in covered.values())
+
+
+class FailOn:
+    """A transform that rejects one sample as undecodable, as a corrupt record would be."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+
+    def __call__(self, sample: dict) -> dict:
+        if sample["__key__"] == self.key:
+            raise sl.DecodeError(f"sample {self.key!r} is corrupt")
+        return sample
+
+
+def test_skipped_samples_keep_the_packed_shape(lm):
+    path, tokens, pad = lm
+    planner = PackedBatches(seq_len=SEQ, rows_per_batch=ROWS, window=16, pad_id=pad)
+    probe = sl.ShardedDataset(path, planner=planner)
+    keys = {int(i): k for b in sl.make_loader(probe) for i, k in zip(b["__index__"],
+                                                                    b["__key__"], strict=True)}
+    # a document that shares its batch with others (a lone one would fail its whole batch)
+    shared = next(b for b in probe._plan(0, 0, 0, 1).batches if len(set(b[:, 0].tolist())) > 2)
+    bad = keys[int(shared[0, 0])]
+    ds = sl.ShardedDataset(path, planner=planner, transform=FailOn(bad), on_error="skip")
+    batches = list(sl.make_loader(ds, num_workers=1))
+    assert len(batches) == len(ds)
+    assert all(tuple(b["input_ids"].shape) == (ROWS, SEQ) for b in batches)
+    stand_ins = [(k, span) for b in batches for k, span, p in
+                 zip(b["__key__"], b["__span__"], b["__pad__"], strict=True) if p]
+    assert stand_ins and all(k != bad for k, _ in stand_ins)  # replaced, flagged __pad__
+    delivered = {k for b in batches for k, p in zip(b["__key__"], b["__pad__"], strict=True)
+                 if not p}
+    assert delivered == set(tokens) - {bad}
