@@ -13,6 +13,7 @@ import typing as _typing
 from shardloader.errors import (
     ChecksumError,
     DecodeError,
+    IncompleteEpochError,
     InputError,
     ManifestError,
     OutputExistsError,
@@ -77,6 +78,7 @@ __all__ = [
     "DetectionCollate",
     "EpochReport",
     "FixedBatches",
+    "IncompleteEpochError",
     "InputError",
     "Manifest",
     "ManifestError",

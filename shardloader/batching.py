@@ -4,22 +4,39 @@ A planner is a pure function of ``(order, lengths, rng)``: the same inputs give 
 in every process, whatever the world size or worker count (the dataset deals batch ``i`` to rank
 ``i mod W``).  Planners hold only frozen options, so they pickle into workers.
 
+NOTE [what a batch is]
+    A planned batch is an int64 array in one of two shapes:
+
+    * ``[k]``: sample ids.  The collate gets the k samples whole, in this order (an id may
+      repeat only where the dataset pads a batch up).
+    * ``[k, 3]``: segments ``(sample id, token start, token stop)`` of the samples' length field
+      (the field whose lengths the manifest records, e.g. ``tokens``).  The dataset reads each
+      sample once and hands the collate one sample per segment, in this order, with that field
+      cut to ``[start:stop]`` and ``__span__ = (start, stop)``.  A sample's segments may lie in
+      different batches; together they never overlap.  :class:`PackedBatches` plans these, so
+      a document of any length loses no token.
+
+    Code that needs the samples a batch reads (locating shards, working sets, padding masks)
+    goes through :func:`batch_ids`; token counts go through the planner's ``report``.
+
 NOTE [planner and collate agree without talking]
-    A batch crosses into a worker as bare sample ids.  Whatever the collate must know about the
-    plan (padded length, truncation, the row of each packed document) is re-derived there from
-    the samples themselves with the same function the planner used:
-    :func:`padded_length` for bucketing and budgets, :func:`pack_rows` for packing.  Build the
-    collate from the planner (``planner.make_collate(...)``) so their options match.
+    Whatever the collate must know about the plan (padded length, truncation, the row of each
+    packed segment) is re-derived in the worker from the batch alone, with the same function
+    the planner used: :func:`padded_length` for bucketing and budgets, :func:`pack_rows` for
+    packing.  The options must match, so the dataset asks the planner: ``resolve_collate``
+    refuses a collate whose options disagree (naming both values) and, given none, builds one
+    (``make_collate``) when the planner knows enough (``PackedBatches(pad_id=...)``).
 
 Every planner also has a pure ``report(order, lengths, batches) -> PlanReport`` that says what
-its policies dropped, truncated or split, and how many padded tokens the batches cost.
+its policies dropped, truncated or split, counts every token of the epoch as delivered,
+truncated or dropped, and says how many token slots (real tokens plus padding) the batches cost.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -35,6 +52,7 @@ __all__ = [
     "BucketBatches",
     "TokenBudgetBatches",
     "PackedBatches",
+    "batch_ids",
     "padded_length",
     "pack_rows",
     "Segment",
@@ -55,8 +73,9 @@ class BatchPlanner(Protocol):
     def plan(
         self, order: np.ndarray, lengths: np.ndarray | None, rng: np.random.Generator
     ) -> list[np.ndarray]:
-        """Return global batches (int64 sample ids); every id of ``order`` appears exactly
-        once, except those a documented tail policy drops (see ``report``)."""
+        """Return global batches (int64 ids ``[k]`` or segments ``[k, 3]``); every sample of
+        ``order`` is delivered exactly once (whole, or in non-overlapping pieces), except what
+        a documented policy truncates or drops (see ``report``)."""
         ...
 
 
@@ -64,28 +83,51 @@ class BatchPlanner(Protocol):
 class PlanReport:
     """What a plan delivers and what its policies cost; computed purely by ``report()``.
 
-    ``tokens``/``padded_tokens`` are ``None`` when no lengths were given.  ``padded_tokens``
-    counts the token slots the collate will allocate (real tokens plus padding).
+    Token fields are ``None`` when no lengths were given; then ``tokens + truncated_tokens +
+    dropped_tokens`` is every token of the order.  A sample is *dropped* when none of it is
+    delivered, *truncated* when only part of it is.  ``padded_tokens`` counts the token slots
+    the collate allocates (real tokens, repeats and padding).
     """
 
     num_samples: int  # ids in the order
     num_batches: int
-    dropped: tuple[int, ...] = ()  # ids in no batch (tail or oversize policy)
-    truncated: tuple[int, ...] = ()  # ids whose tokens the collate cuts
-    split: tuple[int, ...] = ()  # packed documents spread over several rows
-    tokens: int | None = None  # real tokens delivered (after truncation)
-    padded_tokens: int | None = None
+    dropped: tuple[int, ...] = ()  # ids delivered not at all (tail, oversize, long-doc policy)
+    truncated: tuple[int, ...] = ()  # ids delivered only in part
+    split: tuple[int, ...] = ()  # ids delivered in several segments (packed)
+    tokens: int | None = None  # tokens delivered, each counted once
+    truncated_tokens: int | None = None  # tokens of truncated samples left out
+    dropped_tokens: int | None = None  # tokens of dropped samples
+    repeated_tokens: int | None = None  # tokens delivered again (batches repeated to even ranks)
+    padded_tokens: int | None = None  # token slots allocated
+
+    @property
+    def total_tokens(self) -> int | None:
+        """Every token of the order: delivered + truncated + dropped."""
+        if self.tokens is None:
+            return None
+        return self.tokens + (self.truncated_tokens or 0) + (self.dropped_tokens or 0)
 
     @property
     def pad_fraction(self) -> float | None:
         """Share of allocated token slots that are padding."""
         if self.tokens is None or not self.padded_tokens:
             return None
-        return 1.0 - self.tokens / self.padded_tokens
+        return 1.0 - (self.tokens + (self.repeated_tokens or 0)) / self.padded_tokens
 
 
 # ---------------------------------------------------------------------------------------------
 # shared helpers
+
+
+def batch_ids(batch: np.ndarray) -> np.ndarray:
+    """The samples a batch reads, in reading order: a ``[k]`` batch as it is, a ``[k, 3]``
+    segment batch's sample ids each once, in the order of their first segment."""
+    b = np.asarray(batch)
+    if b.ndim == 1:
+        return b
+    ids = b[:, 0]
+    _, first = np.unique(ids, return_index=True)
+    return ids[np.sort(first)]
 
 
 def padded_length(longest: int, pad_to_multiple_of: int = 1) -> int:
@@ -139,44 +181,95 @@ def _shuffled(batches: list[np.ndarray], rng: np.random.Generator) -> list[np.nd
     return [batches[i] for i in rng.permutation(len(batches))]
 
 
-def _dropped(order: np.ndarray, batches: Sequence[np.ndarray]) -> tuple[int, ...]:
-    delivered = np.concatenate(batches) if batches else np.empty(0, np.int64)
-    return tuple(int(i) for i in np.setdiff1d(_ids(order), delivered))
+def _disagree(collate: Any, planner: Any, pairs: Sequence[tuple[str, Any, Any]]) -> None:
+    """Raise naming every option where ``collate`` and ``planner`` differ."""
+    diffs = [(name, mine, theirs) for name, mine, theirs in pairs if mine != theirs]
+    if not diffs:
+        return
+    what = "; ".join(
+        f"{type(collate).__name__} {name}={theirs!r}, {type(planner).__name__} {name}={mine!r}"
+        for name, mine, theirs in diffs
+    )
+    raise UsageError(
+        f"collate_fn disagrees with the planner ({what}): the batches would not have the "
+        "planned shape or tokens; build the collate with planner.make_collate(...) or leave "
+        "collate_fn out where the planner can build it"
+    )
 
 
-def _padded_report(
+def account(
     order: np.ndarray,
     lengths: np.ndarray | None,
     batches: Sequence[np.ndarray],
     *,
-    max_length: int | None,
-    pad_to_multiple_of: int,
+    max_length: int | None = None,
+    pad_to_multiple_of: int = 1,
+    row_shape: tuple[int, int] | None = None,
 ) -> PlanReport:
-    """Report for batches that PadCollate pads to their longest sample."""
+    """Count what ``batches`` deliver of ``order``: the one accounting rule of every planner.
+
+    ``[k]`` batches deliver each sample's first ``max_length`` tokens and are padded to their
+    longest, rounded up to ``pad_to_multiple_of``; ``[k, 3]`` batches deliver their segments
+    and each costs ``row_shape`` (rows, seq_len) slots.  A sample or segment that appears again
+    (a batch repeated to even out ranks) counts once; the repeat goes to ``repeated_tokens``.
+    """
     ids = _ids(order)
-    common = {
+    size = int(ids.max()) + 1 if ids.size else 0
+    if lengths is not None:
+        size = max(size, int(np.asarray(lengths).size))
+    flat = [b for b in batches if b.ndim == 1 and b.size]
+    segs = [b for b in batches if b.ndim == 2 and b.size]
+    delivered = np.zeros(size, np.int64)  # tokens delivered per sample, each counted once
+    pieces = np.zeros(size, np.int64)  # distinct segments delivered per sample
+    seen = np.zeros(size, bool)
+    all_tokens = 0  # tokens delivered, repeats included
+    lens = None if lengths is None else np.asarray(lengths, dtype=np.int64)
+    if flat:
+        cat = np.concatenate(flat)
+        seen[cat] = True
+        if lens is not None:
+            eff = lens if max_length is None else np.minimum(lens, max_length)
+            delivered[seen] = eff[seen]
+            all_tokens += int(eff[cat].sum())
+    if segs:
+        cat = np.concatenate(segs)
+        uniq = np.unique(cat, axis=0)
+        seen[uniq[:, 0]] = True
+        np.add.at(pieces, uniq[:, 0], 1)
+        np.add.at(delivered, uniq[:, 0], uniq[:, 2] - uniq[:, 1])
+        all_tokens += int((cat[:, 2] - cat[:, 1]).sum())
+    in_order = np.zeros(size, bool)
+    in_order[ids] = True
+    dropped = np.flatnonzero(in_order & ~seen)
+    split = np.flatnonzero(pieces > 1)
+    common: dict[str, Any] = {
         "num_samples": int(ids.size),
         "num_batches": len(batches),
-        "dropped": _dropped(ids, batches),
+        "dropped": tuple(dropped.tolist()),
+        "split": tuple(split.tolist()),
     }
-    if lengths is None:
-        return PlanReport(**common)  # type: ignore[arg-type]
-    lens = np.asarray(lengths, dtype=np.int64)
-    tokens = padded = 0
-    truncated: list[int] = []
-    for batch in batches:
-        b = lens[batch]
-        if max_length is not None:
-            truncated += [int(i) for i in batch[b > max_length]]
-            b = np.minimum(b, max_length)
-        tokens += int(b.sum())
-        if b.size:
-            padded += b.size * padded_length(int(b.max()), pad_to_multiple_of)
+    if lens is None:
+        return PlanReport(**common)
+    short = in_order & seen & (delivered < lens)
+    tokens = int(delivered[in_order].sum())
+    slots = 0
+    if row_shape is not None:
+        slots += len(segs) * row_shape[0] * row_shape[1]
+    if flat:  # each batch: its size times its padded longest
+        sizes = np.fromiter((b.size for b in flat), np.int64, len(flat))
+        eff = lens if max_length is None else np.minimum(lens, max_length)
+        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+        longest = np.maximum.reduceat(eff[np.concatenate(flat)], starts)
+        m = pad_to_multiple_of
+        slots += int((sizes * (-(-longest // m) * m)).sum())
     return PlanReport(
-        **common,  # type: ignore[arg-type]
-        truncated=tuple(sorted(truncated)),
+        **common,
+        truncated=tuple(np.flatnonzero(short).tolist()),
         tokens=tokens,
-        padded_tokens=padded,
+        truncated_tokens=int((lens - delivered)[short].sum()),
+        dropped_tokens=int(lens[dropped].sum()),
+        repeated_tokens=all_tokens - tokens,
+        padded_tokens=slots,
     )
 
 
@@ -205,7 +298,9 @@ class FixedBatches:
     def report(
         self, order: np.ndarray, lengths: np.ndarray | None, batches: Sequence[np.ndarray]
     ) -> PlanReport:
-        return _padded_report(order, lengths, batches, max_length=None, pad_to_multiple_of=1)
+        """Padding and truncation are the collate's here: the dataset passes a PadCollate's
+        ``max_length`` and ``pad_to_multiple_of`` to :func:`account` itself."""
+        return account(order, lengths, batches)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -311,20 +406,42 @@ class TokenBudgetBatches:
     def report(
         self, order: np.ndarray, lengths: np.ndarray | None, batches: Sequence[np.ndarray]
     ) -> PlanReport:
-        limit = self.max_length if self.oversize == "truncate" else None
-        return _padded_report(
-            order, lengths, batches, max_length=limit, pad_to_multiple_of=self.pad_to_multiple_of
+        return account(
+            order,
+            lengths,
+            batches,
+            max_length=self._truncate_to,
+            pad_to_multiple_of=self.pad_to_multiple_of,
         )
+
+    @property
+    def _truncate_to(self) -> int | None:
+        return self.max_length if self.oversize == "truncate" else None
+
+    def resolve_collate(self, collate_fn: Any, field: str | None) -> Any:
+        """The dataset's collate: ``collate_fn`` if a PadCollate agrees with the budget's
+        padding and truncation (any other callable is used as given)."""
+        from shardloader.collate import PadCollate
+
+        if isinstance(collate_fn, PadCollate):
+            _disagree(
+                collate_fn,
+                self,
+                [
+                    ("pad_to_multiple_of", self.pad_to_multiple_of, collate_fn.pad_to_multiple_of),
+                    ("max_length", self._truncate_to, collate_fn.max_length),
+                ],
+            )
+        return collate_fn
 
     def make_collate(self, pad_values: dict[str, int | float], **options: object) -> PadCollate:
         """A PadCollate whose padding and truncation match this plan's budget arithmetic."""
         from shardloader.collate import PadCollate
 
-        max_length = self.max_length if self.oversize == "truncate" else None
         return PadCollate(
             pad_values,
             pad_to_multiple_of=self.pad_to_multiple_of,
-            max_length=max_length,
+            max_length=self._truncate_to,
             **options,  # type: ignore[arg-type]
         )
 
@@ -339,7 +456,8 @@ class BucketBatches:
     batches shuffled with ``rng``: randomness is kept at window scale, padding drops.  With
     ``batch_size`` the window is rounded up to a multiple of it, so only the epoch's last batch
     can be short; ``drop_last`` drops that many ids from the end of the order (not the
-    longest ones) and reports them.
+    longest ones) and reports them.  ``pad_to_multiple_of`` must equal the collate's
+    (``make_collate`` does that): the budget and the report count padded slots with it.
     """
 
     batch_size: int | None = None
@@ -348,9 +466,11 @@ class BucketBatches:
     # window holds only ids and lengths, and batches still mix the whole window.
     window: int = 16_384
     drop_last: bool = False
+    pad_to_multiple_of: int = 1
     needs_lengths = True
 
     def __post_init__(self) -> None:
+        _positive("pad_to_multiple_of", self.pad_to_multiple_of)
         if (self.batch_size is None) == (self.max_tokens is None):
             raise UsageError("BucketBatches takes exactly one of batch_size= or max_tokens=")
         _positive("batch_size", self.batch_size, optional=True)
@@ -363,7 +483,7 @@ class BucketBatches:
         self, order: np.ndarray, lengths: np.ndarray | None, rng: np.random.Generator
     ) -> list[np.ndarray]:
         if self.max_tokens is not None:
-            return TokenBudgetBatches(self.max_tokens, window=self.window).plan(order, lengths, rng)
+            return self._budget.plan(order, lengths, rng)
         ids = _ids(order)
         lens = _lengths_of(type(self).__name__, ids, lengths)
         bs = self.batch_size
@@ -378,81 +498,118 @@ class BucketBatches:
             batches += [w_ids[a : a + bs] for a in range(0, w_ids.size, bs)]
         return _shuffled(batches, rng)
 
+    @property
+    def _budget(self) -> TokenBudgetBatches:
+        assert self.max_tokens is not None
+        return TokenBudgetBatches(
+            self.max_tokens, window=self.window, pad_to_multiple_of=self.pad_to_multiple_of
+        )
+
     def report(
         self, order: np.ndarray, lengths: np.ndarray | None, batches: Sequence[np.ndarray]
     ) -> PlanReport:
-        return _padded_report(order, lengths, batches, max_length=None, pad_to_multiple_of=1)
+        return account(order, lengths, batches, pad_to_multiple_of=self.pad_to_multiple_of)
+
+    def resolve_collate(self, collate_fn: Any, field: str | None) -> Any:
+        """The dataset's collate: ``collate_fn`` if a PadCollate pads as this plan counts
+        (and truncates nothing the report would miss); any other callable as given."""
+        from shardloader.collate import PadCollate
+
+        if isinstance(collate_fn, PadCollate):
+            _disagree(
+                collate_fn,
+                self,
+                [
+                    ("pad_to_multiple_of", self.pad_to_multiple_of, collate_fn.pad_to_multiple_of),
+                    ("max_length", None, collate_fn.max_length),
+                ],
+            )
+        return collate_fn
 
     def make_collate(self, pad_values: dict[str, int | float], **options: object) -> PadCollate:
         from shardloader.collate import PadCollate
 
-        return PadCollate(pad_values, **options)  # type: ignore[arg-type]
+        return PadCollate(
+            pad_values, pad_to_multiple_of=self.pad_to_multiple_of, **options  # type: ignore[arg-type]
+        )
 
 
 # ---------------------------------------------------------------------------------------------
 # sequence packing
 
-Segment = tuple[int, int, int]  # (document position in the batch, token start, token stop)
+Segment = tuple[int, int, int]  # (item position in the batch, token start, token stop)
 
 
 def pack_rows(lengths: Sequence[int] | np.ndarray, seq_len: int) -> list[list[Segment]]:
-    """First-fit of documents, in the given order, into rows of ``seq_len`` tokens.
+    """First-fit of items, in the given order, into rows of ``seq_len`` tokens.
 
-    A document of length ``<= seq_len`` goes whole into the first row (in creation order) with
+    An item of length ``<= seq_len`` goes whole into the first row (in creation order) with
     room, else into a new row.  A longer one is split: each full ``seq_len`` piece fills a new
-    row, and its remainder starts another new row that later documents may share.  Returns the
-    rows in creation order, each a list of ``(doc, start, stop)`` segments.
+    row, and its remainder starts another new row that later items may share.  Returns the
+    rows in creation order, each a list of ``(item, start, stop)`` segments.
 
-    NOTE: this is *the* packing rule.  :class:`PackedBatches` runs it over a window and
-    :class:`~shardloader.collate.PackCollate` re-runs it over one batch's documents in batch
-    order; first-fit restricted to a closed subset of rows, visited in the same relative order,
-    places every document in the same row, so both agree (tested).
+    NOTE: this is *the* packing rule.  :class:`PackedBatches` runs it over a window of
+    segments (none longer than ``seq_len``) and :class:`~shardloader.collate.PackCollate`
+    re-runs it over one batch's segments in batch order; first-fit restricted to a closed
+    subset of rows, visited in the same relative order, places every item in the same row, so
+    both agree (tested).  Only rows with room are scanned (a zero-length item goes to the
+    first row of all, as first-fit says), so a window of many full pieces stays linear.
     """
     lens = np.asarray(lengths, dtype=np.int64)
-    capacity = int(lens.size + (lens // seq_len).sum()) if lens.size else 0
-    room = np.zeros(capacity, np.int64)  # free tokens per row
     rows: list[list[Segment]] = []
-    for doc, length in enumerate(lens.tolist()):
+    open_row: list[int] = []  # rows with room left, in creation order
+    open_room = np.empty(max(int(lens.size), 1), np.int64)  # their free tokens (a prefix)
+    for item, length in enumerate(lens.tolist()):
         if length > seq_len:
             full = length // seq_len
-            for p in range(full):
-                rows.append([(doc, p * seq_len, (p + 1) * seq_len)])
-            rest = length - full * seq_len
-            if rest:
-                room[len(rows)] = seq_len - rest
-                rows.append([(doc, full * seq_len, length)])
+            rows.extend([(item, p * seq_len, (p + 1) * seq_len)] for p in range(full))
+            if length > full * seq_len:
+                open_room[len(open_row)] = (full + 1) * seq_len - length
+                open_row.append(len(rows))
+                rows.append([(item, full * seq_len, length)])
             continue
-        if rows:
-            fits = room[: len(rows)] >= length
-            r = int(fits.argmax())
-            if fits[r]:
-                rows[r].append((doc, 0, length))
-                room[r] -= length
+        if length == 0 and rows:
+            rows[0].append((item, 0, 0))
+            continue
+        n_open = len(open_row)
+        if n_open:
+            fits = open_room[:n_open] >= length
+            k = int(fits.argmax())
+            if fits[k]:
+                rows[open_row[k]].append((item, 0, length))
+                left = int(open_room[k]) - length
+                open_room[k] = left
+                if not left:  # full: never a candidate again
+                    open_room[k : n_open - 1] = open_room[k + 1 : n_open]
+                    del open_row[k]
                 continue
-        room[len(rows)] = seq_len - length
-        rows.append([(doc, 0, length)])
+        if length < seq_len:
+            open_room[n_open] = seq_len - length
+            open_row.append(len(rows))
+        rows.append([(item, 0, length)])
     return rows
 
 
 @dataclass(frozen=True)
 class PackedBatches:
-    """Sequence packing: whole documents into rows of ``seq_len`` tokens, ``rows_per_batch``
-    rows per batch.
+    """Sequence packing: documents cut into segments, packed into ``rows_per_batch`` rows of
+    ``seq_len`` tokens per batch; every batch is ``[rows_per_batch, seq_len]``.
 
-    Per window of ``window`` ids (plus documents carried from the previous window), documents
-    are sorted longest first (stable) and placed with :func:`pack_rows` (first-fit decreasing);
-    the rows are grouped into batches of exactly ``rows_per_batch`` rows, and documents of an
-    incomplete batch are carried into the next window.  Each batch lists its documents in
-    placement order, so :class:`~shardloader.collate.PackCollate` rebuilds the same rows from
-    the batch alone.  Batches are shuffled with ``rng`` at the end.
+    A document longer than ``seq_len`` follows ``long_docs``: ``"split"`` (default) cuts it
+    into ``seq_len`` pieces plus a remainder, each an independent segment that may land in any
+    batch, so no token is lost; ``"truncate"`` keeps its first ``seq_len`` tokens; ``"drop"``
+    leaves it out (both reported).  Per window of ``window`` documents of the order (plus the
+    segments carried over), segments are sorted longest first (stable) and placed with
+    :func:`pack_rows` (first-fit decreasing); consecutive rows form batches of exactly
+    ``rows_per_batch`` rows, and the segments of an incomplete last batch are carried into the
+    next window.  Each batch is a ``[k, 3]`` segment array (see the module's NOTE) in placement
+    order, so :class:`~shardloader.collate.PackCollate` rebuilds exactly its planned rows.
+    Batches are shuffled with ``rng`` at the end.
 
-    ``long_docs`` (documents longer than ``seq_len``): ``"split"`` (default) over consecutive
-    rows of one batch (documents longer than ``rows_per_batch * seq_len`` are truncated to that;
-    both reported), ``"truncate"`` to ``seq_len`` (reported) or ``"drop"`` (reported).
-    ``tail`` (documents left in incomplete batches after the last window): ``"keep"``
-    (default; short batches, usually one, which the collate pads with empty rows when given
-    ``rows_per_batch``) or ``"drop"`` (reported).  Batch counts depend only on the plan, never
-    on world size; the dataset evens them out across ranks.
+    ``tail`` (segments left after the last window, fewer than ``rows_per_batch`` rows):
+    ``"keep"`` (default; one short batch, which the collate fills up with empty rows) or
+    ``"drop"`` (reported).  ``pad_id`` (the tokenizer's pad id) lets the dataset build the
+    collate itself (``make_collate``), so the two cannot disagree.
     """
 
     seq_len: int
@@ -460,6 +617,7 @@ class PackedBatches:
     window: int = _DEFAULT_WINDOW
     long_docs: str = "split"
     tail: str = "keep"
+    pad_id: int | None = None
     needs_lengths = True
 
     def __post_init__(self) -> None:
@@ -468,17 +626,34 @@ class PackedBatches:
         _positive("window", self.window)
         _choice("long_docs", self.long_docs, LONG_DOC_POLICIES)
         _choice("tail", self.tail, TAIL_POLICIES)
+        if self.pad_id is not None and (
+            not isinstance(self.pad_id, (int, np.integer)) or isinstance(self.pad_id, bool)
+        ):
+            raise UsageError(f"pad_id must be the tokenizer's integer pad id, got {self.pad_id!r}")
 
-    @property
-    def max_doc_tokens(self) -> int:
-        """Longest document (after truncation) one batch holds under ``long_docs``."""
+    def segments(self, order: np.ndarray, lengths: np.ndarray | None) -> np.ndarray:
+        """``[n, 3]`` segments of the order's documents after ``long_docs``, in order."""
+        ids = _ids(order)
+        lens = _lengths_of(type(self).__name__, ids, lengths)
+        return self._segments(ids, lens)[0]
+
+    def _segments(self, ids: np.ndarray, lens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Segments of ``ids`` and, per document, the offset of its first segment (+ the end)."""
+        s = self.seq_len
+        if self.long_docs == "drop":
+            keep = lens <= s
+            ids, lens = ids[keep], lens[keep]
         if self.long_docs == "split":
-            return self.seq_len * self.rows_per_batch
-        return self.seq_len
-
-    def effective_lengths(self, lens: np.ndarray) -> np.ndarray:
-        """Token counts after the ``long_docs`` truncation (drop is handled by ``plan``)."""
-        return np.minimum(np.asarray(lens, dtype=np.int64), self.max_doc_tokens)
+            pieces = np.maximum(-(-lens // s), 1)  # an empty document is one empty segment
+        else:
+            pieces = np.ones(lens.size, np.int64)
+            lens = np.minimum(lens, s)
+        offsets = np.zeros(ids.size + 1, np.int64)
+        np.cumsum(pieces, out=offsets[1:])
+        doc = np.repeat(np.arange(ids.size), pieces)
+        start = (np.arange(doc.size) - offsets[doc]) * s
+        stop = np.minimum(start + s, lens[doc])
+        return np.stack([ids[doc], start, stop], axis=1), offsets
 
     def plan(
         self, order: np.ndarray, lengths: np.ndarray | None, rng: np.random.Generator
@@ -488,92 +663,94 @@ class PackedBatches:
         if self.long_docs == "drop":
             keep = lens <= self.seq_len
             ids, lens = ids[keep], lens[keep]
-        lens = self.effective_lengths(lens)
+        segs, offsets = self._segments(ids, lens)
         batches: list[np.ndarray] = []
-        carry_ids = np.empty(0, np.int64)
-        carry_lens = np.empty(0, np.int64)
+        carry = np.empty((0, 3), np.int64)
         for s in range(0, ids.size, self.window):
-            w_ids = np.concatenate([carry_ids, ids[s : s + self.window]])
-            w_lens = np.concatenate([carry_lens, lens[s : s + self.window]])
-            flush = s + self.window >= ids.size and self.tail == "keep"
-            full, carry_ids, carry_lens = self._pack_window(w_ids, w_lens, flush=flush)
+            stop = min(s + self.window, ids.size)
+            window = np.concatenate([carry, segs[offsets[s] : offsets[stop]]])
+            full, carry = self._pack_window(window, flush=stop == ids.size and self.tail == "keep")
             batches += full  # what is still carried after the last window is the dropped tail
         return _shuffled(batches, rng)
 
-    def _pack_window(
-        self, ids: np.ndarray, lens: np.ndarray, *, flush: bool = False
-    ) -> tuple[list[np.ndarray], np.ndarray, np.ndarray]:
-        """Pack one window; return complete batches and the (ids, lens) of the rest."""
-        by_len = np.argsort(-lens, kind="stable")
-        ids, lens = ids[by_len], lens[by_len]
-        rows = pack_rows(lens, self.seq_len)
-        # a document's rows (one, or the consecutive pieces of a split one) form a group
-        # that must stay in one batch; groups go first-fit into batches of rows_per_batch rows
-        row_of_doc = np.empty(ids.size, np.int64)
-        group_start: list[int] = []
+    def _pack_window(self, segs: np.ndarray, *, flush: bool) -> tuple[list[np.ndarray], np.ndarray]:
+        """Pack one window of segments; return its complete batches and the segments left."""
+        by_len = np.argsort(segs[:, 1] - segs[:, 2], kind="stable")  # longest first
+        segs = segs[by_len]
+        rows = pack_rows(segs[:, 2] - segs[:, 1], self.seq_len)
+        row_of = np.empty(len(segs), np.int64)
         for r, row in enumerate(rows):
-            first_doc, start, _ = row[0]
-            if start == 0 or not group_start:
-                group_start.append(r)
-            for doc, start, _ in row:
-                if start == 0:
-                    row_of_doc[doc] = r
-        starts = np.asarray(group_start + [len(rows)], np.int64)
-        sizes = np.diff(starts)
-        room = np.full(len(sizes), self.rows_per_batch, np.int64)
-        batch_of_row = np.empty(len(rows), np.int64)
-        nbatches = 0
-        for g, size in enumerate(sizes.tolist()):
-            fits = room[:nbatches] >= size
-            b = int(fits.argmax()) if nbatches else 0
-            if not nbatches or not fits[b]:
-                b = nbatches
-                nbatches += 1
-            room[b] -= size
-            batch_of_row[starts[g] : starts[g + 1]] = b
-        batch_of_doc = batch_of_row[row_of_doc]
-        complete = room[:nbatches] == 0
-        placement = np.argsort(batch_of_doc, kind="stable")  # by batch, then placement order
-        bounds = np.searchsorted(batch_of_doc[placement], np.arange(nbatches + 1))
-        out = [
-            ids[placement[bounds[b] : bounds[b + 1]]]
-            for b in range(nbatches)
-            if complete[b] or flush
-        ]
-        rest = ~complete[batch_of_doc]
-        if flush:
-            rest[:] = False
-        return out, ids[rest], lens[rest]
+            for item, _, _ in row:
+                row_of[item] = r
+        batch_of = row_of // self.rows_per_batch
+        complete = len(rows) // self.rows_per_batch
+        emit = -(-len(rows) // self.rows_per_batch) if flush else complete
+        placement = np.argsort(batch_of, kind="stable")  # by batch, then placement order
+        bounds = np.searchsorted(batch_of[placement], np.arange(emit + 1))
+        out = [segs[placement[bounds[b] : bounds[b + 1]]] for b in range(emit)]
+        return out, segs[batch_of >= emit]
 
     def report(
         self, order: np.ndarray, lengths: np.ndarray | None, batches: Sequence[np.ndarray]
     ) -> PlanReport:
         ids = _ids(order)
         _lengths_of(type(self).__name__, ids, lengths)  # validates
-        whole = np.asarray(lengths, dtype=np.int64)
-        eff = self.effective_lengths(whole)
-        rows = sum(len(pack_rows(eff[b], self.seq_len)) for b in batches)
-        delivered = np.concatenate(batches) if batches else np.empty(0, np.int64)
-        truncated = delivered[whole[delivered] > self.max_doc_tokens]
-        split = delivered[whole[delivered] > self.seq_len] if self.long_docs == "split" else ()
-        return PlanReport(
-            num_samples=int(ids.size),
-            num_batches=len(batches),
-            dropped=_dropped(ids, batches),
-            truncated=tuple(sorted(int(i) for i in truncated)),
-            split=tuple(sorted(int(i) for i in split)),
-            tokens=int(eff[delivered].sum()),
-            padded_tokens=rows * self.seq_len,
-        )
+        return account(order, lengths, batches, row_shape=(self.rows_per_batch, self.seq_len))
 
-    def make_collate(self, pad_id: int, **options: object) -> PackCollate:
-        """A PackCollate with this plan's ``seq_len``, ``rows_per_batch`` and long-doc rule."""
+    def make_collate(
+        self, pad_id: int | None = None, field: str = "tokens", **options: object
+    ) -> PackCollate:
+        """A PackCollate with this plan's ``seq_len``, ``rows_per_batch`` and long-doc rule;
+        ``pad_id`` defaults to the planner's."""
         from shardloader.collate import PackCollate
 
+        pad = self.pad_id if pad_id is None else pad_id
+        if pad is None:
+            raise UsageError(
+                "PackedBatches.make_collate needs the tokenizer's pad id: pass pad_id= here or "
+                "to PackedBatches"
+            )
         return PackCollate(
             self.seq_len,
-            pad_id,
+            pad,
+            field=field,
             rows_per_batch=self.rows_per_batch,
             long_docs=self.long_docs,
             **options,  # type: ignore[arg-type]
         )
+
+    def resolve_collate(self, collate_fn: Any, field: str | None) -> Callable[..., Any]:
+        """The dataset's collate for segment batches of ``field`` (the manifest's length field).
+
+        None: made here (needs ``pad_id``).  A PackCollate: used if its options agree with the
+        plan.  Any other callable: used as given; it gets one sample per segment.
+        """
+        from shardloader.collate import PackCollate
+
+        if field is None:
+            raise UsageError(
+                "PackedBatches cuts documents by their recorded lengths, but the manifest names "
+                "no length field; pack text with --tokenizer"
+            )
+        if collate_fn is None:
+            if self.pad_id is None:
+                raise UsageError(
+                    "PackedBatches needs the tokenizer's pad id to build its collate: pass "
+                    "PackedBatches(..., pad_id=...) (or collate_fn=planner.make_collate(pad_id))"
+                )
+            return self.make_collate(field=field)
+        if isinstance(collate_fn, PackCollate):
+            if collate_fn.field != field:
+                raise UsageError(
+                    f"PackCollate field={collate_fn.field!r} is not the field the plan cuts into "
+                    f"segments ({field!r}, the manifest's length field); use field={field!r}"
+                )
+            pairs: list[tuple[str, Any, Any]] = [
+                ("seq_len", self.seq_len, collate_fn.seq_len),
+                ("rows_per_batch", self.rows_per_batch, collate_fn.rows_per_batch),
+                ("long_docs", self.long_docs, collate_fn.long_docs),
+            ]
+            if self.pad_id is not None:
+                pairs.append(("pad_id", self.pad_id, collate_fn.pad_id))
+            _disagree(collate_fn, self, pairs)
+        return collate_fn  # type: ignore[no-any-return]

@@ -397,19 +397,22 @@ class DetectionCollate:
 
 @dataclass(frozen=True)
 class PackCollate:
-    """Packs a batch of token documents into rows of ``seq_len`` tokens.
+    """Packs a batch of token documents (or segments of them) into rows of ``seq_len`` tokens.
 
-    The documents (field ``field`` of each sample, or bare arrays) are placed in batch order by
+    The items (field ``field`` of each sample, or bare arrays) are placed in batch order by
     :func:`shardloader.batching.pack_rows`, the rule :class:`~shardloader.batching.PackedBatches`
-    planned with, so a planned batch fills exactly its planned rows.  ``long_docs`` must match
-    the planner (``PackedBatches.make_collate`` does that): ``"split"`` cuts a document longer
-    than ``seq_len`` into pieces (truncated to ``rows_per_batch * seq_len`` when that is set),
-    ``"truncate"`` keeps its first ``seq_len`` tokens, ``"drop"`` treats one as an error.
+    planned with, so a planned batch of segments fills exactly its planned rows.  Build it with
+    ``PackedBatches.make_collate`` (or let the dataset do it): the dataset refuses a PackCollate
+    whose ``seq_len``, ``rows_per_batch``, ``long_docs`` or ``field`` disagree with the plan.
+    Used on its own with whole documents, ``long_docs`` says what happens to one longer than
+    ``seq_len``: ``"split"`` cuts it into pieces over several rows, ``"truncate"`` keeps its
+    first ``seq_len`` tokens, ``"drop"`` treats it as an error.  Nothing is cut silently: items
+    that need more than ``rows_per_batch`` rows are an error.
 
     Output (R rows; R = ``rows_per_batch`` when set, padding with empty rows, else as many as
     needed):
 
-    * ``input_ids`` int64 [R, seq_len], ``pad_id`` after each row's documents;
+    * ``input_ids`` int64 [R, seq_len], ``pad_id`` after each row's segments;
     * ``labels`` int64 [R, seq_len]: the input ids, *unshifted* (the model shifts, as Hugging
       Face causal LMs do: logits at t are scored against ``labels[t + 1]``), with ``-100`` at
       padding and at the first token of every segment (document or piece), so no position
@@ -421,7 +424,8 @@ class PackCollate:
     * ``cu_seqlens`` int32 [segments + 1]: segment boundaries in the flattened
       ``input_ids.view(-1)`` (flash-attn varlen format); each row's padding run is a segment of
       its own, so ``cu_seqlens[-1] == R * seq_len``; ``max_seqlen``: int, longest segment;
-    * other sample fields as per-document lists in batch order (e.g. ``__key__``).
+    * other sample fields as per-item lists in batch order (e.g. ``__key__``, and
+      ``__span__`` = (start, stop) of each segment the dataset cut).
     """
 
     seq_len: int
@@ -464,14 +468,8 @@ class PackCollate:
             docs.append(a)
         return docs, rest
 
-    def _cap(self) -> int:
-        if self.long_docs == "split":
-            return self.seq_len * self.rows_per_batch if self.rows_per_batch else -1
-        return self.seq_len
-
     def __call__(self, samples: Sequence[Any]) -> dict[str, Any]:
         docs, rest = self._documents(samples)
-        cap = self._cap()
         if self.long_docs == "drop":
             long = [i for i, d in enumerate(docs) if d.size > self.seq_len]
             if long:
@@ -480,17 +478,17 @@ class PackCollate:
                     f"seq_len={self.seq_len}, but long_docs='drop' means the planner should "
                     "have dropped it; build the collate with PackedBatches.make_collate()"
                 )
-        if cap > 0:
-            docs = [d[:cap] for d in docs]
+        if self.long_docs == "truncate":
+            docs = [d[: self.seq_len] for d in docs]
         rows = pack_rows([d.size for d in docs], self.seq_len)
         n_rows = len(rows)
         if self.rows_per_batch is not None:
             if n_rows > self.rows_per_batch:
                 raise UsageError(
                     f"the batch's documents need {n_rows} rows of {self.seq_len} tokens, more "
-                    f"than rows_per_batch={self.rows_per_batch}: the token arrays are longer "
-                    "than the lengths the planner used (does a transform add tokens?) or the "
-                    "planner's seq_len/rows_per_batch differ from the collate's"
+                    f"than rows_per_batch={self.rows_per_batch}: plan the batches with "
+                    "PackedBatches (it cuts long documents into segments that fit), and build "
+                    "this collate with PackedBatches.make_collate()"
                 )
             n_rows = self.rows_per_batch
         s = self.seq_len

@@ -20,6 +20,7 @@ import numpy as np
 from torch.utils.data import IterableDataset
 
 from shardloader.aliases import FieldMap
+from shardloader.batching import FixedBatches, PlanReport, account, batch_ids
 from shardloader.codecs import Decoder, decode_field
 from shardloader.errors import (
     DecodeError,
@@ -46,17 +47,50 @@ _DEFAULT_DECODER = Decoder()
 
 @dataclass(frozen=True)
 class EpochReport:
-    """What one epoch looks like for this world size: steps per rank and what was evened out."""
+    """What one epoch looks like for this world size: steps per rank, what was evened out, and
+    where every token of the epoch goes.
+
+    Samples: ``padded_samples`` are repeats added so every batch and rank is full (flagged
+    ``__pad__``); ``dropped_samples`` are left out entirely and ``truncated_samples`` in part, by
+    any policy (the planner's tail, oversize and long-document rules, ``uneven="drop"``, a
+    PadCollate's ``max_length`` with fixed batches).  Tokens count the manifest's length field
+    (``None`` without one): ``tokens`` delivered, each once; ``truncated_tokens`` and
+    ``dropped_tokens`` cut from truncated and dropped samples, so the three add up to
+    ``total_tokens``, every token of the epoch; ``repeated_tokens`` delivered again in repeats;
+    ``token_slots`` the positions all steps of all ranks allocate (``pad_fraction``: the share
+    of them that is padding).
+    """
 
     epoch: int
     num_samples: int
     steps_per_rank: int
     padded_samples: int  # duplicates added so every batch and rank is full
-    dropped_samples: int  # samples left out by ``uneven="drop"``
+    dropped_samples: int  # samples of which nothing is delivered
+    truncated_samples: int = 0  # samples of which only a part is delivered
+    tokens: int | None = None
+    truncated_tokens: int | None = None
+    dropped_tokens: int | None = None
+    repeated_tokens: int | None = None
+    token_slots: int | None = None
+
+    @property
+    def total_tokens(self) -> int | None:
+        """Every token of the epoch's samples: delivered + truncated + dropped."""
+        if self.tokens is None:
+            return None
+        return self.tokens + (self.truncated_tokens or 0) + (self.dropped_tokens or 0)
+
+    @property
+    def pad_fraction(self) -> float | None:
+        """Share of the allocated token slots that is padding."""
+        if self.tokens is None or not self.token_slots:
+            return None
+        return 1.0 - (self.tokens + (self.repeated_tokens or 0)) / self.token_slots
 
 
 @dataclass(frozen=True)
 class _Plan:
+    order: np.ndarray
     batches: list[np.ndarray]
     slots: BatchSlots
     pad_in_last: int  # padding samples at the end of the last global batch
@@ -102,6 +136,12 @@ class ShardedDataset(IterableDataset):  # type: ignore[type-arg]
     sequence does not depend on ``num_workers``); ``planner`` replaces fixed batches with
     bucketing, token budgets or packing.  ``uneven`` says how ranks are evened out: ``"pad"``
     repeats samples, ``"drop"`` leaves them out; :meth:`report` gives the numbers.
+
+    The planner decides the collate where it must agree with the plan (its
+    ``resolve_collate``): ``PackedBatches(..., pad_id=...)`` builds its PackCollate when
+    ``collate_fn`` is left out, and a PackCollate or PadCollate whose options disagree with the
+    planner is refused.  Segment batches (see :mod:`shardloader.batching`) reach the collate as
+    one sample per segment, the length field cut to the segment.
     """
 
     def __init__(
@@ -144,7 +184,10 @@ class ShardedDataset(IterableDataset):  # type: ignore[type-arg]
         self.seed = int(seed)
         self.uneven = uneven
         self.transform = transform
-        self.collate_fn = collate_fn
+        resolve = getattr(planner, "resolve_collate", None)
+        self.collate_fn = (
+            collate_fn if resolve is None else resolve(collate_fn, self.manifest.length_field)
+        )
         self.decoder = decoder
         self.on_error = on_error
         # member extension → logical field: the manifest's aliases, ``aliases`` merged over
@@ -156,6 +199,15 @@ class ShardedDataset(IterableDataset):  # type: ignore[type-arg]
         self._lengths: np.ndarray | None = None
         if planner is not None and getattr(planner, "needs_lengths", False):
             self._lengths = self._load_lengths()
+        # len() of the last (epoch, start, rank, world) asked for: the loader checks every
+        # pass against it; lengths loaded only for report(), never pickled into workers
+        self._len_cache: tuple[tuple[int, ...], int] | None = None
+        self._report_lengths: tuple[np.ndarray | None] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_report_lengths"] = None
+        return state
 
     # -- public state ---------------------------------------------------------------------
     @property
@@ -208,25 +260,68 @@ class ShardedDataset(IterableDataset):  # type: ignore[type-arg]
         return f"{planner};shuffle={self.shuffle};uneven={self.uneven}"
 
     def report(self, epoch: int | None = None) -> EpochReport:
-        """Steps per rank and the samples padded/dropped (all ranks together) for an epoch."""
+        """Steps per rank, samples padded/dropped/truncated and where every token goes (all
+        ranks together) for an epoch; plans the epoch, reads nothing but the sidecar lengths."""
         e = self.epoch if epoch is None else epoch
         start = self._control.get()[_START] if e == self.epoch else 0
         plan = self._plan(e, start, self.rank, self.world_size)
-        sizes = [len(b) for b in plan.batches]
-        s = plan.slots
-        padded = plan.pad_in_last + sum(sizes[i % len(sizes)] for i in range(s.padded_batches))
-        dropped = plan.dropped + sum(sizes[plan.num_batches - s.dropped_batches :])
-        return EpochReport(e, self.manifest.num_samples, s.steps_per_rank, padded, dropped)
+        s, n = plan.slots, plan.num_batches
+        # what all ranks' steps deliver: batches up to those uneven="drop" leaves out, and the
+        # batches repeated from the epoch's start to even out the ranks under "pad"
+        repeats = [plan.batches[i % n] for i in range(s.padded_batches)] if n else []
+        delivered = plan.batches[: n - s.dropped_batches] + repeats
+        acc = self._account(plan.order, delivered)
+        padded = plan.pad_in_last + sum(len(batch_ids(b)) for b in repeats)
+        return EpochReport(
+            e,
+            self.manifest.num_samples,
+            s.steps_per_rank,
+            padded,
+            len(acc.dropped),
+            len(acc.truncated),
+            acc.tokens,
+            acc.truncated_tokens,
+            acc.dropped_tokens,
+            acc.repeated_tokens,
+            acc.padded_tokens,
+        )
+
+    def _account(self, order: np.ndarray, batches: list[np.ndarray]) -> PlanReport:
+        lengths = self._lengths if self._lengths is not None else self._lengths_for_report()
+        report = getattr(self.planner, "report", None)
+        if report is not None and not isinstance(self.planner, FixedBatches):
+            return report(order, lengths, batches)  # type: ignore[no-any-return]
+        from shardloader.collate import PadCollate
+
+        if isinstance(self.collate_fn, PadCollate):  # fixed batches: the collate pads and cuts
+            return account(
+                order,
+                lengths,
+                batches,
+                max_length=self.collate_fn.max_length,
+                pad_to_multiple_of=self.collate_fn.pad_to_multiple_of,
+            )
+        return account(order, lengths, batches)
+
+    def _lengths_for_report(self) -> np.ndarray | None:
+        if self._report_lengths is None:
+            lengths = None
+            if self.manifest.length_field is not None:
+                lengths = self._load_lengths(required=False)
+            self._report_lengths = (lengths,)
+        return self._report_lengths[0]
 
     def __len__(self) -> int:
         """Steps (batches, or samples when unbatched) this rank yields in the current epoch."""
-        state = self._control.get()
-        return self._plan(
-            state[_EPOCH], state[_START], state[_RANK], state[_WORLD]
-        ).slots.steps_per_rank
+        key = tuple(self._control.get())  # epoch, start, rank, world
+        cached = self._len_cache
+        if cached is None or cached[0] != key:
+            steps = self._plan(*key).slots.steps_per_rank
+            self._len_cache = cached = (key, steps)
+        return cached[1]
 
     # -- planning (pure) ------------------------------------------------------------------
-    def _load_lengths(self) -> np.ndarray:
+    def _load_lengths(self, required: bool = True) -> np.ndarray | None:
         parts = []
         for info in self.manifest.shards:
             data = read_bytes(
@@ -236,6 +331,8 @@ class ShardedDataset(IterableDataset):  # type: ignore[type-arg]
             )
             idx = SampleIndex.from_arrow_bytes(data, info.index_path)
             if idx.lengths is None:
+                if not required:
+                    return None
                 raise UsageError(
                     f"the planner needs per-sample lengths but {info.index_path} has none; "
                     "pack with a text/token field (manifest length_field) to record them"
@@ -253,7 +350,7 @@ class ShardedDataset(IterableDataset):  # type: ignore[type-arg]
                 order, self.batch_size or 1, self.uneven
             )
         slots = rank_slots(len(batches), start, rank, world, self.uneven)
-        return _Plan(batches, slots, pad_in_last, dropped, len(batches), start)
+        return _Plan(order, batches, slots, pad_in_last, dropped, len(batches), start)
 
     # -- iteration ------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
@@ -266,20 +363,21 @@ class ShardedDataset(IterableDataset):  # type: ignore[type-arg]
         plan = self._plan(epoch, start, place.rank, place.world_size)
         mine = slice(place.worker, None, place.num_workers)
         slots, seeds = plan.slots.slots[mine], plan.slots.seeds[mine]
-        need = working_set_bytes(
-            self.manifest, self.shuffle, plan.batches, self.read_options.readahead
-        )
+        reads = [batch_ids(b) for b in plan.batches]  # the samples each batch reads
+        need = working_set_bytes(self.manifest, self.shuffle, reads, self.read_options.readahead)
         shards = ShardSet(self.manifest, self.base, self.read_options, str(place), need)
         try:
-            batch_shards = [shards.locate(plan.batches[int(s)])[0] for s in slots]
+            batch_shards = [shards.locate(reads[int(s)])[0] for s in slots]
             upcoming = _first_needed(batch_shards)
             ahead = 0
             for j, (slot, seed_index) in enumerate(zip(slots, seeds, strict=False)):
                 ahead = _advance_readahead(shards, upcoming, j, ahead)
-                ids = plan.batches[int(slot)]
+                batch, ids = plan.batches[int(slot)], reads[int(slot)]
                 seed_global_rngs(derive_seed(self.seed, epoch, int(seed_index)))
                 pads = _pad_mask(plan, int(slot), int(seed_index), len(ids))
-                samples = self._load_batch(shards, ids, pads, place)
+                samples, substituted = self._load_batch(shards, ids, pads, place)
+                if batch.ndim == 2:
+                    samples = self._cut_segments(batch, ids, samples, substituted, place)
                 if self.batch_size is None and self.planner is None:
                     if samples:
                         yield samples[0]
@@ -294,8 +392,9 @@ class ShardedDataset(IterableDataset):  # type: ignore[type-arg]
 
     def _load_batch(
         self, shards: ShardSet, ids: np.ndarray, pads: np.ndarray, place: Place
-    ) -> list[dict[str, Any]]:
-        """Read, decode and transform one batch's samples, in planned order.
+    ) -> tuple[list[dict[str, Any]], np.ndarray]:
+        """Read, decode and transform one batch's samples, in planned order; also say which
+        samples stand in for bad ones.
 
         Under ``on_error="skip"`` a bad sample is replaced by a repeat of a good one from the
         same batch, flagged ``__pad__``, so batch shapes and step counts never change.
@@ -313,18 +412,60 @@ class ShardedDataset(IterableDataset):  # type: ignore[type-arg]
                 out.append(None)
                 last_error = err
         good = [s for s in out if s is not None]
+        substituted = np.array([s is None for s in out], bool)
         if last_error is None:
-            return good
+            return good, substituted
         if not good:
             if len(out) == 1:
-                return []  # unbatched: the step is skipped
+                return [], substituted[:0]  # unbatched: the step is skipped
             raise ShardError(
                 f"every sample of a batch failed ({place}); last error: {last_error}"
             ) from last_error
         return [
             s if s is not None else {**good[i % len(good)], "__pad__": True}
             for i, s in enumerate(out)
-        ]
+        ], substituted
+
+    def _cut_segments(
+        self,
+        batch: np.ndarray,
+        ids: np.ndarray,
+        samples: list[dict[str, Any]],
+        substituted: np.ndarray,
+        place: Place,
+    ) -> list[dict[str, Any]]:
+        """One sample per segment of a ``[k, 3]`` batch, the length field cut to the segment.
+
+        The plan cut documents by the lengths the manifest records, so the field must still
+        have that length after the transform.  A stand-in for a bad sample (``on_error="skip"``)
+        is tiled to the bad sample's length, so the batch keeps its planned rows.
+        """
+        field = self.manifest.length_field
+        assert field is not None and self._lengths is not None  # checked by resolve_collate
+        tokens_of: dict[int, tuple[dict[str, Any], Any]] = {}
+        for gid, sample, stand_in in zip(ids.tolist(), samples, substituted.tolist(), strict=True):
+            tokens = sample.get(field)
+            if tokens is None:
+                raise UsageError(
+                    f"sample {sample.get('__key__')!r} ({place}) has no field {field!r} to cut "
+                    f"into the planned segments (fields: {', '.join(map(str, sample))})"
+                )
+            planned = int(self._lengths[gid])
+            if len(tokens) != planned:
+                if not stand_in:
+                    raise UsageError(
+                        f"sample {sample.get('__key__')!r} ({place}): field {field!r} holds "
+                        f"{len(tokens)} tokens but the manifest records {planned}, and the plan "
+                        "cut it by the recorded length; a transform must not change the token "
+                        "count (add special tokens when packing, or in the collate)"
+                    )
+                tokens = np.resize(np.asarray(tokens), planned)
+            tokens_of[gid] = (sample, tokens)
+        out = []
+        for gid, start, stop in batch.tolist():
+            sample, tokens = tokens_of[gid]
+            out.append({**sample, field: tokens[start:stop], "__span__": (start, stop)})
+        return out
 
     def _load_sample(
         self, shards: ShardSet, shard: int, local: int, gid: int, pad: bool

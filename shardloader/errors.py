@@ -21,6 +21,7 @@ __all__ = [
     "StorageError",
     "ObjectNotFoundError",
     "ResumeError",
+    "IncompleteEpochError",
 ]
 
 
@@ -75,3 +76,8 @@ class ObjectNotFoundError(StorageError, FileNotFoundError):
 
 class ResumeError(ShardloaderError, ValueError):
     """A saved loader state does not fit the dataset it is loaded into."""
+
+
+class IncompleteEpochError(ShardloaderError, OSError):
+    """A pass over the data ended before its planned steps: batches were lost on the way from
+    the DataLoader workers (e.g. a batch that could not be pickled or shared)."""

@@ -5,21 +5,48 @@ ranks step in lockstep, so after ``k`` batches the first ``start + k*W`` global 
 consumed on every rank.  That single number (with epoch, seed and the manifest fingerprint) is
 the whole state; a resumed loader plans the remaining batches for *its* world size and worker
 count and seeks straight to them, reading nothing it skips.
+
+NOTE [epoch boundaries]: a batch counts as consumed once it is handed to the loop.  When the
+last step of epoch ``e``'s pass has been handed out, the pass is over and ``state_dict()`` says
+``{"epoch": e + 1, "position": 0}``, whether it is taken inside the loop right after that step
+or after the loop has ended.  So a run resumed from it continues with epoch ``e + 1`` and yields
+nothing more of ``e``, and the usual loop needs no special case::
+
+    loader.load_state_dict(state)
+    for epoch in range(state["epoch"], num_epochs):
+        ds.set_epoch(epoch)          # keeps the loaded position for that same epoch
+        for batch in loader: ...
+
+NOTE [planned steps]: every pass is planned before it starts (``len(loader)`` steps), and all of
+them must arrive.  torch's DataLoader can lose batches without an error: a worker whose batch
+cannot be pickled or its tensors shared logs a traceback from its queue thread, drops the batch
+and carries on, so the pass ends early (or waits forever, when more steps remain than were
+requested ahead).  The loader therefore counts the steps and raises
+:class:`~shardloader.errors.IncompleteEpochError` when a pass ends short, and checks before
+starting workers that they can share tensors at all.  A loop that stops early (``break``) is not
+an error.
 """
 
 from __future__ import annotations
 
+import logging
+import multiprocessing.connection
+import os
+import socket
+import tempfile
 from collections.abc import Iterator
 from typing import Any
 
 from torch.utils.data import DataLoader
 
 from shardloader.dataset import _EPOCH, _START, ShardedDataset
-from shardloader.errors import ResumeError, UsageError
+from shardloader.errors import IncompleteEpochError, ResumeError, UsageError
 
 __all__ = ["ShardLoader", "make_loader"]
 
 _STATE_VERSION = 1
+
+log = logging.getLogger(__name__)
 
 
 class ShardLoader(DataLoader):  # type: ignore[type-arg]
@@ -41,27 +68,56 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
         super().__init__(dataset, batch_size=None, **kwargs)
         self._position = 0  # global batches consumed in the current epoch
         self._epoch = dataset.epoch
+        self._steps_left: int | None = None  # steps of the current pass not yet handed out
+        self._sockets_checked = False
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         ds: ShardedDataset = self.dataset  # type: ignore[assignment]
         ds.refresh_world()
         state = ds._control.get()
-        self._epoch, start, world = state[_EPOCH], state[_START], ds.world_size
-        self._position = start
+        epoch, start, world = state[_EPOCH], state[_START], ds.world_size
+        planned = len(ds)
+        if self.num_workers > 0 and not self._sockets_checked:
+            _check_worker_sockets()
+            self._sockets_checked = True
+        self._epoch, self._position, self._steps_left = epoch, start, planned
+        seen = 0
         for batch in super().__iter__():
+            seen += 1
             self._position += world
+            self._steps_left = planned - seen
             yield batch
-        if ds.epoch == self._epoch:
+        if seen < planned:
+            self._short_pass(ds, epoch, seen, planned)
+        if ds.epoch == epoch:
             ds._control.set(_START, 0)  # the epoch is done; a re-run starts it afresh
-        self._position = 0
+
+    def _short_pass(self, ds: ShardedDataset, epoch: int, seen: int, planned: int) -> None:
+        where = f"epoch {epoch}, rank {ds.rank}/{ds.world_size}, num_workers={self.num_workers}"
+        if ds.batch_size is None and ds.planner is None and ds.on_error == "skip" and seen:
+            # unbatched, a skipped sample is a skipped step: nothing can replace it
+            log.warning("%d of %d planned samples arrived (%s); on_error='skip' skipped the rest",
+                        seen, planned, where)
+            return
+        self._steps_left = None  # the pass did not finish: the state must not move past it
+        raise IncompleteEpochError(
+            f"the loader yielded {seen} of the {planned} planned steps ({where}): batches were "
+            "lost between the DataLoader workers and this loop. Look for worker tracebacks on "
+            "stderr: a batch that cannot be pickled (an unpicklable object in the collate's "
+            "output), tensors that cannot be shared ('AF_UNIX path too long': set TMPDIR to a "
+            "short path), or workers killed by the system"
+        )
 
     def state_dict(self) -> dict[str, Any]:
         """A few numbers: enough to continue exactly where every rank stands now."""
         ds: ShardedDataset = self.dataset  # type: ignore[assignment]
+        epoch, position = self._epoch, self._position
+        if self._steps_left == 0:  # the pass is over: continue with the next epoch
+            epoch, position = epoch + 1, 0
         return {
             "version": _STATE_VERSION,
-            "epoch": self._epoch,
-            "position": self._position,
+            "epoch": epoch,
+            "position": position,
             "seed": ds.seed,
             "fingerprint": ds.manifest.fingerprint,
             "plan": ds.plan_signature,
@@ -87,6 +143,36 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
                 )
         ds.seek(int(state["epoch"]), int(state["position"]))
         self._epoch, self._position = int(state["epoch"]), int(state["position"])
+        self._steps_left = None
+
+
+def _check_worker_sockets() -> None:
+    """Fail at start, with the remedy, when workers could not share a batch's tensors.
+
+    Under torch's default ``file_descriptor`` sharing a worker passes each tensor's file
+    descriptor through an AF_UNIX socket under TMPDIR; a path beyond the kernel's limit
+    (107 bytes) makes every batch vanish in the worker's queue thread.
+    """
+    import torch.multiprocessing
+
+    if torch.multiprocessing.get_sharing_strategy() != "file_descriptor":
+        return
+    address = multiprocessing.connection.arbitrary_address("AF_UNIX")  # type: ignore[attr-defined]
+    sock = socket.socket(socket.AF_UNIX)
+    try:
+        sock.bind(address)
+    except OSError as err:
+        raise UsageError(
+            f"DataLoader workers cannot hand batches to this process: torch shares their "
+            f"tensors through an AF_UNIX socket such as {address} ({len(os.fsencode(address))} "
+            f"bytes), and binding it failed ({err}); a socket path may hold at most 107 bytes, "
+            f"so TMPDIR={tempfile.gettempdir()} is probably too deep: set TMPDIR to a short "
+            "path (e.g. /tmp), or call torch.multiprocessing.set_sharing_strategy('file_system')"
+        ) from err
+    finally:
+        sock.close()
+    if os.path.exists(address):
+        os.unlink(address)
 
 
 def _already_collated(batch: Any) -> Any:

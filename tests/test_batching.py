@@ -16,6 +16,7 @@ from shardloader.batching import (
     FixedBatches,
     PackedBatches,
     TokenBudgetBatches,
+    batch_ids,
     pack_rows,
     padded_length,
 )
@@ -35,11 +36,30 @@ def _setup(lengths: list[int], seed: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _exactly_once(order: np.ndarray, batches: list[np.ndarray], dropped: tuple[int, ...]) -> None:
-    counts = Counter(int(i) for b in batches for i in b)
+    """Every id in one batch (a packed sample's pieces may spread over several), or dropped."""
+    assert all(b.dtype == np.int64 and b.size for b in batches)
+    assert all(b.ndim == 1 or (b.ndim == 2 and b.shape[1] == 3) for b in batches)
+    counts = Counter(int(i) for b in batches if b.ndim == 1 for i in b)
     assert all(c == 1 for c in counts.values()), "an id is in two batches"
-    assert not set(counts) & set(dropped)
-    assert set(counts) | set(dropped) == set(order.tolist())
-    assert all(b.dtype == np.int64 and b.ndim == 1 and b.size for b in batches)
+    spans: dict[int, list[tuple[int, int]]] = {}
+    for b in batches:
+        if b.ndim == 2:
+            for i, start, stop in b.tolist():
+                spans.setdefault(i, []).append((start, stop))
+    for i, pieces in spans.items():  # pieces of a sample never overlap
+        pieces.sort()
+        assert all(a[1] <= b[0] for a, b in zip(pieces, pieces[1:], strict=False)), (i, pieces)
+    delivered = set(counts) | set(spans)
+    assert not delivered & set(dropped)
+    assert delivered | set(dropped) == set(order.tolist())
+
+
+def _tokens_accounted(report, order: np.ndarray, lens: np.ndarray) -> None:
+    """Every token of the epoch is delivered, truncated or dropped, and counted once."""
+    total = int(lens[order].sum())
+    assert report.tokens + report.truncated_tokens + report.dropped_tokens == total
+    assert report.dropped_tokens == sum(int(lens[i]) for i in report.dropped)
+    assert (report.truncated_tokens > 0) == bool(report.truncated)
 
 
 planners_st = st.one_of(
@@ -84,6 +104,7 @@ def test_every_planner_delivers_each_id_once_or_reports_it(planner, corpus):
     assert len(again) == len(batches) and all(map(np.array_equal, again, batches))
     assert pickle.loads(pickle.dumps(planner)) == planner
     assert report.tokens is None or 0 <= report.tokens <= (report.padded_tokens or 0)
+    _tokens_accounted(report, order, lens)
 
 
 @given(st.integers(0, 100), st.integers(1, 9), st.booleans())
@@ -219,31 +240,81 @@ def test_packing_rows_are_reproduced_from_the_batch_alone(
     batches = planner.plan(order, lens, np.random.default_rng(2))
     report = planner.report(order, lens, batches)
     _exactly_once(order, batches, report.dropped)
-    cap = planner.max_doc_tokens
+    _tokens_accounted(report, order, lens)
     short_batches = 0
     for b in batches:
-        eff = planner.effective_lengths(lens[b])
-        layout = pack_rows(eff, seq_len)  # what PackCollate does with this batch
+        assert b.ndim == 2 and np.all(b[:, 2] - b[:, 1] <= seq_len)
+        layout = pack_rows(b[:, 2] - b[:, 1], seq_len)  # what PackCollate does with this batch
         assert len(layout) <= rows
         short_batches += len(layout) < rows
-        covered = Counter()
         for row in layout:
             assert sum(stop - start for _, start, stop in row) <= seq_len
-            for doc, start, stop in row:
-                covered[doc] += stop - start
-        assert [covered[d] for d in range(len(b))] == eff.tolist()  # every kept token once
-    assert tail == "keep" or short_batches == 0
-    delivered = np.concatenate(batches) if batches else np.empty(0, np.int64)
+            assert all(start == 0 for _, start, _ in row)  # segments are never split again
+    assert short_batches <= (tail == "keep")  # at most the one tail batch is short
     too_long = {int(i) for i in order if lens[i] > seq_len}
-    assert set(report.truncated) == {int(i) for i in delivered if lens[i] > cap}
+    if long == "split":  # nothing is lost but the dropped tail
+        assert report.truncated_tokens + report.dropped_tokens <= (tail == "drop") * (
+            rows - 1
+        ) * seq_len
+        partly = set(report.dropped) | set(report.truncated)
+        assert set(report.split) - partly == too_long - partly
+    if long == "truncate":
+        assert set(report.truncated) - too_long == set()
     if long == "drop":
         assert too_long <= set(report.dropped)
-    if long == "split":
-        assert set(report.split) == too_long - set(report.dropped)
-    # tokens: delivered + cut by truncation + dropped == all
-    cut = sum(int(lens[i]) - cap for i in report.truncated)
-    gone = sum(int(lens[i]) for i in report.dropped)
-    assert report.tokens + cut + gone == int(lens.sum())
+    assert report.padded_tokens == len(batches) * rows * seq_len
+
+
+def test_packing_split_loses_no_token_of_long_documents():
+    """Documents far longer than rows_per_batch * seq_len: every token lands in some batch."""
+    rng = np.random.default_rng(5)
+    lens = np.maximum(rng.lognormal(np.log(3000), 1.2, 400), 1).astype(np.int64)
+    order = rng.permutation(lens.size)
+    planner = PackedBatches(seq_len=512, rows_per_batch=8, window=128)
+    assert (lens > 8 * 512).sum() > 50
+    batches = planner.plan(order, lens, np.random.default_rng(0))
+    report = planner.report(order, lens, batches)
+    assert report.tokens == int(lens.sum()) and not report.truncated and not report.dropped
+    covered = {int(i): np.zeros(int(lens[i]), np.int64) for i in order}
+    for b in batches:
+        for i, start, stop in b.tolist():
+            covered[i][start:stop] += 1
+    assert all((c == 1).all() for c in covered.values())  # every token exactly once
+    rows = [len(pack_rows(b[:, 2] - b[:, 1], 512)) for b in batches]
+    assert sorted(rows)[1:] == [8] * (len(rows) - 1)  # only the tail batch may be short
+    assert report.pad_fraction < 0.01
+
+
+def test_packed_batches_match_the_planned_rows():
+    """PackCollate's first-fit over one batch rebuilds exactly the rows the planner made."""
+    rng = np.random.default_rng(8)
+    lens = rng.integers(0, 90, 300)
+    order = rng.permutation(300)
+    planner = PackedBatches(seq_len=32, rows_per_batch=3, window=1000)  # one window
+    batches = planner.plan(order, lens, np.random.default_rng(0))
+    segments = planner.segments(order, lens)
+    by_len = segments[np.argsort(segments[:, 1] - segments[:, 2], kind="stable")]
+    planned = pack_rows(by_len[:, 2] - by_len[:, 1], 32)  # the window's rows, in creation order
+    want = {
+        frozenset(tuple(by_len[d]) for row in planned[r : r + 3] for d, _, _ in row)
+        for r in range(0, len(planned), 3)
+    }
+    got = set()
+    for b in batches:
+        rebuilt = pack_rows(b[:, 2] - b[:, 1], 32)
+        got.add(frozenset(tuple(b[d]) for row in rebuilt for d, _, _ in row))
+        for row in rebuilt:  # each rebuilt row is one of the planned rows
+            assert any(
+                [tuple(b[d]) for d, _, _ in row] == [tuple(by_len[d]) for d, _, _ in p]
+                for p in planned
+            )
+    assert got == want
+
+
+def test_batch_ids_reads_each_sample_once_in_first_use_order():
+    assert batch_ids(np.array([5, 3, 5], np.int64)).tolist() == [5, 3, 5]  # 1-D: as it is
+    segs = np.array([[7, 0, 4], [2, 0, 3], [7, 4, 8]], np.int64)
+    assert batch_ids(segs).tolist() == [7, 2]
 
 
 def test_packing_only_tail_is_lost_and_it_is_reported():
@@ -253,9 +324,59 @@ def test_packing_only_tail_is_lost_and_it_is_reported():
     order = np.arange(10)
     k = keep.plan(order, lens, np.random.default_rng(0))
     d = drop.plan(order, lens, np.random.default_rng(0))
-    assert sorted(len(pack_rows(lens[b], 8)) for b in k) == [2, 4, 4]
-    assert drop.report(order, lens, d).dropped == (8, 9)
+    assert sorted(len(pack_rows(b[:, 2] - b[:, 1], 8)) for b in k) == [2, 4, 4]
+    report = drop.report(order, lens, d)
+    assert report.dropped == (8, 9) and report.dropped_tokens == 10 and report.tokens == 40
     assert keep.report(order, lens, k).dropped == ()
+    assert keep.report(order, lens, k).padded_tokens == 3 * 4 * 8  # the tail's empty rows too
+
+
+def test_long_doc_policies_count_their_tokens():
+    lens = np.array([20, 3, 9])  # seq_len 8: doc 0 and 2 are long
+    order = np.arange(3)
+    rng = np.random.default_rng(0)
+    split = PackedBatches(8, 2)
+    r = split.report(order, lens, split.plan(order, lens, rng))
+    assert (r.tokens, r.truncated_tokens, r.dropped_tokens) == (32, 0, 0)
+    assert r.split == (0, 2)
+    cut = PackedBatches(8, 2, long_docs="truncate")
+    r = cut.report(order, lens, cut.plan(order, lens, rng))
+    assert (r.tokens, r.truncated_tokens, r.truncated) == (19, 13, (0, 2))
+    drop = PackedBatches(8, 2, long_docs="drop")
+    r = drop.report(order, lens, drop.plan(order, lens, rng))
+    assert (r.tokens, r.dropped_tokens, r.dropped) == (3, 29, (0, 2))
+
+
+def _first_fit(lengths: list[int], seq_len: int) -> list[list[tuple[int, int, int]]]:
+    """First-fit as the docstring states it, scanning every row: the reference."""
+    rows: list[list[tuple[int, int, int]]] = []
+    room: list[int] = []
+    for item, n in enumerate(lengths):
+        if n > seq_len:
+            full = n // seq_len
+            for p in range(full):
+                rows.append([(item, p * seq_len, (p + 1) * seq_len)])
+                room.append(0)
+            if n % seq_len:
+                rows.append([(item, full * seq_len, n)])
+                room.append(seq_len - n % seq_len)
+            continue
+        for r, free in enumerate(room):
+            if free >= n:
+                rows[r].append((item, 0, n))
+                room[r] -= n
+                break
+        else:
+            rows.append([(item, 0, n)])
+            room.append(seq_len - n)
+    return rows
+
+
+@given(st.lists(st.integers(0, 50), max_size=80), st.integers(1, 16), st.booleans())
+def test_pack_rows_is_first_fit(lengths, seq_len, decreasing):
+    if decreasing:  # as the planner feeds it
+        lengths = sorted(lengths, reverse=True)
+    assert pack_rows(lengths, seq_len) == _first_fit(lengths, seq_len)
 
 
 def test_pack_rows_first_fit_and_split():

@@ -12,7 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shardloader.batching import PackedBatches, pack_rows
+from shardloader.batching import PackedBatches, batch_ids, pack_rows
 from shardloader.collate import (
     IGNORE_INDEX,
     DetectionCollate,
@@ -241,8 +241,8 @@ def test_pack_collate_long_documents():
     ]
     assert split["labels"][:, 0].tolist() == [IGNORE_INDEX] * 4  # each piece starts a segment
     assert split["__key__"] == ["k"]
-    capped = PackCollate(seq_len=4, pad_id=0, rows_per_batch=2)([doc])
-    assert capped["input_ids"].tolist() == [[1, 2, 3, 4], [5, 6, 7, 8]]
+    with pytest.raises(UsageError, match="4 rows of 4 tokens, more than rows_per_batch=2"):
+        PackCollate(seq_len=4, pad_id=0, rows_per_batch=2)([doc])  # never cut silently
     cut = PackCollate(seq_len=4, pad_id=0, long_docs="truncate")([doc, np.array([9])])
     assert cut["input_ids"].tolist() == [[1, 2, 3, 4], [9, 0, 0, 0]]
     with pytest.raises(UsageError, match="long_docs='drop'"):
@@ -299,29 +299,35 @@ def test_pack_collate_round_trip(lengths, seq_len):
     assert int(out["attention_mask"].sum()) == sum(lengths)
 
 
+def _segment_samples(batch: np.ndarray, docs: dict) -> list[dict]:
+    """What the dataset hands the collate for a segment batch: one sample per segment."""
+    return [
+        {"tokens": docs[i][a:b], "__index__": i, "__span__": (a, b)} for i, a, b in batch.tolist()
+    ]
+
+
 def test_pack_collate_from_planner_matches_the_plan():
     rng = np.random.default_rng(3)
-    lengths = rng.integers(1, 50, 300)
+    lengths = rng.integers(1, 120, 300)  # many longer than seq_len
     planner = PackedBatches(seq_len=32, rows_per_batch=4, window=64)
     batches = planner.plan(rng.permutation(300), lengths, np.random.default_rng(0))
     collate = planner.make_collate(pad_id=PAD)
     docs = {i: _tokens(int(lengths[i]), i) for i in range(300)}
-    seen = []
+    got: dict[int, list[tuple[int, int]]] = {}
     for batch in batches:
-        out = collate([{"tokens": docs[int(i)], "__index__": int(i)} for i in batch])
-        assert out["input_ids"].shape == (4, 32)
-        got = _unpack(out, 32)
-        assert sorted(map(tuple, got)) == sorted(
-            tuple(docs[int(i)][a:b].tolist())
-            for i in batch
-            for a, b in _pieces(int(lengths[i]), 32)
-        )
-        seen += out["__index__"]
-    assert sorted(seen) == list(range(300))
-
-
-def _pieces(n: int, seq_len: int) -> list[tuple[int, int]]:
-    return [(a, min(a + seq_len, n)) for a in range(0, n, seq_len)]
+        out = collate(_segment_samples(batch, docs))
+        assert out["input_ids"].shape == (4, 32)  # always the planned shape, the tail too
+        rows = pack_rows(batch[:, 2] - batch[:, 1], 32)
+        want = [docs[i][a:b].tolist() for row in rows for i, a, b in (batch[d] for d, _, _ in row)
+                if b > a]
+        assert _unpack(out, 32) == want  # the planned rows, segment for segment
+        for i, span in zip(out["__index__"], out["__span__"], strict=True):
+            got.setdefault(i, []).append(span)
+    for i, spans in got.items():  # every token of every document, once
+        covered = sorted(spans)
+        assert covered[0][0] == 0 and covered[-1][1] == lengths[i]
+        assert all(a[1] == b[0] for a, b in pairwise(covered))
+    assert sorted(got) == list(range(300))
 
 
 def test_collates_pickle_and_run_in_dataloader_workers():
@@ -336,13 +342,13 @@ def test_collates_pickle_and_run_in_dataloader_workers():
     dataset = [{"tokens": d} for d in docs]
     loader = torch.utils.data.DataLoader(
         dataset,
-        batch_sampler=[b.tolist() for b in batches],
+        batch_sampler=[batch_ids(b).tolist() for b in batches],  # whole documents: all fit
         collate_fn=collate,
         num_workers=2,
         multiprocessing_context=multiprocessing.get_context("fork"),
     )
     for got, batch in zip(loader, batches, strict=True):
-        want = collate([dataset[int(i)] for i in batch])
+        want = collate([dataset[int(i)] for i in batch_ids(batch)])
         for key in ("input_ids", "labels", "position_ids", "cu_seqlens"):
             assert torch.equal(got[key], want[key])
 

@@ -54,6 +54,7 @@ def test_train_lm_with_sequence_packing(tokens, tmp_path):
               "--seq-len", "32", "--rows", "2", "--workers", "1", "--dim", "32",
               "--log-every", "1")
     assert "step 3 " in out and "filled with real tokens" in out and SHARE.search(out), out
+    assert re.search(r"tokens \d+ delivered, 0 truncated, 0 dropped", out), out
 
 
 def test_train_image_under_torchrun(images, tmp_path):

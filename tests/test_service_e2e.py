@@ -98,7 +98,7 @@ def test_two_rank_processes_get_disjoint_complete_equal_shares(server, env, tmp_
     ref_state = sl.make_loader(path_pipeline()).state_dict()
     for r in range(2):
         assert got[r]["digests"] == [digest(b) for b in local_batches(path_pipeline, r, 2, 2)]
-        assert got[r]["state"] == {**ref_state, "epoch": 2, "position": 0}  # the epoch is done
+        assert got[r]["state"] == {**ref_state, "epoch": 3, "position": 0}  # epoch 2 is done
 
 
 def test_state_moves_between_remote_and_local(server):
@@ -128,7 +128,12 @@ def test_state_moves_between_remote_and_local(server):
     again.load_state_dict(ref_state)
     assert len(again) == len(expected) == 7
     assert [digest(b) for b in again] == expected
-    assert again.state_dict()["position"] == 0  # the pass ended: the epoch starts afresh
+    # the pass ended: the state continues with the next epoch, as the local loader's does
+    assert {k: again.state_dict()[k] for k in ("epoch", "position")} == {"epoch": 6, "position": 0}
+    local_again = sl.make_loader(path_pipeline().for_rank(2, 3))
+    local_again.load_state_dict(ref_state)
+    list(local_again)
+    assert again.state_dict() == local_again.state_dict()
 
 
 def test_set_epoch_reshuffles_and_rerun_repeats(server):

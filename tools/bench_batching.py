@@ -1,11 +1,17 @@
-"""Padding waste and collate throughput of fixed, bucketed, token-budget and packed batches.
+"""Padding waste and collate throughput of fixed, bucketed, token-budget and packed batches,
+and where the tokens of long documents go.
 
-A synthetic corpus of lognormal document lengths (mean about ``--mean`` tokens, ``--sigma``)
-is planned by each planner and every batch collated on the CPU, as a worker would.  Reported
-per strategy: batches, pad fraction (padding / allocated token slots), planning time, and real
-tokens per second through the collate (the loader's CPU cost per delivered token).
+1. A synthetic corpus of lognormal document lengths (mean about ``--mean`` tokens, ``--sigma``)
+   is planned by each planner and every batch collated on the CPU, as a worker would.  Reported
+   per strategy: batches, pad fraction (padding / allocated token slots), planning time, and
+   real tokens per second through the collate (the loader's CPU cost per delivered token).
+2. Long documents (``--long-mean``, or the token counts of a packed dataset: ``--dataset
+   URL``) are packed into ``--rows`` x ``--seq-len`` batches under each long-document policy;
+   reported: tokens delivered, truncated and dropped (the planner's ``report``), padding, and
+   planning time.  "pieces in one batch" is the rule before segment batches: a document's
+   pieces had to share a batch, so it was cut to rows x seq_len tokens.
 
-    python tools/bench_batching.py [--docs 50000] [--markdown]
+    python tools/bench_batching.py [--docs 50000] [--dataset packed-text/] [--markdown]
 """
 
 from __future__ import annotations
@@ -24,6 +30,8 @@ from shardloader.batching import (
     TokenBudgetBatches,
 )
 from shardloader.collate import IGNORE_INDEX, PadCollate
+from shardloader.manifest import SampleIndex, read_manifest
+from shardloader.storage import join, read_bytes
 
 PAD_ID = 0
 
@@ -55,7 +63,11 @@ def run(name: str, planner: Any, collate: Any, order, lengths, docs, notes: str 
     report = planner.report(order, lengths, batches)
     t0 = time.perf_counter()
     for batch in batches:
-        collate([{"input_ids": docs[i], "labels": docs[i]} for i in batch.tolist()])
+        if batch.ndim == 2:  # segments (id, start, stop), cut as the dataset cuts them
+            items = [docs[i][a:b] for i, a, b in batch.tolist()]
+        else:
+            items = [docs[i] for i in batch.tolist()]
+        collate([{"input_ids": d, "labels": d} for d in items])
     collate_s = time.perf_counter() - t0
     extra = []
     if report.truncated:
@@ -74,6 +86,56 @@ def run(name: str, planner: Any, collate: Any, order, lengths, docs, notes: str 
     )
 
 
+def dataset_lengths(url: str) -> np.ndarray:
+    """Per-sample lengths (token counts) recorded in a packed dataset's sidecars."""
+    manifest, base = read_manifest(url)
+    parts = []
+    for info in manifest.shards:
+        idx = SampleIndex.from_arrow_bytes(read_bytes(join(base, info.index_path)))
+        if idx.lengths is None:
+            raise SystemExit(f"{url}: {info.index_path} records no lengths; pack with --tokenizer")
+        parts.append(np.asarray(idx.lengths, np.int64))
+    return np.concatenate(parts)
+
+
+def long_documents(args: argparse.Namespace) -> None:
+    if args.dataset:
+        lengths, source = dataset_lengths(args.dataset), args.dataset
+    else:
+        rng = np.random.default_rng(args.seed)
+        mu = np.log(args.long_mean) - args.sigma**2 / 2
+        lengths = np.maximum(rng.lognormal(mu, args.sigma, args.long_docs), 1).astype(np.int64)
+        source = f"lognormal, mean {args.long_mean:.0f}, sigma {args.sigma}"
+    seq, rows = args.seq_len, args.rows
+    order = np.random.default_rng(args.seed + 1).permutation(lengths.size)
+    total = int(lengths.sum())
+    print(f"\nlong documents ({source}): {lengths.size} docs, {total} tokens, median "
+          f"{np.median(lengths):.0f}, {int((lengths > seq).sum())} longer than seq_len {seq}, "
+          f"{int((lengths > rows * seq).sum())} longer than {rows} x {seq}")
+    table = [("strategy", "tokens delivered", "truncated", "dropped", "pad %", "plan s")]
+    kept = int(np.minimum(lengths, rows * seq).sum())
+    table.append((f"pieces in one batch (cut to {rows} x {seq})", f"{kept} ({kept / total:.1%})",
+                  str(total - kept), "0", "-", "-"))
+    for policy in ("split", "truncate", "drop"):
+        planner = PackedBatches(seq, rows, long_docs=policy)
+        t0 = time.perf_counter()
+        batches = planner.plan(order, lengths, np.random.default_rng(1))
+        plan_s = time.perf_counter() - t0
+        r = planner.report(order, lengths, batches)
+        assert r.tokens is not None
+        table.append((f"PackedBatches({seq}, {rows}, long_docs={policy!r})",
+                      f"{r.tokens} ({r.tokens / total:.1%})", str(r.truncated_tokens),
+                      str(r.dropped_tokens), f"{100 * (r.pad_fraction or 0):.2f}",
+                      f"{plan_s:.2f}"))
+    for cells in table:
+        if args.markdown:
+            print("| " + " | ".join(cells) + " |")
+            if cells is table[0]:
+                print("|" + "---|" * len(cells))
+        else:
+            print("  ".join(cells))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--docs", type=int, default=50_000)
@@ -81,6 +143,10 @@ def main() -> None:
     ap.add_argument("--sigma", type=float, default=1.0)
     ap.add_argument("--seq-len", type=int, default=2048)
     ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--rows", type=int, default=8, help="rows per packed batch")
+    ap.add_argument("--long-docs", type=int, default=2_000, help="documents of part 2")
+    ap.add_argument("--long-mean", type=float, default=6_000.0, help="mean tokens, part 2")
+    ap.add_argument("--dataset", default=None, help="part 2 on this packed dataset's lengths")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--markdown", action="store_true")
     args = ap.parse_args()
@@ -121,10 +187,10 @@ def main() -> None:
     rows.append(
         run(f"token budget {budget}, window 4096", tb, tb.make_collate(pad), order, lengths, docs)
     )
-    pk = PackedBatches(seq, 8, window=4096)
+    pk = PackedBatches(seq, args.rows, window=4096)
     rows.append(
         run(
-            f"packed 8 x {seq}, window 4096",
+            f"packed {args.rows} x {seq}, window 4096",
             pk,
             pk.make_collate(PAD_ID, field="input_ids"),
             order,
@@ -151,6 +217,7 @@ def main() -> None:
             r.notes,
         )
         print(("| " + " | ".join(cells) + " |") if args.markdown else "  ".join(cells))
+    long_documents(args)
 
 
 if __name__ == "__main__":

@@ -4,11 +4,13 @@
     python tools/train_lm.py packed/ --steps 50 --seq-len 64 --rows 8
     python -m torch.distributed.run --standalone --nproc_per_node 2 tools/train_lm.py packed/
 
-Documents are packed whole into rows of ``--seq-len`` tokens, ``--rows`` rows per batch
-(``shardloader.batching.PackedBatches`` plans from the per-sample token counts in the sidecar
-index; ``PackCollate`` builds the rows in the worker).  Attention is block-diagonal: a token sees
-only the earlier tokens of its own document, read off ``position_ids`` (which restart at every
-document), and no position is scored across a document boundary (``labels`` are -100 there).
+Documents are packed into rows of ``--seq-len`` tokens, ``--rows`` rows per batch: the data
+side is the README's "Language models" recipe (``shardloader.batching.PackedBatches`` plans
+from the per-sample token counts in the sidecar index, cutting long documents into pieces so
+no token is lost, and builds the ``PackCollate`` that fills the rows in the worker).
+Attention is block-diagonal: a token sees only the earlier tokens of its own segment, read off
+``position_ids`` (which restart at every document or piece), and no position is scored across
+a segment boundary (``labels`` are -100 there).
 Padding uses id ``vocab_size``, an embedding row of its own, so it can never be a real token.
 ``shardloader.monitor`` times data wait against the step; the data-bound share is printed.
 """
@@ -28,6 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import shardloader as sl
+from shardloader.batching import PackedBatches
 from shardloader.monitoring import all_ranks, monitor
 
 IGNORE = -100
@@ -90,8 +93,6 @@ def vocab_size(manifest: sl.Manifest, given: int) -> int:
 
 
 def train(args: argparse.Namespace) -> int:
-    from shardloader.batching import PackedBatches
-
     rank, world = setup_distributed()
     torch.manual_seed(args.seed)
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
@@ -101,12 +102,16 @@ def train(args: argparse.Namespace) -> int:
     if manifest.fields.get("tokens") is None or manifest.fields["tokens"].codec != "tokens":
         raise SystemExit(f"{args.data} has no token field (fields: {', '.join(manifest.fields)});"
                          " pack text with --tokenizer tokenizer.json")
-    vocab = vocab_size(manifest, args.vocab_size)
-    planner = PackedBatches(seq_len=args.seq_len, rows_per_batch=args.rows)
+    vocab = vocab_size(manifest, args.vocab_size)  # pad with id `vocab`: a row of its own
+    planner = PackedBatches(seq_len=args.seq_len, rows_per_batch=args.rows, pad_id=vocab)
     read = sl.ReadOptions(cache=sl.CacheOptions(dir=args.cache_dir)) if args.cache_dir else None
-    ds = sl.ShardedDataset(args.data, planner=planner, collate_fn=planner.make_collate(vocab),
-                           shuffle=True, seed=args.seed, read=read)
+    ds = sl.ShardedDataset(args.data, planner=planner, shuffle=True, seed=args.seed, read=read)
     loader = sl.make_loader(ds, num_workers=args.workers)
+    if rank == 0:
+        plan = ds.report()
+        print(f"epoch 0: {plan.steps_per_rank} steps per rank; tokens {plan.tokens} delivered, "
+              f"{plan.truncated_tokens} truncated, {plan.dropped_tokens} dropped; "
+              f"{plan.pad_fraction:.1%} padding", flush=True)
     model: nn.Module = TinyLM(vocab, args.seq_len, d=args.dim)
     if world > 1:
         model = nn.parallel.DistributedDataParallel(model)

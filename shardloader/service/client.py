@@ -119,6 +119,7 @@ class RemoteLoader:
         self._epoch = 0
         self._start = 0  # global batches consumed before the next pass of this epoch
         self._position = 0  # global batches consumed, as the loop has seen them
+        self._steps_left: int | None = None  # steps of the current pass not yet handed out
         self.reconnects = 0  # requests made again after a fault (for logs and tests)
 
     # -- public state ---------------------------------------------------------------------
@@ -142,6 +143,7 @@ class RemoteLoader:
         """Choose the epoch; keeps a loaded resume position for that same epoch."""
         if epoch != self._epoch:
             self._start = self._position = 0
+            self._steps_left = None
         self._epoch = int(epoch)
 
     def __len__(self) -> int:
@@ -153,9 +155,13 @@ class RemoteLoader:
                 f"epoch={self._epoch})")
 
     def state_dict(self) -> dict[str, Any]:
-        """The local loader's state: enough to continue here or on a local loader."""
+        """The local loader's state: enough to continue here or on a local loader (after a
+        pass's last step: the next epoch, as ``shardloader.loader`` explains)."""
         self._pin()
-        return {"version": _STATE_VERSION, "epoch": self._epoch, "position": self._position,
+        epoch, position = self._epoch, self._position
+        if self._steps_left == 0:  # the pass is over: continue with the next epoch
+            epoch, position = epoch + 1, 0
+        return {"version": _STATE_VERSION, "epoch": epoch, "position": position,
                 "seed": self._expect["seed"], "fingerprint": self._expect["fingerprint"],
                 "plan": self._expect["plan"]}
 
@@ -172,6 +178,7 @@ class RemoteLoader:
             self._expect[key] = state.get(key)
         self._epoch = int(state["epoch"])
         self._start = self._position = int(state["position"])
+        self._steps_left = None
 
     # -- iteration ------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
@@ -179,18 +186,18 @@ class RemoteLoader:
 
     def _iterate(self) -> Iterator[Any]:
         epoch, start = self._epoch, self._start
-        self._position = start
-        self._pin()
+        planned = len(self)  # also pins seed, fingerprint and plan
+        self._position, self._steps_left = start, planned
         reader = _Reader(self, epoch, start)
         try:
-            for batch in reader.batches():
+            for seen, batch in enumerate(reader.batches(), 1):
                 self._position += self._world
+                self._steps_left = planned - seen
                 yield batch
         finally:
             reader.close()
         if self._epoch == epoch:
             self._start = 0  # the epoch is done; a re-run starts it afresh
-        self._position = 0
 
     # -- requests -------------------------------------------------------------------------
     def _params(self, epoch: int, position: int) -> dict[str, Any]:
