@@ -110,11 +110,11 @@ def test_transform_train_serves_the_vision_recipe_not_the_quick_tour(tmp_path):
                            decode="tensor", transform="train", image_size=32, image_field=None,
                            cache_dir=str(tmp_path / "cache"))
     recipe = sl.ShardedDataset(data, decoder=sl.Decoder(image="raw"),
-                               transform=vision.train_transform(32, field="jpg"), **common)
-    tour = sl.ShardedDataset(data, transform=vision.train_transform(32, field="jpg"), **common)
+                               transform=vision.train_transform(32, field="image"), **common)
+    tour = sl.ShardedDataset(data, transform=vision.train_transform(32, field="image"), **common)
 
     def images(ds):
-        return [b["jpg"] for b in sl.make_loader(ds)]
+        return [b["image"] for b in sl.make_loader(ds)]
 
     got = images(served)
     assert len(got) == 3
