@@ -117,10 +117,15 @@ class Manifest:
 
     @classmethod
     def from_json(cls, data: bytes, where: str = "manifest") -> Manifest:
+        """Parse and check a manifest; the first wrong value is a ManifestError with its path."""
+        from shardloader.schema import check_manifest_dict
+
         try:
             raw = json.loads(data)
         except (UnicodeDecodeError, json.JSONDecodeError) as err:
             raise ManifestError(f"{where} is not valid JSON: {err}") from err
+        except RecursionError as err:
+            raise ManifestError(f"{where} is nested too deeply to be a manifest") from err
         if not isinstance(raw, dict):
             raise ManifestError(f"{where} is not a JSON object")
         version = raw.get("format_version")
@@ -129,25 +134,17 @@ class Manifest:
                 f"{where} has format_version {version!r}; this shardloader reads version "
                 f"{FORMAT_VERSION}: upgrade shardloader or re-pack the data"
             )
-        try:
-            manifest = cls(
-                format=raw["format"],
-                compression=raw["compression"],
-                fields={k: FieldInfo(**v) for k, v in raw["fields"].items()},
-                shards=tuple(ShardInfo(**s) for s in raw["shards"]),
-                classes=tuple(raw.get("classes", ())),
-                layout=raw.get("layout", ""),
-                length_field=raw.get("length_field"),
-                extra=raw.get("extra", {}),
-            )
-        except (KeyError, TypeError) as err:
-            raise ManifestError(f"{where} is missing or has a malformed entry: {err}") from err
-        if raw.get("num_samples") != manifest.num_samples:
-            raise ManifestError(
-                f"{where}: num_samples {raw.get('num_samples')} does not equal the sum of the "
-                f"shard counts ({manifest.num_samples}); the manifest was edited or damaged"
-            )
-        return manifest
+        check_manifest_dict(raw, where)
+        return cls(
+            format=raw["format"],
+            compression=raw["compression"],
+            fields={k: FieldInfo(**v) for k, v in raw["fields"].items()},
+            shards=tuple(ShardInfo(**s) for s in raw["shards"]),
+            classes=tuple(raw.get("classes", ())),
+            layout=raw.get("layout", ""),
+            length_field=raw.get("length_field"),
+            extra=raw.get("extra", {}),
+        )
 
 
 def _drop_none(d: dict[str, Any]) -> dict[str, Any]:
@@ -160,12 +157,16 @@ class SampleIndex:
 
     For arrow shards ``offsets`` are row numbers and ``sizes`` the bytes of the row's fields.
     ``lengths`` (optional) is the length of the manifest's ``length_field`` per sample.
+    ``crc32`` (optional; sidecars written before it existed lack it) is a CRC-32 per sample,
+    checked as samples are read: of the sample's bytes ``[offset, offset + size)`` in a tar
+    shard, of its key and fields in an Arrow shard (:func:`shardloader.format.arrow.row_crc32`).
     """
 
     keys: Sequence[str]
     offsets: np.ndarray
     sizes: np.ndarray
     lengths: np.ndarray | None = None
+    crc32: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.offsets)
@@ -178,6 +179,8 @@ class SampleIndex:
         }
         if self.lengths is not None:
             columns["length"] = pa.array(self.lengths, pa.uint32())
+        if self.crc32 is not None:
+            columns["crc32"] = pa.array(self.crc32, pa.uint32())
         table = pa.table(columns)
         sink = pa.BufferOutputStream()
         with pa.ipc.new_file(sink, table.schema) as writer:
@@ -185,32 +188,58 @@ class SampleIndex:
         return sink.getvalue().to_pybytes()
 
     @classmethod
-    def from_arrow_bytes(cls, data: bytes, where: str = "sample index") -> SampleIndex:
+    def from_arrow_bytes(
+        cls, data: bytes, where: str = "sample index", limit: int | None = None
+    ) -> SampleIndex:
+        """Parse a sidecar; ``limit`` bounds what its (compressed) columns may expand to."""
+        if limit is not None:
+            from shardloader.errors import ShardError
+            from shardloader.format.ipc import declared_sizes
+
+            try:
+                declared = declared_sizes(data, where).uncompressed_bytes
+            except ShardError as err:
+                raise ManifestError(
+                    f"{where} is not a valid shardloader sample index ({err})"
+                ) from err
+            if declared > limit:
+                raise ManifestError(
+                    f"{where} declares {declared:,} bytes of columns, more than the {limit:,} "
+                    "its shard's manifest entry allows; the sidecar is corrupt or hostile"
+                )
         try:
             table = pa.ipc.open_file(pa.py_buffer(data)).read_all()
-            lengths = _ints(table.column("length")) if "length" in table.column_names else None
+            names = table.column_names
+            key = table.column("key")
+            if not (pa.types.is_string(key.type) or pa.types.is_large_string(key.type)):
+                raise ManifestError(f"column 'key' is {key.type}, not a string")
             return cls(
-                keys=table.column("key").to_pylist(),
-                offsets=_ints(table.column("offset")),
-                sizes=_ints(table.column("size")),
-                lengths=lengths,
+                keys=key.to_pylist(),
+                offsets=_ints(table.column("offset"), "offset"),
+                sizes=_ints(table.column("size"), "size"),
+                lengths=_ints(table.column("length"), "length") if "length" in names else None,
+                crc32=_ints(table.column("crc32"), "crc32") if "crc32" in names else None,
             )
-        except (pa.ArrowInvalid, KeyError) as err:
+        except (pa.ArrowException, KeyError, ManifestError) as err:
             raise ManifestError(f"{where} is not a valid shardloader sample index: {err}") from err
 
 
-def _ints(column: pa.ChunkedArray) -> np.ndarray:
+def _ints(column: pa.ChunkedArray, name: str) -> np.ndarray:
     """An integer column as int64, read from its buffer.
 
     ``to_numpy()`` would import pandas (about 1.5 s in every fresh worker) to check for it.
+    Unsigned values past 2**63 come out negative, which the sidecar checks refuse.
     """
+    if not pa.types.is_integer(column.type):
+        raise ManifestError(f"column {name!r} is {column.type}, not integers")
     array = column.combine_chunks()
     if array.null_count:
-        raise ManifestError("sample index has missing values")
+        raise ManifestError(f"column {name!r} has missing values")
     width = array.type.bit_width // 8
+    kind = "i" if pa.types.is_signed_integer(array.type) else "u"
     data = np.frombuffer(
         array.buffers()[1],
-        dtype=np.dtype(f"<u{width}"),
+        dtype=np.dtype(f"<{kind}{width}"),
         count=len(array),
         offset=array.offset * width,
     )
