@@ -356,10 +356,10 @@ def walk_members(
 
 def _iter_members(
     f: BinaryIO, where: str, require_end: bool = True, limit: int | None = None,
-    max_member: int | None = None,
+    max_member: int | None = None, reason: str = "the manifest declares (raw_bytes)",
 ) -> Iterator[tuple[str, bytes]]:
     """Yield (name, data) of regular files; each member is read whole (bounded by the caller)."""
-    stream = TarStream(f, where, limit)
+    stream = TarStream(f, where, limit, reason)
     for name, size in walk_members(stream, require_end, max_member):
         yield name, stream.read_exact(size, f"member {name!r}")
 
@@ -504,9 +504,9 @@ class TarShardReader:
         if fields is not None:
             return key, fields
         blob = self._map[offset : offset + size]
-        samples = list(
-            _iter_samples(_iter_members(io.BytesIO(blob), self._where, False), self._where)
-        )
+        members = _iter_members(io.BytesIO(blob), self._where, False, limit=size,
+                                reason="the sample index declares for this sample")
+        samples = list(_iter_samples(members, self._where))
         if len(samples) != 1 or samples[0][0] != key:
             raise ShardError(
                 f"{self._where}: sample index says {key!r} at byte {offset}, found "
