@@ -17,7 +17,7 @@ from typing import Any
 
 from fsspec.callbacks import Callback
 
-from shardloader.errors import ChecksumError, ShardError
+from shardloader.errors import ChecksumError
 from shardloader.storage.fs import filesystem, is_local, local_path
 from shardloader.storage.retry import (
     DEFAULT_POLICY,
@@ -49,7 +49,7 @@ def fetch_shard(
     beginning under ``policy``.  A complete download whose SHA-256 or size differs from the
     manifest's is fetched once more (a corrupting proxy or cache may have served it), then
     raises :class:`ChecksumError` naming the URL and both digests.  A body that grows past
-    ``size`` stops at once with :class:`ShardError`: an object larger than the manifest says is
+    ``size`` stops at once with :class:`ChecksumError`: an object larger than the manifest says is
     never written to disk whole.  The temp file lives next to ``dst_path`` (same filesystem, so
     the rename is atomic) and is removed on any failure.
     """
@@ -132,8 +132,8 @@ def _download_once(
     return digest.hexdigest(), written
 
 
-def _too_large(url: str, size: int) -> ShardError:
-    return ShardError(
+def _too_large(url: str, size: int) -> ChecksumError:
+    return ChecksumError(
         f"shard {url!r} is larger than the {size:,} bytes the manifest declares; the stored "
         "object is damaged or was replaced: re-upload or re-pack it"
     )
