@@ -33,6 +33,7 @@ __all__ = [
 
 FORMAT_VERSION = 1
 MANIFEST_NAME = "index.json"
+CHECKSUM_COLUMN = "xxh3_64"  # per-sample checksum in sidecars (optional: older ones lack it)
 FORMATS = ("tar", "arrow")
 COMPRESSIONS = ("zstd", "gzip", "none")
 
@@ -157,16 +158,17 @@ class SampleIndex:
 
     For arrow shards ``offsets`` are row numbers and ``sizes`` the bytes of the row's fields.
     ``lengths`` (optional) is the length of the manifest's ``length_field`` per sample.
-    ``crc32`` (optional; sidecars written before it existed lack it) is a CRC-32 per sample,
-    checked as samples are read: of the sample's bytes ``[offset, offset + size)`` in a tar
-    shard, of its key and fields in an Arrow shard (:func:`shardloader.format.arrow.row_crc32`).
+    ``checksums`` (optional; sidecars written before it existed lack it) is an XXH3-64 per
+    sample (column ``xxh3_64``), checked as samples are read: of the sample's bytes
+    ``[offset, offset + size)`` in a tar shard, of its key and fields in an Arrow shard
+    (:func:`shardloader.format.arrow.row_checksum`).
     """
 
     keys: Sequence[str]
     offsets: np.ndarray
     sizes: np.ndarray
     lengths: np.ndarray | None = None
-    crc32: np.ndarray | None = None
+    checksums: np.ndarray | None = None  # uint64
 
     def __len__(self) -> int:
         return len(self.offsets)
@@ -179,8 +181,8 @@ class SampleIndex:
         }
         if self.lengths is not None:
             columns["length"] = pa.array(self.lengths, pa.uint32())
-        if self.crc32 is not None:
-            columns["crc32"] = pa.array(self.crc32, pa.uint32())
+        if self.checksums is not None:
+            columns[CHECKSUM_COLUMN] = pa.array(self.checksums, pa.uint64())
         table = pa.table(columns)
         sink = pa.BufferOutputStream()
         with pa.ipc.new_file(sink, table.schema) as writer:
@@ -218,10 +220,22 @@ class SampleIndex:
                 offsets=_ints(table.column("offset"), "offset"),
                 sizes=_ints(table.column("size"), "size"),
                 lengths=_ints(table.column("length"), "length") if "length" in names else None,
-                crc32=_ints(table.column("crc32"), "crc32") if "crc32" in names else None,
+                checksums=_u64(table.column(CHECKSUM_COLUMN)) if CHECKSUM_COLUMN in names
+                else None,
             )
         except (pa.ArrowException, KeyError, ManifestError) as err:
             raise ManifestError(f"{where} is not a valid shardloader sample index: {err}") from err
+
+
+def _u64(column: pa.ChunkedArray) -> np.ndarray:
+    """The checksum column as uint64 (``_ints`` would turn half of all digests negative)."""
+    if not pa.types.is_uint64(column.type):
+        raise ManifestError(f"column {CHECKSUM_COLUMN!r} is {column.type}, not uint64")
+    array = column.combine_chunks()
+    if array.null_count:
+        raise ManifestError(f"column {CHECKSUM_COLUMN!r} has missing values")
+    return np.frombuffer(array.buffers()[1], dtype="<u8", count=len(array),
+                         offset=array.offset * 8).copy()
 
 
 def _ints(column: pa.ChunkedArray, name: str) -> np.ndarray:

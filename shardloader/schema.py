@@ -263,7 +263,7 @@ def check_sample_index(index: SampleIndex, fmt: str, info: ShardInfo, where: str
         )
     if len(index.keys) != n or len(index.sizes) != n or (
         index.lengths is not None and len(index.lengths) != n
-    ) or (index.crc32 is not None and len(index.crc32) != n):
+    ) or (index.checksums is not None and len(index.checksums) != n):
         raise ManifestError(f"{where}: the sample index has columns of different lengths")
     offsets, sizes = index.offsets, index.sizes
     if n:

@@ -7,9 +7,9 @@ or compressed.  Uncompressed local shards are read in place.
 Nothing here trusts the dataset: a sidecar is checked against its manifest entry before use,
 stored bytes are read only up to the manifest's ``bytes`` and staged only up to its
 ``raw_bytes`` (a decompression bomb stops there, and its temp file is removed), and samples are
-checked against the sidecar's CRC-32s as they are read.  Sidecars written before those existed
-have none; an uncompressed local shard is then hashed whole on first use (SHA-256 against the
-manifest), and a note in the node cache saves the next process the work.
+checked against the sidecar's checksums (XXH3-64) as they are read.  Sidecars written before
+those existed have none; an uncompressed local shard is then hashed whole on first use (SHA-256
+against the manifest), and a note in the node cache saves the next process the work.
 """
 
 from __future__ import annotations
@@ -52,11 +52,11 @@ class ReadOptions:
     environment), the node cache, how many shards to stage ahead per worker, and the one
     retry budget for every remote request.
 
-    ``verify_samples`` (default on) checks every sample read against the CRC-32 in its shard's
-    sidecar (about 0.4 us per KiB), and for sidecars without CRC-32s (packed before they
-    existed) hashes each uncompressed local shard once per node on first use.  Turning it off
-    turns off exactly those two checks; the SHA-256 of compressed and remote shards when they
-    are staged, and every size and structure check, stay on.
+    ``verify_samples`` (default on) checks every sample read against the checksum (XXH3-64) in
+    its shard's sidecar (well under a microsecond a sample), and for sidecars without checksums
+    (packed before they existed) hashes each uncompressed local shard once per node on first
+    use.  Turning it off turns off exactly those two checks; the SHA-256 of compressed and
+    remote shards when they are staged, and every size and structure check, stay on.
     """
 
     storage_options: Mapping[str, Any] = field(default_factory=dict)
@@ -343,7 +343,7 @@ class ShardSet:
         verify = self.options.verify_samples
         for attempt in range(3):
             path = self.local_file(shard)
-            if verify and self.in_place and index.crc32 is None and shard not in self._hashed:
+            if verify and self.in_place and index.checksums is None and shard not in self._hashed:
                 _hash_once(path, self.manifest.shards[shard], self._notes(), self.describe(shard))
                 self._hashed.add(shard)
             try:

@@ -61,15 +61,15 @@ def sha256_file(path: str) -> str:
 
 
 def sidecar(keys: Sequence[str], offsets: Sequence[int], sizes: Sequence[int],
-            crc32: Sequence[int] | None = None) -> bytes:
+            checksums: Sequence[int] | None = None) -> bytes:
     """Sidecar bytes as pack writes them (built with pyarrow, whatever they may say)."""
     columns = {
         "key": pa.array(list(keys), pa.string()),
         "offset": pa.array(offsets, pa.uint64()),
         "size": pa.array(sizes, pa.uint64()),
     }
-    if crc32 is not None:
-        columns["crc32"] = pa.array(crc32, pa.uint32())
+    if checksums is not None:
+        columns["xxh3_64"] = pa.array(checksums, pa.uint64())
     table = pa.table(columns)
     sink = pa.BufferOutputStream()
     with pa.ipc.new_file(sink, table.schema) as writer:

@@ -28,7 +28,7 @@ def bomb_dataset(tmp_path_factory) -> str:
     """A 64 KiB .tar.zst holding one 2 GiB member; its sha256 is right, its raw size a lie."""
     d = str(tmp_path_factory.mktemp("bomb"))
     write_zstd_bomb(os.path.join(d, "shard-00000.tar.zst"), 2 * GIB)
-    index = sidecar(["b/0000"], [0], [1024], crc32=[0])
+    index = sidecar(["b/0000"], [0], [1024], checksums=[0])
     entry = shard_entry(d, "shard-00000.tar.zst", index, raw_bytes=4096)
     write_manifest(d, "tar", "zstd", [entry])
     return d
@@ -132,7 +132,7 @@ def test_index_streams_a_big_member_with_flat_memory(tmp_path):
 
 def test_sample_reader_never_copies_past_the_sample_extent(tmp_path):
     """A member header that claims 1 GiB inside a 1 KiB sample: refused, nothing copied."""
-    import zlib
+    import xxhash
 
     d = str(tmp_path)
     path = os.path.join(d, "shard-00000.tar")
@@ -143,7 +143,7 @@ def test_sample_reader_never_copies_past_the_sample_extent(tmp_path):
         f.truncate(len(first) + 512 + GIB + 1024)
     size = os.path.getsize(path)
     index = sidecar(["b/0000", "b/0001"], [0, 1024], [1024, 512 + GIB],
-                    crc32=[zlib.crc32(first), 0])
+                    checksums=[xxhash.xxh3_64_intdigest(first), 0])
     write_manifest(d, "tar", "none", [shard_entry(d, "shard-00000.tar", index, sha256="0" * 64)])
     out = run_measured(
         f"""

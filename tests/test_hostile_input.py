@@ -134,6 +134,31 @@ def test_cli_prints_one_line_and_exits_1(tmp_path, good_manifest, path, value, m
     assert message in r.output
 
 
+# -- pickles never run ---------------------------------------------------------------------------
+
+
+def test_pickle_payloads_never_run_in_index_inspect_verify_read(tmp_path):
+    import pickle
+
+    from corpus import Boom
+
+    from shardloader.inspect import inspect_dataset
+
+    marker = tmp_path / "unpickled"
+    payload = pickle.dumps(Boom(str(marker)))
+    data = tar_bytes([("a/0001.pth", payload), ("a/0001.txt", b"hi"), ("a/0002.pkl", payload)])
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "s.tar.zst").write_bytes(zstandard.ZstdCompressor().compress(data))
+    index_shards([str(tmp_path / "d")], str(tmp_path / "d"))
+    assert inspect_dataset(str(tmp_path / "d")).num_samples == 2
+    assert verify_dataset(str(tmp_path / "d")).ok
+    raw = _read_all(tmp_path / "d")
+    assert raw[0]["pth"] == payload and raw[1]["pkl"] == payload
+    with pytest.raises(sl.DecodeError, match="never unpickles"):
+        list(_dataset(tmp_path / "d"))
+    assert not marker.exists()
+
+
 # -- 2. counts against the sidecar ------------------------------------------------------------
 
 
@@ -202,7 +227,7 @@ def test_a_flipped_bit_in_an_uncompressed_local_shard_is_caught_when_read(tmp_pa
     with pytest.raises(ChecksumError) as err:
         _read_all(out)
     assert manifest.shards[1].path in str(err.value) and repr(key) in str(err.value)
-    assert "CRC-32" in str(err.value) and "verify_samples=False" in str(err.value)
+    assert "checksum" in str(err.value) and "verify_samples=False" in str(err.value)
     # the option turns exactly that check off: the damaged bytes are read as they are
     samples = _read_all(out, read=sl.ReadOptions(verify_samples=False,
                                                  cache=sl.CacheOptions(dir=out + "-c")))
@@ -210,13 +235,13 @@ def test_a_flipped_bit_in_an_uncompressed_local_shard_is_caught_when_read(tmp_pa
     assert len(samples) == 8 and damaged["bin"] != _payload_of(key)
 
 
-def _strip_crcs(out: str) -> None:
-    """Rewrite every sidecar as packers before CRC-32s wrote them (and fix the manifest)."""
+def _strip_checksums(out: str) -> None:
+    """Rewrite every sidecar as packers before checksums wrote them (and fix the manifest)."""
     with open(os.path.join(out, "index.json")) as f:
         raw = json.load(f)
     for shard in raw["shards"]:
         path = os.path.join(out, shard["index_path"])
-        table = pa.ipc.open_file(pa.py_buffer(_read(path))).read_all().drop_columns(["crc32"])
+        table = pa.ipc.open_file(pa.py_buffer(_read(path))).read_all().drop_columns(["xxh3_64"])
         sink = pa.BufferOutputStream()
         with pa.ipc.new_file(sink, table.schema) as writer:
             writer.write_table(table)
@@ -230,7 +255,7 @@ def _strip_crcs(out: str) -> None:
 
 def test_old_sidecars_get_a_first_use_hash_noted_in_the_node_cache(tmp_path):
     out, manifest = _small_pack(tmp_path, "tar")
-    _strip_crcs(out)
+    _strip_checksums(out)
     cache = str(tmp_path / "cache")
     read = sl.ReadOptions(cache=sl.CacheOptions(dir=cache))
     assert len(_read_all(out, read=read)) == 8  # old sidecars keep working

@@ -99,7 +99,7 @@ def test_index_gives_our_own_sidecar_offsets(tmp_path):
         b = sidecar(str(tmp_path / "idx"), theirs.index_path)
         assert a.keys == b.keys
         assert list(a.offsets) == list(b.offsets) and list(a.sizes) == list(b.sizes)
-        assert a.crc32 is not None and list(a.crc32) == list(b.crc32)
+        assert a.checksums is not None and list(a.checksums) == list(b.checksums)
         assert (ours.sha256, ours.raw_bytes, ours.bytes) == (
             theirs.sha256, theirs.raw_bytes, theirs.bytes)
 

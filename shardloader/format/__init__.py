@@ -79,7 +79,7 @@ def open_reader(
 ) -> ShardReader:
     """Open a local *uncompressed* shard (staged, or stored without compression).
 
-    ``verify``: check each sample against the sidecar's CRC-32 (when the sidecar has them).
+    ``verify``: check each sample against the sidecar's checksum (when the sidecar has them).
     """
     if fmt == "tar":
         from shardloader.format.tar import TarShardReader

@@ -9,12 +9,12 @@ shards use IPC's zstd buffer compression (batches of up to ``_ROWS_PER_BATCH`` r
 from __future__ import annotations
 
 import hashlib
-import zlib
 from collections.abc import Iterator, Mapping
 from typing import BinaryIO
 
 import numpy as np
 import pyarrow as pa
+import xxhash
 
 from shardloader.errors import ChecksumError, ShardError
 from shardloader.format import Sample, WrittenShard
@@ -29,14 +29,16 @@ _BYTES_PER_BATCH = 8 << 20
 KEY_COLUMN = "__key__"
 
 
-def row_crc32(key: str, fields: Mapping[str, bytes]) -> int:
-    """CRC-32 of a row as the sidecar records it: key, then each field's name, size and bytes
-    in name order (sizes included, so bytes cannot move between fields unnoticed)."""
-    crc = zlib.crc32(key.encode("utf-8", "surrogateescape") + b"\0")
+def row_checksum(key: str, fields: Mapping[str, bytes]) -> int:
+    """XXH3-64 of a row as the sidecar records it: key, then each field's name, size and bytes
+    in name order, each hash seeding the next (sizes included, so bytes cannot move between
+    fields unnoticed)."""
+    h = xxhash.xxh3_64_intdigest(key.encode("utf-8", "surrogateescape"))
     for name in sorted(fields):
         value = fields[name]
-        crc = zlib.crc32(value, zlib.crc32(b"%s\0%d\0" % (name.encode(), len(value)), crc))
-    return crc
+        h = xxhash.xxh3_64_intdigest(b"%s\0%d" % (name.encode(), len(value)), seed=h)
+        h = xxhash.xxh3_64_intdigest(value, seed=h)
+    return h
 
 
 def _schema(fields: Mapping[str, FieldInfo]) -> pa.Schema:
@@ -85,7 +87,7 @@ class ArrowShardWriter:
         self._keys: list[str] = []
         self._sizes: list[int] = []
         self._lengths: list[int] = []
-        self._crcs: list[int] = []
+        self._sums: list[int] = []
 
     def add(self, key: str, fields: Mapping[str, bytes], length: int | None = None) -> None:
         unknown = set(fields) - set(self._columns)
@@ -96,7 +98,7 @@ class ArrowShardWriter:
         self._keys.append(key)
         self._sizes.append(size)
         self._lengths.append(-1 if length is None else length)
-        self._crcs.append(row_crc32(key, fields))
+        self._sums.append(row_checksum(key, fields))
         self._pending += size
         if len(self._rows) >= _ROWS_PER_BATCH or self._pending >= _BYTES_PER_BATCH:
             self._flush()
@@ -120,7 +122,7 @@ class ArrowShardWriter:
             offsets=np.arange(n, dtype=np.int64),
             sizes=np.asarray(self._sizes, np.int64),
             lengths=np.asarray(self._lengths, np.int64) if has_lengths else None,
-            crc32=np.asarray(self._crcs, np.int64),
+            checksums=np.asarray(self._sums, np.uint64),
         )
         raw = sum(self._sizes) + sum(len(k) for k in self._keys)
         return WrittenShard(n, self._out.count, raw, self._out.sha.hexdigest(), index)
@@ -201,7 +203,7 @@ class ArrowShardReader:
     The file must hold no compressed buffers (staged copies never do; a stored file of
     compression ``none`` that does contradicts its manifest): rows are zero-copy slices, and
     nothing is decompressed at a size the file alone declares.  Each row's key must equal the
-    sidecar's, and with ``verify`` its CRC-32 must too.
+    sidecar's, and with ``verify`` its checksum must too.
     """
 
     def __init__(
@@ -210,7 +212,7 @@ class ArrowShardReader:
         self._where = where
         self._index = index
         self._keys = index.keys
-        self._crcs = index.crc32.tolist() if verify and index.crc32 is not None else None
+        self._sums = index.checksums.tolist() if verify and index.checksums is not None else None
         self._mmap = pa.memory_map(local_path)
         try:
             whole = self._mmap.read_buffer()
@@ -251,9 +253,9 @@ class ArrowShardReader:
             value = batch.column(n)[r].as_py()
             if value is not None:
                 fields[n] = value
-        if self._crcs is not None and row_crc32(key, fields) != self._crcs[i]:
+        if self._sums is not None and row_checksum(key, fields) != self._sums[i]:
             raise ChecksumError(
-                f"{self._where}: sample {key!r} fails its CRC-32 check against the sidecar: the "
+                f"{self._where}: sample {key!r} does not match its checksum in the sidecar: the "
                 "shard is damaged; `shardloader verify` checks the whole dataset "
                 "(ReadOptions(verify_samples=False) skips this per-sample check)"
             )

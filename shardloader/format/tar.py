@@ -15,11 +15,11 @@ import io
 import mmap
 import os
 import tarfile
-import zlib
 from collections.abc import Iterator, Mapping
 from typing import BinaryIO
 
 import numpy as np
+import xxhash
 import zstandard
 
 from shardloader.errors import ChecksumError, ShardError
@@ -127,7 +127,7 @@ class TarShardWriter:
         self._offsets: list[int] = []
         self._sizes: list[int] = []
         self._lengths: list[int] = []
-        self._crcs: list[int] = []
+        self._sums: list[int] = []
 
     def add(self, key: str, fields: Mapping[str, bytes], length: int | None = None) -> None:
         start = self._raw
@@ -146,7 +146,7 @@ class TarShardWriter:
         self._offsets.append(start)
         self._sizes.append(len(blob))
         self._lengths.append(-1 if length is None else length)
-        self._crcs.append(zlib.crc32(blob))
+        self._sums.append(xxhash.xxh3_64_intdigest(blob))
 
     def close(self) -> WrittenShard:
         end = b"\0" * (2 * BLOCK)
@@ -161,7 +161,7 @@ class TarShardWriter:
             offsets=np.asarray(self._offsets, np.int64),
             sizes=np.asarray(self._sizes, np.int64),
             lengths=np.asarray(self._lengths, np.int64) if has_lengths else None,
-            crc32=np.asarray(self._crcs, np.int64),
+            checksums=np.asarray(self._sums, np.uint64),
         )
         return WrittenShard(
             num_samples=len(self._keys),
@@ -468,8 +468,8 @@ class TarShardReader:
     """Random access to samples of an uncompressed local tar via its sample index.
 
     The file is memory-mapped: a sample costs slices of the page cache, no seek/read calls.
-    With ``verify`` and a sidecar that has per-sample CRC-32s, each sample's byte range is
-    checked before it is parsed (about 0.4 us per KiB).
+    With ``verify`` and a sidecar that has per-sample checksums, each sample's byte range is
+    hashed (XXH3-64, about 0.02 us per KiB) and compared before it is parsed.
     """
 
     def __init__(
@@ -482,7 +482,7 @@ class TarShardReader:
         self._size = size
         self._offsets = index.offsets.tolist()
         self._sizes = index.sizes.tolist()
-        self._crcs = index.crc32.tolist() if verify and index.crc32 is not None else None
+        self._sums = index.checksums.tolist() if verify and index.checksums is not None else None
         self._keys = index.keys
         self._where = where
 
@@ -491,12 +491,13 @@ class TarShardReader:
         key = self._keys[i]
         if offset + size > self._size:
             raise ShardError(f"{self._where}: truncated shard: sample {key!r} is cut short")
-        if self._crcs is not None:
-            got = zlib.crc32(self._view[offset : offset + size])
-            if got != self._crcs[i]:
+        if self._sums is not None:
+            got = xxhash.xxh3_64_intdigest(self._view[offset : offset + size])
+            if got != self._sums[i]:
                 raise ChecksumError(
-                    f"{self._where}: sample {key!r} (bytes {offset}..{offset + size}) has CRC-32 "
-                    f"{got:08x}, its sidecar says {self._crcs[i]:08x}: the shard is damaged; "
+                    f"{self._where}: sample {key!r} (bytes {offset}..{offset + size}) has "
+                    f"checksum {got:016x}, its sidecar says {self._sums[i]:016x}: the shard is "
+                    "damaged; "
                     "`shardloader verify` checks the whole dataset (ReadOptions(verify_samples="
                     "False) skips this per-sample check)"
                 )

@@ -2,9 +2,9 @@
 
 Each shard is streamed once: its stored bytes are hashed, and the uncompressed tar is walked to
 record every sample's key, byte offset, size (from the first header of its first member to the
-padding of its last) and CRC-32, the same sidecar ``pack`` writes.  Sidecars and ``index.json``
-go to OUT; the manifest points at the shards where they are (paths relative to OUT, so the
-shards must lie inside OUT).
+padding of its last) and checksum (XXH3-64), the same sidecar ``pack`` writes.  Sidecars and
+``index.json`` go to OUT; the manifest points at the shards where they are (paths relative to
+OUT, so the shards must lie inside OUT).
 
 Shards are untrusted: members are streamed in bounded chunks and never held in memory, a
 member larger than ``max_member_bytes`` (or trailing data after the end-of-archive marker
@@ -20,12 +20,12 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 
 import numpy as np
+import xxhash
 import zstandard
 
 from shardloader.codecs import codec_for_extension
@@ -105,23 +105,23 @@ class _Scanned:
     sha256: str
 
 
-class _CrcStream(TarStream):
-    """A tar stream that keeps the CRC-32 of the sample being scanned, both ways.
+class _HashStream(TarStream):
+    """A tar stream that keeps the checksum of the sample being scanned, both ways.
 
     A sample's byte range starts where the previous regular member ended, but whether the
     bytes after that point (folders, pax headers, the next header) begin a new sample is known
-    only once the next member's name is parsed.  So two CRCs run over them: ``cont`` as if they
-    continue the current sample, ``new`` as if they start the next one.
+    only once the next member's name is parsed.  So two hashes run over them: ``cont`` as if
+    they continue the current sample, ``new`` as if they start the next one.
     """
 
     def __init__(self, f: BinaryIO, where: str) -> None:
         super().__init__(f, where)
-        self.cont = 0
-        self.new = 0
+        self.cont = xxhash.xxh3_64()
+        self.new = xxhash.xxh3_64()
 
     def on_data(self, data: bytes) -> None:
-        self.cont = zlib.crc32(data, self.cont)
-        self.new = zlib.crc32(data, self.new)
+        self.cont.update(data)
+        self.new.update(data)
 
 
 def _unsafe_member(url: str, name: str, key: str, reason: str) -> ShardError:
@@ -136,12 +136,12 @@ def _scan(url: str, compression: str, so: Mapping[str, Any], max_member: int | N
     keys: list[str] = []
     offsets: list[int] = []
     sizes: list[int] = []
-    crcs: list[int] = []
+    sums: list[int] = []
     texts: list[int | None] = []
     seen: dict[str, int] = {}
     with open_read(url, so) as raw:
         stored = HashingReader(raw, hashing=True)
-        tar = _CrcStream(_decompressed(stored, compression), url)  # type: ignore[arg-type]
+        tar = _HashStream(_decompressed(stored, compression), url)  # type: ignore[arg-type]
         key: str | None = None
         exts: set[str] = set()
         start = end = text = run = mark = 0
@@ -152,7 +152,7 @@ def _scan(url: str, compression: str, so: Mapping[str, Any], max_member: int | N
             keys.append(key)
             offsets.append(start)
             sizes.append(end - start)
-            crcs.append(run)
+            sums.append(run)
             texts.append(text if has_text else None)
 
         try:
@@ -167,7 +167,8 @@ def _scan(url: str, compression: str, so: Mapping[str, Any], max_member: int | N
                         if problem is not None:
                             raise _unsafe_member(url, name, k, problem)
                         key, exts, start, has_text = k, set(), mark, False
-                        tar.cont = tar.new  # this sample's bytes so far: those since `mark`
+                        # this sample's bytes so far: those since `mark`
+                        tar.cont = cast(xxhash.xxh3_64, tar.new.copy())
                     if ext in exts:
                         raise ShardError(f"{url}: sample {k!r} has two {ext!r} members")
                     exts.add(ext)
@@ -176,8 +177,8 @@ def _scan(url: str, compression: str, so: Mapping[str, Any], max_member: int | N
                         text, has_text = size, True
                 tar.skip(size + (-size % BLOCK), f"member {name!r}")  # streamed, never held
                 if parts is not None:
-                    run, end = tar.cont, tar.pos
-                tar.new, mark = 0, tar.pos
+                    run, end = tar.cont.intdigest(), tar.pos
+                tar.new, mark = xxhash.xxh3_64(), tar.pos
             if key is not None:
                 finish()
             trailing = 0
@@ -198,7 +199,7 @@ def _scan(url: str, compression: str, so: Mapping[str, Any], max_member: int | N
         lengths = np.asarray(texts, np.int64)
     index = SampleIndex(
         keys, np.asarray(offsets, np.int64), np.asarray(sizes, np.int64), lengths,
-        np.asarray(crcs, np.int64),
+        np.asarray(sums, np.uint64),
     )
     assert stored.sha is not None
     return _Scanned(index, seen, stored.pos, tar.pos, stored.sha.hexdigest())
@@ -312,7 +313,7 @@ def index_shards(
     for rel, index_path, scanned in scans:
         index = scanned.index if all_text else SampleIndex(
             scanned.index.keys, scanned.index.offsets, scanned.index.sizes,
-            crc32=scanned.index.crc32,
+            checksums=scanned.index.checksums,
         )
         data = index.to_arrow_bytes()
         write_bytes_atomic(join(out, index_path), data, so)
