@@ -97,7 +97,14 @@ def run_measured(
     )
     for line in proc.stdout.splitlines():
         if line.startswith("MEMCHECK "):
-            return json.loads(line[len("MEMCHECK ") :])
+            report: dict[str, Any] = json.loads(line[len("MEMCHECK ") :])
+            log = os.environ.get("MEMCHECK_LOG")  # collect the figures of a run
+            if log:
+                with open(log, "a") as f:
+                    test = os.environ.get("PYTEST_CURRENT_TEST", "?").split(" ")[0]
+                    f.write(f"{test}\tgrowth {report['growth'] / 2**20:.1f} MiB\t"
+                            f"{report['seconds']:.2f} s\n")
+            return report
     raise AssertionError(
         f"child exited {proc.returncode} without a report:\n{proc.stdout[-3000:]}\n"
         f"{proc.stderr[-3000:]}"
