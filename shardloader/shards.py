@@ -82,8 +82,8 @@ class BoundedReader:
 
     def _counted(self, n: int) -> int:
         self.count += n
-        if self.count > self.limit:
-            raise ShardError(
+        if self.count > self.limit:  # a ChecksumError: the bytes are not the manifest's
+            raise ChecksumError(
                 f"{self.where}: the stored file is larger than the {self.limit:,} bytes the "
                 "manifest declares; it is corrupt or was replaced"
             )
