@@ -4,6 +4,11 @@ Both return data; ``shardloader inspect`` / ``verify`` print it.  ``inspect`` re
 and the small sidecars only.  ``verify`` streams every shard once: it re-hashes the stored
 bytes, parses every sample with the format's reader, compares keys and counts with the sidecar,
 and runs each field's codec check (images are decoded).
+
+Both treat the dataset as untrusted: files are read no further than the manifest's sizes,
+sidecars are checked against their manifest entries, and ``verify`` streams tar members,
+refusing any whose header declares more than its sample's extent in the sidecar (or the
+shard's ``raw_bytes``) before decompressing it, so a decompression bomb costs no memory.
 """
 
 from __future__ import annotations
@@ -19,10 +24,12 @@ import numpy as np
 from shardloader import format as shard_format
 from shardloader.aliases import FieldMap
 from shardloader.codecs import check_field
-from shardloader.errors import InputError, ShardloaderError
+from shardloader.errors import ChecksumError, InputError, ShardloaderError
 from shardloader.manifest import Manifest, SampleIndex, ShardInfo, read_manifest
 from shardloader.pack.index_existing import HashingReader
-from shardloader.storage import join, open_read, read_bytes
+from shardloader.schema import check_sample_index, sidecar_bound, staged_bound
+from shardloader.shards import BoundedReader
+from shardloader.storage import join, open_read
 
 __all__ = [
     "Stats",
@@ -92,9 +99,27 @@ class DatasetSummary:
         return out
 
 
-def _sidecar(base: str, shard: ShardInfo, so: Mapping[str, Any]) -> SampleIndex:
+def _read_sidecar(base: str, shard: ShardInfo, so: Mapping[str, Any]) -> tuple[bytes, str]:
     url = join(base, shard.index_path)
-    return SampleIndex.from_arrow_bytes(read_bytes(url, so), url)
+    with BoundedReader(open_read(url, so), sidecar_bound(shard), f"sample index {url}") as f:
+        return f.read(), url
+
+
+def _parse_sidecar(data: bytes, url: str, fmt: str, shard: ShardInfo) -> SampleIndex:
+    index = SampleIndex.from_arrow_bytes(data, url, limit=sidecar_bound(shard))
+    check_sample_index(index, fmt, shard, f"sample index {url}")
+    return index
+
+
+def _sidecar(base: str, shard: ShardInfo, so: Mapping[str, Any], fmt: str) -> SampleIndex:
+    data, url = _read_sidecar(base, shard, so)
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != shard.index_sha256:
+        raise ChecksumError(
+            f"sample index {url} hashes to {digest}, the manifest says {shard.index_sha256}; "
+            "re-pack or re-index the dataset"
+        )
+    return _parse_sidecar(data, url, fmt, shard)
 
 
 def inspect_dataset(url: str, storage_options: Mapping[str, Any] | None = None) -> DatasetSummary:
@@ -105,7 +130,7 @@ def inspect_dataset(url: str, storage_options: Mapping[str, Any] | None = None) 
     counts: dict[str, int] = {}
     has_lengths = manifest.length_field is not None
     for shard in manifest.shards:
-        index = _sidecar(base, shard, so)
+        index = _sidecar(base, shard, so, manifest.format)
         sizes.append(np.asarray(index.sizes))
         if index.lengths is None:
             has_lengths = False
@@ -220,19 +245,26 @@ def _verify_shard(
     index: SampleIndex | None = None
     index_url = join(base, shard.index_path)
     try:
-        data = read_bytes(index_url, so)
+        data, index_url = _read_sidecar(base, shard, so)
         if hashlib.sha256(data).hexdigest() != shard.index_sha256:
             reasons.add(f"sidecar {shard.index_path} does not match its sha256 in the manifest")
-        index = SampleIndex.from_arrow_bytes(data, index_url)
+        index = _parse_sidecar(data, index_url, manifest.format, shard)
     except (ShardloaderError, OSError) as err:
         reasons.add(f"sidecar {shard.index_path}: {err}")
+        index = None
     url = join(base, shard.path)
     member_of = FieldMap.of_manifest(manifest).member_of  # aliases: key.png fills "image"
+    limit = staged_bound(manifest.format, shard, len(manifest.fields))
+    # A member is never larger than the largest sample the sidecar declares (or, without a
+    # usable sidecar, than the whole shard): checked from its header, before decompressing.
+    biggest = int(index.sizes.max()) if index is not None and len(index) else limit
     n = 0
     try:
-        with open_read(url, so) as raw:
-            tap = HashingReader(raw, hashing=True)
-            stream = shard_format.iter_stored(manifest.format, manifest.compression, tap, url)  # type: ignore[arg-type]
+        with BoundedReader(open_read(url, so), shard.bytes, url) as raw:
+            tap = HashingReader(raw, hashing=True)  # type: ignore[arg-type]
+            stream = shard_format.iter_stored(
+                manifest.format, manifest.compression, tap, url, limit, biggest  # type: ignore[arg-type]
+            )
             for key, fields in stream:
                 _check_sample(manifest, index, n, key, fields, images, reasons, member_of)
                 n += 1

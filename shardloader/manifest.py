@@ -33,6 +33,7 @@ __all__ = [
 
 FORMAT_VERSION = 1
 MANIFEST_NAME = "index.json"
+CHECKSUM_COLUMN = "xxh3_64"  # per-sample checksum in sidecars (optional: older ones lack it)
 FORMATS = ("tar", "arrow")
 COMPRESSIONS = ("zstd", "gzip", "none")
 
@@ -123,10 +124,15 @@ class Manifest:
 
     @classmethod
     def from_json(cls, data: bytes, where: str = "manifest") -> Manifest:
+        """Parse and check a manifest; the first wrong value is a ManifestError with its path."""
+        from shardloader.schema import check_manifest_dict
+
         try:
             raw = json.loads(data)
         except (UnicodeDecodeError, json.JSONDecodeError) as err:
             raise ManifestError(f"{where} is not valid JSON: {err}") from err
+        except RecursionError as err:
+            raise ManifestError(f"{where} is nested too deeply to be a manifest") from err
         if not isinstance(raw, dict):
             raise ManifestError(f"{where} is not a JSON object")
         version = raw.get("format_version")
@@ -135,34 +141,22 @@ class Manifest:
                 f"{where} has format_version {version!r}; this shardloader reads version "
                 f"{FORMAT_VERSION}: upgrade shardloader or re-pack the data"
             )
-        try:
-            manifest = cls(
-                format=raw["format"],
-                compression=raw["compression"],
-                fields={k: FieldInfo(**v) for k, v in raw["fields"].items()},
-                shards=tuple(ShardInfo(**s) for s in raw["shards"]),
-                classes=tuple(raw.get("classes", ())),
-                layout=raw.get("layout", ""),
-                length_field=raw.get("length_field"),
-                extra=raw.get("extra", {}),
-                aliases=_read_aliases(raw.get("aliases", {}), where),
-            )
-        except (KeyError, TypeError) as err:
-            raise ManifestError(f"{where} is missing or has a malformed entry: {err}") from err
-        if raw.get("num_samples") != manifest.num_samples:
-            raise ManifestError(
-                f"{where}: num_samples {raw.get('num_samples')} does not equal the sum of the "
-                f"shard counts ({manifest.num_samples}); the manifest was edited or damaged"
-            )
-        return manifest
+        check_manifest_dict(raw, where)
+        return cls(
+            format=raw["format"],
+            compression=raw["compression"],
+            fields={k: FieldInfo(**v) for k, v in raw["fields"].items()},
+            shards=tuple(ShardInfo(**s) for s in raw["shards"]),
+            classes=tuple(raw.get("classes", ())),
+            layout=raw.get("layout", ""),
+            length_field=raw.get("length_field"),
+            extra=raw.get("extra", {}),
+            aliases=_read_aliases(raw.get("aliases", {})),
+        )
 
 
-def _read_aliases(raw: Any, where: str) -> dict[str, tuple[str, ...]]:
-    if not isinstance(raw, dict) or not all(
-        isinstance(k, str) and isinstance(v, list) and all(isinstance(e, str) for e in v)
-        for k, v in raw.items()
-    ):
-        raise ManifestError(f"{where}: 'aliases' must map field names to lists of extensions")
+def _read_aliases(raw: Mapping[str, list[str]]) -> dict[str, tuple[str, ...]]:
+    """The optional ``aliases`` key (already checked by the schema) as tuples."""
     return {k: tuple(v) for k, v in raw.items()}
 
 
@@ -176,12 +170,17 @@ class SampleIndex:
 
     For arrow shards ``offsets`` are row numbers and ``sizes`` the bytes of the row's fields.
     ``lengths`` (optional) is the length of the manifest's ``length_field`` per sample.
+    ``checksums`` (optional; sidecars written before it existed lack it) is an XXH3-64 per
+    sample (column ``xxh3_64``), checked as samples are read: of the sample's bytes
+    ``[offset, offset + size)`` in a tar shard, of its key and fields in an Arrow shard
+    (:func:`shardloader.format.arrow.row_checksum`).
     """
 
     keys: Sequence[str]
     offsets: np.ndarray
     sizes: np.ndarray
     lengths: np.ndarray | None = None
+    checksums: np.ndarray | None = None  # uint64
 
     def __len__(self) -> int:
         return len(self.offsets)
@@ -194,6 +193,8 @@ class SampleIndex:
         }
         if self.lengths is not None:
             columns["length"] = pa.array(self.lengths, pa.uint32())
+        if self.checksums is not None:
+            columns[CHECKSUM_COLUMN] = pa.array(self.checksums, pa.uint64())
         table = pa.table(columns)
         sink = pa.BufferOutputStream()
         with pa.ipc.new_file(sink, table.schema) as writer:
@@ -201,32 +202,70 @@ class SampleIndex:
         return sink.getvalue().to_pybytes()
 
     @classmethod
-    def from_arrow_bytes(cls, data: bytes, where: str = "sample index") -> SampleIndex:
+    def from_arrow_bytes(
+        cls, data: bytes, where: str = "sample index", limit: int | None = None
+    ) -> SampleIndex:
+        """Parse a sidecar; ``limit`` bounds what its (compressed) columns may expand to."""
+        if limit is not None:
+            from shardloader.errors import ShardError
+            from shardloader.format.ipc import declared_sizes
+
+            try:
+                declared = declared_sizes(data, where).uncompressed_bytes
+            except ShardError as err:
+                raise ManifestError(
+                    f"{where} is not a valid shardloader sample index ({err})"
+                ) from err
+            if declared > limit:
+                raise ManifestError(
+                    f"{where} declares {declared:,} bytes of columns, more than the {limit:,} "
+                    "its shard's manifest entry allows; the sidecar is corrupt or hostile"
+                )
         try:
             table = pa.ipc.open_file(pa.py_buffer(data)).read_all()
-            lengths = _ints(table.column("length")) if "length" in table.column_names else None
+            names = table.column_names
+            key = table.column("key")
+            if not (pa.types.is_string(key.type) or pa.types.is_large_string(key.type)):
+                raise ManifestError(f"column 'key' is {key.type}, not a string")
             return cls(
-                keys=table.column("key").to_pylist(),
-                offsets=_ints(table.column("offset")),
-                sizes=_ints(table.column("size")),
-                lengths=lengths,
+                keys=key.to_pylist(),
+                offsets=_ints(table.column("offset"), "offset"),
+                sizes=_ints(table.column("size"), "size"),
+                lengths=_ints(table.column("length"), "length") if "length" in names else None,
+                checksums=_u64(table.column(CHECKSUM_COLUMN)) if CHECKSUM_COLUMN in names
+                else None,
             )
-        except (pa.ArrowInvalid, KeyError) as err:
+        except (pa.ArrowException, KeyError, ManifestError) as err:
             raise ManifestError(f"{where} is not a valid shardloader sample index: {err}") from err
 
 
-def _ints(column: pa.ChunkedArray) -> np.ndarray:
+def _u64(column: pa.ChunkedArray) -> np.ndarray:
+    """The checksum column as uint64 (``_ints`` would turn half of all digests negative)."""
+    if not pa.types.is_uint64(column.type):
+        raise ManifestError(f"column {CHECKSUM_COLUMN!r} is {column.type}, not uint64")
+    array = column.combine_chunks()
+    if array.null_count:
+        raise ManifestError(f"column {CHECKSUM_COLUMN!r} has missing values")
+    return np.frombuffer(array.buffers()[1], dtype="<u8", count=len(array),
+                         offset=array.offset * 8).copy()
+
+
+def _ints(column: pa.ChunkedArray, name: str) -> np.ndarray:
     """An integer column as int64, read from its buffer.
 
     ``to_numpy()`` would import pandas (about 1.5 s in every fresh worker) to check for it.
+    Unsigned values past 2**63 come out negative, which the sidecar checks refuse.
     """
+    if not pa.types.is_integer(column.type):
+        raise ManifestError(f"column {name!r} is {column.type}, not integers")
     array = column.combine_chunks()
     if array.null_count:
-        raise ManifestError("sample index has missing values")
+        raise ManifestError(f"column {name!r} has missing values")
     width = array.type.bit_width // 8
+    kind = "i" if pa.types.is_signed_integer(array.type) else "u"
     data = np.frombuffer(
         array.buffers()[1],
-        dtype=np.dtype(f"<u{width}"),
+        dtype=np.dtype(f"<{kind}{width}"),
         count=len(array),
         offset=array.offset * width,
     )

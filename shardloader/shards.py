@@ -3,10 +3,18 @@
 A :class:`ShardSet` lives for one pass of one worker; it opens what that worker needs, keeps a
 few readers open, and stages ahead in a background thread (read-ahead) when shards are remote
 or compressed.  Uncompressed local shards are read in place.
+
+Nothing here trusts the dataset: a sidecar is checked against its manifest entry before use,
+stored bytes are read only up to the manifest's ``bytes`` and staged only up to its
+``raw_bytes`` (a decompression bomb stops there, and its temp file is removed), and samples are
+checked against the sidecar's checksums (XXH3-64) as they are read.  Sidecars written before
+those existed have none; an uncompressed local shard is then hashed whole on first use (SHA-256
+against the manifest), and a note in the node cache saves the next process the work.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import io
 import logging
@@ -21,11 +29,12 @@ from typing import Any
 import numpy as np
 
 from shardloader import format as shard_format
-from shardloader.errors import ChecksumError, ManifestError, ShardError, StorageError
+from shardloader.errors import ChecksumError, ShardError, StorageError
 from shardloader.format import Sample, ShardReader
-from shardloader.manifest import Manifest, SampleIndex
+from shardloader.manifest import Manifest, SampleIndex, ShardInfo
+from shardloader.schema import check_sample_index, sidecar_bound, staged_bound
 from shardloader.shuffle import ShuffleOptions
-from shardloader.storage import is_local, join, local_path, open_read, read_bytes
+from shardloader.storage import is_local, join, local_path, open_read
 from shardloader.storage.cache import CacheOptions, ShardCache
 from shardloader.storage.fetch import fetch_shard
 from shardloader.storage.retry import DEFAULT_POLICY, RetryPolicy
@@ -41,17 +50,70 @@ _OPEN_READERS = 128  # file handles; a shuffle block touches many shards at once
 class ReadOptions:
     """How shards are fetched: fsspec ``storage_options`` (explicit values win over the
     environment), the node cache, how many shards to stage ahead per worker, and the one
-    retry budget for every remote request."""
+    retry budget for every remote request.
+
+    ``verify_samples`` (default on) checks every sample read against the checksum (XXH3-64) in
+    its shard's sidecar (well under a microsecond a sample), and for sidecars without checksums
+    (packed before they existed) hashes each uncompressed local shard once per node on first
+    use.  Turning it off turns off exactly those two checks; the SHA-256 of compressed and
+    remote shards when they are staged, and every size and structure check, stay on.
+    """
 
     storage_options: Mapping[str, Any] = field(default_factory=dict)
     cache: CacheOptions = field(default_factory=CacheOptions)
     readahead: int = 2
     retry: RetryPolicy = DEFAULT_POLICY
+    verify_samples: bool = True
 
 
 def shard_starts(manifest: Manifest) -> np.ndarray:
     """Global id of each shard's first sample, plus the total at the end."""
     return np.concatenate([[0], np.cumsum(manifest.shard_sizes)]).astype(np.int64)
+
+
+class BoundedReader:
+    """A stored shard or sidecar read no further than the size its manifest declares."""
+
+    def __init__(self, f: Any, limit: int, where: str) -> None:
+        self._f = f
+        self.limit = limit
+        self.where = where
+        self.count = 0
+
+    def _counted(self, n: int) -> int:
+        self.count += n
+        if self.count > self.limit:  # a ChecksumError: the bytes are not the manifest's
+            raise ChecksumError(
+                f"{self.where}: the stored file is larger than the {self.limit:,} bytes the "
+                "manifest declares; it is corrupt or was replaced"
+            )
+        return n
+
+    def read(self, n: int = -1) -> bytes:
+        if n is None or n < 0:
+            n = self.limit - self.count + 1  # one byte more than allowed tells an oversize file
+        data: bytes = self._f.read(n)
+        self._counted(len(data))
+        return data
+
+    def readinto(self, buf: Any) -> int:
+        return self._counted(self._f.readinto(buf))
+
+    def readable(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        self._f.close()
+
+    @property
+    def closed(self) -> bool:
+        return bool(self._f.closed)
+
+    def __enter__(self) -> BoundedReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 class _RemoveOnClose(io.FileIO):
@@ -115,6 +177,7 @@ class ShardSet:
         self._pool: ThreadPoolExecutor | None = None
         self._ahead: dict[int, Future[str | None]] = {}
         self._corrupt: dict[int, ChecksumError] = {}  # failed their checksum (fetched twice)
+        self._hashed: set[int] = set()  # in-place shards whose first-use hash was checked
 
     # -- locating -------------------------------------------------------------------------
     def locate(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -134,30 +197,32 @@ class ShardSet:
         if idx is None:
             info = self.manifest.shards[shard]
             url = join(self.base, info.index_path)
+            where = f"sample index {url} ({self.where})"
+            bound = sidecar_bound(info)
             if is_local(url):
-                data = read_bytes(url, self.options.storage_options)
+                with BoundedReader(open_read(url), bound, where) as f:
+                    data = f.read()
             else:  # remote: fetched once per node through the cache, like the shards
-                with open(self._cached_copy(info.index_path, info.index_sha256, url), "rb") as f:
+                path = self._cached_copy(info.index_path, info.index_sha256, url, bound, where)
+                with BoundedReader(open(path, "rb"), bound, where) as f:  # noqa: SIM115
                     data = f.read()
             digest = hashlib.sha256(data).hexdigest()
             if digest != info.index_sha256:
                 raise ChecksumError(
-                    f"sample index {url} ({self.where}) hashes to {digest}, the manifest says "
-                    f"{info.index_sha256}; re-pack or re-index the dataset"
+                    f"{where} hashes to {digest}, the manifest says {info.index_sha256}; "
+                    "re-pack or re-index the dataset"
                 )
-            idx = SampleIndex.from_arrow_bytes(data, url)
-            if len(idx) != info.num_samples:
-                raise ManifestError(
-                    f"sample index {url} lists {len(idx)} samples, the manifest {info.num_samples}"
-                )
+            idx = SampleIndex.from_arrow_bytes(data, url, limit=bound)
+            check_sample_index(idx, self.manifest.format, info, self.describe(shard))
             self._indexes[shard] = idx
             if len(self._indexes) > 64:
                 self._indexes.popitem(last=False)
         return idx
 
-    def _cached_copy(self, name: str, sha256: str, url: str) -> str:
+    def _cached_copy(self, name: str, sha256: str, url: str, limit: int, where: str) -> str:
         def open_stored() -> Any:
-            return open_read(url, self.options.storage_options, policy=self.options.retry)
+            stream = open_read(url, self.options.storage_options, policy=self.options.retry)
+            return BoundedReader(stream, limit, where)
 
         def copy(src: Any, dst: Any) -> int:
             return dst.write(src.read())
@@ -185,7 +250,7 @@ class ShardSet:
 
         def open_stored() -> Any:
             if is_local(url):
-                return open_read(url)
+                return BoundedReader(open_read(url), info.bytes, where)
             # Remote: download whole (ranged GETs, retried, size and sha256 checked), then
             # stage from the local copy; a fault mid-body restarts the download, not the epoch.
             download = cache.path_for(info.path) + f".download-{uuid.uuid4().hex}"
@@ -199,8 +264,10 @@ class ShardSet:
             )
             return _RemoveOnClose(download)
 
+        limit = staged_bound(m.format, info, len(m.fields))
+
         def stage(src: Any, dst: Any) -> int:
-            return shard_format.stage(m.format, m.compression, src, dst, where)
+            return shard_format.stage(m.format, m.compression, src, dst, where, limit)
 
         return cache.get(
             info.path,
@@ -273,11 +340,15 @@ class ShardSet:
 
     def _open_reader(self, shard: int) -> ShardReader:
         index = self.index(shard)
+        verify = self.options.verify_samples
         for attempt in range(3):
             path = self.local_file(shard)
+            if verify and self.in_place and index.checksums is None and shard not in self._hashed:
+                _hash_once(path, self.manifest.shards[shard], self._notes(), self.describe(shard))
+                self._hashed.add(shard)
             try:
                 reader = shard_format.open_reader(
-                    self.manifest.format, path, index, self.describe(shard)
+                    self.manifest.format, path, index, self.describe(shard), verify
                 )
                 break
             except FileNotFoundError:  # evicted by another process between stage and open
@@ -294,6 +365,10 @@ class ShardSet:
         except OSError as err:
             raise ShardError(f"{self.describe(shard)}: read failed ({err})") from err
 
+    def _notes(self) -> str:
+        """The node cache folder, where first-use hashes of in-place shards are noted."""
+        return ShardCache(self.options.cache, self.manifest.fingerprint).folder
+
     def close(self) -> None:
         for reader in self._readers.values():
             reader.close()
@@ -304,3 +379,39 @@ class ShardSet:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
         self._ahead.clear()
+
+
+def _hash_once(path: str, info: ShardInfo, folder: str, where: str) -> None:
+    """Check an in-place shard against the manifest's SHA-256, once per node and file version.
+
+    NOTE [first-use hash notes]: the note's name hashes the file's device, inode, size and
+    mtime with the expected digest, so a replaced or rewritten shard is hashed again; an
+    ``flock`` on the note's lock file makes concurrent workers wait for one hash instead of
+    each reading the shard.  A note is written only after the digest matched.
+    """
+    st = os.stat(path)
+    stamp = f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{info.sha256}"
+    note = os.path.join(folder, f"verified-{hashlib.sha256(stamp.encode()).hexdigest()[:32]}")
+    if os.path.exists(note):
+        return
+    with open(note + ".lock", "a+b") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            if os.path.exists(note):
+                return
+            digest = hashlib.sha256()
+            with open(path, "rb") as f:
+                while chunk := f.read(4 << 20):
+                    digest.update(chunk)
+            if digest.hexdigest() != info.sha256:
+                raise ChecksumError(
+                    f"{where}: hashes to sha256 {digest.hexdigest()}, the manifest says "
+                    f"{info.sha256}: the shard is damaged or was replaced; re-pack it or restore "
+                    "it from a copy (`shardloader verify` lists every bad shard)"
+                )
+            tmp = f"{note}.tmp-{uuid.uuid4().hex}"
+            with open(tmp, "w") as f:
+                f.write(f"{path}\n{info.sha256}\n")
+            os.replace(tmp, note)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)

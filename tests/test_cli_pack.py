@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 
 import pytest
 from click.testing import CliRunner
@@ -108,7 +109,14 @@ def test_parts_merge_and_index_commands(tmp_path):
     assert again.exit_code == 1 and "not empty" in again.stderr
     r = run("pack", tmp_path / "src", tmp_path / "plain", "--compression", "none")
     assert r.exit_code == 0
-    r = run("index", tmp_path / "plain" / "shard-00000.tar", tmp_path / "idx")
+    outside = run("index", tmp_path / "plain" / "shard-00000.tar", tmp_path / "idx")
+    assert outside.exit_code == 2 and "not below" in outside.stderr
+    (tmp_path / "idx").mkdir()
+    shutil.copy(tmp_path / "plain" / "shard-00000.tar", tmp_path / "idx")
+    small = run("index", tmp_path / "idx" / "shard-00000.tar", tmp_path / "idx",
+                "--max-member-size", "10")
+    assert small.exit_code == 1 and "more than the 10 allowed" in small.stderr
+    r = run("index", tmp_path / "idx" / "shard-00000.tar", tmp_path / "idx")
     assert r.exit_code == 0 and "indexed 1 shards, 10 samples" in r.stdout
     bad = run("index", tmp_path / "src" / "a" / "0000.json", tmp_path / "idx2")
     assert bad.exit_code == 2 and "not a tar shard" in bad.stderr

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import shutil
 import tarfile
 
 import pytest
@@ -64,28 +65,41 @@ def test_index_webdataset_shards_in_place(tmp_path, suffix):
     assert list(index.lengths) == [len(s["txt"]) for s in samples[4:8]]
 
 
-def test_index_into_another_folder_and_refuse_existing_manifest(tmp_path):
+def test_index_into_a_folder_above_and_refuse_existing_manifest(tmp_path):
+    _wds_shards(str(tmp_path / "data/shards"), n=5)
+    urls = sorted(str(p) for p in (tmp_path / "data/shards").iterdir())
+    report = index_shards(urls, str(tmp_path / "data"))
+    assert report.manifest.shards[0].path == "shards/train-000.tar"
+    assert report.manifest.shards[0].index_path == "shards/train-000.idx.arrow"
+    assert verify_dataset(str(tmp_path / "data")).ok
+    with pytest.raises(OutputExistsError):
+        index_shards(urls, str(tmp_path / "data"))
+    index_shards(urls[:1], str(tmp_path / "data"), overwrite=True)
+
+
+def test_index_refuses_shards_outside_out(tmp_path):
+    """A manifest never points outside its folder (schema.py refuses '..' paths on load)."""
     _wds_shards(str(tmp_path / "shards"), n=5)
     urls = sorted(str(p) for p in (tmp_path / "shards").iterdir())
-    report = index_shards(urls, str(tmp_path / "meta"))
-    assert report.manifest.shards[0].path == "../shards/train-000.tar"
-    assert report.manifest.shards[0].index_path == "train-000.idx.arrow"
-    assert verify_dataset(str(tmp_path / "meta")).ok
-    with pytest.raises(OutputExistsError):
+    with pytest.raises(UsageError, match="not below"):
         index_shards(urls, str(tmp_path / "meta"))
-    index_shards(urls[:1], str(tmp_path / "meta"), overwrite=True)
+    assert not (tmp_path / "meta" / "index.json").exists()
 
 
 def test_index_gives_our_own_sidecar_offsets(tmp_path):
     key_groups(str(tmp_path / "src"), n=9)
     report = pack(str(tmp_path / "src"), str(tmp_path / "out"),
                   PackOptions(compression="none", max_samples=4))
-    indexed = index_shards([str(tmp_path / "out")], str(tmp_path / "idx"))
+    (tmp_path / "idx").mkdir()
+    for shard in report.manifest.shards:
+        shutil.copy(tmp_path / "out" / shard.path, tmp_path / "idx" / shard.path)
+    indexed = index_shards([str(tmp_path / "idx")], str(tmp_path / "idx"))
     for ours, theirs in zip(report.manifest.shards, indexed.manifest.shards, strict=True):
         a = sidecar(str(tmp_path / "out"), ours.index_path)
         b = sidecar(str(tmp_path / "idx"), theirs.index_path)
         assert a.keys == b.keys
         assert list(a.offsets) == list(b.offsets) and list(a.sizes) == list(b.sizes)
+        assert a.checksums is not None and list(a.checksums) == list(b.checksums)
         assert (ours.sha256, ours.raw_bytes, ours.bytes) == (
             theirs.sha256, theirs.raw_bytes, theirs.bytes)
 

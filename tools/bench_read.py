@@ -11,6 +11,13 @@ Peers are measured where installed (benchmark-only; a separate venv is fine):
     python tools/bench_read.py --images 20000 --docs 200000 --repeat 3
 
 Medians over ``--repeat`` runs; machines are noisy, so compare ratios within one run.
+
+``--verify-cost`` measures only what the per-sample checksum (XXH3-64) costs (``ReadOptions(
+verify_samples=True)`` against ``False``), interleaving on/off runs and taking medians: per
+sample in the shard reader alone, and as samples/s through the loader, for zstd-compressed
+(staged) and uncompressed (read in place) shards:
+
+    python tools/bench_read.py --verify-cost --images 20000 --docs 200000 --repeat 5
 """
 
 from __future__ import annotations
@@ -218,7 +225,7 @@ def _collate_list(batch):
     return batch
 
 
-def loader_for(system: str, where, ext: str, workers: int, batch: int):
+def loader_for(system: str, where, ext: str, workers: int, batch: int, read=None):
     from torch.utils.data import DataLoader
 
     kw = dict(num_workers=workers, persistent_workers=False)
@@ -228,7 +235,8 @@ def loader_for(system: str, where, ext: str, workers: int, batch: int):
         kw["multiprocessing_context"] = "fork"
     if system == "shardloader":
         ds = sl.ShardedDataset(
-            where, batch_size=batch, shuffle=True, decoder=None, collate_fn=_collate_list
+            where, batch_size=batch, shuffle=True, decoder=None, collate_fn=_collate_list,
+            read=read,
         )
         return sl.make_loader(ds, **kw)
     if system == "webdataset":
@@ -348,7 +356,12 @@ def main() -> None:
         "--systems", default="shardloader,webdataset,litdata,mosaicml,hf-datasets,files"
     )
     ap.add_argument("--json", help="write results here")
+    ap.add_argument("--verify-cost", action="store_true",
+                    help="measure only the per-sample checksum check, on against off")
     args = ap.parse_args()
+    if args.verify_cost:
+        verify_cost(args)
+        return
     workers = [int(w) for w in args.workers.split(",")]
     systems = args.systems.split(",")
     available = []
@@ -441,6 +454,80 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump([r.__dict__ for r in results], f, indent=1)
+
+
+def _reader_us_per_sample(folder: str, verify: bool) -> float:
+    """Time to read every sample of the first shard through the shard reader, per sample."""
+    from shardloader.format.tar import TarShardReader
+    from shardloader.manifest import SampleIndex
+
+    manifest, _ = sl.read_manifest(folder)
+    info = manifest.shards[0]
+    with open(os.path.join(folder, info.index_path), "rb") as f:
+        index = SampleIndex.from_arrow_bytes(f.read())
+    reader = TarShardReader(os.path.join(folder, info.path), index, info.path, verify)
+    t0 = time.perf_counter()
+    for i in range(len(index)):
+        reader.read(i)
+    elapsed = time.perf_counter() - t0
+    reader.close()
+    return elapsed / len(index) * 1e6
+
+
+def verify_cost(args: argparse.Namespace) -> None:
+    """What ReadOptions(verify_samples=True) costs; on/off runs interleaved, medians."""
+    workers = [int(w) for w in args.workers.split(",")]
+    makers = {"images": (make_images, args.images, "jpg"), "docs": (make_docs, args.docs, "json")}
+    rows = []
+    for corpus, (maker, count, ext) in makers.items():
+        if not count:
+            continue
+        samples = maker(count)
+        mean_kb = sum(len(d) for _, d, _ in samples) / len(samples) / 1e3
+        folders = {}
+        for compression in ("zstd", "none"):
+            out = os.path.join(args.work, "verify-cost", corpus, compression)
+            shutil.rmtree(out, ignore_errors=True)
+            os.makedirs(out)
+            write_shardloader(samples, out, ext, compression)
+            folders[compression] = out
+        del samples
+        gc.collect()
+        on, off = [], []
+        for _ in range(max(args.repeat, 3) * 3):
+            on.append(_reader_us_per_sample(folders["none"], True))
+            off.append(_reader_us_per_sample(folders["none"], False))
+        reader = (statistics.median(on), statistics.median(off))
+        print(f"{corpus} ({mean_kb:.1f} KB/sample) shard reader: {reader[0]:.2f} us/sample "
+              f"with the check, {reader[1]:.2f} without: {reader[0] - reader[1]:.2f} us/sample",
+              file=sys.stderr)
+        for compression, folder in folders.items():
+            for w in workers:
+                times: dict[bool, list[float]] = {True: [], False: []}
+                n = 0
+                for rep in range(args.repeat + 1):  # the first round stages and warms up
+                    for verify in (True, False) if rep % 2 else (False, True):  # no order bias
+                        read = sl.ReadOptions(
+                            verify_samples=verify,
+                            cache=sl.CacheOptions(dir=os.path.join(args.work, "verify-cache")),
+                        )
+                        make = functools.partial(
+                            loader_for, "shardloader", folder, ext, w, args.batch_size, read
+                        )
+                        elapsed, _, n, _, _ = measure(make, ext)
+                        if rep:
+                            times[verify].append(elapsed)
+                t_on, t_off = statistics.median(times[True]), statistics.median(times[False])
+                rows.append((corpus, compression, w, n / t_on, n / t_off,
+                             (t_on - t_off) / n * 1e6, reader))
+                print(f"{corpus} {compression} workers={w}: {n / t_on:,.0f} vs "
+                      f"{n / t_off:,.0f} samples/s", file=sys.stderr)
+    print("\n| corpus | shards | workers | samples/s check on | off | cost (us/sample) "
+          "| reader alone: on / off (us/sample) |")
+    print("|---|---|---:|---:|---:|---:|---:|")
+    for corpus, compression, w, s_on, s_off, cost, reader in rows:
+        print(f"| {corpus} | {compression} | {w} | {s_on:,.0f} | {s_off:,.0f} | {cost:+.2f} | "
+              f"{reader[0]:.2f} / {reader[1]:.2f} |")
 
 
 def resume_times(path: str, batch: int, repeat: int) -> tuple[float, float]:

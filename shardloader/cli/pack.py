@@ -210,13 +210,16 @@ def merge_command(part_dirs: tuple[str, ...], out: str, mode: str | None, overwr
 @click.argument("shards", nargs=-1, required=True)
 @click.argument("out")
 @click.option("--overwrite", is_flag=True, help="Replace an index.json already in OUT.")
+@click.option("--max-member-size", default="1GiB", show_default=True,
+              help="Refuse a shard with a larger member (one field of one sample); 0: no limit.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @_storage_option
-def index_command(shards: tuple[str, ...], out: str, overwrite: bool, quiet: bool,
-                  storage_option: tuple[str, ...]) -> None:
+def index_command(shards: tuple[str, ...], out: str, overwrite: bool, max_member_size: str,
+                  quiet: bool, storage_option: tuple[str, ...]) -> None:
     """Write a manifest in OUT for existing webdataset tar shards, without rewriting them.
 
-    SHARDS are .tar/.tar.gz/.tar.zst files or folders holding them.
+    SHARDS are .tar/.tar.gz/.tar.zst files or folders holding them, inside OUT (the manifest
+    points at them where they are).
     """
     from shardloader.pack.index_existing import index_shards
 
@@ -232,7 +235,8 @@ def index_command(shards: tuple[str, ...], out: str, overwrite: bool, quiet: boo
             bar.update(done - bar.n)
 
     r = index_shards(shards, out, overwrite=overwrite,
-                     storage_options=_storage_options(storage_option), progress=on_progress)
+                     storage_options=_storage_options(storage_option), progress=on_progress,
+                     max_member_bytes=parse_size(max_member_size))
     if bar is not None:
         bar.close()
     m = r.manifest

@@ -74,34 +74,50 @@ def open_writer(
     raise UsageError(f"unknown shard format {fmt!r}; choose 'tar' or 'arrow'")
 
 
-def open_reader(fmt: str, local_path: str, index: SampleIndex, where: str) -> ShardReader:
-    """Open a local *uncompressed* shard (staged, or stored without compression)."""
+def open_reader(
+    fmt: str, local_path: str, index: SampleIndex, where: str, verify: bool = True
+) -> ShardReader:
+    """Open a local *uncompressed* shard (staged, or stored without compression).
+
+    ``verify``: check each sample against the sidecar's checksum (when the sidecar has them).
+    """
     if fmt == "tar":
         from shardloader.format.tar import TarShardReader
 
-        return TarShardReader(local_path, index, where)
+        return TarShardReader(local_path, index, where, verify)
     from shardloader.format.arrow import ArrowShardReader
 
-    return ArrowShardReader(local_path, index, where)
+    return ArrowShardReader(local_path, index, where, verify)
 
 
-def stage(fmt: str, compression: str, src: BinaryIO, dst: BinaryIO, where: str) -> int:
-    """Copy a stored shard into ``dst`` as an uncompressed random-access file; return bytes."""
+def stage(
+    fmt: str, compression: str, src: BinaryIO, dst: BinaryIO, where: str, limit: int | None = None
+) -> int:
+    """Copy a stored shard into ``dst`` as an uncompressed random-access file; return bytes.
+
+    ``limit``: the most bytes the copy may take (from the manifest); past it, ShardError.
+    """
     if fmt == "tar":
         from shardloader.format.tar import stage_tar
 
-        return stage_tar(src, dst, compression, where)
+        return stage_tar(src, dst, compression, where, limit)
     from shardloader.format.arrow import stage_arrow
 
-    return stage_arrow(src, dst, where)
+    return stage_arrow(src, dst, where, limit)
 
 
-def iter_stored(fmt: str, compression: str, src: BinaryIO, where: str) -> Iterator[Sample]:
-    """Stream every sample of a stored shard front to back, checking its structure."""
+def iter_stored(
+    fmt: str, compression: str, src: BinaryIO, where: str, limit: int | None = None,
+    max_member: int | None = None,
+) -> Iterator[Sample]:
+    """Stream every sample of a stored shard front to back, checking its structure.
+
+    ``limit`` bounds the uncompressed bytes, ``max_member`` any one tar member's.
+    """
     if fmt == "tar":
         from shardloader.format.tar import iter_tar
 
-        return iter_tar(src, compression, where)
+        return iter_tar(src, compression, where, limit, max_member)
     from shardloader.format.arrow import iter_arrow
 
-    return iter_arrow(src, where)
+    return iter_arrow(src, where, limit)

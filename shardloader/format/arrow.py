@@ -14,14 +14,31 @@ from typing import BinaryIO
 
 import numpy as np
 import pyarrow as pa
+import xxhash
 
-from shardloader.errors import ShardError
+from shardloader.errors import ChecksumError, ShardError
 from shardloader.format import Sample, WrittenShard
+from shardloader.format.ipc import declared_sizes
+from shardloader.format.tar import too_big
+from shardloader.keys import unsafe_key_reason
 from shardloader.manifest import FieldInfo, SampleIndex
+from shardloader.schema import unsafe_key_error
 
 _ROWS_PER_BATCH = 1024
 _BYTES_PER_BATCH = 8 << 20
 KEY_COLUMN = "__key__"
+
+
+def row_checksum(key: str, fields: Mapping[str, bytes]) -> int:
+    """XXH3-64 of a row as the sidecar records it: key, then each field's name, size and bytes
+    in name order, each hash seeding the next (sizes included, so bytes cannot move between
+    fields unnoticed)."""
+    h = xxhash.xxh3_64_intdigest(key.encode("utf-8", "surrogateescape"))
+    for name in sorted(fields):
+        value = fields[name]
+        h = xxhash.xxh3_64_intdigest(b"%s\0%d" % (name.encode(), len(value)), seed=h)
+        h = xxhash.xxh3_64_intdigest(value, seed=h)
+    return h
 
 
 def _schema(fields: Mapping[str, FieldInfo]) -> pa.Schema:
@@ -70,6 +87,7 @@ class ArrowShardWriter:
         self._keys: list[str] = []
         self._sizes: list[int] = []
         self._lengths: list[int] = []
+        self._sums: list[int] = []
 
     def add(self, key: str, fields: Mapping[str, bytes], length: int | None = None) -> None:
         unknown = set(fields) - set(self._columns)
@@ -80,6 +98,7 @@ class ArrowShardWriter:
         self._keys.append(key)
         self._sizes.append(size)
         self._lengths.append(-1 if length is None else length)
+        self._sums.append(row_checksum(key, fields))
         self._pending += size
         if len(self._rows) >= _ROWS_PER_BATCH or self._pending >= _BYTES_PER_BATCH:
             self._flush()
@@ -103,6 +122,7 @@ class ArrowShardWriter:
             offsets=np.arange(n, dtype=np.int64),
             sizes=np.asarray(self._sizes, np.int64),
             lengths=np.asarray(self._lengths, np.int64) if has_lengths else None,
+            checksums=np.asarray(self._sums, np.uint64),
         )
         raw = sum(self._sizes) + sum(len(k) for k in self._keys)
         return WrittenShard(n, self._out.count, raw, self._out.sha.hexdigest(), index)
@@ -128,44 +148,91 @@ def _rows(batch: pa.RecordBatch) -> Iterator[Sample]:
         yield key, fields
 
 
-def iter_arrow(src: BinaryIO, where: str) -> Iterator[Sample]:
+def _check_declared(data: bytes | memoryview, where: str, limit: int | None) -> None:
+    """Refuse a file whose batches would decompress past ``limit``, before pyarrow does."""
+    sizes = declared_sizes(data, where)
+    if limit is not None and sizes.uncompressed_bytes > limit:
+        raise too_big(where, f"its batches' declared {sizes.uncompressed_bytes:,} bytes", limit,
+                      "the manifest allows for this shard")
+
+
+def iter_arrow(src: BinaryIO, where: str, limit: int | None = None) -> Iterator[Sample]:
+    """Stream the rows of a stored Arrow shard; ``limit`` bounds what its batches decompress to."""
     data = src.read()
+    _check_declared(data, where, limit)
     reader = _open(pa.BufferReader(data), where)
     try:
         for b in range(reader.num_record_batches):
-            yield from _rows(reader.get_batch(b))
+            for key, fields in _rows(reader.get_batch(b)):
+                problem = unsafe_key_reason(key)
+                if problem is not None:
+                    raise unsafe_key_error(where, key, problem)
+                yield key, fields
     except (pa.ArrowInvalid, OSError) as err:
         raise ShardError(f"{where}: corrupt Arrow record batch ({err})") from err
 
 
-def stage_arrow(src: BinaryIO, dst: BinaryIO, where: str) -> int:
-    """Rewrite a (compressed) IPC shard uncompressed so it memory-maps with zero copies."""
-    reader = _open(pa.BufferReader(src.read()), where)
+def stage_arrow(src: BinaryIO, dst: BinaryIO, where: str, limit: int | None = None) -> int:
+    """Rewrite a (compressed) IPC shard uncompressed so it memory-maps with zero copies.
+
+    The batches' declared sizes are checked against ``limit`` first, and the output after each
+    batch, so neither memory nor the cache takes more than ``limit`` bytes.
+    """
+    data = src.read()
+    _check_declared(data, where, limit)
+    reader = _open(pa.BufferReader(data), where)
     sink = pa.PythonFile(dst, mode="w")
     before = dst.tell()
     try:
         with pa.ipc.new_file(sink, reader.schema) as writer:
             for b in range(reader.num_record_batches):
                 writer.write_batch(reader.get_batch(b))
+                if limit is not None and dst.tell() - before > limit:
+                    raise too_big(where, "the staged shard", limit,
+                                  "the manifest allows for this shard")
     except (pa.ArrowInvalid, OSError) as err:
+        if isinstance(err, ShardError):
+            raise
         raise ShardError(f"{where}: corrupt Arrow record batch ({err})") from err
     return dst.tell() - before
 
 
 class ArrowShardReader:
-    """Row access on a memory-mapped uncompressed IPC file."""
+    """Row access on a memory-mapped uncompressed IPC file.
 
-    def __init__(self, local_path: str, index: SampleIndex, where: str) -> None:
+    The file must hold no compressed buffers (staged copies never do; a stored file of
+    compression ``none`` that does contradicts its manifest): rows are zero-copy slices, and
+    nothing is decompressed at a size the file alone declares.  Each row's key must equal the
+    sidecar's, and with ``verify`` its checksum must too.
+    """
+
+    def __init__(
+        self, local_path: str, index: SampleIndex, where: str, verify: bool = True
+    ) -> None:
         self._where = where
         self._index = index
+        self._keys = index.keys
+        self._sums = index.checksums.tolist() if verify and index.checksums is not None else None
         self._mmap = pa.memory_map(local_path)
-        self._reader = _open(self._mmap, where)
-        counts = [
-            self._reader.get_batch(b).num_rows for b in range(self._reader.num_record_batches)
-        ]
+        try:
+            whole = self._mmap.read_buffer()
+            sizes = declared_sizes(memoryview(whole), where)
+            del whole
+            if sizes.compressed:
+                raise ShardError(
+                    f"{where}: the Arrow file has compressed buffers where an uncompressed file "
+                    "was expected (does the manifest say compression 'none' for a zstd shard?)"
+                )
+            self._reader = _open(self._mmap, where)
+            counts = [
+                self._reader.get_batch(b).num_rows for b in range(self._reader.num_record_batches)
+            ]
+        except BaseException:
+            self._mmap.close()
+            raise
         self._starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-        self._cached: tuple[int, list[Sample]] | None = None
         if self._starts[-1] != len(index):
+            self._mmap.close()
             raise ShardError(
                 f"{where}: shard has {self._starts[-1]} rows but its index lists {len(index)}"
             )
@@ -176,11 +243,22 @@ class ArrowShardReader:
         r = i - int(self._starts[b])
         names = [n for n in batch.schema.names if n != KEY_COLUMN]
         key = batch.column(KEY_COLUMN)[r].as_py()
+        if key != self._keys[i]:
+            raise ShardError(
+                f"{self._where}: row {i} has key {key!r}, its sidecar says {self._keys[i]!r}; "
+                "the shard and its .idx.arrow sidecar do not match"
+            )
         fields = {}
         for n in names:
             value = batch.column(n)[r].as_py()
             if value is not None:
                 fields[n] = value
+        if self._sums is not None and row_checksum(key, fields) != self._sums[i]:
+            raise ChecksumError(
+                f"{self._where}: sample {key!r} does not match its checksum in the sidecar: the "
+                "shard is damaged; `shardloader verify` checks the whole dataset "
+                "(ReadOptions(verify_samples=False) skips this per-sample check)"
+            )
         return key, fields
 
     def close(self) -> None:

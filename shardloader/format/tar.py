@@ -19,11 +19,14 @@ from collections.abc import Iterator, Mapping
 from typing import BinaryIO
 
 import numpy as np
+import xxhash
 import zstandard
 
-from shardloader.errors import ShardError
+from shardloader.errors import ChecksumError, ShardError
 from shardloader.format import Sample, WrittenShard
+from shardloader.keys import unsafe_key_reason
 from shardloader.manifest import SampleIndex
+from shardloader.schema import unsafe_key_error
 
 BLOCK = 512
 _ZSTD_LEVEL = 3
@@ -124,6 +127,7 @@ class TarShardWriter:
         self._offsets: list[int] = []
         self._sizes: list[int] = []
         self._lengths: list[int] = []
+        self._sums: list[int] = []
 
     def add(self, key: str, fields: Mapping[str, bytes], length: int | None = None) -> None:
         start = self._raw
@@ -142,6 +146,7 @@ class TarShardWriter:
         self._offsets.append(start)
         self._sizes.append(len(blob))
         self._lengths.append(-1 if length is None else length)
+        self._sums.append(xxhash.xxh3_64_intdigest(blob))
 
     def close(self) -> WrittenShard:
         end = b"\0" * (2 * BLOCK)
@@ -156,6 +161,7 @@ class TarShardWriter:
             offsets=np.asarray(self._offsets, np.int64),
             sizes=np.asarray(self._sizes, np.int64),
             lengths=np.asarray(self._lengths, np.int64) if has_lengths else None,
+            checksums=np.asarray(self._sums, np.uint64),
         )
         return WrittenShard(
             num_samples=len(self._keys),
@@ -174,28 +180,86 @@ def _decompressed(src: BinaryIO, compression: str) -> BinaryIO:
     return src
 
 
-def _read_exact(f: BinaryIO, n: int, where: str, what: str) -> bytes:
-    chunks = []
-    remaining = n
-    while remaining:
-        chunk = f.read(remaining)
-        if not chunk:
-            raise ShardError(f"{where}: truncated shard: {what} ends {remaining} bytes early")
-        chunks.append(chunk)
-        remaining -= len(chunk)
-    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+_CHUNK = 1 << 20
+_MAX_META = 1 << 20  # pax / GNU long-name records: names and a few numbers, never this big
 
 
-def _pax_records(data: bytes) -> dict[str, str]:
+def too_big(where: str, what: str, limit: int, reason: str) -> ShardError:
+    return ShardError(
+        f"{where}: {what} goes past the {limit:,} bytes {reason}; the shard is corrupt or "
+        "hostile (a decompression bomb?): re-pack it or restore it from a copy"
+    )
+
+
+class TarStream:
+    """A (decompressed) tar stream read front to back, never past ``limit`` bytes.
+
+    ``limit`` is what the manifest declares (``raw_bytes``); the walker checks each member's
+    declared size against it *before* decompressing the member, so a bomb costs nothing.
+    ``on_data`` sees every byte read (checksums), ``pos`` counts them.
+    """
+
+    def __init__(self, f: BinaryIO, where: str, limit: int | None = None,
+                 reason: str = "the manifest declares (raw_bytes)") -> None:
+        self._f = f
+        self.where = where
+        self.limit = limit
+        self.reason = reason
+        self.pos = 0
+
+    def on_data(self, data: bytes) -> None:
+        """Hook for subclasses that checksum the stream."""
+
+    def read(self, n: int) -> bytes:
+        data = self._f.read(n)
+        self.pos += len(data)
+        self.on_data(data)
+        return data
+
+    def reserve(self, n: int, what: str) -> None:
+        """Raise before reading ``n`` more bytes that would pass the limit."""
+        if self.limit is not None and self.pos + n > self.limit:
+            raise too_big(self.where, what, self.limit, self.reason)
+
+    def read_exact(self, n: int, what: str) -> bytes:
+        self.reserve(n, what)
+        chunks = []
+        remaining = n
+        while remaining:
+            chunk = self.read(remaining)
+            if not chunk:
+                raise ShardError(
+                    f"{self.where}: truncated shard: {what} ends {remaining} bytes early"
+                )
+            chunks.append(chunk)
+            remaining -= len(chunk)
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    def skip(self, n: int, what: str) -> None:
+        """Read and drop ``n`` bytes in bounded chunks (memory stays flat)."""
+        self.reserve(n, what)
+        while n:
+            chunk = self.read(min(n, _CHUNK))
+            if not chunk:
+                raise ShardError(f"{self.where}: truncated shard: {what} ends {n} bytes early")
+            n -= len(chunk)
+
+
+def _pax_records(data: bytes, where: str) -> dict[str, str]:
     out: dict[str, str] = {}
     pos = 0
-    while pos < len(data):
-        space = data.index(b" ", pos)
-        length = int(data[pos:space])
-        record = data[space + 1 : pos + length - 1]
-        k, _, v = record.partition(b"=")
-        out[k.decode("utf-8")] = v.decode("utf-8", "surrogateescape")
-        pos += length
+    try:
+        while pos < len(data):
+            space = data.index(b" ", pos)
+            length = int(data[pos:space])
+            if length <= space - pos:
+                raise ValueError(f"record length {length}")
+            record = data[space + 1 : pos + length - 1]
+            k, _, v = record.partition(b"=")
+            out[k.decode("utf-8")] = v.decode("utf-8", "surrogateescape")
+            pos += length
+    except (ValueError, UnicodeDecodeError) as err:
+        raise ShardError(f"{where}: corrupt pax header ({err})") from err
     return out
 
 
@@ -230,15 +294,22 @@ def _parse_header(header: bytes, where: str) -> tuple[str, int, bytes]:
     return name.decode("utf-8", "surrogateescape"), size, header[156:157]
 
 
-def _iter_members(f: BinaryIO, where: str, require_end: bool = True) -> Iterator[tuple[str, bytes]]:
-    """Yield (name, data) of regular files; raise ShardError on any malformation.
+def walk_members(
+    stream: TarStream, require_end: bool = True, max_member: int | None = None
+) -> Iterator[tuple[str, int]]:
+    """Yield (name, size) of each regular file, with ``stream`` at the start of its data.
 
-    A whole shard ends with a zero block; a single sample's bytes (``require_end=False``) don't.
+    The consumer may read up to ``size`` bytes from ``stream``; the rest and the padding are
+    skipped in bounded chunks when it asks for the next member, so no member is ever held
+    whole unless the consumer reads it.  Raise ShardError on any malformation, on a member
+    larger than ``max_member`` and on anything past the stream's limit.  A whole shard ends with
+    a zero block; a single sample's bytes (``require_end=False``) don't.
     """
+    where = stream.where
     long_name: str | None = None
     pax: dict[str, str] = {}
     while True:
-        header = f.read(BLOCK)
+        header = stream.read(BLOCK)
         if header == _ZERO_BLOCK:
             return
         if not header:
@@ -249,22 +320,48 @@ def _iter_members(f: BinaryIO, where: str, require_end: bool = True) -> Iterator
             raise ShardError(f"{where}: truncated shard: partial tar header")
         name, size, kind = _parse_header(header, where)
         if "size" in pax:
-            size = int(pax["size"])
-        data = _read_exact(f, size, where, f"member {name!r}")
-        pad = -size % BLOCK
-        if pad:
-            _read_exact(f, pad, where, f"padding of member {name!r}")
-        if kind in _PAX_TYPES:
+            try:
+                size = int(pax["size"])
+            except ValueError as err:
+                raise ShardError(f"{where}: corrupt pax size {pax['size']!r}") from err
+        if size < 0:
+            raise ShardError(f"{where}: corrupt tar header (negative size)")
+        padded = size + (-size % BLOCK)
+        if kind in _PAX_TYPES or kind == b"L":
+            if size > _MAX_META:
+                raise ShardError(f"{where}: a {size:,}-byte tar metadata record; corrupt shard")
+            data = stream.read_exact(size, f"metadata of member {name!r}")
+            stream.skip(padded - size, f"padding of member {name!r}")
             if kind == b"x":
-                pax = _pax_records(data)
-            continue
-        if kind == b"L":  # GNU long name
-            long_name = data.rstrip(b"\0").decode("utf-8", "surrogateescape")
+                pax = _pax_records(data, where)
+            elif kind == b"L":  # GNU long name
+                long_name = data.rstrip(b"\0").decode("utf-8", "surrogateescape")
             continue
         name = pax.get("path") or long_name or name
         pax, long_name = {}, None
-        if kind in (b"0", b"\0"):
-            yield name, data
+        if kind not in (b"0", b"\0"):  # links, devices, fifos, folders: never sample data
+            stream.skip(padded, f"member {name!r}")
+            continue
+        if max_member is not None and size > max_member:
+            raise ShardError(
+                f"{where}: member {name!r} declares {size:,} bytes, more than the {max_member:,} "
+                "allowed for one sample; the shard is corrupt or hostile (a decompression bomb?)"
+            )
+        stream.reserve(padded, f"member {name!r}")
+        start = stream.pos
+        yield name, size
+        consumed = stream.pos - start
+        stream.skip(padded - consumed, f"member {name!r}")
+
+
+def _iter_members(
+    f: BinaryIO, where: str, require_end: bool = True, limit: int | None = None,
+    max_member: int | None = None, reason: str = "the manifest declares (raw_bytes)",
+) -> Iterator[tuple[str, bytes]]:
+    """Yield (name, data) of regular files; each member is read whole (bounded by the caller)."""
+    stream = TarStream(f, where, limit, reason)
+    for name, size in walk_members(stream, require_end, max_member):
+        yield name, stream.read_exact(size, f"member {name!r}")
 
 
 def _iter_samples(members: Iterator[tuple[str, bytes]], where: str) -> Iterator[Sample]:
@@ -278,6 +375,9 @@ def _iter_samples(members: Iterator[tuple[str, bytes]], where: str) -> Iterator[
         if k != key:
             if key is not None:
                 yield key, fields
+            problem = unsafe_key_reason(k)
+            if problem is not None:
+                raise unsafe_key_error(where, k, problem)
             key, fields = k, {}
         if ext in fields:
             raise ShardError(f"{where}: sample {k!r} has two members with extension {ext!r}")
@@ -286,29 +386,47 @@ def _iter_samples(members: Iterator[tuple[str, bytes]], where: str) -> Iterator[
         yield key, fields
 
 
-def iter_tar(src: BinaryIO, compression: str, where: str) -> Iterator[Sample]:
-    """Stream the samples of a stored tar shard (compressed or not)."""
+def iter_tar(
+    src: BinaryIO, compression: str, where: str, limit: int | None = None,
+    max_member: int | None = None,
+) -> Iterator[Sample]:
+    """Stream the samples of a stored tar shard (compressed or not).
+
+    ``limit`` bounds the uncompressed bytes read (the manifest's ``raw_bytes``), ``max_member``
+    the bytes of any one member; both are checked from the headers, before decompressing.
+    """
     stream = _decompressed(src, compression)
     try:
-        yield from _iter_samples(_iter_members(stream, where), where)
+        yield from _iter_samples(_iter_members(stream, where, True, limit, max_member), where)
     except (zstandard.ZstdError, OSError, EOFError) as err:
         if isinstance(err, ShardError):
             raise
         raise ShardError(f"{where}: cannot decompress shard ({err})") from err
 
 
-def stage_tar(src: BinaryIO, dst: BinaryIO, compression: str, where: str) -> int:
-    """Decompress a stored tar shard into ``dst``; return the uncompressed byte count."""
+def stage_tar(
+    src: BinaryIO, dst: BinaryIO, compression: str, where: str, limit: int | None = None
+) -> int:
+    """Decompress a stored tar shard into ``dst``; return the uncompressed byte count.
+
+    Stops with ShardError as soon as the output would pass ``limit`` (the manifest's
+    ``raw_bytes``): a decompression bomb writes at most ``limit`` bytes, never fills the disk.
+    """
     stream = _decompressed(src, compression)
     total = 0
     try:
         while True:
-            chunk = stream.read(1 << 20)
+            chunk = stream.read(_CHUNK)
             if not chunk:
                 return total
+            if limit is not None and total + len(chunk) > limit:
+                raise too_big(where, "the decompressed shard", limit,
+                              "the manifest declares (raw_bytes)")
             dst.write(chunk)
             total += len(chunk)
     except (zstandard.ZstdError, OSError, EOFError) as err:
+        if isinstance(err, ShardError):
+            raise
         raise ShardError(f"{where}: cannot decompress shard ({err})") from err
 
 
@@ -336,6 +454,8 @@ def _fields_in(buf: mmap.mmap | bytes, start: int, end: int, key: str) -> dict[s
         if not ext or b"/" in ext:
             return None
         data_start = pos + BLOCK
+        if data_start + size > end:  # never copy past the sample's extent in the sidecar
+            return None
         name = ext.decode("utf-8", "surrogateescape")
         if name in fields:
             return None
@@ -348,15 +468,21 @@ class TarShardReader:
     """Random access to samples of an uncompressed local tar via its sample index.
 
     The file is memory-mapped: a sample costs slices of the page cache, no seek/read calls.
+    With ``verify`` and a sidecar that has per-sample checksums, each sample's byte range is
+    hashed (XXH3-64, about 0.02 us per KiB) and compared before it is parsed.
     """
 
-    def __init__(self, local_path: str, index: SampleIndex, where: str) -> None:
+    def __init__(
+        self, local_path: str, index: SampleIndex, where: str, verify: bool = True
+    ) -> None:
         self._f = open(local_path, "rb")  # noqa: SIM115 - closed in close()
         size = os.fstat(self._f.fileno()).st_size
         self._map = mmap.mmap(self._f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
+        self._view = memoryview(self._map)
         self._size = size
         self._offsets = index.offsets.tolist()
         self._sizes = index.sizes.tolist()
+        self._sums = index.checksums.tolist() if verify and index.checksums is not None else None
         self._keys = index.keys
         self._where = where
 
@@ -365,13 +491,23 @@ class TarShardReader:
         key = self._keys[i]
         if offset + size > self._size:
             raise ShardError(f"{self._where}: truncated shard: sample {key!r} is cut short")
+        if self._sums is not None:
+            got = xxhash.xxh3_64_intdigest(self._view[offset : offset + size])
+            if got != self._sums[i]:
+                raise ChecksumError(
+                    f"{self._where}: sample {key!r} (bytes {offset}..{offset + size}) has "
+                    f"checksum {got:016x}, its sidecar says {self._sums[i]:016x}: the shard is "
+                    "damaged; "
+                    "`shardloader verify` checks the whole dataset (ReadOptions(verify_samples="
+                    "False) skips this per-sample check)"
+                )
         fields = _fields_in(self._map, offset, offset + size, key)
         if fields is not None:
             return key, fields
         blob = self._map[offset : offset + size]
-        samples = list(
-            _iter_samples(_iter_members(io.BytesIO(blob), self._where, False), self._where)
-        )
+        members = _iter_members(io.BytesIO(blob), self._where, False, limit=size,
+                                reason="the sample index declares for this sample")
+        samples = list(_iter_samples(members, self._where))
         if len(samples) != 1 or samples[0][0] != key:
             raise ShardError(
                 f"{self._where}: sample index says {key!r} at byte {offset}, found "
@@ -380,6 +516,7 @@ class TarShardReader:
         return samples[0]
 
     def close(self) -> None:
+        self._view.release()
         if isinstance(self._map, mmap.mmap):
             self._map.close()
         self._f.close()

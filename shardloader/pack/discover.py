@@ -31,7 +31,7 @@ from typing import Any
 
 from shardloader.aliases import Aliases, FieldMap, merge, normalize
 from shardloader.codecs import IMAGE_EXTENSIONS, codec_for_extension
-from shardloader.errors import InputError, StorageError, UsageError
+from shardloader.errors import StorageError, UsageError
 from shardloader.manifest import FieldInfo
 from shardloader.pack.records import OnSkip, record_fields, record_kind, record_samples
 from shardloader.pack.refs import FileRef, InputFile, SampleRef
@@ -104,7 +104,11 @@ def _hidden(rel: str) -> bool:
 
 
 def list_inputs(src: str, storage_options: Mapping[str, Any] | None = None) -> list[InputFile]:
-    """Every non-hidden file below ``src`` (or ``src`` itself if it is a file), sorted."""
+    """Every non-hidden file below ``src`` (or ``src`` itself if it is a file), sorted.
+
+    A file that cannot be stat'ed (a symlink loop, a dangling link) is listed with size 0, so
+    the error surfaces where the file is read, under the pack's ``--on-error`` policy.
+    """
     if is_local(src):
         root = os.path.abspath(local_path(src))
         if os.path.isfile(root) or (os.path.exists(root) and not os.path.isdir(root)):
@@ -122,7 +126,10 @@ def list_inputs(src: str, storage_options: Mapping[str, Any] | None = None) -> l
                 try:
                     size = os.stat(path).st_size
                 except OSError as err:
-                    raise InputError(f"{path}: cannot stat ({err.strerror})") from err
+                    # Listed anyway (size 0): reading it fails and, like any unreadable file,
+                    # fails the pack naming it, or under --on-error skip is reported and skipped.
+                    log.warning("%s: cannot stat (%s)", path, err.strerror)
+                    size = 0
                 out.append(InputFile(rel, path, size))
         return sorted(out, key=lambda f: f.rel)
     fs, path = filesystem(src, storage_options)

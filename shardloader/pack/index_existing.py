@@ -1,9 +1,15 @@
 """``index``: adopt existing webdataset tar shards without rewriting them.
 
 Each shard is streamed once: its stored bytes are hashed, and the uncompressed tar is walked to
-record every sample's key, byte offset and size (from the first header of its first member to
-the padding of its last), the same sidecar ``pack`` writes.  Sidecars and ``index.json`` go to
-OUT; the manifest points at the shards where they are (paths relative to OUT).
+record every sample's key, byte offset, size (from the first header of its first member to the
+padding of its last) and checksum (XXH3-64), the same sidecar ``pack`` writes.  Sidecars and
+``index.json`` go to OUT; the manifest points at the shards where they are (paths relative to
+OUT, so the shards must lie inside OUT).
+
+Shards are untrusted: members are streamed in bounded chunks and never held in memory, a
+member larger than ``max_member_bytes`` (or trailing data after the end-of-archive marker
+larger than that) is refused from its header, before it is decompressed, and so is a member
+whose name would give a sample key that could escape a directory (``../x``, ``/abs``).
 
 JSONL and Parquet files are not shards of a format that manifest v1 knows (``tar``/``arrow``),
 so they cannot be indexed in place; ``shardloader pack`` converts them.
@@ -16,19 +22,28 @@ import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 
 import numpy as np
+import xxhash
+import zstandard
 
 from shardloader.codecs import codec_for_extension
 from shardloader.errors import OutputExistsError, ShardError, StorageError, UsageError
-from shardloader.format.tar import _decompressed, _iter_members, split_key
+from shardloader.format.tar import BLOCK, TarStream, _decompressed, split_key, walk_members
+from shardloader.keys import unsafe_key_reason
 from shardloader.manifest import MANIFEST_NAME, FieldInfo, Manifest, SampleIndex, ShardInfo
 from shardloader.pack.discover import list_inputs, record_kind
 from shardloader.pack.outdir import list_out, remove_temps
 from shardloader.storage import is_local, join, local_path, open_read, remove, write_bytes_atomic
 
-__all__ = ["HashingReader", "IndexReport", "index_shards", "tar_compression"]
+__all__ = [
+    "DEFAULT_MAX_MEMBER",
+    "HashingReader",
+    "IndexReport",
+    "index_shards",
+    "tar_compression",
+]
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +55,7 @@ _TAR_SUFFIXES = {
     ".tar.zstd": "zstd",
 }
 _TEXT_FIELDS = ("txt", "text")
+DEFAULT_MAX_MEMBER = 1 << 30  # one member (one field of one sample) of an indexed shard
 
 
 @dataclass(frozen=True)
@@ -89,48 +105,91 @@ class _Scanned:
     sha256: str
 
 
-def _scan(url: str, compression: str, so: Mapping[str, Any]) -> _Scanned:
+class _HashStream(TarStream):
+    """A tar stream that keeps the checksum of the sample being scanned, both ways.
+
+    A sample's byte range starts where the previous regular member ended, but whether the
+    bytes after that point (folders, pax headers, the next header) begin a new sample is known
+    only once the next member's name is parsed.  So two hashes run over them: ``cont`` as if
+    they continue the current sample, ``new`` as if they start the next one.
+    """
+
+    def __init__(self, f: BinaryIO, where: str) -> None:
+        super().__init__(f, where)
+        self.cont = xxhash.xxh3_64()
+        self.new = xxhash.xxh3_64()
+
+    def on_data(self, data: bytes) -> None:
+        self.cont.update(data)
+        self.new.update(data)
+
+
+def _unsafe_member(url: str, name: str, key: str, reason: str) -> ShardError:
+    return ShardError(
+        f"{url}: member {name!r} gives sample key {key!r}, which {reason}: it could escape a "
+        "directory when samples are written to disk, so shardloader refuses it; rewrite the "
+        "shard with relative member names (no '..', no leading '/')"
+    )
+
+
+def _scan(url: str, compression: str, so: Mapping[str, Any], max_member: int | None) -> _Scanned:
     keys: list[str] = []
     offsets: list[int] = []
     sizes: list[int] = []
+    sums: list[int] = []
     texts: list[int | None] = []
     seen: dict[str, int] = {}
     with open_read(url, so) as raw:
         stored = HashingReader(raw, hashing=True)
-        tar = HashingReader(_decompressed(stored, compression), hashing=False)  # type: ignore[arg-type]
+        tar = _HashStream(_decompressed(stored, compression), url)  # type: ignore[arg-type]
         key: str | None = None
         exts: set[str] = set()
-        start = end = text = 0
+        start = end = text = run = mark = 0
         has_text = False
-        member_start = 0
+
+        def finish() -> None:
+            assert key is not None
+            keys.append(key)
+            offsets.append(start)
+            sizes.append(end - start)
+            sums.append(run)
+            texts.append(text if has_text else None)
+
         try:
-            for name, data in _iter_members(tar, url):  # type: ignore[arg-type]
-                member_end = tar.pos
+            for name, size in walk_members(tar, True, max_member):
                 parts = split_key(name)
                 if parts is not None:
                     k, ext = parts
                     if k != key:
                         if key is not None:
-                            keys.append(key)
-                            offsets.append(start)
-                            sizes.append(end - start)
-                            texts.append(text if has_text else None)
-                        key, exts, start, has_text = k, set(), member_start, False
+                            finish()
+                        problem = unsafe_key_reason(k)
+                        if problem is not None:
+                            raise _unsafe_member(url, name, k, problem)
+                        key, exts, start, has_text = k, set(), mark, False
+                        # this sample's bytes so far: those since `mark`
+                        tar.cont = cast(xxhash.xxh3_64, tar.new.copy())
                     if ext in exts:
                         raise ShardError(f"{url}: sample {k!r} has two {ext!r} members")
                     exts.add(ext)
                     seen[ext] = seen.get(ext, 0) + 1
                     if ext in _TEXT_FIELDS and not has_text:
-                        text, has_text = len(data), True
-                    end = member_end
-                member_start = member_end
+                        text, has_text = size, True
+                tar.skip(size + (-size % BLOCK), f"member {name!r}")  # streamed, never held
+                if parts is not None:
+                    run, end = tar.cont.intdigest(), tar.pos
+                tar.new, mark = xxhash.xxh3_64(), tar.pos
             if key is not None:
-                keys.append(key)
-                offsets.append(start)
-                sizes.append(end - start)
-                texts.append(text if has_text else None)
-            tar.drain()
-        except (OSError, EOFError, ValueError) as err:
+                finish()
+            trailing = 0
+            while chunk := tar.read(1 << 20):  # GNU tar pads to 10 KiB records
+                trailing += len(chunk)
+                if max_member is not None and trailing > max_member:
+                    raise ShardError(
+                        f"{url}: more than {max_member:,} bytes after the end-of-archive "
+                        "marker; the shard is corrupt or hostile (a decompression bomb?)"
+                    )
+        except (OSError, EOFError, ValueError, zstandard.ZstdError) as err:
             if isinstance(err, ShardError):
                 raise
             raise ShardError(f"{url}: cannot read as a tar shard ({err})") from err
@@ -138,7 +197,10 @@ def _scan(url: str, compression: str, so: Mapping[str, Any]) -> _Scanned:
     lengths = None
     if texts and all(t is not None for t in texts):
         lengths = np.asarray(texts, np.int64)
-    index = SampleIndex(keys, np.asarray(offsets, np.int64), np.asarray(sizes, np.int64), lengths)
+    index = SampleIndex(
+        keys, np.asarray(offsets, np.int64), np.asarray(sizes, np.int64), lengths,
+        np.asarray(sums, np.uint64),
+    )
     assert stored.sha is not None
     return _Scanned(index, seen, stored.pos, tar.pos, stored.sha.hexdigest())
 
@@ -158,14 +220,21 @@ def _expand(shards: Sequence[str], so: Mapping[str, Any]) -> list[str]:
 
 
 def _relative(url: str, out: str) -> str:
+    """``url`` relative to OUT; a manifest's paths never leave its folder (see schema.py)."""
     if is_local(url) and is_local(out):
-        return os.path.relpath(
+        rel = os.path.relpath(
             os.path.abspath(local_path(url)), os.path.abspath(local_path(out))
         ).replace(os.sep, "/")
-    o = out.rstrip("/") + "/"
-    if not url.startswith(o):
-        raise UsageError(f"{url} is not below {out}: remote shards must lie inside OUT")
-    return url[len(o) :]
+        if rel != ".." and not rel.startswith("../"):
+            return rel
+    else:
+        o = out.rstrip("/") + "/"
+        if url.startswith(o):
+            return url[len(o) :]
+    raise UsageError(
+        f"{url} is not below {out}: a manifest only points at shards inside its own folder; "
+        "index into the shards' folder or one above it (OUT may be the shards' folder itself)"
+    )
 
 
 def index_shards(
@@ -175,8 +244,17 @@ def index_shards(
     overwrite: bool = False,
     storage_options: Mapping[str, Any] | None = None,
     progress: Callable[[int, int], None] | None = None,
+    max_member_bytes: int | None = DEFAULT_MAX_MEMBER,
 ) -> IndexReport:
-    """Write sidecars and a manifest in ``out`` for existing tar shards (not rewritten)."""
+    """Write sidecars and a manifest in ``out`` for existing tar shards (not rewritten).
+
+    ``max_member_bytes``: the largest member (one field of one sample) accepted, checked from
+    its header before it is decompressed; ``None`` or 0 for no limit (members are streamed
+    either way, so memory stays flat, but readers will hold whole samples).
+    """
+    if max_member_bytes is not None and max_member_bytes < 0:
+        raise UsageError(f"max_member_bytes {max_member_bytes} must be >= 0 (0: no limit)")
+    max_member = max_member_bytes or None
     so = dict(storage_options or {})
     urls = _expand(shards, so)
     if not urls:
@@ -215,8 +293,7 @@ def index_shards(
     for i, url in enumerate(urls):
         rel = _relative(url, out)
         stem = tar_compression(rel)[1]  # type: ignore[index]
-        inside = not rel.startswith("../")
-        index_path = f"{stem}.idx.arrow" if inside else f"{stem.rsplit('/', 1)[-1]}.idx.arrow"
+        index_path = f"{stem}.idx.arrow"
         if index_path in sidecar_names:
             raise UsageError(
                 f"{url} and {sidecar_names[index_path]} would share the sidecar {index_path}; "
@@ -224,7 +301,7 @@ def index_shards(
             )
         sidecar_names[index_path] = url
         try:
-            scanned = _scan(url, compression, so)
+            scanned = _scan(url, compression, so, max_member)
         except StorageError as err:
             raise ShardError(f"{url}: cannot read ({err})") from err
         scans.append((rel, index_path, scanned))
@@ -235,7 +312,8 @@ def index_shards(
             progress(i + 1, len(urls))
     for rel, index_path, scanned in scans:
         index = scanned.index if all_text else SampleIndex(
-            scanned.index.keys, scanned.index.offsets, scanned.index.sizes
+            scanned.index.keys, scanned.index.offsets, scanned.index.sizes,
+            checksums=scanned.index.checksums,
         )
         data = index.to_arrow_bytes()
         write_bytes_atomic(join(out, index_path), data, so)

@@ -32,6 +32,7 @@ import pyarrow as pa
 from shardloader.codecs import check_field
 from shardloader.errors import InputError, ManifestError, ShardloaderError, StorageError
 from shardloader.format import WrittenShard, open_writer
+from shardloader.keys import unsafe_key_reason
 from shardloader.manifest import FieldInfo, SampleIndex
 from shardloader.pack.discover import TextRule
 from shardloader.pack.plan import ShardPlan
@@ -251,13 +252,19 @@ def _read(spec: WriteSpec, sample: SampleRef, ref: FileRef) -> bytes:
 
 
 def _parse_json(data: bytes) -> Any:
-    """``json.loads`` with the messages of :func:`codecs.check_field`."""
+    """``json.loads`` with the messages of :func:`codecs.check_field`.
+
+    The parser recurses once per nesting level; past the interpreter's recursion limit it
+    stops with RecursionError, which becomes a bad sample like any other invalid JSON.
+    """
     try:
         return json.loads(data.decode("utf-8"))
     except UnicodeDecodeError as err:
         raise InputError(f"invalid UTF-8 at byte {err.start}") from err
     except json.JSONDecodeError as err:
         raise InputError(f"invalid JSON ({err.msg} at char {err.pos})") from err
+    except RecursionError as err:
+        raise InputError("JSON nested too deeply to parse") from err
 
 
 def _text_of(
@@ -274,6 +281,9 @@ def _text_of(
 
 def _load(spec: WriteSpec, sample: SampleRef) -> tuple[dict[str, bytes], int | None]:
     """Read and check a sample's fields; add derived fields; return (fields, length)."""
+    problem = unsafe_key_reason(sample.key)
+    if problem is not None:  # readers refuse such keys: never write one
+        raise _Bad(sample, f"sample key {problem}; it could escape a directory when written out")
     fields: dict[str, bytes] = {}
     parsed: dict[str, Any] = {}
     for ext, value in sample.fields:

@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from functools import partial
 from typing import Any
 
+from fsspec.callbacks import Callback
+
 from shardloader.errors import ChecksumError
 from shardloader.storage.fs import filesystem, is_local, local_path
 from shardloader.storage.retry import (
@@ -46,8 +48,10 @@ def fetch_shard(
     A download that faults part-way (reset, truncated body, timeout, 5xx) is restarted from the
     beginning under ``policy``.  A complete download whose SHA-256 or size differs from the
     manifest's is fetched once more (a corrupting proxy or cache may have served it), then
-    raises :class:`ChecksumError` naming the URL and both digests.  The temp file lives next to
-    ``dst_path`` (same filesystem, so the rename is atomic) and is removed on any failure.
+    raises :class:`ChecksumError` naming the URL and both digests.  A body that grows past
+    ``size`` stops at once with :class:`ChecksumError`: an object larger than the manifest says is
+    never written to disk whole.  The temp file lives next to ``dst_path`` (same filesystem, so
+    the rename is atomic) and is removed on any failure.
     """
     policy = policy or DEFAULT_POLICY
     if chunk_size < 1:
@@ -103,8 +107,9 @@ def _download_once(
     if not is_local(url):
         fs, path = filesystem(url, storage_options, policy=policy)
         # A body cut short of its Content-Length fails inside get_file (a transient error, so
-        # the download is retried); a whole body of the wrong size is the checksum's business.
-        fs.get_file(path, tmp)
+        # the download is retried); a whole body of the wrong size is the checksum's business,
+        # except one that grows past the declared size: _SizeLimit stops that mid-stream.
+        fs.get_file(path, tmp, callback=_SizeLimit(url, size))
         return _hash_file(tmp, chunk_size)
     digest = hashlib.sha256()
     written = 0
@@ -116,13 +121,35 @@ def _download_once(
             chunk = src.read(chunk_size)
             if not chunk:
                 break
+            written += len(chunk)
+            if size is not None and written > size:
+                raise _too_large(url, size)
             digest.update(chunk)
             out.write(chunk)
-            written += len(chunk)
     expected = announced if announced is not None else size
     if expected is not None and written < expected:
         raise TruncatedBodyError(f"{url}: the body ended after {written} of {expected} bytes")
     return digest.hexdigest(), written
+
+
+def _too_large(url: str, size: int) -> ChecksumError:
+    return ChecksumError(
+        f"shard {url!r} is larger than the {size:,} bytes the manifest declares; the stored "
+        "object is damaged or was replaced: re-upload or re-pack it"
+    )
+
+
+class _SizeLimit(Callback):  # type: ignore[misc]
+    """fsspec download callback that stops a body growing past the declared size."""
+
+    def __init__(self, url: str, size: int | None) -> None:
+        super().__init__()
+        self.url = url
+        self.limit = size
+
+    def call(self, *args: Any, **kwargs: Any) -> None:
+        if self.limit is not None and self.value > self.limit:
+            raise _too_large(self.url, self.limit)
 
 
 def _hash_file(path: str, chunk_size: int) -> tuple[str, int]:

@@ -1,0 +1,300 @@
+"""What ``index.json`` and the ``*.idx.arrow`` sidecars may contain, checked before use.
+
+A downloaded dataset is untrusted input.  Every manifest value is checked for its JSON type and
+range on load, and the first problem is reported as a :class:`ManifestError` with its JSON path
+(``index.json: shards[3].num_samples: expected a non-negative integer, got "12"``), so that no
+reader sizes an array, opens a path or loops over a count that the checks have not seen.
+
+Counts are checked against sizes: a tar sample takes at least one 512-byte header block and a
+tar ends with at least one zero block, so a tar shard of ``raw_bytes`` R holds at most
+``(R - 512) // 512`` samples; an Arrow row has a non-empty key, so at most ``raw_bytes`` rows.
+``raw_bytes`` itself is bounded by the stored size times the largest expansion the codec can
+produce (zstd: a 4-byte RLE block expands to 128 KiB; deflate: 1032x).  A sidecar is checked
+against its shard's entry (count, byte ranges inside ``raw_bytes``, safe keys) when the shard is
+first used, before its offsets are.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from shardloader.errors import ManifestError, ShardError
+from shardloader.keys import first_unsafe_key, unsafe_key_reason
+
+if TYPE_CHECKING:
+    from shardloader.manifest import SampleIndex, ShardInfo
+
+__all__ = [
+    "TAR_BLOCK",
+    "MAX_EXPANSION",
+    "check_manifest_dict",
+    "check_sample_index",
+    "path_problem",
+    "sidecar_bound",
+    "staged_bound",
+    "unsafe_key_error",
+]
+
+TAR_BLOCK = 512
+# Largest uncompressed/stored ratio a codec can produce (plus a little for headers).
+MAX_EXPANSION = {"zstd": 32768, "gzip": 1032, "none": 1}
+_SLACK = 64 << 10
+_INT_MAX = 2**63 - 1
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_TOKEN_DTYPES = frozenset({"uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32",
+                           "int64"})
+_SHARD_KEYS = ("path", "num_samples", "bytes", "raw_bytes", "sha256", "index_path",
+               "index_sha256")
+_FIELD_KEYS = ("codec", "dtype")
+
+
+def _show(value: Any) -> str:
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+class _Checker:
+    def __init__(self, where: str) -> None:
+        self.where = where
+
+    def fail(self, path: str, problem: str) -> ManifestError:
+        return ManifestError(f"{self.where}: {path}: {problem}")
+
+    def expect(self, path: str, what: str, value: Any) -> ManifestError:
+        return self.fail(path, f"expected {what}, got {_show(value)}")
+
+    def count(self, path: str, value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _INT_MAX:
+            raise self.expect(path, "a non-negative integer", value)
+        return value
+
+    def string(self, path: str, value: Any, *, empty: bool = True) -> str:
+        if not isinstance(value, str) or (not empty and not value):
+            raise self.expect(path, "a string" if empty else "a non-empty string", value)
+        return value
+
+    def obj(self, path: str, value: Any) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            raise self.expect(path, "an object", value)
+        return value
+
+    def array(self, path: str, value: Any) -> list[Any]:
+        if not isinstance(value, list):
+            raise self.expect(path, "an array", value)
+        return value
+
+    def sha256(self, path: str, value: Any) -> str:
+        if not isinstance(value, str) or not _SHA256.match(value):
+            raise self.expect(path, "a sha256 (64 lower-case hex digits)", value)
+        return value
+
+    def rel_path(self, path: str, value: Any) -> str:
+        self.string(path, value, empty=False)
+        problem = path_problem(value)
+        if problem is not None:
+            raise self.fail(
+                path, f"{_show(value)} {problem}; paths in a manifest are relative to its "
+                "folder and stay inside it"
+            )
+        return value
+
+
+def path_problem(path: str) -> str | None:
+    """Why a manifest path (shard, sidecar, report) could leave the dataset folder, or None."""
+    if "://" in path:
+        return "is a URL"
+    return unsafe_key_reason(path)
+
+
+def check_manifest_dict(raw: Mapping[str, Any], where: str) -> None:
+    """Raise :class:`ManifestError` at the first value of a parsed manifest that is wrong."""
+    from shardloader.codecs import _CODECS
+    from shardloader.manifest import COMPRESSIONS, FORMATS
+
+    c = _Checker(where)
+    fmt = c.string("format", raw.get("format"))
+    if fmt not in FORMATS:
+        raise c.expect("format", f"one of {', '.join(FORMATS)}", fmt)
+    compression = c.string("compression", raw.get("compression"))
+    if compression not in COMPRESSIONS or (fmt == "arrow" and compression == "gzip"):
+        known = ("zstd", "none") if fmt == "arrow" else COMPRESSIONS
+        raise c.expect("compression", f"one of {', '.join(known)} for {fmt} shards", compression)
+    for key in ("layout", "checksum_algorithm"):
+        if key in raw:
+            c.string(key, raw[key])
+    if raw.get("checksum_algorithm", "sha256") != "sha256":
+        raise c.expect("checksum_algorithm", '"sha256"', raw["checksum_algorithm"])
+    if raw.get("length_field") is not None:
+        c.string("length_field", raw["length_field"], empty=False)
+
+    fields = c.obj("fields", raw.get("fields"))
+    for name, info in fields.items():
+        path = f"fields[{_show(name)}]"
+        if not name or "/" in name or unsafe_key_reason(name) is not None:
+            raise c.fail(path, "a field name must be a non-empty string without '/', '\\' or NUL")
+        c.obj(path, info)
+        for key in info:
+            if key not in _FIELD_KEYS:
+                raise c.fail(f"{path}.{key}", f"unknown key (known: {', '.join(_FIELD_KEYS)})")
+        codec = c.string(f"{path}.codec", info.get("codec"))
+        if codec not in _CODECS:
+            raise c.expect(f"{path}.codec", f"one of {', '.join(_CODECS)}", codec)
+        dtype = info.get("dtype")
+        if dtype is not None and (codec != "tokens" or dtype not in _TOKEN_DTYPES):
+            what = f"an integer type ({', '.join(sorted(_TOKEN_DTYPES))})" if codec == "tokens" \
+                else f"no dtype for codec {codec!r}"
+            raise c.expect(f"{path}.dtype", what, dtype)
+
+    for i, name in enumerate(c.array("classes", raw.get("classes", []))):
+        c.string(f"classes[{i}]", name)
+    _check_extra(c, c.obj("extra", raw.get("extra", {})))
+    if "aliases" in raw:
+        for name, exts in c.obj("aliases", raw["aliases"]).items():
+            path = f"aliases[{_show(name)}]"
+            if not name:
+                raise c.fail(path, "an alias name must be a non-empty string")
+            for j, ext in enumerate(c.array(path, exts)):
+                c.string(f"{path}[{j}]", ext, empty=False)
+
+    shards = c.array("shards", raw.get("shards"))
+    total = stored = unpacked = 0
+    for i, entry in enumerate(shards):
+        n, size, raw_size = _check_shard(c, f"shards[{i}]", entry, fmt, compression)
+        total, stored, unpacked = total + n, stored + size, unpacked + raw_size
+    for key, value in (("num_samples", total), ("num_shards", len(shards)), ("bytes", stored),
+                       ("raw_bytes", unpacked)):
+        if key not in raw and key != "num_samples":
+            continue
+        if c.count(key, raw.get(key)) != value:
+            raise c.fail(key, f"{raw[key]} does not equal the shards' total ({value}); the "
+                         "manifest was edited or damaged")
+
+
+def _check_extra(c: _Checker, extra: dict[str, Any]) -> None:
+    if "skipped" in extra:
+        c.count("extra.skipped", extra["skipped"])
+    if extra.get("skip_report") is not None:
+        c.rel_path("extra.skip_report", extra["skip_report"])
+    if extra.get("length_unit") is not None:
+        c.string("extra.length_unit", extra["length_unit"])
+    for key in ("tokenizer", "part"):
+        if extra.get(key) is not None:
+            c.obj(f"extra.{key}", extra[key])
+
+
+def _check_shard(
+    c: _Checker, path: str, entry: Any, fmt: str, compression: str
+) -> tuple[int, int, int]:
+    c.obj(path, entry)
+    for key in _SHARD_KEYS:
+        if key not in entry:
+            raise c.fail(f"{path}.{key}", "missing")
+    for key in entry:
+        if key not in _SHARD_KEYS:
+            raise c.fail(f"{path}.{key}", f"unknown key (known: {', '.join(_SHARD_KEYS)})")
+    c.rel_path(f"{path}.path", entry["path"])
+    c.rel_path(f"{path}.index_path", entry["index_path"])
+    c.sha256(f"{path}.sha256", entry["sha256"])
+    c.sha256(f"{path}.index_sha256", entry["index_sha256"])
+    n = c.count(f"{path}.num_samples", entry["num_samples"])
+    size = c.count(f"{path}.bytes", entry["bytes"])
+    raw = c.count(f"{path}.raw_bytes", entry["raw_bytes"])
+    name = f"{path} ({entry['path']})"
+    if raw > size * MAX_EXPANSION[compression] + _SLACK:
+        raise c.fail(
+            f"{name}.raw_bytes", f"{raw:,} uncompressed bytes cannot come from {size:,} stored "
+            f"bytes of {compression} (at most {MAX_EXPANSION[compression]}x)"
+        )
+    if fmt == "tar":
+        if compression == "none" and raw != size:
+            raise c.fail(f"{name}.raw_bytes", f"{raw:,} differs from bytes {size:,} for an "
+                         "uncompressed tar shard")
+        if n and n > (raw - TAR_BLOCK) // TAR_BLOCK:
+            raise c.fail(
+                f"{name}.num_samples", f"{n:,} samples cannot fit in {raw:,} uncompressed bytes "
+                f"(a tar sample takes at least {TAR_BLOCK} bytes)"
+            )
+    elif n > raw:
+        raise c.fail(f"{name}.num_samples", f"{n:,} samples cannot fit in raw_bytes {raw:,} "
+                     "(an Arrow row takes at least one byte of key)")
+    return n, size, raw
+
+
+def staged_bound(fmt: str, info: ShardInfo, num_fields: int) -> int:
+    """Most bytes a staged (uncompressed) copy of this shard may take.
+
+    Tar: exactly ``raw_bytes``.  Arrow: ``raw_bytes`` counts the field and key bytes only; an
+    uncompressed IPC file adds offsets (4-8 bytes per row and column), validity bitmaps, and
+    per-batch metadata and alignment (at most 8x the stored metadata), so those are allowed for.
+    """
+    if fmt == "tar":
+        return info.raw_bytes
+    per_row = 4 + 8 * num_fields + 2
+    return info.raw_bytes + info.num_samples * per_row + 8 * info.bytes + (1 << 20)
+
+
+def sidecar_bound(info: ShardInfo) -> int:
+    """Most bytes a shard's sidecar may take, stored or decompressed.
+
+    Its keys are inside the shard's raw bytes (tar member names, the Arrow key column); the
+    other columns take under 48 bytes a sample.
+    """
+    return info.raw_bytes + 48 * info.num_samples + (1 << 20)
+
+
+def check_sample_index(index: SampleIndex, fmt: str, info: ShardInfo, where: str) -> None:
+    """Check a sidecar against its shard's manifest entry before any of it is used.
+
+    Count and byte ranges are :class:`ManifestError`; an unsafe key is :class:`ShardError`.
+    """
+    n = len(index)
+    if n != info.num_samples:
+        raise ManifestError(
+            f"{where}: the sample index lists {n} samples, the manifest {info.num_samples}; "
+            "the sidecar does not belong to this shard: re-pack or re-index the dataset"
+        )
+    if len(index.keys) != n or len(index.sizes) != n or (
+        index.lengths is not None and len(index.lengths) != n
+    ) or (index.checksums is not None and len(index.checksums) != n):
+        raise ManifestError(f"{where}: the sample index has columns of different lengths")
+    offsets, sizes = index.offsets, index.sizes
+    if n:
+        if int(offsets.min()) < 0 or int(sizes.min()) < 0:
+            raise ManifestError(f"{where}: the sample index has negative offsets or sizes")
+        if index.lengths is not None and int(index.lengths.min()) < 0:
+            raise ManifestError(f"{where}: the sample index has negative lengths")
+        if fmt == "tar":
+            ends = offsets + sizes
+            if int(ends.max()) > info.raw_bytes - TAR_BLOCK or int(sizes.min()) < TAR_BLOCK or (
+                np.any(offsets % TAR_BLOCK) or np.any(sizes % TAR_BLOCK)
+            ):
+                bad = int(np.argmax((ends > info.raw_bytes - TAR_BLOCK) | (sizes < TAR_BLOCK)
+                                    | (offsets % TAR_BLOCK != 0) | (sizes % TAR_BLOCK != 0)))
+                raise ManifestError(
+                    f"{where}: the sample index puts sample {index.keys[bad]!r} at bytes "
+                    f"{int(offsets[bad])}..{int(ends[bad])}, outside the {info.raw_bytes:,}-byte "
+                    "tar or off its 512-byte blocks; the sidecar does not match the shard"
+                )
+        elif int(sizes.sum()) > info.raw_bytes:
+            raise ManifestError(
+                f"{where}: the sample index declares {int(sizes.sum()):,} bytes of fields, "
+                f"more than the shard's raw_bytes {info.raw_bytes:,}"
+            )
+    unsafe = first_unsafe_key(list(index.keys))
+    if unsafe is not None:
+        raise unsafe_key_error(where, *unsafe)
+
+
+def unsafe_key_error(where: str, key: object, reason: str) -> ShardError:
+    return ShardError(
+        f"{where}: sample key {key!r} {reason}: it could escape a directory when samples are "
+        "written to disk, so shardloader refuses it; rename the sample (re-pack the data)"
+    )
