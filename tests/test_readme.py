@@ -212,3 +212,16 @@ def test_the_layout_names_real_files():
     missing = [n for n in names if n != "shardloader/" and not os.path.exists(
         os.path.join(package, n))]
     assert missing == []
+
+
+def test_docs_hold_no_merge_conflict_markers():
+    """A skipped block would hide a half-resolved merge; look at every Markdown file."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    docs = [os.path.join(root, "README.md"), os.path.join(root, "DESIGN.md")]
+    docs += [os.path.join(root, "docs", n) for n in os.listdir(os.path.join(root, "docs"))]
+    for path in docs:
+        with open(path, encoding="utf-8") as f:
+            for number, line in enumerate(f, 1):
+                assert not line.startswith(("<<<<<<< ", ">>>>>>> ", "=======\n")), (
+                    f"{path}:{number}: merge-conflict marker"
+                )
