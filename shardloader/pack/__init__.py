@@ -31,7 +31,8 @@ from typing import Any
 from shardloader.aliases import FieldMap
 from shardloader.errors import ShardError, UsageError
 from shardloader.manifest import FORMAT_VERSION, MANIFEST_NAME, FieldInfo, Manifest, ShardInfo
-from shardloader.pack.discover import LAYOUTS, Source, discover
+from shardloader.pack.discover import Source, discover
+from shardloader.pack.layouts.registry import layout_names
 from shardloader.pack.outdir import (
     SKIP_REPORT,
     check_writable,
@@ -89,8 +90,9 @@ class PackOptions:
             raise bad(f"--shard-size {self.shard_size} must be >= 0 (0: no limit)")
         if self.max_samples is not None and self.max_samples < 1:
             raise bad(f"--max-samples {self.max_samples} must be >= 1")
-        if self.layout not in LAYOUTS:
-            raise bad(f"--layout {self.layout!r}: choose one of {', '.join(LAYOUTS)}")
+        if self.layout not in layout_names(auto=True):
+            raise bad(f"--layout {self.layout!r}: choose one of "
+                      f"{', '.join(layout_names(auto=True))}")
         if self.on_error not in ("fail", "skip"):
             raise bad(f"--on-error {self.on_error!r}: choose 'fail' or 'skip'")
         if self.workers < 1:
