@@ -63,13 +63,16 @@ class CsvRows(Layout):
 LAYOUT = register_layout(CsvRows())
 '''
 
-ROWS = {"a.csv": [("a/0", "first"), ("a/1", "second, with a comma")],
-        "b.csv": [("b/0", "third"), ("b/1", "fourth"), ("b/2", "fifth")]}
+ROWS = {
+    "a.csv": [("a/0", "first"), ("a/1", "second, with a comma")],
+    "b.csv": [("b/0", "third"), ("b/1", "fourth"), ("b/2", "fifth")],
+}
 
 
 def _load(tmp_path, monkeypatch, name: str, rank: int = 10) -> ModuleType:
-    (tmp_path / f"{name}.py").write_text(TOY.replace("RANK", str(rank)).replace(
-        '"csv-rows"', f'"{name.replace("_", "-")}"'))
+    (tmp_path / f"{name}.py").write_text(
+        TOY.replace("RANK", str(rank)).replace('"csv-rows"', f'"{name.replace("_", "-")}"')
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     return importlib.import_module(name)
 
@@ -93,8 +96,9 @@ def test_a_layout_from_a_temp_module_round_trips_through_pack_and_the_dataset(tm
     assert "csv-rows" in layout_names()
     # Detected (it outranks key groups, the fallback), packed by two worker processes that never
     # heard of the layout: its samples carry their bytes.
-    report = pack(str(tmp_path / "src"), str(tmp_path / "out"),
-                  PackOptions(max_samples=2, workers=2))
+    report = pack(
+        str(tmp_path / "src"), str(tmp_path / "out"), PackOptions(max_samples=2, workers=2)
+    )
     assert report.manifest.layout == "csv-rows"
     assert report.shards == 3 and report.samples == 5
     assert report.manifest.length_field == "txt"  # the default text rule applies
@@ -113,8 +117,9 @@ def test_two_layouts_that_fit_at_the_same_rank_are_ambiguous(tmp_path, toy, monk
     _csv_source(tmp_path / "src")
     _load(tmp_path, monkeypatch, "csv_twin")
     try:
-        with pytest.raises(UsageError, match="ambiguous layout: 'csv-rows' and 'csv-twin' both "
-                                             "fit; pass --layout"):
+        with pytest.raises(
+            UsageError, match="ambiguous layout: 'csv-rows' and 'csv-twin' both fit; pass --layout"
+        ):
             discover(str(tmp_path / "src"))
         assert discover(str(tmp_path / "src"), "csv-twin").layout == "csv-twin"
     finally:
@@ -141,8 +146,11 @@ def test_a_higher_rank_wins_and_key_groups_is_the_fallback(tmp_path, toy, monkey
 def test_records_still_refuse_a_mix_whatever_else_is_registered(tmp_path, toy):
     jsonl(str(tmp_path / "src/d.jsonl"), ["x"])
     write(str(tmp_path / "src"), "t.csv", b"key,text\nk,v\n")
-    with pytest.raises(UsageError, match=r"mixed layouts: record files \(e\.g\. 'd\.jsonl'\) "
-                                         r"next to other files \(e\.g\. 't\.csv'\)"):
+    with pytest.raises(
+        UsageError,
+        match=r"mixed layouts: record files \(e\.g\. 'd\.jsonl'\) "
+        r"next to other files \(e\.g\. 't\.csv'\)",
+    ):
         discover(str(tmp_path / "src"))
 
 
@@ -163,11 +171,11 @@ def test_registrations_are_checked(toy):
 
 
 def test_unknown_layouts_name_the_registered_ones(toy):
-    with pytest.raises(UsageError, match="choose one of auto, class-folders, key-groups, "
-                                         "records, csv-rows"):
+    with pytest.raises(
+        UsageError, match="choose one of auto, class-folders, key-groups, records, csv-rows"
+    ):
         PackOptions(layout="csv")
-    with pytest.raises(UsageError, match="unknown layout 'csv'; choose one of auto, "
-                                         "class-folders"):
+    with pytest.raises(UsageError, match="unknown layout 'csv'; choose one of auto, class-folders"):
         discover(".", "csv")
 
 

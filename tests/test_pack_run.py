@@ -36,10 +36,17 @@ def test_pack_uses_the_retry_policy_it_is_given(
     url = f"s3://{s3_bucket}/ds"
     # Every attempt at the first shard gets 503 SlowDown: the store stays down.
     fault_proxy.inject("503", method="PUT", path="/ds/shard-00000", times=None)
-    policy = RetryPolicy(max_attempts=3, initial_backoff=0.01, max_backoff=0.02,
-                         max_total_seconds=20.0, connect_timeout=2.0, read_timeout=5.0)
-    options = PackOptions(max_samples=4, storage_options={"endpoint_url": fault_proxy.endpoint},
-                          retry=policy)
+    policy = RetryPolicy(
+        max_attempts=3,
+        initial_backoff=0.01,
+        max_backoff=0.02,
+        max_total_seconds=20.0,
+        connect_timeout=2.0,
+        read_timeout=5.0,
+    )
+    options = PackOptions(
+        max_samples=4, storage_options={"endpoint_url": fault_proxy.endpoint}, retry=policy
+    )
     with pytest.raises(StorageError, match="shard-00000.*SlowDown"):
         pack(str(tmp_path / "src"), url, options)
     assert fault_proxy.count("PUT", "/ds/shard-00000") == 3  # the policy's attempts, not 6

@@ -56,8 +56,9 @@ class PackOptions:
         if self.max_samples is not None and self.max_samples < 1:
             raise bad(f"--max-samples {self.max_samples} must be >= 1")
         if self.layout not in layout_names(auto=True):
-            raise bad(f"--layout {self.layout!r}: choose one of "
-                      f"{', '.join(layout_names(auto=True))}")
+            raise bad(
+                f"--layout {self.layout!r}: choose one of {', '.join(layout_names(auto=True))}"
+            )
         if self.on_error not in ("fail", "skip"):
             raise bad(f"--on-error {self.on_error!r}: choose 'fail' or 'skip'")
         if self.workers < 1:

@@ -59,8 +59,9 @@ def _tokenizer_info(path: str) -> tuple[str, int]:
 
         tok = Tokenizer.from_str(data.decode("utf-8"))
     except ImportError as err:
-        raise UsageError("--tokenizer needs the tokenizers package: pip install "
-                         "'shardloader[text]'") from err
+        raise UsageError(
+            "--tokenizer needs the tokenizers package: pip install 'shardloader[text]'"
+        ) from err
     except Exception as err:  # OSError, bad UTF-8, and tokenizers' own untyped errors
         raise UsageError(f"--tokenizer {path!r}: cannot load ({err})") from err
     return hashlib.sha256(data).hexdigest(), int(tok.get_vocab_size(with_added_tokens=True))
@@ -132,8 +133,13 @@ def pack(
     existing = list_out(out, so, policy=retry)
     check_writable(out, existing, overwrite=options.overwrite, resume=options.resume)
     source = discover(
-        src, options.layout, so, text_field=options.text_field,
-        tokenize=options.tokenizer is not None, aliases=options.aliases, retry=retry,
+        src,
+        options.layout,
+        so,
+        text_field=options.text_field,
+        tokenize=options.tokenizer is not None,
+        aliases=options.aliases,
+        retry=retry,
     )
     fields = dict(source.fields)
     tok_meta = _add_tokens(src, options.tokenizer, fields)
@@ -148,21 +154,35 @@ def pack(
     staging = local_path(out) if local_out else tempfile.mkdtemp(prefix="shardloader-pack-")
     os.makedirs(staging, exist_ok=True)
     spec = WriteSpec(
-        src=src, out=out, staging=staging, run_id=uuid.uuid4().hex, fmt=options.format,
-        compression=options.compression, fields=fields,
+        src=src,
+        out=out,
+        staging=staging,
+        run_id=uuid.uuid4().hex,
+        fmt=options.format,
+        compression=options.compression,
+        fields=fields,
         options_digest=_options_digest(options, source, fields, tok_meta),
-        validate=options.validate, on_error=options.on_error, text=source.text,
-        tokenizer=tok_meta["path"] if tok_meta else None, resume=options.resume,
+        validate=options.validate,
+        on_error=options.on_error,
+        text=source.text,
+        tokenizer=tok_meta["path"] if tok_meta else None,
+        resume=options.resume,
         storage_options=so,
     )
-    run = _Run(spec, options, progress, start,
-               None if parted else source.total_bytes)
+    run = _Run(spec, options, progress, start, None if parted else source.total_bytes)
     planner = Planner(options.format, options.shard_size, options.max_samples)
 
     def on_skip(file: str, where: str, reason: str) -> None:
         if part_of(planner.current, options.num_parts) == options.part:
-            run.skips.append({"shard": planner.current, "key": "", "file": file,
-                              "where": where, "reason": reason})
+            run.skips.append(
+                {
+                    "shard": planner.current,
+                    "key": "",
+                    "file": file,
+                    "where": where,
+                    "reason": reason,
+                }
+            )
 
     if progress is not None:
         progress(PackProgress(0, 0, 0, 0, run.total_bytes, time.monotonic() - start))
@@ -174,8 +194,11 @@ def pack(
             if part_of(plan.number, options.num_parts) != options.part:
                 continue
             name, index_name = shard_names(
-                plan.number, options.format, options.compression,
-                options.part if parted else None, local_number,
+                plan.number,
+                options.format,
+                options.compression,
+                options.part if parted else None,
+                local_number,
             )
             local_number += 1
             run.submit(executor, ShardTask(plan, name, index_name))
@@ -196,9 +219,14 @@ def pack(
             }
         logical = FieldMap.build(fields, source.aliases, "--alias")  # members → manifest fields
         manifest = Manifest(
-            format=options.format, compression=options.compression, fields=logical.fields,
-            shards=shards, classes=source.classes, layout=source.layout,
-            length_field=source.text.length_field if source.text else None, extra=extra,
+            format=options.format,
+            compression=options.compression,
+            fields=logical.fields,
+            shards=shards,
+            classes=source.classes,
+            layout=source.layout,
+            length_field=source.text.length_field if source.text else None,
+            extra=extra,
             aliases=logical.aliases,
         )
         write_bytes_atomic(join(out, MANIFEST_NAME), manifest.to_json(), so, policy=retry)
@@ -214,12 +242,25 @@ def pack(
         keep = {s.path for s in shards} | {s.index_path for s in shards}
         if skips:
             keep.add(SKIP_REPORT)
-        remove_stale(out, existing, keep, shard_pattern(options.part if parted else None),
-                     old, so, policy=retry)
+        remove_stale(
+            out,
+            existing,
+            keep,
+            shard_pattern(options.part if parted else None),
+            old,
+            so,
+            policy=retry,
+        )
     return PackReport(
-        out=out, manifest=manifest, samples=manifest.num_samples, shards=len(shards),
-        kept_shards=run.kept, skipped=len(skips), bytes_in=run.bytes_in,
-        bytes_out=sum(s.bytes for s in shards), raw_bytes=sum(s.raw_bytes for s in shards),
+        out=out,
+        manifest=manifest,
+        samples=manifest.num_samples,
+        shards=len(shards),
+        kept_shards=run.kept,
+        skipped=len(skips),
+        bytes_in=run.bytes_in,
+        bytes_out=sum(s.bytes for s in shards),
+        raw_bytes=sum(s.raw_bytes for s in shards),
         seconds=time.monotonic() - start,
         skip_report=join(out, SKIP_REPORT) if skips else None,
     )
@@ -291,13 +332,27 @@ class _Run:
             write_bytes_atomic(join(spec.out, r.index_name), r.sidecar, so, policy=self.retry)
         else:
             self.kept += 1
-        self.infos[r.number] = ShardInfo(r.name, r.num_samples, r.stored_bytes, r.raw_bytes,
-                                         r.sha256, r.index_name, r.index_sha256)
+        self.infos[r.number] = ShardInfo(
+            r.name,
+            r.num_samples,
+            r.stored_bytes,
+            r.raw_bytes,
+            r.sha256,
+            r.index_name,
+            r.index_sha256,
+        )
         self.skips.extend(r.skips)
         self.samples += r.num_samples
         self.bytes_in += r.bytes_in
         self.bytes_out += r.stored_bytes
         if self.progress is not None:
-            self.progress(PackProgress(self.samples, len(self.infos), self.bytes_in,
-                                       self.bytes_out, self.total_bytes,
-                                       time.monotonic() - self.start))
+            self.progress(
+                PackProgress(
+                    self.samples,
+                    len(self.infos),
+                    self.bytes_in,
+                    self.bytes_out,
+                    self.total_bytes,
+                    time.monotonic() - self.start,
+                )
+            )

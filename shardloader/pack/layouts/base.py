@@ -155,6 +155,10 @@ class Source:
         return self.inputs.storage_options
 
     @property
+    def retry(self) -> RetryPolicy | None:
+        return self.inputs.retry
+
+    @property
     def field_map(self) -> FieldMap:
         return FieldMap.build(self.fields, self.aliases, "--alias")
 
@@ -173,9 +177,7 @@ def extension(rel: str) -> str:
     return base.rsplit(".", 1)[-1].lower() if "." in base.lstrip(".") else ""
 
 
-def text_rule(
-    fields: Mapping[str, FieldInfo], text_field: str, tokenize: bool
-) -> TextRule | None:
+def text_rule(fields: Mapping[str, FieldInfo], text_field: str, tokenize: bool) -> TextRule | None:
     """The usual rule: ``text_field`` if it is text, else ``txt``, else the key ``text_field``
     of a ``json`` field; the length is counted in tokens when tokenized."""
     candidates: list[tuple[str, str]] = []

@@ -119,7 +119,7 @@ class Records(Layout):
         import pyarrow as pa
         import zstandard
 
-        so, retry = source.storage_options, source.inputs.retry
+        so, retry = source.storage_options, source.retry
         for f in source.files:
             kind, stem = record_kind(f.rel)  # type: ignore[misc]
             read = lines.samples if _is_line_kind(kind) else tables.samples
@@ -132,7 +132,8 @@ class Records(Layout):
                 after = f" after {last}" if last else ""
                 reason = f"cannot read{after} ({err})"
                 if on_skip is None:
-                    raise InputError(f"{f.url}: {reason}; fix or remove the file, or pass "
-                                     "--on-error skip") from err
+                    raise InputError(
+                        f"{f.url}: {reason}; fix or remove the file, or pass --on-error skip"
+                    ) from err
                 log.warning("%s: %s; skipping the rest of the file", f.url, reason)
                 on_skip(f.rel, last, reason)

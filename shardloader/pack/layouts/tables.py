@@ -63,8 +63,10 @@ def _column_codec(name: str, typ: Any) -> FieldInfo:
     import pyarrow as pa
 
     by_name = codec_for_extension(name)
-    if pa.types.is_binary(typ) or pa.types.is_large_binary(typ) or pa.types.is_fixed_size_binary(
-        typ
+    if (
+        pa.types.is_binary(typ)
+        or pa.types.is_large_binary(typ)
+        or pa.types.is_fixed_size_binary(typ)
     ):
         return FieldInfo(by_name)
     if pa.types.is_string(typ) or pa.types.is_large_string(typ):
