@@ -109,7 +109,8 @@ class Layout(ABC):
 
     @abstractmethod
     def enumerate(self, source: Source, on_skip: OnSkip | None) -> Iterator[SampleRef]:
-        """The samples, sorted by key, fields sorted by name: a pure function of the tree.
+        """The samples, fields sorted by name, in an order that is a pure function of the tree
+        (file layouts: sorted by key; records: file after file, line or row after line or row).
 
         A layout that reads files here (records) raises
         :class:`~shardloader.errors.InputError` naming the file, or, when ``on_skip`` is given,
