@@ -92,17 +92,14 @@ def test_the_installed_command_answers_help(tmp_path):
 
 def test_option_defaults_copied_into_the_cli_agree_with_the_library():
     """The CLI declares these without importing the library; they must not drift."""
-    import importlib
-
     from shardloader import bench, pack
     from shardloader.cli import bench as bench_cli
     from shardloader.cli import cache as cache_cli
     from shardloader.cli import pack as pack_cli
+    from shardloader.pack.layouts import registry
     from shardloader.storage import cache
 
-    discover = importlib.import_module("shardloader.pack.discover")  # pack.discover: a function
-
     assert pack_cli.DEFAULT_SHARD_SIZE == pack.DEFAULT_SHARD_SIZE
-    assert pack_cli.LAYOUTS == discover.LAYOUTS
+    assert pack_cli.LAYOUTS == (registry.AUTO, *registry.BUILTIN_LAYOUTS)
     assert bench_cli.DEFAULT_TOLERANCE == bench.DEFAULT_TOLERANCE
     assert cache_cli.DIR_ENV == cache.DIR_ENV

@@ -24,9 +24,9 @@ from shardloader.units import parse_size
 if TYPE_CHECKING:
     from shardloader.pack import PackProgress, PackReport
 
-# Copies of shardloader.pack.DEFAULT_SHARD_SIZE and shardloader.pack.discover.LAYOUTS: the
-# option declarations need them before any command runs (tests/test_cli_imports.py checks
-# that they agree).
+# Copies of shardloader.pack.DEFAULT_SHARD_SIZE and of "auto" + the built-in layouts'
+# names (shardloader.pack.layouts.registry): the option declarations need them before any
+# command runs (tests/test_cli_imports.py checks that they agree).
 DEFAULT_SHARD_SIZE = 128 << 20
 LAYOUTS = ("auto", "class-folders", "key-groups", "records")
 

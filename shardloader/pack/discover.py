@@ -1,99 +1,42 @@
-"""Find the raw inputs, decide their layout, and turn them into one deterministic sample stream.
+"""Find the raw inputs, ask the registered layouts whose they are, and describe the source.
 
-Layouts (``--layout`` overrides the detection):
-
-- ``class-folders``: every file sits exactly at ``SRC/<class>/<file>`` and is an image.  One
-  sample per file, key ``<class>/<stem>`` (dots in the stem become ``_``), the image under the
-  field ``image`` whatever its extension (the tar member keeps its lower-cased extension; the
-  manifest's ``aliases`` lists the extensions seen), plus ``cls`` = the class index (ascii)
-  into the sorted class list.
-- ``records``: every file is a line file (``.jsonl``/``.txt``, optionally ``.gz``/``.zst``) or a
-  table (``.parquet``, Arrow IPC ``.arrow``/``.feather``/``.ipc``).  One sample per non-empty line
-  (key ``<path without suffixes>/<line number:09d>``, 1-based) or per row (``.../<row:09d>``,
-  0-based).  Lines become field ``json`` or ``txt``; table columns become one field each.
-- ``key-groups``: anything else.  Files sharing a key (the path up to the first dot of the
-  basename, webdataset's rule) form one sample with one field per extension; ``--alias
-  image=jpg,png`` makes several extensions one field (see :mod:`shardloader.aliases`).
-
-Files are listed (sizes from ``stat``/``find``, never read) in sorted order and samples are
-yielded sorted by key, so the stream is a pure function of the input tree.  Record files are read
-here, in the main process: splitting lines is cheap next to compressing them.  Hidden files and
-folders (names starting with ``.``) are ignored.
+Files are listed (sizes from ``stat``/``find``, never read) in sorted order; the chosen layout
+(``--layout``, or the one whose ``detect`` wins, see :class:`~shardloader.pack.layouts.Layout`)
+works out fields, classes and the sample stream, sorted by key, so the stream is a pure function
+of the input tree.  Hidden files and folders (names starting with ``.``) are ignored.  The layouts
+themselves live in :mod:`shardloader.pack.layouts`, one module each; this module names none.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import Any
 
-from shardloader.aliases import Aliases, FieldMap, merge, normalize
-from shardloader.codecs import IMAGE_EXTENSIONS, codec_for_extension
+from shardloader.aliases import Aliases, merge, normalize
 from shardloader.errors import StorageError, UsageError
 from shardloader.manifest import FieldInfo
-from shardloader.pack.records import OnSkip, record_fields, record_kind, record_samples
-from shardloader.pack.refs import FileRef, InputFile, SampleRef
-from shardloader.storage import filesystem, is_local, join, local_path
+from shardloader.pack.layouts.base import Inputs, Layout, OnSkip, Source
+from shardloader.pack.layouts.records import record_kind
+from shardloader.pack.layouts.registry import AUTO, get_layout, layout_names, registered_layouts
+from shardloader.pack.refs import FileRef, InputFile, SampleRef, TextRule
+from shardloader.storage import RetryPolicy, filesystem, is_local, join, local_path
 
 __all__ = [
-    "LAYOUTS",
     "FileRef",
     "SampleRef",
     "InputFile",
+    "OnSkip",
     "TextRule",
     "Source",
+    "detect",
     "discover",
     "list_inputs",
-    "record_kind",
+    "record_kind",  # index_existing refuses record files with it
 ]
 
 log = logging.getLogger(__name__)
-
-LAYOUTS = ("auto", "class-folders", "key-groups", "records")
-
-
-@dataclass(frozen=True)
-class TextRule:
-    """Where a sample's text is, tried in order: ``("field", ext)`` or ``("json", key)``."""
-
-    candidates: tuple[tuple[str, str], ...]
-    length_field: str  # manifest ``length_field``: ``tokens`` when tokenized
-
-
-@dataclass(frozen=True)
-class Source:
-    """A discovered input: its layout, files, fields, classes and the sample stream."""
-
-    url: str
-    layout: str
-    files: tuple[InputFile, ...]
-    fields: Mapping[str, FieldInfo]
-    classes: tuple[str, ...] = ()
-    text: TextRule | None = None
-    storage_options: Mapping[str, Any] | None = None
-    # {logical field: member extensions}; ``fields`` above are per member extension (what
-    # the writers and checks see), ``field_map.fields`` what the manifest records
-    aliases: Aliases = field(default_factory=dict)
-
-    @property
-    def field_map(self) -> FieldMap:
-        return FieldMap.build(self.fields, self.aliases, "--alias")
-
-    @property
-    def total_bytes(self) -> int:
-        return sum(f.size for f in self.files)
-
-    def samples(self, on_skip: OnSkip | None = None) -> Iterator[SampleRef]:
-        """The deterministic sample stream.
-
-        Errors reading a record file raise :class:`InputError` naming the file, unless
-        ``on_skip`` is given: then the rest of that file is skipped and reported through it.
-        """
-        if self.layout == "records":
-            return record_samples(self.files, self.storage_options, on_skip)
-        return iter(_file_samples(self))
 
 
 # -- listing --------------------------------------------------------------------------------
@@ -103,7 +46,12 @@ def _hidden(rel: str) -> bool:
     return any(part.startswith(".") for part in rel.split("/"))
 
 
-def list_inputs(src: str, storage_options: Mapping[str, Any] | None = None) -> list[InputFile]:
+def list_inputs(
+    src: str,
+    storage_options: Mapping[str, Any] | None = None,
+    *,
+    retry: RetryPolicy | None = None,
+) -> list[InputFile]:
     """Every non-hidden file below ``src`` (or ``src`` itself if it is a file), sorted.
 
     A file that cannot be stat'ed (a symlink loop, a dangling link) is listed with size 0, so
@@ -132,7 +80,7 @@ def list_inputs(src: str, storage_options: Mapping[str, Any] | None = None) -> l
                     size = 0
                 out.append(InputFile(rel, path, size))
         return sorted(out, key=lambda f: f.rel)
-    fs, path = filesystem(src, storage_options)
+    fs, path = filesystem(src, storage_options, policy=retry)
     path = path.rstrip("/")
     try:
         if fs.isfile(path):
@@ -153,91 +101,73 @@ def list_inputs(src: str, storage_options: Mapping[str, Any] | None = None) -> l
 # -- layout detection -----------------------------------------------------------------------
 
 
-def _extension(rel: str) -> str:
-    base = rel.rsplit("/", 1)[-1]
-    return base.rsplit(".", 1)[-1].lower() if "." in base.lstrip(".") else ""
+def detect(src: str, files: tuple[InputFile, ...]) -> Layout:
+    """Ask every registered layout; the highest-ranked answer wins.
 
-
-def _detect(src: str, files: list[InputFile]) -> str:
-    """Records if every file is a record file, class folders if every file is an image one
-    level down (and no two share a key), key groups otherwise.  A ``.txt``/``.jsonl`` that
-    shares its key with another file (a caption next to its image) belongs to a key group,
-    not to the records."""
-    from shardloader.format.tar import split_key
-
-    per_key: dict[str, int] = {}
-    for f in files:
-        parts = split_key(f.rel)
-        if parts is not None:
-            per_key[parts[0]] = per_key.get(parts[0], 0) + 1
-
-    def is_record(f: InputFile) -> bool:
-        parts = split_key(f.rel)
-        return bool(record_kind(f.rel)) and (parts is None or per_key[parts[0]] == 1)
-
-    records = [f for f in files if is_record(f)]
-    if records and len(records) != len(files):
-        other = next(f for f in files if not is_record(f))
+    An answer is "fits" or "mixed" (some files are unmistakably that layout's, others not).  At
+    the top rank a mixed answer is an error naming one file of each kind, and two layouts that
+    both fit are an ambiguity error: either way ``--layout`` settles it.
+    """
+    answers = [(layout, layout.detect(files)) for layout in registered_layouts()]
+    answers = [(layout, v) for layout, v in answers if v.fits or v.mixed]
+    if not answers:
         raise UsageError(
-            f"{src}: mixed layouts: record files (e.g. {records[0].rel!r}) next to other files "
-            f"(e.g. {other.rel!r}); pack them separately or pass --layout"
+            f"{src}: unknown layout: no registered layout ({', '.join(layout_names())}) takes "
+            "these files; pass --layout"
         )
-    if records:
-        return "records"
-    if all(f.rel.count("/") == 1 and _extension(f.rel) in IMAGE_EXTENSIONS for f in files) and (
-        max(per_key.values(), default=1) == 1  # a/1.jpg + a/1.png: one sample, two fields
-    ):
-        return "class-folders"
-    return "key-groups"
+    top = max(layout.rank for layout, _ in answers)
+    for layout, v in answers:
+        if layout.rank == top and v.mixed:
+            raise UsageError(
+                f"{src}: mixed layouts: {v.mixed}; pack them separately or pass --layout"
+            )
+    fitting = [layout for layout, _ in answers if layout.rank == top]
+    if len(fitting) > 1:
+        names = " and ".join(repr(layout.name) for layout in fitting)
+        raise UsageError(f"{src}: ambiguous layout: {names} both fit; pass --layout")
+    return fitting[0]
 
 
 def discover(
     src: str,
-    layout: str = "auto",
+    layout: str = AUTO,
     storage_options: Mapping[str, Any] | None = None,
     *,
     text_field: str = "text",
     tokenize: bool = False,
     aliases: Aliases | None = None,
+    retry: RetryPolicy | None = None,
 ) -> Source:
     """List ``src``, decide its layout, and work out fields, classes, aliases and the text rule.
 
     ``aliases`` (``--alias``) merge over the layout's own (class folders: ``image``)."""
-    if layout not in LAYOUTS:
-        raise UsageError(f"unknown layout {layout!r}; choose one of {', '.join(LAYOUTS)}")
-    files = list_inputs(src, storage_options)
+    impl = None if layout == AUTO else get_layout(layout)
+    files = tuple(list_inputs(src, storage_options, retry=retry))
     if not files:
         raise UsageError(f"{src}: no input files (empty source); nothing to pack")
-    if layout == "auto":
-        layout = _detect(src, files)
-        log.info("%s: detected layout %s (%d files)", src, layout, len(files))
-    classes: tuple[str, ...] = ()
-    if layout == "class-folders":
-        fields, classes = _class_folders(src, files)
-    elif layout == "records":
-        fields = record_fields(src, files, storage_options)
-    else:
-        fields = _key_groups(src, files)
-    text = _text_rule(layout, fields, text_field, tokenize)
+    if impl is None:
+        impl = detect(src, files)
+        log.info("%s: detected layout %s (%d files)", src, impl.name, len(files))
+    inputs = Inputs(src, files, storage_options, retry)
+    found = impl.describe(inputs)
+    fields = dict(found.fields)
+    text = impl.text_rule(fields, text_field, tokenize)
     if tokenize and text is None:
         raise UsageError(
-            f"--tokenizer needs text: {src} ({layout}) has no field {text_field!r}, 'txt' or "
+            f"--tokenizer needs text: {src} ({impl.name}) has no field {text_field!r}, 'txt' or "
             "'json'; pass --text-field"
         )
-    groups = _aliases(src, layout, fields, normalize(aliases, "--alias"))
-    source = Source(src, layout, tuple(files), fields, classes, text, storage_options, groups)
+    groups = _aliases(src, fields, found.aliases, normalize(aliases, "--alias"))
+    source = Source(inputs, impl, fields, found.classes, text, groups)
     source.field_map  # noqa: B018 - checks the aliases now, before anything is read
     return source
 
 
 def _aliases(
-    src: str, layout: str, fields: Mapping[str, FieldInfo], given: Aliases
+    src: str, fields: Mapping[str, FieldInfo], own: Aliases, given: Aliases
 ) -> dict[str, tuple[str, ...]]:
-    """The layout's aliases (class folders: every image extension seen is ``image``) with the
-    given ones over them, keeping only extensions the source has."""
-    own = {}
-    if layout == "class-folders":
-        own = {"image": tuple(sorted(e for e, i in fields.items() if i.codec == "image"))}
+    """The layout's own aliases with the given ones over them, keeping only extensions the
+    source has."""
     out = {}
     for name, exts in merge(own, given).items():
         seen = tuple(e for e in exts if e in fields)
@@ -248,108 +178,3 @@ def _aliases(
             )
         out[name] = seen
     return out
-
-
-def _class_folders(
-    src: str, files: list[InputFile]
-) -> tuple[dict[str, FieldInfo], tuple[str, ...]]:
-    for f in files:
-        if f.rel.count("/") != 1 or _extension(f.rel) not in IMAGE_EXTENSIONS:
-            raise UsageError(
-                f"{src}: {f.rel!r} is not an image at SRC/<class>/<file>; class folders hold "
-                "only images one level down (use --layout key-groups for other trees)"
-            )
-    classes = tuple(sorted({f.rel.split("/", 1)[0] for f in files}))
-    fields = {"cls": FieldInfo("int")}
-    for f in files:
-        fields.setdefault(_extension(f.rel), FieldInfo("image"))
-    return fields, classes
-
-
-def _class_key(rel: str) -> tuple[str, str]:
-    cls, base = rel.split("/", 1)
-    stem, ext = base.rsplit(".", 1)
-    return f"{cls}/{stem.replace('.', '_')}", ext.lower()
-
-
-def _key_groups(src: str, files: list[InputFile]) -> dict[str, FieldInfo]:
-    from shardloader.format.tar import split_key
-
-    fields: dict[str, FieldInfo] = {}
-    for f in files:
-        parts = split_key(f.rel)
-        if parts is None or not parts[1]:
-            raise UsageError(
-                f"{src}: unknown layout: {f.rel!r} has no extension, so it cannot be a field of "
-                "a sample (key groups need <key>.<ext> names); pass --layout or remove it"
-            )
-        fields.setdefault(parts[1], FieldInfo(codec_for_extension(parts[1])))
-    return fields
-
-
-def _file_samples(source: Source) -> list[SampleRef]:
-    """Group files into samples; sorted by key, fields sorted by extension."""
-    groups: dict[str, dict[str, FileRef]] = {}
-    origin: dict[tuple[str, str], str] = {}
-    if source.layout == "class-folders":
-        class_index = {c: i for i, c in enumerate(source.classes)}
-        for f in source.files:
-            key, ext = _class_key(f.rel)
-            if key in groups:
-                other = next(iter(groups[key].values())).rel
-                raise UsageError(
-                    f"{source.url}: {other!r} and {f.rel!r} both become sample key {key!r}; "
-                    "rename one of them"
-                )
-            groups[key] = {ext: FileRef(f.url, f.rel, f.size)}
-            origin[(key, "cls")] = str(class_index[f.rel.split("/", 1)[0]])
-    else:
-        from shardloader.format.tar import split_key
-
-        member_of = source.field_map.member_of
-        for f in source.files:
-            parts = split_key(f.rel)
-            if parts is None:
-                raise UsageError(f"{source.url}: {f.rel!r} has no extension")
-            key, ext = parts
-            group = groups.setdefault(key, {})
-            name = member_of.get(ext)
-            same = next((r for e, r in group.items() if name and member_of.get(e) == name), None)
-            if same is not None:
-                raise UsageError(
-                    f"{source.url}: {same.rel!r} and {f.rel!r} both fill field {name!r} of "
-                    f"sample {key!r} (--alias); a sample may hold only one of them"
-                )
-            group[ext] = FileRef(f.url, f.rel, f.size)
-    out = []
-    for key in sorted(groups):
-        fields: dict[str, FileRef | bytes] = dict(groups[key])
-        if (key, "cls") in origin:
-            fields["cls"] = origin[(key, "cls")].encode("ascii")
-        out.append(SampleRef(key, tuple(sorted(fields.items()))))
-    return out
-
-
-# -- text and lengths -----------------------------------------------------------------------
-
-
-def _text_rule(
-    layout: str, fields: Mapping[str, FieldInfo], text_field: str, tokenize: bool
-) -> TextRule | None:
-    """Which field holds a sample's text; its length (bytes or tokens) goes into the sidecar."""
-    candidates: list[tuple[str, str]] = []
-    if text_field in fields and fields[text_field].codec == "text":
-        candidates.append(("field", text_field))
-    if "txt" in fields and ("field", "txt") not in candidates:
-        candidates.append(("field", "txt"))
-    if "json" in fields and fields["json"].codec == "json":
-        candidates.append(("json", text_field))
-    if not candidates or layout == "class-folders":
-        return None
-    if tokenize:
-        name = "tokens"
-    elif candidates[0][0] == "json":
-        name = text_field
-    else:
-        name = candidates[0][1]
-    return TextRule(tuple(candidates), name)

@@ -17,6 +17,7 @@ from typing import Any
 from shardloader.errors import ManifestError, OutputExistsError, StorageError, UsageError
 from shardloader.manifest import MANIFEST_NAME, Manifest
 from shardloader.storage import (
+    RetryPolicy,
     exists,
     is_local,
     join,
@@ -57,7 +58,9 @@ def shard_pattern(part: int | None) -> re.Pattern[str]:
     return re.compile(rf"^{stem}{_SUFFIX}$")
 
 
-def list_out(out: str, storage_options: Mapping[str, Any] | None) -> list[str]:
+def list_out(
+    out: str, storage_options: Mapping[str, Any] | None, *, policy: RetryPolicy | None = None
+) -> list[str]:
     """Files below ``out`` (relative paths); [] if it does not exist."""
     if is_local(out):
         path = local_path(out)
@@ -72,7 +75,7 @@ def list_out(out: str, storage_options: Mapping[str, Any] | None) -> list[str]:
                 found.append(rel.replace(os.sep, "/"))
         return sorted(found)
     try:
-        return list_files(out, storage_options)
+        return list_files(out, storage_options, policy=policy)
     except (FileNotFoundError, StorageError):
         return []
 
@@ -98,13 +101,15 @@ def check_writable(
         )
 
 
-def old_manifest_paths(out: str, storage_options: Mapping[str, Any] | None) -> set[str]:
+def old_manifest_paths(
+    out: str, storage_options: Mapping[str, Any] | None, *, policy: RetryPolicy | None = None
+) -> set[str]:
     """Shard and sidecar paths listed by an existing manifest in ``out`` (none if unreadable)."""
     url = join(out, MANIFEST_NAME)
-    if not exists(url, storage_options):
+    if not exists(url, storage_options, policy=policy):
         return set()
     try:
-        manifest = Manifest.from_json(read_bytes(url, storage_options), url)
+        manifest = Manifest.from_json(read_bytes(url, storage_options, policy=policy), url)
     except (ManifestError, StorageError) as err:
         log.warning("%s: ignoring unreadable old manifest (%s)", url, err)
         return set()
@@ -126,6 +131,8 @@ def remove_stale(
     pattern: re.Pattern[str] | None,
     old: Collection[str] = (),
     storage_options: Mapping[str, Any] | None = None,
+    *,
+    policy: RetryPolicy | None = None,
 ) -> list[str]:
     """Delete our temporaries, our shard/sidecar names not in ``keep``, and ``old`` paths."""
     removed = []
@@ -137,26 +144,37 @@ def remove_stale(
             or rel == SKIP_REPORT
         )
         if (ours or rel in old) and rel not in keep:
-            remove(join(out, rel), storage_options)
+            remove(join(out, rel), storage_options, policy=policy)
             removed.append(rel)
     if removed:
         log.info("%s: removed %d stale files", out, len(removed))
     return removed
 
 
-def remove_temps(out: str, existing: Iterable[str], storage_options: Any = None) -> None:
+def remove_temps(
+    out: str,
+    existing: Iterable[str],
+    storage_options: Any = None,
+    *,
+    policy: RetryPolicy | None = None,
+) -> None:
     """Delete temporary files that killed runs left behind (never final names)."""
     for rel in existing:
         if "/" not in rel and _TEMP.match(rel):
-            remove(join(out, rel), storage_options)
+            remove(join(out, rel), storage_options, policy=policy)
 
 
 def write_skip_report(
-    out: str, skips: Iterable[Mapping[str, Any]], storage_options: Mapping[str, Any] | None
+    out: str,
+    skips: Iterable[Mapping[str, Any]],
+    storage_options: Mapping[str, Any] | None,
+    *,
+    policy: RetryPolicy | None = None,
 ) -> None:
     """One JSON object per skipped sample or file, in plan order (reproducible bytes)."""
     lines = [json.dumps(dict(s), sort_keys=True, ensure_ascii=False) + "\n" for s in skips]
-    write_bytes_atomic(join(out, SKIP_REPORT), "".join(lines).encode(), storage_options)
+    write_bytes_atomic(join(out, SKIP_REPORT), "".join(lines).encode(), storage_options,
+                       policy=policy)
 
 
 def read_skip_report(url: str, storage_options: Mapping[str, Any] | None) -> list[dict[str, Any]]:

@@ -1,4 +1,4 @@
-"""The small values the pack stages pass around: input files and planned samples.
+"""The small values the pack stages pass around: input files, planned samples, the text rule.
 
 Named tuples, not dataclasses: millions are made in the main process and pickled to workers, and
 tuples are ~3x cheaper both ways.
@@ -6,9 +6,10 @@ tuples are ~3x cheaper both ways.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import NamedTuple
 
-__all__ = ["FileRef", "SampleRef", "InputFile"]
+__all__ = ["FileRef", "SampleRef", "InputFile", "TextRule"]
 
 
 class FileRef(NamedTuple):
@@ -34,3 +35,14 @@ class InputFile(NamedTuple):
     rel: str
     url: str
     size: int
+
+
+@dataclass(frozen=True)
+class TextRule:
+    """Where a sample's text is, tried in order: ``("field", ext)`` or ``("json", key)``.
+
+    Decided once by the layout in the main process; every shard writer measures with it.
+    """
+
+    candidates: tuple[tuple[str, str], ...]
+    length_field: str  # manifest ``length_field``: ``tokens`` when tokenized

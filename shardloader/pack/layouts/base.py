@@ -1,0 +1,199 @@
+"""What an input layout is: the :class:`Layout` contract, its answers, and the discovered source.
+
+A layout turns a listed source tree into fields, classes and one deterministic sample stream.
+Each one lives in its own module under :mod:`shardloader.pack.layouts` and is registered once
+(:func:`~shardloader.pack.layouts.registry.register_layout`); discovery asks every registered
+layout whether the files are its own and never names one itself.
+
+NOTE [layouts run in the main process]: ``detect``, ``describe`` and ``enumerate`` run where
+``pack`` was called, never in a pack worker.  The samples they yield cross into workers as
+:class:`~shardloader.pack.refs.SampleRef` tuples (record bytes, or file references that the
+worker opens), so a layout needs no registration in the worker and may import what it likes.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from shardloader.aliases import Aliases, FieldMap
+from shardloader.manifest import FieldInfo
+from shardloader.pack.refs import InputFile, SampleRef, TextRule
+from shardloader.storage import RetryPolicy
+
+__all__ = [
+    "Layout",
+    "Verdict",
+    "FITS",
+    "NO_FIT",
+    "mixed",
+    "Inputs",
+    "Description",
+    "Source",
+    "OnSkip",
+    "text_rule",
+    "extension",
+]
+
+OnSkip = Callable[[str, str, str], None]  # (file relative to SRC, where in it, reason)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A layout's answer to "are these files mine?".
+
+    ``fits``: every file belongs to it.  ``mixed``: some files are unmistakably its own and
+    others are not, which is an error rather than a reason to fall back to another layout; it
+    says what, e.g. ``"record files (e.g. 'a.jsonl') next to other files (e.g. 'b.jpg')"``.
+    """
+
+    fits: bool
+    mixed: str = ""
+
+
+FITS = Verdict(True)
+NO_FIT = Verdict(False)
+
+
+def mixed(what: str, mine: str, other: str) -> Verdict:
+    """Some files are ``what`` (e.g. ``mine``) and others (e.g. ``other``) are not."""
+    return Verdict(False, f"{what} (e.g. {mine!r}) next to other files (e.g. {other!r})")
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """What discovery listed: the source URL, its files (sorted) and how to open them."""
+
+    url: str
+    files: tuple[InputFile, ...]
+    storage_options: Mapping[str, Any] | None = None
+    retry: RetryPolicy | None = None  # for reads in the main process (record files, schemas)
+
+
+@dataclass(frozen=True)
+class Description:
+    """What a layout found in its inputs.
+
+    ``fields`` are per member extension (what the writers and checks see); ``aliases`` are the
+    layout's own ``{logical field: member extensions}`` (class folders: every image extension is
+    ``image``), which ``--alias`` extends.
+    """
+
+    fields: Mapping[str, FieldInfo]
+    classes: tuple[str, ...] = ()
+    aliases: Aliases = field(default_factory=dict)
+
+
+class Layout(ABC):
+    """One input layout.  Subclass it in one module, then register an instance.
+
+    ``name`` is what ``--layout`` and the manifest's ``layout`` say.  ``rank`` orders detection:
+    among the layouts whose :meth:`detect` answers (fits or mixed), the highest rank wins; a tie
+    of two that fit is an ambiguity error (pass ``--layout``).  Key groups, which fit anything,
+    rank 0; the other built-in layouts rank 10.
+    """
+
+    name: ClassVar[str]
+    rank: ClassVar[int] = 10
+
+    @abstractmethod
+    def detect(self, files: tuple[InputFile, ...]) -> Verdict:
+        """Whether ``files`` (sorted, non-empty, sizes only: nothing is read) are this layout's."""
+
+    @abstractmethod
+    def describe(self, inputs: Inputs) -> Description:
+        """Fields, classes and own aliases; a :class:`~shardloader.errors.UsageError` naming the
+        file when one does not fit (also when ``--layout`` forced this layout)."""
+
+    @abstractmethod
+    def enumerate(self, source: Source, on_skip: OnSkip | None) -> Iterator[SampleRef]:
+        """The samples, fields sorted by name, in an order that is a pure function of the tree
+        (file layouts: sorted by key; records: file after file, line or row after line or row).
+
+        A layout that reads files here (records) raises
+        :class:`~shardloader.errors.InputError` naming the file, or, when ``on_skip`` is given,
+        reports the rest of that file through it and goes on.
+        """
+
+    def text_rule(
+        self, fields: Mapping[str, FieldInfo], text_field: str, tokenize: bool
+    ) -> TextRule | None:
+        """Which field holds a sample's text (its length goes into the sidecar); ``None``: none."""
+        return text_rule(fields, text_field, tokenize)
+
+    def __repr__(self) -> str:
+        return f"<layout {self.name!r}>"
+
+
+@dataclass(frozen=True)
+class Source:
+    """A discovered input: its layout, files, fields, classes, text rule and the sample stream."""
+
+    inputs: Inputs
+    impl: Layout
+    fields: Mapping[str, FieldInfo]
+    classes: tuple[str, ...] = ()
+    text: TextRule | None = None
+    # {logical field: member extensions}: the layout's own merged with --alias
+    aliases: Aliases = field(default_factory=dict)
+
+    @property
+    def layout(self) -> str:
+        return self.impl.name
+
+    @property
+    def url(self) -> str:
+        return self.inputs.url
+
+    @property
+    def files(self) -> tuple[InputFile, ...]:
+        return self.inputs.files
+
+    @property
+    def storage_options(self) -> Mapping[str, Any] | None:
+        return self.inputs.storage_options
+
+    @property
+    def retry(self) -> RetryPolicy | None:
+        return self.inputs.retry
+
+    @property
+    def field_map(self) -> FieldMap:
+        return FieldMap.build(self.fields, self.aliases, "--alias")
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+    def samples(self, on_skip: OnSkip | None = None) -> Iterator[SampleRef]:
+        """The deterministic sample stream (see :meth:`Layout.enumerate`)."""
+        return self.impl.enumerate(self, on_skip)
+
+
+def extension(rel: str) -> str:
+    """The lower-cased last extension of a path's basename ('' if none)."""
+    base = rel.rsplit("/", 1)[-1]
+    return base.rsplit(".", 1)[-1].lower() if "." in base.lstrip(".") else ""
+
+
+def text_rule(fields: Mapping[str, FieldInfo], text_field: str, tokenize: bool) -> TextRule | None:
+    """The usual rule: ``text_field`` if it is text, else ``txt``, else the key ``text_field``
+    of a ``json`` field; the length is counted in tokens when tokenized."""
+    candidates: list[tuple[str, str]] = []
+    if text_field in fields and fields[text_field].codec == "text":
+        candidates.append(("field", text_field))
+    if "txt" in fields and ("field", "txt") not in candidates:
+        candidates.append(("field", "txt"))
+    if "json" in fields and fields["json"].codec == "json":
+        candidates.append(("json", text_field))
+    if not candidates:
+        return None
+    if tokenize:
+        name = "tokens"
+    elif candidates[0][0] == "json":
+        name = text_field
+    else:
+        name = candidates[0][1]
+    return TextRule(tuple(candidates), name)

@@ -1,0 +1,139 @@
+"""``records``: every file is a line file or a table, read here into one sample per record.
+
+Line files (``.jsonl``, ``.txt``, optionally ``.gz``/``.zst``) give one sample per non-empty line
+(:mod:`.lines`), tables (``.parquet``, Arrow IPC ``.arrow``/``.feather``/``.ipc``) one per row
+(:mod:`.tables`); one source may hold both, so this is one layout that dispatches on each
+file's suffix.  Keys follow webdataset's rule (no dot in the key's basename):
+``docs/part-0.jsonl.gz`` line 123 is ``docs/part-0/000000123``, row 7 of ``t.parquet`` is
+``t/000000007``.
+
+A ``.txt``/``.jsonl`` that shares its key with another file (a caption next to its image) is a
+field of a key group, not a record file.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+import shardloader.pack.layouts.lines as lines
+import shardloader.pack.layouts.tables as tables
+from shardloader.errors import InputError, StorageError, UsageError
+from shardloader.manifest import FieldInfo
+from shardloader.pack.layouts.base import (
+    FITS,
+    NO_FIT,
+    Description,
+    Inputs,
+    Layout,
+    OnSkip,
+    Source,
+    Verdict,
+    mixed,
+)
+from shardloader.pack.refs import InputFile, SampleRef
+
+__all__ = ["Records", "record_kind"]
+
+log = logging.getLogger(__name__)
+
+
+def record_kind(rel: str) -> tuple[str, str] | None:
+    """``(kind, stem)`` of a record file: kind ``json``/``txt``/``parquet``/``arrow``."""
+    base = rel.rsplit("/", 1)[-1].lower()
+    trimmed = rel
+    suffixes: dict[str, str] = {**lines.SUFFIXES, **tables.SUFFIXES}
+    for comp in lines.COMPRESSED:
+        if base.endswith(comp):
+            base, trimmed, suffixes = base[: -len(comp)], rel[: -len(comp)], lines.SUFFIXES
+            break
+    for suffix, kind in suffixes.items():
+        if base.endswith(suffix) and len(base) > len(suffix):
+            return kind, trimmed[: -len(suffix)]
+    return None
+
+
+def _is_line_kind(kind: str) -> bool:
+    return kind in lines.SUFFIXES.values()
+
+
+class Records(Layout):
+    name = "records"
+
+    def detect(self, files: tuple[InputFile, ...]) -> Verdict:
+        from shardloader.format.tar import split_key
+
+        per_key: dict[str, int] = {}
+        for f in files:
+            parts = split_key(f.rel)
+            if parts is not None:
+                per_key[parts[0]] = per_key.get(parts[0], 0) + 1
+
+        def is_record(f: InputFile) -> bool:
+            parts = split_key(f.rel)
+            return bool(record_kind(f.rel)) and (parts is None or per_key[parts[0]] == 1)
+
+        records = [f for f in files if is_record(f)]
+        if not records:
+            return NO_FIT
+        if len(records) == len(files):
+            return FITS
+        other = next(f for f in files if not is_record(f))
+        return mixed("record files", records[0].rel, other.rel)
+
+    def describe(self, inputs: Inputs) -> Description:
+        """``json``/``txt`` for line files, one field per column for tables."""
+        fields: dict[str, FieldInfo] = {}
+        stems: dict[str, str] = {}
+        for f in inputs.files:
+            kind_stem = record_kind(f.rel)
+            if kind_stem is None:
+                raise UsageError(
+                    f"{inputs.url}: {f.rel!r} is not a record file (.jsonl, .txt, optionally "
+                    ".gz/.zst; .parquet, .arrow); pass --layout key-groups to pack files as they "
+                    "are"
+                )
+            kind, stem = kind_stem
+            if stem in stems:
+                raise UsageError(
+                    f"{inputs.url}: {stems[stem]!r} and {f.rel!r} both give sample keys "
+                    f"{stem + '/...'!r}; rename one of them"
+                )
+            stems[stem] = f.rel
+            if _is_line_kind(kind):
+                for name, codec in lines.fields(kind).items():
+                    fields.setdefault(name, codec)
+                continue
+            for name, codec in tables.fields(f, kind, inputs.storage_options, inputs.retry).items():
+                known = fields.setdefault(name, codec)
+                if known != codec:
+                    raise UsageError(
+                        f"{inputs.url}: column {name!r} of {f.rel!r} decodes as {codec.codec!r} "
+                        f"but as {known.codec!r} in an earlier file; make the column types agree"
+                    )
+        return Description(fields)
+
+    def enumerate(self, source: Source, on_skip: OnSkip | None) -> Iterator[SampleRef]:
+        """File after file; a file that fails mid-way fails the pack or, with ``on_skip``, has
+        the rest of it skipped."""
+        import pyarrow as pa
+        import zstandard
+
+        so, retry = source.storage_options, source.retry
+        for f in source.files:
+            kind, stem = record_kind(f.rel)  # type: ignore[misc]
+            read = lines.samples if _is_line_kind(kind) else tables.samples
+            last = ""
+            try:
+                for sample in read(f, kind, stem, so, retry):
+                    last = sample.where
+                    yield sample
+            except (OSError, EOFError, zstandard.ZstdError, pa.ArrowInvalid, StorageError) as err:
+                after = f" after {last}" if last else ""
+                reason = f"cannot read{after} ({err})"
+                if on_skip is None:
+                    raise InputError(
+                        f"{f.url}: {reason}; fix or remove the file, or pass --on-error skip"
+                    ) from err
+                log.warning("%s: %s; skipping the rest of the file", f.url, reason)
+                on_skip(f.rel, last, reason)

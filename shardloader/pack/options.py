@@ -1,0 +1,113 @@
+"""What ``pack`` takes and gives: its options, its progress ticks and its report."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from shardloader.errors import UsageError
+from shardloader.manifest import Manifest
+from shardloader.pack.layouts.registry import AUTO, layout_names
+from shardloader.storage import RetryPolicy
+
+__all__ = ["DEFAULT_SHARD_SIZE", "PACKER_VERSION", "PackOptions", "PackProgress", "PackReport"]
+
+PACKER_VERSION = 1  # bump when the same input and options would give different shard bytes
+DEFAULT_SHARD_SIZE = 128 << 20
+
+
+@dataclass(frozen=True)
+class PackOptions:
+    """How to pack; mirrors ``shardloader pack`` options (see ``--help``)."""
+
+    format: str = "tar"  # tar | arrow
+    compression: str = "zstd"  # zstd | gzip | none (arrow: zstd | none)
+    shard_size: int = DEFAULT_SHARD_SIZE  # uncompressed bytes per shard; 0: no limit
+    max_samples: int | None = None  # samples per shard
+    layout: str = AUTO  # auto | a registered layout (shardloader.pack.layouts)
+    on_error: str = "fail"  # fail | skip
+    validate: bool = False  # decode images to check them
+    tokenizer: str | None = None  # local tokenizers JSON: adds a ``tokens`` field
+    text_field: str = "text"
+    workers: int = 1
+    num_parts: int = 1
+    part: int = 0
+    resume: bool = False
+    overwrite: bool = False
+    storage_options: Mapping[str, Any] = field(default_factory=dict)
+    aliases: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # --alias image=jpg,png
+    # Retries and timeouts of the main process's storage calls (listing, record reads, uploads,
+    # manifest); they never change the shard bytes, so the resume digest leaves them out.
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+
+    def __post_init__(self) -> None:
+        def bad(msg: str) -> UsageError:
+            return UsageError(msg)
+
+        if self.format not in ("tar", "arrow"):
+            raise bad(f"--format {self.format!r}: choose 'tar' or 'arrow'")
+        if self.compression not in ("zstd", "gzip", "none"):
+            raise bad(f"--compression {self.compression!r}: choose 'zstd', 'gzip' or 'none'")
+        if self.format == "arrow" and self.compression == "gzip":
+            raise bad("arrow shards compress with 'zstd' or 'none', not 'gzip'")
+        if self.shard_size < 0:
+            raise bad(f"--shard-size {self.shard_size} must be >= 0 (0: no limit)")
+        if self.max_samples is not None and self.max_samples < 1:
+            raise bad(f"--max-samples {self.max_samples} must be >= 1")
+        if self.layout not in layout_names(auto=True):
+            raise bad(
+                f"--layout {self.layout!r}: choose one of {', '.join(layout_names(auto=True))}"
+            )
+        if self.on_error not in ("fail", "skip"):
+            raise bad(f"--on-error {self.on_error!r}: choose 'fail' or 'skip'")
+        if self.workers < 1:
+            raise bad(f"--workers {self.workers} must be >= 1")
+        if self.num_parts < 1 or not 0 <= self.part < self.num_parts:
+            raise bad(
+                f"--part {self.part} --num-parts {self.num_parts}: need 0 <= part < num_parts"
+            )
+        if self.resume and self.overwrite:
+            raise bad("--resume keeps finished shards and --overwrite discards them: pick one")
+        if not self.text_field:
+            raise bad("--text-field must not be empty")
+        if not isinstance(self.retry, RetryPolicy):
+            raise bad(f"PackOptions.retry must be a RetryPolicy, got {self.retry!r}")
+
+
+@dataclass(frozen=True)
+class PackProgress:
+    """Running totals, reported after each finished shard."""
+
+    samples: int
+    shards: int
+    bytes_in: int
+    bytes_out: int
+    total_bytes: int | None  # input bytes expected (None when unknown)
+    seconds: float
+
+
+@dataclass(frozen=True)
+class PackReport:
+    """What a pack did; the CLI prints it as the summary."""
+
+    out: str
+    manifest: Manifest
+    samples: int
+    shards: int
+    kept_shards: int  # reused by --resume
+    skipped: int
+    bytes_in: int  # input bytes packed (file sizes, record bytes)
+    bytes_out: int  # stored shard bytes
+    raw_bytes: int  # uncompressed shard bytes
+    seconds: float
+    skip_report: str | None  # URL of the skip report, if anything was skipped
+
+    @property
+    def ratio(self) -> float:
+        """Input bytes per stored byte."""
+        return self.bytes_in / self.bytes_out if self.bytes_out else 0.0
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.bytes_in / 1e6 / self.seconds if self.seconds > 0 else 0.0

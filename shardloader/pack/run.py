@@ -1,0 +1,358 @@
+"""The ``pack`` orchestrator: raw files → shards + sidecars → manifest last.
+
+discover (sorted, deterministic sample stream) → plan (shard boundaries from exact uncompressed
+sizes) → write (temporary shards in N processes) → rename into place + sidecar → manifest.
+
+NOTE [commit protocol]: a shard appears under its final name only when whole (temporary name,
+fsync, rename); its sidecar follows; the manifest is written after every shard of the run is in
+place, atomically.  A failed or interrupted run removes its temporary files and writes no
+manifest; finished shards stay, and ``--resume`` keeps those that still match their checksums
+and their plan.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from concurrent.futures import FIRST_COMPLETED, Future, wait
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import asdict
+from typing import Any
+
+from shardloader.aliases import FieldMap
+from shardloader.errors import ShardError, UsageError
+from shardloader.manifest import FORMAT_VERSION, MANIFEST_NAME, FieldInfo, Manifest, ShardInfo
+from shardloader.pack.discover import Source, discover
+from shardloader.pack.options import PACKER_VERSION, PackOptions, PackProgress, PackReport
+from shardloader.pack.outdir import (
+    SKIP_REPORT,
+    check_writable,
+    list_out,
+    old_manifest_paths,
+    remove_stale,
+    remove_temps,
+    shard_pattern,
+    write_skip_report,
+)
+from shardloader.pack.plan import Planner, part_of, shard_names
+from shardloader.pack.pool import Executor, Inline, Pool
+from shardloader.pack.write import ShardResult, ShardTask, WriteSpec, write_shard
+from shardloader.storage import is_local, join, local_path, put_file, remove, write_bytes_atomic
+
+__all__ = ["pack"]
+
+
+def _tokenizer_info(path: str) -> tuple[str, int]:
+    """(sha256 of the file, vocabulary size) of a local tokenizers JSON file."""
+    if not is_local(path):
+        raise UsageError(f"--tokenizer {path!r}: give a local tokenizer.json file")
+    try:
+        with open(local_path(path), "rb") as f:
+            data = f.read()
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_str(data.decode("utf-8"))
+    except ImportError as err:
+        raise UsageError(
+            "--tokenizer needs the tokenizers package: pip install 'shardloader[text]'"
+        ) from err
+    except Exception as err:  # OSError, bad UTF-8, and tokenizers' own untyped errors
+        raise UsageError(f"--tokenizer {path!r}: cannot load ({err})") from err
+    return hashlib.sha256(data).hexdigest(), int(tok.get_vocab_size(with_added_tokens=True))
+
+
+def _add_tokens(src: str, tokenizer: str | None, fields: dict[str, FieldInfo]) -> dict | None:
+    """Add the ``tokens`` field for ``--tokenizer``; return what the manifest records of it."""
+    if tokenizer is None:
+        return None
+    if "tokens" in fields:
+        raise UsageError(f"{src} already has a 'tokens' field; --tokenizer would replace it")
+    sha, vocab = _tokenizer_info(tokenizer)
+    fields["tokens"] = FieldInfo("tokens", "uint16" if vocab <= 1 << 16 else "uint32")
+    return {"sha256": sha, "vocab_size": vocab, "path": os.path.abspath(local_path(tokenizer))}
+
+
+def _options_digest(
+    options: PackOptions, source: Source, fields: Mapping[str, FieldInfo], tok: dict | None
+) -> str:
+    ident = {
+        "packer": PACKER_VERSION,
+        "format_version": FORMAT_VERSION,
+        "format": options.format,
+        "compression": options.compression,
+        "fields": {k: asdict(v) for k, v in sorted(fields.items())},
+        "validate": options.validate,
+        "on_error": options.on_error,
+        "text": asdict(source.text) if source.text else None,
+        "tokenizer": tok["sha256"] if tok else None,
+        "layout": source.layout,
+        "classes": list(source.classes),
+    }
+    return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()
+
+
+def _build_extra(skipped: int, length_unit: str | None) -> dict[str, Any]:
+    """The manifest's ``extra`` (``merge`` rebuilds the per-part keys the same way)."""
+    extra: dict[str, Any] = {"skipped": skipped}
+    if skipped:
+        extra["skip_report"] = SKIP_REPORT
+    if length_unit:
+        extra["length_unit"] = length_unit
+    return extra
+
+
+def _check_not_inside(src: str, out: str) -> None:
+    if is_local(src) and is_local(out):
+        s = os.path.realpath(local_path(src))
+        o = os.path.realpath(local_path(out))
+        if os.path.isdir(s) and (o == s or o.startswith(s + os.sep)):
+            raise UsageError(f"output {out!r} is inside the source {src!r}; pick another OUT")
+    elif src.rstrip("/") == out.rstrip("/") or out.startswith(src.rstrip("/") + "/"):
+        raise UsageError(f"output {out!r} is inside the source {src!r}; pick another OUT")
+
+
+def pack(
+    src: str,
+    out: str,
+    options: PackOptions | None = None,
+    *,
+    progress: Callable[[PackProgress], None] | None = None,
+) -> PackReport:
+    """Pack ``src`` (folder, file or fsspec URL) into shards under ``out``; manifest last."""
+    options = options or PackOptions()
+    start = time.monotonic()
+    so = dict(options.storage_options)
+    retry = options.retry
+    _check_not_inside(src, out)
+    existing = list_out(out, so, policy=retry)
+    check_writable(out, existing, overwrite=options.overwrite, resume=options.resume)
+    source = discover(
+        src,
+        options.layout,
+        so,
+        text_field=options.text_field,
+        tokenize=options.tokenizer is not None,
+        aliases=options.aliases,
+        retry=retry,
+    )
+    fields = dict(source.fields)
+    tok_meta = _add_tokens(src, options.tokenizer, fields)
+
+    parted = options.num_parts > 1
+    old: set[str] = set()
+    if existing:  # overwrite or resume: the old manifest goes first, then stale temporaries
+        old = old_manifest_paths(out, so, policy=retry) if options.overwrite else set()
+        remove(join(out, MANIFEST_NAME), so, policy=retry)
+        remove_temps(out, existing, so, policy=retry)
+    local_out = is_local(out)
+    staging = local_path(out) if local_out else tempfile.mkdtemp(prefix="shardloader-pack-")
+    os.makedirs(staging, exist_ok=True)
+    spec = WriteSpec(
+        src=src,
+        out=out,
+        staging=staging,
+        run_id=uuid.uuid4().hex,
+        fmt=options.format,
+        compression=options.compression,
+        fields=fields,
+        options_digest=_options_digest(options, source, fields, tok_meta),
+        validate=options.validate,
+        on_error=options.on_error,
+        text=source.text,
+        tokenizer=tok_meta["path"] if tok_meta else None,
+        resume=options.resume,
+        storage_options=so,
+    )
+    run = _Run(spec, options, progress, start, None if parted else source.total_bytes)
+    planner = Planner(options.format, options.shard_size, options.max_samples)
+
+    def on_skip(file: str, where: str, reason: str) -> None:
+        if part_of(planner.current, options.num_parts) == options.part:
+            run.skips.append(
+                {
+                    "shard": planner.current,
+                    "key": "",
+                    "file": file,
+                    "where": where,
+                    "reason": reason,
+                }
+            )
+
+    if progress is not None:
+        progress(PackProgress(0, 0, 0, 0, run.total_bytes, time.monotonic() - start))
+    executor: Executor = Inline() if options.workers == 1 else Pool(options.workers)
+    local_number = 0
+    try:
+        samples = source.samples(on_skip if options.on_error == "skip" else None)
+        for plan in planner.shards(samples):
+            if part_of(plan.number, options.num_parts) != options.part:
+                continue
+            name, index_name = shard_names(
+                plan.number,
+                options.format,
+                options.compression,
+                options.part if parted else None,
+                local_number,
+            )
+            local_number += 1
+            run.submit(executor, ShardTask(plan, name, index_name))
+        run.drain(all_done=True)
+        shards = [run.infos[n] for n in sorted(run.infos)]
+        skips = sorted(run.skips, key=lambda s: s["shard"])
+        if skips:
+            write_skip_report(out, skips, so, policy=retry)
+        extra = _build_extra(len(skips), _length_unit(source, options))
+        if tok_meta:
+            extra["tokenizer"] = {k: tok_meta[k] for k in ("sha256", "vocab_size")}
+        if parted:
+            extra["part"] = {
+                "index": options.part,
+                "count": options.num_parts,
+                "planned_shards": planner.planned,
+                "shard_numbers": sorted(run.infos),
+            }
+        logical = FieldMap.build(fields, source.aliases, "--alias")  # members → manifest fields
+        manifest = Manifest(
+            format=options.format,
+            compression=options.compression,
+            fields=logical.fields,
+            shards=shards,
+            classes=source.classes,
+            layout=source.layout,
+            length_field=source.text.length_field if source.text else None,
+            extra=extra,
+            aliases=logical.aliases,
+        )
+        write_bytes_atomic(join(out, MANIFEST_NAME), manifest.to_json(), so, policy=retry)
+    except BaseException:
+        executor.abort()
+        remove_temps(staging, os.listdir(staging) if os.path.isdir(staging) else [])
+        raise
+    finally:
+        executor.shutdown()
+        if not local_out:
+            shutil.rmtree(staging, ignore_errors=True)
+    if existing:
+        keep = {s.path for s in shards} | {s.index_path for s in shards}
+        if skips:
+            keep.add(SKIP_REPORT)
+        remove_stale(
+            out,
+            existing,
+            keep,
+            shard_pattern(options.part if parted else None),
+            old,
+            so,
+            policy=retry,
+        )
+    return PackReport(
+        out=out,
+        manifest=manifest,
+        samples=manifest.num_samples,
+        shards=len(shards),
+        kept_shards=run.kept,
+        skipped=len(skips),
+        bytes_in=run.bytes_in,
+        bytes_out=sum(s.bytes for s in shards),
+        raw_bytes=sum(s.raw_bytes for s in shards),
+        seconds=time.monotonic() - start,
+        skip_report=join(out, SKIP_REPORT) if skips else None,
+    )
+
+
+def _length_unit(source: Source, options: PackOptions) -> str | None:
+    if source.text is None:
+        return None
+    return "tokens" if options.tokenizer else "bytes"
+
+
+class _Run:
+    """Bookkeeping of one pack run: in-flight shards, finished shards, totals."""
+
+    def __init__(
+        self,
+        spec: WriteSpec,
+        options: PackOptions,
+        progress: Callable[[PackProgress], None] | None,
+        start: float,
+        total_bytes: int | None,
+    ) -> None:
+        self.spec = spec
+        self.retry = options.retry
+        self.progress = progress
+        self.start = start
+        self.total_bytes = total_bytes
+        # In flight at most: bounds memory (record shards carry their bytes).  Inline, finish
+        # each shard at once, so that a finished shard never waits for the next one.
+        self.limit = 1 if options.workers == 1 else options.workers + 1
+        self.pending: dict[Future[ShardResult], int] = {}
+        self.infos: dict[int, ShardInfo] = {}
+        self.skips: list[dict[str, Any]] = []
+        self.samples = self.bytes_in = self.bytes_out = self.kept = 0
+
+    def submit(self, executor: Executor, task: ShardTask) -> None:
+        self.pending[executor.submit(write_shard, self.spec, task)] = task.plan.number
+        if len(self.pending) >= self.limit:
+            self.drain(all_done=False)
+
+    def drain(self, all_done: bool) -> None:
+        while self.pending:
+            done, _ = wait(self.pending, return_when=FIRST_COMPLETED)
+            for fut in sorted(done, key=self.pending.__getitem__):
+                number = self.pending.pop(fut)
+                try:
+                    result = fut.result()
+                except BrokenProcessPool as err:
+                    raise ShardError(
+                        f"a pack worker died while writing shard {number} ({err}): killed, or "
+                        "out of memory? Finished shards are kept; re-run with --resume"
+                    ) from err
+                self._finish(result)
+            if not all_done:
+                return
+
+    def _finish(self, r: ShardResult) -> None:
+        spec = self.spec
+        so = spec.storage_options
+        if not r.kept:
+            assert r.temp is not None and r.sidecar is not None
+            if r.num_samples == 0:  # every sample skipped: no shard
+                os.remove(r.temp)
+                self.skips.extend(r.skips)
+                return
+            put_file(r.temp, join(spec.out, r.name), so, policy=self.retry)
+            if os.path.exists(r.temp):  # uploaded (remote): drop the local copy
+                os.remove(r.temp)
+            write_bytes_atomic(join(spec.out, r.index_name), r.sidecar, so, policy=self.retry)
+        else:
+            self.kept += 1
+        self.infos[r.number] = ShardInfo(
+            r.name,
+            r.num_samples,
+            r.stored_bytes,
+            r.raw_bytes,
+            r.sha256,
+            r.index_name,
+            r.index_sha256,
+        )
+        self.skips.extend(r.skips)
+        self.samples += r.num_samples
+        self.bytes_in += r.bytes_in
+        self.bytes_out += r.stored_bytes
+        if self.progress is not None:
+            self.progress(
+                PackProgress(
+                    self.samples,
+                    len(self.infos),
+                    self.bytes_in,
+                    self.bytes_out,
+                    self.total_bytes,
+                    time.monotonic() - self.start,
+                )
+            )

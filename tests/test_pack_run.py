@@ -1,0 +1,53 @@
+"""The pack orchestrator's process and storage edges: light workers, the caller's retry policy."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from corpus import class_folders
+from fault_proxy import FaultProxy
+
+from shardloader.errors import StorageError
+from shardloader.pack import PackOptions, pack
+from shardloader.pack.pool import Pool
+from shardloader.storage import RetryPolicy
+
+
+def test_a_pack_worker_process_has_not_imported_torch():
+    """Workers fork from a server that preloaded only the writer (pack/_preload.py): no torch,
+    although this test process has imported it."""
+    import torch  # noqa: F401 - the parent has it; a forked or spawned-from-here worker would too
+
+    pool = Pool(1)
+    try:
+        modules = pool.submit(eval, "sorted(__import__('sys').modules)", {}).result(timeout=120)
+    finally:
+        pool.shutdown()
+    assert "shardloader.pack.write" in modules  # a real pack worker: the writer is preloaded
+    assert [m for m in modules if m.split(".")[0] == "torch"] == []
+
+
+@pytest.mark.filterwarnings("ignore::ResourceWarning")
+def test_pack_uses_the_retry_policy_it_is_given(
+    tmp_path, s3_bucket: str, s3_client: Any, fault_proxy: FaultProxy
+) -> None:
+    class_folders(str(tmp_path / "src"), per_class=2)
+    url = f"s3://{s3_bucket}/ds"
+    # Every attempt at the first shard gets 503 SlowDown: the store stays down.
+    fault_proxy.inject("503", method="PUT", path="/ds/shard-00000", times=None)
+    policy = RetryPolicy(
+        max_attempts=3,
+        initial_backoff=0.01,
+        max_backoff=0.02,
+        max_total_seconds=20.0,
+        connect_timeout=2.0,
+        read_timeout=5.0,
+    )
+    options = PackOptions(
+        max_samples=4, storage_options={"endpoint_url": fault_proxy.endpoint}, retry=policy
+    )
+    with pytest.raises(StorageError, match="shard-00000.*SlowDown"):
+        pack(str(tmp_path / "src"), url, options)
+    assert fault_proxy.count("PUT", "/ds/shard-00000") == 3  # the policy's attempts, not 6
+    assert "Contents" not in s3_client.list_objects_v2(Bucket=s3_bucket, Prefix="ds/index.json")
