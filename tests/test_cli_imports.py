@@ -106,3 +106,33 @@ def test_option_defaults_copied_into_the_cli_agree_with_the_library():
     assert pack_cli.LAYOUTS == discover.LAYOUTS
     assert bench_cli.DEFAULT_TOLERANCE == bench.DEFAULT_TOLERANCE
     assert cache_cli.DIR_ENV == cache.DIR_ENV
+
+
+def test_no_library_module_imports_the_cli():
+    """Commands import the library, never the reverse (issue 12): an AST walk of every module
+    outside ``shardloader/cli/`` (and ``__main__``, the command's entry point), lazy imports
+    inside functions included."""
+    import ast
+    from pathlib import Path
+
+    import shardloader
+
+    root = Path(shardloader.__file__).parent
+    offenders = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root)
+        if rel.parts[0] == "cli" or rel == Path("__main__.py"):
+            continue
+        package = ["shardloader", *rel.parts[:-1]]
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = package[: len(package) - node.level + 1] if node.level else []
+                module = ".".join([*base, *([node.module] if node.module else [])])
+                names = [module, *(f"{module}.{alias.name}" for alias in node.names)]
+            else:
+                continue
+            if any(n == "shardloader.cli" or n.startswith("shardloader.cli.") for n in names):
+                offenders.append(f"{rel}:{node.lineno}")
+    assert offenders == [], f"library modules import shardloader.cli: {offenders}"
