@@ -258,7 +258,9 @@ def sweep(
     *,
     workers: Sequence[int] | None = None,
     prefetch: Sequence[int] = (2, 4),
-    batch_size: int = 32,
+    batch_size: int | None = 32,
+    shuffle: bool = False,
+    seed: int = 0,
     batches: int = 50,
     decode: Sequence[bool] = (True, False),
     transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
@@ -274,8 +276,9 @@ def sweep(
     reading from decoding.  Fields of unequal shapes are collated as lists, so a dataset of
     images of many sizes can be measured without a transform (one tensor per image then
     crosses from the worker: a resizing transform, as in training, is cheaper to move).
-    Each point reads the same first batches of epoch 0 (unshuffled); ``warmup`` reads them
-    once, unrecorded, so staging shards is not charged to the first point.
+    Each point reads the same first batches of epoch 0 (in stored order, or shuffled by
+    ``seed``); ``warmup`` reads them once, unrecorded, so staging shards is not charged to the
+    first point.
     """
     require_psutil()
     workers = tuple(default_workers() if workers is None else workers)
@@ -287,7 +290,7 @@ def sweep(
 
     def dataset(decoded: bool) -> ShardedDataset:
         return ShardedDataset(
-            url, batch_size=batch_size, collate_fn=collate, read=read,
+            url, batch_size=batch_size, shuffle=shuffle, seed=seed, collate_fn=collate, read=read,
             decoder=(decoder or Decoder()) if decoded else None,
             transform=transform if decoded else None,
         )

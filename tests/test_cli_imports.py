@@ -69,6 +69,12 @@ def test_import_shardloader_and_its_cli_is_light(tmp_path):
         (["pack"], 2, "Missing argument 'SRC'"),
         (["pack", "a", "b", "--format", "zip"], 2, "'zip' is not one of"),
         (["bench", "x", "--tolerance", "2"], 2, "--tolerance"),
+        (["bench", "--help"], 0, "--storage-option"),
+        (["serve", "--help"], 0, "--retry-seconds"),
+        (["verify", "--help"], 0, "--retries"),
+        (["pack", "--help"], 0, "--retry-seconds"),
+        (["serve", "x", "--transform", "flip"], 2, "'flip' is not one of"),
+        (["bench", "x", "--retries", "-1"], 2, "--retries"),
         (["no-such-command"], 2, "No such command"),
     ],
 )
@@ -97,8 +103,10 @@ def test_option_defaults_copied_into_the_cli_agree_with_the_library():
     from shardloader import bench, pack
     from shardloader.cli import bench as bench_cli
     from shardloader.cli import cache as cache_cli
+    from shardloader.cli import options as options_cli
     from shardloader.cli import pack as pack_cli
     from shardloader.storage import cache
+    from shardloader.storage.retry import RetryPolicy
 
     discover = importlib.import_module("shardloader.pack.discover")  # pack.discover: a function
 
@@ -106,6 +114,8 @@ def test_option_defaults_copied_into_the_cli_agree_with_the_library():
     assert pack_cli.LAYOUTS == discover.LAYOUTS
     assert bench_cli.DEFAULT_TOLERANCE == bench.DEFAULT_TOLERANCE
     assert cache_cli.DIR_ENV == cache.DIR_ENV
+    assert options_cli.DEFAULT_RETRIES == RetryPolicy().max_attempts - 1
+    assert options_cli.DEFAULT_RETRY_SECONDS == RetryPolicy().max_total_seconds
 
 
 def test_no_library_module_imports_the_cli():

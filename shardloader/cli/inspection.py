@@ -13,7 +13,13 @@ from typing import Any
 import click
 
 from shardloader.cli import main
-from shardloader.cli.options import show_progress, storage_option, storage_options
+from shardloader.cli.options import (
+    retry_options,
+    retry_policy,
+    show_progress,
+    storage_option,
+    storage_options,
+)
 from shardloader.errors import ShardError
 from shardloader.units import human_bytes as _human
 
@@ -70,8 +76,10 @@ def inspect_command(dataset: str, as_json: bool, storage_option: tuple[str, ...]
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @storage_option
+@retry_options
 def verify_command(dataset: str, no_images: bool, as_json: bool, quiet: bool,
-                   storage_option: tuple[str, ...]) -> None:
+                   storage_option: tuple[str, ...], retries: int | None,
+                   retry_seconds: float | None) -> None:
     """Re-hash every shard and parse every sample; exit 1 if anything is bad."""
     from shardloader.inspect import verify_dataset
 
@@ -87,7 +95,7 @@ def verify_command(dataset: str, no_images: bool, as_json: bool, quiet: bool,
             bar.update(done - bar.n)
 
     r = verify_dataset(dataset, storage_options(storage_option), images=not no_images,
-                       progress=on_progress)
+                       progress=on_progress, retry=retry_policy(retries, retry_seconds))
     if bar is not None:
         bar.close()
     if as_json:

@@ -13,7 +13,14 @@ from typing import TYPE_CHECKING
 import click
 
 from shardloader.cli import main
-from shardloader.cli.options import interruptible, show_progress, storage_option, storage_options
+from shardloader.cli.options import (
+    interruptible,
+    retry_options,
+    retry_policy,
+    show_progress,
+    storage_option,
+    storage_options,
+)
 from shardloader.units import human_bytes as _human
 from shardloader.units import parse_size
 
@@ -59,11 +66,13 @@ LAYOUTS = ("auto", "class-folders", "key-groups", "records")
 @click.option("--overwrite", is_flag=True, help="Replace a previous pack in OUT.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary.")
 @storage_option
+@retry_options
 def pack_command(src: str, out: str, fmt: str, compression: str, shard_size: str,
                  max_samples: int | None, layout: str, workers: int, num_parts: int, part: int,
                  on_error: str, validate: bool, tokenizer: str | None, text_field: str,
                  resume: bool, overwrite: bool, quiet: bool, alias: tuple[str, ...],
-                 storage_option: tuple[str, ...]) -> None:
+                 storage_option: tuple[str, ...], retries: int | None,
+                 retry_seconds: float | None) -> None:
     """Pack the raw files in SRC into shards + index.json in OUT.
 
     SRC (a folder, a file or an fsspec URL) holds class folders (SRC/<class>/<image>), key
@@ -78,6 +87,7 @@ def pack_command(src: str, out: str, fmt: str, compression: str, shard_size: str
         tokenizer=tokenizer, text_field=text_field, workers=workers, num_parts=num_parts,
         part=part, resume=resume, overwrite=overwrite,
         storage_options=storage_options(storage_option), aliases=_aliases(alias),
+        retry=retry_policy(retries, retry_seconds),
     )
     bar = None
     if show_progress(quiet):

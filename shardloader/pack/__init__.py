@@ -45,6 +45,7 @@ from shardloader.pack.outdir import (
 from shardloader.pack.plan import Planner, part_of, shard_names
 from shardloader.pack.write import ShardResult, ShardTask, WriteSpec, worker_init, write_shard
 from shardloader.storage import is_local, join, local_path, put_file, remove, write_bytes_atomic
+from shardloader.storage.retry import RetryPolicy
 
 __all__ = ["PackOptions", "PackProgress", "PackReport", "pack"]
 
@@ -74,6 +75,7 @@ class PackOptions:
     overwrite: bool = False
     storage_options: Mapping[str, Any] = field(default_factory=dict)
     aliases: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # --alias image=jpg,png
+    retry: RetryPolicy | None = None  # uploads and the manifest write; None: the default policy
 
     def __post_init__(self) -> None:
         def bad(msg: str) -> UsageError:
@@ -302,7 +304,7 @@ def pack(
     old: set[str] = set()
     if existing:  # overwrite or resume: the old manifest goes first, then stale temporaries
         old = old_manifest_paths(out, so) if options.overwrite else set()
-        remove(join(out, MANIFEST_NAME), so)
+        remove(join(out, MANIFEST_NAME), so, policy=options.retry)
         remove_temps(out, existing, so)
     local_out = is_local(out)
     staging = local_path(out) if local_out else tempfile.mkdtemp(prefix="shardloader-pack-")
@@ -361,7 +363,8 @@ def pack(
             length_field=source.text.length_field if source.text else None, extra=extra,
             aliases=logical.aliases,
         )
-        write_bytes_atomic(join(out, MANIFEST_NAME), manifest.to_json(), so)
+        write_bytes_atomic(join(out, MANIFEST_NAME), manifest.to_json(), so,
+                           policy=options.retry)
     except BaseException:
         executor.abort()
         remove_temps(staging, os.listdir(staging) if os.path.isdir(staging) else [])
@@ -403,6 +406,7 @@ class _Run:
         total_bytes: int | None,
     ) -> None:
         self.spec = spec
+        self.retry = options.retry
         self.progress = progress
         self.start = start
         self.total_bytes = total_bytes
@@ -444,10 +448,10 @@ class _Run:
                 os.remove(r.temp)
                 self.skips.extend(r.skips)
                 return
-            put_file(r.temp, join(spec.out, r.name), so)
+            put_file(r.temp, join(spec.out, r.name), so, policy=self.retry)
             if os.path.exists(r.temp):  # uploaded (remote): drop the local copy
                 os.remove(r.temp)
-            write_bytes_atomic(join(spec.out, r.index_name), r.sidecar, so)
+            write_bytes_atomic(join(spec.out, r.index_name), r.sidecar, so, policy=self.retry)
         else:
             self.kept += 1
         self.infos[r.number] = ShardInfo(r.name, r.num_samples, r.stored_bytes, r.raw_bytes,
