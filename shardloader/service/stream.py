@@ -15,6 +15,7 @@ A slow client blocks its producer (the slots), so memory stays flat.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import threading
@@ -30,11 +31,22 @@ from shardloader.service.metrics import Metrics
 from shardloader.service.options import ServeOptions
 from shardloader.service.wire import PROTOCOL, encode_batch, encode_control, frame_size
 
-__all__ = ["Request", "Stream", "pass_dataset", "steps_of_pass", "warm_up"]
+__all__ = ["Request", "Stream", "needs_serial_pipeline", "pass_dataset", "steps_of_pass",
+           "warm_up"]
 
 log = logging.getLogger(__name__)
 
-_SERIAL_PIPELINE = threading.Lock()  # workers=0 pipelines share the global RNGs: one at a time
+# NOTE [serial pipeline]: ShardedDataset seeds torch's, numpy's and random's *global* generators
+# from (seed, epoch, global batch) before each batch, for transforms that draw from them
+# (DESIGN.md, "Order and split" 6).  With --workers 0 every stream's pipeline runs in a producer
+# thread of this one process: a stream that reseeds between another stream's seeding and its
+# draws changes that stream's batch, which then differs from a local loader's.  Such pipelines
+# take one batch at a time (seed, load, transform, collate under this lock; the loader's first
+# step, which draws its base seed from torch's global generator, included).  Pipelines whose
+# code draws nothing from the global generators (needs_serial_pipeline) run streams in
+# parallel; with workers > 0 each stream's pipeline runs in its own worker processes, and
+# nothing is shared.  tests/test_service_serial.py runs concurrent streams both ways.
+_SERIAL_PIPELINE = threading.Lock()
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -68,11 +80,32 @@ def warm_up(dataset: ShardedDataset) -> None:
     if steps_of_pass(dataset, 0, 0, 1) == 0:
         return
     batches = iter(make_loader(pass_dataset(dataset, 0, 0, 0, 1), num_workers=0))
-    with _SERIAL_PIPELINE:
-        try:
-            next(batches)
-        finally:
-            batches.close()  # type: ignore[attr-defined]
+    try:  # no lock: no stream runs yet
+        next(batches)
+    finally:
+        batches.close()  # type: ignore[attr-defined]
+
+
+def needs_serial_pipeline(dataset: ShardedDataset) -> bool:
+    """Whether ``dataset`` runs code that may draw from the global RNGs, so that its streams
+    must take turns when they share a process (NOTE [serial pipeline]): a transform, custom
+    decoders, or a collate that is not shardloader's own.
+
+    Shardloader's collates and the default decoding draw nothing.  NOTE for the transforms of
+    :mod:`shardloader.vision`: while they draw from the global torch generator they count as
+    any transform; once they take the dataset's per-batch generator instead (issue 12, item 7),
+    a pipeline holding only them needs no lock either.
+    """
+    if dataset.transform is not None:
+        return True
+    if dataset.decoder is not None and dataset.decoder.custom:
+        return True
+    collate = dataset.collate_fn
+    if collate is None:
+        return False
+    fn = collate.func if isinstance(collate, functools.partial) else collate
+    module = getattr(fn, "__module__", None) or type(fn).__module__
+    return not module.startswith("shardloader.")
 
 
 def steps_of_pass(dataset: ShardedDataset, epoch: int, position: int, world_size: int) -> int:
@@ -179,16 +212,17 @@ class Stream:
                 if self.options.workers:
                     extra["prefetch_factor"] = self.options.prefetch_factor
                 loader = make_loader(view, num_workers=self.options.workers, **extra)
+                serial = not self.options.workers and needs_serial_pipeline(view)
                 batches = iter(loader)
                 try:
                     while not self.stop.is_set():
                         self._busy_since = t0 = time.monotonic()
                         try:
-                            if self.options.workers:
-                                batch = next(batches)
-                            else:
+                            if serial:
                                 with _SERIAL_PIPELINE:
                                     batch = next(batches)
+                            else:
+                                batch = next(batches)
                         except StopIteration:
                             break
                         finally:
