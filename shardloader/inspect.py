@@ -30,6 +30,7 @@ from shardloader.pack.index_existing import HashingReader
 from shardloader.schema import check_sample_index, sidecar_bound, staged_bound
 from shardloader.shards import BoundedReader
 from shardloader.storage import join, open_read
+from shardloader.storage.retry import RetryPolicy
 
 __all__ = [
     "Stats",
@@ -99,9 +100,12 @@ class DatasetSummary:
         return out
 
 
-def _read_sidecar(base: str, shard: ShardInfo, so: Mapping[str, Any]) -> tuple[bytes, str]:
+def _read_sidecar(
+    base: str, shard: ShardInfo, so: Mapping[str, Any], retry: RetryPolicy | None = None
+) -> tuple[bytes, str]:
     url = join(base, shard.index_path)
-    with BoundedReader(open_read(url, so), sidecar_bound(shard), f"sample index {url}") as f:
+    with BoundedReader(open_read(url, so, policy=retry), sidecar_bound(shard),
+                       f"sample index {url}") as f:
         return f.read(), url
 
 
@@ -239,13 +243,14 @@ def _check_sample(
 
 
 def _verify_shard(
-    manifest: Manifest, base: str, shard: ShardInfo, images: bool, so: Mapping[str, Any]
+    manifest: Manifest, base: str, shard: ShardInfo, images: bool, so: Mapping[str, Any],
+    retry: RetryPolicy | None = None,
 ) -> tuple[int, _Reasons]:
     reasons = _Reasons()
     index: SampleIndex | None = None
     index_url = join(base, shard.index_path)
     try:
-        data, index_url = _read_sidecar(base, shard, so)
+        data, index_url = _read_sidecar(base, shard, so, retry)
         if hashlib.sha256(data).hexdigest() != shard.index_sha256:
             reasons.add(f"sidecar {shard.index_path} does not match its sha256 in the manifest")
         index = _parse_sidecar(data, index_url, manifest.format, shard)
@@ -260,7 +265,7 @@ def _verify_shard(
     biggest = int(index.sizes.max()) if index is not None and len(index) else limit
     n = 0
     try:
-        with BoundedReader(open_read(url, so), shard.bytes, url) as raw:
+        with BoundedReader(open_read(url, so, policy=retry), shard.bytes, url) as raw:
             tap = HashingReader(raw, hashing=True)  # type: ignore[arg-type]
             stream = shard_format.iter_stored(
                 manifest.format, manifest.compression, tap, url, limit, biggest  # type: ignore[arg-type]
@@ -290,14 +295,17 @@ def verify_dataset(
     *,
     images: bool = True,
     progress: Callable[[int, int], None] | None = None,
+    retry: RetryPolicy | None = None,
 ) -> VerifyReport:
-    """Re-hash every shard and parse every sample; list the bad shards with their reasons."""
+    """Re-hash every shard and parse every sample; list the bad shards with their reasons.
+
+    ``retry`` bounds each storage request (default: the library's policy)."""
     so = dict(storage_options or {})
-    manifest, base = read_manifest(url, so)
+    manifest, base = read_manifest(url, so, policy=retry)
     bad = []
     samples = 0
     for i, shard in enumerate(manifest.shards):
-        n, reasons = _verify_shard(manifest, base, shard, images, so)
+        n, reasons = _verify_shard(manifest, base, shard, images, so, retry)
         samples += n
         if reasons:
             log.warning("%s: %s", shard.path, "; ".join(reasons))

@@ -69,6 +69,12 @@ def test_import_shardloader_and_its_cli_is_light(tmp_path):
         (["pack"], 2, "Missing argument 'SRC'"),
         (["pack", "a", "b", "--format", "zip"], 2, "'zip' is not one of"),
         (["bench", "x", "--tolerance", "2"], 2, "--tolerance"),
+        (["bench", "--help"], 0, "--storage-option"),
+        (["serve", "--help"], 0, "--retry-seconds"),
+        (["verify", "--help"], 0, "--retries"),
+        (["pack", "--help"], 0, "--retry-seconds"),
+        (["serve", "x", "--transform", "flip"], 2, "'flip' is not one of"),
+        (["bench", "x", "--retries", "-1"], 2, "--retries"),
         (["no-such-command"], 2, "No such command"),
     ],
 )
@@ -95,11 +101,45 @@ def test_option_defaults_copied_into_the_cli_agree_with_the_library():
     from shardloader import bench, pack
     from shardloader.cli import bench as bench_cli
     from shardloader.cli import cache as cache_cli
+    from shardloader.cli import options as options_cli
     from shardloader.cli import pack as pack_cli
     from shardloader.pack.layouts import registry
     from shardloader.storage import cache
+    from shardloader.storage.retry import RetryPolicy
 
     assert pack_cli.DEFAULT_SHARD_SIZE == pack.DEFAULT_SHARD_SIZE
     assert pack_cli.LAYOUTS == (registry.AUTO, *registry.BUILTIN_LAYOUTS)
     assert bench_cli.DEFAULT_TOLERANCE == bench.DEFAULT_TOLERANCE
     assert cache_cli.DIR_ENV == cache.DIR_ENV
+    assert options_cli.DEFAULT_RETRIES == RetryPolicy().max_attempts - 1
+    assert options_cli.DEFAULT_RETRY_SECONDS == RetryPolicy().max_total_seconds
+
+
+def test_no_library_module_imports_the_cli():
+    """Commands import the library, never the reverse (issue 12): an AST walk of every module
+    outside ``shardloader/cli/`` (and ``__main__``, the command's entry point), lazy imports
+    inside functions included."""
+    import ast
+    from pathlib import Path
+
+    import shardloader
+
+    root = Path(shardloader.__file__).parent
+    offenders = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root)
+        if rel.parts[0] == "cli" or rel == Path("__main__.py"):
+            continue
+        package = ["shardloader", *rel.parts[:-1]]
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = package[: len(package) - node.level + 1] if node.level else []
+                module = ".".join([*base, *([node.module] if node.module else [])])
+                names = [module, *(f"{module}.{alias.name}" for alias in node.names)]
+            else:
+                continue
+            if any(n == "shardloader.cli" or n.startswith("shardloader.cli.") for n in names):
+                offenders.append(f"{rel}:{node.lineno}")
+    assert offenders == [], f"library modules import shardloader.cli: {offenders}"

@@ -7,6 +7,8 @@ from click.testing import CliRunner
 from helpers import write_dataset
 
 from shardloader.cli import main
+from shardloader.errors import UsageError
+from shardloader.presets import DatasetPreset
 from shardloader.service.pipeline import load_pipeline
 from shardloader.service.server import ServeOptions, is_loopback
 
@@ -73,13 +75,20 @@ def test_missing_dataset_is_an_error(tmp_path):
 
 
 def test_path_pipeline_options_reach_the_dataset(data):
-    ds = load_pipeline(data, batch_size=4, shuffle=True, seed=9, uneven="drop", decode="raw",
-                       transform="none", image_size=224, image_field=None, cache_dir=None)
+    ds = load_pipeline(data, DatasetPreset(batch_size=4, shuffle=True, seed=9, uneven="drop",
+                                           decode="raw"))
     assert (ds.batch_size, ds.seed, ds.uneven, ds.shuffle.enabled) == (4, 9, "drop", True)
     assert ds.decoder.image == "raw"
-    with pytest.raises(Exception, match="image field"):
-        load_pipeline(data, batch_size=4, shuffle=False, seed=0, uneven="pad", decode="tensor",
-                      transform="train", image_size=224, image_field=None, cache_dir=None)
+    with pytest.raises(UsageError, match="image field"):
+        load_pipeline(data, DatasetPreset(batch_size=4, transform="train"))
+    # auto: the training transform where there are images, none here
+    assert load_pipeline(data, DatasetPreset(transform="auto")).transform is None
+    with pytest.raises(UsageError, match="image field 'img'"):
+        load_pipeline(data, DatasetPreset(transform="auto", image_field="img"))
+    with pytest.raises(UsageError, match="--image-field applies with --transform"):
+        DatasetPreset(image_field="image")
+    with pytest.raises(UsageError, match="factory that configures its own dataset"):
+        load_pipeline("test_service_support:small_factory", DatasetPreset())
 
 
 @pytest.mark.parametrize("kw", [{"workers": -1}, {"max_inflight": 0}, {"max_clients": 0},
@@ -106,9 +115,9 @@ def test_transform_train_serves_the_vision_recipe_not_the_quick_tour(tmp_path):
     pack(str(tmp_path / "src"), data, PackOptions())
     read = sl.ReadOptions(cache=sl.CacheOptions(dir=str(tmp_path / "cache")))
     common = dict(batch_size=4, shuffle=True, seed=5, read=read)
-    served = load_pipeline(data, batch_size=4, shuffle=True, seed=5, uneven="pad",
-                           decode="tensor", transform="train", image_size=32, image_field=None,
-                           cache_dir=str(tmp_path / "cache"))
+    served = load_pipeline(data, DatasetPreset(batch_size=4, shuffle=True, seed=5,
+                                               transform="train", image_size=32,
+                                               cache_dir=str(tmp_path / "cache")))
     recipe = sl.ShardedDataset(data, decoder=sl.Decoder(image="raw"),
                                transform=vision.train_transform(32, field="image"), **common)
     tour = sl.ShardedDataset(data, transform=vision.train_transform(32, field="image"), **common)

@@ -91,11 +91,12 @@ PATH_OPTIONS = ["--batch-size", "8", "--shuffle", "--seed", "7"]
 
 def path_pipeline() -> Any:
     """The dataset ``serve DATA --batch-size 8 --shuffle --seed 7`` builds (PATH_OPTIONS)."""
+    from shardloader.presets import DatasetPreset
     from shardloader.service.pipeline import load_pipeline
 
-    return load_pipeline(os.environ["SERVICE_TEST_DATA"], batch_size=8, shuffle=True, seed=7,
-                         uneven="pad", decode="tensor", transform="none", image_size=224,
-                         image_field=None, cache_dir=os.environ["SERVICE_TEST_CACHE"])
+    preset = DatasetPreset(batch_size=8, shuffle=True, seed=7,
+                           cache_dir=os.environ["SERVICE_TEST_CACHE"])
+    return load_pipeline(os.environ["SERVICE_TEST_DATA"], preset)
 
 
 def local_batches(factory: Any, rank: int, world: int, epoch: int = 0, position: int = 0,

@@ -1,23 +1,26 @@
-"""``shardloader pack | merge | index | inspect | verify``: thin commands over the library.
+"""``shardloader pack | merge | index``: make a packed dataset (shards + manifest).
 
-Only this module prints.  Progress bars go to stderr (tqdm) and only when stderr is a terminal
+Progress bars go to stderr (tqdm) and only when stderr is a terminal
 and ``--quiet`` is not given; summaries go to stdout.  The library is imported inside each
 command (see ``shardloader.cli``), so ``--help`` and usage errors do not wait for it.
 """
 
 from __future__ import annotations
 
-import json
-import signal
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import click
 
 from shardloader.cli import main
-from shardloader.errors import ShardError, UsageError
+from shardloader.cli.options import (
+    interruptible,
+    retry_options,
+    retry_policy,
+    show_progress,
+    storage_option,
+    storage_options,
+)
 from shardloader.units import human_bytes as _human
 from shardloader.units import parse_size
 
@@ -29,47 +32,6 @@ if TYPE_CHECKING:
 # command runs (tests/test_cli_imports.py checks that they agree).
 DEFAULT_SHARD_SIZE = 128 << 20
 LAYOUTS = ("auto", "class-folders", "key-groups", "records")
-
-
-def _storage_options(pairs: tuple[str, ...]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise UsageError(f"--storage-option {pair!r}: use KEY=VALUE")
-        try:
-            out[key] = json.loads(value)
-        except json.JSONDecodeError:
-            out[key] = value
-    return out
-
-
-def _show_progress(quiet: bool) -> bool:
-    return not quiet and sys.stderr.isatty()
-
-
-@contextmanager
-def _interruptible() -> Iterator[None]:
-    """SIGTERM behaves like Ctrl-C: the library cleans up its temporary files."""
-
-    def on_term(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    try:
-        previous = signal.signal(signal.SIGTERM, on_term)
-    except ValueError:  # not the main thread
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-_storage_option = click.option(
-    "--storage-option", "-o", "storage_option", multiple=True, metavar="KEY=VALUE",
-    help="fsspec storage option for SRC and OUT (repeatable; VALUE parsed as JSON if it can be).",
-)
 
 
 @main.command("pack")
@@ -103,12 +65,14 @@ _storage_option = click.option(
 @click.option("--resume", is_flag=True, help="Keep the intact shards of an interrupted pack.")
 @click.option("--overwrite", is_flag=True, help="Replace a previous pack in OUT.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary.")
-@_storage_option
+@storage_option
+@retry_options
 def pack_command(src: str, out: str, fmt: str, compression: str, shard_size: str,
                  max_samples: int | None, layout: str, workers: int, num_parts: int, part: int,
                  on_error: str, validate: bool, tokenizer: str | None, text_field: str,
                  resume: bool, overwrite: bool, quiet: bool, alias: tuple[str, ...],
-                 storage_option: tuple[str, ...]) -> None:
+                 storage_option: tuple[str, ...], retries: int | None,
+                 retry_seconds: float | None) -> None:
     """Pack the raw files in SRC into shards + index.json in OUT.
 
     SRC (a folder, a file or an fsspec URL) holds class folders (SRC/<class>/<image>), key
@@ -117,15 +81,17 @@ def pack_command(src: str, out: str, fmt: str, compression: str, shard_size: str
     """
     from shardloader.pack import PackOptions, pack
 
+    retry = retry_policy(retries, retry_seconds)
     options = PackOptions(
         format=fmt, compression=compression, shard_size=parse_size(shard_size),
         max_samples=max_samples, layout=layout, on_error=on_error, validate=validate,
         tokenizer=tokenizer, text_field=text_field, workers=workers, num_parts=num_parts,
         part=part, resume=resume, overwrite=overwrite,
-        storage_options=_storage_options(storage_option), aliases=_aliases(alias),
+        storage_options=storage_options(storage_option), aliases=_aliases(alias),
+        **({} if retry is None else {"retry": retry}),
     )
     bar = None
-    if _show_progress(quiet):
+    if show_progress(quiet):
         from tqdm import tqdm
 
         bar = tqdm(unit="B", unit_scale=True, unit_divisor=1000, desc="pack", file=sys.stderr,
@@ -142,7 +108,7 @@ def pack_command(src: str, out: str, fmt: str, compression: str, shard_size: str
                             refresh=False)
 
     try:
-        with _interruptible():
+        with interruptible():
             report = pack(src, out, options, progress=on_progress)
     except KeyboardInterrupt:
         if bar is not None:
@@ -190,7 +156,7 @@ def format_report(r: PackReport) -> str:
 @click.option("--reference", "mode", flag_value="reference",
               help="Point at the shards in place (parts must be inside OUT).")
 @click.option("--overwrite", is_flag=True, help="Replace a previous manifest in OUT.")
-@_storage_option
+@storage_option
 def merge_command(part_dirs: tuple[str, ...], out: str, mode: str | None, overwrite: bool,
                   storage_option: tuple[str, ...]) -> None:
     """Combine the outputs of `pack --num-parts N --part I` into OUT, in single-pack order.
@@ -201,7 +167,7 @@ def merge_command(part_dirs: tuple[str, ...], out: str, mode: str | None, overwr
     from shardloader.pack.merge import merge
 
     r = merge(part_dirs, out, mode=mode or "auto", overwrite=overwrite,
-              storage_options=_storage_options(storage_option))
+              storage_options=storage_options(storage_option))
     click.echo(f"merged {r.parts} parts into {out} ({r.mode}): {len(r.manifest.shards)} shards, "
                f"{r.manifest.num_samples:,} samples")
 
@@ -213,7 +179,7 @@ def merge_command(part_dirs: tuple[str, ...], out: str, mode: str | None, overwr
 @click.option("--max-member-size", default="1GiB", show_default=True,
               help="Refuse a shard with a larger member (one field of one sample); 0: no limit.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
-@_storage_option
+@storage_option
 def index_command(shards: tuple[str, ...], out: str, overwrite: bool, max_member_size: str,
                   quiet: bool, storage_option: tuple[str, ...]) -> None:
     """Write a manifest in OUT for existing webdataset tar shards, without rewriting them.
@@ -224,7 +190,7 @@ def index_command(shards: tuple[str, ...], out: str, overwrite: bool, max_member
     from shardloader.pack.index_existing import index_shards
 
     bar = None
-    if _show_progress(quiet):
+    if show_progress(quiet):
         from tqdm import tqdm
 
         bar = tqdm(unit="shard", desc="index", file=sys.stderr)
@@ -235,97 +201,12 @@ def index_command(shards: tuple[str, ...], out: str, overwrite: bool, max_member
             bar.update(done - bar.n)
 
     r = index_shards(shards, out, overwrite=overwrite,
-                     storage_options=_storage_options(storage_option), progress=on_progress,
+                     storage_options=storage_options(storage_option), progress=on_progress,
                      max_member_bytes=parse_size(max_member_size))
     if bar is not None:
         bar.close()
     m = r.manifest
     click.echo(f"indexed {len(m.shards)} shards, {m.num_samples:,} samples into {out}")
-
-
-def _fmt_stats(s: Any, unit: str = "") -> str:
-    if s is None:
-        return "-"
-    u = f" {unit}" if unit else ""
-    return (f"min {s.min:,}{u}, median {s.median:,.0f}, mean {s.mean:,.1f}, p95 {s.p95:,.0f}, "
-            f"max {s.max:,}{u}")
-
-
-@main.command("inspect")
-@click.argument("dataset")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-@_storage_option
-def inspect_command(dataset: str, as_json: bool, storage_option: tuple[str, ...]) -> None:
-    """Summarise a packed dataset: shards, samples, fields, classes, sizes, lengths."""
-    from shardloader.inspect import inspect_dataset
-
-    s = inspect_dataset(dataset, _storage_options(storage_option))
-    if as_json:
-        click.echo(json.dumps(s.to_dict(), indent=1, sort_keys=True))
-        return
-    lines = [
-        f"{s.url}: {s.format}/{s.compression}, layout {s.layout or '-'}",
-        f"  shards     {s.num_shards:,}   samples {s.num_samples:,}"
-        + (f"   skipped when packed {s.skipped:,}" if s.skipped else ""),
-        f"  stored     {_human(s.bytes)}   uncompressed {_human(s.raw_bytes)}   "
-        f"ratio {s.ratio:.2f}x",
-        f"  per shard  samples: {_fmt_stats(s.shard_samples)}",
-        f"  per sample bytes: {_fmt_stats(s.sample_bytes)}",
-        "  fields     " + ", ".join(
-            f"{k} ({v['codec']}{'/' + v['dtype'] if 'dtype' in v else ''})"
-            for k, v in s.fields.items()
-        ),
-    ]
-    if s.lengths is not None:
-        lines.append(f"  lengths    {s.length_field} in {s.length_unit or 'units'}: "
-                     f"{_fmt_stats(s.lengths)}, total {s.lengths.total:,}")
-    if s.classes:
-        lines.append(f"  classes    {len(s.classes)}")
-        shown = s.classes if len(s.classes) <= 12 else s.classes[:10]
-        for i, (name, count) in enumerate(shown):
-            lines.append(f"    {i:>4} {name}" + (f": {count:,}" if count is not None else ""))
-        if len(shown) < len(s.classes):
-            lines.append(f"    ... {len(s.classes) - len(shown)} more (--json lists all)")
-    click.echo("\n".join(lines))
-
-
-@main.command("verify")
-@click.argument("dataset")
-@click.option("--no-images", is_flag=True, help="Do not decode images (faster).")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
-@_storage_option
-def verify_command(dataset: str, no_images: bool, as_json: bool, quiet: bool,
-                   storage_option: tuple[str, ...]) -> None:
-    """Re-hash every shard and parse every sample; exit 1 if anything is bad."""
-    from shardloader.inspect import verify_dataset
-
-    bar = None
-    if _show_progress(quiet):
-        from tqdm import tqdm
-
-        bar = tqdm(unit="shard", desc="verify", file=sys.stderr)
-
-    def on_progress(done: int, total: int) -> None:
-        if bar is not None:
-            bar.total = total
-            bar.update(done - bar.n)
-
-    r = verify_dataset(dataset, _storage_options(storage_option), images=not no_images,
-                       progress=on_progress)
-    if bar is not None:
-        bar.close()
-    if as_json:
-        click.echo(json.dumps(r.to_dict(), indent=1, sort_keys=True))
-    else:
-        for b in r.bad:
-            click.echo(f"BAD {b.path}")
-            for reason in b.reasons:
-                click.echo(f"    {reason}")
-        click.echo(f"{r.shards - len(r.bad)} of {r.shards} shards ok, {r.samples:,} samples "
-                   "checked")
-    if not r.ok:
-        raise ShardError(f"{len(r.bad)} of {r.shards} shards in {dataset} are bad")
 
 
 def _aliases(pairs: tuple[str, ...]) -> dict[str, tuple[str, ...]]:

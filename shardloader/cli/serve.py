@@ -16,7 +16,11 @@ from typing import Any
 import click
 
 from shardloader.cli import main
+from shardloader.cli.options import DATASET_FLAGS, dataset_options, dataset_preset
 from shardloader.errors import UsageError
+from shardloader.presets import IMAGE_DECODES
+
+SERVE_DATASET_FLAGS = (*DATASET_FLAGS, "uneven", "decode")
 
 __all__ = ["serve"]
 
@@ -37,38 +41,26 @@ __all__ = ["serve"]
               help="Finished batches buffered per stream (backpressure).")
 @click.option("--max-clients", type=click.IntRange(1), default=8, show_default=True,
               help="Concurrent streams; more are answered 503 with Retry-After.")
-@click.option("--batch-size", type=click.IntRange(1), help="Samples per batch (path PIPELINE).")
-@click.option("--shuffle/--no-shuffle", default=False, show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--uneven", type=click.Choice(["pad", "drop"]), default="pad", show_default=True)
-@click.option("--decode", type=click.Choice(["tensor", "numpy", "raw"]), default="tensor",
-              show_default=True, help="How image fields are decoded.")
-@click.option("--transform", type=click.Choice(["none", "train", "eval"]), default="none",
-              show_default=True, help="Built-in image transform (random resized crop + flip, "
-              "or resize + centre crop) to --image-size.")
-@click.option("--image-size", type=click.IntRange(1), default=224, show_default=True)
-@click.option("--image-field", help="Image field the transform applies to (default: 'image', "
-              "which class-folder packs hold whatever the extensions, else the first).")
-@click.option("--cache-dir", type=click.Path(file_okay=False), help="Node-local shard cache.")
+@dataset_options(batch_size=None, transform="none")
+@click.option("--uneven", type=click.Choice(["pad", "drop"]), default="pad", show_default=True,
+              help="Even out the ranks' steps by repeating samples, or by dropping them.")
+@click.option("--decode", type=click.Choice(IMAGE_DECODES), default="tensor", show_default=True,
+              help="How image fields decode without a --transform.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
               default="info", show_default=True)
 @click.pass_context
 def serve(ctx: click.Context, pipeline: str, host: str, port: int, port_file: str | None,
           token_file: str | None, workers: int, max_inflight: int, max_clients: int,
-          log_level: str, **dataset_options: Any) -> None:
+          log_level: str, **dataset_flags: Any) -> None:
     """Serve PIPELINE's batches to RemoteLoader clients (GET /v1/batches, /v1/info, /metrics,
     /health).
 
     PIPELINE: `package.module:factory` returning a configured ShardedDataset, or a dataset
-    path/URL configured by the dataset options.  Binds 127.0.0.1 unless --host says otherwise;
-    then --token-file is required and every request but /health is authenticated.
+    path/URL configured by the dataset options (as `shardloader bench` reads it).  Binds
+    127.0.0.1 unless --host says otherwise; then --token-file is required and every request but
+    /health is authenticated.
     """
-    from shardloader.service.pipeline import (
-        DATASET_OPTIONS,
-        is_factory,
-        load_pipeline,
-        read_token,
-    )
+    from shardloader.service.pipeline import is_factory, load_pipeline, read_token
     from shardloader.service.server import ServeOptions, is_loopback
     from shardloader.service.server import serve as run_server
 
@@ -80,15 +72,19 @@ def serve(ctx: click.Context, pipeline: str, host: str, port: int, port_file: st
                          "request is authenticated")
     options = ServeOptions(workers=workers, max_inflight=max_inflight, max_clients=max_clients,
                            token=token)
+    preset = None
     if is_factory(pipeline):
-        given = [f"--{name.replace('_', '-')}" for name in DATASET_OPTIONS
+        given = [f"--{name.replace('_', '-')}" for name in SERVE_DATASET_FLAGS
                  if ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT]
         if given:
             raise UsageError(f"{', '.join(given)} configure a dataset path; the factory "
                              f"{pipeline} configures its own dataset")
+    else:
+        preset = dataset_preset(dataset_flags, uneven=dataset_flags.pop("uneven"),
+                                decode=dataset_flags.pop("decode"))
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    dataset = load_pipeline(pipeline, **dataset_options)
+    dataset = load_pipeline(pipeline, preset)
 
     def ready(bound_host: str, bound_port: int) -> None:
         if port_file:

@@ -16,7 +16,6 @@ pipeline error on the server) raise at once.
 from __future__ import annotations
 
 import http.client
-import json
 import logging
 import os
 import queue
@@ -26,10 +25,17 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
-from urllib.parse import urlencode, urlsplit
+from urllib.parse import urlencode
 
 from shardloader import errors
-from shardloader.errors import ResumeError, ShardloaderError, StorageError, UsageError
+from shardloader.errors import ResumeError, ShardloaderError, UsageError
+from shardloader.service.transport import (
+    Endpoint,
+    check_status,
+    get_json,
+    next_delay,
+    remote_error,
+)
 from shardloader.service.wire import PROTOCOL, decode_batch, read_frame
 from shardloader.split import Place
 from shardloader.storage.retry import RetryPolicy, TruncatedBodyError
@@ -45,39 +51,6 @@ _END = object()
 DEFAULT_REMOTE_RETRY = RetryPolicy(max_attempts=8, initial_backoff=0.1, max_backoff=5.0,
                                    max_total_seconds=120.0, connect_timeout=10.0,
                                    read_timeout=60.0)
-
-
-class _Retry(ConnectionError):
-    """A status another attempt may fix (5xx, 503 busy), with the server's Retry-After."""
-
-    def __init__(self, message: str, retry_after: float = 0.0) -> None:
-        super().__init__(message)
-        self.retry_after = retry_after
-
-
-class _Endpoint:
-    """One server URL: ``http(s)://host:port[/prefix]``."""
-
-    def __init__(self, url: str) -> None:
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise UsageError(f"service URL {url!r} must look like http://host:port")
-        if parts.query or parts.fragment:
-            raise UsageError(f"service URL {url!r} must not carry a query or fragment")
-        self.url = url.rstrip("/")
-        self.https = parts.scheme == "https"
-        self.host = parts.hostname
-        self.port = parts.port or (443 if self.https else 80)
-        self.prefix = parts.path.rstrip("/")
-
-    def connect(self, policy: RetryPolicy) -> http.client.HTTPConnection:
-        cls = http.client.HTTPSConnection if self.https else http.client.HTTPConnection
-        conn = cls(self.host, self.port, timeout=policy.connect_timeout)
-        conn.connect()
-        assert conn.sock is not None
-        conn.sock.settimeout(policy.read_timeout)  # seconds without a byte, not per stream
-        conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return conn
 
 
 class RemoteLoader:
@@ -106,7 +79,7 @@ class RemoteLoader:
         listed = [urls] if isinstance(urls, str) else list(urls)
         if not listed:
             raise UsageError("RemoteLoader needs at least one service URL")
-        self._endpoints = [_Endpoint(u) for u in listed]
+        self._endpoints = [Endpoint(u) for u in listed]
         r, w = detect_world(rank, world_size)
         Place(r, w)
         if prefetch < 1:
@@ -219,14 +192,14 @@ class RemoteLoader:
         while True:
             endpoint = self._endpoints[index]
             try:
-                info = _get_json(endpoint, "/v1/info", self._params(epoch, position),
+                info = get_json(endpoint, "/v1/info", self._params(epoch, position),
                                  self._headers(), self.retry)
                 break
             except (OSError, http.client.HTTPException) as err:
                 if isinstance(err, ShardloaderError):
                     raise
                 failures += 1
-                delay = _next_delay(self.retry, failures, began, rng, err, endpoint.url,
+                delay = next_delay(self.retry, failures, began, rng, err, endpoint.url,
                                     f"read /v1/info (epoch {epoch})")
                 index = (index + 1) % len(self._endpoints)
                 self.reconnects += 1
@@ -255,75 +228,6 @@ def _token_from_env() -> str | None:
     if token is None or not token.strip():
         return None
     return token.strip()
-
-
-def _next_delay(policy: RetryPolicy, failures: int, began: float, rng: random.Random,
-                err: BaseException, url: str, what: str) -> float:
-    """Seconds to wait before the next attempt, or StorageError when the budget is spent."""
-    elapsed = time.monotonic() - began
-    if failures >= policy.max_attempts or elapsed >= policy.max_total_seconds:
-        raise StorageError(
-            f"cannot {what} from the service (last {url}): gave up after {failures} "
-            f"attempt{'s' if failures != 1 else ''} without progress in {elapsed:.1f} s; last "
-            f"cause: {type(err).__name__}: {err}; check that a server runs there, or raise "
-            "RemoteLoader(retry=RetryPolicy(...)) limits"
-        ) from err
-    delay = policy.backoff(failures, rng)
-    if isinstance(err, _Retry):
-        delay = max(delay, min(err.retry_after, policy.max_backoff))
-    return min(delay, max(0.0, policy.max_total_seconds - elapsed))
-
-
-def _check_status(endpoint: _Endpoint, resp: http.client.HTTPResponse) -> None:
-    if resp.status == 200:
-        return
-    raw = resp.read(1 << 16)
-    try:
-        message = str(json.loads(raw).get("error", raw[:300]))
-    except (ValueError, AttributeError):
-        message = raw[:300].decode("utf-8", "replace")
-    where = f"{endpoint.url} answered {resp.status}"
-    if resp.status in (429, 500, 502, 503, 504):
-        try:
-            after = float(resp.getheader("retry-after") or 0)
-        except ValueError:
-            after = 0.0
-        raise _Retry(f"{where}: {message}", after)
-    if resp.status == 401:
-        raise StorageError(f"{where}: {message}; pass RemoteLoader(token=...) with the server's "
-                           "token")
-    if resp.status == 409:
-        raise ResumeError(f"{where}: {message}")
-    raise UsageError(f"{where}: {message}")
-
-
-def _get_json(endpoint: _Endpoint, path: str, params: dict[str, Any], headers: dict[str, str],
-              policy: RetryPolicy) -> dict[str, Any]:
-    conn = endpoint.connect(policy)
-    try:
-        conn.request("GET", f"{endpoint.prefix}{path}?{urlencode(params)}", headers=headers)
-        resp = conn.getresponse()
-        _check_status(endpoint, resp)
-        body = json.loads(resp.read())
-    except ValueError as err:
-        if isinstance(err, ShardloaderError):
-            raise
-        raise _Retry(f"{endpoint.url}{path} sent a body that is not JSON: {err}") from err
-    finally:
-        conn.close()
-    if not isinstance(body, dict):
-        raise _Retry(f"{endpoint.url}{path} sent {type(body).__name__}, not a JSON object")
-    return body
-
-
-def _remote_error(url: str, header: dict[str, Any], epoch: int, place: str) -> ShardloaderError:
-    """The error a server's pipeline raised, as the same ShardloaderError class when known."""
-    name = str(header.get("error", ""))
-    cls = getattr(errors, name, None) if name in errors.__all__ else None
-    if not (isinstance(cls, type) and issubclass(cls, ShardloaderError)):
-        cls = ShardloaderError
-    return cls(f"the pipeline on {url} failed at step {header.get('step')} of epoch {epoch} "
-               f"({place}): {header.get('message', 'no message')}")
 
 
 class _Reader:
@@ -401,7 +305,7 @@ class _Reader:
                         self._put(_END)
                         return
                     elif kind == "error":
-                        self._put(_remote_error(endpoint.url, frame.header, self.epoch, place))
+                        self._put(remote_error(endpoint.url, frame.header, self.epoch, place))
                         return
                 raise TruncatedBodyError(f"{endpoint.url} closed the stream before its end")
             except (OSError, http.client.HTTPException) as err:
@@ -410,7 +314,7 @@ class _Reader:
                 if self.stop.is_set():
                     return
                 failures += 1
-                delay = 0.0 if progressed else _next_delay(
+                delay = 0.0 if progressed else next_delay(
                     loader.retry, failures, since, rng, err, endpoint.url,
                     f"read epoch {self.epoch} step {received} ({place})")
                 log.info("stream from %s broke at step %d (%s: %s); reconnecting in %.2f s",
@@ -419,7 +323,7 @@ class _Reader:
                 loader.reconnects += 1
                 self.stop.wait(delay)
 
-    def _frames(self, endpoint: _Endpoint, start: int) -> Iterator[Any]:
+    def _frames(self, endpoint: Endpoint, start: int) -> Iterator[Any]:
         loader = self.loader
         conn = endpoint.connect(loader.retry)
         self._sock = conn.sock
@@ -430,7 +334,7 @@ class _Reader:
             conn.request("GET", f"{endpoint.prefix}/v1/batches?{urlencode(params)}",
                          headers=loader._headers())
             resp = conn.getresponse()
-            _check_status(endpoint, resp)
+            check_status(endpoint, resp)
             while (frame := read_frame(resp.readinto)) is not None:
                 yield frame
         finally:

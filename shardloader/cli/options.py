@@ -1,0 +1,163 @@
+"""Options and helpers several commands share: storage options, retries, a dataset's flags,
+progress bars, interruption.
+
+Like every module of this package it imports only click and light shardloader modules at the
+top (see NOTE in :mod:`shardloader.cli`).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import click
+
+from shardloader.errors import UsageError
+from shardloader.presets import TRANSFORMS  # light: dataclasses and errors only
+
+if TYPE_CHECKING:
+    from shardloader.presets import DatasetPreset
+    from shardloader.storage.retry import RetryPolicy
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+storage_option = click.option(
+    "--storage-option", "-o", "storage_option", multiple=True, metavar="KEY=VALUE",
+    help="fsspec storage option for the URLs given, e.g. endpoint_url=http://host:9000 "
+    "(repeatable; VALUE parsed as JSON if it can be).",
+)
+
+
+def storage_options(pairs: tuple[str, ...]) -> dict[str, Any]:
+    """``-o KEY=VALUE`` options as fsspec storage options (VALUE parsed as JSON if it can be)."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--storage-option {pair!r}: use KEY=VALUE")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
+def show_progress(quiet: bool) -> bool:
+    """Progress bars only on a terminal, and never with ``--quiet``."""
+    return not quiet and sys.stderr.isatty()
+
+
+@contextmanager
+def interruptible() -> Iterator[None]:
+    """SIGTERM behaves like Ctrl-C: the library cleans up its temporary files."""
+
+    def on_term(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGTERM, on_term)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+# -- retries: the library's RetryPolicy, for every command that reads or writes storage ------
+
+# Copies of RetryPolicy()'s defaults for the help text (tests/test_cli_imports.py checks them);
+# unset flags leave the library's own policy in place.
+DEFAULT_RETRIES = 5  # = RetryPolicy().max_attempts - 1
+DEFAULT_RETRY_SECONDS = 120.0  # = RetryPolicy().max_total_seconds
+RETRY_FLAGS = ("retries", "retry_seconds")
+
+
+def retry_options(f: F) -> F:
+    """``--retries N`` and ``--retry-seconds S``: :func:`retry_policy` turns them into the
+    library's ``RetryPolicy``."""
+    f = click.option(
+        "--retry-seconds", type=click.FloatRange(min=0, min_open=True), default=None,
+        metavar="S", help="Start no new attempt of a storage request S seconds after its first "
+        f"(default {DEFAULT_RETRY_SECONDS:g}).",
+    )(f)
+    return click.option(
+        "--retries", type=click.IntRange(min=0), default=None, metavar="N",
+        help="Retry a failed storage request (timeout, reset, 5xx, throttling) up to N times, "
+        f"with backoff (default {DEFAULT_RETRIES}).",
+    )(f)
+
+
+def retry_policy(retries: int | None, retry_seconds: float | None) -> RetryPolicy | None:
+    """The ``RetryPolicy`` the flags ask for; None when neither is given (library default)."""
+    if retries is None and retry_seconds is None:
+        return None
+    from shardloader.storage.retry import RetryPolicy
+
+    changes: dict[str, Any] = {}
+    if retries is not None:
+        changes["max_attempts"] = retries + 1
+    if retry_seconds is not None:
+        changes["max_total_seconds"] = retry_seconds
+    return RetryPolicy(**changes)
+
+
+# -- a dataset from flags: serve DATASET and bench DATASET -----------------------------------
+
+DATASET_FLAGS = ("batch_size", "shuffle", "seed", "transform", "image_size", "image_field",
+                 "cache_dir", "storage_option", *RETRY_FLAGS)
+
+
+def dataset_options(*, batch_size: int | None, transform: str) -> Callable[[F], F]:
+    """The flags that describe a dataset (:class:`shardloader.presets.DatasetPreset`), one set
+    for every command that reads one; ``batch_size`` and ``transform`` are the command's
+    defaults.  :func:`dataset_preset` collects them."""
+    options = [
+        click.option("--batch-size", type=click.IntRange(min=1), default=batch_size,
+                     show_default=batch_size is not None,
+                     help="Samples per batch" + ("." if batch_size else " (default: none, "
+                                                 "samples one by one).")),
+        click.option("--shuffle/--no-shuffle", default=False, show_default=True,
+                     help="Shuffle shards and samples (seeded by --seed)."),
+        click.option("--seed", type=int, default=0, show_default=True,
+                     help="Seed of the shuffle and of the transform's random draws."),
+        click.option("--transform", type=click.Choice(TRANSFORMS), default=transform,
+                     show_default=True, help="Built-in image transform to --image-size "
+                     "(shardloader.vision): train (random resized crop + flip), eval (resize + "
+                     "centre crop), auto (train when the dataset has an image field) or none."),
+        click.option("--image-size", type=click.IntRange(min=1), default=224, show_default=True,
+                     help="Output side of the image transform."),
+        click.option("--image-field", help="Image field the transform applies to (default: "
+                     "'image', which class-folder packs hold whatever the extensions, else the "
+                     "first)."),
+        click.option("--cache-dir", type=click.Path(file_okay=False),
+                     help="Node-local cache for staged shards."),
+        storage_option,
+        retry_options,
+    ]
+
+    def decorate(f: F) -> F:
+        for option in reversed(options):
+            f = option(f)
+        return f
+
+    return decorate
+
+
+def dataset_preset(flags: dict[str, Any], **extra: Any) -> DatasetPreset:
+    """Take the :func:`dataset_options` flags out of a command's keyword arguments, as a
+    preset; ``extra`` sets further preset fields (serve's ``uneven`` and ``decode``)."""
+    from shardloader.presets import DatasetPreset
+
+    f = {name: flags.pop(name) for name in DATASET_FLAGS}
+    return DatasetPreset(
+        batch_size=f["batch_size"], shuffle=f["shuffle"], seed=f["seed"],
+        transform=f["transform"], image_size=f["image_size"], image_field=f["image_field"],
+        cache_dir=f["cache_dir"], storage_options=storage_options(f["storage_option"]),
+        retry=retry_policy(f["retries"], f["retry_seconds"]), **extra,
+    )

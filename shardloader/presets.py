@@ -1,0 +1,113 @@
+"""A dataset described by plain values: what ``shardloader serve DATASET`` and ``shardloader
+bench DATASET`` build from their flags.
+
+Both commands turn the same names (a built-in transform, how images decode, the node cache,
+storage options, retries) into the same reader, decoder and transform here, so a dataset served
+and a dataset benchmarked with the same flags run the same pipeline.  ``--transform train``
+builds the *Vision* recipe: ``Decoder(image="raw")`` and :func:`shardloader.vision.
+train_transform`, which decodes JPEGs at reduced scale itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+# NOTE: the CLI imports this module to declare its options, before any command runs: keep its
+# top-level imports light (no torch, numpy, pyarrow, fsspec; tests/test_cli_imports.py).
+from shardloader.errors import UsageError
+
+if TYPE_CHECKING:
+    from shardloader.codecs import Decoder
+    from shardloader.dataset import ShardedDataset
+    from shardloader.manifest import Manifest
+    from shardloader.shards import ReadOptions
+    from shardloader.storage.retry import RetryPolicy
+
+__all__ = ["IMAGE_DECODES", "TRANSFORMS", "DatasetPreset"]
+
+TRANSFORMS = ("auto", "train", "eval", "none")  # auto: train when the dataset has an image field
+IMAGE_DECODES = ("tensor", "numpy", "raw")
+
+Transform = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class DatasetPreset:
+    """How to read a packed dataset, by name; :meth:`dataset` builds it.
+
+    ``decode`` says how image fields decode when no transform runs (a transform decodes the
+    raw bytes itself); ``image_field`` is the field the transform applies to (default
+    ``image``, which class-folder packs hold, else the first image field).
+    """
+
+    batch_size: int | None = None
+    shuffle: bool = False
+    seed: int = 0
+    uneven: str = "pad"
+    decode: str = "tensor"
+    transform: str = "none"
+    image_size: int = 224
+    image_field: str | None = None
+    cache_dir: str | None = None
+    storage_options: Mapping[str, Any] = field(default_factory=dict)
+    retry: RetryPolicy | None = None  # None: the library's default policy
+
+    def __post_init__(self) -> None:
+        if self.transform not in TRANSFORMS:
+            raise UsageError(f"--transform {self.transform!r}: choose one of "
+                             f"{', '.join(TRANSFORMS)}")
+        if self.decode not in IMAGE_DECODES:
+            raise UsageError(f"--decode {self.decode!r}: choose one of {', '.join(IMAGE_DECODES)}")
+        if self.image_size < 1:
+            raise UsageError(f"--image-size {self.image_size} must be >= 1")
+        if self.image_field is not None and self.transform == "none":
+            raise UsageError("--image-field applies with --transform train/eval/auto only")
+
+    def read_options(self) -> ReadOptions:
+        """Storage options, the node cache folder and the retry policy, as the reader takes them."""
+        from shardloader.shards import ReadOptions
+        from shardloader.storage.cache import CacheOptions
+
+        read = ReadOptions(storage_options=dict(self.storage_options),
+                           cache=CacheOptions(dir=self.cache_dir))
+        return read if self.retry is None else replace(read, retry=self.retry)
+
+    def pipeline(self, url: str, manifest: Manifest | None = None) -> tuple[Decoder,
+                                                                             Transform | None]:
+        """The (decoder, transform) for the dataset at ``url`` (its manifest is read unless
+        given; only a transform needs it, to find the image field)."""
+        from shardloader.codecs import Decoder
+
+        if self.transform == "none":
+            return Decoder(image=self.decode), None
+        from shardloader import vision
+
+        if manifest is None:
+            from shardloader.manifest import read_manifest
+
+            read = self.read_options()
+            manifest, _ = read_manifest(url, read.storage_options, policy=read.retry)
+        name = self.image_field or vision.image_field(manifest.fields)
+        if name is None or name not in manifest.fields:
+            if self.transform == "auto" and self.image_field is None:
+                return Decoder(image=self.decode), None
+            which = f" {self.image_field!r}" if self.image_field else ""
+            raise UsageError(f"--transform {self.transform}: {url} has no image field{which} "
+                             f"(fields: {', '.join(manifest.fields)})")
+        make = vision.eval_transform if self.transform == "eval" else vision.train_transform
+        return Decoder(image="raw"), make(self.image_size, field=name)
+
+    def dataset(self, url: str, **overrides: Any) -> ShardedDataset:
+        """The :class:`ShardedDataset` at ``url`` as this preset describes it; ``overrides``
+        are further ShardedDataset arguments (``rank``, ``world_size``, ``collate_fn``...)."""
+        from shardloader.dataset import ShardedDataset
+
+        decoder, transform = self.pipeline(url)
+        kwargs: dict[str, Any] = dict(
+            batch_size=self.batch_size, shuffle=self.shuffle, seed=self.seed,
+            uneven=self.uneven, decoder=decoder, transform=transform, read=self.read_options(),
+        )
+        kwargs.update(overrides)
+        return ShardedDataset(url, **kwargs)

@@ -1,0 +1,241 @@
+"""The HTTP face of the service: endpoints, bearer-token auth, errors as JSON, the stream registry.
+
+``/health`` (no token), ``/metrics`` (Prometheus text), ``/v1/info`` (the pass a client would
+read) and ``/v1/batches`` (a stream of frames, :mod:`shardloader.service.stream`).  Streams
+beyond ``max_clients`` get 503 with Retry-After.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+from typing import Any
+
+from shardloader.dataset import ShardedDataset
+from shardloader.errors import UsageError
+from shardloader.service.metrics import Metrics
+from shardloader.service.options import ServeOptions
+from shardloader.service.stream import Receive, Request, Scope, Send, Stream, steps_of_pass
+from shardloader.service.wire import PROTOCOL
+
+__all__ = ["Service", "create_app"]
+
+log = logging.getLogger(__name__)
+
+_MAX_INT = 1 << 62
+_CONTROL_PARAMS = ("fingerprint", "seed", "plan")
+
+
+class _ServiceError(Exception):
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.headers = status, message, headers or {}
+
+
+def _params(query: Any, allowed: dict[str, bool]) -> dict[str, str]:
+    """Query parameters, each at most once, all known; ``allowed`` maps name → required."""
+    out: dict[str, str] = {}
+    for key, value in query.multi_items():
+        if key not in allowed:
+            raise _ServiceError(400, f"unknown parameter {key!r}; known: {', '.join(allowed)}")
+        if key in out:
+            raise _ServiceError(400, f"parameter {key!r} is given more than once")
+        out[key] = value
+    missing = [k for k, required in allowed.items() if required and k not in out]
+    if missing:
+        raise _ServiceError(400, f"missing parameter(s): {', '.join(missing)}")
+    return out
+
+
+def _int(params: dict[str, str], name: str, default: int, lo: int = 0) -> int:
+    raw = params.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw, 10)
+    except ValueError:
+        raise _ServiceError(400, f"{name}={raw[:40]!r} is not an integer") from None
+    if not lo <= value < _MAX_INT:
+        raise _ServiceError(400, f"{name}={value} is outside [{lo}, 2**62)")
+    return value
+
+
+class Service:
+    """Endpoints, auth and the stream registry around one dataset."""
+
+    def __init__(self, dataset: ShardedDataset, options: ServeOptions) -> None:
+        self.dataset, self.options = dataset, options
+        self.metrics = Metrics()
+        self._token = options.token.encode() if options.token else None
+        self._steps: dict[tuple[int, int, int], int] = {}
+
+    def check_token(self, headers: Any) -> None:
+        if self._token is None:
+            return
+        scheme, _, value = headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(value.strip().encode(),
+                                                                 self._token):
+            raise _ServiceError(401, "missing or wrong token: send 'Authorization: Bearer "
+                                "<token>' with the token in the server's --token-file",
+                                {"www-authenticate": 'Bearer realm="shardloader"'})
+
+    async def health(self, request: Any) -> Any:
+        from starlette.responses import JSONResponse
+
+        _params(request.query_params, {})
+        return JSONResponse({"status": "ok", "protocol": PROTOCOL})
+
+    async def metrics_text(self, request: Any) -> Any:
+        from starlette.responses import Response
+
+        _params(request.query_params, {})
+        return Response(self.metrics.render(),
+                        media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    def _read_request(self, params: dict[str, str]) -> tuple[int, int, int, int]:
+        epoch = _int(params, "epoch", 0)
+        world = _int(params, "world_size", 1, lo=1)
+        rank = _int(params, "rank", 0)
+        if rank >= world:
+            raise _ServiceError(400, f"rank {rank} is outside world_size {world}")
+        position = _int(params, "position", 0)
+        ds = self.dataset
+        for name, mine in (("fingerprint", ds.manifest.fingerprint), ("seed", str(ds.seed)),
+                           ("plan", ds.plan_signature)):
+            if name in params and params[name] != mine:
+                raise _ServiceError(
+                    409, f"the client expects {name} {params[name][:200]!r} but this server "
+                    f"serves {mine!r}: client and server must read the same dataset with the "
+                    "same seed and plan (check the URL list and the loader state)")
+        return epoch, rank, world, position
+
+    async def _pass_steps(self, epoch: int, position: int, world: int) -> int:
+        key = (epoch, position, world)
+        steps = self._steps.get(key)
+        if steps is None:
+            from starlette.concurrency import run_in_threadpool
+
+            try:
+                steps = await run_in_threadpool(steps_of_pass, self.dataset, epoch, position,
+                                                world)
+            except UsageError as err:
+                raise _ServiceError(400, str(err)) from None
+            if len(self._steps) > 256:
+                self._steps.clear()
+            self._steps[key] = steps
+        return steps
+
+    async def info(self, request: Any) -> Any:
+        from starlette.responses import JSONResponse
+
+        allowed = {"epoch": False, "rank": False, "world_size": False, "position": False,
+                   **{k: False for k in _CONTROL_PARAMS}}
+        params = _params(request.query_params, allowed)
+        epoch, rank, world, position = self._read_request(params)
+        ds = self.dataset
+        return JSONResponse({
+            "protocol": PROTOCOL, "fingerprint": ds.manifest.fingerprint, "seed": ds.seed,
+            "plan": ds.plan_signature, "num_samples": ds.manifest.num_samples,
+            "batch_size": ds.batch_size, "epoch": epoch, "rank": rank, "world_size": world,
+            "position": position, "steps": await self._pass_steps(epoch, position, world),
+        })
+
+    async def batches(self, request: Any) -> Any:
+        if request.method != "GET":  # a HEAD would run a pipeline to send nothing
+            raise _ServiceError(405, "use GET for /v1/batches", {"allow": "GET"})
+        allowed = {"epoch": True, "rank": True, "world_size": True, "position": False,
+                   "start": False, **{k: False for k in _CONTROL_PARAMS}}
+        params = _params(request.query_params, allowed)
+        epoch, rank, world, position = self._read_request(params)
+        start = _int(params, "start", 0)
+        steps = await self._pass_steps(epoch, position, world)
+        if start > steps:
+            raise _ServiceError(400, f"start={start} is past the {steps} steps rank {rank} has "
+                                f"in epoch {epoch} from position {position}")
+        if len(self.metrics.active) >= self.options.max_clients:
+            raise _ServiceError(503, f"this server already runs {self.options.max_clients} "
+                                "streams (--max-clients); retry shortly or use another replica",
+                                {"retry-after": "1"})
+        client = request.client
+        name = f"{client.host}:{client.port}" if client else "?"
+        stream = Stream(self.dataset, Request(epoch, rank, world, position, start, steps),
+                         self.options, self.metrics, name, asyncio.get_running_loop())
+        with self.metrics.lock:
+            self.metrics.active[stream.id] = stream
+            self.metrics.streams += 1
+        stream.start()
+        log.info("stream %d: %s epoch %d rank %d/%d position %d from step %d of %d", stream.id,
+                 name, epoch, rank, world, position, start, steps)
+        return _StreamResponse(stream)
+
+
+class _StreamResponse:
+    """An ASGI response that runs a stream (starlette calls it like any Response)."""
+
+    def __init__(self, stream: Stream) -> None:
+        self.stream = stream
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.stream.respond(scope, receive, send)
+
+
+class _Auth:
+    """Pure ASGI middleware: every request but ``/health`` carries the bearer token."""
+
+    def __init__(self, app: Any, service: Service) -> None:
+        self.app, self.service = app, service
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] != "/health":
+            from starlette.datastructures import Headers
+
+            try:
+                self.service.check_token(Headers(scope=scope))
+            except _ServiceError as err:
+                self.service.metrics.reject(err.status)
+                response = _error_response(err.status, err.message, err.headers)
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def _error_response(status: int, message: str, headers: dict[str, str] | None = None) -> Any:
+    from starlette.responses import JSONResponse
+
+    return JSONResponse({"error": message, "status": status}, status_code=status,
+                        headers=headers)
+
+
+def create_app(dataset: ShardedDataset, options: ServeOptions | None = None) -> Any:
+    """The Starlette app serving ``dataset`` (run it with uvicorn; see :func:`serve`)."""
+    from starlette.applications import Starlette
+    from starlette.exceptions import HTTPException
+    from starlette.middleware import Middleware
+    from starlette.routing import Route
+
+    if not isinstance(dataset, ShardedDataset):
+        raise UsageError(f"the pipeline must be a ShardedDataset, got {type(dataset).__name__}")
+    service = Service(dataset, options or ServeOptions())
+
+    async def on_error(request: Any, exc: Exception) -> Any:
+        if isinstance(exc, _ServiceError):
+            status, message, headers = exc.status, exc.message, exc.headers
+        elif isinstance(exc, HTTPException):
+            status, message, headers = exc.status_code, exc.detail, dict(exc.headers or {})
+            if status == 404:
+                message = (f"no such endpoint {request.url.path!r}; see /v1/info, /v1/batches, "
+                           "/metrics, /health")
+        else:  # pragma: no cover - registered for the two types above only
+            raise exc
+        service.metrics.reject(status)
+        return _error_response(status, message, headers)
+
+    app = Starlette(
+        routes=[Route("/health", service.health), Route("/metrics", service.metrics_text),
+                Route("/v1/info", service.info), Route("/v1/batches", service.batches)],
+        middleware=[Middleware(_Auth, service=service)],
+        exception_handlers={_ServiceError: on_error, HTTPException: on_error},
+    )
+    app.state.service = service
+    return app
