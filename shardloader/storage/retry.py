@@ -26,7 +26,13 @@ from typing import Any, TypeVar
 
 import tenacity
 
-from shardloader.errors import ObjectNotFoundError, ShardloaderError, StorageError, UsageError
+from shardloader.errors import (
+    ObjectNotFoundError,
+    ShardloaderError,
+    StorageError,
+    TruncatedBodyError,
+    UsageError,
+)
 
 __all__ = [
     "RetryPolicy",
@@ -82,10 +88,6 @@ class RetryPolicy:
 
 
 DEFAULT_POLICY = RetryPolicy()
-
-
-class TruncatedBodyError(ConnectionError):
-    """A response ended before the size it announced: transient, worth another attempt."""
 
 
 # -- classification --------------------------------------------------------------------------
@@ -259,6 +261,8 @@ def _decide(e: BaseException) -> str | None:
 
 def is_transient(err: BaseException) -> bool:
     """True when another attempt may succeed (5xx, 429/SlowDown, reset, truncation, timeout)."""
+    if isinstance(err, TruncatedBodyError):
+        return True
     if isinstance(err, ShardloaderError) or not isinstance(err, Exception):
         return False
     return classify(err) in (TRANSIENT, THROTTLED)
