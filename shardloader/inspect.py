@@ -21,10 +21,10 @@ from typing import Any
 
 import numpy as np
 
-from shardloader import format as shard_format
 from shardloader.aliases import FieldMap
 from shardloader.codecs import check_field
 from shardloader.errors import ChecksumError, InputError, ShardloaderError
+from shardloader.format.registry import get_format
 from shardloader.manifest import Manifest, SampleIndex, ShardInfo, read_manifest
 from shardloader.pack.index_existing import HashingReader
 from shardloader.schema import check_sample_index, sidecar_bound, staged_bound
@@ -262,8 +262,8 @@ def _verify_shard(
     try:
         with BoundedReader(open_read(url, so), shard.bytes, url) as raw:
             tap = HashingReader(raw, hashing=True)  # type: ignore[arg-type]
-            stream = shard_format.iter_stored(
-                manifest.format, manifest.compression, tap, url, limit, biggest  # type: ignore[arg-type]
+            stream = get_format(manifest.format).iter_stored(
+                tap, manifest.compression, url, limit, biggest  # type: ignore[arg-type]
             )
             for key, fields in stream:
                 _check_sample(manifest, index, n, key, fields, images, reasons, member_of)

@@ -19,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 
 from shardloader.errors import ManifestError
+from shardloader.format.registry import get_format, known_formats
 
 __all__ = [
     "FORMAT_VERSION",
@@ -34,8 +35,6 @@ __all__ = [
 FORMAT_VERSION = 1
 MANIFEST_NAME = "index.json"
 CHECKSUM_COLUMN = "xxh3_64"  # per-sample checksum in sidecars (optional: older ones lack it)
-FORMATS = ("tar", "arrow")
-COMPRESSIONS = ("zstd", "gzip", "none")
 
 
 @dataclass(frozen=True)
@@ -76,10 +75,17 @@ class Manifest:
     aliases: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.format not in FORMATS:
-            raise ManifestError(f"unknown shard format {self.format!r}; known: {FORMATS}")
-        if self.compression not in COMPRESSIONS:
-            raise ManifestError(f"unknown compression {self.compression!r}; known: {COMPRESSIONS}")
+        if self.format not in known_formats():
+            raise ManifestError(
+                f"unknown shard format {self.format!r}; known: {', '.join(known_formats())} "
+                "(a third-party format must be registered before its datasets are read)"
+            )
+        compressions = get_format(self.format).compressions
+        if self.compression not in compressions:
+            raise ManifestError(
+                f"compression {self.compression!r} is not one of {', '.join(compressions)} "
+                f"for {self.format} shards"
+            )
 
     @property
     def num_samples(self) -> int:

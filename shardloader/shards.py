@@ -28,9 +28,9 @@ from typing import Any
 
 import numpy as np
 
-from shardloader import format as shard_format
 from shardloader.errors import ChecksumError, ShardError, StorageError
-from shardloader.format import Sample, ShardReader
+from shardloader.format.base import Sample, ShardReader
+from shardloader.format.registry import get_format
 from shardloader.manifest import Manifest, SampleIndex, ShardInfo
 from shardloader.schema import check_sample_index, sidecar_bound, staged_bound
 from shardloader.shuffle import ShuffleOptions
@@ -169,7 +169,8 @@ class ShardSet:
         self.options = options
         self.where = where  # e.g. "rank 0/2, worker 1/4": goes into every error message
         self.starts = shard_starts(manifest)
-        self.in_place = is_local(base) and manifest.compression == "none"
+        self.format = get_format(manifest.format)
+        self.in_place = is_local(base) and self.format.reads_in_place(manifest.compression)
         self.working_set = working_set  # staged bytes the plan keeps in use at once
         self._cache: ShardCache | None = None
         self._indexes: OrderedDict[int, SampleIndex] = OrderedDict()
@@ -267,7 +268,7 @@ class ShardSet:
         limit = staged_bound(m.format, info, len(m.fields))
 
         def stage(src: Any, dst: Any) -> int:
-            return shard_format.stage(m.format, m.compression, src, dst, where, limit)
+            return self.format.stage(src, dst, m.compression, where, limit)
 
         return cache.get(
             info.path,
@@ -347,9 +348,7 @@ class ShardSet:
                 _hash_once(path, self.manifest.shards[shard], self._notes(), self.describe(shard))
                 self._hashed.add(shard)
             try:
-                reader = shard_format.open_reader(
-                    self.manifest.format, path, index, self.describe(shard), verify
-                )
+                reader = self.format.reader(path, index, self.describe(shard), verify)
                 break
             except FileNotFoundError:  # evicted by another process between stage and open
                 if attempt == 2:

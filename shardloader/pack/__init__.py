@@ -30,6 +30,7 @@ from typing import Any
 
 from shardloader.aliases import FieldMap
 from shardloader.errors import ShardError, UsageError
+from shardloader.format.registry import check_pack_format
 from shardloader.manifest import FORMAT_VERSION, MANIFEST_NAME, FieldInfo, Manifest, ShardInfo
 from shardloader.pack.discover import LAYOUTS, Source, discover
 from shardloader.pack.outdir import (
@@ -58,7 +59,7 @@ DEFAULT_SHARD_SIZE = 128 << 20
 class PackOptions:
     """How to pack; mirrors ``shardloader pack`` options (see ``--help``)."""
 
-    format: str = "tar"  # tar | arrow
+    format: str = "tar"  # tar | arrow | a registered format
     compression: str = "zstd"  # zstd | gzip | none (arrow: zstd | none)
     shard_size: int = DEFAULT_SHARD_SIZE  # uncompressed bytes per shard; 0: no limit
     max_samples: int | None = None  # samples per shard
@@ -79,12 +80,7 @@ class PackOptions:
         def bad(msg: str) -> UsageError:
             return UsageError(msg)
 
-        if self.format not in ("tar", "arrow"):
-            raise bad(f"--format {self.format!r}: choose 'tar' or 'arrow'")
-        if self.compression not in ("zstd", "gzip", "none"):
-            raise bad(f"--compression {self.compression!r}: choose 'zstd', 'gzip' or 'none'")
-        if self.format == "arrow" and self.compression == "gzip":
-            raise bad("arrow shards compress with 'zstd' or 'none', not 'gzip'")
+        check_pack_format(self.format, self.compression)  # the format registry knows
         if self.shard_size < 0:
             raise bad(f"--shard-size {self.shard_size} must be >= 0 (0: no limit)")
         if self.max_samples is not None and self.max_samples < 1:

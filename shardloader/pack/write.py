@@ -31,7 +31,8 @@ import pyarrow as pa
 
 from shardloader.codecs import check_field
 from shardloader.errors import InputError, ManifestError, ShardloaderError, StorageError
-from shardloader.format import WrittenShard, open_writer
+from shardloader.format.base import WrittenShard
+from shardloader.format.registry import format_module, get_format
 from shardloader.keys import unsafe_key_reason
 from shardloader.manifest import FieldInfo, SampleIndex
 from shardloader.pack.discover import TextRule
@@ -75,6 +76,12 @@ class WriteSpec:
     tokenizer: str | None = None  # local path of a Hugging Face tokenizers JSON file
     resume: bool = False
     storage_options: Mapping[str, Any] = field(default_factory=dict)
+    # where the format is defined: a worker process imports it (a third-party format)
+    format_module: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.format_module:
+            object.__setattr__(self, "format_module", format_module(self.fmt))
 
 
 @dataclass(frozen=True)
@@ -368,7 +375,9 @@ def write_shard(spec: WriteSpec, task: ShardTask) -> ShardResult:
     bytes_in = 0
     try:
         with open(tmp, "wb") as f:
-            writer = open_writer(spec.fmt, f, spec.compression, spec.fields)
+            writer = get_format(spec.fmt, spec.format_module).writer(
+                f, spec.compression, spec.fields
+            )
             for sample in task.plan.samples:
                 try:
                     fields, length = _load(spec, sample)
