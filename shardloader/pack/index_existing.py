@@ -22,7 +22,7 @@ import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, BinaryIO
+from typing import Any
 
 from shardloader.codecs import codec_for_extension
 from shardloader.errors import OutputExistsError, ShardError, StorageError, UsageError
@@ -31,11 +31,12 @@ from shardloader.format.registry import get_format, known_formats
 from shardloader.manifest import MANIFEST_NAME, FieldInfo, Manifest, SampleIndex, ShardInfo
 from shardloader.pack.discover import list_inputs, record_kind
 from shardloader.pack.outdir import list_out, remove_temps
-from shardloader.storage import is_local, join, local_path, open_read, remove, write_bytes_atomic
+from shardloader.storage.retry import RetryPolicy
+from shardloader.storage.store import Store, as_store
+from shardloader.storage.streams import HashingReader
 
 __all__ = [
     "DEFAULT_MAX_MEMBER",
-    "HashingReader",
     "IndexReport",
     "index_shards",
     "shard_kind",
@@ -82,29 +83,6 @@ def _kinds() -> str:
     return f"{' or '.join(names)} shard ({suffixes})"
 
 
-class HashingReader:
-    """Reader that hashes and counts what passes through it."""
-
-    def __init__(self, f: BinaryIO, hashing: bool) -> None:
-        self._f = f
-        self.sha = hashlib.sha256() if hashing else None
-        self.pos = 0
-
-    def read(self, n: int = -1) -> bytes:
-        data = self._f.read(n)
-        if self.sha is not None:
-            self.sha.update(data)
-        self.pos += len(data)
-        return data
-
-    def readable(self) -> bool:
-        return True
-
-    def drain(self) -> None:
-        while self.read(4 << 20):
-            pass
-
-
 @dataclass
 class _Scanned:
     index: SampleIndex
@@ -114,24 +92,20 @@ class _Scanned:
     sha256: str
 
 
-def _scan(
-    url: str, fmt: Format, compression: str, so: Mapping[str, Any], max_member: int | None
-) -> _Scanned:
-    with open_read(url, so) as raw:
-        stored = HashingReader(raw, hashing=True)
-        found = fmt.scan(stored, compression, url, max_member, _TEXT_FIELDS)  # type: ignore[arg-type]
+def _scan(shard: Store, fmt: Format, compression: str, max_member: int | None) -> _Scanned:
+    with shard.open_read() as raw:
+        stored = HashingReader(raw)
+        found = fmt.scan(stored, compression, shard.url, max_member, _TEXT_FIELDS)  # type: ignore[arg-type]
         stored.drain()
-    assert stored.sha is not None
-    return _Scanned(found.index, found.fields, stored.pos, found.raw_bytes,
-                    stored.sha.hexdigest())
+    return _Scanned(found.index, found.fields, stored.pos, found.raw_bytes, stored.hexdigest())
 
 
-def _expand(shards: Sequence[str], so: Mapping[str, Any]) -> list[str]:
+def _expand(shards: Sequence[str], store: Store) -> list[str]:
     """Folders become the shards inside them (sorted); files stay in the given order."""
     out: list[str] = []
     for s in shards:
-        if is_local(s) and os.path.isdir(local_path(s)):
-            found = [f.url for f in list_inputs(s, so) if shard_kind(f.rel)]
+        if Store(s).is_local and os.path.isdir(Store(s).local_path):
+            found = [f.url for f in list_inputs(s, store.options) if shard_kind(f.rel)]
             if not found:
                 raise UsageError(f"{s}: no {_kinds()} in this folder")
             out.extend(found)
@@ -142,9 +116,9 @@ def _expand(shards: Sequence[str], so: Mapping[str, Any]) -> list[str]:
 
 def _relative(url: str, out: str) -> str:
     """``url`` relative to OUT; a manifest's paths never leave its folder (see schema.py)."""
-    if is_local(url) and is_local(out):
+    if Store(url).is_local and Store(out).is_local:
         rel = os.path.relpath(
-            os.path.abspath(local_path(url)), os.path.abspath(local_path(out))
+            os.path.abspath(Store(url).local_path), os.path.abspath(Store(out).local_path)
         ).replace(os.sep, "/")
         if rel != ".." and not rel.startswith("../"):
             return rel
@@ -160,24 +134,28 @@ def _relative(url: str, out: str) -> str:
 
 def index_shards(
     shards: Sequence[str],
-    out: str,
+    out: str | Store,
     *,
     overwrite: bool = False,
     storage_options: Mapping[str, Any] | None = None,
     progress: Callable[[int, int], None] | None = None,
     max_member_bytes: int | None = DEFAULT_MAX_MEMBER,
+    retry: RetryPolicy | None = None,
 ) -> IndexReport:
     """Write sidecars and a manifest in ``out`` for existing shards (not rewritten).
 
     ``max_member_bytes``: the largest member (one field of one sample) accepted, checked from
     its header before it is decompressed; ``None`` or 0 for no limit (members are streamed
-    either way, so memory stays flat, but readers will hold whole samples).
+    either way, so memory stays flat, but readers will hold whole samples).  ``out``: a URL
+    (with ``storage_options`` and ``retry``, the policy of every remote call, also for reading
+    the shards) or a Store carrying them.
     """
     if max_member_bytes is not None and max_member_bytes < 0:
         raise UsageError(f"max_member_bytes {max_member_bytes} must be >= 0 (0: no limit)")
     max_member = max_member_bytes or None
-    so = dict(storage_options or {})
-    urls = _expand(shards, so)
+    store = as_store(out, storage_options, retry)
+    out = store.url
+    urls = _expand(shards, store)
     if not urls:
         raise UsageError("index needs at least one shard")
     compressions = set()
@@ -205,14 +183,14 @@ def index_shards(
             "index each kind into its own OUT"
         )
     compression = compressions.pop()
-    existing = list_out(out, so)
+    existing = list_out(store)
     if MANIFEST_NAME in existing and not overwrite:
         raise OutputExistsError(
             f"{out} already has a {MANIFEST_NAME}; pass --overwrite to replace it"
         )
     if MANIFEST_NAME in existing:
-        remove(join(out, MANIFEST_NAME), so)
-    remove_temps(out, existing, so)
+        store.join(MANIFEST_NAME).remove()
+    remove_temps(store, existing)
 
     infos = []
     fields: dict[str, int] = {}
@@ -230,7 +208,7 @@ def index_shards(
             )
         sidecar_names[index_path] = url
         try:
-            scanned = _scan(url, fmt, compression, so, max_member)
+            scanned = _scan(Store(url, store.options, store.retry), fmt, compression, max_member)
         except StorageError as err:
             raise ShardError(f"{url}: cannot read ({err})") from err
         scans.append((rel, index_path, scanned))
@@ -245,7 +223,7 @@ def index_shards(
             checksums=scanned.index.checksums,
         )
         data = index.to_arrow_bytes()
-        write_bytes_atomic(join(out, index_path), data, so)
+        store.join(index_path).write_bytes_atomic(data)
         infos.append(ShardInfo(
             rel, len(index), scanned.stored, scanned.raw, scanned.sha256, index_path,
             hashlib.sha256(data).hexdigest(),
@@ -259,5 +237,5 @@ def index_shards(
         length_field=next((t for t in _TEXT_FIELDS if t in fields), None) if all_text else None,
         extra={"skipped": 0, "length_unit": "bytes"} if all_text else {"skipped": 0},
     )
-    write_bytes_atomic(join(out, MANIFEST_NAME), manifest.to_json(), so)
+    store.join(MANIFEST_NAME).write_bytes_atomic(manifest.to_json())
     return IndexReport(out, manifest)
