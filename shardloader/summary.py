@@ -38,8 +38,13 @@ class Stats:
         if v.size == 0:
             return None
         return cls(
-            int(v.size), int(v.sum()), int(v.min()), float(v.mean()), float(np.median(v)),
-            float(np.percentile(v, 95)), int(v.max()),
+            int(v.size),
+            int(v.sum()),
+            int(v.min()),
+            float(v.mean()),
+            float(np.median(v)),
+            float(np.percentile(v, 95)),
+            int(v.max()),
         )
 
 
@@ -75,7 +80,9 @@ class DatasetSummary:
 
 
 def inspect_dataset(
-    url: str | Store, storage_options: Mapping[str, Any] | None = None, *,
+    url: str | Store,
+    storage_options: Mapping[str, Any] | None = None,
+    *,
     retry: RetryPolicy | None = None,
 ) -> DatasetSummary:
     """Summarise a dataset from its manifest and sidecars (shards are not read).
@@ -112,8 +119,10 @@ def inspect_dataset(
         num_samples=manifest.num_samples,
         bytes=sum(s.bytes for s in manifest.shards),
         raw_bytes=sum(s.raw_bytes for s in manifest.shards),
-        fields={k: {kk: vv for kk, vv in asdict(v).items() if vv is not None}
-                for k, v in sorted(manifest.fields.items())},
+        fields={
+            k: {kk: vv for kk, vv in asdict(v).items() if vv is not None}
+            for k, v in sorted(manifest.fields.items())
+        },
         classes=classes,
         shard_samples=Stats.of(manifest.shard_sizes),
         shard_bytes=Stats.of(np.asarray([s.bytes for s in manifest.shards], np.int64)),

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, BinaryIO, cast
 
 import numpy as np
 
@@ -73,8 +73,13 @@ class _Reasons(list[str]):
 
 
 def _check_sample(
-    manifest: Manifest, index: SampleIndex | None, n: int, key: str,
-    fields: Mapping[str, bytes], images: bool, reasons: _Reasons,
+    manifest: Manifest,
+    index: SampleIndex | None,
+    n: int,
+    key: str,
+    fields: Mapping[str, bytes],
+    images: bool,
+    reasons: _Reasons,
     member_of: Mapping[str, str],
 ) -> None:
     if index is not None:
@@ -92,8 +97,12 @@ def _check_sample(
             width = np.dtype(info.dtype or "uint32").itemsize
             if len(data) % width:
                 reasons.add(f"sample {key!r}: tokens field is not a whole number of {info.dtype}")
-            elif (index is not None and index.lengths is not None
-                  and manifest.length_field == ext and len(data) // width != index.lengths[n]):
+            elif (
+                index is not None
+                and index.lengths is not None
+                and manifest.length_field == ext
+                and len(data) // width != index.lengths[n]
+            ):
                 reasons.add(
                     f"sample {key!r}: {len(data) // width} tokens, sidecar length "
                     f"{int(index.lengths[n])}"
@@ -133,9 +142,8 @@ def _verify_shard(
     try:
         with BoundedReader(stored.open_read(), shard.bytes, url) as raw:
             tap = HashingReader(raw)
-            stream = get_format(manifest.format).iter_stored(
-                tap, manifest.compression, url, limit, biggest  # type: ignore[arg-type]
-            )
+            fmt = get_format(manifest.format)
+            stream = fmt.iter_stored(cast(BinaryIO, tap), manifest.compression, url, limit, biggest)
             for key, fields in stream:
                 _check_sample(manifest, index, n, key, fields, images, reasons, member_of)
                 n += 1

@@ -51,8 +51,15 @@ def write(tmp: str, fmt: str, compression: str, n: int = 12) -> Written:
         shard = writer.close()
     with open(path, "rb") as f:
         stored = f.read()
-    info = ShardInfo(os.path.basename(path), shard.num_samples, shard.bytes, shard.raw_bytes,
-                     shard.sha256, "x.idx.arrow", "0" * 64)
+    info = ShardInfo(
+        os.path.basename(path),
+        shard.num_samples,
+        shard.bytes,
+        shard.raw_bytes,
+        shard.sha256,
+        "x.idx.arrow",
+        "0" * 64,
+    )
     return Written(path, stored, shard, info, data)
 
 
@@ -109,7 +116,8 @@ def check_index_agrees(tmp: str, fmt: str, compression: str) -> None:
     index = w.shard.index
     assert list(index.keys) == [k for k, _ in w.samples]
     assert index.lengths is not None and index.lengths.tolist() == [
-        len(fields["txt"]) for _, fields in w.samples]
+        len(fields["txt"]) for _, fields in w.samples
+    ]
     check_sample_index(index, fmt, w.info, w.path)
     back = SampleIndex.from_arrow_bytes(index.to_arrow_bytes())
     assert list(back.keys) == list(index.keys)
@@ -117,10 +125,15 @@ def check_index_agrees(tmp: str, fmt: str, compression: str) -> None:
         assert getattr(back, name).tolist() == getattr(index, name).tolist(), name
     manifest = Manifest(fmt, compression, FIELDS, [w.info], length_field="txt")
     assert Manifest.from_json(manifest.to_json()).shards == (w.info,)
-    assert get_format(fmt).entry_problem(w.info.num_samples, w.info.bytes, w.info.raw_bytes,
-                                         compression) is None
-    too_many = get_format(fmt).entry_problem(w.info.raw_bytes + 1, w.info.bytes,
-                                             w.info.raw_bytes, compression)
+    assert (
+        get_format(fmt).entry_problem(
+            w.info.num_samples, w.info.bytes, w.info.raw_bytes, compression
+        )
+        is None
+    )
+    too_many = get_format(fmt).entry_problem(
+        w.info.raw_bytes + 1, w.info.bytes, w.info.raw_bytes, compression
+    )
     assert too_many is not None and too_many[0] == "num_samples"
 
 
@@ -189,5 +202,10 @@ def check_refuses_unknown_compression(tmp: str, fmt: str) -> None:
             f.suffix(compression)
 
 
-CONTRACT = [check_round_trip, check_index_agrees, check_checksums, check_bounded,
-            check_corrupt_input]
+CONTRACT = [
+    check_round_trip,
+    check_index_agrees,
+    check_checksums,
+    check_bounded,
+    check_corrupt_input,
+]

@@ -37,8 +37,10 @@ def test_webdataset_reads_tar_shards(tmp_path, compression):
     import webdataset as wds
 
     w = write(str(tmp_path), "tar", compression)
-    got = [(s["__key__"], {k: v for k, v in s.items() if not k.startswith("__")})
-           for s in wds.WebDataset([w.path], shardshuffle=False, empty_check=False)]
+    got = [
+        (s["__key__"], {k: v for k, v in s.items() if not k.startswith("__")})
+        for s in wds.WebDataset([w.path], shardshuffle=False, empty_check=False)
+    ]
     assert got == w.samples
 
 
@@ -87,9 +89,13 @@ def test_registration_refuses_clashes_and_non_formats():
         name = "nosuffix"
 
         def writer(self, fileobj, compression, fields): ...  # type: ignore[override]
-        def sample_raw_size(self, key, sizes): return 0  # type: ignore[override]  # noqa: E704
+        def sample_raw_size(self, key, sizes):
+            return 0  # type: ignore[override]  # noqa: E704
+
         def reader(self, local_path, index, where, verify=True): ...  # type: ignore[override]
-        def stage(self, src, dst, compression, where, limit=None): return 0  # noqa: E704
+        def stage(self, src, dst, compression, where, limit=None):
+            return 0  # noqa: E704
+
         def iter_stored(self, src, compression, where, limit=None, max_member=None):  # type: ignore[override]
             return iter(())
 

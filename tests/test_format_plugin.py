@@ -20,7 +20,7 @@ from shardloader.verify import verify_dataset
 # A record per sample: u32 record size, u16 key size, key, u16 field count, then per field
 # u16 name size, name, u32 data size, data.  The shard is the records back to back, compressed
 # as a whole; offsets in the sidecar are byte positions in the uncompressed stream.
-TOY = '''
+TOY = """
 import mmap
 import struct
 
@@ -169,7 +169,7 @@ class ToyFormat(Format):
 
 
 FORMAT = register_format(ToyFormat())
-'''
+"""
 
 
 @pytest.fixture
@@ -193,13 +193,21 @@ def test_a_third_party_format_packs_and_reads_through_the_dataset(
     """Pack workers are fresh processes (forkserver): they import the format's module."""
     files = key_groups(str(tmp_path / "src"), n=10)
     out = str(tmp_path / "out")
-    report = pack(str(tmp_path / "src"), out, PackOptions(
-        format="toy", compression=compression, max_samples=3, workers=workers))
+    report = pack(
+        str(tmp_path / "src"),
+        out,
+        PackOptions(format="toy", compression=compression, max_samples=3, workers=workers),
+    )
     assert report.manifest.format == "toy" and report.shards == 4
     assert all(s.path.endswith(toy.FORMAT.suffix(compression)) for s in report.manifest.shards)
     assert verify_dataset(out, images=False).ok
-    ds = sl.ShardedDataset(out, decoder=None, shuffle=True, seed=3,
-                           read=sl.ReadOptions(cache=sl.CacheOptions(dir=str(tmp_path / "c"))))
+    ds = sl.ShardedDataset(
+        out,
+        decoder=None,
+        shuffle=True,
+        seed=3,
+        read=sl.ReadOptions(cache=sl.CacheOptions(dir=str(tmp_path / "c"))),
+    )
     got = {}
     for sample in sl.make_loader(ds, num_workers=2):
         for ext, data in sample.items():

@@ -20,13 +20,20 @@ from shardloader.storage import ProtocolDefaults, Store, protocols, register_pro
 from shardloader.storage.retry import RetryPolicy
 from shardloader.verify import verify_dataset
 
-FAST = RetryPolicy(max_attempts=4, initial_backoff=0.001, max_backoff=0.01, max_total_seconds=10.0,
-                   connect_timeout=1.0, read_timeout=1.0)
+FAST = RetryPolicy(
+    max_attempts=4,
+    initial_backoff=0.001,
+    max_backoff=0.01,
+    max_total_seconds=10.0,
+    connect_timeout=1.0,
+    read_timeout=1.0,
+)
 
 
 def test_a_store_is_small_frozen_and_pickles_without_its_filesystem():
-    store = Store("s3://bucket/ds", {"endpoint_url": "http://127.0.0.1:9", "secret": "hunter2"},
-                  FAST)
+    store = Store(
+        "s3://bucket/ds", {"endpoint_url": "http://127.0.0.1:9", "secret": "hunter2"}, FAST
+    )
     fs, path = store.filesystem()  # made in this process, never held by the store
     assert path == "bucket/ds" and getattr(fs, "retries", 1) == 1  # s3fs's own loop is off
     data = pickle.dumps(store)
@@ -34,8 +41,11 @@ def test_a_store_is_small_frozen_and_pickles_without_its_filesystem():
     assert pickle.loads(data) == store
     assert "hunter2" not in repr(store) and "secret" in repr(store)
     shard = store.join("shard-00000.tar")
-    assert (shard.url, shard.options, shard.retry) == ("s3://bucket/ds/shard-00000.tar",
-                                                       store.options, FAST)
+    assert (shard.url, shard.options, shard.retry) == (
+        "s3://bucket/ds/shard-00000.tar",
+        store.options,
+        FAST,
+    )
     with pytest.raises(dataclasses.FrozenInstanceError):
         store.url = "elsewhere"  # type: ignore[misc]
     read = sl.ReadOptions(storage_options={"anon": True}, retry=FAST)
@@ -47,8 +57,11 @@ def test_local_store_round_trip(tmp_path):
     store.join("a/b.bin").write_bytes_atomic(b"hello")
     assert store.list_files() == ["a/b.bin"]
     assert store.join("a/b.bin").read_bytes() == b"hello"
-    store.join("a/b.bin").fetch(str(tmp_path / "copy"), sha256=(
-        "2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824"), size=5)
+    store.join("a/b.bin").fetch(
+        str(tmp_path / "copy"),
+        sha256=("2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824"),
+        size=5,
+    )
     assert (tmp_path / "copy").read_bytes() == b"hello"
     store.join("a/b.bin").remove()
     assert not store.join("a/b.bin").exists()
@@ -82,7 +95,7 @@ class FlakyFileSystem(MemoryFileSystem):
     @classmethod
     def _strip_protocol(cls, path: str) -> str:
         prefix = f"{cls.protocol}://"
-        return super()._strip_protocol(path[len(prefix):] if path.startswith(prefix) else path)
+        return super()._strip_protocol(path[len(prefix) :] if path.startswith(prefix) else path)
 
     def cat_file(self, path: str, start: Any = None, end: Any = None, **kwargs: Any) -> bytes:
         FlakyFileSystem.calls += 1
@@ -116,10 +129,13 @@ def test_unknown_protocol_gets_the_generic_classification_and_says_so_once(flaky
 
 def test_a_registered_protocol_classifies_its_own_errors(flaky, caplog):
     caplog.set_level(logging.WARNING, logger="shardloader.storage.protocols")
-    register_protocol(ProtocolDefaults(
-        (FlakyFileSystem.protocol,), decide=lambda e: "throttled" if isinstance(e, ServiceBusy)
-        else None, error_modules=(__name__.split(".")[0],),
-    ))
+    register_protocol(
+        ProtocolDefaults(
+            (FlakyFileSystem.protocol,),
+            decide=lambda e: "throttled" if isinstance(e, ServiceBusy) else None,
+            error_modules=(__name__.split(".")[0],),
+        )
+    )
     FlakyFileSystem.failures = [ServiceBusy("try later"), ServiceBusy("try later")]
     assert flaky.read_bytes() == b"payload"
     assert FlakyFileSystem.calls == 3

@@ -102,9 +102,7 @@ class Format(abc.ABC):
         """UsageError unless this format stores shards with ``compression``."""
         if compression not in self.suffixes:
             known = ", ".join(repr(c) for c in self.suffixes)
-            raise UsageError(
-                f"{self.name} shards compress with {known}, not {compression!r}"
-            )
+            raise UsageError(f"{self.name} shards compress with {known}, not {compression!r}")
 
     def suffix(self, compression: str) -> str:
         """File suffix of a shard: ``.tar.zst``, ``.arrow``, ..."""
@@ -149,7 +147,11 @@ class Format(abc.ABC):
 
     @abc.abstractmethod
     def stage(
-        self, src: BinaryIO, dst: BinaryIO, compression: str, where: str,
+        self,
+        src: BinaryIO,
+        dst: BinaryIO,
+        compression: str,
+        where: str,
         limit: int | None = None,
     ) -> int:
         """Copy a stored shard into ``dst`` as the file :meth:`reader` opens; return its bytes.
@@ -159,7 +161,11 @@ class Format(abc.ABC):
 
     @abc.abstractmethod
     def iter_stored(
-        self, src: BinaryIO, compression: str, where: str, limit: int | None = None,
+        self,
+        src: BinaryIO,
+        compression: str,
+        where: str,
+        limit: int | None = None,
         max_member: int | None = None,
     ) -> Iterator[Sample]:
         """Stream every sample of a stored shard front to back, checking its structure.
@@ -168,7 +174,11 @@ class Format(abc.ABC):
         """
 
     def scan(
-        self, src: BinaryIO, compression: str, where: str, max_member: int | None,
+        self,
+        src: BinaryIO,
+        compression: str,
+        where: str,
+        max_member: int | None,
         length_fields: Sequence[str] = (),
     ) -> ScannedShard:
         """Index a stored shard another tool wrote (formats with ``indexable = True``).

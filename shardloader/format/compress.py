@@ -70,7 +70,10 @@ class CompressedSink:
             self._compressor = cctx.stream_writer(self.stored, closefd=False)  # type: ignore[arg-type]
         elif compression == "gzip":
             self._compressor = gzip.GzipFile(
-                filename="", mode="wb", fileobj=self.stored, mtime=0,  # type: ignore[arg-type]
+                filename="",
+                mode="wb",
+                fileobj=self.stored,
+                mtime=0,  # type: ignore[arg-type]
                 compresslevel=GZIP_LEVEL,
             )
         elif compression == "none":
@@ -123,8 +126,9 @@ def stage_stream(
             if not chunk:
                 return total
             if limit is not None and total + len(chunk) > limit:
-                raise too_big(where, "the decompressed shard", limit,
-                              "the manifest declares (raw_bytes)")
+                raise too_big(
+                    where, "the decompressed shard", limit, "the manifest declares (raw_bytes)"
+                )
             dst.write(chunk)
             total += len(chunk)
     except DECOMPRESS_ERRORS as err:

@@ -122,9 +122,7 @@ def check_pack_format(fmt: str, compression: str) -> None:
     if fmt not in known_formats():
         raise UsageError(f"--format {fmt!r}: choose one of {', '.join(known_formats())}")
     if compression not in COMPRESSIONS:
-        raise UsageError(
-            f"--compression {compression!r}: choose one of {', '.join(COMPRESSIONS)}"
-        )
+        raise UsageError(f"--compression {compression!r}: choose one of {', '.join(COMPRESSIONS)}")
     get_format(fmt).check_compression(compression)
 
 
@@ -161,7 +159,11 @@ def stage(
 
 
 def iter_stored(
-    fmt: str, compression: str, src: BinaryIO, where: str, limit: int | None = None,
+    fmt: str,
+    compression: str,
+    src: BinaryIO,
+    where: str,
+    limit: int | None = None,
     max_member: int | None = None,
 ) -> Iterator[Sample]:
     """Stream every sample of a stored shard front to back, checking its structure."""

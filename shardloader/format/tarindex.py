@@ -56,7 +56,10 @@ def _unsafe_member(url: str, name: str, key: str, reason: str) -> ShardError:
 
 
 def scan_tar(
-    src: BinaryIO, compression: str, url: str, max_member: int | None,
+    src: BinaryIO,
+    compression: str,
+    url: str,
+    max_member: int | None,
     length_fields: Sequence[str] = (),
 ) -> ScannedShard:
     """Index the stored tar shard ``src``; a sample's length is the size of its first member
@@ -123,7 +126,10 @@ def scan_tar(
     if texts and all(t is not None for t in texts):
         lengths = np.asarray(texts, np.int64)
     index = SampleIndex(
-        keys, np.asarray(offsets, np.int64), np.asarray(sizes, np.int64), lengths,
+        keys,
+        np.asarray(offsets, np.int64),
+        np.asarray(sizes, np.int64),
+        lengths,
         np.asarray(sums, np.uint64),
     )
     return ScannedShard(index, seen, tar.pos)

@@ -48,8 +48,13 @@ class TarStream:
     ``on_data`` sees every byte read (checksums), ``pos`` counts them.
     """
 
-    def __init__(self, f: BinaryIO, where: str, limit: int | None = None,
-                 reason: str = "the manifest declares (raw_bytes)") -> None:
+    def __init__(
+        self,
+        f: BinaryIO,
+        where: str,
+        limit: int | None = None,
+        reason: str = "the manifest declares (raw_bytes)",
+    ) -> None:
         self._f = f
         self.where = where
         self.limit = limit
@@ -204,8 +209,12 @@ def walk_members(
 
 
 def iter_members(
-    f: BinaryIO, where: str, require_end: bool = True, limit: int | None = None,
-    max_member: int | None = None, reason: str = "the manifest declares (raw_bytes)",
+    f: BinaryIO,
+    where: str,
+    require_end: bool = True,
+    limit: int | None = None,
+    max_member: int | None = None,
+    reason: str = "the manifest declares (raw_bytes)",
 ) -> Iterator[tuple[str, bytes]]:
     """Yield (name, data) of regular files; each member is read whole (bounded by the caller)."""
     stream = TarStream(f, where, limit, reason)
@@ -236,7 +245,10 @@ def iter_samples(members: Iterator[tuple[str, bytes]], where: str) -> Iterator[S
 
 
 def iter_tar(
-    src: BinaryIO, compression: str, where: str, limit: int | None = None,
+    src: BinaryIO,
+    compression: str,
+    where: str,
+    limit: int | None = None,
     max_member: int | None = None,
 ) -> Iterator[Sample]:
     """Stream the samples of a stored tar shard (compressed or not).

@@ -22,7 +22,7 @@ import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, BinaryIO, cast
 
 from shardloader.codecs import codec_for_extension
 from shardloader.errors import OutputExistsError, ShardError, StorageError, UsageError
@@ -95,7 +95,7 @@ class _Scanned:
 def _scan(shard: Store, fmt: Format, compression: str, max_member: int | None) -> _Scanned:
     with shard.open_read() as raw:
         stored = HashingReader(raw)
-        found = fmt.scan(stored, compression, shard.url, max_member, _TEXT_FIELDS)  # type: ignore[arg-type]
+        found = fmt.scan(cast(BinaryIO, stored), compression, shard.url, max_member, _TEXT_FIELDS)
         stored.drain()
     return _Scanned(found.index, found.fields, stored.pos, found.raw_bytes, stored.hexdigest())
 

@@ -68,6 +68,7 @@ STAGED = ".raw"
 LOCK = ".lock"
 TEMP_MARKS = (".tmp-", ".download-")
 
+
 def cache_root(dir: str | None = None) -> str:
     """The cache root: ``dir``, else ``$SHARDLOADER_CACHE_DIR``, else
     ``$XDG_CACHE_HOME/shardloader``, else ``~/.cache/shardloader``."""
@@ -177,8 +178,7 @@ def staged_entries(folder: str) -> list[Entry]:
         if name.endswith(STAGED):
             base = name
         else:
-            cut = min((name.find(STAGED + m) for m in TEMP_MARKS if STAGED + m in name),
-                      default=-1)
+            cut = min((name.find(STAGED + m) for m in TEMP_MARKS if STAGED + m in name), default=-1)
             if cut < 0:
                 continue  # the marker, lock files, anything not ours
             base = name[: cut + len(STAGED)]
@@ -188,8 +188,12 @@ def staged_entries(folder: str) -> list[Entry]:
             continue
         groups.setdefault(base, []).append((item.path, st))
     return [
-        Entry(os.path.join(folder, base), tuple(p for p, _ in files),
-               sum(st.st_size for _, st in files), max(st.st_mtime for _, st in files))
+        Entry(
+            os.path.join(folder, base),
+            tuple(p for p, _ in files),
+            sum(st.st_size for _, st in files),
+            max(st.st_mtime for _, st in files),
+        )
         for base, files in groups.items()
     ]
 
@@ -199,11 +203,15 @@ def usage(root: str) -> list[DatasetUsage]:
     out = []
     for fingerprint, folder in dataset_folders(root):
         entries = staged_entries(folder)
-        out.append(DatasetUsage(
-            fingerprint, folder, sum(e.base in e.files for e in entries),
-            sum(e.bytes for e in entries),
-            max((e.last_used for e in entries), default=None),
-        ))
+        out.append(
+            DatasetUsage(
+                fingerprint,
+                folder,
+                sum(e.base in e.files for e in entries),
+                sum(e.bytes for e in entries),
+                max((e.last_used for e in entries), default=None),
+            )
+        )
     return out
 
 
@@ -299,9 +307,10 @@ def _remove_folder_if_empty(folder: str) -> int:
 def write_marker(marker: str) -> None:
     if not os.path.exists(marker):
         with open(marker, "w") as f:
-            f.write("staged shards of one shardloader dataset; `shardloader cache clear` "
-                    "removes them safely\n")
-
+            f.write(
+                "staged shards of one shardloader dataset; `shardloader cache clear` "
+                "removes them safely\n"
+            )
 
 
 def touch(path: str) -> None:

@@ -74,18 +74,51 @@ class ProtocolDefaults:
 # -- s3 ---------------------------------------------------------------------------------------
 
 _S3_CODES = {
-    **dict.fromkeys(("SlowDown", "Throttling", "ThrottlingException", "ThrottledException",
-                     "TooManyRequests", "TooManyRequestsException", "RequestLimitExceeded",
-                     "RequestThrottled", "RequestThrottledException",
-                     "ProvisionedThroughputExceededException", "BandwidthLimitExceeded", "429"),
-                    THROTTLED),
-    **dict.fromkeys(("InternalError", "ServiceUnavailable", "RequestTimeout",
-                     "RequestTimeoutException", "OperationAborted", "XAmzContentSHA256Mismatch",
-                     "PriorRequestNotComplete", "IncompleteBody"), TRANSIENT),
-    **dict.fromkeys(("InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken",
-                     "ExpiredTokenException", "InvalidToken", "TokenRefreshRequired",
-                     "InvalidClientTokenId", "UnrecognizedClientException",
-                     "AuthorizationHeaderMalformed", "401"), CREDENTIALS),
+    **dict.fromkeys(
+        (
+            "SlowDown",
+            "Throttling",
+            "ThrottlingException",
+            "ThrottledException",
+            "TooManyRequests",
+            "TooManyRequestsException",
+            "RequestLimitExceeded",
+            "RequestThrottled",
+            "RequestThrottledException",
+            "ProvisionedThroughputExceededException",
+            "BandwidthLimitExceeded",
+            "429",
+        ),
+        THROTTLED,
+    ),
+    **dict.fromkeys(
+        (
+            "InternalError",
+            "ServiceUnavailable",
+            "RequestTimeout",
+            "RequestTimeoutException",
+            "OperationAborted",
+            "XAmzContentSHA256Mismatch",
+            "PriorRequestNotComplete",
+            "IncompleteBody",
+        ),
+        TRANSIENT,
+    ),
+    **dict.fromkeys(
+        (
+            "InvalidAccessKeyId",
+            "SignatureDoesNotMatch",
+            "ExpiredToken",
+            "ExpiredTokenException",
+            "InvalidToken",
+            "TokenRefreshRequired",
+            "InvalidClientTokenId",
+            "UnrecognizedClientException",
+            "AuthorizationHeaderMalformed",
+            "401",
+        ),
+        CREDENTIALS,
+    ),
     **dict.fromkeys(("NoSuchKey", "NotFound", "404", "NoSuchVersion"), NOT_FOUND),
     "NoSuchBucket": NO_BUCKET,
     "AccessDenied": FORBIDDEN,
@@ -102,10 +135,17 @@ def _types(module: str, *names: str) -> tuple[type[BaseException], ...]:
 
 
 _CLIENT_ERRORS = _types("botocore.exceptions", "ClientError")
-_CREDENTIAL_TYPES = _types("botocore.exceptions", "NoCredentialsError",
-                           "PartialCredentialsError", "CredentialRetrievalError")
+_CREDENTIAL_TYPES = _types(
+    "botocore.exceptions",
+    "NoCredentialsError",
+    "PartialCredentialsError",
+    "CredentialRetrievalError",
+)
 _S3_TRANSIENT = _types(
-    "botocore.exceptions", "HTTPClientError", "ConnectionError", "IncompleteReadError",
+    "botocore.exceptions",
+    "HTTPClientError",
+    "ConnectionError",
+    "IncompleteReadError",
     "ResponseStreamingError",
 ) + _types("botocore.parsers", "ResponseParserError")  # throttles may carry bad XML (s3fs #484)
 _HTTP_RESPONSE = _types("aiohttp", "ClientResponseError")
@@ -128,8 +168,10 @@ def _s3_decide(e: BaseException) -> str | None:
         return from_status(status, code, _S3_CODES)
     if _CREDENTIAL_TYPES and isinstance(e, _CREDENTIAL_TYPES):
         return CREDENTIALS
-    if isinstance(e, FileNotFoundError | PermissionError) and _CLIENT_ERRORS and isinstance(
-        e.__cause__, _CLIENT_ERRORS
+    if (
+        isinstance(e, FileNotFoundError | PermissionError)
+        and _CLIENT_ERRORS
+        and isinstance(e.__cause__, _CLIENT_ERRORS)
     ):  # s3fs's translation of a ClientError: its code tells NoSuchBucket or bad credentials
         return _s3_decide(e.__cause__)
     if _S3_TRANSIENT and isinstance(e, _S3_TRANSIENT):
@@ -191,7 +233,10 @@ def _abort_uploads(fs: Any, path: str) -> None:
     except Exception as err:  # noqa: BLE001 - best effort; the upload's own error matters more
         log.warning(
             "could not abort incomplete multipart uploads of s3://%s/%s (%s); a bucket lifecycle "
-            "rule AbortIncompleteMultipartUpload removes them", bucket, key, err,
+            "rule AbortIncompleteMultipartUpload removes them",
+            bucket,
+            key,
+            err,
         )
 
 
@@ -212,8 +257,14 @@ def _http_options(opts: dict[str, Any], connect: float, read: float) -> None:
 
 # -- the table --------------------------------------------------------------------------------
 
-S3 = ProtocolDefaults(("s3", "s3a"), _s3_options, _s3_decide,
-                      ("botocore", "aiobotocore", "aiohttp", "s3fs"), _s3_prepare, _s3_put_once)
+S3 = ProtocolDefaults(
+    ("s3", "s3a"),
+    _s3_options,
+    _s3_decide,
+    ("botocore", "aiobotocore", "aiohttp", "s3fs"),
+    _s3_prepare,
+    _s3_put_once,
+)
 HTTP = ProtocolDefaults(("http", "https"), _http_options, _http_decide, ("aiohttp",))
 LOCAL = ProtocolDefaults(("file", "local"))  # plain OS calls: nothing to time out or retry
 MEMORY = ProtocolDefaults(("memory",))  # fsspec's in-process store (tests, examples)
@@ -259,7 +310,9 @@ def protocol_defaults(protocol: str) -> ProtocolDefaults:
 
 
 def fsspec_options(
-    url: str, storage_options: Mapping[str, Any] | None, connect_timeout: float,
+    url: str,
+    storage_options: Mapping[str, Any] | None,
+    connect_timeout: float,
     read_timeout: float,
 ) -> dict[str, Any]:
     """Options to create ``url``'s fsspec filesystem with, so the stack makes one attempt.

@@ -136,8 +136,9 @@ class Store:
             for dirpath, dirnames, filenames in os.walk(root):
                 dirnames.sort()
                 for name in filenames:
-                    out.append(os.path.relpath(os.path.join(dirpath, name), root)
-                               .replace(os.sep, "/"))
+                    out.append(
+                        os.path.relpath(os.path.join(dirpath, name), root).replace(os.sep, "/")
+                    )
             return sorted(out)
         fs, path = self.filesystem()
         path = path.rstrip("/")
@@ -181,8 +182,9 @@ class Store:
             return
         fs, path = self.filesystem()
         put = protocol_defaults(self.protocol).put_file
-        upload = partial(put, fs, local, path) if put is not None else partial(
-            fs.put_file, local, path)
+        upload = (
+            partial(put, fs, local, path) if put is not None else partial(fs.put_file, local, path)
+        )
         self.call(upload, "upload")
 
     def remove(self) -> None:
@@ -197,8 +199,9 @@ class Store:
         self.call(partial(_remove, fs, path), "delete")
 
     # -- verified download ----------------------------------------------------------------
-    def fetch(self, dst_path: str, *, sha256: str, size: int | None,
-              chunk_size: int = CHUNK_SIZE) -> None:
+    def fetch(
+        self, dst_path: str, *, sha256: str, size: int | None, chunk_size: int = CHUNK_SIZE
+    ) -> None:
         """Stream the object into ``dst_path``, hashing on the way; replace ``dst_path`` only
         when whole and matching the manifest.
 
@@ -225,8 +228,15 @@ class Store:
                 if os.path.exists(tmp):
                     os.remove(tmp)
             if download == 1:
-                log.warning("shard %s hashes to %s (%d bytes), the manifest says %s (%s bytes); "
-                            "downloading it once more", self.url, got[0], got[1], sha256, size)
+                log.warning(
+                    "shard %s hashes to %s (%d bytes), the manifest says %s (%s bytes); "
+                    "downloading it once more",
+                    self.url,
+                    got[0],
+                    got[1],
+                    sha256,
+                    size,
+                )
         raise ChecksumError(
             f"shard {self.url!r} hashes to {got[0]} ({got[1]} bytes) on two downloads; the "
             f"manifest says {sha256} ({size} bytes): the stored object is damaged or was "
@@ -258,13 +268,15 @@ class Store:
                 digest.update(chunk)
                 out.write(chunk)
         if written < announced:
-            raise TruncatedBodyError(f"{self.url}: the body ended after {written} of "
-                                     f"{announced} bytes")
+            raise TruncatedBodyError(
+                f"{self.url}: the body ended after {written} of {announced} bytes"
+            )
         return digest.hexdigest(), written
 
 
 def as_store(
-    url: str | Store, options: Mapping[str, Any] | None = None,
+    url: str | Store,
+    options: Mapping[str, Any] | None = None,
     retry: RetryPolicy | None = None,
 ) -> Store:
     """``url`` as a Store: a Store as it is (it carries its options and policy; passing them
