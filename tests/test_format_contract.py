@@ -10,7 +10,7 @@ from format_contract import CONTRACT, FIELDS, check_refuses_unknown_compression,
 
 from shardloader.errors import ManifestError, UsageError
 from shardloader.format import Format, get_format, known_formats, register_format
-from shardloader.manifest import Manifest
+from shardloader.manifest import FieldInfo, Manifest
 from shardloader.pack import PackOptions
 
 CASES = [(name, c) for name in known_formats() for c in get_format(name).compressions]
@@ -107,3 +107,23 @@ def test_registration_refuses_clashes_and_non_formats():
 def test_arrow_cannot_be_indexed_in_place():
     with pytest.raises(UsageError, match="cannot be indexed in place"):
         get_format("arrow").scan(io.BytesIO(b""), "none", "x.arrow", None)
+
+
+@pytest.mark.parametrize("fmt", known_formats())
+def test_planned_size_is_exact_for_long_and_non_ascii_names(fmt):
+    """The planner's estimate equals the written size at the 100-byte ustar name boundary, for
+    non-ASCII keys and extensions (pax records), and for empty fields."""
+    f = get_format(fmt)
+    fields = {"json": FieldInfo("json"), "txt": FieldInfo("text"), "bin": FieldInfo("bytes")}
+    keys = ["k" * n for n in (93, 94, 95, 96, 97, 120)] + ["ké/ü", "a/" + "é" * 60]
+    for key in keys:
+        sample = {"json": b"{}", "txt": "ü".encode() * 3, "bin": b""}
+        if fmt == "tar":
+            sample["bin"] = b"x" * 513
+        writer = f.writer(io.BytesIO(), "none", fields)
+        writer.add(key, sample)
+        written = writer.close()
+        planned = f.shard_overhead + f.sample_raw_size(
+            key, [(e, len(v)) for e, v in sample.items()]
+        )
+        assert planned == written.raw_bytes, key

@@ -246,9 +246,15 @@ class TarFormat(Format):
         return TarShardWriter(fileobj, compression)
 
     def sample_raw_size(self, key: str, sizes: Sequence[tuple[str, int]]) -> int:
+        plain = key.isascii()
+        room = 99 - len(key)  # ``key.ext`` fits a plain ustar name (100 bytes)
         total = 0
         for ext, size in sizes:
-            total += header_size(f"{key}.{ext}", size) + size + (-size % BLOCK)
+            if plain and size < _USTAR_MAX_SIZE and len(ext) <= room and ext.isascii():
+                head = BLOCK  # the common member: no pax record (the planner's hot path)
+            else:
+                head = header_size(f"{key}.{ext}", size)
+            total += head + size + (-size % BLOCK)
         return total
 
     def reader(

@@ -79,7 +79,8 @@ class Planner:
         batch: list[SampleRef] = []
         size = base
         for sample in samples:
-            add = raw_size(sample.key, [(ext, field_size(v)) for ext, v in sample.fields])
+            sizes = [(e, len(v) if isinstance(v, bytes) else v.size) for e, v in sample.fields]
+            add = raw_size(sample.key, sizes)
             full = bool(batch) and (
                 (self.shard_size > 0 and size + add > self.shard_size)
                 or (self.max_samples is not None and len(batch) >= self.max_samples)
