@@ -22,6 +22,7 @@ from shardloader.errors import (
     ShardloaderError,
     StorageError,
     TransformError,
+    TruncatedBodyError,
     UsageError,
 )
 
@@ -100,6 +101,7 @@ __all__ = [
     "StorageError",
     "TokenBudgetBatches",
     "TransformError",
+    "TruncatedBodyError",
     "UsageError",
     "make_loader",
     "monitor",

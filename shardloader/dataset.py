@@ -34,7 +34,6 @@ from shardloader.manifest import SampleIndex, read_manifest
 from shardloader.shards import ReadOptions, ShardSet, working_set_bytes
 from shardloader.shuffle import ShuffleOptions, derive_seed, epoch_order, plan_rng, seed_global_rngs
 from shardloader.split import UNEVEN_POLICIES, BatchSlots, Place, cut_fixed_batches, rank_slots
-from shardloader.storage import join, read_bytes
 from shardloader.world import detect_place, detect_world
 
 __all__ = ["ShardedDataset", "EpochReport"]
@@ -173,9 +172,7 @@ class ShardedDataset(IterableDataset):  # type: ignore[type-arg]
             raise UsageError(f"batch_size must be >= 1, got {batch_size}")
         self.url = url
         self.read_options = read or ReadOptions()
-        self.manifest, self.base = read_manifest(
-            url, self.read_options.storage_options, policy=self.read_options.retry
-        )
+        self.manifest, self.base = read_manifest(self.read_options.store(url))
         if self.manifest.num_samples == 0:
             raise UsageError(f"{url} holds no samples")
         self.batch_size = batch_size
@@ -324,11 +321,7 @@ class ShardedDataset(IterableDataset):  # type: ignore[type-arg]
     def _load_lengths(self, required: bool = True) -> np.ndarray | None:
         parts = []
         for info in self.manifest.shards:
-            data = read_bytes(
-                join(self.base, info.index_path),
-                self.read_options.storage_options,
-                policy=self.read_options.retry,
-            )
+            data = self.read_options.store(self.base).join(info.index_path).read_bytes()
             idx = SampleIndex.from_arrow_bytes(data, info.index_path)
             if idx.lengths is None:
                 if not required:

@@ -20,6 +20,7 @@ __all__ = [
     "TransformError",
     "StorageError",
     "ObjectNotFoundError",
+    "TruncatedBodyError",
     "ResumeError",
     "IncompleteEpochError",
 ]
@@ -72,6 +73,15 @@ class StorageError(ShardloaderError, OSError):
 
 class ObjectNotFoundError(StorageError, FileNotFoundError):
     """The object or bucket a URL names does not exist (HTTP 404, NoSuchKey, NoSuchBucket)."""
+
+
+class TruncatedBodyError(ShardloaderError, ConnectionError):
+    """A response ended before the size it announced: transient, worth another attempt.
+
+    Unlike every other error here it is retried, not final: storage calls retry it under their
+    :class:`~shardloader.storage.retry.RetryPolicy` (a spent budget ends in one
+    :class:`StorageError`), and the service client reconnects.
+    """
 
 
 class ResumeError(ShardloaderError, ValueError):

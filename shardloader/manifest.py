@@ -13,12 +13,17 @@ import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 
 from shardloader.errors import ManifestError
+from shardloader.format.registry import get_format, known_formats
+
+if TYPE_CHECKING:
+    from shardloader.storage.retry import RetryPolicy
+    from shardloader.storage.store import Store
 
 __all__ = [
     "FORMAT_VERSION",
@@ -27,6 +32,7 @@ __all__ = [
     "ShardInfo",
     "Manifest",
     "SampleIndex",
+    "load_manifest",
     "manifest_url",
     "read_manifest",
 ]
@@ -34,8 +40,6 @@ __all__ = [
 FORMAT_VERSION = 1
 MANIFEST_NAME = "index.json"
 CHECKSUM_COLUMN = "xxh3_64"  # per-sample checksum in sidecars (optional: older ones lack it)
-FORMATS = ("tar", "arrow")
-COMPRESSIONS = ("zstd", "gzip", "none")
 
 
 @dataclass(frozen=True)
@@ -76,10 +80,17 @@ class Manifest:
     aliases: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.format not in FORMATS:
-            raise ManifestError(f"unknown shard format {self.format!r}; known: {FORMATS}")
-        if self.compression not in COMPRESSIONS:
-            raise ManifestError(f"unknown compression {self.compression!r}; known: {COMPRESSIONS}")
+        if self.format not in known_formats():
+            raise ManifestError(
+                f"unknown shard format {self.format!r}; known: {', '.join(known_formats())} "
+                "(a third-party format must be registered before its datasets are read)"
+            )
+        compressions = get_format(self.format).compressions
+        if self.compression not in compressions:
+            raise ManifestError(
+                f"compression {self.compression!r} is not one of {', '.join(compressions)} "
+                f"for {self.format} shards"
+            )
 
     @property
     def num_samples(self) -> int:
@@ -274,7 +285,7 @@ def _ints(column: pa.ChunkedArray, name: str) -> np.ndarray:
 
 def manifest_url(url: str) -> tuple[str, str]:
     """Split a dataset URL (folder or ``.../index.json``) into (base folder, manifest URL)."""
-    from shardloader.storage import join
+    from shardloader.storage.store import join
 
     if url.endswith(".json"):
         base = url.rsplit("/", 1)[0] if "/" in url else "."
@@ -282,19 +293,34 @@ def manifest_url(url: str) -> tuple[str, str]:
     return url.rstrip("/") or "/", join(url, MANIFEST_NAME)
 
 
-def read_manifest(
-    url: str, storage_options: Mapping[str, Any] | None = None, *, policy: Any = None
-) -> tuple[Manifest, str]:
-    """Fetch and parse a dataset's manifest once; return it with the base URL of its shards."""
+def load_manifest(store: Store) -> tuple[Manifest, Store]:
+    """Fetch and parse the manifest of the dataset at ``store`` (its folder or its
+    ``index.json``); return it with the store of the folder its shards' paths start from."""
     from shardloader.errors import StorageError
-    from shardloader.storage import read_bytes
+    from shardloader.storage.store import Store
 
-    base, murl = manifest_url(url)
+    base, murl = manifest_url(store.url)
     try:
-        data = read_bytes(murl, storage_options, policy=policy)
+        data = Store(murl, store.options, store.retry).read_bytes()
     except StorageError as err:
         raise ManifestError(
             f"no manifest at {murl!r} ({err}); pack the data first with "
             "`shardloader pack SRC OUT`, or index existing shards with `shardloader index`"
         ) from err
-    return Manifest.from_json(data, murl), base
+    return Manifest.from_json(data, murl), Store(base, store.options, store.retry)
+
+
+def read_manifest(
+    url: str | Store, storage_options: Mapping[str, Any] | None = None, *,
+    policy: RetryPolicy | None = None,
+) -> tuple[Manifest, str]:
+    """Fetch and parse a dataset's manifest once; return it with the base URL of its shards.
+
+    ``url`` is a URL (with ``storage_options`` and ``policy``) or a
+    :class:`~shardloader.storage.Store`, which carries both.
+    """
+    from shardloader.storage.store import as_store
+
+    store = as_store(url, storage_options, policy)
+    manifest, base = load_manifest(store)
+    return manifest, base.url

@@ -5,11 +5,12 @@ range on load, and the first problem is reported as a :class:`ManifestError` wit
 (``index.json: shards[3].num_samples: expected a non-negative integer, got "12"``), so that no
 reader sizes an array, opens a path or loops over a count that the checks have not seen.
 
-Counts are checked against sizes: a tar sample takes at least one 512-byte header block and a
-tar ends with at least one zero block, so a tar shard of ``raw_bytes`` R holds at most
-``(R - 512) // 512`` samples; an Arrow row has a non-empty key, so at most ``raw_bytes`` rows.
-``raw_bytes`` itself is bounded by the stored size times the largest expansion the codec can
-produce (zstd: a 4-byte RLE block expands to 128 KiB; deflate: 1032x).  A sidecar is checked
+Counts are checked against sizes, with the facts each shard format states (format/base.py): a
+tar sample takes at least one 512-byte header block and a tar ends with at least one zero
+block, so a tar shard of ``raw_bytes`` R holds at most ``(R - 512) // 512`` samples; an Arrow
+row has a non-empty key, so at most ``raw_bytes`` rows.  ``raw_bytes`` itself is bounded by the
+stored size times the largest expansion the codec can produce (zstd: a 4-byte RLE block expands
+to 128 KiB; deflate: 1032x).  A sidecar is checked
 against its shard's entry (count, byte ranges inside ``raw_bytes``, safe keys) when the shard is
 first used, before its offsets are.
 """
@@ -21,16 +22,15 @@ import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from shardloader.errors import ManifestError, ShardError
+from shardloader.format.registry import get_format, known_formats
 from shardloader.keys import first_unsafe_key, unsafe_key_reason
 
 if TYPE_CHECKING:
+    from shardloader.format.base import Format
     from shardloader.manifest import SampleIndex, ShardInfo
 
 __all__ = [
-    "TAR_BLOCK",
     "MAX_EXPANSION",
     "check_manifest_dict",
     "check_sample_index",
@@ -40,7 +40,6 @@ __all__ = [
     "unsafe_key_error",
 ]
 
-TAR_BLOCK = 512
 # Largest uncompressed/stored ratio a codec can produce (plus a little for headers).
 MAX_EXPANSION = {"zstd": 32768, "gzip": 1032, "none": 1}
 _SLACK = 64 << 10
@@ -117,16 +116,18 @@ def path_problem(path: str) -> str | None:
 def check_manifest_dict(raw: Mapping[str, Any], where: str) -> None:
     """Raise :class:`ManifestError` at the first value of a parsed manifest that is wrong."""
     from shardloader.codecs import _CODECS
-    from shardloader.manifest import COMPRESSIONS, FORMATS
 
     c = _Checker(where)
-    fmt = c.string("format", raw.get("format"))
-    if fmt not in FORMATS:
-        raise c.expect("format", f"one of {', '.join(FORMATS)}", fmt)
+    name = c.string("format", raw.get("format"))
+    if name not in known_formats():
+        raise c.fail("format", f"expected one of {', '.join(known_formats())}, got "
+                     f"{_show(name)} (a third-party format must be registered before its "
+                     "datasets are read)")
+    fmt = get_format(name)
     compression = c.string("compression", raw.get("compression"))
-    if compression not in COMPRESSIONS or (fmt == "arrow" and compression == "gzip"):
-        known = ("zstd", "none") if fmt == "arrow" else COMPRESSIONS
-        raise c.expect("compression", f"one of {', '.join(known)} for {fmt} shards", compression)
+    if compression not in fmt.compressions:
+        known = ", ".join(fmt.compressions)
+        raise c.expect("compression", f"one of {known} for {name} shards", compression)
     for key in ("layout", "checksum_algorithm"):
         if key in raw:
             c.string(key, raw[key])
@@ -191,7 +192,7 @@ def _check_extra(c: _Checker, extra: dict[str, Any]) -> None:
 
 
 def _check_shard(
-    c: _Checker, path: str, entry: Any, fmt: str, compression: str
+    c: _Checker, path: str, entry: Any, fmt: Format, compression: str
 ) -> tuple[int, int, int]:
     c.obj(path, entry)
     for key in _SHARD_KEYS:
@@ -213,32 +214,15 @@ def _check_shard(
             f"{name}.raw_bytes", f"{raw:,} uncompressed bytes cannot come from {size:,} stored "
             f"bytes of {compression} (at most {MAX_EXPANSION[compression]}x)"
         )
-    if fmt == "tar":
-        if compression == "none" and raw != size:
-            raise c.fail(f"{name}.raw_bytes", f"{raw:,} differs from bytes {size:,} for an "
-                         "uncompressed tar shard")
-        if n and n > (raw - TAR_BLOCK) // TAR_BLOCK:
-            raise c.fail(
-                f"{name}.num_samples", f"{n:,} samples cannot fit in {raw:,} uncompressed bytes "
-                f"(a tar sample takes at least {TAR_BLOCK} bytes)"
-            )
-    elif n > raw:
-        raise c.fail(f"{name}.num_samples", f"{n:,} samples cannot fit in raw_bytes {raw:,} "
-                     "(an Arrow row takes at least one byte of key)")
+    problem = fmt.entry_problem(n, size, raw, compression)
+    if problem is not None:
+        raise c.fail(f"{name}.{problem[0]}", problem[1])
     return n, size, raw
 
 
 def staged_bound(fmt: str, info: ShardInfo, num_fields: int) -> int:
-    """Most bytes a staged (uncompressed) copy of this shard may take.
-
-    Tar: exactly ``raw_bytes``.  Arrow: ``raw_bytes`` counts the field and key bytes only; an
-    uncompressed IPC file adds offsets (4-8 bytes per row and column), validity bitmaps, and
-    per-batch metadata and alignment (at most 8x the stored metadata), so those are allowed for.
-    """
-    if fmt == "tar":
-        return info.raw_bytes
-    per_row = 4 + 8 * num_fields + 2
-    return info.raw_bytes + info.num_samples * per_row + 8 * info.bytes + (1 << 20)
+    """Most bytes a staged (uncompressed) copy of this shard may take (the format says)."""
+    return get_format(fmt).staged_bound(info, num_fields)
 
 
 def sidecar_bound(info: ShardInfo) -> int:
@@ -271,23 +255,9 @@ def check_sample_index(index: SampleIndex, fmt: str, info: ShardInfo, where: str
             raise ManifestError(f"{where}: the sample index has negative offsets or sizes")
         if index.lengths is not None and int(index.lengths.min()) < 0:
             raise ManifestError(f"{where}: the sample index has negative lengths")
-        if fmt == "tar":
-            ends = offsets + sizes
-            if int(ends.max()) > info.raw_bytes - TAR_BLOCK or int(sizes.min()) < TAR_BLOCK or (
-                np.any(offsets % TAR_BLOCK) or np.any(sizes % TAR_BLOCK)
-            ):
-                bad = int(np.argmax((ends > info.raw_bytes - TAR_BLOCK) | (sizes < TAR_BLOCK)
-                                    | (offsets % TAR_BLOCK != 0) | (sizes % TAR_BLOCK != 0)))
-                raise ManifestError(
-                    f"{where}: the sample index puts sample {index.keys[bad]!r} at bytes "
-                    f"{int(offsets[bad])}..{int(ends[bad])}, outside the {info.raw_bytes:,}-byte "
-                    "tar or off its 512-byte blocks; the sidecar does not match the shard"
-                )
-        elif int(sizes.sum()) > info.raw_bytes:
-            raise ManifestError(
-                f"{where}: the sample index declares {int(sizes.sum()):,} bytes of fields, "
-                f"more than the shard's raw_bytes {info.raw_bytes:,}"
-            )
+        problem = get_format(fmt).index_problem(index, info)
+        if problem is not None:
+            raise ManifestError(f"{where}: {problem}")
     unsafe = first_unsafe_key(list(index.keys))
     if unsafe is not None:
         raise unsafe_key_error(where, *unsafe)

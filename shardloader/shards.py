@@ -28,16 +28,17 @@ from typing import Any
 
 import numpy as np
 
-from shardloader import format as shard_format
 from shardloader.errors import ChecksumError, ShardError, StorageError
-from shardloader.format import Sample, ShardReader
+from shardloader.format.base import Sample, ShardReader
+from shardloader.format.registry import get_format
 from shardloader.manifest import Manifest, SampleIndex, ShardInfo
-from shardloader.schema import check_sample_index, sidecar_bound, staged_bound
+from shardloader.schema import sidecar_bound, staged_bound
 from shardloader.shuffle import ShuffleOptions
-from shardloader.storage import is_local, join, local_path, open_read
+from shardloader.sidecar import check_digest, parse_sidecar, read_sidecar
 from shardloader.storage.cache import CacheOptions, ShardCache
-from shardloader.storage.fetch import fetch_shard
 from shardloader.storage.retry import DEFAULT_POLICY, RetryPolicy
+from shardloader.storage.store import Store
+from shardloader.storage.streams import BoundedReader
 
 __all__ = ["ReadOptions", "ShardSet", "shard_starts", "working_set_bytes"]
 
@@ -50,7 +51,8 @@ _OPEN_READERS = 128  # file handles; a shuffle block touches many shards at once
 class ReadOptions:
     """How shards are fetched: fsspec ``storage_options`` (explicit values win over the
     environment), the node cache, how many shards to stage ahead per worker, and the one
-    retry budget for every remote request.
+    retry budget for every remote request (``storage_options`` and ``retry`` make the
+    :class:`~shardloader.storage.Store` of each URL: :meth:`store`).
 
     ``verify_samples`` (default on) checks every sample read against the checksum (XXH3-64) in
     its shard's sidecar (well under a microsecond a sample), and for sidecars without checksums
@@ -65,55 +67,14 @@ class ReadOptions:
     retry: RetryPolicy = DEFAULT_POLICY
     verify_samples: bool = True
 
+    def store(self, url: str) -> Store:
+        """The :class:`~shardloader.storage.Store` of ``url`` with these options and policy."""
+        return Store(url, self.storage_options, self.retry)
+
 
 def shard_starts(manifest: Manifest) -> np.ndarray:
     """Global id of each shard's first sample, plus the total at the end."""
     return np.concatenate([[0], np.cumsum(manifest.shard_sizes)]).astype(np.int64)
-
-
-class BoundedReader:
-    """A stored shard or sidecar read no further than the size its manifest declares."""
-
-    def __init__(self, f: Any, limit: int, where: str) -> None:
-        self._f = f
-        self.limit = limit
-        self.where = where
-        self.count = 0
-
-    def _counted(self, n: int) -> int:
-        self.count += n
-        if self.count > self.limit:  # a ChecksumError: the bytes are not the manifest's
-            raise ChecksumError(
-                f"{self.where}: the stored file is larger than the {self.limit:,} bytes the "
-                "manifest declares; it is corrupt or was replaced"
-            )
-        return n
-
-    def read(self, n: int = -1) -> bytes:
-        if n is None or n < 0:
-            n = self.limit - self.count + 1  # one byte more than allowed tells an oversize file
-        data: bytes = self._f.read(n)
-        self._counted(len(data))
-        return data
-
-    def readinto(self, buf: Any) -> int:
-        return self._counted(self._f.readinto(buf))
-
-    def readable(self) -> bool:
-        return True
-
-    def close(self) -> None:
-        self._f.close()
-
-    @property
-    def closed(self) -> bool:
-        return bool(self._f.closed)
-
-    def __enter__(self) -> BoundedReader:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 class _RemoveOnClose(io.FileIO):
@@ -168,8 +129,10 @@ class ShardSet:
         self.base = base
         self.options = options
         self.where = where  # e.g. "rank 0/2, worker 1/4": goes into every error message
+        self.store = options.store(base)
         self.starts = shard_starts(manifest)
-        self.in_place = is_local(base) and manifest.compression == "none"
+        self.format = get_format(manifest.format)
+        self.in_place = self.store.is_local and self.format.reads_in_place(manifest.compression)
         self.working_set = working_set  # staged bytes the plan keeps in use at once
         self._cache: ShardCache | None = None
         self._indexes: OrderedDict[int, SampleIndex] = OrderedDict()
@@ -185,8 +148,11 @@ class ShardSet:
         shards = np.searchsorted(self.starts, ids, side="right") - 1
         return shards, ids - self.starts[shards]
 
+    def shard_store(self, shard: int) -> Store:
+        return self.store.join(self.manifest.shards[shard].path)
+
     def url(self, shard: int) -> str:
-        return join(self.base, self.manifest.shards[shard].path)
+        return self.shard_store(shard).url
 
     def describe(self, shard: int) -> str:
         return f"shard {self.url(shard)} ({self.where})"
@@ -196,38 +162,29 @@ class ShardSet:
         idx = self._indexes.get(shard)
         if idx is None:
             info = self.manifest.shards[shard]
-            url = join(self.base, info.index_path)
-            where = f"sample index {url} ({self.where})"
-            bound = sidecar_bound(info)
-            if is_local(url):
-                with BoundedReader(open_read(url), bound, where) as f:
-                    data = f.read()
+            store = self.store.join(info.index_path)
+            where = f"sample index {store.url} ({self.where})"
+            if store.is_local:
+                data = read_sidecar(store, info, where)
             else:  # remote: fetched once per node through the cache, like the shards
-                path = self._cached_copy(info.index_path, info.index_sha256, url, bound, where)
-                with BoundedReader(open(path, "rb"), bound, where) as f:  # noqa: SIM115
-                    data = f.read()
-            digest = hashlib.sha256(data).hexdigest()
-            if digest != info.index_sha256:
-                raise ChecksumError(
-                    f"{where} hashes to {digest}, the manifest says {info.index_sha256}; "
-                    "re-pack or re-index the dataset"
-                )
-            idx = SampleIndex.from_arrow_bytes(data, url, limit=bound)
-            check_sample_index(idx, self.manifest.format, info, self.describe(shard))
+                path = self._cached_copy(info, store, where)
+                data = read_sidecar(Store(path), info, where)
+            check_digest(data, info, where)
+            idx = parse_sidecar(data, store.url, self.manifest.format, info, self.describe(shard))
             self._indexes[shard] = idx
             if len(self._indexes) > 64:
                 self._indexes.popitem(last=False)
         return idx
 
-    def _cached_copy(self, name: str, sha256: str, url: str, limit: int, where: str) -> str:
+    def _cached_copy(self, info: ShardInfo, store: Store, where: str) -> str:
         def open_stored() -> Any:
-            stream = open_read(url, self.options.storage_options, policy=self.options.retry)
-            return BoundedReader(stream, limit, where)
+            return BoundedReader(store.open_read(), sidecar_bound(info), where)
 
         def copy(src: Any, dst: Any) -> int:
             return dst.write(src.read())
 
-        path = self.cache().get(name, 0, sha256, url, open_stored, copy)
+        path = self.cache().get(info.index_path, 0, info.index_sha256, store.url, open_stored,
+                                copy)
         assert path is not None  # waiting calls always return the staged path
         return path
 
@@ -243,31 +200,24 @@ class ShardSet:
 
     def _stage(self, shard: int, wait: bool = True) -> str | None:
         info = self.manifest.shards[shard]
-        url = self.url(shard)
+        store = self.shard_store(shard)
         m = self.manifest
         where = self.describe(shard)
         cache = self.cache()
 
         def open_stored() -> Any:
-            if is_local(url):
-                return BoundedReader(open_read(url), info.bytes, where)
-            # Remote: download whole (ranged GETs, retried, size and sha256 checked), then
-            # stage from the local copy; a fault mid-body restarts the download, not the epoch.
+            if store.is_local:
+                return BoundedReader(store.open_read(), info.bytes, where)
+            # Remote: download whole (retried, size and sha256 checked), then stage from the
+            # local copy; a fault mid-body restarts the download, not the epoch.
             download = cache.path_for(info.path) + f".download-{uuid.uuid4().hex}"
-            fetch_shard(
-                url,
-                download,
-                sha256=info.sha256,
-                size=info.bytes,
-                policy=self.options.retry,
-                storage_options=self.options.storage_options,
-            )
+            store.fetch(download, sha256=info.sha256, size=info.bytes)
             return _RemoveOnClose(download)
 
         limit = staged_bound(m.format, info, len(m.fields))
 
         def stage(src: Any, dst: Any) -> int:
-            return shard_format.stage(m.format, m.compression, src, dst, where, limit)
+            return self.format.stage(src, dst, m.compression, where, limit)
 
         return cache.get(
             info.path,
@@ -276,14 +226,14 @@ class ShardSet:
             where,
             open_stored,
             stage,
-            verified=not is_local(url),
+            verified=not store.is_local,
             wait=wait,
         )
 
     def local_file(self, shard: int) -> str:
         """A local uncompressed file for ``shard``: the shard itself, or its staged copy."""
         if self.in_place:
-            here = local_path(self.url(shard))
+            here = self.shard_store(shard).local_path
             try:
                 size = os.path.getsize(here)
             except OSError as err:
@@ -347,9 +297,7 @@ class ShardSet:
                 _hash_once(path, self.manifest.shards[shard], self._notes(), self.describe(shard))
                 self._hashed.add(shard)
             try:
-                reader = shard_format.open_reader(
-                    self.manifest.format, path, index, self.describe(shard), verify
-                )
+                reader = self.format.reader(path, index, self.describe(shard), verify)
                 break
             except FileNotFoundError:  # evicted by another process between stage and open
                 if attempt == 2:

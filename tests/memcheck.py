@@ -25,7 +25,8 @@ signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 resource.setrlimit(resource.RLIMIT_FSIZE, ({max_file}, {max_file}))
 # `import shardloader` is lazy: import what reading needs (torch above all) before the baseline,
 # so the measured growth is what the data causes, not the libraries.
-import shardloader.dataset, shardloader.inspect, shardloader.pack.index_existing  # noqa: E401
+import shardloader.dataset, shardloader.pack.index_existing  # noqa: E401
+import shardloader.summary, shardloader.verify  # noqa: E401
 {setup}
 proc = psutil.Process()
 resource.setrlimit(resource.RLIMIT_AS, (proc.memory_info().vms + {max_extra_vm}, -1))

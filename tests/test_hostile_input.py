@@ -24,10 +24,10 @@ from shardloader.cli import main
 from shardloader.codecs import check_field
 from shardloader.errors import ChecksumError, InputError, ManifestError, ShardError
 from shardloader.format import open_writer
-from shardloader.inspect import verify_dataset
 from shardloader.manifest import FieldInfo, Manifest, SampleIndex, ShardInfo
 from shardloader.pack import PackOptions, pack
 from shardloader.pack.index_existing import index_shards
+from shardloader.verify import verify_dataset
 
 
 def _dataset(path, **kw) -> sl.ShardedDataset:
@@ -142,7 +142,7 @@ def test_pickle_payloads_never_run_in_index_inspect_verify_read(tmp_path):
 
     from corpus import Boom
 
-    from shardloader.inspect import inspect_dataset
+    from shardloader.summary import inspect_dataset
 
     marker = tmp_path / "unpickled"
     payload = pickle.dumps(Boom(str(marker)))

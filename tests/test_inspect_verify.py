@@ -10,9 +10,10 @@ import pytest
 from corpus import class_folders, docs, jsonl, key_groups
 
 from shardloader.format import open_writer
-from shardloader.inspect import inspect_dataset, verify_dataset
 from shardloader.manifest import FieldInfo, Manifest, ShardInfo
 from shardloader.pack import PackOptions, pack
+from shardloader.summary import inspect_dataset
+from shardloader.verify import verify_dataset
 
 
 def test_inspect_class_folders(tmp_path):

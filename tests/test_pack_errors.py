@@ -64,17 +64,17 @@ def test_undecodable_image_fails_only_with_validate(tmp_path):
 
 
 def test_unreadable_file_fails_or_is_skipped(tmp_path, monkeypatch):
-    import shardloader.pack.write as write_module
+    from shardloader.storage import Store
 
     key_groups(str(tmp_path / "src"), n=4)
-    real = write_module.read_bytes
+    real = Store.read_bytes
 
-    def flaky(url, storage_options=None):
-        if url.endswith("b/0001.json"):
-            raise StorageError(f"cannot read {url!r}: Input/output error")
-        return real(url, storage_options)
+    def flaky(self):
+        if self.url.endswith("b/0001.json"):
+            raise StorageError(f"cannot read {self.url!r}: Input/output error")
+        return real(self)
 
-    monkeypatch.setattr(write_module, "read_bytes", flaky)
+    monkeypatch.setattr(Store, "read_bytes", flaky)
     with pytest.raises(InputError, match=r"b/0001\.json \(key 'b/0001'\): unreadable"):
         pack(str(tmp_path / "src"), str(tmp_path / "out"))
     report = pack(str(tmp_path / "src"), str(tmp_path / "skip"), PackOptions(on_error="skip"))
@@ -83,11 +83,11 @@ def test_unreadable_file_fails_or_is_skipped(tmp_path, monkeypatch):
 
 
 def test_file_changed_during_pack_is_an_error(tmp_path, monkeypatch):
-    import shardloader.pack.write as write_module
+    from shardloader.storage import Store
 
     key_groups(str(tmp_path / "src"), n=2)
-    real = write_module.read_bytes
-    monkeypatch.setattr(write_module, "read_bytes", lambda url, so=None: real(url, so) + b"!")
+    real = Store.read_bytes
+    monkeypatch.setattr(Store, "read_bytes", lambda self: real(self) + b"!")
     with pytest.raises(InputError, match="when the pack started"):
         pack(str(tmp_path / "src"), str(tmp_path / "out"))
 

@@ -12,9 +12,9 @@ from corpus import jpeg, key_groups, sidecar, tree
 
 from shardloader.errors import OutputExistsError, UsageError
 from shardloader.format.tar import TarShardReader
-from shardloader.inspect import verify_dataset
 from shardloader.pack import PackOptions, pack
 from shardloader.pack.index_existing import index_shards
+from shardloader.verify import verify_dataset
 
 
 def _wds_shards(folder, n=11, per_shard=4, suffix=".tar"):

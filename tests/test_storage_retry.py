@@ -179,6 +179,16 @@ def test_classify_stack_exception_types() -> None:
     assert not is_transient(StorageError("gave up"))
 
 
+def test_truncated_body_is_in_the_tree_and_the_one_transient_error_of_ours() -> None:
+    import shardloader
+    from shardloader import errors
+
+    assert TruncatedBodyError is errors.TruncatedBodyError is shardloader.TruncatedBodyError
+    err = TruncatedBodyError("got 10 of 20 bytes")
+    assert isinstance(err, ShardloaderError) and isinstance(err, ConnectionError)
+    assert is_transient(err)
+
+
 # -- the loop ----------------------------------------------------------------------------------
 
 

@@ -38,7 +38,7 @@ def _fmt_stats(s: Any, unit: str = "") -> str:
 @storage_option
 def inspect_command(dataset: str, as_json: bool, storage_option: tuple[str, ...]) -> None:
     """Summarise a packed dataset: shards, samples, fields, classes, sizes, lengths."""
-    from shardloader.inspect import inspect_dataset
+    from shardloader.summary import inspect_dataset
 
     s = inspect_dataset(dataset, storage_options(storage_option))
     if as_json:
@@ -81,7 +81,7 @@ def verify_command(dataset: str, no_images: bool, as_json: bool, quiet: bool,
                    storage_option: tuple[str, ...], retries: int | None,
                    retry_seconds: float | None) -> None:
     """Re-hash every shard and parse every sample; exit 1 if anything is bad."""
-    from shardloader.inspect import verify_dataset
+    from shardloader.verify import verify_dataset
 
     bar = None
     if show_progress(quiet):

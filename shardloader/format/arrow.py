@@ -8,21 +8,27 @@ shards use IPC's zstd buffer compression (batches of up to ``_ROWS_PER_BATCH`` r
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import Iterator, Mapping
-from typing import BinaryIO
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, BinaryIO
 
 import numpy as np
 import pyarrow as pa
 import xxhash
 
-from shardloader.errors import ChecksumError, ShardError
-from shardloader.format import Sample, WrittenShard
+from shardloader.errors import ChecksumError, ShardError, UsageError
+from shardloader.format.base import Format, Sample, WrittenShard
+from shardloader.format.compress import HashingCounter, too_big
 from shardloader.format.ipc import declared_sizes
-from shardloader.format.tar import too_big
+from shardloader.format.registry import register_format
 from shardloader.keys import unsafe_key_reason
-from shardloader.manifest import FieldInfo, SampleIndex
+from shardloader.manifest import SampleIndex
 from shardloader.schema import unsafe_key_error
+
+if TYPE_CHECKING:
+    from shardloader.manifest import FieldInfo, ShardInfo
+
+__all__ = ["FORMAT", "KEY_COLUMN", "ArrowFormat", "ArrowShardReader", "ArrowShardWriter",
+           "row_checksum"]
 
 _ROWS_PER_BATCH = 1024
 _BYTES_PER_BATCH = 8 << 20
@@ -45,39 +51,16 @@ def _schema(fields: Mapping[str, FieldInfo]) -> pa.Schema:
     return pa.schema([(KEY_COLUMN, pa.string())] + [(f, pa.large_binary()) for f in sorted(fields)])
 
 
-class _Counter:
-    def __init__(self, fileobj: BinaryIO) -> None:
-        self._f = fileobj
-        self.sha = hashlib.sha256()
-        self.count = 0
-
-    def write(self, data: bytes) -> int:
-        view = memoryview(data)
-        self.sha.update(view)
-        self.count += view.nbytes
-        return self._f.write(view)
-
-    def flush(self) -> None:
-        self._f.flush()
-
-    def close(self) -> None:
-        self._f.flush()
-
-    @property
-    def closed(self) -> bool:
-        return False
-
-
 class ArrowShardWriter:
     """Buffers rows into record batches and writes a compressed IPC file."""
 
     def __init__(self, fileobj: BinaryIO, compression: str, fields: Mapping[str, FieldInfo]):
-        self._out = _Counter(fileobj)
+        self._out = HashingCounter(fileobj)
         self._columns = sorted(fields)
         self._schema = _schema(fields)
         codec = None if compression == "none" else compression
-        if codec == "gzip":
-            raise ShardError("arrow shards support compression 'zstd' or 'none', not 'gzip'")
+        if codec not in (None, "zstd"):
+            raise UsageError(f"arrow shards compress with 'zstd' or 'none', not {compression!r}")
         options = pa.ipc.IpcWriteOptions(compression=codec)
         self._writer = pa.ipc.new_file(
             pa.PythonFile(self._out, mode="w"), self._schema, options=options
@@ -156,8 +139,11 @@ def _check_declared(data: bytes | memoryview, where: str, limit: int | None) -> 
                       "the manifest allows for this shard")
 
 
-def iter_arrow(src: BinaryIO, where: str, limit: int | None = None) -> Iterator[Sample]:
-    """Stream the rows of a stored Arrow shard; ``limit`` bounds what its batches decompress to."""
+def iter_arrow(
+    src: BinaryIO, where: str, limit: int | None = None, max_member: int | None = None
+) -> Iterator[Sample]:
+    """Stream the rows of a stored Arrow shard; ``limit`` bounds what its batches decompress to,
+    ``max_member`` the bytes of any one field."""
     data = src.read()
     _check_declared(data, where, limit)
     reader = _open(pa.BufferReader(data), where)
@@ -167,9 +153,22 @@ def iter_arrow(src: BinaryIO, where: str, limit: int | None = None) -> Iterator[
                 problem = unsafe_key_reason(key)
                 if problem is not None:
                     raise unsafe_key_error(where, key, problem)
+                if max_member is not None:
+                    _check_member(key, fields, max_member, where)
                 yield key, fields
     except (pa.ArrowInvalid, OSError) as err:
+        if isinstance(err, ShardError):
+            raise
         raise ShardError(f"{where}: corrupt Arrow record batch ({err})") from err
+
+
+def _check_member(key: str, fields: Mapping[str, bytes], max_member: int, where: str) -> None:
+    for name, value in fields.items():
+        if len(value) > max_member:
+            raise ShardError(
+                f"{where}: field {name!r} of sample {key!r} has {len(value):,} bytes, more than "
+                f"the {max_member:,} allowed for one sample; the shard is corrupt or hostile"
+            )
 
 
 def stage_arrow(src: BinaryIO, dst: BinaryIO, where: str, limit: int | None = None) -> int:
@@ -263,3 +262,55 @@ class ArrowShardReader:
 
     def close(self) -> None:
         self._mmap.close()
+
+
+class ArrowFormat(Format):
+    """Arrow IPC shards: offsets are row numbers, ``raw_bytes`` counts keys and field bytes."""
+
+    name = "arrow"
+    suffixes = {"zstd": ".arrow", "none": ".arrow"}
+
+    def writer(
+        self, fileobj: BinaryIO, compression: str, fields: Mapping[str, FieldInfo]
+    ) -> ArrowShardWriter:
+        return ArrowShardWriter(fileobj, compression, fields)
+
+    def sample_raw_size(self, key: str, sizes: Sequence[tuple[str, int]]) -> int:
+        return len(key) + sum(size for _, size in sizes)
+
+    def reader(
+        self, local_path: str, index: SampleIndex, where: str, verify: bool = True
+    ) -> ArrowShardReader:
+        return ArrowShardReader(local_path, index, where, verify)
+
+    def stage(
+        self, src: BinaryIO, dst: BinaryIO, compression: str, where: str,
+        limit: int | None = None,
+    ) -> int:
+        return stage_arrow(src, dst, where, limit)
+
+    def iter_stored(
+        self, src: BinaryIO, compression: str, where: str, limit: int | None = None,
+        max_member: int | None = None,
+    ) -> Iterator[Sample]:
+        return iter_arrow(src, where, limit, max_member)
+
+    def staged_bound(self, info: ShardInfo, num_fields: int) -> int:
+        """``raw_bytes`` counts the field and key bytes only; an uncompressed IPC file adds
+        offsets (4-8 bytes per row and column), validity bitmaps, and per-batch metadata and
+        alignment (at most 8x the stored metadata), so those are allowed for."""
+        per_row = 4 + 8 * num_fields + 2
+        return info.raw_bytes + info.num_samples * per_row + 8 * info.bytes + (1 << 20)
+
+    def index_problem(self, index: SampleIndex, info: ShardInfo) -> str | None:
+        """Offsets are row numbers; the fields' bytes must fit ``raw_bytes``."""
+        total = int(index.sizes.sum()) if len(index) else 0
+        if total > info.raw_bytes:
+            return (
+                f"the sample index declares {total:,} bytes of fields, more than the shard's "
+                f"raw_bytes {info.raw_bytes:,}"
+            )
+        return None
+
+
+FORMAT = register_format(ArrowFormat())

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shardloader.errors import ChecksumError, ManifestError, UsageError
-from shardloader.manifest import MANIFEST_NAME, Manifest, ShardInfo, read_manifest
+from shardloader.manifest import MANIFEST_NAME, Manifest, ShardInfo, load_manifest
 from shardloader.pack.outdir import (
     SKIP_REPORT,
     check_writable,
@@ -36,15 +36,8 @@ from shardloader.pack.outdir import (
     write_skip_report,
 )
 from shardloader.pack.plan import shard_names
-from shardloader.storage import (
-    is_local,
-    join,
-    local_path,
-    open_read,
-    put_file,
-    remove,
-    write_bytes_atomic,
-)
+from shardloader.storage.retry import RetryPolicy
+from shardloader.storage.store import Store, as_store
 
 __all__ = ["MergeReport", "merge"]
 
@@ -63,24 +56,24 @@ class MergeReport:
     bytes_copied: int
 
 
-def _inside(child: str, parent: str) -> str | None:
+def _inside(child: Store, parent: Store) -> str | None:
     """``child`` relative to ``parent`` if it lies strictly inside it, else None."""
-    if is_local(child) and is_local(parent):
-        c = os.path.realpath(local_path(child))
-        p = os.path.realpath(local_path(parent))
+    if child.is_local and parent.is_local:
+        c = os.path.realpath(child.local_path)
+        p = os.path.realpath(parent.local_path)
         if c.startswith(p + os.sep):
             return os.path.relpath(c, p).replace(os.sep, "/")
         return None
-    c, p = child.rstrip("/"), parent.rstrip("/")
+    c, p = child.url.rstrip("/"), parent.url.rstrip("/")
     return c[len(p) + 1 :] if c.startswith(p + "/") else None
 
 
 def _load_parts(
-    part_dirs: Sequence[str], so: Mapping[str, Any]
-) -> list[tuple[str, Manifest, str, Mapping[str, Any]]]:
+    part_dirs: Sequence[str], store: Store
+) -> list[tuple[str, Manifest, Store, Mapping[str, Any]]]:
     loaded = []
     for d in part_dirs:
-        manifest, base = read_manifest(d, so)
+        manifest, base = load_manifest(Store(d, store.options, store.retry))
         part = manifest.extra.get("part")
         if not isinstance(part, Mapping):
             raise ManifestError(
@@ -123,16 +116,14 @@ def _shared_extra(m: Manifest) -> dict[str, Any]:
     return {k: v for k, v in m.extra.items() if k not in _PER_PART_EXTRA}
 
 
-def _copy_verified(
-    src: str, dst: str, sha256: str, staging: str, so: Mapping[str, Any]
-) -> int:
+def _copy_verified(src: Store, dst: Store, sha256: str, staging: str) -> int:
     """Copy ``src`` to ``dst`` through a temporary file, checking its sha256."""
-    name = dst.rsplit("/", 1)[-1]
+    name = dst.url.rsplit("/", 1)[-1]
     tmp = os.path.join(staging, f".{name}.tmp-{uuid.uuid4().hex}")
     h = hashlib.sha256()
     n = 0
     try:
-        with open_read(src, so) as fin, open(tmp, "wb") as fout:
+        with src.open_read() as fin, open(tmp, "wb") as fout:
             while chunk := fin.read(4 << 20):
                 h.update(chunk)
                 fout.write(chunk)
@@ -141,10 +132,10 @@ def _copy_verified(
             os.fsync(fout.fileno())
         if h.hexdigest() != sha256:
             raise ChecksumError(
-                f"{src}: sha256 {h.hexdigest()} does not match its manifest ({sha256}); "
+                f"{src.url}: sha256 {h.hexdigest()} does not match its manifest ({sha256}); "
                 "re-pack this part"
             )
-        put_file(tmp, dst, so)
+        dst.put_file(tmp)
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
@@ -153,37 +144,43 @@ def _copy_verified(
 
 def merge(
     part_dirs: Sequence[str],
-    out: str,
+    out: str | Store,
     *,
     mode: str = "auto",
     overwrite: bool = False,
     storage_options: Mapping[str, Any] | None = None,
+    retry: RetryPolicy | None = None,
 ) -> MergeReport:
-    """Combine part outputs into ``out``; the manifest is written last."""
+    """Combine part outputs into ``out``; the manifest is written last.
+
+    ``out``: a URL (with ``storage_options`` and ``retry``, the policy of every remote call)
+    or a Store carrying them; the part folders are read with the same options and policy.
+    """
     if mode not in ("auto", "copy", "reference"):
         raise UsageError(f"merge mode {mode!r}: choose 'auto', 'copy' or 'reference'")
     if not part_dirs:
         raise UsageError("merge needs at least one part folder")
-    so = dict(storage_options or {})
-    loaded = _load_parts(part_dirs, so)
-    inside = [_inside(base, out) for _, _, base, _ in loaded]
+    store = as_store(out, storage_options, retry)
+    out = store.url
+    loaded = _load_parts(part_dirs, store)
+    inside = [_inside(base, store) for _, _, base, _ in loaded]
     if mode == "reference" and None in inside:
         bad = loaded[inside.index(None)][0]
         raise UsageError(f"--reference needs every part inside OUT; {bad} is not in {out}")
     if mode == "auto":
         mode = "reference" if None not in inside else "copy"
-    existing = list_out(out, so)
+    existing = list_out(store)
     allowed = [p for p in inside if p is not None] if mode == "reference" else []
     check_writable(out, existing, overwrite=overwrite, allowed=allowed)
     old: set[str] = set()
     if existing:
-        old = old_manifest_paths(out, so) if overwrite else set()
-        remove(join(out, MANIFEST_NAME), so)
-        remove_temps(out, existing, so)
+        old = old_manifest_paths(store) if overwrite else set()
+        store.join(MANIFEST_NAME).remove()
+        remove_temps(store, existing)
 
     first = loaded[0][1]
     planned = int(loaded[0][3]["planned_shards"])
-    by_number: dict[int, tuple[ShardInfo, str, str | None]] = {}
+    by_number: dict[int, tuple[ShardInfo, Store, str | None]] = {}
     skips: list[dict[str, Any]] = []
     for (d, m, base, part), rel in zip(loaded, inside, strict=True):
         numbers = list(part["shard_numbers"])
@@ -194,9 +191,10 @@ def merge(
                 raise ManifestError(f"{d}: shard number {number} is repeated or out of range")
             by_number[number] = (shard, base, rel)
         if m.extra.get("skip_report"):
-            skips.extend(read_skip_report(join(base, str(m.extra["skip_report"])), so))
+            skips.extend(read_skip_report(base.join(str(m.extra["skip_report"]))))
 
-    staging = local_path(out) if is_local(out) else tempfile.mkdtemp(prefix="shardloader-merge-")
+    staging = store.local_path if store.is_local else tempfile.mkdtemp(
+        prefix="shardloader-merge-")
     os.makedirs(staging, exist_ok=True)
     shards = []
     copied = 0
@@ -209,18 +207,17 @@ def merge(
             ))
             continue
         name, index_name = shard_names(number, first.format, first.compression)
-        copied += _copy_verified(join(base, shard.path), join(out, name), shard.sha256,
-                                 staging, so)
-        copied += _copy_verified(join(base, shard.index_path), join(out, index_name),
-                                 shard.index_sha256, staging, so)
+        copied += _copy_verified(base.join(shard.path), store.join(name), shard.sha256, staging)
+        copied += _copy_verified(base.join(shard.index_path), store.join(index_name),
+                                 shard.index_sha256, staging)
         shards.append(ShardInfo(name, shard.num_samples, shard.bytes, shard.raw_bytes,
                                 shard.sha256, index_name, shard.index_sha256))
-    if not is_local(out):
+    if not store.is_local:
         os.rmdir(staging)
 
     skips.sort(key=lambda s: s["shard"])
     if skips:
-        write_skip_report(out, skips, so)
+        write_skip_report(store, skips)
     extra = _shared_extra(first)
     extra["skipped"] = len(skips)
     if skips:
@@ -230,11 +227,11 @@ def merge(
         classes=first.classes, layout=first.layout, length_field=first.length_field,
         extra=extra, aliases=first.aliases,
     )
-    write_bytes_atomic(join(out, MANIFEST_NAME), manifest.to_json(), so)
+    store.join(MANIFEST_NAME).write_bytes_atomic(manifest.to_json())
     if existing:
         keep = {s.path for s in shards} | {s.index_path for s in shards}
         if skips:
             keep.add(SKIP_REPORT)
-        remove_stale(out, existing, keep, shard_pattern(None), old, so)
+        remove_stale(store, existing, keep, shard_pattern(None), old)
     log.info("merged %d parts into %s (%s)", len(loaded), out, mode)
     return MergeReport(out, manifest, mode, len(loaded), copied)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shardloader.errors import UsageError
+from shardloader.format.registry import check_pack_format
 from shardloader.manifest import Manifest
 from shardloader.pack.layouts.registry import AUTO, layout_names
 from shardloader.storage import RetryPolicy
@@ -21,7 +22,7 @@ DEFAULT_SHARD_SIZE = 128 << 20
 class PackOptions:
     """How to pack; mirrors ``shardloader pack`` options (see ``--help``)."""
 
-    format: str = "tar"  # tar | arrow
+    format: str = "tar"  # tar | arrow | a registered format
     compression: str = "zstd"  # zstd | gzip | none (arrow: zstd | none)
     shard_size: int = DEFAULT_SHARD_SIZE  # uncompressed bytes per shard; 0: no limit
     max_samples: int | None = None  # samples per shard
@@ -45,12 +46,7 @@ class PackOptions:
         def bad(msg: str) -> UsageError:
             return UsageError(msg)
 
-        if self.format not in ("tar", "arrow"):
-            raise bad(f"--format {self.format!r}: choose 'tar' or 'arrow'")
-        if self.compression not in ("zstd", "gzip", "none"):
-            raise bad(f"--compression {self.compression!r}: choose 'zstd', 'gzip' or 'none'")
-        if self.format == "arrow" and self.compression == "gzip":
-            raise bad("arrow shards compress with 'zstd' or 'none', not 'gzip'")
+        check_pack_format(self.format, self.compression)  # the format registry knows
         if self.shard_size < 0:
             raise bad(f"--shard-size {self.shard_size} must be >= 0 (0: no limit)")
         if self.max_samples is not None and self.max_samples < 1:

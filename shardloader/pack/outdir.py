@@ -15,18 +15,12 @@ from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
 from shardloader.errors import ManifestError, OutputExistsError, StorageError, UsageError
+from shardloader.format.registry import get_format, known_formats
 from shardloader.manifest import MANIFEST_NAME, Manifest
-from shardloader.storage import (
-    RetryPolicy,
-    exists,
-    is_local,
-    join,
-    list_files,
-    local_path,
-    read_bytes,
-    remove,
-    write_bytes_atomic,
-)
+from shardloader.storage.retry import RetryPolicy
+from shardloader.storage.store import Store, as_store
+
+Out = str | Store  # a URL (with storage_options and policy) or a Store that carries them
 
 __all__ = [
     "SKIP_REPORT",
@@ -45,27 +39,39 @@ log = logging.getLogger(__name__)
 SKIP_REPORT = "skipped.jsonl"
 _HEX = r"[0-9a-f]{32}"
 _STEM = r"(?:part-\d{4}-)?shard-\d{5,}"
-_SUFFIX = r"(?:\.tar|\.tar\.gz|\.tar\.zst|\.arrow|\.idx\.arrow)"
-_TEMP = re.compile(
-    rf"^(?:\.{_STEM}{_SUFFIX}\.tmp-{_HEX}"
-    rf"|(?:{re.escape(MANIFEST_NAME)}|{re.escape(SKIP_REPORT)}|{_STEM}\.idx\.arrow)\.tmp-{_HEX})$"
-)
+
+
+def _suffix() -> str:
+    """Suffixes of every known format's shards, and of sidecars (asked each time: a format may
+    be registered after this module is imported)."""
+    found = {s for name in known_formats() for s in get_format(name).suffixes.values()}
+    return "(?:" + "|".join(re.escape(s) for s in sorted(found | {".idx.arrow"})) + ")"
+
+
+def _temp() -> re.Pattern[str]:
+    return re.compile(
+        rf"^(?:\.{_STEM}{_suffix()}\.tmp-{_HEX}"
+        rf"|(?:{re.escape(MANIFEST_NAME)}|{re.escape(SKIP_REPORT)}|{_STEM}\.idx\.arrow)"
+        rf"\.tmp-{_HEX})$"
+    )
 
 
 def shard_pattern(part: int | None) -> re.Pattern[str]:
     """Names of shards and sidecars a (part) run writes: ``shard-00001.tar.zst`` etc."""
     stem = r"shard-\d{5,}" if part is None else rf"part-{part:04d}-shard-\d{{5,}}"
-    return re.compile(rf"^{stem}{_SUFFIX}$")
+    return re.compile(rf"^{stem}{_suffix()}$")
 
 
 def list_out(
-    out: str, storage_options: Mapping[str, Any] | None, *, policy: RetryPolicy | None = None
+    out: Out, storage_options: Mapping[str, Any] | None = None, *,
+    policy: RetryPolicy | None = None,
 ) -> list[str]:
     """Files below ``out`` (relative paths); [] if it does not exist."""
-    if is_local(out):
-        path = local_path(out)
+    store = as_store(out, storage_options, policy)
+    if store.is_local:
+        path = store.local_path
         if os.path.exists(path) and not os.path.isdir(path):
-            raise UsageError(f"output {out!r} exists and is not a folder")
+            raise UsageError(f"output {store.url!r} exists and is not a folder")
         if not os.path.isdir(path):
             return []
         found = []
@@ -75,13 +81,13 @@ def list_out(
                 found.append(rel.replace(os.sep, "/"))
         return sorted(found)
     try:
-        return list_files(out, storage_options, policy=policy)
+        return store.list_files()
     except (FileNotFoundError, StorageError):
         return []
 
 
 def check_writable(
-    out: str,
+    out: Out,
     existing: Collection[str],
     *,
     overwrite: bool,
@@ -96,20 +102,23 @@ def check_writable(
         remedy = "pass --overwrite to replace what is there"
         if not allowed:
             remedy += ", or --resume to finish an interrupted pack"
+        url = out.url if isinstance(out, Store) else out
         raise OutputExistsError(
-            f"output {out!r} is not empty (holds {blocking[0]!r}{more}); {remedy}"
+            f"output {url!r} is not empty (holds {blocking[0]!r}{more}); {remedy}"
         )
 
 
 def old_manifest_paths(
-    out: str, storage_options: Mapping[str, Any] | None, *, policy: RetryPolicy | None = None
+    out: Out, storage_options: Mapping[str, Any] | None = None, *,
+    policy: RetryPolicy | None = None,
 ) -> set[str]:
     """Shard and sidecar paths listed by an existing manifest in ``out`` (none if unreadable)."""
-    url = join(out, MANIFEST_NAME)
-    if not exists(url, storage_options, policy=policy):
+    store = as_store(out, storage_options, policy).join(MANIFEST_NAME)
+    url = store.url
+    if not store.exists():
         return set()
     try:
-        manifest = Manifest.from_json(read_bytes(url, storage_options, policy=policy), url)
+        manifest = Manifest.from_json(store.read_bytes(), url)
     except (ManifestError, StorageError) as err:
         log.warning("%s: ignoring unreadable old manifest (%s)", url, err)
         return set()
@@ -125,7 +134,7 @@ def old_manifest_paths(
 
 
 def remove_stale(
-    out: str,
+    out: Out,
     existing: Iterable[str],
     keep: Collection[str],
     pattern: re.Pattern[str] | None,
@@ -135,48 +144,49 @@ def remove_stale(
     policy: RetryPolicy | None = None,
 ) -> list[str]:
     """Delete our temporaries, our shard/sidecar names not in ``keep``, and ``old`` paths."""
+    store = as_store(out, storage_options, policy)
+    temp = _temp()
     removed = []
     for rel in existing:
         top = "/" not in rel
         ours = top and (
-            bool(_TEMP.match(rel))
+            bool(temp.match(rel))
             or (pattern is not None and bool(pattern.match(rel)))
             or rel == SKIP_REPORT
         )
         if (ours or rel in old) and rel not in keep:
-            remove(join(out, rel), storage_options, policy=policy)
+            store.join(rel).remove()
             removed.append(rel)
     if removed:
-        log.info("%s: removed %d stale files", out, len(removed))
+        log.info("%s: removed %d stale files", store.url, len(removed))
     return removed
 
 
 def remove_temps(
-    out: str,
-    existing: Iterable[str],
-    storage_options: Any = None,
-    *,
+    out: Out, existing: Iterable[str], storage_options: Mapping[str, Any] | None = None, *,
     policy: RetryPolicy | None = None,
 ) -> None:
     """Delete temporary files that killed runs left behind (never final names)."""
+    store = as_store(out, storage_options, policy)
+    temp = _temp()
     for rel in existing:
-        if "/" not in rel and _TEMP.match(rel):
-            remove(join(out, rel), storage_options, policy=policy)
+        if "/" not in rel and temp.match(rel):
+            store.join(rel).remove()
 
 
 def write_skip_report(
-    out: str,
-    skips: Iterable[Mapping[str, Any]],
-    storage_options: Mapping[str, Any] | None,
-    *,
-    policy: RetryPolicy | None = None,
+    out: Out, skips: Iterable[Mapping[str, Any]],
+    storage_options: Mapping[str, Any] | None = None, *, policy: RetryPolicy | None = None,
 ) -> None:
     """One JSON object per skipped sample or file, in plan order (reproducible bytes)."""
     lines = [json.dumps(dict(s), sort_keys=True, ensure_ascii=False) + "\n" for s in skips]
-    write_bytes_atomic(join(out, SKIP_REPORT), "".join(lines).encode(), storage_options,
-                       policy=policy)
+    as_store(out, storage_options, policy).join(SKIP_REPORT).write_bytes_atomic(
+        "".join(lines).encode())
 
 
-def read_skip_report(url: str, storage_options: Mapping[str, Any] | None) -> list[dict[str, Any]]:
-    data = read_bytes(url, storage_options)
+def read_skip_report(
+    url: Out, storage_options: Mapping[str, Any] | None = None, *,
+    policy: RetryPolicy | None = None,
+) -> list[dict[str, Any]]:
+    data = as_store(url, storage_options, policy).read_bytes()
     return [json.loads(line) for line in data.decode().splitlines() if line.strip()]

@@ -1,11 +1,11 @@
 """Cut the sample stream into shards, and shards into parts: pure functions of the stream.
 
 NOTE [shard boundaries]: boundaries are decided here, in the main process, from sizes known
-before any byte is compressed: the exact *uncompressed* size of each sample in the shard format
-(tar: member headers + data padded to 512 bytes; arrow: field bytes + key, as the writers count
-``raw_bytes``).  So the same input and options give the same shards whatever the compression,
-``--workers`` or ``--num-parts``.  Fields derived in the workers (``tokens``) are not known here
-and are not counted.
+before any byte is compressed: the exact *uncompressed* size of each sample in the shard format,
+as the format states it (``Format.sample_raw_size``; tar: member headers + data padded to 512
+bytes; arrow: field bytes + key, as the writers count ``raw_bytes``).  So the same input and
+options give the same shards whatever the compression, ``--workers`` or ``--num-parts``.
+Fields derived in the workers (``tokens``) are not known here and are not counted.
 
 NOTE [parts]: shard ``n`` of the single-machine plan belongs to part ``n mod N``.  Every part
 walks the whole stream (listing files costs a ``stat``; record files are read, not written), so
@@ -18,8 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from shardloader.format import shard_suffix
-from shardloader.format.tar import BLOCK, _member_header
+from shardloader.format.registry import get_format, shard_suffix
 from shardloader.pack.refs import SampleRef
 
 __all__ = [
@@ -30,11 +29,7 @@ __all__ = [
     "tar_header_size",
     "shard_names",
     "part_of",
-    "TAR_END",
 ]
-
-TAR_END = 2 * BLOCK  # end-of-archive marker
-_USTAR_MAX_SIZE = 8**11
 
 
 @dataclass(frozen=True)
@@ -48,9 +43,9 @@ class ShardPlan:
 
 def tar_header_size(name: str, size: int) -> int:
     """Bytes of the pax/ustar header(s) format/tar.py writes for a member, computed exactly."""
-    if size < _USTAR_MAX_SIZE and len(name) <= 100 and name.isascii():
-        return BLOCK  # fits a plain ustar header: no pax record
-    return len(_member_header(name, size))
+    from shardloader.format.tar import header_size
+
+    return header_size(name, size)
 
 
 def field_size(value: object) -> int:
@@ -59,13 +54,9 @@ def field_size(value: object) -> int:
 
 def sample_raw_size(fmt: str, sample: SampleRef) -> int:
     """Uncompressed bytes the sample adds to a shard of format ``fmt``."""
-    if fmt == "arrow":
-        return len(sample.key) + sum(field_size(v) for _, v in sample.fields)
-    total = 0
-    for ext, value in sample.fields:
-        size = field_size(value)
-        total += tar_header_size(f"{sample.key}.{ext}", size) + size + (-size % BLOCK)
-    return total
+    return get_format(fmt).sample_raw_size(
+        sample.key, [(ext, field_size(v)) for ext, v in sample.fields]
+    )
 
 
 class Planner:
@@ -77,16 +68,19 @@ class Planner:
 
     def __init__(self, fmt: str, shard_size: int, max_samples: int | None) -> None:
         self.fmt = fmt
+        self.format = get_format(fmt)
         self.shard_size = shard_size
         self.max_samples = max_samples
         self.current = 0
 
     def shards(self, samples: Iterable[SampleRef]) -> Iterator[ShardPlan]:
-        base = TAR_END if self.fmt == "tar" else 0
+        base = self.format.shard_overhead
+        raw_size = self.format.sample_raw_size
         batch: list[SampleRef] = []
         size = base
         for sample in samples:
-            add = sample_raw_size(self.fmt, sample)
+            sizes = [(e, len(v) if isinstance(v, bytes) else v.size) for e, v in sample.fields]
+            add = raw_size(sample.key, sizes)
             full = bool(batch) and (
                 (self.shard_size > 0 and size + add > self.shard_size)
                 or (self.max_samples is not None and len(batch) >= self.max_samples)

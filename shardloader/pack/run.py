@@ -160,6 +160,7 @@ def pack(
         run_id=uuid.uuid4().hex,
         fmt=options.format,
         compression=options.compression,
+        retry=options.retry,
         fields=fields,
         options_digest=_options_digest(options, source, fields, tok_meta),
         validate=options.validate,

@@ -5,11 +5,8 @@ process boundary as plain frozen dataclasses (:class:`WriteSpec`, :class:`ShardT
 files, no lambdas.  The worker writes ``.<name>.tmp-<run id>`` and fsyncs it; the main process
 renames it to its final name (or uploads it), writes the sidecar, and the manifest last.
 
-NOTE [resume]: every sidecar's Arrow schema metadata (key ``shardloader``) records the shard's
-sha256, sizes, skipped samples and a *plan digest*: a hash of the options that change shard
-bytes, the shard's global number and its planned samples (keys, field names, file paths relative
-to SRC and sizes, record bytes).  A resumed run keeps a finished shard only if its plan digest is
-equal and the stored file still hashes to the recorded sha256.
+A resumed run keeps the finished shards that still match their plan and checksum (NOTE [resume]
+in pack/resume.py).
 """
 
 from __future__ import annotations
@@ -27,17 +24,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 
 from shardloader.codecs import check_field
-from shardloader.errors import InputError, ManifestError, ShardloaderError, StorageError
-from shardloader.format import WrittenShard, open_writer
+from shardloader.errors import InputError, ShardloaderError, StorageError
+from shardloader.format.base import WrittenShard
+from shardloader.format.registry import format_module, get_format
 from shardloader.keys import unsafe_key_reason
 from shardloader.manifest import FieldInfo, SampleIndex
 from shardloader.pack.discover import TextRule
 from shardloader.pack.plan import ShardPlan
 from shardloader.pack.refs import FileRef, SampleRef
-from shardloader.storage import exists, join, open_read, read_bytes
+from shardloader.pack.resume import plan_digest, sidecar_bytes, sidecar_meta
+from shardloader.storage.retry import DEFAULT_POLICY, RetryPolicy
+from shardloader.storage.store import Store, join
 
 __all__ = [
     "WriteSpec",
@@ -53,7 +52,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-META_KEY = b"shardloader"
 _HASH_CHUNK = 4 << 20
 
 
@@ -75,6 +73,17 @@ class WriteSpec:
     tokenizer: str | None = None  # local path of a Hugging Face tokenizers JSON file
     resume: bool = False
     storage_options: Mapping[str, Any] = field(default_factory=dict)
+    # where the format is defined: a worker process imports it (a third-party format)
+    format_module: str = ""
+    retry: RetryPolicy = DEFAULT_POLICY  # of every remote read and check on resume
+
+    def __post_init__(self) -> None:
+        if not self.format_module:
+            object.__setattr__(self, "format_module", format_module(self.fmt))
+
+    def store(self, url: str) -> Store:
+        """The store of an input or output URL, with this run's options and policy."""
+        return Store(url, self.storage_options, self.retry)
 
 
 @dataclass(frozen=True)
@@ -155,54 +164,6 @@ def _tokenizer(path: str) -> Any:
     return tok
 
 
-# -- the plan digest ------------------------------------------------------------------------
-
-
-def plan_digest(spec: WriteSpec, plan: ShardPlan) -> str:
-    """Hash of what decides a shard's bytes; see NOTE [resume]."""
-    h = hashlib.sha256()
-    parts = [json.dumps([spec.options_digest, plan.number]).encode()]
-    pending = 0
-    for sample in plan.samples:
-        parts.append(b"\0k" + sample.key.encode())
-        for ext, value in sample.fields:
-            parts.append(b"\0e" + ext.encode())
-            if isinstance(value, bytes):
-                parts.append(b"\0b%d\0" % len(value))
-                parts.append(value)
-                pending += len(value)
-            else:
-                parts.append(b"\0f%d\0" % value.size + value.rel.encode())
-        if pending > _HASH_CHUNK:  # few big updates instead of many small ones
-            h.update(b"".join(parts))
-            parts, pending = [], 0
-    h.update(b"".join(parts))
-    return h.hexdigest()
-
-
-def sidecar_meta(data: bytes, where: str) -> dict[str, Any]:
-    """The resume record stored in a sidecar written by ``pack`` ({} if there is none)."""
-    try:
-        schema = pa.ipc.open_file(pa.py_buffer(data)).schema
-        raw = (schema.metadata or {}).get(META_KEY)
-        return json.loads(raw) if raw else {}
-    except (pa.ArrowInvalid, ValueError) as err:
-        raise ManifestError(f"{where} is not a valid sample index: {err}") from err
-
-
-def sidecar_bytes(index: SampleIndex, meta: Mapping[str, Any]) -> bytes:
-    """The sidecar: :meth:`SampleIndex.to_arrow_bytes` plus the resume record as metadata."""
-    table = pa.ipc.open_file(pa.py_buffer(index.to_arrow_bytes())).read_all()
-    table = table.replace_schema_metadata({META_KEY: json.dumps(meta, sort_keys=True)})
-    sink = pa.BufferOutputStream()
-    # zstd buffers: keys and offsets are regular, so the sidecar shrinks ~5x (it is ~45 bytes a
-    # sample raw, a noticeable share of a text shard); readers decompress transparently.
-    options = pa.ipc.IpcWriteOptions(compression="zstd")
-    with pa.ipc.new_file(sink, table.schema, options=options) as writer:
-        writer.write_table(table)
-    return sink.getvalue().to_pybytes()
-
-
 # -- reading and checking samples -----------------------------------------------------------
 
 
@@ -238,7 +199,7 @@ _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
 def _read(spec: WriteSpec, sample: SampleRef, ref: FileRef) -> bytes:
     try:
-        data = read_bytes(ref.url, spec.storage_options)
+        data = spec.store(ref.url).read_bytes()
     except (OSError, StorageError) as err:
         raise _Bad(sample, f"unreadable ({err})", ref) from err
     if len(data) != ref.size:
@@ -318,10 +279,10 @@ def _load(spec: WriteSpec, sample: SampleRef) -> tuple[dict[str, bytes], int | N
 # -- one shard ------------------------------------------------------------------------------
 
 
-def _hash_url(url: str, storage_options: Mapping[str, Any]) -> tuple[str, int]:
+def _hash_stored(store: Store) -> tuple[str, int]:
     h = hashlib.sha256()
     n = 0
-    with open_read(url, storage_options) as f:
+    with store.open_read() as f:
         while chunk := f.read(_HASH_CHUNK):
             h.update(chunk)
             n += len(chunk)
@@ -330,16 +291,18 @@ def _hash_url(url: str, storage_options: Mapping[str, Any]) -> tuple[str, int]:
 
 def _try_keep(spec: WriteSpec, task: ShardTask, digest: str) -> ShardResult | None:
     """A finished shard from an earlier run, if it is intact and was planned the same way."""
-    shard_url, index_url = join(spec.out, task.name), join(spec.out, task.index_name)
-    if not (exists(shard_url, spec.storage_options) and exists(index_url, spec.storage_options)):
+    out = spec.store(spec.out)
+    shard, index_store = out.join(task.name), out.join(task.index_name)
+    shard_url, index_url = shard.url, index_store.url
+    if not (shard.exists() and index_store.exists()):
         return None
     try:
-        sidecar = read_bytes(index_url, spec.storage_options)
+        sidecar = index_store.read_bytes()
         meta = sidecar_meta(sidecar, index_url)
         if meta.get("plan_digest") != digest:
             log.info("%s: planned differently; packing it again", shard_url)
             return None
-        sha, size = _hash_url(shard_url, spec.storage_options)
+        sha, size = _hash_stored(shard)
         index = SampleIndex.from_arrow_bytes(sidecar, index_url)
     except ShardloaderError as err:
         log.warning("%s: cannot reuse (%s); packing it again", shard_url, err)
@@ -358,7 +321,7 @@ def _try_keep(spec: WriteSpec, task: ShardTask, digest: str) -> ShardResult | No
 
 def write_shard(spec: WriteSpec, task: ShardTask) -> ShardResult:
     """Write one shard to a temporary file (or keep the finished one on resume)."""
-    digest = plan_digest(spec, task.plan)
+    digest = plan_digest(spec.options_digest, task.plan)
     if spec.resume:
         kept = _try_keep(spec, task, digest)
         if kept is not None:
@@ -368,7 +331,9 @@ def write_shard(spec: WriteSpec, task: ShardTask) -> ShardResult:
     bytes_in = 0
     try:
         with open(tmp, "wb") as f:
-            writer = open_writer(spec.fmt, f, spec.compression, spec.fields)
+            writer = get_format(spec.fmt, spec.format_module).writer(
+                f, spec.compression, spec.fields
+            )
             for sample in task.plan.samples:
                 try:
                     fields, length = _load(spec, sample)

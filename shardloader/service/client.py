@@ -309,7 +309,7 @@ class _Reader:
                         return
                 raise TruncatedBodyError(f"{endpoint.url} closed the stream before its end")
             except (OSError, http.client.HTTPException) as err:
-                if isinstance(err, ShardloaderError):
+                if isinstance(err, ShardloaderError) and not isinstance(err, TruncatedBodyError):
                     raise
                 if self.stop.is_set():
                     return

@@ -1,8 +1,10 @@
 """Where bytes live: local paths and any fsspec URL (``s3://``, ``http(s)://``, ``file://``).
 
-Everything above this package passes URLs as strings plus an explicit ``storage_options``
-mapping; filesystems are created lazily in each process (a dataset pickles cheaply into
-DataLoader workers).
+Everything above this package holds a :class:`Store` (URL + fsspec options + retry policy):
+small, frozen, picklable; filesystems are created lazily in each process.  Per-protocol defaults
+(timeouts, which errors are worth a retry) are in ``protocols.py``; the node-local shard cache
+in ``cache.py``.  The functions below ``Store`` are the 0.1 API (URL, ``storage_options``,
+``policy=``), each a thin wrapper over a ``Store``.
 """
 
 from shardloader.storage.fetch import fetch_shard
@@ -19,10 +21,14 @@ from shardloader.storage.fs import (
     remove,
     write_bytes_atomic,
 )
+from shardloader.storage.protocols import ProtocolDefaults, register_protocol
 from shardloader.storage.retry import RetryPolicy, call_with_retries
+from shardloader.storage.store import Store
 
 __all__ = [
+    "ProtocolDefaults",
     "RetryPolicy",
+    "Store",
     "call_with_retries",
     "fetch_shard",
     "exists",
@@ -34,6 +40,7 @@ __all__ = [
     "open_read",
     "put_file",
     "read_bytes",
+    "register_protocol",
     "remove",
     "write_bytes_atomic",
 ]

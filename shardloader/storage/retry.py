@@ -1,13 +1,12 @@
-"""One retry policy for every remote call, and the settings that stop the stack below retrying.
+"""One retry policy for every remote call, and the loop that spends it.
 
-Out of the box s3fs, botocore and aiohttp each retry on their own, nested (up to 125 attempts for
-one read timeout, over half an hour for a hung server), and surface exhausted retries as
-unrelated exception types.  Here the layers below make a single attempt
-(:func:`fsspec_options`), and :func:`call_with_retries` owns the budget: transient faults are
-retried with exponential backoff and full jitter, bounded in attempts and in total time; when the
-budget is spent the caller gets one :class:`~shardloader.errors.StorageError` naming the URL, the
-attempts and the last cause.  Permanent errors (404, 403, bad credentials) fail at once with a
-remedy in the message.
+The layers below make a single attempt per request (each protocol's defaults in
+:mod:`shardloader.storage.protocols` switch their own retries off), and :func:`call_with_retries`
+owns the budget: transient faults are retried with exponential backoff and full jitter, bounded
+in attempts and in total time; when the budget is spent the caller gets one
+:class:`~shardloader.errors.StorageError` naming the URL, the attempts and the last cause.
+Permanent errors (404, 403, bad credentials) fail at once with a remedy in the message.  Which
+errors are transient is the protocol's to say (:func:`shardloader.storage.protocols.classify`).
 
 Jitter comes from a local, unseeded ``random.Random``: it only spreads requests in time and never
 touches the data order.
@@ -15,18 +14,33 @@ touches the data order.
 
 from __future__ import annotations
 
-import errno
-import http.client
 import logging
 import random
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, TypeVar
 
 import tenacity
 
-from shardloader.errors import ObjectNotFoundError, ShardloaderError, StorageError, UsageError
+from shardloader.errors import (
+    ObjectNotFoundError,
+    ShardloaderError,
+    StorageError,
+    TruncatedBodyError,
+    UsageError,
+)
+from shardloader.storage import protocols
+from shardloader.storage.classify import (
+    CREDENTIALS,
+    FORBIDDEN,
+    NO_BUCKET,
+    NOT_FOUND,
+    THROTTLED,
+    describe,
+)
+from shardloader.storage.protocols import classify, is_transient
 
 __all__ = [
     "RetryPolicy",
@@ -84,199 +98,20 @@ class RetryPolicy:
 DEFAULT_POLICY = RetryPolicy()
 
 
-class TruncatedBodyError(ConnectionError):
-    """A response ended before the size it announced: transient, worth another attempt."""
-
-
-# -- classification --------------------------------------------------------------------------
-
-TRANSIENT = "transient"
-THROTTLED = "throttled"
-NOT_FOUND = "not_found"
-NO_BUCKET = "no_bucket"
-FORBIDDEN = "forbidden"
-CREDENTIALS = "credentials"
-PERMANENT = "permanent"
-
-_THROTTLE_CODES = frozenset(
-    {
-        "SlowDown",
-        "Throttling",
-        "ThrottlingException",
-        "ThrottledException",
-        "TooManyRequests",
-        "TooManyRequestsException",
-        "RequestLimitExceeded",
-        "RequestThrottled",
-        "RequestThrottledException",
-        "ProvisionedThroughputExceededException",
-        "BandwidthLimitExceeded",
-        "429",
-    }
-)
-_TRANSIENT_CODES = frozenset(
-    {
-        "InternalError",
-        "ServiceUnavailable",
-        "RequestTimeout",
-        "RequestTimeoutException",
-        "OperationAborted",
-        "XAmzContentSHA256Mismatch",
-        "PriorRequestNotComplete",
-        "IncompleteBody",
-    }
-)
-_CREDENTIAL_CODES = frozenset(
-    {
-        "InvalidAccessKeyId",
-        "SignatureDoesNotMatch",
-        "ExpiredToken",
-        "ExpiredTokenException",
-        "InvalidToken",
-        "TokenRefreshRequired",
-        "InvalidClientTokenId",
-        "UnrecognizedClientException",
-        "AuthorizationHeaderMalformed",
-        "401",
-    }
-)
-_NOT_FOUND_CODES = frozenset({"NoSuchKey", "NotFound", "404", "NoSuchVersion"})
-
-
-def _optional_types() -> tuple[tuple[type[BaseException], ...], ...]:
-    """(transient, credential, client-error, response-error) exception types of installed extras."""
-    transient: list[type[BaseException]] = [
-        TimeoutError,
-        ConnectionError,
-        http.client.IncompleteRead,
-    ]
-    credential: list[type[BaseException]] = []
-    client: list[type[BaseException]] = []
-    response: list[type[BaseException]] = []
-    try:
-        from fsspec.exceptions import FSTimeoutError
-
-        transient.append(FSTimeoutError)
-    except ImportError:  # pragma: no cover - fsspec is a core dependency
-        pass
-    try:
-        import botocore.exceptions as bx
-        from botocore.parsers import ResponseParserError
-
-        transient += [
-            bx.HTTPClientError,  # ReadTimeout, ConnectTimeout, ConnectionClosed, ...
-            bx.ConnectionError,  # EndpointConnectionError
-            bx.IncompleteReadError,
-            bx.ResponseStreamingError,
-            ResponseParserError,  # throttling replies sometimes carry invalid XML (s3fs #484)
-        ]
-        credential += [
-            bx.NoCredentialsError,
-            bx.PartialCredentialsError,
-            bx.CredentialRetrievalError,
-        ]
-        client.append(bx.ClientError)
-    except ImportError:
-        pass
-    try:
-        import aiohttp
-
-        transient += [aiohttp.ClientPayloadError, aiohttp.ClientConnectionError]
-        response.append(aiohttp.ClientResponseError)
-    except ImportError:
-        pass
-    return tuple(transient), tuple(credential), tuple(client), tuple(response)
-
-
-_TRANSIENT_TYPES, _CREDENTIAL_TYPES, _CLIENT_ERRORS, _RESPONSE_ERRORS = _optional_types()
-
-
-def _chain(err: BaseException) -> Iterator[BaseException]:
-    """``err`` and its causes/contexts, outermost first, each once."""
-    seen: set[int] = set()
-    cur: BaseException | None = err
-    while cur is not None and id(cur) not in seen and len(seen) < 32:
-        seen.add(id(cur))
-        yield cur
-        cur = cur.__cause__ or cur.__context__
-
-
-def _from_status(status: int | None, code: str = "") -> str | None:
-    if code in _THROTTLE_CODES or status == 429:
-        return THROTTLED
-    if code in _TRANSIENT_CODES or (status is not None and (status >= 500 or status == 408)):
-        return TRANSIENT
-    if code == "NoSuchBucket":
-        return NO_BUCKET
-    if code in _NOT_FOUND_CODES or status == 404:
-        return NOT_FOUND
-    if code in _CREDENTIAL_CODES or status == 401:
-        return CREDENTIALS
-    if code == "AccessDenied" or status == 403:
-        return FORBIDDEN
-    if status is not None or code:
-        return PERMANENT
-    return None
-
-
-def classify(err: BaseException) -> str:
-    """What kind of failure ``err`` is: ``transient``, ``throttled``, ``not_found``,
-    ``no_bucket``, ``forbidden``, ``credentials`` or ``permanent``.
-
-    The stack wraps its errors (s3fs turns a botocore ``ClientError`` into an ``OSError`` whose
-    cause it is; botocore wraps aiohttp's), so the cause chain is read outermost first and the
-    first exception that says something decides.
-    """
-    for e in _chain(err):
-        kind = _decide(e)
-        if kind is not None:
-            return kind
-    return PERMANENT
-
-
-def _decide(e: BaseException) -> str | None:
-    if _CLIENT_ERRORS and isinstance(e, _CLIENT_ERRORS):
-        resp: Mapping[str, Any] = getattr(e, "response", None) or {}
-        code = str(resp.get("Error", {}).get("Code", ""))
-        return _from_status(resp.get("ResponseMetadata", {}).get("HTTPStatusCode"), code)
-    if _RESPONSE_ERRORS and isinstance(e, _RESPONSE_ERRORS):
-        return _from_status(getattr(e, "status", None))
-    if _CREDENTIAL_TYPES and isinstance(e, _CREDENTIAL_TYPES):
-        return CREDENTIALS
-    if isinstance(e, FileNotFoundError | PermissionError):
-        # s3fs's translation of a ClientError: its code tells NoSuchBucket or bad credentials
-        if _CLIENT_ERRORS and isinstance(e.__cause__, _CLIENT_ERRORS):
-            refined = _decide(e.__cause__)
-            if refined is not None:
-                return refined
-        return NOT_FOUND if isinstance(e, FileNotFoundError) else FORBIDDEN
-    if isinstance(e, _TRANSIENT_TYPES):
-        return TRANSIENT
-    if isinstance(e, OSError) and e.errno in (errno.ECONNRESET, errno.ETIMEDOUT, errno.EPIPE):
-        return TRANSIENT
-    return None
-
-
-def is_transient(err: BaseException) -> bool:
-    """True when another attempt may succeed (5xx, 429/SlowDown, reset, truncation, timeout)."""
-    if isinstance(err, ShardloaderError) or not isinstance(err, Exception):
-        return False
-    return classify(err) in (TRANSIENT, THROTTLED)
-
-
 # -- the retry loop ---------------------------------------------------------------------------
 
 
 class _Backoff:
     """tenacity wait: full jitter from a local RNG, never past the total budget."""
 
-    def __init__(self, policy: RetryPolicy) -> None:
+    def __init__(self, policy: RetryPolicy, protocol: str) -> None:
         self.policy = policy
+        self.protocol = protocol
         self.rng = random.Random()  # unseeded on purpose: spreads requests, never orders data
 
     def __call__(self, state: tenacity.RetryCallState) -> float:
         err = state.outcome.exception() if state.outcome is not None else None
-        throttled = err is not None and classify(err) == THROTTLED
+        throttled = err is not None and classify(err, self.protocol) == THROTTLED
         wait = self.policy.backoff(state.attempt_number, self.rng, throttled=throttled)
         left = self.policy.max_total_seconds - (state.seconds_since_start or 0.0)
         return max(0.0, min(wait, left))
@@ -291,18 +126,20 @@ def call_with_retries(
 ) -> T:
     """Call ``fn()`` under ``policy``; retry transient faults, fail fast on permanent ones.
 
-    ``fn`` makes one attempt with the stack's own retries off (see :func:`fsspec_options`).
-    Raises one :class:`StorageError` naming ``url``, the attempts and the last cause when the
-    budget is spent; :class:`ObjectNotFoundError` or :class:`StorageError` with a remedy at
-    once for permanent errors.  Shardloader's own errors and non-storage exceptions (bugs)
-    pass through unchanged.
+    ``fn`` makes one attempt with the stack's own retries off (see :func:`fsspec_options`);
+    its errors are read with the defaults of ``url``'s protocol.  Raises one
+    :class:`StorageError` naming ``url``, the attempts and the last cause when the budget is
+    spent; :class:`ObjectNotFoundError` or :class:`StorageError` with a remedy at once for
+    permanent errors.  Shardloader's own errors (but :class:`TruncatedBodyError`, which is
+    retried) and non-storage exceptions (bugs) pass through unchanged.
     """
     policy = policy or DEFAULT_POLICY
+    protocol = protocols.protocol_of(url)
     retrying = tenacity.Retrying(
         stop=tenacity.stop_after_attempt(policy.max_attempts)
         | tenacity.stop_after_delay(policy.max_total_seconds),
-        wait=_Backoff(policy),
-        retry=tenacity.retry_if_exception(is_transient),
+        wait=_Backoff(policy, protocol),
+        retry=tenacity.retry_if_exception(partial(is_transient, protocol=protocol)),
         before_sleep=_log_retry(url, what, policy),
         reraise=False,
     )
@@ -317,15 +154,15 @@ def call_with_retries(
             f"cannot {what} {url!r}: gave up after {attempts} attempt"
             f"{'s' if attempts != 1 else ''} in {elapsed:.1f} s (RetryPolicy(max_attempts="
             f"{policy.max_attempts}, max_total_seconds={policy.max_total_seconds})); last "
-            f"cause: {_describe(last)}; if the store is overloaded or slow, raise the policy's "
+            f"cause: {describe(last)}; if the store is overloaded or slow, raise the policy's "
             "limits or timeouts"
         ) from last
     except ShardloaderError:
         raise
     except Exception as err:
-        if not _is_storage_error(err):
+        if not protocols.is_storage_error(err, protocol):
             raise
-        raise _permanent_error(err, url=url, what=what) from err
+        raise _permanent_error(err, url=url, what=what, protocol=protocol) from err
 
 
 def _log_retry(
@@ -340,29 +177,19 @@ def _log_retry(
             url,
             state.attempt_number,
             policy.max_attempts,
-            _describe(err) if err is not None else "?",
+            describe(err) if err is not None else "?",
             sleep,
         )
 
     return log
 
 
-def _is_storage_error(err: BaseException) -> bool:
-    known: tuple[type[BaseException], ...] = (
-        OSError,
-        *_CLIENT_ERRORS,
-        *_RESPONSE_ERRORS,
-        *_CREDENTIAL_TYPES,
-    )
-    return isinstance(err, known) or (
-        type(err).__module__.split(".")[0] in ("botocore", "aiobotocore", "aiohttp", "s3fs")
-    )
-
-
-def _permanent_error(err: BaseException, *, url: str, what: str = "read") -> StorageError:
+def _permanent_error(
+    err: BaseException, *, url: str, what: str = "read", protocol: str | None = None
+) -> StorageError:
     """The error to raise, with a remedy, for a failure that another attempt will not fix."""
-    kind = classify(err)
-    cause = _describe(err)
+    kind = classify(err, protocol)
+    cause = describe(err)
     if kind == NO_BUCKET:
         bucket = url.split("://", 1)[-1].split("/", 1)[0]
         return ObjectNotFoundError(
@@ -391,71 +218,11 @@ def _permanent_error(err: BaseException, *, url: str, what: str = "read") -> Sto
     return StorageError(f"cannot {what} {url!r}: {cause} (a permanent error; not retried)")
 
 
-def _describe(err: BaseException | None) -> str:
-    """``Type: message`` of ``err``, plus its innermost cause when that says more."""
-    if err is None:
-        return "unknown error"
-    chain = list(_chain(err))
-    out = f"{type(err).__name__}: {_short(err)}"
-    root = chain[-1]
-    if root is not err:
-        out += f" (from {type(root).__name__}: {_short(root)})"
-    return out
-
-
-def _short(err: BaseException) -> str:
-    text = " ".join(str(err).split())
-    return text if len(text) <= 240 else text[:237] + "..."
-
-
-# -- the layers below: one attempt each ---------------------------------------------------------
-
-
 def fsspec_options(
     url: str, storage_options: Mapping[str, Any] | None = None, policy: RetryPolicy | None = None
 ) -> dict[str, Any]:
-    """Options to create ``url``'s fsspec filesystem with, so the stack makes one attempt.
-
-    Starts from fsspec's config for the protocol, then the caller's ``storage_options`` (which
-    win, nested ``config_kwargs``/``client_kwargs`` merged key by key), then fills in what is
-    still unset:
-
-    - ``s3://``: botocore ``config_kwargs={"retries": {"total_max_attempts": 1, "mode":
-      "standard"}, "connect_timeout": ..., "read_timeout": ...}`` (``{"max_attempts": 1}`` would
-      still allow one retry: botocore counts it without the first attempt).  s3fs's own retry
-      loop is switched off on the instance by :func:`shardloader.storage.fs.filesystem`; the
-      endpoint and credentials are left to botocore, which already reads ``AWS_ENDPOINT_URL``,
-      ``AWS_ENDPOINT_URL_S3``, profiles and the usual variables.
-    - ``http(s)://``: an aiohttp ``ClientTimeout(sock_connect=..., sock_read=...)`` with no total
-      limit (a large shard may take long; a stalled one may not).
-    """
+    """Options to create ``url``'s fsspec filesystem with, so the stack makes one attempt per
+    request within ``policy``'s timeouts (:func:`shardloader.storage.protocols.fsspec_options`)."""
     policy = policy or DEFAULT_POLICY
-    protocol = url.split("://", 1)[0] if "://" in url else "file"
-    try:
-        from fsspec.config import conf
-    except ImportError:  # pragma: no cover - fsspec is a core dependency
-        conf = {}
-    opts: dict[str, Any] = dict(conf.get(protocol, {}))
-    for key, value in (storage_options or {}).items():
-        if key in ("config_kwargs", "client_kwargs") and isinstance(value, Mapping):
-            opts[key] = {**dict(opts.get(key) or {}), **value}
-        else:
-            opts[key] = value
-    if protocol in ("s3", "s3a"):
-        config = dict(opts.get("config_kwargs") or {})
-        config.setdefault("retries", {"total_max_attempts": 1, "mode": "standard"})
-        config.setdefault("connect_timeout", policy.connect_timeout)
-        config.setdefault("read_timeout", policy.read_timeout)
-        opts["config_kwargs"] = config
-    elif protocol in ("http", "https"):
-        import aiohttp
-
-        client = dict(opts.get("client_kwargs") or {})
-        client.setdefault(
-            "timeout",
-            aiohttp.ClientTimeout(
-                total=None, sock_connect=policy.connect_timeout, sock_read=policy.read_timeout
-            ),
-        )
-        opts["client_kwargs"] = client
-    return opts
+    return protocols.fsspec_options(url, storage_options, policy.connect_timeout,
+                                    policy.read_timeout)

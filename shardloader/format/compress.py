@@ -1,0 +1,137 @@
+"""Whole-stream compression of a stored shard, and bounded decompression of one.
+
+Tar shards are compressed as a whole (``.tar.zst``, ``.tar.gz``); a format whose shards are a
+plain byte stream can reuse these pieces: :class:`CompressedSink` to write, :func:`decompressed`
+to stream back, :func:`stage_stream` to stage with a bound.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+from typing import BinaryIO
+
+import zstandard
+
+from shardloader.errors import ShardError, UsageError
+
+__all__ = [
+    "CHUNK",
+    "DECOMPRESS_ERRORS",
+    "CompressedSink",
+    "HashingCounter",
+    "decompressed",
+    "stage_stream",
+    "too_big",
+]
+
+CHUNK = 1 << 20
+ZSTD_LEVEL = 3
+GZIP_LEVEL = 6
+# What a corrupt compressed stream raises while being read (ShardError is an OSError too:
+# callers re-raise it unchanged).
+DECOMPRESS_ERRORS: tuple[type[BaseException], ...] = (zstandard.ZstdError, OSError, EOFError)
+
+
+class HashingCounter:
+    """File wrapper that hashes and counts the stored bytes on their way to disk."""
+
+    def __init__(self, fileobj: BinaryIO) -> None:
+        self._f = fileobj
+        self.sha = hashlib.sha256()
+        self.count = 0
+
+    def write(self, data: bytes | memoryview) -> int:
+        view = memoryview(data)
+        self.sha.update(view)
+        self.count += view.nbytes
+        return self._f.write(view)
+
+    def flush(self) -> None:
+        self._f.flush()
+
+    def close(self) -> None:  # the caller owns the file: closing the wrapper only flushes
+        self._f.flush()
+
+    @property
+    def closed(self) -> bool:
+        return False
+
+
+class CompressedSink:
+    """Writes a stream through zstd, gzip or no compression; ``stored`` counts and hashes the
+    compressed bytes.  Same input, same bytes (gzip without a name or mtime)."""
+
+    def __init__(self, fileobj: BinaryIO, compression: str) -> None:
+        self.stored = HashingCounter(fileobj)
+        self._compressor: object | None
+        if compression == "zstd":
+            cctx = zstandard.ZstdCompressor(level=ZSTD_LEVEL)
+            self._compressor = cctx.stream_writer(self.stored, closefd=False)  # type: ignore[arg-type]
+        elif compression == "gzip":
+            self._compressor = gzip.GzipFile(
+                filename="",
+                mode="wb",
+                fileobj=self.stored,
+                mtime=0,  # type: ignore[arg-type]
+                compresslevel=GZIP_LEVEL,
+            )
+        elif compression == "none":
+            self._compressor = None
+        else:
+            raise UsageError(f"unknown compression {compression!r}; choose zstd, gzip or none")
+        self._sink = self._compressor if self._compressor is not None else self.stored
+
+    def write(self, data: bytes) -> int:
+        return self._sink.write(data)  # type: ignore[attr-defined,no-any-return]
+
+    def close(self) -> None:
+        """Finish the compressed stream and flush it (the file itself stays open)."""
+        if self._compressor is not None:
+            self._compressor.close()  # type: ignore[attr-defined]
+        self.stored.flush()
+
+
+def decompressed(src: BinaryIO, compression: str) -> BinaryIO:
+    """``src`` (a stored shard) read through its compression."""
+    if compression == "zstd":
+        return zstandard.ZstdDecompressor().stream_reader(src, read_across_frames=True)  # type: ignore[return-value]
+    if compression == "gzip":
+        return gzip.GzipFile(fileobj=src, mode="rb")  # type: ignore[return-value]
+    if compression == "none":
+        return src
+    raise UsageError(f"unknown compression {compression!r}; choose zstd, gzip or none")
+
+
+def too_big(where: str, what: str, limit: int, reason: str) -> ShardError:
+    return ShardError(
+        f"{where}: {what} goes past the {limit:,} bytes {reason}; the shard is corrupt or "
+        "hostile (a decompression bomb?): re-pack it or restore it from a copy"
+    )
+
+
+def stage_stream(
+    src: BinaryIO, dst: BinaryIO, compression: str, where: str, limit: int | None = None
+) -> int:
+    """Decompress a stored shard into ``dst``; return the uncompressed byte count.
+
+    Stops with ShardError as soon as the output would pass ``limit`` (the manifest's
+    ``raw_bytes``): a decompression bomb writes at most ``limit`` bytes, never fills the disk.
+    """
+    stream = decompressed(src, compression)
+    total = 0
+    try:
+        while True:
+            chunk = stream.read(CHUNK)
+            if not chunk:
+                return total
+            if limit is not None and total + len(chunk) > limit:
+                raise too_big(
+                    where, "the decompressed shard", limit, "the manifest declares (raw_bytes)"
+                )
+            dst.write(chunk)
+            total += len(chunk)
+    except DECOMPRESS_ERRORS as err:
+        if isinstance(err, ShardError):
+            raise
+        raise ShardError(f"{where}: cannot decompress shard ({err})") from err

@@ -1,0 +1,388 @@
+"""What shardloader knows about each storage protocol, side by side: s3, http(s), local, memory,
+and a generic entry for every other fsspec protocol.
+
+A protocol's :class:`ProtocolDefaults` say how to make its filesystem attempt each request
+once, with timeouts from the :class:`~shardloader.storage.retry.RetryPolicy` (so the policy owns
+the retries), how to read its errors (which are worth another attempt), and anything its
+uploads need.  Out of the box s3fs, botocore and aiohttp each retry on their own, nested (up to
+125 attempts for one read timeout), and surface exhausted retries as unrelated exception types;
+the entries below switch that off.
+
+A protocol without an entry works (fsspec opens it) with the generic classification only:
+timeouts, resets and ``FileNotFoundError`` are understood, its own retries and timeouts are
+left as they are, and a warning says so once per process.  ``register_protocol`` adds an entry.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from shardloader.errors import ShardloaderError, TruncatedBodyError, UsageError
+from shardloader.storage.classify import (
+    CREDENTIALS,
+    FORBIDDEN,
+    NO_BUCKET,
+    NOT_FOUND,
+    PERMANENT,
+    THROTTLED,
+    TRANSIENT,
+    chain,
+    decide_generic,
+    from_status,
+)
+
+__all__ = [
+    "ProtocolDefaults",
+    "classify",
+    "fsspec_options",
+    "is_storage_error",
+    "is_transient",
+    "protocol_defaults",
+    "protocol_of",
+    "register_protocol",
+]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ProtocolDefaults:
+    """Everything protocol-specific, for the protocols in ``names``.
+
+    - ``fill_options(options, connect_timeout, read_timeout)``: set what is still unset in the
+      fsspec options so the filesystem makes one attempt per request, within the timeouts.
+    - ``decide(err)``: the kind (:mod:`shardloader.storage.classify`) of one exception of this
+      protocol's stack, or None to leave it to the generic rules.
+    - ``error_modules``: top-level packages whose exceptions are storage errors (reported with a
+      remedy) rather than bugs (passed through).
+    - ``prepare(fs)``: adjust a new filesystem instance.  ``put_file(fs, local, path)``: one
+      upload attempt, when ``fs.put_file`` is not enough.
+    """
+
+    names: tuple[str, ...]
+    fill_options: Callable[[dict[str, Any], float, float], None] | None = None
+    decide: Callable[[BaseException], str | None] | None = None
+    error_modules: tuple[str, ...] = ()
+    prepare: Callable[[Any], None] | None = None
+    put_file: Callable[[Any, str, str], None] | None = None
+
+
+# -- s3 ---------------------------------------------------------------------------------------
+
+_S3_CODES = {
+    **dict.fromkeys(
+        (
+            "SlowDown",
+            "Throttling",
+            "ThrottlingException",
+            "ThrottledException",
+            "TooManyRequests",
+            "TooManyRequestsException",
+            "RequestLimitExceeded",
+            "RequestThrottled",
+            "RequestThrottledException",
+            "ProvisionedThroughputExceededException",
+            "BandwidthLimitExceeded",
+            "429",
+        ),
+        THROTTLED,
+    ),
+    **dict.fromkeys(
+        (
+            "InternalError",
+            "ServiceUnavailable",
+            "RequestTimeout",
+            "RequestTimeoutException",
+            "OperationAborted",
+            "XAmzContentSHA256Mismatch",
+            "PriorRequestNotComplete",
+            "IncompleteBody",
+        ),
+        TRANSIENT,
+    ),
+    **dict.fromkeys(
+        (
+            "InvalidAccessKeyId",
+            "SignatureDoesNotMatch",
+            "ExpiredToken",
+            "ExpiredTokenException",
+            "InvalidToken",
+            "TokenRefreshRequired",
+            "InvalidClientTokenId",
+            "UnrecognizedClientException",
+            "AuthorizationHeaderMalformed",
+            "401",
+        ),
+        CREDENTIALS,
+    ),
+    **dict.fromkeys(("NoSuchKey", "NotFound", "404", "NoSuchVersion"), NOT_FOUND),
+    "NoSuchBucket": NO_BUCKET,
+    "AccessDenied": FORBIDDEN,
+}
+
+
+def _types(module: str, *names: str) -> tuple[type[BaseException], ...]:
+    """Exception classes of an optional extra (none when it is not installed)."""
+    try:
+        mod = __import__(module, fromlist=list(names))
+    except ImportError:
+        return ()
+    return tuple(getattr(mod, n) for n in names)
+
+
+_CLIENT_ERRORS = _types("botocore.exceptions", "ClientError")
+_CREDENTIAL_TYPES = _types(
+    "botocore.exceptions",
+    "NoCredentialsError",
+    "PartialCredentialsError",
+    "CredentialRetrievalError",
+)
+_S3_TRANSIENT = _types(
+    "botocore.exceptions",
+    "HTTPClientError",
+    "ConnectionError",
+    "IncompleteReadError",
+    "ResponseStreamingError",
+) + _types("botocore.parsers", "ResponseParserError")  # throttles may carry bad XML (s3fs #484)
+_HTTP_RESPONSE = _types("aiohttp", "ClientResponseError")
+_HTTP_TRANSIENT = _types("aiohttp", "ClientPayloadError", "ClientConnectionError")
+
+
+def _http_decide(e: BaseException) -> str | None:
+    if _HTTP_RESPONSE and isinstance(e, _HTTP_RESPONSE):
+        return from_status(getattr(e, "status", None))
+    if _HTTP_TRANSIENT and isinstance(e, _HTTP_TRANSIENT):
+        return TRANSIENT
+    return None
+
+
+def _s3_decide(e: BaseException) -> str | None:
+    if _CLIENT_ERRORS and isinstance(e, _CLIENT_ERRORS):
+        resp: Mapping[str, Any] = getattr(e, "response", None) or {}
+        code = str(resp.get("Error", {}).get("Code", ""))
+        status = resp.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        return from_status(status, code, _S3_CODES)
+    if _CREDENTIAL_TYPES and isinstance(e, _CREDENTIAL_TYPES):
+        return CREDENTIALS
+    if (
+        isinstance(e, FileNotFoundError | PermissionError)
+        and _CLIENT_ERRORS
+        and isinstance(e.__cause__, _CLIENT_ERRORS)
+    ):  # s3fs's translation of a ClientError: its code tells NoSuchBucket or bad credentials
+        return _s3_decide(e.__cause__)
+    if _S3_TRANSIENT and isinstance(e, _S3_TRANSIENT):
+        return TRANSIENT
+    return _http_decide(e)  # aiobotocore speaks aiohttp
+
+
+def _s3_options(opts: dict[str, Any], connect: float, read: float) -> None:
+    """botocore ``total_max_attempts: 1`` (``max_attempts: 1`` would still allow one retry: it
+    does not count the first attempt) and its timeouts; the endpoint and credentials are left
+    to botocore, which reads ``AWS_ENDPOINT_URL``, profiles and the usual variables."""
+    config = dict(opts.get("config_kwargs") or {})
+    config.setdefault("retries", {"total_max_attempts": 1, "mode": "standard"})
+    config.setdefault("connect_timeout", connect)
+    config.setdefault("read_timeout", read)
+    opts["config_kwargs"] = config
+
+
+def _s3_prepare(fs: Any) -> None:
+    """s3fs wraps every call in its own retry loop (5 tries, and again around reads); its
+    constructor does not take the count, so set it on the instance.  fsspec caches instances by
+    options, and ours carry single-attempt botocore settings, so a shared instance wants it too."""
+    if getattr(fs, "retries", 1) != 1:
+        fs.retries = 1
+
+
+_MIN_PART = 5 * 2**20  # S3's smallest multipart part
+_MAX_PARTS = 10_000
+
+
+def _s3_put_once(fs: Any, local: str, path: str) -> None:
+    """One upload attempt; on any failure, leave no multipart upload behind for this key.
+
+    s3fs aborts its multipart upload when a part fails, but parts still in flight may land after
+    the abort (S3 documents that an abort may need repeating), and the abort itself can fail or
+    be skipped by an interrupt.  So sweep: abort every incomplete upload of exactly this key.
+    Shard keys have one writer (the pack run), so nothing else's upload is cut short.
+    """
+    size = os.path.getsize(local)
+    block = int(getattr(fs, "default_block_size", 0) or 0)
+    chunksize = max(_MIN_PART, block, -(-size // _MAX_PARTS))
+    try:
+        fs.put_file(local, path, chunksize=chunksize)
+    except BaseException:
+        if size >= 2 * chunksize:
+            _abort_uploads(fs, path)
+        raise
+
+
+def _abort_uploads(fs: Any, path: str) -> None:
+    bucket, key, _ = fs.split_path(path)
+    try:
+        listing = fs.call_s3("list_multipart_uploads", Bucket=bucket, Prefix=key)
+        for upload in listing.get("Uploads", []):
+            if upload.get("Key") == key:
+                fs.call_s3(
+                    "abort_multipart_upload", Bucket=bucket, Key=key, UploadId=upload["UploadId"]
+                )
+    except Exception as err:  # noqa: BLE001 - best effort; the upload's own error matters more
+        log.warning(
+            "could not abort incomplete multipart uploads of s3://%s/%s (%s); a bucket lifecycle "
+            "rule AbortIncompleteMultipartUpload removes them",
+            bucket,
+            key,
+            err,
+        )
+
+
+# -- http(s) ----------------------------------------------------------------------------------
+
+
+def _http_options(opts: dict[str, Any], connect: float, read: float) -> None:
+    """An aiohttp ``ClientTimeout(sock_connect=..., sock_read=...)`` with no total limit (a large
+    shard may take long; a stalled one may not).  fsspec's HTTP filesystem does not retry."""
+    import aiohttp
+
+    client = dict(opts.get("client_kwargs") or {})
+    client.setdefault(
+        "timeout", aiohttp.ClientTimeout(total=None, sock_connect=connect, sock_read=read)
+    )
+    opts["client_kwargs"] = client
+
+
+# -- the table --------------------------------------------------------------------------------
+
+S3 = ProtocolDefaults(
+    ("s3", "s3a"),
+    _s3_options,
+    _s3_decide,
+    ("botocore", "aiobotocore", "aiohttp", "s3fs"),
+    _s3_prepare,
+    _s3_put_once,
+)
+HTTP = ProtocolDefaults(("http", "https"), _http_options, _http_decide, ("aiohttp",))
+LOCAL = ProtocolDefaults(("file", "local"))  # plain OS calls: nothing to time out or retry
+MEMORY = ProtocolDefaults(("memory",))  # fsspec's in-process store (tests, examples)
+GENERIC = ProtocolDefaults(("*",))
+
+_PROTOCOLS: dict[str, ProtocolDefaults] = {}
+_WARNED: set[str] = set()
+
+
+def register_protocol(defaults: ProtocolDefaults, *, replace: bool = False) -> ProtocolDefaults:
+    """Make ``defaults`` the entry of each of its protocol names; return it."""
+    for name in defaults.names:
+        old = _PROTOCOLS.get(name)
+        if old is not None and old is not defaults and not replace:
+            raise UsageError(f"storage protocol {name!r} has defaults already; pass replace=True")
+    for name in defaults.names:
+        _PROTOCOLS[name] = defaults
+    return defaults
+
+
+for _entry in (S3, HTTP, LOCAL, MEMORY):
+    register_protocol(_entry)
+
+
+def protocol_of(url: str) -> str:
+    return url.split("://", 1)[0] if "://" in url else "file"
+
+
+def protocol_defaults(protocol: str) -> ProtocolDefaults:
+    """The entry for ``protocol``, or the generic one (and a warning, once per process)."""
+    found = _PROTOCOLS.get(protocol)
+    if found is not None:
+        return found
+    if protocol not in _WARNED:
+        _WARNED.add(protocol)
+        log.warning(
+            "storage protocol %r has no shardloader defaults: its filesystem's own retries and "
+            "timeouts stay as they are, and only generic errors (timeouts, resets, missing "
+            "files) are classified; shardloader.storage.protocols.register_protocol adds them",
+            protocol,
+        )
+    return GENERIC
+
+
+def fsspec_options(
+    url: str,
+    storage_options: Mapping[str, Any] | None,
+    connect_timeout: float,
+    read_timeout: float,
+) -> dict[str, Any]:
+    """Options to create ``url``'s fsspec filesystem with, so the stack makes one attempt.
+
+    Starts from fsspec's config for the protocol, then the caller's ``storage_options`` (which
+    win, nested ``config_kwargs``/``client_kwargs`` merged key by key), then the protocol's
+    ``fill_options`` fill in what is still unset.
+    """
+    protocol = protocol_of(url)
+    try:
+        from fsspec.config import conf
+    except ImportError:  # pragma: no cover - fsspec is a core dependency
+        conf = {}
+    opts: dict[str, Any] = dict(conf.get(protocol, {}))
+    for key, value in (storage_options or {}).items():
+        if key in ("config_kwargs", "client_kwargs") and isinstance(value, Mapping):
+            opts[key] = {**dict(opts.get(key) or {}), **value}
+        else:
+            opts[key] = value
+    fill = protocol_defaults(protocol).fill_options
+    if fill is not None:
+        fill(opts, connect_timeout, read_timeout)
+    return opts
+
+
+# -- classification ---------------------------------------------------------------------------
+
+
+def _deciders(protocol: str | None) -> list[Callable[[BaseException], str | None]]:
+    """Without a protocol: every registered one (what any stack may raise)."""
+    entries = [protocol_defaults(protocol)] if protocol else list(_PROTOCOLS.values())
+    found = []
+    for entry in entries:
+        if entry.decide is not None and entry.decide not in found:
+            found.append(entry.decide)
+    return [*found, decide_generic]
+
+
+def classify(err: BaseException, protocol: str | None = None) -> str:
+    """What kind of failure ``err`` is: ``transient``, ``throttled``, ``not_found``,
+    ``no_bucket``, ``forbidden``, ``credentials`` or ``permanent``.
+
+    The stack wraps its errors (s3fs turns a botocore ``ClientError`` into an ``OSError`` whose
+    cause it is; botocore wraps aiohttp's), so the cause chain is read outermost first and the
+    first exception that says something decides.
+    """
+    deciders = _deciders(protocol)
+    for e in chain(err):
+        for decide in deciders:
+            kind = decide(e)
+            if kind is not None:
+                return kind
+    return PERMANENT
+
+
+def is_transient(err: BaseException, protocol: str | None = None) -> bool:
+    """True when another attempt may succeed (5xx, 429/SlowDown, reset, truncation, timeout)."""
+    if isinstance(err, TruncatedBodyError):
+        return True
+    if isinstance(err, ShardloaderError) or not isinstance(err, Exception):
+        return False
+    return classify(err, protocol) in (TRANSIENT, THROTTLED)
+
+
+def is_storage_error(err: BaseException, protocol: str | None = None) -> bool:
+    """A failure of the store (reported with a remedy), not a bug (passed through as it is)."""
+    if isinstance(err, OSError):
+        return True
+    entries = [protocol_defaults(protocol)] if protocol else list(_PROTOCOLS.values())
+    modules = {m for entry in entries for m in entry.error_modules}
+    if type(err).__module__.split(".")[0] in modules:
+        return True
+    return any(decide(err) is not None for decide in _deciders(protocol)[:-1])

@@ -1,0 +1,341 @@
+"""A URL with the options and the retry policy to reach it: the one handle storage calls take.
+
+``Store("s3://bucket/ds", {"endpoint_url": ...}, RetryPolicy(...))`` is small, frozen and
+pickles cheaply (fsspec's "URL + options" idea): it crosses into DataLoader workers and pack
+processes as it is, and each process makes its filesystem lazily on first use
+(:mod:`shardloader.storage.remote`).  ``store.join("shard-00000.tar")`` is the store of a file
+below it, with the same options and policy.
+
+Local paths (and ``file://`` URLs) go straight to the OS.  Remote URLs make one attempt per
+request and every call is retried as a whole under the policy (their protocol's defaults in
+:mod:`shardloader.storage.protocols` say which errors are worth it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, BinaryIO, TypeVar, cast
+
+import fsspec
+from fsspec.callbacks import Callback
+
+from shardloader.errors import (
+    ChecksumError,
+    ObjectNotFoundError,
+    StorageError,
+    TruncatedBodyError,
+    UsageError,
+)
+from shardloader.storage.protocols import protocol_defaults, protocol_of
+from shardloader.storage.remote import RetryingReader, filesystem
+from shardloader.storage.retry import DEFAULT_POLICY, RetryPolicy, call_with_retries
+
+__all__ = ["CHUNK_SIZE", "Store", "as_store", "join"]
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+CHUNK_SIZE = 8 * 2**20  # local downloads read this much at a time
+
+
+def join(base: str, *parts: str) -> str:
+    """Join URL/path parts with ``/`` (fsspec URLs always use forward slashes)."""
+    out = base.rstrip("/")
+    for p in parts:
+        out = f"{out}/{p.lstrip('/')}"
+    return out
+
+
+@dataclass(frozen=True)
+class Store:
+    """``url``: a local path or fsspec URL.  ``options``: fsspec storage options (explicit
+    values win over the environment).  ``retry``: the budget of every remote call."""
+
+    url: str
+    options: Mapping[str, Any] = field(default_factory=dict)
+    retry: RetryPolicy = DEFAULT_POLICY
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "options", dict(self.options or {}))
+
+    def __repr__(self) -> str:  # options may hold credentials: names only
+        return f"Store({self.url!r}, options={sorted(self.options)}, retry={self.retry!r})"
+
+    # -- where ----------------------------------------------------------------------------
+    @property
+    def protocol(self) -> str:
+        return protocol_of(self.url)
+
+    @property
+    def is_local(self) -> bool:
+        """True for plain paths and ``file://`` URLs."""
+        return "://" not in self.url or self.url.startswith("file://")
+
+    @property
+    def local_path(self) -> str:
+        """The filesystem path of a local URL."""
+        return self.url[len("file://") :] if self.url.startswith("file://") else self.url
+
+    def join(self, *parts: str) -> Store:
+        """The store of ``parts`` below this one (same options and policy)."""
+        return Store(join(self.url, *parts), self.options, self.retry)
+
+    def filesystem(self) -> tuple[fsspec.AbstractFileSystem, str]:
+        """(filesystem, path), made in the calling process; one attempt per request."""
+        return filesystem(self.url, self.options, self.retry)
+
+    def call(self, fn: Callable[[], T], what: str = "read") -> T:
+        """``fn()`` under this store's policy, its errors read as this protocol's."""
+        return call_with_retries(fn, url=self.url, policy=self.retry, what=what)
+
+    # -- reading --------------------------------------------------------------------------
+    def open_read(self) -> BinaryIO:
+        """Open for streaming reads.
+
+        Remote files come back wrapped: each ``read`` is retried under the policy (reopening at
+        the same offset after a fault), and a read that ends short of the object's size counts
+        as a transient fault.
+        """
+        if self.is_local:
+            try:
+                return open(self.local_path, "rb")  # noqa: SIM115 - caller closes
+            except FileNotFoundError as err:
+                raise ObjectNotFoundError(f"cannot read {self.url!r}: no such file") from err
+            except OSError as err:
+                raise StorageError(f"cannot read {self.url!r}: {err.strerror}") from err
+        fs, path = self.filesystem()
+        return cast(BinaryIO, RetryingReader(self.url, partial(fs.open, path, "rb"), self.retry))
+
+    def read_bytes(self) -> bytes:
+        """The whole object."""
+        if self.is_local:
+            with self.open_read() as f:
+                return f.read()
+        fs, path = self.filesystem()
+        return self.call(partial(fs.cat_file, path), "read")
+
+    def exists(self) -> bool:
+        """Whether an object (or a non-empty prefix) exists; transient faults are retried, not
+        mistaken for absence."""
+        if self.is_local:
+            return os.path.exists(self.local_path)
+        fs, path = self.filesystem()
+        return self.call(partial(_exists, fs, path), "stat")
+
+    def list_files(self) -> list[str]:
+        """All files below, as paths relative to this store, sorted (deterministic traversal)."""
+        if self.is_local:
+            root = self.local_path
+            out = []
+            for dirpath, dirnames, filenames in os.walk(root):
+                dirnames.sort()
+                for name in filenames:
+                    out.append(
+                        os.path.relpath(os.path.join(dirpath, name), root).replace(os.sep, "/")
+                    )
+            return sorted(out)
+        fs, path = self.filesystem()
+        path = path.rstrip("/")
+        found = self.call(partial(_find, fs, path), "list")
+        return sorted(p[len(path) + 1 :] for p in found if len(p) > len(path) + 1)
+
+    # -- writing --------------------------------------------------------------------------
+    def write_bytes_atomic(self, data: bytes) -> None:
+        """Write a whole object so readers see either nothing or all of it.
+
+        Local: temp file in the same folder, fsync, rename.  Object stores: a single PUT is
+        atomic (and idempotent, so it is retried as a whole).
+        """
+        if self.is_local:
+            path = self.local_path
+            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+            tmp = f"{path}.tmp-{uuid.uuid4().hex}"
+            try:
+                with open(tmp, "wb") as f:
+                    f.write(data)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, path)
+            finally:
+                if os.path.exists(tmp):
+                    os.remove(tmp)
+            return
+        fs, path = self.filesystem()
+        self.call(partial(fs.pipe_file, path, data), "write")
+
+    def put_file(self, local: str) -> None:
+        """Move a finished local file here (atomic rename locally, one upload remotely).
+
+        Each attempt is a whole upload; the protocol may do it its own way (S3: in parts,
+        leaving no incomplete multipart upload behind when an attempt fails).
+        """
+        if self.is_local:
+            dst = self.local_path
+            os.makedirs(os.path.dirname(dst) or ".", exist_ok=True)
+            os.replace(local, dst)
+            return
+        fs, path = self.filesystem()
+        put = protocol_defaults(self.protocol).put_file
+        upload = (
+            partial(put, fs, local, path) if put is not None else partial(fs.put_file, local, path)
+        )
+        self.call(upload, "upload")
+
+    def remove(self) -> None:
+        """Delete the object; a missing one is fine."""
+        if self.is_local:
+            try:
+                os.remove(self.local_path)
+            except FileNotFoundError:
+                pass
+            return
+        fs, path = self.filesystem()
+        self.call(partial(_remove, fs, path), "delete")
+
+    # -- verified download ----------------------------------------------------------------
+    def fetch(
+        self, dst_path: str, *, sha256: str, size: int | None, chunk_size: int = CHUNK_SIZE
+    ) -> None:
+        """Stream the object into ``dst_path``, hashing on the way; replace ``dst_path`` only
+        when whole and matching the manifest.
+
+        A download that faults part-way (reset, truncated body, timeout, 5xx) is restarted from
+        the beginning under the policy.  A complete download whose SHA-256 or size differs
+        from the manifest's is fetched once more (a corrupting proxy or cache may have served
+        it), then raises :class:`ChecksumError` naming the URL and both digests.  A body that
+        grows past ``size`` stops at once with :class:`ChecksumError`: an object larger than the
+        manifest says is never written to disk whole.  The temp file lives next to ``dst_path``
+        (same filesystem, so the rename is atomic) and is removed on any failure.
+        """
+        if chunk_size < 1:
+            raise UsageError(f"chunk_size must be >= 1, got {chunk_size}")
+        os.makedirs(os.path.dirname(os.path.abspath(dst_path)), exist_ok=True)
+        got: tuple[str, int] = ("", 0)
+        for download in (1, 2):
+            tmp = f"{dst_path}.part-{uuid.uuid4().hex}"
+            try:
+                got = self.call(partial(self._download_once, tmp, size, chunk_size), "download")
+                if got[0] == sha256 and (size is None or got[1] == size):
+                    os.replace(tmp, dst_path)
+                    return
+            finally:
+                if os.path.exists(tmp):
+                    os.remove(tmp)
+            if download == 1:
+                log.warning(
+                    "shard %s hashes to %s (%d bytes), the manifest says %s (%s bytes); "
+                    "downloading it once more",
+                    self.url,
+                    got[0],
+                    got[1],
+                    sha256,
+                    size,
+                )
+        raise ChecksumError(
+            f"shard {self.url!r} hashes to {got[0]} ({got[1]} bytes) on two downloads; the "
+            f"manifest says {sha256} ({size} bytes): the stored object is damaged or was "
+            "replaced; re-upload or re-pack it (`shardloader verify` checks a whole dataset)"
+        )
+
+    def _download_once(self, tmp: str, size: int | None, chunk_size: int) -> tuple[str, int]:
+        """One whole download into ``tmp`` (truncated first): (sha256 hex, bytes written).
+
+        Remote objects come down as one streamed GET (``get_file``): measured against a local
+        S3 server that is about 3x faster than ranged reads of ``chunk_size`` through ``open``.
+        The file is hashed afterwards, from the page cache.
+        """
+        if not self.is_local:
+            fs, path = self.filesystem()
+            # A body cut short of its Content-Length fails inside get_file (a transient error,
+            # so the download is retried); a whole body of the wrong size is the checksum's
+            # business, except one that grows past the declared size: _SizeLimit stops that.
+            fs.get_file(path, tmp, callback=_SizeLimit(self.url, size))
+            return _hash_file(tmp, chunk_size)
+        digest = hashlib.sha256()
+        written = 0
+        with open(self.local_path, "rb") as src, open(tmp, "wb") as out:
+            announced = os.fstat(src.fileno()).st_size
+            while chunk := src.read(chunk_size):
+                written += len(chunk)
+                if size is not None and written > size:
+                    raise _too_large(self.url, size)
+                digest.update(chunk)
+                out.write(chunk)
+        if written < announced:
+            raise TruncatedBodyError(
+                f"{self.url}: the body ended after {written} of {announced} bytes"
+            )
+        return digest.hexdigest(), written
+
+
+def as_store(
+    url: str | Store,
+    options: Mapping[str, Any] | None = None,
+    retry: RetryPolicy | None = None,
+) -> Store:
+    """``url`` as a Store: a Store as it is (it carries its options and policy; passing them
+    too is a UsageError), a URL with ``options`` and ``retry`` (default policy when None)."""
+    if isinstance(url, Store):
+        if options is not None or retry is not None:
+            raise UsageError(
+                f"{url!r} carries its options and retry policy; pass a URL to give them apart"
+            )
+        return url
+    return Store(url, options or {}, retry or DEFAULT_POLICY)
+
+
+def _exists(fs: fsspec.AbstractFileSystem, path: str) -> bool:
+    fs.invalidate_cache(path)  # answer from the store, not from an earlier listing
+    try:
+        fs.info(path)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def _find(fs: fsspec.AbstractFileSystem, path: str) -> list[str]:
+    fs.invalidate_cache(path)  # a listing is rare and must be current, not this process's memory
+    return list(fs.find(path))
+
+
+def _remove(fs: fsspec.AbstractFileSystem, path: str) -> None:
+    try:
+        fs.rm_file(path)
+    except FileNotFoundError:
+        pass
+
+
+def _too_large(url: str, size: int) -> ChecksumError:
+    return ChecksumError(
+        f"shard {url!r} is larger than the {size:,} bytes the manifest declares; the stored "
+        "object is damaged or was replaced: re-upload or re-pack it"
+    )
+
+
+class _SizeLimit(Callback):  # type: ignore[misc]
+    """fsspec download callback that stops a body growing past the declared size."""
+
+    def __init__(self, url: str, size: int | None) -> None:
+        super().__init__()
+        self.url = url
+        self.limit = size
+
+    def call(self, *args: Any, **kwargs: Any) -> None:
+        if self.limit is not None and self.value > self.limit:
+            raise _too_large(self.url, self.limit)
+
+
+def _hash_file(path: str, chunk_size: int) -> tuple[str, int]:
+    digest = hashlib.sha256()
+    written = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(chunk_size):
+            digest.update(chunk)
+            written += len(chunk)
+    return digest.hexdigest(), written

@@ -1,0 +1,95 @@
+"""Read-through wrappers for untrusted stored bytes: one that refuses to read past a declared
+size, one that hashes what passes through it."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from shardloader.errors import ChecksumError
+
+__all__ = ["BoundedReader", "HashingReader"]
+
+
+class BoundedReader:
+    """A stored shard or sidecar read no further than the size its manifest declares."""
+
+    def __init__(self, f: Any, limit: int, where: str) -> None:
+        self._f = f
+        self.limit = limit
+        self.where = where
+        self.count = 0
+
+    def _counted(self, n: int) -> int:
+        self.count += n
+        if self.count > self.limit:  # a ChecksumError: the bytes are not the manifest's
+            raise ChecksumError(
+                f"{self.where}: the stored file is larger than the {self.limit:,} bytes the "
+                "manifest declares; it is corrupt or was replaced"
+            )
+        return n
+
+    def read(self, n: int = -1) -> bytes:
+        if n is None or n < 0:
+            n = self.limit - self.count + 1  # one byte more than allowed tells an oversize file
+        data: bytes = self._f.read(n)
+        self._counted(len(data))
+        return data
+
+    def readinto(self, buf: Any) -> int:
+        return self._counted(self._f.readinto(buf))
+
+    def readable(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        self._f.close()
+
+    @property
+    def closed(self) -> bool:
+        return bool(self._f.closed)
+
+    def __enter__(self) -> BoundedReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class HashingReader:
+    """Reads through ``f``, counting (``pos``) and, with ``hashing``, SHA-256-ing (``sha``) every
+    byte it hands out; ``drain`` reads the rest, so the digest covers the whole file."""
+
+    def __init__(self, f: Any, hashing: bool = True) -> None:
+        self._f = f
+        self.sha = hashlib.sha256() if hashing else None
+        self.pos = 0
+
+    def read(self, n: int = -1) -> bytes:
+        data: bytes = self._f.read(n)
+        if self.sha is not None:
+            self.sha.update(data)
+        self.pos += len(data)
+        return data
+
+    def readinto(self, buf: bytearray | memoryview) -> int:
+        n: int = self._f.readinto(buf)
+        if self.sha is not None:
+            self.sha.update(memoryview(buf)[:n])
+        self.pos += n
+        return n
+
+    def readable(self) -> bool:
+        return True
+
+    @property
+    def closed(self) -> bool:
+        return False
+
+    def drain(self) -> None:
+        while self.read(4 << 20):
+            pass
+
+    def hexdigest(self) -> str:
+        assert self.sha is not None, "a HashingReader made with hashing=False has no digest"
+        return self.sha.hexdigest()
