@@ -26,9 +26,10 @@ from shardloader.errors import (
 )
 
 if _typing.TYPE_CHECKING:
-    from shardloader.batching import BucketBatches, FixedBatches, PackedBatches, TokenBudgetBatches
+    from shardloader.batching.fixed import FixedBatches
+    from shardloader.batching.packed import PackCollate, PackedBatches
+    from shardloader.batching.padded import BucketBatches, PadCollate, TokenBudgetBatches
     from shardloader.codecs import Decoder
-    from shardloader.collate import DetectionCollate, PackCollate, PadCollate
     from shardloader.dataset import EpochReport, ShardedDataset
     from shardloader.loader import ShardLoader, make_loader
     from shardloader.manifest import Manifest, read_manifest
@@ -38,17 +39,17 @@ if _typing.TYPE_CHECKING:
     from shardloader.shuffle import ShuffleOptions
     from shardloader.storage.cache import CacheOptions
     from shardloader.storage.retry import RetryPolicy
+    from shardloader.vision.collate import DetectionCollate
 
 # public name -> the module that defines it (imported on first access)
 _EXPORTS = {
-    "BucketBatches": "shardloader.batching",
-    "FixedBatches": "shardloader.batching",
-    "PackedBatches": "shardloader.batching",
-    "TokenBudgetBatches": "shardloader.batching",
+    "FixedBatches": "shardloader.batching.fixed",
+    "PackCollate": "shardloader.batching.packed",
+    "PackedBatches": "shardloader.batching.packed",
+    "BucketBatches": "shardloader.batching.padded",
+    "PadCollate": "shardloader.batching.padded",
+    "TokenBudgetBatches": "shardloader.batching.padded",
     "Decoder": "shardloader.codecs",
-    "DetectionCollate": "shardloader.collate",
-    "PackCollate": "shardloader.collate",
-    "PadCollate": "shardloader.collate",
     "EpochReport": "shardloader.dataset",
     "ShardedDataset": "shardloader.dataset",
     "ShardLoader": "shardloader.loader",
@@ -63,6 +64,7 @@ _EXPORTS = {
     "ShuffleOptions": "shardloader.shuffle",
     "CacheOptions": "shardloader.storage.cache",
     "RetryPolicy": "shardloader.storage.retry",
+    "DetectionCollate": "shardloader.vision.collate",
 }
 
 # submodules reachable as attributes (``shardloader.collate.PadCollate``) without an import

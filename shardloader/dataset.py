@@ -20,7 +20,8 @@ import numpy as np
 from torch.utils.data import IterableDataset
 
 from shardloader.aliases import FieldMap
-from shardloader.batching import FixedBatches, PlanReport, account, batch_ids
+from shardloader.batching.base import PlanReport, batch_ids
+from shardloader.batching.fixed import FixedBatches, account_fixed
 from shardloader.codecs import Decoder, decode_field
 from shardloader.errors import (
     DecodeError,
@@ -291,17 +292,7 @@ class ShardedDataset(IterableDataset):  # type: ignore[type-arg]
         report = getattr(self.planner, "report", None)
         if report is not None and not isinstance(self.planner, FixedBatches):
             return report(order, lengths, batches)  # type: ignore[no-any-return]
-        from shardloader.collate import PadCollate
-
-        if isinstance(self.collate_fn, PadCollate):  # fixed batches: the collate pads and cuts
-            return account(
-                order,
-                lengths,
-                batches,
-                max_length=self.collate_fn.max_length,
-                pad_to_multiple_of=self.collate_fn.pad_to_multiple_of,
-            )
-        return account(order, lengths, batches)
+        return account_fixed(order, lengths, batches, self.collate_fn)  # the collate pads
 
     def _lengths_for_report(self) -> np.ndarray | None:
         if self._report_lengths is None:
