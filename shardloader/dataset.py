@@ -20,7 +20,7 @@ import numpy as np
 from torch.utils.data import IterableDataset
 
 from shardloader.aliases import FieldMap
-from shardloader.batching.base import PlanReport, batch_ids
+from shardloader.batching.base import PlanReport, batch_ids, signature_of, stable_value
 from shardloader.batching.fixed import FixedBatches, account_fixed
 from shardloader.codecs import Decoder, decode_field
 from shardloader.errors import (
@@ -193,6 +193,7 @@ class ShardedDataset(IterableDataset):  # type: ignore[type-arg]
         self.on_error = on_error
         # member extension → logical field: the manifest's aliases, ``aliases`` merged over
         self.field_map = FieldMap.of_manifest(self.manifest, aliases)
+        _signature(planner, batch_size, self.shuffle, uneven)  # a planner must declare options
         self._explicit_world = (rank, world_size)
         r, w = detect_world(rank, world_size)
         Place(r, w)  # validate
@@ -256,9 +257,10 @@ class ShardedDataset(IterableDataset):  # type: ignore[type-arg]
 
     @property
     def plan_signature(self) -> str:
-        """What must stay equal for a saved position to mean the same samples."""
-        planner = repr(self.planner) if self.planner is not None else f"fixed({self.batch_size})"
-        return f"{planner};shuffle={self.shuffle};uneven={self.uneven}"
+        """What must stay equal for a saved position to mean the same samples: the planner's
+        declared options (NOTE [plan signature] in :mod:`shardloader.batching.base`), shuffle
+        and ``uneven``; ``fixed(N)`` stands for ``batch_size=N``."""
+        return _signature(self.planner, self.batch_size, self.shuffle, self.uneven)
 
     def report(self, epoch: int | None = None) -> EpochReport:
         """Steps per rank, samples padded/dropped/truncated and where every token goes (all
@@ -509,6 +511,11 @@ class ShardedDataset(IterableDataset):  # type: ignore[type-arg]
         except Exception as err:  # corrupt payloads surface as many library types
             member = f" (member .{ext})" if ext != name else ""
             raise DecodeError(f"cannot decode field {name!r}{member} as {codec}: {err}") from err
+
+
+def _signature(planner: Any, batch_size: int | None, shuffle: ShuffleOptions, uneven: str) -> str:
+    plan = signature_of(planner) if planner is not None else f"fixed({stable_value(batch_size)})"
+    return f"{plan};shuffle={signature_of(shuffle)};uneven={uneven}"
 
 
 def _where(shards: ShardSet, shard: int, key: str) -> str:

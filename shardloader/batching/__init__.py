@@ -1,7 +1,8 @@
 """Batch planners and their collates, one module per policy.
 
 * :mod:`~shardloader.batching.base`: the :class:`BatchPlanner` protocol, :class:`PlanReport`,
-  the accounting rule (NOTEs on what a batch is and how planner and collate agree);
+  the accounting rule and plan signatures (NOTEs on what a batch is, how planner and collate
+  agree, what a plan signature holds);
 * :mod:`~shardloader.batching.default`: the default collate rules (:func:`collate_samples`);
 * :mod:`~shardloader.batching.fixed`: :class:`FixedBatches` (and ``batch_size=``);
 * :mod:`~shardloader.batching.padded`: :class:`BucketBatches`, :class:`TokenBudgetBatches`
@@ -18,6 +19,7 @@ from shardloader.batching.base import (
     account,
     batch_ids,
     padded_length,
+    signature_of,
 )
 from shardloader.batching.default import collate_samples
 from shardloader.batching.fixed import FixedBatches
@@ -44,6 +46,7 @@ __all__ = [
     "batch_ids",
     "collate_samples",
     "padded_length",
+    "signature_of",
     "pack_rows",
     "Segment",
 ]

@@ -35,10 +35,19 @@ NOTE [planner and collate agree without talking]
 Every planner also has a pure ``report(order, lengths, batches) -> PlanReport`` that says what
 its policies dropped, truncated or split, counts every token of the epoch as delivered,
 truncated or dropped, and says how many token slots (real tokens plus padding) the batches cost.
+
+NOTE [plan signature]
+    A saved loader position means the same samples only under the same plan, so the state
+    carries :func:`signature_of` the planner: its class name and declared options (dataclass
+    fields, or the planner's own ``signature()``), each written by :func:`stable_value`, never
+    by ``repr`` (numpy 2 prints ``np.int64(4)`` where numpy 1 printed ``4``; a custom
+    ``__repr__`` could print anything).  For the built-in planners the result equals their
+    dataclass ``repr`` under plain Python values, so states saved before this rule still load.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -53,6 +62,8 @@ __all__ = [
     "account",
     "batch_ids",
     "padded_length",
+    "signature_of",
+    "stable_value",
 ]
 
 OVERSIZE_POLICIES = ("error", "truncate", "drop")
@@ -78,6 +89,7 @@ class BatchPlanner(Protocol):
     # Optional, found by the dataset with getattr (DESIGN.md "How to add a batching policy"):
     #   report(order, lengths, batches) -> PlanReport
     #   resolve_collate(collate_fn, length_field) -> the collate the dataset uses
+    #   signature() -> str, when the planner is not a frozen dataclass of its options
 
 
 @dataclass(frozen=True)
@@ -135,6 +147,54 @@ def padded_length(longest: int, pad_to_multiple_of: int = 1) -> int:
     """The length PadCollate pads a batch whose longest sample is ``longest`` to."""
     m = pad_to_multiple_of
     return -(-longest // m) * m
+
+
+def stable_value(value: Any) -> str:
+    """One option value as signature text, the same in every Python and numpy version: numpy
+    scalars as the Python number they hold, tuples and lists element by element."""
+    if isinstance(value, np.generic):
+        value = value.item()
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return repr(value)  # stable for these types (float: shortest round-trip, since 3.1)
+    if isinstance(value, list):
+        return "[" + ", ".join(stable_value(v) for v in value) + "]"
+    if isinstance(value, tuple):
+        inner = ", ".join(stable_value(v) for v in value)
+        return f"({inner},)" if len(value) == 1 else f"({inner})"
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return signature_of(value)
+    raise UsageError(
+        f"option value {value!r} ({type(value).__name__}) has no stable signature text: "
+        "options must be numbers, strings, booleans, None or tuples of them"
+    )
+
+
+def signature_of(options: Any) -> str:
+    """``Name(field=value, ...)`` of a frozen options object; see NOTE [plan signature].
+
+    An object with a ``signature()`` method gives its own; a dataclass gives its class name and
+    its ``repr=True`` fields; anything else has no signature (a :class:`UsageError`).
+    """
+    own = getattr(options, "signature", None)
+    if callable(own):
+        text = own()
+        if not isinstance(text, str):
+            raise UsageError(
+                f"{type(options).__name__}.signature() returned {type(text).__name__}, not str"
+            )
+        return text
+    if dataclasses.is_dataclass(options) and not isinstance(options, type):
+        fields = ", ".join(
+            f"{f.name}={stable_value(getattr(options, f.name))}"
+            for f in dataclasses.fields(options)
+            if f.repr
+        )
+        return f"{type(options).__name__}({fields})"
+    raise UsageError(
+        f"planner {type(options).__name__} has no signature, which a saved loader position "
+        "needs to check it resumes the same plan: make it a frozen dataclass of its options, "
+        "or give it a signature() method returning a str of them"
+    )
 
 
 def check_positive(name: str, value: int | None, *, optional: bool = False) -> None:
