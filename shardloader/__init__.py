@@ -30,7 +30,8 @@ if _typing.TYPE_CHECKING:
     from shardloader.batching.packed import PackCollate, PackedBatches
     from shardloader.batching.padded import BucketBatches, PadCollate, TokenBudgetBatches
     from shardloader.codecs import Decoder
-    from shardloader.dataset import EpochReport, ShardedDataset
+    from shardloader.dataset import ShardedDataset
+    from shardloader.epoch import EpochReport
     from shardloader.loader import ShardLoader, make_loader
     from shardloader.manifest import Manifest, read_manifest
     from shardloader.monitoring import Monitor, MonitorStats, monitor
@@ -50,8 +51,8 @@ _EXPORTS = {
     "PadCollate": "shardloader.batching.padded",
     "TokenBudgetBatches": "shardloader.batching.padded",
     "Decoder": "shardloader.codecs",
-    "EpochReport": "shardloader.dataset",
     "ShardedDataset": "shardloader.dataset",
+    "EpochReport": "shardloader.epoch",
     "ShardLoader": "shardloader.loader",
     "make_loader": "shardloader.loader",
     "Manifest": "shardloader.manifest",

@@ -39,7 +39,7 @@ from typing import Any
 
 from torch.utils.data import DataLoader
 
-from shardloader.dataset import _EPOCH, _START, ShardedDataset
+from shardloader.dataset import ShardedDataset
 from shardloader.errors import IncompleteEpochError, ResumeError, UsageError
 
 __all__ = ["ShardLoader", "make_loader"]
@@ -74,8 +74,7 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         ds: ShardedDataset = self.dataset  # type: ignore[assignment]
         ds.refresh_world()
-        state = ds._control.get()
-        epoch, start, world = state[_EPOCH], state[_START], ds.world_size
+        (epoch, start), world = ds.resume_point(), ds.world_size
         planned = len(ds)
         if self.num_workers > 0 and not self._sockets_checked:
             _check_worker_sockets()
@@ -90,7 +89,7 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
         if seen < planned:
             self._short_pass(ds, epoch, seen, planned)
         if ds.epoch == epoch:
-            ds._control.set(_START, 0)  # the epoch is done; a re-run starts it afresh
+            ds.seek(epoch, 0)  # the epoch is done; a re-run starts it afresh
 
     def _short_pass(self, ds: ShardedDataset, epoch: int, seen: int, planned: int) -> None:
         where = f"epoch {epoch}, rank {ds.rank}/{ds.world_size}, num_workers={self.num_workers}"
