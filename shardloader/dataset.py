@@ -19,7 +19,7 @@ import numpy as np
 from torch.utils.data import IterableDataset
 
 from shardloader.aliases import FieldMap
-from shardloader.batching.base import batch_ids
+from shardloader.batching.base import batch_ids, check_positive
 from shardloader.codecs import Decoder
 from shardloader.epoch import EpochPlan, EpochPlanner, EpochReport, load_lengths
 from shardloader.errors import UsageError
@@ -106,8 +106,8 @@ class ShardedDataset(IterableDataset):  # type: ignore[type-arg]
             raise UsageError(f"on_error={on_error!r} is not 'raise' or 'skip'")
         if batch_size is not None and planner is not None:
             raise UsageError("pass batch_size or planner, not both")
-        if batch_size is not None and batch_size < 1:
-            raise UsageError(f"batch_size must be >= 1, got {batch_size}")
+        if batch_size is not None:
+            check_positive("batch_size", batch_size)
         self.url = url
         self.read_options = read or ReadOptions()
         self.manifest, self.base = read_manifest(
@@ -118,7 +118,7 @@ class ShardedDataset(IterableDataset):  # type: ignore[type-arg]
         self.batch_size = batch_size
         self.planner = planner
         self.shuffle = shuffle if isinstance(shuffle, ShuffleOptions) else ShuffleOptions(shuffle)
-        self.seed = int(seed)
+        self.seed = _integer("seed", seed)
         self.uneven = uneven
         self.transform = transform
         resolve = getattr(planner, "resolve_collate", None)
@@ -172,9 +172,10 @@ class ShardedDataset(IterableDataset):  # type: ignore[type-arg]
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch (reshuffles); keeps a loaded resume position for that same epoch."""
+        epoch = _integer("epoch", epoch)
         if epoch != self.epoch:
             self._control.set(_START, 0)
-        self._control.set(_EPOCH, int(epoch))
+        self._control.set(_EPOCH, epoch)
 
     def seek(self, epoch: int, position: int) -> None:
         """Start the next pass of ``epoch`` after ``position`` global batches (all ranks).
@@ -182,10 +183,11 @@ class ShardedDataset(IterableDataset):  # type: ignore[type-arg]
         A rank's ``j``-th step of an epoch is global batch ``j * world_size + rank``, so to
         continue every rank at step ``j`` seek to ``position = j * world_size``.
         """
+        epoch, position = _integer("epoch", epoch), _integer("position", position)
         if position < 0:
             raise UsageError(f"position must be >= 0, got {position}")
-        self._control.set(_EPOCH, int(epoch))
-        self._control.set(_START, int(position))
+        self._control.set(_EPOCH, epoch)
+        self._control.set(_START, position)
 
     def for_rank(self, rank: int, world_size: int) -> ShardedDataset:
         """A copy of this dataset (same manifest, seed, plan) that reads as ``rank``."""
@@ -301,6 +303,14 @@ class ShardedDataset(IterableDataset):  # type: ignore[type-arg]
                     yield default_collate(samples)
         finally:
             shards.close()
+
+
+def _integer(name: str, value: Any) -> int:
+    """``int(value)`` as before, but a value that is no integer is a UsageError naming it."""
+    try:
+        return int(value)
+    except (TypeError, ValueError) as err:
+        raise UsageError(f"{name} must be an integer, got {value!r}") from err
 
 
 def _first_needed(batch_shards: list[np.ndarray]) -> list[tuple[int, int]]:

@@ -34,7 +34,7 @@ import multiprocessing.connection
 import os
 import socket
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from torch.utils.data import DataLoader
@@ -125,6 +125,10 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue a saved run; world size and num_workers may differ from the saving run."""
         ds: ShardedDataset = self.dataset  # type: ignore[assignment]
+        if not isinstance(state, Mapping):
+            raise ResumeError(
+                f"a loader state is the dict state_dict() returned, got {type(state).__name__}"
+            )
         if state.get("version") != _STATE_VERSION:
             raise ResumeError(
                 f"loader state version {state.get('version')!r} is not {_STATE_VERSION}"
@@ -140,8 +144,15 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
                     f"saved {key} {state.get(key)!r} does not match this dataset's {mine!r}: "
                     f"{remedy}"
                 )
-        ds.seek(int(state["epoch"]), int(state["position"]))
-        self._epoch, self._position = int(state["epoch"]), int(state["position"])
+        try:
+            epoch, position = int(state["epoch"]), int(state["position"])
+        except (KeyError, TypeError, ValueError) as err:
+            raise ResumeError(
+                f"saved epoch {state.get('epoch')!r} and position {state.get('position')!r} "
+                "must be integers, as state_dict() writes them"
+            ) from err
+        ds.seek(epoch, position)
+        self._epoch, self._position = epoch, position
         self._steps_left = None
 
 

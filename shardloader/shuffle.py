@@ -25,10 +25,11 @@ class ShuffleOptions:
     block: int = 1 << 16
 
     def __post_init__(self) -> None:
-        if self.block < 1:
+        block = self.block
+        if not isinstance(block, (int, np.integer)) or isinstance(block, bool) or block < 1:
             from shardloader.errors import UsageError
 
-            raise UsageError(f"shuffle block must be >= 1 sample, got {self.block}")
+            raise UsageError(f"shuffle block must be an integer >= 1 sample, got {block!r}")
 
 
 def derive_seed(*parts: int) -> int:

@@ -151,6 +151,11 @@ def as_array(name: str, v: Any) -> np.ndarray | torch.Tensor:
     if is_array(v):
         if v.ndim == 0:
             raise UsageError(f"field {name!r} has a scalar where a sequence is padded")
+        if isinstance(v, np.ndarray) and v.dtype.kind not in "biuf":
+            raise UsageError(
+                f"field {name!r}: cannot pad an array of {v.dtype} (numbers only); keep such "
+                "fields out of pad_values"
+            )
         return v
     if is_number_list(v):
         return np.asarray(v)

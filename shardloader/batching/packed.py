@@ -293,14 +293,11 @@ class PackCollate:
     long_docs: str = "split"
 
     def __post_init__(self) -> None:
-        if not isinstance(self.seq_len, int) or self.seq_len < 1:
-            raise UsageError(f"seq_len must be a positive integer, got {self.seq_len!r}")
+        check_positive("seq_len", self.seq_len)
         if not isinstance(self.pad_id, (int, np.integer)) or isinstance(self.pad_id, bool):
             raise UsageError(f"pad_id must be the tokenizer's integer pad id, got {self.pad_id!r}")
-        if self.rows_per_batch is not None and self.rows_per_batch < 1:
-            raise UsageError(f"rows_per_batch must be positive, got {self.rows_per_batch!r}")
-        if self.long_docs not in LONG_DOC_POLICIES:
-            raise UsageError(f"long_docs={self.long_docs!r} is not one of {LONG_DOC_POLICIES}")
+        check_positive("rows_per_batch", self.rows_per_batch, optional=True)
+        check_choice("long_docs", self.long_docs, LONG_DOC_POLICIES)
 
     def _documents(self, samples: Sequence[Any]) -> tuple[list[np.ndarray], dict[str, list]]:
         docs: list[np.ndarray] = []
@@ -317,7 +314,12 @@ class PackCollate:
                 for k, v in s.items():
                     if k != self.field:
                         rest.setdefault(k, []).append(v)
-            a = value.numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
+            try:
+                a = value.numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
+            except (TypeError, ValueError) as err:  # ragged nested lists
+                raise UsageError(
+                    f"sample {i}: {self.field!r} must be a 1-D integer token array ({err})"
+                ) from err
             if a.ndim != 1 or (a.size and a.dtype.kind not in "iu"):
                 raise UsageError(
                     f"sample {i}: {self.field!r} must be a 1-D integer token array, "

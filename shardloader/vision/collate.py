@@ -39,7 +39,14 @@ class DetectionCollate:
     pad_values: Mapping[str, int | float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "item_fields", tuple(self.item_fields))
+        fields = self.item_fields
+        if isinstance(fields, str) or not isinstance(fields, Collection) or not all(
+            isinstance(f, str) for f in fields
+        ):
+            raise UsageError(
+                f"item_fields must be field names, e.g. ('boxes', 'labels'), got {fields!r}"
+            )
+        object.__setattr__(self, "item_fields", tuple(fields))
         object.__setattr__(self, "pad_values", dict(self.pad_values))
         if self.mode not in DETECTION_MODES:
             raise UsageError(f"mode={self.mode!r} is not one of {DETECTION_MODES}")

@@ -34,8 +34,11 @@ Size = int | tuple[int, int]  # int: shorter side (Resize) / square; (height, wi
 def hw_of(size: Size, name: str) -> tuple[int, int]:
     if isinstance(size, (int, np.integer)) and not isinstance(size, bool):
         h = w = int(size)
-    elif isinstance(size, Sequence) and len(size) == 2:
-        h, w = (int(s) for s in size)
+    elif isinstance(size, Sequence) and not isinstance(size, str) and len(size) == 2:
+        try:
+            h, w = (int(s) for s in size)
+        except (TypeError, ValueError) as err:
+            raise UsageError(f"{name} must be an int or (height, width), got {size!r}") from err
     else:
         raise UsageError(f"{name} must be an int or (height, width), got {size!r}")
     if h < 1 or w < 1:

@@ -57,6 +57,17 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
+def _numbers(name: str, values: Any, n: int | None = None) -> tuple[float, ...]:
+    """``values`` as floats, or a UsageError naming the option (not float()'s ValueError)."""
+    try:
+        out = tuple(float(v) for v in values)
+    except (TypeError, ValueError) as err:
+        raise UsageError(f"{name} must be numbers, got {values!r}") from err
+    if n is not None and len(out) != n:
+        raise UsageError(f"{name} must be {n} numbers, got {values!r}")
+    return out
+
+
 def _uniform(generator: torch.Generator | None, n: int) -> list[float]:
     return torch.rand(n, generator=generator, dtype=torch.float64).tolist()
 
@@ -79,7 +90,8 @@ class RandomResizedCrop:
 
     def __post_init__(self) -> None:
         hw_of(self.size, "size")
-        lo, hi = self.scale
+        lo, hi = _numbers("scale", self.scale, 2)
+        _numbers("ratio", self.ratio, 2)
         if not 0 < lo <= hi <= 1:
             raise UsageError(f"scale must satisfy 0 < min <= max <= 1, got {self.scale!r}")
         if not 0 < self.ratio[0] <= self.ratio[1]:
@@ -121,6 +133,7 @@ class RandomHorizontalFlip:
     generator: torch.Generator | None = None
 
     def __post_init__(self) -> None:
+        _numbers("p", (self.p,), 1)
         if not 0 <= self.p <= 1:
             raise UsageError(f"p must be in [0, 1], got {self.p!r}")
 
@@ -204,8 +217,8 @@ class Normalize:
     dtype: torch.dtype = torch.float32
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "mean", tuple(float(m) for m in self.mean))
-        object.__setattr__(self, "std", tuple(float(s) for s in self.std))
+        object.__setattr__(self, "mean", _numbers("mean", self.mean))
+        object.__setattr__(self, "std", _numbers("std", self.std))
         if len(self.mean) != len(self.std) or any(s <= 0 for s in self.std):
             raise UsageError(f"mean {self.mean} and std {self.std} need equal lengths, std > 0")
 
@@ -220,7 +233,15 @@ class Normalize:
         y = x.to(self.dtype)
         if x.dtype == torch.uint8:
             y = y / 255
-        return (y - mean) / std
+        try:
+            return (y - mean) / std
+        except RuntimeError as err:  # the shapes do not broadcast
+            where = "last" if self.channels_last else "third from last"
+            raise UsageError(
+                f"Normalize has {len(self.mean)} channels (mean/std) but a tensor of shape "
+                f"{tuple(x.shape)}, channels expected at the {where} dimension "
+                f"(channels_last={self.channels_last})"
+            ) from err
 
 
 @dataclass(frozen=True)
