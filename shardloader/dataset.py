@@ -26,7 +26,7 @@ from shardloader.errors import UsageError
 from shardloader.manifest import read_manifest
 from shardloader.samples import SampleLoader
 from shardloader.shards import ReadOptions, ShardSet, working_set_bytes
-from shardloader.shuffle import ShuffleOptions, derive_seed, seed_global_rngs
+from shardloader.shuffle import ShuffleOptions, batch_generator, derive_seed, seed_global_rngs
 from shardloader.split import UNEVEN_POLICIES, Place
 from shardloader.world import detect_place, detect_world
 
@@ -288,8 +288,11 @@ class ShardedDataset(IterableDataset):  # type: ignore[type-arg]
                 ahead = _advance_readahead(shards, upcoming, j, ahead)
                 batch, ids = plan.batches[int(slot)], reads[int(slot)]
                 seed_global_rngs(derive_seed(self.seed, epoch, int(seed_index)))
+                generator = None
+                if loader.takes_generator:
+                    generator = batch_generator(self.seed, epoch, int(seed_index))
                 pads = plan.pad_mask(int(slot), int(seed_index), len(ids))
-                samples, substituted = loader.load_batch(shards, ids, pads, place)
+                samples, substituted = loader.load_batch(shards, ids, pads, place, generator)
                 if batch.ndim == 2:
                     samples = loader.cut_segments(batch, ids, samples, substituted, place)
                 if self.batch_size is None and self.planner is None:

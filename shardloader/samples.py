@@ -42,16 +42,28 @@ class SampleLoader:
 
     field_map: FieldMap
     decoder: Decoder | None
-    transform: Callable[[dict[str, Any]], Any] | None
+    transform: Callable[..., Any] | None  # called with generator= if it takes_generator
     on_error: str
     length_field: str | None = None
     lengths: np.ndarray | None = None
 
+    @property
+    def takes_generator(self) -> bool:
+        """Whether the transform wants the batch's generator (shardloader's own do)."""
+        return bool(getattr(self.transform, "takes_generator", False))
+
     def load_batch(
-        self, shards: ShardSet, ids: np.ndarray, pads: np.ndarray, place: Place
+        self,
+        shards: ShardSet,
+        ids: np.ndarray,
+        pads: np.ndarray,
+        place: Place,
+        generator: Any = None,
     ) -> tuple[list[dict[str, Any]], np.ndarray]:
         """Read, decode and transform one batch's samples, in planned order; also say which
-        samples stand in for bad ones.
+        samples stand in for bad ones.  ``generator`` (the batch's ``torch.Generator``) goes
+        to a transform that declares ``takes_generator`` (NOTE [transform generators] in
+        :mod:`shardloader.vision.transforms`).
 
         Under ``on_error="skip"`` a bad sample is replaced by a repeat of a good one from the
         same batch, flagged ``__pad__``, so batch shapes and step counts never change.
@@ -61,7 +73,9 @@ class SampleLoader:
         last_error: ShardloaderError | None = None
         for gid, shard, local, pad in zip(ids, shard_of, local_of, pads, strict=False):
             try:
-                out.append(self.load_sample(shards, int(shard), int(local), int(gid), bool(pad)))
+                out.append(
+                    self.load_sample(shards, int(shard), int(local), int(gid), bool(pad), generator)
+                )
             except (ShardError, DecodeError, StorageError) as err:
                 if self.on_error == "raise":
                     raise
@@ -125,7 +139,7 @@ class SampleLoader:
         return out
 
     def load_sample(
-        self, shards: ShardSet, shard: int, local: int, gid: int, pad: bool
+        self, shards: ShardSet, shard: int, local: int, gid: int, pad: bool, generator: Any = None
     ) -> dict[str, Any]:
         """Read, decode and transform one sample.
 
@@ -152,7 +166,10 @@ class SampleLoader:
         if self.transform is None:
             return sample
         try:
-            out = self.transform(sample)
+            if generator is not None and self.takes_generator:
+                out = self.transform(sample, generator=generator)
+            else:
+                out = self.transform(sample)
         except Exception as err:  # user code: anything at all
             raise _located(err, _where(shards, shard, key)) from err
         if not isinstance(out, Mapping):

@@ -10,9 +10,20 @@ do so for the field ``image`` (what a class-folder pack holds, whatever the exte
 given another ``field`` (``field=None``: a transform of one image).  Decoding, drafting and
 resizing are :mod:`shardloader.vision.image`'s.
 
-Randomness comes only from torch: the global generator (which ShardedDataset seeds from
-(seed, epoch, batch) before each batch's transforms) or an explicit ``torch.Generator`` given
-to the transform.  Transforms are plain top-level classes, so they pickle into workers.
+NOTE [transform generators]
+    Randomness comes only from a ``torch.Generator``, never from numpy's or Python's.  A
+    transform that draws (:class:`RandomResizedCrop`, :class:`RandomHorizontalFlip`), and the
+    ones that wrap others (:class:`Compose`, :class:`ApplyTo`), declare ``takes_generator =
+    True`` and accept ``generator=`` when called: ShardedDataset then hands them a generator
+    seeded from (seed, epoch, global batch index) (:func:`shardloader.shuffle.batch_generator`),
+    one per batch, used by the batch's samples in planned order.  So crops repeat exactly on a
+    rerun, after resume and whatever ``num_workers`` is, and a user transform that draws from
+    torch's global generator (which the dataset also seeds per batch) or another pipeline in
+    the same process cannot shift them.  Wrappers pass the generator on only to transforms
+    that declare ``takes_generator``.  Precedence: a ``generator`` given to the transform
+    itself (a field), then the one passed in the call, then torch's global generator (a
+    transform called by hand).  Transforms are plain top-level classes, so they pickle into
+    workers.
 """
 
 from __future__ import annotations
@@ -72,6 +83,13 @@ def _uniform(generator: torch.Generator | None, n: int) -> list[float]:
     return torch.rand(n, generator=generator, dtype=torch.float64).tolist()
 
 
+def _call(t: Callable[..., Any], x: Any, generator: torch.Generator | None) -> Any:
+    """``t(x)``, handing ``generator`` on where ``t`` declares ``takes_generator``."""
+    if generator is not None and getattr(t, "takes_generator", False):
+        return t(x, generator=generator)
+    return t(x)
+
+
 # ---------------------------------------------------------------------------------------------
 # transforms
 
@@ -87,6 +105,7 @@ class RandomResizedCrop:
     scale: tuple[float, float] = (0.08, 1.0)
     ratio: tuple[float, float] = (3 / 4, 4 / 3)
     generator: torch.Generator | None = None
+    takes_generator = True  # NOTE [transform generators]
 
     def __post_init__(self) -> None:
         hw_of(self.size, "size")
@@ -97,12 +116,15 @@ class RandomResizedCrop:
         if not 0 < self.ratio[0] <= self.ratio[1]:
             raise UsageError(f"ratio must satisfy 0 < min <= max, got {self.ratio!r}")
 
-    def params(self, width: int, height: int) -> tuple[int, int, int, int]:
+    def params(
+        self, width: int, height: int, *, generator: torch.Generator | None = None
+    ) -> tuple[int, int, int, int]:
         """(left, top, width, height) of the crop in source pixels."""
+        g = self.generator if self.generator is not None else generator
         area = width * height
         lo, hi = math.log(self.ratio[0]), math.log(self.ratio[1])
         for _ in range(10):
-            u_area, u_ratio, u_top, u_left = _uniform(self.generator, 4)
+            u_area, u_ratio, u_top, u_left = _uniform(g, 4)
             target = area * (self.scale[0] + (self.scale[1] - self.scale[0]) * u_area)
             aspect = math.exp(lo + (hi - lo) * u_ratio)
             w = round(math.sqrt(target * aspect))
@@ -118,10 +140,10 @@ class RandomResizedCrop:
             w, h = width, round(width / aspect)
         return (width - w) // 2, (height - h) // 2, max(w, 1), max(h, 1)
 
-    def __call__(self, img: ImageLike) -> torch.Tensor:
+    def __call__(self, img: ImageLike, *, generator: torch.Generator | None = None) -> torch.Tensor:
         out_hw = hw_of(self.size, "size")
         src, ours = open_lazy(img)
-        box = self.params(*size_of(src))
+        box = self.params(*size_of(src), generator=generator)
         return resize_chw(pixels(src, box, out_hw, ours=ours), out_hw)
 
 
@@ -131,14 +153,15 @@ class RandomHorizontalFlip:
 
     p: float = 0.5
     generator: torch.Generator | None = None
+    takes_generator = True  # NOTE [transform generators]
 
     def __post_init__(self) -> None:
         _numbers("p", (self.p,), 1)
         if not 0 <= self.p <= 1:
             raise UsageError(f"p must be in [0, 1], got {self.p!r}")
 
-    def __call__(self, img: ImageLike) -> torch.Tensor:
-        flip = _uniform(self.generator, 1)[0] < self.p
+    def __call__(self, img: ImageLike, *, generator: torch.Generator | None = None) -> torch.Tensor:
+        flip = _uniform(self.generator if self.generator is not None else generator, 1)[0] < self.p
         x = pixels(open_lazy(img)[0])
         return x.flip(-1) if flip else x
 
@@ -246,16 +269,17 @@ class Normalize:
 
 @dataclass(frozen=True)
 class Compose:
-    """Apply transforms in order."""
+    """Apply transforms in order (``generator`` goes to those that take one)."""
 
     transforms: tuple[Callable[[Any], Any], ...]
+    takes_generator = True  # NOTE [transform generators]
 
     def __init__(self, transforms: Iterable[Callable[[Any], Any]]) -> None:
         object.__setattr__(self, "transforms", tuple(transforms))
 
-    def __call__(self, img: Any) -> Any:
+    def __call__(self, img: Any, *, generator: torch.Generator | None = None) -> Any:
         for t in self.transforms:
-            img = t(img)
+            img = _call(t, img, generator)
         return img
 
 
@@ -265,13 +289,16 @@ class ApplyTo:
 
     field: str
     transform: Callable[[Any], Any]
+    takes_generator = True  # NOTE [transform generators]
 
-    def __call__(self, sample: Mapping[str, Any]) -> dict[str, Any]:
+    def __call__(
+        self, sample: Mapping[str, Any], *, generator: torch.Generator | None = None
+    ) -> dict[str, Any]:
         if not isinstance(sample, Mapping) or self.field not in sample:
             have = ", ".join(sample) if isinstance(sample, Mapping) else type(sample).__name__
             raise UsageError(f"ApplyTo({self.field!r}): the sample has no such field ({have})")
         out = dict(sample)
-        out[self.field] = self.transform(sample[self.field])
+        out[self.field] = _call(self.transform, sample[self.field], generator)
         return out
 
 
