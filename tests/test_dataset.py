@@ -239,6 +239,7 @@ def test_augmentation_seeded_per_step_whatever_num_workers(uneven_zstd):
     assert {v for s in c for v in s[1]}.isdisjoint(values)  # a new epoch draws anew
 
 
+@pytest.mark.slow
 def test_fields_decode_through_the_allowlist(tmp_path):
     import hashlib
     import io
@@ -302,6 +303,7 @@ def test_fields_decode_through_the_allowlist(tmp_path):
         list(sl.make_loader(sl.ShardedDataset(str(tmp_path)), num_workers=1))
 
 
+@pytest.mark.slow
 def test_truncated_shard_names_shard_and_worker(tmp_path):
     write_dataset(str(tmp_path), [10, 10])
     path = tmp_path / "shard-00001.tar"
@@ -310,6 +312,7 @@ def test_truncated_shard_names_shard_and_worker(tmp_path):
         list(sl.make_loader(sl.ShardedDataset(str(tmp_path), batch_size=5), num_workers=1))
 
 
+@pytest.mark.slow
 def test_checksum_mismatch_and_skip(tmp_path):
     d = tmp_path / "ds"
     write_dataset(str(d), [10, 10, 10, 10], compression="zstd")
@@ -326,6 +329,7 @@ def test_checksum_mismatch_and_skip(tmp_path):
     assert sorted(real_ids(batches)) == list(range(10)) + list(range(20, 40))
 
 
+@pytest.mark.slow
 def test_memory_does_not_grow_across_epochs(uneven_zstd):
     psutil = pytest.importorskip("psutil")
     ds = make(uneven_zstd, batch_size=4, shuffle=True)

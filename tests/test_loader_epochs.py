@@ -100,6 +100,7 @@ class LockedBatch:
         return {"ids": [int(s["__index__"]) for s in samples], "lock": threading.Lock()}
 
 
+@pytest.mark.slow
 def test_a_pass_whose_batches_are_lost_raises(tmp_path):
     write_dataset(str(tmp_path), [20])
     ds = sl.ShardedDataset(str(tmp_path), batch_size=4, collate_fn=LockedBatch())
@@ -127,6 +128,8 @@ DEEP_TMPDIR = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_a_tmpdir_too_deep_for_worker_sockets_fails_at_start(tmp_path, data):
     """With TMPDIR deeper than an AF_UNIX socket path allows, torch cannot share a batch's
     tensors: each worker's queue drops the batch with a traceback on stderr, and the pass

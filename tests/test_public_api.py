@@ -71,6 +71,7 @@ def test_submodules_are_attributes_and_unknown_names_fail():
         shardloader.PadColate  # noqa: B018
 
 
+@pytest.mark.subprocess
 def test_import_shardloader_does_not_import_torch():
     code = ("import sys, shardloader; "
             "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'numpy', 'pyarrow'}))")
