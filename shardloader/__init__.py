@@ -16,6 +16,7 @@ from shardloader.errors import (
     IncompleteEpochError,
     InputError,
     ManifestError,
+    ObjectNotFoundError,
     OutputExistsError,
     ResumeError,
     ShardError,
@@ -27,10 +28,12 @@ from shardloader.errors import (
 )
 
 if _typing.TYPE_CHECKING:
-    from shardloader.batching import BucketBatches, FixedBatches, PackedBatches, TokenBudgetBatches
+    from shardloader.batching.fixed import FixedBatches
+    from shardloader.batching.packed import PackCollate, PackedBatches
+    from shardloader.batching.padded import BucketBatches, PadCollate, TokenBudgetBatches
     from shardloader.codecs import Decoder
-    from shardloader.collate import DetectionCollate, PackCollate, PadCollate
-    from shardloader.dataset import EpochReport, ShardedDataset
+    from shardloader.dataset import ShardedDataset
+    from shardloader.epoch import EpochReport
     from shardloader.loader import ShardLoader, make_loader
     from shardloader.manifest import Manifest, read_manifest
     from shardloader.monitoring import Monitor, MonitorStats, monitor
@@ -39,19 +42,19 @@ if _typing.TYPE_CHECKING:
     from shardloader.shuffle import ShuffleOptions
     from shardloader.storage.cache import CacheOptions
     from shardloader.storage.retry import RetryPolicy
+    from shardloader.vision.collate import DetectionCollate
 
 # public name -> the module that defines it (imported on first access)
 _EXPORTS = {
-    "BucketBatches": "shardloader.batching",
-    "FixedBatches": "shardloader.batching",
-    "PackedBatches": "shardloader.batching",
-    "TokenBudgetBatches": "shardloader.batching",
+    "FixedBatches": "shardloader.batching.fixed",
+    "PackCollate": "shardloader.batching.packed",
+    "PackedBatches": "shardloader.batching.packed",
+    "BucketBatches": "shardloader.batching.padded",
+    "PadCollate": "shardloader.batching.padded",
+    "TokenBudgetBatches": "shardloader.batching.padded",
     "Decoder": "shardloader.codecs",
-    "DetectionCollate": "shardloader.collate",
-    "PackCollate": "shardloader.collate",
-    "PadCollate": "shardloader.collate",
-    "EpochReport": "shardloader.dataset",
     "ShardedDataset": "shardloader.dataset",
+    "EpochReport": "shardloader.epoch",
     "ShardLoader": "shardloader.loader",
     "make_loader": "shardloader.loader",
     "Manifest": "shardloader.manifest",
@@ -64,6 +67,7 @@ _EXPORTS = {
     "ShuffleOptions": "shardloader.shuffle",
     "CacheOptions": "shardloader.storage.cache",
     "RetryPolicy": "shardloader.storage.retry",
+    "DetectionCollate": "shardloader.vision.collate",
 }
 
 # submodules reachable as attributes (``shardloader.collate.PadCollate``) without an import
@@ -85,6 +89,7 @@ __all__ = [
     "ManifestError",
     "Monitor",
     "MonitorStats",
+    "ObjectNotFoundError",
     "OutputExistsError",
     "PackCollate",
     "PackedBatches",

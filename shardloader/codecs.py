@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from shardloader.errors import DecodeError, InputError
+from shardloader.errors import DecodeError, InputError, UsageError
 from shardloader.imagecheck import check_image
 from shardloader.imagemode import check_mode, convert
 
@@ -135,9 +135,20 @@ class Decoder:
 
     def __post_init__(self) -> None:
         if self.image not in ("tensor", "numpy", "pil", "raw"):
-            raise DecodeError(
+            raise UsageError(
                 f"Decoder(image={self.image!r}) is not one of 'tensor', 'numpy', 'pil', 'raw'"
             )
+        if not isinstance(self.custom, Mapping):
+            raise UsageError(
+                f"Decoder(custom=...) maps a field to a function of its bytes, got "
+                f"{type(self.custom).__name__}"
+            )
+        for name, fn in self.custom.items():
+            if not callable(fn):
+                raise UsageError(
+                    f"Decoder(custom={{{name!r}: ...}}) must be a function of the bytes, got "
+                    f"{type(fn).__name__}"
+                )
         check_mode(self.mode, "Decoder")
 
 

@@ -34,12 +34,12 @@ import multiprocessing.connection
 import os
 import socket
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from torch.utils.data import DataLoader
 
-from shardloader.dataset import _EPOCH, _START, ShardedDataset
+from shardloader.dataset import ShardedDataset
 from shardloader.errors import IncompleteEpochError, ResumeError, UsageError
 
 __all__ = ["ShardLoader", "make_loader"]
@@ -74,8 +74,7 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         ds: ShardedDataset = self.dataset  # type: ignore[assignment]
         ds.refresh_world()
-        state = ds._control.get()
-        epoch, start, world = state[_EPOCH], state[_START], ds.world_size
+        (epoch, start), world = ds.resume_point(), ds.world_size
         planned = len(ds)
         if self.num_workers > 0 and not self._sockets_checked:
             _check_worker_sockets()
@@ -90,7 +89,7 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
         if seen < planned:
             self._short_pass(ds, epoch, seen, planned)
         if ds.epoch == epoch:
-            ds._control.set(_START, 0)  # the epoch is done; a re-run starts it afresh
+            ds.seek(epoch, 0)  # the epoch is done; a re-run starts it afresh
 
     def _short_pass(self, ds: ShardedDataset, epoch: int, seen: int, planned: int) -> None:
         where = f"epoch {epoch}, rank {ds.rank}/{ds.world_size}, num_workers={self.num_workers}"
@@ -126,6 +125,10 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue a saved run; world size and num_workers may differ from the saving run."""
         ds: ShardedDataset = self.dataset  # type: ignore[assignment]
+        if not isinstance(state, Mapping):
+            raise ResumeError(
+                f"a loader state is the dict state_dict() returned, got {type(state).__name__}"
+            )
         if state.get("version") != _STATE_VERSION:
             raise ResumeError(
                 f"loader state version {state.get('version')!r} is not {_STATE_VERSION}"
@@ -141,8 +144,15 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
                     f"saved {key} {state.get(key)!r} does not match this dataset's {mine!r}: "
                     f"{remedy}"
                 )
-        ds.seek(int(state["epoch"]), int(state["position"]))
-        self._epoch, self._position = int(state["epoch"]), int(state["position"])
+        try:
+            epoch, position = int(state["epoch"]), int(state["position"])
+        except (KeyError, TypeError, ValueError) as err:
+            raise ResumeError(
+                f"saved epoch {state.get('epoch')!r} and position {state.get('position')!r} "
+                "must be integers, as state_dict() writes them"
+            ) from err
+        ds.seek(epoch, position)
+        self._epoch, self._position = epoch, position
         self._steps_left = None
 
 

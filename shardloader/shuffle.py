@@ -11,10 +11,22 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-__all__ = ["ShuffleOptions", "derive_seed", "rng_for", "epoch_order", "seed_global_rngs"]
+if TYPE_CHECKING:  # torch is imported where a generator is made, not by every importer
+    import torch
+
+__all__ = [
+    "ShuffleOptions",
+    "derive_seed",
+    "rng_for",
+    "epoch_order",
+    "plan_rng",
+    "batch_generator",
+    "seed_global_rngs",
+]
 
 
 @dataclass(frozen=True)
@@ -25,10 +37,11 @@ class ShuffleOptions:
     block: int = 1 << 16
 
     def __post_init__(self) -> None:
-        if self.block < 1:
+        block = self.block
+        if not isinstance(block, (int, np.integer)) or isinstance(block, bool) or block < 1:
             from shardloader.errors import UsageError
 
-            raise UsageError(f"shuffle block must be >= 1 sample, got {self.block}")
+            raise UsageError(f"shuffle block must be an integer >= 1 sample, got {block!r}")
 
 
 def derive_seed(*parts: int) -> int:
@@ -47,6 +60,7 @@ def rng_for(*parts: int) -> np.random.Generator:
 
 
 _SHARDS, _BLOCK, _PLAN = 1, 2, 3  # domain tags so different uses never share a stream
+_TRANSFORMS = 1 << 41  # last part of a transform generator's seed (as 1 << 40 of a worker's)
 
 
 def epoch_order(
@@ -72,6 +86,17 @@ def epoch_order(
 def plan_rng(seed: int, epoch: int) -> np.random.Generator:
     """The generator handed to batch planners (bucketing shuffles batches with it)."""
     return rng_for(seed, epoch, _PLAN)
+
+
+def batch_generator(seed: int, epoch: int, batch: int) -> torch.Generator:
+    """The torch generator shardloader's own transforms draw from for global batch ``batch``
+    (NOTE [transform generators] in :mod:`shardloader.vision.transforms`): a stream of its own,
+    apart from the global generators that :func:`seed_global_rngs` seeds for user transforms."""
+    import torch
+
+    generator = torch.Generator()
+    generator.manual_seed(derive_seed(seed, epoch, batch, _TRANSFORMS))
+    return generator
 
 
 def seed_global_rngs(seed: int) -> None:

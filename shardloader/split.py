@@ -31,6 +31,10 @@ class Place:
     num_workers: int = 1
 
     def __post_init__(self) -> None:
+        for name in ("rank", "world_size", "worker", "num_workers"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
+                raise UsageError(f"{name} must be an integer, got {value!r}")
         if not 0 <= self.rank < self.world_size:
             raise UsageError(f"rank {self.rank} is outside world_size {self.world_size}")
         if not 0 <= self.worker < self.num_workers:

@@ -19,6 +19,7 @@ from shardloader.batching import (
     batch_ids,
     pack_rows,
     padded_length,
+    signature_of,
 )
 from shardloader.errors import UsageError
 from shardloader.split import rank_slots
@@ -417,3 +418,24 @@ def test_equal_steps_per_rank_and_resume(planner, corpus, world, uneven, data):
     # a resumed process re-plans and finds the same batches at the same positions
     resumed = planner.plan(order, lens, np.random.default_rng(corpus[1]))
     assert all(np.array_equal(a, b) for a, b in zip(resumed[start:], batches[start:], strict=True))
+
+
+def test_signatures_of_the_built_in_planners_equal_their_old_repr():
+    """NOTE [plan signature]: derived from declared options, yet a state saved when the
+    signature was ``repr(planner)`` still loads (plain Python values print alike)."""
+    planners = [
+        FixedBatches(8, drop_last=True),
+        BucketBatches(batch_size=4, window=64),
+        BucketBatches(max_tokens=512, pad_to_multiple_of=8),
+        TokenBudgetBatches(256, oversize="truncate", max_batch_size=16),
+        PackedBatches(seq_len=128, rows_per_batch=2, long_docs="drop", pad_id=0),
+    ]
+    for p in planners:
+        assert signature_of(p) == repr(p)
+    numpy_options = PackedBatches(seq_len=np.int64(128), rows_per_batch=np.int32(2),
+                                  long_docs="drop", pad_id=np.int64(0))
+    assert signature_of(numpy_options) == signature_of(planners[-1])
+    assert "np." not in signature_of(numpy_options)
+    assert signature_of(planners[1]) != signature_of(BucketBatches(batch_size=4, window=65))
+    with pytest.raises(UsageError, match="object has no signature"):
+        signature_of(object())

@@ -172,6 +172,7 @@ def invoke(small, *args):
     return CliRunner().invoke(main, [*base, *args])
 
 
+@pytest.mark.slow
 def test_bench_prints_a_table_and_draws_a_png(small):
     png = small / "sweep.png"
     result = invoke(small, "--plot", str(png))

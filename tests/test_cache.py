@@ -172,6 +172,8 @@ def test_one_limit_over_all_datasets_least_recently_used_first(tmp_path):
     assert bytes_under(root) <= limit
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_a_second_run_with_the_default_limit_shares_it(monkeypatch, tmp_path):
     """Two runs, two datasets, no options: one bound over the root, not one per dataset."""
     monkeypatch.setenv("SHARDLOADER_CACHE_DIR", str(tmp_path / "root"))
@@ -190,6 +192,7 @@ def test_a_second_run_with_the_default_limit_shares_it(monkeypatch, tmp_path):
 
 # -- never deleting what is not ours to delete ----------------------------------------------
 
+@pytest.mark.subprocess
 def test_eviction_skips_a_shard_another_process_is_staging(tmp_path):
     root = str(tmp_path / "root")
     cache = sc.ShardCache(sc.CacheOptions(dir=root, max_bytes=3000), "fp")
@@ -228,6 +231,7 @@ def test_nothing_the_cache_did_not_create_is_removed(tmp_path):
     assert sorted(os.listdir(root / "fp")) == [".shardloader-cache", "README", "x.raw.bak"]
 
 
+@pytest.mark.subprocess
 def test_a_waiter_on_a_removed_lock_file_locks_the_new_one(tmp_path):
     """NOTE [eviction and clearing]: whoever removes a lock file holds it; a process that was
     waiting on it must not stage under the removed file while a third process locks the new
@@ -332,6 +336,7 @@ def test_cache_clear_one_dataset_by_fingerprint_prefix(tmp_path):
     assert bad.exit_code == 2 and "matches no dataset" in bad.stderr
 
 
+@pytest.mark.subprocess
 def test_cache_clear_while_a_loader_reads_and_another_process_stages(tmp_path):
     root = tmp_path / "root"
     ds = dataset(tmp_path / "ds", root, max_bytes=10**9, shuffle=True, seed=3)

@@ -12,6 +12,8 @@ import shutil
 import stat
 import subprocess
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 _RECORD = """#!/bin/bash
@@ -35,6 +37,7 @@ def _stub(folder: str, name: str, body: str) -> None:
     os.chmod(path, os.stat(path).st_mode | stat.S_IXUSR)
 
 
+@pytest.mark.subprocess
 def test_ci_run_removes_an_existing_venv_and_installs_from_scratch(tmp_path):
     repo = tmp_path / "repo"
     (repo / ".ci").mkdir(parents=True)

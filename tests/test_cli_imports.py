@@ -48,6 +48,7 @@ def _heavy(modules: set[str]) -> list[str]:
     return sorted(m for m in modules if m.split(".")[0] in HEAVY)
 
 
+@pytest.mark.subprocess
 def test_import_shardloader_and_its_cli_is_light(tmp_path):
     code, modules, _ = _probe(tmp_path, None)
     assert code is None
@@ -55,6 +56,7 @@ def test_import_shardloader_and_its_cli_is_light(tmp_path):
     assert _heavy(modules) == []
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize(
     ("argv", "code", "says"),
     [
@@ -85,6 +87,7 @@ def test_help_and_usage_errors_import_no_heavy_module(tmp_path, argv, code, says
     assert _heavy(modules) == [], f"shardloader {' '.join(argv)} imported {_heavy(modules)}"
 
 
+@pytest.mark.subprocess
 def test_the_installed_command_answers_help(tmp_path):
     """The console script itself (what a user types), in a fresh process."""
     script = os.path.join(os.path.dirname(sys.executable), "shardloader")

@@ -161,6 +161,57 @@ def test_resume_rejects_a_different_dataset_or_plan(uneven_zstd, tmp_path):
         sl.make_loader(make(str(tmp_path), batch_size=4, seed=1)).load_state_dict(state)
 
 
+# a state saved by shardloader before plan signatures were derived from declared options
+SAVED_BEFORE = {"version": 1, "epoch": 0, "position": 8, "seed": 1,
+                "plan": "fixed(4);shuffle=ShuffleOptions(enabled=True, block=65536);uneven=pad"}
+
+
+def test_plan_signature_comes_from_declared_options_not_repr(uneven_zstd):
+    """NOTE [plan signature]: numpy 2 prints ``np.int64(4)``; a custom repr prints anything."""
+
+    class Shouting(sl.FixedBatches):
+        def __repr__(self) -> str:
+            return "FIXED!"
+
+    def signature(**kw):
+        return make(uneven_zstd, seed=1, shuffle=True, **kw).plan_signature
+
+    plain = signature(planner=sl.FixedBatches(4))
+    assert plain == ("FixedBatches(batch_size=4, drop_last=False);"
+                     "shuffle=ShuffleOptions(enabled=True, block=65536);uneven=pad")
+    assert signature(planner=sl.FixedBatches(np.int64(4))) == plain
+    assert signature(planner=Shouting(4)) == plain.replace("FixedBatches", "Shouting")
+    assert signature(planner=sl.FixedBatches(4, drop_last=True)) != plain
+    assert signature(batch_size=np.int64(4)) == SAVED_BEFORE["plan"]
+
+
+def test_a_state_saved_before_plan_signatures_still_loads(uneven_zstd):
+    ds = make(uneven_zstd, batch_size=4, shuffle=True, seed=1)
+    state = {**SAVED_BEFORE, "fingerprint": ds.manifest.fingerprint}
+    loader = sl.make_loader(ds)
+    loader.load_state_dict(state)
+    resumed = real_ids(list(loader))
+    full = real_ids(run_epoch(make(uneven_zstd, batch_size=4, shuffle=True, seed=1)))
+    assert resumed == full[8 * 4:]
+
+
+def test_a_planner_without_declared_options_is_refused(uneven_zstd):
+    class Opaque:
+        needs_lengths = False
+
+        def plan(self, order, lengths, rng):
+            return [order[i:i + 4] for i in range(0, len(order), 4)]
+
+    with pytest.raises(sl.UsageError, match="Opaque has no signature.*signature"):
+        make(uneven_zstd, planner=Opaque())
+
+    class Declared(Opaque):
+        def signature(self) -> str:
+            return "Declared(4)"
+
+    assert make(uneven_zstd, planner=Declared()).plan_signature.startswith("Declared(4);")
+
+
 class RecordRandomness:
     """A transform that uses all three global generators, as user augmentations do."""
 
@@ -188,6 +239,7 @@ def test_augmentation_seeded_per_step_whatever_num_workers(uneven_zstd):
     assert {v for s in c for v in s[1]}.isdisjoint(values)  # a new epoch draws anew
 
 
+@pytest.mark.slow
 def test_fields_decode_through_the_allowlist(tmp_path):
     import hashlib
     import io
@@ -251,6 +303,7 @@ def test_fields_decode_through_the_allowlist(tmp_path):
         list(sl.make_loader(sl.ShardedDataset(str(tmp_path)), num_workers=1))
 
 
+@pytest.mark.slow
 def test_truncated_shard_names_shard_and_worker(tmp_path):
     write_dataset(str(tmp_path), [10, 10])
     path = tmp_path / "shard-00001.tar"
@@ -259,6 +312,7 @@ def test_truncated_shard_names_shard_and_worker(tmp_path):
         list(sl.make_loader(sl.ShardedDataset(str(tmp_path), batch_size=5), num_workers=1))
 
 
+@pytest.mark.slow
 def test_checksum_mismatch_and_skip(tmp_path):
     d = tmp_path / "ds"
     write_dataset(str(d), [10, 10, 10, 10], compression="zstd")
@@ -275,6 +329,7 @@ def test_checksum_mismatch_and_skip(tmp_path):
     assert sorted(real_ids(batches)) == list(range(10)) + list(range(20, 40))
 
 
+@pytest.mark.slow
 def test_memory_does_not_grow_across_epochs(uneven_zstd):
     psutil = pytest.importorskip("psutil")
     ds = make(uneven_zstd, batch_size=4, shuffle=True)

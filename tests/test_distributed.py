@@ -7,9 +7,12 @@ import os
 import subprocess
 import sys
 
+import pytest
 from helpers import write_dataset
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_ranks_disjoint_complete_equal(tmp_path):
     data = str(tmp_path / "ds")
     write_dataset(data, [13, 2, 40, 7], compression="zstd")  # 62 samples

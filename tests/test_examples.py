@@ -43,12 +43,16 @@ def tokens(tmp_path_factory):
     return str(root / "packed")
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_train_image(images, tmp_path):
     out = run(tmp_path, os.path.join(TOOLS, "train_image.py"), images, "--steps", "3",
               "--batch-size", "4", "--workers", "1", "--log-every", "1", "--size", "16")
     assert "step 3 " in out and SHARE.search(out), out
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_train_lm_with_sequence_packing(tokens, tmp_path):
     out = run(tmp_path, os.path.join(TOOLS, "train_lm.py"), tokens, "--steps", "3",
               "--seq-len", "32", "--rows", "2", "--workers", "1", "--dim", "32",
@@ -57,6 +61,8 @@ def test_train_lm_with_sequence_packing(tokens, tmp_path):
     assert re.search(r"tokens \d+ delivered, 0 truncated, 0 dropped", out), out
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_train_image_under_torchrun(images, tmp_path):
     out = run(tmp_path, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
               os.path.join(TOOLS, "train_image.py"), images, "--steps", "2", "--batch-size", "2",
@@ -64,6 +70,8 @@ def test_train_image_under_torchrun(images, tmp_path):
     assert SHARE.search(out) and "(all 2 ranks)" in out, out
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_demo(tmp_path):
     out = run(tmp_path, os.path.join(TOOLS, "demo.py"), "--per-class", "6", "--steps", "3")
     for step in ("shardloader pack", "shardloader inspect", "shardloader verify", "== 3. stream"):

@@ -42,6 +42,8 @@ def _cache_files(cache: str) -> dict[str, int]:
     return out
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_reading_a_bomb_stops_at_the_declared_size(bomb_dataset, tmp_path):
     cache = str(tmp_path / "cache")
     out = run_measured(
@@ -83,6 +85,8 @@ def test_an_honest_bomb_does_not_fit_the_cache_limit(bomb_dataset, tmp_path):
     assert not [n for n in _cache_files(str(tmp_path / "cache")) if n.endswith(".raw")]
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_verify_refuses_a_bomb_member_from_its_header(bomb_dataset):
     out = run_measured(
         """
@@ -99,6 +103,8 @@ def test_verify_refuses_a_bomb_member_from_its_header(bomb_dataset):
     assert out["growth"] < MEMORY_BOUND, out
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_index_refuses_a_bomb_member_from_its_header(tmp_path):
     d = str(tmp_path)
     write_zstd_bomb(os.path.join(d, "big.tar.zst"), 2 * GIB)
@@ -114,6 +120,8 @@ def test_index_refuses_a_bomb_member_from_its_header(tmp_path):
     assert not os.path.exists(os.path.join(d, "index.json"))
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_index_streams_a_big_member_with_flat_memory(tmp_path):
     """Without a member limit a 1 GiB member is indexed, streamed in bounded chunks."""
     d = str(tmp_path)
@@ -130,6 +138,8 @@ def test_index_streams_a_big_member_with_flat_memory(tmp_path):
     assert out["growth"] < MEMORY_BOUND, out
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_sample_reader_never_copies_past_the_sample_extent(tmp_path):
     """A member header that claims 1 GiB inside a 1 KiB sample: refused, nothing copied."""
     import xxhash
@@ -159,6 +169,8 @@ def test_sample_reader_never_copies_past_the_sample_extent(tmp_path):
     assert size > GIB
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 @pytest.mark.parametrize("count", [10**9, 10**12])
 def test_lying_sample_count_fails_on_load_before_planning(tmp_path, count):
     d = str(tmp_path)

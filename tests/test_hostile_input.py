@@ -388,6 +388,7 @@ def test_arrow_key_must_match_its_sidecar(tmp_path):
 # -- 1. downloads and stored files larger than declared ----------------------------------------
 
 
+@pytest.mark.subprocess
 def test_download_stops_past_the_declared_size(s3_bucket, s3_client, tmp_path):
     from shardloader.storage.fetch import fetch_shard
 

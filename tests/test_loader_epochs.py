@@ -78,6 +78,20 @@ def test_a_checkpoint_one_step_before_the_end_keeps_the_epoch(data):
     assert resumed[4] == [batch_ids(b) for b in list(loader)][-1:]
 
 
+def test_the_resume_point_and_global_batches_are_public(data):
+    """The loader reaches the dataset's state through public methods only."""
+    ds = make(data)
+    loader = sl.make_loader(ds)
+    assert ds.resume_point() == (0, 0) and ds.position == 0
+    loader.load_state_dict({**loader.state_dict(), "epoch": 2, "position": 5})
+    assert ds.resume_point() == (2, 5) and ds.position == 5 and ds.epoch == 2
+    planned = ds.global_batches(2)
+    assert [b.tolist() for b in planned] == [b.tolist() for b in ds.global_batches()]
+    assert [batch_ids(b) for b in loader] == [b.tolist() for b in planned[5:]]
+    assert ds.resume_point() == (2, 0)  # the pass is over: a re-run starts the epoch afresh
+    assert sum(len(b) for b in planned) == 52  # 50 samples, the last batch filled up
+
+
 class LockedBatch:
     """A collate whose batches hold a lock: a user error that torch's worker queue reports only
     as a traceback on stderr, dropping the batch."""
@@ -86,6 +100,7 @@ class LockedBatch:
         return {"ids": [int(s["__index__"]) for s in samples], "lock": threading.Lock()}
 
 
+@pytest.mark.slow
 def test_a_pass_whose_batches_are_lost_raises(tmp_path):
     write_dataset(str(tmp_path), [20])
     ds = sl.ShardedDataset(str(tmp_path), batch_size=4, collate_fn=LockedBatch())
@@ -113,6 +128,8 @@ DEEP_TMPDIR = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_a_tmpdir_too_deep_for_worker_sockets_fails_at_start(tmp_path, data):
     """With TMPDIR deeper than an AF_UNIX socket path allows, torch cannot share a batch's
     tensors: each worker's queue drops the batch with a traceback on stderr, and the pass

@@ -51,6 +51,7 @@ def mixed(tmp_path_factory):
     return str(root / "raw"), want, str(root / "tar"), str(root / "arrow")
 
 
+@pytest.mark.slow
 def test_a_class_folder_pack_has_one_image_field_whatever_the_extension(mixed):
     raw, want, tar, _ = mixed
     manifest, samples = read_back(tar)
@@ -66,6 +67,7 @@ def test_a_class_folder_pack_has_one_image_field_whatever_the_extension(mixed):
     assert Manifest.from_json(manifest.to_json()) == manifest
 
 
+@pytest.mark.slow
 def test_the_readme_vision_recipe_runs_on_a_mixed_folder(mixed):
     _, want, tar, _ = mixed
     ds = sl.ShardedDataset(tar, batch_size=4, shuffle=True, seed=17,
@@ -80,6 +82,7 @@ def test_the_readme_vision_recipe_runs_on_a_mixed_folder(mixed):
     assert x.dtype == torch.float32 and torch.isfinite(x).all()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("packed", [2, 3], ids=["tar", "arrow"])
 def test_the_default_decoder_gives_correct_rgb_for_every_mode(mixed, packed):
     _, want, *_ = mixed
@@ -138,6 +141,7 @@ def test_bad_decoder_mode_is_a_clear_error():
         Decoder(mode="CMYK")
 
 
+@pytest.mark.slow
 def test_bench_runs_on_a_mixed_folder(mixed):
     r = run("bench", mixed[2], "--workers", "0", "--batches", "2", "--batch-size", "4",
             "--image-size", "16", "--json")
@@ -147,6 +151,7 @@ def test_bench_runs_on_a_mixed_folder(mixed):
     assert all(p["samples"] > 0 for p in results)
 
 
+@pytest.mark.slow
 def test_inspect_and_verify_name_the_aliases(mixed):
     r = run("verify", mixed[2])
     assert r.exit_code == 0 and "samples checked" in r.output, r.output
@@ -236,6 +241,8 @@ def test_alias_option_syntax(groups, tmp_path):
     assert r.exit_code == 2 and "has none of these fields" in r.stderr
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_serve_streams_a_mixed_folder(mixed, tmp_path):
     from test_service_support import server_env, start_servers
 

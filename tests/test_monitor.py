@@ -146,6 +146,7 @@ for batch in shardloader.monitor(loader):  # README: nothing configured, interva
 """
 
 
+@pytest.mark.subprocess
 def test_visible_without_configuring_logging():
     """A fresh process with Python's default logging: one line per 100 batches on stderr."""
     done = subprocess.run([sys.executable, "-c", _DEFAULT_LOGGING], capture_output=True,
@@ -169,6 +170,8 @@ dist.destroy_process_group()
 """
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_each_rank_says_which_it_is(tmp_path):
     script = tmp_path / "job.py"
     script.write_text(_RANKS)

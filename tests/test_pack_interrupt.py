@@ -87,6 +87,8 @@ def _finish_and_compare(tmp_path, src, out) -> None:
     assert tree(str(out)) == tree(str(tmp_path / "fresh"))
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_sigkill_leaves_no_manifest_no_partial_shard_and_no_orphans(tmp_path):
     src, out = tmp_path / "src", tmp_path / "out"
     _corpus(src)
@@ -106,6 +108,8 @@ def test_sigkill_leaves_no_manifest_no_partial_shard_and_no_orphans(tmp_path):
     _finish_and_compare(tmp_path, src, out)
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 @pytest.mark.parametrize("workers", [1, 2])
 def test_sigint_cleans_up_and_exits_130(tmp_path, workers):
     src, out = tmp_path / "src", tmp_path / "out"

@@ -151,6 +151,7 @@ def test_webdataset_reads_our_tar_shards(tmp_path, compression):
     assert got == files
 
 
+@pytest.mark.subprocess
 @pytest.mark.skipif(shutil.which("zstd") is None, reason="the zstd command-line tool is missing "
                     "(apt-get install zstd)")
 def test_zstd_cli_and_tar_list_our_shards(tmp_path):

@@ -237,7 +237,7 @@ def test_skipped_samples_keep_the_packed_shape(lm):
     keys = {int(i): k for b in sl.make_loader(probe) for i, k in zip(b["__index__"],
                                                                     b["__key__"], strict=True)}
     # a document that shares its batch with others (a lone one would fail its whole batch)
-    shared = next(b for b in probe._plan(0, 0, 0, 1).batches if len(set(b[:, 0].tolist())) > 2)
+    shared = next(b for b in probe.global_batches(0) if len(set(b[:, 0].tolist())) > 2)
     bad = keys[int(shared[0, 0])]
     ds = sl.ShardedDataset(path, planner=planner, transform=FailOn(bad), on_error="skip")
     batches = list(sl.make_loader(ds, num_workers=1))

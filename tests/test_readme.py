@@ -176,6 +176,8 @@ def _env(work: str) -> dict[str, str]:
     return env
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 @pytest.mark.parametrize("block", [b for b in BLOCKS if b.lang in RUN], ids=lambda b: b.id)
 def test_block_runs(block: Block, corpus: tuple[str, str], tmp_path):
     if block.skip is not None:

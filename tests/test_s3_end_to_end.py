@@ -32,6 +32,8 @@ from shardloader.manifest import Manifest, ShardInfo
 from shardloader.shuffle import ShuffleOptions, epoch_order
 from shardloader.storage.retry import RetryPolicy
 
+pytestmark = pytest.mark.subprocess  # the moto S3 server process
+
 pytest.importorskip("s3fs")
 pytest.importorskip("moto")
 
@@ -114,6 +116,7 @@ def read_options(tmp_path: Path, storage_options: dict[str, str], readahead: int
 # -- pack → inspect → verify → read, all on s3:// ------------------------------------------------
 
 
+@pytest.mark.slow
 def test_pack_to_s3_then_inspect_verify_and_read_back_byte_identical(
     s3_server: str, s3_bucket: str, s3_client: Any, tmp_path: Path
 ) -> None:
@@ -157,6 +160,7 @@ def test_pack_to_s3_then_inspect_verify_and_read_back_byte_identical(
 # -- a failed upload leaves no manifest -----------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_pack_whose_upload_fails_midway_exits_1_and_writes_no_manifest(
     s3_bucket: str,
     s3_client: Any,
@@ -197,6 +201,7 @@ def test_pack_whose_upload_fails_midway_exits_1_and_writes_no_manifest(
 # -- request accounting --------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_epoch_from_s3_fetches_each_object_once_per_node_and_never_lists(
     s3_bucket: str, s3_client: Any, fault_proxy: FaultProxy, via_proxy: dict[str, str],
     tmp_path: Path,
@@ -285,6 +290,7 @@ def test_flipped_byte_in_s3_is_a_checksum_error_or_skipped_with_equal_steps(
 # -- a 10,000-shard manifest ---------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_first_batch_of_a_10000_shard_manifest_fetches_only_what_it_needs(
     s3_bucket: str, s3_client: Any, fault_proxy: FaultProxy, via_proxy: dict[str, str],
     tmp_path: Path,

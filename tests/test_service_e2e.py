@@ -28,6 +28,8 @@ from test_service_support import (
 import shardloader as sl
 from shardloader.service import RemoteLoader
 
+pytestmark = pytest.mark.subprocess  # a `shardloader serve` process for the module
+
 TOKEN = "s3cret-token-for-the-tests-0123456789"
 
 
@@ -84,6 +86,7 @@ def test_remote_equals_local_byte_for_byte(server, epoch):
         assert any(p for b in got for p in b["__pad__"].tolist()) == (rank > 0)
 
 
+@pytest.mark.slow
 def test_two_rank_processes_get_disjoint_complete_equal_shares(server, env, tmp_path):
     """Two real client processes at once, as two ranks of one job."""
     outs = [str(tmp_path / f"rank{r}.json") for r in range(2)]

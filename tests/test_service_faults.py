@@ -62,6 +62,8 @@ def reference(env):
             for epoch in (1, 2, 3)}
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_kill_9_mid_epoch_fails_over_to_the_replica(servers, env, reference, tmp_path):
     a, b = servers["a"], servers["b"]
     served_before = b.metrics()["shardloader_batches_served_total"]
@@ -77,6 +79,8 @@ def test_kill_9_mid_epoch_fails_over_to_the_replica(servers, env, reference, tmp
     assert b.metrics()["shardloader_batches_served_total"] - served_before >= 30
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 @pytest.mark.parametrize("cut", [10, int(2.5 * FRAME)])
 def test_dropped_connections_resume_at_the_first_missing_step(servers, reference, cut):
     """Resets inside the HTTP headers (10 B) and mid-frame (2.5 frames in), 3 times each."""
@@ -110,6 +114,8 @@ def _wait_idle(server) -> None:
         time.sleep(0.1)
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_slow_client_does_not_grow_server_memory(servers):
     c = servers["b"]
     _wait_idle(c)
@@ -135,6 +141,8 @@ def test_slow_client_does_not_grow_server_memory(servers):
         conn.close()
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_too_many_clients_get_503_and_the_client_retries(servers, reference):
     c = servers["b"]
     _wait_idle(c)

@@ -19,6 +19,8 @@ from shardloader.storage import fs as storage
 from shardloader.storage.fetch import fetch_shard
 from shardloader.storage.retry import RetryPolicy
 
+pytestmark = pytest.mark.subprocess  # the moto S3 server process
+
 # Fast but real: backoff in milliseconds, a read timeout well under the proxy's 2 s stalls.
 POLICY = RetryPolicy(
     max_attempts=5,
@@ -50,6 +52,7 @@ def via_proxy(fault_proxy: FaultProxy) -> dict[str, str]:
 FAULTS = ["503", "500", "429", "reset", "reset_mid", "close_mid", "stall", "stall_mid"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault", FAULTS)
 def test_reads_survive_intermittent_faults_byte_identical(
     fault: str,
@@ -130,6 +133,7 @@ def test_persistent_fault_ends_in_one_storage_error_within_budget(
     assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.slow
 def test_stalled_server_is_bounded_by_timeouts_and_budget(
     s3_bucket: str, s3_client: Any, fault_proxy: FaultProxy, via_proxy: dict[str, str]
 ) -> None:
@@ -272,6 +276,7 @@ def test_many_objects_under_random_faults_each_arrive_exactly_once(
     assert any(r.fault for r in fault_proxy.requests)
 
 
+@pytest.mark.slow
 def test_write_exists_list_remove_through_faults(
     s3_bucket: str, fault_proxy: FaultProxy, via_proxy: dict[str, str]
 ) -> None:
@@ -305,6 +310,7 @@ def test_endpoint_from_env_and_explicit_options_win(
     assert fault_proxy.requests == []
 
 
+@pytest.mark.slow
 def test_failed_multipart_upload_leaves_nothing_behind(
     s3_bucket: str,
     s3_client: Any,
@@ -361,6 +367,7 @@ def test_fetch_in_a_forked_worker_process(
     assert dst.read_bytes() == blob
 
 
+@pytest.mark.slow
 def test_epoch_from_s3_under_intermittent_faults_yields_every_sample_once(
     s3_bucket: str, s3_client: Any, fault_proxy: FaultProxy, tmp_path: Path
 ) -> None:

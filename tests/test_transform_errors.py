@@ -64,6 +64,7 @@ def test_a_truncated_jpeg_in_the_vision_transform_names_its_place(data):
     assert "truncated" in str(err.value)
 
 
+@pytest.mark.slow
 def test_the_place_survives_dataloader_workers(data):
     ds = sl.ShardedDataset(data, batch_size=2, decoder=sl.Decoder(image="raw"),
                            transform=vision.train_transform(16, field="jpg"))
@@ -82,6 +83,7 @@ class Fails:
         return sample
 
 
+@pytest.mark.slow
 def test_a_user_transform_error_becomes_a_transform_error(data):
     ds = sl.ShardedDataset(data, batch_size=2, decoder=sl.Decoder(image="raw"), transform=Fails())
     with pytest.raises(errors.TransformError) as err:
@@ -116,6 +118,7 @@ def test_shardloader_errors_in_transforms_keep_their_class(data):
     assert "sample 'k/0'" in message and "rank 0/1, worker 0/1" in message
 
 
+@pytest.mark.slow
 def test_the_default_decoder_still_names_the_place(data):
     with pytest.raises(DecodeError) as err:
         list(sl.ShardedDataset(data, batch_size=2))

@@ -219,3 +219,76 @@ def test_pipeline_on_sample_dicts_collates(jpeg):
     assert isinstance(Compose([Resize(10)]).transforms, tuple)
     with pytest.raises(UsageError, match="no such field"):
         ApplyTo("png", Resize(10))({"jpg": jpeg})
+
+
+# -- explicit generators: NOTE [transform generators] -------------------------------------------
+
+
+def _noise(x):
+    """A user augmentation drawing from torch's global generator, as most do."""
+    torch.rand(7)
+    return x
+
+
+def test_transforms_draw_from_the_generator_they_are_given(jpeg):
+    t = train_transform(40, field="jpg")
+    sample = {"jpg": jpeg, "cls": 1}
+
+    def crop(seed: int, global_seed: int) -> torch.Tensor:
+        torch.manual_seed(global_seed)  # torch's global generator plays no part
+        return t(sample, generator=torch.Generator().manual_seed(seed))["jpg"]
+
+    assert torch.equal(crop(3, 0), crop(3, 1))
+    assert len({crop(s, 0).sum().item() for s in range(8)}) > 1  # the generator decides
+    mixed = Compose([_noise, RandomResizedCrop(40), _noise, RandomHorizontalFlip()])
+    g = torch.Generator().manual_seed(5)
+    pure = Compose([RandomResizedCrop(40), RandomHorizontalFlip()])
+    assert torch.equal(mixed(jpeg, generator=g), pure(jpeg, generator=torch.Generator()
+                                                      .manual_seed(5)))
+    own = RandomResizedCrop(40, generator=torch.Generator().manual_seed(9))
+    again = RandomResizedCrop(40, generator=torch.Generator().manual_seed(9))
+    assert torch.equal(own(jpeg, generator=torch.Generator().manual_seed(1)), again(jpeg))
+
+
+@pytest.fixture(scope="module")
+def pictures(tmp_path_factory):
+    from corpus import jpeg as make_jpeg
+    from corpus import write
+
+    from shardloader.pack import PackOptions, pack
+
+    root = tmp_path_factory.mktemp("pictures")
+    for c in ("cat", "dog"):
+        for i in range(9):
+            write(str(root / "src"), f"{c}/{i}.jpg", make_jpeg(10 * len(c) + i, 64, 48))
+    pack(str(root / "src"), str(root / "packed"), PackOptions(max_samples=5))
+    return str(root / "packed")
+
+
+def _crops(data, transform, num_workers=0, state=None):
+    import shardloader as sl
+
+    ds = sl.ShardedDataset(data, batch_size=4, shuffle=True, seed=3,
+                           decoder=sl.Decoder(image="raw"), transform=transform)
+    loader = sl.make_loader(ds, num_workers=num_workers)
+    if state is not None:
+        loader.load_state_dict({**loader.state_dict(), **state})
+    return [(b["__key__"], b["image"]) for b in loader]
+
+
+def _same(a, b) -> bool:
+    return len(a) == len(b) and all(
+        ka == kb and torch.equal(xa, xb) for (ka, xa), (kb, xb) in zip(a, b, strict=True))
+
+
+def test_dataset_crops_come_from_a_per_batch_generator(pictures):
+    """The same crops whatever num_workers, after resume, and whatever the user's own
+    transforms draw from torch's global generator in between."""
+    train = train_transform(24)
+    reference = _crops(pictures, train)
+    assert len(reference) == 5
+    assert _same(_crops(pictures, train, num_workers=2), reference)
+    assert _same(_crops(pictures, train, state={"position": 2}), reference[2:])
+    noisy = ApplyTo("image", Compose([_noise, RandomResizedCrop(24), _noise,
+                                       RandomHorizontalFlip(), ToImageTensor()]))
+    assert _same(_crops(pictures, noisy, num_workers=2), reference)

@@ -1,0 +1,52 @@
+"""Batch planners and their collates, one module per policy.
+
+* :mod:`~shardloader.batching.base`: the :class:`BatchPlanner` protocol, :class:`PlanReport`,
+  the accounting rule and plan signatures (NOTEs on what a batch is, how planner and collate
+  agree, what a plan signature holds);
+* :mod:`~shardloader.batching.default`: the default collate rules (:func:`collate_samples`);
+* :mod:`~shardloader.batching.fixed`: :class:`FixedBatches` (and ``batch_size=``);
+* :mod:`~shardloader.batching.padded`: :class:`BucketBatches`, :class:`TokenBudgetBatches`
+  and :class:`PadCollate`;
+* :mod:`~shardloader.batching.packed`: :class:`PackedBatches`, :class:`PackCollate` and
+  :func:`pack_rows`.
+
+This file only re-exports; DESIGN.md "How to add a batching policy" says where a new one goes.
+"""
+
+from shardloader.batching.base import (
+    BatchPlanner,
+    PlanReport,
+    account,
+    batch_ids,
+    padded_length,
+    signature_of,
+)
+from shardloader.batching.default import collate_samples
+from shardloader.batching.fixed import FixedBatches
+from shardloader.batching.packed import (
+    IGNORE_INDEX,
+    PackCollate,
+    PackedBatches,
+    Segment,
+    pack_rows,
+)
+from shardloader.batching.padded import BucketBatches, PadCollate, TokenBudgetBatches
+
+__all__ = [
+    "BatchPlanner",
+    "PlanReport",
+    "FixedBatches",
+    "BucketBatches",
+    "TokenBudgetBatches",
+    "PackedBatches",
+    "PadCollate",
+    "PackCollate",
+    "IGNORE_INDEX",
+    "account",
+    "batch_ids",
+    "collate_samples",
+    "padded_length",
+    "signature_of",
+    "pack_rows",
+    "Segment",
+]

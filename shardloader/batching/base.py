@@ -1,0 +1,336 @@
+"""What every batch planner shares: the protocol, the report, the one accounting rule.
+
+A batch planner cuts the epoch's global order into global batches.
+
+A planner is a pure function of ``(order, lengths, rng)``: the same inputs give the same batches
+in every process, whatever the world size or worker count (the dataset deals batch ``i`` to rank
+``i mod W``).  Planners hold only frozen options, so they pickle into workers.
+
+NOTE [what a batch is]
+    A planned batch is an int64 array in one of two shapes:
+
+    * ``[k]``: sample ids.  The collate gets the k samples whole, in this order (an id may
+      repeat only where the dataset pads a batch up).
+    * ``[k, 3]``: segments ``(sample id, token start, token stop)`` of the samples' length field
+      (the field whose lengths the manifest records, e.g. ``tokens``).  The dataset reads each
+      sample once and hands the collate one sample per segment, in this order, with that field
+      cut to ``[start:stop]`` and ``__span__ = (start, stop)``.  A sample's segments may lie in
+      different batches; together they never overlap.  :class:`PackedBatches` plans these, so
+      a document of any length loses no token.
+
+    Code that needs the samples a batch reads (locating shards, working sets, padding masks)
+    goes through :func:`batch_ids`; token counts go through the planner's ``report``.
+
+NOTE [planner and collate agree without talking]
+    Whatever the collate must know about the plan (padded length, truncation, the row of each
+    packed segment) is re-derived in the worker from the batch alone, with the same function
+    the planner used: :func:`padded_length` for bucketing and budgets,
+    :func:`~shardloader.batching.packed.pack_rows` for packing; each planner lives in one
+    module with its collate (:mod:`~shardloader.batching.padded`,
+    :mod:`~shardloader.batching.packed`).  The options must match, so the dataset asks the
+    planner: ``resolve_collate`` refuses a collate whose options disagree (naming both values)
+    and, given none, builds one (``make_collate``) when the planner knows enough
+    (``PackedBatches(pad_id=...)``).
+
+Every planner also has a pure ``report(order, lengths, batches) -> PlanReport`` that says what
+its policies dropped, truncated or split, counts every token of the epoch as delivered,
+truncated or dropped, and says how many token slots (real tokens plus padding) the batches cost.
+
+NOTE [plan signature]
+    A saved loader position means the same samples only under the same plan, so the state
+    carries :func:`signature_of` the planner: its class name and declared options (dataclass
+    fields, or the planner's own ``signature()``), each written by :func:`stable_value`, never
+    by ``repr`` (numpy 2 prints ``np.int64(4)`` where numpy 1 printed ``4``; a custom
+    ``__repr__`` could print anything).  For the built-in planners the result equals their
+    dataclass ``repr`` under plain Python values, so states saved before this rule still load.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from shardloader.errors import UsageError
+
+__all__ = [
+    "BatchPlanner",
+    "PlanReport",
+    "account",
+    "batch_ids",
+    "padded_length",
+    "signature_of",
+    "stable_value",
+]
+
+OVERSIZE_POLICIES = ("error", "truncate", "drop")
+LONG_DOC_POLICIES = ("split", "truncate", "drop")
+TAIL_POLICIES = ("keep", "drop")
+DEFAULT_WINDOW = 4096
+
+
+@runtime_checkable
+class BatchPlanner(Protocol):
+    """Cuts an epoch's order into global batches; see the module docstring."""
+
+    needs_lengths: bool
+
+    def plan(
+        self, order: np.ndarray, lengths: np.ndarray | None, rng: np.random.Generator
+    ) -> list[np.ndarray]:
+        """Return global batches (int64 ids ``[k]`` or segments ``[k, 3]``); every sample of
+        ``order`` is delivered exactly once (whole, or in non-overlapping pieces), except what
+        a documented policy truncates or drops (see ``report``)."""
+        ...
+
+    # Optional, found by the dataset with getattr (DESIGN.md "How to add a batching policy"):
+    #   report(order, lengths, batches) -> PlanReport
+    #   resolve_collate(collate_fn, length_field) -> the collate the dataset uses
+    #   signature() -> str, when the planner is not a frozen dataclass of its options
+
+
+@dataclass(frozen=True)
+class PlanReport:
+    """What a plan delivers and what its policies cost; computed purely by ``report()``.
+
+    Token fields are ``None`` when no lengths were given; then ``tokens + truncated_tokens +
+    dropped_tokens`` is every token of the order.  A sample is *dropped* when none of it is
+    delivered, *truncated* when only part of it is.  ``padded_tokens`` counts the token slots
+    the collate allocates (real tokens, repeats and padding).
+    """
+
+    num_samples: int  # ids in the order
+    num_batches: int
+    dropped: tuple[int, ...] = ()  # ids delivered not at all (tail, oversize, long-doc policy)
+    truncated: tuple[int, ...] = ()  # ids delivered only in part
+    split: tuple[int, ...] = ()  # ids delivered in several segments (packed)
+    tokens: int | None = None  # tokens delivered, each counted once
+    truncated_tokens: int | None = None  # tokens of truncated samples left out
+    dropped_tokens: int | None = None  # tokens of dropped samples
+    repeated_tokens: int | None = None  # tokens delivered again (batches repeated to even ranks)
+    padded_tokens: int | None = None  # token slots allocated
+
+    @property
+    def total_tokens(self) -> int | None:
+        """Every token of the order: delivered + truncated + dropped."""
+        if self.tokens is None:
+            return None
+        return self.tokens + (self.truncated_tokens or 0) + (self.dropped_tokens or 0)
+
+    @property
+    def pad_fraction(self) -> float | None:
+        """Share of allocated token slots that are padding."""
+        if self.tokens is None or not self.padded_tokens:
+            return None
+        return 1.0 - (self.tokens + (self.repeated_tokens or 0)) / self.padded_tokens
+
+
+# ---------------------------------------------------------------------------------------------
+# shared helpers (also used by the planners' modules)
+
+
+def batch_ids(batch: np.ndarray) -> np.ndarray:
+    """The samples a batch reads, in reading order: a ``[k]`` batch as it is, a ``[k, 3]``
+    segment batch's sample ids each once, in the order of their first segment."""
+    b = np.asarray(batch)
+    if b.ndim == 1:
+        return b
+    ids = b[:, 0]
+    _, first = np.unique(ids, return_index=True)
+    return ids[np.sort(first)]
+
+
+def padded_length(longest: int, pad_to_multiple_of: int = 1) -> int:
+    """The length PadCollate pads a batch whose longest sample is ``longest`` to."""
+    m = pad_to_multiple_of
+    return -(-longest // m) * m
+
+
+def stable_value(value: Any) -> str:
+    """One option value as signature text, the same in every Python and numpy version: numpy
+    scalars as the Python number they hold, tuples and lists element by element."""
+    if isinstance(value, np.generic):
+        value = value.item()
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return repr(value)  # stable for these types (float: shortest round-trip, since 3.1)
+    if isinstance(value, list):
+        return "[" + ", ".join(stable_value(v) for v in value) + "]"
+    if isinstance(value, tuple):
+        inner = ", ".join(stable_value(v) for v in value)
+        return f"({inner},)" if len(value) == 1 else f"({inner})"
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return signature_of(value)
+    raise UsageError(
+        f"option value {value!r} ({type(value).__name__}) has no stable signature text: "
+        "options must be numbers, strings, booleans, None or tuples of them"
+    )
+
+
+def signature_of(options: Any) -> str:
+    """``Name(field=value, ...)`` of a frozen options object; see NOTE [plan signature].
+
+    An object with a ``signature()`` method gives its own; a dataclass gives its class name and
+    its ``repr=True`` fields; anything else has no signature (a :class:`UsageError`).
+    """
+    own = getattr(options, "signature", None)
+    if callable(own):
+        text = own()
+        if not isinstance(text, str):
+            raise UsageError(
+                f"{type(options).__name__}.signature() returned {type(text).__name__}, not str"
+            )
+        return text
+    if dataclasses.is_dataclass(options) and not isinstance(options, type):
+        fields = ", ".join(
+            f"{f.name}={stable_value(getattr(options, f.name))}"
+            for f in dataclasses.fields(options)
+            if f.repr
+        )
+        return f"{type(options).__name__}({fields})"
+    raise UsageError(
+        f"planner {type(options).__name__} has no signature, which a saved loader position "
+        "needs to check it resumes the same plan: make it a frozen dataclass of its options, "
+        "or give it a signature() method returning a str of them"
+    )
+
+
+def check_positive(name: str, value: int | None, *, optional: bool = False) -> None:
+    if value is None and optional:
+        return
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
+        raise UsageError(f"{name} must be a positive integer, got {value!r}")
+
+
+def check_choice(name: str, value: str, allowed: Sequence[str]) -> None:
+    if value not in allowed:
+        raise UsageError(f"{name}={value!r} is not one of {', '.join(map(repr, allowed))}")
+
+
+def as_ids(order: np.ndarray) -> np.ndarray:
+    ids = np.asarray(order)
+    if ids.ndim != 1 or (ids.size and ids.dtype.kind not in "iu"):
+        raise UsageError(
+            f"order must be a 1-D integer array of sample ids, got {ids.dtype}{ids.shape}"
+        )
+    return ids.astype(np.int64, copy=False)
+
+
+def lengths_of(planner: str, ids: np.ndarray, lengths: np.ndarray | None) -> np.ndarray:
+    """Lengths of ``ids`` (indexed by global id), with a clear error when they are missing."""
+    if lengths is None:
+        raise UsageError(
+            f"{planner} needs per-sample lengths: pack with a length field (e.g. --tokenizer, "
+            "which records token counts in the manifest) or use FixedBatches"
+        )
+    lens = np.asarray(lengths)
+    if lens.ndim != 1 or (lens.size and lens.dtype.kind not in "iu"):
+        raise UsageError(f"lengths must be a 1-D integer array, got {lens.dtype}{lens.shape}")
+    if ids.size and (ids.max() >= lens.size or ids.min() < 0):
+        raise UsageError(
+            f"sample id {int(ids.max())} is outside lengths (size {lens.size}); lengths must be "
+            "indexed by global sample id"
+        )
+    if lens.size and lens.min() < 0:
+        raise UsageError(f"lengths contains a negative length ({int(lens.min())})")
+    return lens[ids].astype(np.int64, copy=False)
+
+
+def shuffled(batches: list[np.ndarray], rng: np.random.Generator) -> list[np.ndarray]:
+    return [batches[i] for i in rng.permutation(len(batches))]
+
+
+def refuse_disagreement(
+    collate: Any, planner: Any, pairs: Sequence[tuple[str, Any, Any]]
+) -> None:
+    """Raise naming every option where ``collate`` and ``planner`` differ."""
+    diffs = [(name, mine, theirs) for name, mine, theirs in pairs if mine != theirs]
+    if not diffs:
+        return
+    what = "; ".join(
+        f"{type(collate).__name__} {name}={theirs!r}, {type(planner).__name__} {name}={mine!r}"
+        for name, mine, theirs in diffs
+    )
+    raise UsageError(
+        f"collate_fn disagrees with the planner ({what}): the batches would not have the "
+        "planned shape or tokens; build the collate with planner.make_collate(...) or leave "
+        "collate_fn out where the planner can build it"
+    )
+
+
+def account(
+    order: np.ndarray,
+    lengths: np.ndarray | None,
+    batches: Sequence[np.ndarray],
+    *,
+    max_length: int | None = None,
+    pad_to_multiple_of: int = 1,
+    row_shape: tuple[int, int] | None = None,
+) -> PlanReport:
+    """Count what ``batches`` deliver of ``order``: the one accounting rule of every planner.
+
+    ``[k]`` batches deliver each sample's first ``max_length`` tokens and are padded to their
+    longest, rounded up to ``pad_to_multiple_of``; ``[k, 3]`` batches deliver their segments
+    and each costs ``row_shape`` (rows, seq_len) slots.  A sample or segment that appears again
+    (a batch repeated to even out ranks) counts once; the repeat goes to ``repeated_tokens``.
+    """
+    ids = as_ids(order)
+    size = int(ids.max()) + 1 if ids.size else 0
+    if lengths is not None:
+        size = max(size, int(np.asarray(lengths).size))
+    flat = [b for b in batches if b.ndim == 1 and b.size]
+    segs = [b for b in batches if b.ndim == 2 and b.size]
+    delivered = np.zeros(size, np.int64)  # tokens delivered per sample, each counted once
+    pieces = np.zeros(size, np.int64)  # distinct segments delivered per sample
+    seen = np.zeros(size, bool)
+    all_tokens = 0  # tokens delivered, repeats included
+    lens = None if lengths is None else np.asarray(lengths, dtype=np.int64)
+    if flat:
+        cat = np.concatenate(flat)
+        seen[cat] = True
+        if lens is not None:
+            eff = lens if max_length is None else np.minimum(lens, max_length)
+            delivered[seen] = eff[seen]
+            all_tokens += int(eff[cat].sum())
+    if segs:
+        cat = np.concatenate(segs)
+        uniq = np.unique(cat, axis=0)
+        seen[uniq[:, 0]] = True
+        np.add.at(pieces, uniq[:, 0], 1)
+        np.add.at(delivered, uniq[:, 0], uniq[:, 2] - uniq[:, 1])
+        all_tokens += int((cat[:, 2] - cat[:, 1]).sum())
+    in_order = np.zeros(size, bool)
+    in_order[ids] = True
+    dropped = np.flatnonzero(in_order & ~seen)
+    split = np.flatnonzero(pieces > 1)
+    common: dict[str, Any] = {
+        "num_samples": int(ids.size),
+        "num_batches": len(batches),
+        "dropped": tuple(dropped.tolist()),
+        "split": tuple(split.tolist()),
+    }
+    if lens is None:
+        return PlanReport(**common)
+    short = in_order & seen & (delivered < lens)
+    tokens = int(delivered[in_order].sum())
+    slots = 0
+    if row_shape is not None:
+        slots += len(segs) * row_shape[0] * row_shape[1]
+    if flat:  # each batch: its size times its padded longest
+        sizes = np.fromiter((b.size for b in flat), np.int64, len(flat))
+        eff = lens if max_length is None else np.minimum(lens, max_length)
+        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+        longest = np.maximum.reduceat(eff[np.concatenate(flat)], starts)
+        m = pad_to_multiple_of
+        slots += int((sizes * (-(-longest // m) * m)).sum())
+    return PlanReport(
+        **common,
+        truncated=tuple(np.flatnonzero(short).tolist()),
+        tokens=tokens,
+        truncated_tokens=int((lens - delivered)[short].sum()),
+        dropped_tokens=int(lens[dropped].sum()),
+        repeated_tokens=all_tokens - tokens,
+        padded_tokens=slots,
+    )

@@ -1,0 +1,182 @@
+"""The default collate rules: a list of sample dicts in, one batch dict of tensors out.
+
+Every collate of shardloader (PadCollate, PackCollate, DetectionCollate) runs in the worker and
+builds on these rules (``default_collate`` semantics, made explicit):
+
+* numbers stack into a 1-D tensor: Python int → int64, float → float64, bool → bool; numpy
+  scalars and 0-d tensors keep their dtype (as ``torch.utils.data.default_collate``);
+* tensors and numpy arrays of equal shape stack; lists/tuples of numbers count as 1-D arrays;
+* strings, bytes, ``None`` and anything else stay a Python list; dicts recurse (a nested
+  field is named by its dotted path, e.g. ``"meta.ids"``);
+* a field whose arrays differ in shape is padded only when it has an explicit pad value.
+
+NOTE [pad values are explicit]
+    Every variable-length field needs an explicit pad value: a missing one is a
+    :class:`~shardloader.errors.UsageError` that names the field and the remedy, never a silent
+    ``0``.  That covers integer token fields (``0`` is often a real token id) and also float
+    sequences: one rule is easier to remember than a dtype-dependent default, and a float
+    feature padded with ``0.0`` is just as wrong when the model ignores the mask.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import default_collate
+
+from shardloader.errors import UsageError
+
+__all__ = ["collate_samples"]
+
+
+def is_number(v: Any) -> bool:
+    return isinstance(v, (numbers.Number, np.generic)) and not isinstance(v, (str, bytes))
+
+
+def is_array(v: Any) -> bool:
+    return isinstance(v, (torch.Tensor, np.ndarray))
+
+
+def is_number_list(v: Any) -> bool:
+    return isinstance(v, (list, tuple)) and all(is_number(x) for x in v)
+
+
+def to_tensor(v: Any) -> torch.Tensor:
+    if isinstance(v, torch.Tensor):
+        return v
+    if isinstance(v, np.ndarray):
+        if not v.flags.writeable:  # e.g. np.frombuffer over read bytes: torch would warn
+            return torch.from_numpy(v.copy())
+        return torch.from_numpy(np.ascontiguousarray(v))
+    return torch.as_tensor(v)
+
+
+def _stack_numbers(values: Sequence[Any]) -> torch.Tensor:
+    if all(isinstance(v, torch.Tensor) for v in values):
+        return torch.stack(list(values))  # 0-d tensors
+    if all(isinstance(v, (bool, np.bool_)) for v in values):
+        return torch.tensor([bool(v) for v in values])
+    if all(isinstance(v, np.generic) for v in values):
+        return torch.as_tensor(np.asarray(values))  # numpy scalars keep their dtype
+    if all(isinstance(v, (int, np.integer)) for v in values):
+        return torch.as_tensor(np.asarray(values), dtype=torch.int64)
+    return torch.as_tensor(np.asarray(values, dtype=np.float64))
+
+
+def _shape(v: Any) -> tuple[int, ...]:
+    return tuple(v.shape) if is_array(v) else (len(v),)
+
+
+def collate_samples(
+    samples: Sequence[Mapping[str, Any]],
+    *,
+    pad: Mapping[str, Any] | None = None,
+    ragged: str = "error",
+    _prefix: str = "",
+) -> dict[str, Any]:
+    """Collate sample dicts with the module's default rules.
+
+    ``pad`` maps a dotted field name to a function ``(name, values) -> value`` that collates
+    that field instead (PadCollate passes its padder).  ``ragged`` says what happens to arrays
+    of unequal shapes without one: ``"error"`` or ``"list"`` (keep them as a list).
+    """
+    if not samples:
+        raise UsageError("cannot collate an empty batch")
+    if ragged not in ("error", "list"):
+        raise UsageError(f"ragged={ragged!r} is not 'error' or 'list'")
+    keys = list(samples[0].keys())
+    for i, s in enumerate(samples):
+        if not isinstance(s, Mapping):
+            raise UsageError(f"sample {i} is a {type(s).__name__}, not a dict; collate dicts")
+        if s.keys() != samples[0].keys():
+            diff = sorted(set(s.keys()) ^ set(keys))
+            raise UsageError(
+                f"sample {i} has different fields from sample 0 ({', '.join(map(repr, diff))}); "
+                "every sample of a batch needs the same fields"
+            )
+    out: dict[str, Any] = {}
+    for key in keys:
+        name = f"{_prefix}{key}"
+        values = [s[key] for s in samples]
+        if pad is not None and name in pad:
+            out[key] = pad[name](name, values)
+        else:
+            out[key] = _collate_field(name, values, pad, ragged)
+    return out
+
+
+def _collate_field(name: str, values: list[Any], pad: Mapping[str, Any] | None, ragged: str) -> Any:
+    first = values[0]
+    if isinstance(first, Mapping):
+        return collate_samples(values, pad=pad, ragged=ragged, _prefix=f"{name}.")
+    if all(is_number(v) or (isinstance(v, torch.Tensor) and v.ndim == 0) for v in values):
+        return _stack_numbers(values)
+    if all(is_array(v) or is_number_list(v) for v in values) and not all(
+        isinstance(v, (list, tuple)) and not v for v in values
+    ):
+        shapes = {_shape(v) for v in values}
+        if len(shapes) == 1:
+            # torch's default_collate stacks straight into shared memory inside a DataLoader
+            # worker, saving a copy of every image batch on its way to the main process
+            return default_collate([to_tensor(v) for v in values])
+        if ragged == "list":
+            return list(values)
+        raise UsageError(_ragged_message(name, values))
+    return list(values)
+
+
+def _ragged_message(name: str, values: list[Any]) -> str:
+    shapes = [_shape(v) for v in values]
+    if len({s[1:] for s in shapes}) == 1:
+        lo, hi = min(s[0] for s in shapes), max(s[0] for s in shapes)
+        return (
+            f"field {name!r} has variable length ({lo}..{hi}) and no pad value: pass "
+            f"PadCollate(pad_values={{{name!r}: ...}}) with the value to pad it with (the "
+            "tokenizer's pad id for token ids, -100 for labels); shardloader never pads with "
+            "an implicit 0"
+        )
+    return (
+        f"field {name!r} has arrays of different shapes ({shapes[0]} and "
+        f"{next(s for s in shapes if s != shapes[0])}) that cannot be stacked or padded along "
+        "the first dimension; resize them in the transform (e.g. shardloader.vision), or use "
+        "DetectionCollate, which keeps such fields as lists"
+    )
+
+
+def as_array(name: str, v: Any) -> np.ndarray | torch.Tensor:
+    if is_array(v):
+        if v.ndim == 0:
+            raise UsageError(f"field {name!r} has a scalar where a sequence is padded")
+        if isinstance(v, np.ndarray) and v.dtype.kind not in "biuf":
+            raise UsageError(
+                f"field {name!r}: cannot pad an array of {v.dtype} (numbers only); keep such "
+                "fields out of pad_values"
+            )
+        return v
+    if is_number_list(v):
+        return np.asarray(v)
+    raise UsageError(f"field {name!r}: cannot pad a {type(v).__name__}; give arrays or lists")
+
+
+def result_dtype(name: str, arrays: Sequence[Any], pad_value: Any) -> torch.dtype:
+    """int64 for integer data (token ids, labels with -100), the input dtype otherwise."""
+    arrays = [a for a in arrays if a.shape[0]] or list(arrays)  # [] has no meaningful dtype
+    kinds = {a.dtype.kind if isinstance(a, np.ndarray) else _torch_kind(a.dtype) for a in arrays}
+    if kinds <= {"i", "u"}:
+        if not float(pad_value).is_integer():
+            raise UsageError(f"field {name!r} holds integers but its pad value is {pad_value!r}")
+        return torch.int64
+    if kinds == {"b"}:
+        return torch.bool
+    dtypes = {to_tensor(a[:0]).dtype for a in arrays}
+    return torch.float32 if len(dtypes) != 1 else dtypes.pop()
+
+
+def _torch_kind(dtype: torch.dtype) -> str:
+    if dtype == torch.bool:
+        return "b"
+    return "f" if dtype.is_floating_point or dtype.is_complex else "i"

@@ -1,0 +1,65 @@
+"""Fixed-count batches: the default plan (``batch_size=``), and :class:`FixedBatches`.
+
+Fixed batches know nothing about lengths: whatever padding or truncation they cost is the
+collate's (a :class:`~shardloader.batching.padded.PadCollate`), so their accounting asks it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from shardloader.batching.base import PlanReport, account, as_ids, check_positive
+from shardloader.batching.padded import PadCollate
+
+__all__ = ["FixedBatches", "account_fixed"]
+
+
+@dataclass(frozen=True)
+class FixedBatches:
+    """Consecutive ``batch_size`` ids of the order; ``drop_last`` drops the short last batch."""
+
+    batch_size: int
+    drop_last: bool = False
+    needs_lengths = False
+
+    def __post_init__(self) -> None:
+        check_positive("batch_size", self.batch_size)
+
+    def plan(
+        self, order: np.ndarray, lengths: np.ndarray | None, rng: np.random.Generator
+    ) -> list[np.ndarray]:
+        ids = as_ids(order)
+        n = ids.size - ids.size % self.batch_size if self.drop_last else ids.size
+        return [ids[s : s + self.batch_size] for s in range(0, n, self.batch_size)]
+
+    def report(
+        self, order: np.ndarray, lengths: np.ndarray | None, batches: Sequence[np.ndarray]
+    ) -> PlanReport:
+        """Padding and truncation are the collate's here: the dataset counts them with
+        :func:`account_fixed`, which knows the collate."""
+        return account(order, lengths, batches)
+
+
+def account_fixed(
+    order: np.ndarray,
+    lengths: np.ndarray | None,
+    batches: Sequence[np.ndarray],
+    collate_fn: Any,
+) -> PlanReport:
+    """:func:`~shardloader.batching.base.account` for fixed batches (``batch_size=`` or
+    :class:`FixedBatches`): a PadCollate's ``max_length`` and ``pad_to_multiple_of`` decide what
+    is truncated and how many token slots each batch costs; any other collate pads nothing we
+    can count."""
+    if isinstance(collate_fn, PadCollate):
+        return account(
+            order,
+            lengths,
+            batches,
+            max_length=collate_fn.max_length,
+            pad_to_multiple_of=collate_fn.pad_to_multiple_of,
+        )
+    return account(order, lengths, batches)

@@ -1,0 +1,187 @@
+"""The epoch plan: which global batches an epoch has and which of them a rank reads.
+
+A pure function of (manifest shard sizes, seed, shuffle, planner or batch size, ``uneven``,
+epoch, resume position, rank, world size), so every rank and worker plans alike without
+talking (DESIGN.md "Order and split"); the dataset only composes it.  The sidecar lengths a
+planner needs are the one thing read (:func:`load_lengths`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from shardloader.batching.base import PlanReport, batch_ids, signature_of, stable_value
+from shardloader.batching.fixed import FixedBatches, account_fixed
+from shardloader.errors import UsageError
+from shardloader.manifest import Manifest
+from shardloader.shards import ReadOptions
+from shardloader.shuffle import ShuffleOptions, epoch_order, plan_rng
+from shardloader.sidecar import load_sidecar
+from shardloader.split import BatchSlots, cut_fixed_batches, rank_slots
+
+__all__ = ["EpochReport", "EpochPlan", "EpochPlanner", "load_lengths"]
+
+
+@dataclass(frozen=True)
+class EpochReport:
+    """What one epoch looks like for this world size: steps per rank, what was evened out, and
+    where every token of the epoch goes.
+
+    Samples: ``padded_samples`` are repeats added so every batch and rank is full (flagged
+    ``__pad__``); ``dropped_samples`` are left out entirely and ``truncated_samples`` in part, by
+    any policy (the planner's tail, oversize and long-document rules, ``uneven="drop"``, a
+    PadCollate's ``max_length`` with fixed batches).  Tokens count the manifest's length field
+    (``None`` without one): ``tokens`` delivered, each once; ``truncated_tokens`` and
+    ``dropped_tokens`` cut from truncated and dropped samples, so the three add up to
+    ``total_tokens``, every token of the epoch; ``repeated_tokens`` delivered again in repeats;
+    ``token_slots`` the positions all steps of all ranks allocate (``pad_fraction``: the share
+    of them that is padding).
+    """
+
+    epoch: int
+    num_samples: int
+    steps_per_rank: int
+    padded_samples: int  # duplicates added so every batch and rank is full
+    dropped_samples: int  # samples of which nothing is delivered
+    truncated_samples: int = 0  # samples of which only a part is delivered
+    tokens: int | None = None
+    truncated_tokens: int | None = None
+    dropped_tokens: int | None = None
+    repeated_tokens: int | None = None
+    token_slots: int | None = None
+
+    @property
+    def total_tokens(self) -> int | None:
+        """Every token of the epoch's samples: delivered + truncated + dropped."""
+        if self.tokens is None:
+            return None
+        return self.tokens + (self.truncated_tokens or 0) + (self.dropped_tokens or 0)
+
+    @property
+    def pad_fraction(self) -> float | None:
+        """Share of the allocated token slots that is padding."""
+        if self.tokens is None or not self.token_slots:
+            return None
+        return 1.0 - (self.tokens + (self.repeated_tokens or 0)) / self.token_slots
+
+
+@dataclass(frozen=True)
+class EpochPlan:
+    """One epoch's global batches and this rank's slots in them (from ``start`` on)."""
+
+    order: np.ndarray
+    batches: list[np.ndarray]
+    slots: BatchSlots
+    pad_in_last: int  # padding samples at the end of the last global batch
+    dropped: int  # samples cut from a partial last batch
+    num_batches: int
+    start: int  # first global batch of this (possibly resumed) pass
+
+    def pad_mask(self, slot: int, seed_index: int, n: int) -> np.ndarray:
+        """Which of the ``n`` samples of the step (global batch ``slot``, dealt as
+        ``seed_index``) are padding: all of a repeated batch, the tail of a filled-up last one."""
+        mask = np.zeros(n, bool)
+        if seed_index >= self.num_batches:  # a repeated batch that evens out the ranks
+            mask[:] = True
+        elif slot == self.num_batches - 1 and self.pad_in_last:
+            mask[n - self.pad_in_last :] = True
+        return mask
+
+    def delivered(self) -> tuple[list[np.ndarray], int]:
+        """The batches all ranks' steps deliver (up to those ``uneven="drop"`` leaves out, plus
+        those repeated from the epoch's start under ``"pad"``) and the padded sample count."""
+        s, n = self.slots, self.num_batches
+        repeats = [self.batches[i % n] for i in range(s.padded_batches)] if n else []
+        padded = self.pad_in_last + sum(len(batch_ids(b)) for b in repeats)
+        return self.batches[: n - s.dropped_batches] + repeats, padded
+
+
+@dataclass(frozen=True)
+class EpochPlanner:
+    """The dataset's planning options; :meth:`plan` is pure, so every process plans alike."""
+
+    shard_sizes: np.ndarray
+    seed: int
+    shuffle: ShuffleOptions
+    uneven: str
+    batch_size: int | None = None
+    planner: Any = None
+
+    def signature(self) -> str:
+        """What must stay equal for a saved position to mean the same samples (NOTE [plan
+        signature] in :mod:`shardloader.batching.base`); ``fixed(N)`` is ``batch_size=N``."""
+        if self.planner is not None:
+            plan = signature_of(self.planner)
+        else:
+            plan = f"fixed({stable_value(self.batch_size)})"
+        return f"{plan};shuffle={signature_of(self.shuffle)};uneven={self.uneven}"
+
+    def plan(
+        self, epoch: int, start: int, rank: int, world: int, lengths: np.ndarray | None
+    ) -> EpochPlan:
+        order = epoch_order(self.shard_sizes, self.seed, epoch, self.shuffle)
+        pad_in_last = dropped = 0
+        if self.planner is not None:
+            batches = list(self.planner.plan(order, lengths, plan_rng(self.seed, epoch)))
+        else:
+            batches, pad_in_last, dropped = cut_fixed_batches(
+                order, self.batch_size or 1, self.uneven
+            )
+        slots = rank_slots(len(batches), start, rank, world, self.uneven)
+        return EpochPlan(order, batches, slots, pad_in_last, dropped, len(batches), start)
+
+    def report(
+        self, epoch: int, plan: EpochPlan, lengths: np.ndarray | None, collate_fn: Any
+    ) -> EpochReport:
+        """Steps, padding and where every token goes, for all ranks together."""
+        delivered, padded = plan.delivered()
+        acc = self._account(plan.order, delivered, lengths, collate_fn)
+        return EpochReport(
+            epoch,
+            int(np.sum(self.shard_sizes)),
+            plan.slots.steps_per_rank,
+            padded,
+            len(acc.dropped),
+            len(acc.truncated),
+            acc.tokens,
+            acc.truncated_tokens,
+            acc.dropped_tokens,
+            acc.repeated_tokens,
+            acc.padded_tokens,
+        )
+
+    def _account(
+        self,
+        order: np.ndarray,
+        batches: Sequence[np.ndarray],
+        lengths: np.ndarray | None,
+        collate_fn: Any,
+    ) -> PlanReport:
+        report = getattr(self.planner, "report", None)
+        if report is not None and not isinstance(self.planner, FixedBatches):
+            return report(order, lengths, batches)  # type: ignore[no-any-return]
+        return account_fixed(order, lengths, batches, collate_fn)  # the collate pads
+
+
+def load_lengths(
+    manifest: Manifest, base: str, read: ReadOptions, *, required: bool = True
+) -> np.ndarray | None:
+    """Every sample's recorded length (the manifest's length field), by global id, from the
+    sidecars; ``None`` (or, when ``required``, a UsageError) if a shard records none."""
+    parts = []
+    store = read.store(base)
+    for info in manifest.shards:
+        idx = load_sidecar(store, manifest.format, info)  # bounded, hashed, checked
+        if idx.lengths is None:
+            if not required:
+                return None
+            raise UsageError(
+                f"the planner needs per-sample lengths but {info.index_path} has none; "
+                "pack with a text/token field (manifest length_field) to record them"
+            )
+        parts.append(idx.lengths)
+    return np.concatenate(parts).astype(np.int64)

@@ -1,0 +1,47 @@
+"""Vision: image decoding, the standard train/eval transforms and a detection collate, without
+torchvision.
+
+* :mod:`~shardloader.vision.image`: drafted JPEG decoding, crops and the fast resize;
+* :mod:`~shardloader.vision.transforms`: :class:`RandomResizedCrop`, :func:`train_transform`,
+  ... (seeded per batch by the dataset: NOTE [transform generators] there);
+* :mod:`~shardloader.vision.collate`: :class:`DetectionCollate`.
+
+This file only re-exports.
+"""
+
+from shardloader.vision.collate import DetectionCollate
+from shardloader.vision.image import decode_image, open_image
+from shardloader.vision.transforms import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    ApplyTo,
+    CenterCrop,
+    Compose,
+    Normalize,
+    RandomHorizontalFlip,
+    RandomResizedCrop,
+    Resize,
+    ToImageTensor,
+    eval_transform,
+    image_field,
+    train_transform,
+)
+
+__all__ = [
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
+    "decode_image",
+    "open_image",
+    "RandomResizedCrop",
+    "RandomHorizontalFlip",
+    "Resize",
+    "CenterCrop",
+    "ToImageTensor",
+    "Normalize",
+    "Compose",
+    "ApplyTo",
+    "DetectionCollate",
+    "train_transform",
+    "eval_transform",
+    "image_field",
+]

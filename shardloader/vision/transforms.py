@@ -1,0 +1,350 @@
+"""The standard train/eval image transforms, without torchvision.
+
+Transforms take an image as encoded ``bytes``, a ``PIL.Image``, a numpy uint8 HWC array or a
+uint8 CHW tensor, and return a uint8 CHW tensor (often with channels-last memory, a free view of
+the decoded pixels); :class:`ToImageTensor` ends a pipeline with a contiguous CHW tensor, or HWC
+with ``channels_last=True``.  Float conversion and normalization are left to
+:class:`Normalize`, best run on the GPU on the whole batch.  They work on one image; for the
+dataset's sample dicts wrap them in :class:`ApplyTo`; ``train_transform`` / ``eval_transform``
+do so for the field ``image`` (what a class-folder pack holds, whatever the extensions) unless
+given another ``field`` (``field=None``: a transform of one image).  Decoding, drafting and
+resizing are :mod:`shardloader.vision.image`'s.
+
+NOTE [transform generators]
+    Randomness comes only from a ``torch.Generator``, never from numpy's or Python's.  A
+    transform that draws (:class:`RandomResizedCrop`, :class:`RandomHorizontalFlip`), and the
+    ones that wrap others (:class:`Compose`, :class:`ApplyTo`), declare ``takes_generator =
+    True`` and accept ``generator=`` when called: ShardedDataset then hands them a generator
+    seeded from (seed, epoch, global batch index) (:func:`shardloader.shuffle.batch_generator`),
+    one per batch, used by the batch's samples in planned order.  So crops repeat exactly on a
+    rerun, after resume and whatever ``num_workers`` is, and a user transform that draws from
+    torch's global generator (which the dataset also seeds per batch) or another pipeline in
+    the same process cannot shift them.  Wrappers pass the generator on only to transforms
+    that declare ``takes_generator``.  Precedence: a ``generator`` given to the transform
+    itself (a field), then the one passed in the call, then torch's global generator (a
+    transform called by hand).  Transforms are plain top-level classes, so they pickle into
+    workers.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from shardloader.errors import UsageError
+from shardloader.vision.image import (
+    ImageLike,
+    Size,
+    contiguous,
+    hw_of,
+    open_lazy,
+    pixels,
+    resize_chw,
+    size_of,
+)
+
+__all__ = [
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
+    "RandomResizedCrop",
+    "RandomHorizontalFlip",
+    "Resize",
+    "CenterCrop",
+    "ToImageTensor",
+    "Normalize",
+    "Compose",
+    "ApplyTo",
+    "train_transform",
+    "eval_transform",
+    "image_field",
+]
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+def _numbers(name: str, values: Any, n: int | None = None) -> tuple[float, ...]:
+    """``values`` as floats, or a UsageError naming the option (not float()'s ValueError)."""
+    try:
+        out = tuple(float(v) for v in values)
+    except (TypeError, ValueError) as err:
+        raise UsageError(f"{name} must be numbers, got {values!r}") from err
+    if n is not None and len(out) != n:
+        raise UsageError(f"{name} must be {n} numbers, got {values!r}")
+    return out
+
+
+def _uniform(generator: torch.Generator | None, n: int) -> list[float]:
+    return torch.rand(n, generator=generator, dtype=torch.float64).tolist()
+
+
+def _call(t: Callable[..., Any], x: Any, generator: torch.Generator | None) -> Any:
+    """``t(x)``, handing ``generator`` on where ``t`` declares ``takes_generator``."""
+    if generator is not None and getattr(t, "takes_generator", False):
+        return t(x, generator=generator)
+    return t(x)
+
+
+# ---------------------------------------------------------------------------------------------
+# transforms
+
+
+@dataclass(frozen=True)
+class RandomResizedCrop:
+    """Crop a random area (``scale`` of the image) and aspect ratio (``ratio``, log-uniform),
+    then resize it to ``size``; 10 tries, then a centred crop of the nearest allowed ratio.
+
+    The box is drawn from the image header, so JPEG bytes decode drafted (see module doc)."""
+
+    size: Size
+    scale: tuple[float, float] = (0.08, 1.0)
+    ratio: tuple[float, float] = (3 / 4, 4 / 3)
+    generator: torch.Generator | None = None
+    takes_generator = True  # NOTE [transform generators]
+
+    def __post_init__(self) -> None:
+        hw_of(self.size, "size")
+        lo, hi = _numbers("scale", self.scale, 2)
+        _numbers("ratio", self.ratio, 2)
+        if not 0 < lo <= hi <= 1:
+            raise UsageError(f"scale must satisfy 0 < min <= max <= 1, got {self.scale!r}")
+        if not 0 < self.ratio[0] <= self.ratio[1]:
+            raise UsageError(f"ratio must satisfy 0 < min <= max, got {self.ratio!r}")
+
+    def params(
+        self, width: int, height: int, *, generator: torch.Generator | None = None
+    ) -> tuple[int, int, int, int]:
+        """(left, top, width, height) of the crop in source pixels."""
+        g = self.generator if self.generator is not None else generator
+        area = width * height
+        lo, hi = math.log(self.ratio[0]), math.log(self.ratio[1])
+        for _ in range(10):
+            u_area, u_ratio, u_top, u_left = _uniform(g, 4)
+            target = area * (self.scale[0] + (self.scale[1] - self.scale[0]) * u_area)
+            aspect = math.exp(lo + (hi - lo) * u_ratio)
+            w = round(math.sqrt(target * aspect))
+            h = round(math.sqrt(target / aspect))
+            if 0 < w <= width and 0 < h <= height:
+                top = int(u_top * (height - h + 1))
+                left = int(u_left * (width - w + 1))
+                return left, top, w, h
+        aspect = min(max(width / height, self.ratio[0]), self.ratio[1])
+        if width / height > aspect:
+            h, w = height, round(height * aspect)
+        else:
+            w, h = width, round(width / aspect)
+        return (width - w) // 2, (height - h) // 2, max(w, 1), max(h, 1)
+
+    def __call__(self, img: ImageLike, *, generator: torch.Generator | None = None) -> torch.Tensor:
+        out_hw = hw_of(self.size, "size")
+        src, ours = open_lazy(img)
+        box = self.params(*size_of(src), generator=generator)
+        return resize_chw(pixels(src, box, out_hw, ours=ours), out_hw)
+
+
+@dataclass(frozen=True)
+class RandomHorizontalFlip:
+    """Mirror left-right with probability ``p``."""
+
+    p: float = 0.5
+    generator: torch.Generator | None = None
+    takes_generator = True  # NOTE [transform generators]
+
+    def __post_init__(self) -> None:
+        _numbers("p", (self.p,), 1)
+        if not 0 <= self.p <= 1:
+            raise UsageError(f"p must be in [0, 1], got {self.p!r}")
+
+    def __call__(self, img: ImageLike, *, generator: torch.Generator | None = None) -> torch.Tensor:
+        flip = _uniform(self.generator if self.generator is not None else generator, 1)[0] < self.p
+        x = pixels(open_lazy(img)[0])
+        return x.flip(-1) if flip else x
+
+
+@dataclass(frozen=True)
+class Resize:
+    """Resize so the shorter side is ``size`` (int, aspect kept) or to exactly (height, width).
+
+    JPEG bytes decode at the largest reduction that stays at least that big."""
+
+    size: Size
+
+    def __post_init__(self) -> None:
+        hw_of(self.size, "size")
+
+    def output_size(self, width: int, height: int) -> tuple[int, int]:
+        """(height, width) of the result for a source of ``width`` x ``height``."""
+        if isinstance(self.size, (int, np.integer)):
+            s = int(self.size)
+            if width <= height:
+                return max(round(height * s / width), 1), s
+            return s, max(round(width * s / height), 1)
+        return hw_of(self.size, "size")
+
+    def __call__(self, img: ImageLike) -> torch.Tensor:
+        src, ours = open_lazy(img)
+        out_hw = self.output_size(*size_of(src))
+        return resize_chw(pixels(src, None, out_hw, ours=ours), out_hw)
+
+
+@dataclass(frozen=True)
+class CenterCrop:
+    """Crop the centre ``size`` (int: square); a smaller image is padded with zeros."""
+
+    size: Size
+
+    def __post_init__(self) -> None:
+        hw_of(self.size, "size")
+
+    def __call__(self, img: ImageLike) -> torch.Tensor:
+        out_h, out_w = hw_of(self.size, "size")
+        img, _ = open_lazy(img)
+        width, height = size_of(img)
+        if width < out_w or height < out_h:
+            x = pixels(img)
+            pad_w, pad_h = max(out_w - width, 0), max(out_h - height, 0)
+            x = torch.nn.functional.pad(
+                x, (pad_w // 2, pad_w - pad_w // 2, pad_h // 2, pad_h - pad_h // 2)
+            )
+            width, height = width + pad_w, height + pad_h
+            return x[:, (height - out_h) // 2 :, (width - out_w) // 2 :][:, :out_h, :out_w]
+        box = ((width - out_w) // 2, (height - out_h) // 2, out_w, out_h)
+        return pixels(img, box)  # no draft: the crop keeps source pixels
+
+
+@dataclass(frozen=True)
+class ToImageTensor:
+    """End of a pipeline: a uint8 tensor, contiguous CHW, or HWC with ``channels_last`` (no
+    copy after the transforms above; stack to NHWC and ``permute(0, 3, 1, 2)`` on the GPU for
+    a channels_last NCHW view)."""
+
+    channels_last: bool = False
+
+    def __call__(self, img: ImageLike) -> torch.Tensor:
+        return contiguous(pixels(open_lazy(img)[0]), self.channels_last)
+
+
+@dataclass(frozen=True)
+class Normalize:
+    """``(x / 255 - mean) / std`` for uint8 input, ``(x - mean) / std`` for float input (taken
+    as already in [0, 1]); works on one image or a batch, on any device, in ``dtype``."""
+
+    mean: Sequence[float] = IMAGENET_MEAN
+    std: Sequence[float] = IMAGENET_STD
+    channels_last: bool = False  # channel dimension last (HWC / NHWC) instead of -3
+    dtype: torch.dtype = torch.float32
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "mean", _numbers("mean", self.mean))
+        object.__setattr__(self, "std", _numbers("std", self.std))
+        if len(self.mean) != len(self.std) or any(s <= 0 for s in self.std):
+            raise UsageError(f"mean {self.mean} and std {self.std} need equal lengths, std > 0")
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if not isinstance(x, torch.Tensor):
+            raise UsageError(
+                f"Normalize takes a tensor, got {type(x).__name__}; ToImageTensor first"
+            )
+        shape = (-1,) if self.channels_last else (-1, 1, 1)
+        mean = torch.tensor(self.mean, dtype=self.dtype, device=x.device).view(shape)
+        std = torch.tensor(self.std, dtype=self.dtype, device=x.device).view(shape)
+        y = x.to(self.dtype)
+        if x.dtype == torch.uint8:
+            y = y / 255
+        try:
+            return (y - mean) / std
+        except RuntimeError as err:  # the shapes do not broadcast
+            where = "last" if self.channels_last else "third from last"
+            raise UsageError(
+                f"Normalize has {len(self.mean)} channels (mean/std) but a tensor of shape "
+                f"{tuple(x.shape)}, channels expected at the {where} dimension "
+                f"(channels_last={self.channels_last})"
+            ) from err
+
+
+@dataclass(frozen=True)
+class Compose:
+    """Apply transforms in order (``generator`` goes to those that take one)."""
+
+    transforms: tuple[Callable[[Any], Any], ...]
+    takes_generator = True  # NOTE [transform generators]
+
+    def __init__(self, transforms: Iterable[Callable[[Any], Any]]) -> None:
+        object.__setattr__(self, "transforms", tuple(transforms))
+
+    def __call__(self, img: Any, *, generator: torch.Generator | None = None) -> Any:
+        for t in self.transforms:
+            img = _call(t, img, generator)
+        return img
+
+
+@dataclass(frozen=True)
+class ApplyTo:
+    """Run ``transform`` on one field of a sample dict (e.g. ``"image"``); other fields pass."""
+
+    field: str
+    transform: Callable[[Any], Any]
+    takes_generator = True  # NOTE [transform generators]
+
+    def __call__(
+        self, sample: Mapping[str, Any], *, generator: torch.Generator | None = None
+    ) -> dict[str, Any]:
+        if not isinstance(sample, Mapping) or self.field not in sample:
+            have = ", ".join(sample) if isinstance(sample, Mapping) else type(sample).__name__
+            raise UsageError(f"ApplyTo({self.field!r}): the sample has no such field ({have})")
+        out = dict(sample)
+        out[self.field] = _call(self.transform, sample[self.field], generator)
+        return out
+
+
+def image_field(fields: Mapping[str, Any]) -> str | None:
+    """The field a vision transform should apply to, from a manifest's ``fields``: ``image``
+    (class-folder packs, ``--alias image=...``) if there is one, else the first image field."""
+    images = [name for name, info in sorted(fields.items()) if info.codec == "image"]
+    return "image" if "image" in images else next(iter(images), None)
+
+
+def _maybe_field(t: Compose, field: str | None) -> Compose | ApplyTo:
+    return t if field is None else ApplyTo(field, t)
+
+
+def train_transform(
+    size: Size,
+    *,
+    scale: tuple[float, float] = (0.08, 1.0),
+    field: str | None = "image",
+    channels_last: bool = False,
+) -> Compose | ApplyTo:
+    """Random resized crop to ``size``, random flip, uint8 tensor (normalize on the GPU).
+
+    It transforms the ``field`` of a sample dict (the dataset's ``transform=``); with
+    ``field=None`` it transforms one image."""
+    t = Compose(
+        [RandomResizedCrop(size, scale), RandomHorizontalFlip(), ToImageTensor(channels_last)]
+    )
+    return _maybe_field(t, field)
+
+
+def eval_transform(
+    size: Size,
+    *,
+    resize: int | None = None,
+    field: str | None = "image",
+    channels_last: bool = False,
+) -> Compose | ApplyTo:
+    """Resize the shorter side to ``resize`` (default ``size / 0.875``), centre crop ``size``,
+    uint8 tensor; of the ``field`` of a sample dict, or of one image with ``field=None``."""
+    short = min(hw_of(size, "size"))
+    t = Compose(
+        [
+            Resize(resize if resize is not None else round(short / 0.875)),
+            CenterCrop(size),
+            ToImageTensor(channels_last),
+        ]
+    )
+    return _maybe_field(t, field)
