@@ -175,7 +175,7 @@ def load_lengths(
     parts = []
     store = read.store(base)
     for info in manifest.shards:
-        idx = load_sidecar(store, manifest.format, info)  # bounded, hashed, checked
+        idx = load_sidecar(store.join(info.index_path), manifest.format, info)  # checked
         if idx.lengths is None:
             if not required:
                 return None
