@@ -12,21 +12,11 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "shardloader"
 
-# Circles left in parts other helpers of issue 12 are restructuring; any other circle fails.
-# Each entry: the modules a circle may lie within.
-KNOWN_CIRCLES = [
-    # cli/__init__ imports its command modules to register them, and they import the group
-    # from it (issue 12 item 4, the cli package)
-    {"shardloader.cli", "shardloader.cli.bench", "shardloader.cli.cache", "shardloader.cli.pack",
-     "shardloader.cli.serve"},
-]
+# Circles allowed, each as the set of modules it lies within: none left.
+KNOWN_CIRCLES: list[set[str]] = []
 # Circles closed only by imports inside functions (deferred): they work, but hide a tangle
-# like the old batching <-> collate one.
-KNOWN_DEFERRED_CIRCLES = [
-    {"shardloader.manifest", "shardloader.schema"},  # issue 12 item 1 (format registry)
-    {"shardloader.format", "shardloader.format.arrow", "shardloader.format.tar"},  # item 1
-    *KNOWN_CIRCLES,
-]
+# like the old batching <-> collate one.  None left.
+KNOWN_DEFERRED_CIRCLES: list[set[str]] = [*KNOWN_CIRCLES]
 
 
 def _module_name(path: Path) -> str:

@@ -7,33 +7,9 @@ explicit channel with an off switch (``report=None``); only this package prints 
 
 from __future__ import annotations
 
-import sys
-from typing import Any
+from shardloader.cli.group import main
 
-import click
-
-from shardloader.errors import ShardloaderError, UsageError
-
-
-class _Group(click.Group):
-    """Maps library errors to exit codes in one place."""
-
-    def invoke(self, ctx: click.Context) -> Any:
-        try:
-            return super().invoke(ctx)
-        except UsageError as err:
-            click.echo(f"error: {err}", err=True)
-            sys.exit(2)
-        except ShardloaderError as err:
-            click.echo(f"error: {err}", err=True)
-            sys.exit(1)
-
-
-@click.group(cls=_Group)
-@click.version_option(package_name="shardloader")
-def main() -> None:
-    """Pack raw files into verified shards and stream them into PyTorch."""
-
+__all__ = ["main"]
 
 # One module per command family; importing one registers its commands on ``main``.
 # NOTE: these modules import only click and shardloader.errors at the top; each command imports

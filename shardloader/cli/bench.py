@@ -11,9 +11,12 @@ from typing import Any
 
 import click
 
-from shardloader.cli import main
+from shardloader.cli.group import main
 from shardloader.cli.options import dataset_options, dataset_preset
 from shardloader.errors import UsageError
+
+__all__ = ["bench_command"]
+
 
 DEFAULT_TOLERANCE = 0.1  # = shardloader.bench.DEFAULT_TOLERANCE (tests/test_cli_imports.py)
 

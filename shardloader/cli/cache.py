@@ -14,9 +14,12 @@ from typing import TYPE_CHECKING
 
 import click
 
-from shardloader.cli import main
+from shardloader.cli.group import main
 from shardloader.errors import UsageError
 from shardloader.units import human_bytes
+
+__all__ = ["cache_group", "info_command", "clear_command"]
+
 
 if TYPE_CHECKING:
     from shardloader.storage.cache import ClearReport, DatasetUsage

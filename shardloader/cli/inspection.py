@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from shardloader.cli import main
+from shardloader.cli.group import main
 from shardloader.cli.options import (
     retry_options,
     retry_policy,
@@ -22,6 +22,9 @@ from shardloader.cli.options import (
 )
 from shardloader.errors import ShardError
 from shardloader.units import human_bytes as _human
+
+__all__ = ["inspect_command", "verify_command"]
+
 
 
 def _fmt_stats(s: Any, unit: str = "") -> str:

@@ -19,6 +19,18 @@ import click
 from shardloader.errors import UsageError
 from shardloader.presets import TRANSFORMS  # light: dataclasses and errors only
 
+__all__ = [
+    "DATASET_FLAGS",
+    "dataset_options",
+    "dataset_preset",
+    "interruptible",
+    "retry_options",
+    "retry_policy",
+    "show_progress",
+    "storage_options",
+]
+
+
 if TYPE_CHECKING:
     from shardloader.presets import DatasetPreset
     from shardloader.storage.retry import RetryPolicy

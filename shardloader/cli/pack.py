@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from shardloader.cli import main
+from shardloader.cli.group import main
 from shardloader.cli.options import (
     interruptible,
     retry_options,
@@ -23,6 +23,9 @@ from shardloader.cli.options import (
 )
 from shardloader.units import human_bytes as _human
 from shardloader.units import parse_size
+
+__all__ = ["pack_command", "merge_command", "index_command", "format_report"]
+
 
 if TYPE_CHECKING:
     from shardloader.pack import PackProgress, PackReport

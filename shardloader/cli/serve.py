@@ -15,7 +15,7 @@ from typing import Any
 
 import click
 
-from shardloader.cli import main
+from shardloader.cli.group import main
 from shardloader.cli.options import DATASET_FLAGS, dataset_options, dataset_preset
 from shardloader.errors import UsageError
 from shardloader.presets import IMAGE_DECODES

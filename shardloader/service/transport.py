@@ -18,10 +18,10 @@ from shardloader import errors
 from shardloader.errors import ResumeError, ShardloaderError, StorageError, UsageError
 from shardloader.storage.retry import RetryPolicy
 
-__all__ = ["Endpoint", "RetryStatus", "check_status", "get_json", "next_delay", "remote_error"]
+__all__ = ["Endpoint", "check_status", "get_json", "next_delay", "remote_error"]
 
 
-class RetryStatus(ConnectionError):
+class _RetryStatus(ConnectionError):
     """A status another attempt may fix (5xx, 503 busy), with the server's Retry-After."""
 
     def __init__(self, message: str, retry_after: float = 0.0) -> None:
@@ -66,7 +66,7 @@ def next_delay(policy: RetryPolicy, failures: int, began: float, rng: random.Ran
             "RemoteLoader(retry=RetryPolicy(...)) limits"
         ) from err
     delay = policy.backoff(failures, rng)
-    if isinstance(err, RetryStatus):
+    if isinstance(err, _RetryStatus):
         delay = max(delay, min(err.retry_after, policy.max_backoff))
     return min(delay, max(0.0, policy.max_total_seconds - elapsed))
 
@@ -85,7 +85,7 @@ def check_status(endpoint: Endpoint, resp: http.client.HTTPResponse) -> None:
             after = float(resp.getheader("retry-after") or 0)
         except ValueError:
             after = 0.0
-        raise RetryStatus(f"{where}: {message}", after)
+        raise _RetryStatus(f"{where}: {message}", after)
     if resp.status == 401:
         raise StorageError(f"{where}: {message}; pass RemoteLoader(token=...) with the server's "
                            "token")
@@ -105,11 +105,11 @@ def get_json(endpoint: Endpoint, path: str, params: dict[str, Any], headers: dic
     except ValueError as err:
         if isinstance(err, ShardloaderError):
             raise
-        raise RetryStatus(f"{endpoint.url}{path} sent a body that is not JSON: {err}") from err
+        raise _RetryStatus(f"{endpoint.url}{path} sent a body that is not JSON: {err}") from err
     finally:
         conn.close()
     if not isinstance(body, dict):
-        raise RetryStatus(f"{endpoint.url}{path} sent {type(body).__name__}, not a JSON object")
+        raise _RetryStatus(f"{endpoint.url}{path} sent {type(body).__name__}, not a JSON object")
     return body
 
 

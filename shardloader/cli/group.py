@@ -1,0 +1,32 @@
+"""The ``shardloader`` click group: library errors become exit codes, in one place."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+
+from shardloader.errors import ShardloaderError, UsageError
+
+__all__ = ["main"]
+
+
+class _Group(click.Group):
+    """Maps library errors to exit codes in one place."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except UsageError as err:
+            click.echo(f"error: {err}", err=True)
+            sys.exit(2)
+        except ShardloaderError as err:
+            click.echo(f"error: {err}", err=True)
+            sys.exit(1)
+
+
+@click.group(cls=_Group)
+@click.version_option(package_name="shardloader")
+def main() -> None:
+    """Pack raw files into verified shards and stream them into PyTorch."""
