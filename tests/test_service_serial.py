@@ -86,3 +86,14 @@ def test_only_pipelines_with_code_that_may_draw_from_global_rngs_run_serially(da
     assert needs_serial_pipeline(dataset(data, collate_fn=lambda samples: samples))
     custom = sl.Decoder(custom={"bin": bytes.upper})
     assert needs_serial_pipeline(dataset(data, decoder=custom))
+
+
+def test_shardloader_transforms_alone_need_no_lock(data):
+    """vision's transforms draw from the per-batch generator, so they don't serialize streams;
+    a user callable wrapped in them still does."""
+    from shardloader import vision
+
+    own = vision.train_transform(8, field="bin")
+    assert not needs_serial_pipeline(dataset(data, transform=own))
+    wrapped = vision.ApplyTo("bin", vision.Compose([vision.RandomHorizontalFlip(), Noise()]))
+    assert needs_serial_pipeline(dataset(data, transform=wrapped))

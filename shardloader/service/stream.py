@@ -91,12 +91,11 @@ def needs_serial_pipeline(dataset: ShardedDataset) -> bool:
     must take turns when they share a process (NOTE [serial pipeline]): a transform, custom
     decoders, or a collate that is not shardloader's own.
 
-    Shardloader's collates and the default decoding draw nothing.  NOTE for the transforms of
-    :mod:`shardloader.vision`: while they draw from the global torch generator they count as
-    any transform; once they take the dataset's per-batch generator instead (issue 12, item 7),
-    a pipeline holding only them needs no lock either.
+    Shardloader's collates and the default decoding draw nothing, and the transforms of
+    :mod:`shardloader.vision` draw only from the per-batch generator the dataset hands them
+    (NOTE [transform generators]), so a pipeline made of those alone needs no lock.
     """
-    if dataset.transform is not None:
+    if dataset.transform is not None and not _own_transform(dataset.transform):
         return True
     if dataset.decoder is not None and dataset.decoder.custom:
         return True
@@ -106,6 +105,18 @@ def needs_serial_pipeline(dataset: ShardedDataset) -> bool:
     fn = collate.func if isinstance(collate, functools.partial) else collate
     module = getattr(fn, "__module__", None) or type(fn).__module__
     return not module.startswith("shardloader.")
+
+
+def _own_transform(t: Any) -> bool:
+    """``t`` is one of shardloader's transforms, and so is all it wraps (``Compose.transforms``,
+    ``ApplyTo.transform``): they draw only from the generator they are handed, never from the
+    global RNGs (NOTE [transform generators])."""
+    if not getattr(type(t), "__module__", "").startswith("shardloader."):
+        return False
+    inner = list(getattr(t, "transforms", ()))
+    if getattr(t, "transform", None) is not None:
+        inner.append(t.transform)
+    return all(_own_transform(x) for x in inner)
 
 
 def steps_of_pass(dataset: ShardedDataset, epoch: int, position: int, world_size: int) -> int:
