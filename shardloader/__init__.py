@@ -71,8 +71,18 @@ _EXPORTS = {
 }
 
 # submodules reachable as attributes (``shardloader.collate.PadCollate``) without an import
-_SUBMODULES = ("batching", "bench", "codecs", "collate", "errors", "manifest", "monitoring",
-               "service", "storage", "vision")
+_SUBMODULES = (
+    "batching",
+    "bench",
+    "codecs",
+    "collate",
+    "errors",
+    "manifest",
+    "monitoring",
+    "service",
+    "storage",
+    "vision",
+)
 
 __all__ = [
     "BucketBatches",

@@ -22,9 +22,9 @@ __all__ = ["Aliases", "FieldMap", "normalize", "merge", "parse_option"]
 Aliases = Mapping[str, tuple[str, ...]]
 
 
-def normalize(aliases: Mapping[str, Iterable[str]] | None, where: str = "aliases") -> dict[
-    str, tuple[str, ...]
-]:
+def normalize(
+    aliases: Mapping[str, Iterable[str]] | None, where: str = "aliases"
+) -> dict[str, tuple[str, ...]]:
     """Check and canonicalise ``{logical: extensions}``: names sorted, extensions sorted, unique.
 
     An extension may belong to one logical field only; names starting with ``__`` are the

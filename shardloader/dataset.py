@@ -226,9 +226,7 @@ class ShardedDataset(IterableDataset):  # type: ignore[type-arg]
         if self._report_lengths is None:
             lengths = None
             if self.manifest.length_field is not None:
-                lengths = load_lengths(
-                    self.manifest, self.base, self.read_options, required=False
-                )
+                lengths = load_lengths(self.manifest, self.base, self.read_options, required=False)
             self._report_lengths = (lengths,)
         return self._report_lengths[0]
 

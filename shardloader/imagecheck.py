@@ -36,9 +36,7 @@ def check_image(data: bytes) -> None:
     if data[:3] == b"\xff\xd8\xff":
         start = _jpeg_scan_start(data)
         if data.rfind(b"\xff\xd9", start) < 0:
-            raise InputError(
-                f"truncated JPEG: no end-of-image marker (FFD9) in {len(data)} bytes"
-            )
+            raise InputError(f"truncated JPEG: no end-of-image marker (FFD9) in {len(data)} bytes")
         return
     if data[:8] == _PNG_SIGNATURE:
         if len(data) < 33 or data[12:16] != b"IHDR":

@@ -95,8 +95,12 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
         where = f"epoch {epoch}, rank {ds.rank}/{ds.world_size}, num_workers={self.num_workers}"
         if ds.batch_size is None and ds.planner is None and ds.on_error == "skip" and seen:
             # unbatched, a skipped sample is a skipped step: nothing can replace it
-            log.warning("%d of %d planned samples arrived (%s); on_error='skip' skipped the rest",
-                        seen, planned, where)
+            log.warning(
+                "%d of %d planned samples arrived (%s); on_error='skip' skipped the rest",
+                seen,
+                planned,
+                where,
+            )
             return
         self._steps_left = None  # the pass did not finish: the state must not move past it
         raise IncompleteEpochError(

@@ -243,8 +243,7 @@ class SampleIndex:
                 offsets=_ints(table.column("offset"), "offset"),
                 sizes=_ints(table.column("size"), "size"),
                 lengths=_ints(table.column("length"), "length") if "length" in names else None,
-                checksums=_u64(table.column(CHECKSUM_COLUMN)) if CHECKSUM_COLUMN in names
-                else None,
+                checksums=_u64(table.column(CHECKSUM_COLUMN)) if CHECKSUM_COLUMN in names else None,
             )
         except (pa.ArrowException, KeyError, ManifestError) as err:
             raise ManifestError(f"{where} is not a valid shardloader sample index: {err}") from err
@@ -257,8 +256,9 @@ def _u64(column: pa.ChunkedArray) -> np.ndarray:
     array = column.combine_chunks()
     if array.null_count:
         raise ManifestError(f"column {CHECKSUM_COLUMN!r} has missing values")
-    return np.frombuffer(array.buffers()[1], dtype="<u8", count=len(array),
-                         offset=array.offset * 8).copy()
+    return np.frombuffer(
+        array.buffers()[1], dtype="<u8", count=len(array), offset=array.offset * 8
+    ).copy()
 
 
 def _ints(column: pa.ChunkedArray, name: str) -> np.ndarray:
@@ -311,7 +311,9 @@ def load_manifest(store: Store) -> tuple[Manifest, Store]:
 
 
 def read_manifest(
-    url: str | Store, storage_options: Mapping[str, Any] | None = None, *,
+    url: str | Store,
+    storage_options: Mapping[str, Any] | None = None,
+    *,
     policy: RetryPolicy | None = None,
 ) -> tuple[Manifest, str]:
     """Fetch and parse a dataset's manifest once; return it with the base URL of its shards.

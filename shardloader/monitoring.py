@@ -190,10 +190,16 @@ class Monitor(Generic[T]):
             report = logger
         if report == "log":
             report = log
-        if not (report is None or report == "stderr" or isinstance(report, logging.Logger)
-                or callable(getattr(report, "write", None))):
-            raise UsageError(f"report must be 'stderr', 'log', a logging.Logger, a text stream "
-                             f"or None, got {report!r}")
+        if not (
+            report is None
+            or report == "stderr"
+            or isinstance(report, logging.Logger)
+            or callable(getattr(report, "write", None))
+        ):
+            raise UsageError(
+                f"report must be 'stderr', 'log', a logging.Logger, a text stream "
+                f"or None, got {report!r}"
+            )
         self.loader = loader
         self.interval = interval
         self.report = report

@@ -56,8 +56,9 @@ class DatasetPreset:
 
     def __post_init__(self) -> None:
         if self.transform not in TRANSFORMS:
-            raise UsageError(f"--transform {self.transform!r}: choose one of "
-                             f"{', '.join(TRANSFORMS)}")
+            raise UsageError(
+                f"--transform {self.transform!r}: choose one of {', '.join(TRANSFORMS)}"
+            )
         if self.decode not in IMAGE_DECODES:
             raise UsageError(f"--decode {self.decode!r}: choose one of {', '.join(IMAGE_DECODES)}")
         if self.image_size < 1:
@@ -70,12 +71,14 @@ class DatasetPreset:
         from shardloader.shards import ReadOptions
         from shardloader.storage.cache import CacheOptions
 
-        read = ReadOptions(storage_options=dict(self.storage_options),
-                           cache=CacheOptions(dir=self.cache_dir))
+        read = ReadOptions(
+            storage_options=dict(self.storage_options), cache=CacheOptions(dir=self.cache_dir)
+        )
         return read if self.retry is None else replace(read, retry=self.retry)
 
-    def pipeline(self, url: str, manifest: Manifest | None = None) -> tuple[Decoder,
-                                                                             Transform | None]:
+    def pipeline(
+        self, url: str, manifest: Manifest | None = None
+    ) -> tuple[Decoder, Transform | None]:
         """The (decoder, transform) for the dataset at ``url`` (its manifest is read unless
         given; only a transform needs it, to find the image field)."""
         from shardloader.codecs import Decoder
@@ -94,8 +97,10 @@ class DatasetPreset:
             if self.transform == "auto" and self.image_field is None:
                 return Decoder(image=self.decode), None
             which = f" {self.image_field!r}" if self.image_field else ""
-            raise UsageError(f"--transform {self.transform}: {url} has no image field{which} "
-                             f"(fields: {', '.join(manifest.fields)})")
+            raise UsageError(
+                f"--transform {self.transform}: {url} has no image field{which} "
+                f"(fields: {', '.join(manifest.fields)})"
+            )
         make = vision.eval_transform if self.transform == "eval" else vision.train_transform
         return Decoder(image="raw"), make(self.image_size, field=name)
 
@@ -106,8 +111,13 @@ class DatasetPreset:
 
         decoder, transform = self.pipeline(url)
         kwargs: dict[str, Any] = dict(
-            batch_size=self.batch_size, shuffle=self.shuffle, seed=self.seed,
-            uneven=self.uneven, decoder=decoder, transform=transform, read=self.read_options(),
+            batch_size=self.batch_size,
+            shuffle=self.shuffle,
+            seed=self.seed,
+            uneven=self.uneven,
+            decoder=decoder,
+            transform=transform,
+            read=self.read_options(),
         )
         kwargs.update(overrides)
         return ShardedDataset(url, **kwargs)

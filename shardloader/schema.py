@@ -45,10 +45,10 @@ MAX_EXPANSION = {"zstd": 32768, "gzip": 1032, "none": 1}
 _SLACK = 64 << 10
 _INT_MAX = 2**63 - 1
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
-_TOKEN_DTYPES = frozenset({"uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32",
-                           "int64"})
-_SHARD_KEYS = ("path", "num_samples", "bytes", "raw_bytes", "sha256", "index_path",
-               "index_sha256")
+_TOKEN_DTYPES = frozenset(
+    {"uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int64"}
+)
+_SHARD_KEYS = ("path", "num_samples", "bytes", "raw_bytes", "sha256", "index_path", "index_sha256")
 _FIELD_KEYS = ("codec", "dtype")
 
 
@@ -100,8 +100,9 @@ class _Checker:
         problem = path_problem(value)
         if problem is not None:
             raise self.fail(
-                path, f"{_show(value)} {problem}; paths in a manifest are relative to its "
-                "folder and stay inside it"
+                path,
+                f"{_show(value)} {problem}; paths in a manifest are relative to its "
+                "folder and stay inside it",
             )
         return value
 
@@ -120,9 +121,12 @@ def check_manifest_dict(raw: Mapping[str, Any], where: str) -> None:
     c = _Checker(where)
     name = c.string("format", raw.get("format"))
     if name not in known_formats():
-        raise c.fail("format", f"expected one of {', '.join(known_formats())}, got "
-                     f"{_show(name)} (a third-party format must be registered before its "
-                     "datasets are read)")
+        raise c.fail(
+            "format",
+            f"expected one of {', '.join(known_formats())}, got "
+            f"{_show(name)} (a third-party format must be registered before its "
+            "datasets are read)",
+        )
     fmt = get_format(name)
     compression = c.string("compression", raw.get("compression"))
     if compression not in fmt.compressions:
@@ -150,8 +154,11 @@ def check_manifest_dict(raw: Mapping[str, Any], where: str) -> None:
             raise c.expect(f"{path}.codec", f"one of {', '.join(_CODECS)}", codec)
         dtype = info.get("dtype")
         if dtype is not None and (codec != "tokens" or dtype not in _TOKEN_DTYPES):
-            what = f"an integer type ({', '.join(sorted(_TOKEN_DTYPES))})" if codec == "tokens" \
+            what = (
+                f"an integer type ({', '.join(sorted(_TOKEN_DTYPES))})"
+                if codec == "tokens"
                 else f"no dtype for codec {codec!r}"
+            )
             raise c.expect(f"{path}.dtype", what, dtype)
 
     for i, name in enumerate(c.array("classes", raw.get("classes", []))):
@@ -170,13 +177,20 @@ def check_manifest_dict(raw: Mapping[str, Any], where: str) -> None:
     for i, entry in enumerate(shards):
         n, size, raw_size = _check_shard(c, f"shards[{i}]", entry, fmt, compression)
         total, stored, unpacked = total + n, stored + size, unpacked + raw_size
-    for key, value in (("num_samples", total), ("num_shards", len(shards)), ("bytes", stored),
-                       ("raw_bytes", unpacked)):
+    for key, value in (
+        ("num_samples", total),
+        ("num_shards", len(shards)),
+        ("bytes", stored),
+        ("raw_bytes", unpacked),
+    ):
         if key not in raw and key != "num_samples":
             continue
         if c.count(key, raw.get(key)) != value:
-            raise c.fail(key, f"{raw[key]} does not equal the shards' total ({value}); the "
-                         "manifest was edited or damaged")
+            raise c.fail(
+                key,
+                f"{raw[key]} does not equal the shards' total ({value}); the "
+                "manifest was edited or damaged",
+            )
 
 
 def _check_extra(c: _Checker, extra: dict[str, Any]) -> None:
@@ -211,8 +225,9 @@ def _check_shard(
     name = f"{path} ({entry['path']})"
     if raw > size * MAX_EXPANSION[compression] + _SLACK:
         raise c.fail(
-            f"{name}.raw_bytes", f"{raw:,} uncompressed bytes cannot come from {size:,} stored "
-            f"bytes of {compression} (at most {MAX_EXPANSION[compression]}x)"
+            f"{name}.raw_bytes",
+            f"{raw:,} uncompressed bytes cannot come from {size:,} stored "
+            f"bytes of {compression} (at most {MAX_EXPANSION[compression]}x)",
         )
     problem = fmt.entry_problem(n, size, raw, compression)
     if problem is not None:
@@ -245,9 +260,12 @@ def check_sample_index(index: SampleIndex, fmt: str, info: ShardInfo, where: str
             f"{where}: the sample index lists {n} samples, the manifest {info.num_samples}; "
             "the sidecar does not belong to this shard: re-pack or re-index the dataset"
         )
-    if len(index.keys) != n or len(index.sizes) != n or (
-        index.lengths is not None and len(index.lengths) != n
-    ) or (index.checksums is not None and len(index.checksums) != n):
+    if (
+        len(index.keys) != n
+        or len(index.sizes) != n
+        or (index.lengths is not None and len(index.lengths) != n)
+        or (index.checksums is not None and len(index.checksums) != n)
+    ):
         raise ManifestError(f"{where}: the sample index has columns of different lengths")
     offsets, sizes = index.offsets, index.sizes
     if n:

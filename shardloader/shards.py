@@ -183,8 +183,7 @@ class ShardSet:
         def copy(src: Any, dst: Any) -> int:
             return dst.write(src.read())
 
-        path = self.cache().get(info.index_path, 0, info.index_sha256, store.url, open_stored,
-                                copy)
+        path = self.cache().get(info.index_path, 0, info.index_sha256, store.url, open_stored, copy)
         assert path is not None  # waiting calls always return the staged path
         return path
 

@@ -14,8 +14,10 @@ import numpy as np
 from shardloader import format as shard_format
 from shardloader.manifest import Manifest, SampleIndex
 
-WORDS = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi "
-         "rho sigma tau upsilon phi chi psi omega").split()
+WORDS = (
+    "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi "
+    "rho sigma tau upsilon phi chi psi omega"
+).split()
 
 
 def jpeg(seed: int, width: int = 24, height: int = 16) -> bytes:
@@ -60,8 +62,9 @@ def write(root: str, rel: str, data: bytes) -> None:
         f.write(data)
 
 
-def class_folders(root: str, classes: Iterable[str] = ("cat", "dog", "eel"),
-                  per_class: int = 4) -> dict[str, bytes]:
+def class_folders(
+    root: str, classes: Iterable[str] = ("cat", "dog", "eel"), per_class: int = 4
+) -> dict[str, bytes]:
     """``root/<class>/<i>.jpg``; returns {relative path: bytes}."""
     files = {}
     for c, name in enumerate(classes):
@@ -78,9 +81,9 @@ def _encode(image, fmt: str, **options) -> bytes:
     return buf.getvalue()
 
 
-def mixed_image(kind: str, seed: int, width: int = 20, height: int = 14) -> tuple[
-    str, bytes, np.ndarray, float
-]:
+def mixed_image(
+    kind: str, seed: int, width: int = 20, height: int = 14
+) -> tuple[str, bytes, np.ndarray, float]:
     """One image of the kind a real folder mixes: (extension, bytes, the RGB pixels every
     decoder must produce as uint8 HWC, the mean absolute error allowed: 0 for lossless
     formats, exact; 1 where alpha compositing rounds).
@@ -123,8 +126,12 @@ def mixed_image(kind: str, seed: int, width: int = 20, height: int = 14) -> tupl
         image.putpalette(colours.flatten().tolist() + [0] * (3 * 252))
         want = colours[index].copy()
         want[index == 0] = 255  # index 0 is transparent: white
-        return kind.split("-")[0], _encode(image, kind.split("-")[0].upper(), transparency=0), \
-            want, 0
+        return (
+            kind.split("-")[0],
+            _encode(image, kind.split("-")[0].upper(), transparency=0),
+            want,
+            0,
+        )
     if kind == "png-16bit":
         wide = grey.astype(np.uint16) * 257  # exactly g/255 of full scale
         return "png", _encode(Image.fromarray(wide), "PNG"), np.repeat(grey[:, :, None], 3, 2), 0
@@ -137,19 +144,33 @@ def mixed_image(kind: str, seed: int, width: int = 20, height: int = 14) -> tupl
     raise ValueError(kind)
 
 
-MIXED_KINDS = ("jpg-rgb", "jpeg-grey", "jpg-cmyk", "png-rgb", "png-grey", "png-rgba",
-               "png-palette", "png-16bit", "gif", "webp", "bmp", "tiff-cmyk")
+MIXED_KINDS = (
+    "jpg-rgb",
+    "jpeg-grey",
+    "jpg-cmyk",
+    "png-rgb",
+    "png-grey",
+    "png-rgba",
+    "png-palette",
+    "png-16bit",
+    "gif",
+    "webp",
+    "bmp",
+    "tiff-cmyk",
+)
 
 
 def pixels_match(got: np.ndarray, want: np.ndarray, tolerance: float) -> bool:
     """uint8 HWC ``got`` equals ``want`` exactly (tolerance 0), or within the mean error."""
     diff = np.abs(np.asarray(got, np.int64) - want)
-    return got.shape == want.shape and (diff.max() == 0 if tolerance == 0 else
-                                        diff.mean() <= tolerance and diff.max() <= 64)
+    return got.shape == want.shape and (
+        diff.max() == 0 if tolerance == 0 else diff.mean() <= tolerance and diff.max() <= 64
+    )
 
 
-def mixed_class_folders(root: str, classes: Iterable[str] = ("cat", "dog"),
-                        per_class: int = len(MIXED_KINDS)) -> dict[str, tuple[np.ndarray, float]]:
+def mixed_class_folders(
+    root: str, classes: Iterable[str] = ("cat", "dog"), per_class: int = len(MIXED_KINDS)
+) -> dict[str, tuple[np.ndarray, float]]:
     """Class folders as real ones are: every extension and mode of :data:`MIXED_KINDS`, in
     turn; returns {sample key: (expected RGB pixels HWC, mean error allowed)}."""
     want = {}
@@ -196,8 +217,12 @@ def docs(n: int, seed: int = 0) -> list[str]:
     return [" ".join(WORDS[int(j)] for j in rng.integers(0, len(WORDS), size=k)) for k in lengths]
 
 
-def jsonl(path: str, texts: list[str], compress: str | None = None,
-          extra_lines: dict[int, bytes] | None = None) -> list[bytes]:
+def jsonl(
+    path: str,
+    texts: list[str],
+    compress: str | None = None,
+    extra_lines: dict[int, bytes] | None = None,
+) -> list[bytes]:
     """Write one JSON object per line (``extra_lines`` inserts raw lines at 0-based positions)."""
     lines = [json.dumps({"id": i, "text": t}).encode() for i, t in enumerate(texts)]
     for pos, raw in sorted((extra_lines or {}).items()):
@@ -219,9 +244,16 @@ def parquet(path: str, n: int) -> list[dict]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    rows = [{"text": WORDS[i % len(WORDS)] * (i + 1), "label": i % 3, "score": i / 4,
-             "blob": bytes([i]) * (i + 1), "tags": [i, i + 1] if i % 2 else None}
-            for i in range(n)]
+    rows = [
+        {
+            "text": WORDS[i % len(WORDS)] * (i + 1),
+            "label": i % 3,
+            "score": i / 4,
+            "blob": bytes([i]) * (i + 1),
+            "tags": [i, i + 1] if i % 2 else None,
+        }
+        for i in range(n)
+    ]
     table = pa.Table.from_pylist(rows)
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     pq.write_table(table, path, row_group_size=4)
@@ -247,8 +279,9 @@ def read_back(out: str) -> tuple[Manifest, list[tuple[str, dict[str, bytes]]]]:
     samples = []
     for shard in manifest.shards:
         with open(os.path.join(out, shard.path), "rb") as f:
-            samples.extend(shard_format.iter_stored(manifest.format, manifest.compression, f,
-                                                    shard.path))
+            samples.extend(
+                shard_format.iter_stored(manifest.format, manifest.compression, f, shard.path)
+            )
     return manifest, samples
 
 

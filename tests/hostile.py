@@ -60,8 +60,12 @@ def sha256_file(path: str) -> str:
     return h.hexdigest()
 
 
-def sidecar(keys: Sequence[str], offsets: Sequence[int], sizes: Sequence[int],
-            checksums: Sequence[int] | None = None) -> bytes:
+def sidecar(
+    keys: Sequence[str],
+    offsets: Sequence[int],
+    sizes: Sequence[int],
+    checksums: Sequence[int] | None = None,
+) -> bytes:
     """Sidecar bytes as pack writes them (built with pyarrow, whatever they may say)."""
     columns = {
         "key": pa.array(list(keys), pa.string()),
@@ -98,8 +102,14 @@ def shard_entry(folder: str, name: str, index: bytes, **override: Any) -> dict[s
     return entry
 
 
-def write_manifest(folder: str, fmt: str, compression: str, shards: list[dict[str, Any]],
-                   fields: dict[str, Any] | None = None, **top: Any) -> dict[str, Any]:
+def write_manifest(
+    folder: str,
+    fmt: str,
+    compression: str,
+    shards: list[dict[str, Any]],
+    fields: dict[str, Any] | None = None,
+    **top: Any,
+) -> dict[str, Any]:
     """Write ``index.json`` as given (its totals follow the entries unless overridden)."""
     raw: dict[str, Any] = {
         "format_version": 1,

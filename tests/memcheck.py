@@ -93,8 +93,9 @@ def run_measured(
 
     env = dict(os.environ)  # the child imports the shardloader this process imported
     env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (os.path.dirname(os.path.dirname(shardloader.__file__)),
-                    env.get("PYTHONPATH")) if p
+        p
+        for p in (os.path.dirname(os.path.dirname(shardloader.__file__)), env.get("PYTHONPATH"))
+        if p
     )
     proc = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, env=env
@@ -106,8 +107,10 @@ def run_measured(
             if log:
                 with open(log, "a") as f:
                     test = os.environ.get("PYTEST_CURRENT_TEST", "?").split(" ")[0]
-                    f.write(f"{test}\tgrowth {report['growth'] / 2**20:.1f} MiB\t"
-                            f"{report['seconds']:.2f} s\n")
+                    f.write(
+                        f"{test}\tgrowth {report['growth'] / 2**20:.1f} MiB\t"
+                        f"{report['seconds']:.2f} s\n"
+                    )
             return report
     raise AssertionError(
         f"child exited {proc.returncode} without a report:\n{proc.stdout[-3000:]}\n"

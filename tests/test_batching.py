@@ -254,9 +254,10 @@ def test_packing_rows_are_reproduced_from_the_batch_alone(
     assert short_batches <= (tail == "keep")  # at most the one tail batch is short
     too_long = {int(i) for i in order if lens[i] > seq_len}
     if long == "split":  # nothing is lost but the dropped tail
-        assert report.truncated_tokens + report.dropped_tokens <= (tail == "drop") * (
-            rows - 1
-        ) * seq_len
+        assert (
+            report.truncated_tokens + report.dropped_tokens
+            <= (tail == "drop") * (rows - 1) * seq_len
+        )
         partly = set(report.dropped) | set(report.truncated)
         assert set(report.split) - partly == too_long - partly
     if long == "truncate":
@@ -432,8 +433,9 @@ def test_signatures_of_the_built_in_planners_equal_their_old_repr():
     ]
     for p in planners:
         assert signature_of(p) == repr(p)
-    numpy_options = PackedBatches(seq_len=np.int64(128), rows_per_batch=np.int32(2),
-                                  long_docs="drop", pad_id=np.int64(0))
+    numpy_options = PackedBatches(
+        seq_len=np.int64(128), rows_per_batch=np.int32(2), long_docs="drop", pad_id=np.int64(0)
+    )
     assert signature_of(numpy_options) == signature_of(planners[-1])
     assert "np." not in signature_of(numpy_options)
     assert signature_of(planners[1]) != signature_of(BucketBatches(batch_size=4, window=65))

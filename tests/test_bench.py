@@ -22,10 +22,18 @@ WORKERS = (0, 1, 2, 4, 8)
 
 def point(w, samples_per_s, *, decode=True, prefetch=2, memory=100.0):
     """A measurement that took 1 s, so samples == samples/s."""
-    return BenchResult(num_workers=w, prefetch_factor=prefetch if w else None, decode=decode,
-                       batches=max(1, int(samples_per_s) // 10), samples=int(samples_per_s),
-                       seconds=1.0, first_batch_s=0.1, mb=samples_per_s / 100,
-                       peak_rss_mb=memory * 2, pss_mb=memory)
+    return BenchResult(
+        num_workers=w,
+        prefetch_factor=prefetch if w else None,
+        decode=decode,
+        batches=max(1, int(samples_per_s) // 10),
+        samples=int(samples_per_s),
+        seconds=1.0,
+        first_batch_s=0.1,
+        mb=samples_per_s / 100,
+        peak_rss_mb=memory * 2,
+        pss_mb=memory,
+    )
 
 
 def curve(ys, workers=WORKERS, **kw):
@@ -46,8 +54,7 @@ def test_knee_is_the_first_point_within_tolerance_of_the_best():
         knee([1.0], tolerance=1.5)
 
 
-@given(st.lists(st.floats(0.0, 1e6, allow_nan=False), min_size=1, max_size=12),
-       st.floats(0.0, 0.5))
+@given(st.lists(st.floats(0.0, 1e6, allow_nan=False), min_size=1, max_size=12), st.floats(0.0, 0.5))
 def test_knee_properties(ys, tol):
     k = knee(ys, tol)
     assert ys[k] >= (1 - tol) * max(ys)  # as fast as the best, within tolerance
@@ -112,8 +119,12 @@ def test_prefetch_is_the_smallest_that_is_as_fast():
 
 
 def test_memory_limit_caps_the_workers():
-    results = [point(w, y, memory=m) for w, y, m in
-               zip(WORKERS, [100, 190, 350, 600, 610], [500, 900, 1500, 4000, 7000], strict=True)]
+    results = [
+        point(w, y, memory=m)
+        for w, y, m in zip(
+            WORKERS, [100, 190, 350, 600, 610], [500, 900, 1500, 4000, 7000], strict=True
+        )
+    ]
     rec = recommend(results, memory_limit_mb=2000)
     assert rec.num_workers == 2 and rec.knee == 4 and "capped at 2 workers" in rec.reason
     assert bench.format_table(results, rec).count("<- recommended (memory)") == 1
@@ -167,8 +178,20 @@ def small(tmp_path_factory):
 
 
 def invoke(small, *args):
-    base = ["bench", str(small / "ds"), "--workers", "0,1", "--prefetch", "2", "--batches", "3",
-            "--batch-size", "4", "--cache-dir", str(small / "cache")]
+    base = [
+        "bench",
+        str(small / "ds"),
+        "--workers",
+        "0,1",
+        "--prefetch",
+        "2",
+        "--batches",
+        "3",
+        "--batch-size",
+        "4",
+        "--cache-dir",
+        str(small / "cache"),
+    ]
     return CliRunner().invoke(main, [*base, *args])
 
 
@@ -180,8 +203,12 @@ def test_bench_prints_a_table_and_draws_a_png(small):
     out = result.stdout
     assert "samples/s" in out and "peak MB" in out
     rows = [line.split() for line in out.splitlines() if line.split()[:1] in (["yes"], ["no"])]
-    assert sorted((r[0], r[1]) for r in rows) == [("no", "0"), ("no", "1"), ("yes", "0"),
-                                                  ("yes", "1")]
+    assert sorted((r[0], r[1]) for r in rows) == [
+        ("no", "0"),
+        ("no", "1"),
+        ("yes", "0"),
+        ("yes", "1"),
+    ]
     assert sum(line.endswith("<- knee") for line in out.splitlines()) == 1
     assert out.strip().splitlines()[-1].startswith("recommended: num_workers=")
     data = png.read_bytes()
@@ -204,8 +231,7 @@ def test_bench_json_one_mode(small):
     assert doc["recommendation"]["num_workers"] in (0, 1)
 
 
-@pytest.mark.parametrize("args", [["--workers", "0,x"], ["--prefetch", "0"],
-                                  ["--plot", "out.txt"]])
+@pytest.mark.parametrize("args", [["--workers", "0,x"], ["--prefetch", "0"], ["--plot", "out.txt"]])
 def test_bench_usage_errors_exit_2(small, args):
     result = invoke(small, *args)
     assert result.exit_code == 2 and "error:" in result.output
@@ -218,10 +244,25 @@ def test_bench_images_with_the_training_transform(tmp_path):
 
     corpus.class_folders(str(tmp_path / "raw"), per_class=4)
     pack(str(tmp_path / "raw"), str(tmp_path / "packed"))
-    result = CliRunner().invoke(main, [
-        "bench", str(tmp_path / "packed"), "--workers", "0", "--decode", "--batches", "2",
-        "--batch-size", "4", "--image-size", "16", "--json", "--cache-dir", str(tmp_path / "c"),
-    ])
+    result = CliRunner().invoke(
+        main,
+        [
+            "bench",
+            str(tmp_path / "packed"),
+            "--workers",
+            "0",
+            "--decode",
+            "--batches",
+            "2",
+            "--batch-size",
+            "4",
+            "--image-size",
+            "16",
+            "--json",
+            "--cache-dir",
+            str(tmp_path / "c"),
+        ],
+    )
     assert result.exit_code == 0, result.output
     (point,) = json.loads(result.stdout)["results"]
     assert point["decode"] is True and point["samples"] == 8

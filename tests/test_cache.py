@@ -51,8 +51,7 @@ class Holder:
 
     def __init__(self, path: str, remove: bool = False) -> None:
         argv = [sys.executable, "-c", _HOLDER, path] + (["remove"] if remove else [])
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     text=True)
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         assert self.proc.stdout is not None and self.proc.stdout.readline() == "locked\n"
 
     def release(self) -> None:
@@ -71,8 +70,7 @@ def lock_is_free(path: str) -> bool:
 def dataset(path, root, max_bytes=None, shards=(30,) * 6, **kw) -> sl.ShardedDataset:
     if not os.path.exists(os.path.join(path, "index.json")):
         write_dataset(str(path), list(shards), compression="zstd")  # zstd: always staged
-    read = sl.ReadOptions(cache=sl.CacheOptions(dir=str(root), max_bytes=max_bytes),
-                          readahead=0)
+    read = sl.ReadOptions(cache=sl.CacheOptions(dir=str(root), max_bytes=max_bytes), readahead=0)
     return sl.ShardedDataset(str(path), batch_size=4, read=read, **kw)
 
 
@@ -81,13 +79,18 @@ def epoch_ids(ds, num_workers=0) -> list[int]:
 
 
 def staged(folder) -> list[str]:
-    return sorted(f for f in os.listdir(folder) if f.endswith(".raw")) if os.path.isdir(
-        folder) else []
+    return (
+        sorted(f for f in os.listdir(folder) if f.endswith(".raw")) if os.path.isdir(folder) else []
+    )
 
 
 def bytes_under(root) -> int:
-    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(root)
-               for f in files if f.endswith(".raw"))
+    return sum(
+        os.path.getsize(os.path.join(d, f))
+        for d, _, files in os.walk(root)
+        for f in files
+        if f.endswith(".raw")
+    )
 
 
 def fake_stage(cache: sc.ShardCache, name: str, data: bytes, **kw) -> str | None:
@@ -95,11 +98,19 @@ def fake_stage(cache: sc.ShardCache, name: str, data: bytes, **kw) -> str | None
     import hashlib
     import io
 
-    return cache.get(name, len(data), hashlib.sha256(data).hexdigest(), name,
-                     lambda: io.BytesIO(data), lambda src, dst: dst.write(src.read()), **kw)
+    return cache.get(
+        name,
+        len(data),
+        hashlib.sha256(data).hexdigest(),
+        name,
+        lambda: io.BytesIO(data),
+        lambda src, dst: dst.write(src.read()),
+        **kw,
+    )
 
 
 # -- where ---------------------------------------------------------------------------------
+
 
 def test_root_explicit_then_env_then_xdg_then_home(monkeypatch, tmp_path):
     monkeypatch.delenv("SHARDLOADER_CACHE_DIR", raising=False)
@@ -135,6 +146,7 @@ def test_an_unwritable_root_names_the_remedy(monkeypatch, tmp_path):
 
 
 # -- how big ---------------------------------------------------------------------------------
+
 
 def test_default_limit_and_the_environment_variable(monkeypatch, tmp_path):
     root = str(tmp_path / "root")
@@ -182,15 +194,18 @@ def test_a_second_run_with_the_default_limit_shares_it(monkeypatch, tmp_path):
     shard = max(s.raw_bytes for s in sl.read_manifest(str(tmp_path / "a"))[0].shards)
     monkeypatch.setenv("SHARDLOADER_CACHE_MAX_BYTES", str(4 * shard))
     for name in ("a", "b"):
-        code = (f"import shardloader as sl; ds = sl.ShardedDataset({str(tmp_path / name)!r}, "
-                "batch_size=4, read=sl.ReadOptions(readahead=0)); n = sum(len(b['__index__']) "
-                "for b in sl.make_loader(ds, num_workers=1)); assert n >= 180, n")
+        code = (
+            f"import shardloader as sl; ds = sl.ShardedDataset({str(tmp_path / name)!r}, "
+            "batch_size=4, read=sl.ReadOptions(readahead=0)); n = sum(len(b['__index__']) "
+            "for b in sl.make_loader(ds, num_workers=1)); assert n >= 180, n"
+        )
         subprocess.run([sys.executable, "-c", code], check=True, timeout=300)
     assert sorted(sc.usage(str(tmp_path / "root")), key=lambda d: d.last_used or 0)[-1].shards
     assert 0 < bytes_under(tmp_path / "root") <= 4 * shard
 
 
 # -- never deleting what is not ours to delete ----------------------------------------------
+
 
 @pytest.mark.subprocess
 def test_eviction_skips_a_shard_another_process_is_staging(tmp_path):
@@ -253,8 +268,11 @@ def test_a_waiter_on_a_removed_lock_file_locks_the_new_one(tmp_path):
         import io
 
         data = b"s" * 10
-        result.append(cache.get("s", 10, hashlib.sha256(data).hexdigest(), "s",
-                                lambda: io.BytesIO(data), slow_stage))
+        result.append(
+            cache.get(
+                "s", 10, hashlib.sha256(data).hexdigest(), "s", lambda: io.BytesIO(data), slow_stage
+            )
+        )
 
     t = threading.Thread(target=stage_s)
     t.start()
@@ -287,6 +305,7 @@ def wait_until_open(path: str, timeout: float = 30.0) -> bool:
 
 # -- shardloader cache info | clear ----------------------------------------------------------
 
+
 def run_cli(*args: str):
     return CliRunner().invoke(main, [str(a) for a in args])
 
@@ -306,7 +325,9 @@ def test_cache_info_lists_datasets_total_and_limit(tmp_path):
     j = json.loads(run_cli("cache", "info", "--cache-dir", root, "--json").stdout)
     assert j["bytes"] == bytes_under(root) > 0
     assert {d["fingerprint"]: d["shards"] for d in j["datasets"]} == {
-        a.manifest.fingerprint: 6, b.manifest.fingerprint: 1}
+        a.manifest.fingerprint: 6,
+        b.manifest.fingerprint: 1,
+    }
 
 
 def test_cache_info_and_clear_use_the_environment_root(monkeypatch, tmp_path):
@@ -352,9 +373,17 @@ def test_cache_clear_while_a_loader_reads_and_another_process_stages(tmp_path):
             if step == 10:  # mid-epoch, shards staged and open in both workers
                 assert len(staged(folder)) > 1
                 done = subprocess.run(
-                    [os.path.join(os.path.dirname(sys.executable), "shardloader"), "cache",
-                     "clear", "--cache-dir", str(root)],
-                    capture_output=True, text=True, timeout=120, check=False,
+                    [
+                        os.path.join(os.path.dirname(sys.executable), "shardloader"),
+                        "cache",
+                        "clear",
+                        "--cache-dir",
+                        str(root),
+                    ],
+                    capture_output=True,
+                    text=True,
+                    timeout=120,
+                    check=False,
                 )
                 assert done.returncode == 0, done.stderr
                 # left: the other process's shard, and any a worker is staging this instant

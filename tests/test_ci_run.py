@@ -21,13 +21,16 @@ echo "$(basename "$0") $*" >> "$CALLS"
 """
 
 # python3 -m venv .venv: note whether the old environment is still there, then make a new one
-_PYTHON3 = _RECORD + """
+_PYTHON3 = (
+    _RECORD
+    + """
 if [ -e .venv/stale ]; then echo "python3 saw the old .venv" >> "$CALLS"; fi
 if [ "$1 $2" = "-m venv" ]; then
   mkdir -p "$3/bin"
   echo "export PATH=\\"$STUBS:\\$PATH\\"" > "$3/bin/activate"
 fi
 """
+)
 
 
 def _stub(folder: str, name: str, body: str) -> None:
@@ -50,10 +53,20 @@ def test_ci_run_removes_an_existing_venv_and_installs_from_scratch(tmp_path):
     for name in ("pip", "ruff", "mypy", "python", "zstd"):
         _stub(stubs, name, _RECORD)
     calls = tmp_path / "calls.log"
-    env = {"PATH": f"{stubs}:/usr/bin:/bin", "CALLS": str(calls), "STUBS": stubs,
-           "HOME": str(tmp_path)}
-    done = subprocess.run(["bash", str(repo / ".ci" / "run")], env=env, capture_output=True,
-                          text=True, timeout=60, check=False)
+    env = {
+        "PATH": f"{stubs}:/usr/bin:/bin",
+        "CALLS": str(calls),
+        "STUBS": stubs,
+        "HOME": str(tmp_path),
+    }
+    done = subprocess.run(
+        ["bash", str(repo / ".ci" / "run")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     lines = calls.read_text().splitlines()
     assert "python3 saw the old .venv" not in lines
@@ -63,6 +76,7 @@ def test_ci_run_removes_an_existing_venv_and_installs_from_scratch(tmp_path):
         "pip install -q torch==2.13.0",
         "pip install -q -c constraints.txt -e .[dev]",
         "ruff check shardloader tests tools",
+        "ruff format --check shardloader tests tools",
         "mypy shardloader",
         "python -m pytest -q",
     ]

@@ -37,7 +37,10 @@ def _probe(tmp_path, argv: list[str] | None) -> tuple[int | None, set[str], str]
     out = tmp_path / "probe.json"
     done = subprocess.run(
         [sys.executable, "-c", _PROBE, json.dumps(argv), str(out)],
-        capture_output=True, text=True, timeout=120, check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
     assert out.exists(), done.stderr
     got = json.loads(out.read_text())
@@ -92,8 +95,9 @@ def test_the_installed_command_answers_help(tmp_path):
     """The console script itself (what a user types), in a fresh process."""
     script = os.path.join(os.path.dirname(sys.executable), "shardloader")
     argv = [script] if os.path.exists(script) else [sys.executable, "-m", "shardloader"]
-    done = subprocess.run([*argv, "--help"], capture_output=True, text=True, timeout=120,
-                          check=False)
+    done = subprocess.run(
+        [*argv, "--help"], capture_output=True, text=True, timeout=120, check=False
+    )
     assert done.returncode == 0, done.stderr
     for command in ("pack", "merge", "index", "inspect", "verify", "bench", "serve", "cache"):
         assert f"  {command} " in done.stdout, command

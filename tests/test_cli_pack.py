@@ -21,8 +21,15 @@ def test_pack_prints_a_summary(tmp_path):
     class_folders(str(tmp_path / "src"))
     r = run("pack", tmp_path / "src", tmp_path / "out", "--max-samples", "5")
     assert r.exit_code == 0, r.output
-    for word in ("samples   12", "shards    3", "bytes in", "bytes out", "ratio", "MB/s",
-                 "classes   3"):
+    for word in (
+        "samples   12",
+        "shards    3",
+        "bytes in",
+        "bytes out",
+        "ratio",
+        "MB/s",
+        "classes   3",
+    ):
         assert word in r.stdout
     assert os.path.exists(tmp_path / "out" / "index.json")
     q = run("pack", tmp_path / "src", tmp_path / "q", "--quiet", "--shard-size", "4KB")
@@ -80,8 +87,10 @@ def test_inspect_and_verify(tmp_path):
     assert "shards     3" in r.stdout and "samples 6" in r.stdout
     assert "cat: 3" in r.stdout and "dog: 3" in r.stdout
     j = json.loads(run("inspect", tmp_path / "out", "--json").stdout)
-    assert j["num_samples"] == 6 and j["classes"] == [{"name": "cat", "samples": 3},
-                                                     {"name": "dog", "samples": 3}]
+    assert j["num_samples"] == 6 and j["classes"] == [
+        {"name": "cat", "samples": 3},
+        {"name": "dog", "samples": 3},
+    ]
     ok = run("verify", tmp_path / "out")
     assert ok.exit_code == 0 and "3 of 3 shards ok" in ok.stdout
     shard = tmp_path / "out" / "shard-00001.tar.zst"
@@ -98,8 +107,17 @@ def test_inspect_and_verify(tmp_path):
 def test_parts_merge_and_index_commands(tmp_path):
     key_groups(str(tmp_path / "src"), n=10)
     for i in range(2):
-        r = run("pack", tmp_path / "src", tmp_path / f"p{i}", "--num-parts", "2", "--part", i,
-                "--max-samples", "3")
+        r = run(
+            "pack",
+            tmp_path / "src",
+            tmp_path / f"p{i}",
+            "--num-parts",
+            "2",
+            "--part",
+            i,
+            "--max-samples",
+            "3",
+        )
         assert r.exit_code == 0, r.output
     r = run("merge", tmp_path / "p0", tmp_path / "p1", tmp_path / "merged")
     assert r.exit_code == 0, r.output
@@ -113,8 +131,9 @@ def test_parts_merge_and_index_commands(tmp_path):
     assert outside.exit_code == 2 and "not below" in outside.stderr
     (tmp_path / "idx").mkdir()
     shutil.copy(tmp_path / "plain" / "shard-00000.tar", tmp_path / "idx")
-    small = run("index", tmp_path / "idx" / "shard-00000.tar", tmp_path / "idx",
-                "--max-member-size", "10")
+    small = run(
+        "index", tmp_path / "idx" / "shard-00000.tar", tmp_path / "idx", "--max-member-size", "10"
+    )
     assert small.exit_code == 1 and "more than the 10 allowed" in small.stderr
     r = run("index", tmp_path / "idx" / "shard-00000.tar", tmp_path / "idx")
     assert r.exit_code == 0 and "indexed 1 shards, 10 samples" in r.stdout

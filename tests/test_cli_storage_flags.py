@@ -56,8 +56,19 @@ def test_pack_retries_reach_the_uploads(fault_proxy: FaultProxy, s3_bucket: str,
     """--retries 1: exactly two PUTs of a shard the store refuses (the default makes six)."""
     url = f"s3://{s3_bucket}/ds"
     fault_proxy.inject("503", method="PUT", path="/ds/shard-00000", times=None)
-    r = cli("pack", records(tmp_path / "src"), url, "--max-samples", "4",
-            "-o", f"endpoint_url={fault_proxy.endpoint}", "--retries", "1", "--retry-seconds", "60")
+    r = cli(
+        "pack",
+        records(tmp_path / "src"),
+        url,
+        "--max-samples",
+        "4",
+        "-o",
+        f"endpoint_url={fault_proxy.endpoint}",
+        "--retries",
+        "1",
+        "--retry-seconds",
+        "60",
+    )
     assert r.exit_code == 1, r.output
     assert "gave up after 2 attempts" in r.stderr
     assert "max_attempts=2, max_total_seconds=60.0" in r.stderr
@@ -86,9 +97,27 @@ def s3_data(s3_client: Any, s3_bucket: str, tmp_path: Path) -> str:
 
 
 def test_bench_reads_s3_through_its_storage_options(s3_data: str, s3_server: str, tmp_path: Path):
-    r = cli("bench", s3_data, "-o", f"endpoint_url={s3_server}", "--retries", "0",
-            "--cache-dir", tmp_path / "cache", "--workers", "0", "--batches", "2",
-            "--batch-size", "4", "--shuffle", "--seed", "3", "--no-decode", "--json")
+    r = cli(
+        "bench",
+        s3_data,
+        "-o",
+        f"endpoint_url={s3_server}",
+        "--retries",
+        "0",
+        "--cache-dir",
+        tmp_path / "cache",
+        "--workers",
+        "0",
+        "--batches",
+        "2",
+        "--batch-size",
+        "4",
+        "--shuffle",
+        "--seed",
+        "3",
+        "--no-decode",
+        "--json",
+    )
     assert r.exit_code == 0, r.output
     (point,) = json.loads(r.stdout)["results"]
     assert (point["num_workers"], point["batches"], point["samples"]) == (0, 2, 8)
@@ -96,23 +125,45 @@ def test_bench_reads_s3_through_its_storage_options(s3_data: str, s3_server: str
     assert r.exit_code == 2 and "use KEY=VALUE" in r.output
 
 
-def test_serve_reads_s3_through_its_storage_options(s3_data: str, s3_server: str,
-                                                     tmp_path: Path):
+def test_serve_reads_s3_through_its_storage_options(s3_data: str, s3_server: str, tmp_path: Path):
     """A `serve s3://... -o endpoint_url=...` process streams the batches of the same preset
     read here, byte for byte."""
     from test_service_support import digest, server_env, start_servers
 
     cache = tmp_path / "cache"
-    (server,) = start_servers([[s3_data, "-o", f"endpoint_url={s3_server}", "--retries", "2",
-                                "--batch-size", "4", "--shuffle", "--seed", "5",
-                                "--workers", "0", "--cache-dir", str(cache)]],
-                              str(tmp_path), server_env(s3_data, str(cache)))
+    (server,) = start_servers(
+        [
+            [
+                s3_data,
+                "-o",
+                f"endpoint_url={s3_server}",
+                "--retries",
+                "2",
+                "--batch-size",
+                "4",
+                "--shuffle",
+                "--seed",
+                "5",
+                "--workers",
+                "0",
+                "--cache-dir",
+                str(cache),
+            ]
+        ],
+        str(tmp_path),
+        server_env(s3_data, str(cache)),
+    )
     try:
         remote = [digest(b) for b in sl.RemoteLoader(server.url, rank=0, world_size=1)]
     finally:
         server.stop()
-    preset = DatasetPreset(batch_size=4, shuffle=True, seed=5, cache_dir=str(tmp_path / "mine"),
-                           storage_options={"endpoint_url": s3_server})
+    preset = DatasetPreset(
+        batch_size=4,
+        shuffle=True,
+        seed=5,
+        cache_dir=str(tmp_path / "mine"),
+        storage_options={"endpoint_url": s3_server},
+    )
     local = [digest(b) for b in sl.make_loader(preset.dataset(s3_data, rank=0, world_size=1))]
     assert len(remote) == 3 and remote == local
 

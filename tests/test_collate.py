@@ -318,8 +318,12 @@ def test_pack_collate_from_planner_matches_the_plan():
         out = collate(_segment_samples(batch, docs))
         assert out["input_ids"].shape == (4, 32)  # always the planned shape, the tail too
         rows = pack_rows(batch[:, 2] - batch[:, 1], 32)
-        want = [docs[i][a:b].tolist() for row in rows for i, a, b in (batch[d] for d, _, _ in row)
-                if b > a]
+        want = [
+            docs[i][a:b].tolist()
+            for row in rows
+            for i, a, b in (batch[d] for d, _, _ in row)
+            if b > a
+        ]
         assert _unpack(out, 32) == want  # the planned rows, segment for segment
         for i, span in zip(out["__index__"], out["__span__"], strict=True):
             got.setdefault(i, []).append(span)

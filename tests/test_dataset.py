@@ -162,8 +162,13 @@ def test_resume_rejects_a_different_dataset_or_plan(uneven_zstd, tmp_path):
 
 
 # a state saved by shardloader before plan signatures were derived from declared options
-SAVED_BEFORE = {"version": 1, "epoch": 0, "position": 8, "seed": 1,
-                "plan": "fixed(4);shuffle=ShuffleOptions(enabled=True, block=65536);uneven=pad"}
+SAVED_BEFORE = {
+    "version": 1,
+    "epoch": 0,
+    "position": 8,
+    "seed": 1,
+    "plan": "fixed(4);shuffle=ShuffleOptions(enabled=True, block=65536);uneven=pad",
+}
 
 
 def test_plan_signature_comes_from_declared_options_not_repr(uneven_zstd):
@@ -177,8 +182,10 @@ def test_plan_signature_comes_from_declared_options_not_repr(uneven_zstd):
         return make(uneven_zstd, seed=1, shuffle=True, **kw).plan_signature
 
     plain = signature(planner=sl.FixedBatches(4))
-    assert plain == ("FixedBatches(batch_size=4, drop_last=False);"
-                     "shuffle=ShuffleOptions(enabled=True, block=65536);uneven=pad")
+    assert plain == (
+        "FixedBatches(batch_size=4, drop_last=False);"
+        "shuffle=ShuffleOptions(enabled=True, block=65536);uneven=pad"
+    )
     assert signature(planner=sl.FixedBatches(np.int64(4))) == plain
     assert signature(planner=Shouting(4)) == plain.replace("FixedBatches", "Shouting")
     assert signature(planner=sl.FixedBatches(4, drop_last=True)) != plain
@@ -192,7 +199,7 @@ def test_a_state_saved_before_plan_signatures_still_loads(uneven_zstd):
     loader.load_state_dict(state)
     resumed = real_ids(list(loader))
     full = real_ids(run_epoch(make(uneven_zstd, batch_size=4, shuffle=True, seed=1)))
-    assert resumed == full[8 * 4:]
+    assert resumed == full[8 * 4 :]
 
 
 def test_a_planner_without_declared_options_is_refused(uneven_zstd):
@@ -200,7 +207,7 @@ def test_a_planner_without_declared_options_is_refused(uneven_zstd):
         needs_lengths = False
 
         def plan(self, order, lengths, rng):
-            return [order[i:i + 4] for i in range(0, len(order), 4)]
+            return [order[i : i + 4] for i in range(0, len(order), 4)]
 
     with pytest.raises(sl.UsageError, match="Opaque has no signature.*signature"):
         make(uneven_zstd, planner=Opaque())

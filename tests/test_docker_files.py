@@ -85,8 +85,9 @@ def test_dockerfile_installs_pinned_cpu_torch_and_existing_extras():
     args = shlex.split(torch_lines[0])
     assert any(a.startswith("torch==") and a.count(".") == 2 for a in args)
     assert args[args.index("--index-url") + 1] == "https://download.pytorch.org/whl/cpu"
-    assert runs.index(torch_lines[0]) < min(i for i, r in enumerate(runs) if '".[' in r), \
+    assert runs.index(torch_lines[0]) < min(i for i, r in enumerate(runs) if '".[' in r), (
         "CPU torch must be in place before the package pulls the default (CUDA) wheel"
+    )
     with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
         extras = tomllib.load(f)["project"]["optional-dependencies"]
     for run in runs:
@@ -105,8 +106,9 @@ def _copy_sources() -> list[str]:
 
 
 def test_dockerfile_copies_what_exists():
-    missing = [s for s in _copy_sources() if s != "README.md"
-               and not os.path.exists(os.path.join(ROOT, s))]
+    missing = [
+        s for s in _copy_sources() if s != "README.md" and not os.path.exists(os.path.join(ROOT, s))
+    ]
     assert not missing, f"COPY sources missing from the build context: {missing}"
     assert {"pyproject.toml", "shardloader", "tools"} <= set(_copy_sources())
 
@@ -161,8 +163,9 @@ def check_cli(args: list[str]) -> click.Command | None:
         else:
             positionals.append(token)
     arguments = [p for p in cmd.params if isinstance(p, click.Argument)]
-    assert len(positionals) == len(arguments), \
+    assert len(positionals) == len(arguments), (
         f"shardloader {args[0]} takes {len(arguments)} arguments, got {positionals}"
+    )
     return cmd
 
 
@@ -194,8 +197,11 @@ def check_calls(tree: ast.AST, module: str, path: str) -> None:
     with open(path) as f:
         defined = {n.name for n in ast.parse(f.read()).body if isinstance(n, ast.FunctionDef)}
     for node in ast.walk(tree):
-        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
-                and node.value.id == module):
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id == module
+        ):
             assert node.attr in defined, f"tools/{module}.py defines no {node.attr}()"
 
 
@@ -243,8 +249,11 @@ def test_services_depend_and_mount_what_exists():
     for name, service in services.items():
         for dep, spec in (service.get("depends_on") or {}).items():
             assert dep in services, f"{name} depends on unknown {dep}"
-            assert spec["condition"] in ("service_started", "service_healthy",
-                                         "service_completed_successfully")
+            assert spec["condition"] in (
+                "service_started",
+                "service_healthy",
+                "service_completed_successfully",
+            )
             if spec["condition"] == "service_healthy":
                 assert "healthcheck" in services[dep], f"{dep} has no healthcheck"
         for mount in service.get("volumes") or []:
@@ -293,10 +302,17 @@ def test_the_trainer_reads_the_service_with_its_token():
     assert all(p.startswith("127.0.0.1:") for p in published), "publish on loopback only"
 
 
-@pytest.mark.parametrize("args", [
-    ["serve"], ["serve", "data", "--no-such-option"], ["serve", "data", "--uneven", "sideways"],
-    ["serve", "data", "--port", "http"], ["nonexistent", "x"], ["pack", "only-src"],
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["serve"],
+        ["serve", "data", "--no-such-option"],
+        ["serve", "data", "--uneven", "sideways"],
+        ["serve", "data", "--port", "http"],
+        ["nonexistent", "x"],
+        ["pack", "only-src"],
+    ],
+)
 def test_the_checker_catches_wrong_commands(args):
     with pytest.raises((AssertionError, click.BadParameter)):
         check_cli(args)

@@ -19,8 +19,9 @@ SHARE = re.compile(r"data-bound share \d+\.\d% \((data-bound|balanced|compute-bo
 
 def run(tmp_path, *args, timeout=240):
     env = {**os.environ, "TMPDIR": str(tmp_path), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, *args], env=env, capture_output=True, text=True, timeout=timeout
+    )
     assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-3000:])
     return proc.stdout
 
@@ -46,17 +47,44 @@ def tokens(tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.subprocess
 def test_train_image(images, tmp_path):
-    out = run(tmp_path, os.path.join(TOOLS, "train_image.py"), images, "--steps", "3",
-              "--batch-size", "4", "--workers", "1", "--log-every", "1", "--size", "16")
+    out = run(
+        tmp_path,
+        os.path.join(TOOLS, "train_image.py"),
+        images,
+        "--steps",
+        "3",
+        "--batch-size",
+        "4",
+        "--workers",
+        "1",
+        "--log-every",
+        "1",
+        "--size",
+        "16",
+    )
     assert "step 3 " in out and SHARE.search(out), out
 
 
 @pytest.mark.slow
 @pytest.mark.subprocess
 def test_train_lm_with_sequence_packing(tokens, tmp_path):
-    out = run(tmp_path, os.path.join(TOOLS, "train_lm.py"), tokens, "--steps", "3",
-              "--seq-len", "32", "--rows", "2", "--workers", "1", "--dim", "32",
-              "--log-every", "1")
+    out = run(
+        tmp_path,
+        os.path.join(TOOLS, "train_lm.py"),
+        tokens,
+        "--steps",
+        "3",
+        "--seq-len",
+        "32",
+        "--rows",
+        "2",
+        "--workers",
+        "1",
+        "--dim",
+        "32",
+        "--log-every",
+        "1",
+    )
     assert "step 3 " in out and "filled with real tokens" in out and SHARE.search(out), out
     assert re.search(r"tokens \d+ delivered, 0 truncated, 0 dropped", out), out
 
@@ -64,9 +92,24 @@ def test_train_lm_with_sequence_packing(tokens, tmp_path):
 @pytest.mark.slow
 @pytest.mark.subprocess
 def test_train_image_under_torchrun(images, tmp_path):
-    out = run(tmp_path, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-              os.path.join(TOOLS, "train_image.py"), images, "--steps", "2", "--batch-size", "2",
-              "--workers", "1", "--size", "16")
+    out = run(
+        tmp_path,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        os.path.join(TOOLS, "train_image.py"),
+        images,
+        "--steps",
+        "2",
+        "--batch-size",
+        "2",
+        "--workers",
+        "1",
+        "--size",
+        "16",
+    )
     assert SHARE.search(out) and "(all 2 ranks)" in out, out
 
 

@@ -129,7 +129,7 @@ def test_index_streams_a_big_member_with_flat_memory(tmp_path):
     out = run_measured(
         "from shardloader.pack.index_existing import index_shards",
         f"""
-        m = index_shards([{d + '/big.tar.zst'!r}], {d!r}, max_member_bytes=0).manifest
+        m = index_shards([{d + "/big.tar.zst"!r}], {d!r}, max_member_bytes=0).manifest
         result = [m.shards[0].num_samples, m.shards[0].raw_bytes]
         """,
     )
@@ -152,8 +152,12 @@ def test_sample_reader_never_copies_past_the_sample_extent(tmp_path):
         f.write(tar_header("b/0001.bin", GIB))  # sample 1: a real 1 GiB member (sparse zeros)
         f.truncate(len(first) + 512 + GIB + 1024)
     size = os.path.getsize(path)
-    index = sidecar(["b/0000", "b/0001"], [0, 1024], [1024, 512 + GIB],
-                    checksums=[xxhash.xxh3_64_intdigest(first), 0])
+    index = sidecar(
+        ["b/0000", "b/0001"],
+        [0, 1024],
+        [1024, 512 + GIB],
+        checksums=[xxhash.xxh3_64_intdigest(first), 0],
+    )
     write_manifest(d, "tar", "none", [shard_entry(d, "shard-00000.tar", index, sha256="0" * 64)])
     out = run_measured(
         f"""

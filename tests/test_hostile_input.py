@@ -73,7 +73,7 @@ SCHEMA_CASES = [
     ("shards.0.path", "../../etc/x.tar.zst", "shards[0].path: \"../../etc/x.tar.zst\" has a '..'"),
     ("shards.0.path", "/etc/passwd", 'shards[0].path: "/etc/passwd" is an absolute path'),
     ("shards.0.index_path", "s3://b/x.idx", 'shards[0].index_path: "s3://b/x.idx" is a URL'),
-    ("shards.0.sha256", "abc", 'shards[0].sha256: expected a sha256 (64 lower-case hex digits)'),
+    ("shards.0.sha256", "abc", "shards[0].sha256: expected a sha256 (64 lower-case hex digits)"),
     ("shards.0.surprise", 1, "shards[0].surprise: unknown key"),
     ("shards.0", 7, "shards[0]: expected an object, got 7"),
     ("shards", {}, "shards: expected an array, got {}"),
@@ -113,10 +113,12 @@ def test_deeply_nested_manifest_is_a_manifest_error():
 
 @pytest.mark.parametrize(
     ("path", "value", "message"),
-    [("shards.0.num_samples", "12", "shards[0].num_samples"),
-     ("shards.0.num_samples", None, "shards[0].num_samples"),
-     ("shards.0.path", ["x"], "shards[0].path"),
-     ("fields", "jpg", "fields: expected an object")],
+    [
+        ("shards.0.num_samples", "12", "shards[0].num_samples"),
+        ("shards.0.num_samples", None, "shards[0].num_samples"),
+        ("shards.0.path", ["x"], "shards[0].path"),
+        ("fields", "jpg", "fields: expected an object"),
+    ],
 )
 @pytest.mark.parametrize("command", ["inspect", "verify", "bench"])
 def test_cli_prints_one_line_and_exits_1(tmp_path, good_manifest, path, value, message, command):
@@ -166,8 +168,9 @@ def test_sidecar_outside_the_shard_is_refused_on_first_use(tmp_path):
     with open(tmp_path / "shard-00000.tar", "wb") as f:
         f.write(tar_bytes([("s/0.bin", b"abc"), ("s/1.bin", b"def")]))
     index = sidecar(["s/0", "s/1"], [0, 1024], [1024, 1 << 40])
-    write_manifest(str(tmp_path), "tar", "none", [shard_entry(str(tmp_path), "shard-00000.tar",
-                                                               index)])
+    write_manifest(
+        str(tmp_path), "tar", "none", [shard_entry(str(tmp_path), "shard-00000.tar", index)]
+    )
     with pytest.raises(ManifestError, match=r"shard-00000\.tar.*'s/1' at bytes 1024\.\."):
         _read_all(tmp_path)
 
@@ -175,8 +178,9 @@ def test_sidecar_outside_the_shard_is_refused_on_first_use(tmp_path):
 def test_sidecar_count_must_match_the_manifest(tmp_path):
     with open(tmp_path / "shard-00000.tar", "wb") as f:
         f.write(tar_bytes([("s/0.bin", b"abc"), ("s/1.bin", b"def")]))
-    entry = shard_entry(str(tmp_path), "shard-00000.tar", sidecar(["s/0"], [0], [1024]),
-                        num_samples=2)
+    entry = shard_entry(
+        str(tmp_path), "shard-00000.tar", sidecar(["s/0"], [0], [1024]), num_samples=2
+    )
     write_manifest(str(tmp_path), "tar", "none", [entry])
     with pytest.raises(ManifestError, match=r"lists 1 samples, the manifest 2"):
         _read_all(tmp_path)
@@ -229,8 +233,9 @@ def test_a_flipped_bit_in_an_uncompressed_local_shard_is_caught_when_read(tmp_pa
     assert manifest.shards[1].path in str(err.value) and repr(key) in str(err.value)
     assert "checksum" in str(err.value) and "verify_samples=False" in str(err.value)
     # the option turns exactly that check off: the damaged bytes are read as they are
-    samples = _read_all(out, read=sl.ReadOptions(verify_samples=False,
-                                                 cache=sl.CacheOptions(dir=out + "-c")))
+    samples = _read_all(
+        out, read=sl.ReadOptions(verify_samples=False, cache=sl.CacheOptions(dir=out + "-c"))
+    )
     damaged = next(s for s in samples if s["__key__"] == key)
     assert len(samples) == 8 and damaged["bin"] != _payload_of(key)
 
@@ -259,8 +264,12 @@ def test_old_sidecars_get_a_first_use_hash_noted_in_the_node_cache(tmp_path):
     cache = str(tmp_path / "cache")
     read = sl.ReadOptions(cache=sl.CacheOptions(dir=cache))
     assert len(_read_all(out, read=read)) == 8  # old sidecars keep working
-    notes = [n for _, _, names in os.walk(cache) for n in names if n.startswith("verified-")
-             and not n.endswith(".lock")]
+    notes = [
+        n
+        for _, _, names in os.walk(cache)
+        for n in names
+        if n.startswith("verified-") and not n.endswith(".lock")
+    ]
     assert len(notes) == 2  # one per shard, so the next process skips the hash
     key = _flip_in_sample(out, manifest, 0, 1)
     with pytest.raises(ChecksumError, match=r"shard-00000\.tar.*hashes to sha256"):
@@ -313,8 +322,13 @@ def test_symlink_loop_is_reported_and_skipped(tmp_path):
 # -- 7. sample keys that could escape a directory ---------------------------------------------
 
 
-BAD_NAMES = ["../../x/0002.txt", "/abs/dir/0003.txt", "a/../../0004.txt", "a//0005.txt",
-             "a\\..\\0006.txt"]
+BAD_NAMES = [
+    "../../x/0002.txt",
+    "/abs/dir/0003.txt",
+    "a/../../0004.txt",
+    "a//0005.txt",
+    "a\\..\\0006.txt",
+]
 
 
 @pytest.mark.parametrize("suffix", [".tar", ".tar.zst"])
@@ -341,8 +355,15 @@ def _write_keys(folder, fmt: str, keys: list[str]) -> None:
         written = w.close()
     index = written.index.to_arrow_bytes()
     (folder / "shard-00000.idx.arrow").write_bytes(index)
-    shard = ShardInfo(name, written.num_samples, written.bytes, written.raw_bytes,
-                      written.sha256, "shard-00000.idx.arrow", hashlib.sha256(index).hexdigest())
+    shard = ShardInfo(
+        name,
+        written.num_samples,
+        written.bytes,
+        written.raw_bytes,
+        written.sha256,
+        "shard-00000.idx.arrow",
+        hashlib.sha256(index).hexdigest(),
+    )
     (folder / "index.json").write_bytes(Manifest(fmt, "none", fields, [shard]).to_json())
 
 
@@ -396,14 +417,22 @@ def test_download_stops_past_the_declared_size(s3_bucket, s3_client, tmp_path):
     s3_client.put_object(Bucket=s3_bucket, Key="k", Body=blob)
     endpoint = s3_client.meta.endpoint_url
     with pytest.raises(ChecksumError, match="larger than the 1,000 bytes"):
-        fetch_shard(f"s3://{s3_bucket}/k", str(tmp_path / "dl" / "k"),
-                    sha256=hashlib.sha256(blob).hexdigest(), size=1000,
-                    storage_options={"endpoint_url": endpoint})
+        fetch_shard(
+            f"s3://{s3_bucket}/k",
+            str(tmp_path / "dl" / "k"),
+            sha256=hashlib.sha256(blob).hexdigest(),
+            size=1000,
+            storage_options={"endpoint_url": endpoint},
+        )
     assert os.listdir(tmp_path / "dl") == []
     (tmp_path / "local").write_bytes(blob)
     with pytest.raises(ChecksumError, match="larger than the 1,000 bytes"):
-        fetch_shard(str(tmp_path / "local"), str(tmp_path / "dl" / "k2"),
-                    sha256=hashlib.sha256(blob).hexdigest(), size=1000)
+        fetch_shard(
+            str(tmp_path / "local"),
+            str(tmp_path / "dl" / "k2"),
+            sha256=hashlib.sha256(blob).hexdigest(),
+            size=1000,
+        )
     assert os.listdir(tmp_path / "dl") == []
 
 
@@ -417,8 +446,15 @@ def test_arrow_bomb_is_refused_from_its_declared_sizes(tmp_path):
         written = w.close()
     index = written.index.to_arrow_bytes()
     (tmp_path / "shard-00000.idx.arrow").write_bytes(index)
-    entry = ShardInfo("shard-00000.arrow", 1, written.bytes, 4096, written.sha256,
-                      "shard-00000.idx.arrow", hashlib.sha256(index).hexdigest())
+    entry = ShardInfo(
+        "shard-00000.arrow",
+        1,
+        written.bytes,
+        4096,
+        written.sha256,
+        "shard-00000.idx.arrow",
+        hashlib.sha256(index).hexdigest(),
+    )
     (tmp_path / "index.json").write_bytes(Manifest("arrow", "zstd", fields, [entry]).to_json())
     with pytest.raises(ManifestError, match="more than the shard's raw_bytes"):
         _read_all(tmp_path)  # the sidecar already contradicts the entry

@@ -92,9 +92,22 @@ def test_verify_parses_every_field(tmp_path):
         written = w.close()
     index = written.index.to_arrow_bytes()
     (tmp_path / "shard-00000.idx.arrow").write_bytes(index)
-    manifest = Manifest("tar", "none", fields, [ShardInfo(
-        name, 3, written.bytes, written.raw_bytes, written.sha256, "shard-00000.idx.arrow",
-        hashlib.sha256(index).hexdigest())])
+    manifest = Manifest(
+        "tar",
+        "none",
+        fields,
+        [
+            ShardInfo(
+                name,
+                3,
+                written.bytes,
+                written.raw_bytes,
+                written.sha256,
+                "shard-00000.idx.arrow",
+                hashlib.sha256(index).hexdigest(),
+            )
+        ],
+    )
     (tmp_path / "index.json").write_bytes(manifest.to_json())
     r = verify_dataset(str(tmp_path))
     [bad] = r.bad

@@ -26,8 +26,9 @@ def data(tmp_path_factory):
 
 def make(data, **kw):
     cache = sl.CacheOptions(dir=os.path.join(data, "_cache"))
-    return sl.ShardedDataset(data, batch_size=4, shuffle=True, seed=7,
-                             read=sl.ReadOptions(cache=cache), **kw)
+    return sl.ShardedDataset(
+        data, batch_size=4, shuffle=True, seed=7, read=sl.ReadOptions(cache=cache), **kw
+    )
 
 
 def epochs_from(data, state, num_epochs, num_workers=2):
@@ -136,10 +137,18 @@ def test_a_tmpdir_too_deep_for_worker_sockets_fails_at_start(tmp_path, data):
     used to end early with exit code 0 (or hang, when it has more steps than are prefetched)."""
     deep = tmp_path / ("d" * 60) / ("e" * 60)
     deep.mkdir(parents=True)
-    env = {**os.environ, "TMPDIR": str(deep), "PYTHONPATH": os.pathsep.join(
-        [os.path.dirname(TESTS), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, "-c", DEEP_TMPDIR, data], env=env,
-                          capture_output=True, text=True, timeout=120)
+    env = {
+        **os.environ,
+        "TMPDIR": str(deep),
+        "PYTHONPATH": os.pathsep.join([os.path.dirname(TESTS), os.environ.get("PYTHONPATH", "")]),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", DEEP_TMPDIR, data],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 3, (proc.stdout, proc.stderr[-2000:])
     message = proc.stdout.split("raised:", 1)[1]
     for part in ("TMPDIR", str(deep), "AF_UNIX", "107"):

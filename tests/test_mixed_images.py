@@ -55,8 +55,10 @@ def mixed(tmp_path_factory):
 def test_a_class_folder_pack_has_one_image_field_whatever_the_extension(mixed):
     raw, want, tar, _ = mixed
     manifest, samples = read_back(tar)
-    assert dict(manifest.fields) == {"cls": sl.manifest.FieldInfo("int"),
-                                     "image": sl.manifest.FieldInfo("image")}
+    assert dict(manifest.fields) == {
+        "cls": sl.manifest.FieldInfo("int"),
+        "image": sl.manifest.FieldInfo("image"),
+    }
     assert dict(manifest.aliases) == {"image": tuple(EXTENSIONS)}
     # members keep their real extension: webdataset and `tar t` see real files
     members = {ext for _, fields in samples for ext in fields if ext != "cls"}
@@ -70,8 +72,14 @@ def test_a_class_folder_pack_has_one_image_field_whatever_the_extension(mixed):
 @pytest.mark.slow
 def test_the_readme_vision_recipe_runs_on_a_mixed_folder(mixed):
     _, want, tar, _ = mixed
-    ds = sl.ShardedDataset(tar, batch_size=4, shuffle=True, seed=17,
-                           decoder=sl.Decoder(image="raw"), transform=vision.train_transform(24))
+    ds = sl.ShardedDataset(
+        tar,
+        batch_size=4,
+        shuffle=True,
+        seed=17,
+        decoder=sl.Decoder(image="raw"),
+        transform=vision.train_transform(24),
+    )
     seen = []
     for batch in sl.make_loader(ds, num_workers=2):
         assert batch["image"].dtype == torch.uint8
@@ -143,8 +151,19 @@ def test_bad_decoder_mode_is_a_clear_error():
 
 @pytest.mark.slow
 def test_bench_runs_on_a_mixed_folder(mixed):
-    r = run("bench", mixed[2], "--workers", "0", "--batches", "2", "--batch-size", "4",
-            "--image-size", "16", "--json")
+    r = run(
+        "bench",
+        mixed[2],
+        "--workers",
+        "0",
+        "--batches",
+        "2",
+        "--batch-size",
+        "4",
+        "--image-size",
+        "16",
+        "--json",
+    )
     assert r.exit_code == 0, r.output
     results = json.loads(r.stdout)["results"]
     assert {p["decode"] for p in results} == {True, False}
@@ -190,8 +209,12 @@ def test_pack_alias_records_one_field_in_the_manifest(groups, tmp_path):
     manifest = sl.read_manifest(str(tmp_path / "out"))[0]
     assert manifest.aliases == {"image": ("jpg", "png")}  # only extensions the source has
     assert set(manifest.fields) == {"image", "seg.png", "txt"}
-    ds = sl.ShardedDataset(str(tmp_path / "out"), batch_size=3, decoder=Decoder(image="raw"),
-                           transform=vision.eval_transform(8))
+    ds = sl.ShardedDataset(
+        str(tmp_path / "out"),
+        batch_size=3,
+        decoder=Decoder(image="raw"),
+        transform=vision.eval_transform(8),
+    )
     batch = next(iter(ds))
     assert batch["image"].shape == (3, 3, 8, 8) and batch["txt"] == ["zero", "one", "two"]
 
@@ -220,12 +243,15 @@ def test_two_members_filling_one_field_are_refused(groups, tmp_path):
         list(ds)
 
 
-@pytest.mark.parametrize(("aliases", "message"), [
-    ({"txt": ("jpg",)}, "'txt' is already a field"),
-    ({"image": ("jpg", "txt")}, "different codecs"),
-    ({"a": ("jpg",), "b": ("jpg",)}, "in both 'a' and 'b'"),
-    ({"__key__": ("jpg",)}, "not a usable field name"),
-])
+@pytest.mark.parametrize(
+    ("aliases", "message"),
+    [
+        ({"txt": ("jpg",)}, "'txt' is already a field"),
+        ({"image": ("jpg", "txt")}, "different codecs"),
+        ({"a": ("jpg",), "b": ("jpg",)}, "in both 'a' and 'b'"),
+        ({"__key__": ("jpg",)}, "not a usable field name"),
+    ],
+)
 def test_bad_aliases_are_usage_errors(groups, tmp_path, aliases, message):
     pack(str(groups), str(tmp_path / "out"))
     with pytest.raises(UsageError, match=message):
@@ -250,16 +276,33 @@ def test_serve_streams_a_mixed_folder(mixed, tmp_path):
 
     _, want, tar, _ = mixed
     env = server_env(tar, str(tmp_path / "cache"))
-    (server,) = start_servers([[tar, "--batch-size", "4", "--transform", "train",
-                                "--image-size", "16", "--workers", "1",
-                                "--cache-dir", str(tmp_path / "cache")]], str(tmp_path), env)
+    (server,) = start_servers(
+        [
+            [
+                tar,
+                "--batch-size",
+                "4",
+                "--transform",
+                "train",
+                "--image-size",
+                "16",
+                "--workers",
+                "1",
+                "--cache-dir",
+                str(tmp_path / "cache"),
+            ]
+        ],
+        str(tmp_path),
+        env,
+    )
     try:
         batches = list(RemoteLoader(server.url, rank=0, world_size=1))
     finally:
         server.stop()
     assert all(b["image"].shape == (4, 3, 16, 16) for b in batches)
-    keys = [k for b in batches for k, pad in zip(b["__key__"], b["__pad__"], strict=True)
-            if not pad]
+    keys = [
+        k for b in batches for k, pad in zip(b["__key__"], b["__pad__"], strict=True) if not pad
+    ]
     assert sorted(keys) == sorted(want)
 
 

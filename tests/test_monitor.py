@@ -68,8 +68,14 @@ def test_wait_and_step_are_separated(clock):
 
 @pytest.mark.parametrize(
     "wait, step, expected",
-    [(1.0, 1.0, "data-bound"), (21.0, 79.0, "data-bound"), (1.0, 9.0, "balanced"),
-     (1.0, 19.0, "balanced"), (1.0, 24.0, "compute-bound"), (0.0, 1.0, "compute-bound")],
+    [
+        (1.0, 1.0, "data-bound"),
+        (21.0, 79.0, "data-bound"),
+        (1.0, 9.0, "balanced"),
+        (1.0, 19.0, "balanced"),
+        (1.0, 24.0, "compute-bound"),
+        (0.0, 1.0, "compute-bound"),
+    ],
 )
 def test_the_articles_reading(clock, wait, step, expected):
     m = mon.monitor(SlowLoader(clock, [0.0, wait]), interval=0)
@@ -127,8 +133,11 @@ def test_report_to_the_log_a_logger_a_stream_or_nowhere(clock, caplog, capsys):
     run(mon.monitor(SlowLoader(clock, [1.0] * 4), interval=2, report=stream), clock, 1.0)
     assert stream.getvalue().count("shardloader.monitor: batch") == 2
     got = []
-    run(mon.monitor(SlowLoader(clock, [1.0] * 4), interval=2, report=None, callback=got.append),
-        clock, 1.0)
+    run(
+        mon.monitor(SlowLoader(clock, [1.0] * 4), interval=2, report=None, callback=got.append),
+        clock,
+        1.0,
+    )
     assert len(got) == 2  # the callback still runs with the line off
     assert capsys.readouterr().err == ""
 
@@ -149,11 +158,20 @@ for batch in shardloader.monitor(loader):  # README: nothing configured, interva
 @pytest.mark.subprocess
 def test_visible_without_configuring_logging():
     """A fresh process with Python's default logging: one line per 100 batches on stderr."""
-    done = subprocess.run([sys.executable, "-c", _DEFAULT_LOGGING], capture_output=True,
-                          text=True, timeout=120, check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", _DEFAULT_LOGGING],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     lines = done.stderr.splitlines()
-    assert [line.split(":")[1] for line in lines] == [" batch 100", " batch 200", " batch 300",
-                                                      " batch 400"]
+    assert [line.split(":")[1] for line in lines] == [
+        " batch 100",
+        " batch 200",
+        " batch 300",
+        " batch 400",
+    ]
     assert all(line.startswith("shardloader.monitor: ") for line in lines)
     assert done.stdout == ""
 
@@ -177,13 +195,27 @@ def test_each_rank_says_which_it_is(tmp_path):
     script.write_text(_RANKS)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-         str(script)], capture_output=True, text=True, timeout=240, env=env, check=False,
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            str(script),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+        check=False,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     lines = sorted(line for line in done.stderr.splitlines() if "shardloader.monitor" in line)
-    assert [line.split(":")[0] for line in lines] == ["shardloader.monitor [rank 0/2]",
-                                                      "shardloader.monitor [rank 1/2]"]
+    assert [line.split(":")[0] for line in lines] == [
+        "shardloader.monitor [rank 0/2]",
+        "shardloader.monitor [rank 1/2]",
+    ]
 
 
 def test_disabled_returns_the_loaders_own_iterator():
@@ -214,8 +246,11 @@ def test_bad_interval(bad):
 
 def test_over_a_real_loader(tmp_path):
     write_dataset(str(tmp_path), [20, 20], compression="zstd")
-    ds = sl.ShardedDataset(str(tmp_path), batch_size=4,
-                           read=sl.ReadOptions(cache=sl.CacheOptions(dir=str(tmp_path / "c"))))
+    ds = sl.ShardedDataset(
+        str(tmp_path),
+        batch_size=4,
+        read=sl.ReadOptions(cache=sl.CacheOptions(dir=str(tmp_path / "c"))),
+    )
     m = mon.monitor(sl.make_loader(ds, num_workers=1), interval=0)
     assert len(m) == 10
     assert sum(len(b["__index__"]) for b in m) == 40

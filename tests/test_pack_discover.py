@@ -18,7 +18,12 @@ def test_class_folders_detected_with_sorted_classes_and_cls_field(tmp_path):
     assert src.classes == ("ant", "mole", "zebra")
     samples = list(src.samples())
     assert [s.key for s in samples] == [
-        "ant/img000", "ant/img001", "mole/img000", "mole/img001", "zebra/img000", "zebra/img001"
+        "ant/img000",
+        "ant/img001",
+        "mole/img000",
+        "mole/img001",
+        "zebra/img000",
+        "zebra/img001",
     ]
     fields = dict(samples[-1].fields)
     assert fields["cls"] == b"2"
@@ -51,16 +56,18 @@ def test_key_groups_follow_the_webdataset_rule(tmp_path):
 
 
 def test_records_keys_strip_compression_suffixes_and_count_lines(tmp_path):
-    jsonl(str(tmp_path / "docs/part-0.jsonl.gz"), ["a", "b"], compress="gzip",
-          extra_lines={1: b""})
+    jsonl(str(tmp_path / "docs/part-0.jsonl.gz"), ["a", "b"], compress="gzip", extra_lines={1: b""})
     jsonl(str(tmp_path / "docs/part-1.jsonl.zst"), ["c"], compress="zstd")
     write(str(tmp_path), "notes.v2.txt", b"one\r\n\ntwo")
     src = discover(str(tmp_path))
     assert src.layout == "records"
     samples = list(src.samples())
     assert [s.key for s in samples] == [
-        "docs/part-0/000000001", "docs/part-0/000000003", "docs/part-1/000000001",
-        "notes.v2/000000001", "notes.v2/000000003",
+        "docs/part-0/000000001",
+        "docs/part-0/000000003",
+        "docs/part-1/000000001",
+        "notes.v2/000000001",
+        "notes.v2/000000003",
     ]
     assert samples[1].where == "line 3" and samples[1].file == "docs/part-0.jsonl.gz"
     assert samples[3].fields == (("txt", b"one"),)
@@ -72,7 +79,11 @@ def test_tables_become_one_field_per_column(tmp_path):
     src = discover(str(tmp_path))
     assert src.layout == "records"
     assert {k: v.codec for k, v in src.fields.items()} == {
-        "text": "text", "label": "int", "score": "json", "blob": "bytes", "tags": "json"
+        "text": "text",
+        "label": "int",
+        "score": "json",
+        "blob": "bytes",
+        "tags": "json",
     }
     samples = list(src.samples())
     assert [s.key for s in samples] == [f"t/{i:09d}" for i in range(5)]

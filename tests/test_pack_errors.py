@@ -55,8 +55,9 @@ def test_undecodable_image_fails_only_with_validate(tmp_path):
     pack(str(tmp_path / "src"), str(tmp_path / "plain"))  # not decoded: packed as bytes
     with pytest.raises(InputError, match=r"dog/broken\.png \(key 'dog/broken'\): field 'png'"):
         pack(str(tmp_path / "src"), str(tmp_path / "out"), PackOptions(validate=True))
-    report = pack(str(tmp_path / "src"), str(tmp_path / "skip"),
-                  PackOptions(validate=True, on_error="skip"))
+    report = pack(
+        str(tmp_path / "src"), str(tmp_path / "skip"), PackOptions(validate=True, on_error="skip")
+    )
     assert report.skipped == 1 and report.samples == 6
     [skip] = _skips(tmp_path / "skip")
     assert skip["key"] == "dog/broken" and skip["file"] == "dog/broken.png"
@@ -94,16 +95,20 @@ def test_file_changed_during_pack_is_an_error(tmp_path, monkeypatch):
 
 def test_skip_mode_reports_every_skip_and_keeps_the_rest(tmp_path):
     texts = docs(12)
-    lines = jsonl(str(tmp_path / "src/a.jsonl"), texts,
-                  extra_lines={2: b"not json", 5: b'{"text": "\xff"}'})
+    lines = jsonl(
+        str(tmp_path / "src/a.jsonl"), texts, extra_lines={2: b"not json", 5: b'{"text": "\xff"}'}
+    )
     valid = [x for x in lines if x.startswith(b'{"id"') and b"\xff" not in x]
     good = gzip.compress(b"".join(x + b"\n" for x in valid[:3]), mtime=0)
     (tmp_path / "src/b.jsonl.gz").write_bytes(good[: len(good) - 6])  # truncated stream
-    report = pack(str(tmp_path / "src"), str(tmp_path / "out"),
-                  PackOptions(on_error="skip", max_samples=4))
+    report = pack(
+        str(tmp_path / "src"), str(tmp_path / "out"), PackOptions(on_error="skip", max_samples=4)
+    )
     skips = _skips(tmp_path / "out")
     assert [(s["file"], s["where"]) for s in skips] == [
-        ("a.jsonl", "line 3"), ("a.jsonl", "line 6"), ("b.jsonl.gz", "line 3"),
+        ("a.jsonl", "line 3"),
+        ("a.jsonl", "line 6"),
+        ("b.jsonl.gz", "line 3"),
     ]
     assert "invalid JSON" in skips[0]["reason"] and "invalid UTF-8" in skips[1]["reason"]
     assert "cannot read after line 3" in skips[2]["reason"]

@@ -38,8 +38,10 @@ BAD = {
     "noise.png": (b"this is not a picture at all" * 4, "not an image PIL can identify"),
     "header.jpg": (jpeg(6)[:120], "damaged JPEG header"),
     "cut-bmp.bmp": (mixed_image("bmp", 4)[1][:20], "damaged image header"),
-    "noframe.jpg": (b"\xff\xd8\xff\xe0\x00\x04ab\xff\xda\x00\x02" + bytes(50) + b"\xff\xd9",
-                    "image data before any frame header"),
+    "noframe.jpg": (
+        b"\xff\xd8\xff\xe0\x00\x04ab\xff\xda\x00\x02" + bytes(50) + b"\xff\xd9",
+        "image data before any frame header",
+    ),
 }
 
 
@@ -78,11 +80,16 @@ def test_complete_images_pass_whatever_follows_their_end(tail):
     codecs.check_image(_png() + tail)
 
 
-@pytest.mark.parametrize("options", [
-    {"progressive": True}, {"optimize": True}, {"quality": 20, "subsampling": 2},
-    {"exif": b"Exif\x00\x00" + bytes(600), "icc_profile": bytes(3000)},
-    {"restart_marker_blocks": 1},
-])
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"progressive": True},
+        {"optimize": True},
+        {"quality": 20, "subsampling": 2},
+        {"exif": b"Exif\x00\x00" + bytes(600), "icc_profile": bytes(3000)},
+        {"restart_marker_blocks": 1},
+    ],
+)
 def test_every_real_format_and_mode_passes(options):
     for kind in MIXED_KINDS:
         codecs.check_image(mixed_image(kind, 2)[1])

@@ -23,8 +23,9 @@ def _wds_shards(folder, n=11, per_shard=4, suffix=".tar"):
     os.makedirs(folder, exist_ok=True)
     samples = []
     for i in range(n):
-        samples.append({"__key__": f"s{i:05d}", "jpg": jpeg(i), "txt": f"caption {i}" * (i + 1),
-                        "cls": i % 3})
+        samples.append(
+            {"__key__": f"s{i:05d}", "jpg": jpeg(i), "txt": f"caption {i}" * (i + 1), "cls": i % 3}
+        )
     pattern = os.path.join(folder, f"train-%03d{suffix}")
     with wds.ShardWriter(pattern, maxcount=per_shard, verbose=0) as sink:
         for s in samples:
@@ -42,8 +43,11 @@ def test_index_webdataset_shards_in_place(tmp_path, suffix):
     assert [s.path for s in m.shards] == [f"train-00{i}{suffix}" for i in range(3)]
     assert m.compression == ("gzip" if suffix == ".tar.gz" else "none")
     assert [s.num_samples for s in m.shards] == [4, 4, 3]
-    assert {k: v.codec for k, v in m.fields.items()} == {"jpg": "image", "txt": "text",
-                                                         "cls": "int"}
+    assert {k: v.codec for k, v in m.fields.items()} == {
+        "jpg": "image",
+        "txt": "text",
+        "cls": "int",
+    }
     assert m.length_field == "txt"
     after = tree(str(folder))
     assert {k: v for k, v in after.items() if k in before} == before  # shards untouched
@@ -88,8 +92,9 @@ def test_index_refuses_shards_outside_out(tmp_path):
 
 def test_index_gives_our_own_sidecar_offsets(tmp_path):
     key_groups(str(tmp_path / "src"), n=9)
-    report = pack(str(tmp_path / "src"), str(tmp_path / "out"),
-                  PackOptions(compression="none", max_samples=4))
+    report = pack(
+        str(tmp_path / "src"), str(tmp_path / "out"), PackOptions(compression="none", max_samples=4)
+    )
     (tmp_path / "idx").mkdir()
     for shard in report.manifest.shards:
         shutil.copy(tmp_path / "out" / shard.path, tmp_path / "idx" / shard.path)
@@ -101,7 +106,10 @@ def test_index_gives_our_own_sidecar_offsets(tmp_path):
         assert list(a.offsets) == list(b.offsets) and list(a.sizes) == list(b.sizes)
         assert a.checksums is not None and list(a.checksums) == list(b.checksums)
         assert (ours.sha256, ours.raw_bytes, ours.bytes) == (
-            theirs.sha256, theirs.raw_bytes, theirs.bytes)
+            theirs.sha256,
+            theirs.raw_bytes,
+            theirs.bytes,
+        )
 
 
 def test_index_handles_long_names_and_directories(tmp_path):
@@ -109,8 +117,13 @@ def test_index_handles_long_names_and_directories(tmp_path):
     path = tmp_path / "odd.tar"
     long_key = "d" * 90 + "/" + "k" * 40
     with tarfile.open(path, "w", format=tarfile.GNU_FORMAT) as tf:
-        for name, data in [("dir/", None), (f"{long_key}.txt", b"long"),
-                           ("x/1.txt", b"one"), ("x/1.json", b"{}"), ("README", b"no ext")]:
+        for name, data in [
+            ("dir/", None),
+            (f"{long_key}.txt", b"long"),
+            ("x/1.txt", b"one"),
+            ("x/1.json", b"{}"),
+            ("README", b"no ext"),
+        ]:
             info = tarfile.TarInfo(name.rstrip("/"))
             if data is None:
                 info.type = tarfile.DIRTYPE

@@ -41,8 +41,18 @@ def _corpus(root) -> None:
 @contextmanager
 def _packing(src, out, workers: int) -> Iterator[subprocess.Popen]:
     """`shardloader pack` in a subprocess, stopped and reaped whatever the test does."""
-    cmd = [sys.executable, "-m", "shardloader", "pack", str(src), str(out), "--max-samples", "2",
-           "--workers", str(workers)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "shardloader",
+        "pack",
+        str(src),
+        str(out),
+        "--max-samples",
+        "2",
+        "--workers",
+        str(workers),
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         yield proc

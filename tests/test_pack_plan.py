@@ -21,8 +21,11 @@ def _tarfile_header(name: str, size: int) -> bytes:
 
 @settings(max_examples=300, deadline=None)
 @given(
-    name=st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\0"),
-                 min_size=1, max_size=140),
+    name=st.text(
+        st.characters(blacklist_categories=("Cs",), blacklist_characters="\0"),
+        min_size=1,
+        max_size=140,
+    ),
     size=st.one_of(st.integers(0, 4096), st.integers(0, 8**11 + 10)),
 )
 def test_member_headers_are_tarfiles_bytes_and_planned_sizes_exact(name, size):
@@ -32,12 +35,17 @@ def test_member_headers_are_tarfiles_bytes_and_planned_sizes_exact(name, size):
 
 
 def _samples(sizes: list[int]) -> list[SampleRef]:
-    return [SampleRef(f"k/{i:04d}", (("bin", FileRef(f"/x/{i}", f"{i}", s)),))
-            for i, s in enumerate(sizes)]
+    return [
+        SampleRef(f"k/{i:04d}", (("bin", FileRef(f"/x/{i}", f"{i}", s)),))
+        for i, s in enumerate(sizes)
+    ]
 
 
-@given(sizes=st.lists(st.integers(0, 5000), max_size=40), limit=st.integers(0, 20000),
-       max_samples=st.one_of(st.none(), st.integers(1, 7)))
+@given(
+    sizes=st.lists(st.integers(0, 5000), max_size=40),
+    limit=st.integers(0, 20000),
+    max_samples=st.one_of(st.none(), st.integers(1, 7)),
+)
 def test_planner_cuts_by_size_and_count(sizes, limit, max_samples):
     samples = _samples(sizes)
     plans = list(Planner("tar", limit, max_samples).shards(samples))
@@ -57,5 +65,7 @@ def test_parts_and_names():
     assert [part_of(n, 3) for n in range(7)] == [0, 1, 2, 0, 1, 2, 0]
     assert shard_names(7, "tar", "zstd") == ("shard-00007.tar.zst", "shard-00007.idx.arrow")
     assert shard_names(7, "arrow", "zstd", part=2, local_number=3) == (
-        "part-0002-shard-00003.arrow", "part-0002-shard-00003.idx.arrow")
+        "part-0002-shard-00003.arrow",
+        "part-0002-shard-00003.idx.arrow",
+    )
     assert shard_names(123456, "tar", "none")[0] == "shard-123456.tar"

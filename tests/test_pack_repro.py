@@ -32,8 +32,11 @@ def test_same_input_elsewhere_gives_the_same_bytes(tmp_path):
     """No absolute paths, times or owners leak into shards, sidecars, manifest or skip report."""
     for name in ("x", "y"):
         _mixed_records(str(tmp_path / name / "src"))
-        pack(str(tmp_path / name / "src"), str(tmp_path / name / "out"),
-             PackOptions(shard_size=4096, on_error="skip"))
+        pack(
+            str(tmp_path / name / "src"),
+            str(tmp_path / name / "out"),
+            PackOptions(shard_size=4096, on_error="skip"),
+        )
     assert tree(str(tmp_path / "x" / "out")) == tree(str(tmp_path / "y" / "out"))
 
 

@@ -41,13 +41,17 @@ def _expected_files(files: dict[str, bytes], classes: list[str]) -> dict[str, di
     return out
 
 
-@pytest.mark.parametrize(("fmt", "compression"),
-                         [("tar", "zstd"), ("tar", "gzip"), ("tar", "none"), ("arrow", "zstd"),
-                          ("arrow", "none")])
+@pytest.mark.parametrize(
+    ("fmt", "compression"),
+    [("tar", "zstd"), ("tar", "gzip"), ("tar", "none"), ("arrow", "zstd"), ("arrow", "none")],
+)
 def test_class_folders_round_trip(tmp_path, fmt, compression):
     files = class_folders(str(tmp_path / "src"))
-    report = pack(str(tmp_path / "src"), str(tmp_path / "out"),
-                  PackOptions(format=fmt, compression=compression, max_samples=5))
+    report = pack(
+        str(tmp_path / "src"),
+        str(tmp_path / "out"),
+        PackOptions(format=fmt, compression=compression, max_samples=5),
+    )
     manifest, samples = read_back(str(tmp_path / "out"))
     assert dict(samples) == _expected_files(files, ["cat", "dog", "eel"])
     assert [k for k, _ in samples] == sorted(k for k, _ in samples)
@@ -65,8 +69,11 @@ def test_key_groups_round_trip_every_member(tmp_path):
     assert got == files
     assert manifest.fields["seg.png"].codec == "image" and manifest.fields["json"].codec == "json"
     # text lengths (bytes of the .txt caption, 0 where a sample has none) are in the sidecars
-    lengths = [int(n) for s in manifest.shards for n in sidecar(str(tmp_path / "out"),
-                                                                  s.index_path).lengths]
+    lengths = [
+        int(n)
+        for s in manifest.shards
+        for n in sidecar(str(tmp_path / "out"), s.index_path).lengths
+    ]
     assert lengths == [len(dict(f).get("txt", b"")) for _, f in samples]
     assert manifest.length_field == "txt" and manifest.extra["length_unit"] == "bytes"
 
@@ -81,8 +88,11 @@ def test_jsonl_round_trip_with_byte_lengths(tmp_path, compress):
     assert [f["json"] for _, f in samples] == lines
     assert [k for k, _ in samples] == [f"part-0/{i:09d}" for i in range(1, 41)]
     assert manifest.length_field == "text"
-    lengths = [int(n) for s in manifest.shards
-               for n in sidecar(str(tmp_path / "out"), s.index_path).lengths]
+    lengths = [
+        int(n)
+        for s in manifest.shards
+        for n in sidecar(str(tmp_path / "out"), s.index_path).lengths
+    ]
     assert lengths == [len(t.encode()) for t in texts]
     assert len(manifest.shards) > 1
     assert all(s.raw_bytes <= 8192 for s in manifest.shards)
@@ -92,8 +102,11 @@ def test_txt_records_and_arrow_output(tmp_path):
     write(str(tmp_path / "src"), "a.txt", "héllo\nworld\n\nlast".encode())
     pack(str(tmp_path / "src"), str(tmp_path / "out"), PackOptions(format="arrow"))
     manifest, samples = read_back(str(tmp_path / "out"))
-    assert samples == [("a/000000001", {"txt": "héllo".encode()}),
-                       ("a/000000002", {"txt": b"world"}), ("a/000000004", {"txt": b"last"})]
+    assert samples == [
+        ("a/000000001", {"txt": "héllo".encode()}),
+        ("a/000000002", {"txt": b"world"}),
+        ("a/000000004", {"txt": b"last"}),
+    ]
     assert list(sidecar(str(tmp_path / "out"), manifest.shards[0].index_path).lengths) == [6, 5, 4]
 
 
@@ -124,8 +137,7 @@ def test_planned_size_is_the_written_size(tmp_path):
     from shardloader.pack.plan import Planner
 
     plans = list(Planner("tar", 6000, None).shards(discover(str(src)).samples()))
-    report = pack(str(src), str(tmp_path / "out"),
-                  PackOptions(shard_size=6000, compression="none"))
+    report = pack(str(src), str(tmp_path / "out"), PackOptions(shard_size=6000, compression="none"))
     assert [p.raw_bytes for p in plans] == [s.raw_bytes for s in report.manifest.shards]
     assert [s.raw_bytes for s in report.manifest.shards] == [
         os.path.getsize(tmp_path / "out" / s.path) for s in report.manifest.shards
@@ -140,8 +152,11 @@ def test_webdataset_reads_our_tar_shards(tmp_path, compression):
     import webdataset as wds
 
     files = key_groups(str(tmp_path / "src"), n=7)
-    report = pack(str(tmp_path / "src"), str(tmp_path / "out"),
-                  PackOptions(compression=compression, max_samples=3))
+    report = pack(
+        str(tmp_path / "src"),
+        str(tmp_path / "out"),
+        PackOptions(compression=compression, max_samples=3),
+    )
     urls = [str(tmp_path / "out" / s.path) for s in report.manifest.shards]
     got = {}
     for sample in wds.WebDataset(urls, shardshuffle=False, empty_check=False):
@@ -152,8 +167,10 @@ def test_webdataset_reads_our_tar_shards(tmp_path, compression):
 
 
 @pytest.mark.subprocess
-@pytest.mark.skipif(shutil.which("zstd") is None, reason="the zstd command-line tool is missing "
-                    "(apt-get install zstd)")
+@pytest.mark.skipif(
+    shutil.which("zstd") is None,
+    reason="the zstd command-line tool is missing (apt-get install zstd)",
+)
 def test_zstd_cli_and_tar_list_our_shards(tmp_path):
     files = class_folders(str(tmp_path / "src"), per_class=2)
     report = pack(str(tmp_path / "src"), str(tmp_path / "out"))
@@ -164,8 +181,9 @@ def test_zstd_cli_and_tar_list_our_shards(tmp_path):
     assert members == sorted(
         [f"{r.split('.')[0]}.jpg" for r in files] + [f"{r.split('.')[0]}.cls" for r in files]
     )
-    listing = subprocess.run(["tar", "tv", "--numeric-owner"], input=tar, check=True,
-                             capture_output=True).stdout.decode()
+    listing = subprocess.run(
+        ["tar", "tv", "--numeric-owner"], input=tar, check=True, capture_output=True
+    ).stdout.decode()
     assert "1970-01-01" in listing and "0/0" in listing
 
 
@@ -189,8 +207,9 @@ def test_pickled_inputs_are_stored_opaque_and_never_unpickled(tmp_path):
 
 def test_arrow_shards_roll_over_by_size(tmp_path):
     class_folders(str(tmp_path / "src"), per_class=5)
-    report = pack(str(tmp_path / "src"), str(tmp_path / "out"),
-                  PackOptions(format="arrow", shard_size=3000))
+    report = pack(
+        str(tmp_path / "src"), str(tmp_path / "out"), PackOptions(format="arrow", shard_size=3000)
+    )
     assert len(report.manifest.shards) > 2
     assert all(s.raw_bytes <= 3000 or s.num_samples == 1 for s in report.manifest.shards)
     assert sorted(glob.glob(str(tmp_path / "out" / "*.arrow"))) == sorted(
@@ -213,12 +232,12 @@ def test_urls_in_and_out(tmp_path):
     try:
         report = pack("memory://sl-src", "memory://sl-out", PackOptions(max_samples=2))
         assert sorted(fs.ls("/sl-out", detail=False)) == sorted(
-            ["/sl-out/index.json"] + [f"/sl-out/{p}" for s in report.manifest.shards
-                                     for p in (s.path, s.index_path)])
+            ["/sl-out/index.json"]
+            + [f"/sl-out/{p}" for s in report.manifest.shards for p in (s.path, s.index_path)]
+        )
         assert inspect_dataset("memory://sl-out").num_samples == 5
         assert verify_dataset("memory://sl-out", images=False).ok
-        again = pack("memory://sl-src", "memory://sl-out", PackOptions(max_samples=2,
-                                                                       resume=True))
+        again = pack("memory://sl-src", "memory://sl-out", PackOptions(max_samples=2, resume=True))
         assert again.kept_shards == 3 and again.manifest == report.manifest
     finally:
         fs.rm("/sl-src", recursive=True)

@@ -28,21 +28,28 @@ def test_jsonl_is_tokenized_into_uint16_ids(tmp_path, tokenizer, fmt):
 
     texts = docs(30, seed=1)
     jsonl(str(tmp_path / "corpus.jsonl"), texts)
-    report = pack(str(tmp_path / "corpus.jsonl"), str(tmp_path / "out"),
-                  PackOptions(format=fmt, tokenizer=tokenizer, text_field="text",
-                              max_samples=8))
+    report = pack(
+        str(tmp_path / "corpus.jsonl"),
+        str(tmp_path / "out"),
+        PackOptions(format=fmt, tokenizer=tokenizer, text_field="text", max_samples=8),
+    )
     manifest, samples = read_back(str(tmp_path / "out"))
     assert manifest.fields["tokens"] == FieldInfo("tokens", "uint16")
     assert manifest.length_field == "tokens" and manifest.extra["length_unit"] == "tokens"
     assert manifest.extra["tokenizer"]["vocab_size"] <= 64
     tok = Tokenizer.from_file(tokenizer)
     expected = [tok.encode(t).ids for t in texts]
-    got = [decode_field("tokens", "tokens", f["tokens"], Decoder(), dtype="uint16").tolist()
-           for _, f in samples]
+    got = [
+        decode_field("tokens", "tokens", f["tokens"], Decoder(), dtype="uint16").tolist()
+        for _, f in samples
+    ]
     assert got == expected
     assert samples[0][1]["tokens"] == np.asarray(expected[0], "<u2").tobytes()
-    lengths = [int(n) for s in manifest.shards
-               for n in sidecar(str(tmp_path / "out"), s.index_path).lengths]
+    lengths = [
+        int(n)
+        for s in manifest.shards
+        for n in sidecar(str(tmp_path / "out"), s.index_path).lengths
+    ]
     assert lengths == [len(ids) for ids in expected]
     assert [json.loads(f["json"])["text"] for _, f in samples] == texts  # original kept
     assert report.bytes_in == sum(len(f["json"]) for _, f in samples)
@@ -56,8 +63,11 @@ def test_big_vocabularies_use_uint32(tmp_path):
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tok.save(str(tmp_path / "big.json"))
     write(str(tmp_path / "src"), "t.txt", b"w1 w69999 w5\nnope w70000\n")
-    pack(str(tmp_path / "src"), str(tmp_path / "out"),
-         PackOptions(tokenizer=str(tmp_path / "big.json")))
+    pack(
+        str(tmp_path / "src"),
+        str(tmp_path / "out"),
+        PackOptions(tokenizer=str(tmp_path / "big.json")),
+    )
     manifest, samples = read_back(str(tmp_path / "out"))
     assert manifest.fields["tokens"].dtype == "uint32"
     assert samples[0][1]["tokens"] == np.asarray([1, 69999, 5], "<u4").tobytes()
@@ -68,8 +78,11 @@ def test_missing_text_field_is_a_bad_record(tmp_path, tokenizer):
     write(str(tmp_path / "src"), "d.jsonl", b'{"text": "alpha beta"}\n{"body": "gamma"}\n')
     with pytest.raises(InputError, match=r"d\.jsonl line 2 .*no text to tokenize"):
         pack(str(tmp_path / "src"), str(tmp_path / "out"), PackOptions(tokenizer=tokenizer))
-    report = pack(str(tmp_path / "src"), str(tmp_path / "skip"),
-                  PackOptions(tokenizer=tokenizer, on_error="skip"))
+    report = pack(
+        str(tmp_path / "src"),
+        str(tmp_path / "skip"),
+        PackOptions(tokenizer=tokenizer, on_error="skip"),
+    )
     assert report.samples == 1 and report.skipped == 1
 
 
@@ -81,13 +94,19 @@ def test_tokenizer_needs_text_and_a_readable_file(tmp_path, tokenizer):
         pack(str(tmp_path / "img"), str(tmp_path / "o1"), PackOptions(tokenizer=tokenizer))
     write(str(tmp_path / "src"), "d.jsonl", b'{"text": "alpha"}\n')
     with pytest.raises(UsageError, match="cannot load"):
-        pack(str(tmp_path / "src"), str(tmp_path / "o2"),
-             PackOptions(tokenizer=str(tmp_path / "missing.json")))
+        pack(
+            str(tmp_path / "src"),
+            str(tmp_path / "o2"),
+            PackOptions(tokenizer=str(tmp_path / "missing.json")),
+        )
 
 
 def test_text_field_lengths_without_tokenizer(tmp_path):
-    write(str(tmp_path / "src"), "d.jsonl",
-          '{"body": "héllo"}\n{"body": 3}\n{"other": "x"}\n'.encode())
+    write(
+        str(tmp_path / "src"),
+        "d.jsonl",
+        '{"body": "héllo"}\n{"body": 3}\n{"other": "x"}\n'.encode(),
+    )
     pack(str(tmp_path / "src"), str(tmp_path / "out"), PackOptions(text_field="body"))
     manifest, _ = read_back(str(tmp_path / "out"))
     assert manifest.length_field == "body"

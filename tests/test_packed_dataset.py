@@ -77,22 +77,32 @@ def test_every_token_of_long_documents_arrives_once(lm):
 def test_a_collate_that_disagrees_with_the_planner_is_refused(lm):
     path, _, pad = lm
     planner = PackedBatches(seq_len=SEQ, rows_per_batch=ROWS)
-    with pytest.raises(sl.UsageError, match=r"PackCollate rows_per_batch=None, "
-                                             r"PackedBatches rows_per_batch=4"):
+    with pytest.raises(
+        sl.UsageError,
+        match=r"PackCollate rows_per_batch=None, "
+        r"PackedBatches rows_per_batch=4",
+    ):
         sl.ShardedDataset(path, planner=planner, collate_fn=PackCollate(SEQ, pad))
     with pytest.raises(sl.UsageError, match=r"seq_len=32.*seq_len=16"):
-        sl.ShardedDataset(path, planner=planner,
-                          collate_fn=PackCollate(32, pad, rows_per_batch=ROWS))
+        sl.ShardedDataset(
+            path, planner=planner, collate_fn=PackCollate(32, pad, rows_per_batch=ROWS)
+        )
     with pytest.raises(sl.UsageError, match=r"field='ids'.*'tokens'"):
         sl.ShardedDataset(path, planner=planner, collate_fn=planner.make_collate(pad, "ids"))
     with pytest.raises(sl.UsageError, match=r"pad_id=0.*pad_id=3"):
-        sl.ShardedDataset(path, planner=PackedBatches(SEQ, ROWS, pad_id=3),
-                          collate_fn=PackCollate(SEQ, 0, rows_per_batch=ROWS))
+        sl.ShardedDataset(
+            path,
+            planner=PackedBatches(SEQ, ROWS, pad_id=3),
+            collate_fn=PackCollate(SEQ, 0, rows_per_batch=ROWS),
+        )
     with pytest.raises(sl.UsageError, match=r"needs the tokenizer's pad id"):
         sl.ShardedDataset(path, planner=planner)  # nothing to build the collate from
     budget = TokenBudgetBatches(64, pad_to_multiple_of=8, oversize="truncate")
-    with pytest.raises(sl.UsageError, match=r"pad_to_multiple_of=1.*pad_to_multiple_of=8.*"
-                                             r"max_length=None.*max_length=64"):
+    with pytest.raises(
+        sl.UsageError,
+        match=r"pad_to_multiple_of=1.*pad_to_multiple_of=8.*"
+        r"max_length=None.*max_length=64",
+    ):
         sl.ShardedDataset(path, planner=budget, collate_fn=PadCollate({"tokens": pad}))
     # what the planner builds always agrees
     sl.ShardedDataset(path, planner=planner, collate_fn=planner.make_collate(pad))
@@ -102,15 +112,38 @@ def test_a_collate_that_disagrees_with_the_planner_is_refused(lm):
 def _cases(pad: int) -> list[tuple[dict, str, int, str]]:
     """(dataset arguments, uneven, world size, what the epoch must lose or repeat)."""
     return [
-        (dict(planner=PackedBatches(SEQ, ROWS, window=16, long_docs="truncate", tail="drop",
-                                    pad_id=pad)), "drop", 3, "truncated dropped"),
+        (
+            dict(
+                planner=PackedBatches(
+                    SEQ, ROWS, window=16, long_docs="truncate", tail="drop", pad_id=pad
+                )
+            ),
+            "drop",
+            3,
+            "truncated dropped",
+        ),
         (dict(planner=PackedBatches(SEQ, ROWS, window=16, pad_id=pad)), "pad", 4, "repeated"),
-        (dict(planner=PackedBatches(SEQ, ROWS, long_docs="drop", pad_id=pad)), "drop", 2,
-         "dropped"),
-        (dict(planner=TokenBudgetBatches(64, oversize="truncate"),
-              collate_fn=PadCollate({"tokens": pad}, max_length=64)), "drop", 2, "truncated"),
-        (dict(batch_size=5, collate_fn=PadCollate({"tokens": pad}, max_length=20)), "pad", 7,
-         "truncated repeated"),
+        (
+            dict(planner=PackedBatches(SEQ, ROWS, long_docs="drop", pad_id=pad)),
+            "drop",
+            2,
+            "dropped",
+        ),
+        (
+            dict(
+                planner=TokenBudgetBatches(64, oversize="truncate"),
+                collate_fn=PadCollate({"tokens": pad}, max_length=64),
+            ),
+            "drop",
+            2,
+            "truncated",
+        ),
+        (
+            dict(batch_size=5, collate_fn=PadCollate({"tokens": pad}, max_length=20)),
+            "pad",
+            7,
+            "truncated repeated",
+        ),
     ]
 
 
@@ -123,8 +156,9 @@ def test_report_accounts_for_every_token(lm, case):
     real = slots = 0
     keys: set[str] = set()
     for rank in range(world):
-        ds = sl.ShardedDataset(path, shuffle=True, seed=2, uneven=uneven, rank=rank,
-                               world_size=world, **kw)
+        ds = sl.ShardedDataset(
+            path, shuffle=True, seed=2, uneven=uneven, rank=rank, world_size=world, **kw
+        )
         for batch in sl.make_loader(ds, num_workers=0):
             real += int(batch["attention_mask"].sum())
             slots += batch["attention_mask"].numel()
@@ -181,8 +215,13 @@ def test_the_readme_recipe_is_what_train_lm_uses():
 
 
 def _real_spans(batch: dict) -> list[tuple[str, int, int]]:
-    return [(k, a, b) for k, (a, b), pad in zip(batch["__key__"], batch["__span__"],
-                                                 batch["__pad__"], strict=True) if not pad]
+    return [
+        (k, a, b)
+        for k, (a, b), pad in zip(
+            batch["__key__"], batch["__span__"], batch["__pad__"], strict=True
+        )
+        if not pad
+    ]
 
 
 def test_segment_batches_resume_elastically(lm):
@@ -193,8 +232,7 @@ def test_segment_batches_resume_elastically(lm):
     seen: list[tuple[str, int, int]] = []
     states = []
     for rank in range(2):
-        ds = sl.ShardedDataset(path, planner=planner, shuffle=True, seed=4, rank=rank,
-                               world_size=2)
+        ds = sl.ShardedDataset(path, planner=planner, shuffle=True, seed=4, rank=rank, world_size=2)
         ds.set_epoch(1)
         loader = sl.make_loader(ds, num_workers=2)
         for step, batch in enumerate(loader):
@@ -204,8 +242,7 @@ def test_segment_batches_resume_elastically(lm):
                 break
     assert states[0] == states[1] and states[0]["position"] == 6
     for rank in range(3):
-        ds = sl.ShardedDataset(path, planner=planner, shuffle=True, seed=4, rank=rank,
-                               world_size=3)
+        ds = sl.ShardedDataset(path, planner=planner, shuffle=True, seed=4, rank=rank, world_size=3)
         loader = sl.make_loader(ds, num_workers=1)
         loader.load_state_dict(states[0])
         ds.set_epoch(1)
@@ -234,8 +271,11 @@ def test_skipped_samples_keep_the_packed_shape(lm):
     path, tokens, pad = lm
     planner = PackedBatches(seq_len=SEQ, rows_per_batch=ROWS, window=16, pad_id=pad)
     probe = sl.ShardedDataset(path, planner=planner)
-    keys = {int(i): k for b in sl.make_loader(probe) for i, k in zip(b["__index__"],
-                                                                    b["__key__"], strict=True)}
+    keys = {
+        int(i): k
+        for b in sl.make_loader(probe)
+        for i, k in zip(b["__index__"], b["__key__"], strict=True)
+    }
     # a document that shares its batch with others (a lone one would fail its whole batch)
     shared = next(b for b in probe.global_batches(0) if len(set(b[:, 0].tolist())) > 2)
     bad = keys[int(shared[0, 0])]
@@ -243,9 +283,14 @@ def test_skipped_samples_keep_the_packed_shape(lm):
     batches = list(sl.make_loader(ds, num_workers=1))
     assert len(batches) == len(ds)
     assert all(tuple(b["input_ids"].shape) == (ROWS, SEQ) for b in batches)
-    stand_ins = [(k, span) for b in batches for k, span, p in
-                 zip(b["__key__"], b["__span__"], b["__pad__"], strict=True) if p]
+    stand_ins = [
+        (k, span)
+        for b in batches
+        for k, span, p in zip(b["__key__"], b["__span__"], b["__pad__"], strict=True)
+        if p
+    ]
     assert stand_ins and all(k != bad for k, _ in stand_ins)  # replaced, flagged __pad__
-    delivered = {k for b in batches for k, p in zip(b["__key__"], b["__pad__"], strict=True)
-                 if not p}
+    delivered = {
+        k for b in batches for k, p in zip(b["__key__"], b["__pad__"], strict=True) if not p
+    }
     assert delivered == set(tokens) - {bad}

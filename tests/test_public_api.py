@@ -19,11 +19,28 @@ from shardloader import errors
 
 # The names README and the issues promise at the top level.
 PROMISED = {
-    "ShardedDataset", "make_loader", "ShardLoader", "monitor", "Monitor", "MonitorStats",
-    "ReadOptions", "CacheOptions", "RetryPolicy", "ShuffleOptions", "Decoder", "RemoteLoader",
-    "read_manifest", "Manifest", "EpochReport",
-    "PadCollate", "PackCollate", "DetectionCollate",
-    "FixedBatches", "BucketBatches", "TokenBudgetBatches", "PackedBatches",
+    "ShardedDataset",
+    "make_loader",
+    "ShardLoader",
+    "monitor",
+    "Monitor",
+    "MonitorStats",
+    "ReadOptions",
+    "CacheOptions",
+    "RetryPolicy",
+    "ShuffleOptions",
+    "Decoder",
+    "RemoteLoader",
+    "read_manifest",
+    "Manifest",
+    "EpochReport",
+    "PadCollate",
+    "PackCollate",
+    "DetectionCollate",
+    "FixedBatches",
+    "BucketBatches",
+    "TokenBudgetBatches",
+    "PackedBatches",
 }
 
 
@@ -31,8 +48,11 @@ def test_all_names_exist_and_public_names_are_exported():
     assert sorted(shardloader.__all__) == sorted(set(shardloader.__all__))
     for name in shardloader.__all__:
         assert hasattr(shardloader, name), name
-    public = {n for n, v in vars(shardloader).items()
-              if not n.startswith("_") and not isinstance(v, types.ModuleType)}
+    public = {
+        n
+        for n, v in vars(shardloader).items()
+        if not n.startswith("_") and not isinstance(v, types.ModuleType)
+    }
     assert public <= set(shardloader.__all__), public - set(shardloader.__all__)
 
 
@@ -46,11 +66,18 @@ def test_promised_names_are_at_the_top_level():
 
 def _type_checking_imports() -> dict[str, str]:
     tree = ast.parse(inspect.getsource(shardloader))
-    blocks = [node for node in tree.body if isinstance(node, ast.If)
-              and "TYPE_CHECKING" in ast.unparse(node.test)]
+    blocks = [
+        node
+        for node in tree.body
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+    ]
     assert len(blocks) == 1
-    return {alias.name: node.module for node in blocks[0].body
-            if isinstance(node, ast.ImportFrom) for alias in node.names}
+    return {
+        alias.name: node.module
+        for node in blocks[0].body
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+    }
 
 
 def test_lazy_table_type_checking_block_and_all_agree():
@@ -73,10 +100,13 @@ def test_submodules_are_attributes_and_unknown_names_fail():
 
 @pytest.mark.subprocess
 def test_import_shardloader_does_not_import_torch():
-    code = ("import sys, shardloader; "
-            "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'numpy', 'pyarrow'}))")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120, check=True)
+    code = (
+        "import sys, shardloader; "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'numpy', 'pyarrow'}))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
     assert done.stdout.strip() == "[]"
 
 
@@ -98,17 +128,20 @@ PENDING_ERRORS = {"shardloader.storage.retry.TruncatedBodyError"}
 def _public_modules() -> list[types.ModuleType]:
     """Every importable module of the package without a private (``_``) part in its name."""
     names = [m.name for m in pkgutil.walk_packages(shardloader.__path__, "shardloader.")]
-    public = ["shardloader"] + [n for n in names
-                                if not any(p.startswith("_") for p in n.split("."))]
+    public = ["shardloader"] + [
+        n for n in names if not any(p.startswith("_") for p in n.split("."))
+    ]
     return [importlib.import_module(n) for n in public]
 
 
 def test_every_public_submodule_declares_all_and_every_name_exists():
     modules = _public_modules()
-    assert {"shardloader.batching.padded", "shardloader.vision.collate",
-            "shardloader.epoch"} <= {m.__name__ for m in modules}
-    missing = sorted(m.__name__ for m in modules
-                     if not hasattr(m, "__all__") and m.__name__ not in PENDING_ALL)
+    assert {"shardloader.batching.padded", "shardloader.vision.collate", "shardloader.epoch"} <= {
+        m.__name__ for m in modules
+    }
+    missing = sorted(
+        m.__name__ for m in modules if not hasattr(m, "__all__") and m.__name__ not in PENDING_ALL
+    )
     assert missing == []
     for module in modules:
         names = getattr(module, "__all__", [])
@@ -122,8 +155,12 @@ def test_every_public_exception_class_is_in_the_tree():
     outside = []
     for module in _public_modules():
         for name, value in vars(module).items():
-            if (isinstance(value, type) and issubclass(value, BaseException)
-                    and value.__module__ == module.__name__ and not name.startswith("_")):
+            if (
+                isinstance(value, type)
+                and issubclass(value, BaseException)
+                and value.__module__ == module.__name__
+                and not name.startswith("_")
+            ):
                 if module.__name__ != "shardloader.errors":
                     outside.append(f"{module.__name__}.{name}")
     assert sorted(set(outside) - PENDING_ERRORS) == []

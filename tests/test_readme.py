@@ -60,8 +60,11 @@ def parse(text: str) -> tuple[list[Block], list[str]]:
         line = lines[i]
         if line.startswith("#"):
             section = line.lstrip("#").strip()
-        if line.lstrip().startswith("<!--") and _ANY_MARKER.search(line) and not _MARKER.match(
-                line):
+        if (
+            line.lstrip().startswith("<!--")
+            and _ANY_MARKER.search(line)
+            and not _MARKER.match(line)
+        ):
             problems.append(f"line {i + 1}: malformed marker {line!r}")
         fence = _FENCE.match(line)
         if fence is None:
@@ -78,8 +81,15 @@ def parse(text: str) -> tuple[list[Block], list[str]]:
         while before >= 0 and not lines[before].strip():
             before -= 1
         marker = _MARKER.match(lines[before]) if before >= 0 else None
-        blocks.append(Block(start + 1, fence.group(1), "\n".join(lines[start + 1:j]) + "\n",
-                            marker.group(1) if marker else None, section))
+        blocks.append(
+            Block(
+                start + 1,
+                fence.group(1),
+                "\n".join(lines[start + 1 : j]) + "\n",
+                marker.group(1) if marker else None,
+                section,
+            )
+        )
         if marker and fence.group(1) not in RUN:
             problems.append(f"line {before + 1}: skip marker on a block that never runs")
         i = j + 1
@@ -102,10 +112,13 @@ def test_the_parser_and_the_markers():
     langs = {b.lang for b in BLOCKS}
     assert langs <= RUN | NOT_CODE, f"blocks in {langs - RUN - NOT_CODE}: run them or use text"
     assert sum(b.lang in RUN for b in BLOCKS) >= 10  # the README did not lose its snippets
-    got, problems = parse("intro\n\n<!-- readme-test: skip (no endpoint) -->\n```python\nx\n```"
-                          "\n\n```bash\ny\n```\n")
+    got, problems = parse(
+        "intro\n\n<!-- readme-test: skip (no endpoint) -->\n```python\nx\n```\n\n```bash\ny\n```\n"
+    )
     assert [(b.line, b.lang, b.code, b.skip) for b in got] == [
-        (4, "python", "x\n", "no endpoint"), (8, "bash", "y\n", None)]
+        (4, "python", "x\n", "no endpoint"),
+        (8, "bash", "y\n", None),
+    ]
     assert problems == []
     _, problems = parse("<!-- readme-test: skip (stray) -->\ntext\n")
     assert problems == ["line 1: skip marker not followed by a code block"]
@@ -113,8 +126,16 @@ def test_the_parser_and_the_markers():
 
 # -- the corpus ------------------------------------------------------------------------------
 
-_KINDS = [("jpg", "RGB"), ("jpeg", "L"), ("png", "RGBA"), ("png", "P"), ("jpg", "L"),
-          ("png", "RGB"), ("jpeg", "RGB"), ("png", "L")]
+_KINDS = [
+    ("jpg", "RGB"),
+    ("jpeg", "L"),
+    ("png", "RGBA"),
+    ("png", "P"),
+    ("jpg", "L"),
+    ("png", "RGB"),
+    ("jpeg", "RGB"),
+    ("png", "L"),
+]
 
 
 def make_photos(root: str, per_class: int = 8) -> None:
@@ -144,8 +165,9 @@ def make_text(root: str, tokenizer: str, docs: int = 300) -> None:
             f.write(json.dumps({"text": " ".join(rng.choice(words, n))}) + "\n")
     tok = Tokenizer(models.WordLevel(unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.train_from_iterator([" ".join(words)],
-                            trainers.WordLevelTrainer(special_tokens=["[PAD]", "[UNK]"]))
+    tok.train_from_iterator(
+        [" ".join(words)], trainers.WordLevelTrainer(special_tokens=["[PAD]", "[UNK]"])
+    )
     tok.save(tokenizer)
 
 
@@ -161,8 +183,11 @@ def corpus(tmp_path_factory) -> tuple[str, str]:
     packed = str(tmp_path_factory.mktemp("packed"))
     shutil.copytree(raw, packed, dirs_exist_ok=True)
     pack(os.path.join(packed, "photos"), os.path.join(packed, "packed"), PackOptions())
-    pack(os.path.join(packed, "corpus"), os.path.join(packed, "packed-text"),
-         PackOptions(tokenizer=os.path.join(packed, "tokenizer.json")))
+    pack(
+        os.path.join(packed, "corpus"),
+        os.path.join(packed, "packed-text"),
+        PackOptions(tokenizer=os.path.join(packed, "tokenizer.json")),
+    )
     return raw, packed
 
 
@@ -193,11 +218,20 @@ def test_block_runs(block: Block, corpus: tuple[str, str], tmp_path):
     else:
         argv = ["bash", "-euo", "pipefail", "-c", block.code]
     try:
-        done = subprocess.run(argv, cwd=work, env=_env(work), capture_output=True, text=True,
-                              timeout=TIMEOUT, check=False)
+        done = subprocess.run(
+            argv,
+            cwd=work,
+            env=_env(work),
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT,
+            check=False,
+        )
     except subprocess.TimeoutExpired as err:
-        pytest.fail(f"README.md line {block.line} ({block.section}) ran over {TIMEOUT} s:\n"
-                    f"{block.code}\n{err.stderr!r}"[-4000:])
+        pytest.fail(
+            f"README.md line {block.line} ({block.section}) ran over {TIMEOUT} s:\n"
+            f"{block.code}\n{err.stderr!r}"[-4000:]
+        )
     assert done.returncode == 0, (
         f"README.md line {block.line} ({block.section}) exited {done.returncode}:\n"
         f"{block.code}\n--- stdout\n{done.stdout[-2000:]}\n--- stderr\n{done.stderr[-4000:]}"
@@ -211,8 +245,9 @@ def test_the_layout_names_real_files():
     names = re.findall(r"(?<![\w./])([a-z_]+(?:\.py|/))(?!\w)", layout[0].code)
     assert len(names) >= 20
     package = os.path.join(ROOT, "shardloader")
-    missing = [n for n in names if n != "shardloader/" and not os.path.exists(
-        os.path.join(package, n))]
+    missing = [
+        n for n in names if n != "shardloader/" and not os.path.exists(os.path.join(package, n))
+    ]
     assert missing == []
 
 

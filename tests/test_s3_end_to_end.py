@@ -38,8 +38,14 @@ pytest.importorskip("s3fs")
 pytest.importorskip("moto")
 
 # Fast but real: backoff in milliseconds, timeouts well under the proxy's 2 s stalls.
-POLICY = RetryPolicy(max_attempts=4, initial_backoff=0.01, max_backoff=0.05,
-                     max_total_seconds=20.0, connect_timeout=1.0, read_timeout=2.0)
+POLICY = RetryPolicy(
+    max_attempts=4,
+    initial_backoff=0.01,
+    max_backoff=0.05,
+    max_total_seconds=20.0,
+    connect_timeout=1.0,
+    read_timeout=2.0,
+)
 CLASSES = ("cat", "dog", "eel")
 
 
@@ -109,8 +115,12 @@ def via_proxy(fault_proxy: FaultProxy) -> dict[str, str]:
 
 
 def read_options(tmp_path: Path, storage_options: dict[str, str], readahead: int = 2) -> Any:
-    return sl.ReadOptions(storage_options=storage_options, readahead=readahead, retry=POLICY,
-                          cache=sl.CacheOptions(dir=str(tmp_path / "cache")))
+    return sl.ReadOptions(
+        storage_options=storage_options,
+        readahead=readahead,
+        retry=POLICY,
+        cache=sl.CacheOptions(dir=str(tmp_path / "cache")),
+    )
 
 
 # -- pack → inspect → verify → read, all on s3:// ------------------------------------------------
@@ -142,8 +152,9 @@ def test_pack_to_s3_then_inspect_verify_and_read_back_byte_identical(
     assert "4 of 4 shards ok, 15 samples checked" in r.stdout
 
     read = read_options(tmp_path, {"endpoint_url": s3_server})
-    ds = sl.ShardedDataset(url, batch_size=4, shuffle=True, seed=1, decoder=None,
-                           collate_fn=list, read=read)
+    ds = sl.ShardedDataset(
+        url, batch_size=4, shuffle=True, seed=1, decoder=None, collate_fn=list, read=read
+    )
     seen: dict[str, dict[str, Any]] = {}
     for batch in sl.make_loader(ds, num_workers=2):
         for sample in batch:
@@ -182,8 +193,9 @@ def test_pack_whose_upload_fails_midway_exits_1_and_writes_no_manifest(
     assert fault_proxy.count("PUT", "/ds/shard-00002") > 1  # retried, then gave up
     stored = keys_in(s3_client, s3_bucket)
     assert "ds/index.json" not in stored
-    assert stored == [f"ds/shard-{i:05d}.{ext}" for i in range(2)
-                      for ext in ("idx.arrow", "tar.zst")]  # uploaded as they completed
+    assert stored == [
+        f"ds/shard-{i:05d}.{ext}" for i in range(2) for ext in ("idx.arrow", "tar.zst")
+    ]  # uploaded as they completed
     assert s3_client.list_multipart_uploads(Bucket=s3_bucket).get("Uploads", []) == []
     assert list(staging.iterdir()) == []  # the local staging folder is gone too
     r = cli("inspect", url, "-o", endpoint)
@@ -203,7 +215,10 @@ def test_pack_whose_upload_fails_midway_exits_1_and_writes_no_manifest(
 
 @pytest.mark.slow
 def test_epoch_from_s3_fetches_each_object_once_per_node_and_never_lists(
-    s3_bucket: str, s3_client: Any, fault_proxy: FaultProxy, via_proxy: dict[str, str],
+    s3_bucket: str,
+    s3_client: Any,
+    fault_proxy: FaultProxy,
+    via_proxy: dict[str, str],
     tmp_path: Path,
 ) -> None:
     """20 shards, 2 workers that both need every shard (shuffled): one GET per shard, per
@@ -212,15 +227,24 @@ def test_epoch_from_s3_fetches_each_object_once_per_node_and_never_lists(
     write_dataset(str(tmp_path / "ds"), sizes, compression="zstd")
     upload_folder(s3_client, tmp_path / "ds", s3_bucket, "ds")
     fault_proxy.clear()
-    ds = sl.ShardedDataset(f"s3://{s3_bucket}/ds", batch_size=8, shuffle=True, seed=5,
-                           read=read_options(tmp_path, via_proxy))
+    ds = sl.ShardedDataset(
+        f"s3://{s3_bucket}/ds",
+        batch_size=8,
+        shuffle=True,
+        seed=5,
+        read=read_options(tmp_path, via_proxy),
+    )
     gets, heads, lists, other = tally(fault_proxy, s3_bucket)
     assert (gets, lists, other) == (Counter({"ds/index.json": 1}), 0, 0)  # the main process
     fault_proxy.clear()
 
     loader = sl.make_loader(ds, num_workers=2)
-    ids = [int(i) for batch in loader for i, pad in zip(batch["__index__"], batch["__pad__"],
-                                                         strict=True) if not pad]
+    ids = [
+        int(i)
+        for batch in loader
+        for i, pad in zip(batch["__index__"], batch["__pad__"], strict=True)
+        if not pad
+    ]
     assert sorted(ids) == list(range(sum(sizes)))
     gets, heads, lists, other = tally(fault_proxy, s3_bucket)
     shards = {f"ds/shard-{i:05d}.tar.zst" for i in range(20)}
@@ -240,7 +264,10 @@ def test_epoch_from_s3_fetches_each_object_once_per_node_and_never_lists(
 
 
 def test_flipped_byte_in_s3_is_a_checksum_error_or_skipped_with_equal_steps(
-    s3_bucket: str, s3_client: Any, fault_proxy: FaultProxy, via_proxy: dict[str, str],
+    s3_bucket: str,
+    s3_client: Any,
+    fault_proxy: FaultProxy,
+    via_proxy: dict[str, str],
     tmp_path: Path,
 ) -> None:
     sizes = [10, 12, 9, 11, 10, 8]
@@ -255,10 +282,14 @@ def test_flipped_byte_in_s3_is_a_checksum_error_or_skipped_with_equal_steps(
     # Shuffled: no batch lies wholly inside the bad shard (one that does still fails the epoch
     # under on_error="skip": there is no good sample in the batch to repeat).
     def dataset(on_error: str, cache: str) -> sl.ShardedDataset:
-        read = sl.ReadOptions(storage_options=via_proxy, retry=POLICY,
-                              cache=sl.CacheOptions(dir=str(tmp_path / cache)))
-        return sl.ShardedDataset(url, batch_size=6, shuffle=True, seed=2, on_error=on_error,
-                                 read=read)
+        read = sl.ReadOptions(
+            storage_options=via_proxy,
+            retry=POLICY,
+            cache=sl.CacheOptions(dir=str(tmp_path / cache)),
+        )
+        return sl.ShardedDataset(
+            url, batch_size=6, shuffle=True, seed=2, on_error=on_error, read=read
+        )
 
     loader = sl.make_loader(dataset("raise", "c1"), num_workers=2)
     with pytest.raises(ChecksumError) as info:
@@ -277,8 +308,9 @@ def test_flipped_byte_in_s3_is_a_checksum_error_or_skipped_with_equal_steps(
     for batch in sl.make_loader(ds, num_workers=2):
         steps += 1
         assert len(batch["__index__"]) == 6  # bad samples replaced, shapes unchanged
-        ids += [int(i) for i, pad in zip(batch["__index__"], batch["__pad__"], strict=True)
-                if not pad]
+        ids += [
+            int(i) for i, pad in zip(batch["__index__"], batch["__pad__"], strict=True) if not pad
+        ]
     start = sum(sizes[:3])
     lost = set(range(start, start + sizes[3]))
     assert steps == clean_steps == len(ds)
@@ -292,7 +324,10 @@ def test_flipped_byte_in_s3_is_a_checksum_error_or_skipped_with_equal_steps(
 
 @pytest.mark.slow
 def test_first_batch_of_a_10000_shard_manifest_fetches_only_what_it_needs(
-    s3_bucket: str, s3_client: Any, fault_proxy: FaultProxy, via_proxy: dict[str, str],
+    s3_bucket: str,
+    s3_client: Any,
+    fault_proxy: FaultProxy,
+    via_proxy: dict[str, str],
     tmp_path: Path,
 ) -> None:
     """10,000 two-sample shards (one real shard written once, listed under 10,000 names).
@@ -304,24 +339,41 @@ def test_first_batch_of_a_10000_shard_manifest_fetches_only_what_it_needs(
     n, batch = 10_000, 32
     one = write_dataset(str(tmp_path / "one"), [2], compression="zstd")
     s = one.shards[0]
-    shards = [ShardInfo(f"shard-{i:05d}.tar.zst", 2, s.bytes, s.raw_bytes, s.sha256,
-                        f"shard-{i:05d}.idx.arrow", s.index_sha256) for i in range(n)]
-    manifest = Manifest(one.format, one.compression, one.fields, shards,
-                        length_field=one.length_field)
+    shards = [
+        ShardInfo(
+            f"shard-{i:05d}.tar.zst",
+            2,
+            s.bytes,
+            s.raw_bytes,
+            s.sha256,
+            f"shard-{i:05d}.idx.arrow",
+            s.index_sha256,
+        )
+        for i in range(n)
+    ]
+    manifest = Manifest(
+        one.format, one.compression, one.fields, shards, length_field=one.length_field
+    )
     s3_client.put_object(Bucket=s3_bucket, Key="ds/index.json", Body=manifest.to_json())
     order = epoch_order(manifest.shard_sizes, 7, 0, ShuffleOptions())
     first, second = ({int(g) // 2 for g in order[i * batch : (i + 1) * batch]} for i in (0, 1))
-    blobs = {name: (tmp_path / "one" / name).read_bytes()
-             for name in (s.path, s.index_path)}
+    blobs = {name: (tmp_path / "one" / name).read_bytes() for name in (s.path, s.index_path)}
     for i in sorted(first | second):
         for suffix, name in (("tar.zst", s.path), ("idx.arrow", s.index_path)):
-            s3_client.put_object(Bucket=s3_bucket, Key=f"ds/shard-{i:05d}.{suffix}",
-                                 Body=blobs[name])
+            s3_client.put_object(
+                Bucket=s3_bucket, Key=f"ds/shard-{i:05d}.{suffix}", Body=blobs[name]
+            )
     fault_proxy.clear()
 
     readahead = 2
-    ds = sl.ShardedDataset(f"s3://{s3_bucket}/ds", batch_size=batch, shuffle=True, seed=7,
-                           decoder=None, read=read_options(tmp_path, via_proxy, readahead))
+    ds = sl.ShardedDataset(
+        f"s3://{s3_bucket}/ds",
+        batch_size=batch,
+        shuffle=True,
+        seed=7,
+        decoder=None,
+        read=read_options(tmp_path, via_proxy, readahead),
+    )
     # In this process: the exact first batch, no DataLoader prefetching.
     it = cast(Generator[Any, None, None], iter(ds))
     try:
@@ -333,8 +385,8 @@ def test_first_batch_of_a_10000_shard_manifest_fetches_only_what_it_needs(
     assert [bytes(b) for b in first_batch["bin"]] == [payload(g % 2) for g in ids]
 
     gets, heads, lists, other = tally(fault_proxy, s3_bucket)
-    fetched = {int(k[len("ds/shard-"):][:5]) for k in gets if k.endswith(".tar.zst")}
-    indexed = {int(k[len("ds/shard-"):][:5]) for k in gets if k.endswith(".idx.arrow")}
+    fetched = {int(k[len("ds/shard-") :][:5]) for k in gets if k.endswith(".tar.zst")}
+    indexed = {int(k[len("ds/shard-") :][:5]) for k in gets if k.endswith(".idx.arrow")}
     assert first <= fetched and len(fetched - first) <= readahead and fetched <= first | second
     assert indexed == first  # sidecars are read when a sample is, not ahead
     assert gets["ds/index.json"] == 1 and max(gets.values()) == 1

@@ -33,11 +33,21 @@ def test_off_loopback_needs_a_token(data, host):
     assert "not a loopback address: pass --token-file" in result.output
 
 
-@pytest.mark.parametrize(("host", "loopback"), [
-    ("127.0.0.1", True), ("127.8.9.10", True), ("::1", True), ("[::1]", True),
-    ("localhost", True), ("0.0.0.0", False), ("::", False), ("10.0.0.1", False),
-    ("localhost.evil.org", False), ("", False),
-])
+@pytest.mark.parametrize(
+    ("host", "loopback"),
+    [
+        ("127.0.0.1", True),
+        ("127.8.9.10", True),
+        ("::1", True),
+        ("[::1]", True),
+        ("localhost", True),
+        ("0.0.0.0", False),
+        ("::", False),
+        ("10.0.0.1", False),
+        ("localhost.evil.org", False),
+        ("", False),
+    ],
+)
 def test_is_loopback(host, loopback):
     assert is_loopback(host) is loopback
 
@@ -58,12 +68,15 @@ def test_factory_with_dataset_options_is_a_usage_error(data):
     assert "--batch-size, --shuffle configure a dataset path" in result.output
 
 
-@pytest.mark.parametrize(("pipeline", "message"), [
-    ("no_such_module_xyz:make", "cannot import no_such_module_xyz"),
-    ("test_service_support:nothing_here", "has no 'nothing_here'"),
-    ("test_service_support:Noise", "must return a shardloader.ShardedDataset"),
-    ("test_service_support:digest", "callable without arguments"),
-])
+@pytest.mark.parametrize(
+    ("pipeline", "message"),
+    [
+        ("no_such_module_xyz:make", "cannot import no_such_module_xyz"),
+        ("test_service_support:nothing_here", "has no 'nothing_here'"),
+        ("test_service_support:Noise", "must return a shardloader.ShardedDataset"),
+        ("test_service_support:digest", "callable without arguments"),
+    ],
+)
 def test_bad_factories_are_usage_errors(pipeline, message):
     result = run(pipeline)
     assert result.exit_code == 2 and message in result.output
@@ -75,8 +88,9 @@ def test_missing_dataset_is_an_error(tmp_path):
 
 
 def test_path_pipeline_options_reach_the_dataset(data):
-    ds = load_pipeline(data, DatasetPreset(batch_size=4, shuffle=True, seed=9, uneven="drop",
-                                           decode="raw"))
+    ds = load_pipeline(
+        data, DatasetPreset(batch_size=4, shuffle=True, seed=9, uneven="drop", decode="raw")
+    )
     assert (ds.batch_size, ds.seed, ds.uneven, ds.shuffle.enabled) == (4, 9, "drop", True)
     assert ds.decoder.image == "raw"
     with pytest.raises(UsageError, match="image field"):
@@ -91,8 +105,10 @@ def test_path_pipeline_options_reach_the_dataset(data):
         load_pipeline("test_service_support:small_factory", DatasetPreset())
 
 
-@pytest.mark.parametrize("kw", [{"workers": -1}, {"max_inflight": 0}, {"max_clients": 0},
-                                {"token": ""}, {"ping_interval": 0}])
+@pytest.mark.parametrize(
+    "kw",
+    [{"workers": -1}, {"max_inflight": 0}, {"max_clients": 0}, {"token": ""}, {"ping_interval": 0}],
+)
 def test_serve_options_are_checked(kw):
     with pytest.raises(ValueError):
         ServeOptions(**kw)
@@ -115,11 +131,23 @@ def test_transform_train_serves_the_vision_recipe_not_the_quick_tour(tmp_path):
     pack(str(tmp_path / "src"), data, PackOptions())
     read = sl.ReadOptions(cache=sl.CacheOptions(dir=str(tmp_path / "cache")))
     common = dict(batch_size=4, shuffle=True, seed=5, read=read)
-    served = load_pipeline(data, DatasetPreset(batch_size=4, shuffle=True, seed=5,
-                                               transform="train", image_size=32,
-                                               cache_dir=str(tmp_path / "cache")))
-    recipe = sl.ShardedDataset(data, decoder=sl.Decoder(image="raw"),
-                               transform=vision.train_transform(32, field="image"), **common)
+    served = load_pipeline(
+        data,
+        DatasetPreset(
+            batch_size=4,
+            shuffle=True,
+            seed=5,
+            transform="train",
+            image_size=32,
+            cache_dir=str(tmp_path / "cache"),
+        ),
+    )
+    recipe = sl.ShardedDataset(
+        data,
+        decoder=sl.Decoder(image="raw"),
+        transform=vision.train_transform(32, field="image"),
+        **common,
+    )
     tour = sl.ShardedDataset(data, transform=vision.train_transform(32, field="image"), **common)
 
     def images(ds):

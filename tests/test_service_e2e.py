@@ -50,9 +50,22 @@ def server(env, tmp_path_factory):
     work = tmp_path_factory.mktemp("srv")
     token_file = work / "token"
     token_file.write_text(TOKEN + "\n")
-    (srv,) = start_servers([[env["SERVICE_TEST_DATA"], *PATH_OPTIONS, "--workers", "2",
-                             "--cache-dir", env["SERVICE_TEST_CACHE"],
-                             "--token-file", str(token_file)]], str(work), env)
+    (srv,) = start_servers(
+        [
+            [
+                env["SERVICE_TEST_DATA"],
+                *PATH_OPTIONS,
+                "--workers",
+                "2",
+                "--cache-dir",
+                env["SERVICE_TEST_CACHE"],
+                "--token-file",
+                str(token_file),
+            ]
+        ],
+        str(work),
+        env,
+    )
     yield srv
     srv.stop()
 
@@ -90,12 +103,36 @@ def test_remote_equals_local_byte_for_byte(server, epoch):
 def test_two_rank_processes_get_disjoint_complete_equal_shares(server, env, tmp_path):
     """Two real client processes at once, as two ranks of one job."""
     outs = [str(tmp_path / f"rank{r}.json") for r in range(2)]
-    procs = [start_client([server.url, "--rank", str(r), "--world", "2", "--epoch", "2",
-                           "--token", TOKEN, "--out", outs[r]], env) for r in range(2)]
+    procs = [
+        start_client(
+            [
+                server.url,
+                "--rank",
+                str(r),
+                "--world",
+                "2",
+                "--epoch",
+                "2",
+                "--token",
+                TOKEN,
+                "--out",
+                outs[r],
+            ],
+            env,
+        )
+        for r in range(2)
+    ]
     got = [finish_client(p, o) for p, o in zip(procs, outs, strict=True)]
     assert len(got[0]["ids"]) == len(got[1]["ids"]) == got[0]["steps"] == 13
-    real = [{i for ids, pads in zip(g["ids"], g["pads"], strict=True)
-             for i, p in zip(ids, pads, strict=True) if not p} for g in got]
+    real = [
+        {
+            i
+            for ids, pads in zip(g["ids"], g["pads"], strict=True)
+            for i, p in zip(ids, pads, strict=True)
+            if not p
+        }
+        for g in got
+    ]
     assert not real[0] & real[1]
     assert real[0] | real[1] == set(range(200))
     ref_state = sl.make_loader(path_pipeline()).state_dict()
@@ -171,8 +208,14 @@ def test_health_and_metrics(server):
     assert after[served] - before[served] == len(batches) == 13
     assert after["shardloader_bytes_served_total"] > before["shardloader_bytes_served_total"]
     assert 0.0 <= after["shardloader_pipeline_busy_share"] <= 1.0
-    for name in ("client_lag_batches", "client_next_step", "pipeline_busy_seconds_total",
-                 "streams_active", "requests_rejected_total", "client_pipeline_busy_share"):
+    for name in (
+        "client_lag_batches",
+        "client_next_step",
+        "pipeline_busy_seconds_total",
+        "streams_active",
+        "requests_rejected_total",
+        "client_pipeline_busy_share",
+    ):
         assert f"# TYPE shardloader_{name} " in body.decode()
 
 
@@ -188,8 +231,9 @@ def test_open_stream_is_listed_with_its_rank(server):
 # -- auth -----------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("path",
-                         ["/metrics", "/v1/info", "/v1/batches?epoch=0&rank=0&world_size=1"])
+@pytest.mark.parametrize(
+    "path", ["/metrics", "/v1/info", "/v1/batches?epoch=0&rank=0&world_size=1"]
+)
 @pytest.mark.parametrize("token", [None, "wrong-token-wrong-token-wrong", TOKEN + "x", ""])
 def test_requests_without_the_token_are_rejected(server, path, token):
     status, body, headers = get(server.url + path, token)
@@ -239,9 +283,12 @@ def test_wrong_method_and_garbage_then_the_server_still_serves(server):
         reply = s.recv(4096)
     assert reply == b"" or reply.startswith(b"HTTP/1.1 400")
     with socket.create_connection(("127.0.0.1", server.port), timeout=10) as s:
-        s.sendall(b"GET /v1/batches?epoch=0&rank=0&world_size=1 HTTP/1.1\r\nHost: x\r\n"
-                  b"Authorization: Bearer " + TOKEN.encode() + b"\r\n\r\n")
+        s.sendall(
+            b"GET /v1/batches?epoch=0&rank=0&world_size=1 HTTP/1.1\r\nHost: x\r\n"
+            b"Authorization: Bearer " + TOKEN.encode() + b"\r\n\r\n"
+        )
         s.recv(100)  # a stream started; the client vanishes mid-stream
     assert [digest(b) for b in remote(server)] == [
-        digest(b) for b in local_batches(path_pipeline, 0, 1, 0)]
+        digest(b) for b in local_batches(path_pipeline, 0, 1, 0)
+    ]
     assert get(f"{server.url}/health")[0] == 200

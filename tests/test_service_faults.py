@@ -49,8 +49,9 @@ def env(tmp_path_factory):
 @pytest.fixture(scope="module")
 def servers(env, tmp_path_factory):
     """Replicas a (killed by the first test) and b (2 streams at most)."""
-    started = start_servers([BIG, [*BIG, "--max-clients", "2"]],
-                            str(tmp_path_factory.mktemp("servers")), env)
+    started = start_servers(
+        [BIG, [*BIG, "--max-clients", "2"]], str(tmp_path_factory.mktemp("servers")), env
+    )
     yield dict(zip("ab", started, strict=True))
     for s in started:
         s.stop()
@@ -58,8 +59,9 @@ def servers(env, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def reference(env):
-    return {epoch: [digest(b) for b in local_batches(big_factory, 0, 1, epoch)]
-            for epoch in (1, 2, 3)}
+    return {
+        epoch: [digest(b) for b in local_batches(big_factory, 0, 1, epoch)] for epoch in (1, 2, 3)
+    }
 
 
 @pytest.mark.slow
@@ -86,8 +88,11 @@ def test_dropped_connections_resume_at_the_first_missing_step(servers, reference
     """Resets inside the HTTP headers (10 B) and mid-frame (2.5 frames in), 3 times each."""
     proxy = DropProxy(servers["b"].port, cut=cut, drops=3)
     try:
-        loader = RemoteLoader(proxy.url, prefetch=1, retry=RetryPolicy(
-            max_attempts=5, initial_backoff=0.05, read_timeout=20))
+        loader = RemoteLoader(
+            proxy.url,
+            prefetch=1,
+            retry=RetryPolicy(max_attempts=5, initial_backoff=0.05, read_timeout=20),
+        )
         loader.set_epoch(2)
         assert [digest(b) for b in loader] == reference[2]
         assert proxy.dropped == 3
@@ -104,8 +109,9 @@ def _open_stream(port: int, epoch: int = 0) -> tuple[http.client.HTTPConnection,
 
 
 def _stream_lines(text: str, name: str) -> list[float]:
-    return [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-            if line.startswith(name + "{")]
+    return [
+        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{")
+    ]
 
 
 def _wait_idle(server) -> None:

@@ -24,8 +24,16 @@ def data(tmp_path_factory):
 def make(data, **kw):
     kw.setdefault("batch_size", 8)
     cache = sl.CacheOptions(dir=os.path.join(data, "_cache"))
-    return sl.ShardedDataset(data, shuffle=True, seed=3, transform=Noise(),
-                             read=sl.ReadOptions(cache=cache), rank=0, world_size=1, **kw)
+    return sl.ShardedDataset(
+        data,
+        shuffle=True,
+        seed=3,
+        transform=Noise(),
+        read=sl.ReadOptions(cache=cache),
+        rank=0,
+        world_size=1,
+        **kw,
+    )
 
 
 def local(ds, epoch, position, rank, world, num_workers=0):

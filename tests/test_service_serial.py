@@ -40,14 +40,14 @@ def data(tmp_path_factory):
 
 
 def dataset(data: str, **kw: Any) -> sl.ShardedDataset:
-    return sl.ShardedDataset(data, batch_size=4, shuffle=True, seed=11, rank=0, world_size=1,
-                             **kw)
+    return sl.ShardedDataset(data, batch_size=4, shuffle=True, seed=11, rank=0, world_size=1, **kw)
 
 
 @pytest.mark.parametrize("transform", [SlowNoise(), None], ids=["global-rng", "none"])
 def test_concurrent_streams_equal_local_batches(data, tmp_path, transform):
     """With a transform that draws from the global RNGs (streams take turns), and without one
     (streams run in parallel, staging shards into the same cache at once)."""
+
     def read(folder: str) -> sl.ReadOptions:
         return sl.ReadOptions(cache=sl.CacheOptions(dir=str(tmp_path / folder)))
 
@@ -81,7 +81,8 @@ def test_only_pipelines_with_code_that_may_draw_from_global_rngs_run_serially(da
     assert not needs_serial_pipeline(dataset(data))
     assert not needs_serial_pipeline(dataset(data, collate_fn=PadCollate()))
     assert not needs_serial_pipeline(
-        dataset(data, collate_fn=functools.partial(collate_samples, ragged="list")))
+        dataset(data, collate_fn=functools.partial(collate_samples, ragged="list"))
+    )
     assert needs_serial_pipeline(dataset(data, transform=Noise()))
     assert needs_serial_pipeline(dataset(data, collate_fn=lambda samples: samples))
     custom = sl.Decoder(custom={"bin": bytes.upper})

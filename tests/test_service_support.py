@@ -69,9 +69,16 @@ def _dataset(transform: Any, batch_size: int, rank: int = 0, world: int = 1) -> 
     import shardloader as sl
 
     cache = sl.CacheOptions(dir=os.environ["SERVICE_TEST_CACHE"])
-    return sl.ShardedDataset(os.environ["SERVICE_TEST_DATA"], batch_size=batch_size, shuffle=True,
-                             seed=7, transform=transform, read=sl.ReadOptions(cache=cache),
-                             rank=rank, world_size=world)
+    return sl.ShardedDataset(
+        os.environ["SERVICE_TEST_DATA"],
+        batch_size=batch_size,
+        shuffle=True,
+        seed=7,
+        transform=transform,
+        read=sl.ReadOptions(cache=cache),
+        rank=rank,
+        world_size=world,
+    )
 
 
 def small_factory() -> Any:
@@ -94,13 +101,15 @@ def path_pipeline() -> Any:
     from shardloader.presets import DatasetPreset
     from shardloader.service.pipeline import load_pipeline
 
-    preset = DatasetPreset(batch_size=8, shuffle=True, seed=7,
-                           cache_dir=os.environ["SERVICE_TEST_CACHE"])
+    preset = DatasetPreset(
+        batch_size=8, shuffle=True, seed=7, cache_dir=os.environ["SERVICE_TEST_CACHE"]
+    )
     return load_pipeline(os.environ["SERVICE_TEST_DATA"], preset)
 
 
-def local_batches(factory: Any, rank: int, world: int, epoch: int = 0, position: int = 0,
-                  num_workers: int = 0) -> list[Any]:
+def local_batches(
+    factory: Any, rank: int, world: int, epoch: int = 0, position: int = 0, num_workers: int = 0
+) -> list[Any]:
     """What a local loader yields for this place (the reference for every remote run)."""
     import shardloader as sl
 
@@ -120,12 +129,19 @@ def local_batches(factory: Any, rank: int, world: int, epoch: int = 0, position:
 def canonical(value: Any) -> Any:
     """A JSON-able form that is equal exactly when the values are byte-for-byte equal."""
     if isinstance(value, torch.Tensor):
-        raw = value.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes() \
-            if value.numel() else b""
+        raw = (
+            value.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+            if value.numel()
+            else b""
+        )
         return ["tensor", str(value.dtype), list(value.shape), hashlib.sha256(raw).hexdigest()]
     if isinstance(value, np.ndarray):
-        return ["ndarray", value.dtype.str, list(value.shape),
-                hashlib.sha256(np.ascontiguousarray(value).tobytes()).hexdigest()]
+        return [
+            "ndarray",
+            value.dtype.str,
+            list(value.shape),
+            hashlib.sha256(np.ascontiguousarray(value).tobytes()).hexdigest(),
+        ]
     if isinstance(value, dict):
         return ["dict", [[k, canonical(v)] for k, v in value.items()]]
     if isinstance(value, list | tuple):
@@ -151,8 +167,13 @@ def ids_and_pads(batch: dict[str, Any]) -> tuple[list[int], list[bool]]:
 def server_env(data: str, cache: str, **extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (HERE, ROOT, env.get("PYTHONPATH")) if p)
-    env.update(SERVICE_TEST_DATA=data, SERVICE_TEST_CACHE=cache, NO_PROXY="127.0.0.1",
-               no_proxy="127.0.0.1", **extra)
+    env.update(
+        SERVICE_TEST_DATA=data,
+        SERVICE_TEST_CACHE=cache,
+        NO_PROXY="127.0.0.1",
+        no_proxy="127.0.0.1",
+        **extra,
+    )
     return env
 
 
@@ -169,9 +190,23 @@ class ServerProcess:
         self.args = args
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "shardloader", "serve", *args, "--port", "0",
-             "--port-file", self.port_file, "--log-level", "warning"],
-            stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
+            [
+                sys.executable,
+                "-m",
+                "shardloader",
+                "serve",
+                *args,
+                "--port",
+                "0",
+                "--port-file",
+                self.port_file,
+                "--log-level",
+                "warning",
+            ],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=ROOT,
         )
         self.port = 0
 
@@ -271,11 +306,17 @@ class InProcessServer:
         self.app = create_app(dataset, ServeOptions(**options))
         self._sock = socket.create_server(("127.0.0.1", 0))
         self.port = self._sock.getsockname()[1]
-        self.server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning",
-                                                    lifespan="off", http="h11",
-                                                    loop="asyncio"))
-        self._thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self._sock]},
-                                        daemon=True, name="in-process-server")
+        self.server = uvicorn.Server(
+            uvicorn.Config(
+                self.app, log_level="warning", lifespan="off", http="h11", loop="asyncio"
+            )
+        )
+        self._thread = threading.Thread(
+            target=self.server.run,
+            kwargs={"sockets": [self._sock]},
+            daemon=True,
+            name="in-process-server",
+        )
 
     @property
     def url(self) -> str:
@@ -394,8 +435,9 @@ def client_main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     from shardloader.service import RemoteLoader
 
-    loader = RemoteLoader(args.urls, rank=args.rank, world_size=args.world, token=args.token,
-                          prefetch=1)
+    loader = RemoteLoader(
+        args.urls, rank=args.rank, world_size=args.world, token=args.token, prefetch=1
+    )
     loader.set_epoch(args.epoch)
     steps = len(loader)
     out: dict[str, Any] = {"steps": steps, "digests": [], "ids": [], "pads": []}
@@ -414,8 +456,14 @@ def client_main(argv: list[str] | None = None) -> None:
 
 
 def start_client(args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, os.path.abspath(__file__), *args], env=env,
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, os.path.abspath(__file__), *args],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def finish_client(proc: subprocess.Popen[str], out: str, timeout: float = 120) -> dict[str, Any]:

@@ -17,14 +17,36 @@ from shardloader.errors import DecodeError, UsageError
 from shardloader.service import wire
 from shardloader.storage.retry import TruncatedBodyError
 
-SETTINGS = settings(max_examples=60, deadline=None,
-                    suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
-TORCH_DTYPES = [torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
-                torch.uint16, torch.uint32, torch.uint64, torch.float16, torch.bfloat16,
-                torch.float32, torch.float64, torch.complex64, torch.complex128]
-NUMPY_DTYPES = ["bool", "uint8", "int16", "int64", "uint32", "float16", "float32", "float64",
-                "complex128"]
+TORCH_DTYPES = [
+    torch.bool,
+    torch.uint8,
+    torch.int8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.uint16,
+    torch.uint32,
+    torch.uint64,
+    torch.float16,
+    torch.bfloat16,
+    torch.float32,
+    torch.float64,
+    torch.complex64,
+    torch.complex128,
+]
+NUMPY_DTYPES = [
+    "bool",
+    "uint8",
+    "int16",
+    "int64",
+    "uint32",
+    "float16",
+    "float32",
+    "float64",
+    "complex128",
+]
 
 
 def roundtrip(value, step=3):
@@ -41,7 +63,8 @@ def assert_same(a, b):
         assert a.dtype == b.dtype and a.shape == b.shape
         cl = torch.channels_last
         assert a.is_contiguous() == b.is_contiguous() or (
-            a.is_contiguous(memory_format=cl) == b.is_contiguous(memory_format=cl))
+            a.is_contiguous(memory_format=cl) == b.is_contiguous(memory_format=cl)
+        )
         raw = [t.contiguous().reshape(-1).view(torch.uint8) for t in (a, b)]
         assert torch.equal(raw[0], raw[1])
     elif isinstance(a, np.ndarray | np.generic):
@@ -73,8 +96,9 @@ def tensors(draw):
         t = t.transpose(0, 1)
     elif layout == "channels_last" and t.dim() == 4:
         t = t.contiguous(memory_format=torch.channels_last)
-    elif layout == "grad" and t.is_floating_point() and dtype not in (torch.float16,
-                                                                      torch.bfloat16):
+    elif (
+        layout == "grad" and t.is_floating_point() and dtype not in (torch.float16, torch.bfloat16)
+    ):
         t = t.clone().requires_grad_(True)
     return t
 
@@ -92,13 +116,17 @@ def arrays(draw):
     return arr
 
 
-scalars = st.none() | st.booleans() | st.integers(-(2**80), 2**80) | st.floats() | st.text(
-    max_size=20)
+scalars = (
+    st.none() | st.booleans() | st.integers(-(2**80), 2**80) | st.floats() | st.text(max_size=20)
+)
 leaves = scalars | st.binary(max_size=64) | tensors() | arrays()
 values = st.recursive(
     leaves,
-    lambda inner: st.lists(inner, max_size=4) | st.lists(inner, max_size=3).map(tuple)
-    | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.lists(inner, max_size=3).map(tuple)
+        | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
     max_leaves=12,
 )
 
@@ -112,8 +140,9 @@ def test_any_batch_value_round_trips_exactly(value):
 @SETTINGS
 @given(st.lists(values, min_size=1, max_size=4), st.integers(0, 2**40))
 def test_a_stream_of_frames_keeps_order_and_steps(batches, first):
-    data = b"".join(bytes(c) for i, b in enumerate(batches)
-                    for c in wire.encode_batch(first + i, b))
+    data = b"".join(
+        bytes(c) for i, b in enumerate(batches) for c in wire.encode_batch(first + i, b)
+    )
     data += wire.encode_control("end", first + len(batches), steps=len(batches))
     frames = list(wire.iter_frames(data))
     assert [f.kind for f in frames] == ["batch"] * len(batches) + ["end"]
@@ -123,18 +152,25 @@ def test_a_stream_of_frames_keeps_order_and_steps(batches, first):
 
 
 def test_a_default_collated_batch():
-    batch = {"__key__": ["a/1", "b/2"], "__index__": torch.tensor([4, 9]),
-             "__pad__": torch.tensor([False, True]), "jpg": torch.zeros(2, 3, 8, 8,
-                                                                       dtype=torch.uint8),
-             "bin": [b"\x00\x01", b""], "json": [{"t": [1, 2.5, None]}, {"t": []}]}
+    batch = {
+        "__key__": ["a/1", "b/2"],
+        "__index__": torch.tensor([4, 9]),
+        "__pad__": torch.tensor([False, True]),
+        "jpg": torch.zeros(2, 3, 8, 8, dtype=torch.uint8),
+        "bin": [b"\x00\x01", b""],
+        "json": [{"t": [1, 2.5, None]}, {"t": []}],
+    }
     got = roundtrip(batch)
     assert_same(batch, got)
     assert got["jpg"].data_ptr() % 64 == got["__index__"].data_ptr() % 64  # aligned buffers
 
 
 def test_channels_last_is_kept_without_a_copy():
-    t = torch.arange(2 * 3 * 128 * 128, dtype=torch.int32).reshape(2, 3, 128, 128).contiguous(
-        memory_format=torch.channels_last)
+    t = (
+        torch.arange(2 * 3 * 128 * 128, dtype=torch.int32)
+        .reshape(2, 3, 128, 128)
+        .contiguous(memory_format=torch.channels_last)
+    )
     got = roundtrip(t)
     assert got.is_contiguous(memory_format=torch.channels_last) and torch.equal(got, t)
     chunks = wire.encode_batch(0, t)
@@ -154,11 +190,23 @@ def _deep(n):
     return value
 
 
-@pytest.mark.parametrize("value", [
-    Evil(), {1: "x"}, {"a": {2.0: 1}}, {1, 2}, bytearray(b"x"), object(), lambda: 0,
-    np.array(["a", "b"]), np.array([object()]), np.zeros(2, dtype=">i4"),
-    torch.zeros(2).to_sparse(), [_deep(80)],
-])
+@pytest.mark.parametrize(
+    "value",
+    [
+        Evil(),
+        {1: "x"},
+        {"a": {2.0: 1}},
+        {1, 2},
+        bytearray(b"x"),
+        object(),
+        lambda: 0,
+        np.array(["a", "b"]),
+        np.array([object()]),
+        np.zeros(2, dtype=">i4"),
+        torch.zeros(2).to_sparse(),
+        [_deep(80)],
+    ],
+)
 def test_values_outside_the_allowlist_are_refused(value):
     with pytest.raises(UsageError, match="cannot|only|deeper|key"):
         wire.encode_batch(0, value)
@@ -169,21 +217,24 @@ def _frame(header, payload=b""):
     return struct.pack("<4sIQ", wire.MAGIC, len(head), len(payload)) + head + payload
 
 
-@pytest.mark.parametrize("header", [
-    {"kind": "batch", "step": 0, "tree": ["t", 0, "object", [1], "c"], "buffers": [[0, 8]]},
-    {"kind": "batch", "step": 0, "tree": ["t", 0, "float32", [4], "c"], "buffers": [[0, 8]]},
-    {"kind": "batch", "step": 0, "tree": ["t", 0, "float32", [2], "c"], "buffers": [[4, 8]]},
-    {"kind": "batch", "step": 0, "tree": ["t", 1, "float32", [2], "c"], "buffers": [[0, 8]]},
-    {"kind": "batch", "step": 0, "tree": ["t", 0, "uint8", [-8], "c"], "buffers": [[0, 8]]},
-    {"kind": "batch", "step": 0, "tree": ["t", 0, "uint8", [8], "cl"], "buffers": [[0, 8]]},
-    {"kind": "batch", "step": 0, "tree": ["n", 0, "O", [1]], "buffers": [[0, 8]]},
-    {"kind": "batch", "step": 0, "tree": ["n", 0, "V8", [1]], "buffers": [[0, 8]]},
-    {"kind": "batch", "step": 0, "tree": ["p", "cos\nsystem\n(S'echo'\ntR."], "buffers": []},
-    {"kind": "batch", "step": 0, "tree": ["J", [[1]]], "buffers": []},
-    {"kind": "batch", "step": 0, "tree": ["d", {"a": "x"}], "buffers": []},
-    {"kind": "batch", "step": 0, "tree": ["b", 0], "buffers": "all"},
-    {"kind": "batch", "step": 0, "tree": ["l", [["l", [["l", []]]]] * 2], "buffers": [[-1, 2]]},
-])
+@pytest.mark.parametrize(
+    "header",
+    [
+        {"kind": "batch", "step": 0, "tree": ["t", 0, "object", [1], "c"], "buffers": [[0, 8]]},
+        {"kind": "batch", "step": 0, "tree": ["t", 0, "float32", [4], "c"], "buffers": [[0, 8]]},
+        {"kind": "batch", "step": 0, "tree": ["t", 0, "float32", [2], "c"], "buffers": [[4, 8]]},
+        {"kind": "batch", "step": 0, "tree": ["t", 1, "float32", [2], "c"], "buffers": [[0, 8]]},
+        {"kind": "batch", "step": 0, "tree": ["t", 0, "uint8", [-8], "c"], "buffers": [[0, 8]]},
+        {"kind": "batch", "step": 0, "tree": ["t", 0, "uint8", [8], "cl"], "buffers": [[0, 8]]},
+        {"kind": "batch", "step": 0, "tree": ["n", 0, "O", [1]], "buffers": [[0, 8]]},
+        {"kind": "batch", "step": 0, "tree": ["n", 0, "V8", [1]], "buffers": [[0, 8]]},
+        {"kind": "batch", "step": 0, "tree": ["p", "cos\nsystem\n(S'echo'\ntR."], "buffers": []},
+        {"kind": "batch", "step": 0, "tree": ["J", [[1]]], "buffers": []},
+        {"kind": "batch", "step": 0, "tree": ["d", {"a": "x"}], "buffers": []},
+        {"kind": "batch", "step": 0, "tree": ["b", 0], "buffers": "all"},
+        {"kind": "batch", "step": 0, "tree": ["l", [["l", [["l", []]]]] * 2], "buffers": [[-1, 2]]},
+    ],
+)
 def test_malformed_frames_are_decode_errors(header):
     (frame,) = list(wire.iter_frames(_frame(header, bytes(8))))
     with pytest.raises(DecodeError):
@@ -194,17 +245,24 @@ def test_nesting_bomb_is_refused():
     tree: list = ["j", 1]
     for _ in range(200):
         tree = ["l", [tree]]
-    (frame,) = list(wire.iter_frames(_frame({"kind": "batch", "step": 0, "tree": tree,
-                                             "buffers": []})))
+    (frame,) = list(
+        wire.iter_frames(_frame({"kind": "batch", "step": 0, "tree": tree, "buffers": []}))
+    )
     with pytest.raises(DecodeError):
         wire.decode_batch(frame)
 
 
-@pytest.mark.parametrize("data", [
-    b"GET / HTTP/1.1\r\n\r\n", struct.pack("<4sIQ", wire.MAGIC, 1 << 30, 0),
-    struct.pack("<4sIQ", wire.MAGIC, 4, 0) + b"nope", struct.pack("<4sIQ", wire.MAGIC, 2, 0)
-    + b"[]", _frame({"kind": "shell", "step": 0}), _frame({"kind": "end", "step": "1"}),
-])
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"GET / HTTP/1.1\r\n\r\n",
+        struct.pack("<4sIQ", wire.MAGIC, 1 << 30, 0),
+        struct.pack("<4sIQ", wire.MAGIC, 4, 0) + b"nope",
+        struct.pack("<4sIQ", wire.MAGIC, 2, 0) + b"[]",
+        _frame({"kind": "shell", "step": 0}),
+        _frame({"kind": "end", "step": "1"}),
+    ],
+)
 def test_bad_prefixes_and_headers_are_decode_errors(data):
     with pytest.raises(DecodeError):
         list(wire.iter_frames(data))
@@ -222,8 +280,14 @@ def test_truncated_streams_say_so(data):
 @SETTINGS
 @given(st.data())
 def test_corrupted_frames_never_escape_the_error_tree(data):
-    frame = bytearray(b"".join(bytes(c) for c in wire.encode_batch(
-        1, {"x": torch.arange(6, dtype=torch.int32), "k": ["a", "b"], "b": [b"zz"]})))
+    frame = bytearray(
+        b"".join(
+            bytes(c)
+            for c in wire.encode_batch(
+                1, {"x": torch.arange(6, dtype=torch.int32), "k": ["a", "b"], "b": [b"zz"]}
+            )
+        )
+    )
     for _ in range(data.draw(st.integers(1, 4))):
         frame[data.draw(st.integers(0, len(frame) - 1))] = data.draw(st.integers(0, 255))
     try:

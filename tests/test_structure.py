@@ -158,8 +158,10 @@ def _private_names_of_sharded_dataset() -> set[str]:
     for node in ast.walk(cls):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             names.add(node.name)
-        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and (
-            node.value.id == "self"
+        elif (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and (node.value.id == "self")
         ):
             names.add(node.attr)
     return {n for n in names if n.startswith("_") and not n.startswith("__")}
@@ -176,7 +178,10 @@ def test_sharded_dataset_state_is_reached_through_public_methods():
         if path == PACKAGE / "dataset.py" or path == Path(__file__).resolve():
             continue
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
-            if (isinstance(node, ast.Attribute) and node.attr in private
-                    and not (isinstance(node.value, ast.Name) and node.value.id == "self")):
+            if (
+                isinstance(node, ast.Attribute)
+                and node.attr in private
+                and not (isinstance(node.value, ast.Name) and node.value.id == "self")
+            ):
                 offenders.append(f"{path.name}:{node.lineno} .{node.attr}")
     assert offenders == []

@@ -35,28 +35,51 @@ def data(tmp_path_factory):
         writer = open_writer("tar", f, "none", fields)
         for i, key in enumerate(KEYS):
             image = jpeg(i, 40, 30)
-            writer.add(key, {"jpg": image[: len(image) // 2] if key == BAD else image,
-                             "cls": b"%d" % (i % 2)})
+            writer.add(
+                key,
+                {"jpg": image[: len(image) // 2] if key == BAD else image, "cls": b"%d" % (i % 2)},
+            )
         written = writer.close()
     index = written.index.to_arrow_bytes()
     with open(os.path.join(out, "shard-00000.idx.arrow"), "wb") as f:
         f.write(index)
-    manifest = Manifest("tar", "none", fields, [ShardInfo(
-        name, len(KEYS), written.bytes, written.raw_bytes, written.sha256,
-        "shard-00000.idx.arrow", hashlib.sha256(index).hexdigest())])
+    manifest = Manifest(
+        "tar",
+        "none",
+        fields,
+        [
+            ShardInfo(
+                name,
+                len(KEYS),
+                written.bytes,
+                written.raw_bytes,
+                written.sha256,
+                "shard-00000.idx.arrow",
+                hashlib.sha256(index).hexdigest(),
+            )
+        ],
+    )
     with open(os.path.join(out, "index.json"), "wb") as f:
         f.write(manifest.to_json())
     return out
 
 
 def _place(message: str, workers: int = 1) -> bool:
-    return ("shard-00000.tar" in message and f"sample '{BAD}'" in message
-            and "rank 0/1" in message and f"/{workers}" in message)
+    return (
+        "shard-00000.tar" in message
+        and f"sample '{BAD}'" in message
+        and "rank 0/1" in message
+        and f"/{workers}" in message
+    )
 
 
 def test_a_truncated_jpeg_in_the_vision_transform_names_its_place(data):
-    ds = sl.ShardedDataset(data, batch_size=2, decoder=sl.Decoder(image="raw"),
-                           transform=vision.train_transform(16, field="jpg"))
+    ds = sl.ShardedDataset(
+        data,
+        batch_size=2,
+        decoder=sl.Decoder(image="raw"),
+        transform=vision.train_transform(16, field="jpg"),
+    )
     with pytest.raises(DecodeError) as err:
         list(ds)
     assert _place(str(err.value)), str(err.value)
@@ -66,8 +89,12 @@ def test_a_truncated_jpeg_in_the_vision_transform_names_its_place(data):
 
 @pytest.mark.slow
 def test_the_place_survives_dataloader_workers(data):
-    ds = sl.ShardedDataset(data, batch_size=2, decoder=sl.Decoder(image="raw"),
-                           transform=vision.train_transform(16, field="jpg"))
+    ds = sl.ShardedDataset(
+        data,
+        batch_size=2,
+        decoder=sl.Decoder(image="raw"),
+        transform=vision.train_transform(16, field="jpg"),
+    )
     with pytest.raises(DecodeError) as err:
         list(sl.make_loader(ds, num_workers=2))
     message = str(err.value)
@@ -92,21 +119,40 @@ def test_a_user_transform_error_becomes_a_transform_error(data):
     assert _place(str(err.value)) and "KeyError" in str(err.value), str(err.value)
     assert isinstance(err.value.__cause__, KeyError)
     with pytest.raises(errors.TransformError):  # through workers: the class and the place survive
-        list(sl.make_loader(sl.ShardedDataset(data, batch_size=2, decoder=sl.Decoder(image="raw"),
-                                              transform=Fails()), num_workers=1))
+        list(
+            sl.make_loader(
+                sl.ShardedDataset(
+                    data, batch_size=2, decoder=sl.Decoder(image="raw"), transform=Fails()
+                ),
+                num_workers=1,
+            )
+        )
 
 
 def test_skip_skips_undecodable_images_but_not_transform_bugs(data):
-    ds = sl.ShardedDataset(data, batch_size=2, decoder=sl.Decoder(image="raw"),
-                           transform=vision.train_transform(16, field="jpg"), on_error="skip")
+    ds = sl.ShardedDataset(
+        data,
+        batch_size=2,
+        decoder=sl.Decoder(image="raw"),
+        transform=vision.train_transform(16, field="jpg"),
+        on_error="skip",
+    )
     batches = list(ds)
-    keys = [k for b in batches for k, pad in zip(b["__key__"], b["__pad__"], strict=True)
-            if not pad]
+    keys = [
+        k for b in batches for k, pad in zip(b["__key__"], b["__pad__"], strict=True) if not pad
+    ]
     assert sorted(keys) == sorted(set(KEYS) - {BAD})
     assert all(b["jpg"].shape == (2, 3, 16, 16) for b in batches)
     with pytest.raises(errors.TransformError):
-        list(sl.ShardedDataset(data, batch_size=2, decoder=sl.Decoder(image="raw"),
-                               transform=Fails(), on_error="skip"))
+        list(
+            sl.ShardedDataset(
+                data,
+                batch_size=2,
+                decoder=sl.Decoder(image="raw"),
+                transform=Fails(),
+                on_error="skip",
+            )
+        )
 
 
 def test_shardloader_errors_in_transforms_keep_their_class(data):

@@ -46,8 +46,9 @@ def test_a_bad_option_is_a_usage_error_naming_it(data, option):
 
 
 BAD_DATA = {
-    "cannot pad": lambda: sl.PadCollate({"a": 0})([{"a": np.array(["x", "y"])},
-                                                   {"a": np.array(["z"])}]),
+    "cannot pad": lambda: sl.PadCollate({"a": 0})(
+        [{"a": np.array(["x", "y"])}, {"a": np.array(["z"])}]
+    ),
     "1-D integer token array": lambda: sl.PackCollate(8, 0)([{"tokens": [[1, 2], [3]]}]),
     "channels": lambda: vision.Normalize()(torch.zeros(4, 2, 2, dtype=torch.uint8)),
     "ragged": lambda: collate_samples([{"a": 1}], ragged="x"),

@@ -243,8 +243,9 @@ def test_transforms_draw_from_the_generator_they_are_given(jpeg):
     mixed = Compose([_noise, RandomResizedCrop(40), _noise, RandomHorizontalFlip()])
     g = torch.Generator().manual_seed(5)
     pure = Compose([RandomResizedCrop(40), RandomHorizontalFlip()])
-    assert torch.equal(mixed(jpeg, generator=g), pure(jpeg, generator=torch.Generator()
-                                                      .manual_seed(5)))
+    assert torch.equal(
+        mixed(jpeg, generator=g), pure(jpeg, generator=torch.Generator().manual_seed(5))
+    )
     own = RandomResizedCrop(40, generator=torch.Generator().manual_seed(9))
     again = RandomResizedCrop(40, generator=torch.Generator().manual_seed(9))
     assert torch.equal(own(jpeg, generator=torch.Generator().manual_seed(1)), again(jpeg))
@@ -268,8 +269,14 @@ def pictures(tmp_path_factory):
 def _crops(data, transform, num_workers=0, state=None):
     import shardloader as sl
 
-    ds = sl.ShardedDataset(data, batch_size=4, shuffle=True, seed=3,
-                           decoder=sl.Decoder(image="raw"), transform=transform)
+    ds = sl.ShardedDataset(
+        data,
+        batch_size=4,
+        shuffle=True,
+        seed=3,
+        decoder=sl.Decoder(image="raw"),
+        transform=transform,
+    )
     loader = sl.make_loader(ds, num_workers=num_workers)
     if state is not None:
         loader.load_state_dict({**loader.state_dict(), **state})
@@ -278,7 +285,8 @@ def _crops(data, transform, num_workers=0, state=None):
 
 def _same(a, b) -> bool:
     return len(a) == len(b) and all(
-        ka == kb and torch.equal(xa, xb) for (ka, xa), (kb, xb) in zip(a, b, strict=True))
+        ka == kb and torch.equal(xa, xb) for (ka, xa), (kb, xb) in zip(a, b, strict=True)
+    )
 
 
 def test_dataset_crops_come_from_a_per_batch_generator(pictures):
@@ -289,6 +297,8 @@ def test_dataset_crops_come_from_a_per_batch_generator(pictures):
     assert len(reference) == 5
     assert _same(_crops(pictures, train, num_workers=2), reference)
     assert _same(_crops(pictures, train, state={"position": 2}), reference[2:])
-    noisy = ApplyTo("image", Compose([_noise, RandomResizedCrop(24), _noise,
-                                       RandomHorizontalFlip(), ToImageTensor()]))
+    noisy = ApplyTo(
+        "image",
+        Compose([_noise, RandomResizedCrop(24), _noise, RandomHorizontalFlip(), ToImageTensor()]),
+    )
     assert _same(_crops(pictures, noisy, num_workers=2), reference)

@@ -109,13 +109,23 @@ def long_documents(args: argparse.Namespace) -> None:
     seq, rows = args.seq_len, args.rows
     order = np.random.default_rng(args.seed + 1).permutation(lengths.size)
     total = int(lengths.sum())
-    print(f"\nlong documents ({source}): {lengths.size} docs, {total} tokens, median "
-          f"{np.median(lengths):.0f}, {int((lengths > seq).sum())} longer than seq_len {seq}, "
-          f"{int((lengths > rows * seq).sum())} longer than {rows} x {seq}")
+    print(
+        f"\nlong documents ({source}): {lengths.size} docs, {total} tokens, median "
+        f"{np.median(lengths):.0f}, {int((lengths > seq).sum())} longer than seq_len {seq}, "
+        f"{int((lengths > rows * seq).sum())} longer than {rows} x {seq}"
+    )
     table = [("strategy", "tokens delivered", "truncated", "dropped", "pad %", "plan s")]
     kept = int(np.minimum(lengths, rows * seq).sum())
-    table.append((f"pieces in one batch (cut to {rows} x {seq})", f"{kept} ({kept / total:.1%})",
-                  str(total - kept), "0", "-", "-"))
+    table.append(
+        (
+            f"pieces in one batch (cut to {rows} x {seq})",
+            f"{kept} ({kept / total:.1%})",
+            str(total - kept),
+            "0",
+            "-",
+            "-",
+        )
+    )
     for policy in ("split", "truncate", "drop"):
         planner = PackedBatches(seq, rows, long_docs=policy)
         t0 = time.perf_counter()
@@ -123,10 +133,16 @@ def long_documents(args: argparse.Namespace) -> None:
         plan_s = time.perf_counter() - t0
         r = planner.report(order, lengths, batches)
         assert r.tokens is not None
-        table.append((f"PackedBatches({seq}, {rows}, long_docs={policy!r})",
-                      f"{r.tokens} ({r.tokens / total:.1%})", str(r.truncated_tokens),
-                      str(r.dropped_tokens), f"{100 * (r.pad_fraction or 0):.2f}",
-                      f"{plan_s:.2f}"))
+        table.append(
+            (
+                f"PackedBatches({seq}, {rows}, long_docs={policy!r})",
+                f"{r.tokens} ({r.tokens / total:.1%})",
+                str(r.truncated_tokens),
+                str(r.dropped_tokens),
+                f"{100 * (r.pad_fraction or 0):.2f}",
+                f"{plan_s:.2f}",
+            )
+        )
     for cells in table:
         if args.markdown:
             print("| " + " | ".join(cells) + " |")

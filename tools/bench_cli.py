@@ -37,8 +37,9 @@ def _time(argv: list[str], runs: int, env: dict[str, str]) -> tuple[float, int]:
     code = 0
     for _ in range(runs):
         started = time.perf_counter()
-        done = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              env=env, check=False)
+        done = subprocess.run(
+            argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, check=False
+        )
         times.append(time.perf_counter() - started)
         code = done.returncode
     return statistics.median(times), code

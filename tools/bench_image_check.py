@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         run(True)  # warm-up: imports, plugin registry, page cache
         times: dict[bool, list[float]] = {True: [], False: []}
         for r in range(args.repeat):
-            for checked in ((True, False) if r % 2 == 0 else (False, True)):
+            for checked in (True, False) if r % 2 == 0 else (False, True):
                 times[checked].append(run(checked))
         codecs.check_image = real
     finally:
@@ -93,8 +93,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  pack with the check     {on:7.3f} s   ({mb / on:6.1f} MB/s)")
     print(f"  pack without the check  {off:7.3f} s   ({mb / off:6.1f} MB/s)")
     print(f"  the check's share       {(on - off) / on * 100:+6.1f} % of pack time")
-    print(f"  the check alone         {check_s / len(data) * 1e6:7.1f} us per image "
-          f"({check_s / on * 100:.1f} % of the pack time with it)")
+    print(
+        f"  the check alone         {check_s / len(data) * 1e6:7.1f} us per image "
+        f"({check_s / on * 100:.1f} % of the pack time with it)"
+    )
     return 0
 
 

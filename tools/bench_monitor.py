@@ -45,15 +45,20 @@ def main() -> None:
         "monitor(enabled=False)": lambda: _loop(monitor(batches, enabled=False)),
         "monitor(interval=0)": lambda: _loop(monitor(batches, interval=0)),
         "monitor(report=None)": lambda: _loop(monitor(batches, report=None)),
-        "monitor(interval=100)": lambda: _loop(monitor(batches, interval=100, report=sink,
-                                                       callback=lambda d: None)),
+        "monitor(interval=100)": lambda: _loop(
+            monitor(batches, interval=100, report=sink, callback=lambda d: None)
+        ),
     }
-    best = {name: min(run() for _ in range(args.repeat)) / args.batches * 1e9
-            for name, run in runs.items()}
+    best = {
+        name: min(run() for _ in range(args.repeat)) / args.batches * 1e9
+        for name, run in runs.items()
+    }
     bare = best["bare loop"]
     clock = min(_clock_cost(args.batches) for _ in range(args.repeat)) / args.batches * 1e9
-    print(f"{args.batches} batches, best of {args.repeat}; one perf_counter() call here: "
-          f"{clock:.0f} ns")
+    print(
+        f"{args.batches} batches, best of {args.repeat}; one perf_counter() call here: "
+        f"{clock:.0f} ns"
+    )
     for name, ns in best.items():
         extra = "" if name == "bare loop" else f"  (+{ns - bare:.0f} ns/batch)"
         print(f"{name:>24}: {ns:8.1f} ns/batch{extra}")

@@ -153,8 +153,9 @@ def _import_mds():  # noqa: ANN202
 def run_mds(kind: str, src: str, out: str) -> None:
     mds_writer = _import_mds()
     columns = {"jpg": "bytes", "cls": "int"} if kind == "images" else {"json": "bytes"}
-    with mds_writer(out=out, columns=columns, compression=f"zstd:{ZSTD_LEVEL}",
-                    size_limit=SHARD) as w:
+    with mds_writer(
+        out=out, columns=columns, compression=f"zstd:{ZSTD_LEVEL}", size_limit=SHARD
+    ) as w:
         if kind == "images":
             for _, data, cls in image_items(src):
                 w.write({"jpg": data, "cls": cls})
@@ -185,9 +186,17 @@ def run_litdata(kind: str, src: str, out: str) -> None:
     else:
         inputs = sorted(os.path.join(src, f) for f in os.listdir(src))
         fn = _litdata_text
-    litdata.optimize(fn=fn, inputs=inputs, output_dir=out, chunk_bytes=SHARD,
-                     compression="zstd", num_workers=1, verbose=False, mode="overwrite",
-                     start_method="spawn")
+    litdata.optimize(
+        fn=fn,
+        inputs=inputs,
+        output_dir=out,
+        chunk_bytes=SHARD,
+        compression="zstd",
+        num_workers=1,
+        verbose=False,
+        mode="overwrite",
+        start_method="spawn",
+    )
 
 
 WRITERS: list[tuple[str, str, Callable[[str, str, str], None], bool]] = [
@@ -244,8 +253,12 @@ def ensure_corpus(path: str, images: int, docs: int, seed: int) -> dict:
     if os.path.exists(meta):
         with open(meta) as f:
             params = json.load(f)
-        if (params.get("images"), params.get("docs"), params.get("seed"),
-                params.get("mixed")) == (images, docs, seed, False):
+        if (params.get("images"), params.get("docs"), params.get("seed"), params.get("mixed")) == (
+            images,
+            docs,
+            seed,
+            False,
+        ):
             return params
         shutil.rmtree(path)
     print(f"generating corpus in {path} ({images} images, {docs} docs) ...", file=sys.stderr)
@@ -262,8 +275,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--repeat", type=int, default=1)
     p.add_argument("--only", default="images,text", help="workloads to run")
-    p.add_argument("--skip", default="",
-                   help="writers to skip (shardloader, webdataset, mds, litdata)")
+    p.add_argument(
+        "--skip", default="", help="writers to skip (shardloader, webdataset, mds, litdata)"
+    )
     p.add_argument("--json", dest="json_out", default=None, help="also write results here")
     a = p.parse_args(argv)
 
@@ -273,8 +287,11 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     if "shardloader" not in skip and available("shardloader") is None:
         startup = start_pack_workers(a.out)
-        print(f"shardloader: starting the worker forkserver took {startup:.1f} s (once per "
-              "process, not in the timings below)", file=sys.stderr)
+        print(
+            f"shardloader: starting the worker forkserver took {startup:.1f} s (once per "
+            "process, not in the timings below)",
+            file=sys.stderr,
+        )
     for kind in [k for k in a.only.split(",") if k]:
         src = workloads[kind]
         size = input_bytes(src)
@@ -298,11 +315,22 @@ def main(argv: list[str] | None = None) -> int:
                 stored = output_bytes(out)
                 shutil.rmtree(out, ignore_errors=True)
             secs, cpu = statistics.median(times), statistics.median(cpus)
-            results.append({"workload": kind, "writer": name, "config": config, "peer_zstd": peer,
-                            "input_mb": size / 1e6, "seconds": secs, "mb_s": size / 1e6 / secs,
-                            "cpu_s": cpu, "mb_per_cpu_s": size / 1e6 / cpu if cpu else 0.0,
-                            "load": statistics.median(loads), "stored_mb": stored / 1e6,
-                            "ratio": size / stored if stored else 0})
+            results.append(
+                {
+                    "workload": kind,
+                    "writer": name,
+                    "config": config,
+                    "peer_zstd": peer,
+                    "input_mb": size / 1e6,
+                    "seconds": secs,
+                    "mb_s": size / 1e6 / secs,
+                    "cpu_s": cpu,
+                    "mb_per_cpu_s": size / 1e6 / cpu if cpu else 0.0,
+                    "load": statistics.median(loads),
+                    "stored_mb": stored / 1e6,
+                    "ratio": size / stored if stored else 0,
+                }
+            )
             print(f"{kind}: {name} {config}: {secs:.1f} s, {cpu:.1f} CPU s", file=sys.stderr)
     print_table(results)
     if a.json_out:
@@ -312,8 +340,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def print_table(results: list[dict]) -> None:
-    head = (f"{'workload':<8} {'writer':<12} {'config':<24} {'in MB':>7} {'s':>6} {'MB/s':>6} "
-            f"{'MB/CPUs':>7} {'load':>4} {'out MB':>7} {'ratio':>6} {'vs best zstd peer':>30}")
+    head = (
+        f"{'workload':<8} {'writer':<12} {'config':<24} {'in MB':>7} {'s':>6} {'MB/s':>6} "
+        f"{'MB/CPUs':>7} {'load':>4} {'out MB':>7} {'ratio':>6} {'vs best zstd peer':>30}"
+    )
     print(head)
     print("-" * len(head))
     for kind in dict.fromkeys(r["workload"] for r in results):
@@ -321,11 +351,16 @@ def print_table(results: list[dict]) -> None:
         peers = [r for r in rows if r["peer_zstd"]]
         best = max(peers, key=lambda r: r["mb_s"]) if peers else None
         for r in rows:
-            rel = (f"{r['mb_s'] / best['mb_s']:.2f}x speed, ratio {r['ratio'] / best['ratio']:.2f}x"
-                   if best else "-")
-            print(f"{kind:<8} {r['writer']:<12} {r['config']:<24} {r['input_mb']:>7.1f} "
-                  f"{r['seconds']:>6.2f} {r['mb_s']:>6.1f} {r['mb_per_cpu_s']:>7.1f} "
-                  f"{r['load']:>4.1f} {r['stored_mb']:>7.1f} {r['ratio']:>6.3f} {rel:>30}")
+            rel = (
+                f"{r['mb_s'] / best['mb_s']:.2f}x speed, ratio {r['ratio'] / best['ratio']:.2f}x"
+                if best
+                else "-"
+            )
+            print(
+                f"{kind:<8} {r['writer']:<12} {r['config']:<24} {r['input_mb']:>7.1f} "
+                f"{r['seconds']:>6.2f} {r['mb_s']:>6.1f} {r['mb_per_cpu_s']:>7.1f} "
+                f"{r['load']:>4.1f} {r['stored_mb']:>7.1f} {r['ratio']:>6.3f} {rel:>30}"
+            )
 
 
 if __name__ == "__main__":

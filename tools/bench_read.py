@@ -235,7 +235,11 @@ def loader_for(system: str, where, ext: str, workers: int, batch: int, read=None
         kw["multiprocessing_context"] = "fork"
     if system == "shardloader":
         ds = sl.ShardedDataset(
-            where, batch_size=batch, shuffle=True, decoder=None, collate_fn=_collate_list,
+            where,
+            batch_size=batch,
+            shuffle=True,
+            decoder=None,
+            collate_fn=_collate_list,
             read=read,
         )
         return sl.make_loader(ds, **kw)
@@ -356,8 +360,11 @@ def main() -> None:
         "--systems", default="shardloader,webdataset,litdata,mosaicml,hf-datasets,files"
     )
     ap.add_argument("--json", help="write results here")
-    ap.add_argument("--verify-cost", action="store_true",
-                    help="measure only the per-sample checksum check, on against off")
+    ap.add_argument(
+        "--verify-cost",
+        action="store_true",
+        help="measure only the per-sample checksum check, on against off",
+    )
     args = ap.parse_args()
     if args.verify_cost:
         verify_cost(args)
@@ -498,9 +505,11 @@ def verify_cost(args: argparse.Namespace) -> None:
             on.append(_reader_us_per_sample(folders["none"], True))
             off.append(_reader_us_per_sample(folders["none"], False))
         reader = (statistics.median(on), statistics.median(off))
-        print(f"{corpus} ({mean_kb:.1f} KB/sample) shard reader: {reader[0]:.2f} us/sample "
-              f"with the check, {reader[1]:.2f} without: {reader[0] - reader[1]:.2f} us/sample",
-              file=sys.stderr)
+        print(
+            f"{corpus} ({mean_kb:.1f} KB/sample) shard reader: {reader[0]:.2f} us/sample "
+            f"with the check, {reader[1]:.2f} without: {reader[0] - reader[1]:.2f} us/sample",
+            file=sys.stderr,
+        )
         for compression, folder in folders.items():
             for w in workers:
                 times: dict[bool, list[float]] = {True: [], False: []}
@@ -518,16 +527,24 @@ def verify_cost(args: argparse.Namespace) -> None:
                         if rep:
                             times[verify].append(elapsed)
                 t_on, t_off = statistics.median(times[True]), statistics.median(times[False])
-                rows.append((corpus, compression, w, n / t_on, n / t_off,
-                             (t_on - t_off) / n * 1e6, reader))
-                print(f"{corpus} {compression} workers={w}: {n / t_on:,.0f} vs "
-                      f"{n / t_off:,.0f} samples/s", file=sys.stderr)
-    print("\n| corpus | shards | workers | samples/s check on | off | cost (us/sample) "
-          "| reader alone: on / off (us/sample) |")
+                rows.append(
+                    (corpus, compression, w, n / t_on, n / t_off, (t_on - t_off) / n * 1e6, reader)
+                )
+                print(
+                    f"{corpus} {compression} workers={w}: {n / t_on:,.0f} vs "
+                    f"{n / t_off:,.0f} samples/s",
+                    file=sys.stderr,
+                )
+    print(
+        "\n| corpus | shards | workers | samples/s check on | off | cost (us/sample) "
+        "| reader alone: on / off (us/sample) |"
+    )
     print("|---|---|---:|---:|---:|---:|---:|")
     for corpus, compression, w, s_on, s_off, cost, reader in rows:
-        print(f"| {corpus} | {compression} | {w} | {s_on:,.0f} | {s_off:,.0f} | {cost:+.2f} | "
-              f"{reader[0]:.2f} / {reader[1]:.2f} |")
+        print(
+            f"| {corpus} | {compression} | {w} | {s_on:,.0f} | {s_off:,.0f} | {cost:+.2f} | "
+            f"{reader[0]:.2f} / {reader[1]:.2f} |"
+        )
 
 
 def resume_times(path: str, batch: int, repeat: int) -> tuple[float, float]:
@@ -541,9 +558,18 @@ def resume_times(path: str, batch: int, repeat: int) -> tuple[float, float]:
         "int(sys.argv[4]))))"
     )
     out = subprocess.run(
-        [sys.executable, "-c", code, os.path.dirname(os.path.abspath(__file__)), path,
-         str(batch), str(repeat)],
-        capture_output=True, text=True, check=True,
+        [
+            sys.executable,
+            "-c",
+            code,
+            os.path.dirname(os.path.abspath(__file__)),
+            path,
+            str(batch),
+            str(repeat),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
     )
     fresh, resumed = json.loads(out.stdout.strip().splitlines()[-1])
     return fresh, resumed

@@ -54,8 +54,18 @@ _LOOPBACK_ENV = {
     "NO_PROXY": "127.0.0.1,localhost",
     "no_proxy": "127.0.0.1,localhost",
 }
-_UNSET = ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3",
-          "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")
+_UNSET = (
+    "AWS_PROFILE",
+    "AWS_SESSION_TOKEN",
+    "AWS_ENDPOINT_URL",
+    "AWS_ENDPOINT_URL_S3",
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "ALL_PROXY",
+    "http_proxy",
+    "https_proxy",
+    "all_proxy",
+)
 os.environ.update(_LOOPBACK_ENV)
 for _name in _UNSET:
     os.environ.pop(_name, None)
@@ -89,7 +99,9 @@ class Moto:
         log = open(self.log_path, "wb")  # noqa: SIM115 - the child keeps the descriptor
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", "0"],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
             env=dict(os.environ, PYTHONUNBUFFERED="1"),
         )
         log.close()
@@ -135,8 +147,9 @@ def client(endpoint: str) -> Any:
     import boto3
     from botocore.config import Config
 
-    return boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
-                        config=Config(max_pool_connections=16))
+    return boto3.client(
+        "s3", endpoint_url=endpoint, region_name="us-east-1", config=Config(max_pool_connections=16)
+    )
 
 
 def upload(s3: Any, folder: str, prefix: str, names: list[str], threads: int = 4) -> float:
@@ -159,8 +172,9 @@ def jpeg_like(rng: np.random.Generator, size: int) -> bytes:
     return b"\xff\xd8\xff\xe0" + rng.bytes(max(size - 6, 0)) + b"\xff\xd9"
 
 
-def write_shards(out: str, total: int, sample: int, shard: int, compression: str,
-                 seed: int = 0) -> Manifest:
+def write_shards(
+    out: str, total: int, sample: int, shard: int, compression: str, seed: int = 0
+) -> Manifest:
     """Shards of ~``shard`` uncompressed bytes holding ~``total`` bytes of samples."""
     os.makedirs(out, exist_ok=True)
     rng = np.random.default_rng(seed)
@@ -175,8 +189,9 @@ def write_shards(out: str, total: int, sample: int, shard: int, compression: str
             in_shard = 0
             while in_shard < shard and written_bytes < total:
                 size = int(sample * rng.uniform(0.75, 1.25))
-                writer.add(f"s/{gid:07d}", {"jpg": jpeg_like(rng, size),
-                                            "cls": str(gid % 10).encode()})
+                writer.add(
+                    f"s/{gid:07d}", {"jpg": jpeg_like(rng, size), "cls": str(gid % 10).encode()}
+                )
                 in_shard += size
                 written_bytes += size
                 gid += 1
@@ -193,19 +208,37 @@ def _sidecar(out: str, n: int, name: str, w: Any) -> ShardInfo:
     data = w.index.to_arrow_bytes()
     with open(os.path.join(out, index_name), "wb") as f:
         f.write(data)
-    return ShardInfo(name, w.num_samples, w.bytes, w.raw_bytes, w.sha256, index_name,
-                     hashlib.sha256(data).hexdigest())
+    return ShardInfo(
+        name,
+        w.num_samples,
+        w.bytes,
+        w.raw_bytes,
+        w.sha256,
+        index_name,
+        hashlib.sha256(data).hexdigest(),
+    )
 
 
 def many_shard_manifest(out: str, shards: int, per_shard: int, compression: str) -> Manifest:
     """One real tiny shard, listed (and hard-linked) under ``shards`` names: a manifest as large
     as a real one of that many shards, written in a second instead of minutes."""
-    one = write_shards(os.path.join(out, "one"), per_shard * 2000, 2000, per_shard * 2000,
-                       compression, seed=1)
+    one = write_shards(
+        os.path.join(out, "one"), per_shard * 2000, 2000, per_shard * 2000, compression, seed=1
+    )
     s = one.shards[0]
-    suffix = s.path[len("shard-00000"):]
-    infos = [ShardInfo(f"shard-{i:05d}{suffix}", s.num_samples, s.bytes, s.raw_bytes, s.sha256,
-                       f"shard-{i:05d}.idx.arrow", s.index_sha256) for i in range(shards)]
+    suffix = s.path[len("shard-00000") :]
+    infos = [
+        ShardInfo(
+            f"shard-{i:05d}{suffix}",
+            s.num_samples,
+            s.bytes,
+            s.raw_bytes,
+            s.sha256,
+            f"shard-{i:05d}.idx.arrow",
+            s.index_sha256,
+        )
+        for i in range(shards)
+    ]
     manifest = Manifest(one.format, one.compression, one.fields, infos)
     for info in infos:
         os.link(os.path.join(out, "one", s.path), os.path.join(out, info.path))
@@ -226,15 +259,24 @@ class Epoch:
     requests: list[tuple[str, str]]
 
 
-def epoch(url: str, read: ReadOptions, workers: int, batch: int, shuffle: bool,
-          moto: Moto | None, limit: int | None = None) -> Epoch:
+def epoch(
+    url: str,
+    read: ReadOptions,
+    workers: int,
+    batch: int,
+    shuffle: bool,
+    moto: Moto | None,
+    limit: int | None = None,
+) -> Epoch:
     """One epoch (or ``limit`` batches) through a fresh loader; construction is timed too."""
     mark = moto.mark() if moto is not None else 0
     start = time.perf_counter()
-    ds = ShardedDataset(url, batch_size=batch, shuffle=shuffle, decoder=None, read=read,
-                        collate_fn=_count_samples)
-    loader = make_loader(ds, num_workers=workers, persistent_workers=False,
-                         prefetch_factor=2 if limit else 4)
+    ds = ShardedDataset(
+        url, batch_size=batch, shuffle=shuffle, decoder=None, read=read, collate_fn=_count_samples
+    )
+    loader = make_loader(
+        ds, num_workers=workers, persistent_workers=False, prefetch_factor=2 if limit else 4
+    )
     samples, first = 0, 0.0
     it = cast(Generator[int, None, None], iter(loader))  # ShardLoader.__iter__ is one
     for i, n in enumerate(it):
@@ -267,8 +309,13 @@ def _fetch_part(endpoint: str, infos: list[ShardInfo], folder: str) -> None:
     from shardloader.storage.fetch import fetch_shard
 
     for s in infos:
-        fetch_shard(f"s3://{BUCKET}/ds/{s.path}", os.path.join(folder, s.path), sha256=s.sha256,
-                    size=s.bytes, storage_options={"endpoint_url": endpoint})
+        fetch_shard(
+            f"s3://{BUCKET}/ds/{s.path}",
+            os.path.join(folder, s.path),
+            sha256=s.sha256,
+            size=s.bytes,
+            storage_options={"endpoint_url": endpoint},
+        )
 
 
 def fetch_in_processes(endpoint: str, manifest: Manifest, procs: int, root: str) -> float:
@@ -278,9 +325,12 @@ def fetch_in_processes(endpoint: str, manifest: Manifest, procs: int, root: str)
     ctx = multiprocessing.get_context("fork")  # as DataLoader workers start
     with fresh_dir(root) as folder:
         start = time.perf_counter()
-        jobs = [ctx.Process(target=_fetch_part,
-                            args=(endpoint, list(manifest.shards[i::procs]), folder))
-                for i in range(procs)]
+        jobs = [
+            ctx.Process(
+                target=_fetch_part, args=(endpoint, list(manifest.shards[i::procs]), folder)
+            )
+            for i in range(procs)
+        ]
         for j in jobs:
             j.start()
         for j in jobs:
@@ -356,12 +406,19 @@ def main(argv: list[str] | None = None) -> None:
 def run(args: argparse.Namespace, root: str) -> None:
     t0 = time.perf_counter()
     local = os.path.join(root, "ds")
-    manifest = write_shards(local, int(args.mb * MB), int(args.sample_kb * 1000),
-                            int(args.shard_mb * MB), args.compression)
+    manifest = write_shards(
+        local,
+        int(args.mb * MB),
+        int(args.sample_kb * 1000),
+        int(args.shard_mb * MB),
+        args.compression,
+    )
     stored = sum(s.bytes for s in manifest.shards)
     nshards = len(manifest.shards)
-    print(f"dataset: {manifest.num_samples:,} samples, {nshards} shards, {stored / MB:.1f} MB "
-          f"stored ({args.compression}), written in {time.perf_counter() - t0:.1f} s")
+    print(
+        f"dataset: {manifest.num_samples:,} samples, {nshards} shards, {stored / MB:.1f} MB "
+        f"stored ({args.compression}), written in {time.perf_counter() - t0:.1f} s"
+    )
     loader_kind = "shuffled" if args.shuffle else "stream order"
     rows: list[tuple[str, ...]] = []
     with Moto(root) as moto:
@@ -369,18 +426,19 @@ def run(args: argparse.Namespace, root: str) -> None:
         s3.create_bucket(Bucket=BUCKET)
         names = sorted(os.listdir(local))
         secs = upload(s3, local, "ds", names)
-        print(f"server: moto at {moto.endpoint}; upload {stored / MB / secs:.0f} MB/s "
-              f"(4 threads)")
+        print(f"server: moto at {moto.endpoint}; upload {stored / MB / secs:.0f} MB/s (4 threads)")
         storage = {"endpoint_url": moto.endpoint, "key": "testing", "secret": "testing"}
 
         def read(cache: str, readahead: int) -> ReadOptions:
-            return ReadOptions(storage_options=storage, readahead=readahead,
-                               cache=CacheOptions(dir=cache))
+            return ReadOptions(
+                storage_options=storage, readahead=readahead, cache=CacheOptions(dir=cache)
+            )
 
         import s3fs
 
-        fs = s3fs.S3FileSystem(key="testing", secret="testing",
-                               client_kwargs={"endpoint_url": moto.endpoint})
+        fs = s3fs.S3FileSystem(
+            key="testing", secret="testing", client_kwargs={"endpoint_url": moto.endpoint}
+        )
         keys = [f"ds/{s.path}" for s in manifest.shards]
         clients: dict[str, Callable[[str], Any]] = {
             "boto3 get_object": lambda k: s3.get_object(Bucket=BUCKET, Key=k)["Body"].read(),
@@ -393,26 +451,57 @@ def run(args: argparse.Namespace, root: str) -> None:
                 times = [bare(get, keys, threads) for _ in range(args.repeat)]
                 mbs = stored / MB / statistics.median(times)
                 bare_mbs.append(mbs)
-                rows.append((f"bare {name} x{threads}", "-", "-", f"{mbs:.0f}", "-", "-",
-                             f"{len(keys)}", "1.0", "GET shard"))
+                rows.append(
+                    (
+                        f"bare {name} x{threads}",
+                        "-",
+                        "-",
+                        f"{mbs:.0f}",
+                        "-",
+                        "-",
+                        f"{len(keys)}",
+                        "1.0",
+                        "GET shard",
+                    )
+                )
         ref = max(bare_mbs)
         # The loader's own download step alone (fetch_shard: ranged GETs, sha256, temp file) in
         # fresh processes, one per worker: what is left after the stack, before staging/reading.
-        times = [fetch_in_processes(moto.endpoint, manifest, args.workers, root)
-                 for _ in range(args.repeat)]
-        rows.append((f"fetch_shard only, {args.workers} fresh procs", "-", "-",
-                     f"{stored / MB / statistics.median(times):.0f}",
-                     f"{stored / MB / statistics.median(times) / ref:.2f}", "-", "-", "-", ""))
+        times = [
+            fetch_in_processes(moto.endpoint, manifest, args.workers, root)
+            for _ in range(args.repeat)
+        ]
+        rows.append(
+            (
+                f"fetch_shard only, {args.workers} fresh procs",
+                "-",
+                "-",
+                f"{stored / MB / statistics.median(times):.0f}",
+                f"{stored / MB / statistics.median(times) / ref:.2f}",
+                "-",
+                "-",
+                "-",
+                "",
+            )
+        )
 
         def add(name: str, ra: str, e: Epoch) -> None:
             kinds = classify(e.requests)
             total = sum(kinds.values())
             mbs = stored / MB / e.seconds
-            rows.append((name, ra, f"{e.samples / e.seconds:,.0f}", f"{mbs:.0f}",
-                         f"{mbs / ref:.2f}", f"{e.first_batch:.2f}",
-                         f"{total}" if e.requests else "-",
-                         f"{total / nshards:.1f}" if e.requests else "-",
-                         ", ".join(f"{v} {k}" for k, v in sorted(kinds.items()))))
+            rows.append(
+                (
+                    name,
+                    ra,
+                    f"{e.samples / e.seconds:,.0f}",
+                    f"{mbs:.0f}",
+                    f"{mbs / ref:.2f}",
+                    f"{e.first_batch:.2f}",
+                    f"{total}" if e.requests else "-",
+                    f"{total / nshards:.1f}" if e.requests else "-",
+                    ", ".join(f"{v} {k}" for k, v in sorted(kinds.items())),
+                )
+            )
 
         def local_epoch() -> Epoch:
             with fresh_dir(root) as cache:
@@ -420,21 +509,39 @@ def run(args: argparse.Namespace, root: str) -> None:
 
         add("local disk", "2", median_of(args.repeat, local_epoch)[0])
         for ra in args.readahead:
+
             def s3_epoch(ra: int = ra) -> Epoch:
                 with fresh_dir(root) as cache:
-                    return epoch(f"s3://{BUCKET}/ds", read(cache, ra), args.workers,
-                                 args.batch, args.shuffle, moto)
+                    return epoch(
+                        f"s3://{BUCKET}/ds",
+                        read(cache, ra),
+                        args.workers,
+                        args.batch,
+                        args.shuffle,
+                        moto,
+                    )
 
             e, runs = median_of(args.repeat, s3_epoch)
             assert all(r.samples == manifest.num_samples for r in runs), "lost samples"
             add("s3 (moto)", str(ra), e)
         elapsed = time.perf_counter() - t0
 
-        print(f"\none epoch, {args.workers} workers, batch {args.batch}, raw samples, "
-              f"{loader_kind}, cold cache; median of {args.repeat}; MB/s = stored MB / s; "
-              f"'vs bare' = MB/s / best bare client ({ref:.0f} MB/s)")
-        header = ("source", "readahead", "samples/s", "MB/s", "vs bare", "1st batch s",
-                  "req/epoch", "req/shard", "requests")
+        print(
+            f"\none epoch, {args.workers} workers, batch {args.batch}, raw samples, "
+            f"{loader_kind}, cold cache; median of {args.repeat}; MB/s = stored MB / s; "
+            f"'vs bare' = MB/s / best bare client ({ref:.0f} MB/s)"
+        )
+        header = (
+            "source",
+            "readahead",
+            "samples/s",
+            "MB/s",
+            "vs bare",
+            "1st batch s",
+            "req/epoch",
+            "req/shard",
+            "requests",
+        )
         print_table(header, rows)
         if args.ttfb_shards:
             ttfb(args, root, moto, s3)
@@ -459,36 +566,60 @@ def ttfb(args: argparse.Namespace, root: str, moto: Moto, s3: Any) -> None:
         batches, _, _ = cut_fixed_batches(order[: 12 * args.batch], args.batch, "drop")
         for b in batches:
             need |= set((np.searchsorted(starts, b, side="right") - 1).tolist())
-    names = ["index.json"] + [n for i in sorted(need)
-                              for n in (m.shards[i].path, m.shards[i].index_path)]
+    names = ["index.json"] + [
+        n for i in sorted(need) for n in (m.shards[i].path, m.shards[i].index_path)
+    ]
     upload(s3, folder, "many", names)
-    print(f"\ntime to first batch: {args.ttfb_shards:,} shards of {args.ttfb_samples} samples, "
-          f"manifest {kb:,.0f} kB, {args.workers} workers, batch {args.batch}, readahead 2; "
-          f"median of {args.repeat} (setup {time.perf_counter() - t0:.0f} s, "
-          f"{len(names)} objects uploaded)")
+    print(
+        f"\ntime to first batch: {args.ttfb_shards:,} shards of {args.ttfb_samples} samples, "
+        f"manifest {kb:,.0f} kB, {args.workers} workers, batch {args.batch}, readahead 2; "
+        f"median of {args.repeat} (setup {time.perf_counter() - t0:.0f} s, "
+        f"{len(names)} objects uploaded)"
+    )
     rows = []
     for where, url in (("local disk", folder), ("s3 (moto)", f"s3://{BUCKET}/many")):
         for shuffle in (False, True):
+
             def first(url: str = url, shuffle: bool = shuffle, where: str = where) -> Epoch:
                 with fresh_dir(root) as cache:
-                    opts = ReadOptions(storage_options={"endpoint_url": moto.endpoint},
-                                       readahead=2, cache=CacheOptions(dir=cache))
-                    return epoch(url, opts, args.workers, args.batch, shuffle,
-                                 moto if where != "local disk" else None, limit=1)
+                    opts = ReadOptions(
+                        storage_options={"endpoint_url": moto.endpoint},
+                        readahead=2,
+                        cache=CacheOptions(dir=cache),
+                    )
+                    return epoch(
+                        url,
+                        opts,
+                        args.workers,
+                        args.batch,
+                        shuffle,
+                        moto if where != "local disk" else None,
+                        limit=1,
+                    )
 
             e, _ = median_of(args.repeat, first)
             kinds = classify(e.requests)
-            rows.append((where, "shuffled" if shuffle else "stream order",
-                         f"{e.first_batch:.2f}", f"{sum(kinds.values())}" if e.requests else "-",
-                         ", ".join(f"{v} {k}" for k, v in sorted(kinds.items()))))
+            rows.append(
+                (
+                    where,
+                    "shuffled" if shuffle else "stream order",
+                    f"{e.first_batch:.2f}",
+                    f"{sum(kinds.values())}" if e.requests else "-",
+                    ", ".join(f"{v} {k}" for k, v in sorted(kinds.items())),
+                )
+            )
     print_table(("source", "order", "1st batch s", "req until closed", "by kind"), rows)
 
 
 def print_table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> None:
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     for r in [header, tuple("-" * w for w in widths), *rows]:
-        print("  ".join(str(c).ljust(w) if i in (0, len(r) - 1) else str(c).rjust(w)
-                        for i, (c, w) in enumerate(zip(r, widths, strict=True))).rstrip())
+        print(
+            "  ".join(
+                str(c).ljust(w) if i in (0, len(r) - 1) else str(c).rjust(w)
+                for i, (c, w) in enumerate(zip(r, widths, strict=True))
+            ).rstrip()
+        )
 
 
 if __name__ == "__main__":

@@ -86,8 +86,17 @@ def write_dataset(out: str, work: Workload, samples: int, per_shard: int = 256) 
         index = written.index.to_arrow_bytes()
         with open(os.path.join(out, index_name), "wb") as f:
             f.write(index)
-        shards.append(ShardInfo(name, written.num_samples, written.bytes, written.raw_bytes,
-                                written.sha256, index_name, hashlib.sha256(index).hexdigest()))
+        shards.append(
+            ShardInfo(
+                name,
+                written.num_samples,
+                written.bytes,
+                written.raw_bytes,
+                written.sha256,
+                index_name,
+                hashlib.sha256(index).hexdigest(),
+            )
+        )
     with open(os.path.join(out, "index.json"), "wb") as f:
         f.write(Manifest("tar", "none", fields, shards).to_json())
     return out
@@ -128,10 +137,27 @@ class Server:
     def __init__(self, data: str, workers: int, workdir: str) -> None:
         port_file = os.path.join(workdir, "port")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "shardloader", "serve", data, "--batch-size", str(BATCH),
-             "--workers", str(workers), "--port", "0", "--port-file", port_file,
-             "--max-inflight", "4", "--log-level", "warning"],
-            cwd=os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+            [
+                sys.executable,
+                "-m",
+                "shardloader",
+                "serve",
+                data,
+                "--batch-size",
+                str(BATCH),
+                "--workers",
+                str(workers),
+                "--port",
+                "0",
+                "--port-file",
+                port_file,
+                "--max-inflight",
+                "4",
+                "--log-level",
+                "warning",
+            ],
+            cwd=os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."),
+        )
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -156,8 +182,9 @@ def bench(work: Workload, data: str, args: argparse.Namespace, workdir: str) -> 
     step_s = args.step_ms / 1000
     os.makedirs(workdir, exist_ok=True)
     cache = sl.CacheOptions(dir=os.path.join(workdir, "cache"))
-    ds = sl.ShardedDataset(data, batch_size=BATCH, read=sl.ReadOptions(cache=cache), rank=0,
-                           world_size=1)
+    ds = sl.ShardedDataset(
+        data, batch_size=BATCH, read=sl.ReadOptions(cache=cache), rank=0, world_size=1
+    )
     local = sl.make_loader(ds, num_workers=args.workers)
     server = Server(data, args.workers, workdir)
     try:
@@ -181,7 +208,8 @@ def bench(work: Workload, data: str, args: argparse.Namespace, workdir: str) -> 
     remote_rate = statistics.median(r.rate for r in runs["remote"])
     pairs = list(zip(runs["local"], runs["remote"], strict=True))
     return {
-        "local": local_rate, "remote": remote_rate,
+        "local": local_rate,
+        "remote": remote_rate,
         "overhead": statistics.median(1 - r.rate / lo.rate for lo, r in pairs),
         "per_batch_ms": statistics.median(1 / r.rate - 1 / lo.rate for lo, r in pairs) * 1000,
         "local_first_ms": statistics.median(r.first_s for r in runs["local"]) * 1000,
@@ -210,24 +238,33 @@ def main(argv: list[str] | None = None) -> int:
         for name in names:
             work = WORKLOADS[name]
             data = write_dataset(os.path.join(workdir, name), work, BATCH * (args.batches + 1))
-            print(f"{name}: {BATCH * (args.batches + 1)} samples written; measuring ...",
-                  file=sys.stderr, flush=True)
+            print(
+                f"{name}: {BATCH * (args.batches + 1)} samples written; measuring ...",
+                file=sys.stderr,
+                flush=True,
+            )
             rows.append((work, bench(work, data, args, os.path.join(workdir, name + "-run"))))
     finally:
         if args.workdir is None:
             shutil.rmtree(workdir, ignore_errors=True)
-    print(f"\nloopback, {args.workers} DataLoader workers each side, step {args.step_ms:g} ms, "
-          f"{args.batches} batches x {args.runs} runs (median), {os.cpu_count()} CPUs\n")
-    print("| batches | MB/batch | local batches/s | service batches/s | overhead | "
-          "added per batch | trainer CPU per batch local / service | "
-          "first batch local / service |")
+    print(
+        f"\nloopback, {args.workers} DataLoader workers each side, step {args.step_ms:g} ms, "
+        f"{args.batches} batches x {args.runs} runs (median), {os.cpu_count()} CPUs\n"
+    )
+    print(
+        "| batches | MB/batch | local batches/s | service batches/s | overhead | "
+        "added per batch | trainer CPU per batch local / service | "
+        "first batch local / service |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for work, r in rows:
         shape = "x".join(map(str, (BATCH, *work.shape)))
-        print(f"| {work.name} {shape} {work.dtype} | {r['mb']:.2f} | {r['local']:.1f} | "
-              f"{r['remote']:.1f} | {r['overhead']:+.1%} | {r['per_batch_ms']:+.2f} ms | "
-              f"{r['local_cpu_ms']:.2f} / {r['remote_cpu_ms']:.2f} ms | "
-              f"{r['local_first_ms']:.0f} / {r['remote_first_ms']:.0f} ms |")
+        print(
+            f"| {work.name} {shape} {work.dtype} | {r['mb']:.2f} | {r['local']:.1f} | "
+            f"{r['remote']:.1f} | {r['overhead']:+.1%} | {r['per_batch_ms']:+.2f} ms | "
+            f"{r['local_cpu_ms']:.2f} / {r['remote_cpu_ms']:.2f} ms | "
+            f"{r['local_first_ms']:.0f} / {r['remote_first_ms']:.0f} ms |"
+        )
     return 0
 
 

@@ -70,10 +70,14 @@ def make_corpus(corpus: str, per_class: int) -> str:
     """Write a class-folder corpus under ``corpus``; return the folder to pack."""
     if os.path.exists(os.path.join(TOOLS, "make_corpus.py")):
         n = per_class * len(CLASSES)
-        print(f"$ python tools/make_corpus.py {corpus} --images {n} --classes {len(CLASSES)} "
-              "--docs 0", flush=True)
-        _load_tool("make_corpus").make_corpus(corpus, images=n, classes=len(CLASSES), docs=0,
-                                              jobs=2)
+        print(
+            f"$ python tools/make_corpus.py {corpus} --images {n} --classes {len(CLASSES)} "
+            "--docs 0",
+            flush=True,
+        )
+        _load_tool("make_corpus").make_corpus(
+            corpus, images=n, classes=len(CLASSES), docs=0, jobs=2
+        )
         return os.path.join(corpus, "images")
     root = os.path.join(corpus, "images")
     rng = np.random.default_rng(0)
@@ -104,21 +108,31 @@ def stream(packed: str, cache: str) -> None:
     import shardloader as sl
     from shardloader.vision import train_transform
 
-    print(">>> loader = make_loader(ShardedDataset(packed, batch_size=16, shuffle=True, "
-          "decoder=Decoder(image='raw'), transform=train_transform(32)), num_workers=2)",
-          flush=True)
-    ds = sl.ShardedDataset(packed, batch_size=16, shuffle=True, seed=0,
-                           decoder=sl.Decoder(image="raw"),
-                           transform=train_transform(32),  # the field "image": every format
-                           read=sl.ReadOptions(cache=sl.CacheOptions(dir=cache)))
+    print(
+        ">>> loader = make_loader(ShardedDataset(packed, batch_size=16, shuffle=True, "
+        "decoder=Decoder(image='raw'), transform=train_transform(32)), num_workers=2)",
+        flush=True,
+    )
+    ds = sl.ShardedDataset(
+        packed,
+        batch_size=16,
+        shuffle=True,
+        seed=0,
+        decoder=sl.Decoder(image="raw"),
+        transform=train_transform(32),  # the field "image": every format
+        read=sl.ReadOptions(cache=sl.CacheOptions(dir=cache)),
+    )
     started = time.perf_counter()
     batches = list(sl.make_loader(ds, num_workers=2))
     seconds = time.perf_counter() - started
     first = batches[0]
     real = sum(int((~b["__pad__"]).sum()) for b in batches)
-    print(f"  {len(batches)} batches, {real} real samples + {ds.report().padded_samples} "
-          f"padding in {seconds:.2f}s; batch: image {tuple(first['image'].shape)} "
-          f"{first['image'].dtype}, cls {first['cls'].tolist()[:8]}...", flush=True)
+    print(
+        f"  {len(batches)} batches, {real} real samples + {ds.report().padded_samples} "
+        f"padding in {seconds:.2f}s; batch: image {tuple(first['image'].shape)} "
+        f"{first['image'].dtype}, cls {first['cls'].tolist()[:8]}...",
+        flush=True,
+    )
     if real != ds.manifest.num_samples:
         raise StepFailed(f"streamed {real} samples, the manifest holds {ds.manifest.num_samples}")
 
@@ -147,8 +161,19 @@ def main(argv: list[str] | None = None) -> int:
         stream(packed, cache)
         print("== 4. train (tools/train_image.py)", flush=True)
         train = _load_tool("train_image")
-        cmd = [packed, "--steps", str(args.steps), "--batch-size", "16", "--workers", "2",
-               "--log-every", str(max(1, args.steps // 3)), "--cache-dir", cache]
+        cmd = [
+            packed,
+            "--steps",
+            str(args.steps),
+            "--batch-size",
+            "16",
+            "--workers",
+            "2",
+            "--log-every",
+            str(max(1, args.steps // 3)),
+            "--cache-dir",
+            cache,
+        ]
         print("$ python tools/train_image.py " + " ".join(cmd), flush=True)
         if train.train(train.parse(cmd)) != 0:
             raise StepFailed("train_image.py failed")
@@ -162,9 +187,11 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if not args.keep and args.workdir is None:
             shutil.rmtree(work, ignore_errors=True)
-    print(f"== done in {time.perf_counter() - started:.1f}s. Next: shardloader bench "
-          f"{packed if args.keep or args.workdir else 'DATASET'} finds the best num_workers.",
-          flush=True)
+    print(
+        f"== done in {time.perf_counter() - started:.1f}s. Next: shardloader bench "
+        f"{packed if args.keep or args.workdir else 'DATASET'} finds the best num_workers.",
+        flush=True,
+    )
     return 0
 
 

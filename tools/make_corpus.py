@@ -31,8 +31,36 @@ from concurrent.futures import ProcessPoolExecutor
 import numpy as np
 
 _LETTERS = np.array(list("etaoinshrdlcumwfgypbvkjxqz"))
-_LETTER_P = np.array([12.7, 9.1, 8.2, 7.5, 7.0, 6.7, 6.3, 6.1, 6.0, 4.3, 4.0, 2.8, 2.8, 2.4, 2.4,
-                      2.2, 2.0, 2.0, 1.9, 1.5, 1.0, 0.8, 0.2, 0.2, 0.1, 0.1])
+_LETTER_P = np.array(
+    [
+        12.7,
+        9.1,
+        8.2,
+        7.5,
+        7.0,
+        6.7,
+        6.3,
+        6.1,
+        6.0,
+        4.3,
+        4.0,
+        2.8,
+        2.8,
+        2.4,
+        2.4,
+        2.2,
+        2.0,
+        2.0,
+        1.9,
+        1.5,
+        1.0,
+        0.8,
+        0.2,
+        0.2,
+        0.1,
+        0.1,
+    ]
+)
 
 
 def image_bytes(seed: int, index: int) -> bytes:
@@ -75,7 +103,7 @@ def _picture(seed: int, index: int) -> tuple:
 
     rng = np.random.default_rng([seed, index])
     w, h = int(rng.integers(160, 640)), int(rng.integers(120, 480))
-    low = (rng.random((int(rng.integers(3, 12)), int(rng.integers(3, 12)), 3)) * 255)
+    low = rng.random((int(rng.integers(3, 12)), int(rng.integers(3, 12)), 3)) * 255
     img = Image.fromarray(low.astype(np.uint8)).resize((w, h), Image.BICUBIC)
     grain = np.frombuffer(rng.bytes(w * h), np.uint8).reshape(h, w, 1) & 15  # cheap noise
     pixels = np.asarray(img, dtype=np.uint16) + grain
@@ -137,29 +165,51 @@ def _write_table(out: str, seed: int, rows: int) -> None:
 
     vocab = vocabulary(seed)
     text = documents(seed, 10_000, 0, rows, vocab).decode().splitlines()
-    table = pa.table({
-        "id": pa.array(range(rows), pa.int64()),
-        "text": pa.array([json.loads(t)["text"] for t in text], pa.string()),
-        "label": pa.array([i % 7 for i in range(rows)], pa.int64()),
-    })
+    table = pa.table(
+        {
+            "id": pa.array(range(rows), pa.int64()),
+            "text": pa.array([json.loads(t)["text"] for t in text], pa.string()),
+            "label": pa.array([i % 7 for i in range(rows)], pa.int64()),
+        }
+    )
     os.makedirs(os.path.join(out, "table"), exist_ok=True)
     pq.write_table(table, os.path.join(out, "table", "part-00000.parquet"), row_group_size=4096)
 
 
-def make_corpus(out: str, images: int = 20000, classes: int = 100, docs: int = 200000,
-                doc_files: int = 8, parquet_rows: int = 0, seed: int = 0,
-                jobs: int | None = None, mixed: bool = True) -> dict:
+def make_corpus(
+    out: str,
+    images: int = 20000,
+    classes: int = 100,
+    docs: int = 200000,
+    doc_files: int = 8,
+    parquet_rows: int = 0,
+    seed: int = 0,
+    jobs: int | None = None,
+    mixed: bool = True,
+) -> dict:
     """Generate the corpus (see the module docstring); returns its parameters and sizes."""
     jobs = jobs or os.cpu_count() or 1
     os.makedirs(out, exist_ok=True)
-    params = {"images": images, "classes": classes, "docs": docs, "doc_files": doc_files,
-              "parquet_rows": parquet_rows, "seed": seed, "mixed": mixed, "version": 2}
+    params = {
+        "images": images,
+        "classes": classes,
+        "docs": docs,
+        "doc_files": doc_files,
+        "parquet_rows": parquet_rows,
+        "seed": seed,
+        "mixed": mixed,
+        "version": 2,
+    }
     chunk = max(1, images // (jobs * 8) or 1)
-    image_jobs = [(out, seed, classes, s, min(s + chunk, images), mixed)
-                  for s in range(0, images, chunk)]
+    image_jobs = [
+        (out, seed, classes, s, min(s + chunk, images), mixed) for s in range(0, images, chunk)
+    ]
     per_file = -(-docs // doc_files) if docs else 0
-    doc_jobs = [(out, seed, f, f * per_file, min(per_file, docs - f * per_file))
-                for f in range(doc_files) if docs - f * per_file > 0]
+    doc_jobs = [
+        (out, seed, f, f * per_file, min(per_file, docs - f * per_file))
+        for f in range(doc_files)
+        if docs - f * per_file > 0
+    ]
     with ProcessPoolExecutor(jobs) as pool:
         image_total = sum(pool.map(_write_images, image_jobs))
         doc_total = sum(pool.map(_write_docs, doc_jobs))
@@ -184,10 +234,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jobs", type=int, default=None, help="generator processes (default: cores)")
     p.add_argument("--jpeg-only", action="store_true", help="every image an RGB .jpg")
     a = p.parse_args(argv)
-    params = make_corpus(a.out, a.images, a.classes, a.docs, a.doc_files, a.parquet_rows, a.seed,
-                         a.jobs, mixed=not a.jpeg_only)
-    print(f"{a.out}: {a.images} images ({params['image_bytes'] / 1e6:.1f} MB), {a.docs} docs "
-          f"({params['doc_bytes'] / 1e6:.1f} MB)", file=sys.stderr)
+    params = make_corpus(
+        a.out,
+        a.images,
+        a.classes,
+        a.docs,
+        a.doc_files,
+        a.parquet_rows,
+        a.seed,
+        a.jobs,
+        mixed=not a.jpeg_only,
+    )
+    print(
+        f"{a.out}: {a.images} images ({params['image_bytes'] / 1e6:.1f} MB), {a.docs} docs "
+        f"({params['doc_bytes'] / 1e6:.1f} MB)",
+        file=sys.stderr,
+    )
     return 0
 
 

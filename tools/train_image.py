@@ -68,9 +68,14 @@ class TinyCNN(nn.Module):
     def __init__(self, num_classes: int, width: int = 16) -> None:
         super().__init__()
         self.features = nn.Sequential(
-            nn.Conv2d(3, width, 3, stride=2, padding=1), nn.BatchNorm2d(width), nn.ReLU(),
-            nn.Conv2d(width, 2 * width, 3, stride=2, padding=1), nn.BatchNorm2d(2 * width),
-            nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+            nn.Conv2d(3, width, 3, stride=2, padding=1),
+            nn.BatchNorm2d(width),
+            nn.ReLU(),
+            nn.Conv2d(width, 2 * width, 3, stride=2, padding=1),
+            nn.BatchNorm2d(2 * width),
+            nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
         )
         self.head = nn.Linear(2 * width, num_classes)
 
@@ -100,8 +105,9 @@ def make_loader(args: argparse.Namespace, rank: int, world: int) -> tuple[Any, A
         try:
             from shardloader.service.client import RemoteLoader
         except ImportError as err:
-            raise SystemExit(f"--remote needs the service client ({err}); "
-                             "pip install 'shardloader[serve]'") from err
+            raise SystemExit(
+                f"--remote needs the service client ({err}); pip install 'shardloader[serve]'"
+            ) from err
         if not args.num_classes:
             raise SystemExit("--remote needs --num-classes (the model is built before any batch)")
         return RemoteLoader(args.remote, rank, world, seed=args.seed), None, args.num_classes
@@ -113,14 +119,20 @@ def make_loader(args: argparse.Namespace, rank: int, world: int) -> tuple[Any, A
     if "image" in images:  # class-folder packs: every extension of the folder, one field
         images.insert(0, "image")
     if not images or "cls" not in manifest.fields:
-        raise SystemExit(f"{args.data} is not a packed class-folder dataset (fields: "
-                         f"{', '.join(manifest.fields)}); pack a folder of <class>/<image> files")
+        raise SystemExit(
+            f"{args.data} is not a packed class-folder dataset (fields: "
+            f"{', '.join(manifest.fields)}); pack a folder of <class>/<image> files"
+        )
     classes = args.num_classes or len(manifest.classes)
     if classes < 1:
         raise SystemExit(f"{args.data} records no classes; pass --num-classes")
     ds = sl.ShardedDataset(
-        args.data, batch_size=args.batch_size, shuffle=True, seed=args.seed,
-        decoder=sl.Decoder(image="raw"), transform=transform_for(images[0], args.size),
+        args.data,
+        batch_size=args.batch_size,
+        shuffle=True,
+        seed=args.seed,
+        decoder=sl.Decoder(image="raw"),
+        transform=transform_for(images[0], args.size),
         read=read,
     )
     loader = sl.make_loader(ds, num_workers=args.workers)
@@ -131,8 +143,9 @@ def train(args: argparse.Namespace) -> int:
     rank, world = setup_distributed()
     torch.manual_seed(args.seed)  # the same initial weights on every rank
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
-    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
-                        format=f"[rank {rank}] %(message)s")
+    logging.basicConfig(
+        level=logging.INFO if rank == 0 else logging.WARNING, format=f"[rank {rank}] %(message)s"
+    )
     loader, ds, classes = make_loader(args, rank, world)
     model: nn.Module = TinyCNN(classes)
     if world > 1:
@@ -180,8 +193,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--log-every", type=int, default=10, help="steps between reports")
     p.add_argument("--num-classes", type=int, default=0, help="default: from the manifest")
     p.add_argument("--cache-dir", default=None, help="node cache for staged shards")
-    p.add_argument("--remote", default=None, metavar="URL",
-                   help="read batches from `shardloader serve` at URL instead of DATA")
+    p.add_argument(
+        "--remote",
+        default=None,
+        metavar="URL",
+        help="read batches from `shardloader serve` at URL instead of DATA",
+    )
     args = p.parse_args(argv)
     if args.steps < 1 or args.batch_size < 1 or args.workers < 0 or args.log_every < 1:
         p.error("--steps, --batch-size and --log-every must be >= 1, --workers >= 0")

@@ -96,12 +96,15 @@ def train(args: argparse.Namespace) -> int:
     rank, world = setup_distributed()
     torch.manual_seed(args.seed)
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
-    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
-                        format=f"[rank {rank}] %(message)s")
+    logging.basicConfig(
+        level=logging.INFO if rank == 0 else logging.WARNING, format=f"[rank {rank}] %(message)s"
+    )
     manifest, _ = sl.read_manifest(args.data)
     if manifest.fields.get("tokens") is None or manifest.fields["tokens"].codec != "tokens":
-        raise SystemExit(f"{args.data} has no token field (fields: {', '.join(manifest.fields)});"
-                         " pack text with --tokenizer tokenizer.json")
+        raise SystemExit(
+            f"{args.data} has no token field (fields: {', '.join(manifest.fields)});"
+            " pack text with --tokenizer tokenizer.json"
+        )
     vocab = vocab_size(manifest, args.vocab_size)  # pad with id `vocab`: a row of its own
     planner = PackedBatches(seq_len=args.seq_len, rows_per_batch=args.rows, pad_id=vocab)
     read = sl.ReadOptions(cache=sl.CacheOptions(dir=args.cache_dir)) if args.cache_dir else None
@@ -109,9 +112,12 @@ def train(args: argparse.Namespace) -> int:
     loader = sl.make_loader(ds, num_workers=args.workers)
     if rank == 0:
         plan = ds.report()
-        print(f"epoch 0: {plan.steps_per_rank} steps per rank; tokens {plan.tokens} delivered, "
-              f"{plan.truncated_tokens} truncated, {plan.dropped_tokens} dropped; "
-              f"{plan.pad_fraction:.1%} padding", flush=True)
+        print(
+            f"epoch 0: {plan.steps_per_rank} steps per rank; tokens {plan.tokens} delivered, "
+            f"{plan.truncated_tokens} truncated, {plan.dropped_tokens} dropped; "
+            f"{plan.pad_fraction:.1%} padding",
+            flush=True,
+        )
     model: nn.Module = TinyLM(vocab, args.seq_len, d=args.dim)
     if world > 1:
         model = nn.parallel.DistributedDataParallel(model)
@@ -126,16 +132,20 @@ def train(args: argparse.Namespace) -> int:
             logits = model(ids, batch["position_ids"])
             # logits at t predict the token at t + 1; labels are -100 at padding and at
             # every segment start, so nothing learns across a document boundary
-            loss = F.cross_entropy(logits[:, :-1].reshape(-1, vocab), labels[:, 1:].reshape(-1),
-                                   ignore_index=IGNORE)
+            loss = F.cross_entropy(
+                logits[:, :-1].reshape(-1, vocab), labels[:, 1:].reshape(-1), ignore_index=IGNORE
+            )
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
             step += 1
             tokens += int(batch["attention_mask"].sum())
             if rank == 0 and (step % args.log_every == 0 or step == args.steps):
-                print(f"step {step} epoch {epoch} loss {loss.item():.4f} "
-                      f"(ppl {math.exp(min(loss.item(), 20)):.1f})", flush=True)
+                print(
+                    f"step {step} epoch {epoch} loss {loss.item():.4f} "
+                    f"(ppl {math.exp(min(loss.item(), 20)):.1f})",
+                    flush=True,
+                )
             if step >= args.steps:
                 break
         epoch += 1

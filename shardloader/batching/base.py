@@ -242,9 +242,7 @@ def shuffled(batches: list[np.ndarray], rng: np.random.Generator) -> list[np.nda
     return [batches[i] for i in rng.permutation(len(batches))]
 
 
-def refuse_disagreement(
-    collate: Any, planner: Any, pairs: Sequence[tuple[str, Any, Any]]
-) -> None:
+def refuse_disagreement(collate: Any, planner: Any, pairs: Sequence[tuple[str, Any, Any]]) -> None:
     """Raise naming every option where ``collate`` and ``planner`` differ."""
     diffs = [(name, mine, theirs) for name, mine, theirs in pairs if mine != theirs]
     if not diffs:

@@ -395,5 +395,7 @@ class BucketBatches:
 
     def make_collate(self, pad_values: dict[str, int | float], **options: object) -> PadCollate:
         return PadCollate(
-            pad_values, pad_to_multiple_of=self.pad_to_multiple_of, **options  # type: ignore[arg-type]
+            pad_values,
+            pad_to_multiple_of=self.pad_to_multiple_of,
+            **options,  # type: ignore[arg-type]
         )

@@ -66,8 +66,11 @@ class BenchResult:
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
-        out.update(batches_per_s=self.batches_per_s, samples_per_s=self.samples_per_s,
-                   mb_per_s=self.mb_per_s)
+        out.update(
+            batches_per_s=self.batches_per_s,
+            samples_per_s=self.samples_per_s,
+            mb_per_s=self.mb_per_s,
+        )
         return out
 
 
@@ -96,8 +99,7 @@ class _TreeMemory:
         self._root = psutil.Process()
         self._interval, self._refresh = interval_s, refresh_s
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="shardloader-bench-mem",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._run, name="shardloader-bench-mem", daemon=True)
         self.peak = 0
 
     def _tree(self) -> list[Any]:
@@ -272,7 +274,12 @@ def sweep(
 
     def dataset(decoded: bool) -> ShardedDataset:
         return ShardedDataset(
-            url, batch_size=batch_size, shuffle=shuffle, seed=seed, collate_fn=collate, read=read,
+            url,
+            batch_size=batch_size,
+            shuffle=shuffle,
+            seed=seed,
+            collate_fn=collate,
+            read=read,
             decoder=(decoder or Decoder()) if decoded else None,
             transform=transform if decoded else None,
         )

@@ -11,8 +11,15 @@ from shardloader.errors import UsageError
 __all__ = ["format_table", "plot"]
 
 _COLUMNS = (
-    ("decode", 6), ("workers", 7), ("prefetch", 8), ("batches/s", 9), ("samples/s", 10),
-    ("MB/s", 8), ("first s", 7), ("peak MB", 8), ("PSS MB", 7),
+    ("decode", 6),
+    ("workers", 7),
+    ("prefetch", 8),
+    ("batches/s", 9),
+    ("samples/s", 10),
+    ("MB/s", 8),
+    ("first s", 7),
+    ("peak MB", 8),
+    ("PSS MB", 7),
 )
 
 
@@ -35,7 +42,9 @@ def format_table(results: Sequence[BenchResult], rec: Recommendation | None = No
         )
         line = "  ".join(f"{c:>{w}}" for c, (_, w) in zip(cells, _COLUMNS, strict=True))
         if rec is not None and (r.decode, r.num_workers, r.prefetch_factor) == (
-            rec.decode, rec.num_workers, rec.prefetch_factor
+            rec.decode,
+            rec.num_workers,
+            rec.prefetch_factor,
         ):
             line += "  <- knee" if rec.knee == rec.num_workers else "  <- recommended (memory)"
         lines.append(line)
@@ -49,9 +58,7 @@ def plot(results: Sequence[BenchResult], rec: Recommendation | None, path: str) 
     try:
         import matplotlib
     except ImportError as err:
-        raise UsageError(
-            "plotting needs matplotlib: pip install 'shardloader[plot]'"
-        ) from err
+        raise UsageError("plotting needs matplotlib: pip install 'shardloader[plot]'") from err
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
 
@@ -77,8 +84,12 @@ def plot(results: Sequence[BenchResult], rec: Recommendation | None, path: str) 
         if not any(pf is not None for _, pf in series):  # only num_workers=0 measured
             for decoded, points in zero.items():
                 if points:
-                    top.plot([0], [points[0].samples_per_s], "o",
-                             label="decoded" if decoded else "raw bytes")
+                    top.plot(
+                        [0],
+                        [points[0].samples_per_s],
+                        "o",
+                        label="decoded" if decoded else "raw bytes",
+                    )
                     bottom.plot([0], [points[0].memory_mb], "o")
         if rec is not None:
             for ax in (top, bottom):

@@ -44,21 +44,42 @@ def _memory_limit_mb() -> float | None:
 
 @main.command("bench")
 @click.argument("dataset")
-@click.option("--workers", help="num_workers values, e.g. 0,1,2,4 (default: 0,1,2,4,... up "
-              "to the core count)")
-@click.option("--prefetch", default="2,4", show_default=True,
-              help="prefetch_factor values (used with num_workers > 0)")
-@click.option("--batches", default=50, show_default=True, type=click.IntRange(min=1),
-              help="batches timed per point, after the first")
-@click.option("--decode/--no-decode", default=None,
-              help="only with / only without decoding (default: both, to tell reading from "
-              "decoding)")
-@click.option("--tolerance", default=DEFAULT_TOLERANCE, show_default=True,
-              type=click.FloatRange(0, 1, max_open=True),
-              help="throughput within this fraction of the best counts as as fast")
+@click.option(
+    "--workers", help="num_workers values, e.g. 0,1,2,4 (default: 0,1,2,4,... up to the core count)"
+)
+@click.option(
+    "--prefetch",
+    default="2,4",
+    show_default=True,
+    help="prefetch_factor values (used with num_workers > 0)",
+)
+@click.option(
+    "--batches",
+    default=50,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="batches timed per point, after the first",
+)
+@click.option(
+    "--decode/--no-decode",
+    default=None,
+    help="only with / only without decoding (default: both, to tell reading from decoding)",
+)
+@click.option(
+    "--tolerance",
+    default=DEFAULT_TOLERANCE,
+    show_default=True,
+    type=click.FloatRange(0, 1, max_open=True),
+    help="throughput within this fraction of the best counts as as fast",
+)
 @click.option("--json", "as_json", is_flag=True, help="print results and recommendation as JSON")
-@click.option("--plot", "plot_path", default=None, metavar="FILE.png",
-              help="draw throughput and memory against num_workers")
+@click.option(
+    "--plot",
+    "plot_path",
+    default=None,
+    metavar="FILE.png",
+    help="draw throughput and memory against num_workers",
+)
 @dataset_options(batch_size=32, transform="auto")
 def bench_command(
     dataset: str,
@@ -104,15 +125,29 @@ def bench_command(
         )
 
     results = bench.sweep(
-        dataset, workers=worker_counts, prefetch=prefetch_counts, batch_size=preset.batch_size,
-        shuffle=preset.shuffle, seed=preset.seed, batches=batches, decode=modes,
-        transform=transform_fn, decoder=decoder, read=preset.read_options(), progress=progress,
+        dataset,
+        workers=worker_counts,
+        prefetch=prefetch_counts,
+        batch_size=preset.batch_size,
+        shuffle=preset.shuffle,
+        seed=preset.seed,
+        batches=batches,
+        decode=modes,
+        transform=transform_fn,
+        decoder=decoder,
+        read=preset.read_options(),
+        progress=progress,
     )
-    rec = bench.recommend(results, tolerance=tolerance, cpu_count=os.cpu_count(),
-                          memory_limit_mb=_memory_limit_mb())
+    rec = bench.recommend(
+        results, tolerance=tolerance, cpu_count=os.cpu_count(), memory_limit_mb=_memory_limit_mb()
+    )
     if as_json:
-        click.echo(json.dumps({"results": [r.as_dict() for r in results],
-                               "recommendation": rec.as_dict()}, indent=2))
+        click.echo(
+            json.dumps(
+                {"results": [r.as_dict() for r in results], "recommendation": rec.as_dict()},
+                indent=2,
+            )
+        )
     else:
         click.echo(bench.format_table(results, rec))
     if plot_path is not None:

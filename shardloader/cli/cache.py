@@ -28,7 +28,9 @@ if TYPE_CHECKING:
 # shardloader.storage pulls in fsspec, too slow for --help)
 DIR_ENV = "SHARDLOADER_CACHE_DIR"
 _cache_dir = click.option(
-    "--cache-dir", default=None, metavar="DIR",
+    "--cache-dir",
+    default=None,
+    metavar="DIR",
     help=f"Cache root (default: ${DIR_ENV}, else $XDG_CACHE_HOME/shardloader, else "
     "~/.cache/shardloader).",
 )
@@ -69,12 +71,20 @@ def info_command(cache_dir: str | None, as_json: bool) -> None:
         old = usage(legacy_root())
         legacy = (legacy_root(), sum(d.bytes for d in old)) if old else None
     if as_json:
-        click.echo(json.dumps({
-            "root": root, "root_source": _root_source(cache_dir), "limit": limit,
-            "limit_source": limit_source, "bytes": total,
-            "datasets": [_dataset_dict(d) for d in datasets],
-            "legacy": None if legacy is None else {"root": legacy[0], "bytes": legacy[1]},
-        }, indent=1))
+        click.echo(
+            json.dumps(
+                {
+                    "root": root,
+                    "root_source": _root_source(cache_dir),
+                    "limit": limit,
+                    "limit_source": limit_source,
+                    "bytes": total,
+                    "datasets": [_dataset_dict(d) for d in datasets],
+                    "legacy": None if legacy is None else {"root": legacy[0], "bytes": legacy[1]},
+                },
+                indent=1,
+            )
+        )
         return
     lines = [
         f"cache root {root}  ({_root_source(cache_dir)})",
@@ -83,17 +93,26 @@ def info_command(cache_dir: str | None, as_json: bool) -> None:
         f"{'' if len(datasets) == 1 else 's'}",
     ]
     for d in datasets:
-        lines.append(f"    {d.fingerprint}  {d.shards:>5} shards  {human_bytes(d.bytes):>9}  "
-                     f"last used {_when(d.last_used)}")
+        lines.append(
+            f"    {d.fingerprint}  {d.shards:>5} shards  {human_bytes(d.bytes):>9}  "
+            f"last used {_when(d.last_used)}"
+        )
     if legacy is not None:
-        lines.append(f"  {legacy[0]} (an earlier shardloader's cache) holds "
-                     f"{human_bytes(legacy[1])}: `shardloader cache clear` removes it")
+        lines.append(
+            f"  {legacy[0]} (an earlier shardloader's cache) holds "
+            f"{human_bytes(legacy[1])}: `shardloader cache clear` removes it"
+        )
     click.echo("\n".join(lines))
 
 
 def _dataset_dict(d: DatasetUsage) -> dict[str, object]:
-    return {"fingerprint": d.fingerprint, "folder": d.folder, "shards": d.shards,
-            "bytes": d.bytes, "last_used": d.last_used}
+    return {
+        "fingerprint": d.fingerprint,
+        "folder": d.folder,
+        "shards": d.shards,
+        "bytes": d.bytes,
+        "last_used": d.last_used,
+    }
 
 
 @cache_group.command("clear")
@@ -113,8 +132,10 @@ def clear_command(fingerprint: str | None, cache_dir: str | None) -> None:
             matches = [fingerprint]
         if len(matches) != 1:
             what = "matches no dataset" if not matches else f"matches {len(matches)} datasets"
-            raise UsageError(f"FINGERPRINT {fingerprint!r} {what} in the cache at {root} "
-                             f"(`shardloader cache info` lists them)")
+            raise UsageError(
+                f"FINGERPRINT {fingerprint!r} {what} in the cache at {root} "
+                f"(`shardloader cache info` lists them)"
+            )
         fingerprint = matches[0]
     elif cache_dir is None and os.path.abspath(legacy_root()) != root:
         roots.append(legacy_root())
@@ -127,6 +148,5 @@ def clear_command(fingerprint: str | None, cache_dir: str | None) -> None:
 def _cleared(root: str, r: ClearReport) -> str:
     text = f"removed {r.files} staged shard files ({human_bytes(r.bytes)}) from {root}"
     if r.busy:
-        text += (f"; {len(r.busy)} being staged by another process right now were left in "
-                 "place")
+        text += f"; {len(r.busy)} being staged by another process right now were left in place"
     return text

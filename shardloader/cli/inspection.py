@@ -26,13 +26,14 @@ from shardloader.units import human_bytes as _human
 __all__ = ["inspect_command", "verify_command"]
 
 
-
 def _fmt_stats(s: Any, unit: str = "") -> str:
     if s is None:
         return "-"
     u = f" {unit}" if unit else ""
-    return (f"min {s.min:,}{u}, median {s.median:,.0f}, mean {s.mean:,.1f}, p95 {s.p95:,.0f}, "
-            f"max {s.max:,}{u}")
+    return (
+        f"min {s.min:,}{u}, median {s.median:,.0f}, mean {s.mean:,.1f}, p95 {s.p95:,.0f}, "
+        f"max {s.max:,}{u}"
+    )
 
 
 @main.command("inspect")
@@ -55,14 +56,17 @@ def inspect_command(dataset: str, as_json: bool, storage_option: tuple[str, ...]
         f"ratio {s.ratio:.2f}x",
         f"  per shard  samples: {_fmt_stats(s.shard_samples)}",
         f"  per sample bytes: {_fmt_stats(s.sample_bytes)}",
-        "  fields     " + ", ".join(
+        "  fields     "
+        + ", ".join(
             f"{k} ({v['codec']}{'/' + v['dtype'] if 'dtype' in v else ''})"
             for k, v in s.fields.items()
         ),
     ]
     if s.lengths is not None:
-        lines.append(f"  lengths    {s.length_field} in {s.length_unit or 'units'}: "
-                     f"{_fmt_stats(s.lengths)}, total {s.lengths.total:,}")
+        lines.append(
+            f"  lengths    {s.length_field} in {s.length_unit or 'units'}: "
+            f"{_fmt_stats(s.lengths)}, total {s.lengths.total:,}"
+        )
     if s.classes:
         lines.append(f"  classes    {len(s.classes)}")
         shown = s.classes if len(s.classes) <= 12 else s.classes[:10]
@@ -80,9 +84,15 @@ def inspect_command(dataset: str, as_json: bool, storage_option: tuple[str, ...]
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @storage_option
 @retry_options
-def verify_command(dataset: str, no_images: bool, as_json: bool, quiet: bool,
-                   storage_option: tuple[str, ...], retries: int | None,
-                   retry_seconds: float | None) -> None:
+def verify_command(
+    dataset: str,
+    no_images: bool,
+    as_json: bool,
+    quiet: bool,
+    storage_option: tuple[str, ...],
+    retries: int | None,
+    retry_seconds: float | None,
+) -> None:
     """Re-hash every shard and parse every sample; exit 1 if anything is bad."""
     from shardloader.verify import verify_dataset
 
@@ -97,8 +107,13 @@ def verify_command(dataset: str, no_images: bool, as_json: bool, quiet: bool,
             bar.total = total
             bar.update(done - bar.n)
 
-    r = verify_dataset(dataset, storage_options(storage_option), images=not no_images,
-                       progress=on_progress, retry=retry_policy(retries, retry_seconds))
+    r = verify_dataset(
+        dataset,
+        storage_options(storage_option),
+        images=not no_images,
+        progress=on_progress,
+        retry=retry_policy(retries, retry_seconds),
+    )
     if bar is not None:
         bar.close()
     if as_json:
@@ -108,7 +123,8 @@ def verify_command(dataset: str, no_images: bool, as_json: bool, quiet: bool,
             click.echo(f"BAD {b.path}")
             for reason in b.reasons:
                 click.echo(f"    {reason}")
-        click.echo(f"{r.shards - len(r.bad)} of {r.shards} shards ok, {r.samples:,} samples "
-                   "checked")
+        click.echo(
+            f"{r.shards - len(r.bad)} of {r.shards} shards ok, {r.samples:,} samples checked"
+        )
     if not r.ok:
         raise ShardError(f"{len(r.bad)} of {r.shards} shards in {dataset} are bad")

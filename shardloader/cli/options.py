@@ -38,7 +38,11 @@ if TYPE_CHECKING:
 F = TypeVar("F", bound=Callable[..., Any])
 
 storage_option = click.option(
-    "--storage-option", "-o", "storage_option", multiple=True, metavar="KEY=VALUE",
+    "--storage-option",
+    "-o",
+    "storage_option",
+    multiple=True,
+    metavar="KEY=VALUE",
     help="fsspec storage option for the URLs given, e.g. endpoint_url=http://host:9000 "
     "(repeatable; VALUE parsed as JSON if it can be).",
 )
@@ -94,12 +98,18 @@ def retry_options(f: F) -> F:
     """``--retries N`` and ``--retry-seconds S``: :func:`retry_policy` turns them into the
     library's ``RetryPolicy``."""
     f = click.option(
-        "--retry-seconds", type=click.FloatRange(min=0, min_open=True), default=None,
-        metavar="S", help="Start no new attempt of a storage request S seconds after its first "
+        "--retry-seconds",
+        type=click.FloatRange(min=0, min_open=True),
+        default=None,
+        metavar="S",
+        help="Start no new attempt of a storage request S seconds after its first "
         f"(default {DEFAULT_RETRY_SECONDS:g}).",
     )(f)
     return click.option(
-        "--retries", type=click.IntRange(min=0), default=None, metavar="N",
+        "--retries",
+        type=click.IntRange(min=0),
+        default=None,
+        metavar="N",
         help="Retry a failed storage request (timeout, reset, 5xx, throttling) up to N times, "
         f"with backoff (default {DEFAULT_RETRIES}).",
     )(f)
@@ -121,8 +131,17 @@ def retry_policy(retries: int | None, retry_seconds: float | None) -> RetryPolic
 
 # -- a dataset from flags: serve DATASET and bench DATASET -----------------------------------
 
-DATASET_FLAGS = ("batch_size", "shuffle", "seed", "transform", "image_size", "image_field",
-                 "cache_dir", "storage_option", *RETRY_FLAGS)
+DATASET_FLAGS = (
+    "batch_size",
+    "shuffle",
+    "seed",
+    "transform",
+    "image_size",
+    "image_field",
+    "cache_dir",
+    "storage_option",
+    *RETRY_FLAGS,
+)
 
 
 def dataset_options(*, batch_size: int | None, transform: str) -> Callable[[F], F]:
@@ -130,25 +149,54 @@ def dataset_options(*, batch_size: int | None, transform: str) -> Callable[[F], 
     for every command that reads one; ``batch_size`` and ``transform`` are the command's
     defaults.  :func:`dataset_preset` collects them."""
     options = [
-        click.option("--batch-size", type=click.IntRange(min=1), default=batch_size,
-                     show_default=batch_size is not None,
-                     help="Samples per batch" + ("." if batch_size else " (default: none, "
-                                                 "samples one by one).")),
-        click.option("--shuffle/--no-shuffle", default=False, show_default=True,
-                     help="Shuffle shards and samples (seeded by --seed)."),
-        click.option("--seed", type=int, default=0, show_default=True,
-                     help="Seed of the shuffle and of the transform's random draws."),
-        click.option("--transform", type=click.Choice(TRANSFORMS), default=transform,
-                     show_default=True, help="Built-in image transform to --image-size "
-                     "(shardloader.vision): train (random resized crop + flip), eval (resize + "
-                     "centre crop), auto (train when the dataset has an image field) or none."),
-        click.option("--image-size", type=click.IntRange(min=1), default=224, show_default=True,
-                     help="Output side of the image transform."),
-        click.option("--image-field", help="Image field the transform applies to (default: "
-                     "'image', which class-folder packs hold whatever the extensions, else the "
-                     "first)."),
-        click.option("--cache-dir", type=click.Path(file_okay=False),
-                     help="Node-local cache for staged shards."),
+        click.option(
+            "--batch-size",
+            type=click.IntRange(min=1),
+            default=batch_size,
+            show_default=batch_size is not None,
+            help="Samples per batch"
+            + ("." if batch_size else " (default: none, samples one by one)."),
+        ),
+        click.option(
+            "--shuffle/--no-shuffle",
+            default=False,
+            show_default=True,
+            help="Shuffle shards and samples (seeded by --seed).",
+        ),
+        click.option(
+            "--seed",
+            type=int,
+            default=0,
+            show_default=True,
+            help="Seed of the shuffle and of the transform's random draws.",
+        ),
+        click.option(
+            "--transform",
+            type=click.Choice(TRANSFORMS),
+            default=transform,
+            show_default=True,
+            help="Built-in image transform to --image-size "
+            "(shardloader.vision): train (random resized crop + flip), eval (resize + "
+            "centre crop), auto (train when the dataset has an image field) or none.",
+        ),
+        click.option(
+            "--image-size",
+            type=click.IntRange(min=1),
+            default=224,
+            show_default=True,
+            help="Output side of the image transform.",
+        ),
+        click.option(
+            "--image-field",
+            help="Image field the transform applies to (default: "
+            "'image', which class-folder packs hold whatever the extensions, else the "
+            "first).",
+        ),
+        click.option(
+            "--cache-dir",
+            type=click.Path(file_okay=False),
+            help="Node-local cache for staged shards.",
+        ),
         storage_option,
         retry_options,
     ]
@@ -168,8 +216,14 @@ def dataset_preset(flags: dict[str, Any], **extra: Any) -> DatasetPreset:
 
     f = {name: flags.pop(name) for name in DATASET_FLAGS}
     return DatasetPreset(
-        batch_size=f["batch_size"], shuffle=f["shuffle"], seed=f["seed"],
-        transform=f["transform"], image_size=f["image_size"], image_field=f["image_field"],
-        cache_dir=f["cache_dir"], storage_options=storage_options(f["storage_option"]),
-        retry=retry_policy(f["retries"], f["retry_seconds"]), **extra,
+        batch_size=f["batch_size"],
+        shuffle=f["shuffle"],
+        seed=f["seed"],
+        transform=f["transform"],
+        image_size=f["image_size"],
+        image_field=f["image_field"],
+        cache_dir=f["cache_dir"],
+        storage_options=storage_options(f["storage_option"]),
+        retry=retry_policy(f["retries"], f["retry_seconds"]),
+        **extra,
     )

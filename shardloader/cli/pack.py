@@ -40,42 +40,111 @@ LAYOUTS = ("auto", "class-folders", "key-groups", "records")
 @main.command("pack")
 @click.argument("src")
 @click.argument("out")
-@click.option("--format", "fmt", type=click.Choice(["tar", "arrow"]), default="tar",
-              show_default=True, help="Shard format.")
-@click.option("--compression", type=click.Choice(["zstd", "gzip", "none"]), default="zstd",
-              show_default=True, help="Shard compression (arrow: zstd or none).")
-@click.option("--shard-size", default=f"{DEFAULT_SHARD_SIZE >> 20}MiB", show_default=True,
-              help="Roll over to a new shard at this many uncompressed bytes (0: no limit).")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["tar", "arrow"]),
+    default="tar",
+    show_default=True,
+    help="Shard format.",
+)
+@click.option(
+    "--compression",
+    type=click.Choice(["zstd", "gzip", "none"]),
+    default="zstd",
+    show_default=True,
+    help="Shard compression (arrow: zstd or none).",
+)
+@click.option(
+    "--shard-size",
+    default=f"{DEFAULT_SHARD_SIZE >> 20}MiB",
+    show_default=True,
+    help="Roll over to a new shard at this many uncompressed bytes (0: no limit).",
+)
 @click.option("--max-samples", type=int, default=None, help="At most this many samples a shard.")
-@click.option("--layout", type=click.Choice(LAYOUTS), default="auto", show_default=True,
-              help="Input layout (default: detected).")
+@click.option(
+    "--layout",
+    type=click.Choice(LAYOUTS),
+    default="auto",
+    show_default=True,
+    help="Input layout (default: detected).",
+)
 @click.option("--workers", type=int, default=1, show_default=True, help="Writer processes.")
-@click.option("--num-parts", type=int, default=1, show_default=True,
-              help="Split the job into this many parts (one per machine) ...")
-@click.option("--part", type=int, default=0, show_default=True,
-              help="... and pack only this one (0-based); combine with `shardloader merge`.")
-@click.option("--on-error", type=click.Choice(["fail", "skip"]), default="fail",
-              show_default=True, help="Bad input: stop, or skip it and report it.")
-@click.option("--validate", is_flag=True, help="Decode every image to check it (without it, a "
-              "cheap check: empty files, unreadable headers, truncated JPEG/PNG/WebP).")
-@click.option("--alias", "alias", multiple=True, metavar="FIELD=EXT,...",
-              help="Read several extensions as one field, e.g. image=jpg,jpeg,png (repeatable; "
-              "recorded in the manifest; class folders get image=<their extensions>).")
-@click.option("--tokenizer", type=click.Path(dir_okay=False), default=None,
-              help="Hugging Face tokenizers JSON file: store token ids in a 'tokens' field.")
-@click.option("--text-field", default="text", show_default=True,
-              help="JSON key (or field) holding the text to measure / tokenize.")
+@click.option(
+    "--num-parts",
+    type=int,
+    default=1,
+    show_default=True,
+    help="Split the job into this many parts (one per machine) ...",
+)
+@click.option(
+    "--part",
+    type=int,
+    default=0,
+    show_default=True,
+    help="... and pack only this one (0-based); combine with `shardloader merge`.",
+)
+@click.option(
+    "--on-error",
+    type=click.Choice(["fail", "skip"]),
+    default="fail",
+    show_default=True,
+    help="Bad input: stop, or skip it and report it.",
+)
+@click.option(
+    "--validate",
+    is_flag=True,
+    help="Decode every image to check it (without it, a "
+    "cheap check: empty files, unreadable headers, truncated JPEG/PNG/WebP).",
+)
+@click.option(
+    "--alias",
+    "alias",
+    multiple=True,
+    metavar="FIELD=EXT,...",
+    help="Read several extensions as one field, e.g. image=jpg,jpeg,png (repeatable; "
+    "recorded in the manifest; class folders get image=<their extensions>).",
+)
+@click.option(
+    "--tokenizer",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Hugging Face tokenizers JSON file: store token ids in a 'tokens' field.",
+)
+@click.option(
+    "--text-field",
+    default="text",
+    show_default=True,
+    help="JSON key (or field) holding the text to measure / tokenize.",
+)
 @click.option("--resume", is_flag=True, help="Keep the intact shards of an interrupted pack.")
 @click.option("--overwrite", is_flag=True, help="Replace a previous pack in OUT.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary.")
 @storage_option
 @retry_options
-def pack_command(src: str, out: str, fmt: str, compression: str, shard_size: str,
-                 max_samples: int | None, layout: str, workers: int, num_parts: int, part: int,
-                 on_error: str, validate: bool, tokenizer: str | None, text_field: str,
-                 resume: bool, overwrite: bool, quiet: bool, alias: tuple[str, ...],
-                 storage_option: tuple[str, ...], retries: int | None,
-                 retry_seconds: float | None) -> None:
+def pack_command(
+    src: str,
+    out: str,
+    fmt: str,
+    compression: str,
+    shard_size: str,
+    max_samples: int | None,
+    layout: str,
+    workers: int,
+    num_parts: int,
+    part: int,
+    on_error: str,
+    validate: bool,
+    tokenizer: str | None,
+    text_field: str,
+    resume: bool,
+    overwrite: bool,
+    quiet: bool,
+    alias: tuple[str, ...],
+    storage_option: tuple[str, ...],
+    retries: int | None,
+    retry_seconds: float | None,
+) -> None:
     """Pack the raw files in SRC into shards + index.json in OUT.
 
     SRC (a folder, a file or an fsspec URL) holds class folders (SRC/<class>/<image>), key
@@ -86,19 +155,36 @@ def pack_command(src: str, out: str, fmt: str, compression: str, shard_size: str
 
     retry = retry_policy(retries, retry_seconds)
     options = PackOptions(
-        format=fmt, compression=compression, shard_size=parse_size(shard_size),
-        max_samples=max_samples, layout=layout, on_error=on_error, validate=validate,
-        tokenizer=tokenizer, text_field=text_field, workers=workers, num_parts=num_parts,
-        part=part, resume=resume, overwrite=overwrite,
-        storage_options=storage_options(storage_option), aliases=_aliases(alias),
+        format=fmt,
+        compression=compression,
+        shard_size=parse_size(shard_size),
+        max_samples=max_samples,
+        layout=layout,
+        on_error=on_error,
+        validate=validate,
+        tokenizer=tokenizer,
+        text_field=text_field,
+        workers=workers,
+        num_parts=num_parts,
+        part=part,
+        resume=resume,
+        overwrite=overwrite,
+        storage_options=storage_options(storage_option),
+        aliases=_aliases(alias),
         **({} if retry is None else {"retry": retry}),
     )
     bar = None
     if show_progress(quiet):
         from tqdm import tqdm
 
-        bar = tqdm(unit="B", unit_scale=True, unit_divisor=1000, desc="pack", file=sys.stderr,
-                   dynamic_ncols=True)
+        bar = tqdm(
+            unit="B",
+            unit_scale=True,
+            unit_divisor=1000,
+            desc="pack",
+            file=sys.stderr,
+            dynamic_ncols=True,
+        )
 
     def on_progress(p: PackProgress) -> None:
         if bar is None:
@@ -107,8 +193,9 @@ def pack_command(src: str, out: str, fmt: str, compression: str, shard_size: str
             bar.total = p.total_bytes
         bar.update(p.bytes_in - bar.n)
         rate = p.samples / p.seconds if p.seconds > 0 else 0.0
-        bar.set_postfix_str(f"{p.samples} samples, {rate:,.0f} samples/s, {p.shards} shards",
-                            refresh=False)
+        bar.set_postfix_str(
+            f"{p.samples} samples, {rate:,.0f} samples/s, {p.shards} shards", refresh=False
+        )
 
     try:
         with interruptible():
@@ -118,7 +205,8 @@ def pack_command(src: str, out: str, fmt: str, compression: str, shard_size: str
             bar.close()
         click.echo(
             "interrupted: no manifest was written; finished shards stay in OUT, re-run with "
-            "--resume to keep them", err=True,
+            "--resume to keep them",
+            err=True,
         )
         sys.exit(130)
     if bar is not None:
@@ -132,11 +220,12 @@ def format_report(r: PackReport) -> str:
     m = r.manifest
     lines = [
         f"packed {r.out}: {m.format}/{m.compression}, layout {m.layout}",
-        f"  samples   {r.samples:,}" + (f"  (skipped {r.skipped:,}, see {r.skip_report})"
-                                        if r.skipped else ""),
-        f"  shards    {r.shards:,}" + (f"  ({r.kept_shards} kept from an earlier run)"
-                                       if r.kept_shards else ""),
-        "  fields    " + ", ".join(
+        f"  samples   {r.samples:,}"
+        + (f"  (skipped {r.skipped:,}, see {r.skip_report})" if r.skipped else ""),
+        f"  shards    {r.shards:,}"
+        + (f"  ({r.kept_shards} kept from an earlier run)" if r.kept_shards else ""),
+        "  fields    "
+        + ", ".join(
             f"{k}:{v.codec}" + (f" ({'/'.join(m.aliases[k])})" if k in m.aliases else "")
             for k, v in sorted(m.fields.items())
         ),
@@ -156,12 +245,21 @@ def format_report(r: PackReport) -> str:
 @click.argument("part_dirs", nargs=-1, required=True)
 @click.argument("out")
 @click.option("--copy", "mode", flag_value="copy", help="Copy shards into OUT (single-pack names).")
-@click.option("--reference", "mode", flag_value="reference",
-              help="Point at the shards in place (parts must be inside OUT).")
+@click.option(
+    "--reference",
+    "mode",
+    flag_value="reference",
+    help="Point at the shards in place (parts must be inside OUT).",
+)
 @click.option("--overwrite", is_flag=True, help="Replace a previous manifest in OUT.")
 @storage_option
-def merge_command(part_dirs: tuple[str, ...], out: str, mode: str | None, overwrite: bool,
-                  storage_option: tuple[str, ...]) -> None:
+def merge_command(
+    part_dirs: tuple[str, ...],
+    out: str,
+    mode: str | None,
+    overwrite: bool,
+    storage_option: tuple[str, ...],
+) -> None:
     """Combine the outputs of `pack --num-parts N --part I` into OUT, in single-pack order.
 
     By default shards are referenced in place when every part folder is inside OUT, and copied
@@ -169,22 +267,39 @@ def merge_command(part_dirs: tuple[str, ...], out: str, mode: str | None, overwr
     """
     from shardloader.pack.merge import merge
 
-    r = merge(part_dirs, out, mode=mode or "auto", overwrite=overwrite,
-              storage_options=storage_options(storage_option))
-    click.echo(f"merged {r.parts} parts into {out} ({r.mode}): {len(r.manifest.shards)} shards, "
-               f"{r.manifest.num_samples:,} samples")
+    r = merge(
+        part_dirs,
+        out,
+        mode=mode or "auto",
+        overwrite=overwrite,
+        storage_options=storage_options(storage_option),
+    )
+    click.echo(
+        f"merged {r.parts} parts into {out} ({r.mode}): {len(r.manifest.shards)} shards, "
+        f"{r.manifest.num_samples:,} samples"
+    )
 
 
 @main.command("index")
 @click.argument("shards", nargs=-1, required=True)
 @click.argument("out")
 @click.option("--overwrite", is_flag=True, help="Replace an index.json already in OUT.")
-@click.option("--max-member-size", default="1GiB", show_default=True,
-              help="Refuse a shard with a larger member (one field of one sample); 0: no limit.")
+@click.option(
+    "--max-member-size",
+    default="1GiB",
+    show_default=True,
+    help="Refuse a shard with a larger member (one field of one sample); 0: no limit.",
+)
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @storage_option
-def index_command(shards: tuple[str, ...], out: str, overwrite: bool, max_member_size: str,
-                  quiet: bool, storage_option: tuple[str, ...]) -> None:
+def index_command(
+    shards: tuple[str, ...],
+    out: str,
+    overwrite: bool,
+    max_member_size: str,
+    quiet: bool,
+    storage_option: tuple[str, ...],
+) -> None:
     """Write a manifest in OUT for existing webdataset tar shards, without rewriting them.
 
     SHARDS are .tar/.tar.gz/.tar.zst files or folders holding them, inside OUT (the manifest
@@ -203,9 +318,14 @@ def index_command(shards: tuple[str, ...], out: str, overwrite: bool, max_member
             bar.total = total
             bar.update(done - bar.n)
 
-    r = index_shards(shards, out, overwrite=overwrite,
-                     storage_options=storage_options(storage_option), progress=on_progress,
-                     max_member_bytes=parse_size(max_member_size))
+    r = index_shards(
+        shards,
+        out,
+        overwrite=overwrite,
+        storage_options=storage_options(storage_option),
+        progress=on_progress,
+        max_member_bytes=parse_size(max_member_size),
+    )
     if bar is not None:
         bar.close()
     m = r.manifest

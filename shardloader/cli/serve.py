@@ -27,31 +27,83 @@ __all__ = ["serve"]
 
 @main.command()
 @click.argument("pipeline")
-@click.option("--host", default="127.0.0.1", show_default=True,
-              help="Address to listen on; any non-loopback address needs --token-file.")
-@click.option("--port", type=click.IntRange(0, 65535), default=8470, show_default=True,
-              help="Port to listen on; 0 picks a free one (see --port-file).")
-@click.option("--port-file", type=click.Path(dir_okay=False),
-              help="Write the bound port here once listening.")
-@click.option("--token-file", type=click.Path(dir_okay=False),
-              help="File holding the bearer token every request but /health must carry.")
-@click.option("--workers", type=click.IntRange(0), default=2, show_default=True,
-              help="DataLoader worker processes per stream.")
-@click.option("--max-inflight", type=click.IntRange(1), default=4, show_default=True,
-              help="Finished batches buffered per stream (backpressure).")
-@click.option("--max-clients", type=click.IntRange(1), default=8, show_default=True,
-              help="Concurrent streams; more are answered 503 with Retry-After.")
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address to listen on; any non-loopback address needs --token-file.",
+)
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=8470,
+    show_default=True,
+    help="Port to listen on; 0 picks a free one (see --port-file).",
+)
+@click.option(
+    "--port-file", type=click.Path(dir_okay=False), help="Write the bound port here once listening."
+)
+@click.option(
+    "--token-file",
+    type=click.Path(dir_okay=False),
+    help="File holding the bearer token every request but /health must carry.",
+)
+@click.option(
+    "--workers",
+    type=click.IntRange(0),
+    default=2,
+    show_default=True,
+    help="DataLoader worker processes per stream.",
+)
+@click.option(
+    "--max-inflight",
+    type=click.IntRange(1),
+    default=4,
+    show_default=True,
+    help="Finished batches buffered per stream (backpressure).",
+)
+@click.option(
+    "--max-clients",
+    type=click.IntRange(1),
+    default=8,
+    show_default=True,
+    help="Concurrent streams; more are answered 503 with Retry-After.",
+)
 @dataset_options(batch_size=None, transform="none")
-@click.option("--uneven", type=click.Choice(["pad", "drop"]), default="pad", show_default=True,
-              help="Even out the ranks' steps by repeating samples, or by dropping them.")
-@click.option("--decode", type=click.Choice(IMAGE_DECODES), default="tensor", show_default=True,
-              help="How image fields decode without a --transform.")
-@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
-              default="info", show_default=True)
+@click.option(
+    "--uneven",
+    type=click.Choice(["pad", "drop"]),
+    default="pad",
+    show_default=True,
+    help="Even out the ranks' steps by repeating samples, or by dropping them.",
+)
+@click.option(
+    "--decode",
+    type=click.Choice(IMAGE_DECODES),
+    default="tensor",
+    show_default=True,
+    help="How image fields decode without a --transform.",
+)
+@click.option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error"]),
+    default="info",
+    show_default=True,
+)
 @click.pass_context
-def serve(ctx: click.Context, pipeline: str, host: str, port: int, port_file: str | None,
-          token_file: str | None, workers: int, max_inflight: int, max_clients: int,
-          log_level: str, **dataset_flags: Any) -> None:
+def serve(
+    ctx: click.Context,
+    pipeline: str,
+    host: str,
+    port: int,
+    port_file: str | None,
+    token_file: str | None,
+    workers: int,
+    max_inflight: int,
+    max_clients: int,
+    log_level: str,
+    **dataset_flags: Any,
+) -> None:
     """Serve PIPELINE's batches to RemoteLoader clients (GET /v1/batches, /v1/info, /metrics,
     /health).
 
@@ -68,22 +120,34 @@ def serve(ctx: click.Context, pipeline: str, host: str, port: int, port_file: st
     if port_file and not os.path.isdir(os.path.dirname(os.path.abspath(port_file))):
         raise UsageError(f"--port-file {port_file}: its folder does not exist")
     if not is_loopback(host) and token is None:
-        raise UsageError(f"--host {host} is not a loopback address: pass --token-file so every "
-                         "request is authenticated")
-    options = ServeOptions(workers=workers, max_inflight=max_inflight, max_clients=max_clients,
-                           token=token)
+        raise UsageError(
+            f"--host {host} is not a loopback address: pass --token-file so every "
+            "request is authenticated"
+        )
+    options = ServeOptions(
+        workers=workers, max_inflight=max_inflight, max_clients=max_clients, token=token
+    )
     preset = None
     if is_factory(pipeline):
-        given = [f"--{name.replace('_', '-')}" for name in SERVE_DATASET_FLAGS
-                 if ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT]
+        given = [
+            f"--{name.replace('_', '-')}"
+            for name in SERVE_DATASET_FLAGS
+            if ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT
+        ]
         if given:
-            raise UsageError(f"{', '.join(given)} configure a dataset path; the factory "
-                             f"{pipeline} configures its own dataset")
+            raise UsageError(
+                f"{', '.join(given)} configure a dataset path; the factory "
+                f"{pipeline} configures its own dataset"
+            )
     else:
-        preset = dataset_preset(dataset_flags, uneven=dataset_flags.pop("uneven"),
-                                decode=dataset_flags.pop("decode"))
-    logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        preset = dataset_preset(
+            dataset_flags, uneven=dataset_flags.pop("uneven"), decode=dataset_flags.pop("decode")
+        )
+    logging.basicConfig(
+        level=log_level.upper(),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     dataset = load_pipeline(pipeline, preset)
 
     def ready(bound_host: str, bound_port: int) -> None:
@@ -93,9 +157,17 @@ def serve(ctx: click.Context, pipeline: str, host: str, port: int, port_file: st
                 f.write(f"{bound_port}\n")
             os.replace(tmp, port_file)
         shown = f"[{bound_host}]" if ":" in bound_host else bound_host
-        click.echo(f"serving {pipeline} on http://{shown}:{bound_port} "
-                   f"({dataset.manifest.num_samples} samples, {workers} workers per stream)")
+        click.echo(
+            f"serving {pipeline} on http://{shown}:{bound_port} "
+            f"({dataset.manifest.num_samples} samples, {workers} workers per stream)"
+        )
         sys.stdout.flush()
 
-    run_server(dataset, options, host=host, port=port, on_ready=ready,
-               log_level="warning" if log_level == "info" else log_level)
+    run_server(
+        dataset,
+        options,
+        host=host,
+        port=port,
+        on_ready=ready,
+        log_level="warning" if log_level == "info" else log_level,
+    )

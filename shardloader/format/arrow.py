@@ -27,8 +27,14 @@ from shardloader.schema import unsafe_key_error
 if TYPE_CHECKING:
     from shardloader.manifest import FieldInfo, ShardInfo
 
-__all__ = ["FORMAT", "KEY_COLUMN", "ArrowFormat", "ArrowShardReader", "ArrowShardWriter",
-           "row_checksum"]
+__all__ = [
+    "FORMAT",
+    "KEY_COLUMN",
+    "ArrowFormat",
+    "ArrowShardReader",
+    "ArrowShardWriter",
+    "row_checksum",
+]
 
 _ROWS_PER_BATCH = 1024
 _BYTES_PER_BATCH = 8 << 20
@@ -135,8 +141,12 @@ def _check_declared(data: bytes | memoryview, where: str, limit: int | None) -> 
     """Refuse a file whose batches would decompress past ``limit``, before pyarrow does."""
     sizes = declared_sizes(data, where)
     if limit is not None and sizes.uncompressed_bytes > limit:
-        raise too_big(where, f"its batches' declared {sizes.uncompressed_bytes:,} bytes", limit,
-                      "the manifest allows for this shard")
+        raise too_big(
+            where,
+            f"its batches' declared {sizes.uncompressed_bytes:,} bytes",
+            limit,
+            "the manifest allows for this shard",
+        )
 
 
 def iter_arrow(
@@ -187,8 +197,9 @@ def stage_arrow(src: BinaryIO, dst: BinaryIO, where: str, limit: int | None = No
             for b in range(reader.num_record_batches):
                 writer.write_batch(reader.get_batch(b))
                 if limit is not None and dst.tell() - before > limit:
-                    raise too_big(where, "the staged shard", limit,
-                                  "the manifest allows for this shard")
+                    raise too_big(
+                        where, "the staged shard", limit, "the manifest allows for this shard"
+                    )
     except (pa.ArrowInvalid, OSError) as err:
         if isinstance(err, ShardError):
             raise
@@ -284,13 +295,21 @@ class ArrowFormat(Format):
         return ArrowShardReader(local_path, index, where, verify)
 
     def stage(
-        self, src: BinaryIO, dst: BinaryIO, compression: str, where: str,
+        self,
+        src: BinaryIO,
+        dst: BinaryIO,
+        compression: str,
+        where: str,
         limit: int | None = None,
     ) -> int:
         return stage_arrow(src, dst, where, limit)
 
     def iter_stored(
-        self, src: BinaryIO, compression: str, where: str, limit: int | None = None,
+        self,
+        src: BinaryIO,
+        compression: str,
+        where: str,
+        limit: int | None = None,
         max_member: int | None = None,
     ) -> Iterator[Sample]:
         return iter_arrow(src, where, limit, max_member)

@@ -211,8 +211,13 @@ class TarShardReader:
         if fields is not None:
             return key, fields
         blob = self._map[offset : offset + size]
-        members = iter_members(io.BytesIO(blob), self._where, False, limit=size,
-                                reason="the sample index declares for this sample")
+        members = iter_members(
+            io.BytesIO(blob),
+            self._where,
+            False,
+            limit=size,
+            reason="the sample index declares for this sample",
+        )
         samples = list(iter_samples(members, self._where))
         if len(samples) != 1 or samples[0][0] != key:
             raise ShardError(
@@ -263,19 +268,31 @@ class TarFormat(Format):
         return TarShardReader(local_path, index, where, verify)
 
     def stage(
-        self, src: BinaryIO, dst: BinaryIO, compression: str, where: str,
+        self,
+        src: BinaryIO,
+        dst: BinaryIO,
+        compression: str,
+        where: str,
         limit: int | None = None,
     ) -> int:
         return stage_stream(src, dst, compression, where, limit)
 
     def iter_stored(
-        self, src: BinaryIO, compression: str, where: str, limit: int | None = None,
+        self,
+        src: BinaryIO,
+        compression: str,
+        where: str,
+        limit: int | None = None,
         max_member: int | None = None,
     ) -> Iterator[Sample]:
         return iter_tar(src, compression, where, limit, max_member)
 
     def scan(
-        self, src: BinaryIO, compression: str, where: str, max_member: int | None,
+        self,
+        src: BinaryIO,
+        compression: str,
+        where: str,
+        max_member: int | None,
         length_fields: Sequence[str] = (),
     ) -> ScannedShard:
         return scan_tar(src, compression, where, max_member, length_fields)
@@ -286,8 +303,12 @@ class TarFormat(Format):
             return None
         offsets, sizes = index.offsets, index.sizes
         ends = offsets + sizes
-        bad = ((ends > info.raw_bytes - BLOCK) | (sizes < BLOCK) | (offsets % BLOCK != 0)
-               | (sizes % BLOCK != 0))
+        bad = (
+            (ends > info.raw_bytes - BLOCK)
+            | (sizes < BLOCK)
+            | (offsets % BLOCK != 0)
+            | (sizes % BLOCK != 0)
+        )
         if not bad.any():
             return None
         i = int(bad.argmax())

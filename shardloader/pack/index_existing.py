@@ -218,16 +218,29 @@ def index_shards(
         if progress is not None:
             progress(i + 1, len(urls))
     for rel, index_path, scanned in scans:
-        index = scanned.index if all_text else SampleIndex(
-            scanned.index.keys, scanned.index.offsets, scanned.index.sizes,
-            checksums=scanned.index.checksums,
+        index = (
+            scanned.index
+            if all_text
+            else SampleIndex(
+                scanned.index.keys,
+                scanned.index.offsets,
+                scanned.index.sizes,
+                checksums=scanned.index.checksums,
+            )
         )
         data = index.to_arrow_bytes()
         store.join(index_path).write_bytes_atomic(data)
-        infos.append(ShardInfo(
-            rel, len(index), scanned.stored, scanned.raw, scanned.sha256, index_path,
-            hashlib.sha256(data).hexdigest(),
-        ))
+        infos.append(
+            ShardInfo(
+                rel,
+                len(index),
+                scanned.stored,
+                scanned.raw,
+                scanned.sha256,
+                index_path,
+                hashlib.sha256(data).hexdigest(),
+            )
+        )
     manifest = Manifest(
         format=fmt.name,
         compression=compression,

@@ -193,25 +193,41 @@ def merge(
         if m.extra.get("skip_report"):
             skips.extend(read_skip_report(base.join(str(m.extra["skip_report"]))))
 
-    staging = store.local_path if store.is_local else tempfile.mkdtemp(
-        prefix="shardloader-merge-")
+    staging = store.local_path if store.is_local else tempfile.mkdtemp(prefix="shardloader-merge-")
     os.makedirs(staging, exist_ok=True)
     shards = []
     copied = 0
     for number in sorted(by_number):
         shard, base, rel = by_number[number]
         if mode == "reference":
-            shards.append(ShardInfo(
-                f"{rel}/{shard.path}", shard.num_samples, shard.bytes, shard.raw_bytes,
-                shard.sha256, f"{rel}/{shard.index_path}", shard.index_sha256,
-            ))
+            shards.append(
+                ShardInfo(
+                    f"{rel}/{shard.path}",
+                    shard.num_samples,
+                    shard.bytes,
+                    shard.raw_bytes,
+                    shard.sha256,
+                    f"{rel}/{shard.index_path}",
+                    shard.index_sha256,
+                )
+            )
             continue
         name, index_name = shard_names(number, first.format, first.compression)
         copied += _copy_verified(base.join(shard.path), store.join(name), shard.sha256, staging)
-        copied += _copy_verified(base.join(shard.index_path), store.join(index_name),
-                                 shard.index_sha256, staging)
-        shards.append(ShardInfo(name, shard.num_samples, shard.bytes, shard.raw_bytes,
-                                shard.sha256, index_name, shard.index_sha256))
+        copied += _copy_verified(
+            base.join(shard.index_path), store.join(index_name), shard.index_sha256, staging
+        )
+        shards.append(
+            ShardInfo(
+                name,
+                shard.num_samples,
+                shard.bytes,
+                shard.raw_bytes,
+                shard.sha256,
+                index_name,
+                shard.index_sha256,
+            )
+        )
     if not store.is_local:
         os.rmdir(staging)
 
@@ -223,9 +239,15 @@ def merge(
     if skips:
         extra["skip_report"] = SKIP_REPORT
     manifest = Manifest(
-        format=first.format, compression=first.compression, fields=first.fields, shards=shards,
-        classes=first.classes, layout=first.layout, length_field=first.length_field,
-        extra=extra, aliases=first.aliases,
+        format=first.format,
+        compression=first.compression,
+        fields=first.fields,
+        shards=shards,
+        classes=first.classes,
+        layout=first.layout,
+        length_field=first.length_field,
+        extra=extra,
+        aliases=first.aliases,
     )
     store.join(MANIFEST_NAME).write_bytes_atomic(manifest.to_json())
     if existing:

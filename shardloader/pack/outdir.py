@@ -63,7 +63,9 @@ def shard_pattern(part: int | None) -> re.Pattern[str]:
 
 
 def list_out(
-    out: Out, storage_options: Mapping[str, Any] | None = None, *,
+    out: Out,
+    storage_options: Mapping[str, Any] | None = None,
+    *,
     policy: RetryPolicy | None = None,
 ) -> list[str]:
     """Files below ``out`` (relative paths); [] if it does not exist."""
@@ -109,7 +111,9 @@ def check_writable(
 
 
 def old_manifest_paths(
-    out: Out, storage_options: Mapping[str, Any] | None = None, *,
+    out: Out,
+    storage_options: Mapping[str, Any] | None = None,
+    *,
     policy: RetryPolicy | None = None,
 ) -> set[str]:
     """Shard and sidecar paths listed by an existing manifest in ``out`` (none if unreadable)."""
@@ -163,7 +167,10 @@ def remove_stale(
 
 
 def remove_temps(
-    out: Out, existing: Iterable[str], storage_options: Mapping[str, Any] | None = None, *,
+    out: Out,
+    existing: Iterable[str],
+    storage_options: Mapping[str, Any] | None = None,
+    *,
     policy: RetryPolicy | None = None,
 ) -> None:
     """Delete temporary files that killed runs left behind (never final names)."""
@@ -175,17 +182,23 @@ def remove_temps(
 
 
 def write_skip_report(
-    out: Out, skips: Iterable[Mapping[str, Any]],
-    storage_options: Mapping[str, Any] | None = None, *, policy: RetryPolicy | None = None,
+    out: Out,
+    skips: Iterable[Mapping[str, Any]],
+    storage_options: Mapping[str, Any] | None = None,
+    *,
+    policy: RetryPolicy | None = None,
 ) -> None:
     """One JSON object per skipped sample or file, in plan order (reproducible bytes)."""
     lines = [json.dumps(dict(s), sort_keys=True, ensure_ascii=False) + "\n" for s in skips]
     as_store(out, storage_options, policy).join(SKIP_REPORT).write_bytes_atomic(
-        "".join(lines).encode())
+        "".join(lines).encode()
+    )
 
 
 def read_skip_report(
-    url: Out, storage_options: Mapping[str, Any] | None = None, *,
+    url: Out,
+    storage_options: Mapping[str, Any] | None = None,
+    *,
     policy: RetryPolicy | None = None,
 ) -> list[dict[str, Any]]:
     data = as_store(url, storage_options, policy).read_bytes()

@@ -179,8 +179,10 @@ class _Bad(Exception):
         if self.ref is not None:
             return f"{self.ref.url} (key {key!r}): {self.reason}"
         if self.sample.file:
-            return f"{join(spec.src, self.sample.file)} {self.sample.where} (key {key!r}): " \
+            return (
+                f"{join(spec.src, self.sample.file)} {self.sample.where} (key {key!r}): "
                 f"{self.reason}"
+            )
         return f"sample {key!r}: {self.reason}"
 
     def record(self, number: int) -> dict[str, Any]:
@@ -307,15 +309,25 @@ def _try_keep(spec: WriteSpec, task: ShardTask, digest: str) -> ShardResult | No
     except ShardloaderError as err:
         log.warning("%s: cannot reuse (%s); packing it again", shard_url, err)
         return None
-    if sha != meta.get("sha256") or size != meta.get("bytes") or len(index) != meta.get(
-        "num_samples"
+    if (
+        sha != meta.get("sha256")
+        or size != meta.get("bytes")
+        or len(index) != meta.get("num_samples")
     ):
         log.warning("%s: checksum does not match its sidecar; packing it again", shard_url)
         return None
     return ShardResult(
-        task.plan.number, task.name, task.index_name, len(index), size, int(meta["raw_bytes"]),
-        sha, hashlib.sha256(sidecar).hexdigest(), int(meta.get("bytes_in", 0)),
-        tuple(meta.get("skips", ())), kept=True,
+        task.plan.number,
+        task.name,
+        task.index_name,
+        len(index),
+        size,
+        int(meta["raw_bytes"]),
+        sha,
+        hashlib.sha256(sidecar).hexdigest(),
+        int(meta.get("bytes_in", 0)),
+        tuple(meta.get("skips", ())),
+        kept=True,
     )
 
 
@@ -364,9 +376,18 @@ def write_shard(spec: WriteSpec, task: ShardTask) -> ShardResult:
     }
     sidecar = sidecar_bytes(written.index, meta)
     return ShardResult(
-        task.plan.number, task.name, task.index_name, written.num_samples, written.bytes,
-        written.raw_bytes, written.sha256, hashlib.sha256(sidecar).hexdigest(), bytes_in,
-        tuple(skips), temp=tmp, sidecar=sidecar,
+        task.plan.number,
+        task.name,
+        task.index_name,
+        written.num_samples,
+        written.bytes,
+        written.raw_bytes,
+        written.sha256,
+        hashlib.sha256(sidecar).hexdigest(),
+        bytes_in,
+        tuple(skips),
+        temp=tmp,
+        sidecar=sidecar,
     )
 
 

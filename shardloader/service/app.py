@@ -74,11 +74,15 @@ class Service:
         if self._token is None:
             return
         scheme, _, value = headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(value.strip().encode(),
-                                                                 self._token):
-            raise _ServiceError(401, "missing or wrong token: send 'Authorization: Bearer "
-                                "<token>' with the token in the server's --token-file",
-                                {"www-authenticate": 'Bearer realm="shardloader"'})
+        if scheme.lower() != "bearer" or not hmac.compare_digest(
+            value.strip().encode(), self._token
+        ):
+            raise _ServiceError(
+                401,
+                "missing or wrong token: send 'Authorization: Bearer "
+                "<token>' with the token in the server's --token-file",
+                {"www-authenticate": 'Bearer realm="shardloader"'},
+            )
 
     async def health(self, request: Any) -> Any:
         from starlette.responses import JSONResponse
@@ -90,8 +94,9 @@ class Service:
         from starlette.responses import Response
 
         _params(request.query_params, {})
-        return Response(self.metrics.render(),
-                        media_type="text/plain; version=0.0.4; charset=utf-8")
+        return Response(
+            self.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8"
+        )
 
     def _read_request(self, params: dict[str, str]) -> tuple[int, int, int, int]:
         epoch = _int(params, "epoch", 0)
@@ -101,13 +106,18 @@ class Service:
             raise _ServiceError(400, f"rank {rank} is outside world_size {world}")
         position = _int(params, "position", 0)
         ds = self.dataset
-        for name, mine in (("fingerprint", ds.manifest.fingerprint), ("seed", str(ds.seed)),
-                           ("plan", ds.plan_signature)):
+        for name, mine in (
+            ("fingerprint", ds.manifest.fingerprint),
+            ("seed", str(ds.seed)),
+            ("plan", ds.plan_signature),
+        ):
             if name in params and params[name] != mine:
                 raise _ServiceError(
-                    409, f"the client expects {name} {params[name][:200]!r} but this server "
+                    409,
+                    f"the client expects {name} {params[name][:200]!r} but this server "
                     f"serves {mine!r}: client and server must read the same dataset with the "
-                    "same seed and plan (check the URL list and the loader state)")
+                    "same seed and plan (check the URL list and the loader state)",
+                )
         return epoch, rank, world, position
 
     async def _pass_steps(self, epoch: int, position: int, world: int) -> int:
@@ -117,8 +127,7 @@ class Service:
             from starlette.concurrency import run_in_threadpool
 
             try:
-                steps = await run_in_threadpool(steps_of_pass, self.dataset, epoch, position,
-                                                world)
+                steps = await run_in_threadpool(steps_of_pass, self.dataset, epoch, position, world)
             except UsageError as err:
                 raise _ServiceError(400, str(err)) from None
             if len(self._steps) > 256:
@@ -129,44 +138,85 @@ class Service:
     async def info(self, request: Any) -> Any:
         from starlette.responses import JSONResponse
 
-        allowed = {"epoch": False, "rank": False, "world_size": False, "position": False,
-                   **{k: False for k in _CONTROL_PARAMS}}
+        allowed = {
+            "epoch": False,
+            "rank": False,
+            "world_size": False,
+            "position": False,
+            **{k: False for k in _CONTROL_PARAMS},
+        }
         params = _params(request.query_params, allowed)
         epoch, rank, world, position = self._read_request(params)
         ds = self.dataset
-        return JSONResponse({
-            "protocol": PROTOCOL, "fingerprint": ds.manifest.fingerprint, "seed": ds.seed,
-            "plan": ds.plan_signature, "num_samples": ds.manifest.num_samples,
-            "batch_size": ds.batch_size, "epoch": epoch, "rank": rank, "world_size": world,
-            "position": position, "steps": await self._pass_steps(epoch, position, world),
-        })
+        return JSONResponse(
+            {
+                "protocol": PROTOCOL,
+                "fingerprint": ds.manifest.fingerprint,
+                "seed": ds.seed,
+                "plan": ds.plan_signature,
+                "num_samples": ds.manifest.num_samples,
+                "batch_size": ds.batch_size,
+                "epoch": epoch,
+                "rank": rank,
+                "world_size": world,
+                "position": position,
+                "steps": await self._pass_steps(epoch, position, world),
+            }
+        )
 
     async def batches(self, request: Any) -> Any:
         if request.method != "GET":  # a HEAD would run a pipeline to send nothing
             raise _ServiceError(405, "use GET for /v1/batches", {"allow": "GET"})
-        allowed = {"epoch": True, "rank": True, "world_size": True, "position": False,
-                   "start": False, **{k: False for k in _CONTROL_PARAMS}}
+        allowed = {
+            "epoch": True,
+            "rank": True,
+            "world_size": True,
+            "position": False,
+            "start": False,
+            **{k: False for k in _CONTROL_PARAMS},
+        }
         params = _params(request.query_params, allowed)
         epoch, rank, world, position = self._read_request(params)
         start = _int(params, "start", 0)
         steps = await self._pass_steps(epoch, position, world)
         if start > steps:
-            raise _ServiceError(400, f"start={start} is past the {steps} steps rank {rank} has "
-                                f"in epoch {epoch} from position {position}")
+            raise _ServiceError(
+                400,
+                f"start={start} is past the {steps} steps rank {rank} has "
+                f"in epoch {epoch} from position {position}",
+            )
         if len(self.metrics.active) >= self.options.max_clients:
-            raise _ServiceError(503, f"this server already runs {self.options.max_clients} "
-                                "streams (--max-clients); retry shortly or use another replica",
-                                {"retry-after": "1"})
+            raise _ServiceError(
+                503,
+                f"this server already runs {self.options.max_clients} "
+                "streams (--max-clients); retry shortly or use another replica",
+                {"retry-after": "1"},
+            )
         client = request.client
         name = f"{client.host}:{client.port}" if client else "?"
-        stream = Stream(self.dataset, Request(epoch, rank, world, position, start, steps),
-                         self.options, self.metrics, name, asyncio.get_running_loop())
+        stream = Stream(
+            self.dataset,
+            Request(epoch, rank, world, position, start, steps),
+            self.options,
+            self.metrics,
+            name,
+            asyncio.get_running_loop(),
+        )
         with self.metrics.lock:
             self.metrics.active[stream.id] = stream
             self.metrics.streams += 1
         stream.start()
-        log.info("stream %d: %s epoch %d rank %d/%d position %d from step %d of %d", stream.id,
-                 name, epoch, rank, world, position, start, steps)
+        log.info(
+            "stream %d: %s epoch %d rank %d/%d position %d from step %d of %d",
+            stream.id,
+            name,
+            epoch,
+            rank,
+            world,
+            position,
+            start,
+            steps,
+        )
         return _StreamResponse(stream)
 
 
@@ -203,8 +253,7 @@ class _Auth:
 def _error_response(status: int, message: str, headers: dict[str, str] | None = None) -> Any:
     from starlette.responses import JSONResponse
 
-    return JSONResponse({"error": message, "status": status}, status_code=status,
-                        headers=headers)
+    return JSONResponse({"error": message, "status": status}, status_code=status, headers=headers)
 
 
 def create_app(dataset: ShardedDataset, options: ServeOptions | None = None) -> Any:
@@ -224,16 +273,22 @@ def create_app(dataset: ShardedDataset, options: ServeOptions | None = None) -> 
         elif isinstance(exc, HTTPException):
             status, message, headers = exc.status_code, exc.detail, dict(exc.headers or {})
             if status == 404:
-                message = (f"no such endpoint {request.url.path!r}; see /v1/info, /v1/batches, "
-                           "/metrics, /health")
+                message = (
+                    f"no such endpoint {request.url.path!r}; see /v1/info, /v1/batches, "
+                    "/metrics, /health"
+                )
         else:  # pragma: no cover - registered for the two types above only
             raise exc
         service.metrics.reject(status)
         return _error_response(status, message, headers)
 
     app = Starlette(
-        routes=[Route("/health", service.health), Route("/metrics", service.metrics_text),
-                Route("/v1/info", service.info), Route("/v1/batches", service.batches)],
+        routes=[
+            Route("/health", service.health),
+            Route("/metrics", service.metrics_text),
+            Route("/v1/info", service.info),
+            Route("/v1/batches", service.batches),
+        ],
         middleware=[Middleware(_Auth, service=service)],
         exception_handlers={_ServiceError: on_error, HTTPException: on_error},
     )

@@ -48,9 +48,14 @@ log = logging.getLogger(__name__)
 _STATE_VERSION = 1  # the local loader's state format (shardloader.loader)
 _END = object()
 
-DEFAULT_REMOTE_RETRY = RetryPolicy(max_attempts=8, initial_backoff=0.1, max_backoff=5.0,
-                                   max_total_seconds=120.0, connect_timeout=10.0,
-                                   read_timeout=60.0)
+DEFAULT_REMOTE_RETRY = RetryPolicy(
+    max_attempts=8,
+    initial_backoff=0.1,
+    max_backoff=5.0,
+    max_total_seconds=120.0,
+    connect_timeout=10.0,
+    read_timeout=60.0,
+)
 
 
 class RemoteLoader:
@@ -124,8 +129,10 @@ class RemoteLoader:
         return int(self._info(self._epoch, self._start)["steps"])
 
     def __repr__(self) -> str:
-        return (f"RemoteLoader({self.urls!r}, rank={self._rank}, world_size={self._world}, "
-                f"epoch={self._epoch})")
+        return (
+            f"RemoteLoader({self.urls!r}, rank={self._rank}, world_size={self._world}, "
+            f"epoch={self._epoch})"
+        )
 
     def state_dict(self) -> dict[str, Any]:
         """The local loader's state: enough to continue here or on a local loader (after a
@@ -134,20 +141,28 @@ class RemoteLoader:
         epoch, position = self._epoch, self._position
         if self._steps_left == 0:  # the pass is over: continue with the next epoch
             epoch, position = epoch + 1, 0
-        return {"version": _STATE_VERSION, "epoch": epoch, "position": position,
-                "seed": self._expect["seed"], "fingerprint": self._expect["fingerprint"],
-                "plan": self._expect["plan"]}
+        return {
+            "version": _STATE_VERSION,
+            "epoch": epoch,
+            "position": position,
+            "seed": self._expect["seed"],
+            "fingerprint": self._expect["fingerprint"],
+            "plan": self._expect["plan"],
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue a saved run (local or remote); the servers check seed, manifest and plan."""
         if state.get("version") != _STATE_VERSION:
-            raise ResumeError(f"loader state version {state.get('version')!r} is not "
-                              f"{_STATE_VERSION}")
+            raise ResumeError(
+                f"loader state version {state.get('version')!r} is not {_STATE_VERSION}"
+            )
         for key in ("fingerprint", "seed", "plan"):
             mine = self._expect[key]
             if mine is not None and state.get(key) != mine:
-                raise ResumeError(f"saved {key} {state.get(key)!r} does not match {mine!r}, "
-                                  "which this RemoteLoader reads")
+                raise ResumeError(
+                    f"saved {key} {state.get(key)!r} does not match {mine!r}, "
+                    "which this RemoteLoader reads"
+                )
             self._expect[key] = state.get(key)
         self._epoch = int(state["epoch"])
         self._start = self._position = int(state["position"])
@@ -174,8 +189,12 @@ class RemoteLoader:
 
     # -- requests -------------------------------------------------------------------------
     def _params(self, epoch: int, position: int) -> dict[str, Any]:
-        params: dict[str, Any] = {"epoch": epoch, "rank": self._rank,
-                                  "world_size": self._world, "position": position}
+        params: dict[str, Any] = {
+            "epoch": epoch,
+            "rank": self._rank,
+            "world_size": self._world,
+            "position": position,
+        }
         params.update({k: v for k, v in self._expect.items() if v is not None})
         return params
 
@@ -192,21 +211,31 @@ class RemoteLoader:
         while True:
             endpoint = self._endpoints[index]
             try:
-                info = get_json(endpoint, "/v1/info", self._params(epoch, position),
-                                 self._headers(), self.retry)
+                info = get_json(
+                    endpoint, "/v1/info", self._params(epoch, position), self._headers(), self.retry
+                )
                 break
             except (OSError, http.client.HTTPException) as err:
                 if isinstance(err, ShardloaderError):
                     raise
                 failures += 1
-                delay = next_delay(self.retry, failures, began, rng, err, endpoint.url,
-                                    f"read /v1/info (epoch {epoch})")
+                delay = next_delay(
+                    self.retry,
+                    failures,
+                    began,
+                    rng,
+                    err,
+                    endpoint.url,
+                    f"read /v1/info (epoch {epoch})",
+                )
                 index = (index + 1) % len(self._endpoints)
                 self.reconnects += 1
                 time.sleep(delay)
         if info.get("protocol") != PROTOCOL:
-            raise UsageError(f"{endpoint.url} speaks protocol {info.get('protocol')!r}, this "
-                             f"client {PROTOCOL}; run matching shardloader versions")
+            raise UsageError(
+                f"{endpoint.url} speaks protocol {info.get('protocol')!r}, this "
+                f"client {PROTOCOL}; run matching shardloader versions"
+            )
         for key in ("fingerprint", "seed", "plan"):
             if self._expect[key] is None:
                 self._expect[key] = info[key]
@@ -238,8 +267,9 @@ class _Reader:
         self.q: queue.Queue[Any] = queue.Queue(maxsize=loader.prefetch)
         self.stop = threading.Event()
         self._sock: socket.socket | None = None
-        self._thread = threading.Thread(target=self._run, daemon=True,
-                                        name=f"shardloader-remote-rank{loader.rank}")
+        self._thread = threading.Thread(
+            target=self._run, daemon=True, name=f"shardloader-remote-rank{loader.rank}"
+        )
         self._thread.start()
 
     def batches(self) -> Iterator[Any]:
@@ -292,7 +322,8 @@ class _Reader:
                         if frame.header["step"] != received:
                             raise errors.DecodeError(
                                 f"{endpoint.url} sent step {frame.header['step']} where step "
-                                f"{received} was due ({place}, epoch {self.epoch})")
+                                f"{received} was due ({place}, epoch {self.epoch})"
+                            )
                         if not self._put(decode_batch(frame)):
                             return
                         received += 1
@@ -301,7 +332,8 @@ class _Reader:
                         if frame.header.get("steps") != received:
                             raise errors.DecodeError(
                                 f"{endpoint.url} ended the pass at {received} steps but "
-                                f"announced {frame.header.get('steps')} ({place})")
+                                f"announced {frame.header.get('steps')} ({place})"
+                            )
                         self._put(_END)
                         return
                     elif kind == "error":
@@ -314,11 +346,27 @@ class _Reader:
                 if self.stop.is_set():
                     return
                 failures += 1
-                delay = 0.0 if progressed else next_delay(
-                    loader.retry, failures, since, rng, err, endpoint.url,
-                    f"read epoch {self.epoch} step {received} ({place})")
-                log.info("stream from %s broke at step %d (%s: %s); reconnecting in %.2f s",
-                         endpoint.url, received, type(err).__name__, err, delay)
+                delay = (
+                    0.0
+                    if progressed
+                    else next_delay(
+                        loader.retry,
+                        failures,
+                        since,
+                        rng,
+                        err,
+                        endpoint.url,
+                        f"read epoch {self.epoch} step {received} ({place})",
+                    )
+                )
+                log.info(
+                    "stream from %s broke at step %d (%s: %s); reconnecting in %.2f s",
+                    endpoint.url,
+                    received,
+                    type(err).__name__,
+                    err,
+                    delay,
+                )
                 index = (index + 1) % len(endpoints)
                 loader.reconnects += 1
                 self.stop.wait(delay)
@@ -331,8 +379,11 @@ class _Reader:
             if self.stop.is_set():
                 return
             params = {**loader._params(self.epoch, self.position), "start": start}
-            conn.request("GET", f"{endpoint.prefix}/v1/batches?{urlencode(params)}",
-                         headers=loader._headers())
+            conn.request(
+                "GET",
+                f"{endpoint.prefix}/v1/batches?{urlencode(params)}",
+                headers=loader._headers(),
+            )
             resp = conn.getresponse()
             check_status(endpoint, resp)
             while (frame := read_frame(resp.readinto)) is not None:

@@ -47,8 +47,9 @@ class Metrics:
     def render(self) -> str:
         out: list[str] = []
 
-        def metric(name: str, kind: str, help_: str,
-                   rows: list[tuple[dict[str, Any], float]]) -> None:
+        def metric(
+            name: str, kind: str, help_: str, rows: list[tuple[dict[str, Any], float]]
+        ) -> None:
             out.append(f"# HELP {name} {help_}")
             out.append(f"# TYPE {name} {kind}")
             for labels, value in rows:
@@ -62,40 +63,86 @@ class Metrics:
             for s in streams:
                 b, i = s.times()
                 busy, idle = busy + b, idle + i
-            metric("shardloader_batches_served_total", "counter", "Batches sent to clients.",
-                   [({}, self.batches)])
-            metric("shardloader_bytes_served_total", "counter", "Frame bytes sent to clients.",
-                   [({}, self.bytes)])
-            metric("shardloader_streams_total", "counter", "Batch streams accepted.",
-                   [({}, self.streams)])
-            metric("shardloader_streams_active", "gauge", "Batch streams open now.",
-                   [({}, len(streams))])
-            metric("shardloader_requests_rejected_total", "counter",
-                   "Requests answered with an error status.",
-                   [({"status": k}, v) for k, v in sorted(self.rejected.items())])
-            metric("shardloader_pipeline_errors_total", "counter",
-                   "Streams ended by an error in the pipeline.", [({}, self.pipeline_errors)])
-            metric("shardloader_pipeline_busy_seconds_total", "counter",
-                   "Producer time spent waiting for the pipeline to finish a batch.",
-                   [({}, busy)])
-            metric("shardloader_pipeline_busy_share", "gauge",
-                   "Share of producer time the pipeline was the bottleneck (1: clients wait on "
-                   "the pipeline; 0: the pipeline waits on clients).",
-                   [({}, busy / (busy + idle) if busy + idle > 0 else 0.0)])
+            metric(
+                "shardloader_batches_served_total",
+                "counter",
+                "Batches sent to clients.",
+                [({}, self.batches)],
+            )
+            metric(
+                "shardloader_bytes_served_total",
+                "counter",
+                "Frame bytes sent to clients.",
+                [({}, self.bytes)],
+            )
+            metric(
+                "shardloader_streams_total",
+                "counter",
+                "Batch streams accepted.",
+                [({}, self.streams)],
+            )
+            metric(
+                "shardloader_streams_active",
+                "gauge",
+                "Batch streams open now.",
+                [({}, len(streams))],
+            )
+            metric(
+                "shardloader_requests_rejected_total",
+                "counter",
+                "Requests answered with an error status.",
+                [({"status": k}, v) for k, v in sorted(self.rejected.items())],
+            )
+            metric(
+                "shardloader_pipeline_errors_total",
+                "counter",
+                "Streams ended by an error in the pipeline.",
+                [({}, self.pipeline_errors)],
+            )
+            metric(
+                "shardloader_pipeline_busy_seconds_total",
+                "counter",
+                "Producer time spent waiting for the pipeline to finish a batch.",
+                [({}, busy)],
+            )
+            metric(
+                "shardloader_pipeline_busy_share",
+                "gauge",
+                "Share of producer time the pipeline was the bottleneck (1: clients wait on "
+                "the pipeline; 0: the pipeline waits on clients).",
+                [({}, busy / (busy + idle) if busy + idle > 0 else 0.0)],
+            )
             rows = [(s.labels(), s) for s in streams]
-            metric("shardloader_client_lag_batches", "gauge",
-                   "Batches ready on the server that the client has not taken yet.",
-                   [(lab, s.lag) for lab, s in rows])
-            metric("shardloader_client_next_step", "gauge",
-                   "Next step the stream will send.", [(lab, s.next_step) for lab, s in rows])
-            metric("shardloader_client_batches_total", "counter",
-                   "Batches sent on this stream.", [(lab, s.sent) for lab, s in rows])
-            metric("shardloader_client_blocked_seconds_total", "counter",
-                   "Producer time blocked because this client did not take batches.",
-                   [(lab, s.times()[1]) for lab, s in rows])
-            metric("shardloader_client_pipeline_busy_share", "gauge",
-                   "Share of this stream's producer time spent waiting for the pipeline.",
-                   [(lab, s.busy_share()) for lab, s in rows])
+            metric(
+                "shardloader_client_lag_batches",
+                "gauge",
+                "Batches ready on the server that the client has not taken yet.",
+                [(lab, s.lag) for lab, s in rows],
+            )
+            metric(
+                "shardloader_client_next_step",
+                "gauge",
+                "Next step the stream will send.",
+                [(lab, s.next_step) for lab, s in rows],
+            )
+            metric(
+                "shardloader_client_batches_total",
+                "counter",
+                "Batches sent on this stream.",
+                [(lab, s.sent) for lab, s in rows],
+            )
+            metric(
+                "shardloader_client_blocked_seconds_total",
+                "counter",
+                "Producer time blocked because this client did not take batches.",
+                [(lab, s.times()[1]) for lab, s in rows],
+            )
+            metric(
+                "shardloader_client_pipeline_busy_share",
+                "gauge",
+                "Share of this stream's producer time spent waiting for the pipeline.",
+                [(lab, s.busy_share()) for lab, s in rows],
+            )
         return "\n".join(out) + "\n"
 
 

@@ -34,9 +34,11 @@ def read_token(path: str) -> str:
     except (OSError, UnicodeDecodeError) as err:
         raise UsageError(f"--token-file {path}: cannot read it ({err})") from err
     if len(token) < 16 or any(c.isspace() for c in token):
-        raise UsageError(f"--token-file {path}: the token must be one word of at least 16 "
-                         "characters, e.g. from `python -c 'import secrets; "
-                         "print(secrets.token_urlsafe(32))'`")
+        raise UsageError(
+            f"--token-file {path}: the token must be one word of at least 16 "
+            "characters, e.g. from `python -c 'import secrets; "
+            "print(secrets.token_urlsafe(32))'`"
+        )
     return token
 
 
@@ -49,16 +51,20 @@ def load_pipeline(pipeline: str, preset: DatasetPreset | None = None) -> Sharded
     if not is_factory(pipeline):
         return (preset or DatasetPreset()).dataset(pipeline, rank=0, world_size=1)
     if preset is not None:
-        raise UsageError(f"PIPELINE {pipeline} is a factory that configures its own dataset; "
-                         "dataset options apply to a dataset path")
+        raise UsageError(
+            f"PIPELINE {pipeline} is a factory that configures its own dataset; "
+            "dataset options apply to a dataset path"
+        )
     import importlib
 
     module_name, _, attr = pipeline.partition(":")
     try:
         target: Any = importlib.import_module(module_name)
     except ImportError as err:
-        raise UsageError(f"PIPELINE {pipeline}: cannot import {module_name} ({err}); is it "
-                         "installed or on PYTHONPATH on this machine?") from err
+        raise UsageError(
+            f"PIPELINE {pipeline}: cannot import {module_name} ({err}); is it "
+            "installed or on PYTHONPATH on this machine?"
+        ) from err
     for part in attr.split("."):
         if not hasattr(target, part):
             raise UsageError(f"PIPELINE {pipeline}: {module_name} has no {attr!r}")
@@ -70,12 +76,15 @@ def load_pipeline(pipeline: str, preset: DatasetPreset | None = None) -> Sharded
         try:
             inspect.signature(target).bind()
         except TypeError as err:
-            raise UsageError(f"PIPELINE {pipeline}: the factory must be callable without "
-                             f"arguments ({err})") from err
+            raise UsageError(
+                f"PIPELINE {pipeline}: the factory must be callable without arguments ({err})"
+            ) from err
         except ValueError:  # no signature to inspect (builtins): just call it
             pass
         dataset = target()
     if not isinstance(dataset, ShardedDataset):
-        raise UsageError(f"PIPELINE {pipeline} gave a {type(dataset).__name__}; the factory "
-                         "must return a shardloader.ShardedDataset")
+        raise UsageError(
+            f"PIPELINE {pipeline} gave a {type(dataset).__name__}; the factory "
+            "must return a shardloader.ShardedDataset"
+        )
     return dataset

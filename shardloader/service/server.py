@@ -18,12 +18,26 @@ from shardloader.service.app import create_app
 from shardloader.service.options import ServeOptions, is_loopback
 from shardloader.service.stream import pass_dataset, steps_of_pass, warm_up
 
-__all__ = ["ServeOptions", "create_app", "is_loopback", "pass_dataset", "serve", "steps_of_pass",
-           "warm_up"]
+__all__ = [
+    "ServeOptions",
+    "create_app",
+    "is_loopback",
+    "pass_dataset",
+    "serve",
+    "steps_of_pass",
+    "warm_up",
+]
 
 
-def serve(dataset: ShardedDataset, options: ServeOptions, *, host: str, port: int,
-          on_ready: Callable[[str, int], None] | None = None, log_level: str = "warning") -> None:
+def serve(
+    dataset: ShardedDataset,
+    options: ServeOptions,
+    *,
+    host: str,
+    port: int,
+    on_ready: Callable[[str, int], None] | None = None,
+    log_level: str = "warning",
+) -> None:
     """Bind ``host:port`` (0: any free port), call ``on_ready(host, port)``, serve until SIGTERM.
 
     A non-loopback ``host`` needs a token (the CLI checks this too).
@@ -33,8 +47,10 @@ def serve(dataset: ShardedDataset, options: ServeOptions, *, host: str, port: in
     import uvicorn
 
     if not is_loopback(host) and options.token is None:
-        raise UsageError(f"--host {host} is not a loopback address: pass --token-file so every "
-                         "request is authenticated")
+        raise UsageError(
+            f"--host {host} is not a loopback address: pass --token-file so every "
+            "request is authenticated"
+        )
     app = create_app(dataset, options)
     warm_up(dataset)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -47,9 +63,16 @@ def serve(dataset: ShardedDataset, options: ServeOptions, *, host: str, port: in
         raise UsageError(f"cannot listen on {host}:{port}: {err}") from err
     sock.listen(128)
     bound = sock.getsockname()[1]
-    config = uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="off",
-                            http="h11", loop="asyncio", timeout_graceful_shutdown=3,
-                            timeout_keep_alive=30)
+    config = uvicorn.Config(
+        app,
+        log_level=log_level,
+        access_log=False,
+        lifespan="off",
+        http="h11",
+        loop="asyncio",
+        timeout_graceful_shutdown=3,
+        timeout_keep_alive=30,
+    )
     server = uvicorn.Server(config)
     if on_ready is not None:
         on_ready(host, bound)

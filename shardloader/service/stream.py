@@ -31,8 +31,7 @@ from shardloader.service.metrics import Metrics
 from shardloader.service.options import ServeOptions
 from shardloader.service.wire import PROTOCOL, encode_batch, encode_control, frame_size
 
-__all__ = ["Request", "Stream", "needs_serial_pipeline", "pass_dataset", "steps_of_pass",
-           "warm_up"]
+__all__ = ["Request", "Stream", "needs_serial_pipeline", "pass_dataset", "steps_of_pass", "warm_up"]
 
 log = logging.getLogger(__name__)
 
@@ -144,8 +143,15 @@ class Stream:
 
     _ids = itertools.count(1)
 
-    def __init__(self, dataset: ShardedDataset, req: Request, options: ServeOptions,
-                 metrics: Metrics, client: str, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self,
+        dataset: ShardedDataset,
+        req: Request,
+        options: ServeOptions,
+        metrics: Metrics,
+        client: str,
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
         self.id = next(self._ids)
         self.dataset, self.req, self.options = dataset, req, options
         self.metrics, self.client, self.loop = metrics, client, loop
@@ -158,13 +164,19 @@ class Stream:
         self._busy = self._idle = 0.0
         self._busy_since: float | None = None  # the producer waits on the pipeline
         self._idle_since: float | None = None  # the producer waits on the client
-        self._thread = threading.Thread(target=self._produce, name=f"shardloader-stream-{self.id}",
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self._produce, name=f"shardloader-stream-{self.id}", daemon=True
+        )
 
     def labels(self) -> dict[str, Any]:
         r = self.req
-        return {"stream": self.id, "client": self.client, "epoch": r.epoch, "rank": r.rank,
-                "world_size": r.world_size}
+        return {
+            "stream": self.id,
+            "client": self.client,
+            "epoch": r.epoch,
+            "rank": r.rank,
+            "world_size": r.world_size,
+        }
 
     @property
     def lag(self) -> int:
@@ -175,8 +187,10 @@ class Stream:
         """(seconds waiting on the pipeline, seconds waiting on the client), ongoing waits in."""
         now = time.monotonic()
         busy_since, idle_since = self._busy_since, self._idle_since
-        return (self._busy + (now - busy_since if busy_since is not None else 0.0),
-                self._idle + (now - idle_since if idle_since is not None else 0.0))
+        return (
+            self._busy + (now - busy_since if busy_since is not None else 0.0),
+            self._idle + (now - idle_since if idle_since is not None else 0.0),
+        )
 
     def busy_share(self) -> float:
         busy, idle = self.times()
@@ -217,8 +231,9 @@ class Stream:
         step = r.start
         try:
             if r.start < r.steps:
-                view = pass_dataset(self.dataset, r.epoch, r.position, r.rank, r.world_size,
-                                    r.start)
+                view = pass_dataset(
+                    self.dataset, r.epoch, r.position, r.rank, r.world_size, r.start
+                )
                 extra: dict[str, Any] = {"persistent_workers": False}
                 if self.options.workers:
                     extra["prefetch_factor"] = self.options.prefetch_factor
@@ -254,8 +269,17 @@ class Stream:
                     )
                 self._put([encode_control("end", step, steps=r.steps)], True)
         except Exception as err:
-            log.warning("stream %d (%s, epoch %d, rank %d/%d) failed at step %d: %s", self.id,
-                        self.client, r.epoch, r.rank, r.world_size, step, err, exc_info=True)
+            log.warning(
+                "stream %d (%s, epoch %d, rank %d/%d) failed at step %d: %s",
+                self.id,
+                self.client,
+                r.epoch,
+                r.rank,
+                r.world_size,
+                step,
+                err,
+                exc_info=True,
+            )
             with self.metrics.lock:
                 self.metrics.pipeline_errors += 1
             kind = type(err).__name__ if isinstance(err, ShardloaderError) else "ShardloaderError"
@@ -267,27 +291,40 @@ class Stream:
         """The ASGI response: frames as they come, pings while none do, until end or disconnect."""
         left = asyncio.ensure_future(_disconnected(receive))
         try:
-            await send({"type": "http.response.start", "status": 200, "headers": [
-                (b"content-type", b"application/x-shardloader-frames"),
-                (b"cache-control", b"no-store"),
-                (b"x-shardloader-protocol", str(PROTOCOL).encode()),
-            ]})
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": [
+                        (b"content-type", b"application/x-shardloader-frames"),
+                        (b"cache-control", b"no-store"),
+                        (b"x-shardloader-protocol", str(PROTOCOL).encode()),
+                    ],
+                }
+            )
             while True:
                 get = asyncio.ensure_future(self.ready.get())
-                done, _ = await asyncio.wait({get, left}, timeout=self.options.ping_interval,
-                                             return_when=asyncio.FIRST_COMPLETED)
+                done, _ = await asyncio.wait(
+                    {get, left},
+                    timeout=self.options.ping_interval,
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
                 if left in done or not done:
                     get.cancel()
                     if left in done:
                         return
-                    await send({"type": "http.response.body", "more_body": True,
-                                "body": encode_control("ping", self.next_step)})
+                    await send(
+                        {
+                            "type": "http.response.body",
+                            "more_body": True,
+                            "body": encode_control("ping", self.next_step),
+                        }
+                    )
                     continue
                 chunks, last = get.result()
                 for chunk in chunks:
                     for piece in _pieces(chunk):
-                        await send({"type": "http.response.body", "body": piece,
-                                    "more_body": True})
+                        await send({"type": "http.response.body", "body": piece, "more_body": True})
                 self.slots.release()
                 if last:
                     break

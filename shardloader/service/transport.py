@@ -54,8 +54,15 @@ class Endpoint:
         return conn
 
 
-def next_delay(policy: RetryPolicy, failures: int, began: float, rng: random.Random,
-               err: BaseException, url: str, what: str) -> float:
+def next_delay(
+    policy: RetryPolicy,
+    failures: int,
+    began: float,
+    rng: random.Random,
+    err: BaseException,
+    url: str,
+    what: str,
+) -> float:
     """Seconds to wait before the next attempt, or StorageError when the budget is spent."""
     elapsed = time.monotonic() - began
     if failures >= policy.max_attempts or elapsed >= policy.max_total_seconds:
@@ -87,15 +94,21 @@ def check_status(endpoint: Endpoint, resp: http.client.HTTPResponse) -> None:
             after = 0.0
         raise _RetryStatus(f"{where}: {message}", after)
     if resp.status == 401:
-        raise StorageError(f"{where}: {message}; pass RemoteLoader(token=...) with the server's "
-                           "token")
+        raise StorageError(
+            f"{where}: {message}; pass RemoteLoader(token=...) with the server's token"
+        )
     if resp.status == 409:
         raise ResumeError(f"{where}: {message}")
     raise UsageError(f"{where}: {message}")
 
 
-def get_json(endpoint: Endpoint, path: str, params: dict[str, Any], headers: dict[str, str],
-             policy: RetryPolicy) -> dict[str, Any]:
+def get_json(
+    endpoint: Endpoint,
+    path: str,
+    params: dict[str, Any],
+    headers: dict[str, str],
+    policy: RetryPolicy,
+) -> dict[str, Any]:
     conn = endpoint.connect(policy)
     try:
         conn.request("GET", f"{endpoint.prefix}{path}?{urlencode(params)}", headers=headers)
@@ -119,5 +132,7 @@ def remote_error(url: str, header: dict[str, Any], epoch: int, place: str) -> Sh
     cls = getattr(errors, name, None) if name in errors.__all__ else None
     if not (isinstance(cls, type) and issubclass(cls, ShardloaderError)):
         cls = ShardloaderError
-    return cls(f"the pipeline on {url} failed at step {header.get('step')} of epoch {epoch} "
-               f"({place}): {header.get('message', 'no message')}")
+    return cls(
+        f"the pipeline on {url} failed at step {header.get('step')} of epoch {epoch} "
+        f"({place}): {header.get('message', 'no message')}"
+    )

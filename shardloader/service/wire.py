@@ -57,8 +57,21 @@ KINDS = ("batch", "end", "error", "ping")
 _TORCH_DTYPES: dict[str, torch.dtype] = {
     name: getattr(torch, name)
     for name in (
-        "bool", "uint8", "int8", "int16", "int32", "int64", "uint16", "uint32", "uint64",
-        "float16", "bfloat16", "float32", "float64", "complex64", "complex128",
+        "bool",
+        "uint8",
+        "int8",
+        "int16",
+        "int32",
+        "int64",
+        "uint16",
+        "uint32",
+        "uint64",
+        "float16",
+        "bfloat16",
+        "float32",
+        "float64",
+        "complex64",
+        "complex128",
     )
     if hasattr(torch, name)
 }
@@ -146,8 +159,10 @@ class _Encoder:
             )
         t = t.detach()
         layout = "c"
-        if t.dim() == 4 and not t.is_contiguous() and t.is_contiguous(
-            memory_format=torch.channels_last
+        if (
+            t.dim() == 4
+            and not t.is_contiguous()
+            and t.is_contiguous(memory_format=torch.channels_last)
         ):
             t, layout = t.permute(0, 2, 3, 1), "cl"  # NHWC order: a contiguous view, no copy
         shape = list(t.shape) if layout == "c" else [t.shape[0], t.shape[3], t.shape[1], t.shape[2]]
@@ -176,8 +191,9 @@ def _numpy_dtype_name(dtype: np.dtype, where: str) -> str:
 _SMALL = 64 << 10  # pieces below this are copied together: one write instead of many
 
 
-def _frame(header: dict[str, Any], payload: list[memoryview], spans: list[list[int]],
-           size: int) -> list[Any]:
+def _frame(
+    header: dict[str, Any], payload: list[memoryview], spans: list[list[int]], size: int
+) -> list[Any]:
     head = json.dumps(header, separators=(",", ":")).encode()
     chunks: list[Any] = []
     small = bytearray(_PREFIX.pack(MAGIC, len(head), size) + head)
@@ -290,11 +306,15 @@ class _Decoder:
             raise DecodeError("frame buffers is not a list")
         self.spans: list[tuple[int, int]] = []
         for span in spans:
-            if (not isinstance(span, list) or len(span) != 2
-                    or not all(isinstance(x, int) and x >= 0 for x in span)
-                    or span[0] + span[1] > len(self.payload)):
+            if (
+                not isinstance(span, list)
+                or len(span) != 2
+                or not all(isinstance(x, int) and x >= 0 for x in span)
+                or span[0] + span[1] > len(self.payload)
+            ):
                 raise DecodeError(
-                    f"frame buffer {span!r} lies outside the {len(self.payload)} B payload")
+                    f"frame buffer {span!r} lies outside the {len(self.payload)} B payload"
+                )
             self.spans.append((span[0], span[1]))
 
     def span(self, index: Any) -> tuple[int, int]:
@@ -359,13 +379,16 @@ class _Decoder:
             raise DecodeError(f"frame array {dims} {dtype_name} does not fill its {n} B buffer")
         if n == 0:
             return np.empty(dims, dtype=dtype)
-        return np.frombuffer(self.payload, dtype=dtype, count=n // dtype.itemsize,
-                             offset=off).reshape(dims)
+        return np.frombuffer(
+            self.payload, dtype=dtype, count=n // dtype.itemsize, offset=off
+        ).reshape(dims)
 
 
 def _shape(shape: Any) -> list[int]:
-    if not isinstance(shape, list) or len(shape) > 32 or not all(
-        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+    if (
+        not isinstance(shape, list)
+        or len(shape) > 32
+        or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
     ):
         raise DecodeError(f"malformed frame shape {shape!r}")
     return shape

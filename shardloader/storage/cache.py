@@ -114,9 +114,14 @@ class ShardCache:
                     "or lower the shuffle block / read-ahead"
                 )
         elif 2 * needed > self.max_bytes:
-            log.info("shard cache %s: the plan keeps %d bytes staged at once; the limit grows "
-                     "from %d (%s) to twice that", self.root, needed, self.max_bytes,
-                     self.limit_source)
+            log.info(
+                "shard cache %s: the plan keeps %d bytes staged at once; the limit grows "
+                "from %d (%s) to twice that",
+                self.root,
+                needed,
+                self.max_bytes,
+                self.limit_source,
+            )
             self.max_bytes = 2 * needed
 
     def get(

@@ -224,5 +224,6 @@ def fsspec_options(
     """Options to create ``url``'s fsspec filesystem with, so the stack makes one attempt per
     request within ``policy``'s timeouts (:func:`shardloader.storage.protocols.fsspec_options`)."""
     policy = policy or DEFAULT_POLICY
-    return protocols.fsspec_options(url, storage_options, policy.connect_timeout,
-                                    policy.read_timeout)
+    return protocols.fsspec_options(
+        url, storage_options, policy.connect_timeout, policy.read_timeout
+    )

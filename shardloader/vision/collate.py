@@ -40,8 +40,10 @@ class DetectionCollate:
 
     def __post_init__(self) -> None:
         fields = self.item_fields
-        if isinstance(fields, str) or not isinstance(fields, Collection) or not all(
-            isinstance(f, str) for f in fields
+        if (
+            isinstance(fields, str)
+            or not isinstance(fields, Collection)
+            or not all(isinstance(f, str) for f in fields)
         ):
             raise UsageError(
                 f"item_fields must be field names, e.g. ('boxes', 'labels'), got {fields!r}"
