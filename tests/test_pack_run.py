@@ -51,3 +51,39 @@ def test_pack_uses_the_retry_policy_it_is_given(
         pack(str(tmp_path / "src"), url, options)
     assert fault_proxy.count("PUT", "/ds/shard-00000") == 3  # the policy's attempts, not 6
     assert "Contents" not in s3_client.list_objects_v2(Bucket=s3_bucket, Prefix="ds/index.json")
+
+
+def test_pack_stages_take_store_handles_not_option_pairs():
+    """Inside ``shardloader.pack`` storage travels as one ``Store`` (URL, options, retry): no
+    function or option class takes ``storage_options`` or ``policy`` apart, except the public
+    entry points that build the Store (``PackOptions``, ``merge``, ``index_shards``)."""
+    import ast
+    from pathlib import Path
+
+    import shardloader.pack
+
+    allowed = {
+        ("options.py", "PackOptions"),
+        ("merge.py", "merge"),
+        ("index_existing.py", "index_shards"),
+    }
+    root = Path(shardloader.pack.__file__).parent
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names: list[str] = []
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                a = node.args
+                names = [x.arg for x in (*a.posonlyargs, *a.args, *a.kwonlyargs)]
+            elif isinstance(node, ast.ClassDef):
+                names = [
+                    s.target.id
+                    for s in node.body
+                    if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)
+                ]
+            else:
+                continue
+            bad = {"storage_options", "policy", "so"} & set(names)
+            if bad and (path.name, node.name) not in allowed:
+                found.append(f"{path.relative_to(root)}:{node.name} takes {sorted(bad)}")
+    assert found == []

@@ -10,7 +10,8 @@ from shardloader.errors import UsageError
 from shardloader.format.registry import check_pack_format
 from shardloader.manifest import Manifest
 from shardloader.pack.layouts.registry import AUTO, layout_names
-from shardloader.storage import RetryPolicy
+from shardloader.storage.retry import RetryPolicy
+from shardloader.storage.store import Store
 
 __all__ = ["DEFAULT_SHARD_SIZE", "PACKER_VERSION", "PackOptions", "PackProgress", "PackReport"]
 
@@ -69,6 +70,11 @@ class PackOptions:
             raise bad("--text-field must not be empty")
         if not isinstance(self.retry, RetryPolicy):
             raise bad(f"PackOptions.retry must be a RetryPolicy, got {self.retry!r}")
+
+    def store(self, url: str) -> Store:
+        """The :class:`~shardloader.storage.Store` of ``url`` (SRC, OUT) with these storage
+        options and this retry policy: what every stage of the pack takes."""
+        return Store(url, self.storage_options, self.retry)
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ import signal
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -35,8 +35,7 @@ from shardloader.pack.discover import TextRule
 from shardloader.pack.plan import ShardPlan
 from shardloader.pack.refs import FileRef, SampleRef
 from shardloader.pack.resume import plan_digest, sidecar_bytes, sidecar_meta
-from shardloader.storage.retry import DEFAULT_POLICY, RetryPolicy
-from shardloader.storage.store import Store, join
+from shardloader.storage.store import Store
 
 __all__ = [
     "WriteSpec",
@@ -59,8 +58,8 @@ _HASH_CHUNK = 4 << 20
 class WriteSpec:
     """What every shard of one run shares (picklable)."""
 
-    src: str
-    out: str  # final location (URL); shards are checked there on resume
+    src: Store  # the input (its files' URLs come with each FileRef)
+    out: Store  # final location; shards are checked there on resume
     staging: str  # local folder for temporary shards (OUT itself when OUT is local)
     run_id: str
     fmt: str
@@ -72,18 +71,16 @@ class WriteSpec:
     text: TextRule | None = None
     tokenizer: str | None = None  # local path of a Hugging Face tokenizers JSON file
     resume: bool = False
-    storage_options: Mapping[str, Any] = field(default_factory=dict)
     # where the format is defined: a worker process imports it (a third-party format)
     format_module: str = ""
-    retry: RetryPolicy = DEFAULT_POLICY  # of every remote read and check on resume
 
     def __post_init__(self) -> None:
         if not self.format_module:
             object.__setattr__(self, "format_module", format_module(self.fmt))
 
-    def store(self, url: str) -> Store:
-        """The store of an input or output URL, with this run's options and policy."""
-        return Store(url, self.storage_options, self.retry)
+    def input(self, url: str) -> Store:
+        """The store of an input file's URL, with the source's options and policy."""
+        return Store(url, self.src.options, self.src.retry)
 
 
 @dataclass(frozen=True)
@@ -180,7 +177,7 @@ class _Bad(Exception):
             return f"{self.ref.url} (key {key!r}): {self.reason}"
         if self.sample.file:
             return (
-                f"{join(spec.src, self.sample.file)} {self.sample.where} (key {key!r}): "
+                f"{spec.src.join(self.sample.file).url} {self.sample.where} (key {key!r}): "
                 f"{self.reason}"
             )
         return f"sample {key!r}: {self.reason}"
@@ -201,7 +198,7 @@ _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
 def _read(spec: WriteSpec, sample: SampleRef, ref: FileRef) -> bytes:
     try:
-        data = spec.store(ref.url).read_bytes()
+        data = spec.input(ref.url).read_bytes()
     except (OSError, StorageError) as err:
         raise _Bad(sample, f"unreadable ({err})", ref) from err
     if len(data) != ref.size:
@@ -293,8 +290,7 @@ def _hash_stored(store: Store) -> tuple[str, int]:
 
 def _try_keep(spec: WriteSpec, task: ShardTask, digest: str) -> ShardResult | None:
     """A finished shard from an earlier run, if it is intact and was planned the same way."""
-    out = spec.store(spec.out)
-    shard, index_store = out.join(task.name), out.join(task.index_name)
+    shard, index_store = spec.out.join(task.name), spec.out.join(task.index_name)
     shard_url, index_url = shard.url, index_store.url
     if not (shard.exists() and index_store.exists()):
         return None

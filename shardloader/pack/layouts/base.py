@@ -16,12 +16,12 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from shardloader.aliases import Aliases, FieldMap
 from shardloader.manifest import FieldInfo
 from shardloader.pack.refs import InputFile, SampleRef, TextRule
-from shardloader.storage import RetryPolicy
+from shardloader.storage.store import Store
 
 __all__ = [
     "Layout",
@@ -64,12 +64,19 @@ def mixed(what: str, mine: str, other: str) -> Verdict:
 
 @dataclass(frozen=True)
 class Inputs:
-    """What discovery listed: the source URL, its files (sorted) and how to open them."""
+    """What discovery listed: the source's store (URL, options, retry policy) and its files
+    (sorted); :meth:`open` is the store of one of them."""
 
-    url: str
+    store: Store
     files: tuple[InputFile, ...]
-    storage_options: Mapping[str, Any] | None = None
-    retry: RetryPolicy | None = None  # for reads in the main process (record files, schemas)
+
+    @property
+    def url(self) -> str:
+        return self.store.url
+
+    def open(self, f: InputFile) -> Store:
+        """The store of listed file ``f``: its URL with the source's options and policy."""
+        return Store(f.url, self.store.options, self.store.retry)
 
 
 @dataclass(frozen=True)
@@ -152,12 +159,9 @@ class Source:
         return self.inputs.files
 
     @property
-    def storage_options(self) -> Mapping[str, Any] | None:
-        return self.inputs.storage_options
-
-    @property
-    def retry(self) -> RetryPolicy | None:
-        return self.inputs.retry
+    def store(self) -> Store:
+        """The source's store (URL, storage options, retry policy)."""
+        return self.inputs.store
 
     @property
     def field_map(self) -> FieldMap:

@@ -8,12 +8,12 @@ here, in the main process: that is cheap next to compressing them.
 from __future__ import annotations
 
 import gzip
-from collections.abc import Iterator, Mapping
-from typing import Any, BinaryIO
+from collections.abc import Iterator
+from typing import BinaryIO
 
 from shardloader.manifest import FieldInfo
 from shardloader.pack.refs import InputFile, SampleRef
-from shardloader.storage import RetryPolicy, open_read
+from shardloader.storage.store import Store
 
 __all__ = ["SUFFIXES", "COMPRESSED", "fields", "samples"]
 
@@ -53,10 +53,9 @@ def _iter_lines(stream: BinaryIO) -> Iterator[bytes]:
         yield rest[:-1] if rest.endswith(b"\r") else rest
 
 
-def samples(
-    f: InputFile, kind: str, stem: str, so: Mapping[str, Any] | None, retry: RetryPolicy | None
-) -> Iterator[SampleRef]:
-    with open_read(f.url, so, policy=retry) as raw:
+def samples(f: InputFile, kind: str, stem: str, store: Store) -> Iterator[SampleRef]:
+    """The samples of line file ``f``, read through ``store`` (the file's own)."""
+    with store.open_read() as raw:
         stream = _decompressed(raw, f.rel)
         number = 0
         for number, line in enumerate(_iter_lines(stream), start=1):  # noqa: B007

@@ -104,7 +104,7 @@ class Records(Layout):
                 for name, codec in lines.fields(kind).items():
                     fields.setdefault(name, codec)
                 continue
-            for name, codec in tables.fields(f, kind, inputs.storage_options, inputs.retry).items():
+            for name, codec in tables.fields(f, kind, inputs.open(f)).items():
                 known = fields.setdefault(name, codec)
                 if known != codec:
                     raise UsageError(
@@ -119,13 +119,12 @@ class Records(Layout):
         import pyarrow as pa
         import zstandard
 
-        so, retry = source.storage_options, source.retry
         for f in source.files:
             kind, stem = record_kind(f.rel)  # type: ignore[misc]
             read = lines.samples if _is_line_kind(kind) else tables.samples
             last = ""
             try:
-                for sample in read(f, kind, stem, so, retry):
+                for sample in read(f, kind, stem, source.inputs.open(f)):
                     last = sample.where
                     yield sample
             except (OSError, EOFError, zstandard.ZstdError, pa.ArrowInvalid, StorageError) as err:
