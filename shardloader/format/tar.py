@@ -262,6 +262,20 @@ class TarFormat(Format):
             total += head + size + (-size % BLOCK)
         return total
 
+    def record_raw_sizes(self, keys: Sequence[str], ext: str, sizes: np.ndarray) -> np.ndarray:
+        """Vectorised when every ``key.ext`` fits a plain ustar header (the usual case)."""
+        longest = max(map(len, keys), default=0)
+        plain = (
+            longest + 1 + len(ext) <= 100
+            and ext.isascii()
+            and "".join(keys).isascii()
+            and (not len(sizes) or int(sizes.max()) < _USTAR_MAX_SIZE)
+        )
+        if not plain:
+            return super().record_raw_sizes(keys, ext, sizes)
+        sizes = sizes.astype(np.int64)
+        return BLOCK + sizes + (-sizes % BLOCK)
+
     def reader(
         self, local_path: str, index: SampleIndex, where: str, verify: bool = True
     ) -> TarShardReader:

@@ -32,7 +32,9 @@ class PackOptions:
     validate: bool = False  # decode images to check them
     tokenizer: str | None = None  # local tokenizers JSON: adds a ``tokens`` field
     text_field: str = "text"
-    workers: int = 1
+    workers: int = 1  # local: writer processes; ray: shard writes in flight at once
+    executor: str = "local"  # local | ray (pip install 'shardloader[ray]')
+    address: str | None = None  # ray: the cluster (default: RAY_ADDRESS, else a local Ray)
     num_parts: int = 1
     part: int = 0
     resume: bool = False
@@ -60,6 +62,10 @@ class PackOptions:
             raise bad(f"--on-error {self.on_error!r}: choose 'fail' or 'skip'")
         if self.workers < 1:
             raise bad(f"--workers {self.workers} must be >= 1")
+        if self.executor not in ("local", "ray"):
+            raise bad(f"--executor {self.executor!r}: choose 'local' or 'ray'")
+        if self.address is not None and self.executor != "ray":
+            raise bad("--address names a Ray cluster: it goes with --executor ray")
         if self.num_parts < 1 or not 0 <= self.part < self.num_parts:
             raise bad(
                 f"--part {self.part} --num-parts {self.num_parts}: need 0 <= part < num_parts"

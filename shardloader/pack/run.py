@@ -41,8 +41,15 @@ from shardloader.pack.outdir import (
     write_skip_report,
 )
 from shardloader.pack.plan import Planner, part_of, shard_names
-from shardloader.pack.pool import Executor, Inline, Pool
-from shardloader.pack.write import ShardResult, ShardTask, WriteSpec, write_shard
+from shardloader.pack.pool import Executor, make_executor
+from shardloader.pack.write import (
+    ShardResult,
+    ShardTask,
+    WriteSpec,
+    place_shard,
+    write_and_place,
+    write_shard,
+)
 from shardloader.storage.store import Store
 
 __all__ = ["pack"]
@@ -135,6 +142,26 @@ def pack(
     start = time.monotonic()
     source_store, out_store = options.store(src), options.store(out)
     _check_not_inside(source_store, out_store)
+    # Started first: pack workers import the writer while this process lists and plans.
+    executor = make_executor(options)
+    try:
+        return _pack(src, out, options, progress, start, executor)
+    except BaseException:
+        executor.abort()
+        raise
+    finally:
+        executor.shutdown()
+
+
+def _pack(
+    src: str,
+    out: str,
+    options: PackOptions,
+    progress: Callable[[PackProgress], None] | None,
+    start: float,
+    executor: Executor,
+) -> PackReport:
+    source_store, out_store = options.store(src), options.store(out)
     existing = list_out(out_store)
     check_writable(out_store, existing, overwrite=options.overwrite, resume=options.resume)
     source = discover(
@@ -188,11 +215,10 @@ def pack(
 
     if progress is not None:
         progress(PackProgress(0, 0, 0, 0, run.total_bytes, time.monotonic() - start))
-    executor: Executor = Inline() if options.workers == 1 else Pool(options.workers)
     local_number = 0
     try:
-        samples = source.samples(on_skip if options.on_error == "skip" else None)
-        for plan in planner.shards(samples):
+        items = source.items(on_skip if options.on_error == "skip" else None)
+        for plan in planner.shards(items):
             if part_of(plan.number, options.num_parts) != options.part:
                 continue
             name, index_name = shard_names(
@@ -233,11 +259,10 @@ def pack(
         )
         out_store.join(MANIFEST_NAME).write_bytes_atomic(manifest.to_json())
     except BaseException:
-        executor.abort()
+        executor.abort()  # before removing temporaries: no worker is still writing one
         remove_temps(Store(staging), os.listdir(staging) if os.path.isdir(staging) else [])
         raise
     finally:
-        executor.shutdown()
         if not local_out:
             shutil.rmtree(staging, ignore_errors=True)
     if existing:
@@ -283,17 +308,16 @@ class _Run:
         self.progress = progress
         self.start = start
         self.total_bytes = total_bytes
-        # In flight at most: bounds memory (record shards carry their bytes).  Inline, finish
-        # each shard at once, so that a finished shard never waits for the next one.
-        self.limit = 1 if options.workers == 1 else options.workers + 1
         self.pending: dict[Future[ShardResult], int] = {}
         self.infos: dict[int, ShardInfo] = {}
         self.skips: list[dict[str, Any]] = []
         self.samples = self.bytes_in = self.bytes_out = self.kept = 0
 
     def submit(self, executor: Executor, task: ShardTask) -> None:
-        self.pending[executor.submit(write_shard, self.spec, task)] = task.plan.number
-        if len(self.pending) >= self.limit:
+        # A remote task cannot hand over a temporary file: it moves its shard into place.
+        fn = write_and_place if executor.remote else write_shard
+        self.pending[executor.submit(fn, self.spec, task)] = task.plan.number
+        if len(self.pending) >= executor.in_flight:  # bounds memory: plans hold samples
             self.drain(all_done=False)
 
     def drain(self, all_done: bool) -> None:
@@ -313,19 +337,15 @@ class _Run:
                 return
 
     def _finish(self, r: ShardResult) -> None:
-        out = self.spec.out
-        if not r.kept:
-            assert r.temp is not None and r.sidecar is not None
-            if r.num_samples == 0:  # every sample skipped: no shard
-                os.remove(r.temp)
-                self.skips.extend(r.skips)
-                return
-            out.join(r.name).put_file(r.temp)
-            if os.path.exists(r.temp):  # uploaded (remote): drop the local copy
-                os.remove(r.temp)
-            out.join(r.index_name).write_bytes_atomic(r.sidecar)
-        else:
+        r = place_shard(self.spec, r)  # local tasks hand over a temporary shard
+        if r.num_samples == 0:  # every sample skipped: no shard
+            self.skips.extend(r.skips)
+            return
+        if r.kept:
             self.kept += 1
+        else:
+            assert r.sidecar is not None
+            self.spec.out.join(r.index_name).write_bytes_atomic(r.sidecar)
         self.infos[r.number] = ShardInfo(
             r.name,
             r.num_samples,
