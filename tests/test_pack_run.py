@@ -14,10 +14,12 @@ from shardloader.pack.pool import Pool
 from shardloader.storage import RetryPolicy
 
 
-def test_a_pack_worker_process_has_not_imported_torch():
+def test_a_pack_worker_process_imports_only_the_writer():
     """Workers fork from a server that preloaded only the writer (pack/_preload.py): no torch,
-    although this test process has imported it."""
-    import torch  # noqa: F401 - the parent has it; a forked or spawned-from-here worker would too
+    although this test process has imported it, and none of the storage stacks (botocore,
+    aiohttp: a second of start-up) or pandas (which ``pa.array`` would pull in)."""
+    import botocore.exceptions  # noqa: F401 - the parent has them all
+    import torch  # noqa: F401 - a forked or spawned-from-here worker would have them too
 
     pool = Pool(1)
     try:
@@ -25,7 +27,8 @@ def test_a_pack_worker_process_has_not_imported_torch():
     finally:
         pool.shutdown()
     assert "shardloader.pack.write" in modules  # a real pack worker: the writer is preloaded
-    assert [m for m in modules if m.split(".")[0] == "torch"] == []
+    heavy = {"torch", "pandas", "botocore", "aiohttp", "s3fs", "PIL", "tokenizers"}
+    assert [m for m in modules if m.split(".")[0] in heavy] == []
 
 
 @pytest.mark.filterwarnings("ignore::ResourceWarning")

@@ -321,13 +321,16 @@ def _write_run(
     """Check and add the lines of ``run`` (``data``: its byte range); return input bytes.
 
     The per-line path of :func:`_load` for one-field record samples, without building a
-    :class:`SampleRef` per line (one is built for a bad line, to name it)."""
+    :class:`SampleRef` per line (one is built for a bad line, to name it).  A writer with
+    ``add_records`` (tar) takes the good lines in one call."""
     kind, stem, first = run.kind, run.stem, int(run.starts[0])
     codec = spec.fields[kind].codec
     problem = unsafe_key_reason(run.key(0))  # the same for every line: only digits differ
     is_json = codec == "json"
+    keys: list[str] = []
+    values: list[bytes] = []
+    lengths: list[int | None] = []
     bytes_in = 0
-    add = writer.add
     for n, s, k in zip(
         run.numbers.tolist(), run.starts.tolist(), run.lengths.tolist(), strict=True
     ):
@@ -348,9 +351,30 @@ def _write_run(
             bad.sample = SampleRef(key, ((kind, line),), run.rel, f"line {n}")
             _refuse_or_skip(spec, bad, number, skips)
             continue
-        add(key, fields, length)
         bytes_in += k
+        if len(fields) > 1:  # a derived field (tokens): this sample goes on its own
+            _add_records(writer, keys, kind, values, lengths)
+            keys, values, lengths = [], [], []
+            writer.add(key, fields, length)
+        else:
+            keys.append(key)
+            values.append(line)
+            lengths.append(length)
+    _add_records(writer, keys, kind, values, lengths)
     return bytes_in
+
+
+def _add_records(
+    writer: Any, keys: list[str], ext: str, values: list[bytes], lengths: list[int | None]
+) -> None:
+    if not keys:
+        return
+    add_records = getattr(writer, "add_records", None)
+    if add_records is not None:
+        add_records(keys, ext, values, lengths)
+        return
+    for key, value, length in zip(keys, values, lengths, strict=True):
+        writer.add(key, {ext: value}, length)
 
 
 def _refuse_or_skip(spec: WriteSpec, bad: _Bad, number: int, skips: list[dict]) -> None:

@@ -16,8 +16,9 @@ are split here and travel as :class:`~shardloader.pack.refs.SampleRef` s (:func:
 from __future__ import annotations
 
 import gzip
+import mmap
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import BinaryIO
 
 import numpy as np
@@ -95,44 +96,106 @@ def is_compressed(rel: str) -> bool:
 def runs(f: InputFile, kind: str, stem: str, store: Store) -> Iterator[LineRun]:
     """Where the samples of plain line file ``f`` are (NOTE [line runs]), one run per chunk.
 
-    The same lines as :func:`samples` would give, found with numpy instead of split out.
+    The same lines as :func:`samples` would give, found without splitting them out: a local
+    file is memory-mapped (no copy), a remote one streamed.
     """
-    pending: list[bytes] = []  # an unfinished line: pieces of it, joined once its end shows
-    pos = 0  # file offset of the first pending byte
-    number = 0  # lines completed so far
+    if store.is_local:
+        with open(store.local_path, "rb") as fh:
+            if os.fstat(fh.fileno()).st_size == 0:
+                return
+            with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+                yield from _scan(f, kind, stem, [mm])
+        return
     with store.open_read() as stream:
         read = getattr(stream, "read1", stream.read)
-        while True:
-            chunk = read(_SCAN_CHUNK)
-            if not chunk:
-                break
-            if chunk.find(b"\n") < 0:
-                pending.append(chunk)
+        yield from _scan(f, kind, stem, iter(lambda: read(_SCAN_CHUNK), b""))
+
+
+def _scan(
+    f: InputFile, kind: str, stem: str, chunks: Iterable[bytes | mmap.mmap]
+) -> Iterator[LineRun]:
+    """Line runs over ``chunks`` (the file's bytes in order), at most ``_SCAN_CHUNK`` bytes
+    of lines each; a line longer than that makes its own run."""
+    pending: list[bytes] = []  # an unfinished line from the previous chunk, in pieces
+    pos = 0  # file offset of the first pending byte
+    number = 0  # lines completed so far
+    for chunk in chunks:
+        if pending:  # finish the pending line first (joins only that line, not the chunk)
+            nl = chunk.find(b"\n")
+            if nl < 0:
+                pending.append(bytes(chunk))
                 continue
-            buf = b"".join([*pending, chunk]) if pending else chunk
-            ends = np.flatnonzero(np.frombuffer(buf, np.uint8) == 10)
-            run = _run(f, kind, stem, buf, pos, number, ends)
+            buf = b"".join([*pending, chunk[: nl + 1]])
+            run = _run(f, kind, stem, buf, 0, pos, number, np.array([len(buf) - 1]))
             if run is not None:
                 yield run
-            number += len(ends)
-            cut = int(ends[-1]) + 1
-            pending = [buf[cut:]] if cut < len(buf) else []
-            pos += cut
+            number += 1
+            pos += len(buf)
+            pending, done = [], nl + 1
+        else:
+            done = 0
+        view = np.frombuffer(chunk, np.uint8)
+        try:
+            while done < len(chunk):
+                stop = min(done + _SCAN_CHUNK, len(chunk))
+                ends = _line_ends(chunk, done, stop)
+                if not len(ends):
+                    if stop < len(chunk):  # a line longer than a window: look further
+                        stop = chunk.find(b"\n", stop)
+                        if stop >= 0:
+                            ends = np.array([stop], np.int64)
+                    if not len(ends):
+                        pending.append(bytes(chunk[done:]))
+                        break
+                run = _run(f, kind, stem, view, done, pos - done, number, ends)
+                if run is not None:
+                    yield run
+                number += len(ends)
+                pos += int(ends[-1]) + 1 - done
+                done = int(ends[-1]) + 1
+        finally:
+            del view  # an mmap cannot close while an array still points into it
     if pending:  # a last line without a terminator
         buf = b"".join(pending)
-        run = _run(f, kind, stem, buf, pos, number, np.array([len(buf)], np.int64))
+        run = _run(f, kind, stem, buf, 0, pos, number, np.array([len(buf)], np.int64))
         if run is not None:
             yield run
 
 
+def _line_ends(buf: bytes | mmap.mmap, start: int, stop: int) -> np.ndarray:
+    """Offsets of every ``\n`` in ``buf[start:stop]`` (offsets into ``buf``): a ``find`` loop
+    while lines are long (memchr, few steps), numpy once they turn out short (one Python step
+    per line would cost more)."""
+    out: list[int] = []
+    find, i = buf.find, start - 1
+    budget = (stop - start) // 256  # more lines than this: average under 256 bytes
+    while len(out) < budget:
+        i = find(b"\n", i + 1, stop)
+        if i < 0:
+            return np.array(out, np.int64)
+        out.append(i)
+    rest = np.frombuffer(buf, np.uint8, count=stop - (i + 1), offset=i + 1)
+    more = np.flatnonzero(rest == 10) + (i + 1)
+    del rest
+    return np.concatenate([np.array(out, np.int64), more])
+
+
 def _run(
-    f: InputFile, kind: str, stem: str, buf: bytes, pos: int, number: int, ends: np.ndarray
+    f: InputFile,
+    kind: str,
+    stem: str,
+    buf: bytes | np.ndarray,
+    first: int,
+    base: int,
+    number: int,
+    ends: np.ndarray,
 ) -> LineRun | None:
-    """The non-blank lines of ``buf`` (at file offset ``pos``) ending at ``ends``."""
-    arr = np.frombuffer(buf, np.uint8)
+    """The non-blank lines of ``buf`` from offset ``first`` to the line ends ``ends`` (offsets
+    into ``buf``, which starts at file offset ``base``); ``number`` lines came before."""
+    arr = buf if isinstance(buf, np.ndarray) else np.frombuffer(buf, np.uint8)
     ends = ends.astype(np.int64)
     starts = np.empty_like(ends)
-    starts[0] = 0
+    starts[0] = first
     starts[1:] = ends[:-1] + 1
     lengths = ends - starts
     cr = lengths > 0
@@ -140,15 +203,15 @@ def _run(
     lengths -= cr
     keep = lengths > 0
     if kind == "json":  # a line of only whitespace is blank too
-        maybe = np.flatnonzero(keep & _WHITESPACE[arr[np.minimum(starts, len(buf) - 1)]])
+        maybe = np.flatnonzero(keep & _WHITESPACE[arr[np.minimum(starts, len(arr) - 1)]])
         for i in maybe:
             s = int(starts[i])
-            keep[i] = bool(buf[s : s + int(lengths[i])].strip())
+            keep[i] = bool(arr[s : s + int(lengths[i])].tobytes().strip())
     numbers = np.arange(number + 1, number + 1 + len(ends), dtype=np.int64)
     if not keep.any():
         return None
     return LineRun(
-        f.url, f.rel, kind, stem, f.size, numbers[keep], starts[keep] + pos, lengths[keep]
+        f.url, f.rel, kind, stem, f.size, numbers[keep], starts[keep] + base, lengths[keep]
     )
 
 
