@@ -90,3 +90,25 @@ def test_pack_stages_take_store_handles_not_option_pairs():
             if bad and (path.name, node.name) not in allowed:
                 found.append(f"{path.relative_to(root)}:{node.name} takes {sorted(bad)}")
     assert found == []
+
+
+@pytest.mark.subprocess
+def test_pack_workers_fork_only_from_a_process_without_torch_or_threads():
+    """NOTE [worker start]: the CLI's process (no torch, one thread) forks its workers; a
+    thread or torch in the process sends them to the forkserver."""
+    import subprocess
+    import sys
+
+    code = (
+        "import threading, time\n"
+        "from shardloader.pack.startmethod import context\n"
+        "print(context().get_start_method())\n"
+        "t = threading.Thread(target=time.sleep, args=(0.5,)); t.start()\n"
+        "print(context().get_start_method()); t.join()\n"
+        "import torch\n"
+        "print(context().get_start_method())\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    ).stdout.split()
+    assert out == ["fork", "forkserver", "forkserver"]

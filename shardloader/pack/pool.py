@@ -18,10 +18,9 @@ import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
-from multiprocessing import get_all_start_methods, get_context
-from multiprocessing.context import BaseContext
 from typing import TYPE_CHECKING, Any, Protocol
 
+from shardloader.pack.startmethod import PRELOAD, context
 from shardloader.pack.write import worker_init
 
 if TYPE_CHECKING:
@@ -29,7 +28,6 @@ if TYPE_CHECKING:
 
 __all__ = ["EXECUTORS", "Executor", "Inline", "Pool", "PRELOAD", "make_executor"]
 
-PRELOAD = "shardloader.pack._preload"  # what the forkserver imports once (never torch)
 EXECUTORS = ("local", "ray")
 
 
@@ -69,20 +67,6 @@ class Inline:
         pass
 
 
-def _mp_context() -> BaseContext:
-    """Workers start from a *forkserver* that has imported the writer once.
-
-    Not ``fork``: the main process may have imported torch and started threads.  Not plain
-    ``spawn``: every worker would import shardloader (and torch with it) again, seconds each.
-    The server is a fresh single-threaded process that has imported nothing but the writer.
-    """
-    if "forkserver" not in get_all_start_methods():
-        return get_context("spawn")
-    ctx = get_context("forkserver")
-    ctx.set_forkserver_preload([PRELOAD])
-    return ctx
-
-
 class Pool:
     """A process pool of shard writers, started at once in the background.
 
@@ -96,11 +80,16 @@ class Pool:
     def __init__(self, workers: int) -> None:
         self.workers = workers
         self.in_flight = workers + 1
+        ctx = context()
         self._ex = ProcessPoolExecutor(
-            workers, mp_context=_mp_context(), initializer=worker_init, initargs=(os.getpid(),)
+            workers, mp_context=ctx, initializer=worker_init, initargs=(os.getpid(),)
         )
         self._aborted = False
-        self._warm = threading.Thread(target=self._start, name="shardloader-pack-start")
+        if ctx.get_start_method() == "fork":  # the first submit forks every worker, at once
+            self._ex.submit(os.getpid)
+            self._warm = threading.Thread(target=lambda: None)
+        else:
+            self._warm = threading.Thread(target=self._start, name="shardloader-pack-start")
         self._warm.start()
 
     def _start(self) -> None:

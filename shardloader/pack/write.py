@@ -145,6 +145,7 @@ def worker_init(main_pid: int) -> None:
     process itself.)
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a forked worker inherits the CLI's handler
 
     def watch() -> None:
         while True:
