@@ -112,3 +112,15 @@ def test_pack_workers_fork_only_from_a_process_without_torch_or_threads():
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
     ).stdout.split()
     assert out == ["fork", "forkserver", "forkserver"]
+
+
+def test_the_ray_executor_without_ray_installed_is_a_usage_error(tmp_path, monkeypatch):
+    import sys
+
+    from shardloader.errors import UsageError
+
+    class_folders(str(tmp_path / "src"), per_class=1)
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if not installed
+    with pytest.raises(UsageError, match=r"pip install 'shardloader\[ray\]'"):
+        pack(str(tmp_path / "src"), str(tmp_path / "out"), PackOptions(executor="ray"))
+    assert not (tmp_path / "out" / "index.json").exists()

@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from concurrent.futures import Future
+from functools import partial
 from typing import Any
 
 from shardloader.errors import UsageError
@@ -64,7 +65,8 @@ class RayExecutor:
             task = self._remote[fn] = self._ray.remote(num_cpus=1, max_retries=0)(fn)
         ref = task.remote(*args)
         self._refs.append(ref)
-        fut: Future[Any] = ref.future()
+        fut: Future[Any] = Future()
+        ref.future().add_done_callback(partial(_unwrap, fut, self._ray))
         return fut
 
     def abort(self) -> None:
@@ -82,3 +84,15 @@ class RayExecutor:
         if self._started:
             self._ray.shutdown()
             self._started = False
+
+
+def _unwrap(fut: Future[Any], ray: Any, done: Future[Any]) -> None:
+    """Hand over a task's result, or the exception the task raised (not Ray's wrapper, whose
+    message is a remote traceback): the CLI prints a ShardloaderError as one line."""
+    try:
+        fut.set_result(done.result())
+    except ray.exceptions.RayTaskError as err:
+        cause = getattr(err, "cause", None)
+        fut.set_exception(cause if isinstance(cause, BaseException) else err)
+    except BaseException as err:  # a lost node, a cancelled task: Ray's own error
+        fut.set_exception(err)
