@@ -76,7 +76,7 @@ LAYOUTS = ("auto", "class-folders", "key-groups", "records")
     type=int,
     default=1,
     show_default=True,
-    help="Writer processes (--executor ray: shard writes in flight at once).",
+    help="Writer processes (--executor ray: tasks in flight; 1: the cluster's CPUs).",
 )
 @click.option(
     "--executor",

@@ -35,7 +35,8 @@ class RayExecutor:
     ``address``: the cluster (``ray.init(address=...)``); None: ``RAY_ADDRESS``, else a local
     Ray that lives as long as this executor.  A Ray already initialised in this process (a
     notebook, a test) is used as it is and left running.  ``in_flight`` tasks at most are
-    submitted at once (``--workers``), which bounds what the driver holds.
+    submitted at once (``--workers``; 1, the default: the cluster's CPUs plus one), which
+    bounds what the driver holds.
     """
 
     remote = True
@@ -55,7 +56,9 @@ class RayExecutor:
             self._started = True
         elif address is not None:
             log.warning("Ray is already initialised in this process; --address %s unused", address)
-        self.in_flight = max(1, in_flight)
+        if in_flight <= 1:  # --workers left at 1: keep every CPU of the cluster busy, and one more
+            in_flight = int(ray.cluster_resources().get("CPU", 1)) + 1
+        self.in_flight = in_flight
         self._remote: dict[Callable[..., Any], Any] = {}
         self._refs: list[Any] = []
 
