@@ -91,7 +91,7 @@ class DatasetPreset:
             from shardloader.manifest import read_manifest
 
             read = self.read_options()
-            manifest, _ = read_manifest(url, read.storage_options, policy=read.retry)
+            manifest, _ = read_manifest(read.store(url))
         name = self.image_field or vision.image_field(manifest.fields)
         if name is None or name not in manifest.fields:
             if self.transform == "auto" and self.image_field is None:

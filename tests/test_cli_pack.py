@@ -139,3 +139,26 @@ def test_parts_merge_and_index_commands(tmp_path):
     assert r.exit_code == 0 and "indexed 1 shards, 10 samples" in r.stdout
     bad = run("index", tmp_path / "src" / "a" / "0000.json", tmp_path / "idx2")
     assert bad.exit_code == 2 and "not a tar shard" in bad.stderr
+
+
+def test_part_comes_from_job_completion_index_unless_given(tmp_path, monkeypatch):
+    """A Kubernetes Indexed Job sets JOB_COMPLETION_INDEX per pod (docker/k8s/pack-parts.yaml);
+    an explicit --part wins; a value that is no number is a usage error."""
+    class_folders(str(tmp_path / "src"), per_class=4)
+
+    def part_of(out: str) -> int:
+        with open(os.path.join(out, "index.json")) as f:
+            return json.load(f)["extra"]["part"]["index"]
+
+    monkeypatch.setenv("JOB_COMPLETION_INDEX", "2")
+    base = ["pack", tmp_path / "src"]
+    assert run(*base, tmp_path / "a", "--num-parts", "3", "--max-samples", "2", "-q").exit_code == 0
+    assert part_of(str(tmp_path / "a")) == 2
+    r = run(*base, tmp_path / "b", "--num-parts", "3", "--part", "1", "--max-samples", "2", "-q")
+    assert r.exit_code == 0 and part_of(str(tmp_path / "b")) == 1
+    monkeypatch.setenv("JOB_COMPLETION_INDEX", "x")
+    r = run(*base, tmp_path / "c", "--num-parts", "3")
+    assert r.exit_code == 2 and "JOB_COMPLETION_INDEX='x'" in r.output
+    monkeypatch.setenv("JOB_COMPLETION_INDEX", "3")  # past --num-parts: PackOptions refuses it
+    r = run(*base, tmp_path / "d", "--num-parts", "3")
+    assert r.exit_code == 2 and "--part 3 --num-parts 3" in r.output

@@ -149,3 +149,21 @@ def test_bad_options_are_usage_errors(tmp_path):
     key_groups(str(tmp_path / "src"), n=1)
     with pytest.raises(UsageError, match="inside the source"):
         pack(str(tmp_path / "src"), str(tmp_path / "src" / "out"))
+
+
+@pytest.mark.parametrize("on_error", ["fail", "skip"])
+def test_a_lone_surrogate_in_the_text_is_a_bad_sample_not_a_crash(tmp_path, on_error):
+    r"""``"\ud800"`` is valid JSON (``json.loads`` takes it) but no UTF-8 text: measuring it
+    used to escape as a bare UnicodeEncodeError."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.jsonl").write_bytes(b'{"text": "ok"}\n{"text": "\\ud800"}\n{"text": "fine"}\n')
+    out = str(tmp_path / "out")
+    if on_error == "fail":
+        with pytest.raises(InputError, match=r"a\.jsonl line 2 \(key 'a/000000002'\).*Unicode"):
+            pack(str(src), out)
+        assert _no_manifest(out)
+        return
+    report = pack(str(src), out, PackOptions(on_error="skip"))
+    assert report.samples == 2
+    assert [(s["key"], s["where"]) for s in _skips(out)] == [("a/000000002", "line 2")]

@@ -37,7 +37,6 @@ from shardloader.manifest import FieldInfo
 from shardloader.pack.layouts import (
     FITS, NO_FIT, Description, Layout, SampleRef, register_layout,
 )
-from shardloader.storage import read_bytes
 
 
 class CsvRows(Layout):
@@ -55,7 +54,7 @@ class CsvRows(Layout):
 
     def enumerate(self, source, on_skip):
         for f in source.files:
-            text = read_bytes(f.url, source.storage_options).decode("utf-8")
+            text = source.inputs.open(f).read_bytes().decode("utf-8")
             for i, row in enumerate(csv.DictReader(io.StringIO(text))):
                 yield SampleRef(row["key"], (("txt", row["text"].encode()),), f.rel, f"row {i}")
 

@@ -1,46 +1,58 @@
 #!/usr/bin/env python
-"""Pack the same generated corpus with shardloader and with peer writers; compare input MB/s.
+"""Pack the same corpus with ``shardloader pack`` and with peer writers, each a fresh process.
 
-    python tools/bench_pack.py [--corpus DIR] [--images 20000] [--docs 200000] [--repeat 1]
-                               [--out DIR] [--only images,text] [--skip litdata,...]
+    python tools/bench_pack.py [--corpus DIR] [--images 10000] [--docs 200000] [--repeat 3]
+                               [--workers 2] [--only images,text] [--skip litdata,...]
+                               [--baseline NAME=PATH] [--out DIR] [--json FILE]
 
-Workloads: ``images`` (class folders of JPEGs) and ``text`` (JSONL documents), from
-tools/make_corpus.py (reused when DIR/corpus.json matches the sizes).  Writers, each packing the
-whole workload into ~64 MiB shards (uncompressed) from the same warm page cache:
+What a user runs, from a cold process: every run is a new process started by this script and
+timed from its start to its exit (interpreter start, imports, worker start-up and the pack
+itself), on a warm page cache.  Runs are interleaved (writer after writer, repeat after repeat,
+the order rotated each repeat) so a busy machine slows every writer alike; medians are
+printed.
 
-  shardloader        ``pack`` with zstd, ``--workers 1`` and ``--workers 2``
-  webdataset         ``ShardWriter`` tar, and tar.zst through its ``opener`` hook (zstd level 3)
-  mds                MosaicML streaming ``MDSWriter`` with zstd (if importable)
-  litdata            LitData ``optimize`` with zstd, one worker (if importable)
+  shardloader     the CLI, ``shardloader pack SRC OUT --workers N --shard-size 64MiB -q``, from
+                  the PYTHONPATH in force (``--baseline NAME=PATH`` adds the same command run
+                  from another checkout, e.g. ``git archive``'d main, as a before/after row)
+  mds             MosaicML streaming ``MDSWriter``, zstd:3, one process (its only mode)
+  litdata         LitData ``optimize``, zstd, 1 worker and N workers
+  webdataset      ``ShardWriter`` (tar) through zstd level 3, one process
 
-Peers run single-process, as their usual single-writer path.  Imports (and shardloader's
-worker forkserver start) happen before the clock starts; everything else is timed.  Reported:
-median seconds over ``--repeat`` runs, input MB/s (input bytes / wall seconds), input MB per
-CPU-second of the writer's processes (stable on a busy machine), the 1-minute load average when
-the run started, stored MB
-(everything the writer leaves, indexes included), compression ratio (input / stored), and each
-speed relative to the fastest zstd peer.  Benchmark-only extras:
-``pip install mosaicml-streaming litdata``.
+Every writer cuts ~64 MiB shards (uncompressed).  Reported per writer: median seconds, input
+MB/s (input bytes / wall seconds), CPU seconds of the process and all its descendants (reaped
+through a subreaper, so pack and litdata workers count), stored MB (everything the writer
+leaves: shards, indexes, manifest), compression ratio (input / stored), speed and ratio
+relative to the best peer, and the machine's load average before the first and after the
+last run.  Corpus: tools/make_corpus.py, JPEG-only images in class folders and JSONL documents
+of lognormal length (reused when DIR/corpus.json matches).  Peers need
+``pip install mosaicml-streaming litdata webdataset`` (the bench venv has them); a peer that
+cannot be imported is left out with the reason.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
+import resource
 import shutil
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
 
 SHARD = 64 << 20  # every writer's shard/chunk limit (MDS's default)
 ZSTD_LEVEL = 3
+PR_SET_CHILD_SUBREAPER = 36
 
 
-# -- inputs ---------------------------------------------------------------------------------
+# -- inputs (what the peers read, in the same order a packer reads) ---------------------------
 
 
 def image_items(root: str) -> Iterator[tuple[str, bytes, int]]:
@@ -62,30 +74,8 @@ def text_items(root: str) -> Iterator[tuple[str, bytes]]:
                     yield f"{stem}/{n:09d}", line
 
 
-def input_bytes(root: str) -> int:
+def tree_bytes(root: str) -> int:
     return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(root) for f in fs)
-
-
-def output_bytes(root: str) -> int:
-    return input_bytes(root)
-
-
-def cpu_seconds() -> float:
-    """CPU time of this process and all its descendants, live or reaped (pack workers are
-    grandchildren, reaped by the forkserver).  Unlike wall time, it barely depends on what
-    else the machine runs."""
-    import psutil
-
-    me = psutil.Process()
-    t = me.cpu_times()
-    total = t.user + t.system + t.children_user + t.children_system
-    for child in me.children(recursive=True):
-        try:
-            c = child.cpu_times()
-        except psutil.NoSuchProcess:
-            continue
-        total += c.user + c.system + c.children_user + c.children_system
-    return total
 
 
 def warm(root: str) -> None:
@@ -96,46 +86,35 @@ def warm(root: str) -> None:
                     pass
 
 
-# -- writers --------------------------------------------------------------------------------
+# -- peers: each runs in its own fresh process (``--peer NAME KIND SRC OUT``) -----------------
 
 
-def run_shardloader(workers: int) -> Callable[[str, str, str], None]:
-    def run(kind: str, src: str, out: str) -> None:
-        from shardloader.pack import PackOptions, pack
+def peer_webdataset(kind: str, src: str, out: str, workers: int) -> None:
+    import webdataset as wds
+    import zstandard
 
-        pack(src, out, PackOptions(compression="zstd", workers=workers, shard_size=SHARD))
+    os.makedirs(out, exist_ok=True)
+    streams: dict[str, object] = {}
 
-    return run
+    def opener(fname: str):  # noqa: ANN202
+        f = open(fname, "wb")  # noqa: SIM115 - closed in post()
+        w = zstandard.ZstdCompressor(level=ZSTD_LEVEL).stream_writer(f)
+        streams[fname] = w
+        return w
 
+    def post(fname: str) -> None:
+        streams.pop(fname).close()  # type: ignore[attr-defined]
 
-def run_webdataset(zstd: bool) -> Callable[[str, str, str], None]:
-    def run(kind: str, src: str, out: str) -> None:
-        import webdataset as wds
-        import zstandard
-
-        os.makedirs(out, exist_ok=True)
-        streams: dict[str, object] = {}
-
-        def opener(fname: str):  # noqa: ANN202
-            f = open(fname, "wb")  # noqa: SIM115 - closed in post()
-            w = zstandard.ZstdCompressor(level=ZSTD_LEVEL).stream_writer(f)
-            streams[fname] = w
-            return w
-
-        def post(fname: str) -> None:
-            streams.pop(fname).close()  # type: ignore[attr-defined]
-
-        pattern = os.path.join(out, "shard-%05d.tar" + (".zst" if zstd else ""))
-        kw = dict(opener=opener, post=post) if zstd else {}
-        with wds.ShardWriter(pattern, maxsize=SHARD, maxcount=10**9, verbose=0, **kw) as sink:
-            if kind == "images":
-                for key, data, cls in image_items(src):
-                    sink.write({"__key__": key, "jpg": data, "cls": cls})
-            else:
-                for key, line in text_items(src):
-                    sink.write({"__key__": key, "json": line})
-
-    return run
+    pattern = os.path.join(out, "shard-%05d.tar.zst")
+    with wds.ShardWriter(
+        pattern, maxsize=SHARD, maxcount=10**9, verbose=0, opener=opener, post=post
+    ) as sink:
+        if kind == "images":
+            for key, data, cls in image_items(src):
+                sink.write({"__key__": key, "jpg": data, "cls": cls})
+        else:
+            for key, line in text_items(src):
+                sink.write({"__key__": key, "json": line})
 
 
 def _import_mds():  # noqa: ANN202
@@ -150,7 +129,7 @@ def _import_mds():  # noqa: ANN202
     return MDSWriter
 
 
-def run_mds(kind: str, src: str, out: str) -> None:
+def peer_mds(kind: str, src: str, out: str, workers: int) -> None:
     mds_writer = _import_mds()
     columns = {"jpg": "bytes", "cls": "int"} if kind == "images" else {"json": "bytes"}
     with mds_writer(
@@ -177,7 +156,7 @@ def _litdata_text(path: str) -> Iterator[dict]:
                 yield {"json": line}
 
 
-def run_litdata(kind: str, src: str, out: str) -> None:
+def peer_litdata(kind: str, src: str, out: str, workers: int) -> None:
     import litdata
 
     if kind == "images":
@@ -192,175 +171,257 @@ def run_litdata(kind: str, src: str, out: str) -> None:
         output_dir=out,
         chunk_bytes=SHARD,
         compression="zstd",
-        num_workers=1,
+        num_workers=workers,
         verbose=False,
         mode="overwrite",
         start_method="spawn",
     )
 
 
-WRITERS: list[tuple[str, str, Callable[[str, str, str], None], bool]] = [
-    # (name, config, run, is_peer_with_zstd)
-    ("shardloader", "zstd, --workers 1", run_shardloader(1), False),
-    ("shardloader", "zstd, --workers 2", run_shardloader(2), False),
-    ("webdataset", "tar (no compression)", run_webdataset(False), False),
-    ("webdataset", "tar.zst (opener)", run_webdataset(True), True),
-    ("mds", "MDSWriter zstd:3", run_mds, True),
-    ("litdata", "optimize zstd, 1 worker", run_litdata, True),
-]
+PEERS: dict[str, Callable[[str, str, str, int], None]] = {
+    "mds": peer_mds,
+    "litdata": peer_litdata,
+    "webdataset": peer_webdataset,
+}
+PEER_IMPORTS = {"mds": "streaming", "litdata": "litdata", "webdataset": "webdataset"}
 
 
-def available(name: str) -> str | None:
-    """None if the writer can run here (its imports done, outside the timing), else why not."""
+# -- the runs -------------------------------------------------------------------------------
+
+
+@dataclass
+class Writer:
+    name: str
+    config: str
+    command: Callable[[str, str, str], list[str]]  # (kind, src, out) -> argv
+    env: dict[str, str] = field(default_factory=dict)
+    peer: bool = False
+
+
+def shardloader_writer(name: str, workers: int, path: str | None) -> Writer:
+    exe = os.path.join(os.path.dirname(sys.executable), "shardloader")
+    base = [exe] if os.path.exists(exe) else [sys.executable, "-m", "shardloader"]
+
+    def command(kind: str, src: str, out: str) -> list[str]:
+        return [*base, "pack", src, out, "--workers", str(workers), "--shard-size", "64MiB", "-q"]
+
+    env = {"PYTHONPATH": path} if path else {}
+    return Writer(name, f"CLI, zstd, --workers {workers}", command, env)
+
+
+def peer_writer(name: str, config: str, workers: int) -> Writer:
+    def command(kind: str, src: str, out: str) -> list[str]:
+        return [sys.executable, __file__, "--peer", name, kind, src, out, str(workers)]
+
+    return Writer(name, config, command, peer=True)
+
+
+def subreaper() -> bool:
+    """Become the reaper of orphaned descendants (pack's forkserver, litdata's workers), so
+    their CPU time reaches this process's RUSAGE_CHILDREN.  Linux only."""
     try:
-        if name == "mds":
-            _import_mds()
-        elif name == "litdata":
-            import litdata  # noqa: F401
-        elif name == "webdataset":
-            import webdataset  # noqa: F401
-        elif name == "shardloader":
-            import pyarrow as pa
-
-            import shardloader.pack  # noqa: F401
-
-            pa.array([0])  # pyarrow's first array imports pandas: a one-time cost, not throughput
-    except Exception as err:  # any import failure means "not available"
-        return f"{type(err).__name__}: {err}"
-    return None
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
 
 
-def start_pack_workers(tmp: str) -> float:
-    """Start the pack forkserver once (as a long-running packer would) and return its cost."""
-    from shardloader.pack import PackOptions, pack
+def _children_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
 
-    src = os.path.join(tmp, "warm-src")
-    os.makedirs(src, exist_ok=True)
-    with open(os.path.join(src, "x.txt"), "w") as f:
-        f.write("warm\n")
+
+def _reap_orphans(deadline: float) -> None:
+    """Wait for descendants left behind by the run (they were re-parented to us)."""
+    while time.monotonic() < deadline:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            time.sleep(0.02)
+
+
+def run_once(w: Writer, kind: str, src: str, out: str) -> tuple[float, float]:
+    """(wall seconds, CPU seconds) of one fresh-process run; raises if it fails."""
+    shutil.rmtree(out, ignore_errors=True)
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    env = {**os.environ, **w.env}
+    cpu0 = _children_cpu()
     start = time.perf_counter()
-    pack(src, os.path.join(tmp, "warm-out"), PackOptions(workers=2, overwrite=True))
-    return time.perf_counter() - start
+    # cwd: not this checkout, whose shardloader/ a child's '' sys.path entry would pick up
+    proc = subprocess.Popen(
+        w.command(kind, src, out),
+        env=env,
+        cwd=os.path.dirname(out),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    output, _ = proc.communicate()
+    wall = time.perf_counter() - start
+    _reap_orphans(time.monotonic() + 10)
+    if proc.returncode != 0:
+        raise RuntimeError(
+            f"{w.name} ({w.config}) on {kind} exited {proc.returncode}:\n"
+            + output.decode(errors="replace")[-3000:]
+        )
+    return wall, _children_cpu() - cpu0
 
 
-# -- driver ---------------------------------------------------------------------------------
+def available(w: Writer) -> str | None:
+    if not w.peer:
+        return None
+    module = PEER_IMPORTS[w.name]
+    code = f"import {module}" if w.name != "mds" else "import streaming.base"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    return None if r.returncode == 0 else r.stderr.strip().splitlines()[-1]
 
 
-def ensure_corpus(path: str, images: int, docs: int, seed: int) -> dict:
+def ensure_corpus(path: str, images: int, docs: int, seed: int) -> None:
     from make_corpus import make_corpus
 
     meta = os.path.join(path, "corpus.json")
     if os.path.exists(meta):
         with open(meta) as f:
             params = json.load(f)
-        if (params.get("images"), params.get("docs"), params.get("seed"), params.get("mixed")) == (
-            images,
-            docs,
-            seed,
-            False,
-        ):
-            return params
+        want = (images, docs, seed, False)
+        if (
+            params.get("images"),
+            params.get("docs"),
+            params.get("seed"),
+            params.get("mixed"),
+        ) == want:
+            return
         shutil.rmtree(path)
     print(f"generating corpus in {path} ({images} images, {docs} docs) ...", file=sys.stderr)
-    # JPEGs only: the figures in README compare writers on the same RGB JPEGs
-    return make_corpus(path, images=images, docs=docs, seed=seed, mixed=False)
+    make_corpus(path, images=images, docs=docs, seed=seed, mixed=False)
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--peer"]:
+        name, kind, src, out, workers = argv[1:6]
+        PEERS[name](kind, src, out, int(workers))
+        return 0
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--corpus", default="bench-out/corpus")
     p.add_argument("--out", default="bench-out/packed")
-    p.add_argument("--images", type=int, default=20000)
+    p.add_argument("--images", type=int, default=10000)
     p.add_argument("--docs", type=int, default=200000)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--repeat", type=int, default=1)
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--workers", type=int, default=2)
     p.add_argument("--only", default="images,text", help="workloads to run")
+    p.add_argument("--skip", default="", help="writers to skip (mds, litdata, webdataset)")
     p.add_argument(
-        "--skip", default="", help="writers to skip (shardloader, webdataset, mds, litdata)"
+        "--baseline",
+        action="append",
+        default=[],
+        metavar="NAME=PATH",
+        help="also run shardloader from the checkout at PATH (PYTHONPATH), labelled NAME",
     )
     p.add_argument("--json", dest="json_out", default=None, help="also write results here")
     a = p.parse_args(argv)
 
+    a.corpus, a.out = os.path.abspath(a.corpus), os.path.abspath(a.out)
     ensure_corpus(a.corpus, a.images, a.docs, a.seed)
     workloads = {"images": os.path.join(a.corpus, "images"), "text": os.path.join(a.corpus, "docs")}
     skip = {s for s in a.skip.split(",") if s}
-    results = []
-    if "shardloader" not in skip and available("shardloader") is None:
-        startup = start_pack_workers(a.out)
-        print(
-            f"shardloader: starting the worker forkserver took {startup:.1f} s (once per "
-            "process, not in the timings below)",
-            file=sys.stderr,
+    writers = [shardloader_writer("shardloader", a.workers, None)]
+    for spec in a.baseline:
+        name, _, path = spec.partition("=")
+        writers.append(
+            shardloader_writer(f"shardloader ({name})", a.workers, os.path.abspath(path))
         )
+    writers += [
+        peer_writer("mds", "MDSWriter zstd:3, 1 process", 1),
+        peer_writer("litdata", "optimize zstd, 1 worker", 1),
+        peer_writer("litdata", f"optimize zstd, {a.workers} workers", a.workers),
+        peer_writer("webdataset", "ShardWriter + zstd:3", 1),
+    ]
+    writers = [w for w in writers if w.name not in skip]
+    for w in list(writers):
+        why = available(w)
+        if why is not None:
+            print(f"{w.name} left out ({why})", file=sys.stderr)
+            writers.remove(w)
+    reaping = subreaper()
+    if not reaping:
+        print("no subreaper: CPU seconds leave out orphaned worker processes", file=sys.stderr)
+    load_before = os.getloadavg()
+    results = []
     for kind in [k for k in a.only.split(",") if k]:
         src = workloads[kind]
-        size = input_bytes(src)
+        size = tree_bytes(src)
         warm(src)
-        for name, config, run, peer in WRITERS:
-            if name in skip:
-                continue
-            why = available(name)
-            if why is not None:
-                print(f"{kind}: {name} skipped ({why})", file=sys.stderr)
-                continue
-            times, cpus, loads, stored = [], [], [], 0
-            for _ in range(a.repeat):
-                out = os.path.join(a.out, f"{kind}-{name}-{len(results)}")
+        walls: dict[int, list[float]] = {i: [] for i in range(len(writers))}
+        cpus: dict[int, list[float]] = {i: [] for i in range(len(writers))}
+        stored: dict[int, int] = {}
+        for r in range(a.repeat):
+            order = list(range(len(writers)))
+            order = order[r % len(order) :] + order[: r % len(order)]
+            for i in order:
+                w = writers[i]
+                out = os.path.join(a.out, f"{kind}-{i}")
+                wall, cpu = run_once(w, kind, src, out)
+                walls[i].append(wall)
+                cpus[i].append(cpu)
+                stored[i] = tree_bytes(out)
                 shutil.rmtree(out, ignore_errors=True)
-                loads.append(os.getloadavg()[0])
-                cpu, start = cpu_seconds(), time.perf_counter()
-                run(kind, src, out)
-                times.append(time.perf_counter() - start)
-                cpus.append(cpu_seconds() - cpu)
-                stored = output_bytes(out)
-                shutil.rmtree(out, ignore_errors=True)
-            secs, cpu = statistics.median(times), statistics.median(cpus)
+                print(
+                    f"{kind} #{r}: {w.name} ({w.config}) {wall:.2f} s, {cpu:.2f} CPU s",
+                    file=sys.stderr,
+                )
+        for i, w in enumerate(writers):
+            secs = statistics.median(walls[i])
             results.append(
                 {
                     "workload": kind,
-                    "writer": name,
-                    "config": config,
-                    "peer_zstd": peer,
+                    "writer": w.name,
+                    "config": w.config,
+                    "peer": w.peer,
                     "input_mb": size / 1e6,
                     "seconds": secs,
                     "mb_s": size / 1e6 / secs,
-                    "cpu_s": cpu,
-                    "mb_per_cpu_s": size / 1e6 / cpu if cpu else 0.0,
-                    "load": statistics.median(loads),
-                    "stored_mb": stored / 1e6,
-                    "ratio": size / stored if stored else 0,
+                    "cpu_s": statistics.median(cpus[i]),
+                    "stored_mb": stored[i] / 1e6,
+                    "ratio": size / stored[i] if stored[i] else 0.0,
+                    "runs": walls[i],
                 }
             )
-            print(f"{kind}: {name} {config}: {secs:.1f} s, {cpu:.1f} CPU s", file=sys.stderr)
-    print_table(results)
+    load_after = os.getloadavg()
+    print(markdown(results, a, load_before, load_after))
     if a.json_out:
         with open(a.json_out, "w") as f:
             json.dump(results, f, indent=1)
     return 0
 
 
-def print_table(results: list[dict]) -> None:
-    head = (
-        f"{'workload':<8} {'writer':<12} {'config':<24} {'in MB':>7} {'s':>6} {'MB/s':>6} "
-        f"{'MB/CPUs':>7} {'load':>4} {'out MB':>7} {'ratio':>6} {'vs best zstd peer':>30}"
-    )
-    print(head)
-    print("-" * len(head))
+def markdown(results: list[dict], a: argparse.Namespace, before: tuple, after: tuple) -> str:
+    lines = [
+        f"Fresh process per run, median of {a.repeat}, {os.cpu_count()} CPUs; load average "
+        f"(1/5/15 min) before {before[0]:.2f}/{before[1]:.2f}/{before[2]:.2f}, after "
+        f"{after[0]:.2f}/{after[1]:.2f}/{after[2]:.2f}.",
+        "",
+        "| work | writer | config | s | input MB/s | CPU s | stored MB | ratio | speed vs best "
+        "peer | ratio vs best peer |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for kind in dict.fromkeys(r["workload"] for r in results):
         rows = [r for r in results if r["workload"] == kind]
-        peers = [r for r in rows if r["peer_zstd"]]
+        peers = [r for r in rows if r["peer"]]
         best = max(peers, key=lambda r: r["mb_s"]) if peers else None
         for r in rows:
-            rel = (
-                f"{r['mb_s'] / best['mb_s']:.2f}x speed, ratio {r['ratio'] / best['ratio']:.2f}x"
-                if best
-                else "-"
+            speed = f"{r['mb_s'] / best['mb_s']:.2f}x" if best else "-"
+            ratio = f"{r['ratio'] / best['ratio']:.3f}x" if best else "-"
+            lines.append(
+                f"| {kind} ({r['input_mb']:.0f} MB) | {r['writer']} | {r['config']} | "
+                f"{r['seconds']:.2f} | {r['mb_s']:.1f} | {r['cpu_s']:.2f} | {r['stored_mb']:.1f} | "
+                f"{r['ratio']:.3f} | {speed} | {ratio} |"
             )
-            print(
-                f"{kind:<8} {r['writer']:<12} {r['config']:<24} {r['input_mb']:>7.1f} "
-                f"{r['seconds']:>6.2f} {r['mb_s']:>6.1f} {r['mb_per_cpu_s']:>7.1f} "
-                f"{r['load']:>4.1f} {r['stored_mb']:>7.1f} {r['ratio']:>6.3f} {rel:>30}"
-            )
+    lines.append("")
+    lines.append("Best peer: the fastest peer row of each workload (speed and ratio are its).")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -7,8 +7,9 @@ command (see ``shardloader.cli``), so ``--help`` and usage errors do not wait fo
 
 from __future__ import annotations
 
+import os
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -21,10 +22,11 @@ from shardloader.cli.options import (
     storage_option,
     storage_options,
 )
+from shardloader.errors import UsageError
 from shardloader.units import human_bytes as _human
 from shardloader.units import parse_size
 
-__all__ = ["pack_command", "merge_command", "index_command", "format_report"]
+__all__ = ["pack_command", "merge_command", "index_command", "format_report", "part_index"]
 
 
 if TYPE_CHECKING:
@@ -69,7 +71,26 @@ LAYOUTS = ("auto", "class-folders", "key-groups", "records")
     show_default=True,
     help="Input layout (default: detected).",
 )
-@click.option("--workers", type=int, default=1, show_default=True, help="Writer processes.")
+@click.option(
+    "--workers",
+    type=int,
+    default=1,
+    show_default=True,
+    help="Writer processes (--executor ray: tasks in flight; 1: the cluster's CPUs).",
+)
+@click.option(
+    "--executor",
+    type=click.Choice(["local", "ray"]),
+    default="local",
+    show_default=True,
+    help="Where shards are written: local processes, or Ray tasks on a cluster "
+    "(pip install 'shardloader[ray]'; OUT must be reachable from every node).",
+)
+@click.option(
+    "--address",
+    default=None,
+    help="Ray cluster address for --executor ray (default: RAY_ADDRESS, else a local Ray).",
+)
 @click.option(
     "--num-parts",
     type=int,
@@ -80,9 +101,9 @@ LAYOUTS = ("auto", "class-folders", "key-groups", "records")
 @click.option(
     "--part",
     type=int,
-    default=0,
-    show_default=True,
-    help="... and pack only this one (0-based); combine with `shardloader merge`.",
+    default=None,
+    help="... and pack only this one (0-based; default: $JOB_COMPLETION_INDEX, as a "
+    "Kubernetes Indexed Job sets it, else 0); combine with `shardloader merge`.",
 )
 @click.option(
     "--on-error",
@@ -131,8 +152,10 @@ def pack_command(
     max_samples: int | None,
     layout: str,
     workers: int,
+    executor: str,
+    address: str | None,
     num_parts: int,
-    part: int,
+    part: int | None,
     on_error: str,
     validate: bool,
     tokenizer: str | None,
@@ -154,6 +177,7 @@ def pack_command(
     from shardloader.pack import PackOptions, pack
 
     retry = retry_policy(retries, retry_seconds)
+    extra: dict[str, Any] = {} if retry is None else {"retry": retry}
     options = PackOptions(
         format=fmt,
         compression=compression,
@@ -165,13 +189,15 @@ def pack_command(
         tokenizer=tokenizer,
         text_field=text_field,
         workers=workers,
+        executor=executor,
+        address=address,
         num_parts=num_parts,
-        part=part,
+        part=part_index(part),
         resume=resume,
         overwrite=overwrite,
         storage_options=storage_options(storage_option),
         aliases=_aliases(alias),
-        **({} if retry is None else {"retry": retry}),
+        **extra,
     )
     bar = None
     if show_progress(quiet):
@@ -330,6 +356,22 @@ def index_command(
         bar.close()
     m = r.manifest
     click.echo(f"indexed {len(m.shards)} shards, {m.num_samples:,} samples into {out}")
+
+
+def part_index(part: int | None) -> int:
+    """``--part``, else ``JOB_COMPLETION_INDEX`` (set by a Kubernetes Indexed Job for each of
+    its pods), else 0: one manifest runs every part, each pod packs its own."""
+    if part is not None:
+        return part
+    env = os.environ.get("JOB_COMPLETION_INDEX")
+    if env is None or not env.strip():
+        return 0
+    try:
+        return int(env)
+    except ValueError:
+        raise UsageError(
+            f"JOB_COMPLETION_INDEX={env!r} is not a part number; pass --part"
+        ) from None
 
 
 def _aliases(pairs: tuple[str, ...]) -> dict[str, tuple[str, ...]]:

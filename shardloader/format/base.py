@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, BinaryIO, Protocol
 from shardloader.errors import UsageError
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from shardloader.manifest import FieldInfo, SampleIndex, ShardInfo
 
 __all__ = ["Format", "Sample", "ScannedShard", "ShardReader", "ShardWriter", "WrittenShard"]
@@ -136,6 +138,19 @@ class Format(abc.ABC):
         NOTE [shard boundaries] in pack/plan.py: the planner cuts shards from these sizes,
         before anything is written, so they must equal what the writer reports.
         """
+
+    def record_raw_sizes(self, keys: Sequence[str], ext: str, sizes: np.ndarray) -> np.ndarray:
+        """:meth:`sample_raw_size` of many one-field samples at once (``keys[i]`` with field
+        ``ext`` of ``sizes[i]`` bytes), as int64: the planner's path for runs of lines.  The
+        default asks :meth:`sample_raw_size` per sample; a format may compute it vectorised."""
+        import numpy as np
+
+        size = self.sample_raw_size
+        return np.fromiter(
+            (size(k, [(ext, n)]) for k, n in zip(keys, sizes.tolist(), strict=True)),
+            np.int64,
+            len(keys),
+        )
 
     # -- reading ---------------------------------------------------------------------------
     @abc.abstractmethod

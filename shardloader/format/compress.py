@@ -82,8 +82,8 @@ class CompressedSink:
             raise UsageError(f"unknown compression {compression!r}; choose zstd, gzip or none")
         self._sink = self._compressor if self._compressor is not None else self.stored
 
-    def write(self, data: bytes) -> int:
-        return self._sink.write(data)  # type: ignore[attr-defined,no-any-return]
+    def write(self, data: bytes | bytearray) -> int:
+        return self._sink.write(data)  # type: ignore[attr-defined,no-any-return,arg-type]
 
     def close(self) -> None:
         """Finish the compressed stream and flush it (the file itself stays open)."""

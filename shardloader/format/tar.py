@@ -63,6 +63,7 @@ def _template() -> tuple[bytearray, int]:
 
 
 _USTAR, _USTAR_SUM = _template()
+_USTAR_ARRAY = np.frombuffer(bytes(_USTAR), np.uint8)
 
 
 def _ustar_header(name: str, size: int) -> bytes:
@@ -114,6 +115,67 @@ class TarShardWriter:
         self._sizes.append(len(blob))
         self._lengths.append(-1 if length is None else length)
         self._sums.append(xxhash.xxh3_64_intdigest(blob))
+
+    def add_records(
+        self,
+        keys: Sequence[str],
+        ext: str,
+        values: Sequence[bytes],
+        lengths: Sequence[int] | None = None,
+    ) -> None:
+        """Many one-field samples at once (runs of lines): the bytes :meth:`add` writes for
+        each, with the plain ustar headers built by numpy rather than one by one."""
+        n = len(keys)
+        names = [f"{k}.{ext}" for k in keys]
+        sizes = np.fromiter(map(len, values), np.int64, n)
+        width = len(names[0]) if n else 0
+        joined = "".join(names)
+        if not n or len(joined) != width * n or width > 100 or not joined.isascii():
+            # names of several lengths, long or not ASCII (or sizes past 8 GiB): one by one
+            for i in range(n):
+                self.add(keys[i], {ext: values[i]}, None if lengths is None else lengths[i])
+            return
+        if int(sizes.max()) >= _USTAR_MAX_SIZE:
+            for i in range(n):
+                self.add(keys[i], {ext: values[i]}, None if lengths is None else lengths[i])
+            return
+        records = BLOCK + sizes + (-sizes % BLOCK)
+        starts = np.zeros(n, np.int64)
+        np.cumsum(records[:-1], out=starts[1:])
+        heads = np.empty((n, BLOCK), np.uint8)
+        heads[:] = _USTAR_ARRAY
+        name_bytes = np.frombuffer(joined.encode("ascii"), np.uint8).reshape(n, width)
+        heads[:, :width] = name_bytes
+        total = np.full(n, _USTAR_SUM, np.int64) + name_bytes.sum(axis=1, dtype=np.int64)
+        for j in range(11):  # size: "%011o\0"
+            digit = 48 + ((sizes >> (3 * (10 - j))) & 7)
+            heads[:, 124 + j] = digit
+            total += digit
+        heads[:, 135] = 0
+        for j in range(6):  # checksum: "%06o\0", then the template's space
+            heads[:, 148 + j] = 48 + ((total >> (3 * (5 - j))) & 7)
+        heads[:, 154] = 0
+        out = bytearray(int(records.sum()))
+        blocks = np.frombuffer(out, np.uint8).reshape(-1, BLOCK)
+        blocks[starts // BLOCK] = heads
+        del blocks  # a bytearray with an exported view cannot be written as a whole
+        for start, size, value in zip(starts.tolist(), sizes.tolist(), values, strict=True):
+            out[start + BLOCK : start + BLOCK + size] = value
+        view = memoryview(out)
+        sums = [
+            xxhash.xxh3_64_intdigest(view[a : a + r])
+            for a, r in zip(starts.tolist(), records.tolist(), strict=True)
+        ]
+        view.release()
+        self._sink.write(out)
+        self._keys.extend(keys)
+        self._offsets.extend((starts + self._raw).tolist())
+        self._sizes.extend(records.tolist())
+        self._lengths.extend(
+            [-1] * n if lengths is None else [-1 if x is None else x for x in lengths]
+        )
+        self._sums.extend(sums)
+        self._raw += len(out)
 
     def close(self) -> WrittenShard:
         self._sink.write(b"\0" * END)
@@ -261,6 +323,20 @@ class TarFormat(Format):
                 head = header_size(f"{key}.{ext}", size)
             total += head + size + (-size % BLOCK)
         return total
+
+    def record_raw_sizes(self, keys: Sequence[str], ext: str, sizes: np.ndarray) -> np.ndarray:
+        """Vectorised when every ``key.ext`` fits a plain ustar header (the usual case)."""
+        longest = max(map(len, keys), default=0)
+        plain = (
+            longest + 1 + len(ext) <= 100
+            and ext.isascii()
+            and "".join(keys).isascii()
+            and (not len(sizes) or int(sizes.max()) < _USTAR_MAX_SIZE)
+        )
+        if not plain:
+            return super().record_raw_sizes(keys, ext, sizes)
+        sizes = sizes.astype(np.int64)
+        return BLOCK + sizes + (-sizes % BLOCK)
 
     def reader(
         self, local_path: str, index: SampleIndex, where: str, verify: bool = True

@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping
-from typing import Any
 
 from shardloader.aliases import Aliases, merge, normalize
 from shardloader.errors import StorageError, UsageError
@@ -21,7 +20,7 @@ from shardloader.pack.layouts.base import Inputs, Layout, OnSkip, Source
 from shardloader.pack.layouts.records import record_kind
 from shardloader.pack.layouts.registry import AUTO, get_layout, layout_names, registered_layouts
 from shardloader.pack.refs import FileRef, InputFile, SampleRef, TextRule
-from shardloader.storage import RetryPolicy, filesystem, is_local, join, local_path
+from shardloader.storage.store import Store, as_store, join
 
 __all__ = [
     "FileRef",
@@ -46,23 +45,20 @@ def _hidden(rel: str) -> bool:
     return any(part.startswith(".") for part in rel.split("/"))
 
 
-def list_inputs(
-    src: str,
-    storage_options: Mapping[str, Any] | None = None,
-    *,
-    retry: RetryPolicy | None = None,
-) -> list[InputFile]:
-    """Every non-hidden file below ``src`` (or ``src`` itself if it is a file), sorted.
+def list_inputs(src: str | Store) -> list[InputFile]:
+    """Every non-hidden file below ``src`` (a URL, or a Store with its options and retry
+    policy), or ``src`` itself if it is a file, sorted.
 
     A file that cannot be stat'ed (a symlink loop, a dangling link) is listed with size 0, so
     the error surfaces where the file is read, under the pack's ``--on-error`` policy.
     """
-    if is_local(src):
-        root = os.path.abspath(local_path(src))
+    store = as_store(src)
+    if store.is_local:
+        root = os.path.abspath(store.local_path)
         if os.path.isfile(root) or (os.path.exists(root) and not os.path.isdir(root)):
             return [InputFile(os.path.basename(root), root, os.stat(root).st_size)]
         if not os.path.isdir(root):
-            raise UsageError(f"source {src!r} does not exist")
+            raise UsageError(f"source {store.url!r} does not exist")
         out = []
         for dirpath, dirnames, filenames in os.walk(root):
             dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
@@ -80,8 +76,9 @@ def list_inputs(
                     size = 0
                 out.append(InputFile(rel, path, size))
         return sorted(out, key=lambda f: f.rel)
-    fs, path = filesystem(src, storage_options, policy=retry)
+    fs, path = store.filesystem()
     path = path.rstrip("/")
+    src = store.url
     try:
         if fs.isfile(path):
             return [InputFile(path.rsplit("/", 1)[-1], src, int(fs.size(path)))]
@@ -129,26 +126,27 @@ def detect(src: str, files: tuple[InputFile, ...]) -> Layout:
 
 
 def discover(
-    src: str,
+    src: str | Store,
     layout: str = AUTO,
-    storage_options: Mapping[str, Any] | None = None,
     *,
     text_field: str = "text",
     tokenize: bool = False,
     aliases: Aliases | None = None,
-    retry: RetryPolicy | None = None,
 ) -> Source:
-    """List ``src``, decide its layout, and work out fields, classes, aliases and the text rule.
+    """List ``src`` (a URL, or a Store carrying its storage options and retry policy), decide
+    its layout, and work out fields, classes, aliases and the text rule.
 
     ``aliases`` (``--alias``) merge over the layout's own (class folders: ``image``)."""
     impl = None if layout == AUTO else get_layout(layout)
-    files = tuple(list_inputs(src, storage_options, retry=retry))
+    store = as_store(src)
+    src = store.url
+    files = tuple(list_inputs(store))
     if not files:
         raise UsageError(f"{src}: no input files (empty source); nothing to pack")
     if impl is None:
         impl = detect(src, files)
         log.info("%s: detected layout %s (%d files)", src, impl.name, len(files))
-    inputs = Inputs(src, files, storage_options, retry)
+    inputs = Inputs(store, files)
     found = impl.describe(inputs)
     fields = dict(found.fields)
     text = impl.text_rule(fields, text_field, tokenize)

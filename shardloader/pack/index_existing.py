@@ -105,7 +105,11 @@ def _expand(shards: Sequence[str], store: Store) -> list[str]:
     out: list[str] = []
     for s in shards:
         if Store(s).is_local and os.path.isdir(Store(s).local_path):
-            found = [f.url for f in list_inputs(s, store.options) if shard_kind(f.rel)]
+            found = [
+                f.url
+                for f in list_inputs(Store(s, store.options, store.retry))
+                if shard_kind(f.rel)
+            ]
             if not found:
                 raise UsageError(f"{s}: no {_kinds()} in this folder")
             out.extend(found)

@@ -171,7 +171,7 @@ def merge(
         mode = "reference" if None not in inside else "copy"
     existing = list_out(store)
     allowed = [p for p in inside if p is not None] if mode == "reference" else []
-    check_writable(out, existing, overwrite=overwrite, allowed=allowed)
+    check_writable(store, existing, overwrite=overwrite, allowed=allowed)
     old: set[str] = set()
     if existing:
         old = old_manifest_paths(store) if overwrite else set()

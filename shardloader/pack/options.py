@@ -10,7 +10,8 @@ from shardloader.errors import UsageError
 from shardloader.format.registry import check_pack_format
 from shardloader.manifest import Manifest
 from shardloader.pack.layouts.registry import AUTO, layout_names
-from shardloader.storage import RetryPolicy
+from shardloader.storage.retry import RetryPolicy
+from shardloader.storage.store import Store
 
 __all__ = ["DEFAULT_SHARD_SIZE", "PACKER_VERSION", "PackOptions", "PackProgress", "PackReport"]
 
@@ -31,7 +32,9 @@ class PackOptions:
     validate: bool = False  # decode images to check them
     tokenizer: str | None = None  # local tokenizers JSON: adds a ``tokens`` field
     text_field: str = "text"
-    workers: int = 1
+    workers: int = 1  # local: writer processes; ray: shard writes in flight at once
+    executor: str = "local"  # local | ray (pip install 'shardloader[ray]')
+    address: str | None = None  # ray: the cluster (default: RAY_ADDRESS, else a local Ray)
     num_parts: int = 1
     part: int = 0
     resume: bool = False
@@ -59,6 +62,10 @@ class PackOptions:
             raise bad(f"--on-error {self.on_error!r}: choose 'fail' or 'skip'")
         if self.workers < 1:
             raise bad(f"--workers {self.workers} must be >= 1")
+        if self.executor not in ("local", "ray"):
+            raise bad(f"--executor {self.executor!r}: choose 'local' or 'ray'")
+        if self.address is not None and self.executor != "ray":
+            raise bad("--address names a Ray cluster: it goes with --executor ray")
         if self.num_parts < 1 or not 0 <= self.part < self.num_parts:
             raise bad(
                 f"--part {self.part} --num-parts {self.num_parts}: need 0 <= part < num_parts"
@@ -69,6 +76,11 @@ class PackOptions:
             raise bad("--text-field must not be empty")
         if not isinstance(self.retry, RetryPolicy):
             raise bad(f"PackOptions.retry must be a RetryPolicy, got {self.retry!r}")
+
+    def store(self, url: str) -> Store:
+        """The :class:`~shardloader.storage.Store` of ``url`` (SRC, OUT) with these storage
+        options and this retry policy: what every stage of the pack takes."""
+        return Store(url, self.storage_options, self.retry)
 
 
 @dataclass(frozen=True)

@@ -17,10 +17,7 @@ from typing import Any
 from shardloader.errors import ManifestError, OutputExistsError, StorageError, UsageError
 from shardloader.format.registry import get_format, known_formats
 from shardloader.manifest import MANIFEST_NAME, Manifest
-from shardloader.storage.retry import RetryPolicy
-from shardloader.storage.store import Store, as_store
-
-Out = str | Store  # a URL (with storage_options and policy) or a Store that carries them
+from shardloader.storage.store import Store
 
 __all__ = [
     "SKIP_REPORT",
@@ -62,14 +59,8 @@ def shard_pattern(part: int | None) -> re.Pattern[str]:
     return re.compile(rf"^{stem}{_suffix()}$")
 
 
-def list_out(
-    out: Out,
-    storage_options: Mapping[str, Any] | None = None,
-    *,
-    policy: RetryPolicy | None = None,
-) -> list[str]:
-    """Files below ``out`` (relative paths); [] if it does not exist."""
-    store = as_store(out, storage_options, policy)
+def list_out(store: Store) -> list[str]:
+    """Files below ``store`` (relative paths); [] if it does not exist."""
     if store.is_local:
         path = store.local_path
         if os.path.exists(path) and not os.path.isdir(path):
@@ -89,7 +80,7 @@ def list_out(
 
 
 def check_writable(
-    out: Out,
+    out: Store,
     existing: Collection[str],
     *,
     overwrite: bool,
@@ -104,20 +95,16 @@ def check_writable(
         remedy = "pass --overwrite to replace what is there"
         if not allowed:
             remedy += ", or --resume to finish an interrupted pack"
-        url = out.url if isinstance(out, Store) else out
         raise OutputExistsError(
-            f"output {url!r} is not empty (holds {blocking[0]!r}{more}); {remedy}"
+            f"output {out.url!r} is not empty (holds {blocking[0]!r}{more}); {remedy}"
         )
 
 
 def old_manifest_paths(
-    out: Out,
-    storage_options: Mapping[str, Any] | None = None,
-    *,
-    policy: RetryPolicy | None = None,
+    out: Store,
 ) -> set[str]:
     """Shard and sidecar paths listed by an existing manifest in ``out`` (none if unreadable)."""
-    store = as_store(out, storage_options, policy).join(MANIFEST_NAME)
+    store = out.join(MANIFEST_NAME)
     url = store.url
     if not store.exists():
         return set()
@@ -138,17 +125,13 @@ def old_manifest_paths(
 
 
 def remove_stale(
-    out: Out,
+    store: Store,
     existing: Iterable[str],
     keep: Collection[str],
     pattern: re.Pattern[str] | None,
     old: Collection[str] = (),
-    storage_options: Mapping[str, Any] | None = None,
-    *,
-    policy: RetryPolicy | None = None,
 ) -> list[str]:
     """Delete our temporaries, our shard/sidecar names not in ``keep``, and ``old`` paths."""
-    store = as_store(out, storage_options, policy)
     temp = _temp()
     removed = []
     for rel in existing:
@@ -167,14 +150,10 @@ def remove_stale(
 
 
 def remove_temps(
-    out: Out,
+    store: Store,
     existing: Iterable[str],
-    storage_options: Mapping[str, Any] | None = None,
-    *,
-    policy: RetryPolicy | None = None,
 ) -> None:
     """Delete temporary files that killed runs left behind (never final names)."""
-    store = as_store(out, storage_options, policy)
     temp = _temp()
     for rel in existing:
         if "/" not in rel and temp.match(rel):
@@ -182,24 +161,16 @@ def remove_temps(
 
 
 def write_skip_report(
-    out: Out,
+    out: Store,
     skips: Iterable[Mapping[str, Any]],
-    storage_options: Mapping[str, Any] | None = None,
-    *,
-    policy: RetryPolicy | None = None,
 ) -> None:
     """One JSON object per skipped sample or file, in plan order (reproducible bytes)."""
     lines = [json.dumps(dict(s), sort_keys=True, ensure_ascii=False) + "\n" for s in skips]
-    as_store(out, storage_options, policy).join(SKIP_REPORT).write_bytes_atomic(
-        "".join(lines).encode()
-    )
+    out.join(SKIP_REPORT).write_bytes_atomic("".join(lines).encode())
 
 
 def read_skip_report(
-    url: Out,
-    storage_options: Mapping[str, Any] | None = None,
-    *,
-    policy: RetryPolicy | None = None,
+    store: Store,
 ) -> list[dict[str, Any]]:
-    data = as_store(url, storage_options, policy).read_bytes()
+    data = store.read_bytes()
     return [json.loads(line) for line in data.decode().splitlines() if line.strip()]

@@ -18,10 +18,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
+import numpy as np
+
 from shardloader.format.registry import get_format, shard_suffix
-from shardloader.pack.refs import SampleRef
+from shardloader.pack.refs import LineRun, SampleRef
 
 __all__ = [
+    "Piece",
     "ShardPlan",
     "Planner",
     "field_size",
@@ -32,13 +35,21 @@ __all__ = [
 ]
 
 
+Piece = SampleRef | LineRun  # what a shard plan holds: samples, and runs of lines by position
+
+
 @dataclass(frozen=True)
 class ShardPlan:
-    """One shard of the plan: its global number and its samples in order."""
+    """One shard of the plan: its global number and its samples in order (a
+    :class:`~shardloader.pack.refs.LineRun` stands for several)."""
 
     number: int
-    samples: tuple[SampleRef, ...]
+    samples: tuple[Piece, ...]
     raw_bytes: int  # planned uncompressed size (fields known up front)
+
+    @property
+    def num_samples(self) -> int:
+        return sum(p.num_lines if isinstance(p, LineRun) else 1 for p in self.samples)
 
 
 def tar_header_size(name: str, size: int) -> int:
@@ -64,6 +75,7 @@ class Planner:
 
     A shard closes before the sample that would push it past ``shard_size`` bytes (0: no limit)
     or when it holds ``max_samples`` samples; a single bigger sample gets a shard of its own.
+    A run of lines is cut by the same rule, with numpy over its sizes.
     """
 
     def __init__(self, fmt: str, shard_size: int, max_samples: int | None) -> None:
@@ -72,28 +84,60 @@ class Planner:
         self.shard_size = shard_size
         self.max_samples = max_samples
         self.current = 0
+        self._pieces: list[Piece] = []
+        self._count = 0  # samples in the shard being filled
+        self._size = self.format.shard_overhead
 
-    def shards(self, samples: Iterable[SampleRef]) -> Iterator[ShardPlan]:
-        base = self.format.shard_overhead
+    def shards(self, samples: Iterable[Piece]) -> Iterator[ShardPlan]:
         raw_size = self.format.sample_raw_size
-        batch: list[SampleRef] = []
-        size = base
         for sample in samples:
+            if isinstance(sample, LineRun):
+                yield from self._run(sample)
+                continue
             sizes = [(e, len(v) if isinstance(v, bytes) else v.size) for e, v in sample.fields]
             add = raw_size(sample.key, sizes)
-            full = bool(batch) and (
-                (self.shard_size > 0 and size + add > self.shard_size)
-                or (self.max_samples is not None and len(batch) >= self.max_samples)
-            )
-            if full:
-                yield ShardPlan(self.current, tuple(batch), size)
-                self.current += 1
-                batch, size = [], base
-            batch.append(sample)
-            size += add
-        if batch:
-            yield ShardPlan(self.current, tuple(batch), size)
-            self.current += 1
+            if self._count and not self._fits(add, 1):
+                yield self._close()
+            self._pieces.append(sample)
+            self._count += 1
+            self._size += add
+        if self._count:
+            yield self._close()
+
+    def _fits(self, add: int, count: int) -> bool:
+        """Whether ``count`` more samples of ``add`` bytes in all join the open shard."""
+        if self.shard_size > 0 and self._size + add > self.shard_size:
+            return False
+        return self.max_samples is None or self._count + count <= self.max_samples
+
+    def _close(self) -> ShardPlan:
+        plan = ShardPlan(self.current, tuple(self._pieces), self._size)
+        self.current += 1
+        self._pieces, self._count, self._size = [], 0, self.format.shard_overhead
+        return plan
+
+    def _run(self, run: LineRun) -> Iterator[ShardPlan]:
+        keys = [f"{run.stem}/{n:09d}" for n in run.numbers.tolist()]
+        raw = self.format.record_raw_sizes(keys, run.kind, run.lengths)
+        ends = np.cumsum(raw)  # ends[j]: bytes of lines 0..j
+        lo, n = 0, len(raw)
+        while lo < n:
+            before = int(ends[lo - 1]) if lo else 0
+            hi = n
+            if self.shard_size > 0:  # lines lo..hi-1 fit while ends[j] - before <= room
+                room = self.shard_size - self._size
+                hi = int(np.searchsorted(ends, before + room, side="right"))
+            if self.max_samples is not None:
+                hi = min(hi, lo + self.max_samples - self._count)
+            if hi <= lo:
+                if self._count:  # the open shard is full: close it, then try again
+                    yield self._close()
+                    continue
+                hi = lo + 1  # a single bigger line gets a shard of its own
+            self._pieces.append(run.part(lo, hi))
+            self._count += hi - lo
+            self._size += int(ends[hi - 1]) - before
+            lo = hi  # a shard closes when the next sample does not fit: as for single ones
 
     @property
     def planned(self) -> int:

@@ -41,19 +41,27 @@ from shardloader.pack.outdir import (
     write_skip_report,
 )
 from shardloader.pack.plan import Planner, part_of, shard_names
-from shardloader.pack.pool import Executor, Inline, Pool
-from shardloader.pack.write import ShardResult, ShardTask, WriteSpec, write_shard
-from shardloader.storage import is_local, join, local_path, put_file, remove, write_bytes_atomic
+from shardloader.pack.pool import Executor, make_executor
+from shardloader.pack.write import (
+    ShardResult,
+    ShardTask,
+    WriteSpec,
+    place_shard,
+    write_and_place,
+    write_shard,
+)
+from shardloader.storage.store import Store
 
 __all__ = ["pack"]
 
 
 def _tokenizer_info(path: str) -> tuple[str, int]:
     """(sha256 of the file, vocabulary size) of a local tokenizers JSON file."""
-    if not is_local(path):
+    where = Store(path)
+    if not where.is_local:
         raise UsageError(f"--tokenizer {path!r}: give a local tokenizer.json file")
     try:
-        with open(local_path(path), "rb") as f:
+        with open(where.local_path, "rb") as f:
             data = f.read()
         from tokenizers import Tokenizer
 
@@ -75,7 +83,11 @@ def _add_tokens(src: str, tokenizer: str | None, fields: dict[str, FieldInfo]) -
         raise UsageError(f"{src} already has a 'tokens' field; --tokenizer would replace it")
     sha, vocab = _tokenizer_info(tokenizer)
     fields["tokens"] = FieldInfo("tokens", "uint16" if vocab <= 1 << 16 else "uint32")
-    return {"sha256": sha, "vocab_size": vocab, "path": os.path.abspath(local_path(tokenizer))}
+    return {
+        "sha256": sha,
+        "vocab_size": vocab,
+        "path": os.path.abspath(Store(tokenizer).local_path),
+    }
 
 
 def _options_digest(
@@ -107,10 +119,11 @@ def _build_extra(skipped: int, length_unit: str | None) -> dict[str, Any]:
     return extra
 
 
-def _check_not_inside(src: str, out: str) -> None:
-    if is_local(src) and is_local(out):
-        s = os.path.realpath(local_path(src))
-        o = os.path.realpath(local_path(out))
+def _check_not_inside(source: Store, target: Store) -> None:
+    src, out = source.url, target.url
+    if source.is_local and target.is_local:
+        s = os.path.realpath(source.local_path)
+        o = os.path.realpath(target.local_path)
         if os.path.isdir(s) and (o == s or o.startswith(s + os.sep)):
             raise UsageError(f"output {out!r} is inside the source {src!r}; pick another OUT")
     elif src.rstrip("/") == out.rstrip("/") or out.startswith(src.rstrip("/") + "/"):
@@ -127,19 +140,36 @@ def pack(
     """Pack ``src`` (folder, file or fsspec URL) into shards under ``out``; manifest last."""
     options = options or PackOptions()
     start = time.monotonic()
-    so = dict(options.storage_options)
-    retry = options.retry
-    _check_not_inside(src, out)
-    existing = list_out(out, so, policy=retry)
-    check_writable(out, existing, overwrite=options.overwrite, resume=options.resume)
+    source_store, out_store = options.store(src), options.store(out)
+    _check_not_inside(source_store, out_store)
+    # Started first: pack workers import the writer while this process lists and plans.
+    executor = make_executor(options)
+    try:
+        return _pack(src, out, options, progress, start, executor)
+    except BaseException:
+        executor.abort()
+        raise
+    finally:
+        executor.shutdown()
+
+
+def _pack(
+    src: str,
+    out: str,
+    options: PackOptions,
+    progress: Callable[[PackProgress], None] | None,
+    start: float,
+    executor: Executor,
+) -> PackReport:
+    source_store, out_store = options.store(src), options.store(out)
+    existing = list_out(out_store)
+    check_writable(out_store, existing, overwrite=options.overwrite, resume=options.resume)
     source = discover(
-        src,
+        source_store,
         options.layout,
-        so,
         text_field=options.text_field,
         tokenize=options.tokenizer is not None,
         aliases=options.aliases,
-        retry=retry,
     )
     fields = dict(source.fields)
     tok_meta = _add_tokens(src, options.tokenizer, fields)
@@ -147,20 +177,19 @@ def pack(
     parted = options.num_parts > 1
     old: set[str] = set()
     if existing:  # overwrite or resume: the old manifest goes first, then stale temporaries
-        old = old_manifest_paths(out, so, policy=retry) if options.overwrite else set()
-        remove(join(out, MANIFEST_NAME), so, policy=retry)
-        remove_temps(out, existing, so, policy=retry)
-    local_out = is_local(out)
-    staging = local_path(out) if local_out else tempfile.mkdtemp(prefix="shardloader-pack-")
+        old = old_manifest_paths(out_store) if options.overwrite else set()
+        out_store.join(MANIFEST_NAME).remove()
+        remove_temps(out_store, existing)
+    local_out = out_store.is_local
+    staging = out_store.local_path if local_out else tempfile.mkdtemp(prefix="shardloader-pack-")
     os.makedirs(staging, exist_ok=True)
     spec = WriteSpec(
-        src=src,
-        out=out,
+        src=source_store,
+        out=out_store,
         staging=staging,
         run_id=uuid.uuid4().hex,
         fmt=options.format,
         compression=options.compression,
-        retry=options.retry,
         fields=fields,
         options_digest=_options_digest(options, source, fields, tok_meta),
         validate=options.validate,
@@ -168,7 +197,6 @@ def pack(
         text=source.text,
         tokenizer=tok_meta["path"] if tok_meta else None,
         resume=options.resume,
-        storage_options=so,
     )
     run = _Run(spec, options, progress, start, None if parted else source.total_bytes)
     planner = Planner(options.format, options.shard_size, options.max_samples)
@@ -187,11 +215,10 @@ def pack(
 
     if progress is not None:
         progress(PackProgress(0, 0, 0, 0, run.total_bytes, time.monotonic() - start))
-    executor: Executor = Inline() if options.workers == 1 else Pool(options.workers)
     local_number = 0
     try:
-        samples = source.samples(on_skip if options.on_error == "skip" else None)
-        for plan in planner.shards(samples):
+        items = source.items(on_skip if options.on_error == "skip" else None)
+        for plan in planner.shards(items):
             if part_of(plan.number, options.num_parts) != options.part:
                 continue
             name, index_name = shard_names(
@@ -207,7 +234,7 @@ def pack(
         shards = [run.infos[n] for n in sorted(run.infos)]
         skips = sorted(run.skips, key=lambda s: s["shard"])
         if skips:
-            write_skip_report(out, skips, so, policy=retry)
+            write_skip_report(out_store, skips)
         extra = _build_extra(len(skips), _length_unit(source, options))
         if tok_meta:
             extra["tokenizer"] = {k: tok_meta[k] for k in ("sha256", "vocab_size")}
@@ -230,13 +257,12 @@ def pack(
             extra=extra,
             aliases=logical.aliases,
         )
-        write_bytes_atomic(join(out, MANIFEST_NAME), manifest.to_json(), so, policy=retry)
+        out_store.join(MANIFEST_NAME).write_bytes_atomic(manifest.to_json())
     except BaseException:
-        executor.abort()
-        remove_temps(staging, os.listdir(staging) if os.path.isdir(staging) else [])
+        executor.abort()  # before removing temporaries: no worker is still writing one
+        remove_temps(Store(staging), os.listdir(staging) if os.path.isdir(staging) else [])
         raise
     finally:
-        executor.shutdown()
         if not local_out:
             shutil.rmtree(staging, ignore_errors=True)
     if existing:
@@ -244,13 +270,7 @@ def pack(
         if skips:
             keep.add(SKIP_REPORT)
         remove_stale(
-            out,
-            existing,
-            keep,
-            shard_pattern(options.part if parted else None),
-            old,
-            so,
-            policy=retry,
+            out_store, existing, keep, shard_pattern(options.part if parted else None), old
         )
     return PackReport(
         out=out,
@@ -263,7 +283,7 @@ def pack(
         bytes_out=sum(s.bytes for s in shards),
         raw_bytes=sum(s.raw_bytes for s in shards),
         seconds=time.monotonic() - start,
-        skip_report=join(out, SKIP_REPORT) if skips else None,
+        skip_report=out_store.join(SKIP_REPORT).url if skips else None,
     )
 
 
@@ -285,21 +305,19 @@ class _Run:
         total_bytes: int | None,
     ) -> None:
         self.spec = spec
-        self.retry = options.retry
         self.progress = progress
         self.start = start
         self.total_bytes = total_bytes
-        # In flight at most: bounds memory (record shards carry their bytes).  Inline, finish
-        # each shard at once, so that a finished shard never waits for the next one.
-        self.limit = 1 if options.workers == 1 else options.workers + 1
         self.pending: dict[Future[ShardResult], int] = {}
         self.infos: dict[int, ShardInfo] = {}
         self.skips: list[dict[str, Any]] = []
         self.samples = self.bytes_in = self.bytes_out = self.kept = 0
 
     def submit(self, executor: Executor, task: ShardTask) -> None:
-        self.pending[executor.submit(write_shard, self.spec, task)] = task.plan.number
-        if len(self.pending) >= self.limit:
+        # A remote task cannot hand over a temporary file: it moves its shard into place.
+        fn = write_and_place if executor.remote else write_shard
+        self.pending[executor.submit(fn, self.spec, task)] = task.plan.number
+        if len(self.pending) >= executor.in_flight:  # bounds memory: plans hold samples
             self.drain(all_done=False)
 
     def drain(self, all_done: bool) -> None:
@@ -319,20 +337,15 @@ class _Run:
                 return
 
     def _finish(self, r: ShardResult) -> None:
-        spec = self.spec
-        so = spec.storage_options
-        if not r.kept:
-            assert r.temp is not None and r.sidecar is not None
-            if r.num_samples == 0:  # every sample skipped: no shard
-                os.remove(r.temp)
-                self.skips.extend(r.skips)
-                return
-            put_file(r.temp, join(spec.out, r.name), so, policy=self.retry)
-            if os.path.exists(r.temp):  # uploaded (remote): drop the local copy
-                os.remove(r.temp)
-            write_bytes_atomic(join(spec.out, r.index_name), r.sidecar, so, policy=self.retry)
-        else:
+        r = place_shard(self.spec, r)  # local tasks hand over a temporary shard
+        if r.num_samples == 0:  # every sample skipped: no shard
+            self.skips.extend(r.skips)
+            return
+        if r.kept:
             self.kept += 1
+        else:
+            assert r.sidecar is not None
+            self.spec.out.join(r.index_name).write_bytes_atomic(r.sidecar)
         self.infos[r.number] = ShardInfo(
             r.name,
             r.num_samples,

@@ -16,13 +16,16 @@ import json
 import logging
 import os
 import re
+import shutil
 import signal
+import tempfile
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from typing import Any
 
+import msgspec
 import numpy as np
 
 from shardloader.codecs import check_field
@@ -32,17 +35,19 @@ from shardloader.format.registry import format_module, get_format
 from shardloader.keys import unsafe_key_reason
 from shardloader.manifest import FieldInfo, SampleIndex
 from shardloader.pack.discover import TextRule
+from shardloader.pack.layouts.lines import read_run
 from shardloader.pack.plan import ShardPlan
-from shardloader.pack.refs import FileRef, SampleRef
+from shardloader.pack.refs import FileRef, LineRun, SampleRef
 from shardloader.pack.resume import plan_digest, sidecar_bytes, sidecar_meta
-from shardloader.storage.retry import DEFAULT_POLICY, RetryPolicy
-from shardloader.storage.store import Store, join
+from shardloader.storage.store import Store
 
 __all__ = [
     "WriteSpec",
     "ShardTask",
     "ShardResult",
     "write_shard",
+    "place_shard",
+    "write_and_place",
     "plan_digest",
     "sidecar_bytes",
     "sidecar_meta",
@@ -59,8 +64,8 @@ _HASH_CHUNK = 4 << 20
 class WriteSpec:
     """What every shard of one run shares (picklable)."""
 
-    src: str
-    out: str  # final location (URL); shards are checked there on resume
+    src: Store  # the input (its files' URLs come with each FileRef)
+    out: Store  # final location; shards are checked there on resume
     staging: str  # local folder for temporary shards (OUT itself when OUT is local)
     run_id: str
     fmt: str
@@ -72,18 +77,16 @@ class WriteSpec:
     text: TextRule | None = None
     tokenizer: str | None = None  # local path of a Hugging Face tokenizers JSON file
     resume: bool = False
-    storage_options: Mapping[str, Any] = field(default_factory=dict)
     # where the format is defined: a worker process imports it (a third-party format)
     format_module: str = ""
-    retry: RetryPolicy = DEFAULT_POLICY  # of every remote read and check on resume
 
     def __post_init__(self) -> None:
         if not self.format_module:
             object.__setattr__(self, "format_module", format_module(self.fmt))
 
-    def store(self, url: str) -> Store:
-        """The store of an input or output URL, with this run's options and policy."""
-        return Store(url, self.storage_options, self.retry)
+    def input(self, url: str) -> Store:
+        """The store of an input file's URL, with the source's options and policy."""
+        return Store(url, self.src.options, self.src.retry)
 
 
 @dataclass(frozen=True)
@@ -142,6 +145,7 @@ def worker_init(main_pid: int) -> None:
     process itself.)
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a forked worker inherits the CLI's handler
 
     def watch() -> None:
         while True:
@@ -180,7 +184,7 @@ class _Bad(Exception):
             return f"{self.ref.url} (key {key!r}): {self.reason}"
         if self.sample.file:
             return (
-                f"{join(spec.src, self.sample.file)} {self.sample.where} (key {key!r}): "
+                f"{spec.src.join(self.sample.file).url} {self.sample.where} (key {key!r}): "
                 f"{self.reason}"
             )
         return f"sample {key!r}: {self.reason}"
@@ -201,7 +205,7 @@ _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
 def _read(spec: WriteSpec, sample: SampleRef, ref: FileRef) -> bytes:
     try:
-        data = spec.store(ref.url).read_bytes()
+        data = spec.input(ref.url).read_bytes()
     except (OSError, StorageError) as err:
         raise _Bad(sample, f"unreadable ({err})", ref) from err
     if len(data) != ref.size:
@@ -214,12 +218,21 @@ def _read(spec: WriteSpec, sample: SampleRef, ref: FileRef) -> bytes:
     return data
 
 
-def _parse_json(data: bytes) -> Any:
-    """``json.loads`` with the messages of :func:`codecs.check_field`.
+_DECODE_JSON = msgspec.json.Decoder().decode
 
-    The parser recurses once per nesting level; past the interpreter's recursion limit it
-    stops with RecursionError, which becomes a bad sample like any other invalid JSON.
+
+def _parse_json(data: bytes) -> Any:
+    """Parse a JSON field: msgspec (strict RFC 8259, ~5x faster than ``json``) first; what it
+    refuses goes to ``json.loads``, which decides as it always did (it also takes ``NaN`` and
+    lone surrogates) and words the error as :func:`codecs.check_field` does.
+
+    The parsers recurse once per nesting level; past the interpreter's recursion limit they
+    stop with RecursionError, which becomes a bad sample like any other invalid JSON.
     """
+    try:
+        return _DECODE_JSON(data)
+    except (msgspec.MsgspecError, RecursionError):
+        pass
     try:
         return json.loads(data.decode("utf-8"))
     except UnicodeDecodeError as err:
@@ -246,7 +259,7 @@ def _load(spec: WriteSpec, sample: SampleRef) -> tuple[dict[str, bytes], int | N
     """Read and check a sample's fields; add derived fields; return (fields, length)."""
     problem = unsafe_key_reason(sample.key)
     if problem is not None:  # readers refuse such keys: never write one
-        raise _Bad(sample, f"sample key {problem}; it could escape a directory when written out")
+        raise _Bad(sample, _key_reason(problem))
     fields: dict[str, bytes] = {}
     parsed: dict[str, Any] = {}
     for ext, value in sample.fields:
@@ -262,20 +275,116 @@ def _load(spec: WriteSpec, sample: SampleRef) -> tuple[dict[str, bytes], int | N
             reason = _ADDRESS.sub("", str(err))  # PIL names object addresses: not reproducible
             raise _Bad(sample, f"field {ext!r}: {reason}", ref) from err
         fields[ext] = data
+    return fields, _measure(spec, sample, fields, parsed.get("json"))
+
+
+def _key_reason(problem: str) -> str:
+    return f"sample key {problem}; it could escape a directory when written out"
+
+
+def _measure(
+    spec: WriteSpec, sample: SampleRef | None, fields: dict[str, bytes], value: Any
+) -> int | None:
+    """The sample's length (text bytes or tokens; adds ``tokens`` when tokenizing).
+
+    ``sample`` names it in errors (None: build it from ``fields``' one line, see
+    :func:`_write_run`, which passes it on a failure only)."""
     if spec.text is None:
-        return fields, None
-    text, what = _text_of(spec.text, fields, parsed.get("json"))
+        return None
+    text, what = _text_of(spec.text, fields, value)
     if spec.tokenizer is None:
         if text is None:
-            return fields, 0
-        return fields, len(text.encode("utf-8") if isinstance(text, str) else text)
+            return 0
+        if isinstance(text, bytes):
+            return len(text)
+        try:
+            return len(text.encode("utf-8"))
+        except UnicodeEncodeError as err:  # a lone surrogate from a "\ud800" escape
+            raise _Bad(sample or _NO_SAMPLE, f"{what} is not valid Unicode ({err.reason})") from err
     if text is None:
-        raise _Bad(sample, f"no text to tokenize ({what} is missing or not a string)")
-    as_str = text if isinstance(text, str) else text.decode("utf-8")
-    ids = _tokenizer(spec.tokenizer).encode(as_str).ids
+        raise _Bad(sample or _NO_SAMPLE, f"no text to tokenize ({what} is missing or not a string)")
+    try:
+        as_str = text if isinstance(text, str) else text.decode("utf-8")
+        ids = _tokenizer(spec.tokenizer).encode(as_str).ids
+    except UnicodeError as err:
+        raise _Bad(sample or _NO_SAMPLE, f"{what} is not valid Unicode ({err})") from err
     dtype = np.dtype(spec.fields["tokens"].dtype or "uint32").newbyteorder("<")
     fields["tokens"] = np.asarray(ids, dtype=dtype).tobytes()
-    return fields, len(ids)
+    return len(ids)
+
+
+_NO_SAMPLE = SampleRef("", ())  # replaced by the caller that knows the sample
+
+
+def _write_run(
+    spec: WriteSpec, run: LineRun, data: bytes, writer: Any, number: int, skips: list[dict]
+) -> int:
+    """Check and add the lines of ``run`` (``data``: its byte range); return input bytes.
+
+    The per-line path of :func:`_load` for one-field record samples, without building a
+    :class:`SampleRef` per line (one is built for a bad line, to name it).  A writer with
+    ``add_records`` (tar) takes the good lines in one call."""
+    kind, stem, first = run.kind, run.stem, int(run.starts[0])
+    codec = spec.fields[kind].codec
+    problem = unsafe_key_reason(run.key(0))  # the same for every line: only digits differ
+    is_json = codec == "json"
+    keys: list[str] = []
+    values: list[bytes] = []
+    lengths: list[int | None] = []
+    bytes_in = 0
+    for n, s, k in zip(
+        run.numbers.tolist(), run.starts.tolist(), run.lengths.tolist(), strict=True
+    ):
+        line = data[s - first : s - first + k]
+        key = f"{stem}/{n:09d}"
+        try:
+            if problem is not None:
+                raise _Bad(_NO_SAMPLE, _key_reason(problem))
+            try:
+                value = _parse_json(line) if is_json else None
+                if not is_json:
+                    check_field(codec, line)
+            except InputError as err:
+                raise _Bad(_NO_SAMPLE, f"field {kind!r}: {err}") from err
+            fields = {kind: line}
+            length = _measure(spec, None, fields, value)
+        except _Bad as bad:
+            bad.sample = SampleRef(key, ((kind, line),), run.rel, f"line {n}")
+            _refuse_or_skip(spec, bad, number, skips)
+            continue
+        bytes_in += k
+        if len(fields) > 1:  # a derived field (tokens): this sample goes on its own
+            _add_records(writer, keys, kind, values, lengths)
+            keys, values, lengths = [], [], []
+            writer.add(key, fields, length)
+        else:
+            keys.append(key)
+            values.append(line)
+            lengths.append(length)
+    _add_records(writer, keys, kind, values, lengths)
+    return bytes_in
+
+
+def _add_records(
+    writer: Any, keys: list[str], ext: str, values: list[bytes], lengths: list[int | None]
+) -> None:
+    if not keys:
+        return
+    add_records = getattr(writer, "add_records", None)
+    if add_records is not None:
+        add_records(keys, ext, values, lengths)
+        return
+    for key, value, length in zip(keys, values, lengths, strict=True):
+        writer.add(key, {ext: value}, length)
+
+
+def _refuse_or_skip(spec: WriteSpec, bad: _Bad, number: int, skips: list[dict]) -> None:
+    if spec.on_error == "fail":
+        raise InputError(
+            f"{bad.message(spec)}; fix or remove it, or pass --on-error skip"
+        ) from None
+    log.warning("skipping %s", bad.message(spec))
+    skips.append(bad.record(number))
 
 
 # -- one shard ------------------------------------------------------------------------------
@@ -293,8 +402,7 @@ def _hash_stored(store: Store) -> tuple[str, int]:
 
 def _try_keep(spec: WriteSpec, task: ShardTask, digest: str) -> ShardResult | None:
     """A finished shard from an earlier run, if it is intact and was planned the same way."""
-    out = spec.store(spec.out)
-    shard, index_store = out.join(task.name), out.join(task.index_name)
+    shard, index_store = spec.out.join(task.name), spec.out.join(task.index_name)
     shard_url, index_url = shard.url, index_store.url
     if not (shard.exists() and index_store.exists()):
         return None
@@ -333,7 +441,11 @@ def _try_keep(spec: WriteSpec, task: ShardTask, digest: str) -> ShardResult | No
 
 def write_shard(spec: WriteSpec, task: ShardTask) -> ShardResult:
     """Write one shard to a temporary file (or keep the finished one on resume)."""
-    digest = plan_digest(spec.options_digest, task.plan)
+    plan = task.plan
+    run_bytes = [
+        read_run(p, spec.input(p.url)) if isinstance(p, LineRun) else None for p in plan.samples
+    ]
+    digest = plan_digest(spec.options_digest, plan, run_bytes)
     if spec.resume:
         kept = _try_keep(spec, task, digest)
         if kept is not None:
@@ -346,16 +458,15 @@ def write_shard(spec: WriteSpec, task: ShardTask) -> ShardResult:
             writer = get_format(spec.fmt, spec.format_module).writer(
                 f, spec.compression, spec.fields
             )
-            for sample in task.plan.samples:
+            for sample, data in zip(plan.samples, run_bytes, strict=True):
+                if data is not None:
+                    bytes_in += _write_run(spec, sample, data, writer, plan.number, skips)  # type: ignore[arg-type]
+                    continue
+                assert isinstance(sample, SampleRef)
                 try:
                     fields, length = _load(spec, sample)
                 except _Bad as bad:
-                    if spec.on_error == "fail":
-                        raise InputError(
-                            f"{bad.message(spec)}; fix or remove it, or pass --on-error skip"
-                        ) from None
-                    log.warning("skipping %s", bad.message(spec))
-                    skips.append(bad.record(task.plan.number))
+                    _refuse_or_skip(spec, bad, plan.number, skips)
                     continue
                 writer.add(sample.key, fields, length)
                 bytes_in += _input_size(sample)
@@ -376,7 +487,7 @@ def write_shard(spec: WriteSpec, task: ShardTask) -> ShardResult:
     }
     sidecar = sidecar_bytes(written.index, meta)
     return ShardResult(
-        task.plan.number,
+        plan.number,
         task.name,
         task.index_name,
         written.num_samples,
@@ -403,3 +514,30 @@ def _remove(path: str) -> None:
         os.remove(path)
     except FileNotFoundError:
         pass
+
+
+def place_shard(spec: WriteSpec, r: ShardResult) -> ShardResult:
+    """Move a written temporary shard to its final name (an atomic rename, or one upload);
+    drop it when every sample was skipped.  A kept or already placed shard is left alone."""
+    if r.temp is None:
+        return r
+    if r.num_samples:
+        spec.out.join(r.name).put_file(r.temp)
+    if os.path.exists(r.temp):  # uploaded (remote OUT), or empty: drop the local copy
+        os.remove(r.temp)
+    return replace(r, temp=None)
+
+
+def write_and_place(spec: WriteSpec, task: ShardTask) -> ShardResult:
+    """:func:`write_shard` then :func:`place_shard`, for a task on another machine (Ray): its
+    temporary file stays there, so the task moves the shard into place itself and hands back
+    only the sidecar bytes and the figures.  Temporary files go to ``spec.staging`` when that
+    folder exists here (OUT itself, when local and shared), else to a fresh local folder."""
+    if os.path.isdir(spec.staging):
+        return place_shard(spec, write_shard(spec, task))
+    staging = tempfile.mkdtemp(prefix="shardloader-pack-")
+    try:
+        local = replace(spec, staging=staging)
+        return place_shard(local, write_shard(local, task))
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)

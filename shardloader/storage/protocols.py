@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -126,55 +127,69 @@ _S3_CODES = {
 
 
 def _types(module: str, *names: str) -> tuple[type[BaseException], ...]:
-    """Exception classes of an optional extra (none when it is not installed)."""
-    try:
-        mod = __import__(module, fromlist=list(names))
-    except ImportError:
+    """Exception classes of an optional extra, looked up when an error is classified.
+
+    Only from modules already imported: an exception of a package exists only once that
+    package is loaded, and importing botocore and aiohttp here would cost every process that
+    never touches s3 or http (pack workers, local datasets) about a second of start-up.
+    """
+    mod = sys.modules.get(module)
+    if mod is None:
         return ()
-    return tuple(getattr(mod, n) for n in names)
+    return tuple(t for n in names if isinstance(t := getattr(mod, n, None), type))
 
 
-_CLIENT_ERRORS = _types("botocore.exceptions", "ClientError")
-_CREDENTIAL_TYPES = _types(
-    "botocore.exceptions",
-    "NoCredentialsError",
-    "PartialCredentialsError",
-    "CredentialRetrievalError",
-)
-_S3_TRANSIENT = _types(
-    "botocore.exceptions",
-    "HTTPClientError",
-    "ConnectionError",
-    "IncompleteReadError",
-    "ResponseStreamingError",
-) + _types("botocore.parsers", "ResponseParserError")  # throttles may carry bad XML (s3fs #484)
-_HTTP_RESPONSE = _types("aiohttp", "ClientResponseError")
-_HTTP_TRANSIENT = _types("aiohttp", "ClientPayloadError", "ClientConnectionError")
+def _client_errors() -> tuple[type[BaseException], ...]:
+    return _types("botocore.exceptions", "ClientError")
+
+
+def _credential_types() -> tuple[type[BaseException], ...]:
+    return _types(
+        "botocore.exceptions",
+        "NoCredentialsError",
+        "PartialCredentialsError",
+        "CredentialRetrievalError",
+    )
+
+
+def _s3_transient() -> tuple[type[BaseException], ...]:
+    return _types(
+        "botocore.exceptions",
+        "HTTPClientError",
+        "ConnectionError",
+        "IncompleteReadError",
+        "ResponseStreamingError",
+    ) + _types("botocore.parsers", "ResponseParserError")  # throttles may carry bad XML (s3fs #484)
 
 
 def _http_decide(e: BaseException) -> str | None:
-    if _HTTP_RESPONSE and isinstance(e, _HTTP_RESPONSE):
+    response = _types("aiohttp", "ClientResponseError")
+    transient = _types("aiohttp", "ClientPayloadError", "ClientConnectionError")
+    if response and isinstance(e, response):
         return from_status(getattr(e, "status", None))
-    if _HTTP_TRANSIENT and isinstance(e, _HTTP_TRANSIENT):
+    if transient and isinstance(e, transient):
         return TRANSIENT
     return None
 
 
 def _s3_decide(e: BaseException) -> str | None:
-    if _CLIENT_ERRORS and isinstance(e, _CLIENT_ERRORS):
+    client_errors = _client_errors()
+    if client_errors and isinstance(e, client_errors):
         resp: Mapping[str, Any] = getattr(e, "response", None) or {}
         code = str(resp.get("Error", {}).get("Code", ""))
         status = resp.get("ResponseMetadata", {}).get("HTTPStatusCode")
         return from_status(status, code, _S3_CODES)
-    if _CREDENTIAL_TYPES and isinstance(e, _CREDENTIAL_TYPES):
+    credential_types = _credential_types()
+    if credential_types and isinstance(e, credential_types):
         return CREDENTIALS
     if (
         isinstance(e, FileNotFoundError | PermissionError)
-        and _CLIENT_ERRORS
-        and isinstance(e.__cause__, _CLIENT_ERRORS)
+        and client_errors
+        and isinstance(e.__cause__, client_errors)
     ):  # s3fs's translation of a ClientError: its code tells NoSuchBucket or bad credentials
         return _s3_decide(e.__cause__)
-    if _S3_TRANSIENT and isinstance(e, _S3_TRANSIENT):
+    s3_transient = _s3_transient()
+    if s3_transient and isinstance(e, s3_transient):
         return TRANSIENT
     return _http_decide(e)  # aiobotocore speaks aiohttp
 

@@ -16,12 +16,12 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from shardloader.aliases import Aliases, FieldMap
 from shardloader.manifest import FieldInfo
-from shardloader.pack.refs import InputFile, SampleRef, TextRule
-from shardloader.storage import RetryPolicy
+from shardloader.pack.refs import InputFile, LineRun, SampleRef, TextRule
+from shardloader.storage.store import Store
 
 __all__ = [
     "Layout",
@@ -64,12 +64,22 @@ def mixed(what: str, mine: str, other: str) -> Verdict:
 
 @dataclass(frozen=True)
 class Inputs:
-    """What discovery listed: the source URL, its files (sorted) and how to open them."""
+    """What discovery listed: the source's store (URL, options, retry policy) and its files
+    (sorted); :meth:`open` is the store of one of them."""
 
-    url: str
+    store: Store
     files: tuple[InputFile, ...]
-    storage_options: Mapping[str, Any] | None = None
-    retry: RetryPolicy | None = None  # for reads in the main process (record files, schemas)
+
+    @property
+    def url(self) -> str:
+        return self.store.url
+
+    def open(self, f: InputFile) -> Store:
+        """The store of listed file ``f``: its URL with the source's options and policy."""
+        return self.open_url(f.url)
+
+    def open_url(self, url: str) -> Store:
+        return Store(url, self.store.options, self.store.retry)
 
 
 @dataclass(frozen=True)
@@ -108,9 +118,11 @@ class Layout(ABC):
         file when one does not fit (also when ``--layout`` forced this layout)."""
 
     @abstractmethod
-    def enumerate(self, source: Source, on_skip: OnSkip | None) -> Iterator[SampleRef]:
+    def enumerate(self, source: Source, on_skip: OnSkip | None) -> Iterator[SampleRef | LineRun]:
         """The samples, fields sorted by name, in an order that is a pure function of the tree
         (file layouts: sorted by key; records: file after file, line or row after line or row).
+        A :class:`~shardloader.pack.refs.LineRun` stands for a run of line samples that the
+        pack worker reads by byte range (the built-in ``records`` layout's plain line files).
 
         A layout that reads files here (records) raises
         :class:`~shardloader.errors.InputError` naming the file, or, when ``on_skip`` is given,
@@ -152,12 +164,9 @@ class Source:
         return self.inputs.files
 
     @property
-    def storage_options(self) -> Mapping[str, Any] | None:
-        return self.inputs.storage_options
-
-    @property
-    def retry(self) -> RetryPolicy | None:
-        return self.inputs.retry
+    def store(self) -> Store:
+        """The source's store (URL, storage options, retry policy)."""
+        return self.inputs.store
 
     @property
     def field_map(self) -> FieldMap:
@@ -167,9 +176,20 @@ class Source:
     def total_bytes(self) -> int:
         return sum(f.size for f in self.files)
 
-    def samples(self, on_skip: OnSkip | None = None) -> Iterator[SampleRef]:
-        """The deterministic sample stream (see :meth:`Layout.enumerate`)."""
+    def items(self, on_skip: OnSkip | None = None) -> Iterator[SampleRef | LineRun]:
+        """The deterministic sample stream as the planner takes it (see
+        :meth:`Layout.enumerate`): samples, and runs of lines by position."""
         return self.impl.enumerate(self, on_skip)
+
+    def samples(self, on_skip: OnSkip | None = None) -> Iterator[SampleRef]:
+        """The same stream one :class:`SampleRef` per sample (line runs read here)."""
+        from shardloader.pack.layouts.lines import read_run, run_samples
+
+        for item in self.items(on_skip):
+            if isinstance(item, LineRun):
+                yield from run_samples(item, read_run(item, self.inputs.open_url(item.url)))
+            else:
+                yield item
 
 
 def extension(rel: str) -> str:

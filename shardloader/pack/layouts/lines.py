@@ -1,25 +1,50 @@
 """Line files for the ``records`` layout: ``.jsonl`` and ``.txt``, optionally ``.gz``/``.zst``.
 
-One sample per non-empty line, key ``<path without suffixes>/<line number:09d>`` (1-based, so a
-key says where the line is); the line becomes the field ``json`` or ``txt``.  Lines are split
-here, in the main process: that is cheap next to compressing them.
+One sample per non-empty line (JSON: not only whitespace), key ``<path without suffixes>/<line
+number:09d>`` (1-based, so a key says where the line is); the line without its terminator
+(``\n`` or ``\r\n``) becomes the field ``json`` or ``txt``.
+
+NOTE [line runs]: a plain (uncompressed) line file is scanned here, in the main process, only
+for where its lines are: :func:`runs` yields :class:`~shardloader.pack.refs.LineRun` s (line
+numbers, offsets and lengths as arrays), from which the planner cuts shards exactly.  The pack
+worker writing a shard reads each run's byte range itself and checks that the lines are still
+where the scan found them (:func:`read_run`), so record bytes never travel from the main
+process to a worker, a pickle each way.  Compressed files cannot be read by range: their lines
+are split here and travel as :class:`~shardloader.pack.refs.SampleRef` s (:func:`samples`).
 """
 
 from __future__ import annotations
 
 import gzip
-from collections.abc import Iterator, Mapping
-from typing import Any, BinaryIO
+import mmap
+import os
+from collections.abc import Iterable, Iterator
+from typing import BinaryIO
 
+import numpy as np
+
+from shardloader.errors import InputError
 from shardloader.manifest import FieldInfo
-from shardloader.pack.refs import InputFile, SampleRef
-from shardloader.storage import RetryPolicy, open_read
+from shardloader.pack.refs import InputFile, LineRun, SampleRef
+from shardloader.storage.store import Store
 
-__all__ = ["SUFFIXES", "COMPRESSED", "fields", "samples"]
+__all__ = [
+    "SUFFIXES",
+    "COMPRESSED",
+    "fields",
+    "is_compressed",
+    "samples",
+    "runs",
+    "read_run",
+    "run_samples",
+]
 
 SUFFIXES = {".jsonl": "json", ".txt": "txt"}  # suffix → kind (= field name)
 COMPRESSED = (".gz", ".zst", ".zstd")
 _READ_CHUNK = 4 << 20
+_SCAN_CHUNK = 16 << 20  # bytes scanned for line ends at a time (a run per chunk)
+_WHITESPACE = np.zeros(256, bool)
+_WHITESPACE[list(b" \t\n\r\x0b\x0c")] = True  # what bytes.strip() strips
 
 
 def fields(kind: str) -> dict[str, FieldInfo]:
@@ -53,13 +78,211 @@ def _iter_lines(stream: BinaryIO) -> Iterator[bytes]:
         yield rest[:-1] if rest.endswith(b"\r") else rest
 
 
-def samples(
-    f: InputFile, kind: str, stem: str, so: Mapping[str, Any] | None, retry: RetryPolicy | None
-) -> Iterator[SampleRef]:
-    with open_read(f.url, so, policy=retry) as raw:
+def samples(f: InputFile, kind: str, stem: str, store: Store) -> Iterator[SampleRef]:
+    """The samples of line file ``f``, read through ``store`` (the file's own)."""
+    with store.open_read() as raw:
         stream = _decompressed(raw, f.rel)
         number = 0
         for number, line in enumerate(_iter_lines(stream), start=1):  # noqa: B007
             if not line or (kind == "json" and not line.strip()):
                 continue  # blank lines separate nothing in JSONL and carry nothing in text
             yield SampleRef(f"{stem}/{number:09d}", ((kind, line),), f.rel, f"line {number}")
+
+
+def is_compressed(rel: str) -> bool:
+    return rel.lower().endswith(COMPRESSED)
+
+
+def runs(f: InputFile, kind: str, stem: str, store: Store) -> Iterator[LineRun]:
+    """Where the samples of plain line file ``f`` are (NOTE [line runs]), one run per chunk.
+
+    The same lines as :func:`samples` would give, found without splitting them out: a local
+    file is memory-mapped (no copy), a remote one streamed.
+    """
+    if store.is_local:
+        with open(store.local_path, "rb") as fh:
+            if os.fstat(fh.fileno()).st_size == 0:
+                return
+            with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+                yield from _scan(f, kind, stem, [mm])
+        return
+    with store.open_read() as stream:
+        read = getattr(stream, "read1", stream.read)
+        yield from _scan(f, kind, stem, iter(lambda: read(_SCAN_CHUNK), b""))
+
+
+def _scan(
+    f: InputFile, kind: str, stem: str, chunks: Iterable[bytes | mmap.mmap]
+) -> Iterator[LineRun]:
+    """Line runs over ``chunks`` (the file's bytes in order), at most ``_SCAN_CHUNK`` bytes
+    of lines each; a line longer than that makes its own run."""
+    pending: list[bytes] = []  # an unfinished line from the previous chunk, in pieces
+    pos = 0  # file offset of the first pending byte
+    number = 0  # lines completed so far
+    for chunk in chunks:
+        if pending:  # finish the pending line first (joins only that line, not the chunk)
+            nl = chunk.find(b"\n")
+            if nl < 0:
+                pending.append(bytes(chunk))
+                continue
+            buf = b"".join([*pending, chunk[: nl + 1]])
+            run = _run(f, kind, stem, buf, 0, pos, number, np.array([len(buf) - 1]))
+            if run is not None:
+                yield run
+            number += 1
+            pos += len(buf)
+            pending, done = [], nl + 1
+        else:
+            done = 0
+        view = np.frombuffer(chunk, np.uint8)
+        try:
+            while done < len(chunk):
+                stop = min(done + _SCAN_CHUNK, len(chunk))
+                ends = _line_ends(chunk, done, stop)
+                if not len(ends):
+                    if stop < len(chunk):  # a line longer than a window: look further
+                        stop = chunk.find(b"\n", stop)
+                        if stop >= 0:
+                            ends = np.array([stop], np.int64)
+                    if not len(ends):
+                        pending.append(bytes(chunk[done:]))
+                        break
+                run = _run(f, kind, stem, view, done, pos - done, number, ends)
+                if run is not None:
+                    yield run
+                number += len(ends)
+                pos += int(ends[-1]) + 1 - done
+                done = int(ends[-1]) + 1
+        finally:
+            del view  # an mmap cannot close while an array still points into it
+    if pending:  # a last line without a terminator
+        buf = b"".join(pending)
+        run = _run(f, kind, stem, buf, 0, pos, number, np.array([len(buf)], np.int64))
+        if run is not None:
+            yield run
+
+
+def _line_ends(buf: bytes | mmap.mmap, start: int, stop: int) -> np.ndarray:
+    """Offsets of every ``\n`` in ``buf[start:stop]`` (offsets into ``buf``): a ``find`` loop
+    while lines are long (memchr, few steps), numpy once they turn out short (one Python step
+    per line would cost more)."""
+    out: list[int] = []
+    find, i = buf.find, start - 1
+    budget = (stop - start) // 256  # more lines than this: average under 256 bytes
+    while len(out) < budget:
+        i = find(b"\n", i + 1, stop)
+        if i < 0:
+            return np.array(out, np.int64)
+        out.append(i)
+    rest = np.frombuffer(buf, np.uint8, count=stop - (i + 1), offset=i + 1)
+    more = np.flatnonzero(rest == 10) + (i + 1)
+    del rest
+    return np.concatenate([np.array(out, np.int64), more])
+
+
+def _run(
+    f: InputFile,
+    kind: str,
+    stem: str,
+    buf: bytes | np.ndarray,
+    first: int,
+    base: int,
+    number: int,
+    ends: np.ndarray,
+) -> LineRun | None:
+    """The non-blank lines of ``buf`` from offset ``first`` to the line ends ``ends`` (offsets
+    into ``buf``, which starts at file offset ``base``); ``number`` lines came before."""
+    arr = buf if isinstance(buf, np.ndarray) else np.frombuffer(buf, np.uint8)
+    ends = ends.astype(np.int64)
+    starts = np.empty_like(ends)
+    starts[0] = first
+    starts[1:] = ends[:-1] + 1
+    lengths = ends - starts
+    cr = lengths > 0
+    cr[cr] = arr[ends[cr] - 1] == 13  # "\r\n": the "\r" is not part of the line
+    lengths -= cr
+    keep = lengths > 0
+    if kind == "json":  # a line of only whitespace is blank too
+        maybe = np.flatnonzero(keep & _WHITESPACE[arr[np.minimum(starts, len(arr) - 1)]])
+        for i in maybe:
+            s = int(starts[i])
+            keep[i] = bool(arr[s : s + int(lengths[i])].tobytes().strip())
+    numbers = np.arange(number + 1, number + 1 + len(ends), dtype=np.int64)
+    if not keep.any():
+        return None
+    return LineRun(
+        f.url, f.rel, kind, stem, f.size, numbers[keep], starts[keep] + base, lengths[keep]
+    )
+
+
+def read_run(run: LineRun, store: Store) -> bytes:
+    """The byte range of ``run`` (from its first line's start to its last line's end), checked
+    against the scan: the file has its listed size and a line ends where each line should.
+
+    A file changed since the scan is an :class:`InputError` naming it and the line.
+    """
+    first, end = run.span
+    try:
+        if store.is_local:
+            with open(store.local_path, "rb") as fh:
+                size = os.fstat(fh.fileno()).st_size
+                data = _pread_all(fh.fileno(), end - first, first)
+        else:
+            with store.open_read() as fh:
+                known = getattr(fh, "size", None)
+                size = run.size if known is None else int(known)
+                fh.seek(first)
+                data = _read_all(fh, end - first)
+    except OSError as err:
+        raise InputError(f"{run.url}: cannot read lines {int(run.numbers[0])}.. ({err})") from err
+    if size != run.size or len(data) != end - first:
+        raise InputError(
+            f"{run.url}: has {size} bytes but had {run.size} when the pack started; do not "
+            "change the input while packing, then re-run"
+        )
+    arr = np.frombuffer(data, np.uint8)
+    rel_ends = run.starts + run.lengths - first
+    inner = rel_ends < len(data)  # the last line of a file may have no terminator
+    after = arr[rel_ends[inner]]
+    bad = np.flatnonzero((after != 10) & (after != 13))
+    expected = int(run.numbers[-1] - run.numbers[0])  # line ends between first and last line
+    if bad.size or data.count(b"\n") != expected:
+        line = int(run.numbers[bad[0]]) if bad.size else int(run.numbers[0])
+        raise InputError(
+            f"{run.url}: line {line} is not where it was when the pack started; do not change "
+            "the input while packing, then re-run"
+        )
+    return data
+
+
+def run_samples(run: LineRun, data: bytes) -> Iterator[SampleRef]:
+    """The run's samples as :func:`samples` gives them (``data``: from :func:`read_run`)."""
+    first = int(run.starts[0])
+    for n, s, k in zip(
+        run.numbers.tolist(), run.starts.tolist(), run.lengths.tolist(), strict=True
+    ):
+        o = s - first
+        yield SampleRef(f"{run.stem}/{n:09d}", ((run.kind, data[o : o + k]),), run.rel, f"line {n}")
+
+
+def _pread_all(fd: int, n: int, offset: int) -> bytes:
+    parts = []
+    while n > 0:
+        got = os.pread(fd, min(n, 1 << 30), offset)
+        if not got:
+            break
+        parts.append(got)
+        n -= len(got)
+        offset += len(got)
+    return parts[0] if len(parts) == 1 else b"".join(parts)  # [] -> b""
+
+
+def _read_all(fh: BinaryIO, n: int) -> bytes:
+    parts = []
+    while n > 0:
+        got = fh.read(n)
+        if not got:
+            break
+        parts.append(got)
+        n -= len(got)
+    return parts[0] if len(parts) == 1 else b"".join(parts)

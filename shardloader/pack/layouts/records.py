@@ -31,7 +31,7 @@ from shardloader.pack.layouts.base import (
     Verdict,
     mixed,
 )
-from shardloader.pack.refs import InputFile, SampleRef
+from shardloader.pack.refs import InputFile, LineRun, SampleRef
 
 __all__ = ["Records", "record_kind"]
 
@@ -104,7 +104,7 @@ class Records(Layout):
                 for name, codec in lines.fields(kind).items():
                     fields.setdefault(name, codec)
                 continue
-            for name, codec in tables.fields(f, kind, inputs.storage_options, inputs.retry).items():
+            for name, codec in tables.fields(f, kind, inputs.open(f)).items():
                 known = fields.setdefault(name, codec)
                 if known != codec:
                     raise UsageError(
@@ -113,19 +113,24 @@ class Records(Layout):
                     )
         return Description(fields)
 
-    def enumerate(self, source: Source, on_skip: OnSkip | None) -> Iterator[SampleRef]:
+    def enumerate(self, source: Source, on_skip: OnSkip | None) -> Iterator[SampleRef | LineRun]:
         """File after file; a file that fails mid-way fails the pack or, with ``on_skip``, has
-        the rest of it skipped."""
+        the rest of it skipped.  Plain line files give :class:`LineRun` s (NOTE [line runs] in
+        :mod:`.lines`), everything else one :class:`SampleRef` per record."""
         import pyarrow as pa
         import zstandard
 
-        so, retry = source.storage_options, source.retry
         for f in source.files:
             kind, stem = record_kind(f.rel)  # type: ignore[misc]
-            read = lines.samples if _is_line_kind(kind) else tables.samples
             last = ""
             try:
-                for sample in read(f, kind, stem, so, retry):
+                if _is_line_kind(kind) and not lines.is_compressed(f.rel):
+                    for run in lines.runs(f, kind, stem, source.inputs.open(f)):
+                        last = f"line {int(run.numbers[-1])}"
+                        yield run
+                    continue
+                read = lines.samples if _is_line_kind(kind) else tables.samples
+                for sample in read(f, kind, stem, source.inputs.open(f)):
                     last = sample.where
                     yield sample
             except (OSError, EOFError, zstandard.ZstdError, pa.ArrowInvalid, StorageError) as err:

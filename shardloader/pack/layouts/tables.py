@@ -9,29 +9,27 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from typing import Any
 
 from shardloader.codecs import codec_for_extension
 from shardloader.errors import InputError, StorageError, UsageError
 from shardloader.manifest import FieldInfo
 from shardloader.pack.refs import InputFile, SampleRef
-from shardloader.storage import RetryPolicy, open_read
+from shardloader.storage.store import Store
 
 __all__ = ["SUFFIXES", "fields", "samples"]
-
-Options = Mapping[str, Any] | None
 
 SUFFIXES = {".parquet": "parquet", ".arrow": "arrow", ".feather": "arrow", ".ipc": "arrow"}
 _FIELD_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 
 
-def _open(f: InputFile, kind: str, so: Options, retry: RetryPolicy | None) -> Any:
+def _open(f: InputFile, kind: str, store: Store) -> Any:
     """A Parquet file (streamed) or an Arrow IPC reader (file or stream format, read whole)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    stream = open_read(f.url, so, policy=retry)
+    stream = store.open_read()
     if kind == "parquet":
         try:
             return pq.ParquetFile(stream)
@@ -76,12 +74,12 @@ def _column_codec(name: str, typ: Any) -> FieldInfo:
     return FieldInfo("json")
 
 
-def fields(f: InputFile, kind: str, so: Options, retry: RetryPolicy | None) -> dict[str, FieldInfo]:
-    """One field per column, from the schema alone."""
+def fields(f: InputFile, kind: str, store: Store) -> dict[str, FieldInfo]:
+    """One field per column, from the schema alone (``store``: the file's own)."""
     import pyarrow as pa
 
     try:
-        table = _open(f, kind, so, retry)
+        table = _open(f, kind, store)
         schema = table.schema_arrow if kind == "parquet" else table.schema
         if kind == "parquet":
             table.close(force=True)
@@ -112,11 +110,9 @@ def _encode_value(value: Any) -> bytes | None:
     return json.dumps(value, sort_keys=True, default=str).encode("utf-8")
 
 
-def samples(
-    f: InputFile, kind: str, stem: str, so: Options, retry: RetryPolicy | None
-) -> Iterator[SampleRef]:
+def samples(f: InputFile, kind: str, stem: str, store: Store) -> Iterator[SampleRef]:
     row = 0
-    for batch in _batches(_open(f, kind, so, retry)):
+    for batch in _batches(_open(f, kind, store)):
         for record in batch.to_pylist():
             out = []
             for name in sorted(record):

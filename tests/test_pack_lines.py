@@ -1,0 +1,167 @@
+"""Plain line files travel as runs of byte ranges (NOTE [line runs] in pack/layouts/lines.py):
+the scan finds exactly the lines the splitting path finds, the planner cuts runs exactly where
+it cuts the same samples one by one, and a worker notices a file changed since the scan."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import shardloader.pack.layouts.lines as lines
+from shardloader.errors import InputError
+from shardloader.pack.plan import Planner
+from shardloader.pack.refs import InputFile, LineRun, SampleRef
+from shardloader.storage.store import Store
+
+LINE = st.one_of(
+    st.binary(max_size=40).map(lambda b: b.replace(b"\n", b"")),
+    st.sampled_from([b"", b" ", b"\t \x0b", b"\r", b"{}", b'{"text": "a"}', b"x" * 700]),
+)
+
+
+def _bytes(parts: list[bytes], terminators: list[bytes], last: bool) -> bytes:
+    body = b"".join(p + t for p, t in zip(parts, terminators, strict=False))
+    return body if last else body.rstrip(b"\n")
+
+
+def _expected(path: str, kind: str) -> list[tuple[str, bytes, str]]:
+    f = InputFile("f.jsonl", path, os.path.getsize(path))
+    return [(s.key, s.fields[0][1], s.where) for s in lines.samples(f, kind, "f", Store(path))]
+
+
+def _from_runs(store: Store, path: str, kind: str) -> list[tuple[str, bytes, str]]:
+    f = InputFile("f.jsonl", store.url, os.path.getsize(path))
+    out = []
+    for run in list(lines.runs(f, kind, "f", store)):  # memory:// files share one cursor
+        for s in lines.run_samples(run, lines.read_run(run, store)):
+            out.append((s.key, s.fields[0][1], s.where))
+    return out
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    parts=st.lists(LINE, max_size=60),
+    crlf=st.lists(st.booleans(), max_size=60),
+    last=st.booleans(),
+    kind=st.sampled_from(["json", "txt"]),
+    window=st.sampled_from([7, 64, 300, 16 << 20]),
+)
+def test_runs_find_the_lines_that_splitting_finds(
+    tmp_path_factory, parts, crlf, last, kind, window
+):
+    terms = [b"\r\n" if c else b"\n" for c in crlf] + [b"\n"] * len(parts)
+    data = _bytes(parts, terms, last)
+    path = str(tmp_path_factory.mktemp("lines") / "f.jsonl")
+    with open(path, "wb") as fh:
+        fh.write(data)
+    expected = _expected(path, kind)
+    memory = Store(f"memory://lines/{os.path.basename(os.path.dirname(path))}.jsonl")
+    memory.write_bytes_atomic(data)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(lines, "_SCAN_CHUNK", window)  # lines across windows and chunks
+        try:
+            assert _from_runs(Store(path), path, kind) == expected  # memory-mapped
+            assert _from_runs(memory, path, kind) == expected  # streamed (a remote store)
+        finally:
+            memory.remove()
+
+
+def _runs(sizes: list[int]) -> list[LineRun]:
+    """Runs over lines of the given sizes, split into runs of up to 5 lines."""
+    starts = np.cumsum([0] + [s + 1 for s in sizes])[:-1]
+    out = []
+    for lo in range(0, len(sizes), 5):
+        hi = min(lo + 5, len(sizes))
+        out.append(
+            LineRun(
+                "/x/f.jsonl",
+                "f.jsonl",
+                "json",
+                "f",
+                0,
+                np.arange(lo + 1, hi + 1, dtype=np.int64),
+                starts[lo:hi].astype(np.int64),
+                np.array(sizes[lo:hi], np.int64),
+            )
+        )
+    return out
+
+
+def _one_by_one(runs: list[LineRun]) -> list[SampleRef]:
+    return [
+        SampleRef(r.key(i), (("json", b"x" * int(r.lengths[i])),), "f.jsonl", "")
+        for r in runs
+        for i in range(r.num_lines)
+    ]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    sizes=st.lists(st.integers(1, 3000), max_size=40),
+    shard_size=st.sampled_from([0, 600, 2048, 5000, 20000]),
+    max_samples=st.sampled_from([None, 1, 3, 7]),
+)
+def test_runs_are_cut_where_the_same_samples_are_cut(sizes, shard_size, max_samples):
+    runs = _runs(sizes)
+    by_run = list(Planner("tar", shard_size, max_samples).shards(runs))
+    by_sample = list(Planner("tar", shard_size, max_samples).shards(_one_by_one(runs)))
+    keys_run = [[p.key(i) for p in plan.samples for i in range(p.num_lines)] for plan in by_run]
+    keys_sample = [[s.key for s in plan.samples] for plan in by_sample]
+    assert keys_run == keys_sample
+    assert [p.raw_bytes for p in by_run] == [p.raw_bytes for p in by_sample]
+    assert [p.num_samples for p in by_run] == [len(k) for k in keys_sample]
+
+
+def test_a_line_file_changed_after_the_scan_is_refused(tmp_path):
+    path = str(tmp_path / "f.jsonl")
+    with open(path, "wb") as fh:
+        fh.write(b'{"a": 1}\n{"a": 22}\n{"a": 3}\n')
+    f = InputFile("f.jsonl", path, os.path.getsize(path))
+    (run,) = lines.runs(f, "json", "f", Store(path))
+    assert lines.read_run(run, Store(path)).startswith(b'{"a": 1}')
+    with open(path, "wb") as fh:  # same size, a line end moved
+        fh.write(b'{"a": 12}\n{"a": 2}\n{"a": 3}\n')
+    with pytest.raises(InputError, match="line 1 is not where it was"):
+        lines.read_run(run, Store(path))
+    with open(path, "ab") as fh:  # grown
+        fh.write(b"{}\n")
+    with pytest.raises(InputError, match="has 31 bytes but had 28"):
+        lines.read_run(run, Store(path))
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    keys=st.one_of(
+        st.integers(0, 30).map(lambda n: [f"docs/p/{i:09d}" for i in range(n)]),
+        st.lists(st.text(st.characters(blacklist_categories=("Cs",)), min_size=1), max_size=8),
+    ),
+    ext=st.sampled_from(["json", "txt", "e" * 95]),
+    data=st.data(),
+)
+def test_tar_add_records_writes_what_add_writes(keys, ext, data):
+    """The numpy header path for runs of lines gives byte-identical shards and indexes."""
+    import io
+
+    from shardloader.format.tar import TarShardWriter
+
+    values = [data.draw(st.binary(max_size=1100)) for _ in keys]
+    lengths = [data.draw(st.one_of(st.none(), st.integers(0, 99))) for _ in keys]
+    one, many = io.BytesIO(), io.BytesIO()
+    w1, w2 = TarShardWriter(one, "zstd"), TarShardWriter(many, "zstd")
+    for k, v, n in zip(keys, values, lengths, strict=True):
+        w1.add(k, {ext: v}, n)
+    w2.add_records(keys, ext, values, lengths)
+    a, b = w1.close(), w2.close()
+    assert one.getvalue() == many.getvalue()
+    assert (a.sha256, a.raw_bytes, list(a.index.keys)) == (
+        b.sha256,
+        b.raw_bytes,
+        list(b.index.keys),
+    )
+    for name in ("offsets", "sizes", "lengths", "checksums"):
+        x, y = getattr(a.index, name), getattr(b.index, name)
+        assert (x is None and y is None) or np.array_equal(x, y)
