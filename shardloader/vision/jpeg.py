@@ -36,7 +36,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 try:
-    from shardloader.vision import _jpeg
+    import shardloader.vision._jpeg as _jpeg
 except ImportError as _err:  # built only where a C compiler and libjpeg headers were found
     _jpeg = None  # type: ignore[assignment]
     _WHY_NOT: str | None = (

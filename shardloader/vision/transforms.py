@@ -158,13 +158,20 @@ class RandomResizedCrop:
             w, h = width, round(width / aspect)
         return (width - w) // 2, (height - h) // 2, max(w, 1), max(h, 1)
 
+    def draw(
+        self, width: int, height: int, *, generator: torch.Generator | None = None
+    ) -> tuple[tuple[int, int, int, int], bool]:
+        """The box (:meth:`params`) and whether to mirror it: every random choice of one call,
+        in order (the GPU path, :mod:`shardloader.vision.gpu`, draws the same)."""
+        box = self.params(width, height, generator=generator)
+        g = self.generator if self.generator is not None else generator
+        return box, self.flip > 0 and _uniform(g, 1)[0] < self.flip
+
     def __call__(self, img: ImageLike, *, generator: torch.Generator | None = None) -> torch.Tensor:
         out_hw = hw_of(self.size, "size")
         src = open_lazy(img, self.backend)
         size = size_of(src)
-        box = self.params(*size, generator=generator)
-        g = self.generator if self.generator is not None else generator
-        flip = self.flip > 0 and _uniform(g, 1)[0] < self.flip
+        box, flip = self.draw(*size, generator=generator)
         return resize_chw(crop(src, box, jpeg.request(size, box, out_hw), flip=flip), out_hw)
 
 
