@@ -88,23 +88,25 @@ def test_the_plans_do_not_depend_on_num_workers(packed):
 
 @pytest.mark.skipif(NO_TORCHVISION is not None, reason=str(NO_TORCHVISION))
 def test_device_decode_on_the_cpu_matches_the_cpu_pipeline():
+    """Boxes under twice the output (the CPU path drafts nothing): the same decode and box,
+    a float resize rounded back against torch's uint8 kernel."""
     images = [_jpeg(120 + 10 * i, 160, i) for i in range(4)]
     samples = [
-        CropPlan(48)({"image": d}, generator=torch.Generator().manual_seed(i))
+        CropPlan(96)({"image": d}, generator=torch.Generator().manual_seed(i))
         for i, d in enumerate(images)
     ]
     batch = {
         "image": [s["image"] for s in samples],
         plan_key("image"): torch.stack([s[plan_key("image")] for s in samples]),
     }
-    got = DeviceDecode(48, device="cpu")(batch)
+    got = DeviceDecode(96, device="cpu")(batch)
     want = torch.stack(
         [
-            vision.RandomResizedCrop(48, flip=0.5)(d, generator=torch.Generator().manual_seed(i))
+            vision.RandomResizedCrop(96, flip=0.5)(d, generator=torch.Generator().manual_seed(i))
             for i, d in enumerate(images)
         ]
     )
-    assert got.shape == want.shape == (4, 3, 48, 48) and got.dtype == torch.uint8
+    assert got.shape == want.shape == (4, 3, 96, 96) and got.dtype == torch.uint8
     assert (got.int() - want.int()).abs().max() <= 2  # float resize on the device, rounded
 
 

@@ -7,8 +7,10 @@ figures and its tests skip there (``tests/test_vision_gpu.py``, with the reason)
 tested everywhere is what it shares with the CPU path: :class:`CropPlan` draws exactly the
 boxes and flips that ``train_transform`` draws for the same (seed, epoch, batch), whatever
 ``num_workers`` is (NOTE [transform generators] in :mod:`shardloader.vision.transforms`).
-Pixels may differ from the CPU path by the decoder (nvJPEG's IDCT and upsampling) and by the
-resize (float on the device, rounded back to uint8).
+Pixels may differ from the CPU path: the device decodes at full scale where the CPU path
+drafts a box at least twice the output, nvJPEG's IDCT and upsampling are not libjpeg-turbo's,
+and the resize runs in float, rounded back to uint8 (on the CPU device, with no draft, within 2
+grey levels of the CPU path: tests/test_vision_gpu.py).
 
     ds = ShardedDataset(url, batch_size=256, decoder=Decoder(image="raw"),
                         transform=vision.gpu.CropPlan(224))        # field "image"
