@@ -274,3 +274,30 @@ def test_the_dataset_gives_the_same_crops_on_both_paths_and_any_worker_count(pac
         assert [k for k, _ in got] == [k for k, _ in reference]
         worst = max(_max_diff(a, b) for (_, a), (_, b) in zip(got, reference, strict=True))
         assert worst <= TOLERANCE, (backend, workers, worst)
+
+
+@needs_native
+def test_damaged_jpegs_never_crash_the_native_decoder():
+    """Untrusted bytes: random byte damage, cuts and splices of a small JPEG either decode (the
+    same pixels as PIL) or raise DecodeError; the C code neither crashes nor hangs."""
+    data = _jpeg(_photo(40, 56, 12), progressive=True)
+    rng = np.random.default_rng(0)
+    decoded = failed = 0
+    for i in range(300):
+        damaged = bytearray(data)
+        for at in rng.integers(2, len(data), int(rng.integers(1, 6))):
+            damaged[at] = int(rng.integers(0, 256))
+        if i % 3 == 1:
+            damaged = damaged[: int(rng.integers(3, len(damaged)))]
+        elif i % 3 == 2:
+            damaged[int(rng.integers(20, len(damaged))) :] = data[: int(rng.integers(0, 200))]
+        try:
+            a, b = _both(
+                lambda be: vision.RandomResizedCrop(16, flip=0.5, backend=be), bytes(damaged), i
+            )
+        except DecodeError:
+            failed += 1
+            continue
+        assert torch.equal(a, b)
+        decoded += 1
+    assert decoded > 0 and failed > 0
