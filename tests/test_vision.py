@@ -139,7 +139,7 @@ def test_random_resized_crop_params_stay_inside(width, height, s1, s2, seed):
 
 def test_crop_inputs_agree_and_draft_matches_full_decode(big_jpeg, monkeypatch):
     full = np.asarray(Image.open(io.BytesIO(big_jpeg)).convert("RGB"))
-    t = RandomResizedCrop(64, scale=(0.5, 1.0))
+    t = RandomResizedCrop(64, scale=(0.5, 1.0), backend="pil")  # the PIL path: draft spied on
     outs = []
     for img in (full, Image.fromarray(full), torch.from_numpy(full.copy()).permute(2, 0, 1)):
         torch.manual_seed(11)

@@ -1,7 +1,8 @@
 """Vision: image decoding, the standard train/eval transforms and a detection collate, without
 torchvision.
 
-* :mod:`~shardloader.vision.image`: drafted JPEG decoding, crops and the fast resize;
+* :mod:`~shardloader.vision.image`: decoding only the crop, crops and the fast resize;
+* :mod:`~shardloader.vision.jpeg`: the crop-aware JPEG decoder over libjpeg-turbo;
 * :mod:`~shardloader.vision.transforms`: :class:`RandomResizedCrop`, :func:`train_transform`,
   ... (seeded per batch by the dataset: NOTE [transform generators] there);
 * :mod:`~shardloader.vision.collate`: :class:`DetectionCollate`.
@@ -21,6 +22,7 @@ from shardloader.vision.transforms import (
     RandomHorizontalFlip,
     RandomResizedCrop,
     Resize,
+    ResizeCenterCrop,
     ToImageTensor,
     eval_transform,
     image_field,
@@ -36,6 +38,7 @@ __all__ = [
     "RandomHorizontalFlip",
     "Resize",
     "CenterCrop",
+    "ResizeCenterCrop",
     "ToImageTensor",
     "Normalize",
     "Compose",

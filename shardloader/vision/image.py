@@ -1,15 +1,17 @@
-"""Image decoding for the vision transforms: drafted JPEG decode, crops, fast resize.
+"""Image decoding for the vision transforms: crop-aware JPEG decode, crops, fast resize.
 
 Every image is converted to RGB the way ``Decoder()`` does (:mod:`shardloader.imagemode`):
 grey, palette and CMYK converted, 16-bit scaled to 8 bits, transparency composited over white.
 
-The fast path is encoded bytes in (``Decoder(image="raw")`` on the dataset): a transform draws
-its crop box from the image header (:func:`open_lazy`), the JPEG decoder then runs at the
-smallest 1/2, 1/4 or 1/8 scale (PIL ``draft``) that still covers the output, only the box is
-copied out of the decoded pixels (:func:`pixels`), and torch's vectorized uint8 antialiased
-bilinear kernel resizes it (:func:`resize_chw`; measured several times faster than PIL's
-resize; both are antialiased bilinear, results are close).  EXIF orientation is not applied, as
-in most training pipelines.
+The fast path is encoded bytes in (``Decoder(image="raw")`` on the dataset): :func:`open_lazy`
+reads only the header, a transform draws its crop box from the image size, and :func:`crop`
+decodes that box alone.  A JPEG goes to the native decoder (:mod:`shardloader.vision.jpeg`:
+libjpeg-turbo decodes only the rows and MCU columns of the box, at the smallest 1/2, 1/4 or 1/8
+DCT scale that still covers the output, mirrored on the way out if flipped); where it is not
+built, or declines an image, or ``backend="pil"``, PIL decodes the whole image at the same scale
+(``draft``) and the box is cut from it.  Other formats go through PIL.  torch's vectorized uint8
+antialiased bilinear kernel then resizes the box (:func:`resize_chw`; measured several times
+faster than PIL's resize).  EXIF orientation is not applied, as in most training pipelines.
 """
 
 from __future__ import annotations
@@ -24,8 +26,9 @@ from PIL import Image
 
 from shardloader.errors import DecodeError, UsageError
 from shardloader.imagemode import convert
+from shardloader.vision import jpeg
 
-__all__ = ["decode_image", "open_image", "ImageLike", "Size"]
+__all__ = ["decode_image", "open_image", "Encoded", "ImageLike", "Size"]
 
 ImageLike = bytes | bytearray | memoryview | Image.Image | np.ndarray | torch.Tensor
 Size = int | tuple[int, int]  # int: shorter side (Resize) / square; (height, width)
@@ -46,16 +49,45 @@ def hw_of(size: Size, name: str) -> tuple[int, int]:
     return h, w
 
 
-def _draft_for(size: tuple[int, int], target: Size | None) -> tuple[int, int] | None:
-    """PIL draft request (w, h) so the decoded image still covers ``target``."""
+def _request_for(size: tuple[int, int], target: Size | None) -> tuple[int, int] | None:
+    """Draft request (w, h) so the decoded image still covers ``target``."""
     if target is None:
         return None
-    w, h = size
     if isinstance(target, (int, np.integer)):
-        k = int(target) / min(w, h)  # shorter side to target
-        return math.ceil(w * k), math.ceil(h * k)
+        k = int(target) / min(size)  # shorter side to target
+        return math.ceil(size[0] * k), math.ceil(size[1] * k)
     th, tw = hw_of(target, "target_size")
     return tw, th
+
+
+def _open(data: bytes | bytearray | memoryview) -> Image.Image:
+    try:
+        return Image.open(io.BytesIO(data))
+    except (OSError, ValueError, Image.DecompressionBombError) as err:
+        raise DecodeError(f"cannot read image header ({len(data)} bytes): {err}") from err
+
+
+class Encoded:
+    """Encoded image bytes with only the header read: by the native JPEG decoder where it
+    takes them (``backend="auto"``), else by PIL (opened lazily, ours to draft)."""
+
+    __slots__ = ("data", "size", "native", "_image")
+
+    def __init__(self, data: bytes | bytearray | memoryview, backend: str = "auto") -> None:
+        self.data = data
+        probed = jpeg.probe(data) if backend == "auto" else None
+        self.native = probed is not None
+        self._image: Image.Image | None = None
+        if probed is not None:
+            self.size = probed
+        else:
+            self._image = _open(data)
+            self.size = self._image.size
+
+    def pil(self) -> Image.Image:
+        if self._image is None:
+            self._image = _open(self.data)
+        return self._image
 
 
 def open_image(
@@ -65,10 +97,10 @@ def open_image(
     (an int is the shorter side, else (height, width)); other formats decode at full size.
     Other modes convert as ``Decoder(mode="RGB")`` does (:func:`shardloader.imagemode.convert`)."""
     try:
-        lazy = Image.open(io.BytesIO(data))
-        request = _draft_for(lazy.size, target_size)
-        if request is not None and lazy.format == "JPEG":
-            lazy.draft("RGB", request)
+        lazy = _open(data)
+        wanted = _request_for(lazy.size, target_size)
+        if wanted is not None and lazy.format == "JPEG":
+            lazy.draft("RGB", wanted)
         return _rgb(lazy)
     except (OSError, ValueError, Image.DecompressionBombError) as err:
         raise DecodeError(f"cannot decode image ({len(data)} bytes): {err}") from err
@@ -83,14 +115,17 @@ def decode_image(
     *,
     target_size: Size | None = None,
     channels_last: bool = False,
+    backend: str = "auto",
 ) -> torch.Tensor:
     """Decode to a uint8 tensor, CHW (or HWC with ``channels_last``).
 
     With ``target_size`` a JPEG decodes at the largest reduction (1/2, 1/4, 1/8) that keeps the
     image at least that big (int: shorter side; (h, w): both); the result is *not* resized to
-    exactly ``target_size`` (that is the transform's job).
+    exactly ``target_size`` (that is the transform's job).  ``backend="pil"`` never uses the
+    native JPEG decoder.
     """
-    return contiguous(pixels(open_image(data, target_size=target_size)), channels_last)
+    src = Encoded(data, backend)
+    return contiguous(crop(src, None, _request_for(src.size, target_size)), channels_last)
 
 
 def contiguous(x: torch.Tensor, channels_last: bool) -> torch.Tensor:
@@ -105,8 +140,10 @@ def contiguous(x: torch.Tensor, channels_last: bool) -> torch.Tensor:
     return x.contiguous()
 
 
-def size_of(img: ImageLike) -> tuple[int, int]:
-    """(width, height); for an opened PIL image this reads only the header."""
+def size_of(img: ImageLike | Encoded) -> tuple[int, int]:
+    """(width, height); for encoded bytes this read only the header."""
+    if isinstance(img, Encoded):
+        return img.size
     if isinstance(img, torch.Tensor):
         return int(img.shape[-1]), int(img.shape[-2])
     if isinstance(img, np.ndarray):
@@ -116,76 +153,81 @@ def size_of(img: ImageLike) -> tuple[int, int]:
     raise UsageError(f"not an image: {type(img).__name__}")
 
 
-def open_lazy(img: ImageLike) -> tuple[ImageLike, bool]:
-    """Encoded bytes → a PIL image with only the header read (ours to draft); else as is."""
+def open_lazy(img: ImageLike | Encoded, backend: str = "auto") -> ImageLike | Encoded:
+    """Encoded bytes → :class:`Encoded` (header only); other images as they are."""
     if isinstance(img, (bytes, bytearray, memoryview)):
-        try:
-            return Image.open(io.BytesIO(img)), True
-        except (OSError, ValueError, Image.DecompressionBombError) as err:
-            raise DecodeError(f"cannot read image header ({len(img)} bytes): {err}") from err
-    if not isinstance(img, (Image.Image, np.ndarray, torch.Tensor)):
+        return Encoded(img, backend)
+    if not isinstance(img, (Encoded, Image.Image, np.ndarray, torch.Tensor)):
         raise UsageError(
             f"not an image: {type(img).__name__}; give bytes, a PIL image, a uint8 HWC numpy "
             "array or a uint8 CHW tensor (use ApplyTo(field, ...) for sample dicts)"
         )
-    return img, False
+    return img
 
 
-def _draft(
-    image: Image.Image, box: tuple[int, int, int, int] | None, out_hw: tuple[int, int]
-) -> float:
-    """Let a JPEG decode at a reduced scale that keeps ``box`` (left, top, w, h in source
-    pixels; default all) at least ``out_hw``; return the scale of the decoded image."""
-    if image.format != "JPEG":
-        return 1.0
-    width, height = image.size
-    bw, bh = (box[2], box[3]) if box else (width, height)
-    request = (math.ceil(width * out_hw[1] / bw), math.ceil(height * out_hw[0] / bh))
-    drafted = image.draft("RGB", request)
-    return drafted[1][2] / width if drafted is not None else 1.0
-
-
-def pixels(
-    img: ImageLike,
+def crop(
+    img: ImageLike | Encoded,
     box: tuple[int, int, int, int] | None = None,
-    out_hw: tuple[int, int] | None = None,
+    wanted: tuple[int, int] | None = None,
     *,
-    ours: bool = False,
+    flip: bool = False,
 ) -> torch.Tensor:
     """The ``box`` (left, top, w, h in source pixels; default all) of ``img`` as a uint8 CHW
-    tensor.  PIL/numpy input gives a tensor with HWC memory, cropped before the one copy; an
-    image we opened ourselves (``ours``) is drafted for ``out_hw`` first."""
+    tensor, mirrored left-right if ``flip``.  Encoded input decodes only what it must, JPEG at
+    the reduction PIL ``draft(wanted)`` picks (``wanted``: (w, h) of the whole image, see
+    :func:`shardloader.vision.jpeg.request`); PIL/numpy input gives a tensor with HWC memory,
+    cropped before the one copy."""
+    if isinstance(img, Encoded):
+        if img.native:
+            hwc = jpeg.decode_box(img.data, img.size, box, wanted, flip=flip)
+            if hwc is not None:
+                return torch.from_numpy(hwc).permute(2, 0, 1)
+        return _crop_pil(img.pil(), box, wanted, flip)
     if isinstance(img, torch.Tensor):
         if img.ndim != 3:
             raise UsageError(f"image tensors must be CHW, got shape {tuple(img.shape)}")
-        if box is None:
-            return img
-        left, top, w, h = box
-        return img[:, top : top + h, left : left + w]
+        if box is not None:
+            left, top, w, h = box
+            img = img[:, top : top + h, left : left + w]
+        return img.flip(-1) if flip else img
     if isinstance(img, np.ndarray):
         if img.dtype != np.uint8 or img.ndim not in (2, 3):
             raise UsageError(f"numpy images must be uint8 HWC, got {img.dtype}{img.shape}")
-        if img.ndim == 2 or img.shape[2] != 3:
-            img = Image.fromarray(img)
-        else:
+        if img.ndim == 3 and img.shape[2] == 3:
             if box is not None:
                 left, top, w, h = box
                 img = img[top : top + h, left : left + w]
+            if flip:
+                img = img[:, ::-1]
             return torch.from_numpy(np.array(img, copy=True)).permute(2, 0, 1)
+        img = Image.fromarray(img)
     if not isinstance(img, Image.Image):
         raise UsageError(f"not an image: {type(img).__name__}; open bytes with open_lazy")
-    image = img
-    scale = _draft(image, box, out_hw) if ours and out_hw is not None else 1.0
+    return _crop_pil(img, box, None, flip)
+
+
+def _crop_pil(
+    image: Image.Image,
+    box: tuple[int, int, int, int] | None,
+    wanted: tuple[int, int] | None,
+    flip: bool,
+) -> torch.Tensor:
+    """PIL's path: draft (an image we opened) for ``wanted``, decode, RGB, crop, mirror."""
+    factor = 1
     try:
+        if wanted is not None and image.format == "JPEG":
+            width = image.size[0]
+            drafted = image.draft("RGB", wanted)
+            factor = round(width / drafted[1][2]) if drafted is not None else 1
+        full = image.size  # drafted: the scaled size
         image = _rgb(image)
+        if box is not None:
+            x0, y0, x1, y1 = jpeg.scaled_box(box, factor, full)
+            image = image.crop((x0, y0, x1, y1))
+        if flip:
+            image = image.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
     except (OSError, ValueError, Image.DecompressionBombError) as err:
         raise DecodeError(f"cannot decode image: {err}") from err
-    if box is not None:
-        left, top, w, h = box
-        x0, y0 = math.floor(left * scale), math.floor(top * scale)
-        x1 = min(max(math.ceil((left + w) * scale), x0 + 1), image.size[0])
-        y1 = min(max(math.ceil((top + h) * scale), y0 + 1), image.size[1])
-        image = image.crop((x0, y0, x1, y1))
     hwc = np.frombuffer(bytearray(image.tobytes()), np.uint8)
     return torch.from_numpy(hwc.reshape(image.size[1], image.size[0], 3)).permute(2, 0, 1)
 

@@ -37,13 +37,15 @@ import numpy as np
 import torch
 
 from shardloader.errors import UsageError
+from shardloader.vision import jpeg
 from shardloader.vision.image import (
+    Encoded,
     ImageLike,
     Size,
     contiguous,
+    crop,
     hw_of,
     open_lazy,
-    pixels,
     resize_chw,
     size_of,
 )
@@ -55,6 +57,7 @@ __all__ = [
     "RandomHorizontalFlip",
     "Resize",
     "CenterCrop",
+    "ResizeCenterCrop",
     "ToImageTensor",
     "Normalize",
     "Compose",
@@ -83,6 +86,11 @@ def _uniform(generator: torch.Generator | None, n: int) -> list[float]:
     return torch.rand(n, generator=generator, dtype=torch.float64).tolist()
 
 
+def _check_backend(backend: str) -> None:
+    if backend not in jpeg.BACKENDS:
+        raise UsageError(f"backend={backend!r} is not one of {', '.join(jpeg.BACKENDS)}")
+
+
 def _call(t: Callable[..., Any], x: Any, generator: torch.Generator | None) -> Any:
     """``t(x)``, handing ``generator`` on where ``t`` declares ``takes_generator``."""
     if generator is not None and getattr(t, "takes_generator", False):
@@ -98,17 +106,27 @@ def _call(t: Callable[..., Any], x: Any, generator: torch.Generator | None) -> A
 class RandomResizedCrop:
     """Crop a random area (``scale`` of the image) and aspect ratio (``ratio``, log-uniform),
     then resize it to ``size``; 10 tries, then a centred crop of the nearest allowed ratio.
+    With ``flip`` > 0 the crop is also mirrored left-right with that probability, drawn after
+    the box from the same generator: the draws and the result of ``RandomHorizontalFlip(flip)``
+    after it, at no cost (the decoder writes the rows mirrored).
 
-    The box is drawn from the image header, so JPEG bytes decode drafted (see module doc)."""
+    The box is drawn from the image header, so JPEG bytes decode only the box, drafted (see
+    :mod:`shardloader.vision.image`); ``backend="pil"`` keeps to PIL's decoder."""
 
     size: Size
     scale: tuple[float, float] = (0.08, 1.0)
     ratio: tuple[float, float] = (3 / 4, 4 / 3)
     generator: torch.Generator | None = None
+    flip: float = 0.0
+    backend: str = "auto"
     takes_generator = True  # NOTE [transform generators]
 
     def __post_init__(self) -> None:
         hw_of(self.size, "size")
+        _numbers("flip", (self.flip,), 1)
+        if not 0 <= self.flip <= 1:
+            raise UsageError(f"flip must be a probability in [0, 1], got {self.flip!r}")
+        _check_backend(self.backend)
         lo, hi = _numbers("scale", self.scale, 2)
         _numbers("ratio", self.ratio, 2)
         if not 0 < lo <= hi <= 1:
@@ -140,11 +158,21 @@ class RandomResizedCrop:
             w, h = width, round(width / aspect)
         return (width - w) // 2, (height - h) // 2, max(w, 1), max(h, 1)
 
+    def draw(
+        self, width: int, height: int, *, generator: torch.Generator | None = None
+    ) -> tuple[tuple[int, int, int, int], bool]:
+        """The box (:meth:`params`) and whether to mirror it: every random choice of one call,
+        in order (the GPU path, :mod:`shardloader.vision.gpu`, draws the same)."""
+        box = self.params(width, height, generator=generator)
+        g = self.generator if self.generator is not None else generator
+        return box, self.flip > 0 and _uniform(g, 1)[0] < self.flip
+
     def __call__(self, img: ImageLike, *, generator: torch.Generator | None = None) -> torch.Tensor:
         out_hw = hw_of(self.size, "size")
-        src, ours = open_lazy(img)
-        box = self.params(*size_of(src), generator=generator)
-        return resize_chw(pixels(src, box, out_hw, ours=ours), out_hw)
+        src = open_lazy(img, self.backend)
+        size = size_of(src)
+        box, flip = self.draw(*size, generator=generator)
+        return resize_chw(crop(src, box, jpeg.request(size, box, out_hw), flip=flip), out_hw)
 
 
 @dataclass(frozen=True)
@@ -162,8 +190,7 @@ class RandomHorizontalFlip:
 
     def __call__(self, img: ImageLike, *, generator: torch.Generator | None = None) -> torch.Tensor:
         flip = _uniform(self.generator if self.generator is not None else generator, 1)[0] < self.p
-        x = pixels(open_lazy(img)[0])
-        return x.flip(-1) if flip else x
+        return crop(open_lazy(img), flip=flip)
 
 
 @dataclass(frozen=True)
@@ -173,9 +200,11 @@ class Resize:
     JPEG bytes decode at the largest reduction that stays at least that big."""
 
     size: Size
+    backend: str = "auto"
 
     def __post_init__(self) -> None:
         hw_of(self.size, "size")
+        _check_backend(self.backend)
 
     def output_size(self, width: int, height: int) -> tuple[int, int]:
         """(height, width) of the result for a source of ``width`` x ``height``."""
@@ -186,10 +215,11 @@ class Resize:
             return s, max(round(width * s / height), 1)
         return hw_of(self.size, "size")
 
-    def __call__(self, img: ImageLike) -> torch.Tensor:
-        src, ours = open_lazy(img)
-        out_hw = self.output_size(*size_of(src))
-        return resize_chw(pixels(src, None, out_hw, ours=ours), out_hw)
+    def __call__(self, img: ImageLike | Encoded) -> torch.Tensor:
+        src = open_lazy(img, self.backend)
+        size = size_of(src)
+        out_hw = self.output_size(*size)
+        return resize_chw(crop(src, None, jpeg.request(size, None, out_hw)), out_hw)
 
 
 @dataclass(frozen=True)
@@ -201,12 +231,12 @@ class CenterCrop:
     def __post_init__(self) -> None:
         hw_of(self.size, "size")
 
-    def __call__(self, img: ImageLike) -> torch.Tensor:
+    def __call__(self, img: ImageLike | Encoded) -> torch.Tensor:
         out_h, out_w = hw_of(self.size, "size")
-        img, _ = open_lazy(img)
+        img = open_lazy(img)
         width, height = size_of(img)
         if width < out_w or height < out_h:
-            x = pixels(img)
+            x = crop(img)
             pad_w, pad_h = max(out_w - width, 0), max(out_h - height, 0)
             x = torch.nn.functional.pad(
                 x, (pad_w // 2, pad_w - pad_w // 2, pad_h // 2, pad_h - pad_h // 2)
@@ -214,7 +244,40 @@ class CenterCrop:
             width, height = width + pad_w, height + pad_h
             return x[:, (height - out_h) // 2 :, (width - out_w) // 2 :][:, :out_h, :out_w]
         box = ((width - out_w) // 2, (height - out_h) // 2, out_w, out_h)
-        return pixels(img, box)  # no draft: the crop keeps source pixels
+        return crop(img, box)  # no draft: the crop keeps source pixels
+
+
+@dataclass(frozen=True)
+class ResizeCenterCrop:
+    """What ``Resize(resize)`` then ``CenterCrop(size)`` give, cut crop first: the centred box
+    of the source that becomes the crop is decoded alone (JPEG: only its rows and MCU columns,
+    drafted when it is at least twice ``size``) and resized to ``size``.  The box is rounded to
+    whole source pixels, so the result can sit up to half a source pixel off the resize-first
+    one.  ``resize`` (the shorter side before cropping) defaults to ``size / 0.875``; a
+    ``resize`` smaller than ``size`` falls back to resize, then pad, as ``CenterCrop`` does."""
+
+    size: Size
+    resize: int | None = None
+    backend: str = "auto"
+
+    def __post_init__(self) -> None:
+        hw_of(self.size, "size")
+        if self.resize is not None:
+            hw_of(self.resize, "resize")
+        _check_backend(self.backend)
+
+    def __call__(self, img: ImageLike | Encoded) -> torch.Tensor:
+        out_hw = hw_of(self.size, "size")
+        short = self.resize if self.resize is not None else round(min(out_hw) / 0.875)
+        src = open_lazy(img, self.backend)
+        width, height = size_of(src)
+        rh, rw = Resize(short).output_size(width, height)
+        if out_hw[0] > rh or out_hw[1] > rw:
+            return CenterCrop(self.size)(Resize(short, self.backend)(src))
+        bw = min(width, max(1, round(out_hw[1] * width / rw)))
+        bh = min(height, max(1, round(out_hw[0] * height / rh)))
+        box = ((width - bw) // 2, (height - bh) // 2, bw, bh)
+        return resize_chw(crop(src, box, jpeg.request((width, height), box, out_hw)), out_hw)
 
 
 @dataclass(frozen=True)
@@ -226,7 +289,7 @@ class ToImageTensor:
     channels_last: bool = False
 
     def __call__(self, img: ImageLike) -> torch.Tensor:
-        return contiguous(pixels(open_lazy(img)[0]), self.channels_last)
+        return contiguous(crop(open_lazy(img)), self.channels_last)
 
 
 @dataclass(frozen=True)
@@ -319,13 +382,18 @@ def train_transform(
     scale: tuple[float, float] = (0.08, 1.0),
     field: str | None = "image",
     channels_last: bool = False,
+    backend: str = "auto",
 ) -> Compose | ApplyTo:
     """Random resized crop to ``size``, random flip, uint8 tensor (normalize on the GPU).
 
     It transforms the ``field`` of a sample dict (the dataset's ``transform=``); with
-    ``field=None`` it transforms one image."""
+    ``field=None`` it transforms one image.  The flip is the crop's own (``flip=0.5``): the
+    same draws and pixels as a ``RandomHorizontalFlip()`` after it, without the copy."""
     t = Compose(
-        [RandomResizedCrop(size, scale), RandomHorizontalFlip(), ToImageTensor(channels_last)]
+        [
+            RandomResizedCrop(size, scale, flip=0.5, backend=backend),
+            ToImageTensor(channels_last),
+        ]
     )
     return _maybe_field(t, field)
 
@@ -336,15 +404,10 @@ def eval_transform(
     resize: int | None = None,
     field: str | None = "image",
     channels_last: bool = False,
+    backend: str = "auto",
 ) -> Compose | ApplyTo:
     """Resize the shorter side to ``resize`` (default ``size / 0.875``), centre crop ``size``,
-    uint8 tensor; of the ``field`` of a sample dict, or of one image with ``field=None``."""
-    short = min(hw_of(size, "size"))
-    t = Compose(
-        [
-            Resize(resize if resize is not None else round(short / 0.875)),
-            CenterCrop(size),
-            ToImageTensor(channels_last),
-        ]
-    )
+    uint8 tensor; of the ``field`` of a sample dict, or of one image with ``field=None``.
+    The crop is cut first (:class:`ResizeCenterCrop`): only it is decoded and resized."""
+    t = Compose([ResizeCenterCrop(size, resize, backend), ToImageTensor(channels_last)])
     return _maybe_field(t, field)

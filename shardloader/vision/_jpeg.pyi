@@ -1,0 +1,18 @@
+# Types of the C extension shardloader/vision/_jpeg.c (built only where libjpeg-turbo's headers
+# and a C compiler are present; shardloader/vision/jpeg.py imports it).
+
+class JpegError(Exception): ...
+
+LIBJPEG_TURBO_VERSION_NUMBER: int
+
+def header(data: bytes | bytearray | memoryview, /) -> tuple[int, int, int, str]: ...
+def decode(
+    data: bytes | bytearray | memoryview,
+    num: int,
+    x0: int,
+    y0: int,
+    x1: int,
+    y1: int,
+    flip: bool,
+    /,
+) -> bytearray: ...
