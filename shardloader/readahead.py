@@ -3,13 +3,13 @@
 NOTE [node-wide read-ahead]: every DataLoader worker of every local rank computes the same
 schedule, a pure function of the epoch plan and the ranks on this node: each shard once, at the
 first rank step at which any local rank needs it (steps in order, local ranks in turn within a
-step).  A worker at rank step ``t`` asks its :class:`~shardloader.shards.ShardSet` to stage
-every entry due by ``t`` plus the next ``depth`` entries, where ``depth`` is ``readahead`` for
-each process on the node.  Staging goes through the node cache's per-shard lock without
-waiting: a shard another process is staging is skipped, one already staged costs a ``stat``.
-So the node's processes split the downloads between them, ahead of the steps that read them,
-overlapping decoding, and no shard is fetched twice, whether workers and ranks need the same
-shards (stream order) or different ones (shuffled).
+step). A worker at rank step ``t`` asks its :class:`~shardloader.shards.ShardSet` to stage every
+entry due by ``t``, then (once those are in) the next ``depth`` entries, where ``depth`` is
+``readahead`` for each process on the node. Staging goes through the node cache's per-shard lock
+without waiting: a shard another process is staging is skipped, one already staged costs a
+``stat``. So the node's processes split the downloads between them, ahead of the steps that read
+them, overlapping decoding, and no shard is fetched twice, whether workers and ranks need the
+same shards (stream order) or different ones (shuffled).
 """
 
 from __future__ import annotations
@@ -57,6 +57,7 @@ class ReadAhead:
         self.schedule = schedule
         self.depth = depth
         self._due = 0  # entries needed by the steps reached so far
+        self._first_due = 0  # entries before this were staged when last checked
         self._submitted = 0  # entries handed to the ShardSet so far
 
     def advance(self, step: int) -> None:
@@ -65,6 +66,15 @@ class ReadAhead:
             return
         while self._due < len(self.schedule) and self.schedule[self._due][0] <= step:
             self._due += 1
+        if self._due > self._submitted:  # needed now: first, and on their own
+            self.shards.prefetch(s for _, s in self.schedule[self._submitted : self._due])
+            self._submitted = self._due
+        # Shards needed now that are still arriving get the bandwidth to themselves: read-ahead
+        # that shares it would delay this step by as much as it gains later (the first batch
+        # waits for its shards either way).  Steps after the first find their shards staged.
+        if self.shards.staging(s for _, s in self.schedule[self._first_due : self._due]):
+            return
+        self._first_due = self._due
         target = min(len(self.schedule), self._due + self.depth)
         if target > self._submitted:
             self.shards.prefetch(s for _, s in self.schedule[self._submitted : target])

@@ -307,6 +307,10 @@ class ShardSet:
             # of different workers fetch different shards in parallel instead of queueing.
             self._ahead[shard] = self._pool.submit(self._stage, shard, False)
 
+    def staging(self, shards: Iterable[int]) -> bool:
+        """Whether any of these shards is still being staged by this process's read-ahead."""
+        return any((f := self._ahead.get(s)) is not None and not f.done() for s in shards)
+
     # -- reading --------------------------------------------------------------------------
     def reader(self, shard: int) -> ShardReader:
         reader = self._readers.get(shard)

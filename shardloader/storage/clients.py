@@ -90,6 +90,7 @@ def parse_content_range(value: str | None) -> int | None:
 # -- the per-process cache ----------------------------------------------------------------------
 
 _CLIENTS: dict[tuple[Any, ...], Any] = {}
+_MAKING: dict[tuple[Any, ...], threading.Lock] = {}
 _PID = os.getpid()
 _LOCK = threading.Lock()
 
@@ -117,19 +118,27 @@ def client_for(
     with _LOCK:
         if os.getpid() != _PID:  # a forked child: connections belong to the parent
             _CLIENTS.clear()
+            _MAKING.clear()
             _PID = os.getpid()
         found = _CLIENTS.get(key, _CLIENTS)
+        making = _MAKING.setdefault(key, threading.Lock())
     if found is not _CLIENTS:
         return found
-    client = make(options, policy)
-    with _LOCK:
-        return _CLIENTS.setdefault(key, client)
+    with making:  # threads asking at once (read-ahead) wait for one client, not make one each
+        with _LOCK:
+            found = _CLIENTS.get(key, _CLIENTS)
+        if found is not _CLIENTS:
+            return found
+        client = make(options, policy)
+        with _LOCK:
+            return _CLIENTS.setdefault(key, client)
 
 
 def clear_clients() -> None:
     """Forget this process's clients (tests that change the environment call it)."""
     with _LOCK:
         _CLIENTS.clear()
+        _MAKING.clear()
 
 
 # -- HTTP(S) --------------------------------------------------------------------------------------

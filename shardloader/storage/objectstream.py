@@ -3,7 +3,8 @@ caller (hashing, decompression, the cache file) and is never written whole anywh
 
 An object up to ``part_size`` is one GET.  A larger one is fetched as byte ranges of
 ``part_size``, up to ``parts_in_flight`` at once, and handed to the reader in order.  Each part
-arrives in a background thread, so the network overlaps the caller's work.
+arrives in a background thread, so the network overlaps the caller's work; an object of at most
+``INLINE_BELOW`` bytes is fetched whole by the reader's first ``read`` instead.
 
 Faults: each part is one call under the store's :class:`~shardloader.storage.retry.RetryPolicy`
 (resets, 5xx, throttling, bodies cut short, stalls past the read timeout).  A part that breaks
@@ -31,12 +32,13 @@ from shardloader.storage.retry import RetryPolicy, call_with_retries
 if TYPE_CHECKING:
     from shardloader.storage.clients import Body, ObjectClient
 
-__all__ = ["CHUNK", "PART_BUFFER", "PART_SIZE", "PARTS_IN_FLIGHT", "ObjectStream"]
+__all__ = ["CHUNK", "INLINE_BELOW", "PART_BUFFER", "PART_SIZE", "PARTS_IN_FLIGHT", "ObjectStream"]
 
 CHUNK = 1 << 20  # bytes per read from the socket, and the size of the chunks handed out
 PART_SIZE = 64 << 20  # objects up to this are one GET; larger ones go in ranges of this size
 PARTS_IN_FLIGHT = 4
 PART_BUFFER = 16 << 20
+INLINE_BELOW = 4 << 20  # objects up to this size are fetched in the reader's own thread
 
 
 class _Part:
@@ -86,7 +88,12 @@ class ObjectStream:
         self._ranges: bool | None = None if len(self._parts) > 1 else False
         self._closed = False
         self.pos = 0
-        self._schedule()
+        # A small object is fetched by the reader itself on its first read: a thread would cost
+        # more than the overlap it buys.
+        expected = size if size is not None else limit
+        self._inline = expected is not None and expected <= INLINE_BELOW
+        if not self._inline:
+            self._schedule()
 
     # -- file-like ------------------------------------------------------------------------
     def readable(self) -> bool:
@@ -110,6 +117,9 @@ class ObjectStream:
             return b"".join(out)
         if n == 0:
             return b""
+        if self._inline and self._started == 0:
+            self._started = 1
+            self._fetch(self._parts[0])
         with self._cond:
             while True:
                 if self._closed:
@@ -255,7 +265,7 @@ class ObjectStream:
     def _deliver(self, part: _Part, data: bytes) -> bool:
         """Hand ``data`` to the reader; False once the stream was closed."""
         with self._cond:
-            while part.buffered >= PART_BUFFER and not self._closed:
+            while part.buffered >= PART_BUFFER and not self._closed and not self._inline:
                 self._cond.wait()
             if self._closed:
                 return False
