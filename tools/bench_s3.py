@@ -370,7 +370,9 @@ def child_pack(job: dict[str, Any]) -> dict[str, Any]:
     from shardloader.pack import PackOptions, pack
 
     start = time.perf_counter()
-    options = PackOptions(workers=job["workers"], storage_options=job["options"])
+    options = PackOptions(
+        workers=job["workers"], storage_options=job["options"], shard_size=job["shard_size"]
+    )
     pack(job["src"], job["out"], options)
     return {"seconds": time.perf_counter() - start}
 
@@ -489,6 +491,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--ttfb-shards", type=int, default=10_000, help="0 skips time to first batch")
     p.add_argument("--pack-mb", type=float, default=100, help="0 skips the pack measurement")
     p.add_argument("--no-litdata", action="store_true")
+    p.add_argument(
+        "--parts",
+        default="epochs,ttfb,pack",
+        help="comma-separated subset of epochs, ttfb, pack (default: all)",
+    )
     p.add_argument("--workdir", default=None, help="default: a temp folder, removed at the end")
     p.add_argument("--child", nargs=2, metavar=("KIND", "JOB"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -530,7 +537,7 @@ def run(args: argparse.Namespace, root: str) -> None:
     )
     rows = Rows()
     labels = trees(args)
-    litdata = not args.no_litdata and _has("litdata")
+    litdata = not args.no_litdata and _has("litdata") and "epochs" in args.parts.split(",")
     with moto(root) as s3_server, static_http(root, local) as http_server:
         s3 = boto3_client(s3_server.endpoint)
         s3.create_bucket(Bucket=BUCKET)
@@ -559,7 +566,8 @@ def run(args: argparse.Namespace, root: str) -> None:
                 "readahead": args.readahead,
             }
 
-        for rep in range(args.repeat):
+        parts = set(args.parts.split(","))
+        for rep in range(args.repeat if "epochs" in parts else 0):
             print(f"repeat {rep + 1}/{args.repeat} ...", file=sys.stderr, flush=True)
             for threads in (2, 4):
                 rows.add(
@@ -592,10 +600,11 @@ def run(args: argparse.Namespace, root: str) -> None:
                         result = measured(server, lambda j=job: run_child("litdata", j, None))
                     rows.add(name, "LitData", result)
         load1 = os.getloadavg()
-        report_epochs(args, rows, labels, litdata, stored, nshards, manifest.num_samples)
-        if args.ttfb_shards:
+        if "epochs" in parts:
+            report_epochs(args, rows, labels, litdata, stored, nshards, manifest.num_samples)
+        if args.ttfb_shards and "ttfb" in parts:
             ttfb(args, root, s3_server, s3, rows, labels)
-        if args.pack_mb:
+        if args.pack_mb and "pack" in parts:
             pack_rates(args, root, s3_server, rows, labels)
         goals(rows, labels, litdata, stored)
     print(
@@ -782,14 +791,20 @@ def pack_rates(
                 ("pack to local disk", os.path.join(root, f"packed-{label}-{rep}"), {}, None),
                 ("pack to s3://", f"s3://{BUCKET}/packed-{label}-{rep}", opts, s3_server),
             ):
-                job = {"src": src, "out": out, "options": options, "workers": args.workers}
+                job = {
+                    "src": src,
+                    "out": out,
+                    "options": options,
+                    "workers": args.workers,
+                    "shard_size": int(args.shard_mb * MB),
+                }
                 result = measured(server, lambda j=job, t=tree: run_child("pack", j, t))
                 rows.add(name, label, result)
                 if "://" not in out:
                     shutil.rmtree(out, ignore_errors=True)
     print(
-        f"\npack of {size / MB:.0f} MB of JPEG-like files (class folders), {args.workers} pack "
-        f"workers, zstd tar; median of {args.repeat}\n"
+        f"\npack of {size / MB:.0f} MB of JPEG-like files (class folders) into zstd tar shards "
+        f"of {args.shard_mb:g} MB, {args.workers} pack workers; median of {args.repeat}\n"
     )
     print("| reader | pack to local disk, input MB/s | pack to s3://, input MB/s | s3 / local |")
     print("|---|---:|---:|---:|")

@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict
+from functools import partial
 from typing import Any
 
 from shardloader.aliases import FieldMap
@@ -44,6 +45,7 @@ from shardloader.pack.plan import Planner, part_of, shard_names
 from shardloader.pack.pool import Executor, Inline, Pool
 from shardloader.pack.write import ShardResult, ShardTask, WriteSpec, write_shard
 from shardloader.storage import is_local, join, local_path, put_file, remove, write_bytes_atomic
+from shardloader.storage.uploads import Uploads
 
 __all__ = ["pack"]
 
@@ -204,6 +206,7 @@ def pack(
             local_number += 1
             run.submit(executor, ShardTask(plan, name, index_name))
         run.drain(all_done=True)
+        run.uploads.wait()  # every shard whole in the store before the manifest names it
         shards = [run.infos[n] for n in sorted(run.infos)]
         skips = sorted(run.skips, key=lambda s: s["shard"])
         if skips:
@@ -233,10 +236,12 @@ def pack(
         write_bytes_atomic(join(out, MANIFEST_NAME), manifest.to_json(), so, policy=retry)
     except BaseException:
         executor.abort()
+        run.uploads.close()  # before the files they read go
         remove_temps(staging, os.listdir(staging) if os.path.isdir(staging) else [])
         raise
     finally:
         executor.shutdown()
+        run.uploads.close()
         if not local_out:
             shutil.rmtree(staging, ignore_errors=True)
     if existing:
@@ -296,6 +301,7 @@ class _Run:
         self.infos: dict[int, ShardInfo] = {}
         self.skips: list[dict[str, Any]] = []
         self.samples = self.bytes_in = self.bytes_out = self.kept = 0
+        self.uploads = Uploads()
 
     def submit(self, executor: Executor, task: ShardTask) -> None:
         self.pending[executor.submit(write_shard, self.spec, task)] = task.plan.number
@@ -318,19 +324,26 @@ class _Run:
             if not all_done:
                 return
 
+    def _upload(self, r: ShardResult) -> None:
+        spec, so = self.spec, self.spec.storage_options
+        assert r.temp is not None and r.sidecar is not None
+        put_file(r.temp, join(spec.out, r.name), so, policy=self.retry)
+        if os.path.exists(r.temp):  # uploaded (remote): drop the local copy
+            os.remove(r.temp)
+        write_bytes_atomic(join(spec.out, r.index_name), r.sidecar, so, policy=self.retry)
+
     def _finish(self, r: ShardResult) -> None:
         spec = self.spec
-        so = spec.storage_options
         if not r.kept:
             assert r.temp is not None and r.sidecar is not None
             if r.num_samples == 0:  # every sample skipped: no shard
                 os.remove(r.temp)
                 self.skips.extend(r.skips)
                 return
-            put_file(r.temp, join(spec.out, r.name), so, policy=self.retry)
-            if os.path.exists(r.temp):  # uploaded (remote): drop the local copy
-                os.remove(r.temp)
-            write_bytes_atomic(join(spec.out, r.index_name), r.sidecar, so, policy=self.retry)
+            if is_local(spec.out):  # a rename: nothing to wait for
+                self._upload(r)
+            else:  # NOTE [background uploads] in storage/uploads.py: overlaps the next shards
+                self.uploads.submit(partial(self._upload, r))
         else:
             self.kept += 1
         self.infos[r.number] = ShardInfo(

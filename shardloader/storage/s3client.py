@@ -110,6 +110,12 @@ class S3Client:
         response = self._client.get_object(Bucket=bucket, Key=key, **kwargs)
         return _S3Body(response)
 
+    def put(self, url: str, body: Any) -> None:
+        """One PUT of ``body`` (bytes or a file opened for reading): S3 makes it visible whole
+        or not at all."""
+        bucket, key = split_s3_url(url)
+        self._client.put_object(Bucket=bucket, Key=key, Body=body, **self._extra)
+
 
 def _session(profile: str | None) -> Any:
     import botocore.session

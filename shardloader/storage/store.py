@@ -38,12 +38,13 @@ from shardloader.storage.remote import RetryingReader, filesystem
 from shardloader.storage.retry import DEFAULT_POLICY, RetryPolicy, call_with_retries
 from shardloader.storage.streams import BoundedReader
 
-__all__ = ["CHUNK_SIZE", "Store", "as_store", "join"]
+__all__ = ["CHUNK_SIZE", "SINGLE_PUT", "Store", "as_store", "join"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 CHUNK_SIZE = 8 * 2**20  # local downloads read this much at a time
+SINGLE_PUT = 50 * 2**20  # files up to this go up in one PUT (s3fs's default block size)
 
 
 def join(base: str, *parts: str) -> str:
@@ -213,20 +214,32 @@ class Store:
                 if os.path.exists(tmp):
                     os.remove(tmp)
             return
+        client = self.client()
+        if client is not None and hasattr(client, "put"):
+            self.call(partial(client.put, self.url, data), "write")
+            return
         fs, path = self.filesystem()
         self.call(partial(fs.pipe_file, path, data), "write")
 
     def put_file(self, local: str) -> None:
         """Move a finished local file here (atomic rename locally, one upload remotely).
 
-        Each attempt is a whole upload; the protocol may do it its own way (S3: in parts,
-        leaving no incomplete multipart upload behind when an attempt fails).
+        Each attempt is a whole upload; the protocol may do it its own way (S3: one PUT
+        through the fast client up to ``SINGLE_PUT`` bytes, or the ``default_block_size``
+        option; larger files in parts through s3fs, leaving no incomplete multipart upload
+        behind when an attempt fails).
         """
         if self.is_local:
             dst = self.local_path
             os.makedirs(os.path.dirname(dst) or ".", exist_ok=True)
             os.replace(local, dst)
             return
+        client = self.client()
+        if client is not None and hasattr(client, "put"):
+            block = int(self.options.get("default_block_size") or SINGLE_PUT)
+            if os.path.getsize(local) <= block:  # one PUT, as s3fs does below its block size
+                self.call(partial(_put_file_once, client, self.url, local), "upload")
+                return
         fs, path = self.filesystem()
         put = protocol_defaults(self.protocol).put_file
         upload = (
@@ -338,6 +351,11 @@ def as_store(
             )
         return url
     return Store(url, options or {}, retry or DEFAULT_POLICY)
+
+
+def _put_file_once(client: Any, url: str, local: str) -> None:
+    with open(local, "rb") as f:
+        client.put(url, f)
 
 
 def _exists(fs: fsspec.AbstractFileSystem, path: str) -> bool:
