@@ -108,8 +108,8 @@ def working_set_bytes(
     order = np.concatenate(batches)
     shard_of = np.searchsorted(shard_starts(manifest), order, side="right") - 1
     peak = 0
-    for lo in range(0, len(order), shuffle.block):
-        peak = max(peak, int(raw[np.unique(shard_of[lo : lo + shuffle.block])].sum()))
+    for lo, hi in shuffle.blocks(len(order)):
+        peak = max(peak, int(raw[np.unique(shard_of[lo:hi])].sum()))
     return peak + readahead * largest
 
 
