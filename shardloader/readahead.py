@@ -57,7 +57,7 @@ class ReadAhead:
         self.schedule = schedule
         self.depth = depth
         self._due = 0  # entries needed by the steps reached so far
-        self._first_due = 0  # entries before this were staged when last checked
+        self._late: list[int] = []  # shards due now that read-ahead had not asked for
         self._submitted = 0  # entries handed to the ShardSet so far
 
     def advance(self, step: int) -> None:
@@ -66,15 +66,16 @@ class ReadAhead:
             return
         while self._due < len(self.schedule) and self.schedule[self._due][0] <= step:
             self._due += 1
-        if self._due > self._submitted:  # needed now: first, and on their own
-            self.shards.prefetch(s for _, s in self.schedule[self._submitted : self._due])
+        if self._due > self._submitted:  # needed now and not read ahead: first, on their own
+            self._late = [s for _, s in self.schedule[self._submitted : self._due]]
+            self.shards.prefetch(self._late)
             self._submitted = self._due
-        # Shards needed now that are still arriving get the bandwidth to themselves: read-ahead
-        # that shares it would delay this step by as much as it gains later (the first batch
-        # waits for its shards either way).  Steps after the first find their shards staged.
-        if self.shards.staging(s for _, s in self.schedule[self._first_due : self._due]):
+        # Shards needed now that were not read ahead (the first step, or read-ahead fell behind)
+        # get the bandwidth to themselves while they arrive: read-ahead sharing it would delay
+        # this step by as much as it gains later.  Shards read ahead hold nothing back.
+        if self._late and self.shards.staging(self._late):
             return
-        self._first_due = self._due
+        self._late = []
         target = min(len(self.schedule), self._due + self.depth)
         if target > self._submitted:
             self.shards.prefetch(s for _, s in self.schedule[self._submitted : target])

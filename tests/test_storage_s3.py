@@ -31,7 +31,7 @@ POLICY = RetryPolicy(
     read_timeout=0.5,
 )
 SIZE = 300_000
-CHUNK = 100_000  # fetch_shard reads the object in 3 ranged GETs
+CHUNK = 100_000  # fetch_shard's read size: one GET streamed, read in 3 pieces
 
 
 def put(s3_client: Any, bucket: str, key: str, data: bytes) -> str:
