@@ -33,7 +33,6 @@ if TYPE_CHECKING:
 __all__ = [
     "Body",
     "HttpClient",
-    "HttpStatusError",
     "ObjectClient",
     "client_for",
     "http_client",
@@ -64,8 +63,10 @@ class ObjectClient(Protocol):
         ...
 
 
-class HttpStatusError(OSError):
-    """An HTTP response that is not the object: the status decides whether it is retried."""
+class _HttpStatusError(OSError):
+    """An HTTP response that is not the object: the status decides whether it is retried
+    (private: :func:`~shardloader.storage.retry.call_with_retries` turns it into a
+    :class:`~shardloader.errors.StorageError`)."""
 
     def __init__(self, status: int, reason: str, url: str) -> None:
         super().__init__(f"HTTP {status} {reason} for {url}")
@@ -271,7 +272,7 @@ class HttpClient:
                 continue
             if status not in (200, 206):
                 _close(conn, resp)
-                raise HttpStatusError(status, resp.reason, url)
+                raise _HttpStatusError(status, resp.reason, url)
             length_text = resp.getheader("Content-Length")
             length = int(length_text) if length_text and length_text.isdigit() else None
             ranged = status == 206

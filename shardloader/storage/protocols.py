@@ -35,7 +35,7 @@ from shardloader.storage.classify import (
     decide_generic,
     from_status,
 )
-from shardloader.storage.clients import HttpStatusError, http_client
+from shardloader.storage.clients import _HttpStatusError, http_client
 
 __all__ = [
     "ProtocolDefaults",
@@ -160,7 +160,7 @@ _HTTP_TRANSIENT = _types("aiohttp", "ClientPayloadError", "ClientConnectionError
 
 
 def _http_decide(e: BaseException) -> str | None:
-    if isinstance(e, HttpStatusError) or (_HTTP_RESPONSE and isinstance(e, _HTTP_RESPONSE)):
+    if isinstance(e, _HttpStatusError) or (_HTTP_RESPONSE and isinstance(e, _HTTP_RESPONSE)):
         return from_status(getattr(e, "status", None))
     if isinstance(e, http.client.HTTPException):  # a garbled or cut response (fast client)
         return TRANSIENT
@@ -267,7 +267,8 @@ def _http_options(opts: dict[str, Any], connect: float, read: float) -> None:
 def _s3_client(options: Mapping[str, Any], policy: Any) -> Any:
     from shardloader.storage.s3client import s3_client  # botocore: imported on first use
 
-    return s3_client(options, policy)
+    filled = fsspec_options("s3://", options, policy.connect_timeout, policy.read_timeout)
+    return s3_client(options, filled)
 
 
 # -- the table --------------------------------------------------------------------------------

@@ -24,7 +24,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from shardloader.storage.clients import parse_content_range, range_header
-from shardloader.storage.protocols import fsspec_options
 
 __all__ = ["POOL_CONNECTIONS", "S3Client", "s3_client", "split_s3_url"]
 
@@ -128,9 +127,10 @@ def _session(profile: str | None) -> Any:
         return found
 
 
-def s3_client(options: Mapping[str, Any], policy: Any) -> S3Client | None:
-    """A client for these s3fs-style options, or None when they hold something only s3fs
-    understands (the store then uses s3fs)."""
+def s3_client(options: Mapping[str, Any], opts: Mapping[str, Any]) -> S3Client | None:
+    """A client for these s3fs-style ``options``, or None when they hold something only s3fs
+    understands (the store then uses s3fs).  ``opts``: the same options as the S3 defaults
+    filled them in (one attempt per request, the policy's timeouts: protocols.py)."""
     if set(options) - _USED - _HARMLESS:
         return None
     try:
@@ -138,7 +138,6 @@ def s3_client(options: Mapping[str, Any], policy: Any) -> S3Client | None:
         from botocore.config import Config
     except ImportError:
         return None
-    opts = fsspec_options("s3://", options, policy.connect_timeout, policy.read_timeout)
     client_kwargs: dict[str, Any] = dict(opts.get("client_kwargs") or {})
     config_kwargs: dict[str, Any] = dict(opts.get("config_kwargs") or {})
     config_kwargs.setdefault("max_pool_connections", POOL_CONNECTIONS)
