@@ -265,8 +265,9 @@ class Store:
         """Stream the object into ``dst_path``, hashing on the way; replace ``dst_path`` only
         when whole and matching the manifest.
 
-        A download that faults part-way (reset, truncated body, timeout, 5xx) is restarted from
-        the beginning under the policy.  A complete download whose SHA-256 or size differs
+        A download that faults part-way (reset, truncated body, timeout, 5xx) resumes at its
+        first missing byte under the policy (through fsspec, without a fast client: restarts
+        from the beginning).  A complete download whose SHA-256 or size differs
         from the manifest's is fetched once more (a corrupting proxy or cache may have served
         it), then raises :class:`ChecksumError` naming the URL and both digests.  A body that
         grows past ``size`` stops at once with :class:`ChecksumError`: an object larger than the
