@@ -523,7 +523,10 @@ def trees(args: argparse.Namespace) -> list[tuple[str, str | None]]:
     now = os.path.dirname(os.path.dirname(TOOL))
     out: list[tuple[str, str | None]] = [("now", now)]
     if args.baseline:
-        out.insert(0, ("today", os.path.abspath(args.baseline)))
+        base = os.path.abspath(args.baseline)
+        if not os.path.isfile(os.path.join(base, "shardloader", "__init__.py")):
+            raise SystemExit(f"--baseline {base}: no shardloader package there")
+        out.insert(0, ("today", base))
     return out
 
 
