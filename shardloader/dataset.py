@@ -24,11 +24,12 @@ from shardloader.codecs import Decoder
 from shardloader.epoch import EpochPlan, EpochPlanner, EpochReport, load_lengths
 from shardloader.errors import UsageError
 from shardloader.manifest import read_manifest
+from shardloader.readahead import ReadAhead, node_schedule
 from shardloader.samples import SampleLoader
 from shardloader.shards import ReadOptions, ShardSet, working_set_bytes
 from shardloader.shuffle import ShuffleOptions, batch_generator, derive_seed, seed_global_rngs
-from shardloader.split import UNEVEN_POLICIES, Place
-from shardloader.world import detect_place, detect_world
+from shardloader.split import UNEVEN_POLICIES, Place, rank_slots
+from shardloader.world import detect_place, detect_world, node_ranks
 
 __all__ = ["ShardedDataset", "EpochReport"]
 
@@ -258,6 +259,30 @@ class ShardedDataset(IterableDataset):  # type: ignore[type-arg]
     def __iter__(self) -> Iterator[Any]:
         return self._iterate()
 
+    def _readahead(
+        self, shards: ShardSet, plan: EpochPlan, reads: list[np.ndarray], place: Place
+    ) -> ReadAhead:
+        """This node's read-ahead schedule (NOTE [node-wide read-ahead] in readahead.py)."""
+        depth = self.read_options.readahead
+        if shards.in_place or depth <= 0:
+            return ReadAhead(shards, [], 0)
+        ranks = node_ranks(place.rank, place.world_size)
+        shard_ids, steps = [], []
+        for r in ranks:
+            mine = r == place.rank
+            world = place.world_size
+            slots = (
+                plan.slots
+                if mine
+                else rank_slots(plan.num_batches, plan.start, r, world, self.uneven)
+            ).slots
+            parts = [reads[int(s)] for s in slots]
+            ids = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+            shard_ids.append(shards.locate(ids)[0])
+            steps.append(np.repeat(np.arange(len(parts)), [len(p) for p in parts]))
+        schedule = node_schedule(shard_ids, steps)
+        return ReadAhead(shards, schedule, depth * len(ranks) * place.num_workers)
+
     def _iterate(self) -> Iterator[Any]:
         epoch, start, rank, world = self._control.get()
         place = detect_place(rank, world)
@@ -277,11 +302,9 @@ class ShardedDataset(IterableDataset):  # type: ignore[type-arg]
             self._lengths,
         )
         try:
-            batch_shards = [shards.locate(reads[int(s)])[0] for s in slots]
-            upcoming = _first_needed(batch_shards)
-            ahead = 0
+            readahead = self._readahead(shards, plan, reads, place)
             for j, (slot, seed_index) in enumerate(zip(slots, seeds, strict=False)):
-                ahead = _advance_readahead(shards, upcoming, j, ahead)
+                readahead.advance(j * place.num_workers + place.worker)  # this rank's step
                 batch, ids = plan.batches[int(slot)], reads[int(slot)]
                 seed_global_rngs(derive_seed(self.seed, epoch, int(seed_index)))
                 generator = None
@@ -310,39 +333,3 @@ def _integer(name: str, value: Any) -> int:
         return int(value)
     except (TypeError, ValueError) as err:
         raise UsageError(f"{name} must be an integer, got {value!r}") from err
-
-
-def _first_needed(batch_shards: list[np.ndarray]) -> list[tuple[int, int]]:
-    """(step, shard) for each shard in the order this worker first needs it."""
-    seen: set[int] = set()
-    out = []
-    for j, shards in enumerate(batch_shards):
-        for s in dict.fromkeys(int(x) for x in shards):
-            if s not in seen:
-                seen.add(s)
-                out.append((j, s))
-    return out
-
-
-def _advance_readahead(
-    shards: ShardSet,
-    upcoming: list[tuple[int, int]],
-    step: int,
-    ahead: int,
-) -> int:
-    """Stage the shards this step needs, and ``readahead`` more, in the background pool.
-
-    Shards the current step needs are submitted too, so a batch spread over several shards
-    downloads them in parallel instead of one after another.
-    """
-    limit = shards.options.readahead
-    if shards.in_place or limit <= 0:
-        return ahead
-    due = ahead
-    while due < len(upcoming) and upcoming[due][0] <= step:
-        due += 1
-    target = min(len(upcoming), due + limit)
-    if target > ahead:
-        shards.prefetch(s for _, s in upcoming[ahead:target])
-        return target
-    return ahead

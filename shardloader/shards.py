@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
-import io
 import logging
 import os
 import uuid
@@ -28,23 +27,27 @@ from typing import Any
 
 import numpy as np
 
-from shardloader.errors import ChecksumError, ShardError, StorageError
+from shardloader.errors import ChecksumError, ShardError, StorageError, UsageError
 from shardloader.format.base import Sample, ShardReader
+from shardloader.format.embedded import TAIL_KEEP, embedded_index
 from shardloader.format.registry import get_format
 from shardloader.manifest import Manifest, SampleIndex, ShardInfo
 from shardloader.schema import sidecar_bound, staged_bound
 from shardloader.shuffle import ShuffleOptions
 from shardloader.sidecar import check_digest, parse_sidecar, read_sidecar
 from shardloader.storage.cache import CacheOptions, ShardCache
+from shardloader.storage.objectstream import PART_SIZE
 from shardloader.storage.retry import DEFAULT_POLICY, RetryPolicy
 from shardloader.storage.store import Store
-from shardloader.storage.streams import BoundedReader
+from shardloader.storage.streams import BoundedReader, TailReader
 
 __all__ = ["ReadOptions", "ShardSet", "shard_starts", "working_set_bytes"]
 
 log = logging.getLogger(__name__)
 
 _OPEN_READERS = 128  # file handles; a shuffle block touches many shards at once
+_STAGING_THREADS = 16  # shards one process stages at once (read-ahead and a batch's shards)
+_CARRIED = ".carried"  # cache name suffix of a sample index that came inside its shard
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,9 @@ class ReadOptions:
     (packed before they existed) hashes each uncompressed local shard once per node on first
     use.  Turning it off turns off exactly those two checks; the SHA-256 of compressed and
     remote shards when they are staged, and every size and structure check, stay on.
+
+    ``part_size``: a remote shard up to this size is one GET; a larger one comes as concurrent
+    byte ranges of this size (more requests, more throughput per shard).
     """
 
     storage_options: Mapping[str, Any] = field(default_factory=dict)
@@ -66,6 +72,13 @@ class ReadOptions:
     readahead: int = 2
     retry: RetryPolicy = DEFAULT_POLICY
     verify_samples: bool = True
+    part_size: int = PART_SIZE
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.part_size, int) or self.part_size < 1 << 20:
+            raise UsageError(
+                f"ReadOptions.part_size must be at least 1 MiB, got {self.part_size!r}"
+            )
 
     def store(self, url: str) -> Store:
         """The :class:`~shardloader.storage.Store` of ``url`` with these options and policy."""
@@ -75,20 +88,6 @@ class ReadOptions:
 def shard_starts(manifest: Manifest) -> np.ndarray:
     """Global id of each shard's first sample, plus the total at the end."""
     return np.concatenate([[0], np.cumsum(manifest.shard_sizes)]).astype(np.int64)
-
-
-class _RemoveOnClose(io.FileIO):
-    """A downloaded temp file that disappears once staged from."""
-
-    def __init__(self, path: str) -> None:
-        super().__init__(path, "rb")
-
-    def close(self) -> None:
-        try:
-            super().close()
-        finally:
-            if os.path.exists(self.name):  # type: ignore[arg-type]
-                os.remove(self.name)  # type: ignore[arg-type]
 
 
 def working_set_bytes(
@@ -109,8 +108,8 @@ def working_set_bytes(
     order = np.concatenate(batches)
     shard_of = np.searchsorted(shard_starts(manifest), order, side="right") - 1
     peak = 0
-    for lo in range(0, len(order), shuffle.block):
-        peak = max(peak, int(raw[np.unique(shard_of[lo : lo + shuffle.block])].sum()))
+    for lo, hi in shuffle.blocks(len(order)):
+        peak = max(peak, int(raw[np.unique(shard_of[lo:hi])].sum()))
     return peak + readahead * largest
 
 
@@ -164,12 +163,16 @@ class ShardSet:
             info = self.manifest.shards[shard]
             store = self.store.join(info.index_path)
             where = f"sample index {store.url} ({self.where})"
-            if store.is_local:
+            carried = None if store.is_local else self._embedded_copy(info)
+            if carried is not None:  # came inside the shard, which hashed to the manifest's sum
+                data = carried
+            elif store.is_local:
                 data = read_sidecar(store, info, where)
+                check_digest(data, info, where)
             else:  # remote: fetched once per node through the cache, like the shards
                 path = self._cached_copy(info, store, where)
                 data = read_sidecar(Store(path), info, where)
-            check_digest(data, info, where)
+                check_digest(data, info, where)
             idx = parse_sidecar(data, store.url, self.manifest.format, info, self.describe(shard))
             self._indexes[shard] = idx
             if len(self._indexes) > 64:
@@ -177,8 +180,8 @@ class ShardSet:
         return idx
 
     def _cached_copy(self, info: ShardInfo, store: Store, where: str) -> str:
-        def open_stored() -> Any:
-            return BoundedReader(store.open_read(), sidecar_bound(info), where)
+        def open_stored() -> Any:  # one GET, no HEAD: the bound stands in for the size
+            return store.open_stream(limit=sidecar_bound(info))
 
         def copy(src: Any, dst: Any) -> int:
             return dst.write(src.read())
@@ -186,6 +189,36 @@ class ShardSet:
         path = self.cache().get(info.index_path, 0, info.index_sha256, store.url, open_stored, copy)
         assert path is not None  # waiting calls always return the staged path
         return path
+
+    def _embedded_copy(self, info: ShardInfo) -> bytes | None:
+        """The sample index a staged shard carried (format/embedded.py), if it did."""
+        try:
+            with open(self.cache().path_for(info.index_path + _CARRIED), "rb") as f:
+                if os.fstat(f.fileno()).st_size > sidecar_bound(info):
+                    return None  # never written so (see _keep_embedded): not ours to trust
+                return f.read()
+        except FileNotFoundError:
+            return None
+
+    def _keep_embedded(self, shard: int, stored: TailReader) -> None:
+        """Save the sample index a shard carries next to its staged copy (called under the
+        shard's cache lock, after its stored bytes hashed to the manifest's SHA-256: the copy
+        is as trustworthy as the shard; it is still checked like a sidecar when parsed)."""
+        info = self.manifest.shards[shard]
+        data = embedded_index(stored.tail)
+        if data is None or len(data) > sidecar_bound(info):
+            return
+        final = self.cache().path_for(info.index_path + _CARRIED)
+        tmp = f"{final}.tmp-{uuid.uuid4().hex}"
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+            os.replace(tmp, final)
+        except OSError as err:  # only costs a GET of the sidecar later
+            log.debug("%s: cannot keep the embedded sample index (%s)", self.describe(shard), err)
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
 
     # -- staging --------------------------------------------------------------------------
     def cache(self) -> ShardCache:
@@ -203,20 +236,28 @@ class ShardSet:
         m = self.manifest
         where = self.describe(shard)
         cache = self.cache()
+        streamed: list[TailReader] = []
 
         def open_stored() -> Any:
             if store.is_local:
                 return BoundedReader(store.open_read(), info.bytes, where)
-            # Remote: download whole (retried, size and sha256 checked), then stage from the
-            # local copy; a fault mid-body restarts the download, not the epoch.
-            download = cache.path_for(info.path) + f".download-{uuid.uuid4().hex}"
-            store.fetch(download, sha256=info.sha256, size=info.bytes)
-            return _RemoveOnClose(download)
+            # Remote: one pass.  The GET body streams through the hash (the cache's) and the
+            # decompressor into the staged file; a fault mid-body resumes where it broke off.
+            keep = min(TAIL_KEEP, sidecar_bound(info) + 64)
+            stream = TailReader(
+                store.open_stream(info.bytes, part_size=self.options.part_size), keep
+            )
+            streamed.append(stream)
+            return stream
 
         limit = staged_bound(m.format, info, len(m.fields))
 
         def stage(src: Any, dst: Any) -> int:
             return self.format.stage(src, dst, m.compression, where, limit)
+
+        def staged() -> None:
+            if streamed:
+                self._keep_embedded(shard, streamed[-1])
 
         return cache.get(
             info.path,
@@ -225,8 +266,8 @@ class ShardSet:
             where,
             open_stored,
             stage,
-            verified=not store.is_local,
             wait=wait,
+            on_staged=staged,
         )
 
     def local_file(self, shard: int) -> str:
@@ -255,10 +296,9 @@ class ShardSet:
         """Stage these shards in the background (read-ahead); no-op for in-place shards."""
         if self.in_place or self.options.readahead <= 0:
             return
-        if self._pool is None:
+        if self._pool is None:  # threads mostly wait on the network: a batch's shards at once
             self._pool = ThreadPoolExecutor(
-                max_workers=min(4, self.options.readahead + 1),
-                thread_name_prefix="shardloader-readahead",
+                max_workers=_STAGING_THREADS, thread_name_prefix="shardloader-readahead"
             )
         for shard in shards:
             if shard in self._ahead or shard in self._readers or shard in self._corrupt:
@@ -266,6 +306,10 @@ class ShardSet:
             # wait=False: a shard another worker is staging is skipped, so read-ahead threads
             # of different workers fetch different shards in parallel instead of queueing.
             self._ahead[shard] = self._pool.submit(self._stage, shard, False)
+
+    def staging(self, shards: Iterable[int]) -> bool:
+        """Whether any of these shards is still being staged by this process's read-ahead."""
+        return any((f := self._ahead.get(s)) is not None and not f.done() for s in shards)
 
     # -- reading --------------------------------------------------------------------------
     def reader(self, shard: int) -> ShardReader:
@@ -288,10 +332,14 @@ class ShardSet:
         return reader
 
     def _open_reader(self, shard: int) -> ShardReader:
-        index = self.index(shard)
         verify = self.options.verify_samples
+        # Local: the sidecar first (a bad one is refused before the shard is staged).  Remote:
+        # the shard first, since a shard that carries its sample index brings it along.
+        index = self.index(shard) if self.store.is_local else None
         for attempt in range(3):
             path = self.local_file(shard)
+            if index is None:
+                index = self.index(shard)
             if verify and self.in_place and index.checksums is None and shard not in self._hashed:
                 _hash_once(path, self.manifest.shards[shard], self._notes(), self.describe(shard))
                 self._hashed.add(shard)

@@ -2,7 +2,8 @@
 
 NOTE [the epoch order]: all ranks and workers compute the same global order independently,
 from (manifest shard sizes, seed, epoch) alone.  Shards are permuted, their samples laid end to
-end, and samples are permuted inside consecutive blocks of ``block`` samples.  The block bounds
+end, and samples are permuted inside consecutive blocks of ``block`` samples (the first blocks
+smaller with ``first_block``: ``first_block``, twice that, ... up to ``block``).  The block bounds
 how many shards must be staged at once (the node's cache working set) while mixing samples from
 ``block / shard_size`` shards into every batch.
 """
@@ -31,17 +32,50 @@ __all__ = [
 
 @dataclass(frozen=True)
 class ShuffleOptions:
-    """``block``: samples permuted together (bigger mixes better, needs more cache)."""
+    """``block``: samples permuted together (bigger mixes better, needs more cache).
+
+    ``first_block`` (off by default): the epoch's first block holds only this many samples and
+    each next one twice as many, up to ``block``.  The first batches then need the shards of a
+    small block only, so they arrive after a few shards are staged rather than a whole block's
+    (remote data, large shards); the price is less mixing in the first blocks of every epoch
+    (tools/bench_read.py measures it).  Part of the plan signature when set.
+    """
 
     enabled: bool = True
     block: int = 1 << 16
+    first_block: int | None = None
 
     def __post_init__(self) -> None:
-        block = self.block
-        if not isinstance(block, (int, np.integer)) or isinstance(block, bool) or block < 1:
-            from shardloader.errors import UsageError
+        for name in ("block", "first_block"):
+            value = getattr(self, name)
+            if name == "first_block" and value is None:
+                continue
+            if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
+                from shardloader.errors import UsageError
 
-            raise UsageError(f"shuffle block must be an integer >= 1 sample, got {block!r}")
+                raise UsageError(f"shuffle {name} must be an integer >= 1 sample, got {value!r}")
+
+    def signature(self) -> str:
+        """What the plan signature records (NOTE [plan signature] in batching/base.py): without
+        ``first_block`` exactly what it recorded before that option existed."""
+        from shardloader.batching.base import stable_value
+
+        text = (
+            f"ShuffleOptions(enabled={stable_value(self.enabled)}, block={stable_value(self.block)}"
+        )
+        if self.first_block is not None:
+            text += f", first_block={stable_value(self.first_block)}"
+        return text + ")"
+
+    def blocks(self, total: int) -> list[tuple[int, int]]:
+        """``(start, stop)`` of each shuffle block of an epoch of ``total`` samples."""
+        out = []
+        lo, size = 0, min(self.first_block or self.block, self.block)
+        while lo < total:
+            hi = min(lo + size, total)
+            out.append((lo, hi))
+            lo, size = hi, min(2 * size, self.block)
+        return out
 
 
 def derive_seed(*parts: int) -> int:
@@ -77,8 +111,7 @@ def epoch_order(
         [np.arange(starts[s], starts[s] + sizes[s], dtype=np.int64) for s in shard_perm]
         or [np.zeros(0, np.int64)]
     )
-    for b, lo in enumerate(range(0, total, options.block)):
-        hi = min(lo + options.block, total)
+    for b, (lo, hi) in enumerate(options.blocks(total)):
         order[lo:hi] = order[lo:hi][rng_for(seed, epoch, _BLOCK, b).permutation(hi - lo)]
     return order
 

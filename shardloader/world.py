@@ -11,7 +11,7 @@ import os
 from shardloader.errors import UsageError
 from shardloader.split import Place
 
-__all__ = ["detect_world", "detect_place"]
+__all__ = ["detect_world", "detect_place", "node_ranks"]
 
 
 def detect_world(rank: int | None = None, world_size: int | None = None) -> tuple[int, int]:
@@ -43,3 +43,21 @@ def detect_place(rank: int, world_size: int) -> Place:
     if info is None:
         return Place(rank, world_size, 0, 1)
     return Place(rank, world_size, info.id, info.num_workers)
+
+
+def node_ranks(rank: int, world_size: int) -> list[int]:
+    """The ranks on this node (this one included), for node-wide read-ahead.
+
+    From torchrun's ``LOCAL_RANK`` / ``LOCAL_WORLD_SIZE`` (ranks ``rank - LOCAL_RANK`` up to
+    ``LOCAL_WORLD_SIZE`` of them); just ``[rank]`` when they are unset or do not fit the world.
+    A wrong answer only changes which shards are staged ahead, never what is read.
+    """
+    try:
+        local = int(os.environ["LOCAL_RANK"])
+        count = int(os.environ["LOCAL_WORLD_SIZE"])
+    except (KeyError, ValueError):
+        return [rank]
+    first = rank - local
+    if not (0 <= local < count and first >= 0 and first + count <= world_size):
+        return [rank]
+    return list(range(first, first + count))

@@ -29,6 +29,63 @@ def test_epoch_order_is_a_permutation_and_blocks_stay_local(sizes, seed, epoch, 
         assert len(touched) <= block  # a block never spans more shards than it has samples
 
 
+def _order_before_first_block(sizes, seed, epoch, block):
+    """epoch_order as written before ShuffleOptions.first_block existed (equal blocks)."""
+    from shardloader.shuffle import _BLOCK, _SHARDS, rng_for
+
+    sizes = np.asarray(sizes, np.int64)
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+    total = int(sizes.sum())
+    perm = rng_for(seed, epoch, _SHARDS).permutation(len(sizes))
+    order = np.concatenate([np.arange(starts[s], starts[s] + sizes[s]) for s in perm])
+    for b, lo in enumerate(range(0, total, block)):
+        hi = min(lo + block, total)
+        order[lo:hi] = order[lo:hi][rng_for(seed, epoch, _BLOCK, b).permutation(hi - lo)]
+    return order
+
+
+@given(sizes_st, st.integers(0, 2**32), st.integers(0, 5), st.integers(1, 64))
+def test_default_order_is_unchanged_by_first_block_option(sizes, seed, epoch, block):
+    """Same seed, same order as before the option existed (runs and saved positions agree)."""
+    ours = epoch_order(np.array(sizes), seed, epoch, ShuffleOptions(True, block))
+    assert np.array_equal(ours, _order_before_first_block(sizes, seed, epoch, block))
+
+
+@given(sizes_st, st.integers(0, 2**32), st.integers(0, 5), st.integers(1, 64), st.integers(1, 64))
+def test_first_block_order_is_a_pure_permutation_with_growing_blocks(
+    sizes, seed, epoch, block, first
+):
+    options = ShuffleOptions(True, block, first_block=first)
+    order = epoch_order(np.array(sizes), seed, epoch, options)
+    assert sorted(order.tolist()) == list(range(sum(sizes)))  # every sample exactly once
+    assert np.array_equal(order, epoch_order(np.array(sizes), seed, epoch, options))
+    bounds = options.blocks(sum(sizes))
+    assert bounds[0][0] == 0 and bounds[-1][1] == sum(sizes)
+    assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:], strict=False))
+    sizes_seen = [hi - lo for lo, hi in bounds[:-1]]
+    assert sizes_seen[:1] in ([], [min(first, block)])
+    assert all(b == min(2 * a, block) for a, b in zip(sizes_seen, sizes_seen[1:], strict=False))
+    # a block only mixes the samples laid out in its range of the shard-permuted stream
+    stream = epoch_order(np.array(sizes), seed, epoch, ShuffleOptions(True, 1))
+    for lo, hi in bounds:
+        assert sorted(order[lo:hi].tolist()) == sorted(stream[lo:hi].tolist())
+
+
+def test_first_block_shrinks_the_first_batch_and_enters_the_signature():
+    sizes = np.full(100, 50)  # 100 shards of 50 samples
+    starts = np.concatenate([[0], np.cumsum(sizes)])
+    wide = epoch_order(sizes, 3, 0, ShuffleOptions(True))
+    ramp = epoch_order(sizes, 3, 0, ShuffleOptions(True, first_block=32))
+    shards_of = lambda ids: set((np.searchsorted(starts, ids, side="right") - 1).tolist())  # noqa: E731
+    assert len(shards_of(wide[:32])) > 10 and len(shards_of(ramp[:32])) <= 2
+    assert ShuffleOptions(True).signature() == "ShuffleOptions(enabled=True, block=65536)"
+    assert ShuffleOptions(True, 8, 2).signature() == (
+        "ShuffleOptions(enabled=True, block=8, first_block=2)"
+    )
+    with pytest.raises(UsageError, match="first_block"):
+        ShuffleOptions(True, first_block=0)
+
+
 def test_epochs_differ_and_no_shuffle_is_identity():
     sizes = np.array([50, 50, 50])
     a = epoch_order(sizes, 7, 0, ShuffleOptions(True))

@@ -1,31 +1,37 @@
-"""Reading from S3 vs local disk vs a bare client, against a moto server on 127.0.0.1.
+"""Object storage at wire speed (issue 14): S3 and HTTP epochs against local disk, a bare
+client, LitData and (optionally) an older shardloader, side by side in one run.
 
-Writes ``--mb`` of incompressible JPEG-like samples into shards on local disk, starts a moto S3
-server (a subprocess on 127.0.0.1, dummy credentials, nothing else reachable) and uploads them.
-Then, each ``--repeat`` times with a cold cache, one epoch of raw samples (``decoder=None``)
-through ``make_loader(num_workers=--workers)``, batch ``--batch``:
+One command:
 
-- from local disk (shards staged = decompressed into the cache, as a compressed pack is);
-- from S3 with each ``--readahead`` value;
-- a bare client as the "what the server can serve" reference: boto3 ``get_object`` of every
-  shard object in a thread pool of each ``--bare-threads`` size;
-- time to the first batch on a ``--ttfb-shards``-shard manifest (tiny shards), local and S3,
-  in stream order and shuffled.
+    python tools/bench_s3.py [--mb 200] [--repeat 3] [--workers 2] [--baseline DIR]
 
-Requests are counted from the server's own access log, so nothing sits between the client
-and the server.  Prints medians and the ratio of S3 to the best bare client.  The machine is
-whatever it is (here: shared, 2 cores, moto and the loader competing for them): compare rows of
-one run, not runs of different days.
+Writes ``--mb`` of incompressible JPEG-like samples into zstd tar shards on local disk, starts
+a moto S3 server and a plain static HTTP server (``python -m http.server``), both on 127.0.0.1
+and nothing else reachable, and uploads the shards.  Then, interleaved, ``--repeat`` times each
+(a fresh process and a cold cache every time, construction timed too):
 
-    python tools/bench_s3.py [--mb 200] [--repeat 3] [--readahead 0 2 4] [--workers 2]
+- one epoch, ``--workers`` DataLoader workers, batch ``--batch``, raw samples, from local disk,
+  S3 and HTTP, for each shardloader tree (this one: ``now``; ``--baseline DIR``, a folder holding
+  another ``shardloader`` package: ``today``);
+- LitData (where installed) on the same samples, local and S3;
+- a bare client loop as the server's ceiling: boto3 ``get_object`` of every shard;
+- the first batch of a ``--ttfb-shards``-shard manifest on S3, stream order and shuffled;
+- ``pack`` of a folder of files to local disk and to ``s3://`` (input MB/s).
+
+Requests are counted from the servers' own logs; CPU seconds of the client (the measuring
+process and its DataLoader workers) and of the server are read from the kernel, which helps
+on a shared machine: wall times move with the load, CPU times much less.  Medians are printed
+as Markdown tables with the machine's load average; compare rows of one run only.
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import os
 import re
+import resource
 import shutil
 import statistics
 import subprocess
@@ -33,11 +39,10 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Generator, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 from urllib.parse import unquote, urlsplit
 
 import numpy as np
@@ -70,62 +75,56 @@ os.environ.update(_LOOPBACK_ENV)
 for _name in _UNSET:
     os.environ.pop(_name, None)
 
-from shardloader import CacheOptions, ReadOptions, ShardedDataset, make_loader  # noqa: E402
-from shardloader.format import open_writer, shard_suffix  # noqa: E402
-from shardloader.manifest import FieldInfo, Manifest, ShardInfo  # noqa: E402
-from shardloader.shards import shard_starts  # noqa: E402
-from shardloader.shuffle import ShuffleOptions, epoch_order  # noqa: E402
-from shardloader.split import cut_fixed_batches  # noqa: E402
-
 BUCKET = "bench"
 MB = 1e6
-_PORT_RE = re.compile(rb"Running on http://127\.0\.0\.1:(\d+)")
+TOOL = os.path.abspath(__file__)
 _ACCESS_RE = re.compile(r'"(GET|HEAD|PUT|POST|DELETE) (\S+) HTTP/[\d.]+"')
-_ANSI_RE = re.compile(r"\x1b\[[0-9;]*m")  # werkzeug colours some lines
+_ANSI_RE = re.compile(r"\x1b\[[0-9;]*m")
 
 
-# -- the server -------------------------------------------------------------------------------
+# -- servers ----------------------------------------------------------------------------------
 
 
-class Moto:
-    """``python -m moto.server`` on 127.0.0.1; its access log counts the requests."""
+class Server:
+    """A server subprocess on 127.0.0.1 whose log lists its requests."""
 
-    def __init__(self, workdir: str) -> None:
-        self.log_path = os.path.join(workdir, "moto.log")
+    def __init__(self, argv: list[str], log_path: str, port_re: bytes, cwd: str | None = None):
+        self.argv, self.log_path, self.port_re, self.cwd = argv, log_path, port_re, cwd
         self.endpoint = ""
-        self._proc: subprocess.Popen[bytes] | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
 
-    def __enter__(self) -> Moto:
+    def __enter__(self) -> Server:
         log = open(self.log_path, "wb")  # noqa: SIM115 - the child keeps the descriptor
-        self._proc = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", "0"],
+        self.proc = subprocess.Popen(
+            self.argv,
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
+            cwd=self.cwd,
             env=dict(os.environ, PYTHONUNBUFFERED="1"),
         )
         log.close()
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            if self._proc.poll() is not None:
-                raise RuntimeError(f"moto exited early:\n{self._text()}")
-            m = _PORT_RE.search(self._text().encode())
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.argv} exited early:\n{self._text()}")
+            m = re.search(self.port_re, self._text().encode())
             if m:
                 self.endpoint = f"http://127.0.0.1:{int(m.group(1))}"
                 return self
             time.sleep(0.05)
         self.__exit__()
-        raise RuntimeError("moto did not report its port within 60 s")
+        raise RuntimeError(f"{self.argv} did not report its port within 60 s")
 
     def __exit__(self, *exc: object) -> None:
-        if self._proc is not None:
-            self._proc.terminate()
+        if self.proc is not None:
+            self.proc.terminate()
             try:
-                self._proc.wait(10)
+                self.proc.wait(10)
             except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait(10)
-            self._proc = None
+                self.proc.kill()
+                self.proc.wait(10)
+            self.proc = None
 
     def _text(self) -> str:
         with open(self.log_path, "rb") as f:
@@ -135,15 +134,38 @@ class Moto:
         return os.path.getsize(self.log_path)
 
     def requests_since(self, mark: int) -> list[tuple[str, str]]:
-        """(method, path) of every request logged after ``mark``."""
-        time.sleep(0.2)  # the server logs after it has answered
+        time.sleep(0.2)  # servers log after they answered
         with open(self.log_path, "rb") as f:
             f.seek(mark)
             text = _ANSI_RE.sub("", f.read().decode(errors="replace"))
         return [(m.group(1), m.group(2)) for m in _ACCESS_RE.finditer(text)]
 
+    def cpu(self) -> float:
+        """CPU seconds the server has used (user + system)."""
+        assert self.proc is not None
+        with open(f"/proc/{self.proc.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
-def client(endpoint: str) -> Any:
+
+def moto(root: str) -> Server:
+    return Server(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", "0"],
+        os.path.join(root, "moto.log"),
+        rb"Running on http://127\.0\.0\.1:(\d+)",
+    )
+
+
+def static_http(root: str, folder: str) -> Server:
+    """``python -m http.server``: threaded, no Range support, the plainest static server."""
+    return Server(
+        [sys.executable, "-m", "http.server", "0", "--bind", "127.0.0.1", "--directory", folder],
+        os.path.join(root, "http.log"),
+        rb"Serving HTTP on 127\.0\.0\.1 port (\d+)",
+    )
+
+
+def boto3_client(endpoint: str) -> Any:
     import boto3
     from botocore.config import Config
 
@@ -152,16 +174,31 @@ def client(endpoint: str) -> Any:
     )
 
 
-def upload(s3: Any, folder: str, prefix: str, names: list[str], threads: int = 4) -> float:
-    """Upload ``names`` from ``folder``; returns seconds."""
-    start = time.perf_counter()
-
+def upload(s3: Any, folder: str, prefix: str, names: Sequence[str], threads: int = 4) -> None:
     def put(name: str) -> None:
         s3.upload_file(os.path.join(folder, name), BUCKET, f"{prefix}/{name}")
 
     with ThreadPoolExecutor(threads) as pool:
         list(pool.map(put, names))
-    return time.perf_counter() - start
+
+
+def classify(requests: list[tuple[str, str]]) -> Counter[str]:
+    """Requests by kind: ``GET shard``, ``HEAD sidecar``, ``LIST``, ``GET manifest``, ..."""
+    out: Counter[str] = Counter()
+    for method, target in requests:
+        parts = urlsplit(target)
+        path = unquote(parts.path)
+        if method == "GET" and ("list-type" in parts.query or path.endswith("/")):
+            out["LIST"] += 1
+        elif path.endswith(".idx.arrow"):
+            out[f"{method} sidecar"] += 1
+        elif path.endswith("index.json"):
+            out[f"{method} manifest"] += 1
+        elif "/shard-" in path:
+            out[f"{method} shard"] += 1
+        else:
+            out[f"{method} other"] += 1
+    return out
 
 
 # -- data -------------------------------------------------------------------------------------
@@ -172,59 +209,59 @@ def jpeg_like(rng: np.random.Generator, size: int) -> bytes:
     return b"\xff\xd8\xff\xe0" + rng.bytes(max(size - 6, 0)) + b"\xff\xd9"
 
 
-def write_shards(
-    out: str, total: int, sample: int, shard: int, compression: str, seed: int = 0
-) -> Manifest:
-    """Shards of ~``shard`` uncompressed bytes holding ~``total`` bytes of samples."""
-    os.makedirs(out, exist_ok=True)
+def samples(total: int, sample: int, seed: int = 0) -> Iterator[tuple[str, bytes, int]]:
     rng = np.random.default_rng(seed)
+    written = gid = 0
+    while written < total:
+        size = int(sample * rng.uniform(0.75, 1.25))
+        yield f"s/{gid:07d}", jpeg_like(rng, size), gid % 10
+        written += size
+        gid += 1
+
+
+def write_shards(out: str, total: int, sample: int, shard: int, seed: int = 0) -> Any:
+    """zstd tar shards of ~``shard`` uncompressed bytes, sidecars, manifest (the writer pack
+    uses, so shards carry what pack's do)."""
+    from shardloader.format import open_writer, shard_suffix
+    from shardloader.manifest import FieldInfo, Manifest, ShardInfo
+
+    os.makedirs(out, exist_ok=True)
     fields = {"jpg": FieldInfo("image"), "cls": FieldInfo("int")}
-    shards: list[ShardInfo] = []
-    written_bytes = gid = 0
-    while written_bytes < total:
+    shards: list[Any] = []
+    items = samples(total, sample, seed)
+    pending = next(items, None)
+    while pending is not None:
         n = len(shards)
-        name = f"shard-{n:05d}{shard_suffix('tar', compression)}"
+        name = f"shard-{n:05d}{shard_suffix('tar', 'zstd')}"
         with open(os.path.join(out, name), "wb") as f:
-            writer = open_writer("tar", f, compression, fields)
+            writer = open_writer("tar", f, "zstd", fields)
             in_shard = 0
-            while in_shard < shard and written_bytes < total:
-                size = int(sample * rng.uniform(0.75, 1.25))
-                writer.add(
-                    f"s/{gid:07d}", {"jpg": jpeg_like(rng, size), "cls": str(gid % 10).encode()}
-                )
-                in_shard += size
-                written_bytes += size
-                gid += 1
+            while pending is not None and in_shard < shard:
+                key, data, label = pending
+                writer.add(key, {"jpg": data, "cls": str(label).encode()})
+                in_shard += len(data)
+                pending = next(items, None)
             w = writer.close()
-        shards.append(_sidecar(out, n, name, w))
-    manifest = Manifest("tar", compression, fields, shards)
+        index_name = f"shard-{n:05d}.idx.arrow"
+        index = w.index.to_arrow_bytes()
+        with open(os.path.join(out, index_name), "wb") as f:
+            f.write(index)
+        digest = hashlib.sha256(index).hexdigest()
+        shards.append(
+            ShardInfo(name, w.num_samples, w.bytes, w.raw_bytes, w.sha256, index_name, digest)
+        )
+    manifest = Manifest("tar", "zstd", fields, shards)
     with open(os.path.join(out, "index.json"), "wb") as f:
         f.write(manifest.to_json())
     return manifest
 
 
-def _sidecar(out: str, n: int, name: str, w: Any) -> ShardInfo:
-    index_name = f"shard-{n:05d}.idx.arrow"
-    data = w.index.to_arrow_bytes()
-    with open(os.path.join(out, index_name), "wb") as f:
-        f.write(data)
-    return ShardInfo(
-        name,
-        w.num_samples,
-        w.bytes,
-        w.raw_bytes,
-        w.sha256,
-        index_name,
-        hashlib.sha256(data).hexdigest(),
-    )
-
-
-def many_shard_manifest(out: str, shards: int, per_shard: int, compression: str) -> Manifest:
-    """One real tiny shard, listed (and hard-linked) under ``shards`` names: a manifest as large
+def many_shard_manifest(out: str, shards: int, per_shard: int) -> Any:
+    """One real tiny shard listed (and hard-linked) under ``shards`` names: a manifest as large
     as a real one of that many shards, written in a second instead of minutes."""
-    one = write_shards(
-        os.path.join(out, "one"), per_shard * 2000, 2000, per_shard * 2000, compression, seed=1
-    )
+    from shardloader.manifest import Manifest, ShardInfo
+
+    one = write_shards(os.path.join(out, "one"), per_shard * 2000, 2000, per_shard * 2000, 1)
     s = one.shards[0]
     suffix = s.path[len("shard-00000") :]
     infos = [
@@ -248,115 +285,188 @@ def many_shard_manifest(out: str, shards: int, per_shard: int, compression: str)
     return manifest
 
 
-# -- measurements -----------------------------------------------------------------------------
+def write_corpus(out: str, total: int, sample: int) -> int:
+    """Class folders of JPEG-like files (pack's input); returns their bytes."""
+    size = 0
+    for key, data, label in samples(total, sample, seed=2):
+        folder = os.path.join(out, f"class{label}")
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, key.split("/")[1] + ".bin"), "wb") as f:
+            f.write(data)  # .bin: pack checks a .jpg's markers, and these are only JPEG-like
+        size += len(data)
+    return size
 
 
-@dataclass
-class Epoch:
-    seconds: float
-    first_batch: float
-    samples: int
-    requests: list[tuple[str, str]]
+# -- one measurement, in a fresh process (``--child``) ----------------------------------------
 
 
-def epoch(
-    url: str,
-    read: ReadOptions,
-    workers: int,
-    batch: int,
-    shuffle: bool,
-    moto: Moto | None,
-    limit: int | None = None,
-) -> Epoch:
-    """One epoch (or ``limit`` batches) through a fresh loader; construction is timed too."""
-    mark = moto.mark() if moto is not None else 0
+def child_epoch(job: dict[str, Any]) -> dict[str, Any]:
+    """One epoch (or ``limit`` batches) through a fresh shardloader loader."""
+    import shardloader as sl
+
+    sl.ShardedDataset, sl.make_loader  # noqa: B018 - import torch before the clock starts
     start = time.perf_counter()
-    ds = ShardedDataset(
-        url, batch_size=batch, shuffle=shuffle, decoder=None, read=read, collate_fn=_count_samples
+    read = sl.ReadOptions(
+        storage_options=job["options"],
+        readahead=job["readahead"],
+        cache=sl.CacheOptions(dir=job["cache"]),
     )
-    loader = make_loader(
-        ds, num_workers=workers, persistent_workers=False, prefetch_factor=2 if limit else 4
+    shuffle = job["shuffle"]
+    ds = sl.ShardedDataset(
+        job["url"],
+        batch_size=job["batch"],
+        shuffle=sl.ShuffleOptions(**shuffle) if isinstance(shuffle, dict) else shuffle,
+        decoder=None,
+        read=read,
+        collate_fn=_count_samples,
     )
-    samples, first = 0, 0.0
-    it = cast(Generator[int, None, None], iter(loader))  # ShardLoader.__iter__ is one
+    loader = sl.make_loader(ds, num_workers=job["workers"], persistent_workers=False)
+    return _drain(loader, start, job.get("limit"))
+
+
+def child_litdata(job: dict[str, Any]) -> dict[str, Any]:
+    from litdata import StreamingDataLoader, StreamingDataset
+
+    try:  # LitData's fast path (obstore) refuses plain-http endpoints unless told: allow it
+        from litdata.streaming import downloader
+
+        options = getattr(downloader, "_OBSTORE_CLIENT_OPTIONS", None)
+        if isinstance(options, dict):
+            downloader._OBSTORE_CLIENT_OPTIONS = {**options, "allow_http": True}
+    except ImportError:
+        pass
+
+    start = time.perf_counter()
+    ds = StreamingDataset(
+        job["url"],
+        cache_dir=job["cache"] if "://" in job["url"] else None,
+        storage_options=job["options"] or None,
+        shuffle=job["shuffle"],
+    )
+    loader = StreamingDataLoader(
+        ds, batch_size=job["batch"], num_workers=job["workers"], collate_fn=len
+    )
+    return _drain(loader, start, job.get("limit"))
+
+
+def _drain(loader: Any, start: float, limit: int | None) -> dict[str, Any]:
+    samples_seen, first = 0, 0.0
+    it = iter(loader)
     for i, n in enumerate(it):
         if i == 0:
             first = time.perf_counter() - start
-        samples += n
+        samples_seen += int(n)
         if limit is not None and i + 1 >= limit:
             break
-    it.close()
-    del loader, it
-    seconds = time.perf_counter() - start
-    reqs = moto.requests_since(mark) if moto is not None else []
-    return Epoch(seconds, first, samples, reqs)
+    del it, loader
+    return {"seconds": time.perf_counter() - start, "first": first, "samples": samples_seen}
 
 
-def _count_samples(samples: list[dict[str, Any]]) -> int:
+def _count_samples(batch: list[dict[str, Any]]) -> int:
     """Collate to a count: the bench measures delivery, not the default collate."""
-    return sum(not s["__pad__"] for s in samples)
+    return sum(not s["__pad__"] for s in batch)
 
 
-def bare(get: Callable[[str], Any], keys: list[str], threads: int) -> float:
-    """Seconds to ``get`` every key, ``threads`` at a time."""
+def child_pack(job: dict[str, Any]) -> dict[str, Any]:
+    from shardloader.pack import PackOptions, pack
+
     start = time.perf_counter()
-    with ThreadPoolExecutor(threads) as pool:
-        list(pool.map(get, keys))
-    return time.perf_counter() - start
+    options = PackOptions(
+        workers=job["workers"], storage_options=job["options"], shard_size=job["shard_size"]
+    )
+    pack(job["src"], job["out"], options)
+    return {"seconds": time.perf_counter() - start}
 
 
-def _fetch_part(endpoint: str, infos: list[ShardInfo], folder: str) -> None:
-    from shardloader.storage.fetch import fetch_shard
+def child_litdata_optimize(job: dict[str, Any]) -> dict[str, Any]:
+    from litdata import optimize
 
-    for s in infos:
-        fetch_shard(
-            f"s3://{BUCKET}/ds/{s.path}",
-            os.path.join(folder, s.path),
-            sha256=s.sha256,
-            size=s.bytes,
-            storage_options={"endpoint_url": endpoint},
-        )
-
-
-def fetch_in_processes(endpoint: str, manifest: Manifest, procs: int, root: str) -> float:
-    """Seconds for ``procs`` new processes to download every shard with ``fetch_shard``."""
-    import multiprocessing
-
-    ctx = multiprocessing.get_context("fork")  # as DataLoader workers start
-    with fresh_dir(root) as folder:
-        start = time.perf_counter()
-        jobs = [
-            ctx.Process(
-                target=_fetch_part, args=(endpoint, list(manifest.shards[i::procs]), folder)
-            )
-            for i in range(procs)
-        ]
-        for j in jobs:
-            j.start()
-        for j in jobs:
-            j.join()
-        if any(j.exitcode != 0 for j in jobs):
-            raise RuntimeError("a fetch_shard process failed")
-        return time.perf_counter() - start
+    optimize(
+        fn=_litdata_sample,
+        inputs=[os.path.join(job["src"], p) for p in sorted(job["files"])],
+        output_dir=job["out"],
+        chunk_bytes=job["chunk_bytes"],
+        num_workers=1,
+        verbose=False,
+    )
+    return {}
 
 
-def classify(requests: list[tuple[str, str]]) -> Counter[str]:
-    """Requests by kind: ``GET shard``, ``HEAD sidecar``, ``LIST``, ``GET manifest``, ..."""
-    out: Counter[str] = Counter()
-    for method, target in requests:
-        parts = urlsplit(target)
-        path = unquote(parts.path)
-        if method == "GET" and ("list-type" in parts.query or path.rstrip("/").count("/") < 2):
-            out["LIST"] += 1
-        elif path.endswith(".idx.arrow"):
-            out[f"{method} sidecar"] += 1
-        elif path.endswith("index.json"):
-            out[f"{method} manifest"] += 1
-        elif "/shard-" in path:
-            out[f"{method} shard"] += 1
-        else:
-            out[f"{method} other"] += 1
-    return out
+def _litdata_sample(path: str) -> dict[str, Any]:
+    with open(path, "rb") as f:
+        return {"jpg": f.read(), "cls": int(os.path.basename(os.path.dirname(path))[5:])}
+
+
+CHILDREN: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
+    "epoch": child_epoch,
+    "litdata": child_litdata,
+    "pack": child_pack,
+    "litdata-optimize": child_litdata_optimize,
+}
+
+
+def run_child(kind: str, job: dict[str, Any], tree: str | None) -> dict[str, Any]:
+    """Run one measurement in a fresh interpreter importing shardloader from ``tree``."""
+    env = dict(os.environ)
+    if tree is not None:
+        env["PYTHONPATH"] = tree
+    out = subprocess.run(
+        [sys.executable, TOOL, "--child", kind, json.dumps(job)],
+        env=env,
+        cwd=tempfile.gettempdir(),  # not a checkout: pack's forkserver puts the cwd on sys.path
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"{kind} child failed ({tree}):\n{out.stderr[-4000:]}")
+    return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def child_main(kind: str, job_text: str) -> None:
+    job = json.loads(job_text)
+    usage = _cpu()
+    result = CHILDREN[kind](job)
+    result["cpu"] = _cpu() - usage
+    print(json.dumps(result))
+
+
+def _cpu() -> float:
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)  # DataLoader workers, once joined
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+# -- the run ----------------------------------------------------------------------------------
+
+
+class Rows:
+    """Results by (row name, tree), each a list over repeats."""
+
+    def __init__(self) -> None:
+        self.runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
+
+    def add(self, name: str, tree: str, result: dict[str, Any]) -> None:
+        self.runs.setdefault((name, tree), []).append(result)
+
+    def median(self, name: str, tree: str, key: str) -> float | None:
+        values = [r[key] for r in self.runs.get((name, tree), []) if r.get(key) is not None]
+        return statistics.median(values) if values else None
+
+    def requests(self, name: str, tree: str) -> Counter[str]:
+        runs = sorted(self.runs.get((name, tree), []), key=lambda r: r.get("seconds", 0.0))
+        return Counter(runs[len(runs) // 2].get("requests", {})) if runs else Counter()
+
+
+def measured(server: Server | None, fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """``fn()`` with the server's requests and CPU seconds over it added."""
+    mark = server.mark() if server is not None else 0
+    cpu = server.cpu() if server is not None else 0.0
+    result = fn()
+    if server is not None:
+        result["server_cpu"] = server.cpu() - cpu
+        result["requests"] = classify(server.requests_since(mark))
+    return result
 
 
 @contextmanager
@@ -368,32 +478,37 @@ def fresh_dir(root: str) -> Iterator[str]:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def median_of(repeat: int, fn: Callable[[], Epoch]) -> tuple[Epoch, list[Epoch]]:
-    runs = [fn() for _ in range(repeat)]
-    order = sorted(runs, key=lambda e: e.seconds)
-    return order[len(order) // 2], runs
-
-
-# -- main -------------------------------------------------------------------------------------
-
-
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--mb", type=float, default=200, help="dataset size in MB (default 200)")
     p.add_argument("--sample-kb", type=float, default=110, help="mean sample size (kB)")
     p.add_argument("--shard-mb", type=float, default=16, help="uncompressed MB per shard")
-    p.add_argument("--compression", choices=("zstd", "gzip", "none"), default="zstd")
     p.add_argument("--repeat", type=int, default=3)
-    p.add_argument("--readahead", type=int, nargs="+", default=[0, 2, 4])
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--readahead", type=int, default=2)
     p.add_argument("--shuffle", action="store_true", help="shuffled epochs (default: stream)")
-    p.add_argument("--bare-threads", type=int, nargs="+", default=[2, 4])
+    p.add_argument("--baseline", default=None, help="folder holding an older shardloader")
     p.add_argument("--ttfb-shards", type=int, default=10_000, help="0 skips time to first batch")
-    p.add_argument("--ttfb-samples", type=int, default=2, help="samples per tiny shard")
+    p.add_argument(
+        "--first-block",
+        type=int,
+        default=256,
+        help="also time a shuffled first batch with ShuffleOptions(first_block=N) (0: not)",
+    )
+    p.add_argument("--pack-mb", type=float, default=100, help="0 skips the pack measurement")
+    p.add_argument("--no-litdata", action="store_true")
+    p.add_argument(
+        "--parts",
+        default="epochs,ttfb,pack",
+        help="comma-separated subset of epochs, ttfb, pack (default: all)",
+    )
     p.add_argument("--workdir", default=None, help="default: a temp folder, removed at the end")
+    p.add_argument("--child", nargs=2, metavar=("KIND", "JOB"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-
+    if args.child:
+        child_main(*args.child)
+        return
     root = args.workdir or tempfile.mkdtemp(prefix="bench-s3-")
     os.makedirs(root, exist_ok=True)
     try:
@@ -403,166 +518,235 @@ def main(argv: list[str] | None = None) -> None:
             shutil.rmtree(root, ignore_errors=True)
 
 
+def trees(args: argparse.Namespace) -> list[tuple[str, str | None]]:
+    """(label, PYTHONPATH) of each shardloader measured."""
+    now = os.path.dirname(os.path.dirname(TOOL))
+    out: list[tuple[str, str | None]] = [("now", now)]
+    if args.baseline:
+        base = os.path.abspath(args.baseline)
+        if not os.path.isfile(os.path.join(base, "shardloader", "__init__.py")):
+            raise SystemExit(f"--baseline {base}: no shardloader package there")
+        out.insert(0, ("today", base))
+    return out
+
+
 def run(args: argparse.Namespace, root: str) -> None:
     t0 = time.perf_counter()
+    load0 = os.getloadavg()
     local = os.path.join(root, "ds")
     manifest = write_shards(
-        local,
-        int(args.mb * MB),
-        int(args.sample_kb * 1000),
-        int(args.shard_mb * MB),
-        args.compression,
+        local, int(args.mb * MB), int(args.sample_kb * 1000), int(args.shard_mb * MB)
     )
     stored = sum(s.bytes for s in manifest.shards)
     nshards = len(manifest.shards)
     print(
-        f"dataset: {manifest.num_samples:,} samples, {nshards} shards, {stored / MB:.1f} MB "
-        f"stored ({args.compression}), written in {time.perf_counter() - t0:.1f} s"
+        f"dataset: {manifest.num_samples:,} samples, {nshards} shards of ~{args.shard_mb:g} MB, "
+        f"{stored / MB:.1f} MB stored (zstd tar); {args.workers} workers, batch {args.batch}, "
+        f"readahead {args.readahead}, {'shuffled' if args.shuffle else 'stream order'}, "
+        f"raw samples, cold cache, a fresh process per run; median of {args.repeat}"
     )
-    loader_kind = "shuffled" if args.shuffle else "stream order"
-    rows: list[tuple[str, ...]] = []
-    with Moto(root) as moto:
-        s3 = client(moto.endpoint)
+    rows = Rows()
+    labels = trees(args)
+    litdata = not args.no_litdata and _has("litdata") and "epochs" in args.parts.split(",")
+    with moto(root) as s3_server, static_http(root, local) as http_server:
+        s3 = boto3_client(s3_server.endpoint)
         s3.create_bucket(Bucket=BUCKET)
-        names = sorted(os.listdir(local))
-        secs = upload(s3, local, "ds", names)
-        print(f"server: moto at {moto.endpoint}; upload {stored / MB / secs:.0f} MB/s (4 threads)")
-        storage = {"endpoint_url": moto.endpoint, "key": "testing", "secret": "testing"}
-
-        def read(cache: str, readahead: int) -> ReadOptions:
-            return ReadOptions(
-                storage_options=storage, readahead=readahead, cache=CacheOptions(dir=cache)
-            )
-
-        import s3fs
-
-        fs = s3fs.S3FileSystem(
-            key="testing", secret="testing", client_kwargs={"endpoint_url": moto.endpoint}
-        )
+        upload(s3, local, "ds", sorted(os.listdir(local)))
+        opts = {"endpoint_url": s3_server.endpoint, "key": "testing", "secret": "testing"}
+        lit_local = os.path.join(root, "litdata")
+        if litdata:
+            prepare_litdata(args, root, lit_local, s3)
         keys = [f"ds/{s.path}" for s in manifest.shards]
-        clients: dict[str, Callable[[str], Any]] = {
-            "boto3 get_object": lambda k: s3.get_object(Bucket=BUCKET, Key=k)["Body"].read(),
-            "s3fs cat_file": lambda k: fs.cat_file(f"{BUCKET}/{k}"),
-        }
-        bare_mbs = []
-        for name, get in clients.items():
-            get(keys[0])  # warm: sessions and connections exist, as in a running job
-            for threads in args.bare_threads:
-                times = [bare(get, keys, threads) for _ in range(args.repeat)]
-                mbs = stored / MB / statistics.median(times)
-                bare_mbs.append(mbs)
-                rows.append(
+        s3.get_object(Bucket=BUCKET, Key=keys[0])["Body"].read()  # warm connections
+
+        def bare(threads: int) -> dict[str, Any]:
+            start = time.perf_counter()
+            with ThreadPoolExecutor(threads) as pool:
+                list(pool.map(lambda k: s3.get_object(Bucket=BUCKET, Key=k)["Body"].read(), keys))
+            return {"seconds": time.perf_counter() - start}
+
+        def epoch_job(url: str, options: dict[str, Any], cache: str) -> dict[str, Any]:
+            return {
+                "url": url,
+                "options": options,
+                "cache": cache,
+                "workers": args.workers,
+                "batch": args.batch,
+                "shuffle": args.shuffle,
+                "readahead": args.readahead,
+            }
+
+        parts = set(args.parts.split(","))
+        for rep in range(args.repeat if "epochs" in parts else 0):
+            print(f"repeat {rep + 1}/{args.repeat} ...", file=sys.stderr, flush=True)
+            for threads in (2, 4):
+                rows.add(
+                    f"bare boto3 get_object x{threads}",
+                    "-",
+                    measured(s3_server, lambda t=threads: bare(t)),
+                )
+            for label, tree in labels:
+                for name, url, options, server in (
+                    ("local disk", local, {}, None),
+                    ("S3 (moto)", f"s3://{BUCKET}/ds", opts, s3_server),
+                    ("HTTP (http.server)", http_server.endpoint, {}, http_server),
+                ):
+                    with fresh_dir(root) as cache:
+                        job = epoch_job(url, options, cache)
+                        result = measured(server, lambda j=job, t=tree: run_child("epoch", j, t))
+                    rows.add(name, label, result)
+            if litdata:
+                for name, url, options, server in (
+                    ("local disk", lit_local, {}, None),
                     (
-                        f"bare {name} x{threads}",
-                        "-",
-                        "-",
-                        f"{mbs:.0f}",
-                        "-",
-                        "-",
-                        f"{len(keys)}",
-                        "1.0",
-                        "GET shard",
-                    )
-                )
-        ref = max(bare_mbs)
-        # The loader's own download step alone (fetch_shard: ranged GETs, sha256, temp file) in
-        # fresh processes, one per worker: what is left after the stack, before staging/reading.
-        times = [
-            fetch_in_processes(moto.endpoint, manifest, args.workers, root)
-            for _ in range(args.repeat)
-        ]
-        rows.append(
-            (
-                f"fetch_shard only, {args.workers} fresh procs",
-                "-",
-                "-",
-                f"{stored / MB / statistics.median(times):.0f}",
-                f"{stored / MB / statistics.median(times) / ref:.2f}",
-                "-",
-                "-",
-                "-",
-                "",
-            )
-        )
+                        "S3 (moto)",
+                        f"s3://{BUCKET}/litdata",
+                        {"endpoint_url": s3_server.endpoint},
+                        s3_server,
+                    ),
+                ):
+                    with fresh_dir(root) as cache:
+                        job = epoch_job(url, options, cache)
+                        result = measured(server, lambda j=job: run_child("litdata", j, None))
+                    rows.add(name, "LitData", result)
+        load1 = os.getloadavg()
+        if "epochs" in parts:
+            report_epochs(args, rows, labels, litdata, stored, nshards, manifest.num_samples)
+        if args.ttfb_shards and "ttfb" in parts:
+            ttfb(args, root, s3_server, s3, rows, labels)
+        if args.pack_mb and "pack" in parts:
+            pack_rates(args, root, s3_server, rows, labels)
+        goals(rows, labels, litdata, stored)
+    print(
+        f"\nload average (1, 5, 15 min) at start {load0[0]:.1f} {load0[1]:.1f} {load0[2]:.1f}, "
+        f"after the epochs {load1[0]:.1f} {load1[1]:.1f} {load1[2]:.1f}; "
+        f"{os.cpu_count()} CPUs; total {time.perf_counter() - t0:.0f} s"
+    )
 
-        def add(name: str, ra: str, e: Epoch) -> None:
-            kinds = classify(e.requests)
-            total = sum(kinds.values())
-            mbs = stored / MB / e.seconds
-            rows.append(
-                (
-                    name,
-                    ra,
-                    f"{e.samples / e.seconds:,.0f}",
-                    f"{mbs:.0f}",
-                    f"{mbs / ref:.2f}",
-                    f"{e.first_batch:.2f}",
-                    f"{total}" if e.requests else "-",
-                    f"{total / nshards:.1f}" if e.requests else "-",
-                    ", ".join(f"{v} {k}" for k, v in sorted(kinds.items())),
-                )
-            )
 
-        def local_epoch() -> Epoch:
-            with fresh_dir(root) as cache:
-                return epoch(local, read(cache, 2), args.workers, args.batch, args.shuffle, None)
+def _has(module: str) -> bool:
+    try:
+        __import__(module)
+    except ImportError:
+        return False
+    return True
 
-        add("local disk", "2", median_of(args.repeat, local_epoch)[0])
-        for ra in args.readahead:
 
-            def s3_epoch(ra: int = ra) -> Epoch:
-                with fresh_dir(root) as cache:
-                    return epoch(
-                        f"s3://{BUCKET}/ds",
-                        read(cache, ra),
-                        args.workers,
-                        args.batch,
-                        args.shuffle,
-                        moto,
-                    )
+def prepare_litdata(args: argparse.Namespace, root: str, out: str, s3: Any) -> None:
+    """The same samples as LitData chunks (its own format, ``optimize``), local and on S3."""
+    src = os.path.join(root, "litdata-src")
+    for key, data, label in samples(int(args.mb * MB), int(args.sample_kb * 1000)):
+        folder = os.path.join(src, f"class{label}")
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, key.split("/")[1] + ".jpg"), "wb") as f:
+            f.write(data)
+    files = sorted(
+        os.path.relpath(os.path.join(d, n), src) for d, _, ns in os.walk(src) for n in ns
+    )
+    files.sort(key=lambda p: os.path.basename(p))  # sample order, as the shards have it
+    run_child(
+        "litdata-optimize",
+        {"src": src, "files": files, "out": out, "chunk_bytes": int(args.shard_mb * MB)},
+        None,
+    )
+    shutil.rmtree(src, ignore_errors=True)
+    upload(s3, out, "litdata", sorted(os.listdir(out)))
 
-            e, runs = median_of(args.repeat, s3_epoch)
-            assert all(r.samples == manifest.num_samples for r in runs), "lost samples"
-            add("s3 (moto)", str(ra), e)
-        elapsed = time.perf_counter() - t0
 
+def fmt(value: float | None, spec: str = ".2f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def report_epochs(
+    args: argparse.Namespace,
+    rows: Rows,
+    labels: list[tuple[str, str | None]],
+    litdata: bool,
+    stored: int,
+    nshards: int,
+    nsamples: int,
+) -> None:
+    bare = max(
+        stored / MB / (rows.median(f"bare boto3 get_object x{t}", "-", "seconds") or 1e9)
+        for t in (2, 4)
+    )
+    print(
+        "\n| source | reader | MB/s | samples/s | vs local (same reader) | vs bare boto3 | "
+        "1st batch s | requests / shard | client CPU s | server CPU s |"
+    )
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for t in (2, 4):
+        name = f"bare boto3 get_object x{t}"
+        secs = rows.median(name, "-", "seconds")
         print(
-            f"\none epoch, {args.workers} workers, batch {args.batch}, raw samples, "
-            f"{loader_kind}, cold cache; median of {args.repeat}; MB/s = stored MB / s; "
-            f"'vs bare' = MB/s / best bare client ({ref:.0f} MB/s)"
+            f"| S3 (moto) | {name} | {fmt(stored / MB / secs if secs else None, '.0f')} | - | - | "
+            f"{fmt(stored / MB / secs / bare if secs else None)} | - | 1.0 | - | "
+            f"{fmt(rows.median(name, '-', 'server_cpu'))} |"
         )
-        header = (
-            "source",
-            "readahead",
-            "samples/s",
-            "MB/s",
-            "vs bare",
-            "1st batch s",
-            "req/epoch",
-            "req/shard",
-            "requests",
-        )
-        print_table(header, rows)
-        if args.ttfb_shards:
-            ttfb(args, root, moto, s3)
-    print(f"\ntotal {time.perf_counter() - t0:.0f} s (epochs {elapsed:.0f} s)")
+    readers = [label for label, _ in labels] + (["LitData"] if litdata else [])
+    for reader in readers:
+        local_secs = rows.median("local disk", reader, "seconds")
+        for name in ("local disk", "S3 (moto)", "HTTP (http.server)"):
+            secs = rows.median(name, reader, "seconds")
+            if secs is None:
+                continue
+            reqs = rows.requests(name, reader)
+            per_shard = (
+                f"{sum(v for k, v in reqs.items() if 'manifest' not in k) / nshards:.2f}"
+                if reqs
+                else "-"
+            )
+            reader_name = f"shardloader ({reader})" if reader != "LitData" else "LitData"
+            print(
+                f"| {name} | {reader_name} | {stored / MB / secs:.0f} | {nsamples / secs:,.0f} | "
+                f"{fmt(local_secs / secs if local_secs else None)} | "
+                f"{fmt(stored / MB / secs / bare)} | {fmt(rows.median(name, reader, 'first'))} | "
+                f"{per_shard} | {fmt(rows.median(name, reader, 'cpu'))} | "
+                f"{fmt(rows.median(name, reader, 'server_cpu'))} |"
+            )
+    print(
+        "\nMB/s: stored MB of the shards / epoch seconds (construction included).  requests / "
+        "shard: shard + index requests (the manifest apart) per shard per epoch, from the "
+        "server's log.  LitData reads its own chunk files written by `optimize` from the same "
+        "samples (its MB/s uses the shards' size for comparison)."
+    )
+    for reader in readers:
+        for name in ("S3 (moto)", "HTTP (http.server)"):
+            reqs = rows.requests(name, reader)
+            if reqs:
+                kinds = ", ".join(f"{v} {k}" for k, v in sorted(reqs.items()))
+                print(f"- {name}, {reader}: {kinds}")
 
 
-def ttfb(args: argparse.Namespace, root: str, moto: Moto, s3: Any) -> None:
-    """Time to the first batch on a manifest of ``--ttfb-shards`` tiny shards.
+def ttfb(
+    args: argparse.Namespace,
+    root: str,
+    s3_server: Server,
+    s3: Any,
+    rows: Rows,
+    labels: list[tuple[str, str | None]],
+) -> None:
+    """Time to the first batch on S3: a manifest of ``--ttfb-shards`` two-sample shards, and the
+    epoch dataset (large shards, where a shuffled first batch needs a whole shuffle block).
 
-    On S3 only the manifest and the shards of the first batches are uploaded (moto takes ~10 ms
-    a PUT: 20,000 objects would be minutes); the loader stops at its first batch, and any fetch
-    past what was uploaded would fail loudly.
-    """
+    Of the many-shard manifest only the manifest and the shards (and sidecars) of the first
+    batches are uploaded (moto takes ~10 ms a PUT: 20,000 objects would be minutes); the loader
+    stops at its first batch, and any fetch past what was uploaded would fail loudly."""
+    from shardloader.shards import shard_starts
+    from shardloader.shuffle import ShuffleOptions, epoch_order
+    from shardloader.split import cut_fixed_batches
+
     folder = os.path.join(root, "many")
-    t0 = time.perf_counter()
-    m = many_shard_manifest(folder, args.ttfb_shards, args.ttfb_samples, args.compression)
-    kb = os.path.getsize(os.path.join(folder, "index.json")) / 1000
+    m = many_shard_manifest(folder, args.ttfb_shards, 2)
     starts = shard_starts(m)
+    orders: list[tuple[str, Any]] = [("stream", False), ("shuffled", True)]
+    if args.first_block:
+        fb = {"enabled": True, "first_block": args.first_block}
+        orders.append((f"shuffled, first_block={args.first_block}", fb))
     need: set[int] = set()
-    for shuffle in (False, True):  # the shards of the first 12 batches, from the pure plan
-        order = epoch_order(m.shard_sizes, 0, 0, ShuffleOptions(shuffle))
+    for _, shuffle in orders:  # the shards of the first 12 batches, from the pure plan
+        opt = ShuffleOptions(**shuffle) if isinstance(shuffle, dict) else ShuffleOptions(shuffle)
+        order = epoch_order(m.shard_sizes, 0, 0, opt)
         batches, _, _ = cut_fixed_batches(order[: 12 * args.batch], args.batch, "drop")
         for b in batches:
             need |= set((np.searchsorted(starts, b, side="right") - 1).tolist())
@@ -570,56 +754,149 @@ def ttfb(args: argparse.Namespace, root: str, moto: Moto, s3: Any) -> None:
         n for i in sorted(need) for n in (m.shards[i].path, m.shards[i].index_path)
     ]
     upload(s3, folder, "many", names)
+    kb = os.path.getsize(os.path.join(folder, "index.json")) / 1000
+    opts = {"endpoint_url": s3_server.endpoint}
+    datasets = (("many", f"{args.ttfb_shards:,} shards of 2 samples"), ("ds", "the epoch dataset"))
+    for _ in range(args.repeat):
+        for prefix, _title in datasets:
+            for label, tree in labels:
+                for order_name, shuffle in orders:
+                    if isinstance(shuffle, dict) and label != "now":
+                        continue  # first_block is new
+                    with fresh_dir(root) as cache:
+                        job = {
+                            "url": f"s3://{BUCKET}/{prefix}",
+                            "options": opts,
+                            "cache": cache,
+                            "workers": args.workers,
+                            "batch": args.batch,
+                            "shuffle": shuffle,
+                            "readahead": args.readahead,
+                            "limit": 1,
+                        }
+                        result = measured(s3_server, lambda j=job, t=tree: run_child("epoch", j, t))
+                    rows.add(f"ttfb {prefix} {order_name}", label, result)
     print(
-        f"\ntime to first batch: {args.ttfb_shards:,} shards of {args.ttfb_samples} samples, "
-        f"manifest {kb:,.0f} kB, {args.workers} workers, batch {args.batch}, readahead 2; "
-        f"median of {args.repeat} (setup {time.perf_counter() - t0:.0f} s, "
-        f"{len(names)} objects uploaded)"
+        f"\nTime to the first batch, S3 (moto), {args.workers} workers, batch {args.batch}, "
+        f"readahead {args.readahead}; construction included; median of {args.repeat}; the "
+        f"many-shard manifest is {kb:,.0f} kB\n"
     )
-    rows = []
-    for where, url in (("local disk", folder), ("s3 (moto)", f"s3://{BUCKET}/many")):
-        for shuffle in (False, True):
-
-            def first(url: str = url, shuffle: bool = shuffle, where: str = where) -> Epoch:
-                with fresh_dir(root) as cache:
-                    opts = ReadOptions(
-                        storage_options={"endpoint_url": moto.endpoint},
-                        readahead=2,
-                        cache=CacheOptions(dir=cache),
-                    )
-                    return epoch(
-                        url,
-                        opts,
-                        args.workers,
-                        args.batch,
-                        shuffle,
-                        moto if where != "local disk" else None,
-                        limit=1,
-                    )
-
-            e, _ = median_of(args.repeat, first)
-            kinds = classify(e.requests)
-            rows.append(
-                (
-                    where,
-                    "shuffled" if shuffle else "stream order",
-                    f"{e.first_batch:.2f}",
-                    f"{sum(kinds.values())}" if e.requests else "-",
-                    ", ".join(f"{v} {k}" for k, v in sorted(kinds.items())),
+    print("| dataset | order | reader | 1st batch s | requests until closed | by kind |")
+    print("|---|---|---|---:|---:|---|")
+    for prefix, title in datasets:
+        for order_name, _ in orders:
+            for label, _ in labels:
+                name = f"ttfb {prefix} {order_name}"
+                if (name, label) not in rows.runs:
+                    continue
+                reqs = rows.requests(name, label)
+                kinds = ", ".join(f"{v} {k}" for k, v in sorted(reqs.items()))
+                print(
+                    f"| {title} | {order_name} | shardloader ({label}) | "
+                    f"{fmt(rows.median(name, label, 'first'))} | {sum(reqs.values())} | {kinds} |"
                 )
-            )
-    print_table(("source", "order", "1st batch s", "req until closed", "by kind"), rows)
 
 
-def print_table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> None:
-    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-    for r in [header, tuple("-" * w for w in widths), *rows]:
+def pack_rates(
+    args: argparse.Namespace,
+    root: str,
+    s3_server: Server,
+    rows: Rows,
+    labels: list[tuple[str, str | None]],
+) -> None:
+    """``pack`` of a folder of JPEG-like files to local disk and to s3:// (input MB/s)."""
+    src = os.path.join(root, "corpus")
+    size = write_corpus(src, int(args.pack_mb * MB), int(args.sample_kb * 1000))
+    opts = {"endpoint_url": s3_server.endpoint}
+    for rep in range(args.repeat):
+        for label, tree in labels:
+            for name, out, options, server in (
+                ("pack to local disk", os.path.join(root, f"packed-{label}-{rep}"), {}, None),
+                ("pack to s3://", f"s3://{BUCKET}/packed-{label}-{rep}", opts, s3_server),
+            ):
+                job = {
+                    "src": src,
+                    "out": out,
+                    "options": options,
+                    "workers": args.workers,
+                    "shard_size": int(args.shard_mb * MB),
+                }
+                result = measured(server, lambda j=job, t=tree: run_child("pack", j, t))
+                rows.add(name, label, result)
+                if "://" not in out:
+                    shutil.rmtree(out, ignore_errors=True)
+    print(
+        f"\npack of {size / MB:.0f} MB of JPEG-like files (class folders) into zstd tar shards "
+        f"of {args.shard_mb:g} MB, {args.workers} pack workers; median of {args.repeat}\n"
+    )
+    print("| reader | pack to local disk, input MB/s | pack to s3://, input MB/s | s3 / local |")
+    print("|---|---:|---:|---:|")
+    for label, _ in labels:
+        loc = rows.median("pack to local disk", label, "seconds")
+        rem = rows.median("pack to s3://", label, "seconds")
         print(
-            "  ".join(
-                str(c).ljust(w) if i in (0, len(r) - 1) else str(c).rjust(w)
-                for i, (c, w) in enumerate(zip(r, widths, strict=True))
-            ).rstrip()
+            f"| shardloader ({label}) | {fmt(size / MB / loc if loc else None, '.0f')} | "
+            f"{fmt(size / MB / rem if rem else None, '.0f')} | "
+            f"{fmt(loc / rem if loc and rem else None)} |"
         )
+    rows.add("pack size", "-", {"bytes": size})
+
+
+def goals(rows: Rows, labels: list[tuple[str, str | None]], litdata: bool, stored: int) -> None:
+    """The issue's goal table: each measure for each reader, and the goal."""
+    bare = max(
+        stored / MB / (rows.median(f"bare boto3 get_object x{t}", "-", "seconds") or 1e9)
+        for t in (2, 4)
+    )
+
+    def ratio(a: str, b: str, label: str) -> float | None:
+        x, y = rows.median(a, label, "seconds"), rows.median(b, label, "seconds")
+        return y / x if x and y else None
+
+    def per_shard(label: str) -> str:
+        reqs = rows.requests("S3 (moto)", label)
+        shards = reqs.get("GET shard", 0) or 1
+        return f"{sum(v for k, v in reqs.items() if 'manifest' not in k) / shards:.2f}"
+
+    measures: list[tuple[str, Callable[[str], str], str]] = [
+        (
+            "S3 epoch / local-disk epoch",
+            lambda lb: fmt(ratio("S3 (moto)", "local disk", lb)),
+            ">= 0.8",
+        ),
+        (
+            "S3 epoch MB/s / bare boto3 GET MB/s",
+            lambda lb: fmt(
+                stored / MB / s / bare if (s := rows.median("S3 (moto)", lb, "seconds")) else None
+            ),
+            ">= 0.6",
+        ),
+        ("requests per shard per epoch (shard + index)", per_shard, "<= 1.1"),
+        (
+            "first batch, shuffled, 10,000-shard manifest on S3 (s)",
+            lambda lb: fmt(rows.median("ttfb many shuffled", lb, "first")),
+            "< 1",
+        ),
+        (
+            "pack to s3:// / pack to local disk (input MB/s)",
+            lambda lb: fmt(ratio("pack to s3://", "pack to local disk", lb)),
+            ">= 0.8",
+        ),
+        (
+            "HTTP epoch / local-disk epoch",
+            lambda lb: fmt(ratio("HTTP (http.server)", "local disk", lb)),
+            ">= 0.8",
+        ),
+    ]
+    names = [label for label, _ in labels]
+    print("\nGoals (issue 14)\n")
+    print("| measure | " + " | ".join(f"shardloader ({n})" for n in names) + " | LitData | goal |")
+    print("|---|" + "---:|" * (len(names) + 2))
+    for title, get, goal in measures:
+        lit = "-"
+        if litdata and title.startswith("S3 epoch /"):
+            lit = get("LitData")
+        print(f"| {title} | " + " | ".join(get(n) for n in names) + f" | {lit} | {goal} |")
 
 
 if __name__ == "__main__":

@@ -94,8 +94,10 @@ class CompressedSink:
 
 def decompressed(src: BinaryIO, compression: str) -> BinaryIO:
     """``src`` (a stored shard) read through its compression."""
-    if compression == "zstd":
-        return zstandard.ZstdDecompressor().stream_reader(src, read_across_frames=True)  # type: ignore[return-value]
+    if compression == "zstd":  # reads the source a CHUNK at a time: what stores hand out
+        return zstandard.ZstdDecompressor().stream_reader(  # type: ignore[return-value]
+            src, read_size=CHUNK, read_across_frames=True
+        )
     if compression == "gzip":
         return gzip.GzipFile(fileobj=src, mode="rb")  # type: ignore[return-value]
     if compression == "none":

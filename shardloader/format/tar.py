@@ -1,7 +1,8 @@
 """POSIX (pax) tar shards, webdataset-compatible: one sample = consecutive members sharing a key.
 
 Writer: members sorted by extension, mtime 0, uid/gid 0, no user names, mode 0644, so the same
-samples give the same bytes; the tar is compressed as a whole (format/compress.py).  The writer
+samples give the same bytes; the tar is compressed as a whole (format/compress.py), and a zstd
+shard then carries its sample index in a skippable frame (format/embedded.py).  The writer
 records each sample's offset and size in the *uncompressed* tar, so a staged copy can be read
 by seeking.  Reading streams goes through format/tarstream.py; shardloader ``index`` adopts
 existing tar shards through format/tarindex.py.
@@ -22,6 +23,7 @@ import xxhash
 from shardloader.errors import ChecksumError, ShardError
 from shardloader.format.base import Format, Sample, ScannedShard, WrittenShard
 from shardloader.format.compress import CompressedSink, stage_stream
+from shardloader.format.embedded import index_frame
 from shardloader.format.registry import register_format
 from shardloader.format.tarindex import scan_tar
 from shardloader.format.tarstream import BLOCK, iter_members, iter_samples, iter_tar, split_key
@@ -90,6 +92,7 @@ class TarShardWriter:
 
     def __init__(self, fileobj: BinaryIO, compression: str) -> None:
         self._sink = CompressedSink(fileobj, compression)
+        self._compression = compression
         self._raw = 0
         self._keys: list[str] = []
         self._offsets: list[int] = []
@@ -189,6 +192,8 @@ class TarShardWriter:
             lengths=np.asarray(self._lengths, np.int64) if has_lengths else None,
             checksums=np.asarray(self._sums, np.uint64),
         )
+        if self._compression == "zstd":  # the index rides along: one GET fetches both
+            self._sink.stored.write(index_frame(index.to_arrow_bytes()))
         return WrittenShard(
             num_samples=len(self._keys),
             bytes=self._sink.stored.count,

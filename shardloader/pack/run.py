@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict
+from functools import partial
 from typing import Any
 
 from shardloader.aliases import FieldMap
@@ -51,6 +52,7 @@ from shardloader.pack.write import (
     write_shard,
 )
 from shardloader.storage.store import Store
+from shardloader.storage.uploads import Uploads
 
 __all__ = ["pack"]
 
@@ -231,6 +233,7 @@ def _pack(
             local_number += 1
             run.submit(executor, ShardTask(plan, name, index_name))
         run.drain(all_done=True)
+        run.uploads.wait()  # every shard whole in the store before the manifest names it
         shards = [run.infos[n] for n in sorted(run.infos)]
         skips = sorted(run.skips, key=lambda s: s["shard"])
         if skips:
@@ -260,9 +263,11 @@ def _pack(
         out_store.join(MANIFEST_NAME).write_bytes_atomic(manifest.to_json())
     except BaseException:
         executor.abort()  # before removing temporaries: no worker is still writing one
+        run.uploads.close()  # before the files they read go
         remove_temps(Store(staging), os.listdir(staging) if os.path.isdir(staging) else [])
         raise
     finally:
+        run.uploads.close()
         if not local_out:
             shutil.rmtree(staging, ignore_errors=True)
     if existing:
@@ -312,6 +317,7 @@ class _Run:
         self.infos: dict[int, ShardInfo] = {}
         self.skips: list[dict[str, Any]] = []
         self.samples = self.bytes_in = self.bytes_out = self.kept = 0
+        self.uploads = Uploads()
 
     def submit(self, executor: Executor, task: ShardTask) -> None:
         # A remote task cannot hand over a temporary file: it moves its shard into place.
@@ -336,16 +342,23 @@ class _Run:
             if not all_done:
                 return
 
+    def _place(self, r: ShardResult) -> None:
+        """The shard to its final name (rename or upload), then its sidecar."""
+        place_shard(self.spec, r)
+        assert r.sidecar is not None
+        self.spec.out.join(r.index_name).write_bytes_atomic(r.sidecar)
+
     def _finish(self, r: ShardResult) -> None:
-        r = place_shard(self.spec, r)  # local tasks hand over a temporary shard
         if r.num_samples == 0:  # every sample skipped: no shard
+            place_shard(self.spec, r)  # drops the temporary file
             self.skips.extend(r.skips)
             return
         if r.kept:
             self.kept += 1
-        else:
-            assert r.sidecar is not None
-            self.spec.out.join(r.index_name).write_bytes_atomic(r.sidecar)
+        elif r.temp is None or self.spec.out.is_local:  # placed by the task, or a rename
+            self._place(r)
+        else:  # NOTE [background uploads] in storage/uploads.py: overlaps the next shards
+            self.uploads.submit(partial(self._place, r))
         self.infos[r.number] = ShardInfo(
             r.name,
             r.num_samples,

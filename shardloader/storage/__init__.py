@@ -2,8 +2,10 @@
 
 Everything above this package holds a :class:`Store` (URL + fsspec options + retry policy):
 small, frozen, picklable; filesystems are created lazily in each process.  Per-protocol defaults
-(timeouts, which errors are worth a retry) are in ``protocols.py``; the node-local shard cache
-in ``cache.py``.  The functions below ``Store`` are the 0.1 API (URL, ``storage_options``,
+(timeouts, which errors are worth a retry, a fast client) are in ``protocols.py``; shard bytes
+travel through the fast clients (``clients.py``, ``s3client.py``) as one pass over each object
+(``objectstream.py``); the node-local shard cache is in ``cache.py``; background uploads in
+``uploads.py``.  The functions below ``Store`` are the 0.1 API (URL, ``storage_options``,
 ``policy=``), each a thin wrapper over a ``Store``.
 """
 

@@ -134,6 +134,7 @@ class ShardCache:
         stage: Callable[[BinaryIO, BinaryIO], int],
         verified: bool = False,
         wait: bool = True,
+        on_staged: Callable[[], None] | None = None,
     ) -> str | None:
         """Path of the staged copy of shard ``name``, staging it first if needed.
 
@@ -143,6 +144,9 @@ class ShardCache:
         ``open_stored`` already checked the bytes (a verified download), so they are not
         hashed twice.  With ``wait=False`` (read-ahead) a shard that another process is staging
         right now returns None at once, so the caller can fetch a different one meanwhile.
+        ``on_staged`` runs once the stored bytes matched, still under the shard's lock and before
+        the staged copy appears under its name (what it leaves is there for every process that
+        then finds the copy).
         """
         final = self.path_for(name)
         if os.path.exists(final):
@@ -162,7 +166,7 @@ class ShardCache:
                 return final
             self._make_room(raw_bytes, final)
             for attempt in (1, 2):
-                digest = self._stage_once(final, sha256, open_stored, stage, verified)
+                digest = self._stage_once(final, sha256, open_stored, stage, verified, on_staged)
                 if digest == sha256:
                     return final
                 log.warning("%s: checksum mismatch on attempt %d", where, attempt)
@@ -178,6 +182,7 @@ class ShardCache:
         open_stored: Callable[[], BinaryIO],
         stage: Callable[[BinaryIO, BinaryIO], int],
         verified: bool,
+        on_staged: Callable[[], None] | None = None,
     ) -> str:
         tmp = f"{final}.tmp-{uuid.uuid4().hex}"
         try:
@@ -191,6 +196,8 @@ class ShardCache:
                     hashing.drain()
                     digest = hashing.hexdigest()
             if digest == sha256:
+                if on_staged is not None:
+                    on_staged()
                 os.replace(tmp, final)
             return digest
         finally:

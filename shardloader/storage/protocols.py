@@ -15,6 +15,7 @@ left as they are, and a warning says so once per process.  ``register_protocol``
 
 from __future__ import annotations
 
+import http.client
 import logging
 import os
 import sys
@@ -35,6 +36,7 @@ from shardloader.storage.classify import (
     decide_generic,
     from_status,
 )
+from shardloader.storage.clients import _HttpStatusError, http_client
 
 __all__ = [
     "ProtocolDefaults",
@@ -62,6 +64,10 @@ class ProtocolDefaults:
       remedy) rather than bugs (passed through).
     - ``prepare(fs)``: adjust a new filesystem instance.  ``put_file(fs, local, path)``: one
       upload attempt, when ``fs.put_file`` is not enough.
+    - ``client(options, policy)``: a fast client for streamed and ranged GETs
+      (:class:`~shardloader.storage.clients.ObjectClient`), or None when these options need
+      the filesystem; its errors are read by ``decide`` too.  Without one, reads go through
+      fsspec.
     """
 
     names: tuple[str, ...]
@@ -70,6 +76,7 @@ class ProtocolDefaults:
     error_modules: tuple[str, ...] = ()
     prepare: Callable[[Any], None] | None = None
     put_file: Callable[[Any, str, str], None] | None = None
+    client: Callable[[Mapping[str, Any], Any], Any] | None = None
 
 
 # -- s3 ---------------------------------------------------------------------------------------
@@ -165,8 +172,10 @@ def _s3_transient() -> tuple[type[BaseException], ...]:
 def _http_decide(e: BaseException) -> str | None:
     response = _types("aiohttp", "ClientResponseError")
     transient = _types("aiohttp", "ClientPayloadError", "ClientConnectionError")
-    if response and isinstance(e, response):
+    if isinstance(e, _HttpStatusError) or (response and isinstance(e, response)):
         return from_status(getattr(e, "status", None))
+    if isinstance(e, http.client.HTTPException):  # a garbled or cut response (fast client)
+        return TRANSIENT
     if transient and isinstance(e, transient):
         return TRANSIENT
     return None
@@ -270,6 +279,13 @@ def _http_options(opts: dict[str, Any], connect: float, read: float) -> None:
     opts["client_kwargs"] = client
 
 
+def _s3_client(options: Mapping[str, Any], policy: Any) -> Any:
+    from shardloader.storage.s3client import s3_client  # botocore: imported on first use
+
+    filled = fsspec_options("s3://", options, policy.connect_timeout, policy.read_timeout)
+    return s3_client(options, filled)
+
+
 # -- the table --------------------------------------------------------------------------------
 
 S3 = ProtocolDefaults(
@@ -279,8 +295,11 @@ S3 = ProtocolDefaults(
     ("botocore", "aiobotocore", "aiohttp", "s3fs"),
     _s3_prepare,
     _s3_put_once,
+    _s3_client,
 )
-HTTP = ProtocolDefaults(("http", "https"), _http_options, _http_decide, ("aiohttp",))
+HTTP = ProtocolDefaults(
+    ("http", "https"), _http_options, _http_decide, ("aiohttp",), client=http_client
+)
 LOCAL = ProtocolDefaults(("file", "local"))  # plain OS calls: nothing to time out or retry
 MEMORY = ProtocolDefaults(("memory",))  # fsspec's in-process store (tests, examples)
 GENERIC = ProtocolDefaults(("*",))

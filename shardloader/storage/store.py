@@ -23,7 +23,6 @@ from functools import partial
 from typing import Any, BinaryIO, TypeVar, cast
 
 import fsspec
-from fsspec.callbacks import Callback
 
 from shardloader.errors import (
     ChecksumError,
@@ -32,16 +31,20 @@ from shardloader.errors import (
     TruncatedBodyError,
     UsageError,
 )
+from shardloader.storage.clients import ObjectClient, client_for
+from shardloader.storage.objectstream import PART_SIZE, PARTS_IN_FLIGHT, ObjectStream
 from shardloader.storage.protocols import protocol_defaults, protocol_of
 from shardloader.storage.remote import RetryingReader, filesystem
 from shardloader.storage.retry import DEFAULT_POLICY, RetryPolicy, call_with_retries
+from shardloader.storage.streams import BoundedReader
 
-__all__ = ["CHUNK_SIZE", "Store", "as_store", "join"]
+__all__ = ["CHUNK_SIZE", "SINGLE_PUT", "Store", "as_store", "join"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 CHUNK_SIZE = 8 * 2**20  # local downloads read this much at a time
+SINGLE_PUT = 50 * 2**20  # files up to this go up in one PUT (s3fs's default block size)
 
 
 def join(base: str, *parts: str) -> str:
@@ -112,10 +115,55 @@ class Store:
         fs, path = self.filesystem()
         return cast(BinaryIO, RetryingReader(self.url, partial(fs.open, path, "rb"), self.retry))
 
-    def read_bytes(self) -> bytes:
-        """The whole object."""
+    def client(self) -> ObjectClient | None:
+        """This process's fast client for the store's protocol and options (None: fsspec)."""
         if self.is_local:
-            with self.open_read() as f:
+            return None
+        make = protocol_defaults(self.protocol).client
+        if make is None:
+            return None
+        found: ObjectClient | None = client_for(self.protocol, self.options, self.retry, make)
+        return found
+
+    def open_stream(
+        self,
+        size: int | None = None,
+        *,
+        limit: int | None = None,
+        part_size: int = PART_SIZE,
+        parts_in_flight: int = PARTS_IN_FLIGHT,
+    ) -> BinaryIO:
+        """Open for one front-to-back pass, the way shard bytes should travel: one GET per
+        object (concurrent byte ranges past ``part_size``), no HEAD first, every byte handed
+        out once even across faults (:mod:`shardloader.storage.objectstream`).
+
+        ``size``: what the object must measure (a different size is a ChecksumError before its
+        body is read); else ``limit``: the most bytes accepted.  Protocols without a fast
+        client (and options it does not understand) stream through fsspec instead.
+        """
+        bound = size if size is not None else limit
+        if self.is_local:
+            f = self.open_read()
+            return cast(BinaryIO, BoundedReader(f, bound, self.url)) if bound is not None else f
+        client = self.client()
+        if client is None:
+            f = self.open_read()
+            return cast(BinaryIO, BoundedReader(f, bound, self.url)) if bound is not None else f
+        stream = ObjectStream(
+            client,
+            self.url,
+            self.retry,
+            size,
+            limit=limit,
+            part_size=part_size,
+            parts_in_flight=parts_in_flight,
+        )
+        return cast(BinaryIO, stream)
+
+    def read_bytes(self, limit: int | None = None) -> bytes:
+        """The whole object (one GET); past ``limit`` bytes, a ChecksumError."""
+        if self.is_local or limit is not None or self.client() is not None:
+            with self.open_stream(limit=limit) as f:
                 return f.read()
         fs, path = self.filesystem()
         return self.call(partial(fs.cat_file, path), "read")
@@ -166,20 +214,32 @@ class Store:
                 if os.path.exists(tmp):
                     os.remove(tmp)
             return
+        client = self.client()
+        if client is not None and hasattr(client, "put"):
+            self.call(partial(client.put, self.url, data), "write")
+            return
         fs, path = self.filesystem()
         self.call(partial(fs.pipe_file, path, data), "write")
 
     def put_file(self, local: str) -> None:
         """Move a finished local file here (atomic rename locally, one upload remotely).
 
-        Each attempt is a whole upload; the protocol may do it its own way (S3: in parts,
-        leaving no incomplete multipart upload behind when an attempt fails).
+        Each attempt is a whole upload; the protocol may do it its own way (S3: one PUT
+        through the fast client up to ``SINGLE_PUT`` bytes, or the ``default_block_size``
+        option; larger files in parts through s3fs, leaving no incomplete multipart upload
+        behind when an attempt fails).
         """
         if self.is_local:
             dst = self.local_path
             os.makedirs(os.path.dirname(dst) or ".", exist_ok=True)
             os.replace(local, dst)
             return
+        client = self.client()
+        if client is not None and hasattr(client, "put"):
+            block = int(self.options.get("default_block_size") or SINGLE_PUT)
+            if os.path.getsize(local) <= block:  # one PUT, as s3fs does below its block size
+                self.call(partial(_put_file_once, client, self.url, local), "upload")
+                return
         fs, path = self.filesystem()
         put = protocol_defaults(self.protocol).put_file
         upload = (
@@ -205,8 +265,9 @@ class Store:
         """Stream the object into ``dst_path``, hashing on the way; replace ``dst_path`` only
         when whole and matching the manifest.
 
-        A download that faults part-way (reset, truncated body, timeout, 5xx) is restarted from
-        the beginning under the policy.  A complete download whose SHA-256 or size differs
+        A download that faults part-way (reset, truncated body, timeout, 5xx) resumes at its
+        first missing byte under the policy (through fsspec, without a fast client: restarts
+        from the beginning).  A complete download whose SHA-256 or size differs
         from the manifest's is fetched once more (a corrupting proxy or cache may have served
         it), then raises :class:`ChecksumError` naming the URL and both digests.  A body that
         grows past ``size`` stops at once with :class:`ChecksumError`: an object larger than the
@@ -246,28 +307,31 @@ class Store:
     def _download_once(self, tmp: str, size: int | None, chunk_size: int) -> tuple[str, int]:
         """One whole download into ``tmp`` (truncated first): (sha256 hex, bytes written).
 
-        Remote objects come down as one streamed GET (``get_file``): measured against a local
-        S3 server that is about 3x faster than ranged reads of ``chunk_size`` through ``open``.
-        The file is hashed afterwards, from the page cache.
+        One pass: the body is hashed on its way to the file, never read back.  Faults in
+        the middle resume where they broke off (:meth:`open_stream`).
         """
-        if not self.is_local:
-            fs, path = self.filesystem()
-            # A body cut short of its Content-Length fails inside get_file (a transient error,
-            # so the download is retried); a whole body of the wrong size is the checksum's
-            # business, except one that grows past the declared size: _SizeLimit stops that.
-            fs.get_file(path, tmp, callback=_SizeLimit(self.url, size))
-            return _hash_file(tmp, chunk_size)
         digest = hashlib.sha256()
         written = 0
-        with open(self.local_path, "rb") as src, open(tmp, "wb") as out:
-            announced = os.fstat(src.fileno()).st_size
-            while chunk := src.read(chunk_size):
+        announced = None
+        if self.is_local:
+            try:
+                announced = os.path.getsize(self.local_path)
+            except FileNotFoundError as err:
+                raise ObjectNotFoundError(f"cannot read {self.url!r}: no such file") from err
+        with self.open_stream(None, limit=size) as src, open(tmp, "wb") as out:
+            while True:
+                try:
+                    chunk = src.read(chunk_size)
+                except ChecksumError:
+                    if size is None:
+                        raise
+                    raise _too_large(self.url, size) from None
+                if not chunk:
+                    break
                 written += len(chunk)
-                if size is not None and written > size:
-                    raise _too_large(self.url, size)
                 digest.update(chunk)
                 out.write(chunk)
-        if written < announced:
+        if announced is not None and written < announced:
             raise TruncatedBodyError(
                 f"{self.url}: the body ended after {written} of {announced} bytes"
             )
@@ -288,6 +352,11 @@ def as_store(
             )
         return url
     return Store(url, options or {}, retry or DEFAULT_POLICY)
+
+
+def _put_file_once(client: Any, url: str, local: str) -> None:
+    with open(local, "rb") as f:
+        client.put(url, f)
 
 
 def _exists(fs: fsspec.AbstractFileSystem, path: str) -> bool:
@@ -316,26 +385,3 @@ def _too_large(url: str, size: int) -> ChecksumError:
         f"shard {url!r} is larger than the {size:,} bytes the manifest declares; the stored "
         "object is damaged or was replaced: re-upload or re-pack it"
     )
-
-
-class _SizeLimit(Callback):  # type: ignore[misc]
-    """fsspec download callback that stops a body growing past the declared size."""
-
-    def __init__(self, url: str, size: int | None) -> None:
-        super().__init__()
-        self.url = url
-        self.limit = size
-
-    def call(self, *args: Any, **kwargs: Any) -> None:
-        if self.limit is not None and self.value > self.limit:
-            raise _too_large(self.url, self.limit)
-
-
-def _hash_file(path: str, chunk_size: int) -> tuple[str, int]:
-    digest = hashlib.sha256()
-    written = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(chunk_size):
-            digest.update(chunk)
-            written += len(chunk)
-    return digest.hexdigest(), written

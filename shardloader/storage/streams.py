@@ -1,14 +1,15 @@
 """Read-through wrappers for untrusted stored bytes: one that refuses to read past a declared
-size, one that hashes what passes through it."""
+size, one that hashes what passes through it, one that keeps the last bytes it passed."""
 
 from __future__ import annotations
 
 import hashlib
+from collections import deque
 from typing import Any
 
 from shardloader.errors import ChecksumError
 
-__all__ = ["BoundedReader", "HashingReader"]
+__all__ = ["BoundedReader", "HashingReader", "TailReader"]
 
 
 class BoundedReader:
@@ -93,3 +94,57 @@ class HashingReader:
     def hexdigest(self) -> str:
         assert self.sha is not None, "a HashingReader made with hashing=False has no digest"
         return self.sha.hexdigest()
+
+
+class TailReader:
+    """Reads through ``f`` and keeps references to the last chunks read, at least ``keep``
+    bytes of them when there were that many (:meth:`tail`): what a stored shard carries after
+    its data (its embedded sample index) is at hand once the stream has passed, without a
+    second read."""
+
+    def __init__(self, f: Any, keep: int) -> None:
+        self._f = f
+        self.keep = keep
+        self._chunks: deque[bytes] = deque()
+        self._held = 0
+
+    def read(self, n: int = -1) -> bytes:
+        data: bytes = self._f.read(n)
+        if data:
+            self._chunks.append(data)
+            self._held += len(data)
+            while self._chunks and self._held - len(self._chunks[0]) >= self.keep:
+                self._held -= len(self._chunks.popleft())
+        return data
+
+    def readinto(self, buf: bytearray | memoryview) -> int:
+        data = self.read(len(buf))
+        memoryview(buf).cast("B")[: len(data)] = data
+        return len(data)
+
+    def readable(self) -> bool:
+        return True
+
+    @property
+    def closed(self) -> bool:
+        return bool(self._f.closed)
+
+    def close(self) -> None:
+        self._f.close()
+
+    def __enter__(self) -> TailReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def tail(self, n: int) -> bytes:
+        """The last ``n`` bytes read (fewer if fewer were kept); joins only the chunks needed."""
+        parts: list[bytes] = []
+        need = n
+        for chunk in reversed(self._chunks):
+            if need <= 0:
+                break
+            parts.append(chunk if len(chunk) <= need else chunk[len(chunk) - need :])
+            need -= len(parts[-1])
+        return b"".join(reversed(parts))

@@ -1,0 +1,55 @@
+"""A shard's sample index carried inside the shard, so that one GET brings both.
+
+A zstd-compressed shard may end with a *skippable frame* (RFC 8878, section 3.1.2): every zstd
+decoder (``zstd -d``, python-zstandard, webdataset through a ``zstd -d`` pipe) passes over it,
+so the decompressed tar is unchanged and older shardloader versions read such shards as
+before.  Its content is the sample index as Arrow IPC bytes, then a footer (its length and
+``SLI1``), so a reader finds it from the last bytes of the stored object alone:
+
+    <u32 LE 0x184D2A5B> <u32 LE n>  <Arrow IPC index: n - 8 bytes> <u32 LE n - 8> b"SLI1"
+
+The sidecar (``*.idx.arrow``) is still written and stays the reference: the manifest's
+``index_sha256`` is the sidecar's, whose schema metadata also holds pack's resume record (which
+names the shard's own SHA-256, so it cannot be inside the shard).  The embedded copy is trusted
+only as part of a stored shard whose SHA-256 matched the manifest, and is checked against the
+manifest entry like a sidecar before use.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+
+__all__ = ["FOOTER", "MAGIC", "TAIL_KEEP", "embedded_index", "index_frame"]
+
+MAGIC = 0x184D2A5B  # one of the 16 skippable-frame magic numbers (0x184D2A50..5F)
+FOOTER = b"SLI1"
+TAIL_KEEP = 8 << 20  # the last bytes a stager keeps to find an embedded index in
+_HEAD = struct.Struct("<II")
+_FOOT = struct.Struct("<I4s")
+
+
+def index_frame(index: bytes) -> bytes:
+    """The skippable frame that carries ``index`` (Arrow IPC bytes of a SampleIndex)."""
+    content = index + _FOOT.pack(len(index), FOOTER)
+    return _HEAD.pack(MAGIC, len(content)) + content
+
+
+def embedded_index(tail: Callable[[int], bytes] | bytes) -> bytes | None:
+    """The index bytes if the stored shard ends with our frame, else None.
+
+    ``tail`` is the shard's last bytes, or a function giving its last ``n`` bytes (fewer when
+    it has fewer): the footer is read first, then only as much as the frame takes.
+    """
+    last = tail if callable(tail) else (lambda n, data=tail: data[-n:])
+    foot = last(_FOOT.size)
+    if len(foot) < _FOOT.size or foot[-4:] != FOOTER:
+        return None
+    (length, _) = _FOOT.unpack(foot)
+    frame = last(_HEAD.size + length + _FOOT.size)
+    if len(frame) < _HEAD.size + length + _FOOT.size:
+        return None  # longer than what the stager kept
+    magic, size = _HEAD.unpack_from(frame, 0)
+    if magic != MAGIC or size != length + _FOOT.size:
+        return None
+    return frame[_HEAD.size : _HEAD.size + length]

@@ -1,0 +1,82 @@
+"""Read-ahead: which shards this node needs next, in plan order, shared by its processes.
+
+NOTE [node-wide read-ahead]: every DataLoader worker of every local rank computes the same
+schedule, a pure function of the epoch plan and the ranks on this node: each shard once, at the
+first rank step at which any local rank needs it (steps in order, local ranks in turn within a
+step). A worker at rank step ``t`` asks its :class:`~shardloader.shards.ShardSet` to stage every
+entry due by ``t``, then (once those are in) the next ``depth`` entries, where ``depth`` is
+``readahead`` for each process on the node. Staging goes through the node cache's per-shard lock
+without waiting: a shard another process is staging is skipped, one already staged costs a
+``stat``. So the node's processes split the downloads between them, ahead of the steps that read
+them, overlapping decoding, and no shard is fetched twice, whether workers and ranks need the
+same shards (stream order) or different ones (shuffled).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from shardloader.shards import ShardSet
+
+__all__ = ["ReadAhead", "node_schedule"]
+
+
+def node_schedule(
+    batch_shards: Sequence[np.ndarray], steps: Sequence[np.ndarray]
+) -> list[tuple[int, int]]:
+    """``(rank step, shard)`` of every shard the node needs, at its first need, in order.
+
+    ``batch_shards[i]`` / ``steps[i]``: the shard of each sample read by local rank ``i``
+    (its batches concatenated) and the rank step of each of those samples.
+    """
+    ranks = len(batch_shards)
+    if not ranks:
+        return []
+    shard = np.concatenate([np.asarray(s, np.int64) for s in batch_shards])
+    step = np.concatenate([np.asarray(t, np.int64) for t in steps])
+    local = np.concatenate([np.full(len(s), i, np.int64) for i, s in enumerate(batch_shards)])
+    if not len(shard):
+        return []
+    time = step * ranks + local
+    order = np.argsort(time, kind="stable")
+    shard, step = shard[order], step[order]
+    _, first = np.unique(shard, return_index=True)
+    first.sort()
+    return list(zip(step[first].tolist(), shard[first].tolist(), strict=True))
+
+
+class ReadAhead:
+    """Walks a node schedule for one worker, staging ahead through its ShardSet."""
+
+    def __init__(self, shards: ShardSet, schedule: list[tuple[int, int]], depth: int) -> None:
+        self.shards = shards
+        self.schedule = schedule
+        self.depth = depth
+        self._due = 0  # entries needed by the steps reached so far
+        self._late: list[int] = []  # shards due now that read-ahead had not asked for
+        self._submitted = 0  # entries handed to the ShardSet so far
+
+    def advance(self, step: int) -> None:
+        """The worker reached rank step ``step``: stage what is due, and ``depth`` more."""
+        if self.shards.in_place or self.shards.options.readahead <= 0:
+            return
+        while self._due < len(self.schedule) and self.schedule[self._due][0] <= step:
+            self._due += 1
+        if self._due > self._submitted:  # needed now and not read ahead: first, on their own
+            self._late = [s for _, s in self.schedule[self._submitted : self._due]]
+            self.shards.prefetch(self._late)
+            self._submitted = self._due
+        # Shards needed now that were not read ahead (the first step, or read-ahead fell behind)
+        # get the bandwidth to themselves while they arrive: read-ahead sharing it would delay
+        # this step by as much as it gains later.  Shards read ahead hold nothing back.
+        if self._late and self.shards.staging(self._late):
+            return
+        self._late = []
+        target = min(len(self.schedule), self._due + self.depth)
+        if target > self._submitted:
+            self.shards.prefetch(s for _, s in self.schedule[self._submitted : target])
+            self._submitted = target

@@ -1,0 +1,334 @@
+"""Fast clients for the requests that move shard bytes: one GET of a whole object or of a byte
+range, streamed.  fsspec stays for everything else (listings, writes, the long tail of
+protocols); a protocol offers a client through its defaults
+(:attr:`~shardloader.storage.protocols.ProtocolDefaults.client`), and a store whose options the
+client does not understand falls back to fsspec.
+
+Each :meth:`ObjectClient.get` is *one attempt* (no retries inside, timeouts from the policy):
+:class:`~shardloader.storage.objectstream.ObjectStream` spends the one
+:class:`~shardloader.storage.retry.RetryPolicy` budget around it, and the protocol's ``decide``
+reads its errors.
+
+Clients are made lazily in each process and cached there (by protocol, options and policy);
+a forked child makes its own, as with fsspec's filesystems.  This module holds the HTTP(S)
+client (standard library only); the S3 client is :mod:`shardloader.storage.s3client`.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import ssl
+import threading
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
+from urllib.parse import urljoin, urlsplit
+
+from shardloader.errors import StorageError, TruncatedBodyError
+
+if TYPE_CHECKING:
+    from shardloader.storage.retry import RetryPolicy
+
+__all__ = [
+    "Body",
+    "HttpClient",
+    "ObjectClient",
+    "client_for",
+    "http_client",
+    "range_header",
+]
+
+
+class Body(Protocol):
+    """One response body.  ``ranged``: the server answered the byte range asked for (206);
+    False means the body is the whole object from byte 0.  ``total``: the object's size when
+    the response says it.  ``length``: the bytes this body carries, when known."""
+
+    ranged: bool
+    total: int | None
+    length: int | None
+
+    def read(self, n: int) -> bytes: ...
+
+    def close(self) -> None: ...
+
+
+class ObjectClient(Protocol):
+    """GETs of one protocol, one attempt each."""
+
+    def get(self, url: str, start: int = 0, stop: int | None = None) -> Body:
+        """Bytes ``[start, stop)`` of ``url`` (``stop`` None: to the end; ``start == 0`` and
+        ``stop`` None: a plain GET without a Range header)."""
+        ...
+
+
+class _HttpStatusError(OSError):
+    """An HTTP response that is not the object: the status decides whether it is retried
+    (private: :func:`~shardloader.storage.retry.call_with_retries` turns it into a
+    :class:`~shardloader.errors.StorageError`)."""
+
+    def __init__(self, status: int, reason: str, url: str) -> None:
+        super().__init__(f"HTTP {status} {reason} for {url}")
+        self.status = status
+
+
+def range_header(start: int, stop: int | None) -> str | None:
+    """``bytes=start-(stop-1)``, or None for the whole object."""
+    if start == 0 and stop is None:
+        return None
+    return f"bytes={start}-" if stop is None else f"bytes={start}-{stop - 1}"
+
+
+def parse_content_range(value: str | None) -> int | None:
+    """The total of ``bytes a-b/total`` (None when absent or ``*``)."""
+    if not value or "/" not in value:
+        return None
+    total = value.rsplit("/", 1)[1].strip()
+    return int(total) if total.isdigit() else None
+
+
+# -- the per-process cache ----------------------------------------------------------------------
+
+_CLIENTS: dict[tuple[Any, ...], Any] = {}
+_MAKING: dict[tuple[Any, ...], threading.Lock] = {}
+_PID = os.getpid()
+_LOCK = threading.Lock()
+
+
+def _env_key() -> tuple[tuple[str, str], ...]:
+    """The environment a client reads when it is made (endpoint, credentials, profile): a
+    changed variable makes a new client, as a new process would."""
+    return tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_")))
+
+
+def client_for(
+    protocol: str,
+    options: Mapping[str, Any],
+    policy: RetryPolicy,
+    make: Callable[[Mapping[str, Any], RetryPolicy], Any],
+) -> Any:
+    """This process's client for (protocol, options, policy), made by ``make`` on first use
+    (``make`` may return None: fall back to fsspec; that answer is cached too)."""
+    global _PID
+    try:
+        opts = json.dumps(options, sort_keys=True, default=repr)
+    except (TypeError, ValueError):
+        opts = repr(sorted(options.items(), key=lambda kv: str(kv[0])))
+    key = (protocol, opts, policy, _env_key())
+    with _LOCK:
+        if os.getpid() != _PID:  # a forked child: connections belong to the parent
+            _CLIENTS.clear()
+            _MAKING.clear()
+            _PID = os.getpid()
+        found = _CLIENTS.get(key, _CLIENTS)
+        making = _MAKING.setdefault(key, threading.Lock())
+    if found is not _CLIENTS:
+        return found
+    with making:  # threads asking at once (read-ahead) wait for one client, not make one each
+        with _LOCK:
+            found = _CLIENTS.get(key, _CLIENTS)
+        if found is not _CLIENTS:
+            return found
+        client = make(options, policy)
+        with _LOCK:
+            return _CLIENTS.setdefault(key, client)
+
+
+def clear_clients() -> None:
+    """Forget this process's clients (tests that change the environment call it)."""
+    with _LOCK:
+        _CLIENTS.clear()
+        _MAKING.clear()
+
+
+# -- HTTP(S) --------------------------------------------------------------------------------------
+
+_MAX_REDIRECTS = 5
+_IDLE_PER_HOST = 16
+_HTTP_OPTION_KEYS = frozenset({"headers"})
+
+
+class _HttpBody:
+    """The body of one response; the connection goes back to the pool when read to the end."""
+
+    def __init__(
+        self,
+        client: HttpClient,
+        origin: tuple[str, str],
+        conn: http.client.HTTPConnection,
+        resp: http.client.HTTPResponse,
+        ranged: bool,
+        total: int | None,
+        length: int | None,
+        url: str,
+    ) -> None:
+        self._client = client
+        self._origin = origin
+        self._conn: http.client.HTTPConnection | None = conn
+        self._resp = resp
+        self.ranged = ranged
+        self.total = total
+        self.length = length
+        self._left = length
+        self._url = url
+
+    def read(self, n: int) -> bytes:
+        if self._conn is None:
+            return b""
+        if self._left is not None:
+            n = min(n, self._left)
+            if n == 0:
+                self._release()
+                return b""
+        try:
+            data = self._resp.read(n)
+        except BaseException:
+            self._drop()
+            raise
+        if self._left is not None:
+            if not data:
+                self._drop()
+                raise TruncatedBodyError(
+                    f"{self._url}: the body ended {self._left} bytes short of its Content-Length"
+                )
+            self._left -= len(data)
+            if self._left == 0:
+                self._release()
+        elif not data:
+            self._drop()  # read to EOF without a length: the server closes the connection
+        return data
+
+    def _release(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            self._client._put(self._origin, conn)
+
+    def _drop(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            _close(conn, self._resp)
+
+    def close(self) -> None:
+        if self._left == 0:
+            self._release()
+        else:
+            self._drop()  # unread bytes: the connection cannot carry another request
+
+
+class HttpClient:
+    """GETs over the standard library's ``http.client``, with a small pool of kept-alive
+    connections per host (shared by threads), redirects followed, no proxies (like fsspec's
+    HTTP filesystem, which does not trust the environment either)."""
+
+    def __init__(self, connect_timeout: float, read_timeout: float, headers: Mapping[str, str]):
+        self.connect_timeout = connect_timeout
+        self.read_timeout = read_timeout
+        self.headers = dict(headers)
+        self._idle: dict[tuple[str, str], list[http.client.HTTPConnection]] = {}
+        self._lock = threading.Lock()
+        self._ssl: ssl.SSLContext | None = None
+
+    def _connect(self, origin: tuple[str, str]) -> http.client.HTTPConnection:
+        scheme, netloc = origin
+        if scheme == "https":
+            if self._ssl is None:
+                self._ssl = ssl.create_default_context()
+            return http.client.HTTPSConnection(
+                netloc, timeout=self.connect_timeout, context=self._ssl
+            )
+        return http.client.HTTPConnection(netloc, timeout=self.connect_timeout)
+
+    def _take(self, origin: tuple[str, str]) -> http.client.HTTPConnection | None:
+        with self._lock:
+            idle = self._idle.get(origin)
+            return idle.pop() if idle else None
+
+    def _put(self, origin: tuple[str, str], conn: http.client.HTTPConnection) -> None:
+        with self._lock:
+            idle = self._idle.setdefault(origin, [])
+            if len(idle) < _IDLE_PER_HOST:
+                idle.append(conn)
+                return
+        conn.close()
+
+    def get(self, url: str, start: int = 0, stop: int | None = None) -> _HttpBody:
+        headers = dict(self.headers)
+        rng = range_header(start, stop)
+        if rng is not None:
+            headers["Range"] = rng
+        for _ in range(_MAX_REDIRECTS + 1):
+            parts = urlsplit(url)
+            origin = (parts.scheme, parts.netloc)
+            target = parts.path or "/"
+            if parts.query:
+                target += "?" + parts.query
+            conn, resp = self._request(origin, target, headers)
+            status = resp.status
+            if status in (301, 302, 303, 307, 308) and resp.getheader("Location"):
+                location = resp.getheader("Location") or ""
+                _close(conn, resp)
+                url = urljoin(url, location)
+                continue
+            if status not in (200, 206):
+                _close(conn, resp)
+                raise _HttpStatusError(status, resp.reason, url)
+            length_text = resp.getheader("Content-Length")
+            length = int(length_text) if length_text and length_text.isdigit() else None
+            ranged = status == 206
+            if ranged:
+                total = parse_content_range(resp.getheader("Content-Range"))
+            else:
+                total = length
+            if resp.getheader("Content-Encoding", "identity") not in ("identity", ""):
+                _close(conn, resp)
+                raise StorageError(
+                    f"{url}: the server sent the object with Content-Encoding "
+                    f"{resp.getheader('Content-Encoding')!r}; serve shards as they are stored"
+                )
+            resp_any: Any = resp
+            return _HttpBody(self, origin, conn, resp_any, ranged, total, length, url)
+        raise StorageError(f"{url}: more than {_MAX_REDIRECTS} redirects")
+
+    def _request(
+        self, origin: tuple[str, str], target: str, headers: Mapping[str, str]
+    ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+        """Send the request; a kept-alive connection the server closed meanwhile is replaced
+        once, at no cost to the retry budget (nothing was received on it)."""
+        conn = self._take(origin)
+        reused = conn is not None
+        while True:
+            if conn is None:
+                conn = self._connect(origin)
+            try:
+                conn.request("GET", target, headers=headers)
+                if conn.sock is not None:
+                    conn.sock.settimeout(self.read_timeout)
+                return conn, conn.getresponse()
+            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
+                conn.close()
+                if not reused:
+                    raise
+                reused, conn = False, None
+            except BaseException:
+                conn.close()
+                raise
+
+
+def _close(conn: http.client.HTTPConnection, resp: http.client.HTTPResponse) -> None:
+    """Close a connection and its response (whose file keeps the socket open otherwise)."""
+    resp.close()
+    conn.close()
+
+
+def http_client(options: Mapping[str, Any], policy: RetryPolicy) -> HttpClient | None:
+    """The HTTP(S) client for these fsspec options, or None (fsspec) when they ask for more
+    than plain GETs with extra headers (auth objects, client settings, ...)."""
+    if set(options) - _HTTP_OPTION_KEYS:
+        return None
+    headers = options.get("headers") or {}
+    if not isinstance(headers, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in headers.items()
+    ):
+        return None
+    return HttpClient(policy.connect_timeout, policy.read_timeout, headers)

@@ -1,0 +1,281 @@
+"""One object read front to back, once, while it arrives: the GET body streams through the
+caller (hashing, decompression, the cache file) and is never written whole anywhere first.
+
+An object up to ``part_size`` is one GET.  A larger one is fetched as byte ranges of
+``part_size``, up to ``parts_in_flight`` at once, and handed to the reader in order.  Each part
+arrives in a background thread, so the network overlaps the caller's work; an object of at most
+``INLINE_BELOW`` bytes is fetched whole by the reader's first ``read`` instead.
+
+Faults: each part is one call under the store's :class:`~shardloader.storage.retry.RetryPolicy`
+(resets, 5xx, throttling, bodies cut short, stalls past the read timeout).  A part that breaks
+off after some bytes resumes at the first byte it has not delivered, so the reader sees every
+byte exactly once; a server that ignores ranges sends the object from its start again and the
+bytes already delivered are skipped.  The object's size in the first response must equal the
+size the caller expects (the manifest's ``bytes``): a larger or smaller object is a
+:class:`~shardloader.errors.ChecksumError` at once, before its body is read.
+
+NOTE [part buffers]: a part holds at most ``PART_BUFFER`` unread bytes; past that its thread
+waits (its connection stalls, which TCP handles) until the reader catches up.  Parts start in
+order and the reader consumes them in order, so the part being read never waits for room: the
+stream cannot deadlock, and its memory stays under ``parts_in_flight * PART_BUFFER``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from shardloader.errors import ChecksumError, TruncatedBodyError
+from shardloader.storage.retry import RetryPolicy, call_with_retries
+
+if TYPE_CHECKING:
+    from shardloader.storage.clients import Body, ObjectClient
+
+__all__ = ["CHUNK", "INLINE_BELOW", "PART_BUFFER", "PART_SIZE", "PARTS_IN_FLIGHT", "ObjectStream"]
+
+CHUNK = 1 << 20  # bytes per read from the socket, and the size of the chunks handed out
+PART_SIZE = 64 << 20  # objects up to this are one GET; larger ones go in ranges of this size
+PARTS_IN_FLIGHT = 4
+PART_BUFFER = 16 << 20
+INLINE_BELOW = 4 << 20  # objects up to this size are fetched in the reader's own thread
+
+
+class _Part:
+    __slots__ = ("buffered", "chunks", "done", "error", "got", "start", "stop")
+
+    def __init__(self, start: int, stop: int | None) -> None:
+        self.start = start
+        self.stop = stop  # None: to the end of the object
+        self.got = 0  # bytes delivered into ``chunks`` so far (over all attempts)
+        self.chunks: deque[bytes] = deque()
+        self.buffered = 0
+        self.done = False
+        self.error: BaseException | None = None
+
+
+class ObjectStream:
+    """``read`` the bytes of ``url`` in order (a file-like object for one pass).
+
+    ``size``: the size the object must have (None: unknown, one GET, up to ``limit`` bytes).
+    """
+
+    def __init__(
+        self,
+        client: ObjectClient,
+        url: str,
+        policy: RetryPolicy,
+        size: int | None = None,
+        *,
+        limit: int | None = None,
+        part_size: int = PART_SIZE,
+        parts_in_flight: int = PARTS_IN_FLIGHT,
+    ) -> None:
+        self.url = url
+        self.size = size
+        self.limit = limit
+        self._client = client
+        self._policy = policy
+        self._in_flight = max(1, parts_in_flight)
+        if size is not None and size > part_size > 0:
+            self._parts = [_Part(lo, min(lo + part_size, size)) for lo in range(0, size, part_size)]
+        else:
+            self._parts = [_Part(0, None)]
+        self._cond = threading.Condition()
+        self._started = 0
+        self._current = 0  # the part being read
+        self._offset = 0  # bytes of the current part's first chunk already handed out
+        self._ranges: bool | None = None if len(self._parts) > 1 else False
+        self._closed = False
+        self.pos = 0
+        # A small object is fetched by the reader itself on its first read: a thread would cost
+        # more than the overlap it buys.
+        expected = size if size is not None else limit
+        self._inline = expected is not None and expected <= INLINE_BELOW
+        if not self._inline:
+            self._schedule()
+
+    # -- file-like ------------------------------------------------------------------------
+    def readable(self) -> bool:
+        return True
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __enter__(self) -> ObjectStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def read(self, n: int | None = -1) -> bytes:
+        if n is None or n < 0:
+            out = []
+            while chunk := self.read(CHUNK):
+                out.append(chunk)
+            return b"".join(out)
+        if n == 0:
+            return b""
+        if self._inline and self._started == 0:
+            self._started = 1
+            self._fetch(self._parts[0])
+        with self._cond:
+            while True:
+                if self._closed:
+                    raise ValueError(f"{self.url}: read from a closed stream")
+                if self._current >= len(self._parts):
+                    return b""
+                part = self._parts[self._current]
+                if part.chunks:
+                    chunk = part.chunks[0]
+                    if self._offset == 0 and len(chunk) <= n:  # the common case: no copy
+                        part.chunks.popleft()
+                    else:  # a reader asking for less than a chunk: hand it out in pieces
+                        chunk = chunk[self._offset : self._offset + n]
+                        self._offset += len(chunk)
+                        if self._offset == len(part.chunks[0]):
+                            part.chunks.popleft()
+                            self._offset = 0
+                    part.buffered -= len(chunk)
+                    self.pos += len(chunk)
+                    self._cond.notify_all()  # room in the part's buffer
+                    return chunk
+                if part.error is not None:
+                    err = part.error
+                    self._close_locked()
+                    raise err
+                if part.done:
+                    self._current += 1
+                    self._schedule_locked()
+                    continue
+                self._cond.wait()
+
+    def readinto(self, buf: Any) -> int:
+        view = memoryview(buf).cast("B")
+        data = self.read(len(view))
+        view[: len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        with self._cond:
+            self._close_locked()
+
+    def _close_locked(self) -> None:
+        self._closed = True
+        for part in self._parts:
+            part.chunks.clear()
+            part.buffered = 0
+        self._cond.notify_all()
+
+    # -- fetching -------------------------------------------------------------------------
+    def _schedule(self) -> None:
+        with self._cond:
+            self._schedule_locked()
+
+    def _schedule_locked(self) -> None:
+        """Start parts in order, up to ``parts_in_flight`` ahead of the reader; past the first,
+        only once the server has shown it answers ranges."""
+        while (
+            not self._closed
+            and self._started < len(self._parts)
+            and self._started < self._current + self._in_flight
+            and (self._started == 0 or self._ranges)
+        ):
+            part = self._parts[self._started]
+            self._started += 1
+            threading.Thread(
+                target=self._fetch, args=(part,), daemon=True, name="shardloader-get"
+            ).start()
+
+    def _fetch(self, part: _Part) -> None:
+        try:
+            call_with_retries(
+                lambda: self._fetch_once(part), url=self.url, policy=self._policy, what="read"
+            )
+        except BaseException as err:  # noqa: BLE001 - handed to the reader, raised there
+            with self._cond:
+                part.error = err
+        finally:
+            with self._cond:
+                part.done = True
+                self._cond.notify_all()
+
+    def _fetch_once(self, part: _Part) -> None:
+        """One GET of what ``part`` still lacks."""
+        start = part.start + part.got
+        if self._closed or (part.stop is not None and start >= part.stop):
+            return
+        body = self._client.get(self.url, start, part.stop)
+        try:
+            skip = self._check(body, part, start)
+            expected = self._expected(body, part, start)
+            while skip:
+                dropped = body.read(min(skip, CHUNK))
+                if not dropped:
+                    raise TruncatedBodyError(f"{self.url}: the body ended at byte {start - skip}")
+                skip -= len(dropped)
+            while expected is None or expected > 0:
+                data = body.read(CHUNK if expected is None else min(CHUNK, expected))
+                if not data:
+                    if expected is not None:
+                        raise TruncatedBodyError(
+                            f"{self.url}: the body ended {expected:,} bytes early (part at "
+                            f"{part.start:,}, {part.got:,} bytes in)"
+                        )
+                    break
+                if expected is not None:
+                    expected -= len(data)
+                if not self._deliver(part, data):
+                    return
+        finally:
+            body.close()
+
+    def _check(self, body: Body, part: _Part, start: int) -> int:
+        """Check the response against the object we expect; return the bytes to skip (a server
+        that ignored the range sends the object from byte 0)."""
+        total = body.total
+        if total is not None:
+            if self.size is not None and total != self.size:
+                raise ChecksumError(
+                    f"{self.url} is {total:,} bytes, the manifest says {self.size:,}: the stored "
+                    "object is damaged or was replaced; re-upload or re-pack it"
+                )
+            if self.limit is not None and total > self.limit:
+                raise ChecksumError(
+                    f"{self.url}: the stored file is larger than the {self.limit:,} bytes the "
+                    "manifest allows for it; it is corrupt or was replaced"
+                )
+        with self._cond:
+            if self._ranges is None and part is self._parts[0]:
+                self._ranges = body.ranged
+                if not body.ranged:  # the whole object comes in this one response
+                    part.stop = None
+                    del self._parts[1:]
+                self._schedule_locked()
+        return 0 if body.ranged else start
+
+    def _expected(self, body: Body, part: _Part, start: int) -> int | None:
+        """Bytes this response must deliver after any skipped ones (None: until it ends)."""
+        if part.stop is not None:
+            return part.stop - start
+        end = body.total if body.total is not None else self.size
+        return None if end is None else end - start
+
+    def _deliver(self, part: _Part, data: bytes) -> bool:
+        """Hand ``data`` to the reader; False once the stream was closed."""
+        with self._cond:
+            while part.buffered >= PART_BUFFER and not self._closed and not self._inline:
+                self._cond.wait()
+            if self._closed:
+                return False
+            if self.limit is not None and part.start + part.got + len(data) > self.limit:
+                raise ChecksumError(
+                    f"{self.url}: the stored file is larger than the {self.limit:,} bytes the "
+                    "manifest allows for it; it is corrupt or was replaced"
+                )
+            part.chunks.append(data)
+            part.got += len(data)
+            part.buffered += len(data)
+            self._cond.notify_all()
+            return True

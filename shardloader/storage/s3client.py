@@ -1,0 +1,163 @@
+"""The fast S3 client: botocore's synchronous client with a connection pool sized for
+concurrent range GETs, made from the same storage options s3fs takes.
+
+Measured against a local S3 server (tools/bench_s3.py): s3fs's ``cat_file`` moves about 0.6 of
+what a plain botocore ``get_object`` loop does, and its per-request overhead (an asyncio loop in
+a thread, HEAD before reads) dominates small objects.  obstore (Rust) was measured too: as fast
+as this client with a streamed body, but a new compiled dependency with its own credential
+chain, where botocore is already installed with s3fs and reads the same profiles, variables
+and endpoint settings (``AWS_ENDPOINT_URL``) as s3fs does.
+
+Options s3fs understands and this client does not (``version_aware``, ``s3_additional_kwargs``,
+a ``session`` object, ...) make :func:`s3_client` return None: the store then reads through
+s3fs as before.  The botocore *session* (credentials, the parsed service model) is kept for
+the life of the process and inherited by forked DataLoader workers, so each worker's client
+costs tens of milliseconds, not the time a fresh service model takes to load; the *client*
+(its connection pool) is made again in each process
+(:func:`~shardloader.storage.clients.client_for`).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from shardloader.storage.clients import parse_content_range, range_header
+
+__all__ = ["POOL_CONNECTIONS", "S3Client", "s3_client", "split_s3_url"]
+
+POOL_CONNECTIONS = 64  # concurrent GETs one process may have open (read-ahead x ranges)
+
+# s3fs options this client honours, and the ones that do not change how a GET is made.
+_USED = frozenset(
+    {
+        "key",
+        "secret",
+        "token",
+        "username",
+        "password",
+        "anon",
+        "endpoint_url",
+        "client_kwargs",
+        "config_kwargs",
+        "profile",
+        "requester_pays",
+        "use_ssl",
+    }
+)
+_HARMLESS = frozenset(
+    {
+        "default_block_size",
+        "default_fill_cache",
+        "default_cache_type",
+        "use_listings_cache",
+        "listings_expiry_time",
+        "max_paths",
+        "skip_instance_cache",
+        "cache_regions",
+        "max_concurrency",
+        "fixed_upload_size",
+        "local_expiry_check",
+    }
+)
+
+_SESSIONS: dict[Any, Any] = {}
+_SESSION_LOCK = threading.Lock()
+
+
+def split_s3_url(url: str) -> tuple[str, str]:
+    """(bucket, key) of ``s3://bucket/key`` (also ``s3a://``)."""
+    rest = url.split("://", 1)[1]
+    bucket, _, key = rest.partition("/")
+    return bucket, key
+
+
+class _S3Body:
+    """A GetObject body, read through botocore's StreamingBody (which turns urllib3's errors
+    into botocore's and checks the length at the end)."""
+
+    def __init__(self, response: Mapping[str, Any]) -> None:
+        self._body = response["Body"]
+        length = response.get("ContentLength")
+        self.length: int | None = int(length) if length is not None else None
+        total = parse_content_range(response.get("ContentRange"))
+        self.ranged = total is not None  # no Content-Range: the whole object follows
+        self.total = total if self.ranged else self.length
+
+    def read(self, n: int) -> bytes:
+        data: bytes = self._body.read(n)
+        return data
+
+    def close(self) -> None:
+        self._body.close()
+
+
+class S3Client:
+    """``get`` of whole objects and byte ranges; one attempt each (botocore's own retries off)."""
+
+    def __init__(self, client: Any, extra: Mapping[str, Any]) -> None:
+        self._client = client
+        self._extra = dict(extra)
+
+    def get(self, url: str, start: int = 0, stop: int | None = None) -> _S3Body:
+        bucket, key = split_s3_url(url)
+        kwargs = dict(self._extra)
+        rng = range_header(start, stop)
+        if rng is not None:
+            kwargs["Range"] = rng
+        response = self._client.get_object(Bucket=bucket, Key=key, **kwargs)
+        return _S3Body(response)
+
+    def put(self, url: str, body: Any) -> None:
+        """One PUT of ``body`` (bytes or a file opened for reading): S3 makes it visible whole
+        or not at all."""
+        bucket, key = split_s3_url(url)
+        self._client.put_object(Bucket=bucket, Key=key, Body=body, **self._extra)
+
+
+def _session(profile: str | None) -> Any:
+    import botocore.session
+
+    with _SESSION_LOCK:
+        found = _SESSIONS.get(profile)
+        if found is None:
+            found = botocore.session.Session(profile=profile)
+            _SESSIONS[profile] = found
+        return found
+
+
+def s3_client(options: Mapping[str, Any], opts: Mapping[str, Any]) -> S3Client | None:
+    """A client for these s3fs-style ``options``, or None when they hold something only s3fs
+    understands (the store then uses s3fs).  ``opts``: the same options as the S3 defaults
+    filled them in (one attempt per request, the policy's timeouts: protocols.py)."""
+    if set(options) - _USED - _HARMLESS:
+        return None
+    try:
+        from botocore import UNSIGNED
+        from botocore.config import Config
+    except ImportError:
+        return None
+    client_kwargs: dict[str, Any] = dict(opts.get("client_kwargs") or {})
+    config_kwargs: dict[str, Any] = dict(opts.get("config_kwargs") or {})
+    config_kwargs.setdefault("max_pool_connections", POOL_CONNECTIONS)
+    for ours, botos in (
+        ("key", "aws_access_key_id"),
+        ("username", "aws_access_key_id"),
+        ("secret", "aws_secret_access_key"),
+        ("password", "aws_secret_access_key"),
+        ("token", "aws_session_token"),
+        ("endpoint_url", "endpoint_url"),
+    ):
+        if opts.get(ours) is not None:
+            client_kwargs.setdefault(botos, opts[ours])
+    if "use_ssl" in opts:
+        client_kwargs.setdefault("use_ssl", bool(opts["use_ssl"]))
+    if opts.get("anon"):
+        for name in ("aws_access_key_id", "aws_secret_access_key", "aws_session_token"):
+            client_kwargs.pop(name, None)
+        config_kwargs["signature_version"] = UNSIGNED
+    extra = {"RequestPayer": "requester"} if opts.get("requester_pays") else {}
+    session = _session(opts.get("profile"))
+    client = session.create_client("s3", config=Config(**config_kwargs), **client_kwargs)
+    return S3Client(client, extra)
