@@ -128,12 +128,16 @@ class ShardedDataset(IterableDataset):  # type: ignore[type-arg]
         # member extension → logical field: the manifest's aliases, ``aliases`` merged over
         self.field_map = FieldMap.of_manifest(self.manifest, aliases)
         self._planning.signature()  # a planner must declare its options (or fail here)
+        self._bundle = 1  # batches per worker output: NOTE [bundles] in shardloader/transport.py
         self._explicit_world = (rank, world_size)
         r, w = detect_world(rank, world_size)
         Place(r, w)  # validate
         self._control = _Control([0, 0, r, w])
         self._lengths: np.ndarray | None = None
-        if planner is not None and getattr(planner, "needs_lengths", False):
+        bind = getattr(planner, "bind", None)
+        if bind is not None:  # a planner that reads the data itself checks it and loads lengths
+            self._lengths = bind(self)  # (batching/blocks.py)
+        elif planner is not None and getattr(planner, "needs_lengths", False):
             self._lengths = load_lengths(self.manifest, self.base, self.read_options)
         # len() of the last (epoch, start, rank, world) asked for: the loader checks every
         # pass against it; lengths loaded only for report(), never pickled into workers
@@ -263,6 +267,11 @@ class ShardedDataset(IterableDataset):  # type: ignore[type-arg]
         place = detect_place(rank, world)
         seed_global_rngs(derive_seed(self.seed, epoch, place.rank, place.worker, 1 << 40))
         plan = self._plan(epoch, start, place.rank, place.world_size)
+        if getattr(self.planner, "reads_token_stream", False):  # rows of token shards
+            from shardloader.blockread import iterate_blocks
+
+            yield from iterate_blocks(self, plan, place)
+            return
         mine = slice(place.worker, None, place.num_workers)
         slots, seeds = plan.slots.slots[mine], plan.slots.seeds[mine]
         reads = [batch_ids(b) for b in plan.batches]  # the samples each batch reads

@@ -41,6 +41,7 @@ from torch.utils.data import DataLoader
 
 from shardloader.dataset import ShardedDataset
 from shardloader.errors import IncompleteEpochError, ResumeError, UsageError
+from shardloader.transport import BundleInit, unbundle, worker_bundle
 
 __all__ = ["ShardLoader", "make_loader"]
 
@@ -64,6 +65,9 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
         if kwargs.get("num_workers", 0) > 0:
             kwargs.setdefault("persistent_workers", True)
             kwargs.setdefault("prefetch_factor", 4)
+            bundle = worker_bundle(dataset)  # NOTE [bundles] in shardloader/transport.py
+            if bundle > 1:
+                kwargs["worker_init_fn"] = BundleInit(bundle, kwargs.get("worker_init_fn"))
         kwargs.setdefault("collate_fn", _already_collated)
         super().__init__(dataset, batch_size=None, **kwargs)
         self._position = 0  # global batches consumed in the current epoch
@@ -81,11 +85,12 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
             self._sockets_checked = True
         self._epoch, self._position, self._steps_left = epoch, start, planned
         seen = 0
-        for batch in super().__iter__():
-            seen += 1
-            self._position += world
-            self._steps_left = planned - seen
-            yield batch
+        for item in super().__iter__():
+            for batch in unbundle(item):  # a worker's bundle holds consecutive steps
+                seen += 1
+                self._position += world
+                self._steps_left = planned - seen
+                yield batch
         if seen < planned:
             self._short_pass(ds, epoch, seen, planned)
         if ds.epoch == epoch:

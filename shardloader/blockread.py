@@ -1,0 +1,240 @@
+"""One pass of a :class:`~shardloader.batching.blocks.TokenBlocks` dataset in one process.
+
+The dataset plans the epoch as usual (global batches of row ids, dealt to ranks and workers by
+:mod:`shardloader.split`) and hands this module the pass.  Batches are assembled a chunk (a
+bundle, in a worker) at a time: each row is one slice of a staged token shard's memory map,
+and the other fields follow from the sidecars' lengths with numpy over the whole chunk
+(:func:`~shardloader.batching.blocks.assemble`).  No sample is read, decoded or collated, and
+no sidecar key is parsed: the block path needs the ``length`` column only
+(:func:`load_token_lengths`).
+
+In a DataLoader worker the chunk is written straight into one shared-memory buffer and crosses
+to the main process as that buffer (:mod:`shardloader.transport`, NOTE [bundles] there).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+
+from shardloader.batching.blocks import assemble, chunk_layout
+from shardloader.errors import ManifestError, ShardError
+from shardloader.format.ipc import declared_sizes
+from shardloader.format.tokens import TokenStream
+from shardloader.schema import sidecar_bound
+from shardloader.shards import ShardSet
+from shardloader.sidecar import check_digest, read_sidecar
+from shardloader.transport import TokenBatches
+
+if TYPE_CHECKING:
+    from shardloader.batching.blocks import ChunkLayout, RowLayout, TokenBlocks
+    from shardloader.dataset import ShardedDataset
+    from shardloader.epoch import EpochPlan
+    from shardloader.manifest import Manifest
+    from shardloader.shards import ReadOptions
+    from shardloader.split import Place
+
+__all__ = ["iterate_blocks", "load_token_lengths", "steps_of_worker"]
+
+_CHUNK = 8  # batches assembled into one buffer in a process without workers
+_SPAN = 64  # batches whose rows and segments are worked out together
+_STREAMS = 128  # open token shards per pass
+
+
+def load_token_lengths(manifest: Manifest, base: str, read: ReadOptions) -> np.ndarray:
+    """Every document's token count (int64, by global id), from the sidecars' ``length``
+    columns alone: each sidecar is read within its bound and must hash to the manifest's
+    ``index_sha256`` before its one column is decoded (keys, offsets and checksums, which
+    only per-sample reads use, are not)."""
+    store = read.store(base)
+    parts = []
+    for info in manifest.shards:
+        sidecar = store.join(info.index_path)
+        where = f"sample index {sidecar.url}"
+        data = read_sidecar(sidecar, info, where)
+        check_digest(data, info, where)
+        parts.append(_lengths_column(data, info.num_samples, sidecar_bound(info), where))
+    return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+
+def _lengths_column(data: bytes, count: int, bound: int, where: str) -> np.ndarray:
+    try:
+        if declared_sizes(data, where).uncompressed_bytes > bound:
+            raise ManifestError(f"{where} declares more bytes than its shard's entry allows")
+        buffer = pa.py_buffer(data)
+        at = pa.ipc.open_file(buffer).schema.get_field_index("length")
+        if at < 0:
+            raise ManifestError(f"{where} records no lengths; re-pack with --tokenizer")
+        options = pa.ipc.IpcReadOptions(included_fields=[at])
+        column = pa.ipc.open_file(buffer, options=options).read_all().column(0)
+    except (pa.ArrowException, ShardError) as err:
+        raise ManifestError(f"{where} is not a valid shardloader sample index: {err}") from err
+    if not pa.types.is_integer(column.type) or column.null_count or len(column) != count:
+        raise ManifestError(
+            f"{where}: its length column ({column.type}, {len(column)} values) does not give "
+            f"the {count} token counts of its shard"
+        )
+    array = column.combine_chunks()
+    width = array.type.bit_width // 8
+    kind = "i" if pa.types.is_signed_integer(array.type) else "u"
+    lengths = np.frombuffer(  # not to_numpy(): that imports pandas (a second, in every process)
+        array.buffers()[1], np.dtype(f"<{kind}{width}"), len(array), array.offset * width
+    ).astype(np.int64)
+    if lengths.size and lengths.min() < 0:
+        raise ManifestError(f"{where}: the sample index has negative lengths")
+    return lengths
+
+
+def steps_of_worker(steps: int, worker: int, workers: int, bundle: int) -> np.ndarray:
+    """The rank's step numbers this worker serves: bundle ``c`` (steps ``c*bundle`` ..) goes
+    to worker ``c mod workers`` (NOTE [bundles] in :mod:`shardloader.transport`)."""
+    j = np.arange(steps, dtype=np.int64)
+    return j[(j // bundle) % workers == worker]
+
+
+def iterate_blocks(ds: ShardedDataset, plan: EpochPlan, place: Place) -> Iterator[Any]:
+    """Yield this worker's batches of the planned pass (all of the rank's without workers)."""
+    from torch.utils.data import get_worker_info
+
+    planner: TokenBlocks = ds.planner
+    layout = planner.layout(ds.manifest.shard_sizes, ds._lengths)
+    in_worker = get_worker_info() is not None
+    bundle = max(int(getattr(ds, "_bundle", 1)), 1) if in_worker else _CHUNK
+    mine = steps_of_worker(len(plan.slots.slots), place.worker, place.num_workers, bundle)
+    slots = plan.slots.slots[mine]
+    need = _working_set(ds, layout, plan)
+    shards = ShardSet(ds.manifest, ds.base, ds.read_options, str(place), need)
+    streams = _Streams(shards, ds._lengths, ds.manifest.shard_sizes)
+    upcoming = _first_needed(layout, plan, slots)
+    ahead = 0
+    pad = planner.pad_id if planner.pad_id is not None else 0
+    try:
+        cuts = np.flatnonzero(np.diff(mine // bundle, prepend=-1)).tolist() + [mine.size]
+        groups = list(zip(cuts[:-1], cuts[1:]))  # noqa: B905 - one shorter by construction
+        per_span = max(1, _SPAN // bundle)
+        for g in range(0, len(groups), per_span):
+            span = groups[g : g + per_span]
+            ahead = _readahead(shards, upcoming, span[-1][1] - 1, ahead)
+            first = span[0][0]
+            batches = [plan.batches[int(s)] for s in slots[first : span[-1][1]]]
+            whole = chunk_layout(layout, batches, planner.rows_per_batch)
+            streams.check(whole)
+            for a, b in span:
+                yield from _emit(whole.part(a - first, b - first), streams, pad, in_worker)
+    finally:
+        streams.close()
+        shards.close()
+
+
+def _emit(chunk: ChunkLayout, streams: _Streams, pad: int, in_worker: bool) -> Iterator[Any]:
+    """Assemble one chunk into one buffer: in a worker yield it (it crosses as one buffer), in
+    this process yield its batches."""
+    out = TokenBatches(chunk.k, chunk.rows_per_batch, chunk.seq_len, chunk.cu.size, in_worker)
+    assemble(chunk, streams.tokens, out.block, pad)
+    out.cu[:] = chunk.cu
+    out.cu_sizes = tuple((np.diff(chunk.cuts) + 1).tolist())
+    out.max_seqlen = tuple(chunk.max_seqlen.tolist())
+    if in_worker:
+        out.bundle = chunk.k > 1
+        yield out
+    else:
+        yield from out.batches()
+
+
+class _Streams:
+    """The token arrays of the shards a pass reads (staged through the shard set), checked
+    chunk by chunk on first touch."""
+
+    def __init__(self, shards: ShardSet, lengths: np.ndarray, shard_sizes: np.ndarray) -> None:
+        self.shards = shards
+        self.open: dict[int, TokenStream] = {}
+        self.tokens: dict[int, np.ndarray] = {}
+        self.checked: set[int] = set()  # open shards whose every token chunk is checked
+        self._lengths = lengths
+        self._starts = np.concatenate([[0], np.cumsum(shard_sizes)]).astype(np.int64)
+
+    def _open(self, shard: int) -> None:
+        if len(self.open) >= _STREAMS:
+            oldest = next(iter(self.open))
+            self.open.pop(oldest).close()
+            del self.tokens[oldest]
+            self.checked.discard(oldest)
+        path = self.shards.local_file(shard)
+        stream = TokenStream(path, self.shards.describe(shard), self.shards.options.verify_samples)
+        try:
+            a, b = int(self._starts[shard]), int(self._starts[shard + 1])
+            stream.expect(b - a, int(self._lengths[a:b].sum()))
+        except BaseException:
+            stream.close()
+            raise
+        self.open[shard], self.tokens[shard] = stream, stream.tokens
+
+    def check(self, chunk: ChunkLayout) -> None:
+        """Open the chunk's shards and check the token chunks its rows touch."""
+        shards = set(chunk.shard.tolist())
+        shards.discard(-1)
+        if shards <= self.checked:
+            return
+        for shard, lo, n in zip(chunk.shard.tolist(), chunk.lo.tolist(), chunk.n.tolist()):
+            if shard < 0 or shard in self.checked:
+                continue
+            stream = self.open.get(shard)
+            if stream is None:
+                self._open(shard)
+                stream = self.open[shard]
+            stream.check_tokens(lo, lo + n)
+            if stream.all_checked:
+                self.checked.add(shard)
+
+    def close(self) -> None:
+        for stream in self.open.values():
+            stream.close()
+        self.open.clear()
+        self.tokens.clear()
+
+
+def _working_set(ds: ShardedDataset, layout: RowLayout, plan: EpochPlan) -> int:
+    """Staged bytes the plan keeps in use at once (the shards under one shuffle block of rows,
+    or two neighbouring shards unshuffled), plus the read-ahead."""
+    manifest = ds.manifest
+    raw = np.fromiter((s.raw_bytes for s in manifest.shards), np.int64, len(manifest.shards))
+    if raw.size == 0 or plan.order.size == 0:
+        return 0
+    ahead = ds.read_options.readahead * int(raw.max())
+    if not ds.shuffle.enabled:
+        return int(np.sort(raw)[-2:].sum()) + ahead
+    shard_of = np.searchsorted(layout.row_bounds, plan.order, side="right") - 1
+    peak = 0
+    for lo in range(0, plan.order.size, ds.shuffle.block):
+        peak = max(peak, int(raw[np.unique(shard_of[lo : lo + ds.shuffle.block])].sum()))
+    return peak + ahead
+
+
+def _first_needed(layout: RowLayout, plan: EpochPlan, slots: np.ndarray) -> np.ndarray:
+    """``[n, 2]`` (step, shard) for each shard in the order this worker first needs it."""
+    if not slots.size:
+        return np.zeros((0, 2), np.int64)
+    batches = [plan.batches[int(s)] for s in slots]
+    rows = np.concatenate(batches)
+    step = np.repeat(np.arange(slots.size), [b.size for b in batches])
+    shard_of = np.searchsorted(layout.row_bounds, rows, side="right") - 1
+    _, first = np.unique(shard_of, return_index=True)
+    first.sort()
+    return np.stack([step[first], shard_of[first]], axis=1)
+
+
+def _readahead(shards: ShardSet, upcoming: np.ndarray, step: int, ahead: int) -> int:
+    """Stage in the background the shards needed up to ``step`` and ``readahead`` more; return
+    how many of ``upcoming`` are submitted."""
+    limit = shards.options.readahead
+    if shards.in_place or limit <= 0:
+        return ahead
+    due = int(np.searchsorted(upcoming[:, 0], step, side="right"))
+    target = min(len(upcoming), due + limit)
+    if target > ahead:
+        shards.prefetch(int(s) for s in upcoming[ahead:target, 1])
+        return target
+    return ahead
