@@ -14,6 +14,9 @@ to the main process as that buffer (:mod:`shardloader.transport`, NOTE [bundles]
 
 from __future__ import annotations
 
+import os
+import queue
+import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +43,7 @@ if TYPE_CHECKING:
 __all__ = ["iterate_blocks", "load_token_lengths", "steps_of_worker"]
 
 _CHUNK = 8  # batches assembled into one buffer in a process without workers
+_AHEAD = 2  # chunks assembled ahead of the loop, in a process without workers
 _SPAN = 64  # batches whose rows and segments are worked out together
 _STREAMS = 128  # open token shards per pass
 
@@ -68,7 +72,7 @@ def _lengths_column(data: bytes, count: int, bound: int, where: str) -> np.ndarr
         at = pa.ipc.open_file(buffer).schema.get_field_index("length")
         if at < 0:
             raise ManifestError(f"{where} records no lengths; re-pack with --tokenizer")
-        options = pa.ipc.IpcReadOptions(included_fields=[at])
+        options = pa.ipc.IpcReadOptions(included_fields=[at], use_threads=False)
         column = pa.ipc.open_file(buffer, options=options).read_all().column(0)
     except (pa.ArrowException, ShardError) as err:
         raise ManifestError(f"{where} is not a valid shardloader sample index: {err}") from err
@@ -96,13 +100,81 @@ def steps_of_worker(steps: int, worker: int, workers: int, bundle: int) -> np.nd
 
 
 def iterate_blocks(ds: ShardedDataset, plan: EpochPlan, place: Place) -> Iterator[Any]:
-    """Yield this worker's batches of the planned pass (all of the rank's without workers)."""
+    """Yield this worker's batches of the planned pass (all of the rank's without workers).
+
+    Without workers the chunks are assembled in a thread, :data:`_AHEAD` chunks ahead of the
+    loop (numpy's copies and arithmetic run without the GIL, beside the loop's own work).
+    """
+    from torch.utils.data import get_worker_info
+
+    chunks = _chunks(ds, plan, place)
+    if get_worker_info() is not None or os.environ.get("SL_NO_THREAD"):
+        for chunk in chunks:
+            yield from chunk
+        return
+    yield from _in_thread(chunks, _AHEAD)
+
+
+def _in_thread(chunks: Iterator[Any], depth: int) -> Iterator[Any]:
+    """The items of ``chunks`` (lists), produced in a thread ``depth`` chunks ahead.
+
+    NOTE: the producer never blocks for good: it waits for room in the queue in short steps
+    and stops when the consumer is gone; the consumer's ``finally`` (the loop ended, broke off
+    or the generator was collected) stops it, drains the queue and joins it.  An exception in
+    the producer reaches the consumer as it is.
+    """
+    items: queue.Queue[tuple[str, Any]] = queue.Queue(depth)
+    stop = threading.Event()
+
+    def produce() -> None:
+        try:
+            for chunk in chunks:
+                while not stop.is_set():
+                    try:
+                        items.put(("chunk", chunk), timeout=0.05)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            items.put(("end", None))
+        except BaseException as err:  # re-raised in the consumer
+            items.put(("error", err))
+        finally:
+            chunks.close()  # type: ignore[attr-defined]
+
+    thread = threading.Thread(target=produce, name="shardloader-token-blocks", daemon=True)
+    thread.start()
+    try:
+        while True:
+            kind, item = items.get()
+            if kind == "chunk":
+                yield from item
+            elif kind == "end":
+                return
+            else:
+                raise item
+    finally:
+        stop.set()
+        while thread.is_alive():
+            try:
+                items.get(timeout=0.05)
+            except queue.Empty:
+                pass
+        thread.join()
+
+
+def _chunks(ds: ShardedDataset, plan: EpochPlan, place: Place) -> Iterator[Any]:
+    """This worker's chunks: in a worker one item to yield each (a bundle), in this process
+    the list of the chunk's batches."""
     from torch.utils.data import get_worker_info
 
     planner: TokenBlocks = ds.planner
     layout = planner.layout(ds.manifest.shard_sizes, ds._lengths)
-    in_worker = get_worker_info() is not None
-    bundle = max(int(getattr(ds, "_bundle", 1)), 1) if in_worker else _CHUNK
+    info = get_worker_info()
+    worker = None if info is None else int(info.id)
+    ring = getattr(ds, "_ring", None)
+    bundle = max(int(getattr(ds, "_bundle", 1)), 1) if worker is not None else _CHUNK
     mine = steps_of_worker(len(plan.slots.slots), place.worker, place.num_workers, bundle)
     slots = plan.slots.slots[mine]
     need = _working_set(ds, layout, plan)
@@ -123,36 +195,40 @@ def iterate_blocks(ds: ShardedDataset, plan: EpochPlan, place: Place) -> Iterato
             whole = chunk_layout(layout, batches, planner.rows_per_batch)
             streams.check(whole)
             for a, b in span:
-                yield from _emit(whole.part(a - first, b - first), streams, pad, in_worker)
+                yield _emit(whole.part(a - first, b - first), streams, pad, worker, ring)
     finally:
         streams.close()
         shards.close()
 
 
-def _emit(chunk: ChunkLayout, streams: _Streams, pad: int, in_worker: bool) -> Iterator[Any]:
-    """Assemble one chunk into one buffer: in a worker yield it (it crosses as one buffer), in
-    this process yield its batches."""
-    out = TokenBatches(chunk.k, chunk.rows_per_batch, chunk.seq_len, chunk.cu.size, in_worker)
+def _emit(
+    chunk: ChunkLayout, streams: _Streams, pad: int, worker: int | None, ring: Any
+) -> list[Any]:
+    """Assemble one chunk into one buffer: in a worker the one item that crosses (a buffer, or
+    a ring slot), in this process its batches."""
+    out = TokenBatches(chunk.k, chunk.rows_per_batch, chunk.seq_len, chunk.cu.size, worker, ring)
     assemble(chunk, streams.tokens, out.block, pad)
     out.cu[:] = chunk.cu
     out.cu_sizes = tuple((np.diff(chunk.cuts) + 1).tolist())
     out.max_seqlen = tuple(chunk.max_seqlen.tolist())
-    if in_worker:
+    if worker is not None:
         out.bundle = chunk.k > 1
-        yield out
-    else:
-        yield from out.batches()
+        return [out]
+    return out.batches()
 
 
 class _Streams:
     """The token arrays of the shards a pass reads (staged through the shard set), checked
     chunk by chunk on first touch."""
 
-    def __init__(self, shards: ShardSet, lengths: np.ndarray, shard_sizes: np.ndarray) -> None:
+    def __init__(
+        self, shards: ShardSet, lengths: np.ndarray | None, shard_sizes: np.ndarray
+    ) -> None:
         self.shards = shards
         self.open: dict[int, TokenStream] = {}
         self.tokens: dict[int, np.ndarray] = {}
         self.checked: set[int] = set()  # open shards whose every token chunk is checked
+        assert lengths is not None  # TokenBlocks.bind loaded them
         self._lengths = lengths
         self._starts = np.concatenate([[0], np.cumsum(shard_sizes)]).astype(np.int64)
 
@@ -178,14 +254,14 @@ class _Streams:
         shards.discard(-1)
         if shards <= self.checked:
             return
-        for shard, lo, n in zip(chunk.shard.tolist(), chunk.lo.tolist(), chunk.n.tolist()):
-            if shard < 0 or shard in self.checked:
-                continue
+        for shard in shards - self.checked:
             stream = self.open.get(shard)
             if stream is None:
                 self._open(shard)
                 stream = self.open[shard]
-            stream.check_tokens(lo, lo + n)
+            mine = chunk.shard == shard
+            lo = chunk.lo[mine]
+            stream.check_tokens(lo, lo + chunk.n[mine])
             if stream.all_checked:
                 self.checked.add(shard)
 

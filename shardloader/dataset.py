@@ -129,6 +129,7 @@ class ShardedDataset(IterableDataset):  # type: ignore[type-arg]
         self.field_map = FieldMap.of_manifest(self.manifest, aliases)
         self._planning.signature()  # a planner must declare its options (or fail here)
         self._bundle = 1  # batches per worker output: NOTE [bundles] in shardloader/transport.py
+        self._ring: Any = None  # the loader's shared buffers (NOTE [ring slots] there)
         self._explicit_world = (rank, world_size)
         r, w = detect_world(rank, world_size)
         Place(r, w)  # validate

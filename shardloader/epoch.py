@@ -147,7 +147,9 @@ class EpochPlanner:
         if stream is not None:  # rows of token streams (batching/blocks.py)
             s, n = plan.slots, plan.num_batches
             repeats = [plan.batches[i % n] for i in range(s.padded_batches)] if n else []
-            counts = stream(self.shard_sizes, lengths, plan.batches[: n - s.dropped_batches], repeats)
+            counts = stream(
+                self.shard_sizes, lengths, plan.batches[: n - s.dropped_batches], repeats
+            )
             return EpochReport(epoch, int(np.sum(self.shard_sizes)), s.steps_per_rank, **counts)
         delivered, padded = plan.delivered()
         acc = self._account(plan.order, delivered, lengths, collate_fn)

@@ -41,7 +41,7 @@ from torch.utils.data import DataLoader
 
 from shardloader.dataset import ShardedDataset
 from shardloader.errors import IncompleteEpochError, ResumeError, UsageError
-from shardloader.transport import BundleInit, unbundle, worker_bundle
+from shardloader.transport import BundleInit, Ring, unbundle, worker_bundle
 
 __all__ = ["ShardLoader", "make_loader"]
 
@@ -67,7 +67,12 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
             kwargs.setdefault("prefetch_factor", 4)
             bundle = worker_bundle(dataset)  # NOTE [bundles] in shardloader/transport.py
             if bundle > 1:
-                kwargs["worker_init_fn"] = BundleInit(bundle, kwargs.get("worker_init_fn"))
+                ring = Ring(  # NOTE [ring slots]: in flight, held by the loop, one spare
+                    kwargs["num_workers"],
+                    kwargs["prefetch_factor"] + 3,
+                    bundle * dataset.planner.batch_bytes * 5 // 4,
+                )
+                kwargs["worker_init_fn"] = BundleInit(bundle, ring, kwargs.get("worker_init_fn"))
         kwargs.setdefault("collate_fn", _already_collated)
         super().__init__(dataset, batch_size=None, **kwargs)
         self._position = 0  # global batches consumed in the current epoch

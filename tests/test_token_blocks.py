@@ -83,8 +83,13 @@ def reference_batch(rows, seq, per_batch, pad):
             labels[r, a] = -100
             cu.append(r * seq + a)
     cu.append(per_batch * seq)
-    return {"input_ids": ids, "labels": labels, "position_ids": pos, "attention_mask": mask,
-            "cu_seqlens": np.asarray(cu)}
+    return {
+        "input_ids": ids,
+        "labels": labels,
+        "position_ids": pos,
+        "attention_mask": mask,
+        "cu_seqlens": np.asarray(cu),
+    }
 
 
 def check_batch(got, want):
@@ -144,13 +149,17 @@ def test_ranks_split_the_batches_and_even_out(corpus, world, uneven):
     if uneven == "pad":
         assert sorted(set(seen)) == list(range(n))
         assert report.repeated_tokens == sum(
-            int(sum(r[2].size for r in plan[q])) for q in range(n, -(-n // world) * world) for q in [q % n]
+            int(sum(r[2].size for r in plan[q]))
+            for q in range(n, -(-n // world) * world)
+            for q in [q % n]
         )
     else:
         kept = n // world * world
         assert sorted(seen) == list(range(kept))
         lost = sum(r[2].size for q in range(kept, n) for r in plan[q])
-        assert report.tokens + report.truncated_tokens + report.dropped_tokens == report.total_tokens
+        assert (
+            report.tokens + report.truncated_tokens + report.dropped_tokens == report.total_tokens
+        )
         assert report.total_tokens - report.tokens == lost
 
 
@@ -247,3 +256,53 @@ def test_a_damaged_token_shard_is_named(corpus, tmp_path):
         f.write(bytes([byte[0] ^ 0xFF]))
     with pytest.raises(sl.ChecksumError, match=rf"{shard}.*: tokens \d+\.\.\d+ \(chunk"):
         list(sl.make_loader(ds, num_workers=0))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_buffers_are_reused_only_once_no_batch_views_them(corpus, monkeypatch, workers):
+    """Batches are assembled into reused buffers: the process's own pool (no workers), or
+    ring slots the main process frees when no tensor of theirs is left (workers).  Batches
+    checked and dropped as they come exercise reuse; batches kept to the end must still hold
+    their own tokens (their buffers were never handed out again)."""
+    from shardloader import blockread, transport
+    from shardloader.transport import Ring
+
+    path, shards, vocab = corpus
+    monkeypatch.setattr(transport, "BUNDLE_BYTES", 2 * TokenBlocks(SEQ, ROWS, 0).batch_bytes)
+    monkeypatch.setattr(blockread, "_CHUNK", 2)  # batches per buffer without workers
+    monkeypatch.setattr(transport, "_POOL", transport._Pool())
+    rows = reference_rows(shards, SEQ)
+    ds = sl.ShardedDataset(path, planner=TokenBlocks(SEQ, ROWS, pad_id=vocab), shuffle=True, seed=3)
+    plan = planned(ds, rows)
+    for _ in range(2):  # a second epoch reuses the persistent workers and their ring
+        options = {"prefetch_factor": 1} if workers else {}
+        loader = sl.make_loader(ds, num_workers=workers, **options)
+        kept = {}
+        for j, batch in enumerate(loader):
+            check_batch(batch, reference_batch(plan[j], SEQ, ROWS, vocab))
+            if j % 3 == 0:
+                kept[j] = batch
+        assert len(kept) > 3
+        for j, batch in kept.items():
+            check_batch(batch, reference_batch(plan[j], SEQ, ROWS, vocab))
+        if workers:
+            ring = loader.worker_init_fn.ring
+            assert isinstance(ring, Ring) and loader.worker_init_fn.bundle == 2
+            assert ring.received > ring.workers * ring.slots  # slots handed back and reused
+        else:
+            assert transport._POOL.reused > 0
+
+
+def test_a_loop_that_stops_early_leaves_no_thread(corpus):
+    import threading
+
+    path, _, vocab = corpus
+    ds = sl.ShardedDataset(path, planner=TokenBlocks(SEQ, ROWS, pad_id=vocab))
+    it = iter(sl.make_loader(ds))
+    next(it)
+    assert any(t.name == "shardloader-token-blocks" for t in threading.enumerate())
+    del it
+    import gc
+
+    gc.collect()
+    assert not any(t.name == "shardloader-token-blocks" for t in threading.enumerate())

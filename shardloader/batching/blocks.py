@@ -28,6 +28,7 @@ Python; reading is :mod:`shardloader.blockread`.
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +46,8 @@ from shardloader.shuffle import ShuffleOptions, epoch_order
 __all__ = ["REMAINDER_POLICIES", "BatchLayout", "RowLayout", "TokenBlocks", "assemble"]
 
 REMAINDER_POLICIES = ("pad", "drop")
+# (id(lengths), seq_len, remainder) -> (weak ref to lengths, shard sizes, layout)
+_LAYOUTS: dict[tuple[int, int, str], tuple[Any, np.ndarray, RowLayout]] = {}
 FIELDS = ("input_ids", "labels", "position_ids", "attention_mask")
 
 
@@ -58,6 +61,9 @@ class RowLayout:
     token_bases: np.ndarray  # int64 [shards + 1]: global token offset of each shard's stream
     row_bounds: np.ndarray  # int64 [shards + 1]: first global row id of each shard
     bounds: np.ndarray  # int64: global token offsets where a non-empty document starts
+    inside: np.ndarray  # int64 [rows + 1]: row r's inner document starts are bounds[inside[r]:
+    #                     inside_end[r]] (strictly inside the row)
+    inside_end: np.ndarray
 
     @property
     def num_rows(self) -> int:
@@ -182,7 +188,21 @@ class TokenBlocks:
 
     # -- planning (pure) ------------------------------------------------------------------
     def layout(self, shard_sizes: np.ndarray, lengths: np.ndarray | None) -> RowLayout:
-        """The rows of a dataset of these shard sizes and per-document token counts."""
+        """The rows of a dataset of these shard sizes and per-document token counts (worked
+        out once per process and lengths array: every epoch, ``len()`` and report reuse it)."""
+        key = (id(lengths), self.seq_len, self.remainder)
+        cached = _LAYOUTS.get(key)
+        sizes = np.asarray(shard_sizes, np.int64)
+        if cached is not None and cached[0]() is lengths and np.array_equal(cached[1], sizes):
+            return cached[2]
+        lay = self._layout(sizes, lengths)
+        if lengths is not None:
+            if len(_LAYOUTS) >= 8:
+                _LAYOUTS.pop(next(iter(_LAYOUTS)))
+            _LAYOUTS[key] = (weakref.ref(lengths), sizes, lay)
+        return lay
+
+    def _layout(self, shard_sizes: np.ndarray, lengths: np.ndarray | None) -> RowLayout:
         if lengths is None:
             raise UsageError("TokenBlocks needs the sidecars' token counts (a length field)")
         sizes = np.asarray(shard_sizes, np.int64)
@@ -200,7 +220,15 @@ class TokenBlocks:
             rows += shard_tokens % self.seq_len > 0
         row_bounds = np.zeros(sizes.size + 1, np.int64)
         np.cumsum(rows, out=row_bounds[1:])
-        return RowLayout(self.seq_len, shard_tokens, token_bases, row_bounds, cum[:-1][lens > 0])
+        bounds = cum[:-1][lens > 0]
+        lay = RowLayout(self.seq_len, shard_tokens, token_bases, row_bounds, bounds, bounds, bounds)
+        shard, lo, n = lay.windows(np.arange(lay.num_rows, dtype=np.int64))
+        g = token_bases[shard] + lo
+        inside = np.searchsorted(bounds, g, side="right")
+        inside_end = np.searchsorted(bounds, g + n, side="left")
+        return RowLayout(
+            self.seq_len, shard_tokens, token_bases, row_bounds, bounds, inside, inside_end
+        )
 
     def plan_stream(
         self,
@@ -269,11 +297,9 @@ def _covered(
         start = np.zeros(count + 1, np.int64)
         np.cumsum(lens[doc : doc + count], out=start[1:])
 
-        def upto(x: np.ndarray) -> np.ndarray:  # delivered tokens of [0, x) of the stream
-            j = np.minimum(x // s, flags.size - 1)
-            return s * full_before[j] + (x - j * s) * flags[j]
-
-        covered = upto(start)
+        # delivered tokens of [0, x) of the shard's stream, for each document start x
+        j = np.minimum(start // s, flags.size - 1)
+        covered = s * full_before[j] + (start - j * s) * flags[j]
         got[doc : doc + count] = np.diff(covered)
         doc += count
     return got
@@ -334,12 +360,14 @@ def chunk_layout(lay: RowLayout, batches: list[np.ndarray], rows_per_batch: int)
     if int(sizes.sum()) == slots:
         slot = np.arange(slots, dtype=np.int64)
     else:  # a short last batch: its missing rows are padding
-        first = np.repeat(np.arange(k, dtype=np.int64) * rows_per_batch - np.cumsum(sizes) + sizes, sizes)
+        first = np.repeat(
+            np.arange(k, dtype=np.int64) * rows_per_batch - np.cumsum(sizes) + sizes, sizes
+        )
         slot = first + np.arange(rows.size, dtype=np.int64)
     shard, lo, n = lay.windows(rows)
     g = lay.token_bases[shard] + lo
-    first_doc = np.searchsorted(lay.bounds, g, side="right")
-    count = np.searchsorted(lay.bounds, g + n, side="left") - first_doc
+    first_doc = lay.inside[rows]
+    count = lay.inside_end[rows] - first_doc
     parts = [np.arange(slots, dtype=np.int64) * s]
     total = int(count.sum())
     if total:
@@ -363,9 +391,7 @@ def chunk_layout(lay: RowLayout, batches: list[np.ndarray], rows_per_batch: int)
     full_lo = np.zeros(slots, np.int64)
     full_n = np.zeros(slots, np.int64)
     full_shard[slot], full_lo[slot], full_n[slot] = shard, lo, n
-    return ChunkLayout(
-        k, rows_per_batch, s, full_shard, full_lo, full_n, starts, cuts, cu, longest
-    )
+    return ChunkLayout(k, rows_per_batch, s, full_shard, full_lo, full_n, starts, cuts, cu, longest)
 
 
 def assemble(

@@ -235,8 +235,10 @@ class Header:
             raise ShardError(f"{where}: not a shardloader token shard (bad magic {magic!r})")
         if version != VERSION:
             raise ShardError(f"{where}: token shard version {version}, this reader knows {VERSION}")
-        if itemsize not in (0, 1, 2, 4, 8) or name_len > _NAME_BYTES or (itemsize == 0) != (
-            name_len == 0
+        if (
+            itemsize not in (0, 1, 2, 4, 8)
+            or name_len > _NAME_BYTES
+            or (itemsize == 0) != (name_len == 0)
         ):
             raise ShardError(f"{where}: corrupt token shard header (dtype or field name)")
         if itemsize and (tokens % itemsize or chunk != _chunk_bytes(tokens, itemsize)):
@@ -352,19 +354,27 @@ class TokenStream:
                 "sidecar do not match"
             )
 
-    def check_tokens(self, lo: int, hi: int) -> None:
-        """Check the chunks holding tokens ``lo..hi`` against the table (each chunk once)."""
+    def check_tokens(self, lo: np.ndarray, hi: np.ndarray) -> None:
+        """Check the chunks holding tokens ``lo[i]..hi[i]`` (arrays of token ranges) against
+        the table, each chunk once per stream."""
         head = self.header
-        if self.all_checked or hi <= lo:
+        if self.all_checked:
             return
-        first, last = lo * head.itemsize // head.chunk, (hi * head.itemsize - 1) // head.chunk
-        if self._checked[first : last + 1].all():
+        keep = hi > lo
+        first = lo[keep] * head.itemsize // head.chunk
+        count = (hi[keep] * head.itemsize - 1) // head.chunk - first + 1
+        total = int(count.sum())
+        if not total:
+            return
+        skip = np.repeat(first - np.cumsum(count) + count, count)
+        chunks = np.unique(np.arange(total, dtype=np.int64) + skip)
+        todo = chunks[~self._checked[chunks]]
+        if not todo.size:
             return
         region = self.view[HEADER_BYTES : HEADER_BYTES + head.token_bytes]
-        for c in range(first, last + 1):
-            if not self._checked[c]:
-                head.check_chunk(region, c, self.where)
-                self._checked[c] = True
+        for c in todo.tolist():
+            head.check_chunk(region, c, self.where)
+            self._checked[c] = True
         self.all_checked = bool(self._checked[: -(-head.token_bytes // head.chunk)].all())
 
     def close(self) -> None:
