@@ -14,10 +14,9 @@ to the main process as that buffer (:mod:`shardloader.transport`, NOTE [bundles]
 
 from __future__ import annotations
 
-import os
 import queue
 import threading
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -42,8 +41,8 @@ if TYPE_CHECKING:
 
 __all__ = ["iterate_blocks", "load_token_lengths", "steps_of_worker"]
 
-_CHUNK = 8  # batches assembled into one buffer in a process without workers
-_AHEAD = 2  # chunks assembled ahead of the loop, in a process without workers
+_CHUNK = 4  # batches assembled into one buffer in a process without workers
+_AHEAD = 1  # chunks assembled ahead of the loop (queued), in a process without workers
 _SPAN = 64  # batches whose rows and segments are worked out together
 _STREAMS = 128  # open token shards per pass
 
@@ -73,7 +72,8 @@ def _lengths_column(data: bytes, count: int, bound: int, where: str) -> np.ndarr
         if at < 0:
             raise ManifestError(f"{where} records no lengths; re-pack with --tokenizer")
         options = pa.ipc.IpcReadOptions(included_fields=[at], use_threads=False)
-        column = pa.ipc.open_file(buffer, options=options).read_all().column(0)
+        pool = pa.system_memory_pool()  # freed to the system: no arena stays behind
+        column = pa.ipc.open_file(buffer, options=options, memory_pool=pool).read_all().column(0)
     except (pa.ArrowException, ShardError) as err:
         raise ManifestError(f"{where} is not a valid shardloader sample index: {err}") from err
     if not pa.types.is_integer(column.type) or column.null_count or len(column) != count:
@@ -108,14 +108,25 @@ def iterate_blocks(ds: ShardedDataset, plan: EpochPlan, place: Place) -> Iterato
     from torch.utils.data import get_worker_info
 
     chunks = _chunks(ds, plan, place)
-    if get_worker_info() is not None or os.environ.get("SL_NO_THREAD"):
+    if get_worker_info() is not None:
         for chunk in chunks:
             yield from chunk
         return
-    yield from _in_thread(chunks, _AHEAD)
+    handed = False  # to the thread, which closes it
+    try:
+        first = next(chunks, None)  # the first batch without waiting for a thread to start
+        if first is None:
+            return
+        yield from first
+        del first
+        handed = True
+        yield from _in_thread(chunks, _AHEAD)
+    finally:
+        if not handed:
+            chunks.close()
 
 
-def _in_thread(chunks: Iterator[Any], depth: int) -> Iterator[Any]:
+def _in_thread(chunks: Generator[Any, None, None], depth: int) -> Iterator[Any]:
     """The items of ``chunks`` (lists), produced in a thread ``depth`` chunks ahead.
 
     NOTE: the producer never blocks for good: it waits for room in the queue in short steps
@@ -141,7 +152,7 @@ def _in_thread(chunks: Iterator[Any], depth: int) -> Iterator[Any]:
         except BaseException as err:  # re-raised in the consumer
             items.put(("error", err))
         finally:
-            chunks.close()  # type: ignore[attr-defined]
+            chunks.close()
 
     thread = threading.Thread(target=produce, name="shardloader-token-blocks", daemon=True)
     thread.start()
@@ -164,7 +175,7 @@ def _in_thread(chunks: Iterator[Any], depth: int) -> Iterator[Any]:
         thread.join()
 
 
-def _chunks(ds: ShardedDataset, plan: EpochPlan, place: Place) -> Iterator[Any]:
+def _chunks(ds: ShardedDataset, plan: EpochPlan, place: Place) -> Generator[Any, None, None]:
     """This worker's chunks: in a worker one item to yield each (a bundle), in this process
     the list of the chunk's batches."""
     from torch.utils.data import get_worker_info
@@ -187,8 +198,10 @@ def _chunks(ds: ShardedDataset, plan: EpochPlan, place: Place) -> Iterator[Any]:
         cuts = np.flatnonzero(np.diff(mine // bundle, prepend=-1)).tolist() + [mine.size]
         groups = list(zip(cuts[:-1], cuts[1:]))  # noqa: B905 - one shorter by construction
         per_span = max(1, _SPAN // bundle)
-        for g in range(0, len(groups), per_span):
-            span = groups[g : g + per_span]
+        g = 0
+        while g < len(groups):
+            span = groups[g : g + (per_span if g else 1)]  # the first batch comes first
+            g += len(span)
             ahead = _readahead(shards, upcoming, span[-1][1] - 1, ahead)
             first = span[0][0]
             batches = [plan.batches[int(s)] for s in slots[first : span[-1][1]]]

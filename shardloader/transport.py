@@ -229,7 +229,7 @@ class _Pool:
     At most ``keep`` buffers are kept.
     """
 
-    def __init__(self, keep: int = 3) -> None:
+    def __init__(self, keep: int = 5) -> None:  # the loop's, the queued, the thread's, slack
         self.keep = keep
         self.buffers: list[tuple[np.ndarray, Any]] = []  # (buffer, weak ref to its view)
         self.allocated = self.reused = 0
@@ -241,13 +241,15 @@ class _Pool:
                 self.buffers[i] = (buf, weakref.ref(view))
                 self.reused += 1
                 return view
-        buf = np.empty(max(nbytes, 1), np.uint8)
+        size = (nbytes // _ROUND + 1) * _ROUND  # room for the next chunk's cu_seqlens too
+        buf = np.empty(size, np.uint8)
         self.allocated += 1
         view = buf[:nbytes]
         self.buffers = [*self.buffers, (buf, weakref.ref(view))][-self.keep :]
         return view
 
 
+_ROUND = 256 << 10
 _POOL = _Pool()
 
 

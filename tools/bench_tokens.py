@@ -25,7 +25,7 @@ first one, timed from the first batch to the last (start-up is the time to first
 measured from constructing the dataset, imports done).  Memory, the process and its workers
 together: peak ``RssAnon`` and ``RssShmem`` sampled from outside every 5 ms (``/proc/PID/status``;
 a page a forked worker shares with its parent counts in both), and ``Pss_Anon`` (shared pages
-split between their users) read once at the end of the epoch, workers still alive.  Both
+split between their users) read once mid-epoch (after 1,000 batches; not timed).  Both
 shuffle.  ``--profile`` prints a cProfile of shardloader's one-process epoch.
 """
 
@@ -178,20 +178,29 @@ def child(system: str, work: str, workers: int, profile: bool) -> None:
     it = iter(_loader(system, work, workers))
     first = next(it)
     t1 = time.perf_counter()
-    tokens = 0
-    for batch in it:
+    ids = first["input_ids"] if isinstance(first, dict) else first
+    first_tokens = ids.numel()
+    del first, ids  # a loop keeps no old batch
+    c1 = time.process_time()
+    tokens = paused = paused_cpu = 0
+    pss = 0.0
+    for j, batch in enumerate(it):
         ids = batch["input_ids"] if isinstance(batch, dict) else batch
         tokens += ids.numel()
-    t2 = time.perf_counter()
-    pss = pss_anon_mb(_tree(os.getpid()))  # the workers are still there (persistent)
+        if j == 1000:  # mid-epoch, every worker running: not timed
+            t, c = time.perf_counter(), time.process_time()
+            pss = pss_anon_mb(_tree(os.getpid()))
+            paused, paused_cpu = time.perf_counter() - t, time.process_time() - c
+    t2 = time.perf_counter() - paused
+    cpu = time.process_time() - c1 - paused_cpu
     if prof is not None:
         import pstats
 
         prof.disable()
         pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(25)
-    ids = first["input_ids"] if isinstance(first, dict) else first
-    out = {"ttfb": t1 - t0, "tokens": tokens + ids.numel(), "seconds": t2 - t1, "rest": tokens}
+    out = {"ttfb": t1 - t0, "tokens": tokens + first_tokens, "seconds": t2 - t1, "rest": tokens}
     out["pss_anon_mb"] = pss
+    out["cpu"] = cpu  # of this process (all its threads), the workers not counted
     print(json.dumps(out), flush=True)
 
 
@@ -301,24 +310,28 @@ def main() -> None:
 
 def report(results, cold, systems, workers, args) -> None:
     def med(system: str, w: int, key: str) -> float:
-        values = [
-            r["rest"] / r["seconds"] / 1e6 if key == "mtok" else r[key]
-            for r in results[(system, w)]
-        ]
+        def one(r: dict) -> float:
+            if key == "mtok":
+                return r["rest"] / r["seconds"] / 1e6
+            if key == "cpu_us":  # main-process CPU per batch of ROWS x SEQ tokens
+                return r["cpu"] / (r["rest"] / (ROWS * SEQ)) * 1e6
+            return float(r[key])
+
+        values = [one(r) for r in results[(system, w)]]
         return statistics.median(values)
 
     print(f"\nload average {os.getloadavg()}; {args.docs:,} documents, medians of {args.repeat}")
     print(
-        "| system | workers | M tokens/s | time to first batch (s) | peak RssAnon MB "
-        "| Pss_Anon MB at the end | peak RssShmem MB |"
+        "| system | workers | M tokens/s | main CPU µs/batch | time to first batch (s) "
+        "| peak RssAnon MB | Pss_Anon MB mid-epoch | peak RssShmem MB |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     for system in systems:
         for w in workers:
             print(
-                f"| {system} | {w} | {med(system, w, 'mtok'):.1f} | {med(system, w, 'ttfb'):.3f} "
-                f"| {med(system, w, 'anon_mb'):.0f} | {med(system, w, 'pss_anon_mb'):.0f} "
-                f"| {med(system, w, 'shmem_mb'):.0f} |"
+                f"| {system} | {w} | {med(system, w, 'mtok'):.1f} | {med(system, w, 'cpu_us'):.0f} "
+                f"| {med(system, w, 'ttfb'):.3f} | {med(system, w, 'anon_mb'):.0f} "
+                f"| {med(system, w, 'pss_anon_mb'):.0f} | {med(system, w, 'shmem_mb'):.0f} |"
             )
     print("\ntime to first batch with an empty node cache (stages shards):", cold)
     if "shardloader" in systems and "litdata" in systems and 0 in workers:
