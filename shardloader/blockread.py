@@ -60,6 +60,9 @@ def load_token_lengths(manifest: Manifest, base: str, read: ReadOptions) -> np.n
         data = read_sidecar(sidecar, info, where)
         check_digest(data, info, where)
         parts.append(_lengths_column(data, info.num_samples, sidecar_bound(info), where))
+    # Arrow's allocator keeps what decompressing the columns took (~6 MB); workers would
+    # inherit it: hand it back before they fork
+    pa.default_memory_pool().release_unused()
     return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
 
@@ -68,11 +71,11 @@ def _lengths_column(data: bytes, count: int, bound: int, where: str) -> np.ndarr
         if declared_sizes(data, where).uncompressed_bytes > bound:
             raise ManifestError(f"{where} declares more bytes than its shard's entry allows")
         buffer = pa.py_buffer(data)
-        at = pa.ipc.open_file(buffer).schema.get_field_index("length")
+        pool = pa.system_memory_pool()  # freed to the system: no allocator arena stays behind
+        at = pa.ipc.open_file(buffer, memory_pool=pool).schema.get_field_index("length")
         if at < 0:
             raise ManifestError(f"{where} records no lengths; re-pack with --tokenizer")
         options = pa.ipc.IpcReadOptions(included_fields=[at], use_threads=False)
-        pool = pa.system_memory_pool()  # freed to the system: no arena stays behind
         column = pa.ipc.open_file(buffer, options=options, memory_pool=pool).read_all().column(0)
     except (pa.ArrowException, ShardError) as err:
         raise ManifestError(f"{where} is not a valid shardloader sample index: {err}") from err
@@ -245,12 +248,15 @@ class _Streams:
         self._lengths = lengths
         self._starts = np.concatenate([[0], np.cumsum(shard_sizes)]).astype(np.int64)
 
-    def _open(self, shard: int) -> None:
-        if len(self.open) >= _STREAMS:
-            oldest = next(iter(self.open))
-            self.open.pop(oldest).close()
-            del self.tokens[oldest]
-            self.checked.discard(oldest)
+    def _open(self, shard: int, needed: set[int]) -> None:
+        """Open ``shard``; past :data:`_STREAMS` open ones, close the least recently used that
+        the current span does not need."""
+        for old in [s for s in self.open if s not in needed][
+            : max(len(self.open) - _STREAMS + 1, 0)
+        ]:
+            self.open.pop(old).close()
+            del self.tokens[old]
+            self.checked.discard(old)
         path = self.shards.local_file(shard)
         stream = TokenStream(path, self.shards.describe(shard), self.shards.options.verify_samples)
         try:
@@ -262,15 +268,18 @@ class _Streams:
         self.open[shard], self.tokens[shard] = stream, stream.tokens
 
     def check(self, chunk: ChunkLayout) -> None:
-        """Open the chunk's shards and check the token chunks its rows touch."""
+        """Open the shards of a span's rows (all of them stay open while it is assembled) and
+        check the token chunks its rows touch."""
         shards = set(chunk.shard.tolist())
         shards.discard(-1)
+        for shard in shards & self.open.keys():  # most recently used last
+            self.open[shard] = self.open.pop(shard)
         if shards <= self.checked:
             return
         for shard in shards - self.checked:
             stream = self.open.get(shard)
             if stream is None:
-                self._open(shard)
+                self._open(shard, shards)
                 stream = self.open[shard]
             mine = chunk.shard == shard
             lo = chunk.lo[mine]

@@ -64,8 +64,8 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
                 )
         if kwargs.get("num_workers", 0) > 0:
             kwargs.setdefault("persistent_workers", True)
-            kwargs.setdefault("prefetch_factor", 4)
             bundle = worker_bundle(dataset)  # NOTE [bundles] in shardloader/transport.py
+            kwargs.setdefault("prefetch_factor", 2 if bundle > 1 else 4)
             if bundle > 1:
                 ring = Ring(  # NOTE [ring slots]: in flight, held by the loop, one spare
                     kwargs["num_workers"],

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import multiprocessing
 import multiprocessing.context
+import multiprocessing.heap
 import uuid
 import weakref
 from collections.abc import Sequence
@@ -136,15 +137,16 @@ class Ring:
         A worker that finds no free slot (the loop keeps old batches) uses fresh shared memory
         instead, so nothing waits and nothing is overwritten while a batch can still be read.
 
-    The memory is a ``multiprocessing.RawArray``: forked workers inherit it, and spawned ones
-    get its file descriptor when they start (as the dataset's control block does).
+    The memory is a ``multiprocessing.heap.Arena`` (what a RawArray lives in): forked workers
+    inherit its mapping, and spawned ones get its file descriptor when they start.
     """
 
     def __init__(self, workers: int, slots: int, slot_bytes: int) -> None:
         self.id = uuid.uuid4().hex
         self.workers, self.slots, self.slot_bytes = workers, slots, slot_bytes
         head = -(-workers * slots // 64) * 64
-        self.array: Any = multiprocessing.RawArray("B", head + workers * slots * slot_bytes)
+        # an unlinked file in /dev/shm, zero until written (a RawArray would write every page)
+        self.array: Any = multiprocessing.heap.Arena(head + workers * slots * slot_bytes)
         self.received = 0  # bundles that arrived through a slot (in the main process)
         self._attach()
         _RINGS[self.id] = self
@@ -152,7 +154,7 @@ class Ring:
     def _attach(self) -> None:
         n = self.workers * self.slots
         head = -(-n // 64) * 64
-        raw = np.frombuffer(self.array, np.uint8)
+        raw = np.frombuffer(self.array.buffer, np.uint8)
         self.states: np.ndarray | None = raw[:n].reshape(self.workers, self.slots)
         size = self.slot_bytes
         self.bufs = [raw[head + i * size : head + (i + 1) * size] for i in range(n)]

@@ -311,3 +311,20 @@ def test_a_loop_that_stops_early_leaves_no_thread(corpus):
     next(it)  # stopped inside the first chunk: its shard set must close too (fixture checks)
     del it
     gc.collect()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_more_shards_than_open_streams(corpus, monkeypatch, workers):
+    """Past the limit of open token shards the least recently used are closed, never one the
+    batches being assembled still read (a batch here spans up to ROWS shards)."""
+    from shardloader import blockread
+
+    monkeypatch.setattr(blockread, "_STREAMS", 1)
+    path, shards, vocab = corpus
+    rows = reference_rows(shards, SEQ)
+    ds = sl.ShardedDataset(path, planner=TokenBlocks(SEQ, ROWS, pad_id=vocab), shuffle=True, seed=8)
+    plan = planned(ds, rows)
+    got = list(sl.make_loader(ds, num_workers=workers))
+    assert len(got) == len(plan)
+    for batch, want in zip(got, plan, strict=True):
+        check_batch(batch, reference_batch(want, SEQ, ROWS, vocab))
