@@ -6,7 +6,7 @@ bundle, in a worker) at a time: each row is one slice of a staged token shard's 
 and the other fields follow from the sidecars' lengths with numpy over the whole chunk
 (:func:`~shardloader.batching.blocks.assemble`).  No sample is read, decoded or collated, and
 no sidecar key is parsed: the block path needs the ``length`` column only
-(:func:`load_token_lengths`).
+(:func:`shardloader.lengths.load_token_lengths`).
 
 In a DataLoader worker the chunk is written straight into one shared-memory buffer and crosses
 to the main process as that buffer (:mod:`shardloader.transport`, NOTE [bundles] there).
@@ -17,29 +17,25 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Generator, Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pyarrow as pa
 
 from shardloader.batching.blocks import assemble, chunk_layout
-from shardloader.errors import ManifestError, ShardError
-from shardloader.format.ipc import declared_sizes
 from shardloader.format.tokens import TokenStream
-from shardloader.schema import sidecar_bound
 from shardloader.shards import ShardSet
-from shardloader.sidecar import check_digest, read_sidecar
 from shardloader.transport import TokenBatches
 
 if TYPE_CHECKING:
     from shardloader.batching.blocks import ChunkLayout, RowLayout, TokenBlocks
-    from shardloader.dataset import ShardedDataset
     from shardloader.epoch import EpochPlan
     from shardloader.manifest import Manifest
     from shardloader.shards import ReadOptions
+    from shardloader.shuffle import ShuffleOptions
     from shardloader.split import Place
 
-__all__ = ["iterate_blocks", "load_token_lengths", "steps_of_worker"]
+__all__ = ["BlockSource", "iterate_blocks", "steps_of_worker"]
 
 _CHUNK = 4  # batches assembled into one buffer in a process without workers
 _AHEAD = 1  # chunks assembled ahead of the loop (queued), in a process without workers
@@ -47,52 +43,18 @@ _SPAN = 64  # batches whose rows and segments are worked out together
 _STREAMS = 128  # open token shards per pass
 
 
-def load_token_lengths(manifest: Manifest, base: str, read: ReadOptions) -> np.ndarray:
-    """Every document's token count (int64, by global id), from the sidecars' ``length``
-    columns alone: each sidecar is read within its bound and must hash to the manifest's
-    ``index_sha256`` before its one column is decoded (keys, offsets and checksums, which
-    only per-sample reads use, are not)."""
-    store = read.store(base)
-    parts = []
-    for info in manifest.shards:
-        sidecar = store.join(info.index_path)
-        where = f"sample index {sidecar.url}"
-        data = read_sidecar(sidecar, info, where)
-        check_digest(data, info, where)
-        parts.append(_lengths_column(data, info.num_samples, sidecar_bound(info), where))
-    # Arrow's allocator keeps what decompressing the columns took (~6 MB); workers would
-    # inherit it: hand it back before they fork
-    pa.default_memory_pool().release_unused()
-    return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+@dataclass(frozen=True)
+class BlockSource:
+    """What a pass reads, handed over by the dataset (it keeps its state to itself)."""
 
-
-def _lengths_column(data: bytes, count: int, bound: int, where: str) -> np.ndarray:
-    try:
-        if declared_sizes(data, where).uncompressed_bytes > bound:
-            raise ManifestError(f"{where} declares more bytes than its shard's entry allows")
-        buffer = pa.py_buffer(data)
-        pool = pa.system_memory_pool()  # freed to the system: no allocator arena stays behind
-        at = pa.ipc.open_file(buffer, memory_pool=pool).schema.get_field_index("length")
-        if at < 0:
-            raise ManifestError(f"{where} records no lengths; re-pack with --tokenizer")
-        options = pa.ipc.IpcReadOptions(included_fields=[at], use_threads=False)
-        column = pa.ipc.open_file(buffer, options=options, memory_pool=pool).read_all().column(0)
-    except (pa.ArrowException, ShardError) as err:
-        raise ManifestError(f"{where} is not a valid shardloader sample index: {err}") from err
-    if not pa.types.is_integer(column.type) or column.null_count or len(column) != count:
-        raise ManifestError(
-            f"{where}: its length column ({column.type}, {len(column)} values) does not give "
-            f"the {count} token counts of its shard"
-        )
-    array = column.combine_chunks()
-    width = array.type.bit_width // 8
-    kind = "i" if pa.types.is_signed_integer(array.type) else "u"
-    lengths = np.frombuffer(  # not to_numpy(): that imports pandas (a second, in every process)
-        array.buffers()[1], np.dtype(f"<{kind}{width}"), len(array), array.offset * width
-    ).astype(np.int64)
-    if lengths.size and lengths.min() < 0:
-        raise ManifestError(f"{where}: the sample index has negative lengths")
-    return lengths
+    planner: TokenBlocks
+    manifest: Manifest
+    base: str
+    read: ReadOptions
+    shuffle: ShuffleOptions
+    lengths: np.ndarray  # every document's token count, by global id
+    bundle: int = 1  # batches per worker output (NOTE [bundles] in shardloader/transport.py)
+    ring: Any = None  # the loader's shared buffers (NOTE [ring slots] there)
 
 
 def steps_of_worker(steps: int, worker: int, workers: int, bundle: int) -> np.ndarray:
@@ -102,7 +64,7 @@ def steps_of_worker(steps: int, worker: int, workers: int, bundle: int) -> np.nd
     return j[(j // bundle) % workers == worker]
 
 
-def iterate_blocks(ds: ShardedDataset, plan: EpochPlan, place: Place) -> Iterator[Any]:
+def iterate_blocks(ds: BlockSource, plan: EpochPlan, place: Place) -> Iterator[Any]:
     """Yield this worker's batches of the planned pass (all of the rank's without workers).
 
     Without workers the chunks are assembled in a thread, :data:`_AHEAD` chunks ahead of the
@@ -178,22 +140,22 @@ def _in_thread(chunks: Generator[Any, None, None], depth: int) -> Iterator[Any]:
         thread.join()
 
 
-def _chunks(ds: ShardedDataset, plan: EpochPlan, place: Place) -> Generator[Any, None, None]:
+def _chunks(ds: BlockSource, plan: EpochPlan, place: Place) -> Generator[Any, None, None]:
     """This worker's chunks: in a worker one item to yield each (a bundle), in this process
     the list of the chunk's batches."""
     from torch.utils.data import get_worker_info
 
     planner: TokenBlocks = ds.planner
-    layout = planner.layout(ds.manifest.shard_sizes, ds._lengths)
+    layout = planner.layout(ds.manifest.shard_sizes, ds.lengths)
     info = get_worker_info()
     worker = None if info is None else int(info.id)
-    ring = getattr(ds, "_ring", None)
-    bundle = max(int(getattr(ds, "_bundle", 1)), 1) if worker is not None else _CHUNK
+    ring = ds.ring
+    bundle = max(ds.bundle, 1) if worker is not None else _CHUNK
     mine = steps_of_worker(len(plan.slots.slots), place.worker, place.num_workers, bundle)
     slots = plan.slots.slots[mine]
     need = _working_set(ds, layout, plan)
-    shards = ShardSet(ds.manifest, ds.base, ds.read_options, str(place), need)
-    streams = _Streams(shards, ds._lengths, ds.manifest.shard_sizes)
+    shards = ShardSet(ds.manifest, ds.base, ds.read, str(place), need)
+    streams = _Streams(shards, ds.lengths, ds.manifest.shard_sizes)
     upcoming = _first_needed(layout, plan, slots)
     ahead = 0
     pad = planner.pad_id if planner.pad_id is not None else 0
@@ -294,14 +256,14 @@ class _Streams:
         self.tokens.clear()
 
 
-def _working_set(ds: ShardedDataset, layout: RowLayout, plan: EpochPlan) -> int:
+def _working_set(ds: BlockSource, layout: RowLayout, plan: EpochPlan) -> int:
     """Staged bytes the plan keeps in use at once (the shards under one shuffle block of rows,
     or two neighbouring shards unshuffled), plus the read-ahead."""
     manifest = ds.manifest
     raw = np.fromiter((s.raw_bytes for s in manifest.shards), np.int64, len(manifest.shards))
     if raw.size == 0 or plan.order.size == 0:
         return 0
-    ahead = ds.read_options.readahead * int(raw.max())
+    ahead = ds.read.readahead * int(raw.max())
     if not ds.shuffle.enabled:
         return int(np.sort(raw)[-2:].sum()) + ahead
     shard_of = np.searchsorted(layout.row_bounds, plan.order, side="right") - 1

@@ -206,6 +206,12 @@ class ShardedDataset(IterableDataset):  # type: ignore[type-arg]
         self._control.set(_RANK, r)
         self._control.set(_WORLD, w)
 
+    def use_transport(self, bundle: int, ring: Any) -> None:
+        """Hand ``bundle`` batches over per DataLoader item, through ``ring``'s shared slots:
+        set in each worker by :class:`~shardloader.loader.ShardLoader` (NOTE [bundles] in
+        :mod:`shardloader.transport`), for planners that assemble batches themselves."""
+        self._bundle, self._ring = bundle, ring
+
     @property
     def plan_signature(self) -> str:
         """What must stay equal for a saved position to mean the same samples: the planner's
@@ -269,9 +275,20 @@ class ShardedDataset(IterableDataset):  # type: ignore[type-arg]
         seed_global_rngs(derive_seed(self.seed, epoch, place.rank, place.worker, 1 << 40))
         plan = self._plan(epoch, start, place.rank, place.world_size)
         if getattr(self.planner, "reads_token_stream", False):  # rows of token shards
-            from shardloader.blockread import iterate_blocks
+            from shardloader.blockread import BlockSource, iterate_blocks
 
-            yield from iterate_blocks(self, plan, place)
+            assert self._lengths is not None  # the planner's bind() loaded them
+            source = BlockSource(
+                self.planner,
+                self.manifest,
+                self.base,
+                self.read_options,
+                self.shuffle,
+                self._lengths,
+                self._bundle,
+                self._ring,
+            )
+            yield from iterate_blocks(source, plan, place)
             return
         mine = slice(place.worker, None, place.num_workers)
         slots, seeds = plan.slots.slots[mine], plan.slots.seeds[mine]

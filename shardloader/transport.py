@@ -306,7 +306,6 @@ class BundleInit:
 
         info = get_worker_info()
         if info is not None:
-            dataset: Any = info.dataset
-            dataset._bundle, dataset._ring = self.bundle, self.ring
+            info.dataset.use_transport(self.bundle, self.ring)  # type: ignore[attr-defined]
         if self.user is not None:
             self.user(worker_id)

@@ -328,3 +328,23 @@ def test_more_shards_than_open_streams(corpus, monkeypatch, workers):
     assert len(got) == len(plan)
     for batch, want in zip(got, plan, strict=True):
         check_batch(batch, reference_batch(want, SEQ, ROWS, vocab))
+
+
+@pytest.mark.slow
+def test_spawned_workers_share_the_ring(corpus, monkeypatch):
+    """Spawned workers map the loader's ring through its file descriptor (forked ones
+    inherit it): the same batches, and bundles arrive through slots."""
+    from shardloader import transport
+
+    monkeypatch.setattr(transport, "BUNDLE_BYTES", 2 * TokenBlocks(SEQ, ROWS, 0).batch_bytes)
+    path, shards, vocab = corpus
+    rows = reference_rows(shards, SEQ)
+    ds = sl.ShardedDataset(path, planner=TokenBlocks(SEQ, ROWS, pad_id=vocab), shuffle=True, seed=6)
+    plan = planned(ds, rows)
+    loader = sl.make_loader(ds, num_workers=2, multiprocessing_context="spawn")
+    n = 0
+    for j, batch in enumerate(loader):
+        check_batch(batch, reference_batch(plan[j], SEQ, ROWS, vocab))
+        n += 1
+    assert n == len(plan)
+    assert loader.worker_init_fn.ring.received > 0

@@ -152,8 +152,8 @@ class TokenBlocks:
     def bind(self, dataset: Any) -> np.ndarray:
         """Refuse what cannot apply to rows of a token stream, and load the documents' token
         counts from the sidecars (called by ShardedDataset when it is made)."""
-        from shardloader.blockread import load_token_lengths
         from shardloader.format.tokens import stream_field
+        from shardloader.lengths import load_token_lengths
 
         m = dataset.manifest
         if m.format != "tokens":
