@@ -5,8 +5,9 @@ mixing ``.jpg``, ``.jpeg`` and ``.png`` files in grey, RGB, RGBA and palette mod
 sizes), ``corpus/docs.jsonl`` (documents with a ``text`` key), ``tokenizer.json`` (a tiny
 word-level ``tokenizers`` file for that corpus) and ``tools/`` (this repository's).  Python blocks
 also find ``packed/``, ``packed-text/`` and ``packed-tokens/`` (token shards) already packed
-from those (bash blocks pack their own, as they say).  Python blocks run as scripts with this interpreter; bash blocks under
-``bash -euo pipefail`` with this environment's ``shardloader`` and ``python`` first on PATH.
+from those (bash blocks pack their own, as they say).  Python blocks run as scripts with this
+interpreter; bash blocks under ``bash -euo pipefail`` with this environment's ``shardloader``
+and ``python`` first on PATH.
 
 A block that cannot run here (installs, CI, a real S3 endpoint, signatures) carries a visible
 opt-out on the line before its fence: ``<!-- readme-test: skip (reason) -->``; it is reported as
