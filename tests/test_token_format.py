@@ -19,7 +19,6 @@ from shardloader.errors import ChecksumError, ShardError
 from shardloader.format import get_format
 from shardloader.format.tokens import HEADER_BYTES, TokenShardReader, TokenStream
 from shardloader.manifest import FieldInfo, SampleIndex
-from shardloader.verify import verify_dataset
 
 FIELDS = {"json": FieldInfo("json"), "tokens": FieldInfo("tokens", "uint16")}
 
