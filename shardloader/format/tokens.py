@@ -12,8 +12,9 @@ Layout of the uncompressed shard (compressed as a whole with zstd or gzip, or st
 
     header   128 bytes: magic, version, token dtype, sample count, region sizes, chunk size,
              the name of the token field
-    table    1024 XXH3-64 checksums of the token region's chunks (1/1024th of it each)
-    tokens   the token field of every sample, concatenated, little-endian (offset 8320)
+    table    1008 XXH3-64 checksums of the token region's chunks (1/1008th of it each)
+    tokens   the token field of every sample, concatenated, little-endian, from byte 8192
+             (page-aligned: a row of 2048 uint16 tokens is one memory page)
     records  per sample: key, then each field's name and size, and its bytes, except those
              of the token field, which are in ``tokens``
 
@@ -22,7 +23,7 @@ count (``length``) and an XXH3-64 of its record and its tokens (checked when a s
 a block reader checks each chunk of the token region it touches against the table, once.
 
 Sizes are exact and additive (``sample_raw_size``): a sample adds its record framing and all
-its field bytes, wherever they go; a shard adds the 8,320 bytes of header and table.
+its field bytes, wherever they go; a shard adds the 8,192 bytes of header and table.
 """
 
 from __future__ import annotations
@@ -68,10 +69,10 @@ __all__ = [
 MAGIC = b"SLTOKENS"
 VERSION = 1
 TOKEN_FIELD = "tokens"  # the field pack --tokenizer adds; preferred when several are tokens
-CHUNKS = 1024  # token-region checksums per shard: a fixed table keeps sizes additive
+CHUNKS = 1008  # token-region checksums per shard: a fixed table keeps sizes additive
 _HEAD = struct.Struct("<8sHBBB3xQQQQ16x")  # 64 bytes; then 64 bytes of field name
 _NAME_BYTES = 64
-HEADER_BYTES = _HEAD.size + _NAME_BYTES + 8 * CHUNKS  # 8320: where the token region starts
+HEADER_BYTES = _HEAD.size + _NAME_BYTES + 8 * CHUNKS  # 8192: the token region is page-aligned
 _U16, _U64 = struct.Struct("<H"), struct.Struct("<Q")
 _MAX_KEY, _MAX_NAME, _MAX_FIELDS = 0xFFFF, 0xFF, 0xFF
 
