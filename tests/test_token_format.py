@@ -170,6 +170,9 @@ def test_pack_verify_inspect_and_read_through_the_cli(tmp_path):
     samples_ds = sl.ShardedDataset(out, batch_size=10, decoder=None, collate_fn=list)
     got = [s for batch in sl.make_loader(samples_ds) for s in batch]
     assert sum(len(s["tokens"]) // 2 for s in got) == total  # per-sample reads, in place
+    whole = sl.ShardedDataset(out, planner=sl.PackedBatches(8, 2, pad_id=999))  # documents whole
+    real = sum(int(b["attention_mask"].sum()) for b in sl.make_loader(whole, num_workers=1))
+    assert real == total == whole.report().tokens
     with open(os.path.join(out, "shard-00001.tok"), "r+b") as f:
         f.seek(HEADER_BYTES + 3)
         f.write(b"\xff\xff")
