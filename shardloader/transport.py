@@ -231,7 +231,7 @@ class _Pool:
     At most ``keep`` buffers are kept.
     """
 
-    def __init__(self, keep: int = 5) -> None:  # the loop's, the queued, the thread's, slack
+    def __init__(self, keep: int = 3) -> None:  # the chunk being read, its last batch, slack
         self.keep = keep
         self.buffers: list[tuple[np.ndarray, Any]] = []  # (buffer, weak ref to its view)
         self.allocated = self.reused = 0
