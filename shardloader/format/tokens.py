@@ -30,27 +30,34 @@ from __future__ import annotations
 
 import mmap
 import os
-import struct
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 import numpy as np
 import xxhash
 
-from shardloader.errors import ChecksumError, ShardError, UsageError
+from shardloader.errors import ChecksumError, ShardError
 from shardloader.format.base import Format, Sample, WrittenShard
-from shardloader.format.compress import (
-    CHUNK,
-    DECOMPRESS_ERRORS,
-    CompressedSink,
-    decompressed,
-    stage_stream,
-    too_big,
-)
+from shardloader.format.compress import CHUNK, CompressedSink, stage_stream
 from shardloader.format.registry import register_format
-from shardloader.keys import unsafe_key_reason
+from shardloader.format.tokenlayout import (
+    CHUNKS,
+    HEADER_BYTES,
+    MAX_FIELDS,
+    MAX_KEY,
+    MAX_NAME,
+    TOKEN_FIELD,
+    U16,
+    U64,
+    Header,
+    encode,
+    pack_header,
+    parse_record,
+    stream_field,
+    token_dtype,
+)
+from shardloader.format.tokenstream import iter_tokens
 from shardloader.manifest import SampleIndex
-from shardloader.schema import unsafe_key_error
 
 if TYPE_CHECKING:
     from shardloader.manifest import FieldInfo, ShardInfo
@@ -66,49 +73,6 @@ __all__ = [
     "stream_field",
 ]
 
-MAGIC = b"SLTOKENS"
-VERSION = 1
-TOKEN_FIELD = "tokens"  # the field pack --tokenizer adds; preferred when several are tokens
-CHUNKS = 1008  # token-region checksums per shard: a fixed table keeps sizes additive
-_HEAD = struct.Struct("<8sHBBB3xQQQQ16x")  # 64 bytes; then 64 bytes of field name
-_NAME_BYTES = 64
-HEADER_BYTES = _HEAD.size + _NAME_BYTES + 8 * CHUNKS  # 8192: the token region is page-aligned
-_U16, _U64 = struct.Struct("<H"), struct.Struct("<Q")
-_MAX_KEY, _MAX_NAME, _MAX_FIELDS = 0xFFFF, 0xFF, 0xFF
-
-
-def stream_field(fields: Mapping[str, FieldInfo]) -> str | None:
-    """The field whose bytes go to the token region: the only ``tokens``-codec field, or the
-    one named ``tokens`` among several; None when there is none (every field is a record)."""
-    names = sorted(n for n, info in fields.items() if info.codec == "tokens")
-    if len(names) > 1:
-        names = [n for n in names if n == TOKEN_FIELD]
-    if len(names) != 1 or len(names[0].encode()) > _NAME_BYTES:
-        return None
-    return names[0]
-
-
-def _dtype(info: FieldInfo | None) -> np.dtype:
-    return np.dtype(info.dtype if info is not None and info.dtype else "uint32").newbyteorder("<")
-
-
-def _chunk_bytes(token_bytes: int, itemsize: int) -> int:
-    """Bytes per checksum chunk: 1/CHUNKS of the region, a whole number of tokens."""
-    if not token_bytes:
-        return 0
-    per = -(-token_bytes // CHUNKS)
-    return -(-per // itemsize) * itemsize
-
-
-def _chunk_sums(tokens: bytes | memoryview, chunk: int) -> list[int]:
-    view = memoryview(tokens)
-    sums = [xxhash.xxh3_64_intdigest(view[a : a + chunk]) for a in range(0, len(view), chunk or 1)]
-    return sums + [0] * (CHUNKS - len(sums))
-
-
-def _encode(text: str) -> bytes:
-    return text.encode("utf-8", "surrogateescape")
-
 
 class TokenShardWriter:
     """Buffers one shard (records and tokens) and writes it on close.
@@ -120,7 +84,7 @@ class TokenShardWriter:
     def __init__(self, fileobj: BinaryIO, compression: str, fields: Mapping[str, FieldInfo]):
         self._sink = CompressedSink(fileobj, compression)
         self._stream = stream_field(fields)
-        self._dtype = _dtype(fields.get(self._stream) if self._stream else None)
+        self._dtype = token_dtype(fields.get(self._stream) if self._stream else None)
         self._records: list[bytes] = []
         self._tokens: list[bytes] = []
         self._record_bytes = self._token_bytes = 0
@@ -131,20 +95,20 @@ class TokenShardWriter:
         self._sums: list[int] = []
 
     def add(self, key: str, fields: Mapping[str, bytes], length: int | None = None) -> None:
-        raw_key = _encode(key)
-        if not raw_key or len(raw_key) > _MAX_KEY or len(fields) > _MAX_FIELDS:
+        raw_key = encode(key)
+        if not raw_key or len(raw_key) > MAX_KEY or len(fields) > MAX_FIELDS:
             raise ShardError(
-                f"sample {key!r}: a token shard holds keys of 1..{_MAX_KEY} bytes and at most "
-                f"{_MAX_FIELDS} fields"
+                f"sample {key!r}: a token shard holds keys of 1..{MAX_KEY} bytes and at most "
+                f"{MAX_FIELDS} fields"
             )
-        parts = [_U16.pack(len(raw_key)), raw_key, bytes([len(fields)])]
+        parts = [U16.pack(len(raw_key)), raw_key, bytes([len(fields)])]
         tokens = b""
         for name in sorted(fields):
             data = fields[name]
             raw_name = name.encode()
-            if not raw_name or len(raw_name) > _MAX_NAME:
+            if not raw_name or len(raw_name) > MAX_NAME:
                 raise ShardError(f"sample {key!r}: field name {name!r} is empty or too long")
-            parts += [bytes([len(raw_name)]), raw_name, _U64.pack(len(data))]
+            parts += [bytes([len(raw_name)]), raw_name, U64.pack(len(data))]
             if name == self._stream:
                 if len(data) % self._dtype.itemsize:
                     raise ShardError(
@@ -173,22 +137,10 @@ class TokenShardWriter:
     def close(self) -> WrittenShard:
         tokens = b"".join(self._tokens)
         self._tokens = []
-        itemsize = self._dtype.itemsize if self._stream else 0
-        chunk = _chunk_bytes(len(tokens), max(itemsize, 1))
-        name = _encode(self._stream or "")
-        head = _HEAD.pack(
-            MAGIC,
-            VERSION,
-            itemsize,
-            1 if self._dtype.kind == "i" and self._stream else 0,
-            len(name),
-            len(self._keys),
-            len(tokens),
-            self._record_bytes,
-            chunk,
+        field = self._stream
+        self._sink.write(
+            pack_header(field, self._dtype, len(self._keys), tokens, self._record_bytes)
         )
-        self._sink.write(head + name.ljust(_NAME_BYTES, b"\0"))
-        self._sink.write(struct.pack(f"<{CHUNKS}Q", *_chunk_sums(tokens, chunk)))
         self._sink.write(tokens)
         del tokens
         group: list[bytes] = []
@@ -218,94 +170,6 @@ class TokenShardWriter:
             sha256=self._sink.stored.sha.hexdigest(),
             index=index,
         )
-
-
-# -- the header -------------------------------------------------------------------------------
-
-
-class Header:
-    """The parsed, checked header of a token shard."""
-
-    def __init__(self, data: bytes, where: str) -> None:
-        if len(data) < HEADER_BYTES:
-            raise ShardError(f"{where}: truncated token shard ({len(data)} header bytes)")
-        magic, version, itemsize, signed, name_len, n, tokens, records, chunk = _HEAD.unpack_from(
-            data
-        )
-        if magic != MAGIC:
-            raise ShardError(f"{where}: not a shardloader token shard (bad magic {magic!r})")
-        if version != VERSION:
-            raise ShardError(f"{where}: token shard version {version}, this reader knows {VERSION}")
-        if (
-            itemsize not in (0, 1, 2, 4, 8)
-            or name_len > _NAME_BYTES
-            or (itemsize == 0) != (name_len == 0)
-        ):
-            raise ShardError(f"{where}: corrupt token shard header (dtype or field name)")
-        if itemsize and (tokens % itemsize or chunk != _chunk_bytes(tokens, itemsize)):
-            raise ShardError(f"{where}: corrupt token shard header (token region {tokens:,})")
-        if not itemsize and tokens:
-            raise ShardError(f"{where}: corrupt token shard header (tokens without a field)")
-        self.num_samples, self.token_bytes, self.record_bytes = n, tokens, records
-        self.itemsize, self.chunk = itemsize, chunk
-        self.dtype = np.dtype(f"<{'i' if signed else 'u'}{itemsize or 1}")
-        raw_name = data[_HEAD.size : _HEAD.size + name_len]
-        self.field = raw_name.decode("utf-8", "surrogateescape") if name_len else None
-        self.sums = struct.unpack_from(f"<{CHUNKS}Q", data, _HEAD.size + _NAME_BYTES)
-        self.records_at = HEADER_BYTES + tokens
-        self.total = self.records_at + records
-
-    @property
-    def num_tokens(self) -> int:
-        return self.token_bytes // self.itemsize if self.itemsize else 0
-
-    def check_chunk(self, region: bytes | memoryview, c: int, where: str) -> None:
-        """ChecksumError unless chunk ``c`` of ``region`` (the token region) matches its sum."""
-        a = c * self.chunk
-        got = xxhash.xxh3_64_intdigest(region[a : a + self.chunk])
-        if got != self.sums[c]:
-            lo, hi = a // self.itemsize, min(a + self.chunk, self.token_bytes) // self.itemsize
-            raise ChecksumError(
-                f"{where}: tokens {lo:,}..{hi:,} (chunk {c} of the token region) have checksum "
-                f"{got:016x}, the shard's table says {self.sums[c]:016x}: the shard is damaged; "
-                "`shardloader verify` checks the whole dataset (ReadOptions(verify_samples="
-                "False) skips this check)"
-            )
-
-
-def _record(
-    buf: Any, pos: int, end: int, stream: str | None, where: str
-) -> tuple[str, list[tuple[str, int, int]], int]:
-    """Parse one record at ``pos`` (not past ``end``): key, [(field, data offset or -1 for the
-    token field, size)], end of the record."""
-
-    def need(n: int) -> None:
-        if pos + n > end:
-            raise ShardError(f"{where}: truncated record at byte {pos:,}")
-
-    need(3)
-    (key_len,) = _U16.unpack_from(buf, pos)
-    pos += 2
-    need(key_len + 1)
-    key = bytes(buf[pos : pos + key_len]).decode("utf-8", "surrogateescape")
-    pos += key_len
-    count = buf[pos]
-    pos += 1
-    fields = []
-    for _ in range(count):
-        need(1)
-        name_len = buf[pos]
-        need(1 + name_len + 8)
-        name = bytes(buf[pos + 1 : pos + 1 + name_len]).decode("utf-8", "surrogateescape")
-        (size,) = _U64.unpack_from(buf, pos + 1 + name_len)
-        pos += 1 + name_len + 8
-        if name == stream:
-            fields.append((name, -1, size))
-            continue
-        need(size)
-        fields.append((name, pos, size))
-        pos += size
-    return key, fields, pos
 
 
 class TokenStream:
@@ -423,20 +287,17 @@ class TokenShardReader:
         pos = self._offsets[i]
         if not head.records_at <= pos < head.total:
             raise ShardError(f"{self._where}: sample {key_of!r}: offset {pos:,} is outside")
-        key, fields, end = _record(self._view, pos, head.total, head.field, self._where)
+        key, fields, end = parse_record(self._view, pos, head.total, head.field, self._where)
         if key != key_of:
             raise ShardError(
                 f"{self._where}: sample index says {key_of!r} at byte {pos:,}, found {key!r}; "
                 "the shard and its .idx.arrow sidecar do not match"
             )
-        if self._token_at is None:
-            starts = [0]
+        if self._token_at is None:  # token start of each sample: its lengths, summed up
             lengths = self._index.lengths
-            if lengths is not None and head.field is not None:
-                starts = np.concatenate([[0], np.cumsum(lengths)]).tolist()
-            else:
-                starts = [0] * (len(self._index) + 1)
-            self._token_at = starts
+            if lengths is None or head.field is None:
+                lengths = np.zeros(len(self._index), np.int64)
+            self._token_at = np.concatenate([[0], np.cumsum(lengths)]).tolist()
         t0, t1 = self._token_at[i] * head.itemsize, self._token_at[i + 1] * head.itemsize
         tokens = self._view[HEADER_BYTES + t0 : HEADER_BYTES + t1]
         if self._sums is not None:
@@ -467,102 +328,6 @@ class TokenShardReader:
         self.stream.close()
 
 
-# -- streaming a stored shard (verify) --------------------------------------------------------
-
-
-class _Input:
-    """Exact reads from a (decompressed) stream, never more than ``limit`` bytes in all."""
-
-    def __init__(self, stream: BinaryIO, where: str, limit: int | None) -> None:
-        self._stream, self._where, self._limit = stream, where, limit
-        self._buf = b""
-        self._pos = 0
-        self.count = 0
-
-    def read(self, n: int, what: str) -> bytes:
-        if self._limit is not None and self.count + n > self._limit:
-            raise too_big(self._where, what, self._limit, "the manifest declares (raw_bytes)")
-        parts = [self._buf[self._pos : self._pos + n]]
-        got = len(parts[0])
-        self._pos += got
-        while got < n:
-            chunk = self._stream.read(max(CHUNK, n - got))
-            if not chunk:
-                raise ShardError(f"{self._where}: truncated token shard (in {what})")
-            take = chunk[: n - got]
-            parts.append(take)
-            got += len(take)
-            self._buf, self._pos = chunk, len(take)
-        self.count += n
-        return parts[0] if len(parts) == 1 else b"".join(parts)
-
-    def at_end(self) -> bool:
-        return self._pos >= len(self._buf) and not self._stream.read(1)
-
-
-def iter_tokens(
-    src: BinaryIO,
-    compression: str,
-    where: str,
-    limit: int | None = None,
-    max_member: int | None = None,
-) -> Iterator[Sample]:
-    """Every sample of a stored token shard, front to back; the token region is held (it is
-    read first) and checked against its table.  Bounded by ``limit`` and ``max_member``."""
-    try:
-        data = _Input(decompressed(src, compression), where, limit)
-        head = Header(data.read(HEADER_BYTES, "the header"), where)
-        if limit is not None and head.total > limit:
-            raise too_big(where, "the header's declared size", limit, "the manifest declares")
-        region = data.read(head.token_bytes, "the token region")
-        for c in range(-(-head.token_bytes // head.chunk) if head.chunk else 0):
-            head.check_chunk(region, c, where)
-        cursor = 0
-        for _ in range(head.num_samples):
-            sample, used = _next_record(data, head, region, cursor, where, max_member)
-            cursor += used
-            yield sample
-        if cursor != head.token_bytes or data.count != head.total or not data.at_end():
-            raise ShardError(
-                f"{where}: the token shard's records do not add up to its header (tokens "
-                f"{cursor:,} of {head.token_bytes:,}, or bytes after the last record)"
-            )
-    except DECOMPRESS_ERRORS as err:
-        if isinstance(err, ShardError):
-            raise
-        raise ShardError(f"{where}: cannot decompress shard ({err})") from err
-
-
-def _next_record(
-    data: _Input, head: Header, region: bytes, cursor: int, where: str, max_member: int | None
-) -> tuple[Sample, int]:
-    """The next record of the stream with its tokens from ``region`` at ``cursor``, and the
-    token bytes it took."""
-    (key_len,) = _U16.unpack(data.read(2, "a record"))
-    key = data.read(key_len, "a record").decode("utf-8", "surrogateescape")
-    problem = unsafe_key_reason(key)
-    if problem is not None:
-        raise unsafe_key_error(where, key, problem)
-    fields: dict[str, bytes] = {}
-    used = 0
-    for _ in range(data.read(1, "a record")[0]):
-        name = data.read(data.read(1, "a record")[0], "a record").decode("utf-8", "replace")
-        (size,) = _U64.unpack(data.read(8, "a record"))
-        if max_member is not None and size > max_member:
-            raise ShardError(
-                f"{where}: field {name!r} of sample {key!r} has {size:,} bytes, more than the "
-                f"{max_member:,} allowed for one sample; the shard is corrupt or hostile"
-            )
-        if name == head.field:
-            if cursor + used + size > head.token_bytes or size % head.itemsize:
-                raise ShardError(f"{where}: sample {key!r} claims tokens past the token region")
-            fields[name] = region[cursor + used : cursor + used + size]
-            used += size
-        else:
-            fields[name] = data.read(size, f"field {name!r} of sample {key!r}")
-    return (key, fields), used
-
-
 class TokenFormat(Format):
     """Token shards: a contiguous token region per shard plus one record per sample."""
 
@@ -580,7 +345,7 @@ class TokenFormat(Format):
 
     def sample_raw_size(self, key: str, sizes: Sequence[tuple[str, int]]) -> int:
         framing = sum(1 + len(ext.encode()) + 8 for ext, _ in sizes)
-        return 3 + len(_encode(key)) + framing + sum(size for _, size in sizes)
+        return 3 + len(encode(key)) + framing + sum(size for _, size in sizes)
 
     def reader(
         self, local_path: str, index: SampleIndex, where: str, verify: bool = True
@@ -634,15 +399,6 @@ class TokenFormat(Format):
                 f"the {info.raw_bytes:,}-byte token shard holds"
             )
         return None
-
-
-def check_token_field(fields: Mapping[str, FieldInfo]) -> None:
-    """UsageError unless ``fields`` have a field this format streams (for the block planner)."""
-    if stream_field(fields) is None:
-        raise UsageError(
-            "token shards stream one field of codec 'tokens' (pack text with --tokenizer); "
-            f"fields here: {', '.join(fields) or 'none'}"
-        )
 
 
 FORMAT = register_format(TokenFormat())
