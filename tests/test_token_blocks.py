@@ -367,3 +367,22 @@ def test_token_shards_on_s3_read_like_local_ones(corpus, s3_server, s3_bucket, t
     got = [b["input_ids"].tolist() for b in sl.make_loader(remote, num_workers=2)]
     assert got == [b["input_ids"].tolist() for b in sl.make_loader(local)]
     assert remote.report() == local.report()
+
+
+def test_the_readme_recipe_runs(corpus, tmp_path, monkeypatch):
+    """README "Language models", first block, on token shards: full batches, every token."""
+    import re
+
+    path, shards, _ = corpus
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(root, "README.md"), encoding="utf-8") as f:
+        section = f.read().split("#### Language models", 1)[1]
+    snippet = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    assert "TokenBlocks" in snippet and "packed-tokens/" in snippet
+    os.symlink(path, tmp_path / "packed-tokens")
+    monkeypatch.chdir(tmp_path)
+    scope: dict = {}
+    exec(compile(snippet, "README.md", "exec"), scope)
+    assert tuple(scope["batch"]["input_ids"].shape) == (8, 2048)
+    report = scope["ds"].report()
+    assert report.tokens == sum(d.size for docs in shards for d in docs)
