@@ -28,6 +28,7 @@ from shardloader.errors import (
 )
 
 if _typing.TYPE_CHECKING:
+    from shardloader.batching.blocks import TokenBlocks
     from shardloader.batching.fixed import FixedBatches
     from shardloader.batching.packed import PackCollate, PackedBatches
     from shardloader.batching.padded import BucketBatches, PadCollate, TokenBudgetBatches
@@ -46,6 +47,7 @@ if _typing.TYPE_CHECKING:
 
 # public name -> the module that defines it (imported on first access)
 _EXPORTS = {
+    "TokenBlocks": "shardloader.batching.blocks",
     "FixedBatches": "shardloader.batching.fixed",
     "PackCollate": "shardloader.batching.packed",
     "PackedBatches": "shardloader.batching.packed",
@@ -114,6 +116,7 @@ __all__ = [
     "ShardloaderError",
     "ShuffleOptions",
     "StorageError",
+    "TokenBlocks",
     "TokenBudgetBatches",
     "TransformError",
     "TruncatedBodyError",

@@ -129,12 +129,17 @@ class ShardedDataset(IterableDataset):  # type: ignore[type-arg]
         # member extension → logical field: the manifest's aliases, ``aliases`` merged over
         self.field_map = FieldMap.of_manifest(self.manifest, aliases)
         self._planning.signature()  # a planner must declare its options (or fail here)
+        self._bundle = 1  # batches per worker output: NOTE [bundles] in shardloader/transport.py
+        self._ring: Any = None  # the loader's shared buffers (NOTE [ring slots] there)
         self._explicit_world = (rank, world_size)
         r, w = detect_world(rank, world_size)
         Place(r, w)  # validate
         self._control = _Control([0, 0, r, w])
         self._lengths: np.ndarray | None = None
-        if planner is not None and getattr(planner, "needs_lengths", False):
+        bind = getattr(planner, "bind", None)
+        if bind is not None:  # a planner that reads the data itself checks it and loads lengths
+            self._lengths = bind(self)  # (batching/blocks.py)
+        elif planner is not None and getattr(planner, "needs_lengths", False):
             self._lengths = load_lengths(self.manifest, self.base, self.read_options)
         # len() of the last (epoch, start, rank, world) asked for: the loader checks every
         # pass against it; lengths loaded only for report(), never pickled into workers
@@ -201,6 +206,12 @@ class ShardedDataset(IterableDataset):  # type: ignore[type-arg]
         r, w = detect_world(*self._explicit_world)
         self._control.set(_RANK, r)
         self._control.set(_WORLD, w)
+
+    def use_transport(self, bundle: int, ring: Any) -> None:
+        """Hand ``bundle`` batches over per DataLoader item, through ``ring``'s shared slots:
+        set in each worker by :class:`~shardloader.loader.ShardLoader` (NOTE [bundles] in
+        :mod:`shardloader.transport`), for planners that assemble batches themselves."""
+        self._bundle, self._ring = bundle, ring
 
     @property
     def plan_signature(self) -> str:
@@ -288,6 +299,22 @@ class ShardedDataset(IterableDataset):  # type: ignore[type-arg]
         place = detect_place(rank, world)
         seed_global_rngs(derive_seed(self.seed, epoch, place.rank, place.worker, 1 << 40))
         plan = self._plan(epoch, start, place.rank, place.world_size)
+        if getattr(self.planner, "reads_token_stream", False):  # rows of token shards
+            from shardloader.blockread import BlockSource, iterate_blocks
+
+            assert self._lengths is not None  # the planner's bind() loaded them
+            source = BlockSource(
+                self.planner,
+                self.manifest,
+                self.base,
+                self.read_options,
+                self.shuffle,
+                self._lengths,
+                self._bundle,
+                self._ring,
+            )
+            yield from iterate_blocks(source, plan, place)
+            return
         mine = slice(place.worker, None, place.num_workers)
         slots, seeds = plan.slots.slots[mine], plan.slots.seeds[mine]
         reads = [batch_ids(b) for b in plan.batches]  # the samples each batch reads

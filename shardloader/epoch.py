@@ -123,8 +123,13 @@ class EpochPlanner:
     def plan(
         self, epoch: int, start: int, rank: int, world: int, lengths: np.ndarray | None
     ) -> EpochPlan:
-        order = epoch_order(self.shard_sizes, self.seed, epoch, self.shuffle)
         pad_in_last = dropped = 0
+        stream = getattr(self.planner, "plan_stream", None)
+        if stream is not None:  # rows of token streams, not samples (batching/blocks.py)
+            order, batches = stream(self.shard_sizes, lengths, self.seed, epoch, self.shuffle)
+            slots = rank_slots(len(batches), start, rank, world, self.uneven)
+            return EpochPlan(order, batches, slots, 0, 0, len(batches), start)
+        order = epoch_order(self.shard_sizes, self.seed, epoch, self.shuffle)
         if self.planner is not None:
             batches = list(self.planner.plan(order, lengths, plan_rng(self.seed, epoch)))
         else:
@@ -138,6 +143,14 @@ class EpochPlanner:
         self, epoch: int, plan: EpochPlan, lengths: np.ndarray | None, collate_fn: Any
     ) -> EpochReport:
         """Steps, padding and where every token goes, for all ranks together."""
+        stream = getattr(self.planner, "report_stream", None)
+        if stream is not None:  # rows of token streams (batching/blocks.py)
+            s, n = plan.slots, plan.num_batches
+            repeats = [plan.batches[i % n] for i in range(s.padded_batches)] if n else []
+            counts = stream(
+                self.shard_sizes, lengths, plan.batches[: n - s.dropped_batches], repeats
+            )
+            return EpochReport(epoch, int(np.sum(self.shard_sizes)), s.steps_per_rank, **counts)
         delivered, padded = plan.delivered()
         acc = self._account(plan.order, delivered, lengths, collate_fn)
         return EpochReport(

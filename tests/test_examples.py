@@ -86,6 +86,48 @@ def test_train_lm_with_sequence_packing(tokens, tmp_path):
         "1",
     )
     assert "step 3 " in out and "filled with real tokens" in out and SHARE.search(out), out
+    assert "PackedBatches, epoch 0" in out  # tar shards: documents packed whole
+    assert re.search(r"tokens \d+ delivered, 0 truncated, 0 dropped", out), out
+
+
+@pytest.fixture(scope="module")
+def token_shards(tmp_path_factory):
+    root = tmp_path_factory.mktemp("token-shards")
+    texts = corpus.docs(80)
+    corpus.jsonl(str(root / "raw" / "docs.jsonl"), texts)
+    tok = corpus.train_tokenizer(str(root / "tok.json"), texts)
+    options = PackOptions(format="tokens", tokenizer=tok, max_samples=20)
+    pack(str(root / "raw"), str(root / "packed"), options)
+    return str(root / "packed")
+
+
+@pytest.mark.slow
+@pytest.mark.subprocess
+def test_train_lm_on_token_shards_under_torchrun(token_shards, tmp_path):
+    """The LM example's default on token shards (TokenBlocks) in a real 2-rank gloo group."""
+    out = run(
+        tmp_path,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        os.path.join(TOOLS, "train_lm.py"),
+        token_shards,
+        "--steps",
+        "3",
+        "--seq-len",
+        "32",
+        "--rows",
+        "2",
+        "--workers",
+        "1",
+        "--dim",
+        "32",
+        "--log-every",
+        "1",
+    )
+    assert "TokenBlocks, epoch 0" in out and "step 3 " in out and SHARE.search(out), out
     assert re.search(r"tokens \d+ delivered, 0 truncated, 0 dropped", out), out
 
 

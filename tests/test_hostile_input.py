@@ -85,7 +85,7 @@ SCHEMA_CASES = [
     ("extra.skipped", "3", 'extra.skipped: expected a non-negative integer, got "3"'),
     ("aliases", {"image": "jpg"}, 'aliases["image"]: expected an array, got "jpg"'),
     ("length_field", 3, "length_field: expected a non-empty string, got 3"),
-    ("format", "zip", 'format: expected one of tar, arrow, got "zip"'),
+    ("format", "zip", 'format: expected one of tar, arrow, tokens, got "zip"'),
     ("num_shards", 5, "num_shards: 5 does not equal the shards' total (2)"),
     ("num_samples", 7, "num_samples: 7 does not equal the shards' total (6)"),
 ]
@@ -224,7 +224,7 @@ def _small_pack(tmp_path, fmt: str) -> tuple[str, Manifest]:
     return out, report.manifest
 
 
-@pytest.mark.parametrize("fmt", ["tar", "arrow"])
+@pytest.mark.parametrize("fmt", ["tar", "arrow", "tokens"])
 def test_a_flipped_bit_in_an_uncompressed_local_shard_is_caught_when_read(tmp_path, fmt):
     out, manifest = _small_pack(tmp_path, fmt)
     key = _flip_in_sample(out, manifest, 1, 2)
@@ -367,7 +367,7 @@ def _write_keys(folder, fmt: str, keys: list[str]) -> None:
     (folder / "index.json").write_bytes(Manifest(fmt, "none", fields, [shard]).to_json())
 
 
-@pytest.mark.parametrize("fmt", ["tar", "arrow"])
+@pytest.mark.parametrize("fmt", ["tar", "arrow", "tokens"])
 @pytest.mark.parametrize("bad", ["../../x/0002", "/abs/dir/0003"])
 def test_reading_refuses_escaping_keys(tmp_path, fmt, bad):
     _write_keys(tmp_path, fmt, ["a/0001", bad])

@@ -110,7 +110,7 @@ def test_txt_records_and_arrow_output(tmp_path):
     assert list(sidecar(str(tmp_path / "out"), manifest.shards[0].index_path).lengths) == [6, 5, 4]
 
 
-@pytest.mark.parametrize("fmt", ["tar", "arrow"])
+@pytest.mark.parametrize("fmt", ["tar", "arrow", "tokens"])
 def test_parquet_rows_round_trip(tmp_path, fmt):
     rows = parquet(str(tmp_path / "src/t.parquet"), 9)
     pack(str(tmp_path / "src"), str(tmp_path / "out"), PackOptions(format=fmt, max_samples=4))

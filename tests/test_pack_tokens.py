@@ -22,7 +22,7 @@ def tokenizer(tmp_path_factory):
     return train_tokenizer(str(path), docs(200, seed=9))
 
 
-@pytest.mark.parametrize("fmt", ["tar", "arrow"])
+@pytest.mark.parametrize("fmt", ["tar", "arrow", "tokens"])
 def test_jsonl_is_tokenized_into_uint16_ids(tmp_path, tokenizer, fmt):
     from tokenizers import Tokenizer
 

@@ -176,11 +176,12 @@ def test_report_accounts_for_every_token(lm, case):
     assert 0 < report.pad_fraction < 1
 
 
-def _lm_snippet() -> str:
+def _lm_snippet(which: int = 1) -> str:
+    """A python block of README "Language models": 0 is TokenBlocks', 1 PackedBatches'."""
     with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
         readme = f.read()
-    section = readme.split("#### Language models", 1)[1]
-    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    section = readme.split("#### Language models", 1)[1].split("\n#### ", 1)[0]
+    return re.findall(r"```python\n(.*?)```", section, re.S)[which]
 
 
 def test_the_readme_recipe_runs_and_gives_full_batches(lm, tmp_path, monkeypatch):
@@ -206,10 +207,13 @@ def _calls(source: str) -> dict[str, set[str]]:
 
 
 def test_the_readme_recipe_is_what_train_lm_uses():
-    readme = _calls(_lm_snippet())
     with open(os.path.join(ROOT, "tools", "train_lm.py"), encoding="utf-8") as f:
         tool = _calls(f.read())
-    for name in ("PackedBatches", "ShardedDataset", "make_loader"):
+    for which, planner in ((0, "TokenBlocks"), (1, "PackedBatches")):
+        readme = _calls(_lm_snippet(which))
+        assert readme[planner] == tool[planner], planner
+    readme = _calls(_lm_snippet(0))
+    for name in ("ShardedDataset", "make_loader"):
         assert readme[name] <= tool[name], name
         assert tool[name] - readme[name] <= {"read"}, name  # the tool adds only --cache-dir
 

@@ -4,9 +4,10 @@ Each block runs in a fresh folder holding a small generated corpus: ``photos/`` 
 mixing ``.jpg``, ``.jpeg`` and ``.png`` files in grey, RGB, RGBA and palette modes, of varying
 sizes), ``corpus/docs.jsonl`` (documents with a ``text`` key), ``tokenizer.json`` (a tiny
 word-level ``tokenizers`` file for that corpus) and ``tools/`` (this repository's).  Python blocks
-also find ``packed/`` and ``packed-text/`` already packed from those (bash blocks pack their own,
-as they say).  Python blocks run as scripts with this interpreter; bash blocks under
-``bash -euo pipefail`` with this environment's ``shardloader`` and ``python`` first on PATH.
+also find ``packed/``, ``packed-text/`` and ``packed-tokens/`` (token shards) already packed
+from those (bash blocks pack their own, as they say).  Python blocks run as scripts with this
+interpreter; bash blocks under ``bash -euo pipefail`` with this environment's ``shardloader``
+and ``python`` first on PATH.
 
 A block that cannot run here (installs, CI, a real S3 endpoint, signatures) carries a visible
 opt-out on the line before its fence: ``<!-- readme-test: skip (reason) -->``; it is reported as
@@ -173,7 +174,7 @@ def make_text(root: str, tokenizer: str, docs: int = 300) -> None:
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> tuple[str, str]:
-    """(raw: inputs only, packed: inputs + packed/ + packed-text/)."""
+    """(raw: inputs only, packed: inputs + packed/ + packed-text/ + packed-tokens/)."""
     pytest.importorskip("tokenizers")
     from shardloader.pack import PackOptions, pack
 
@@ -187,6 +188,11 @@ def corpus(tmp_path_factory) -> tuple[str, str]:
         os.path.join(packed, "corpus"),
         os.path.join(packed, "packed-text"),
         PackOptions(tokenizer=os.path.join(packed, "tokenizer.json")),
+    )
+    pack(
+        os.path.join(packed, "corpus"),
+        os.path.join(packed, "packed-tokens"),
+        PackOptions(format="tokens", tokenizer=os.path.join(packed, "tokenizer.json")),
     )
     return raw, packed
 

@@ -1,13 +1,16 @@
 """Train a tiny causal transformer LM on packed token shards with sequence packing, on the CPU.
 
-    shardloader pack corpus/ packed/ --tokenizer tokenizer.json   # JSONL with a "text" key
+    shardloader pack corpus/ packed/ --format tokens --tokenizer tokenizer.json   # JSONL "text"
     python tools/train_lm.py packed/ --steps 50 --seq-len 64 --rows 8
     python -m torch.distributed.run --standalone --nproc_per_node 2 tools/train_lm.py packed/
 
 Documents are packed into rows of ``--seq-len`` tokens, ``--rows`` rows per batch: the data
-side is the README's "Language models" recipe (``shardloader.batching.PackedBatches`` plans
-from the per-sample token counts in the sidecar index, cutting long documents into pieces so
-no token is lost, and builds the ``PackCollate`` that fills the rows in the worker).
+side is the README's "Language models" recipe.  On token shards (``--format tokens``, the
+default ``--packing auto``) ``shardloader.batching.TokenBlocks`` cuts each row straight out of
+a shard's token stream (documents run on across rows, every token delivered once); on tar or
+Arrow shards (or ``--packing documents``) ``PackedBatches`` plans from the per-sample token
+counts in the sidecar index, cutting only documents longer than a row, and builds the
+``PackCollate`` that fills the rows in the worker.
 Attention is block-diagonal: a token sees only the earlier tokens of its own segment, read off
 ``position_ids`` (which restart at every document or piece), and no position is scored across
 a segment boundary (``labels`` are -100 there).
@@ -30,7 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import shardloader as sl
-from shardloader.batching import PackedBatches
+from shardloader.batching import PackedBatches, TokenBlocks
 from shardloader.monitoring import all_ranks, monitor
 
 IGNORE = -100
@@ -106,14 +109,22 @@ def train(args: argparse.Namespace) -> int:
             " pack text with --tokenizer tokenizer.json"
         )
     vocab = vocab_size(manifest, args.vocab_size)  # pad with id `vocab`: a row of its own
-    planner = PackedBatches(seq_len=args.seq_len, rows_per_batch=args.rows, pad_id=vocab)
+    packing = args.packing
+    if packing == "auto":
+        packing = "blocks" if manifest.format == "tokens" else "documents"
+    planner: Any
+    if packing == "blocks":
+        planner = TokenBlocks(seq_len=args.seq_len, rows_per_batch=args.rows, pad_id=vocab)
+    else:
+        planner = PackedBatches(seq_len=args.seq_len, rows_per_batch=args.rows, pad_id=vocab)
     read = sl.ReadOptions(cache=sl.CacheOptions(dir=args.cache_dir)) if args.cache_dir else None
     ds = sl.ShardedDataset(args.data, planner=planner, shuffle=True, seed=args.seed, read=read)
     loader = sl.make_loader(ds, num_workers=args.workers)
     if rank == 0:
         plan = ds.report()
         print(
-            f"epoch 0: {plan.steps_per_rank} steps per rank; tokens {plan.tokens} delivered, "
+            f"{type(planner).__name__}, epoch 0: {plan.steps_per_rank} steps per rank; tokens "
+            f"{plan.tokens} delivered, "
             f"{plan.truncated_tokens} truncated, {plan.dropped_tokens} dropped; "
             f"{plan.pad_fraction:.1%} padding",
             flush=True,
@@ -174,6 +185,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--vocab-size", type=int, default=0, help="default: from the manifest")
     p.add_argument("--cache-dir", default=None)
+    p.add_argument(
+        "--packing",
+        choices=("auto", "blocks", "documents"),
+        default="auto",
+        help="blocks: TokenBlocks (token shards); documents: PackedBatches; auto: by format",
+    )
     args = p.parse_args(argv)
     if min(args.steps, args.seq_len, args.rows, args.log_every, args.dim) < 1 or args.workers < 0:
         p.error("--steps, --seq-len, --rows, --log-every, --dim must be >= 1, --workers >= 0")

@@ -8,7 +8,9 @@
 * :mod:`~shardloader.batching.padded`: :class:`BucketBatches`, :class:`TokenBudgetBatches`
   and :class:`PadCollate`;
 * :mod:`~shardloader.batching.packed`: :class:`PackedBatches`, :class:`PackCollate` and
-  :func:`pack_rows`.
+  :func:`pack_rows`;
+* :mod:`~shardloader.batching.blocks`: :class:`TokenBlocks`, rows cut straight out of token
+  shards' streams (it assembles its own batches: :mod:`shardloader.blockread`).
 
 This file only re-exports; DESIGN.md "How to add a batching policy" says where a new one goes.
 """
@@ -21,6 +23,7 @@ from shardloader.batching.base import (
     padded_length,
     signature_of,
 )
+from shardloader.batching.blocks import TokenBlocks
 from shardloader.batching.default import collate_samples
 from shardloader.batching.fixed import FixedBatches
 from shardloader.batching.packed import (
@@ -39,6 +42,7 @@ __all__ = [
     "BucketBatches",
     "TokenBudgetBatches",
     "PackedBatches",
+    "TokenBlocks",
     "PadCollate",
     "PackCollate",
     "IGNORE_INDEX",

@@ -45,10 +45,10 @@ LAYOUTS = ("auto", "class-folders", "key-groups", "records")
 @click.option(
     "--format",
     "fmt",
-    type=click.Choice(["tar", "arrow"]),
+    type=click.Choice(["tar", "arrow", "tokens"]),
     default="tar",
     show_default=True,
-    help="Shard format.",
+    help="Shard format (tokens: each shard's token ids contiguous, for --tokenizer).",
 )
 @click.option(
     "--compression",

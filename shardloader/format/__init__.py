@@ -2,7 +2,8 @@
 
 ``format/base.py`` says what a format is, ``format/registry.py`` maps names to formats, and
 each format lives in its own module (``tar.py`` with ``tarstream.py`` and ``tarindex.py``;
-``arrow.py`` with ``ipc.py``), which registers it.  This file only re-exports.
+``arrow.py`` with ``ipc.py``; ``tokens.py`` with ``tokenlayout.py`` and ``tokenstream.py``),
+which registers it.  This file only re-exports.
 """
 
 from shardloader.format.base import (

@@ -50,7 +50,11 @@ log = logging.getLogger(__name__)
 # Whole-stream compressions the manifest knows (schema.MAX_EXPANSION bounds each one).
 COMPRESSIONS = ("zstd", "gzip", "none")
 
-_BUILTIN = {"tar": "shardloader.format.tar", "arrow": "shardloader.format.arrow"}
+_BUILTIN = {
+    "tar": "shardloader.format.tar",
+    "arrow": "shardloader.format.arrow",
+    "tokens": "shardloader.format.tokens",
+}
 _FORMATS: dict[str, Format] = {}
 
 

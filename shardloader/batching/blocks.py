@@ -1,0 +1,436 @@
+"""Token blocks: batches of rows cut straight out of each shard's token stream.
+
+NOTE [what a row is]
+    Every shard of a token dataset (``pack --format tokens --tokenizer``) holds its documents'
+    tokens end to end.  Row ``j`` of shard ``s`` is the window ``[j * seq_len, (j + 1) *
+    seq_len)`` of that stream; the shard's last ``tokens % seq_len`` tokens are a row of their
+    own padded to ``seq_len`` (``remainder="pad"``) or are left out (``"drop"``).  A row never
+    straddles shards.  Rows are numbered across the dataset, shards in manifest order (global
+    row ids), so every process derives the same rows from the manifest and the sidecars'
+    ``length`` columns alone.  An epoch orders the rows as :func:`shardloader.shuffle.
+    epoch_order` orders samples (shards permuted, then rows permuted inside blocks of
+    ``ShuffleOptions.block`` rows), and cuts that order into batches of ``rows_per_batch``
+    rows: a batch is a ``[k]`` array of row ids, ``k < rows_per_batch`` only for the epoch's
+    last batch (``tail="keep"``: its missing rows are padding).  The dataset deals these
+    batches to ranks and workers like any other (DESIGN.md "Order and split"), so padding,
+    dropping, resume and worker-count independence hold unchanged; every token of the epoch
+    is in exactly one row of exactly one batch.
+
+Documents inside a row are told apart by the sidecars' token counts: ``position_ids`` restart
+and ``labels`` are -100 at every document start inside a row and at the row's first token (a
+document cut by a row boundary continues, from position 0, in another row), ``cu_seqlens``
+lists the segments in flash-attn's varlen format.  All of it is computed with numpy over whole
+batches (:func:`assemble`), never per document in Python.
+
+Planning costs numpy work over the rows and the documents' lengths, nothing per document in
+Python; reading is :mod:`shardloader.blockread`.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from shardloader.batching.base import (
+    TAIL_POLICIES,
+    check_choice,
+    check_positive,
+)
+from shardloader.batching.packed import IGNORE_INDEX
+from shardloader.errors import UsageError
+from shardloader.shuffle import ShuffleOptions, epoch_order
+
+__all__ = ["REMAINDER_POLICIES", "BatchLayout", "RowLayout", "TokenBlocks", "assemble"]
+
+REMAINDER_POLICIES = ("pad", "drop")
+# (id(lengths), seq_len, remainder) -> (weak ref to lengths, shard sizes, layout)
+_LAYOUTS: dict[tuple[int, int, str], tuple[Any, np.ndarray, RowLayout]] = {}
+FIELDS = ("input_ids", "labels", "position_ids", "attention_mask")
+
+
+@dataclass(frozen=True)
+class RowLayout:
+    """Where the rows of a dataset lie: per shard its token count, the global token offset
+    of its stream and its first global row id (each array has one more entry at the end)."""
+
+    seq_len: int
+    shard_tokens: np.ndarray  # int64 [shards]
+    token_bases: np.ndarray  # int64 [shards + 1]: global token offset of each shard's stream
+    row_bounds: np.ndarray  # int64 [shards + 1]: first global row id of each shard
+    bounds: np.ndarray  # int64: global token offsets where a non-empty document starts
+    inside: np.ndarray  # int64 [rows + 1]: row r's inner document starts are bounds[inside[r]:
+    #                     inside_end[r]] (strictly inside the row)
+    inside_end: np.ndarray
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.row_bounds[-1])
+
+    @property
+    def rows_per_shard(self) -> np.ndarray:
+        return np.diff(self.row_bounds)
+
+    def windows(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(shard, start inside the shard's stream, token count) of each global row id."""
+        shard = np.searchsorted(self.row_bounds, rows, side="right") - 1
+        lo = (rows - self.row_bounds[shard]) * self.seq_len
+        n = np.minimum(self.seq_len, self.shard_tokens[shard] - lo)
+        return shard, lo, n
+
+
+@dataclass(frozen=True)
+class BatchLayout:
+    """The segments of one planned batch, before any token is read.
+
+    ``rows`` of the batch come from ``shard``/``lo``/``n`` (real tokens per row; rows past
+    ``len(shard)`` are padding); ``starts`` are the segment starts in the flattened
+    ``[rows_per_batch * seq_len]`` batch (row starts, document starts inside rows, and the
+    start of each row's padding), sorted.
+    """
+
+    shard: np.ndarray
+    lo: np.ndarray
+    n: np.ndarray
+    starts: np.ndarray
+
+
+@dataclass(frozen=True)
+class TokenBlocks:
+    """Batches of ``rows_per_batch`` rows of ``seq_len`` tokens, each row one window of a
+    shard's token stream (NOTE [what a row is]); needs a ``tokens``-format dataset.
+
+    ``remainder``: a shard's last ``tokens % seq_len`` tokens are a padded row (``"pad"``,
+    default: every token of the epoch is delivered) or are left out (``"drop"``; reported).
+    ``tail``: the epoch's last batch, when fewer than ``rows_per_batch`` rows are left, is
+    filled up with padding rows (``"keep"``, default) or left out (``"drop"``; reported).
+    ``pad_id`` (the tokenizer's pad id, e.g. its vocabulary size) fills padding; it is needed
+    unless both are ``"drop"``.
+
+    Each batch is a dict: ``input_ids``, ``labels`` (the ids unshifted, -100 at each segment's
+    first token and on padding), ``position_ids`` (restarting at every segment), and
+    ``attention_mask`` (1 real, 0 padding), all int64 ``[rows_per_batch, seq_len]``;
+    ``cu_seqlens`` int32 (segment bounds in the flattened batch, each row's padding a segment
+    of its own, ending at ``rows_per_batch * seq_len``) and ``max_seqlen``, as
+    :class:`~shardloader.batching.PackCollate` gives them.  A document that a row boundary cuts
+    continues in another row, its pieces each starting at position 0.
+    """
+
+    seq_len: int
+    rows_per_batch: int
+    pad_id: int | None = None
+    remainder: str = "pad"
+    tail: str = "keep"
+    needs_lengths = True
+    reads_token_stream = True  # the dataset hands the pass to shardloader.blockread
+
+    def __post_init__(self) -> None:
+        check_positive("seq_len", self.seq_len)
+        check_positive("rows_per_batch", self.rows_per_batch)
+        check_choice("remainder", self.remainder, REMAINDER_POLICIES)
+        check_choice("tail", self.tail, TAIL_POLICIES)
+        if self.pad_id is not None and (
+            not isinstance(self.pad_id, (int, np.integer)) or isinstance(self.pad_id, bool)
+        ):
+            raise UsageError(f"pad_id must be the tokenizer's integer pad id, got {self.pad_id!r}")
+        if self.pad_id is None and (self.remainder, self.tail) != ("drop", "drop"):
+            raise UsageError(
+                "TokenBlocks pads a shard's last partial row (remainder='pad') and the epoch's "
+                "last partial batch (tail='keep'): pass pad_id= (e.g. the tokenizer's "
+                "vocabulary size), or remainder='drop' and tail='drop'"
+            )
+
+    @property
+    def batch_bytes(self) -> int:
+        """Bytes of one batch's four int64 ``[rows, seq_len]`` fields (the transport sizes its
+        bundles by it)."""
+        return 4 * 8 * self.rows_per_batch * self.seq_len
+
+    # -- the dataset's questions ----------------------------------------------------------
+    def bind(self, dataset: Any) -> np.ndarray:
+        """Refuse what cannot apply to rows of a token stream, and load the documents' token
+        counts from the sidecars (called by ShardedDataset when it is made)."""
+        from shardloader.format.tokens import stream_field
+        from shardloader.lengths import load_token_lengths
+
+        m = dataset.manifest
+        if m.format != "tokens":
+            raise UsageError(
+                f"TokenBlocks reads rows straight out of token shards, but {dataset.url} holds "
+                f"{m.format} shards: pack it with `shardloader pack --format tokens "
+                "--tokenizer ...`, or use PackedBatches"
+            )
+        field = stream_field(m.fields)
+        if field is None or m.length_field != field:
+            raise UsageError(
+                f"{dataset.url}: TokenBlocks needs the manifest's length field to be the token "
+                f"field the shards stream ({field!r}), it is {m.length_field!r}"
+            )
+        for name, value, why in (
+            ("transform", dataset.transform, "it works on samples, and rows are no samples"),
+            ("collate_fn", dataset.collate_fn, "TokenBlocks builds its batches itself"),
+        ):
+            if value is not None:
+                raise UsageError(f"TokenBlocks takes no {name}= ({why})")
+        if dataset.on_error != "raise":
+            raise UsageError(
+                "TokenBlocks reads whole windows of a shard's token stream, so a damaged shard "
+                "cannot be skipped sample by sample: use on_error='raise'"
+            )
+        return load_token_lengths(m, dataset.base, dataset.read_options)
+
+    def resolve_collate(self, collate_fn: Any, field: str | None) -> Any:
+        """No collate: the batch is assembled from the token stream (check_dataset refuses a
+        given one)."""
+        return collate_fn
+
+    # -- planning (pure) ------------------------------------------------------------------
+    def layout(self, shard_sizes: np.ndarray, lengths: np.ndarray | None) -> RowLayout:
+        """The rows of a dataset of these shard sizes and per-document token counts (worked
+        out once per process and lengths array: every epoch, ``len()`` and report reuse it)."""
+        key = (id(lengths), self.seq_len, self.remainder)
+        cached = _LAYOUTS.get(key)
+        sizes = np.asarray(shard_sizes, np.int64)
+        if cached is not None and cached[0]() is lengths and np.array_equal(cached[1], sizes):
+            return cached[2]
+        lay = self._layout(sizes, lengths)
+        if lengths is not None:
+            if len(_LAYOUTS) >= 8:
+                _LAYOUTS.pop(next(iter(_LAYOUTS)))
+            _LAYOUTS[key] = (weakref.ref(lengths), sizes, lay)
+        return lay
+
+    def _layout(self, shard_sizes: np.ndarray, lengths: np.ndarray | None) -> RowLayout:
+        if lengths is None:
+            raise UsageError("TokenBlocks needs the sidecars' token counts (a length field)")
+        sizes = np.asarray(shard_sizes, np.int64)
+        lens = np.asarray(lengths, np.int64)
+        if lens.size != int(sizes.sum()):
+            raise UsageError(f"{lens.size} lengths for {int(sizes.sum())} documents")
+        cum = np.zeros(lens.size + 1, np.int64)
+        np.cumsum(lens, out=cum[1:])
+        doc_bounds = np.zeros(sizes.size + 1, np.int64)
+        np.cumsum(sizes, out=doc_bounds[1:])
+        token_bases = cum[doc_bounds]
+        shard_tokens = np.diff(token_bases)
+        rows = shard_tokens // self.seq_len
+        if self.remainder == "pad":
+            rows += shard_tokens % self.seq_len > 0
+        row_bounds = np.zeros(sizes.size + 1, np.int64)
+        np.cumsum(rows, out=row_bounds[1:])
+        bounds = cum[:-1][lens > 0]
+        lay = RowLayout(self.seq_len, shard_tokens, token_bases, row_bounds, bounds, bounds, bounds)
+        shard, lo, n = lay.windows(np.arange(lay.num_rows, dtype=np.int64))
+        g = token_bases[shard] + lo
+        inside = np.searchsorted(bounds, g, side="right")
+        inside_end = np.searchsorted(bounds, g + n, side="left")
+        return RowLayout(
+            self.seq_len, shard_tokens, token_bases, row_bounds, bounds, inside, inside_end
+        )
+
+    def plan_stream(
+        self,
+        shard_sizes: np.ndarray,
+        lengths: np.ndarray | None,
+        seed: int,
+        epoch: int,
+        shuffle: ShuffleOptions,
+    ) -> tuple[np.ndarray, list[np.ndarray]]:
+        """(the epoch's row order, its batches of row ids): NOTE [what a row is]."""
+        lay = self.layout(shard_sizes, lengths)
+        order = epoch_order(lay.rows_per_shard, seed, epoch, shuffle)
+        r = self.rows_per_batch
+        full = order.size // r
+        batches = list(order[: full * r].reshape(full, r))
+        if order.size > full * r and self.tail == "keep":
+            batches.append(order[full * r :])
+        return order, batches
+
+    def report_stream(
+        self,
+        shard_sizes: np.ndarray,
+        lengths: np.ndarray | None,
+        batches: list[np.ndarray],
+        repeats: list[np.ndarray],
+    ) -> dict[str, int]:
+        """Where every token goes when ``batches`` (each once) and ``repeats`` (batches
+        delivered again) are delivered: documents dropped or truncated (by the remainder, the
+        tail or ``uneven="drop"``), tokens delivered, truncated, dropped, repeated, and the
+        token slots allocated.  The EpochReport fields, by name."""
+        lay = self.layout(shard_sizes, lengths)
+        lens = np.asarray(lengths, np.int64)
+        rows = np.concatenate(batches) if batches else np.zeros(0, np.int64)
+        delivered = np.zeros(lay.num_rows, bool)
+        delivered[rows] = True
+        _, _, n = lay.windows(np.arange(lay.num_rows))
+        got = _covered(lay, lens, np.asarray(shard_sizes, np.int64), delivered)
+        dropped = (got == 0) & (lens > 0)
+        truncated = (got > 0) & (got < lens)
+        again = np.concatenate(repeats) if repeats else np.zeros(0, np.int64)
+        return {
+            "dropped_samples": int(dropped.sum()),
+            "truncated_samples": int(truncated.sum()),
+            "tokens": int(n[delivered].sum()),
+            "truncated_tokens": int((lens - got)[truncated].sum()),
+            "dropped_tokens": int(lens[dropped].sum()),
+            "repeated_tokens": int(n[again].sum()),
+            "token_slots": (len(batches) + len(repeats)) * self.rows_per_batch * self.seq_len,
+            "padded_samples": int(again.size),
+        }
+
+
+def _covered(
+    lay: RowLayout, lens: np.ndarray, sizes: np.ndarray, delivered: np.ndarray
+) -> np.ndarray:
+    """Tokens of each document inside delivered rows (numpy over documents, by shard)."""
+    s = lay.seq_len
+    got = np.zeros(lens.size, np.int64)
+    doc = 0
+    for shard, count in enumerate(sizes.tolist()):
+        if not count:
+            continue
+        flags = np.zeros(int(lay.rows_per_shard[shard]) + 1, bool)  # one more: past the end
+        flags[:-1] = delivered[lay.row_bounds[shard] : lay.row_bounds[shard + 1]]
+        full_before = np.concatenate([[0], np.cumsum(flags)])  # delivered rows before row j
+        start = np.zeros(count + 1, np.int64)
+        np.cumsum(lens[doc : doc + count], out=start[1:])
+
+        # delivered tokens of [0, x) of the shard's stream, for each document start x
+        j = np.minimum(start // s, flags.size - 1)
+        covered = s * full_before[j] + (start - j * s) * flags[j]
+        got[doc : doc + count] = np.diff(covered)
+        doc += count
+    return got
+
+
+# -- assembling batches (the worker's hot path) -------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ChunkLayout:
+    """The rows and segments of ``k`` batches that are assembled together.
+
+    Slot ``b * rows_per_batch + i`` holds row ``i`` of batch ``b``: ``shard``, ``lo`` (start in
+    the shard's stream) and ``n`` (real tokens; 0 for a row the last batch lacks; shard -1).
+    ``starts`` are the segment starts in the chunk's flattened ``[k * rows_per_batch *
+    seq_len]`` tokens (every row start, document starts inside rows, each row's padding start),
+    sorted; ``cuts[b]`` is the index in ``starts`` of batch ``b``'s first segment (``cuts[k]``
+    the end).  ``cu`` holds every batch's ``cu_seqlens`` one after the other (batch ``b``'s at
+    ``cuts[b] + b``), ``max_seqlen`` each batch's longest segment.
+    """
+
+    k: int
+    rows_per_batch: int
+    seq_len: int
+    shard: np.ndarray
+    lo: np.ndarray
+    n: np.ndarray
+    starts: np.ndarray
+    cuts: np.ndarray
+    cu: np.ndarray
+    max_seqlen: np.ndarray
+
+    def part(self, b0: int, b1: int) -> ChunkLayout:
+        """The layout of batches ``b0 .. b1 - 1`` alone."""
+        r, per = self.rows_per_batch, self.rows_per_batch * self.seq_len
+        a, b = int(self.cuts[b0]), int(self.cuts[b1])
+        return ChunkLayout(
+            b1 - b0,
+            r,
+            self.seq_len,
+            self.shard[b0 * r : b1 * r],
+            self.lo[b0 * r : b1 * r],
+            self.n[b0 * r : b1 * r],
+            self.starts[a:b] - b0 * per,
+            self.cuts[b0 : b1 + 1] - a,
+            self.cu[a + b0 : b + b1],
+            self.max_seqlen[b0:b1],
+        )
+
+
+def chunk_layout(lay: RowLayout, batches: list[np.ndarray], rows_per_batch: int) -> ChunkLayout:
+    """Numpy over all rows of ``batches``: where each row's tokens are, where segments start,
+    and each batch's ``cu_seqlens``."""
+    s, k = lay.seq_len, len(batches)
+    slots, per = k * rows_per_batch, rows_per_batch * lay.seq_len
+    rows = np.concatenate(batches) if k else np.zeros(0, np.int64)
+    sizes = np.fromiter((b.size for b in batches), np.int64, k)
+    if int(sizes.sum()) == slots:
+        slot = np.arange(slots, dtype=np.int64)
+    else:  # a short last batch: its missing rows are padding
+        first = np.repeat(
+            np.arange(k, dtype=np.int64) * rows_per_batch - np.cumsum(sizes) + sizes, sizes
+        )
+        slot = first + np.arange(rows.size, dtype=np.int64)
+    shard, lo, n = lay.windows(rows)
+    g = lay.token_bases[shard] + lo
+    first_doc = lay.inside[rows]
+    count = lay.inside_end[rows] - first_doc
+    parts = [np.arange(slots, dtype=np.int64) * s]
+    total = int(count.sum())
+    if total:
+        of = np.repeat(np.arange(rows.size, dtype=np.int64), count)
+        skip = np.repeat(first_doc - np.cumsum(count) + count, count)
+        inside = lay.bounds[np.arange(total, dtype=np.int64) + skip]
+        parts.append(inside - g[of] + slot[of] * s)
+    short = (n < s) & (n > 0)
+    if short.any():
+        parts.append(slot[short] * s + n[short])
+    starts = np.sort(np.concatenate(parts)) if len(parts) > 1 else parts[0]
+    cuts = np.searchsorted(starts, np.arange(k + 1, dtype=np.int64) * per)
+    seg = np.diff(starts, append=k * per)
+    counts = np.diff(cuts)
+    cu = np.empty(starts.size + k, np.int32)
+    batch_of = np.repeat(np.arange(k, dtype=np.int64), counts)
+    cu[np.arange(starts.size) + batch_of] = starts - batch_of * per
+    cu[cuts[1:] + np.arange(k)] = per
+    longest = np.maximum.reduceat(seg, cuts[:-1]) if k else np.zeros(0, np.int64)
+    full_shard = np.full(slots, -1, np.int64)
+    full_lo = np.zeros(slots, np.int64)
+    full_n = np.zeros(slots, np.int64)
+    full_shard[slot], full_lo[slot], full_n[slot] = shard, lo, n
+    return ChunkLayout(k, rows_per_batch, s, full_shard, full_lo, full_n, starts, cuts, cu, longest)
+
+
+def assemble(
+    chunk: ChunkLayout, streams: dict[int, np.ndarray], block: np.ndarray, pad_id: int
+) -> None:
+    """Fill ``block`` (int64 ``[4, k, R, S]``: :data:`FIELDS` in order) for a chunk;
+    ``streams[shard]`` is the shard's token array."""
+    ids, labels, pos, mask = block
+    _, k, rows, s = block.shape
+    flat_rows = ids.reshape(k * rows, s)
+    padded = []
+    for slot, (shard, lo, n) in enumerate(
+        zip(chunk.shard.tolist(), chunk.lo.tolist(), chunk.n.tolist(), strict=True)
+    ):
+        if n == s:
+            flat_rows[slot] = streams[shard][lo : lo + n]
+            continue
+        if n:
+            flat_rows[slot, :n] = streams[shard][lo : lo + n]
+        padded.append((slot, n))
+    starts = chunk.starts
+    size = k * rows * s
+    seg = np.diff(starts, append=size)
+    np.subtract(_arange(size), np.repeat(starts, seg), out=pos.reshape(-1))
+    np.copyto(labels, ids)
+    labels.reshape(-1)[starts] = IGNORE_INDEX
+    mask.fill(1)
+    for array, value in ((ids, pad_id), (labels, IGNORE_INDEX), (mask, 0)) if padded else ():
+        view = array.reshape(k * rows, s)
+        for slot, n in padded:
+            view[slot, n:] = value
+
+
+_ARANGE = np.arange(0, dtype=np.int64)
+
+
+def _arange(n: int) -> np.ndarray:
+    """``arange(n)`` from a cached array (every chunk needs one)."""
+    global _ARANGE
+    if _ARANGE.size < n:
+        _ARANGE = np.arange(n, dtype=np.int64)
+    return _ARANGE[:n]
