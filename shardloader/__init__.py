@@ -32,11 +32,13 @@ if _typing.TYPE_CHECKING:
     from shardloader.batching.fixed import FixedBatches
     from shardloader.batching.packed import PackCollate, PackedBatches
     from shardloader.batching.padded import BucketBatches, PadCollate, TokenBudgetBatches
+    from shardloader.batching.raw import ByteColumn, RawBatch, RawCollate
     from shardloader.codecs import Decoder
     from shardloader.dataset import ShardedDataset
     from shardloader.epoch import EpochReport
     from shardloader.loader import ShardLoader, make_loader
     from shardloader.manifest import Manifest, read_manifest
+    from shardloader.mixture import Mixture
     from shardloader.monitoring import Monitor, MonitorStats, monitor
     from shardloader.service.client import RemoteLoader
     from shardloader.shards import ReadOptions
@@ -54,6 +56,9 @@ _EXPORTS = {
     "BucketBatches": "shardloader.batching.padded",
     "PadCollate": "shardloader.batching.padded",
     "TokenBudgetBatches": "shardloader.batching.padded",
+    "ByteColumn": "shardloader.batching.raw",
+    "RawBatch": "shardloader.batching.raw",
+    "RawCollate": "shardloader.batching.raw",
     "Decoder": "shardloader.codecs",
     "ShardedDataset": "shardloader.dataset",
     "EpochReport": "shardloader.epoch",
@@ -61,6 +66,7 @@ _EXPORTS = {
     "make_loader": "shardloader.loader",
     "Manifest": "shardloader.manifest",
     "read_manifest": "shardloader.manifest",
+    "Mixture": "shardloader.mixture",
     "Monitor": "shardloader.monitoring",
     "MonitorStats": "shardloader.monitoring",
     "monitor": "shardloader.monitoring",
@@ -88,6 +94,7 @@ _SUBMODULES = (
 
 __all__ = [
     "BucketBatches",
+    "ByteColumn",
     "CacheOptions",
     "ChecksumError",
     "DecodeError",
@@ -99,6 +106,7 @@ __all__ = [
     "InputError",
     "Manifest",
     "ManifestError",
+    "Mixture",
     "Monitor",
     "MonitorStats",
     "ObjectNotFoundError",
@@ -106,6 +114,8 @@ __all__ = [
     "PackCollate",
     "PackedBatches",
     "PadCollate",
+    "RawBatch",
+    "RawCollate",
     "ReadOptions",
     "RemoteLoader",
     "ResumeError",

@@ -194,14 +194,15 @@ def _working_set(ds: BlockSource, layout: RowLayout, plan: EpochPlan) -> int:
     or two neighbouring shards unshuffled), plus the read-ahead."""
     manifest = ds.manifest
     raw = np.fromiter((s.raw_bytes for s in manifest.shards), np.int64, len(manifest.shards))
-    if raw.size == 0 or plan.order.size == 0:
+    order = np.asarray(plan.order)  # rows of token streams: planned whole (epoch.py)
+    if raw.size == 0 or order.size == 0:
         return 0
     ahead = ds.read.readahead * int(raw.max())
     if not ds.shuffle.enabled:
         return int(np.sort(raw)[-2:].sum()) + ahead
-    shard_of = np.searchsorted(layout.row_bounds, plan.order, side="right") - 1
+    shard_of = np.searchsorted(layout.row_bounds, order, side="right") - 1
     peak = 0
-    for lo in range(0, plan.order.size, ds.shuffle.block):
+    for lo in range(0, order.size, ds.shuffle.block):
         peak = max(peak, int(raw[np.unique(shard_of[lo : lo + ds.shuffle.block])].sum()))
     return peak + ahead
 

@@ -10,8 +10,10 @@ sequence per rank whatever ``num_workers`` is, elastic and instant resume throug
 from __future__ import annotations
 
 import copy
+import functools
 import multiprocessing
 import multiprocessing.context
+import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -20,20 +22,41 @@ from torch.utils.data import IterableDataset
 
 from shardloader.aliases import FieldMap
 from shardloader.batching.base import batch_ids, check_positive
+from shardloader.batching.raw import RawCollate
 from shardloader.codecs import Decoder
+from shardloader.elastic import elastic_field, encode_history, history_of, saved_shape, shape_of
 from shardloader.epoch import EpochPlan, EpochPlanner, EpochReport, load_lengths
 from shardloader.errors import UsageError
+from shardloader.format.base import Rows
+from shardloader.ledger import Ledger, SkipLog
 from shardloader.manifest import read_manifest
-from shardloader.readahead import ReadAhead, node_schedule
-from shardloader.samples import SampleLoader
+from shardloader.readahead import ReadAhead, block_schedule, node_schedule
+from shardloader.samples import SampleLoader, pipeline_draws
 from shardloader.shards import ReadOptions, ShardSet, working_set_bytes
-from shardloader.shuffle import ShuffleOptions, batch_generator, derive_seed, seed_global_rngs
+from shardloader.shuffle import (
+    ShuffleOptions,
+    derive_seed,
+    derive_seeds,
+    generator_of,
+    seed_global_rngs,
+    transform_seeds,
+)
 from shardloader.split import UNEVEN_POLICIES, Place, rank_slots
+from shardloader.steps import (
+    StepSeeds,
+    WorkerSteps,
+    is_lazy,
+    node_windows,
+    pass_working_set,
+)
 from shardloader.world import detect_place, detect_world, node_ranks
 
 __all__ = ["ShardedDataset", "EpochReport"]
 
 _EPOCH, _START, _RANK, _WORLD = range(4)
+# batches a worker reads in one pass over their shards (see _read_ahead): at most this many,
+# holding at most about this many bytes of samples
+_READ_AHEAD, _READ_AHEAD_BYTES = 16, 1 << 20
 _DEFAULT_DECODER = Decoder()
 
 
@@ -111,7 +134,7 @@ class ShardedDataset(IterableDataset):  # type: ignore[type-arg]
             check_positive("batch_size", batch_size)
         self.url = url
         self.read_options = read or ReadOptions()
-        self.manifest, self.base = read_manifest(self.read_options.store(url))
+        self.manifest, self.base = self._open(url)
         if self.manifest.num_samples == 0:
             raise UsageError(f"{url} holds no samples")
         self.batch_size = batch_size
@@ -135,20 +158,24 @@ class ShardedDataset(IterableDataset):  # type: ignore[type-arg]
         r, w = detect_world(rank, world_size)
         Place(r, w)  # validate
         self._control = _Control([0, 0, r, w])
+        self._reshapes = _Control(encode_history(()))  # NOTE [reshape history] (elastic.py)
+        self._skip_log: SkipLog | None = None  # ledger.py: where run-time skips are appended
         self._lengths: np.ndarray | None = None
         bind = getattr(planner, "bind", None)
         if bind is not None:  # a planner that reads the data itself checks it and loads lengths
             self._lengths = bind(self)  # (batching/blocks.py)
         elif planner is not None and getattr(planner, "needs_lengths", False):
-            self._lengths = load_lengths(self.manifest, self.base, self.read_options)
+            self._lengths = self._load_lengths(required=True)
         # len() of the last (epoch, start, rank, world) asked for: the loader checks every
         # pass against it; lengths loaded only for report(), never pickled into workers
         self._len_cache: tuple[tuple[int, ...], int] | None = None
         self._report_lengths: tuple[np.ndarray | None] | None = None
+        self._plan_cache: tuple[tuple[Any, ...], EpochPlan] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_report_lengths"] = None
+        state["_plan_cache"] = None
         return state
 
     # -- public state ---------------------------------------------------------------------
@@ -179,19 +206,41 @@ class ShardedDataset(IterableDataset):  # type: ignore[type-arg]
         epoch = _integer("epoch", epoch)
         if epoch != self.epoch:
             self._control.set(_START, 0)
+            self._set_reshapes(())
         self._control.set(_EPOCH, epoch)
 
-    def seek(self, epoch: int, position: int) -> None:
+    def seek(self, epoch: int, position: int, reshapes: Sequence[tuple[int, int]] = ()) -> None:
         """Start the next pass of ``epoch`` after ``position`` global batches (all ranks).
 
         A rank's ``j``-th step of an epoch is global batch ``j * world_size + rank``, so to
         continue every rank at step ``j`` seek to ``position = j * world_size``.
+        ``reshapes`` (what ``load_state_dict`` passes after a batch-shape change) are the
+        epoch's earlier ``(shape, global batches)`` links; ``position`` then counts batches
+        of the rest, re-planned for the current shape (NOTE [reshape history] in
+        :mod:`shardloader.elastic`).
         """
         epoch, position = _integer("epoch", epoch), _integer("position", position)
         if position < 0:
             raise UsageError(f"position must be >= 0, got {position}")
+        self._set_reshapes(reshapes)
         self._control.set(_EPOCH, epoch)
         self._control.set(_START, position)
+
+    @property
+    def reshapes(self) -> tuple[tuple[int, int], ...]:
+        """The current epoch's earlier batch-shape links (empty unless a resume changed the
+        shape): ``((shape, global batches consumed), ...)``."""
+        return history_of(self._reshapes.get())
+
+    @property
+    def shape(self) -> int | None:
+        """The value of the option a resume may change (``batch_size``, the planner's
+        ``elastic`` option), or None for a planner that cannot change shape."""
+        return shape_of(self._planning)
+
+    def _set_reshapes(self, reshapes: Sequence[tuple[int, int]]) -> None:
+        for i, value in enumerate(encode_history(reshapes)):
+            self._reshapes.set(i, value)
 
     def for_rank(self, rank: int, world_size: int) -> ShardedDataset:
         """A copy of this dataset (same manifest, seed, plan) that reads as ``rank``."""
@@ -199,6 +248,7 @@ class ShardedDataset(IterableDataset):  # type: ignore[type-arg]
         clone = copy.copy(self)
         clone._explicit_world = (rank, world_size)
         clone._control = _Control([self.epoch, 0, rank, world_size])
+        clone._reshapes = _Control(encode_history(()))
         return clone
 
     def refresh_world(self) -> None:
@@ -223,33 +273,89 @@ class ShardedDataset(IterableDataset):  # type: ignore[type-arg]
     def global_batches(self, epoch: int | None = None) -> list[np.ndarray]:
         """The epoch's global batches (sample ids ``[k]`` or segments ``[k, 3]``, see
         :mod:`shardloader.batching`) before ranks are evened out; pure, reads no shard."""
-        return self._plan(self.epoch if epoch is None else epoch, 0, 0, 1).batches
+        return list(self._plan(self.epoch if epoch is None else epoch, 0, 0, 1).batches)
 
     def report(self, epoch: int | None = None) -> EpochReport:
         """Steps per rank, samples padded/dropped/truncated and where every token goes (all
         ranks together) for an epoch; plans the epoch, reads nothing but the sidecar lengths."""
-        current, position = self.resume_point()
-        e = current if epoch is None else epoch
-        plan = self._plan(e, position if e == current else 0, self.rank, self.world_size)
+        e, plan = self._epoch_plan(epoch)
         lengths = self._lengths if self._lengths is not None else self._lengths_for_report()
         return self._planning.report(e, plan, lengths, self.collate_fn)
+
+    def ledger(self, epoch: int | None = None) -> Ledger:
+        """Which samples of an epoch are padded, dropped or truncated, and why: computed from
+        the plan like :meth:`report` (every rank gets the same, without talking); add the
+        run-time skips :meth:`record_skips` collected with ``ledger.with_skips(
+        shardloader.ledger.merge_skips(directory, epoch))`` (NOTE [the ledger comes from the
+        plan] in :mod:`shardloader.ledger`)."""
+        from shardloader.ledger import build
+
+        e, plan = self._epoch_plan(epoch)
+        lengths = self._lengths if self._lengths is not None else self._lengths_for_report()
+        return build(e, self.world_size, self._planning, plan, lengths, self.collate_fn)
+
+    def _epoch_plan(self, epoch: int | None) -> tuple[int, EpochPlan]:
+        """An epoch's plan for this rank: the current one as resumed (its position and
+        reshapes), any other from its start."""
+        current, position = self.resume_point()
+        e = current if epoch is None else _integer("epoch", epoch)
+        if e == current:
+            return e, self._plan(e, position, self.rank, self.world_size, self.reshapes)
+        return e, self._plan(e, 0, self.rank, self.world_size)
+
+    def reshaped_from(self, saved_plan: str) -> int | None:
+        """The batch shape a saved plan signature was made with, when it is this dataset's
+        plan with only the elastic option changed (else None): what a resume may re-cut."""
+        return saved_shape(self._planning, saved_plan)
+
+    @property
+    def elastic_option(self) -> str | None:
+        """The option a resume may change (``batch_size``, the planner's ``elastic``), or
+        None when the planner cannot change its batch shape mid-epoch."""
+        return elastic_field(self._planning)
+
+    def record_skips(self, directory: str | None) -> None:
+        """Append every sample ``on_error="skip"`` replaces to ``directory/skips-rank<R>.jsonl``
+        (one small file per rank, written by its workers); ``None`` stops.  Call before
+        iterating: workers take the setting when they start."""
+        self._skip_log = None if directory is None else SkipLog(os.fspath(directory))
 
     def _lengths_for_report(self) -> np.ndarray | None:
         if self._report_lengths is None:
             lengths = None
             if self.manifest.length_field is not None:
-                lengths = load_lengths(self.manifest, self.base, self.read_options, required=False)
+                lengths = self._load_lengths(required=False)
             self._report_lengths = (lengths,)
         return self._report_lengths[0]
 
     def __len__(self) -> int:
         """Steps (batches, or samples when unbatched) this rank yields in the current epoch."""
-        key = tuple(self._control.get())  # epoch, start, rank, world
+        values = self._control.get()  # epoch, start, rank, world
+        reshapes = self.reshapes
+        key = (*values, *(v for pair in reshapes for v in pair))
         cached = self._len_cache
         if cached is None or cached[0] != key:
-            steps = self._plan(*key).slots.steps_per_rank
+            epoch, start, rank, world = values
+            steps = self._plan(epoch, start, rank, world, reshapes).slots.steps_per_rank
             self._len_cache = cached = (key, steps)
         return cached[1]
+
+    # -- what a subclass may replace (shardloader.mixture.Mixture does) --------------------
+    def _open(self, url: str) -> tuple[Any, str]:
+        """The manifest and its folder."""
+        return read_manifest(self.read_options.store(url))
+
+    def _load_lengths(self, required: bool) -> np.ndarray | None:
+        """Every sample's recorded length by global id (:func:`load_lengths`)."""
+        return load_lengths(self.manifest, self.base, self.read_options, required=required)
+
+    def _order_source(self) -> Any:
+        """An object whose ``order(epoch)`` replaces the epoch order (None: the shuffle's)."""
+        return None
+
+    def _shard_set(self, where: str, working_set: int) -> Any:
+        """What a pass reads samples through, by global id."""
+        return ShardSet(self.manifest, self.base, self.read_options, where, working_set)
 
     # -- planning (pure: shardloader.epoch) -----------------------------------------------
     @property
@@ -261,23 +367,55 @@ class ShardedDataset(IterableDataset):  # type: ignore[type-arg]
             self.uneven,
             self.batch_size,
             self.planner,
+            self._order_source(),
         )
 
-    def _plan(self, epoch: int, start: int, rank: int, world: int) -> EpochPlan:
-        return self._planning.plan(epoch, start, rank, world, self._lengths)
+    def _plan(
+        self,
+        epoch: int,
+        start: int,
+        rank: int,
+        world: int,
+        reshapes: tuple[tuple[int, int], ...] = (),
+    ) -> EpochPlan:
+        """The plan of a pass; the last one is kept (``len()`` and the pass after it plan the
+        same pass in the same process), never pickled into workers."""
+        planning = self._planning
+        key: tuple[Any, ...] = (epoch, start, rank, world, self.seed, planning.signature())
+        # a mixture's order source carries its weights (hashable, by value)
+        key += (id(self._lengths), planning.order_source, *reshapes)
+        cached = self._plan_cache
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        plan = planning.plan(epoch, start, rank, world, self._lengths, reshapes)
+        self._plan_cache = (key, plan)
+        return plan
 
     # -- iteration ------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
         return self._iterate()
 
-    def _readahead(
-        self, shards: ShardSet, plan: EpochPlan, reads: list[np.ndarray], place: Place
-    ) -> ReadAhead:
+    def _working_set(self, plan: EpochPlan) -> int:
+        """Staged bytes the pass keeps in use at once (``shards.working_set_bytes``)."""
+        if is_lazy(plan):
+            return pass_working_set(self.manifest, self.shuffle, plan, self.read_options.readahead)
+        reads = [batch_ids(b) for b in plan.batches]
+        return working_set_bytes(self.manifest, self.shuffle, reads, self.read_options.readahead)
+
+    def _readahead(self, shards: ShardSet, plan: EpochPlan, place: Place) -> ReadAhead:
         """This node's read-ahead schedule (NOTE [node-wide read-ahead] in readahead.py)."""
         depth = self.read_options.readahead
         if shards.in_place or depth <= 0:
             return ReadAhead(shards, [], 0)
         ranks = node_ranks(place.rank, place.world_size)
+        if is_lazy(plan):  # walked lazily: the first steps exact, then by block (steps.py)
+            per_rank = [
+                rank_slots(plan.num_batches, plan.start, r, place.world_size, self.uneven)
+                for r in ranks
+            ]
+            lazy = block_schedule(node_windows(plan, per_rank, lambda ids: shards.locate(ids)[0]))
+            return ReadAhead(shards, lazy, depth * len(ranks) * place.num_workers)
+        reads = [batch_ids(b) for b in plan.batches]
         shard_ids, steps = [], []
         for r in ranks:
             mine = r == place.rank
@@ -298,7 +436,7 @@ class ShardedDataset(IterableDataset):  # type: ignore[type-arg]
         epoch, start, rank, world = self._control.get()
         place = detect_place(rank, world)
         seed_global_rngs(derive_seed(self.seed, epoch, place.rank, place.worker, 1 << 40))
-        plan = self._plan(epoch, start, place.rank, place.world_size)
+        plan = self._plan(epoch, start, place.rank, place.world_size, self.reshapes)
         if getattr(self.planner, "reads_token_stream", False):  # rows of token shards
             from shardloader.blockread import BlockSource, iterate_blocks
 
@@ -315,11 +453,9 @@ class ShardedDataset(IterableDataset):  # type: ignore[type-arg]
             )
             yield from iterate_blocks(source, plan, place)
             return
-        mine = slice(place.worker, None, place.num_workers)
-        slots, seeds = plan.slots.slots[mine], plan.slots.seeds[mine]
-        reads = [batch_ids(b) for b in plan.batches]  # the samples each batch reads
-        need = working_set_bytes(self.manifest, self.shuffle, reads, self.read_options.readahead)
-        shards = ShardSet(self.manifest, self.base, self.read_options, str(place), need)
+        steps = WorkerSteps(plan, place.worker, place.num_workers)  # worked out as walked
+        need = self._working_set(plan)
+        shards = self._shard_set(str(place), need)
         loader = SampleLoader(
             self.field_map,
             self.decoder,
@@ -327,21 +463,52 @@ class ShardedDataset(IterableDataset):  # type: ignore[type-arg]
             self.on_error,
             self.manifest.length_field,
             self._lengths,
+            None if self._skip_log is None else functools.partial(_skipped, self._skip_log, epoch),
+        )
+        batched = self.batch_size is not None or self.planner is not None
+        # NOTE [what the global seeds are for]: torch/numpy/random are seeded per batch only
+        # for code that may draw from them (a transform, custom decoders, a collate that is
+        # not shardloader's: pipeline_draws); shardloader's own parts never do, so a pipeline
+        # of those alone skips the ~20 us a batch costs.  Seeds are derived for a window of
+        # steps at once (derive_seeds gives exactly derive_seed's values).
+        global_seeds = None
+        offset = plan.seed_offset  # after a batch-shape change: fresh numbers
+        if pipeline_draws(self.transform, self.decoder, self.collate_fn):
+            global_seeds = StepSeeds(steps, lambda q: derive_seeds(self.seed, epoch, q + offset))
+        generator_seeds = None
+        if loader.takes_generator:
+            generator_seeds = StepSeeds(
+                steps, lambda q: transform_seeds(self.seed, epoch, q + offset)
+            )
+        raw = (
+            isinstance(self.collate_fn, RawCollate)
+            and self.decoder is None
+            and self.transform is None
+            and batched
         )
         try:
-            readahead = self._readahead(shards, plan, reads, place)
-            for j, (slot, seed_index) in enumerate(zip(slots, seeds, strict=False)):
+            readahead = self._readahead(shards, plan, place)
+            read: dict[int, Rows] = {}  # batches read ahead (see _read_ahead)
+            most = _read_ahead_batches(self.manifest, steps)
+            for j, slot, seed_index in steps.walk():
                 readahead.advance(j * place.num_workers + place.worker)  # this rank's step
-                batch, ids = plan.batches[int(slot)], reads[int(slot)]
-                seed_global_rngs(derive_seed(self.seed, epoch, int(seed_index)))
+                rows = read.pop(j, None)
+                if rows is None:
+                    rows = _read_ahead(shards, steps, j, read, most)
+                batch, ids = steps.batch(j), steps[j]
+                if global_seeds is not None:
+                    seed_global_rngs(global_seeds[j])
+                pads = plan.pad_mask(slot, seed_index, len(ids))
+                if raw and batch.ndim == 1:
+                    yield loader.load_raw(shards, ids, pads, place, rows)
+                    continue
                 generator = None
-                if loader.takes_generator:
-                    generator = batch_generator(self.seed, epoch, int(seed_index))
-                pads = plan.pad_mask(int(slot), int(seed_index), len(ids))
-                samples, substituted = loader.load_batch(shards, ids, pads, place, generator)
+                if generator_seeds is not None:
+                    generator = generator_of(generator_seeds[j])
+                samples, substituted = loader.load_batch(shards, ids, pads, place, generator, rows)
                 if batch.ndim == 2:
                     samples = loader.cut_segments(batch, ids, samples, substituted, place)
-                if self.batch_size is None and self.planner is None:
+                if not batched:
                     if samples:
                         yield samples[0]
                 elif self.collate_fn is not None:
@@ -354,9 +521,37 @@ class ShardedDataset(IterableDataset):  # type: ignore[type-arg]
             shards.close()
 
 
+def _skipped(log: SkipLog, epoch: int, sample: int, key: str, place: Place, err: Any) -> None:
+    log.record(epoch, place, sample, key, err)
+
+
 def _integer(name: str, value: Any) -> int:
     """``int(value)`` as before, but a value that is no integer is a UsageError naming it."""
     try:
         return int(value)
     except (TypeError, ValueError) as err:
         raise UsageError(f"{name} must be an integer, got {value!r}") from err
+
+
+def _read_ahead(
+    shards: ShardSet, steps: Sequence[np.ndarray], j: int, into: dict[int, Rows], most: int
+) -> Rows:
+    """Read step ``j``'s batch, and with it up to ``most - 1`` next steps' as far as they need
+    no shard that is not open yet (so nothing is staged earlier than before): one pass over
+    each shard's rows serves several batches.  The first steps read fewer at a time (1, 2, 4,
+    ...), so the first batch waits for its own samples only."""
+    count = min(most, 1 << min(j, 8), len(steps) - j)
+    count = 1 + shards.ready(steps[j + 1 : j + count])
+    parts = shards.read_batches(steps[j : j + count])
+    into.update(zip(range(j + 1, j + count), parts[1:], strict=True))
+    return parts[0]
+
+
+def _read_ahead_batches(manifest: Any, steps: Sequence[np.ndarray]) -> int:
+    """How many batches :func:`_read_ahead` reads at once: up to :data:`_READ_AHEAD`, as long
+    as they hold about :data:`_READ_AHEAD_BYTES` of samples (by the dataset's mean sample)."""
+    if not steps:
+        return 1
+    mean = sum(s.raw_bytes for s in manifest.shards) / max(manifest.num_samples, 1)
+    per_batch = mean * max(len(steps[0]), 1)
+    return int(min(_READ_AHEAD, max(1, _READ_AHEAD_BYTES // max(per_batch, 1))))

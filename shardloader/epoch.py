@@ -8,6 +8,7 @@ planner needs are the one thing read (:func:`load_lengths`).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -16,12 +17,11 @@ import numpy as np
 
 from shardloader.batching.base import PlanReport, batch_ids, signature_of, stable_value
 from shardloader.batching.fixed import FixedBatches, account_fixed
-from shardloader.errors import UsageError
+from shardloader.elastic import replan
 from shardloader.manifest import Manifest
 from shardloader.shards import ReadOptions
-from shardloader.shuffle import ShuffleOptions, epoch_order, plan_rng
-from shardloader.sidecar import load_sidecar
-from shardloader.split import BatchSlots, cut_fixed_batches, rank_slots
+from shardloader.shuffle import EpochOrder, ShuffleOptions, plan_rng
+from shardloader.split import BatchSlots, FixedBatchList, rank_slots
 
 __all__ = ["EpochReport", "EpochPlan", "EpochPlanner", "load_lengths"]
 
@@ -71,15 +71,28 @@ class EpochReport:
 
 @dataclass(frozen=True)
 class EpochPlan:
-    """One epoch's global batches and this rank's slots in them (from ``start`` on)."""
+    """One epoch's global batches and this rank's slots in them (from ``start`` on).
 
-    order: np.ndarray
-    batches: list[np.ndarray]
+    With fixed batches ``order`` is a lazy :class:`~shardloader.shuffle.EpochOrder` and
+    ``batches`` a :class:`~shardloader.split.FixedBatchList` over it (NOTE [lazy order]): the
+    plan holds no per-sample array; ``np.asarray(plan.order)`` materialises the order."""
+
+    order: np.ndarray | EpochOrder
+    batches: Sequence[np.ndarray]
     slots: BatchSlots
     pad_in_last: int  # padding samples at the end of the last global batch
     dropped: int  # samples cut from a partial last batch
     num_batches: int
     start: int  # first global batch of this (possibly resumed) pass
+    # after batch-shape changes: (planning, batches it delivered) per earlier link, and
+    # ``batches`` plan what they left (NOTE [reshape history] in shardloader/elastic.py)
+    earlier: tuple[tuple[Any, list[np.ndarray]], ...] = ()
+
+    @property
+    def seed_offset(self) -> int:
+        """Added to the step numbers that seed augmentation: after a batch-shape change the
+        rest's steps count from 0 again, and must not draw what earlier batches drew."""
+        return len(self.earlier) << 32
 
     def pad_mask(self, slot: int, seed_index: int, n: int) -> np.ndarray:
         """Which of the ``n`` samples of the step (global batch ``slot``, dealt as
@@ -97,7 +110,7 @@ class EpochPlan:
         s, n = self.slots, self.num_batches
         repeats = [self.batches[i % n] for i in range(s.padded_batches)] if n else []
         padded = self.pad_in_last + sum(len(batch_ids(b)) for b in repeats)
-        return self.batches[: n - s.dropped_batches] + repeats, padded
+        return list(self.batches[: n - s.dropped_batches]) + repeats, padded
 
 
 @dataclass(frozen=True)
@@ -110,6 +123,7 @@ class EpochPlanner:
     uneven: str
     batch_size: int | None = None
     planner: Any = None
+    order_source: Any = None  # ``order(epoch)`` and ``signature()``: a mixture's blend
 
     def signature(self) -> str:
         """What must stay equal for a saved position to mean the same samples (NOTE [plan
@@ -118,24 +132,59 @@ class EpochPlanner:
             plan = signature_of(self.planner)
         else:
             plan = f"fixed({stable_value(self.batch_size)})"
-        return f"{plan};shuffle={signature_of(self.shuffle)};uneven={self.uneven}"
+        text = f"{plan};shuffle={signature_of(self.shuffle)};uneven={self.uneven}"
+        if self.order_source is not None:
+            text += f";{self.order_source.signature()}"
+        return text
+
+    def order(self, epoch: int) -> np.ndarray:
+        """The epoch's sample order: a mixture's blend, else the shuffled shards' samples.
+        Every planning path (a first plan, a re-cut after a reshape) starts here."""
+        if self.order_source is not None:
+            return np.asarray(self.order_source.order(epoch))
+        return np.asarray(EpochOrder(self.shard_sizes, self.seed, epoch, self.shuffle))
 
     def plan(
-        self, epoch: int, start: int, rank: int, world: int, lengths: np.ndarray | None
+        self,
+        epoch: int,
+        start: int,
+        rank: int,
+        world: int,
+        lengths: np.ndarray | None,
+        history: Sequence[tuple[int, int]] = (),
     ) -> EpochPlan:
+        if history:  # the batch shape changed at a resume (shardloader/elastic.py)
+            again = replan(self, epoch, lengths, history)
+            n = len(again.batches)
+            slots = rank_slots(n, start, rank, world, self.uneven)
+            return EpochPlan(
+                again.order,
+                again.batches,
+                slots,
+                again.pad_in_last,
+                again.dropped,
+                n,
+                start,
+                again.earlier,
+            )
         pad_in_last = dropped = 0
         stream = getattr(self.planner, "plan_stream", None)
         if stream is not None:  # rows of token streams, not samples (batching/blocks.py)
-            order, batches = stream(self.shard_sizes, lengths, self.seed, epoch, self.shuffle)
-            slots = rank_slots(len(batches), start, rank, world, self.uneven)
-            return EpochPlan(order, batches, slots, 0, 0, len(batches), start)
-        order = epoch_order(self.shard_sizes, self.seed, epoch, self.shuffle)
-        if self.planner is not None:
-            batches = list(self.planner.plan(order, lengths, plan_rng(self.seed, epoch)))
+            rows, blocks = stream(self.shard_sizes, lengths, self.seed, epoch, self.shuffle)
+            slots = rank_slots(len(blocks), start, rank, world, self.uneven)
+            return EpochPlan(rows, blocks, slots, 0, 0, len(blocks), start)
+        order: np.ndarray | EpochOrder
+        if self.order_source is not None:  # a mixture's blend
+            order = np.asarray(self.order_source.order(epoch))
         else:
-            batches, pad_in_last, dropped = cut_fixed_batches(
-                order, self.batch_size or 1, self.uneven
-            )
+            order = EpochOrder(self.shard_sizes, self.seed, epoch, self.shuffle)
+        batches: Sequence[np.ndarray]
+        if self.planner is not None:  # planners look at every sample: the order, whole
+            order = np.asarray(order)
+            batches = list(self.planner.plan(order, lengths, plan_rng(self.seed, epoch)))
+        else:  # nothing per sample until a batch is read (NOTE [lazy order] in shuffle.py)
+            batches = FixedBatchList(order, self.batch_size or 1, self.uneven)
+            pad_in_last, dropped = batches.padded, batches.dropped
         slots = rank_slots(len(batches), start, rank, world, self.uneven)
         return EpochPlan(order, batches, slots, pad_in_last, dropped, len(batches), start)
 
@@ -147,12 +196,28 @@ class EpochPlanner:
         if stream is not None:  # rows of token streams (batching/blocks.py)
             s, n = plan.slots, plan.num_batches
             repeats = [plan.batches[i % n] for i in range(s.padded_batches)] if n else []
+            earlier = [b for _, taken in plan.earlier for b in taken]
             counts = stream(
-                self.shard_sizes, lengths, plan.batches[: n - s.dropped_batches], repeats
+                self.shard_sizes,
+                lengths,
+                earlier + list(plan.batches[: n - s.dropped_batches]),
+                repeats,
             )
+            for link, taken in plan.earlier:  # slots of rows delivered with another shape
+                per_batch = self.planner.seq_len * (
+                    link.planner.rows_per_batch - self.planner.rows_per_batch
+                )
+                counts["token_slots"] += len(taken) * per_batch
             return EpochReport(epoch, int(np.sum(self.shard_sizes)), s.steps_per_rank, **counts)
+        batches = plan.batches
+        lazy = isinstance(batches, FixedBatchList) and self.planner is None
+        if lazy and lengths is None and not plan.earlier:  # arithmetic: nothing materialised
+            assert isinstance(batches, FixedBatchList)
+            return self._fixed_report(epoch, plan, batches.batch_size)
         delivered, padded = plan.delivered()
-        acc = self._account(plan.order, delivered, lengths, collate_fn)
+        acc = self._account(np.asarray(plan.order), delivered, lengths, collate_fn)
+        if plan.earlier:  # resumed with another batch shape: count what earlier links gave
+            acc = self._with_earlier(plan, delivered, lengths, collate_fn)
         return EpochReport(
             epoch,
             int(np.sum(self.shard_sizes)),
@@ -165,6 +230,41 @@ class EpochPlanner:
             acc.dropped_tokens,
             acc.repeated_tokens,
             acc.padded_tokens,
+        )
+
+    def _with_earlier(
+        self,
+        plan: EpochPlan,
+        delivered: list[np.ndarray],
+        lengths: np.ndarray | None,
+        collate_fn: Any,
+    ) -> PlanReport:
+        """The epoch's accounting over every link: samples and tokens over all delivered
+        batches, token slots as each link's planner allocated them."""
+        earlier = [b for _, taken in plan.earlier for b in taken]
+        acc = self._account(np.asarray(plan.order), earlier + delivered, lengths, collate_fn)
+        if acc.padded_tokens is None:
+            return acc
+        slots = (
+            self._account(np.asarray(plan.order), delivered, lengths, collate_fn).padded_tokens or 0
+        )
+        for link, taken in plan.earlier:
+            slots += (
+                link._account(np.asarray(plan.order), taken, lengths, collate_fn).padded_tokens or 0
+            )
+        return dataclasses.replace(acc, padded_tokens=slots)
+
+    def _fixed_report(self, epoch: int, plan: EpochPlan, size: int) -> EpochReport:
+        """:meth:`report` of fixed batches without lengths, by arithmetic (the lazy plan is
+        never materialised): repeats are whole batches from the epoch's start and the padded
+        tail, drops the cut tail and the batches ``uneven="drop"`` leaves out; never both."""
+        s = plan.slots
+        return EpochReport(
+            epoch,
+            int(np.sum(self.shard_sizes)),
+            s.steps_per_rank,
+            plan.pad_in_last + s.padded_batches * size,
+            plan.dropped + s.dropped_batches * size,
         )
 
     def _account(
@@ -184,17 +284,8 @@ def load_lengths(
     manifest: Manifest, base: str, read: ReadOptions, *, required: bool = True
 ) -> np.ndarray | None:
     """Every sample's recorded length (the manifest's length field), by global id, from the
-    sidecars; ``None`` (or, when ``required``, a UsageError) if a shard records none."""
-    parts = []
-    store = read.store(base)
-    for info in manifest.shards:
-        idx = load_sidecar(store.join(info.index_path), manifest.format, info)  # checked
-        if idx.lengths is None:
-            if not required:
-                return None
-            raise UsageError(
-                f"the planner needs per-sample lengths but {info.index_path} has none; "
-                "pack with a text/token field (manifest length_field) to record them"
-            )
-        parts.append(idx.lengths)
-    return np.concatenate(parts).astype(np.int64)
+    sidecars' length columns, mapped from the node cache (:mod:`shardloader.lengths`);
+    ``None`` (or, when ``required``, a UsageError) if a shard records none."""
+    from shardloader.lengths import load_lengths as shared
+
+    return shared(manifest, base, read, required=required)

@@ -40,12 +40,14 @@ from typing import Any
 from torch.utils.data import DataLoader
 
 from shardloader.dataset import ShardedDataset
+from shardloader.elastic import check_history
 from shardloader.errors import IncompleteEpochError, ResumeError, UsageError
 from shardloader.transport import BundleInit, Ring, unbundle, worker_bundle
 
 __all__ = ["ShardLoader", "make_loader"]
 
 _STATE_VERSION = 1
+_RESHAPED_VERSION = 2  # a state with ``reshapes``: readers that predate them must refuse it
 
 log = logging.getLogger(__name__)
 
@@ -62,12 +64,13 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
                     f"{banned}= belongs to ShardedDataset (batches are formed in the workers), "
                     "not to the loader"
                 )
+        make_ring = kwargs.pop("make_ring", Ring)  # the service's forwarding ring, or Ring
         if kwargs.get("num_workers", 0) > 0:
             kwargs.setdefault("persistent_workers", True)
             bundle = worker_bundle(dataset)  # NOTE [bundles] in shardloader/transport.py
             kwargs.setdefault("prefetch_factor", 2 if bundle > 1 else 4)
             if bundle > 1:
-                ring = Ring(  # NOTE [ring slots]: in flight, held by the loop, one spare
+                ring = make_ring(  # NOTE [ring slots]: in flight, held by the loop, one spare
                     kwargs["num_workers"],
                     kwargs["prefetch_factor"] + 3,
                     bundle * dataset.planner.batch_bytes * 5 // 4,
@@ -146,32 +149,51 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
         """A few numbers: enough to continue exactly where every rank stands now."""
         ds: ShardedDataset = self.dataset  # type: ignore[assignment]
         epoch, position = self._epoch, self._position
+        reshapes = ds.reshapes if epoch == ds.epoch else ()
         if self._steps_left == 0:  # the pass is over: continue with the next epoch
-            epoch, position = epoch + 1, 0
-        return {
-            "version": _STATE_VERSION,
+            epoch, position, reshapes = epoch + 1, 0, ()
+        state: dict[str, Any] = {
+            "version": _RESHAPED_VERSION if reshapes else _STATE_VERSION,
             "epoch": epoch,
             "position": position,
             "seed": ds.seed,
             "fingerprint": ds.manifest.fingerprint,
             "plan": ds.plan_signature,
         }
+        if reshapes:  # NOTE [reshape history] in shardloader/elastic.py
+            state["reshapes"] = [list(pair) for pair in reshapes]
+        extra = getattr(ds, "extra_state", None)  # a mixture's weight schedule
+        if extra is not None:
+            state.update(extra())
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue a saved run; world size and num_workers may differ from the saving run."""
+        """Continue a saved run; world size and num_workers may differ from the saving run, and
+        so may the batch shape (``batch_size``, or the planner's ``elastic`` option, e.g.
+        ``rows_per_batch``): the rest of the epoch is then re-cut for the new shape, sample by
+        sample (token by token for packed batches; NOTE [reshape history] in
+        :mod:`shardloader.elastic`)."""
         ds: ShardedDataset = self.dataset  # type: ignore[assignment]
         if not isinstance(state, Mapping):
             raise ResumeError(
                 f"a loader state is the dict state_dict() returned, got {type(state).__name__}"
             )
-        if state.get("version") != _STATE_VERSION:
+        if state.get("version") not in (_STATE_VERSION, _RESHAPED_VERSION):
             raise ResumeError(
-                f"loader state version {state.get('version')!r} is not {_STATE_VERSION}"
+                f"loader state version {state.get('version')!r} is not {_STATE_VERSION} or "
+                f"{_RESHAPED_VERSION}"
             )
+        reshapes = check_history(state.get("reshapes", ()))
+        saved_plan = state.get("plan")
+        reshaped = saved_plan != ds.plan_signature and ds.reshaped_from(str(saved_plan))
         checks = (
             ("fingerprint", ds.manifest.fingerprint, "the dataset's shards changed"),
             ("seed", ds.seed, "pass the same seed= to ShardedDataset"),
-            ("plan", ds.plan_signature, "use the same batch_size/planner/shuffle/uneven"),
+            (
+                "plan",
+                saved_plan if reshaped else ds.plan_signature,
+                _plan_remedy(ds),
+            ),
         )
         for key, mine, remedy in checks:
             if state.get(key) != mine:
@@ -186,9 +208,26 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
                 f"saved epoch {state.get('epoch')!r} and position {state.get('position')!r} "
                 "must be integers, as state_dict() writes them"
             ) from err
-        ds.seek(epoch, position)
+        load_extra = getattr(ds, "load_extra_state", None)
+        if load_extra is not None:  # position 0 there means "the epoch has not begun"
+            load_extra(state, epoch, position if position or not reshapes else 1)
+        if reshaped and (position or reshapes):  # continue with the new shape
+            reshapes += ((int(reshaped), position),)
+            position = 0
+        try:
+            ds.seek(epoch, position, reshapes)
+            len(ds)  # plans the chain now: a history that does not fit fails here
+        except ResumeError:
+            ds.seek(ds.epoch, 0)
+            raise
         self._epoch, self._position = epoch, position
         self._steps_left = None
+
+
+def _plan_remedy(ds: ShardedDataset) -> str:
+    field = ds.elastic_option
+    may = f"only {field} may change" if field else "the batch shape may not change"
+    return f"use the same batch_size/planner/shuffle/uneven ({may})"
 
 
 def _check_worker_sockets() -> None:

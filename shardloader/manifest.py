@@ -237,7 +237,10 @@ class SampleIndex:
                     "its shard's manifest entry allows; the sidecar is corrupt or hostile"
                 )
         try:
-            table = pa.ipc.open_file(pa.py_buffer(data)).read_all()
+            # malloc, not pyarrow's default pool: that one keeps the decompressed columns'
+            # pages after they are freed, about 20 MB per process over a few large sidecars
+            pool = pa.system_memory_pool()
+            table = pa.ipc.open_file(pa.py_buffer(data), memory_pool=pool).read_all()
             names = table.column_names
             key = table.column("key")
             if not (pa.types.is_string(key.type) or pa.types.is_large_string(key.type)):

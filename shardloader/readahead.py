@@ -14,7 +14,7 @@ same shards (stream order) or different ones (shuffled).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -22,7 +22,7 @@ import numpy as np
 if TYPE_CHECKING:
     from shardloader.shards import ShardSet
 
-__all__ = ["ReadAhead", "node_schedule"]
+__all__ = ["ReadAhead", "node_schedule", "block_schedule"]
 
 
 def node_schedule(
@@ -49,12 +49,40 @@ def node_schedule(
     return list(zip(step[first].tolist(), shard[first].tolist(), strict=True))
 
 
-class ReadAhead:
-    """Walks a node schedule for one worker, staging ahead through its ShardSet."""
+def block_schedule(windows: Iterable[tuple[np.ndarray, np.ndarray]]) -> Iterator[tuple[int, int]]:
+    """:func:`node_schedule` of a lazy order (NOTE [lazy order] in shuffle.py), as walked.
 
-    def __init__(self, shards: ShardSet, schedule: list[tuple[int, int]], depth: int) -> None:
+    ``windows`` yields ``(rank step, shard)`` pairs, step by step in order (local ranks in turn
+    within a step), a window of steps at a time (:func:`shardloader.steps.node_windows`: the
+    first steps' shards exact, later ones those of the shuffle blocks the steps reach).  Each
+    shard once, at its first need; generated only as far as a worker has walked.
+    """
+    seen: set[int] = set()
+    for steps, shards in windows:
+        if not len(shards):
+            continue
+        _, first = np.unique(shards, return_index=True)
+        first.sort()
+        for step, shard in zip(steps[first].tolist(), shards[first].tolist(), strict=True):
+            if shard not in seen:
+                seen.add(shard)
+                yield step, shard
+
+
+class ReadAhead:
+    """Walks a node schedule for one worker, staging ahead through its ShardSet.
+
+    The schedule is a list or an iterator (:func:`block_schedule`), pulled only as far as the
+    worker's steps and its read-ahead depth need."""
+
+    def __init__(self, shards: ShardSet, schedule: Iterable[tuple[int, int]], depth: int) -> None:
         self.shards = shards
-        self.schedule = schedule
+        self._source: Iterator[tuple[int, int]] | None = None
+        self.schedule: list[tuple[int, int]] = []
+        if isinstance(schedule, list):
+            self.schedule = schedule
+        else:
+            self._source = iter(schedule)
         self.depth = depth
         self._due = 0  # entries needed by the steps reached so far
         self._late: list[int] = []  # shards due now that read-ahead had not asked for
@@ -64,6 +92,7 @@ class ReadAhead:
         """The worker reached rank step ``step``: stage what is due, and ``depth`` more."""
         if self.shards.in_place or self.shards.options.readahead <= 0:
             return
+        self._pull(lambda: bool(self.schedule) and self.schedule[-1][0] > step)
         while self._due < len(self.schedule) and self.schedule[self._due][0] <= step:
             self._due += 1
         if self._due > self._submitted:  # needed now and not read ahead: first, on their own
@@ -76,7 +105,17 @@ class ReadAhead:
         if self._late and self.shards.staging(self._late):
             return
         self._late = []
+        self._pull(lambda: len(self.schedule) >= self._due + self.depth)
         target = min(len(self.schedule), self._due + self.depth)
         if target > self._submitted:
             self.shards.prefetch(s for _, s in self.schedule[self._submitted : target])
             self._submitted = target
+
+    def _pull(self, enough: Callable[[], bool]) -> None:
+        """Take entries from a lazy schedule until ``enough()`` or it ends."""
+        while self._source is not None and not enough():
+            entry = next(self._source, None)
+            if entry is None:
+                self._source = None
+            else:
+                self.schedule.append(entry)

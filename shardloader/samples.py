@@ -1,4 +1,7 @@
-"""Per-sample loading in the worker: read → decode (allowlist) → transform, and the skip rule.
+"""Loading in the worker: read a batch → decode (allowlist) → transform, and the skip rule.
+
+A batch is read shard by shard in one pass (:meth:`ShardSet.read_batch`); raw batches for
+:class:`~shardloader.batching.raw.RawCollate` go straight into columns (:meth:`load_raw`).
 
 Every error on the way names shard, sample key, rank and worker and is chained to the original
 (``raise ... from err``); under ``on_error="skip"`` a bad sample is replaced by a repeat of a
@@ -7,6 +10,7 @@ good one of the same batch, so batch shapes and step counts never change.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -15,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from shardloader.aliases import FieldMap
+from shardloader.batching.raw import ByteColumn, RawBatch
 from shardloader.codecs import Decoder, decode_field
 from shardloader.errors import (
     DecodeError,
@@ -24,10 +29,11 @@ from shardloader.errors import (
     TransformError,
     UsageError,
 )
+from shardloader.format.base import Rows
 from shardloader.shards import ShardSet
 from shardloader.split import Place
 
-__all__ = ["SampleLoader"]
+__all__ = ["SampleLoader", "pipeline_draws"]
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +52,9 @@ class SampleLoader:
     on_error: str
     length_field: str | None = None
     lengths: np.ndarray | None = None
+    # told of every sample on_error="skip" replaces: (sample id, key, place, error); the
+    # dataset passes a ledger.SkipLog's record here (shardloader/ledger.py)
+    on_skip: Callable[[int, str, Place, BaseException], None] | None = None
 
     @property
     def takes_generator(self) -> bool:
@@ -59,29 +68,41 @@ class SampleLoader:
         pads: np.ndarray,
         place: Place,
         generator: Any = None,
+        rows: Rows | None = None,
     ) -> tuple[list[dict[str, Any]], np.ndarray]:
         """Read, decode and transform one batch's samples, in planned order; also say which
         samples stand in for bad ones.  ``generator`` (the batch's ``torch.Generator``) goes
         to a transform that declares ``takes_generator`` (NOTE [transform generators] in
         :mod:`shardloader.vision.transforms`).
 
-        Under ``on_error="skip"`` a bad sample is replaced by a repeat of a good one from the
-        same batch, flagged ``__pad__``, so batch shapes and step counts never change.
+        The batch is read shard by shard in one pass (:meth:`ShardSet.read_batch`; ``rows``:
+        already read, by :meth:`ShardSet.read_batches`).  Under
+        ``on_error="skip"`` a bad sample is replaced by a repeat of a good one from the same
+        batch, flagged ``__pad__``, so batch shapes and step counts never change.
         """
-        shard_of, local_of = shards.locate(ids)
+        if rows is None:
+            rows = shards.read_batch(ids)
         out: list[dict[str, Any] | None] = []
         last_error: ShardloaderError | None = None
-        for gid, shard, local, pad in zip(ids, shard_of, local_of, pads, strict=False):
-            try:
-                out.append(
-                    self.load_sample(shards, int(shard), int(local), int(gid), bool(pad), generator)
-                )
-            except (ShardError, DecodeError, StorageError) as err:
-                if self.on_error == "raise":
-                    raise
-                log.warning("skipping sample %d (%s): %s", int(gid), place, err)
-                out.append(None)
-                last_error = err
+        columns = list(rows.fields.items())
+        for pos, (gid, pad) in enumerate(zip(ids.tolist(), pads.tolist(), strict=True)):
+            err: ShardloaderError | None = rows.errors.get(pos)
+            if err is None:
+                raw = {name: bytes(col[pos]) for name, col in columns if col[pos] is not None}
+                try:
+                    out.append(
+                        self.build_sample(shards, ids, pos, rows.keys[pos], raw, pad, generator)
+                    )
+                    continue
+                except (ShardError, DecodeError, StorageError) as failed:
+                    err = failed
+            if self.on_error == "raise":
+                raise err
+            log.warning("skipping sample %d (%s): %s", gid, place, err)
+            if self.on_skip is not None:
+                self.on_skip(gid, str(rows.keys[pos]), place, err)
+            out.append(None)
+            last_error = err
         good = [s for s in out if s is not None]
         substituted = np.array([s is None for s in out], bool)
         if last_error is None:
@@ -96,6 +117,97 @@ class SampleLoader:
             s if s is not None else {**good[i % len(good)], "__pad__": True}
             for i, s in enumerate(out)
         ], substituted
+
+    def load_raw(
+        self,
+        shards: ShardSet,
+        ids: np.ndarray,
+        pads: np.ndarray,
+        place: Place,
+        rows: Rows | None = None,
+    ) -> RawBatch:
+        """One batch of raw samples (``decoder=None``, no transform) as a :class:`RawBatch`,
+        straight from the shards: no per-sample dict or bytes object is made.
+
+        ``on_error`` works as in :meth:`load_batch`: a bad sample raises, or is replaced by a
+        repeat of a good one of the batch (its key, id and fields), flagged in ``__pad__``.
+        """
+        import torch
+
+        if rows is None:
+            rows = shards.read_batch(ids)
+        keys, errors = rows.keys, dict(rows.errors)
+        columns: dict[str, list[Any]] = {}
+        member_of = self.field_map.member_of
+        for ext, values in rows.fields.items():
+            name = member_of.get(ext, ext) if member_of else ext
+            if name in columns:  # aliases: key.jpg and key.png both fill "image"
+                self._merge_members(shards, ids, keys, errors, columns[name], values, name)
+            else:
+                columns[name] = values
+        ids, pads = ids.copy(), pads.copy()
+        if errors:
+            self._stand_in(keys, errors, ids, pads, columns, place)
+        batch = RawBatch(
+            __key__=keys,
+            __index__=torch.from_numpy(ids),
+            __pad__=torch.from_numpy(pads),
+        )
+        for name, values in columns.items():
+            batch[name] = ByteColumn.of(values)
+        return batch
+
+    def _merge_members(
+        self,
+        shards: ShardSet,
+        ids: np.ndarray,
+        keys: list[str],
+        errors: dict[int, ShardloaderError],
+        into: list[Any],
+        values: list[Any],
+        name: str,
+    ) -> None:
+        """Fill the logical field ``name`` from one more member extension; a sample with both
+        is an error (as in :meth:`build_sample`)."""
+        for pos, value in enumerate(values):
+            if value is None or pos in errors:
+                continue
+            if into[pos] is not None:
+                exts = [e for e, n in self.field_map.member_of.items() if n == name]
+                err = self.field_map.clash(dict.fromkeys(exts, b""), name)
+                errors[pos] = ShardError(f"{_located_at(shards, ids, pos, keys[pos])}: {err}")
+                into[pos] = None
+                continue
+            into[pos] = value
+
+    def _stand_in(
+        self,
+        keys: list[str],
+        errors: dict[int, ShardloaderError],
+        ids: np.ndarray,
+        pads: np.ndarray,
+        columns: dict[str, list[Any]],
+        place: Place,
+    ) -> None:
+        """``on_error``: raise the first error, or replace each bad sample by a good one."""
+        bad = sorted(errors)
+        if self.on_error == "raise":
+            raise errors[bad[0]]
+        for pos in bad:
+            log.warning("skipping sample %d (%s): %s", int(ids[pos]), place, errors[pos])
+            if self.on_skip is not None:
+                self.on_skip(int(ids[pos]), str(keys[pos]), place, errors[pos])
+        good = [pos for pos in range(len(ids)) if pos not in errors]
+        if not good:
+            last = errors[bad[-1]]
+            raise ShardError(
+                f"every sample of a batch failed ({place}); last error: {last}"
+            ) from last
+        for pos in bad:
+            src = good[pos % len(good)]
+            keys[pos], ids[pos], pads[pos] = keys[src], ids[src], True
+            for values in columns.values():
+                values[pos] = values[src]
 
     def cut_segments(
         self,
@@ -141,28 +253,42 @@ class SampleLoader:
     def load_sample(
         self, shards: ShardSet, shard: int, local: int, gid: int, pad: bool, generator: Any = None
     ) -> dict[str, Any]:
-        """Read, decode and transform one sample.
+        """Read, decode and transform one sample (:meth:`load_batch` reads a batch at once)."""
+        key, raw = shards.read(shard, local)
+        ids = np.array([gid], np.int64)
+        return self.build_sample(shards, ids, 0, key, raw, pad, generator)
+
+    def build_sample(
+        self,
+        shards: ShardSet,
+        ids: np.ndarray,
+        pos: int,
+        key: str,
+        raw: Mapping[str, bytes],
+        pad: bool,
+        generator: Any = None,
+    ) -> dict[str, Any]:
+        """Decode and transform sample ``pos`` of the batch ``ids`` (its raw fields ``raw``).
 
         Every error on the way names shard, sample key, rank and worker and is chained to the
         original: shardloader's own errors keep their class (a DecodeError stays one, so
         ``on_error="skip"`` skips an image a transform cannot decode), anything else a
         transform raises becomes a :class:`TransformError`.
         """
-        key, raw = shards.read(shard, local)
-        sample: dict[str, Any] = {"__key__": key, "__index__": gid, "__pad__": pad}
+        sample: dict[str, Any] = {"__key__": key, "__index__": int(ids[pos]), "__pad__": pad}
         member_of = self.field_map.member_of  # aliases: key.png fills "image"
         for ext, data in raw.items():
             name = member_of.get(ext, ext) if member_of else ext
             if member_of and name in sample:
                 err = self.field_map.clash(raw, name)
-                raise ShardError(f"{_where(shards, shard, key)}: {err}") from err
+                raise ShardError(f"{_located_at(shards, ids, pos, key)}: {err}") from err
             if self.decoder is None:
                 sample[name] = data
                 continue
             try:
                 sample[name] = self.decode(name, ext, data)
             except DecodeError as err:
-                raise DecodeError(f"{_where(shards, shard, key)}: {err}") from err
+                raise DecodeError(f"{_located_at(shards, ids, pos, key)}: {err}") from err
         if self.transform is None:
             return sample
         try:
@@ -171,11 +297,12 @@ class SampleLoader:
             else:
                 out = self.transform(sample)
         except Exception as err:  # user code: anything at all
-            raise _located(err, _where(shards, shard, key)) from err
+            raise _located(err, _located_at(shards, ids, pos, key)) from err
         if not isinstance(out, Mapping):
             raise UsageError(
-                f"{_where(shards, shard, key)}: transform returned {type(out).__name__}; it "
-                "must return the sample dict (filtering in a transform would make ranks uneven)"
+                f"{_located_at(shards, ids, pos, key)}: transform returned "
+                f"{type(out).__name__}; it must return the sample dict (filtering in a "
+                "transform would make ranks uneven)"
             )
         return dict(out)
 
@@ -199,6 +326,11 @@ def _where(shards: ShardSet, shard: int, key: str) -> str:
     return f"{shards.describe(shard)}, sample {key!r}"
 
 
+def _located_at(shards: ShardSet, ids: np.ndarray, pos: int, key: str) -> str:
+    """:func:`_where` for sample ``pos`` of the batch ``ids`` (its shard found from its id)."""
+    return _where(shards, int(shards.locate(ids[pos : pos + 1])[0][0]), key)
+
+
 def _located(err: Exception, where: str) -> ShardloaderError:
     """``err`` with the sample's place in front: its own class if it is one of ours."""
     if isinstance(err, ShardloaderError):
@@ -207,3 +339,36 @@ def _located(err: Exception, where: str) -> ShardloaderError:
         except TypeError:  # a subclass with another constructor
             pass
     return TransformError(f"{where}: transform raised {type(err).__name__}: {err}")
+
+
+def pipeline_draws(transform: Any, decoder: Decoder | None, collate_fn: Any) -> bool:
+    """Whether a pipeline runs code that may draw from the global RNGs (torch, numpy,
+    ``random``): a transform, custom decoders, or a collate that is not shardloader's own.
+
+    The dataset seeds the global RNGs per batch only then (NOTE [what the global seeds are
+    for] in :mod:`shardloader.dataset`), and the service lets such pipelines take turns (NOTE
+    [serial pipeline] in :mod:`shardloader.service.stream`).  Shardloader's collates and the
+    default decoding draw nothing, and the transforms of :mod:`shardloader.vision` draw only
+    from the per-batch generator the dataset hands them (NOTE [transform generators]).
+    """
+    if transform is not None and not _own_transform(transform):
+        return True
+    if decoder is not None and decoder.custom:
+        return True
+    if collate_fn is None:
+        return False
+    fn = collate_fn.func if isinstance(collate_fn, functools.partial) else collate_fn
+    module = getattr(fn, "__module__", None) or type(fn).__module__
+    return not module.startswith("shardloader.")
+
+
+def _own_transform(t: Any) -> bool:
+    """``t`` is one of shardloader's transforms, and so is all it wraps (``Compose.transforms``,
+    ``ApplyTo.transform``): they draw only from the generator they are handed, never from the
+    global RNGs (NOTE [transform generators])."""
+    if not getattr(type(t), "__module__", "").startswith("shardloader."):
+        return False
+    inner = list(getattr(t, "transforms", ()))
+    if getattr(t, "transform", None) is not None:
+        inner.append(t.transform)
+    return all(_own_transform(x) for x in inner)

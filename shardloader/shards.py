@@ -20,7 +20,7 @@ import logging
 import os
 import uuid
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from shardloader.errors import ChecksumError, ShardError, StorageError, UsageError
-from shardloader.format.base import Sample, ShardReader
+from shardloader.format.base import Rows, Sample, ShardReader, read_rows
 from shardloader.format.embedded import TAIL_KEEP, embedded_index
 from shardloader.format.registry import get_format
 from shardloader.manifest import Manifest, SampleIndex, ShardInfo
@@ -359,6 +359,86 @@ class ShardSet:
             raise
         except OSError as err:
             raise ShardError(f"{self.describe(shard)}: read failed ({err})") from err
+
+    def read_batch(self, ids: np.ndarray) -> Rows:
+        """The samples of global ids ``ids``, in that order, read shard by shard (one pass over
+        each shard's rows, :func:`~shardloader.format.base.read_rows`).  A sample that cannot
+        be read (its shard cannot be opened, or it fails its checksum) has its error in
+        ``errors`` instead of raising, so the caller decides (``on_error``)."""
+        out = Rows(len(ids))
+        for shard, (rows, at) in self._by_shard(ids).items():
+            self._read_rows(shard, rows, out, at)
+        return out
+
+    def read_into(self, ids: np.ndarray, into: Rows, at: Sequence[int]) -> None:
+        """:meth:`read_batch` of ``ids`` into positions ``at`` of ``into`` (a batch that
+        several datasets fill: :class:`shardloader.mixture.MixedShards`)."""
+        for shard, (rows, where) in self._by_shard(ids).items():
+            self._read_rows(shard, rows, into, [at[k] for k in where])
+
+    def read_batches(self, batches: Sequence[np.ndarray]) -> list[Rows]:
+        """:meth:`read_batch` for several batches in one pass: each shard's rows of all of them
+        are read together, which shares the per-shard work (a handful of numpy calls) among
+        many batches."""
+        if len(batches) == 1:
+            return [self.read_batch(batches[0])]
+        return self.read_batch(np.concatenate(batches)).split([len(b) for b in batches])
+
+    def ready(self, batches: Sequence[np.ndarray]) -> int:
+        """How many of ``batches``, from the first on, read only shards that are open already
+        (or read in place): batches that can be read now without staging anything."""
+        if not batches:
+            return 0
+        if self.in_place:
+            return len(batches)
+        shard_of = self.locate(np.concatenate(batches))[0]
+        is_open = np.zeros(len(self.manifest.shards), bool)
+        is_open[list(self._readers)] = True
+        opened = is_open[shard_of]
+        ends = np.cumsum([len(b) for b in batches])
+        closed = np.flatnonzero(~opened)
+        if closed.size == 0:
+            return len(batches)
+        return int(np.searchsorted(ends, closed[0], side="right"))
+
+    def _by_shard(self, ids: np.ndarray) -> dict[int, tuple[list[int], list[int]]]:
+        """shard → (rows inside it, positions in ``ids``), shards in order of first use."""
+        shard_of, local_of = self.locate(ids)
+        shards = shard_of.tolist()
+        if shards and shards.count(shards[0]) == len(shards):  # unshuffled: mostly one shard
+            return {shards[0]: (local_of.tolist(), list(range(len(shards))))}
+        if len(shards) <= 64:  # a batch: a Python loop costs less than numpy's calls
+            groups: dict[int, tuple[list[int], list[int]]] = {}
+            for pos, (shard, row) in enumerate(zip(shards, local_of.tolist(), strict=True)):
+                group = groups.get(shard)
+                if group is None:
+                    group = groups[shard] = ([], [])
+                group[0].append(row)
+                group[1].append(pos)
+            return groups
+        order = np.argsort(shard_of, kind="stable")
+        cuts = np.flatnonzero(np.diff(shard_of[order])) + 1
+        ordered, rows = order.tolist(), local_of[order].tolist()
+        bounds = [0, *cuts.tolist(), len(ordered)]
+        return {
+            shards[ordered[a]]: (rows[a:b], ordered[a:b])
+            for a, b in zip(bounds[:-1], bounds[1:], strict=True)
+        }
+
+    def _read_rows(self, shard: int, rows: list[int], into: Rows, at: Sequence[int]) -> None:
+        """Rows of one shard into ``into``; if the shard cannot be opened (or a read fails
+        outright), every row not yet read gets that error."""
+        try:
+            read_rows(self.reader(shard), rows, into, at)
+        except (ShardError, StorageError) as err:
+            problem: ShardError | StorageError = err
+        except OSError as err:
+            problem = ShardError(f"{self.describe(shard)}: read failed ({err})")
+        else:
+            return
+        for pos in at:
+            if not into.done(pos):
+                into.fail(pos, problem)
 
     def _notes(self) -> str:
         """The node cache folder, where first-use hashes of in-place shards are noted."""

@@ -10,13 +10,22 @@ and the report says how many.  Nothing here reads torch, the environment or a cl
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any, overload
 
 import numpy as np
 
 from shardloader.errors import UsageError
 
-__all__ = ["UNEVEN_POLICIES", "Place", "BatchSlots", "cut_fixed_batches", "rank_slots"]
+__all__ = [
+    "UNEVEN_POLICIES",
+    "Place",
+    "BatchSlots",
+    "FixedBatchList",
+    "cut_fixed_batches",
+    "rank_slots",
+]
 
 UNEVEN_POLICIES = ("pad", "drop")
 
@@ -73,19 +82,98 @@ def cut_fixed_batches(
     return list(order.reshape(-1, batch_size)) if len(order) else [], padded, dropped
 
 
-@dataclass(frozen=True)
-class BatchSlots:
-    """A rank's share of the remaining batches of an epoch.
+class FixedBatchList(Sequence[np.ndarray]):
+    """:func:`cut_fixed_batches` without cutting: batch ``i`` is read from the order when asked.
 
-    ``slots[j]`` is the index of the global batch that is this rank's ``j``-th step (indices
-    repeat for padding).  ``seeds[j]`` is a distinct per-step number used to seed augmentation.
+    ``order`` is an array or a lazy :class:`~shardloader.shuffle.EpochOrder` (anything with
+    ``len``, slices and array indexing), so the batches of a billion-sample epoch cost nothing
+    until read (NOTE [lazy order] in shuffle.py).  Batch ``i`` is positions
+    ``[i * batch_size, (i + 1) * batch_size)``; under ``pad`` the positions past the end wrap to
+    the order's start, exactly as ``cut_fixed_batches`` fills its last batch.
     """
 
-    slots: np.ndarray
-    seeds: np.ndarray
+    def __init__(self, order: Any, batch_size: int, uneven: str) -> None:
+        _check_policy(uneven)
+        if batch_size < 1:
+            raise UsageError(f"batch_size must be >= 1, got {batch_size}")
+        self.order, self.batch_size = order, int(batch_size)
+        self.total = n = len(order)
+        tail = n % batch_size
+        self.padded = batch_size - tail if tail and uneven == "pad" and n else 0
+        self.dropped = tail if tail and not self.padded else 0
+        self.num_batches = (n + self.padded - self.dropped) // batch_size
+
+    def __len__(self) -> int:
+        return self.num_batches
+
+    @overload
+    def __getitem__(self, i: int) -> np.ndarray: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[np.ndarray]: ...
+
+    def __getitem__(self, i: int | slice) -> np.ndarray | list[np.ndarray]:
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(self.num_batches))]
+        k = int(i) + (self.num_batches if i < 0 else 0)
+        if not 0 <= k < self.num_batches:
+            raise IndexError(f"batch {i} is outside the epoch's {self.num_batches} batches")
+        lo = k * self.batch_size
+        hi = lo + self.batch_size
+        if hi <= self.total:
+            return np.asarray(self.order[lo:hi], np.int64)
+        head = np.asarray(self.order[lo : self.total], np.int64)
+        wrap = np.arange(hi - self.total, dtype=np.int64) % self.total  # np.resize's rule
+        return np.concatenate([head, np.asarray(self.order[wrap], np.int64)])
+
+
+@dataclass(frozen=True)
+class BatchSlots:
+    """A rank's share of the remaining batches of an epoch, as arithmetic (nothing per step).
+
+    The rank's ``j``-th step is slot ``q = start + j * world_size + rank``: ``seeds[j] = q`` is
+    a distinct per-step number used to seed augmentation and ``slots[j]`` the index of the
+    global batch it reads (``q``, or for padding ``q - M mod M``).  :meth:`steps` gives both for
+    any steps; the ``slots``/``seeds`` properties build them for the whole pass.
+    """
+
+    start: int
+    rank: int
+    world_size: int
+    num_batches: int
     padded_batches: int
     dropped_batches: int
     steps_per_rank: int
+
+    def steps(self, js: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(slots, seeds)`` of this rank's steps ``js``."""
+        seeds = self.start + np.asarray(js, np.int64) * self.world_size + self.rank
+        batches = seeds.copy()
+        past = seeds >= self.num_batches
+        if self.num_batches and past.any():
+            batches[past] = (seeds[past] - self.num_batches) % self.num_batches
+        return batches, seeds
+
+    def slot_of(self, j: int) -> int:
+        """``steps([j])[0][0]`` as a plain int (one step, no arrays)."""
+        q = self.start + j * self.world_size + self.rank
+        return (
+            q
+            if q < self.num_batches or not self.num_batches
+            else (q - self.num_batches) % self.num_batches
+        )
+
+    def worker_steps(self, worker: int, num_workers: int) -> range:
+        """The rank steps DataLoader worker ``worker`` of ``num_workers`` reads (``j mod K``)."""
+        return range(worker, self.steps_per_rank, num_workers)
+
+    @property
+    def slots(self) -> np.ndarray:
+        return self.steps(np.arange(self.steps_per_rank, dtype=np.int64))[0]
+
+    @property
+    def seeds(self) -> np.ndarray:
+        return self.steps(np.arange(self.steps_per_rank, dtype=np.int64))[1]
 
 
 def rank_slots(num_batches: int, start: int, rank: int, world_size: int, uneven: str) -> BatchSlots:
@@ -105,14 +193,11 @@ def rank_slots(num_batches: int, start: int, rank: int, world_size: int, uneven:
     remaining = max(num_batches - start, 0)
     steps = -(-remaining // world_size) if uneven == "pad" else remaining // world_size
     total = steps * world_size
-    slots = start + np.arange(steps, dtype=np.int64) * world_size + rank
-    past = slots >= num_batches
-    batches = slots.copy()
-    if num_batches:
-        batches[past] = (slots[past] - num_batches) % num_batches
     return BatchSlots(
-        slots=batches,
-        seeds=slots,
+        start=int(start),
+        rank=int(rank),
+        world_size=int(world_size),
+        num_batches=int(num_batches),
         padded_batches=max(total - remaining, 0),
         dropped_batches=max(remaining - total, 0),
         steps_per_rank=steps,

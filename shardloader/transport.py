@@ -141,6 +141,8 @@ class Ring:
     inherit its mapping, and spawned ones get its file descriptor when they start.
     """
 
+    received_state = _HELD  # what receive() marks a slot (a subclass may track more states)
+
     def __init__(self, workers: int, slots: int, slot_bytes: int) -> None:
         self.id = uuid.uuid4().hex
         self.workers, self.slots, self.slot_bytes = workers, slots, slot_bytes
@@ -192,9 +194,14 @@ class Ring:
         i = worker * self.slots + slot
         view = self.bufs[i][:nbytes]
         self.views[i] = weakref.ref(view)
-        self.states[worker, slot] = _HELD
+        self.states[worker, slot] = self.received_state
         self.received += 1
         return torch.from_numpy(view)
+
+    def arrived(self, worker: int, slot: int, nbytes: int, state: tuple[Any, ...]) -> Any:
+        """What unpickling a bundle written into ``slot`` gives: the batch (or
+        :class:`Bundle`) over the slot (the service's ring forwards it instead)."""
+        return _rebuild(self.receive(worker, slot, nbytes), state)
 
     def collect(self) -> None:
         """Hand back every ``HELD`` slot no batch tensor refers to any more."""
@@ -218,7 +225,7 @@ def _from_ring(ring_id: str, worker: int, slot: int, nbytes: int, state: tuple[A
             "a token batch arrived for a DataLoader whose shared buffers are gone (the "
             "ShardLoader that started the worker no longer exists in this process)"
         )
-    return _rebuild(ring.receive(worker, slot, nbytes), state)
+    return ring.arrived(worker, slot, nbytes, state)
 
 
 class _Pool:

@@ -15,6 +15,7 @@ import pytest
 
 from shardloader.errors import ChecksumError, ShardError, UsageError
 from shardloader.format import WrittenShard, get_format, open_writer
+from shardloader.format.base import Rows, read_rows
 from shardloader.format.embedded import embedded_index, index_frame
 from shardloader.manifest import FieldInfo, Manifest, SampleIndex, ShardInfo
 from shardloader.schema import check_sample_index
@@ -159,6 +160,51 @@ def check_checksums(tmp: str, fmt: str, compression: str) -> None:
     assert unchecked[3] != w.samples[3] and unchecked[4] == w.samples[4]
 
 
+def _rows_read(reader, parts: list[list[int]]) -> Rows:
+    """Several read_rows calls (a batch spread over calls, as over shards) into one Rows."""
+    rows = Rows(sum(len(p) for p in parts))
+    start = 0
+    for part in parts:
+        read_rows(reader, part, rows, range(start, start + len(part)))
+        start += len(part)
+    return rows
+
+
+def check_read_rows(tmp: str, fmt: str, compression: str) -> None:
+    """A batch read (``read_rows``, a format's own or the fallback) gives what ``read`` gives,
+    in any order, with repeats, in pieces put back in batch order; a damaged sample is that
+    position's error only."""
+    f = get_format(fmt)
+    w = write(tmp, fmt, compression)
+    staged = stage(tmp, fmt, compression, w)
+    parts = [[7, 0, 11], [5, 5, 3], [2, 9, 1, 4, 6, 8, 10]]
+    order = [i for p in parts for i in p]
+    for verify in (True, False):
+        reader = f.reader(staged, w.shard.index, staged, verify)
+        rows = _rows_read(reader, parts)
+        assert not rows.errors
+        assert rows.keys == [w.samples[i][0] for i in order]
+        for pos, i in enumerate(order):
+            got = {n: bytes(c[pos]) for n, c in rows.fields.items() if c[pos] is not None}
+            assert got == w.samples[i][1], (fmt, i)
+        reader.close()
+    with open(staged, "r+b") as out:
+        data = out.read()
+        at = data.index(b"MARK0003") + 20
+        out.seek(at)
+        out.write(bytes([data[at] ^ 0xFF]))
+    reader = f.reader(staged, w.shard.index, staged, True)
+    rows = _rows_read(reader, parts)
+    assert sorted(rows.errors) == [order.index(3)]
+    assert isinstance(rows.errors[order.index(3)], ChecksumError)
+    assert "s/0003" in str(rows.errors[order.index(3)])
+    assert all(c[order.index(3)] is None for c in rows.fields.values())
+    assert [k for p, k in enumerate(rows.keys) if p != order.index(3)] == [
+        w.samples[i][0] for i in order if i != 3
+    ]
+    reader.close()
+
+
 def check_bounded(tmp: str, fmt: str, compression: str) -> None:
     """Staging never writes past its limit, streaming never reads past it, and a field larger
     than ``max_member`` stops the stream: each a ShardError."""
@@ -211,6 +257,7 @@ CONTRACT = [
     check_round_trip,
     check_index_agrees,
     check_checksums,
+    check_read_rows,
     check_bounded,
     check_corrupt_input,
 ]

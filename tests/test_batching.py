@@ -14,6 +14,7 @@ from shardloader.batching import (
     BatchPlanner,
     BucketBatches,
     FixedBatches,
+    PackCollate,
     PackedBatches,
     TokenBudgetBatches,
     batch_ids,
@@ -21,6 +22,7 @@ from shardloader.batching import (
     padded_length,
     signature_of,
 )
+from shardloader.batching.fit import best_fit_rows, next_fit_rows
 from shardloader.errors import UsageError
 from shardloader.split import rank_slots
 
@@ -87,6 +89,7 @@ planners_st = st.one_of(
         window=st.integers(1, 40),
         long_docs=st.sampled_from(["split", "truncate", "drop"]),
         tail=st.sampled_from(["keep", "drop"]),
+        fit=st.sampled_from(["first", "best"]),
     ),
 )
 
@@ -432,7 +435,9 @@ def test_signatures_of_the_built_in_planners_equal_their_old_repr():
         PackedBatches(seq_len=128, rows_per_batch=2, long_docs="drop", pad_id=0),
     ]
     for p in planners:
-        assert signature_of(p) == repr(p)
+        assert signature_of(p) == repr(p).replace(", fit='first'", "")  # fit came later
+    best = PackedBatches(seq_len=128, rows_per_batch=2, fit="best")
+    assert signature_of(best).endswith(", pad_id=None, fit='best')")
     numpy_options = PackedBatches(
         seq_len=np.int64(128), rows_per_batch=np.int32(2), long_docs="drop", pad_id=np.int64(0)
     )
@@ -441,3 +446,142 @@ def test_signatures_of_the_built_in_planners_equal_their_old_repr():
     assert signature_of(planners[1]) != signature_of(BucketBatches(batch_size=4, window=65))
     with pytest.raises(UsageError, match="object has no signature"):
         signature_of(object())
+
+
+# -- best-fit and no-split packing ------------------------------------------------------------
+
+
+def _rows_of(batch: np.ndarray, seq_len: int, fit: str) -> list[list[tuple[int, int, int]]]:
+    """The rows PackCollate(fit=...) builds from a batch alone."""
+    place = pack_rows if fit == "first" else next_fit_rows
+    return place(batch[:, 2] - batch[:, 1], seq_len)
+
+
+def _lognormal(seed: int, n: int, seq_len: int, sigma: float) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    lens = np.maximum(rng.lognormal(np.log(seq_len / 4), sigma, n), 0).astype(np.int64)
+    return rng.permutation(n).astype(np.int64), lens
+
+
+@settings(deadline=None, max_examples=120)
+@given(
+    st.integers(0, 2**32 - 1),
+    st.integers(1, 300),
+    st.integers(4, 96),
+    st.integers(1, 5),
+    st.integers(1, 64),
+    st.sampled_from(["split", "truncate", "drop"]),
+    st.sampled_from(["first", "best"]),
+)
+def test_every_token_once_or_cut_and_rows_fit(seed, n, seq_len, rows, window, long, fit):
+    """Both fits, every long-document mode: each token of each document is delivered once or
+    counted as cut, the collate's rows hold at most seq_len tokens and rows_per_batch rows,
+    and a document that fits in a row never crosses rows."""
+    order, lens = _lognormal(seed, n, seq_len, 1.2)
+    planner = PackedBatches(seq_len, rows, window=window, long_docs=long, fit=fit)
+    batches = planner.plan(order, lens, np.random.default_rng(seed))
+    report = planner.report(order, lens, batches)
+    covered = {int(i): np.zeros(int(lens[i]), np.int64) for i in order}
+    for b in batches:
+        layout = _rows_of(b, seq_len, fit)
+        assert 1 <= len(layout) <= rows
+        for row in layout:
+            assert sum(stop - start for _, start, stop in row) <= seq_len
+        for i, start, stop in b.tolist():
+            covered[i][start:stop] += 1
+    assert all(int(c.max(initial=0)) <= 1 for c in covered.values())  # never twice
+    delivered = sum(int(c.sum()) for c in covered.values())
+    assert delivered == report.tokens
+    assert report.tokens + report.truncated_tokens + report.dropped_tokens == int(lens.sum())
+    for i, c in covered.items():  # what is missing is exactly what the report cut
+        if i in report.dropped:
+            assert not c.any()
+        elif i in report.truncated:
+            assert long == "truncate" and c[:seq_len].all() and not c[seq_len:].any()
+        else:
+            assert c.all()
+    if long != "split":  # no-split: every document whole in one row, or cut and counted
+        assert report.split == ()
+    assert set(report.split) <= {int(i) for i in order if lens[i] > seq_len}
+
+
+@settings(deadline=None, max_examples=80)
+@given(
+    st.integers(0, 2**32 - 1),
+    st.integers(1, 400),
+    st.integers(8, 128),
+    st.integers(1, 6),
+    st.floats(0.3, 1.5),
+    st.sampled_from(["split", "truncate"]),
+)
+def test_best_fit_pads_no_more_than_first_fit_on_lognormal_lengths(
+    seed, n, seq_len, rows, sigma, long
+):
+    """One window (the planner's guarantee is per window: best-fit never makes more rows)."""
+    order, lens = _lognormal(seed, n, seq_len, sigma)
+    got = {}
+    for fit in ("first", "best"):
+        planner = PackedBatches(seq_len, rows, window=n, long_docs=long, fit=fit)
+        report = planner.report(order, lens, planner.plan(order, lens, np.random.default_rng(0)))
+        got[fit] = report.padded_tokens - report.tokens
+    assert got["best"] <= got["first"]
+
+
+@settings(deadline=None, max_examples=40)
+@given(st.integers(0, 2**32 - 1), st.integers(1, 64), st.sampled_from([1, 8, 64]))
+def test_best_fit_pads_no_more_over_windows_of_lognormal_lengths(seed, seq_len, window):
+    """Many windows with one-row batches (nothing carried between windows)."""
+    order, lens = _lognormal(seed, 300, seq_len, 1.0)
+    pad = {}
+    for fit in ("first", "best"):
+        planner = PackedBatches(seq_len, 1, window=window, fit=fit)
+        report = planner.report(order, lens, planner.plan(order, lens, np.random.default_rng(0)))
+        pad[fit] = report.padded_tokens - report.tokens
+    assert pad["best"] <= pad["first"]
+
+
+def test_best_fit_takes_the_tightest_row():
+    # first-fit puts 3 into the first row with room (room 4), best-fit into the tightest (3)
+    assert pack_rows([6, 7, 3], 10) == [[(0, 0, 6), (2, 0, 3)], [(1, 0, 7)]]
+    assert best_fit_rows([6, 7, 3], 10) == [[0], [1, 2]]
+    assert best_fit_rows([5, 5, 0, 4], 10) == [[0, 1, 2], [3]]  # empty items join row 0
+    assert best_fit_rows([], 10) == []
+
+
+def test_best_fit_batches_list_their_rows_and_the_collate_rebuilds_them():
+    """The collate re-derives exactly the planner's best-fit rows from each batch alone."""
+    rng = np.random.default_rng(3)
+    lens = rng.integers(0, 70, 400)
+    order = rng.permutation(400)
+    planner = PackedBatches(seq_len=32, rows_per_batch=3, window=1000, fit="best")
+    segments = planner.segments(order, lens)
+    by_len = segments[np.argsort(segments[:, 1] - segments[:, 2], kind="stable")]
+    planned = best_fit_rows(by_len[:, 2] - by_len[:, 1], 32)
+    assert len(planned) <= len(pack_rows(by_len[:, 2] - by_len[:, 1], 32))
+    want = sorted(sorted(tuple(by_len[i]) for i in row) for row in planned)
+    got = []
+    collate = planner.make_collate(pad_id=0)
+    assert collate.fit == "best"
+    for b in planner.plan(order, lens, np.random.default_rng(0)):
+        rows = next_fit_rows(b[:, 2] - b[:, 1], 32)
+        got += [sorted(tuple(b[d]) for d, _, _ in row) for row in rows]
+        out = collate([{"tokens": np.arange(s1 - s0)} for _, s0, s1 in b.tolist()])
+        assert tuple(out["input_ids"].shape) == (3, 32)
+    assert sorted(got) == want
+    with pytest.raises(UsageError, match="fit"):
+        PackedBatches(32, 3, fit="worst")
+    with pytest.raises(UsageError, match="fit"):
+        PackedBatches(32, 3, fit="best").resolve_collate(
+            PackCollate(32, 0, rows_per_batch=3), "tokens"
+        )
+
+
+def test_next_fit_splits_long_items_as_first_fit_does():
+    assert next_fit_rows([14, 1, 3], 4) == [
+        [(0, 0, 4)],
+        [(0, 4, 8)],
+        [(0, 8, 12)],
+        [(0, 12, 14), (1, 0, 1)],
+        [(2, 0, 3)],
+    ]
+    assert next_fit_rows([0, 4, 0], 4) == [[(0, 0, 0), (1, 0, 4), (2, 0, 0)]]

@@ -225,6 +225,46 @@ def test_eviction_skips_a_shard_another_process_is_staging(tmp_path):
     assert os.path.exists(cache.path_for("new"))
 
 
+def _stage_slowly(root: str, name: str, barrier) -> None:
+    """One process staging ``name`` (1,000 bytes) at the moment the others do, slowly."""
+    import hashlib
+    import io
+    import time
+
+    cache = sc.ShardCache(sc.CacheOptions(dir=root, max_bytes=3000), "fp")
+    data = name.encode() * (1000 // len(name))
+
+    def slow_copy(src, dst):
+        time.sleep(0.3)  # still staging while the other processes make room
+        return dst.write(src.read())
+
+    barrier.wait()
+    cache.get(
+        name, len(data), hashlib.sha256(data).hexdigest(), name, lambda: io.BytesIO(data), slow_copy
+    )
+
+
+@pytest.mark.subprocess
+def test_concurrent_stagers_never_overshoot_the_limit_together(tmp_path):
+    import multiprocessing
+
+    root = str(tmp_path / "root")
+    cache = sc.ShardCache(sc.CacheOptions(dir=root, max_bytes=3000), "fp")
+    for name in ("old1", "old2"):
+        fake_stage(cache, name, b"x" * 1000)
+    ctx = multiprocessing.get_context("fork")
+    barrier = ctx.Barrier(3)
+    procs = [ctx.Process(target=_stage_slowly, args=(root, n, barrier)) for n in ("aa", "bb", "cc")]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    # each stager claims its bytes before the next one counts them: the two old shards go
+    assert staged(os.path.join(root, "fp")) == ["aa.raw", "bb.raw", "cc.raw"]
+    assert bytes_under(root) <= 3000
+
+
 def test_nothing_the_cache_did_not_create_is_removed(tmp_path):
     root = tmp_path / "root"
     cache = sc.ShardCache(sc.CacheOptions(dir=str(root), max_bytes=10**9), "fp")

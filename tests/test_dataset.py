@@ -154,8 +154,10 @@ def test_resume_rejects_a_different_dataset_or_plan(uneven_zstd, tmp_path):
     state = loader.state_dict()
     with pytest.raises(sl.ResumeError, match="seed"):
         sl.make_loader(make(uneven_zstd, batch_size=4, seed=2)).load_state_dict(state)
-    with pytest.raises(sl.ResumeError, match="plan"):
-        sl.make_loader(make(uneven_zstd, batch_size=5, seed=1)).load_state_dict(state)
+    with pytest.raises(sl.ResumeError, match="plan"):  # the batch size alone may change
+        sl.make_loader(make(uneven_zstd, batch_size=5, seed=1, uneven="drop")).load_state_dict(
+            state
+        )
     write_dataset(str(tmp_path), [5, 5])
     with pytest.raises(sl.ResumeError, match="fingerprint"):
         sl.make_loader(make(str(tmp_path), batch_size=4, seed=1)).load_state_dict(state)

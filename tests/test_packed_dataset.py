@@ -15,6 +15,7 @@ from corpus import WORDS, jsonl, read_back, train_tokenizer
 
 import shardloader as sl
 from shardloader.batching import PackedBatches, TokenBudgetBatches, pack_rows
+from shardloader.batching.fit import next_fit_rows
 from shardloader.collate import PackCollate, PadCollate
 from shardloader.pack import PackOptions, pack
 
@@ -47,16 +48,18 @@ def segments_of(batch: dict) -> list[list[int]]:
     return [ids[a:b].tolist() for a, b in pairwise(cu) if mask[a]]
 
 
-def test_every_token_of_long_documents_arrives_once(lm):
+@pytest.mark.parametrize("fit", ["first", "best"])
+def test_every_token_of_long_documents_arrives_once(lm, fit):
     path, tokens, pad = lm
-    planner = PackedBatches(seq_len=SEQ, rows_per_batch=ROWS, window=16, pad_id=pad)
+    planner = PackedBatches(seq_len=SEQ, rows_per_batch=ROWS, window=16, pad_id=pad, fit=fit)
     ds = sl.ShardedDataset(path, planner=planner, shuffle=True, seed=1)
     covered = {key: np.zeros(len(t), np.int64) for key, t in tokens.items()}
     real = slots = 0
     for batch in sl.make_loader(ds, num_workers=2):
         assert tuple(batch["input_ids"].shape) == (ROWS, SEQ)  # always, the tail batch too
         spans, keys = batch["__span__"], batch["__key__"]
-        rows = pack_rows([b - a for a, b in spans], SEQ)  # the planned rows, in order
+        place = pack_rows if fit == "first" else next_fit_rows
+        rows = place([b - a for a, b in spans], SEQ)  # the planned rows, in order
         placed = [d for row in rows for d, _, _ in row if spans[d][1] > spans[d][0]]
         got = segments_of(batch)
         assert len(got) == len(placed)

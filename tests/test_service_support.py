@@ -26,6 +26,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from shardloader.batching.raw import ByteColumn
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 UNEVEN = [1, 120, 3, 0, 17, 59]  # 200 samples over wildly uneven shards, one empty
@@ -142,8 +144,10 @@ def canonical(value: Any) -> Any:
             list(value.shape),
             hashlib.sha256(np.ascontiguousarray(value).tobytes()).hexdigest(),
         ]
-    if isinstance(value, dict):
-        return ["dict", [[k, canonical(v)] for k, v in value.items()]]
+    if isinstance(value, dict):  # a RawBatch is told apart from a plain dict
+        return [type(value).__name__, [[k, canonical(v)] for k, v in value.items()]]
+    if isinstance(value, ByteColumn):
+        return ["column", [None if v is None else canonical(v) for v in value]]
     if isinstance(value, list | tuple):
         return [type(value).__name__, [canonical(v) for v in value]]
     if isinstance(value, bytes):

@@ -305,3 +305,84 @@ def test_control_frames():
         wire.encode_control("batch", 0)
     with pytest.raises(DecodeError, match="no batch"):
         wire.decode_batch(end)
+
+
+# -- protocol 2: raw batches, frames of several batches, payloads in shared memory ------------
+
+
+def _raw_batch():
+    from shardloader.batching.raw import ByteColumn, RawBatch
+
+    return RawBatch(
+        {
+            "__key__": ["a/1", "b/2", "c/3"],
+            "__index__": torch.tensor([4, 5, 6]),
+            "__pad__": torch.tensor([False, False, True]),
+            "jpg": ByteColumn.of([b"\xff\xd8one", b"", b"three\x00"]),
+            "txt": ByteColumn.of([None, b"x", None]),  # a field some samples lack
+        }
+    )
+
+
+def test_raw_batches_round_trip_as_raw_batches():
+    from shardloader.batching.raw import ByteColumn, RawBatch
+
+    batch = _raw_batch()
+    got = roundtrip(batch)
+    assert type(got) is RawBatch and list(got) == list(batch)
+    assert got["__key__"] == batch["__key__"]
+    assert_same(got["__index__"], batch["__index__"])
+    assert_same(got["__pad__"], batch["__pad__"])
+    for name in ("jpg", "txt"):
+        assert isinstance(got[name], ByteColumn)
+        assert got[name].tolist() == batch[name].tolist()
+        assert all(v is None or type(v) is bytes for v in got[name])
+
+
+def test_several_batches_share_one_frame():
+    batches = [{"x": torch.arange(i + 1), "k": [f"s{i}"]} for i in range(3)]
+    data = b"".join(bytes(c) for c in wire.encode_batches(7, batches))
+    (frame,) = list(wire.iter_frames(data))
+    assert frame.header["step"] == 7 and len(frame.header["trees"]) == 3
+    got = wire.decode_batches(frame)
+    for a, b in zip(got, batches, strict=True):
+        assert_same(a, b)
+    with pytest.raises(DecodeError, match="3 batches"):
+        wire.decode_batch(frame)
+
+
+def test_a_payload_placed_in_shared_memory_leaves_only_the_header_on_the_wire():
+    slot = np.zeros(1 << 16, np.uint8)
+    batches = [{"x": torch.arange(1000, dtype=torch.int64)}, _raw_batch()]
+    chunks = wire.encode_batches(2, batches, lambda n: (5, slot[:n]))
+    (frame,) = list(wire.iter_frames(b"".join(bytes(c) for c in chunks)))
+    assert not frame.payload and wire.shm_span(frame.header)[0] == 5
+    size = wire.shm_span(frame.header)[1]
+    got = wire.decode_batches(frame, slot[:size])
+    assert_same(got[0], batches[0])
+    assert got[1]["jpg"].tolist() == batches[1]["jpg"].tolist()
+    with pytest.raises(DecodeError, match="payload"):
+        wire.decode_batches(frame)  # the slot is needed to read it
+
+
+@pytest.mark.parametrize(
+    ("offsets", "present"),
+    [
+        ([0, 2, 1, 3], None),  # not in order
+        ([0, 1, 2, 9], None),  # past the buffer
+        ([1, 2, 3, 3], None),  # does not start at 0
+        ([0, 1, 2, 3], [1, 1]),  # presence of the wrong length
+    ],
+)
+def test_malformed_columns_are_decode_errors(offsets, present):
+    raw = b"abc".ljust(64, b"\0")
+    off = np.asarray(offsets, "<i8").tobytes().ljust(64, b"\0")
+    pres = bytes(present or []).ljust(64, b"\0")
+    buffers = [[0, 3], [64, 8 * len(offsets)]]
+    if present is not None:
+        buffers.append([128, len(present)])
+    tree = ["c", 0, 1, 2 if present is not None else None]
+    header = {"kind": "batch", "step": 0, "tree": tree, "buffers": buffers}
+    (frame,) = list(wire.iter_frames(_frame(header, raw + off + pres)))
+    with pytest.raises(DecodeError, match="column"):
+        wire.decode_batch(frame)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -386,3 +387,64 @@ def test_the_readme_recipe_runs(corpus, tmp_path, monkeypatch):
     assert tuple(scope["batch"]["input_ids"].shape) == (8, 2048)
     report = scope["ds"].report()
     assert report.tokens == sum(d.size for docs in shards for d in docs)
+
+
+def _rows(batches):
+    """Each real row of the batches, by content (input ids where the mask is 1)."""
+    return Counter(
+        tuple(ids[mask.bool()].tolist())
+        for b in batches
+        for ids, mask in zip(b["input_ids"], b["attention_mask"], strict=True)
+        if mask.any()
+    )
+
+
+@pytest.mark.parametrize("w1,w2", [(1, 1), (2, 3)])
+def test_rows_per_batch_may_change_at_a_resume(corpus, w1, w2):
+    """Elastic resume (shardloader/elastic.py): the rows not yet delivered are re-cut into
+    batches of the new rows_per_batch; every row once (repeats only to even out ranks)."""
+    path, _, vocab = corpus
+    whole = _rows(
+        sl.make_loader(
+            sl.ShardedDataset(path, planner=TokenBlocks(SEQ, ROWS, pad_id=vocab), shuffle=True)
+        )
+    )
+    head, states = [], []
+    for rank in range(w1):
+        ds = sl.ShardedDataset(
+            path,
+            planner=TokenBlocks(SEQ, ROWS, pad_id=vocab),
+            shuffle=True,
+            rank=rank,
+            world_size=w1,
+        )
+        loader = sl.make_loader(ds, num_workers=2)
+        for step, batch in enumerate(loader):
+            head.append(batch)
+            if step == 1:
+                states.append(loader.state_dict())
+                break
+    tail = []
+    for rank in range(w2):
+        ds = sl.ShardedDataset(
+            path,
+            planner=TokenBlocks(SEQ, ROWS + 2, pad_id=vocab),
+            shuffle=True,
+            rank=rank,
+            world_size=w2,
+        )
+        loader = sl.make_loader(ds, num_workers=1)
+        loader.load_state_dict(states[0])
+        assert ds.reshapes == ((ROWS, 2 * w1),)
+        report = ds.report()
+        for batch in loader:
+            assert tuple(batch["input_ids"].shape) == (ROWS + 2, SEQ)
+            tail.append(batch)
+    got = _rows(head + tail)
+    if w2 == 1:
+        assert got == whole
+    else:
+        assert not whole - got and sum((got - whole).values()) <= (w2 - 1) * (ROWS + 2)
+    assert report.tokens == sum(len(r) * c for r, c in whole.items())
+    with pytest.raises(sl.UsageError, match="rows of token streams"):
+        ds.ledger()  # the ledger lists samples; rows are accounted by report()

@@ -11,12 +11,19 @@ and where the tokens of long documents go.
    planning time.  "pieces in one batch" is the rule before segment batches: a document's
    pieces had to share a batch, so it was cut to rows x seq_len tokens.
 
+3. Packing modes: first-fit against best-fit decreasing (``PackedBatches(fit=...)``) for each
+   long-document mode (``"split"``, and the no-split modes ``"truncate"`` and ``"drop"``, in
+   which no document crosses rows) and window sizes, on the part-1 corpus and on the long
+   documents; reported: pad %, padding tokens, cut tokens (truncated + dropped), planning time
+   (median of ``--repeat`` runs; padding is deterministic).
+
     python tools/bench_batching.py [--docs 50000] [--dataset packed-text/] [--markdown]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -143,8 +150,58 @@ def long_documents(args: argparse.Namespace) -> None:
                 f"{plan_s:.2f}",
             )
         )
+    _print_table(table, args.markdown)
+
+
+def packing_modes(args: argparse.Namespace, lengths: np.ndarray, source: str) -> None:
+    """Part 3: padding and cut tokens of every packing mode, in one Markdown-ready table."""
+    seq, rows = args.seq_len, args.rows
+    order = np.random.default_rng(args.seed + 1).permutation(lengths.size)
+    total = int(lengths.sum())
+    print(
+        f"\npacking modes ({source}): {lengths.size} docs, {total} tokens, "
+        f"{rows} x {seq} rows per batch; load average {os.getloadavg()[0]:.2f}"
+    )
+    table = [
+        ("fit", "long_docs", "window", "batches", "pad %", "pad tokens", "cut tokens", "plan s")
+    ]
+    first_pad: dict[tuple[str, int], int] = {}
+    for window in args.windows:
+        for long in ("split", "truncate", "drop"):
+            for fit in ("first", "best"):
+                planner = PackedBatches(seq, rows, window=window, long_docs=long, fit=fit)
+                times = []
+                for _ in range(args.repeat):
+                    t0 = time.perf_counter()
+                    batches = planner.plan(order, lengths, np.random.default_rng(1))
+                    times.append(time.perf_counter() - t0)
+                r = planner.report(order, lengths, batches)
+                assert r.tokens is not None and r.padded_tokens is not None
+                pad = r.padded_tokens - r.tokens
+                cut = (r.truncated_tokens or 0) + (r.dropped_tokens or 0)
+                note = ""
+                if fit == "first":
+                    first_pad[(long, window)] = pad
+                elif first_pad[(long, window)]:
+                    note = f" ({pad / first_pad[(long, window)] - 1:+.1%} vs first)"
+                table.append(
+                    (
+                        fit,
+                        long,
+                        str(window),
+                        str(len(batches)),
+                        f"{100 * (r.pad_fraction or 0):.3f}",
+                        f"{pad}{note}",
+                        str(cut),
+                        f"{float(np.median(times)):.2f}",
+                    )
+                )
+    _print_table(table, args.markdown)
+
+
+def _print_table(table: list[tuple[str, ...]], markdown: bool) -> None:
     for cells in table:
-        if args.markdown:
+        if markdown:
             print("| " + " | ".join(cells) + " |")
             if cells is table[0]:
                 print("|" + "---|" * len(cells))
@@ -164,6 +221,13 @@ def main() -> None:
     ap.add_argument("--long-mean", type=float, default=6_000.0, help="mean tokens, part 2")
     ap.add_argument("--dataset", default=None, help="part 2 on this packed dataset's lengths")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--windows",
+        type=lambda v: [int(x) for x in v.split(",")],
+        default=[1, 16, 4096],
+        help="packing windows of part 3 (documents)",
+    )
+    ap.add_argument("--repeat", type=int, default=3, help="planning runs per mode, part 3")
     ap.add_argument("--markdown", action="store_true")
     args = ap.parse_args()
 
@@ -234,6 +298,15 @@ def main() -> None:
         )
         print(("| " + " | ".join(cells) + " |") if args.markdown else "  ".join(cells))
     long_documents(args)
+    packing_modes(args, lengths, f"lognormal, mean {args.mean:.0f}, sigma {args.sigma}")
+    if args.dataset:
+        long_lengths, source = dataset_lengths(args.dataset), args.dataset
+    else:
+        rng = np.random.default_rng(args.seed)
+        mu = np.log(args.long_mean) - args.sigma**2 / 2
+        long_lengths = np.maximum(rng.lognormal(mu, args.sigma, args.long_docs), 1).astype(np.int64)
+        source = f"lognormal, mean {args.long_mean:.0f}, sigma {args.sigma}"
+    packing_modes(args, long_lengths, source)
 
 
 if __name__ == "__main__":

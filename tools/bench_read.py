@@ -1,311 +1,136 @@
-"""Read throughput of shardloader against its peers, on the same data, in one run.
+"""Read throughput of shardloader against its peers, on the same real corpora, in one run.
 
-Measures, for raw (undecoded) samples in the page cache: samples/s and MB/s with
-``num_workers`` 0 and 2, time to first batch, peak RSS of the whole process tree, shardloader's
-resume-at-90% time to first batch, and a shuffle-quality metric on a class-sorted dataset
-(shardloader's block shuffle vs webdataset's buffer shuffle holding as many samples).
-
-Peers are measured where installed (benchmark-only; a separate venv is fine):
-  pip install litdata mosaicml-streaming datasets
+One command (in a venv with the peers: ``pip install litdata mosaicml-streaming datasets
+webdataset psutil``; ``/work/main/.venv-bench`` has them)::
 
     python tools/bench_read.py --images 20000 --docs 200000 --repeat 3
 
-Medians over ``--repeat`` runs; machines are noisy, so compare ratios within one run.
+What it measures is what a user runs:
 
-``--verify-cost`` measures only what the per-sample checksum (XXH3-64) costs (``ReadOptions(
-verify_samples=True)`` against ``False``), interleaving on/off runs and taking medians: per
-sample in the shard reader alone, and as samples/s through the loader, for zstd-compressed
-(staged) and uncompressed (read in place) shards:
+* **corpus**: ``tools/make_corpus.py --jpeg-only`` (RGB JPEGs of 160-640 x 120-480 px, ~30 KB,
+  100 class folders; JSONL documents of lognormal length), generated once under ``--work`` and
+  reused while its parameters match;
+* **writers**: every system writes the same samples its own way; shardloader with its CLI
+  (``shardloader pack``: tar + zstd, and ``--format arrow``), the peers with theirs;
+* **readers**: raw (undecoded) samples, batches of ``--batch-size`` (32), shuffled, with
+  ``num_workers`` 0 and 2; the loop touches every sample's payload.  shardloader is read with
+  its fastest documented path, ``collate_fn=RawCollate()`` (a :class:`RawBatch`: one buffer per
+  field), and with a list of sample dicts (``shardloader-dicts``) like the peers;
+* **every measurement in a fresh process** (imports before the clock, as in a training script),
+  interleaved: each repeat runs every (system, workers) once, in a rotated order; medians over
+  ``--repeat``;
+* samples/s in the steady state (from the first batch to the last), the **time to the first
+  batch** (from constructing the dataset and loader), and the **peak anonymous memory** of the
+  process tree (``Pss_Anon`` of the process and its workers summed, sampled every second: shared
+  copy-on-write pages counted once);
+* the machine's load (``os.getloadavg()``) before each run; the table shows its median per row.
 
-    python tools/bench_read.py --verify-cost --images 20000 --docs 200000 --repeat 5
+Ratios are shardloader's figure over the best peer's (``vs best peer``), and each Arrow row over
+the tar row (``arrow vs tar``).  ``--systems`` picks systems (``shardloader-noverify`` measures
+the per-sample checksum's cost; ``shardloader-baseline`` with ``--baseline DIR`` another
+checkout, for before/after figures), ``--max-seconds`` caps one run (slow peers), ``--json FILE``
+keeps every run.  ``tools/bench_shuffle.py`` measures shuffle quality.
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
-import gc
 import json
 import os
-import shutil
 import statistics
+import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from typing import Any
 
-import numpy as np
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+import read_systems as rs  # noqa: E402
 
-import shardloader as sl  # noqa: E402
-from shardloader.format import open_writer, shard_suffix  # noqa: E402
-from shardloader.manifest import FieldInfo, Manifest, ShardInfo  # noqa: E402
+DEFAULT_SYSTEMS = ",".join(["shardloader", "shardloader-dicts", "shardloader-arrow", *rs.PEERS])
+
 
 # ----------------------------------------------------------------------------------- corpus
 
 
-def make_images(n: int, seed: int = 0) -> list[tuple[str, bytes, int]]:
-    """JPEG-like payloads: incompressible bytes of lognormal size (median ~12 KB), 10 classes,
-    class-sorted (as class folders are)."""
-    rng = np.random.default_rng(seed)
-    sizes = np.clip(rng.lognormal(np.log(12_000), 0.5, n), 1_000, 200_000).astype(int)
-    blob = rng.bytes(int(sizes.max()) + 4096)
-    out = []
-    for i, size in enumerate(sizes):
-        off = int(rng.integers(0, 4096))
-        label = i * 10 // n
-        out.append(
-            (
-                f"c{label}/{i:07d}",
-                b"\xff\xd8" + blob[off : off + size] + i.to_bytes(4, "little"),
-                label,
-            )
-        )
-    return out
+def prepare(work: str, images: int, docs: int, systems: list[str]) -> dict[str, dict[str, str]]:
+    """Generate the corpus (once) and write it for every system; ``{corpus: {system: where}}``."""
+    import make_corpus
+
+    corpus_dir = os.path.join(work, "corpus")
+    params = {"images": images, "docs": docs, "classes": 100, "seed": 0, "mixed": False}
+    stamp = os.path.join(work, "corpus.params.json")
+    if not _matches(stamp, params):
+        make_corpus.make_corpus(corpus_dir, images, 100, docs, doc_files=8, seed=0, mixed=False)
+        _write_json(stamp, params)
+    where: dict[str, dict[str, str]] = {}
+    for corpus, count in (("images", images), ("docs", docs)):
+        if not count:
+            continue
+        where[corpus] = {}
+        for system in systems:
+            variant = rs.SHARDLOADER.get(system)
+            name = f"shardloader-{variant[0]}" if variant else system
+            out = os.path.join(work, corpus, name)
+            done = os.path.join(work, corpus, f"{name}.done.json")
+            if not _matches(done, params):
+                t0 = time.perf_counter()
+                rs.write_system(system, corpus_dir, corpus, out)
+                print(
+                    f"wrote {corpus} for {name} in {time.perf_counter() - t0:.1f}s", file=sys.stderr
+                )
+                _write_json(done, params)
+            where[corpus][system] = out
+    return where
 
 
-def make_docs(n: int, seed: int = 1) -> list[tuple[str, bytes, int]]:
-    """JSONL documents with lognormal lengths (median ~1 KB of text)."""
-    rng = np.random.default_rng(seed)
-    words = [
-        w.encode() for w in "the of and to in data loader shard batch worker model train".split()
-    ]
-    lengths = np.clip(rng.lognormal(np.log(180), 0.9, n), 5, 20_000).astype(int)
-    out = []
-    for i, length in enumerate(lengths):
-        picks = rng.integers(0, len(words), length)
-        text = b" ".join(words[p] for p in picks)
-        out.append((f"d/{i:08d}", b'{"text": "' + text + b'"}', 0))
-    return out
+def _matches(path: str, params: dict[str, Any]) -> bool:
+    try:
+        with open(path) as f:
+            return json.load(f) == params  # type: ignore[no-any-return]
+    except (OSError, ValueError):
+        return False
 
 
-# ----------------------------------------------------------------------------------- writers
+def _write_json(path: str, value: Any) -> None:
+    with open(path, "w") as f:
+        json.dump(value, f)
 
 
-def write_shardloader(
-    samples, out: str, ext: str, compression: str = "zstd", per_shard: int = 0
-) -> None:
-    per_shard = per_shard or max(1, len(samples) // 32)
-    fields = {ext: FieldInfo("bytes"), "cls": FieldInfo("int")}
-    shards = []
-    import hashlib
-
-    for n, lo in enumerate(range(0, len(samples), per_shard)):
-        name = f"shard-{n:05d}{shard_suffix('tar', compression)}"
-        with open(os.path.join(out, name), "wb") as f:
-            w = open_writer("tar", f, compression, fields)
-            for key, data, label in samples[lo : lo + per_shard]:
-                w.add(key, {ext: data, "cls": str(label).encode()})
-            ws = w.close()
-        idx = ws.index.to_arrow_bytes()
-        with open(os.path.join(out, f"shard-{n:05d}.idx.arrow"), "wb") as f:
-            f.write(idx)
-        shards.append(
-            ShardInfo(
-                name,
-                ws.num_samples,
-                ws.bytes,
-                ws.raw_bytes,
-                ws.sha256,
-                f"shard-{n:05d}.idx.arrow",
-                hashlib.sha256(idx).hexdigest(),
-            )
-        )
-    with open(os.path.join(out, "index.json"), "wb") as f:
-        f.write(Manifest("tar", compression, fields, shards).to_json())
+# ----------------------------------------------------------------------------------- one run
 
 
-def write_webdataset(samples, out: str, ext: str) -> list[str]:
-    import webdataset as wds
+class PeakAnon:
+    """The largest ``Pss_Anon`` summed over this process and its descendants, and the CPU
+    time each of them was last seen with (workers that exit keep their last figure)."""
 
-    per_shard = max(1, len(samples) // 32)
-    with wds.ShardWriter(os.path.join(out, "wds-%05d.tar"), maxcount=per_shard, verbose=0) as sink:
-        for key, data, label in samples:
-            sink.write({"__key__": key.replace("/", "_"), ext: data, "cls": label})
-    return sorted(os.path.join(out, f) for f in os.listdir(out) if f.endswith(".tar"))
-
-
-def _litdata_item(item):
-    return item
-
-
-def write_litdata(samples, out: str, ext: str) -> None:
-    from litdata import optimize
-
-    items = [{"key": k, ext: d, "cls": c} for k, d, c in samples]
-    optimize(
-        fn=_litdata_item,
-        inputs=items,
-        output_dir=out,
-        chunk_bytes="64MB",
-        num_workers=1,
-        mode="overwrite",
-    )
-
-
-def _stub_streaming_extras() -> None:
-    """streaming's vision/text subpackages import torchvision/transformers, which this
-    benchmark neither needs nor can install beside torch 2.13: stub them."""
-    import types
-
-    for name in ("streaming.vision", "streaming.multimodal", "streaming.text"):
-        sys.modules.setdefault(name, types.ModuleType(name))
-
-
-def write_mosaic(samples, out: str, ext: str) -> None:
-    from streaming.base import MDSWriter
-
-    with MDSWriter(
-        out=out,
-        columns={"key": "str", ext: "bytes", "cls": "int"},
-        compression="zstd",
-        size_limit="64mb",
-    ) as w:
-        for key, data, label in samples:
-            w.write({"key": key, ext: data, "cls": label})
-
-
-def write_hf(samples, out: str, ext: str) -> None:
-    import datasets
-
-    ds = datasets.Dataset.from_dict(
-        {
-            "key": [k for k, _, _ in samples],
-            ext: [d for _, d, _ in samples],
-            "cls": [c for _, _, c in samples],
-        }
-    )
-    ds.save_to_disk(out)
-
-
-def write_files(samples, out: str, ext: str) -> list[str]:
-    paths = []
-    for key, data, _ in samples:
-        path = os.path.join(out, f"{key}.{ext}")
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "wb") as f:
-            f.write(data)
-        paths.append(path)
-    return paths
-
-
-# ----------------------------------------------------------------------------------- readers
-
-
-class FilesDataset:
-    """The per-file ImageFolder baseline: one open+read per sample."""
-
-    def __init__(self, paths: list[str]) -> None:
-        self.paths = paths
-
-    def __len__(self) -> int:
-        return len(self.paths)
-
-    def __getitem__(self, i: int) -> dict:
-        with open(self.paths[i], "rb") as f:
-            return {"data": f.read(), "cls": i}
-
-
-class HFDataset:
-    def __init__(self, path: str) -> None:
-        import datasets
-
-        self.ds = datasets.load_from_disk(path)
-
-    def __len__(self) -> int:
-        return len(self.ds)
-
-    def __getitem__(self, i: int) -> dict:
-        return self.ds[i]
-
-
-def _collate_list(batch):
-    return batch
-
-
-def loader_for(system: str, where, ext: str, workers: int, batch: int, read=None):
-    from torch.utils.data import DataLoader
-
-    kw = dict(num_workers=workers, persistent_workers=False)
-    if workers:
-        # the same start method for everyone: an imported peer may switch the default to spawn
-        kw["prefetch_factor"] = 4
-        kw["multiprocessing_context"] = "fork"
-    if system == "shardloader":
-        ds = sl.ShardedDataset(
-            where,
-            batch_size=batch,
-            shuffle=True,
-            decoder=None,
-            collate_fn=_collate_list,
-            read=read,
-        )
-        return sl.make_loader(ds, **kw)
-    if system == "webdataset":
-        import webdataset as wds
-
-        ds = wds.WebDataset(
-            where,
-            shardshuffle=False,
-            nodesplitter=wds.split_by_node,
-            workersplitter=wds.split_by_worker,
-            empty_check=False,
-        ).batched(batch, collation_fn=_collate_list)
-        return DataLoader(ds, batch_size=None, **kw)
-    if system == "litdata":
-        from litdata import StreamingDataLoader, StreamingDataset
-
-        return StreamingDataLoader(
-            StreamingDataset(where, shuffle=True), batch_size=batch, collate_fn=_collate_list, **kw
-        )
-    if system == "mosaicml":
-        from streaming.base import StreamingDataset
-
-        shutil.rmtree(os.path.join(where, "..", "mds-local"), ignore_errors=True)
-        ds = StreamingDataset(local=where, shuffle=True, batch_size=batch)
-        return DataLoader(ds, batch_size=batch, collate_fn=_collate_list, **kw)
-    if system == "hf-datasets":
-        return DataLoader(
-            HFDataset(where), batch_size=batch, shuffle=True, collate_fn=_collate_list, **kw
-        )
-    if system == "files":
-        return DataLoader(
-            FilesDataset(where), batch_size=batch, shuffle=True, collate_fn=_collate_list, **kw
-        )
-    raise ValueError(system)
-
-
-# ----------------------------------------------------------------------------------- measuring
-
-
-class PeakRSS:
-    """Samples the RSS of this process and its children every 20 ms."""
-
-    def __init__(self) -> None:
-        import psutil
-
-        self.proc = psutil.Process()
+    def __init__(self, every: float = 1.0) -> None:
+        self.every = every
         self.peak = 0
+        self.cpu: dict[int, float] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            total = 0
+    def sample(self) -> None:
+        total = 0
+        for pid in [os.getpid(), *_descendants(os.getpid())]:
+            self.cpu[pid] = max(self.cpu.get(pid, 0.0), _cpu_of(pid))
             try:
-                for p in [self.proc, *self.proc.children(recursive=True)]:
-                    try:
-                        total += p.memory_info().rss
-                    except Exception:  # a worker exiting mid-sample
-                        pass
-            except Exception:
+                with open(f"/proc/{pid}/smaps_rollup") as f:
+                    for line in f:
+                        if line.startswith("Pss_Anon:"):
+                            total += int(line.split()[1]) * 1024
+                            break
+            except OSError:  # a worker that just exited
                 pass
-            self.peak = max(self.peak, total)
-            time.sleep(0.02)
+        self.peak = max(self.peak, total)
 
-    def __enter__(self) -> PeakRSS:
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            self.sample()
+
+    def __enter__(self) -> PeakAnon:
         self._thread.start()
         return self
 
@@ -314,36 +139,166 @@ class PeakRSS:
         self._thread.join()
 
 
-@dataclass
-class Result:
-    system: str
-    corpus: str
-    workers: int
-    samples_s: float
-    mb_s: float
-    ttfb_s: float
-    peak_rss_mb: float
-    samples: int
+def _descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
 
 
-def measure(
-    make: Callable[[], Iterable], payload_key: str | None
-) -> tuple[float, float, int, int, float]:
-    with PeakRSS() as rss:
+def child(spec: dict[str, Any]) -> dict[str, Any]:
+    """One measurement, in this fresh process."""
+    system, corpus, where = spec["system"], spec["corpus"], spec["where"]
+    field = rs.payload_field(system, corpus)
+    rs.import_system(system)
+    load = os.getloadavg()[0]
+    with PeakAnon() as memory:
         t0 = time.perf_counter()
-        it = iter(make())
-        first = None
-        n = nbytes = 0
+        loader = rs.make_loader(system, where, spec["workers"], spec["batch_size"])
+        it = iter(loader)
+        n, nbytes = rs.count_batch(next(it), field)
+        t_first = time.perf_counter()
+        memory.sample()
+        cpu_first = dict(memory.cpu)
+        first_n = n
+        deadline = t_first + spec["max_seconds"]
         for batch in it:
-            if first is None:
-                first = time.perf_counter() - t0
-            n += len(batch)
-            for s in batch:
-                for k, v in s.items():
-                    if isinstance(v, bytes) and not k.startswith("__"):
-                        nbytes += len(v)
-        elapsed = time.perf_counter() - t0
-    return elapsed, first or 0.0, n, nbytes, rss.peak / 2**20
+            k, b = rs.count_batch(batch, field)
+            n, nbytes = n + k, nbytes + b
+            if time.perf_counter() > deadline:
+                break
+        t_end = time.perf_counter()
+        memory.sample()
+        cpu_end = dict(memory.cpu)
+    steady = max(t_end - t_first, 1e-9)
+    steady_n = max(n - first_n, 1)
+    me = os.getpid()
+    return {
+        **{k: spec[k] for k in ("system", "corpus", "workers")},
+        "samples": n,
+        "samples_s": (n - first_n) / steady,
+        "mb_s": nbytes * (n - first_n) / max(n, 1) / steady / 1e6,
+        "first_batch_s": t_first - t0,
+        "peak_anon_mb": memory.peak / 2**20,
+        # CPU in the steady state, per sample: this process, and its workers
+        "cpu_us": (cpu_end[me] - cpu_first[me]) / steady_n * 1e6,
+        "worker_cpu_us": sum(t - cpu_first.get(pid, 0.0) for pid, t in cpu_end.items() if pid != me)
+        / steady_n
+        * 1e6,
+        "load": load,
+    }
+
+
+def _cpu_of(pid: int) -> float:
+    """CPU seconds (user + system) of a process so far; 0 once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+def run_child(spec: dict[str, Any], baseline: str | None = None) -> dict[str, Any]:
+    env = dict(os.environ)
+    if spec["system"] == "shardloader-baseline":
+        if not baseline:
+            raise SystemExit("system shardloader-baseline needs --baseline CHECKOUT")
+        env["PYTHONPATH"] = baseline  # that checkout's shardloader, with sample dicts
+    out = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), "--child", json.dumps(spec)],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    if out.returncode != 0:
+        raise SystemExit(f"{spec['system']} {spec['corpus']} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+# ----------------------------------------------------------------------------------- table
+
+
+def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    rows: dict[tuple[str, int, str], list[dict[str, Any]]] = {}
+    for r in runs:
+        rows.setdefault((r["corpus"], r["workers"], r["system"]), []).append(r)
+    out = []
+    for (corpus, workers, system), rs_ in rows.items():
+        med = {
+            k: statistics.median(r[k] for r in rs_)
+            for k in rs_[0]
+            if k not in ("system", "corpus", "workers")
+        }
+        out.append(
+            {"corpus": corpus, "workers": workers, "system": system, **med, "runs": len(rs_)}
+        )
+    return out
+
+
+def _cpu(r: dict[str, Any]) -> str:
+    if not r["workers"]:
+        return f"{r['cpu_us']:.1f}"
+    return f"{r['cpu_us']:.1f} + {r['worker_cpu_us']:.1f}"
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    print(
+        "\n| corpus | workers | system | samples/s | MB/s | vs best peer | first batch (s) "
+        "| peak anon (MB) | CPU µs/sample: main + workers | load |"
+    )
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+    for corpus in dict.fromkeys(r["corpus"] for r in rows):
+        for workers in sorted({r["workers"] for r in rows}):
+            group = [r for r in rows if r["corpus"] == corpus and r["workers"] == workers]
+            peers = [r for r in group if r["system"] in rs.PEERS]
+            best = max((r["samples_s"] for r in peers), default=float("nan"))
+            least = min((r["peak_anon_mb"] for r in peers), default=float("nan"))
+            for r in sorted(group, key=lambda r: -r["samples_s"]):
+                print(
+                    f"| {corpus} | {workers} | {r['system']} | {r['samples_s']:,.0f} | "
+                    f"{r['mb_s']:,.0f} | {r['samples_s'] / best:.2f}x | {r['first_batch_s']:.3f} "
+                    f"| {r['peak_anon_mb']:,.0f} | {_cpu(r)} | {r['load']:.1f} |"
+                )
+            ours = [r for r in group if r["system"] == "shardloader"]
+            if ours and peers:
+                print(
+                    f"| {corpus} | {workers} | *shardloader / best peer* | | | "
+                    f"**{ours[0]['samples_s'] / best:.2f}x** | | "
+                    f"**{ours[0]['peak_anon_mb'] / least:.2f}x** of the least | | |"
+                )
+    arrow = [r for r in rows if r["system"] == "shardloader-arrow"]
+    if arrow:
+        print("\n| corpus | workers | arrow samples/s | tar samples/s | arrow vs tar |")
+        print("|---|---:|---:|---:|---:|")
+        for a in arrow:
+            tar = [
+                r
+                for r in rows
+                if r["system"] == "shardloader"
+                and r["corpus"] == a["corpus"]
+                and r["workers"] == a["workers"]
+            ]
+            if tar:
+                t = tar[0]["samples_s"]
+                print(
+                    f"| {a['corpus']} | {a['workers']} | {a['samples_s']:,.0f} | {t:,.0f} | "
+                    f"{a['samples_s'] / t:.2f}x |"
+                )
+
+
+# ----------------------------------------------------------------------------------- main
 
 
 def main() -> None:
@@ -355,313 +310,63 @@ def main() -> None:
     ap.add_argument("--workers", default="0,2")
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--max-seconds", type=float, default=30.0, help="cap on one run's reading")
     ap.add_argument("--work", default="bench-out/read")
+    ap.add_argument("--systems", default=DEFAULT_SYSTEMS)
+    ap.add_argument("--json", help="write every run here")
     ap.add_argument(
-        "--systems", default="shardloader,webdataset,litdata,mosaicml,hf-datasets,files"
+        "--baseline",
+        help="another checkout of shardloader, measured as system shardloader-baseline "
+        "(sample dicts), interleaved with the others: before/after figures in one run",
     )
-    ap.add_argument("--json", help="write results here")
-    ap.add_argument(
-        "--verify-cost",
-        action="store_true",
-        help="measure only the per-sample checksum check, on against off",
-    )
+    ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.verify_cost:
-        verify_cost(args)
-        return
-    workers = [int(w) for w in args.workers.split(",")]
+    if args.child:
+        print(json.dumps(child(json.loads(args.child))), flush=True)
+        os._exit(0)  # some peers leave threads that would hold the exit up
     systems = args.systems.split(",")
-    available = []
-    for s in systems:
-        mod = {"litdata": "litdata", "mosaicml": "streaming.base", "hf-datasets": "datasets"}.get(s)
-        if s == "mosaicml":
-            _stub_streaming_extras()
-        if mod:
-            try:
-                __import__(mod)
-            except ImportError:
-                print(f"skip {s}: not installed", file=sys.stderr)
-                continue
-        available.append(s)
-
-    results: list[Result] = []
-    makers = {"images": (make_images, args.images, "jpg"), "docs": (make_docs, args.docs, "json")}
-    for corpus, (maker, count, ext) in makers.items():
-        if not count:
-            continue
-        samples = maker(count)
-        base = os.path.join(args.work, corpus)
-        where = {}
-        for system in available:
-            if system == "files" and corpus == "docs":
-                continue
-            out = os.path.join(base, system)
-            shutil.rmtree(out, ignore_errors=True)
-            os.makedirs(out)
-            t0 = time.perf_counter()
-            if system == "shardloader":
-                write_shardloader(samples, out, ext)
-                where[system] = out
-            elif system == "webdataset":
-                where[system] = write_webdataset(samples, out, ext)
-            elif system == "litdata":
-                write_litdata(samples, out, ext)
-                where[system] = out
-            elif system == "mosaicml":
-                write_mosaic(samples, out, ext)
-                where[system] = out
-            elif system == "hf-datasets":
-                write_hf(samples, out, ext)
-                where[system] = out
-            elif system == "files":
-                where[system] = write_files(samples, out, ext)
-            print(
-                f"wrote {corpus} for {system} in {time.perf_counter() - t0:.1f}s", file=sys.stderr
-            )
-        # Measure from a lean process: DataLoader workers fork from this one, and a parent
-        # holding the whole corpus in Python objects makes every fork (every system's) slower.
-        del samples
-        gc.collect()
-        for w in workers:
-            for system in where:
-                runs = []
-                for _ in range(args.repeat):
-                    make = functools.partial(
-                        loader_for, system, where[system], ext, w, args.batch_size
-                    )
-                    runs.append(measure(make, ext))
-                el = statistics.median(r[0] for r in runs)
-                r0 = runs[0]
-                results.append(
-                    Result(
-                        system,
-                        corpus,
-                        w,
-                        r0[2] / el,
-                        r0[3] / el / 1e6,
-                        statistics.median(r[1] for r in runs),
-                        max(r[4] for r in runs),
-                        r0[2],
-                    )
-                )
-                print(
-                    f"{corpus:6s} {system:12s} workers={w} {results[-1].samples_s:10.0f} samples/s",
-                    file=sys.stderr,
-                )
-        if "shardloader" in where:
-            results_resume = resume_times(where["shardloader"], args.batch_size, args.repeat)
-            print(
-                f"{corpus}: shardloader time to first batch fresh "
-                f"{results_resume[0] * 1e3:.0f} ms, "
-                f"resumed at 90% {results_resume[1] * 1e3:.0f} ms"
-            )
-    print_table(results)
-    if args.images:
-        print_shuffle_quality(args.images, args.batch_size, os.path.join(args.work, "shuffle"))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump([r.__dict__ for r in results], f, indent=1)
-
-
-def _reader_us_per_sample(folder: str, verify: bool) -> float:
-    """Time to read every sample of the first shard through the shard reader, per sample."""
-    from shardloader.format.tar import TarShardReader
-    from shardloader.manifest import SampleIndex
-
-    manifest, _ = sl.read_manifest(folder)
-    info = manifest.shards[0]
-    with open(os.path.join(folder, info.index_path), "rb") as f:
-        index = SampleIndex.from_arrow_bytes(f.read())
-    reader = TarShardReader(os.path.join(folder, info.path), index, info.path, verify)
-    t0 = time.perf_counter()
-    for i in range(len(index)):
-        reader.read(i)
-    elapsed = time.perf_counter() - t0
-    reader.close()
-    return elapsed / len(index) * 1e6
-
-
-def verify_cost(args: argparse.Namespace) -> None:
-    """What ReadOptions(verify_samples=True) costs; on/off runs interleaved, medians."""
     workers = [int(w) for w in args.workers.split(",")]
-    makers = {"images": (make_images, args.images, "jpg"), "docs": (make_docs, args.docs, "json")}
-    rows = []
-    for corpus, (maker, count, ext) in makers.items():
-        if not count:
-            continue
-        samples = maker(count)
-        mean_kb = sum(len(d) for _, d, _ in samples) / len(samples) / 1e3
-        folders = {}
-        for compression in ("zstd", "none"):
-            out = os.path.join(args.work, "verify-cost", corpus, compression)
-            shutil.rmtree(out, ignore_errors=True)
-            os.makedirs(out)
-            write_shardloader(samples, out, ext, compression)
-            folders[compression] = out
-        del samples
-        gc.collect()
-        on, off = [], []
-        for _ in range(max(args.repeat, 3) * 3):
-            on.append(_reader_us_per_sample(folders["none"], True))
-            off.append(_reader_us_per_sample(folders["none"], False))
-        reader = (statistics.median(on), statistics.median(off))
-        print(
-            f"{corpus} ({mean_kb:.1f} KB/sample) shard reader: {reader[0]:.2f} us/sample "
-            f"with the check, {reader[1]:.2f} without: {reader[0] - reader[1]:.2f} us/sample",
-            file=sys.stderr,
-        )
-        for compression, folder in folders.items():
+    where = prepare(args.work, args.images, args.docs, systems)
+    import compileall
+
+    import shardloader
+
+    # What pip leaves behind: compiled modules (with PYTHONDONTWRITEBYTECODE set, a source
+    # checkout would compile every lazily imported module inside the clock; the peers' are)
+    package = os.path.dirname(shardloader.__file__)
+    compileall.compile_dir(package, quiet=1)
+    print(f"shardloader from {package}", file=sys.stderr)
+    runs = []
+    for corpus, places in where.items():
+        for rep in range(args.repeat):
             for w in workers:
-                times: dict[bool, list[float]] = {True: [], False: []}
-                n = 0
-                for rep in range(args.repeat + 1):  # the first round stages and warms up
-                    for verify in (True, False) if rep % 2 else (False, True):  # no order bias
-                        read = sl.ReadOptions(
-                            verify_samples=verify,
-                            cache=sl.CacheOptions(dir=os.path.join(args.work, "verify-cache")),
-                        )
-                        make = functools.partial(
-                            loader_for, "shardloader", folder, ext, w, args.batch_size, read
-                        )
-                        elapsed, _, n, _, _ = measure(make, ext)
-                        if rep:
-                            times[verify].append(elapsed)
-                t_on, t_off = statistics.median(times[True]), statistics.median(times[False])
-                rows.append(
-                    (corpus, compression, w, n / t_on, n / t_off, (t_on - t_off) / n * 1e6, reader)
-                )
-                print(
-                    f"{corpus} {compression} workers={w}: {n / t_on:,.0f} vs "
-                    f"{n / t_off:,.0f} samples/s",
-                    file=sys.stderr,
-                )
+                shift = (rep + w) % len(systems)
+                for system in systems[shift:] + systems[:shift]:
+                    spec = {
+                        "system": system,
+                        "corpus": corpus,
+                        "where": places[system],
+                        "workers": w,
+                        "batch_size": args.batch_size,
+                        "max_seconds": args.max_seconds,
+                    }
+                    r = run_child(spec, args.baseline)
+                    runs.append(r)
+                    print(
+                        f"{corpus:6s} rep {rep} workers={w} {system:20s} {r['samples_s']:10,.0f}/s "
+                        f"first {r['first_batch_s']:.3f}s anon {r['peak_anon_mb']:.0f} MB "
+                        f"cpu {_cpu(r)} us load {r['load']:.1f}",
+                        file=sys.stderr,
+                    )
+    loads = [r["load"] for r in runs] or [float("nan")]
     print(
-        "\n| corpus | shards | workers | samples/s check on | off | cost (us/sample) "
-        "| reader alone: on / off (us/sample) |"
+        f"\n{len(runs)} runs, each in a fresh process; medians of {args.repeat}; batch "
+        f"{args.batch_size}; {os.cpu_count()} cores, load {min(loads):.1f}..{max(loads):.1f} "
+        f"(1-min average before each run)"
     )
-    print("|---|---|---:|---:|---:|---:|---:|")
-    for corpus, compression, w, s_on, s_off, cost, reader in rows:
-        print(
-            f"| {corpus} | {compression} | {w} | {s_on:,.0f} | {s_off:,.0f} | {cost:+.2f} | "
-            f"{reader[0]:.2f} / {reader[1]:.2f} |"
-        )
-
-
-def resume_times(path: str, batch: int, repeat: int) -> tuple[float, float]:
-    """Median time to the first batch, fresh and resumed at 90 %, measured in a new process
-    (peers measured before may leave threads and processes behind in this one)."""
-    import subprocess
-
-    code = (
-        "import sys, json; sys.path.insert(0, sys.argv[1]); import bench_read; "
-        "print(json.dumps(bench_read._resume_times_here(sys.argv[2], int(sys.argv[3]), "
-        "int(sys.argv[4]))))"
-    )
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            code,
-            os.path.dirname(os.path.abspath(__file__)),
-            path,
-            str(batch),
-            str(repeat),
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    fresh, resumed = json.loads(out.stdout.strip().splitlines()[-1])
-    return fresh, resumed
-
-
-def _resume_times_here(path: str, batch: int, repeat: int) -> tuple[float, float]:
-    fresh, resumed = [], []
-    for _ in range(repeat):
-        for target, pos_frac in ((fresh, 0.0), (resumed, 0.9)):
-            ds = sl.ShardedDataset(
-                path, batch_size=batch, shuffle=True, decoder=None, collate_fn=_collate_list
-            )
-            loader = sl.make_loader(ds, num_workers=2)
-            state = loader.state_dict()
-            state["position"] = int(len(ds) * pos_frac)
-            loader.load_state_dict(state)
-            t0 = time.perf_counter()
-            next(iter(loader))
-            target.append(time.perf_counter() - t0)
-            del loader
-    return statistics.median(fresh), statistics.median(resumed)
-
-
-def print_table(results: list[Result]) -> None:
-    print(
-        "\n| corpus | system | workers | samples/s | MB/s | first batch (s) | peak RSS (MB) "
-        "| vs best peer |"
-    )
-    print("|---|---|---:|---:|---:|---:|---:|---:|")
-    for corpus in dict.fromkeys(r.corpus for r in results):
-        for w in dict.fromkeys(r.workers for r in results):
-            rows = [r for r in results if r.corpus == corpus and r.workers == w]
-            peers = [r.samples_s for r in rows if r.system != "shardloader"]
-            best = max(peers) if peers else float("nan")
-            for r in sorted(rows, key=lambda r: -r.samples_s):
-                print(
-                    f"| {corpus} | {r.system} | {w} | {r.samples_s:,.0f} | {r.mb_s:,.0f} | "
-                    f"{r.ttfb_s:.2f} | {r.peak_rss_mb:,.0f} | {r.samples_s / best:.2f}x |"
-                )
-
-
-def class_mix(labels_per_batch: list[list[int]]) -> float:
-    """Mean number of distinct classes per batch."""
-    return float(np.mean([len(set(b)) for b in labels_per_batch]))
-
-
-def print_shuffle_quality(n: int, batch: int, work: str) -> None:
-    """Class-sorted data: distinct classes per batch, vs a true global shuffle."""
-    import webdataset as wds
-
-    samples = [(f"c{i * 10 // n}/{i:07d}", b"x", i * 10 // n) for i in range(n)]
-    shutil.rmtree(work, ignore_errors=True)
-    os.makedirs(os.path.join(work, "sl"))
-    os.makedirs(os.path.join(work, "wds"))
-    write_shardloader(samples, os.path.join(work, "sl"), "bin", "none", per_shard=max(1, n // 64))
-    urls = write_webdataset(samples, os.path.join(work, "wds"), "bin")
-    rng = np.random.default_rng(0)
-    perm = np.array([s[2] for s in samples])[rng.permutation(n)]
-    ideal = class_mix([perm[i : i + batch].tolist() for i in range(0, n - batch + 1, batch)])
-    print(
-        f"\nShuffle quality on class-sorted data ({n} samples, 10 classes, batches of {batch}): "
-        f"distinct classes per batch (global shuffle = {ideal:.2f})"
-    )
-    print("| samples held | shardloader block shuffle | webdataset shardshuffle + buffer |")
-    print("|---:|---:|---:|")
-    for held in (1000, 5000, n):
-        ds = sl.ShardedDataset(
-            os.path.join(work, "sl"),
-            batch_size=batch,
-            collate_fn=_collate_list,
-            shuffle=sl.ShuffleOptions(True, block=held),
-            uneven="drop",
-        )
-        ours = class_mix([[s["cls"] for s in b] for b in sl.make_loader(ds)])
-        pipe = (
-            wds.WebDataset(urls, shardshuffle=100, empty_check=False, seed=0)
-            .shuffle(held, initial=held)
-            .batched(batch, partial=False)
-        )
-        theirs = class_mix(
-            [
-                [int(c) for c in b["cls"]] if isinstance(b, dict) else [int(s[1]) for s in b]
-                for b in (_labels(x) for x in pipe)
-            ]
-        )
-        print(f"| {held} | {ours:.2f} | {theirs:.2f} |")
-
-
-def _labels(batch):
-    if isinstance(batch, dict):
-        return {"cls": batch["cls"]}
-    return batch
+    print_table(summarize(runs))
+    if args.json:
+        _write_json(args.json, runs)
 
 
 if __name__ == "__main__":

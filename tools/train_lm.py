@@ -3,6 +3,8 @@
     shardloader pack corpus/ packed/ --format tokens --tokenizer tokenizer.json   # JSONL "text"
     python tools/train_lm.py packed/ --steps 50 --seq-len 64 --rows 8
     python -m torch.distributed.run --standalone --nproc_per_node 2 tools/train_lm.py packed/
+    python tools/train_lm.py packed/ --mix web=0.7,code=0.3     # packed/web and packed/code
+    python tools/train_lm.py web=packed_web/ code=packed_code/ --mix web=0.7,code=0.3
 
 Documents are packed into rows of ``--seq-len`` tokens, ``--rows`` rows per batch: the data
 side is the README's "Language models" recipe.  On token shards (``--format tokens``, the
@@ -14,6 +16,11 @@ counts in the sidecar index, cutting only documents longer than a row, and build
 Attention is block-diagonal: a token sees only the earlier tokens of its own segment, read off
 ``position_ids`` (which restart at every document or piece), and no position is scored across
 a segment boundary (``labels`` are -100 there).
+With ``--mix NAME=WEIGHT,...`` the data is a ``shardloader.Mixture`` of packed datasets (one
+tokenizer), blended so every prefix of the stream holds each source's share within one
+document, each source cycling through its own reshuffled epochs (a mixture epoch is
+``--mix-epoch`` documents, default all sources' together); rows are packed from the blend
+with ``PackedBatches``, and the plan's per-source counts are printed.
 Padding uses id ``vocab_size``, an embedding row of its own, so it can never be a real token.
 ``shardloader.monitor`` times data wait against the step; the data-bound share is printed.
 """
@@ -95,6 +102,30 @@ def vocab_size(manifest: sl.Manifest, given: int) -> int:
     raise SystemExit("the manifest records no tokenizer vocabulary; pass --vocab-size")
 
 
+def parse_mix(text: str) -> dict[str, float]:
+    """``web=0.7,code=0.3`` → ``{"web": 0.7, "code": 0.3}``."""
+    weights = {}
+    for item in text.split(","):
+        name, sep, value = item.partition("=")
+        try:
+            weights[name.strip()] = float(value)
+        except ValueError:
+            sep = ""
+        if not sep or not name.strip():
+            raise SystemExit(f"--mix takes NAME=WEIGHT,... (e.g. web=0.7,code=0.3), got {text!r}")
+    return weights
+
+
+def mix_sources(data: list[str], names: list[str]) -> dict[str, str]:
+    """``NAME=URL`` arguments, or one folder holding a packed dataset per name."""
+    if len(data) == 1 and "=" not in data[0]:
+        return {n: os.path.join(data[0], n) for n in names}
+    sources = dict(d.partition("=")[::2] for d in data)
+    if sorted(sources) != sorted(names) or not all(sources.values()):
+        raise SystemExit(f"with --mix, give NAME=URL for each of {names} (got {data})")
+    return {n: sources[n] for n in names}
+
+
 def train(args: argparse.Namespace) -> int:
     rank, world = setup_distributed()
     torch.manual_seed(args.seed)
@@ -102,23 +133,46 @@ def train(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=logging.INFO if rank == 0 else logging.WARNING, format=f"[rank {rank}] %(message)s"
     )
-    manifest, _ = sl.read_manifest(args.data)
-    if manifest.fields.get("tokens") is None or manifest.fields["tokens"].codec != "tokens":
-        raise SystemExit(
-            f"{args.data} has no token field (fields: {', '.join(manifest.fields)});"
-            " pack text with --tokenizer tokenizer.json"
-        )
-    vocab = vocab_size(manifest, args.vocab_size)  # pad with id `vocab`: a row of its own
+    weights = parse_mix(args.mix) if args.mix else None
+    sources = mix_sources(args.data, list(weights)) if weights else {"": args.data[0]}
+    vocabs = set()
+    for url in sources.values():
+        manifest, _ = sl.read_manifest(url)
+        if manifest.fields.get("tokens") is None or manifest.fields["tokens"].codec != "tokens":
+            raise SystemExit(
+                f"{url} has no token field (fields: {', '.join(manifest.fields)});"
+                " pack text with --tokenizer tokenizer.json"
+            )
+        vocabs.add(vocab_size(manifest, args.vocab_size))  # pad with id `vocab`: its own row
+    if len(vocabs) > 1:
+        raise SystemExit(f"the sources were packed with different tokenizers ({vocabs})")
+    vocab = vocabs.pop()
     packing = args.packing
     if packing == "auto":
-        packing = "blocks" if manifest.format == "tokens" else "documents"
+        packing = "blocks" if manifest.format == "tokens" and not weights else "documents"
+    if packing == "blocks" and weights:
+        raise SystemExit("--mix packs rows from the blend: use --packing documents (or auto)")
     planner: Any
     if packing == "blocks":
         planner = TokenBlocks(seq_len=args.seq_len, rows_per_batch=args.rows, pad_id=vocab)
     else:
         planner = PackedBatches(seq_len=args.seq_len, rows_per_batch=args.rows, pad_id=vocab)
     read = sl.ReadOptions(cache=sl.CacheOptions(dir=args.cache_dir)) if args.cache_dir else None
-    ds = sl.ShardedDataset(args.data, planner=planner, shuffle=True, seed=args.seed, read=read)
+    ds: sl.ShardedDataset
+    if weights:
+        ds = sl.Mixture(
+            sources,
+            weights,
+            epoch_samples=args.mix_epoch,
+            planner=planner,
+            shuffle=True,
+            seed=args.seed,
+            read=read,
+        )
+    else:
+        ds = sl.ShardedDataset(
+            args.data[0], planner=planner, shuffle=True, seed=args.seed, read=read
+        )
     loader = sl.make_loader(ds, num_workers=args.workers)
     if rank == 0:
         plan = ds.report()
@@ -129,6 +183,13 @@ def train(args: argparse.Namespace) -> int:
             f"{plan.pad_fraction:.1%} padding",
             flush=True,
         )
+        for name, counts in getattr(plan, "sources", {}).items():
+            print(
+                f"  source {name}: weight {counts.weight:.2f}, {counts.samples} documents, "
+                f"{counts.tokens} tokens, own epoch {counts.epoch} "
+                f"({counts.epochs_started} started)",
+                flush=True,
+            )
     model: nn.Module = TinyLM(vocab, args.seq_len, d=args.dim)
     if world > 1:
         model = nn.parallel.DistributedDataParallel(model)
@@ -174,7 +235,19 @@ def train(args: argparse.Namespace) -> int:
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("data", help="packed dataset with a tokens field (folder or URL)")
+    p.add_argument(
+        "data",
+        nargs="+",
+        help="packed dataset with a tokens field (folder or URL); with --mix: NAME=URL per "
+        "source, or one folder holding a packed dataset per source name",
+    )
+    p.add_argument("--mix", default=None, help="blend sources by weight: web=0.7,code=0.3")
+    p.add_argument(
+        "--mix-epoch",
+        type=int,
+        default=None,
+        help="documents per mixture epoch (default: all sources' together)",
+    )
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--seq-len", type=int, default=64)
     p.add_argument("--rows", type=int, default=8, help="rows (sequences) per batch")
@@ -194,6 +267,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if min(args.steps, args.seq_len, args.rows, args.log_every, args.dim) < 1 or args.workers < 0:
         p.error("--steps, --seq-len, --rows, --log-every, --dim must be >= 1, --workers >= 0")
+    if len(args.data) > 1 and not args.mix:
+        p.error("several data arguments need --mix NAME=WEIGHT,...")
     return args
 
 

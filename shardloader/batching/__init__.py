@@ -10,7 +10,9 @@
 * :mod:`~shardloader.batching.packed`: :class:`PackedBatches`, :class:`PackCollate` and
   :func:`pack_rows`;
 * :mod:`~shardloader.batching.blocks`: :class:`TokenBlocks`, rows cut straight out of token
-  shards' streams (it assembles its own batches: :mod:`shardloader.blockread`).
+  shards' streams (it assembles its own batches: :mod:`shardloader.blockread`);
+* :mod:`~shardloader.batching.raw`: :class:`RawCollate`, its :class:`RawBatch` of
+  :class:`ByteColumn` (raw bytes, one buffer per field).
 
 This file only re-exports; DESIGN.md "How to add a batching policy" says where a new one goes.
 """
@@ -34,6 +36,7 @@ from shardloader.batching.packed import (
     pack_rows,
 )
 from shardloader.batching.padded import BucketBatches, PadCollate, TokenBudgetBatches
+from shardloader.batching.raw import ByteColumn, RawBatch, RawCollate
 
 __all__ = [
     "BatchPlanner",
@@ -45,6 +48,9 @@ __all__ = [
     "TokenBlocks",
     "PadCollate",
     "PackCollate",
+    "RawCollate",
+    "RawBatch",
+    "ByteColumn",
     "IGNORE_INDEX",
     "account",
     "batch_ids",

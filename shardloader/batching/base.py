@@ -69,6 +69,7 @@ __all__ = [
 OVERSIZE_POLICIES = ("error", "truncate", "drop")
 LONG_DOC_POLICIES = ("split", "truncate", "drop")
 TAIL_POLICIES = ("keep", "drop")
+FIT_POLICIES = ("first", "best")
 DEFAULT_WINDOW = 4096
 
 

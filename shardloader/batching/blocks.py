@@ -124,6 +124,7 @@ class TokenBlocks:
     remainder: str = "pad"
     tail: str = "keep"
     needs_lengths = True
+    elastic = "rows_per_batch"  # what a resume may change (shardloader/elastic.py)
     reads_token_stream = True  # the dataset hands the pass to shardloader.blockread
 
     def __post_init__(self) -> None:
@@ -241,12 +242,18 @@ class TokenBlocks:
         """(the epoch's row order, its batches of row ids): NOTE [what a row is]."""
         lay = self.layout(shard_sizes, lengths)
         order = epoch_order(lay.rows_per_shard, seed, epoch, shuffle)
+        return order, self.plan_rows(order)
+
+    def plan_rows(self, rows: np.ndarray) -> list[np.ndarray]:
+        """Batches of ``rows_per_batch`` of the given row ids in order, the last one short
+        (``tail="keep"``) or left out: the epoch's rows, or after an elastic resume the rows
+        an earlier batch shape did not deliver (:mod:`shardloader.elastic`)."""
         r = self.rows_per_batch
-        full = order.size // r
-        batches = list(order[: full * r].reshape(full, r))
-        if order.size > full * r and self.tail == "keep":
-            batches.append(order[full * r :])
-        return order, batches
+        full = rows.size // r
+        batches = list(rows[: full * r].reshape(full, r))
+        if rows.size > full * r and self.tail == "keep":
+            batches.append(rows[full * r :])
+        return batches
 
     def report_stream(
         self,

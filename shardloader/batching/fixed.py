@@ -25,6 +25,7 @@ class FixedBatches:
     batch_size: int
     drop_last: bool = False
     needs_lengths = False
+    elastic = "batch_size"  # what a resume may change (shardloader/elastic.py)
 
     def __post_init__(self) -> None:
         check_positive("batch_size", self.batch_size)
@@ -35,6 +36,10 @@ class FixedBatches:
         ids = as_ids(order)
         n = ids.size - ids.size % self.batch_size if self.drop_last else ids.size
         return [ids[s : s + self.batch_size] for s in range(0, n, self.batch_size)]
+
+    def explain_dropped(self, tokens: int | None) -> str:
+        """Why the plan left a sample out (for the ledger): only ``drop_last`` does."""
+        return f"drop_last=True: in the epoch's short last batch (batch_size={self.batch_size})"
 
     def report(
         self, order: np.ndarray, lengths: np.ndarray | None, batches: Sequence[np.ndarray]

@@ -17,6 +17,7 @@ import torch
 
 from shardloader.batching.base import (
     DEFAULT_WINDOW,
+    FIT_POLICIES,
     LONG_DOC_POLICIES,
     TAIL_POLICIES,
     PlanReport,
@@ -27,7 +28,9 @@ from shardloader.batching.base import (
     lengths_of,
     refuse_disagreement,
     shuffled,
+    stable_value,
 )
+from shardloader.batching.fit import best_fit_rows, next_fit_rows
 from shardloader.errors import UsageError
 
 __all__ = ["PackedBatches", "PackCollate", "pack_rows", "Segment", "IGNORE_INDEX"]
@@ -107,6 +110,18 @@ class PackedBatches:
     ``"keep"`` (default; one short batch, which the collate fills up with empty rows) or
     ``"drop"`` (reported).  ``pad_id`` (the tokenizer's pad id) lets the dataset build the
     collate itself (``make_collate``), so the two cannot disagree.
+
+    ``fit`` is how a window's segments (longest first) find their rows: ``"first"``
+    (default, first-fit decreasing: the first row with room) or ``"best"`` (best-fit
+    decreasing: the row with the least room that holds the segment; a window where first-fit
+    needs fewer rows keeps first-fit's rows, so best-fit never makes more rows of a window).
+    A ``"best"`` batch lists its rows one after another and its collate reads them so
+    (NOTE [best-fit rows are listed, not re-derived] in :mod:`shardloader.batching.fit`).
+    No mode cuts a document that fits in a row: with ``long_docs="truncate"`` or ``"drop"``
+    no document ever crosses rows (the no-split mode; what it cuts is reported).
+
+    A resume may change ``rows_per_batch`` (``elastic``): the rest of the epoch's segments are
+    re-planned for the new batch shape (:meth:`plan_segments`).
     """
 
     seq_len: int
@@ -115,7 +130,9 @@ class PackedBatches:
     long_docs: str = "split"
     tail: str = "keep"
     pad_id: int | None = None
+    fit: str = "first"
     needs_lengths = True
+    elastic = "rows_per_batch"
 
     def __post_init__(self) -> None:
         check_positive("seq_len", self.seq_len)
@@ -123,6 +140,7 @@ class PackedBatches:
         check_positive("window", self.window)
         check_choice("long_docs", self.long_docs, LONG_DOC_POLICIES)
         check_choice("tail", self.tail, TAIL_POLICIES)
+        check_choice("fit", self.fit, FIT_POLICIES)
         if self.pad_id is not None and (
             not isinstance(self.pad_id, (int, np.integer)) or isinstance(self.pad_id, bool)
         ):
@@ -152,6 +170,15 @@ class PackedBatches:
         stop = np.minimum(start + s, lens[doc])
         return np.stack([ids[doc], start, stop], axis=1), offsets
 
+    def signature(self) -> str:
+        """NOTE [plan signature]: ``fit`` is written only when it is not the default, so states
+        saved before it existed still load."""
+        names = ("seq_len", "rows_per_batch", "window", "long_docs", "tail", "pad_id")
+        fields = [f"{n}={stable_value(getattr(self, n))}" for n in names]
+        if self.fit != "first":
+            fields.append(f"fit={stable_value(self.fit)}")
+        return f"{type(self).__name__}({', '.join(fields)})"
+
     def plan(
         self, order: np.ndarray, lengths: np.ndarray | None, rng: np.random.Generator
     ) -> list[np.ndarray]:
@@ -161,31 +188,88 @@ class PackedBatches:
             keep = lens <= self.seq_len
             ids, lens = ids[keep], lens[keep]
         segs, offsets = self._segments(ids, lens)
+        bounds = offsets[np.minimum(np.arange(0, ids.size + self.window, self.window), ids.size)]
+        return shuffled(self._pack(segs, np.unique(bounds)), rng)
+
+    def plan_segments(self, segments: np.ndarray, rng: np.random.Generator) -> list[np.ndarray]:
+        """Batches of given segments ``[n, 3]`` (each at most ``seq_len`` tokens), windows of
+        ``window`` segments: what is left of an epoch after an elastic resume (the segments
+        an earlier batch shape did not deliver), packed for this one."""
+        segs = np.asarray(segments, np.int64).reshape(-1, 3)
+        if segs.size and int((segs[:, 2] - segs[:, 1]).max()) > self.seq_len:
+            raise UsageError(
+                f"a segment is longer than seq_len={self.seq_len}: the rest of an epoch can be "
+                "re-planned only with the seq_len it was cut with"
+            )
+        n = len(segs)
+        bounds = np.unique(np.minimum(np.arange(0, n + self.window, self.window), n))
+        return shuffled(self._pack(segs, bounds), rng)
+
+    def _pack(self, segs: np.ndarray, bounds: np.ndarray) -> list[np.ndarray]:
+        """Pack ``segs[bounds[i]:bounds[i + 1]]`` window by window, carrying what does not
+        fill a batch into the next one."""
         batches: list[np.ndarray] = []
         carry = np.empty((0, 3), np.int64)
-        for s in range(0, ids.size, self.window):
-            stop = min(s + self.window, ids.size)
-            window = np.concatenate([carry, segs[offsets[s] : offsets[stop]]])
-            full, carry = self._pack_window(window, flush=stop == ids.size and self.tail == "keep")
+        last = len(bounds) - 2
+        for w in range(last + 1):
+            window = np.concatenate([carry, segs[bounds[w] : bounds[w + 1]]])
+            full, carry = self._pack_window(window, flush=w == last and self.tail == "keep")
             batches += full  # what is still carried after the last window is the dropped tail
-        return shuffled(batches, rng)
+        return batches
 
     def _pack_window(self, segs: np.ndarray, *, flush: bool) -> tuple[list[np.ndarray], np.ndarray]:
         """Pack one window of segments; return its complete batches and the segments left."""
         by_len = np.argsort(segs[:, 1] - segs[:, 2], kind="stable")  # longest first
         segs = segs[by_len]
-        rows = pack_rows(segs[:, 2] - segs[:, 1], self.seq_len)
+        lens = segs[:, 2] - segs[:, 1]
+        first = pack_rows(lens, self.seq_len)
+        if self.fit == "best":
+            rows = best_fit_rows(lens, self.seq_len)
+            if len(rows) > len(first):
+                rows = [[item for item, _, _ in row] for row in first]
+            return self._emit_listed(segs, rows, flush=flush)
         row_of = np.empty(len(segs), np.int64)
-        for r, row in enumerate(rows):
+        for r, row in enumerate(first):
             for item, _, _ in row:
                 row_of[item] = r
         batch_of = row_of // self.rows_per_batch
-        complete = len(rows) // self.rows_per_batch
-        emit = -(-len(rows) // self.rows_per_batch) if flush else complete
+        complete = len(first) // self.rows_per_batch
+        emit = -(-len(first) // self.rows_per_batch) if flush else complete
         placement = np.argsort(batch_of, kind="stable")  # by batch, then placement order
         bounds = np.searchsorted(batch_of[placement], np.arange(emit + 1))
         out = [segs[placement[bounds[b] : bounds[b + 1]]] for b in range(emit)]
         return out, segs[batch_of >= emit]
+
+    def _emit_listed(
+        self, segs: np.ndarray, rows: list[list[int]], *, flush: bool
+    ) -> tuple[list[np.ndarray], np.ndarray]:
+        """Batches of ``rows_per_batch`` rows, each listing its rows in creation order (NOTE
+        [best-fit rows are listed, not re-derived]); the segments of rows left over."""
+        r = self.rows_per_batch
+        emit = -(-len(rows) // r) if flush else len(rows) // r
+        out = [
+            segs[np.fromiter((i for row in rows[b * r : (b + 1) * r] for i in row), np.int64)]
+            for b in range(emit)
+        ]
+        left = np.ones(len(segs), bool)
+        for row in rows[: emit * r]:
+            left[row] = False
+        return out, segs[left]
+
+    def explain_dropped(self, tokens: int | None) -> str:
+        """Why the plan left a document of ``tokens`` out (for the ledger)."""
+        if self.long_docs == "drop" and tokens is not None and tokens > self.seq_len:
+            return f"long_docs='drop': {tokens} tokens > seq_len={self.seq_len}"
+        return "tail='drop': its segments were left after the last window, short of a batch"
+
+    def explain_truncated(self, total: int, kept: int) -> str:
+        """Why only ``kept`` of a document's ``total`` tokens are delivered (for the ledger)."""
+        if self.long_docs == "truncate" and total > self.seq_len and kept == self.seq_len:
+            return f"long_docs='truncate': its first {kept} of {total} tokens"
+        return (
+            f"{kept} of {total} tokens delivered: the rest lay in batches left out "
+            "(tail='drop' or uneven='drop')"
+        )
 
     def report(
         self, order: np.ndarray, lengths: np.ndarray | None, batches: Sequence[np.ndarray]
@@ -211,6 +295,7 @@ class PackedBatches:
             field=field,
             rows_per_batch=self.rows_per_batch,
             long_docs=self.long_docs,
+            fit=self.fit,
             **options,  # type: ignore[arg-type]
         )
 
@@ -242,6 +327,7 @@ class PackedBatches:
                 ("seq_len", self.seq_len, collate_fn.seq_len),
                 ("rows_per_batch", self.rows_per_batch, collate_fn.rows_per_batch),
                 ("long_docs", self.long_docs, collate_fn.long_docs),
+                ("fit", self.fit, collate_fn.fit),
             ]
             if self.pad_id is not None:
                 pairs.append(("pad_id", self.pad_id, collate_fn.pad_id))
@@ -265,7 +351,9 @@ class PackCollate:
     Used on its own with whole documents, ``long_docs`` says what happens to one longer than
     ``seq_len``: ``"split"`` cuts it into pieces over several rows, ``"truncate"`` keeps its
     first ``seq_len`` tokens, ``"drop"`` treats it as an error.  Nothing is cut silently: items
-    that need more than ``rows_per_batch`` rows are an error.
+    that need more than ``rows_per_batch`` rows are an error.  ``fit="best"`` reads a batch
+    that lists its rows one after another, as ``PackedBatches(fit="best")`` plans them: a row
+    ends where the next item does not fit (:func:`~shardloader.batching.fit.next_fit_rows`).
 
     Output (R rows; R = ``rows_per_batch`` when set, padding with empty rows, else as many as
     needed):
@@ -291,9 +379,11 @@ class PackCollate:
     field: str = "tokens"
     rows_per_batch: int | None = None
     long_docs: str = "split"
+    fit: str = "first"
 
     def __post_init__(self) -> None:
         check_positive("seq_len", self.seq_len)
+        check_choice("fit", self.fit, FIT_POLICIES)
         if not isinstance(self.pad_id, (int, np.integer)) or isinstance(self.pad_id, bool):
             raise UsageError(f"pad_id must be the tokenizer's integer pad id, got {self.pad_id!r}")
         check_positive("rows_per_batch", self.rows_per_batch, optional=True)
@@ -340,7 +430,8 @@ class PackCollate:
                 )
         if self.long_docs == "truncate":
             docs = [d[: self.seq_len] for d in docs]
-        rows = pack_rows([d.size for d in docs], self.seq_len)
+        place = pack_rows if self.fit == "first" else next_fit_rows
+        rows = place([d.size for d in docs], self.seq_len)
         n_rows = len(rows)
         if self.rows_per_batch is not None:
             if n_rows > self.rows_per_batch:

@@ -240,6 +240,7 @@ class TokenBudgetBatches:
     pad_to_multiple_of: int = 1
     oversize: str = "error"
     needs_lengths = True
+    elastic = "max_tokens"  # what a resume may change (shardloader/elastic.py)
 
     def __post_init__(self) -> None:
         check_positive("max_tokens", self.max_tokens)
@@ -290,6 +291,13 @@ class TokenBudgetBatches:
     @property
     def _truncate_to(self) -> int | None:
         return self.max_length if self.oversize == "truncate" else None
+
+    def explain_dropped(self, tokens: int | None) -> str:
+        """Why the plan left a sample of ``tokens`` out (for the ledger)."""
+        return f"oversize='drop': {tokens} tokens, more than a batch holds ({self.max_length})"
+
+    def explain_truncated(self, total: int, kept: int) -> str:
+        return f"oversize='truncate': its first {kept} of {total} tokens"
 
     def resolve_collate(self, collate_fn: Any, field: str | None) -> Any:
         """The dataset's collate: ``collate_fn`` if a PadCollate agrees with the budget's
@@ -348,6 +356,11 @@ class BucketBatches:
         if self.max_tokens is not None and self.drop_last:
             raise UsageError("drop_last applies to batch_size=; token-budget batches vary in size")
 
+    @property
+    def elastic(self) -> str:
+        """What a resume may change (shardloader/elastic.py): the option that sizes batches."""
+        return "batch_size" if self.batch_size is not None else "max_tokens"
+
     def plan(
         self, order: np.ndarray, lengths: np.ndarray | None, rng: np.random.Generator
     ) -> list[np.ndarray]:
@@ -366,6 +379,10 @@ class BucketBatches:
             w_ids = ids[s : s + window][np.argsort(lens[s : s + window], kind="stable")]
             batches += [w_ids[a : a + bs] for a in range(0, w_ids.size, bs)]
         return shuffled(batches, rng)
+
+    def explain_dropped(self, tokens: int | None) -> str:
+        """Why the plan left a sample out (for the ledger): only ``drop_last`` does."""
+        return f"drop_last=True: at the end of the order, short of batch_size={self.batch_size}"
 
     @property
     def _budget(self) -> TokenBudgetBatches:

@@ -63,6 +63,12 @@ __all__ = ["serve"]
     help="Finished batches buffered per stream (backpressure).",
 )
 @click.option(
+    "--shm-dir",
+    default="/dev/shm",
+    show_default=True,
+    help="Where clients on this host are offered the batches in shared memory; 'none': TCP only.",
+)
+@click.option(
     "--max-clients",
     type=click.IntRange(1),
     default=8,
@@ -101,6 +107,7 @@ def serve(
     workers: int,
     max_inflight: int,
     max_clients: int,
+    shm_dir: str,
     log_level: str,
     **dataset_flags: Any,
 ) -> None:
@@ -125,7 +132,11 @@ def serve(
             "request is authenticated"
         )
     options = ServeOptions(
-        workers=workers, max_inflight=max_inflight, max_clients=max_clients, token=token
+        workers=workers,
+        max_inflight=max_inflight,
+        max_clients=max_clients,
+        token=token,
+        shm_dir=None if shm_dir == "none" else shm_dir,
     )
     preset = None
     if is_factory(pipeline):

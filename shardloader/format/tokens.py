@@ -38,7 +38,7 @@ import xxhash
 
 from shardloader.errors import ChecksumError, ShardError
 from shardloader.format.base import Format, Sample, WrittenShard
-from shardloader.format.compress import CHUNK, CompressedSink, stage_stream
+from shardloader.format.compress import CHUNK, CompressedSink
 from shardloader.format.registry import register_format
 from shardloader.format.tokenlayout import (
     CHUNKS,
@@ -351,16 +351,6 @@ class TokenFormat(Format):
         self, local_path: str, index: SampleIndex, where: str, verify: bool = True
     ) -> TokenShardReader:
         return TokenShardReader(local_path, index, where, verify)
-
-    def stage(
-        self,
-        src: BinaryIO,
-        dst: BinaryIO,
-        compression: str,
-        where: str,
-        limit: int | None = None,
-    ) -> int:
-        return stage_stream(src, dst, compression, where, limit)
 
     def iter_stored(
         self,

@@ -29,6 +29,9 @@ __all__ = ["RayExecutor"]
 log = logging.getLogger(__name__)
 
 
+_ABORT_WAIT_S = 30.0  # how long abort() waits for cancelled tasks to stop
+
+
 class RayExecutor:
     """Runs each submitted call as one Ray task (one CPU each).
 
@@ -73,14 +76,21 @@ class RayExecutor:
         return fut
 
     def abort(self) -> None:
-        """Cancel every task still running (its temporary file is removed by its own cleanup,
-        or left as ``.<name>.tmp-<run id>`` for the next run to delete, like a killed worker's)."""
-        for ref in self._refs:
+        """Cancel every task still running and wait until they have stopped, so the caller's
+        removal of temporary files comes after the last write (a cancelled task may be
+        mid-shard; one that cannot be reached within the wait leaves its
+        ``.<name>.tmp-<run id>`` for the next run to delete, like a killed worker's)."""
+        refs, self._refs = self._refs, []
+        for ref in refs:
             try:
                 self._ray.cancel(ref, force=True)
             except Exception as err:  # a finished task or a lost node: nothing left to stop
                 log.debug("ray.cancel: %s", err)
-        self._refs.clear()
+        if refs:
+            try:
+                self._ray.wait(refs, num_returns=len(refs), timeout=_ABORT_WAIT_S)
+            except Exception as err:  # a lost cluster: nothing more to wait for
+                log.debug("ray.wait after cancel: %s", err)
 
     def shutdown(self) -> None:
         self._refs.clear()

@@ -173,11 +173,16 @@ class Service:
             "world_size": True,
             "position": False,
             "start": False,
+            "shm": False,
             **{k: False for k in _CONTROL_PARAMS},
         }
         params = _params(request.query_params, allowed)
         epoch, rank, world, position = self._read_request(params)
         start = _int(params, "start", 0)
+        if params.get("shm", "0") not in ("0", "1"):
+            raise _ServiceError(400, f"shm={params['shm'][:40]!r} must be 0 or 1")
+        # NOTE [shm handover]: offered to any client that asks; only one on this host can map it
+        shm = params.get("shm") == "1" and self.options.shm_dir is not None
         steps = await self._pass_steps(epoch, position, world)
         if start > steps:
             raise _ServiceError(
@@ -196,7 +201,7 @@ class Service:
         name = f"{client.host}:{client.port}" if client else "?"
         stream = Stream(
             self.dataset,
-            Request(epoch, rank, world, position, start, steps),
+            Request(epoch, rank, world, position, start, steps, shm),
             self.options,
             self.metrics,
             name,

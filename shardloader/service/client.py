@@ -2,7 +2,8 @@
 
 It yields, for its rank, seed and epoch, the batches a local :func:`shardloader.make_loader`
 would, byte for byte, and saves/restores the same state.  A background thread keeps up to
-``prefetch`` batches received ahead of the loop.
+``prefetch`` frames (a frame: one batch, or several small consecutive ones) received ahead of
+the loop.
 
 NOTE [faults]: every frame carries its step.  The reader counts the steps it has received; on
 any connection fault (refused, reset, timeout, truncated frame, 5xx/503) it reconnects, to the
@@ -29,6 +30,9 @@ from urllib.parse import urlencode
 
 from shardloader import errors
 from shardloader.errors import ResumeError, ShardloaderError, UsageError
+from shardloader.service.options import is_loopback
+from shardloader.service.ring import RingAttachment
+from shardloader.service.shm import SHM_DIR, Attachment
 from shardloader.service.transport import (
     Endpoint,
     check_status,
@@ -36,7 +40,7 @@ from shardloader.service.transport import (
     next_delay,
     remote_error,
 )
-from shardloader.service.wire import PROTOCOL, decode_batch, read_frame
+from shardloader.service.wire import PROTOCOL, decode_batches, read_frame, shm_span
 from shardloader.split import Place
 from shardloader.storage.retry import RetryPolicy, TruncatedBodyError
 from shardloader.world import detect_world
@@ -67,6 +71,10 @@ class RemoteLoader:
     :class:`ResumeError` otherwise); unset, they are learned from the first server.
     ``token``: the bearer token of servers started with ``--token-file``; by default it comes
     from ``$SHARDLOADER_TOKEN``, or the file ``$SHARDLOADER_TOKEN_FILE`` names.
+    ``transport``: ``"auto"`` takes batches through shared memory from a server on this host
+    (a loopback URL or this host's name; NOTE [shm handover] in
+    :mod:`shardloader.service.shm`) and over TCP otherwise or when that fails; ``"tcp"``
+    always uses TCP.  The batches are the same either way.
     """
 
     def __init__(
@@ -80,6 +88,7 @@ class RemoteLoader:
         token: str | None = None,
         retry: RetryPolicy | None = None,
         prefetch: int = 2,
+        transport: str = "auto",
     ) -> None:
         listed = [urls] if isinstance(urls, str) else list(urls)
         if not listed:
@@ -94,6 +103,12 @@ class RemoteLoader:
         self._token = token if token is not None else _token_from_env()
         self.retry = retry or DEFAULT_REMOTE_RETRY
         self.prefetch = prefetch
+        if transport not in ("auto", "tcp"):
+            raise UsageError(f"transport={transport!r} must be 'auto' or 'tcp'")
+        self.transport = transport
+        self.shm_dir = SHM_DIR  # where a same-host server's segments are found
+        self.shm_batches = 0  # batches that came through shared memory (for logs and tests)
+        self.tcp_batches = 0  # batches whose bytes came over the socket
         self._epoch = 0
         self._start = 0  # global batches consumed before the next pass of this epoch
         self._position = 0  # global batches consumed, as the loop has seen them
@@ -260,13 +275,15 @@ def _token_from_env() -> str | None:
 
 
 class _Reader:
-    """A thread that keeps up to ``prefetch`` batches of one pass received ahead of the loop."""
+    """A thread that keeps up to ``prefetch`` frames of one pass received ahead of the loop."""
 
     def __init__(self, loader: RemoteLoader, epoch: int, position: int) -> None:
         self.loader, self.epoch, self.position = loader, epoch, position
         self.q: queue.Queue[Any] = queue.Queue(maxsize=loader.prefetch)
         self.stop = threading.Event()
         self._sock: socket.socket | None = None
+        self.attachment: Attachment | None = None  # the current stream's shared memory
+        self.ring: RingAttachment | None = None  # and its workers' ring (token batches)
         self._thread = threading.Thread(
             target=self._run, daemon=True, name=f"shardloader-remote-rank{loader.rank}"
         )
@@ -275,11 +292,17 @@ class _Reader:
     def batches(self) -> Iterator[Any]:
         while True:
             item = self.q.get()
+            attachment, ring = self.attachment, self.ring
+            if attachment is not None:
+                attachment.collect()  # slots of batches the loop has dropped: NOTE [shm handover]
+            if ring is not None:
+                ring.collect()
             if item is _END:
                 return
             if isinstance(item, BaseException):
                 raise item
-            yield item
+            while item:  # popped, so the loop alone keeps a batch it has seen alive
+                yield item.pop(0)
 
     def close(self) -> None:
         self.stop.set()
@@ -324,10 +347,17 @@ class _Reader:
                                 f"{endpoint.url} sent step {frame.header['step']} where step "
                                 f"{received} was due ({place}, epoch {self.epoch})"
                             )
-                        if not self._put(decode_batch(frame)):
+                        batches = self._decode(frame, endpoint)
+                        if "shm" in frame.header or "ring" in frame.header:
+                            loader.shm_batches += len(batches)
+                        else:
+                            loader.tcp_batches += len(batches)
+                        if not self._put(batches):  # a frame's batches go as one item
                             return
-                        received += 1
+                        received += len(batches)
                         progressed, failures, since = True, 0, time.monotonic()
+                    elif kind == "shm":
+                        self._attach(frame.header, endpoint)
                     elif kind == "end":
                         if frame.header.get("steps") != received:
                             raise errors.DecodeError(
@@ -371,14 +401,56 @@ class _Reader:
                 loader.reconnects += 1
                 self.stop.wait(delay)
 
+    def _decode(self, frame: Any, endpoint: Endpoint) -> list[Any]:
+        if "ring" in frame.header:  # NOTE [forwarded slots]
+            if self.ring is None or frame.header.get("count") != len(
+                batches := self.ring.batches(frame.header)
+            ):
+                raise errors.DecodeError(
+                    f"{endpoint.url} sent a bundle from a shared ring this client never "
+                    "mapped, or one whose count does not match its layout"
+                )
+            return batches
+        if "shm" not in frame.header:
+            return decode_batches(frame)
+        if self.attachment is None:
+            raise errors.DecodeError(
+                f"{endpoint.url} sent a batch through shared memory this client never mapped"
+            )
+        return decode_batches(frame, self.attachment.receive(*shm_span(frame.header)))
+
+    def _attach(self, header: dict[str, Any], endpoint: Endpoint) -> None:
+        """Map the stream's segment if it is on this host; else the server keeps to TCP."""
+        try:
+            ring = header.get("ring")
+            if ring is not None:  # mapped first: attaching the segment tells the server
+                self.ring = RingAttachment(self.loader.shm_dir, ring)
+            self.attachment = Attachment(self.loader.shm_dir, header)
+        except (OSError, ValueError) as err:
+            self.ring = None
+            log.info(
+                "shared memory of %s is not reachable from here (%s); reading over TCP",
+                endpoint.url,
+                err,
+            )
+
+    def _wants_shm(self, endpoint: Endpoint) -> bool:
+        if self.loader.transport != "auto" or not os.path.isdir(self.loader.shm_dir):
+            return False
+        return is_loopback(endpoint.host) or endpoint.host == socket.gethostname()
+
     def _frames(self, endpoint: Endpoint, start: int) -> Iterator[Any]:
         loader = self.loader
         conn = endpoint.connect(loader.retry)
         self._sock = conn.sock
+        self.attachment = None  # a new stream announces its own segment
+        self.ring = None
         try:
             if self.stop.is_set():
                 return
             params = {**loader._params(self.epoch, self.position), "start": start}
+            if self._wants_shm(endpoint):
+                params["shm"] = 1
             conn.request(
                 "GET",
                 f"{endpoint.prefix}/v1/batches?{urlencode(params)}",

@@ -20,6 +20,8 @@ class ServeOptions:
     token: str | None = None  # every request but /health needs "Authorization: Bearer <token>"
     ping_interval: float = 5.0  # seconds without a batch before a keep-alive frame
     prefetch_factor: int = 2  # batches each worker prepares ahead
+    # where same-host clients are offered shared memory (NOTE [shm handover]); None: TCP only
+    shm_dir: str | None = "/dev/shm"
 
     def __post_init__(self) -> None:
         if self.workers < 0:

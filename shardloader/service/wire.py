@@ -16,6 +16,14 @@ channels-last), ``["n", buffer, dtype, shape]`` (numpy array), ``["g", buffer, d
 scalar), ``["b", buffer]`` (bytes).  dtypes come from an allowlist; the decoder builds values
 only from these tags, so a stream can never make the receiver run code.  Anything else in a
 batch (objects, sets, non-string dict keys) is a :class:`UsageError` on the sending side.
+
+Protocol 2 adds: ``["r", {str: node}]`` (a :class:`~shardloader.batching.raw.RawBatch`),
+``["c", data, offsets, present]`` (a :class:`~shardloader.batching.raw.ByteColumn`: buffer
+indices; ``offsets`` int64 ``n + 1``, ``present`` bool ``n`` or null when every sample has the
+field); a batch frame may carry ``trees`` (consecutive steps ``step, step + 1, ...``, one node
+each, sharing the buffers) instead of ``tree``; and ``"shm": [slot, nbytes]``, which says the
+payload is not on the wire but in slot ``slot`` of the stream's shared-memory segment
+(:mod:`shardloader.service.shm`; announced by a ``shm`` control frame).
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from shardloader.batching.raw import ByteColumn, RawBatch
 from shardloader.errors import DecodeError, UsageError
 from shardloader.storage.retry import TruncatedBodyError
 
@@ -40,19 +49,25 @@ __all__ = [
     "encode_batch",
     "encode_control",
     "decode_batch",
+    "decode_batches",
+    "encode_batches",
+    "encode_forward",
+    "encode_header",
+    "encode_placed",
     "read_frame",
     "iter_frames",
     "frame_size",
+    "shm_span",
 ]
 
 MAGIC = b"SLF1"
-PROTOCOL = 1
+PROTOCOL = 2
 _PREFIX = struct.Struct("<4sIQ")
 _ALIGN = 64
 MAX_HEADER = 64 << 20  # a header this large means a broken or hostile stream
 MAX_PAYLOAD = 1 << 36
 MAX_DEPTH = 64
-KINDS = ("batch", "end", "error", "ping")
+KINDS = ("batch", "end", "error", "ping", "shm")
 
 _TORCH_DTYPES: dict[str, torch.dtype] = {
     name: getattr(torch, name)
@@ -101,15 +116,17 @@ def frame_size(chunks: list[Any]) -> int:
 
 class _Encoder:
     def __init__(self) -> None:
-        self.buffers: list[memoryview] = []
+        self.buffers: list[memoryview | list[memoryview]] = []
         self.spans: list[list[int]] = []
         self.size = 0
 
-    def add(self, raw: memoryview) -> int:
+    def add(self, raw: memoryview | list[memoryview]) -> int:
+        """A buffer (or several, end to end: one span) of the payload; its index."""
         offset = -(-self.size // _ALIGN) * _ALIGN
+        nbytes = raw.nbytes if isinstance(raw, memoryview) else sum(p.nbytes for p in raw)
         self.buffers.append(raw)
-        self.spans.append([offset, raw.nbytes])
-        self.size = offset + raw.nbytes
+        self.spans.append([offset, nbytes])
+        self.size = offset + nbytes
         return len(self.spans) - 1
 
     def node(self, value: Any, where: str, depth: int) -> list[Any]:
@@ -133,6 +150,18 @@ class _Encoder:
                 return ["J", list(value)]
             items = [self.node(v, f"{where}[{i}]", depth + 1) for i, v in enumerate(value)]
             return ["l" if isinstance(value, list) else "u", items]
+        if isinstance(value, ByteColumn):
+            parts, offsets, present = value.pieces()  # not joined: copied once, below
+            if len(parts) > _JOIN:  # many small values: one C-level join beats a Python loop
+                data: memoryview | list[memoryview] = memoryview(b"".join(parts))
+            else:
+                data = [memoryview(p).cast("B") for p in parts]
+            return [
+                "c",
+                self.add(data),
+                self.add(_raw(np.ascontiguousarray(offsets, dtype="<i8"))),
+                None if present is None or present.all() else self.add(_raw(present)),
+            ]
         if isinstance(value, dict):
             out = {}
             for key, v in value.items():
@@ -142,7 +171,7 @@ class _Encoder:
                         "keys can be sent (convert the key in the collate function)"
                     )
                 out[key] = self.node(v, f"{where}[{key!r}]", depth + 1)
-            return ["d", out]
+            return ["r" if isinstance(value, RawBatch) else "d", out]
         raise UsageError(
             f"batch value at {where} is a {type(value).__module__}.{type(value).__qualname__}, "
             "which shardloader serve cannot send: batches may hold tensors, numpy arrays, bytes, "
@@ -189,23 +218,26 @@ def _numpy_dtype_name(dtype: np.dtype, where: str) -> str:
 
 
 _SMALL = 64 << 10  # pieces below this are copied together: one write instead of many
+_JOIN = 32  # a column of more values than this is joined before it is copied
 
 
 def _frame(
-    header: dict[str, Any], payload: list[memoryview], spans: list[list[int]], size: int
+    header: dict[str, Any], payload: list[Any], spans: list[list[int]], size: int
 ) -> list[Any]:
     head = json.dumps(header, separators=(",", ":")).encode()
     chunks: list[Any] = []
     small = bytearray(_PREFIX.pack(MAGIC, len(head), size) + head)
     pos = 0
-    for raw, (offset, nbytes) in zip(payload, spans, strict=True):
+    for raws, (offset, nbytes) in zip(payload, spans, strict=True):
         small += bytes(offset - pos)  # alignment padding
-        if nbytes >= _SMALL:
-            chunks.append(bytes(small))
-            chunks.append(raw)  # large values go out without a copy
-            small = bytearray()
-        else:
-            small += raw
+        for raw in raws if isinstance(raws, list) else (raws,):
+            if raw.nbytes >= _SMALL:
+                if small:
+                    chunks.append(bytes(small))
+                chunks.append(raw)  # large values go out without a copy
+                small = bytearray()
+            else:
+                small += raw
         pos = offset + nbytes
     if small:
         chunks.append(bytes(small))
@@ -223,10 +255,74 @@ def encode_batch(step: int, batch: Any) -> list[Any]:
     return _frame(header, enc.buffers, enc.spans, enc.size)
 
 
+Place = Callable[[int], "tuple[int, np.ndarray] | None"]
+
+
+def encode_placed(batches: list[Any], place: Place) -> dict[str, Any] | None:
+    """The header fields (``tree``/``trees``, ``buffers``, ``shm``) of consecutive batches
+    whose payload ``place`` found room for, copied there; None if it found none.  A DataLoader
+    worker does this (:mod:`shardloader.service.encoded`); :func:`encode_header` makes the
+    frame once the step is known."""
+    enc = _Encoder()
+    trees = [enc.node(b, f"batch {i}", 0) for i, b in enumerate(batches)]
+    taken = place(enc.size) if enc.size else None
+    if taken is None:
+        return None
+    _copy_into(enc, taken[1])
+    fields: dict[str, Any] = {"tree": trees[0]} if len(trees) == 1 else {"trees": trees}
+    return {**fields, "buffers": enc.spans, "shm": [taken[0], enc.size]}
+
+
+def encode_header(step: int, fields: dict[str, Any]) -> list[Any]:
+    """A batch frame whose payload is elsewhere (``fields`` from :func:`encode_placed`, or a
+    forwarded ring bundle): the header alone."""
+    return _frame({"kind": "batch", "step": int(step), **fields}, [], [], 0)
+
+
+def _copy_into(enc: _Encoder, buf: np.ndarray) -> None:
+    for raws, (offset, _) in zip(enc.buffers, enc.spans, strict=True):
+        for raw in raws if isinstance(raws, list) else (raws,):
+            if raw.nbytes:
+                buf[offset : offset + raw.nbytes] = np.frombuffer(raw, np.uint8)
+                offset += raw.nbytes
+
+
+def encode_batches(step: int, batches: list[Any], place: Place | None = None) -> list[Any]:
+    """Encode consecutive batches (steps ``step, step + 1, ...``) as one frame.
+
+    ``place(nbytes)``, when given, may return ``(slot, buffer)``: a shared-memory slot of at
+    least ``nbytes`` bytes (:mod:`shardloader.service.shm`); the payload is then copied there
+    and the frame on the wire is its header only.  Otherwise the chunks alias the batches'
+    tensors (no copy); keep the batches alive until they are sent.
+    """
+    enc = _Encoder()
+    trees = [enc.node(b, f"batch (step {step + i})", 0) for i, b in enumerate(batches)]
+    header: dict[str, Any] = {"kind": "batch", "step": int(step)}
+    if len(trees) == 1:
+        header["tree"] = trees[0]
+    else:
+        header["trees"] = trees
+    header["buffers"] = enc.spans
+    taken = place(enc.size) if place is not None and enc.size else None
+    if taken is None:
+        return _frame(header, enc.buffers, enc.spans, enc.size)
+    slot, buf = taken
+    _copy_into(enc, buf)
+    header["shm"] = [slot, enc.size]
+    return _frame(header, [], [], 0)
+
+
+def encode_forward(step: int, count: int, fields: dict[str, Any]) -> list[Any]:
+    """A frame of ``count`` token batches the client reads from the stream's shared ring
+    (``fields``: ``ring`` and ``layout``, :meth:`shardloader.service.ring.SharedRing.forward`)."""
+    header = {"kind": "batch", "step": int(step), "count": int(count), **fields}
+    return _frame(header, [], [], 0)
+
+
 def encode_control(kind: str, step: int, **fields: Any) -> bytes:
     """An ``end`` / ``error`` / ``ping`` frame (no payload)."""
     if kind not in KINDS or kind == "batch":
-        raise UsageError(f"control frame kind {kind!r} is not one of end, error, ping")
+        raise UsageError(f"control frame kind {kind!r} is not one of end, error, ping, shm")
     return b"".join(_frame({"kind": kind, "step": int(step), **fields}, [], [], 0))
 
 
@@ -299,8 +395,11 @@ def iter_frames(data: bytes | bytearray) -> Iterator[Frame]:
 
 
 class _Decoder:
-    def __init__(self, frame: Frame) -> None:
-        self.payload = frame.payload
+    def __init__(self, frame: Frame, payload: np.ndarray | None = None) -> None:
+        # every tensor is a view of one tensor over the payload, which holds ``payload``
+        # itself: a shared-memory slot is free again exactly when that array is gone
+        self.payload = np.frombuffer(frame.payload, np.uint8) if payload is None else payload
+        self._base: torch.Tensor | None = None
         spans = frame.header.get("buffers", [])
         if not isinstance(spans, list):
             raise DecodeError("frame buffers is not a list")
@@ -335,11 +434,13 @@ class _Decoder:
         if tag in ("l", "u") and len(args) == 1 and isinstance(args[0], list):
             items = [self.node(v, depth + 1) for v in args[0]]
             return items if tag == "l" else tuple(items)
-        if tag == "d" and len(args) == 1 and isinstance(args[0], dict):
-            return {k: self.node(v, depth + 1) for k, v in args[0].items()}
+        if tag in ("d", "r") and len(args) == 1 and isinstance(args[0], dict):
+            fields = {k: self.node(v, depth + 1) for k, v in args[0].items()}
+            return fields if tag == "d" else RawBatch(fields)
         if tag == "b" and len(args) == 1:
-            off, n = self.span(args[0])
-            return bytes(self.payload[off : off + n])
+            return self.bytes(args[0])
+        if tag == "c" and len(args) == 3:
+            return self.column(*args)
         if tag == "t" and len(args) == 4:
             return self.tensor(*args)
         if tag in ("n", "g") and len(args) == (3 if tag == "n" else 2):
@@ -360,11 +461,44 @@ class _Decoder:
             raise DecodeError(f"frame tensor {dims} {dtype_name} does not fill its {n} B buffer")
         if n == 0:
             return torch.empty(dims, dtype=dtype)
-        flat = torch.frombuffer(self.payload, dtype=dtype, count=n // itemsize, offset=off)
+        if off % itemsize:
+            raise DecodeError(f"frame tensor buffer at {off} is not aligned to its {dtype_name}")
+        if self._base is None:
+            self._base = torch.from_numpy(self.payload)
+        flat = self._base[off : off + n].view(dtype)
         if layout == "cl":
             b, c, h, w = dims
             return flat.view(b, h, w, c).permute(0, 3, 1, 2)
         return flat.view(dims)
+
+    def view(self, off: int, n: int) -> np.ndarray:
+        """Bytes ``off..off+n`` of the payload as an array that keeps the payload alive (a
+        plain numpy slice would refer to the payload's base: NOTE [shm handover] item 4)."""
+        if self._base is None:
+            self._base = torch.from_numpy(self.payload)
+        return self._base[off : off + n].numpy()
+
+    def bytes(self, index: Any) -> bytes:
+        off, n = self.span(index)
+        return self.payload[off : off + n].tobytes()
+
+    def column(self, data: Any, offsets: Any, present: Any) -> ByteColumn:
+        """A ByteColumn over the payload (its values come out as bytes when read)."""
+        d_off, d_n = self.span(data)
+        raw = self.view(d_off, d_n).data.toreadonly()
+        off, n = self.span(offsets)
+        if n % 8 or n == 0:
+            raise DecodeError(f"frame column offsets fill {n} B, not a whole int64 array")
+        at = np.frombuffer(self.payload[off : off + n].tobytes(), "<i8").astype(np.int64)
+        if at[0] != 0 or at[-1] != len(raw) or (len(at) > 1 and np.any(np.diff(at) < 0)):
+            raise DecodeError("frame column offsets do not cut its buffer in order")
+        there = None
+        if present is not None:
+            p_off, p_n = self.span(present)
+            if p_n != len(at) - 1:
+                raise DecodeError(f"frame column presence has {p_n} values for {len(at) - 1}")
+            there = self.payload[p_off : p_off + p_n].astype(bool)
+        return ByteColumn(raw, at, there)
 
     def array(self, index: Any, dtype_name: Any, shape: Any) -> np.ndarray:
         try:
@@ -379,9 +513,11 @@ class _Decoder:
             raise DecodeError(f"frame array {dims} {dtype_name} does not fill its {n} B buffer")
         if n == 0:
             return np.empty(dims, dtype=dtype)
-        return np.frombuffer(
-            self.payload, dtype=dtype, count=n // dtype.itemsize, offset=off
-        ).reshape(dims)
+        if off % dtype.itemsize:
+            raise DecodeError(f"frame array buffer at {off} is not aligned to its {dtype_name}")
+        if self._base is None:
+            self._base = torch.from_numpy(self.payload)
+        return self._base[off : off + n].numpy().view(dtype).reshape(dims)
 
 
 def _shape(shape: Any) -> list[int]:
@@ -395,7 +531,38 @@ def _shape(shape: Any) -> list[int]:
 
 
 def decode_batch(frame: Frame) -> Any:
-    """The batch a ``batch`` frame carries; its tensors share the frame's payload buffer."""
-    if frame.kind != "batch" or "tree" not in frame.header:
+    """The batch a one-batch frame carries; its tensors share the frame's payload buffer."""
+    batches = decode_batches(frame)
+    if len(batches) != 1:
+        raise DecodeError(f"a frame of {len(batches)} batches where one was expected")
+    return batches[0]
+
+
+def decode_batches(frame: Frame, payload: np.ndarray | None = None) -> list[Any]:
+    """The batches (consecutive steps from the header's ``step``) a ``batch`` frame carries.
+
+    Their tensors share the frame's payload, or ``payload`` (uint8): the shared-memory slot
+    the frame's ``shm`` names, which the caller looked up (:mod:`shardloader.service.shm`).
+    """
+    header = frame.header
+    if frame.kind != "batch" or ("tree" in header) == ("trees" in header):
         raise DecodeError(f"a {frame.kind!r} frame carries no batch")
-    return _Decoder(frame).node(frame.header["tree"], 0)
+    if ("shm" in header) != (payload is not None):
+        raise DecodeError("a frame's payload is not where its header says")
+    trees = [header["tree"]] if "tree" in header else header["trees"]
+    if not isinstance(trees, list) or not trees:
+        raise DecodeError("a batch frame's trees are not a non-empty list")
+    decoder = _Decoder(frame, payload)
+    return [decoder.node(tree, 0) for tree in trees]
+
+
+def shm_span(header: dict[str, Any]) -> tuple[int, int]:
+    """(slot, nbytes) of a frame whose payload is in shared memory (its ``shm``)."""
+    span = header.get("shm")
+    if (
+        not isinstance(span, list)
+        or len(span) != 2
+        or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in span)
+    ):
+        raise DecodeError(f"malformed shm reference {str(span)[:80]}")
+    return span[0], span[1]

@@ -29,6 +29,7 @@ from shardloader.storage.cachedir import (
     LOCK,
     MARKER,
     MAX_BYTES_ENV,
+    ROOM_LOCK,
     STAGED,
     ClearReport,
     DatasetUsage,
@@ -164,9 +165,12 @@ class ShardCache:
             if os.path.exists(final):
                 touch(final)
                 return final
-            self._make_room(raw_bytes, final)
+            reserved = self._reserve(raw_bytes, final)
             for attempt in (1, 2):
-                digest = self._stage_once(final, sha256, open_stored, stage, verified, on_staged)
+                digest = self._stage_once(
+                    final, sha256, open_stored, stage, verified, on_staged, reserved
+                )
+                reserved = None
                 if digest == sha256:
                     return final
                 log.warning("%s: checksum mismatch on attempt %d", where, attempt)
@@ -183,10 +187,11 @@ class ShardCache:
         stage: Callable[[BinaryIO, BinaryIO], int],
         verified: bool,
         on_staged: Callable[[], None] | None = None,
+        reserved: str | None = None,
     ) -> str:
-        tmp = f"{final}.tmp-{uuid.uuid4().hex}"
+        tmp = reserved or f"{final}.tmp-{uuid.uuid4().hex}"
         try:
-            with open_stored() as src, open(tmp, "wb") as dst:
+            with open_stored() as src, open(tmp, "r+b" if reserved else "wb") as dst:
                 if verified:
                     stage(src, dst)
                     digest = sha256
@@ -195,6 +200,7 @@ class ShardCache:
                     stage(hashing, dst)  # type: ignore[arg-type]
                     hashing.drain()
                     digest = hashing.hexdigest()
+                dst.truncate()  # a reservation longer than what was written
             if digest == sha256:
                 if on_staged is not None:
                     on_staged()
@@ -203,6 +209,26 @@ class ShardCache:
         finally:
             if os.path.exists(tmp):
                 os.remove(tmp)
+
+    def _reserve(self, incoming: int, staging: str) -> str | None:
+        """Make room for ``incoming`` bytes and claim them with a temp file of that size.
+
+        NOTE [reservations]: processes stage shards concurrently; each counts the others' temp
+        files.  Making room and creating the (sparse, full-size) temp file happen under one
+        root-wide lock, so two stagers never both count the same free space: the limit holds
+        with any number of workers and ranks staging at once.
+        """
+        if self.max_bytes is None:
+            self._make_room(incoming, staging)
+            return None
+        lock = lock_file(os.path.join(self.root, ROOM_LOCK), True)
+        assert lock is not None  # wait=True
+        with lock:
+            self._make_room(incoming, staging)
+            tmp = f"{staging}.tmp-{uuid.uuid4().hex}"
+            with open(tmp, "wb") as f:
+                f.truncate(incoming)
+            return tmp
 
     def _make_room(self, incoming: int, staging: str) -> None:
         """Evict least recently used staged shards of any dataset under the root until

@@ -67,6 +67,7 @@ DEFAULT_DISK_FRACTION = 0.5
 STAGED = ".raw"
 LOCK = ".lock"
 TEMP_MARKS = (".tmp-", ".download-")
+ROOM_LOCK = ".room.lock"  # at the root: held while a stager makes room (NOTE [reservations])
 
 
 def cache_root(dir: str | None = None) -> str:
@@ -288,7 +289,19 @@ def clear(root: str, fingerprint: str | None = None) -> ClearReport:
                 if remove_entry(entry) is None:
                     busy.append(entry.base)
         folders += _remove_folder_if_empty(folder)
+    if fingerprint is None:
+        _remove_room_lock(os.path.join(root, ROOM_LOCK))
     return ClearReport(files, freed, tuple(busy), folders)
+
+
+def _remove_room_lock(path: str) -> None:
+    """Remove the root's lock file unless a stager holds it (a waiter retries on the new one)."""
+    if not os.path.exists(path):
+        return
+    lock = lock_file(path, False)
+    if lock is not None:
+        with lock:
+            remove_quietly(path)
 
 
 def _remove_folder_if_empty(folder: str) -> int:

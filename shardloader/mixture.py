@@ -1,0 +1,485 @@
+"""``Mixture``: several packed datasets blended by weight into one stream.
+
+A mixture is a :class:`~shardloader.dataset.ShardedDataset` over a *virtual* id space: source
+``s``'s sample ``i`` is id ``offset[s] + i`` (sources in the order given), its shards numbered
+after the previous sources'.  The epoch order is the blend of :mod:`shardloader.blend` (each
+source's own seeded epochs, interleaved by the exact minimum-error rule) instead of one
+dataset's shuffle; everything after the order (planners, the rank and worker split, padding,
+resume, per-step seeds) is the dataset's, unchanged, so every guarantee of a single dataset
+holds for the mixed stream.  Reading maps an id back to its source's
+:class:`~shardloader.shards.ShardSet` (:class:`MixedShards`).
+
+NOTE [mixture state]: the weights may change at a resume.  The plan of a mixture epoch is
+fixed by the weights in force for it, and the batches of a partly read epoch were planned with
+those, so a new weight applies from the next mixture epoch (or from the resumed one when it
+has not begun).  The schedule of ``(from_epoch, integer parts)`` lives in shared memory (like
+the dataset's epoch and position, NOTE [why shared memory here] in dataset.py), so persistent
+DataLoader workers see a change; ``state_dict()`` records it and a resume replays it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import zlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from shardloader.blend import MixOrder, integer_parts, schedule_parts
+from shardloader.dataset import ShardedDataset, _Control, _integer
+from shardloader.epoch import EpochReport, load_lengths
+from shardloader.errors import ResumeError, UsageError
+from shardloader.format.base import Rows, Sample
+from shardloader.manifest import FieldInfo, Manifest, read_manifest
+from shardloader.shards import ReadOptions, ShardSet, shard_starts
+from shardloader.shuffle import ShuffleOptions, derive_seed
+
+__all__ = ["Source", "Mixture", "MixtureReport", "SourceCounts", "MixedShards"]
+
+_MIX_SEED = 0x6D6978  # domain tag of the sources' own seeds ("mix")
+_MAX_ENTRIES = 64  # weight changes a schedule holds
+BLEND_UNITS = ("samples", "tokens")
+
+
+@dataclass(frozen=True)
+class Source:
+    """One source of a mixture: a packed dataset URL and its own options.
+
+    ``read``: how its shards are fetched (storage options, cache, retries; default the
+    mixture's).  ``shuffle``: its own epochs' shuffle (default the mixture's).  ``seed``: the
+    seed of its own epochs (default derived from the mixture's seed and the source's name, so
+    sources never share an order).
+    """
+
+    url: str
+    read: ReadOptions | None = None
+    shuffle: bool | ShuffleOptions | None = None
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class SourceCounts:
+    """One source's share of a mixture epoch (all ranks together).
+
+    ``samples``: its positions delivered (a sample twice if two of its own epochs fall in
+    this mixture epoch; padding repeats not counted); ``tokens``: their tokens delivered (None
+    without a length field); ``planned``: positions of the blend (before a planner's tail
+    rules, e.g. ``uneven="drop"``);
+    ``epoch``: the source's own epoch at the mixture epoch's end; ``epochs_started``: how many
+    of its own epochs have begun by then; ``weight``: its weight in force (normalised).
+    """
+
+    weight: float
+    planned: int
+    samples: int
+    tokens: int | None
+    epoch: int
+    epochs_started: int
+
+
+@dataclass(frozen=True)
+class MixtureReport(EpochReport):
+    """:class:`~shardloader.epoch.EpochReport` of the mixed stream, plus per source counts."""
+
+    sources: Mapping[str, SourceCounts] = field(default_factory=dict)
+
+
+class MixedShards:
+    """Reads virtual ids through one :class:`ShardSet` per source (the interface a pass and
+    its read-ahead use: locate, read, read_batch(es), ready, prefetch, staging, close)."""
+
+    def __init__(self, sets: list[ShardSet], names: tuple[str, ...], options: ReadOptions) -> None:
+        self.sets, self.names, self.options = sets, names, options
+        sizes = [s.manifest.num_samples for s in sets]
+        self.id_offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        counts = [len(s.manifest.shards) for s in sets]
+        self.shard_offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        self.starts = np.concatenate(
+            [
+                shard_starts(s.manifest)[:-1] + off
+                for s, off in zip(sets, self.id_offsets, strict=False)
+            ]
+            + [self.id_offsets[-1:]]
+        ).astype(np.int64)
+        self.in_place = all(s.in_place for s in sets)
+
+    def _source_of_shard(self, shard: int) -> tuple[ShardSet, int]:
+        s = int(np.searchsorted(self.shard_offsets, shard, side="right") - 1)
+        return self.sets[s], int(shard - self.shard_offsets[s])
+
+    def locate(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(virtual shard number, index inside the shard) of each virtual id."""
+        shards = np.searchsorted(self.starts, ids, side="right") - 1
+        return shards, ids - self.starts[shards]
+
+    def describe(self, shard: int) -> str:
+        own, local = self._source_of_shard(shard)
+        return own.describe(local)
+
+    def url(self, shard: int) -> str:
+        own, local = self._source_of_shard(shard)
+        return own.url(local)
+
+    def read(self, shard: int, local: int) -> Sample:
+        own, own_shard = self._source_of_shard(shard)
+        return own.read(own_shard, local)
+
+    def _split(self, ids: np.ndarray) -> list[tuple[int, np.ndarray]]:
+        """(source, positions in ``ids``) of each source present."""
+        source = np.searchsorted(self.id_offsets, ids, side="right") - 1
+        return [(int(s), np.flatnonzero(source == s)) for s in np.unique(source)]
+
+    def read_batch(self, ids: np.ndarray) -> Rows:
+        out = Rows(len(ids))
+        for s, at in self._split(ids):
+            self.sets[s].read_into(ids[at] - self.id_offsets[s], out, at.tolist())
+        return out
+
+    def read_batches(self, batches: list[np.ndarray]) -> list[Rows]:
+        if len(batches) == 1:
+            return [self.read_batch(batches[0])]
+        return self.read_batch(np.concatenate(batches)).split([len(b) for b in batches])
+
+    def ready(self, batches: list[np.ndarray]) -> int:
+        if self.in_place:
+            return len(batches)
+        for k, ids in enumerate(batches):
+            for s, at in self._split(ids):
+                if not self.sets[s].ready([ids[at] - self.id_offsets[s]]):
+                    return k
+        return len(batches)
+
+    def _by_source(self, shards: Any) -> dict[int, list[int]]:
+        groups: dict[int, list[int]] = {}
+        for shard in shards:
+            s = int(np.searchsorted(self.shard_offsets, shard, side="right") - 1)
+            groups.setdefault(s, []).append(int(shard - self.shard_offsets[s]))
+        return groups
+
+    def prefetch(self, shards: Any) -> None:
+        for s, own in self._by_source(shards).items():
+            self.sets[s].prefetch(own)
+
+    def staging(self, shards: Any) -> bool:
+        return any(self.sets[s].staging(own) for s, own in self._by_source(shards).items())
+
+    def close(self) -> None:
+        for s in self.sets:
+            s.close()
+
+
+class Mixture(ShardedDataset):
+    """Blend named sources by weight into one stream (``shardloader.Mixture``).
+
+    ``sources``: ``{name: url or Source}``; ``weights``: ``{name: weight}`` (any positive
+    scale: ``0.7, 0.3`` or ``7, 3``).  After any prefix of a mixture epoch each source has had
+    its weight's share of the samples within one sample (``by="samples"``, exact: NOTE [the
+    blend] in :mod:`shardloader.blend`).  ``by="tokens"`` turns the weights into token shares
+    by each source's mean tokens per sample (the sample blend keeps its bound; token shares
+    then hold on average over each source's epoch, not within one sample at every prefix).
+    Each source keeps its own epochs, each a fresh seeded permutation in which every sample
+    comes exactly once.  ``epoch_samples``: positions of a mixture epoch (default: all
+    sources' samples together), the unit of ``set_epoch``, resume and weight changes.
+
+    Every other argument is :class:`ShardedDataset`'s (batch size or planner, shuffle, seed,
+    uneven, transform, collate, decoder, on_error, rank/world, read), applied to the mixed
+    stream; ``shuffle`` and ``read`` are also the sources' defaults.
+    """
+
+    def __init__(
+        self,
+        sources: Mapping[str, str | Source],
+        weights: Mapping[str, float],
+        *,
+        epoch_samples: int | None = None,
+        by: str = "samples",
+        shuffle: bool | ShuffleOptions = False,
+        seed: int = 0,
+        read: ReadOptions | None = None,
+        **options: Any,
+    ) -> None:
+        if not isinstance(sources, Mapping) or not sources:
+            raise UsageError("a Mixture needs sources: {name: url or Source}, at least one")
+        if by not in BLEND_UNITS:
+            raise UsageError(f"by={by!r} is not one of {BLEND_UNITS}")
+        planner = options.get("planner")
+        if planner is not None and getattr(planner, "plan_stream", None) is not None:
+            raise UsageError(
+                f"{type(planner).__name__} plans rows of one token stream and cannot blend "
+                "sources; pack rows from a mixture with PackedBatches"
+            )
+        read = read or ReadOptions()
+        base_shuffle = shuffle if isinstance(shuffle, ShuffleOptions) else ShuffleOptions(shuffle)
+        seed = _integer("seed", seed)
+        self.names = tuple(str(n) for n in sources)
+        self.by = by
+        opened: list[tuple[Manifest, str, ReadOptions]] = []
+        shuffles, seeds = [], []
+        for name, given in sources.items():
+            src = Source(given) if isinstance(given, str) else given
+            if not isinstance(src, Source):
+                raise UsageError(f"source {name!r}: expected a URL or a Source, got {given!r}")
+            own_read = src.read or read
+            manifest, base = read_manifest(own_read.store(src.url))
+            if manifest.num_samples == 0:
+                raise UsageError(f"source {name!r} ({src.url}) holds no samples")
+            opened.append((manifest, base, own_read))
+            own = base_shuffle if src.shuffle is None else src.shuffle
+            shuffles.append(own if isinstance(own, ShuffleOptions) else ShuffleOptions(own))
+            tag = zlib.crc32(str(name).encode())
+            seeds.append(derive_seed(seed, _MIX_SEED, tag) if src.seed is None else int(src.seed))
+        self._opened = opened
+        total = sum(m.num_samples for m, _, _ in opened)
+        self.epoch_samples = (
+            total if epoch_samples is None else _integer("epoch_samples", epoch_samples)
+        )
+        if self.epoch_samples < 1:
+            raise UsageError(f"epoch_samples must be >= 1, got {epoch_samples!r}")
+        self._static = (
+            tuple(tuple(int(x) for x in m.shard_sizes) for m, _, _ in opened),
+            tuple(seeds),
+            tuple(shuffles),
+        )
+        parts = self._parts_of(weights, "weights")
+        capacity = 1 + _MAX_ENTRIES * (1 + len(self.names))
+        self._schedule = _Control([1, 0, *parts] + [0] * (capacity - 2 - len(parts)))
+        super().__init__(
+            "mixture:" + ",".join(self.names),
+            shuffle=base_shuffle,
+            seed=seed,
+            read=read,
+            **options,
+        )
+
+    # -- the virtual dataset ----------------------------------------------------------------
+    def _open(self, url: str) -> tuple[Any, str]:
+        """One manifest over every source's shards (paths prefixed with the source name):
+        the fingerprint covers all sources, and the sizes define the virtual ids."""
+        shards: list[Any] = []
+        fields: dict[str, FieldInfo] = {}
+        aliases: dict[str, tuple[str, ...]] = {}
+        lengths = {m.length_field for m, _, _ in self._opened}
+        for name, (m, _, _) in zip(self.names, self._opened, strict=True):
+            for ext, info in m.fields.items():
+                known: FieldInfo | None = fields.get(ext)
+                if known is not None and known != info:
+                    raise UsageError(
+                        f"source {name!r}: field {ext!r} is {info.codec}, another source's is "
+                        f"{known.codec}; sources of a mixture must agree on shared fields"
+                    )
+                fields[ext] = info
+            aliases.update(m.aliases)
+            shards += [
+                dataclasses.replace(s, path=f"{name}/{s.path}", index_path=f"{name}/{s.index_path}")
+                for s in m.shards
+            ]
+        first = self._opened[0][0]
+        manifest = Manifest(
+            first.format,
+            first.compression,
+            fields,
+            shards,
+            length_field=lengths.pop() if len(lengths) == 1 else None,
+            extra={"mixture": list(self.names)},
+            aliases=aliases,
+        )
+        return manifest, url
+
+    def _load_lengths(self, required: bool) -> np.ndarray | None:
+        parts = []
+        for name, (m, base, read) in zip(self.names, self._opened, strict=True):
+            if m.length_field is None or m.length_field != self.manifest.length_field:
+                if not required:
+                    return None
+                raise UsageError(
+                    f"the planner needs per-sample lengths but source {name!r} records "
+                    f"{m.length_field!r} and the mixture {self.manifest.length_field!r}; pack "
+                    "every source with the same text/token field"
+                )
+            got = load_lengths(m, base, read, required=required)
+            if got is None:
+                return None
+            parts.append(got)
+        return np.concatenate(parts)
+
+    def _shard_set(self, where: str, working_set: int) -> Any:
+        sets = [  # every error then names the source too: "(source 'web', rank 0/2, ...)"
+            ShardSet(m, base, read, f"source {name!r}, {where}", working_set)
+            for name, (m, base, read) in zip(self.names, self._opened, strict=True)
+        ]
+        return MixedShards(sets, self.names, self.read_options)
+
+    def _order_source(self) -> MixOrder:
+        sizes, seeds, shuffles = self._static
+        return MixOrder(sizes, seeds, shuffles, self.epoch_samples, self._entries())
+
+    def order(self, epoch: int | None = None) -> np.ndarray:
+        """The blended order of mixture epoch ``epoch`` (default: current), as virtual ids
+        (source ``s``'s sample ``i`` is ``offsets[s] + i``); pure, reads no shard."""
+        return self._order_source().order(self.epoch if epoch is None else epoch)
+
+    @property
+    def offsets(self) -> dict[str, int]:
+        """Each source's first virtual id."""
+        sizes = [m.num_samples for m, _, _ in self._opened]
+        return dict(zip(self.names, np.cumsum([0, *sizes[:-1]]).tolist(), strict=True))
+
+    # -- weights and their schedule ---------------------------------------------------------
+    def _parts_of(self, weights: Mapping[str, float], where: str) -> tuple[int, ...]:
+        if not isinstance(weights, Mapping):
+            raise UsageError(f"{where} must be a mapping {{source name: weight}}, got {weights!r}")
+        parts = schedule_parts(self.names, weights, where)
+        if self.by == "tokens":  # weight per sample = token weight / mean tokens per sample
+            means = self._mean_tokens()
+            parts = integer_parts([p / m for p, m in zip(parts, means, strict=True)])
+        return parts
+
+    def _mean_tokens(self) -> list[float]:
+        means = []
+        for name, (m, base, read) in zip(self.names, self._opened, strict=True):
+            lengths = load_lengths(m, base, read, required=False) if m.length_field else None
+            if lengths is None or not lengths.sum():
+                raise UsageError(
+                    f"by='tokens' needs token counts, but source {name!r} records no lengths "
+                    "(pack it with a text or token field)"
+                )
+            means.append(float(lengths.mean()))
+        return means
+
+    def _entries(self) -> tuple[tuple[int, tuple[int, ...]], ...]:
+        values, k = self._schedule.get(), len(self.names)
+        out = []
+        for e in range(values[0]):
+            at = 1 + e * (1 + k)
+            out.append((values[at], tuple(values[at + 1 : at + 1 + k])))
+        return tuple(out)
+
+    def _store(self, entries: list[tuple[int, tuple[int, ...]]]) -> None:
+        if len(entries) > _MAX_ENTRIES:
+            raise UsageError(f"a mixture holds at most {_MAX_ENTRIES} weight changes")
+        k = len(self.names)
+        for e, (start, parts) in enumerate(entries):
+            at = 1 + e * (1 + k)
+            self._schedule.set(at, start)
+            for s, p in enumerate(parts):
+                self._schedule.set(at + 1 + s, p)
+        self._schedule.set(0, len(entries))
+        self._plan_cache, self._len_cache = None, None
+
+    def _set_parts(self, parts: tuple[int, ...], epoch: int) -> None:
+        kept = [(e, p) for e, p in self._entries() if e < epoch]
+        if not kept or kept[-1][1] != parts:
+            kept.append((epoch, parts))
+        self._store(kept)
+
+    def set_weights(self, weights: Mapping[str, float], *, epoch: int) -> None:
+        """Blend with ``weights`` from mixture epoch ``epoch`` on; epochs before keep theirs
+        and later changes already scheduled are replaced.  ``epoch`` is explicit: after a pass
+        the dataset cannot tell a finished epoch from one not begun, and an epoch's batches
+        must keep the weights they were planned with (NOTE [mixture state]).  Call it between
+        passes (never during one)."""
+        epoch = _integer("epoch", epoch)
+        if epoch < 0:
+            raise UsageError(f"epoch must be >= 0, got {epoch}")
+        self._set_parts(self._parts_of(weights, "weights"), epoch)
+
+    @property
+    def schedule(self) -> list[tuple[int, dict[str, float]]]:
+        """``(from_epoch, {name: weight})`` of every weight change, weights normalised."""
+        return [(e, self._normalised(p)) for e, p in self._entries()]
+
+    def weights(self, epoch: int | None = None) -> dict[str, float]:
+        """The (normalised) weights in force for mixture epoch ``epoch`` (default: current)."""
+        return self._normalised(
+            self._order_source().parts_at(self.epoch if epoch is None else epoch)
+        )
+
+    def _normalised(self, parts: tuple[int, ...]) -> dict[str, float]:
+        total = sum(parts)
+        return {n: p / total for n, p in zip(self.names, parts, strict=True)}
+
+    def extra_state(self) -> dict[str, Any]:
+        """What the loader state adds (NOTE [mixture state]): sources and weight schedule."""
+        return {
+            "mixture": {
+                "sources": list(self.names),
+                "by": self.by,
+                "schedule": [[e, list(p)] for e, p in self._entries()],
+            }
+        }
+
+    def load_extra_state(self, state: Mapping[str, Any], epoch: int, position: int) -> None:
+        """Replay a saved schedule; weights passed to this Mixture that differ from the ones
+        saved for the resumed epoch apply from the next epoch not yet begun."""
+        saved = state.get("mixture")
+        if not isinstance(saved, Mapping):
+            raise ResumeError("the saved state has no 'mixture' entry: it is not a Mixture's")
+        if list(saved.get("sources", ())) != list(self.names):
+            raise ResumeError(
+                f"saved mixture sources {saved.get('sources')!r} are not this mixture's "
+                f"{list(self.names)}: pass the same sources, in the same order"
+            )
+        try:
+            entries = [(int(e), tuple(int(x) for x in p)) for e, p in saved["schedule"]]
+        except (KeyError, TypeError, ValueError) as err:
+            raise ResumeError(
+                f"saved mixture schedule {saved.get('schedule')!r} is malformed"
+            ) from err
+        if (
+            not entries
+            or entries[0][0] != 0
+            or any(len(p) != len(self.names) or sum(p) <= 0 or min(p) < 0 for _, p in entries)
+            or any(a[0] >= b[0] for a, b in zip(entries, entries[1:], strict=False))
+        ):
+            raise ResumeError(f"saved mixture schedule {saved.get('schedule')!r} is malformed")
+        mine = self._entries()[-1][1]  # the weights this Mixture was made with
+        self._store(entries)
+        boundary = epoch if position == 0 else epoch + 1
+        if self._order_source().parts_at(boundary) != mine:
+            self._set_parts(mine, boundary)
+
+    # -- reporting --------------------------------------------------------------------------
+    def report(self, epoch: int | None = None) -> MixtureReport:
+        """:meth:`ShardedDataset.report` of the mixed stream plus per source counts."""
+        base = super().report(epoch)
+        e = base.epoch
+        plan = self._plan(e, 0, self.rank, self.world_size)
+        lengths = self._lengths if self._lengths is not None else self._lengths_for_report()
+        kept = plan.batches[: plan.num_batches - plan.slots.dropped_batches]
+        offsets = np.concatenate([[0], np.cumsum([m.num_samples for m, _, _ in self._opened])])
+        k = len(self.names)
+        tokens = np.zeros(k, np.int64)
+        if kept and kept[0].ndim == 2:  # segments (id, start, stop): a document starts at 0
+            seg = np.concatenate(kept)
+            seg_src = np.searchsorted(offsets, seg[:, 0], side="right") - 1
+            samples = np.bincount(seg_src[seg[:, 1] == 0], minlength=k)
+            tokens += np.bincount(seg_src, seg[:, 2] - seg[:, 1], k).astype(np.int64)
+        else:  # each position once: the tail a last batch repeats to fill up is not counted
+            ids = np.concatenate(kept or [np.zeros(0, np.int64)]).astype(np.int64)
+            if plan.pad_in_last and len(kept) == plan.num_batches:
+                ids = ids[: len(ids) - plan.pad_in_last]
+            src = np.searchsorted(offsets, ids, side="right") - 1
+            samples = np.bincount(src, minlength=k)
+            if lengths is not None:
+                tokens += np.bincount(src, lengths[ids], k).astype(np.int64)
+        flat = kept and kept[0].ndim == 2
+        mix = self._order_source()
+        planned = np.bincount(mix.sources(e), minlength=len(self.names))
+        own_epoch, started = mix.source_epochs(e)
+        weights = self._normalised(mix.parts_at(e))
+        counts = {
+            name: SourceCounts(
+                weights[name],
+                int(planned[s]),
+                int(samples[s]),
+                None if lengths is None and not flat else int(tokens[s]),
+                int(own_epoch[s]),
+                int(started[s]),
+            )
+            for s, name in enumerate(self.names)
+        }
+        values = {f.name: getattr(base, f.name) for f in dataclasses.fields(EpochReport)}
+        values["num_samples"] = self.epoch_samples
+        return MixtureReport(**values, sources=counts)

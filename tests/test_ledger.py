@@ -1,0 +1,174 @@
+"""The exactly-once ledger: computed from the plan, it agrees with ``ds.report()`` and with
+what real DataLoader workers deliver on every rank; run-time skips are appended per rank and
+merged."""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+
+import pytest
+from helpers import batch_ids, write_dataset
+
+import shardloader as sl
+from shardloader.batching import FixedBatches, PackedBatches, TokenBudgetBatches
+from shardloader.ledger import Ledger, merge_skips
+
+SIZES = [1, 120, 3, 17, 59]  # 200 samples; lengths are the payload sizes (32..160)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    d = str(tmp_path_factory.mktemp("ledger"))
+    write_dataset(d, SIZES, compression="zstd")
+    return d
+
+
+def make(path, **kw):
+    kw.setdefault("read", sl.ReadOptions(cache=sl.CacheOptions(dir=os.path.join(path, "_cache"))))
+    return sl.ShardedDataset(path, **kw)
+
+
+def spans(samples):
+    return [(int(s["__index__"]), *s.get("__span__", (0, 0)), bool(s["__pad__"])) for s in samples]
+
+
+def kw(case):
+    return {**case, "collate_fn": spans}
+
+
+CASES = [
+    dict(batch_size=7, uneven="pad"),
+    dict(batch_size=7, uneven="drop"),
+    dict(planner=FixedBatches(9, drop_last=True), uneven="drop"),
+    dict(planner=TokenBudgetBatches(300, window=16, oversize="drop"), uneven="pad"),
+    dict(planner=TokenBudgetBatches(300, window=16, oversize="truncate"), uneven="drop"),
+    dict(planner=PackedBatches(96, 2, window=8, long_docs="truncate", tail="drop"), uneven="drop"),
+    dict(planner=PackedBatches(96, 3, window=8, long_docs="drop", fit="best"), uneven="pad"),
+    dict(planner=PackedBatches(64, 2, window=8, tail="drop"), uneven="drop"),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: str(c.get("planner", c)))
+def test_ledger_counts_equal_the_report(data, case):
+    for world in (1, 3):
+        ds = make(data, shuffle=True, seed=4, rank=0, world_size=world, **kw(case))
+        report, ledger = ds.report(1), ds.ledger(1)
+        counts = ledger.counts()
+        assert counts["padded"] == report.padded_samples
+        assert counts["dropped"] == report.dropped_samples
+        assert counts["truncated"] == report.truncated_samples
+        assert counts["skipped"] == 0 and ledger.num_samples == 200
+        if report.truncated_tokens is not None:
+            cut = sum(e.tokens for e in ledger.entries if e.status != "padded")
+            assert cut == report.truncated_tokens + report.dropped_tokens
+        assert all(e.reason for e in ledger.entries)
+        assert (
+            make(data, shuffle=True, seed=4, rank=2 % world, world_size=world, **kw(case)).ledger(1)
+            == ledger
+        )  # every rank computes the same ledger
+
+
+@pytest.mark.parametrize("case", CASES[1:3] + CASES[5:], ids=str)
+def test_delivered_plus_ledger_dropped_is_every_sample(data, case):
+    """Through real workers on every rank: delivered ∪ dropped = all, disjoint; a truncated
+    sample arrives in part; repeats flagged __pad__ are the ledger's padding."""
+    world = 3
+    ledger = make(data, shuffle=True, seed=4, world_size=world, rank=0, **kw(case)).ledger(0)
+    got, pads = Counter(), Counter()
+    for rank in range(world):
+        ds = make(data, shuffle=True, seed=4, world_size=world, rank=rank, **kw(case))
+        for batch in sl.make_loader(ds, num_workers=2):
+            for i, _, _, pad in batch:
+                (pads if pad else got)[i] += 1
+    delivered = set(got)
+    assert not delivered & set(ledger.dropped)
+    assert delivered | set(ledger.dropped) == set(range(200))
+    assert set(ledger.truncated) <= delivered
+    if "planner" not in case or not isinstance(case["planner"], PackedBatches):
+        assert all(c == 1 for c in got.values())  # whole samples: once each
+        assert pads == Counter(ledger.padded)
+
+
+def test_reasons_name_the_policy(data):
+    ds = make(
+        data,
+        planner=PackedBatches(96, 2, window=8, long_docs="drop"),
+        collate_fn=spans,
+        shuffle=True,
+    )
+    reasons = {e.reason.split(":")[0] for e in ds.ledger(0).entries if e.status == "dropped"}
+    assert reasons == {"long_docs='drop'"}
+    ds = make(data, batch_size=7, uneven="drop", rank=0, world_size=3)
+    reasons = {e.reason for e in ds.ledger(0).entries}
+    assert any("uneven='drop'" in r and "partial last batch" in r for r in reasons)
+    ds = make(data, batch_size=7, uneven="pad", rank=0, world_size=3)
+    reasons = {e.reason for e in ds.ledger(0).entries}
+    assert any("last batch to batch_size=7" in r for r in reasons)
+    assert any("so every one of 3 ranks" in r for r in reasons)
+
+
+class FailOn:
+    """A transform that rejects some samples as undecodable, as corrupt records would be."""
+
+    def __init__(self, bad: set[int]) -> None:
+        self.bad = bad
+
+    def __call__(self, sample: dict) -> dict:
+        if int(sample["__index__"]) in self.bad:
+            raise sl.DecodeError(f"sample {sample['__index__']} is corrupt")
+        return sample
+
+
+def test_run_time_skips_are_appended_per_rank_and_merged(data, tmp_path):
+    bad = {5, 77, 150}
+    skips = str(tmp_path / "skips")
+    got = Counter()
+    for rank in range(2):
+        ds = make(
+            data,
+            batch_size=8,
+            shuffle=True,
+            seed=3,
+            rank=rank,
+            world_size=2,
+            transform=FailOn(bad),
+            on_error="skip",
+        )
+        ds.record_skips(skips)
+        ds.set_epoch(2)
+        for batch in sl.make_loader(ds, num_workers=2):
+            for i, p in zip(batch_ids(batch), batch["__pad__"].tolist(), strict=True):
+                if not p:
+                    got[i] += 1
+    assert sorted(os.listdir(skips)) == ["skips-rank00000.jsonl", "skips-rank00001.jsonl"] or (
+        len(os.listdir(skips)) == 1
+    )
+    records = merge_skips(skips, epoch=2)
+    assert [r.sample for r in records] == sorted(bad)
+    assert all(r.epoch == 2 and "DecodeError" in r.reason and r.key for r in records)
+    assert merge_skips(skips, epoch=1) == []
+    ledger = make(data, batch_size=8, shuffle=True, seed=3, rank=0, world_size=2).ledger(2)
+    full = ledger.with_skips(records)
+    assert full.counts()["skipped"] == 3 and set(full.skipped) == bad
+    assert set(got) | set(full.dropped) | set(full.skipped) == set(range(200))
+    assert not set(got) & set(full.skipped)
+    path = str(tmp_path / "ledger.jsonl")
+    full.write(path)
+    assert Ledger.read(path) == full
+
+
+def test_a_reshaped_epoch_has_a_ledger_that_matches_its_report(data):
+    ds = make(data, batch_size=6, shuffle=True, seed=1, rank=0, world_size=2)
+    ds.set_epoch(1)
+    loader = sl.make_loader(ds)
+    for step, _ in enumerate(loader):
+        if step == 2:
+            state = loader.state_dict()
+            break
+    ds = make(data, batch_size=4, shuffle=True, seed=1, rank=0, world_size=3, uneven="pad")
+    loader = sl.make_loader(ds)
+    loader.load_state_dict(state)
+    assert ds.reshapes == ((6, 6),)
+    report, counts = ds.report(), ds.ledger().counts()
+    assert counts["padded"] == report.padded_samples and counts["dropped"] == 0
