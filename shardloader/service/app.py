@@ -17,7 +17,7 @@ from shardloader.errors import UsageError
 from shardloader.service.metrics import Metrics
 from shardloader.service.options import ServeOptions
 from shardloader.service.stream import Receive, Request, Scope, Send, Stream, steps_of_pass
-from shardloader.service.wire import PROTOCOL
+from shardloader.service.wireframes import PROTOCOL
 
 __all__ = ["Service", "create_app"]
 

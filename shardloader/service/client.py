@@ -40,7 +40,8 @@ from shardloader.service.transport import (
     next_delay,
     remote_error,
 )
-from shardloader.service.wire import PROTOCOL, decode_batches, read_frame, shm_span
+from shardloader.service.wiredecode import decode_batches
+from shardloader.service.wireframes import PROTOCOL, read_frame, shm_span
 from shardloader.split import Place
 from shardloader.storage.retry import RetryPolicy, TruncatedBodyError
 from shardloader.world import detect_world

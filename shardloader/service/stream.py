@@ -33,14 +33,13 @@ from shardloader.service.metrics import Metrics
 from shardloader.service.options import ServeOptions
 from shardloader.service.ring import Arrived, SharedRing, ring_maker
 from shardloader.service.shm import WAIT_SECONDS, Segment
-from shardloader.service.wire import (
-    PROTOCOL,
+from shardloader.service.wireencode import (
     encode_batches,
     encode_control,
     encode_forward,
     encode_header,
-    frame_size,
 )
+from shardloader.service.wireframes import PROTOCOL, frame_size
 from shardloader.transport import BUNDLE_BYTES, MAX_BUNDLE, unbundle, worker_bundle
 
 __all__ = ["Request", "Stream", "needs_serial_pipeline", "pass_dataset", "steps_of_pass", "warm_up"]
