@@ -1,5 +1,5 @@
 """Streams of a ``--workers 0`` server share one process's global RNGs (NOTE [serial pipeline] in
-shardloader/service/stream.py): a pipeline whose code may draw from them runs one batch at a
+shardloader/service/passes.py): a pipeline whose code may draw from them runs one batch at a
 time, so concurrent streams still yield a local loader's batches byte for byte; a pipeline that
 draws nothing from them needs no lock."""
 
@@ -17,7 +17,7 @@ from test_service_support import InProcessServer, Noise, digest
 
 import shardloader as sl
 from shardloader.collate import PadCollate, collate_samples
-from shardloader.service.stream import needs_serial_pipeline
+from shardloader.service.passes import needs_serial_pipeline
 
 
 class SlowNoise:

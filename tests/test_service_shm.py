@@ -27,7 +27,7 @@ from shardloader.batching.blocks import TokenBlocks
 from shardloader.pack import PackOptions, pack
 from shardloader.service import RemoteLoader
 from shardloader.service.shm import leftover_segments
-from shardloader.service.wire import read_frame
+from shardloader.service.wireframes import read_frame
 
 SEQ, ROWS = 16, 3
 UNEVEN = [1, 120, 3, 0, 17, 59]

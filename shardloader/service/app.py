@@ -16,8 +16,10 @@ from shardloader.dataset import ShardedDataset
 from shardloader.errors import UsageError
 from shardloader.service.metrics import Metrics
 from shardloader.service.options import ServeOptions
-from shardloader.service.stream import Receive, Request, Scope, Send, Stream, steps_of_pass
-from shardloader.service.wire import PROTOCOL
+from shardloader.service.passes import steps_of_pass
+from shardloader.service.response import Receive, Scope, Send
+from shardloader.service.stream import Request, Stream
+from shardloader.service.wireframes import PROTOCOL
 
 __all__ = ["Service", "create_app"]
 

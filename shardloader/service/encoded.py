@@ -27,7 +27,7 @@ from __future__ import annotations
 from typing import Any
 
 from shardloader.service.shm import Segment
-from shardloader.service.wire import encode_placed
+from shardloader.service.wireencode import encode_placed
 
 __all__ = ["Encoded", "EncodeInWorker"]
 

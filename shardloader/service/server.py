@@ -16,7 +16,7 @@ from shardloader.dataset import ShardedDataset
 from shardloader.errors import UsageError
 from shardloader.service.app import create_app
 from shardloader.service.options import ServeOptions, is_loopback
-from shardloader.service.stream import pass_dataset, steps_of_pass, warm_up
+from shardloader.service.passes import pass_dataset, steps_of_pass, warm_up
 
 __all__ = [
     "ServeOptions",

@@ -9,7 +9,10 @@ lost its connection asks again with J = the first step it has not received.  The
 dataset planned from P (exactly what a local loader resumed at P reads); the first J steps of
 this rank are cut from the plan, never read.
 
-A slow client blocks its producer (the slots), so memory stays flat.
+A slow client blocks its producer (the slots), so memory stays flat.  The pass itself is
+planned in :mod:`shardloader.service.passes`, the stream's shared memory is kept in
+:mod:`shardloader.service.streamshm`, and the event loop's side, the HTTP response, is
+:mod:`shardloader.service.response`.
 """
 
 from __future__ import annotations
@@ -20,96 +23,39 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from shardloader.dataset import ShardedDataset
 from shardloader.errors import ShardloaderError
 from shardloader.loader import make_loader
-from shardloader.samples import pipeline_draws
-from shardloader.service.encoded import Encoded, EncodeInWorker
+from shardloader.service.encoded import Encoded
 from shardloader.service.metrics import Metrics
 from shardloader.service.options import ServeOptions
+from shardloader.service.passes import (
+    SERIAL_PIPELINE,
+    needs_serial_pipeline,
+    pass_dataset,
+    steps_of_pass,
+    warm_up,
+)
+from shardloader.service.response import Receive, Scope, Send, stream_response
 from shardloader.service.ring import Arrived, SharedRing, ring_maker
-from shardloader.service.shm import WAIT_SECONDS, Segment
-from shardloader.service.wire import (
-    PROTOCOL,
+from shardloader.service.shm import WAIT_SECONDS
+from shardloader.service.streamshm import StreamMemory
+from shardloader.service.wireencode import (
     encode_batches,
     encode_control,
     encode_forward,
     encode_header,
-    frame_size,
 )
+from shardloader.service.wireframes import frame_size
 from shardloader.transport import BUNDLE_BYTES, MAX_BUNDLE, unbundle, worker_bundle
 
 __all__ = ["Request", "Stream", "needs_serial_pipeline", "pass_dataset", "steps_of_pass", "warm_up"]
 
 log = logging.getLogger(__name__)
-
-# NOTE [serial pipeline]: ShardedDataset seeds torch's, numpy's and random's *global* generators
-# from (seed, epoch, global batch) before each batch, for transforms that draw from them
-# (DESIGN.md, "Order and split" 6).  With --workers 0 every stream's pipeline runs in a producer
-# thread of this one process: a stream that reseeds between another stream's seeding and its
-# draws changes that stream's batch, which then differs from a local loader's.  Such pipelines
-# take one batch at a time (seed, load, transform, collate under this lock; the loader's first
-# step, which draws its base seed from torch's global generator, included).  Pipelines whose
-# code draws nothing from the global generators (needs_serial_pipeline) run streams in
-# parallel; with workers > 0 each stream's pipeline runs in its own worker processes, and
-# nothing is shared.  tests/test_service_serial.py runs concurrent streams both ways.
-_SERIAL_PIPELINE = threading.Lock()
-
-Scope = dict[str, Any]
-Receive = Callable[[], Awaitable[dict[str, Any]]]
-Send = Callable[[dict[str, Any]], Awaitable[None]]
-
-
-# -- the pass a stream reads (pure planning over the dataset) ---------------------------------
-
-
-def pass_dataset(
-    dataset: ShardedDataset, epoch: int, position: int, rank: int, world_size: int, skip: int = 0
-) -> ShardedDataset:
-    """A copy of ``dataset`` reading rank ``rank``'s steps ``skip..`` of the pass from ``position``.
-
-    Batch for batch what a local loader at (epoch, position) yields from its ``skip``-th step,
-    padding repeats included: rank ``r``'s step ``j`` of that pass is global slot
-    ``position + j * world_size + r``, and padding depends only on the slot.
-    """
-    view = dataset.for_rank(rank, world_size)
-    view.seek(epoch, position + skip * world_size)
-    return view
-
-
-def warm_up(dataset: ShardedDataset) -> None:
-    """Read one batch here, before any stream forks workers.
-
-    Lazy imports of the read path (arrow, codecs, image libraries) then happen once in this
-    process instead of in every worker of every stream, the first shards are staged, and a
-    broken pipeline fails at start, not in a client's epoch.
-    """
-    if steps_of_pass(dataset, 0, 0, 1) == 0:
-        return
-    batches = iter(make_loader(pass_dataset(dataset, 0, 0, 0, 1), num_workers=0))
-    try:  # no lock: no stream runs yet
-        next(batches)
-    finally:
-        batches.close()  # type: ignore[attr-defined]
-
-
-def needs_serial_pipeline(dataset: ShardedDataset) -> bool:
-    """Whether ``dataset`` runs code that may draw from the global RNGs, so that its streams
-    must take turns when they share a process (NOTE [serial pipeline]): a transform, custom
-    decoders, or a collate that is not shardloader's own (:func:`shardloader.samples.
-    pipeline_draws`, the rule the dataset seeds by)."""
-    return pipeline_draws(dataset.transform, dataset.decoder, dataset.collate_fn)
-
-
-def steps_of_pass(dataset: ShardedDataset, epoch: int, position: int, world_size: int) -> int:
-    """Steps per rank of the pass of ``epoch`` that begins after ``position`` global batches."""
-    view = dataset.for_rank(0, world_size)
-    view.seek(epoch, position)
-    return len(view)
 
 
 # -- one stream: producer thread → bounded slots → event loop ---------------------------------
@@ -150,10 +96,8 @@ class Stream:
         # a frame appended in between is not missed).
         self.pending: collections.deque[tuple[list[Any], bool, int, int]] = collections.deque()
         self.waiting = False
-        self._wake: asyncio.Event | None = None
-        self.segment: Segment | None = None  # the stream's shared memory, once made
-        self.ring: SharedRing | None = None  # its workers' ring, when the client can map it
-        self.encoded = 0  # batch frames the workers encoded into shared memory
+        self.wake: asyncio.Event | None = None
+        self.memory = StreamMemory(options, metrics, self.id)  # NOTE [shm handover]
         self.slots = threading.Semaphore(options.max_inflight)
         self.stop = threading.Event()
         self.produced = 0  # batch frames handed to the event loop (producer thread writes)
@@ -232,8 +176,8 @@ class Stream:
         return True
 
     def _nudge(self) -> None:
-        if self._wake is not None:
-            self._wake.set()
+        if self.wake is not None:
+            self.wake.set()
 
     def _produce(self) -> None:
         r = self.req
@@ -251,7 +195,7 @@ class Stream:
                         # NOTE [forwarded slots]: workers write into memory the client maps
                         extra["make_ring"] = ring_maker(self.options.shm_dir, 4)
                     elif r.shm and self.options.shm_dir:
-                        self._worker_segment(extra)  # NOTE [worker slots]
+                        self.memory.for_workers(extra)  # NOTE [worker slots]
                 try:
                     loader = make_loader(view, num_workers=self.options.workers, **extra)
                 except OSError as err:  # no room in /dev/shm for the ring: copy instead
@@ -261,7 +205,7 @@ class Stream:
                 ring = getattr(loader.worker_init_fn, "ring", None)
                 if not isinstance(ring, SharedRing):
                     ring = None
-                self.ring = ring
+                self.memory.ring = ring
                 serial = not self.options.workers and needs_serial_pipeline(view)
                 # with a shared ring, the DataLoader's own items: bundles stay whole
                 items = _items(loader) if ring is not None else iter(loader)
@@ -270,12 +214,12 @@ class Stream:
                 try:
                     reserve = self.options.workers * (self.options.prefetch_factor + 2)
                     while not self.stop.is_set():
-                        if ring is not None and self._attached():
+                        if ring is not None and self.memory.attached():
                             ring.wait_room(reserve, WAIT_SECONDS)
                         self._busy_since = t0 = time.monotonic()
                         try:
                             if serial:
-                                with _SERIAL_PIPELINE:
+                                with SERIAL_PIPELINE:
                                     item = next(items)
                             else:
                                 item = next(items)
@@ -293,11 +237,11 @@ class Stream:
                             if not self._put(frame, False, item.count):
                                 return
                             self.produced += item.count
-                            self.encoded += 1
+                            self.memory.encoded += 1
                             step += item.count
                             continue
                         if isinstance(item, Arrived):
-                            if self._attached():
+                            if self.memory.attached():
                                 if group:
                                     if not self._send(step, group):
                                         return
@@ -345,44 +289,7 @@ class Stream:
         except Exception as err:
             self._fail(step, err)
         finally:
-            segment, self.segment = self.segment, None
-            if segment is not None:  # only this thread writes to it
-                with self.metrics.lock:
-                    self.metrics.shm_frames += segment.used + self.encoded
-                    self.metrics.shm_worker_frames += self.encoded
-                    self.metrics.shm_fallbacks += segment.fallbacks
-                    self.metrics.shm_forwarded += ring.forwarded if ring is not None else 0
-                segment.close()
-            if ring is not None:
-                ring.unlink()
-            self.ring = None
-
-    def _worker_segment(self, extra: dict[str, Any]) -> None:
-        """Make the segment before the workers fork, with a share of slots for each of them
-        and one for this process, and let the workers encode into it (NOTE [worker slots])."""
-        hint = self.metrics.frame_hint  # the batches' size, from the streams before
-        if not hint:
-            return
-        workers = self.options.workers
-        per = self.options.prefetch_factor + 3  # in flight, queued here, held by the client
-        assert self.options.shm_dir is not None
-        try:
-            segment = Segment(self.options.shm_dir, (workers + 1) * per, hint * 3 // 2)
-        except OSError as err:
-            log.info("stream %d: no shared memory (%s); sending over TCP", self.id, err)
-            return
-        segment.mine = (workers * per, (workers + 1) * per)
-        self.segment = segment
-        extra["collate_fn"] = EncodeInWorker(segment, per)
-
-    def _attached(self) -> bool:
-        """Whether the client maps the stream's shared memory (then no name is left)."""
-        segment = self.segment
-        if segment is None or not segment.attached:
-            return False
-        if self.ring is not None:
-            self.ring.unlink()
-        return True
+            self.memory.close()
 
     def _send(self, step: int, group: list[Any]) -> bool:
         """Encode ``group`` (steps ``step..``) as one frame and queue it (False: the stream
@@ -395,8 +302,7 @@ class Stream:
         of microseconds, more than a token batch takes to make.  The client
         counts every batch of a frame as a step, so resuming works as with one per frame.
         """
-        place = self.segment.place if self.segment is not None else None
-        chunks = encode_batches(step, group, place)
+        chunks = encode_batches(step, group, self.memory.place)
         if not self._put(chunks, False, len(group), len(group)):
             return False
         self.produced += len(group)
@@ -404,26 +310,13 @@ class Stream:
 
     def _open_segment(self, step: int, frame_bytes: int) -> bool:
         """Make the stream's segment, its slots sized for frames of ``frame_bytes``, and
-        announce it (False: the stream stopped).  Slots: the frames queued here, those the
-        client holds (its read-ahead, the batch being decoded, the loop's current and last
-        batch) and one spare."""
-        folder = self.options.shm_dir
-        if folder is None:
+        announce it (False: the stream stopped)."""
+        announce = self.memory.open(frame_bytes)
+        if announce is None:
             return True
-        try:
-            if self.segment is None:
-                self.segment = Segment(
-                    folder, self.options.max_inflight + 6, max(frame_bytes * 5 // 4, 1 << 16)
-                )
-        except OSError as err:  # no /dev/shm, full, not writable: TCP it is
-            log.info("stream %d: no shared memory (%s); sending over TCP", self.id, err)
-            return True
-        announce = self.segment.announce()
-        if self.ring is not None:
-            announce["ring"] = self.ring.announce()
         if not self._put([encode_control("shm", step, **announce)], False):
             return False
-        self.segment.wait_attached(0.2)  # the client maps it as soon as it reads the frame
+        self.memory.wait_attached(0.2)  # the client maps it as soon as it reads the frame
         return True
 
     def _fail(self, step: int, err: Exception) -> None:
@@ -448,88 +341,7 @@ class Stream:
     # -- event loop -----------------------------------------------------------------------
     async def respond(self, scope: Scope, receive: Receive, send: Send) -> None:
         """The ASGI response: frames as they come, pings while none do, until end or disconnect."""
-        left = asyncio.ensure_future(_disconnected(receive))
-        try:
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": 200,
-                    "headers": [
-                        (b"content-type", b"application/x-shardloader-frames"),
-                        (b"cache-control", b"no-store"),
-                        (b"x-shardloader-protocol", str(PROTOCOL).encode()),
-                    ],
-                }
-            )
-            wake = asyncio.Event()
-            self._wake = wake
-            while True:
-                if not self.pending:  # NOTE [frame hand-off]
-                    self.waiting = True
-                    if not self.pending:
-                        nudge = asyncio.ensure_future(wake.wait())
-                        done, _ = await asyncio.wait(
-                            {nudge, left},
-                            timeout=self.options.ping_interval,
-                            return_when=asyncio.FIRST_COMPLETED,
-                        )
-                        nudge.cancel()
-                        if left in done:
-                            return
-                        if not done and not self.pending:
-                            await send(
-                                {
-                                    "type": "http.response.body",
-                                    "more_body": True,
-                                    "body": encode_control("ping", self.next_step),
-                                }
-                            )
-                    self.waiting = False
-                    wake.clear()
-                    continue
-                small = bytearray()  # the frames queued now go out as one body where small
-                last = False
-                while self.pending and not last:
-                    chunks, last, count, permits = self.pending.popleft()
-                    for chunk in chunks:
-                        if memoryview(chunk).nbytes < _PIECE:
-                            small += chunk
-                            continue
-                        if small:
-                            await send(
-                                {
-                                    "type": "http.response.body",
-                                    "body": bytes(small),
-                                    "more_body": True,
-                                }
-                            )
-                            small = bytearray()
-                        for piece in _pieces(chunk):
-                            await send(
-                                {"type": "http.response.body", "body": piece, "more_body": True}
-                            )
-                    self.slots.release(permits)
-                    if not last:
-                        self.sent += count
-                        self.next_step += count
-                        with self.metrics.lock:
-                            self.metrics.batches += count
-                            self.metrics.bytes += frame_size(chunks)
-                if small:
-                    await send(
-                        {"type": "http.response.body", "body": bytes(small), "more_body": True}
-                    )
-                if last:
-                    break
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-        except OSError:
-            pass  # the client went away mid-write
-        finally:
-            left.cancel()
-            self.close()
-
-
-_PIECE = 1 << 18
+        await stream_response(self, scope, receive, send)
 
 
 def _items(loader: Any) -> Iterator[Any]:
@@ -543,25 +355,3 @@ def _items(loader: Any) -> Iterator[Any]:
         yield from it
     finally:
         del it  # shuts the workers down
-
-
-def _pieces(chunk: Any) -> Iterator[Any]:
-    """A large chunk in 256 KiB slices (views, no copy).
-
-    NOTE: the HTTP layer copies every body it is given (chunked framing), and the event loop's
-    transport copies whatever the socket does not take at once.  Pieces the size of a socket
-    buffer are mostly taken at once and stay below the allocator's mmap threshold, which on
-    9.6 MB image batches halves the server's CPU per batch.
-    """
-    view = memoryview(chunk)
-    if view.nbytes <= _PIECE:
-        yield chunk
-        return
-    view = view.cast("B")
-    for start in range(0, view.nbytes, _PIECE):
-        yield view[start : start + _PIECE]
-
-
-async def _disconnected(receive: Receive) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass

@@ -1,0 +1,127 @@
+"""The event loop's end of a stream: the HTTP response that writes the frames a stream's producer
+thread hands over (NOTE [frame hand-off] in :mod:`shardloader.service.stream`), with pings while
+the pipeline has none ready, until the pass ends or the client leaves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from shardloader.service.wireencode import encode_control
+from shardloader.service.wireframes import PROTOCOL, frame_size
+
+if TYPE_CHECKING:
+    from shardloader.service.stream import Stream
+
+__all__ = ["Receive", "Scope", "Send", "stream_response"]
+
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+async def stream_response(stream: Stream, scope: Scope, receive: Receive, send: Send) -> None:
+    """``stream``'s ASGI response: frames as they come, pings while none do, until end or
+    disconnect."""
+    left = asyncio.ensure_future(_disconnected(receive))
+    try:
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [
+                    (b"content-type", b"application/x-shardloader-frames"),
+                    (b"cache-control", b"no-store"),
+                    (b"x-shardloader-protocol", str(PROTOCOL).encode()),
+                ],
+            }
+        )
+        wake = asyncio.Event()
+        stream.wake = wake
+        while True:
+            if not stream.pending:  # NOTE [frame hand-off]
+                stream.waiting = True
+                if not stream.pending:
+                    nudge = asyncio.ensure_future(wake.wait())
+                    done, _ = await asyncio.wait(
+                        {nudge, left},
+                        timeout=stream.options.ping_interval,
+                        return_when=asyncio.FIRST_COMPLETED,
+                    )
+                    nudge.cancel()
+                    if left in done:
+                        return
+                    if not done and not stream.pending:
+                        await send(
+                            {
+                                "type": "http.response.body",
+                                "more_body": True,
+                                "body": encode_control("ping", stream.next_step),
+                            }
+                        )
+                stream.waiting = False
+                wake.clear()
+                continue
+            small = bytearray()  # the frames queued now go out as one body where small
+            last = False
+            while stream.pending and not last:
+                chunks, last, count, permits = stream.pending.popleft()
+                for chunk in chunks:
+                    if memoryview(chunk).nbytes < _PIECE:
+                        small += chunk
+                        continue
+                    if small:
+                        await send(
+                            {
+                                "type": "http.response.body",
+                                "body": bytes(small),
+                                "more_body": True,
+                            }
+                        )
+                        small = bytearray()
+                    for piece in _pieces(chunk):
+                        await send({"type": "http.response.body", "body": piece, "more_body": True})
+                stream.slots.release(permits)
+                if not last:
+                    stream.sent += count
+                    stream.next_step += count
+                    with stream.metrics.lock:
+                        stream.metrics.batches += count
+                        stream.metrics.bytes += frame_size(chunks)
+            if small:
+                await send({"type": "http.response.body", "body": bytes(small), "more_body": True})
+            if last:
+                break
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+    except OSError:
+        pass  # the client went away mid-write
+    finally:
+        left.cancel()
+        stream.close()
+
+
+_PIECE = 1 << 18
+
+
+def _pieces(chunk: Any) -> Iterator[Any]:
+    """A large chunk in 256 KiB slices (views, no copy).
+
+    NOTE: the HTTP layer copies every body it is given (chunked framing), and the event loop's
+    transport copies whatever the socket does not take at once.  Pieces the size of a socket
+    buffer are mostly taken at once and stay below the allocator's mmap threshold, which on
+    9.6 MB image batches halves the server's CPU per batch.
+    """
+    view = memoryview(chunk)
+    if view.nbytes <= _PIECE:
+        yield chunk
+        return
+    view = view.cast("B")
+    for start in range(0, view.nbytes, _PIECE):
+        yield view[start : start + _PIECE]
+
+
+async def _disconnected(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
