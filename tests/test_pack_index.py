@@ -11,7 +11,7 @@ import pytest
 from corpus import jpeg, key_groups, sidecar, tree
 
 from shardloader.errors import OutputExistsError, UsageError
-from shardloader.format.tar import TarShardReader
+from shardloader.format.tarreader import TarShardReader
 from shardloader.pack import PackOptions, pack
 from shardloader.pack.index_existing import index_shards
 from shardloader.verify import verify_dataset

@@ -43,14 +43,8 @@ from shardloader.pack.outdir import (
 )
 from shardloader.pack.plan import Planner, part_of, shard_names
 from shardloader.pack.pool import Executor, make_executor
-from shardloader.pack.write import (
-    ShardResult,
-    ShardTask,
-    WriteSpec,
-    place_shard,
-    write_and_place,
-    write_shard,
-)
+from shardloader.pack.task import ShardResult, ShardTask, WriteSpec
+from shardloader.pack.write import place_shard, write_and_place, write_shard
 from shardloader.storage.store import Store
 from shardloader.storage.uploads import Uploads
 
