@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import multiprocessing
-import multiprocessing.context
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -24,6 +22,7 @@ from shardloader.aliases import FieldMap
 from shardloader.batching.base import batch_ids, check_positive
 from shardloader.batching.raw import RawCollate
 from shardloader.codecs import Decoder
+from shardloader.control import Control
 from shardloader.elastic import elastic_field, encode_history, history_of, saved_shape, shape_of
 from shardloader.epoch import EpochPlan, EpochPlanner, EpochReport, load_lengths
 from shardloader.errors import UsageError
@@ -58,36 +57,6 @@ _EPOCH, _START, _RANK, _WORLD = range(4)
 # holding at most about this many bytes of samples
 _READ_AHEAD, _READ_AHEAD_BYTES = 16, 1 << 20
 _DEFAULT_DECODER = Decoder()
-
-
-class _Control:
-    """Epoch, resume position, rank and world, readable by DataLoader workers.
-
-    NOTE [why shared memory here]: with ``persistent_workers=True`` torch keeps the dataset
-    copy the workers got at start, so ``set_epoch`` in the main process would never reach them.
-    Four int64s in an anonymous shared array (inherited by workers, gone with the processes,
-    nothing named to leak) carry it.  Outside process start-up the dataset pickles a snapshot.
-    """
-
-    def __init__(self, values: list[int]) -> None:
-        self.array: Any = multiprocessing.RawArray("q", values)
-
-    def get(self) -> list[int]:
-        return list(self.array)
-
-    def set(self, index: int, value: int) -> None:
-        self.array[index] = value
-
-    def __getstate__(self) -> dict[str, Any]:
-        if multiprocessing.context.get_spawning_popen() is not None:
-            return {"array": self.array}
-        return {"values": list(self.array)}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        if "array" in state:
-            self.array = state["array"]
-        else:
-            self.array = multiprocessing.RawArray("q", state["values"])
 
 
 class ShardedDataset(IterableDataset):  # type: ignore[type-arg]
@@ -157,8 +126,8 @@ class ShardedDataset(IterableDataset):  # type: ignore[type-arg]
         self._explicit_world = (rank, world_size)
         r, w = detect_world(rank, world_size)
         Place(r, w)  # validate
-        self._control = _Control([0, 0, r, w])
-        self._reshapes = _Control(encode_history(()))  # NOTE [reshape history] (elastic.py)
+        self._control = Control([0, 0, r, w])
+        self._reshapes = Control(encode_history(()))  # NOTE [reshape history] (elastic.py)
         self._skip_log: SkipLog | None = None  # ledger.py: where run-time skips are appended
         self._lengths: np.ndarray | None = None
         bind = getattr(planner, "bind", None)
@@ -247,8 +216,8 @@ class ShardedDataset(IterableDataset):  # type: ignore[type-arg]
         Place(rank, world_size)
         clone = copy.copy(self)
         clone._explicit_world = (rank, world_size)
-        clone._control = _Control([self.epoch, 0, rank, world_size])
-        clone._reshapes = _Control(encode_history(()))
+        clone._control = Control([self.epoch, 0, rank, world_size])
+        clone._reshapes = Control(encode_history(()))
         return clone
 
     def refresh_world(self) -> None:

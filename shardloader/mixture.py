@@ -13,7 +13,7 @@ NOTE [mixture state]: the weights may change at a resume.  The plan of a mixture
 fixed by the weights in force for it, and the batches of a partly read epoch were planned with
 those, so a new weight applies from the next mixture epoch (or from the resumed one when it
 has not begun).  The schedule of ``(from_epoch, integer parts)`` lives in shared memory (like
-the dataset's epoch and position, NOTE [why shared memory here] in dataset.py), so persistent
+the dataset's epoch and position, NOTE [why shared memory here] in control.py), so persistent
 DataLoader workers see a change; ``state_dict()`` records it and a resume replays it.
 """
 
@@ -28,7 +28,8 @@ from typing import Any
 import numpy as np
 
 from shardloader.blend import MixOrder, integer_parts, schedule_parts
-from shardloader.dataset import ShardedDataset, _Control, _integer
+from shardloader.control import Control
+from shardloader.dataset import ShardedDataset, _integer
 from shardloader.epoch import EpochReport, load_lengths
 from shardloader.errors import ResumeError, UsageError
 from shardloader.format.base import Rows, Sample
@@ -244,7 +245,7 @@ class Mixture(ShardedDataset):
         )
         parts = self._parts_of(weights, "weights")
         capacity = 1 + _MAX_ENTRIES * (1 + len(self.names))
-        self._schedule = _Control([1, 0, *parts] + [0] * (capacity - 2 - len(parts)))
+        self._schedule = Control([1, 0, *parts] + [0] * (capacity - 2 - len(parts)))
         super().__init__(
             "mixture:" + ",".join(self.names),
             shuffle=base_shuffle,
