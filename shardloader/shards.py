@@ -372,7 +372,7 @@ class ShardSet:
 
     def read_into(self, ids: np.ndarray, into: Rows, at: Sequence[int]) -> None:
         """:meth:`read_batch` of ``ids`` into positions ``at`` of ``into`` (a batch that
-        several datasets fill: :class:`shardloader.mixture.MixedShards`)."""
+        several datasets fill: :class:`shardloader.mixedshards.MixedShards`)."""
         for shard, (rows, where) in self._by_shard(ids).items():
             self._read_rows(shard, rows, into, [at[k] for k in where])
 
