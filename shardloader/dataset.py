@@ -4,15 +4,13 @@ Guarantees (see DESIGN.md and README "Guarantees"): every sample exactly once pe
 ranks × workers (plus reported padding), the same number of steps on every rank, the same
 sequence per rank whatever ``num_workers`` is, elastic and instant resume through
 :func:`shardloader.make_loader`, and augmentation seeded per step.  The epoch plan is
-:mod:`shardloader.epoch`'s, per-sample loading :mod:`shardloader.samples`'.
+:mod:`shardloader.epoch`'s, a pass :mod:`shardloader.sampleread`'s (token blocks:
+:mod:`shardloader.blockread`), per-sample loading :mod:`shardloader.samples`'.
 """
 
 from __future__ import annotations
 
 import copy
-import functools
-import multiprocessing
-import multiprocessing.context
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -21,73 +19,24 @@ import numpy as np
 from torch.utils.data import IterableDataset
 
 from shardloader.aliases import FieldMap
-from shardloader.batching.base import batch_ids, check_positive
-from shardloader.batching.raw import RawCollate
+from shardloader.batching.base import check_positive
 from shardloader.codecs import Decoder
+from shardloader.control import Control
 from shardloader.elastic import elastic_field, encode_history, history_of, saved_shape, shape_of
 from shardloader.epoch import EpochPlan, EpochPlanner, EpochReport, load_lengths
 from shardloader.errors import UsageError
-from shardloader.format.base import Rows
 from shardloader.ledger import Ledger, SkipLog
 from shardloader.manifest import read_manifest
-from shardloader.readahead import ReadAhead, block_schedule, node_schedule
-from shardloader.samples import SampleLoader, pipeline_draws
-from shardloader.shards import ReadOptions, ShardSet, working_set_bytes
-from shardloader.shuffle import (
-    ShuffleOptions,
-    derive_seed,
-    derive_seeds,
-    generator_of,
-    seed_global_rngs,
-    transform_seeds,
-)
-from shardloader.split import UNEVEN_POLICIES, Place, rank_slots
-from shardloader.steps import (
-    StepSeeds,
-    WorkerSteps,
-    is_lazy,
-    node_windows,
-    pass_working_set,
-)
-from shardloader.world import detect_place, detect_world, node_ranks
+from shardloader.sampleread import SampleSource, iterate_samples
+from shardloader.shards import ReadOptions, ShardSet
+from shardloader.shuffle import ShuffleOptions, derive_seed, seed_global_rngs
+from shardloader.split import UNEVEN_POLICIES, Place
+from shardloader.world import detect_place, detect_world
 
 __all__ = ["ShardedDataset", "EpochReport"]
 
 _EPOCH, _START, _RANK, _WORLD = range(4)
-# batches a worker reads in one pass over their shards (see _read_ahead): at most this many,
-# holding at most about this many bytes of samples
-_READ_AHEAD, _READ_AHEAD_BYTES = 16, 1 << 20
 _DEFAULT_DECODER = Decoder()
-
-
-class _Control:
-    """Epoch, resume position, rank and world, readable by DataLoader workers.
-
-    NOTE [why shared memory here]: with ``persistent_workers=True`` torch keeps the dataset
-    copy the workers got at start, so ``set_epoch`` in the main process would never reach them.
-    Four int64s in an anonymous shared array (inherited by workers, gone with the processes,
-    nothing named to leak) carry it.  Outside process start-up the dataset pickles a snapshot.
-    """
-
-    def __init__(self, values: list[int]) -> None:
-        self.array: Any = multiprocessing.RawArray("q", values)
-
-    def get(self) -> list[int]:
-        return list(self.array)
-
-    def set(self, index: int, value: int) -> None:
-        self.array[index] = value
-
-    def __getstate__(self) -> dict[str, Any]:
-        if multiprocessing.context.get_spawning_popen() is not None:
-            return {"array": self.array}
-        return {"values": list(self.array)}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        if "array" in state:
-            self.array = state["array"]
-        else:
-            self.array = multiprocessing.RawArray("q", state["values"])
 
 
 class ShardedDataset(IterableDataset):  # type: ignore[type-arg]
@@ -157,8 +106,8 @@ class ShardedDataset(IterableDataset):  # type: ignore[type-arg]
         self._explicit_world = (rank, world_size)
         r, w = detect_world(rank, world_size)
         Place(r, w)  # validate
-        self._control = _Control([0, 0, r, w])
-        self._reshapes = _Control(encode_history(()))  # NOTE [reshape history] (elastic.py)
+        self._control = Control([0, 0, r, w])
+        self._reshapes = Control(encode_history(()))  # NOTE [reshape history] (elastic.py)
         self._skip_log: SkipLog | None = None  # ledger.py: where run-time skips are appended
         self._lengths: np.ndarray | None = None
         bind = getattr(planner, "bind", None)
@@ -247,8 +196,8 @@ class ShardedDataset(IterableDataset):  # type: ignore[type-arg]
         Place(rank, world_size)
         clone = copy.copy(self)
         clone._explicit_world = (rank, world_size)
-        clone._control = _Control([self.epoch, 0, rank, world_size])
-        clone._reshapes = _Control(encode_history(()))
+        clone._control = Control([self.epoch, 0, rank, world_size])
+        clone._reshapes = Control(encode_history(()))
         return clone
 
     def refresh_world(self) -> None:
@@ -395,43 +344,6 @@ class ShardedDataset(IterableDataset):  # type: ignore[type-arg]
     def __iter__(self) -> Iterator[Any]:
         return self._iterate()
 
-    def _working_set(self, plan: EpochPlan) -> int:
-        """Staged bytes the pass keeps in use at once (``shards.working_set_bytes``)."""
-        if is_lazy(plan):
-            return pass_working_set(self.manifest, self.shuffle, plan, self.read_options.readahead)
-        reads = [batch_ids(b) for b in plan.batches]
-        return working_set_bytes(self.manifest, self.shuffle, reads, self.read_options.readahead)
-
-    def _readahead(self, shards: ShardSet, plan: EpochPlan, place: Place) -> ReadAhead:
-        """This node's read-ahead schedule (NOTE [node-wide read-ahead] in readahead.py)."""
-        depth = self.read_options.readahead
-        if shards.in_place or depth <= 0:
-            return ReadAhead(shards, [], 0)
-        ranks = node_ranks(place.rank, place.world_size)
-        if is_lazy(plan):  # walked lazily: the first steps exact, then by block (steps.py)
-            per_rank = [
-                rank_slots(plan.num_batches, plan.start, r, place.world_size, self.uneven)
-                for r in ranks
-            ]
-            lazy = block_schedule(node_windows(plan, per_rank, lambda ids: shards.locate(ids)[0]))
-            return ReadAhead(shards, lazy, depth * len(ranks) * place.num_workers)
-        reads = [batch_ids(b) for b in plan.batches]
-        shard_ids, steps = [], []
-        for r in ranks:
-            mine = r == place.rank
-            world = place.world_size
-            slots = (
-                plan.slots
-                if mine
-                else rank_slots(plan.num_batches, plan.start, r, world, self.uneven)
-            ).slots
-            parts = [reads[int(s)] for s in slots]
-            ids = np.concatenate(parts) if parts else np.zeros(0, np.int64)
-            shard_ids.append(shards.locate(ids)[0])
-            steps.append(np.repeat(np.arange(len(parts)), [len(p) for p in parts]))
-        schedule = node_schedule(shard_ids, steps)
-        return ReadAhead(shards, schedule, depth * len(ranks) * place.num_workers)
-
     def _iterate(self) -> Iterator[Any]:
         epoch, start, rank, world = self._control.get()
         place = detect_place(rank, world)
@@ -453,76 +365,23 @@ class ShardedDataset(IterableDataset):  # type: ignore[type-arg]
             )
             yield from iterate_blocks(source, plan, place)
             return
-        steps = WorkerSteps(plan, place.worker, place.num_workers)  # worked out as walked
-        need = self._working_set(plan)
-        shards = self._shard_set(str(place), need)
-        loader = SampleLoader(
+        samples = SampleSource(
+            self.manifest,
+            self.read_options,
+            self.shuffle,
+            self.uneven,
+            self.seed,
+            self.batch_size is not None or self.planner is not None,
+            self._shard_set,
             self.field_map,
             self.decoder,
             self.transform,
+            self.collate_fn,
             self.on_error,
-            self.manifest.length_field,
             self._lengths,
-            None if self._skip_log is None else functools.partial(_skipped, self._skip_log, epoch),
+            self._skip_log,
         )
-        batched = self.batch_size is not None or self.planner is not None
-        # NOTE [what the global seeds are for]: torch/numpy/random are seeded per batch only
-        # for code that may draw from them (a transform, custom decoders, a collate that is
-        # not shardloader's: pipeline_draws); shardloader's own parts never do, so a pipeline
-        # of those alone skips the ~20 us a batch costs.  Seeds are derived for a window of
-        # steps at once (derive_seeds gives exactly derive_seed's values).
-        global_seeds = None
-        offset = plan.seed_offset  # after a batch-shape change: fresh numbers
-        if pipeline_draws(self.transform, self.decoder, self.collate_fn):
-            global_seeds = StepSeeds(steps, lambda q: derive_seeds(self.seed, epoch, q + offset))
-        generator_seeds = None
-        if loader.takes_generator:
-            generator_seeds = StepSeeds(
-                steps, lambda q: transform_seeds(self.seed, epoch, q + offset)
-            )
-        raw = (
-            isinstance(self.collate_fn, RawCollate)
-            and self.decoder is None
-            and self.transform is None
-            and batched
-        )
-        try:
-            readahead = self._readahead(shards, plan, place)
-            read: dict[int, Rows] = {}  # batches read ahead (see _read_ahead)
-            most = _read_ahead_batches(self.manifest, steps)
-            for j, slot, seed_index in steps.walk():
-                readahead.advance(j * place.num_workers + place.worker)  # this rank's step
-                rows = read.pop(j, None)
-                if rows is None:
-                    rows = _read_ahead(shards, steps, j, read, most)
-                batch, ids = steps.batch(j), steps[j]
-                if global_seeds is not None:
-                    seed_global_rngs(global_seeds[j])
-                pads = plan.pad_mask(slot, seed_index, len(ids))
-                if raw and batch.ndim == 1:
-                    yield loader.load_raw(shards, ids, pads, place, rows)
-                    continue
-                generator = None
-                if generator_seeds is not None:
-                    generator = generator_of(generator_seeds[j])
-                samples, substituted = loader.load_batch(shards, ids, pads, place, generator, rows)
-                if batch.ndim == 2:
-                    samples = loader.cut_segments(batch, ids, samples, substituted, place)
-                if not batched:
-                    if samples:
-                        yield samples[0]
-                elif self.collate_fn is not None:
-                    yield self.collate_fn(samples)
-                else:
-                    from torch.utils.data import default_collate
-
-                    yield default_collate(samples)
-        finally:
-            shards.close()
-
-
-def _skipped(log: SkipLog, epoch: int, sample: int, key: str, place: Place, err: Any) -> None:
-    log.record(epoch, place, sample, key, err)
+        yield from iterate_samples(samples, plan, place, epoch)
 
 
 def _integer(name: str, value: Any) -> int:
@@ -531,27 +390,3 @@ def _integer(name: str, value: Any) -> int:
         return int(value)
     except (TypeError, ValueError) as err:
         raise UsageError(f"{name} must be an integer, got {value!r}") from err
-
-
-def _read_ahead(
-    shards: ShardSet, steps: Sequence[np.ndarray], j: int, into: dict[int, Rows], most: int
-) -> Rows:
-    """Read step ``j``'s batch, and with it up to ``most - 1`` next steps' as far as they need
-    no shard that is not open yet (so nothing is staged earlier than before): one pass over
-    each shard's rows serves several batches.  The first steps read fewer at a time (1, 2, 4,
-    ...), so the first batch waits for its own samples only."""
-    count = min(most, 1 << min(j, 8), len(steps) - j)
-    count = 1 + shards.ready(steps[j + 1 : j + count])
-    parts = shards.read_batches(steps[j : j + count])
-    into.update(zip(range(j + 1, j + count), parts[1:], strict=True))
-    return parts[0]
-
-
-def _read_ahead_batches(manifest: Any, steps: Sequence[np.ndarray]) -> int:
-    """How many batches :func:`_read_ahead` reads at once: up to :data:`_READ_AHEAD`, as long
-    as they hold about :data:`_READ_AHEAD_BYTES` of samples (by the dataset's mean sample)."""
-    if not steps:
-        return 1
-    mean = sum(s.raw_bytes for s in manifest.shards) / max(manifest.num_samples, 1)
-    per_batch = mean * max(len(steps[0]), 1)
-    return int(min(_READ_AHEAD, max(1, _READ_AHEAD_BYTES // max(per_batch, 1))))

@@ -7,13 +7,13 @@ source's own seeded epochs, interleaved by the exact minimum-error rule) instead
 dataset's shuffle; everything after the order (planners, the rank and worker split, padding,
 resume, per-step seeds) is the dataset's, unchanged, so every guarantee of a single dataset
 holds for the mixed stream.  Reading maps an id back to its source's
-:class:`~shardloader.shards.ShardSet` (:class:`MixedShards`).
+:class:`~shardloader.shards.ShardSet` (:class:`~shardloader.mixedshards.MixedShards`).
 
 NOTE [mixture state]: the weights may change at a resume.  The plan of a mixture epoch is
 fixed by the weights in force for it, and the batches of a partly read epoch were planned with
 those, so a new weight applies from the next mixture epoch (or from the resumed one when it
 has not begun).  The schedule of ``(from_epoch, integer parts)`` lives in shared memory (like
-the dataset's epoch and position, NOTE [why shared memory here] in dataset.py), so persistent
+the dataset's epoch and position, NOTE [why shared memory here] in control.py), so persistent
 DataLoader workers see a change; ``state_dict()`` records it and a resume replays it.
 """
 
@@ -28,12 +28,13 @@ from typing import Any
 import numpy as np
 
 from shardloader.blend import MixOrder, integer_parts, schedule_parts
-from shardloader.dataset import ShardedDataset, _Control, _integer
+from shardloader.control import Control
+from shardloader.dataset import ShardedDataset, _integer
 from shardloader.epoch import EpochReport, load_lengths
 from shardloader.errors import ResumeError, UsageError
-from shardloader.format.base import Rows, Sample
-from shardloader.manifest import FieldInfo, Manifest, read_manifest
-from shardloader.shards import ReadOptions, ShardSet, shard_starts
+from shardloader.manifest import Manifest, read_manifest
+from shardloader.mixedshards import MixedShards, virtual_manifest
+from shardloader.shards import ReadOptions, ShardSet
 from shardloader.shuffle import ShuffleOptions, derive_seed
 
 __all__ = ["Source", "Mixture", "MixtureReport", "SourceCounts", "MixedShards"]
@@ -84,90 +85,6 @@ class MixtureReport(EpochReport):
     """:class:`~shardloader.epoch.EpochReport` of the mixed stream, plus per source counts."""
 
     sources: Mapping[str, SourceCounts] = field(default_factory=dict)
-
-
-class MixedShards:
-    """Reads virtual ids through one :class:`ShardSet` per source (the interface a pass and
-    its read-ahead use: locate, read, read_batch(es), ready, prefetch, staging, close)."""
-
-    def __init__(self, sets: list[ShardSet], names: tuple[str, ...], options: ReadOptions) -> None:
-        self.sets, self.names, self.options = sets, names, options
-        sizes = [s.manifest.num_samples for s in sets]
-        self.id_offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-        counts = [len(s.manifest.shards) for s in sets]
-        self.shard_offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-        self.starts = np.concatenate(
-            [
-                shard_starts(s.manifest)[:-1] + off
-                for s, off in zip(sets, self.id_offsets, strict=False)
-            ]
-            + [self.id_offsets[-1:]]
-        ).astype(np.int64)
-        self.in_place = all(s.in_place for s in sets)
-
-    def _source_of_shard(self, shard: int) -> tuple[ShardSet, int]:
-        s = int(np.searchsorted(self.shard_offsets, shard, side="right") - 1)
-        return self.sets[s], int(shard - self.shard_offsets[s])
-
-    def locate(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(virtual shard number, index inside the shard) of each virtual id."""
-        shards = np.searchsorted(self.starts, ids, side="right") - 1
-        return shards, ids - self.starts[shards]
-
-    def describe(self, shard: int) -> str:
-        own, local = self._source_of_shard(shard)
-        return own.describe(local)
-
-    def url(self, shard: int) -> str:
-        own, local = self._source_of_shard(shard)
-        return own.url(local)
-
-    def read(self, shard: int, local: int) -> Sample:
-        own, own_shard = self._source_of_shard(shard)
-        return own.read(own_shard, local)
-
-    def _split(self, ids: np.ndarray) -> list[tuple[int, np.ndarray]]:
-        """(source, positions in ``ids``) of each source present."""
-        source = np.searchsorted(self.id_offsets, ids, side="right") - 1
-        return [(int(s), np.flatnonzero(source == s)) for s in np.unique(source)]
-
-    def read_batch(self, ids: np.ndarray) -> Rows:
-        out = Rows(len(ids))
-        for s, at in self._split(ids):
-            self.sets[s].read_into(ids[at] - self.id_offsets[s], out, at.tolist())
-        return out
-
-    def read_batches(self, batches: list[np.ndarray]) -> list[Rows]:
-        if len(batches) == 1:
-            return [self.read_batch(batches[0])]
-        return self.read_batch(np.concatenate(batches)).split([len(b) for b in batches])
-
-    def ready(self, batches: list[np.ndarray]) -> int:
-        if self.in_place:
-            return len(batches)
-        for k, ids in enumerate(batches):
-            for s, at in self._split(ids):
-                if not self.sets[s].ready([ids[at] - self.id_offsets[s]]):
-                    return k
-        return len(batches)
-
-    def _by_source(self, shards: Any) -> dict[int, list[int]]:
-        groups: dict[int, list[int]] = {}
-        for shard in shards:
-            s = int(np.searchsorted(self.shard_offsets, shard, side="right") - 1)
-            groups.setdefault(s, []).append(int(shard - self.shard_offsets[s]))
-        return groups
-
-    def prefetch(self, shards: Any) -> None:
-        for s, own in self._by_source(shards).items():
-            self.sets[s].prefetch(own)
-
-    def staging(self, shards: Any) -> bool:
-        return any(self.sets[s].staging(own) for s, own in self._by_source(shards).items())
-
-    def close(self) -> None:
-        for s in self.sets:
-            s.close()
 
 
 class Mixture(ShardedDataset):
@@ -244,7 +161,7 @@ class Mixture(ShardedDataset):
         )
         parts = self._parts_of(weights, "weights")
         capacity = 1 + _MAX_ENTRIES * (1 + len(self.names))
-        self._schedule = _Control([1, 0, *parts] + [0] * (capacity - 2 - len(parts)))
+        self._schedule = Control([1, 0, *parts] + [0] * (capacity - 2 - len(parts)))
         super().__init__(
             "mixture:" + ",".join(self.names),
             shuffle=base_shuffle,
@@ -255,37 +172,8 @@ class Mixture(ShardedDataset):
 
     # -- the virtual dataset ----------------------------------------------------------------
     def _open(self, url: str) -> tuple[Any, str]:
-        """One manifest over every source's shards (paths prefixed with the source name):
-        the fingerprint covers all sources, and the sizes define the virtual ids."""
-        shards: list[Any] = []
-        fields: dict[str, FieldInfo] = {}
-        aliases: dict[str, tuple[str, ...]] = {}
-        lengths = {m.length_field for m, _, _ in self._opened}
-        for name, (m, _, _) in zip(self.names, self._opened, strict=True):
-            for ext, info in m.fields.items():
-                known: FieldInfo | None = fields.get(ext)
-                if known is not None and known != info:
-                    raise UsageError(
-                        f"source {name!r}: field {ext!r} is {info.codec}, another source's is "
-                        f"{known.codec}; sources of a mixture must agree on shared fields"
-                    )
-                fields[ext] = info
-            aliases.update(m.aliases)
-            shards += [
-                dataclasses.replace(s, path=f"{name}/{s.path}", index_path=f"{name}/{s.index_path}")
-                for s in m.shards
-            ]
-        first = self._opened[0][0]
-        manifest = Manifest(
-            first.format,
-            first.compression,
-            fields,
-            shards,
-            length_field=lengths.pop() if len(lengths) == 1 else None,
-            extra={"mixture": list(self.names)},
-            aliases=aliases,
-        )
-        return manifest, url
+        """One manifest over every source's shards (:func:`virtual_manifest`)."""
+        return virtual_manifest(self.names, [m for m, _, _ in self._opened]), url
 
     def _load_lengths(self, required: bool) -> np.ndarray | None:
         parts = []

@@ -19,10 +19,17 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from shardloader.shards import ShardSet
+from shardloader.batching.base import batch_ids
+from shardloader.split import rank_slots
+from shardloader.steps import is_lazy, node_windows
+from shardloader.world import node_ranks
 
-__all__ = ["ReadAhead", "node_schedule", "block_schedule"]
+if TYPE_CHECKING:
+    from shardloader.epoch import EpochPlan
+    from shardloader.shards import ShardSet
+    from shardloader.split import Place
+
+__all__ = ["ReadAhead", "node_schedule", "block_schedule", "pass_readahead"]
 
 
 def node_schedule(
@@ -119,3 +126,33 @@ class ReadAhead:
                 self._source = None
             else:
                 self.schedule.append(entry)
+
+
+def pass_readahead(
+    shards: ShardSet, plan: EpochPlan, place: Place, depth: int, uneven: str
+) -> ReadAhead:
+    """This node's read-ahead schedule for a pass (NOTE [node-wide read-ahead] above), walked by
+    the worker at ``place`` through ``shards``; ``depth`` is ``ReadOptions.readahead``."""
+    if shards.in_place or depth <= 0:
+        return ReadAhead(shards, [], 0)
+    ranks = node_ranks(place.rank, place.world_size)
+    if is_lazy(plan):  # walked lazily: the first steps exact, then by block (steps.py)
+        per_rank = [
+            rank_slots(plan.num_batches, plan.start, r, place.world_size, uneven) for r in ranks
+        ]
+        lazy = block_schedule(node_windows(plan, per_rank, lambda ids: shards.locate(ids)[0]))
+        return ReadAhead(shards, lazy, depth * len(ranks) * place.num_workers)
+    reads = [batch_ids(b) for b in plan.batches]
+    shard_ids, steps = [], []
+    for r in ranks:
+        mine = r == place.rank
+        world = place.world_size
+        slots = (
+            plan.slots if mine else rank_slots(plan.num_batches, plan.start, r, world, uneven)
+        ).slots
+        parts = [reads[int(s)] for s in slots]
+        ids = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+        shard_ids.append(shards.locate(ids)[0])
+        steps.append(np.repeat(np.arange(len(parts)), [len(p) for p in parts]))
+    schedule = node_schedule(shard_ids, steps)
+    return ReadAhead(shards, schedule, depth * len(ranks) * place.num_workers)

@@ -27,14 +27,9 @@ from shardloader.batching.base import (
 )
 from shardloader.batching.blocks import TokenBlocks
 from shardloader.batching.default import collate_samples
+from shardloader.batching.fit import Segment, pack_rows
 from shardloader.batching.fixed import FixedBatches
-from shardloader.batching.packed import (
-    IGNORE_INDEX,
-    PackCollate,
-    PackedBatches,
-    Segment,
-    pack_rows,
-)
+from shardloader.batching.packed import IGNORE_INDEX, PackCollate, PackedBatches
 from shardloader.batching.padded import BucketBatches, PadCollate, TokenBudgetBatches
 from shardloader.batching.raw import ByteColumn, RawBatch, RawCollate
 

@@ -1,5 +1,6 @@
 """Sequence packing: :class:`PackedBatches` plans rows of documents, :class:`PackCollate`
-builds them, and :func:`pack_rows` is the one placement rule both run.
+builds them, and :func:`~shardloader.batching.fit.pack_rows` is the one placement rule both
+run (:mod:`shardloader.batching.fit` holds it with the other placement rules).
 
 A document of any length loses no token: the plan cuts long ones into segments (NOTE [what a
 batch is] in :mod:`shardloader.batching.base`), and the collate re-derives every row from the
@@ -30,64 +31,12 @@ from shardloader.batching.base import (
     shuffled,
     stable_value,
 )
-from shardloader.batching.fit import best_fit_rows, next_fit_rows
+from shardloader.batching.fit import Segment, next_fit_rows, pack_rows, pack_window
 from shardloader.errors import UsageError
 
 __all__ = ["PackedBatches", "PackCollate", "pack_rows", "Segment", "IGNORE_INDEX"]
 
 IGNORE_INDEX = -100  # label value torch's cross_entropy ignores by default
-
-Segment = tuple[int, int, int]  # (item position in the batch, token start, token stop)
-
-
-def pack_rows(lengths: Sequence[int] | np.ndarray, seq_len: int) -> list[list[Segment]]:
-    """First-fit of items, in the given order, into rows of ``seq_len`` tokens.
-
-    An item of length ``<= seq_len`` goes whole into the first row (in creation order) with
-    room, else into a new row.  A longer one is split: each full ``seq_len`` piece fills a new
-    row, and its remainder starts another new row that later items may share.  Returns the
-    rows in creation order, each a list of ``(item, start, stop)`` segments.
-
-    NOTE: this is *the* packing rule.  :class:`PackedBatches` runs it over a window of
-    segments (none longer than ``seq_len``) and :class:`PackCollate`
-    re-runs it over one batch's segments in batch order; first-fit restricted to a closed
-    subset of rows, visited in the same relative order, places every item in the same row, so
-    both agree (tested).  Only rows with room are scanned (a zero-length item goes to the
-    first row of all, as first-fit says), so a window of many full pieces stays linear.
-    """
-    lens = np.asarray(lengths, dtype=np.int64)
-    rows: list[list[Segment]] = []
-    open_row: list[int] = []  # rows with room left, in creation order
-    open_room = np.empty(max(int(lens.size), 1), np.int64)  # their free tokens (a prefix)
-    for item, length in enumerate(lens.tolist()):
-        if length > seq_len:
-            full = length // seq_len
-            rows.extend([(item, p * seq_len, (p + 1) * seq_len)] for p in range(full))
-            if length > full * seq_len:
-                open_room[len(open_row)] = (full + 1) * seq_len - length
-                open_row.append(len(rows))
-                rows.append([(item, full * seq_len, length)])
-            continue
-        if length == 0 and rows:
-            rows[0].append((item, 0, 0))
-            continue
-        n_open = len(open_row)
-        if n_open:
-            fits = open_room[:n_open] >= length
-            k = int(fits.argmax())
-            if fits[k]:
-                rows[open_row[k]].append((item, 0, length))
-                left = int(open_room[k]) - length
-                open_room[k] = left
-                if not left:  # full: never a candidate again
-                    open_room[k : n_open - 1] = open_room[k + 1 : n_open]
-                    del open_row[k]
-                continue
-        if length < seq_len:
-            open_room[n_open] = seq_len - length
-            open_row.append(len(rows))
-        rows.append([(item, 0, length)])
-    return rows
 
 
 @dataclass(frozen=True)
@@ -213,48 +162,10 @@ class PackedBatches:
         last = len(bounds) - 2
         for w in range(last + 1):
             window = np.concatenate([carry, segs[bounds[w] : bounds[w + 1]]])
-            full, carry = self._pack_window(window, flush=w == last and self.tail == "keep")
+            flush = w == last and self.tail == "keep"
+            full, carry = pack_window(window, self.seq_len, self.rows_per_batch, self.fit, flush)
             batches += full  # what is still carried after the last window is the dropped tail
         return batches
-
-    def _pack_window(self, segs: np.ndarray, *, flush: bool) -> tuple[list[np.ndarray], np.ndarray]:
-        """Pack one window of segments; return its complete batches and the segments left."""
-        by_len = np.argsort(segs[:, 1] - segs[:, 2], kind="stable")  # longest first
-        segs = segs[by_len]
-        lens = segs[:, 2] - segs[:, 1]
-        first = pack_rows(lens, self.seq_len)
-        if self.fit == "best":
-            rows = best_fit_rows(lens, self.seq_len)
-            if len(rows) > len(first):
-                rows = [[item for item, _, _ in row] for row in first]
-            return self._emit_listed(segs, rows, flush=flush)
-        row_of = np.empty(len(segs), np.int64)
-        for r, row in enumerate(first):
-            for item, _, _ in row:
-                row_of[item] = r
-        batch_of = row_of // self.rows_per_batch
-        complete = len(first) // self.rows_per_batch
-        emit = -(-len(first) // self.rows_per_batch) if flush else complete
-        placement = np.argsort(batch_of, kind="stable")  # by batch, then placement order
-        bounds = np.searchsorted(batch_of[placement], np.arange(emit + 1))
-        out = [segs[placement[bounds[b] : bounds[b + 1]]] for b in range(emit)]
-        return out, segs[batch_of >= emit]
-
-    def _emit_listed(
-        self, segs: np.ndarray, rows: list[list[int]], *, flush: bool
-    ) -> tuple[list[np.ndarray], np.ndarray]:
-        """Batches of ``rows_per_batch`` rows, each listing its rows in creation order (NOTE
-        [best-fit rows are listed, not re-derived]); the segments of rows left over."""
-        r = self.rows_per_batch
-        emit = -(-len(rows) // r) if flush else len(rows) // r
-        out = [
-            segs[np.fromiter((i for row in rows[b * r : (b + 1) * r] for i in row), np.int64)]
-            for b in range(emit)
-        ]
-        left = np.ones(len(segs), bool)
-        for row in rows[: emit * r]:
-            left[row] = False
-        return out, segs[left]
 
     def explain_dropped(self, tokens: int | None) -> str:
         """Why the plan left a document of ``tokens`` out (for the ledger)."""
