@@ -20,13 +20,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from shardloader.batching.blocks import assemble, chunk_layout
+from shardloader.batching.blockchunks import assemble, chunk_layout
 from shardloader.format.tokens import TokenStream
 from shardloader.shards import ShardSet
 from shardloader.transport import TokenBatches
 
 if TYPE_CHECKING:
-    from shardloader.batching.blocks import ChunkLayout, RowLayout, TokenBlocks
+    from shardloader.batching.blockchunks import ChunkLayout
+    from shardloader.batching.blocks import RowLayout, TokenBlocks
     from shardloader.epoch import EpochPlan
     from shardloader.manifest import Manifest
     from shardloader.shards import ReadOptions

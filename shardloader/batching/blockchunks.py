@@ -1,0 +1,145 @@
+"""Assembling token-block batches: the worker's hot path, numpy over whole chunks of batches.
+
+:mod:`shardloader.batching.blocks` plans which rows make a batch (NOTE [what a row is]); this
+module turns a chunk of those batches into the four ``[k, rows, seq_len]`` fields and their
+``cu_seqlens`` without a Python loop per document.  :mod:`shardloader.blockread` calls it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from shardloader.batching.blocks import FIELDS, RowLayout
+from shardloader.batching.packed import IGNORE_INDEX
+
+__all__ = ["FIELDS", "ChunkLayout", "assemble", "chunk_layout"]
+
+
+@dataclass(frozen=True)
+class ChunkLayout:
+    """The rows and segments of ``k`` batches that are assembled together.
+
+    Slot ``b * rows_per_batch + i`` holds row ``i`` of batch ``b``: ``shard``, ``lo`` (start in
+    the shard's stream) and ``n`` (real tokens; 0 for a row the last batch lacks; shard -1).
+    ``starts`` are the segment starts in the chunk's flattened ``[k * rows_per_batch *
+    seq_len]`` tokens (every row start, document starts inside rows, each row's padding start),
+    sorted; ``cuts[b]`` is the index in ``starts`` of batch ``b``'s first segment (``cuts[k]``
+    the end).  ``cu`` holds every batch's ``cu_seqlens`` one after the other (batch ``b``'s at
+    ``cuts[b] + b``), ``max_seqlen`` each batch's longest segment.
+    """
+
+    k: int
+    rows_per_batch: int
+    seq_len: int
+    shard: np.ndarray
+    lo: np.ndarray
+    n: np.ndarray
+    starts: np.ndarray
+    cuts: np.ndarray
+    cu: np.ndarray
+    max_seqlen: np.ndarray
+
+    def part(self, b0: int, b1: int) -> ChunkLayout:
+        """The layout of batches ``b0 .. b1 - 1`` alone."""
+        r, per = self.rows_per_batch, self.rows_per_batch * self.seq_len
+        a, b = int(self.cuts[b0]), int(self.cuts[b1])
+        return ChunkLayout(
+            b1 - b0,
+            r,
+            self.seq_len,
+            self.shard[b0 * r : b1 * r],
+            self.lo[b0 * r : b1 * r],
+            self.n[b0 * r : b1 * r],
+            self.starts[a:b] - b0 * per,
+            self.cuts[b0 : b1 + 1] - a,
+            self.cu[a + b0 : b + b1],
+            self.max_seqlen[b0:b1],
+        )
+
+
+def chunk_layout(lay: RowLayout, batches: list[np.ndarray], rows_per_batch: int) -> ChunkLayout:
+    """Numpy over all rows of ``batches``: where each row's tokens are, where segments start,
+    and each batch's ``cu_seqlens``."""
+    s, k = lay.seq_len, len(batches)
+    slots, per = k * rows_per_batch, rows_per_batch * lay.seq_len
+    rows = np.concatenate(batches) if k else np.zeros(0, np.int64)
+    sizes = np.fromiter((b.size for b in batches), np.int64, k)
+    if int(sizes.sum()) == slots:
+        slot = np.arange(slots, dtype=np.int64)
+    else:  # a short last batch: its missing rows are padding
+        first = np.repeat(
+            np.arange(k, dtype=np.int64) * rows_per_batch - np.cumsum(sizes) + sizes, sizes
+        )
+        slot = first + np.arange(rows.size, dtype=np.int64)
+    shard, lo, n = lay.windows(rows)
+    g = lay.token_bases[shard] + lo
+    first_doc = lay.inside[rows]
+    count = lay.inside_end[rows] - first_doc
+    parts = [np.arange(slots, dtype=np.int64) * s]
+    total = int(count.sum())
+    if total:
+        of = np.repeat(np.arange(rows.size, dtype=np.int64), count)
+        skip = np.repeat(first_doc - np.cumsum(count) + count, count)
+        inside = lay.bounds[np.arange(total, dtype=np.int64) + skip]
+        parts.append(inside - g[of] + slot[of] * s)
+    short = (n < s) & (n > 0)
+    if short.any():
+        parts.append(slot[short] * s + n[short])
+    starts = np.sort(np.concatenate(parts)) if len(parts) > 1 else parts[0]
+    cuts = np.searchsorted(starts, np.arange(k + 1, dtype=np.int64) * per)
+    seg = np.diff(starts, append=k * per)
+    counts = np.diff(cuts)
+    cu = np.empty(starts.size + k, np.int32)
+    batch_of = np.repeat(np.arange(k, dtype=np.int64), counts)
+    cu[np.arange(starts.size) + batch_of] = starts - batch_of * per
+    cu[cuts[1:] + np.arange(k)] = per
+    longest = np.maximum.reduceat(seg, cuts[:-1]) if k else np.zeros(0, np.int64)
+    full_shard = np.full(slots, -1, np.int64)
+    full_lo = np.zeros(slots, np.int64)
+    full_n = np.zeros(slots, np.int64)
+    full_shard[slot], full_lo[slot], full_n[slot] = shard, lo, n
+    return ChunkLayout(k, rows_per_batch, s, full_shard, full_lo, full_n, starts, cuts, cu, longest)
+
+
+def assemble(
+    chunk: ChunkLayout, streams: dict[int, np.ndarray], block: np.ndarray, pad_id: int
+) -> None:
+    """Fill ``block`` (int64 ``[4, k, R, S]``: :data:`FIELDS` in order) for a chunk;
+    ``streams[shard]`` is the shard's token array."""
+    ids, labels, pos, mask = block
+    _, k, rows, s = block.shape
+    flat_rows = ids.reshape(k * rows, s)
+    padded = []
+    for slot, (shard, lo, n) in enumerate(
+        zip(chunk.shard.tolist(), chunk.lo.tolist(), chunk.n.tolist(), strict=True)
+    ):
+        if n == s:
+            flat_rows[slot] = streams[shard][lo : lo + n]
+            continue
+        if n:
+            flat_rows[slot, :n] = streams[shard][lo : lo + n]
+        padded.append((slot, n))
+    starts = chunk.starts
+    size = k * rows * s
+    seg = np.diff(starts, append=size)
+    np.subtract(_arange(size), np.repeat(starts, seg), out=pos.reshape(-1))
+    np.copyto(labels, ids)
+    labels.reshape(-1)[starts] = IGNORE_INDEX
+    mask.fill(1)
+    for array, value in ((ids, pad_id), (labels, IGNORE_INDEX), (mask, 0)) if padded else ():
+        view = array.reshape(k * rows, s)
+        for slot, n in padded:
+            view[slot, n:] = value
+
+
+_ARANGE = np.arange(0, dtype=np.int64)
+
+
+def _arange(n: int) -> np.ndarray:
+    """``arange(n)`` from a cached array (every chunk needs one)."""
+    global _ARANGE
+    if _ARANGE.size < n:
+        _ARANGE = np.arange(n, dtype=np.int64)
+    return _ARANGE[:n]
