@@ -38,6 +38,7 @@ import numpy as np
 import torch
 
 from shardloader.errors import ShardError
+from shardloader.slots import lend, take_back
 
 __all__ = [
     "BUNDLE_BYTES",
@@ -192,8 +193,7 @@ class Ring:
         self.collect()
         assert self.states is not None
         i = worker * self.slots + slot
-        view = self.bufs[i][:nbytes]
-        self.views[i] = weakref.ref(view)
+        view = lend(self.views, i, self.bufs[i][:nbytes])
         self.states[worker, slot] = self.received_state
         self.received += 1
         return torch.from_numpy(view)
@@ -205,13 +205,8 @@ class Ring:
 
     def collect(self) -> None:
         """Hand back every ``HELD`` slot no batch tensor refers to any more."""
-        if self.states is None:
-            return
-        flat = self.states.reshape(-1)
-        for i in np.flatnonzero(flat == _HELD).tolist():
-            ref = self.views[i]
-            if ref is None or ref() is None:
-                flat[i] = _FREE
+        if self.states is not None:
+            take_back(self.states.reshape(-1), self.views, _HELD, _FREE)
 
 
 _RINGS: weakref.WeakValueDictionary[str, Ring] = weakref.WeakValueDictionary()

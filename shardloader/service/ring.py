@@ -27,7 +27,6 @@ import os
 import secrets
 import threading
 import time
-import weakref
 from typing import Any
 
 import numpy as np
@@ -35,6 +34,7 @@ import torch
 
 from shardloader.errors import DecodeError
 from shardloader.service.shm import MAX_SLOTS, NAME, PREFIX, map_server_file
+from shardloader.slots import lend, take_back
 from shardloader.transport import Ring, _build, _rebuild
 
 __all__ = ["Arrived", "RingAttachment", "SharedRing", "ring_maker"]
@@ -260,15 +260,10 @@ class RingAttachment:
             if self.states[i] != _FORWARDED:
                 raise DecodeError(f"ring slot {i} arrived but the server never forwarded it")
             start = self.head + i * self.slot_bytes
-            view = self.raw[start : start + nbytes]
-            self.views[i] = weakref.ref(view)
+            view = lend(self.views, i, self.raw[start : start + nbytes])
             self.states[i] = _LENT
         return _build(torch.from_numpy(view), shape, cu, longest)  # type: ignore[arg-type]
 
     def collect(self) -> None:
         with self._lock:
-            for i in np.flatnonzero(self.states == _LENT).tolist():
-                ref = self.views[i]
-                if ref is None or ref() is None:
-                    self.views[i] = None
-                    self.states[i] = _FREE
+            take_back(self.states, self.views, _LENT, _FREE)

@@ -39,12 +39,12 @@ import secrets
 import stat
 import threading
 import time
-import weakref
 from typing import Any
 
 import numpy as np
 
 from shardloader.errors import DecodeError
+from shardloader.slots import lend, take_back
 
 __all__ = [
     "Attachment",
@@ -254,8 +254,7 @@ class Attachment:
             if self.states[slot] != _SENT:
                 raise DecodeError(f"shm slot {slot} arrived but the server never filled it")
             start = self.data + slot * self.slot_bytes
-            view = self.buf[start : start + nbytes]
-            self.views[slot] = weakref.ref(view)
+            view = lend(self.views, slot, self.buf[start : start + nbytes])
             self.states[slot] = _HELD
             self.received += 1
         return view
@@ -263,8 +262,4 @@ class Attachment:
     def collect(self) -> None:
         """Hand back every ``HELD`` slot no batch refers to any more."""
         with self._lock:
-            for i in np.flatnonzero(self.states == _HELD).tolist():
-                ref = self.views[i]
-                if ref is None or ref() is None:
-                    self.views[i] = None
-                    self.states[i] = _FREE
+            take_back(self.states, self.views, _HELD, _FREE)
