@@ -204,9 +204,9 @@ class Ring:
         return _rebuild(self.receive(worker, slot, nbytes), state)
 
     def collect(self) -> None:
-        """Hand back every ``HELD`` slot no batch tensor refers to any more."""
+        """Hand back every slot received here (``HELD``) no batch tensor refers to any more."""
         if self.states is not None:
-            take_back(self.states.reshape(-1), self.views, _HELD, _FREE)
+            take_back(self.states.reshape(-1), self.views, self.received_state, _FREE)
 
 
 _RINGS: weakref.WeakValueDictionary[str, Ring] = weakref.WeakValueDictionary()

@@ -115,16 +115,7 @@ class SharedRing(Ring):
                 pass
 
     # -- in the server's main process -----------------------------------------------------
-    received_state = _KEPT  # Ring.receive marks a slot the server itself holds
-
-    def collect(self) -> None:
-        if self.states is None:
-            return
-        flat = self.states.reshape(-1)
-        for i in np.flatnonzero(flat == _KEPT).tolist():
-            ref = self.views[i]
-            if ref is None or ref() is None:
-                flat[i] = _FREE
+    received_state = _KEPT  # Ring.receive marks a slot the server itself holds (collect frees)
 
     def wait_room(self, reserve: int, seconds: float) -> None:
         """Wait (at most ``seconds``) until at most all but ``reserve`` slots are with the
