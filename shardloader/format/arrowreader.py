@@ -8,8 +8,6 @@ costs array lookups and copies.
 
 from __future__ import annotations
 
-import mmap
-import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,6 +19,7 @@ from shardloader.errors import ChecksumError, ShardError
 from shardloader.format.arrowstream import KEY_COLUMN, open_ipc
 from shardloader.format.base import Rows, Sample, copy_fields
 from shardloader.format.ipc import declared_sizes
+from shardloader.format.mapped import MappedFile
 from shardloader.keys import key_lengths
 from shardloader.manifest import SampleIndex
 
@@ -50,10 +49,8 @@ class ArrowShardReader:
         self._keys = index.keys
         sums = index.checksums if verify else None
         self._sums = None if sums is None else np.asarray(sums, np.uint64)
-        self._f = open(local_path, "rb")  # noqa: SIM115 - closed in close()
-        size = os.fstat(self._f.fileno()).st_size
-        self._map = mmap.mmap(self._f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
-        self._view = memoryview(self._map)
+        self._file = MappedFile(local_path)
+        self._map, self._view = self._file.map, self._file.view
         try:
             self._spans = _row_spans(self._view, len(index), where)
             _check_keys(self._view, self._spans.pop(KEY_COLUMN), index.keys, where)
@@ -121,13 +118,7 @@ class ArrowShardReader:
         return digest
 
     def close(self) -> None:
-        try:
-            self._view.release()
-            if isinstance(self._map, mmap.mmap):
-                self._map.close()
-        except BufferError:  # a view is still alive: the map closes when the last one goes
-            pass
-        self._f.close()
+        self._file.close()
 
 
 def _row_spans(view: memoryview, n: int, where: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import io
 import mmap
-import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,6 +18,7 @@ import xxhash
 
 from shardloader.errors import ChecksumError, ShardError, ShardloaderError
 from shardloader.format.base import Rows, Sample, copy_fields
+from shardloader.format.mapped import MappedFile
 from shardloader.format.tarlayout import derive_layout
 from shardloader.format.tarstream import BLOCK, iter_members, iter_samples
 from shardloader.keys import key_lengths
@@ -94,11 +94,8 @@ class TarShardReader:
     def __init__(
         self, local_path: str, index: SampleIndex, where: str, verify: bool = True
     ) -> None:
-        self._f = open(local_path, "rb")  # noqa: SIM115 - closed in close()
-        size = os.fstat(self._f.fileno()).st_size
-        self._map = mmap.mmap(self._f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
-        self._view = memoryview(self._map)
-        self._size = size
+        self._file = MappedFile(local_path)
+        self._map, self._view, self._size = self._file.map, self._file.view, self._file.size
         self._offsets = np.asarray(index.offsets, np.int64)
         self._sizes = np.asarray(index.sizes, np.int64)
         sums = index.checksums if verify else None
@@ -296,10 +293,4 @@ class TarShardReader:
             into.add(where, keys, fields)
 
     def close(self) -> None:
-        try:
-            self._view.release()
-            if isinstance(self._map, mmap.mmap):
-                self._map.close()
-        except BufferError:  # a view is still alive: the map closes when the last one goes
-            pass
-        self._f.close()
+        self._file.close()
