@@ -33,7 +33,13 @@ import numpy as np
 import torch
 
 from shardloader.errors import DecodeError
-from shardloader.service.shm import MAX_SLOTS, NAME, PREFIX, map_server_file
+from shardloader.service.shm import (
+    MAX_SLOTS,
+    NAME,
+    create_server_file,
+    map_server_file,
+    unlink_quietly,
+)
 from shardloader.slots import lend, take_back
 from shardloader.transport import Ring, _build, _rebuild
 
@@ -67,19 +73,9 @@ class SharedRing(Ring):
         slots += extra  # the slots a client holds: its read-ahead, its decoding, its loop
         self.workers, self.slots, self.slot_bytes = workers, slots, slot_bytes
         self.body, self.size = _ring_size(workers, slots, slot_bytes)
-        self.name = f"{PREFIX}{os.getpid()}-{secrets.token_hex(16)}"
-        self.path: str | None = os.path.join(folder, self.name)
+        self.name, path, mm = create_server_file(folder, self.size)
+        self.path: str | None = path
         self.nonce = secrets.token_hex(16)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        try:
-            os.ftruncate(fd, self.size)
-            os.posix_fallocate(fd, 0, self.size)  # a full /dev/shm fails here, not as SIGBUS
-            mm = mmap.mmap(fd, self.size)
-        except BaseException:
-            os.close(fd)
-            self.unlink()
-            raise
-        os.close(fd)
         self.array: Any = _Mapping(mm)
         raw = np.frombuffer(mm, np.uint8)
         raw[self.body : self.body + 8] = np.frombuffer(_MAGIC, np.uint8)
@@ -108,11 +104,7 @@ class SharedRing(Ring):
 
     def unlink(self) -> None:
         path, self.path = self.path, None
-        if path is not None:
-            try:
-                os.unlink(path)
-            except FileNotFoundError:
-                pass
+        unlink_quietly(path)
 
     # -- in the server's main process -----------------------------------------------------
     received_state = _KEPT  # Ring.receive marks a slot the server itself holds (collect frees)

@@ -52,7 +52,9 @@ __all__ = [
     "SHM_DIR",
     "WAIT_SECONDS",
     "leftover_segments",
+    "create_server_file",
     "map_server_file",
+    "unlink_quietly",
 ]
 
 log = logging.getLogger(__name__)
@@ -89,6 +91,33 @@ def map_server_file(path: str, size: int, what: str) -> mmap.mmap:
         os.close(fd)
 
 
+def create_server_file(folder: str, size: int) -> tuple[str, str, mmap.mmap]:
+    """(name, path, mapping) of a new file of ``size`` bytes in ``folder`` that only this user
+    can open, its space reserved: a full /dev/shm is an OSError here (the stream stays on TCP),
+    never a SIGBUS on a write later.  The server's side of :func:`map_server_file`."""
+    name = f"{PREFIX}{os.getpid()}-{secrets.token_hex(16)}"
+    path = os.path.join(folder, name)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        os.ftruncate(fd, size)
+        os.posix_fallocate(fd, 0, size)
+        return name, path, mmap.mmap(fd, size)
+    except BaseException:
+        unlink_quietly(path)
+        raise
+    finally:
+        os.close(fd)
+
+
+def unlink_quietly(path: str | None) -> None:
+    """Remove ``path`` if it is still there (the other side may have removed it)."""
+    if path is not None:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+
 def leftover_segments(folder: str = SHM_DIR) -> list[str]:
     """Names of shardloader segments in ``folder`` (for tests and operators: should be none
     once every stream has attached or ended)."""
@@ -105,21 +134,10 @@ class Segment:
         slot_bytes = -(-slot_bytes // _PAGE) * _PAGE
         self.slots, self.slot_bytes = slots, slot_bytes
         self.data, self.size = _layout(slots, slot_bytes)
-        self.name = f"{PREFIX}{os.getpid()}-{secrets.token_hex(16)}"
-        self.path: str | None = os.path.join(folder, self.name)
+        self.name, path, mm = create_server_file(folder, self.size)
+        self.path: str | None = path
+        self._mm: mmap.mmap | None = mm
         self.nonce = secrets.token_hex(16)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        try:
-            os.ftruncate(fd, self.size)
-            # reserved now: a full /dev/shm is an OSError here (TCP instead), never a SIGBUS
-            # on a write later
-            os.posix_fallocate(fd, 0, self.size)
-            self._mm: mmap.mmap | None = mmap.mmap(fd, self.size)
-        except BaseException:
-            os.close(fd)
-            self._unlink()
-            raise
-        os.close(fd)
         self.buf = np.frombuffer(self._mm, np.uint8)
         self.buf[: len(_MAGIC)] = np.frombuffer(_MAGIC, np.uint8)
         self.buf[8:24] = np.frombuffer(bytes.fromhex(self.nonce), np.uint8)
@@ -191,11 +209,7 @@ class Segment:
 
     def _unlink(self) -> None:
         path, self.path = self.path, None
-        if path is not None:
-            try:
-                os.unlink(path)
-            except FileNotFoundError:
-                pass
+        unlink_quietly(path)
 
     def close(self) -> None:
         """Unlink the name (if the client never attached) and drop this side's mapping."""
