@@ -26,7 +26,7 @@ from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from shardloader.errors import ChecksumError, ShardError
+from shardloader.errors import ChecksumError, ShardError, StorageError
 from shardloader.format.base import ShardReader
 from shardloader.format.embedded import TAIL_KEEP, embedded_index
 from shardloader.format.registry import get_format
@@ -34,6 +34,7 @@ from shardloader.manifest import Manifest, SampleIndex, ShardInfo
 from shardloader.schema import sidecar_bound, staged_bound
 from shardloader.sidecar import check_digest, parse_sidecar, read_sidecar
 from shardloader.storage.cache import ShardCache
+from shardloader.storage.localfiles import open_regular
 from shardloader.storage.store import Store
 from shardloader.storage.streams import BoundedReader, TailReader
 
@@ -200,9 +201,10 @@ class ShardFiles:
         if self.in_place:
             here = self.shard_store(shard).local_path
             try:
-                size = os.path.getsize(here)
-            except OSError as err:
-                raise ShardError(f"{self.describe(shard)}: cannot open ({err.strerror})") from err
+                with open_regular(here, self.url(shard)) as f:  # not a FIFO, not a device
+                    size = os.fstat(f.fileno()).st_size
+            except StorageError as err:
+                raise ShardError(f"{self.describe(shard)}: {err}") from err
             expected = self.manifest.shards[shard].bytes
             if size != expected:
                 raise ShardError(
