@@ -103,14 +103,30 @@ class ShardFiles:
                 data = read_sidecar(store, info, where)
                 check_digest(data, info, where)
             else:  # remote: fetched once per node through the cache, like the shards
-                path = self._cached_copy(info, store, where)
-                data = read_sidecar(Store(path), info, where)
-                check_digest(data, info, where)
+                data = self._cached_sidecar(info, store, where)
             idx = parse_sidecar(data, store.url, self.manifest.format, info, self.describe(shard))
             self._indexes[shard] = idx
             if len(self._indexes) > 64:
                 self._indexes.popitem(last=False)
         return idx
+
+    def _cached_sidecar(self, info: ShardInfo, store: Store, where: str) -> bytes:
+        """A remote sidecar's bytes from its node cache copy; a copy damaged since it was
+        fetched (it hashed right then) is fetched once more (NOTE [re-staging a damaged copy]
+        in storage/cache.py)."""
+        for attempt in (1, 2):
+            path = self._cached_copy(info, store, where)
+            inode = os.stat(path).st_ino
+            data = read_sidecar(Store(path), info, where)
+            try:
+                check_digest(data, info, where)
+                return data
+            except ChecksumError:
+                if attempt == 2:
+                    raise
+                log.warning("%s: its copy in the node cache is damaged; fetching it again", where)
+                self.cache().discard(info.index_path, inode)
+        raise AssertionError("unreachable")
 
     def _cached_copy(self, info: ShardInfo, store: Store, where: str) -> str:
         def open_stored() -> Any:  # one GET, no HEAD: the bound stands in for the size

@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -23,7 +24,7 @@ from shardloader.manifest import SampleIndex
 from shardloader.storage.cache import CacheOptions, ShardCache
 
 
-def _dataset(out: Path, root: Path, **kw: object) -> sl.ShardedDataset:
+def _dataset(out: Path | str, root: Path, **kw: object) -> sl.ShardedDataset:
     read = sl.ReadOptions(cache=sl.CacheOptions(dir=str(root)), readahead=0)
     return sl.ShardedDataset(str(out), batch_size=3, read=read, **kw)  # type: ignore[arg-type]
 
@@ -209,3 +210,43 @@ def test_a_full_cache_disk_is_one_line_naming_the_cache_folder(tmp_path: Path) -
 
 def _quote(text: str) -> str:
     return "'" + text.replace("'", "'\"'\"'") + "'"
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    import http.server
+    import threading
+    from functools import partial
+
+    root = tmp_path / "www"
+    root.mkdir()
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), partial(Quiet, directory=root))
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", root
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+def test_a_damaged_cached_sidecar_of_a_remote_dataset_is_fetched_again(
+    served: tuple[str, Path], tmp_path: Path
+) -> None:
+    base, www = served
+    write_dataset(str(www / "ds"), [6], compression="gzip")  # gzip: no index inside the shard
+    root = tmp_path / "cache"
+    ds = _dataset(f"{base}/ds", root)
+    assert _epoch(ds) == _expected(6)
+    cache = ShardCache(CacheOptions(dir=str(root)), ds.manifest.fingerprint)
+    copy = Path(cache.path_for(ds.manifest.shards[0].index_path))
+    good = copy.read_bytes()
+    copy.write_bytes(good[:-1] + bytes([good[-1] ^ 1]))
+    assert _epoch(_dataset(f"{base}/ds", root)) == _expected(6)
+    assert copy.read_bytes() == good
