@@ -344,11 +344,13 @@ class HttpClient:
                 if guard is not None:
                     guard.cancel()
                 raise StorageError(
-                    f"{url}: the server sent the object with Content-Encoding "
+                    f"{url}{f' (redirects: {chain_text(chain)})' if len(chain) > 1 else ''}: "
+                    "the server sent the object with Content-Encoding "
                     f"{resp.getheader('Content-Encoding')!r}; serve shards as they are stored"
                 )
             resp_any: Any = resp
-            return _HttpBody(self, origin, conn, resp_any, ranged, total, length, url, guard)
+            shown = url if len(chain) == 1 else f"{url} (redirects: {chain_text(chain)})"
+            return _HttpBody(self, origin, conn, resp_any, ranged, total, length, shown, guard)
 
     def _request(
         self,
