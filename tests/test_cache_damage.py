@@ -178,6 +178,7 @@ except Exception as err:
 """
 
 
+@pytest.mark.slow
 @pytest.mark.subprocess  # a tmpfs of 1 MiB, mounted in a user namespace of its own
 def test_a_full_cache_disk_is_one_line_naming_the_cache_folder(tmp_path: Path) -> None:
     if shutil.which("unshare") is None:
