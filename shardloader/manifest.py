@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 __all__ = [
     "FORMAT_VERSION",
     "MANIFEST_NAME",
+    "MAX_MANIFEST_BYTES",
     "FieldInfo",
     "ShardInfo",
     "Manifest",
@@ -40,6 +41,9 @@ __all__ = [
 
 FORMAT_VERSION = 1
 MANIFEST_NAME = "index.json"
+# The most bytes an index.json is read to: about 650,000 shards.  An endless response or a
+# link to /dev/zero stops here, at a bounded cost, never held whole.
+MAX_MANIFEST_BYTES = 256 << 20
 CHECKSUM_COLUMN = "xxh3_64"  # per-sample checksum in sidecars (optional: older ones lack it)
 
 
@@ -303,17 +307,24 @@ def manifest_url(url: str) -> tuple[str, str]:
 def load_manifest(store: Store) -> tuple[Manifest, Store]:
     """Fetch and parse the manifest of the dataset at ``store`` (its folder or its
     ``index.json``); return it with the store of the folder its shards' paths start from."""
-    from shardloader.errors import StorageError
+    from shardloader.errors import ChecksumError, ObjectNotFoundError, StorageError
     from shardloader.storage.store import Store
 
     base, murl = manifest_url(store.url)
     try:
-        data = Store(murl, store.options, store.retry).read_bytes()
-    except StorageError as err:
+        data = Store(murl, store.options, store.retry).read_bytes(limit=MAX_MANIFEST_BYTES)
+    except ChecksumError as err:  # past the bound: an endless body, a huge file
+        raise ManifestError(
+            f"{murl!r} is larger than {MAX_MANIFEST_BYTES >> 20} MiB, more than any manifest "
+            "shardloader writes (about 400 bytes a shard); it is not a dataset's index.json"
+        ) from err
+    except ObjectNotFoundError as err:
         raise ManifestError(
             f"no manifest at {murl!r} ({err}); pack the data first with "
             "`shardloader pack SRC OUT`, or index existing shards with `shardloader index`"
         ) from err
+    except StorageError as err:
+        raise ManifestError(f"cannot read the manifest {murl!r}: {err}") from err
     return Manifest.from_json(data, murl), Store(base, store.options, store.retry)
 
 
