@@ -174,6 +174,11 @@ def pack_command(
     groups (a/0001.jpg + a/0001.json), record files (.jsonl, .txt, optionally .gz/.zst) or
     tables (.parquet, .arrow).  The manifest is written last.
     """
+    if fmt == "tokens" and tokenizer is None:  # refused now, not when the shards are read
+        raise UsageError(
+            "--format tokens lays out token ids: pass --tokenizer tokenizer.json (a Hugging Face "
+            "tokenizers file) to make them from the text, or pick --format tar or arrow"
+        )
     from shardloader.pack import PackOptions, pack
 
     retry = retry_policy(retries, retry_seconds)
@@ -258,12 +263,17 @@ def format_report(r: PackReport) -> str:
     ]
     if m.classes:
         lines.append(f"  classes   {len(m.classes)}")
+    if r.ignored:
+        shown = ", ".join(f"{rel!r} ({why})" for rel, why in r.ignored[:3])
+        more = f" and {len(r.ignored) - 3:,} more" if len(r.ignored) > 3 else ""
+        lines.append(f"  ignored   {len(r.ignored):,}: {shown}{more}")
     lines += [
         f"  bytes in  {_human(r.bytes_in)}",
         f"  bytes out {_human(r.bytes_out)} stored, {_human(r.raw_bytes)} uncompressed",
         f"  ratio     {r.ratio:.2f}x (input / stored)",
         f"  time      {r.seconds:.1f} s, {r.mb_per_s:.1f} MB/s in",
     ]
+    lines += [f"note: {note}" for note in r.notes]
     return "\n".join(lines)
 
 

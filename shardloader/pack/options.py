@@ -110,6 +110,10 @@ class PackReport:
     raw_bytes: int  # uncompressed shard bytes
     seconds: float
     skip_report: str | None  # URL of the skip report, if anything was skipped
+    # what the listing of SRC left out: (path relative to SRC, why): hidden and system files
+    # (Thumbs.db, .DS_Store, desktop.ini), symlink loops
+    ignored: tuple[tuple[str, str], ...] = ()
+    notes: tuple[str, ...] = ()  # what pack decided for you, and advice (the CLI prints them)
 
     @property
     def ratio(self) -> float:

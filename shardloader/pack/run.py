@@ -283,6 +283,7 @@ def _pack(
         raw_bytes=sum(s.raw_bytes for s in shards),
         seconds=time.monotonic() - start,
         skip_report=out_store.join(SKIP_REPORT).url if skips else None,
+        ignored=source.ignored,
     )
 
 
