@@ -190,10 +190,8 @@ def index_shards(
     existing = list_out(store)
     if MANIFEST_NAME in existing and not overwrite:
         raise OutputExistsError(
-            f"{out} already has a {MANIFEST_NAME}; pass --overwrite to replace it"
+            f"{out} already has an {MANIFEST_NAME}; pass --overwrite to replace it"
         )
-    if MANIFEST_NAME in existing:
-        store.join(MANIFEST_NAME).remove()
     remove_temps(store, existing)
 
     infos = []
@@ -221,6 +219,10 @@ def index_shards(
         all_text = all_text and scanned.index.lengths is not None
         if progress is not None:
             progress(i + 1, len(urls))
+    # NOTE [replacing a dataset] (pack/replace.py): every shard is scanned, so the new index
+    # is whole; the old manifest goes only now, before the sidecars it may name are rewritten.
+    if MANIFEST_NAME in existing:
+        store.join(MANIFEST_NAME).remove()
     for rel, index_path, scanned in scans:
         index = (
             scanned.index
