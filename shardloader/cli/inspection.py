@@ -12,6 +12,7 @@ from typing import Any
 
 import click
 
+from shardloader.cli.advice import in_cli_terms
 from shardloader.cli.group import main
 from shardloader.cli.options import (
     retry_options,
@@ -122,7 +123,7 @@ def verify_command(
         for b in r.bad:
             click.echo(f"BAD {b.path}")
             for reason in b.reasons:
-                click.echo(f"    {reason}")
+                click.echo(f"    {in_cli_terms(reason)}")
         click.echo(
             f"{r.shards - len(r.bad)} of {r.shards} shards ok, {r.samples:,} samples checked"
         )

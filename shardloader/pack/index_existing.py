@@ -113,6 +113,9 @@ def _expand(shards: Sequence[str], store: Store) -> list[str]:
             if not found:
                 raise UsageError(f"{s}: no {_kinds()} in this folder")
             out.extend(found)
+        elif Store(s).is_local and not os.path.exists(Store(s).local_path):
+            what = "matches no file" if any(c in s for c in "*?[") else "does not exist"
+            raise UsageError(f"{s}: {what}; give existing {_kinds()} files, or folders of them")
         else:
             out.append(s)
     return out
