@@ -7,7 +7,6 @@ Only the command layer prints.  The library is imported inside each command (see
 from __future__ import annotations
 
 import json
-import sys
 from typing import Any
 
 import click
@@ -21,6 +20,7 @@ from shardloader.cli.options import (
     storage_option,
     storage_options,
 )
+from shardloader.cli.progress import progress_bar
 from shardloader.errors import ShardError
 from shardloader.units import human_bytes as _human
 
@@ -97,26 +97,19 @@ def verify_command(
     """Re-hash every shard and parse every sample; exit 1 if anything is bad."""
     from shardloader.verify import verify_dataset
 
-    bar = None
-    if show_progress(quiet):
-        from tqdm import tqdm
-
-        bar = tqdm(unit="shard", desc="verify", file=sys.stderr)
-
     def on_progress(done: int, total: int) -> None:
         if bar is not None:
             bar.total = total
             bar.update(done - bar.n)
 
-    r = verify_dataset(
-        dataset,
-        storage_options(storage_option),
-        images=not no_images,
-        progress=on_progress,
-        retry=retry_policy(retries, retry_seconds),
-    )
-    if bar is not None:
-        bar.close()
+    with progress_bar(show_progress(quiet), unit="shard", desc="verify") as bar:
+        r = verify_dataset(
+            dataset,
+            storage_options(storage_option),
+            images=not no_images,
+            progress=on_progress,
+            retry=retry_policy(retries, retry_seconds),
+        )
     if as_json:
         click.echo(json.dumps(r.to_dict(), indent=1, sort_keys=True))
     else:

@@ -22,6 +22,7 @@ from shardloader.cli.options import (
     storage_option,
     storage_options,
 )
+from shardloader.cli.progress import progress_bar
 from shardloader.errors import UsageError
 from shardloader.units import human_bytes as _human
 from shardloader.units import parse_size
@@ -59,9 +60,10 @@ LAYOUTS = ("auto", "class-folders", "key-groups", "records")
 )
 @click.option(
     "--shard-size",
-    default=f"{DEFAULT_SHARD_SIZE >> 20}MiB",
+    default="auto",
     show_default=True,
-    help="Roll over to a new shard at this many uncompressed bytes (0: no limit).",
+    help="Roll over to a new shard at this many uncompressed bytes (0: no limit; auto: "
+    f"{DEFAULT_SHARD_SIZE >> 20}MiB, or about an eighth of a smaller input, at least 16MiB).",
 )
 @click.option("--max-samples", type=int, default=None, help="At most this many samples a shard.")
 @click.option(
@@ -186,7 +188,7 @@ def pack_command(
     options = PackOptions(
         format=fmt,
         compression=compression,
-        shard_size=parse_size(shard_size),
+        shard_size=None if shard_size == "auto" else parse_size(shard_size),
         max_samples=max_samples,
         layout=layout,
         on_error=on_error,
@@ -204,18 +206,6 @@ def pack_command(
         aliases=_aliases(alias),
         **extra,
     )
-    bar = None
-    if show_progress(quiet):
-        from tqdm import tqdm
-
-        bar = tqdm(
-            unit="B",
-            unit_scale=True,
-            unit_divisor=1000,
-            desc="pack",
-            file=sys.stderr,
-            dynamic_ncols=True,
-        )
 
     def on_progress(p: PackProgress) -> None:
         if bar is None:
@@ -229,19 +219,20 @@ def pack_command(
         )
 
     try:
-        with interruptible():
+        with (
+            progress_bar(
+                show_progress(quiet), unit="B", unit_scale=True, unit_divisor=1000, desc="pack"
+            ) as bar,
+            interruptible(),
+        ):
             report = pack(src, out, options, progress=on_progress)
     except KeyboardInterrupt:
-        if bar is not None:
-            bar.close()
         click.echo(
             "interrupted: no manifest was written; finished shards stay in OUT, re-run with "
             "--resume to keep them",
             err=True,
         )
         sys.exit(130)
-    if bar is not None:
-        bar.close()
     if not quiet:
         click.echo(format_report(report))
 
@@ -343,27 +334,20 @@ def index_command(
     """
     from shardloader.pack.index_existing import index_shards
 
-    bar = None
-    if show_progress(quiet):
-        from tqdm import tqdm
-
-        bar = tqdm(unit="shard", desc="index", file=sys.stderr)
-
     def on_progress(done: int, total: int) -> None:
         if bar is not None:
             bar.total = total
             bar.update(done - bar.n)
 
-    r = index_shards(
-        shards,
-        out,
-        overwrite=overwrite,
-        storage_options=storage_options(storage_option),
-        progress=on_progress,
-        max_member_bytes=parse_size(max_member_size),
-    )
-    if bar is not None:
-        bar.close()
+    with progress_bar(show_progress(quiet), unit="shard", desc="index") as bar:
+        r = index_shards(
+            shards,
+            out,
+            overwrite=overwrite,
+            storage_options=storage_options(storage_option),
+            progress=on_progress,
+            max_member_bytes=parse_size(max_member_size),
+        )
     m = r.manifest
     click.echo(f"indexed {len(m.shards)} shards, {m.num_samples:,} samples into {out}")
 

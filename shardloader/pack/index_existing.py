@@ -202,6 +202,8 @@ def index_shards(
     sidecar_names: dict[str, str] = {}
     all_text = True
     scans = []
+    if progress is not None:  # the total at once, before the first (maybe large) shard
+        progress(0, len(urls))
     for i, url in enumerate(urls):
         rel = _relative(url, out)
         stem = fmt.parse_name(rel)[1]  # type: ignore[index]

@@ -30,6 +30,7 @@ from shardloader.aliases import FieldMap
 from shardloader.errors import ShardError, UsageError
 from shardloader.manifest import FORMAT_VERSION, MANIFEST_NAME, FieldInfo, Manifest, ShardInfo
 from shardloader.pack.discover import Source, discover
+from shardloader.pack.notes import after_notes, shard_size_for
 from shardloader.pack.options import PACKER_VERSION, PackOptions, PackProgress, PackReport
 from shardloader.pack.outdir import (
     SKIP_REPORT,
@@ -175,7 +176,8 @@ def _pack(
     )
     run = _Run(spec, options, progress, start, None if parted else source.total_bytes)
     run.defer = finished is not None and options.overwrite  # placed once every shard is written
-    planner = Planner(options.format, options.shard_size, options.max_samples)
+    shard_size, notes = shard_size_for(options, source)
+    planner = Planner(options.format, shard_size, options.max_samples)
 
     def on_skip(file: str, where: str, reason: str) -> None:
         if part_of(planner.current, options.num_parts) == options.part:
@@ -265,6 +267,7 @@ def _pack(
         seconds=time.monotonic() - start,
         skip_report=out_store.join(SKIP_REPORT).url if skips else None,
         ignored=source.ignored,
+        notes=(*notes, *after_notes(options, manifest, run.bytes_in)),
     )
 
 
