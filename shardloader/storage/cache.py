@@ -81,7 +81,8 @@ class ShardCache:
     """Stages shards into ``<root>/<dataset fingerprint>/`` once per node, within one limit
     for the whole root."""
 
-    def __init__(self, options: CacheOptions, fingerprint: str) -> None:
+    def __init__(self, options: CacheOptions, fingerprint: str, source: str = "") -> None:
+        self.source = source  # the dataset's URL, noted in the folder's marker for cache info
         self.root = cache_root(options.dir)
         self.folder = os.path.join(self.root, fingerprint)
         self._explicit = options.max_bytes is not None or bool(os.environ.get(MAX_BYTES_ENV))
@@ -92,7 +93,7 @@ class ShardCache:
     def _ensure_folder(self) -> None:
         try:
             os.makedirs(self.folder, exist_ok=True)
-            write_marker(os.path.join(self.folder, MARKER))
+            write_marker(os.path.join(self.folder, MARKER), self.source)
         except OSError as err:
             raise StorageError(
                 f"cannot use the shard cache at {self.root} ({err.strerror or err}); point "

@@ -51,6 +51,7 @@ __all__ = [
     "dataset_folders",
     "legacy_root",
     "lock_file",
+    "marker_sources",
     "remove_entry",
     "remove_quietly",
     "staged_entries",
@@ -140,9 +141,11 @@ class DatasetUsage:
 
     fingerprint: str
     folder: str
-    shards: int
+    shards: int  # staged shards (sample indexes and lengths are counted apart, in other)
     bytes: int
     last_used: float | None
+    other: int = 0  # staged sample indexes (sidecars) and the lengths file
+    sources: tuple[str, ...] = ()  # the dataset URLs read through this folder
 
 
 @dataclass(frozen=True)
@@ -204,16 +207,26 @@ def usage(root: str) -> list[DatasetUsage]:
     out = []
     for fingerprint, folder in dataset_folders(root):
         entries = staged_entries(folder)
+        staged = [e for e in entries if e.base in e.files]
+        other = sum(_not_a_shard(e.base) for e in staged)
         out.append(
             DatasetUsage(
                 fingerprint,
                 folder,
-                sum(e.base in e.files for e in entries),
+                len(staged) - other,
                 sum(e.bytes for e in entries),
                 max((e.last_used for e in entries), default=None),
+                other,
+                marker_sources(os.path.join(folder, MARKER)),
             )
         )
     return out
+
+
+def _not_a_shard(path: str) -> bool:
+    """A staged sample index (``*.idx.arrow``, carried or fetched) or the lengths file."""
+    name = os.path.basename(path)[: -len(STAGED)]
+    return ".idx.arrow" in name or name == "lengths.npy"
 
 
 def lock_file(path: str, wait: bool) -> BinaryIO | None:
@@ -317,13 +330,30 @@ def _remove_folder_if_empty(folder: str) -> int:
         return 0
 
 
-def write_marker(marker: str) -> None:
+_SOURCE = "source "  # a marker line naming a URL the dataset was read from
+
+
+def write_marker(marker: str, source: str = "") -> None:
+    """Mark a dataset folder; ``source`` (the dataset's URL) is added once, for ``cache info``."""
     if not os.path.exists(marker):
         with open(marker, "w") as f:
             f.write(
                 "staged shards of one shardloader dataset; `shardloader cache clear` "
                 "removes them safely\n"
             )
+    if source and source not in marker_sources(marker):
+        with open(marker, "a") as f:  # one short line, appended whole (O_APPEND)
+            f.write(f"{_SOURCE}{source}\n")
+
+
+def marker_sources(marker: str) -> tuple[str, ...]:
+    """The dataset URLs a folder's marker names (none for folders of earlier versions)."""
+    try:
+        with open(marker, encoding="utf-8", errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return ()
+    return tuple(dict.fromkeys(x[len(_SOURCE) :] for x in lines if x.startswith(_SOURCE)))
 
 
 def touch(path: str) -> None:
