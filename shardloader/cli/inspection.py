@@ -54,7 +54,7 @@ def inspect_command(dataset: str, as_json: bool, storage_option: tuple[str, ...]
         f"  shards     {s.num_shards:,}   samples {s.num_samples:,}"
         + (f"   skipped when packed {s.skipped:,}" if s.skipped else ""),
         f"  stored     {_human(s.bytes)}   uncompressed {_human(s.raw_bytes)}   "
-        f"ratio {s.ratio:.2f}x",
+        f"ratio {s.ratio:.2f}x compression (uncompressed / stored)",
         f"  per shard  samples: {_fmt_stats(s.shard_samples)}",
         f"  per sample bytes: {_fmt_stats(s.sample_bytes)}",
         "  fields     "

@@ -261,7 +261,8 @@ def format_report(r: PackReport) -> str:
     lines += [
         f"  bytes in  {_human(r.bytes_in)}",
         f"  bytes out {_human(r.bytes_out)} stored, {_human(r.raw_bytes)} uncompressed",
-        f"  ratio     {r.ratio:.2f}x (input / stored)",
+        f"  ratio     {r.compression_ratio:.2f}x compression (uncompressed / stored, as "
+        f"inspect says), {r.ratio:.2f}x input / stored",
         f"  time      {r.seconds:.1f} s, {r.mb_per_s:.1f} MB/s in",
     ]
     lines += [f"note: {note}" for note in r.notes]

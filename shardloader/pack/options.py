@@ -142,5 +142,10 @@ class PackReport:
         return self.bytes_in / self.bytes_out if self.bytes_out else 0.0
 
     @property
+    def compression_ratio(self) -> float:
+        """Uncompressed shard bytes per stored byte: the ratio ``inspect`` reports."""
+        return self.raw_bytes / self.bytes_out if self.bytes_out else 0.0
+
+    @property
     def mb_per_s(self) -> float:
         return self.bytes_in / 1e6 / self.seconds if self.seconds > 0 else 0.0
