@@ -221,6 +221,17 @@ def test_normalize_refuses_float_pixels_in_0_255():
     assert norm(torch.zeros(0, 3, 4, 4)).shape == (0, 3, 4, 4)  # an empty batch has no range
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_normalize_checks_the_first_accelerator_batch_only():
+    """On a GPU the range is read back once (a sync), on the first batch."""
+    pixels = torch.from_numpy(_array(6, 8)).permute(2, 0, 1).cuda()
+    with pytest.raises(UsageError, match="float images must be in"):
+        Normalize()(pixels.float())
+    norm = Normalize()
+    assert norm(pixels.float() / 255).device.type == "cuda"
+    assert norm(pixels.float()).device.type == "cuda"  # later batches are not read back
+
+
 def test_pipeline_on_sample_dicts_collates(jpeg):
     t = train_transform(40, field="jpg", channels_last=True)
     torch.manual_seed(0)
