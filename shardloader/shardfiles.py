@@ -173,7 +173,7 @@ class ShardFiles:
     # -- staging --------------------------------------------------------------------------
     def cache(self) -> ShardCache:
         if self._cache is None:
-            cache = ShardCache(self.options.cache, self.manifest.fingerprint)
+            cache = ShardCache(self.options.cache, self.manifest.fingerprint, self.store.url)
             cache.require(self.working_set)
             if cache.max_bytes is None:  # bounded by default: twice what the plan needs
                 cache.max_bytes = max(2 * self.working_set, 1 << 30)

@@ -99,10 +99,13 @@ def info_command(cache_dir: str | None, as_json: bool) -> None:
         f"{'' if len(datasets) == 1 else 's'}",
     ]
     for d in datasets:
+        other = f" (+{d.other} sample indexes/lengths)" if d.other else ""
         lines.append(
-            f"    {d.fingerprint}  {d.shards:>5} shards  {human_bytes(d.bytes):>9}  "
+            f"    {d.fingerprint}  {d.shards:>5} shards{other}  {human_bytes(d.bytes):>9}  "
             f"last used {_when(d.last_used)}"
         )
+        lines += [f"      source {url}" for url in d.sources]
+        lines.append(f"      path   {d.folder}")
     if legacy is not None:
         lines.append(
             f"  {legacy[0]} (an earlier shardloader's cache) holds "
@@ -116,6 +119,8 @@ def _dataset_dict(d: DatasetUsage) -> dict[str, object]:
         "fingerprint": d.fingerprint,
         "folder": d.folder,
         "shards": d.shards,
+        "other_files": d.other,
+        "sources": list(d.sources),
         "bytes": d.bytes,
         "last_used": d.last_used,
     }

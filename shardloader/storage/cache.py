@@ -93,7 +93,8 @@ class ShardCache:
     """Stages shards into ``<root>/<dataset fingerprint>/`` once per node, within one limit
     for the whole root."""
 
-    def __init__(self, options: CacheOptions, fingerprint: str) -> None:
+    def __init__(self, options: CacheOptions, fingerprint: str, source: str = "") -> None:
+        self.source = source  # the dataset's URL, noted in the folder's marker for cache info
         self.root = cache_root(options.dir)
         self._default_root = is_default_root(options.dir)
         self.folder = os.path.join(self.root, fingerprint)
@@ -111,7 +112,7 @@ class ShardCache:
         own_dir(self.root, "the shard cache", tighten=self._default_root, remedy=remedy)
         own_dir(self.folder, "the shard cache folder", tighten=True, remedy=remedy)
         try:
-            write_marker(os.path.join(self.folder, MARKER))
+            write_marker(os.path.join(self.folder, MARKER), self.source)
         except OSError as err:
             raise StorageError(
                 f"cannot use the shard cache at {self.root} ({err.strerror or err}); {remedy}"

@@ -62,6 +62,7 @@ __all__ = [
     "dataset_folders",
     "legacy_root",
     "lock_file",
+    "marker_sources",
     "remove_entry",
     "remove_quietly",
     "staged_entries",
@@ -182,9 +183,11 @@ class DatasetUsage:
 
     fingerprint: str
     folder: str
-    shards: int
+    shards: int  # staged shards (sample indexes and lengths are counted apart, in other)
     bytes: int
     last_used: float | None
+    other: int = 0  # staged sample indexes (sidecars) and the lengths file
+    sources: tuple[str, ...] = ()  # the dataset URLs read through this folder
 
 
 @dataclass(frozen=True)
@@ -251,16 +254,26 @@ def usage(root: str) -> list[DatasetUsage]:
     out = []
     for fingerprint, folder in dataset_folders(root):
         entries = staged_entries(folder)
+        staged = [e for e in entries if e.base in e.files]
+        other = sum(_not_a_shard(e.base) for e in staged)
         out.append(
             DatasetUsage(
                 fingerprint,
                 folder,
-                sum(e.base in e.files for e in entries),
+                len(staged) - other,
                 sum(e.bytes for e in entries),
                 max((e.last_used for e in entries), default=None),
+                other,
+                marker_sources(os.path.join(folder, MARKER)),
             )
         )
     return out
+
+
+def _not_a_shard(path: str) -> bool:
+    """A staged sample index (``*.idx.arrow``, carried or fetched) or the lengths file."""
+    name = os.path.basename(path)[: -len(STAGED)]
+    return ".idx.arrow" in name or name == "lengths.npy"
 
 
 def lock_file(path: str, wait: bool) -> BinaryIO | None:
@@ -373,18 +386,36 @@ def _remove_folder_if_empty(folder: str) -> int:
         return 0
 
 
-def write_marker(marker: str) -> None:
-    if os.path.lexists(marker):
-        return
+_SOURCE = "source "  # a marker line naming a URL the dataset was read from
+
+
+def write_marker(marker: str, source: str = "") -> None:
+    """Mark a dataset folder (never through a link: NOTE [a cache of one's own]); ``source``
+    (the dataset's URL) is added once, for ``cache info``."""
+    if not os.path.lexists(marker):
+        try:
+            f = open_private(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, "wb")
+        except FileExistsError:  # another process wrote it meanwhile
+            pass
+        else:
+            with f:
+                f.write(
+                    b"staged shards of one shardloader dataset; `shardloader cache clear` "
+                    b"removes them safely\n"
+                )
+    if source and source not in marker_sources(marker):
+        with open_private(marker, os.O_WRONLY | os.O_APPEND, "ab") as f:  # one line, whole
+            f.write(f"{_SOURCE}{source}\n".encode())
+
+
+def marker_sources(marker: str) -> tuple[str, ...]:
+    """The dataset URLs a folder's marker names (none for folders of earlier versions)."""
     try:
-        f = open_private(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, "wb")
-    except FileExistsError:  # another process wrote it meanwhile
-        return
-    with f:
-        f.write(
-            b"staged shards of one shardloader dataset; `shardloader cache clear` "
-            b"removes them safely\n"
-        )
+        with open_private(marker, os.O_RDONLY, "rb") as f:
+            lines = f.read().decode("utf-8", "replace").splitlines()
+    except (OSError, StorageError):
+        return ()
+    return tuple(dict.fromkeys(x[len(_SOURCE) :] for x in lines if x.startswith(_SOURCE)))
 
 
 def touch(path: str) -> None:
