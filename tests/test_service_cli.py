@@ -142,7 +142,16 @@ def test_path_pipeline_options_reach_the_dataset(data):
 
 @pytest.mark.parametrize(
     "kw",
-    [{"workers": -1}, {"max_inflight": 0}, {"max_clients": 0}, {"token": ""}, {"ping_interval": 0}],
+    [
+        {"workers": -1},
+        {"max_inflight": 0},
+        {"max_clients": 0},
+        {"token": ""},
+        {"ping_interval": 0},
+        {"header_timeout": 0},
+        {"idle_timeout": -1},
+        {"write_timeout": 0},
+    ],
 )
 def test_serve_options_are_checked(kw):
     with pytest.raises(ValueError):

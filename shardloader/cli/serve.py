@@ -75,6 +75,28 @@ __all__ = ["serve"]
     show_default=True,
     help="Concurrent streams; more are answered 503 with Retry-After.",
 )
+@click.option(
+    "--header-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=10.0,
+    show_default=True,
+    help="Seconds a new connection has to send its whole request head; then it is closed.",
+)
+@click.option(
+    "--idle-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=30.0,
+    show_default=True,
+    help="Seconds a connection may wait between requests.",
+)
+@click.option(
+    "--write-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=30.0,
+    show_default=True,
+    help="Seconds a client may read nothing of a response; then its stream (and its "
+    "--max-clients slot) ends and the client resumes on a new connection.",
+)
 @dataset_options(batch_size=None, transform="none")
 @click.option(
     "--uneven",
@@ -108,6 +130,9 @@ def serve(
     max_inflight: int,
     max_clients: int,
     shm_dir: str,
+    header_timeout: float,
+    idle_timeout: float,
+    write_timeout: float,
     log_level: str,
     **dataset_flags: Any,
 ) -> None:
@@ -137,6 +162,9 @@ def serve(
         max_clients=max_clients,
         token=token,
         shm_dir=None if shm_dir == "none" else shm_dir,
+        header_timeout=header_timeout,
+        idle_timeout=idle_timeout,
+        write_timeout=write_timeout,
     )
     preset = None
     if is_factory(pipeline):

@@ -44,6 +44,8 @@ class Metrics:
         self.busy_seconds = 0.0  # producers waiting on the pipeline for a batch
         self.idle_seconds = 0.0  # producers blocked because their client had not taken batches
         self.active: dict[int, StreamStats] = {}
+        # connections aborted by NOTE [connection rules], by reason (the event loop writes)
+        self.connections_closed: dict[str, int] = {}
 
     def reject(self, status: int) -> None:
         with self.lock:
@@ -121,6 +123,14 @@ class Metrics:
                 "counter",
                 "Requests answered with an error status.",
                 [({"status": k}, v) for k, v in sorted(self.rejected.items())],
+            )
+            metric(
+                "shardloader_connections_closed_total",
+                "counter",
+                "Connections the server aborted: no request head in time (header_timeout, "
+                "idle_timeout), pushed out by newer ones waiting (evicted), or a client that "
+                "took nothing of a response (write_timeout).",
+                [({"reason": k}, v) for k, v in sorted(self.connections_closed.items())],
             )
             metric(
                 "shardloader_pipeline_errors_total",

@@ -11,6 +11,7 @@ with Retry-After.  Counters: :mod:`shardloader.service.metrics`.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from shardloader.dataset import ShardedDataset
 from shardloader.errors import UsageError
@@ -25,6 +26,7 @@ __all__ = [
     "pass_dataset",
     "serve",
     "steps_of_pass",
+    "uvicorn_server",
     "warm_up",
 ]
 
@@ -44,8 +46,6 @@ def serve(
     """
     import socket
 
-    import uvicorn
-
     if not is_loopback(host) and options.token is None:
         raise UsageError(
             f"--host {host} is not a loopback address: pass --token-file so every "
@@ -63,20 +63,38 @@ def serve(
         raise UsageError(f"cannot listen on {host}:{port}: {err}") from err
     sock.listen(128)
     bound = sock.getsockname()[1]
-    config = uvicorn.Config(
-        app,
-        log_level=log_level,
-        access_log=False,
-        lifespan="off",
-        http="h11",
-        loop="asyncio",
-        timeout_graceful_shutdown=3,
-        timeout_keep_alive=30,
-    )
-    server = uvicorn.Server(config)
+    server = uvicorn_server(app, options, log_level)
     if on_ready is not None:
         on_ready(host, bound)
     try:
         server.run(sockets=[sock])
     finally:
         sock.close()
+
+
+def uvicorn_server(app: Any, options: ServeOptions, log_level: str = "warning") -> Any:
+    """The ``uvicorn.Server`` that runs ``app`` under NOTE [connection rules]
+    (:mod:`shardloader.service.connections`): header, idle and write timeouts, and a cap on
+    connections that have sent no request."""
+    import uvicorn
+
+    from shardloader.service.connections import ConnectionRules, guarded_protocol, waiting_cap
+
+    rules = ConnectionRules(
+        options.header_timeout,
+        options.idle_timeout,
+        options.write_timeout,
+        waiting_cap(),
+        app.state.service.metrics,
+    )
+    config = uvicorn.Config(
+        app,
+        log_level=log_level,
+        access_log=False,
+        lifespan="off",
+        http=guarded_protocol(rules),
+        loop="asyncio",
+        timeout_graceful_shutdown=3,
+        timeout_keep_alive=int(options.idle_timeout) + 1,  # ours (rule 1) comes first
+    )
+    return uvicorn.Server(config)
