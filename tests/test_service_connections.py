@@ -17,7 +17,9 @@ from test_service_support import (
     InProcessServer,
     ServerProcess,
     big_factory,
+    digest,
     get,
+    local_batches,
     parse_metrics,
     server_env,
     small_factory,
@@ -192,3 +194,23 @@ def _token_file(tmp_path):
     path.write_text(TOKEN)
     path.chmod(0o600)
     return path
+
+
+@pytest.mark.slow
+def test_a_loop_that_pauses_past_the_write_timeout_resumes_where_it_was(env):
+    """The server aborts the paused client's stream; the client reconnects at the first step
+    it lacks, and the epoch is still every batch once, in order."""
+    from shardloader.service import RemoteLoader
+
+    reference = [digest(b) for b in local_batches(big_factory, 0, 1, 1)]
+    with InProcessServer(big_factory(), workers=0, write_timeout=0.5) as server:
+        loader = RemoteLoader(server.url, prefetch=1)
+        loader.set_epoch(1)
+        got = []
+        for step, batch in enumerate(loader):
+            got.append(digest(batch))
+            if step == 3:
+                time.sleep(3)  # a checkpoint: the client reads nothing meanwhile
+        assert got == reference
+        assert loader.reconnects >= 1
+        assert closed(server).get('{reason="write_timeout"}', 0) >= 1
