@@ -37,6 +37,7 @@ class Metrics:
         self.shm_worker_frames = 0  # frames DataLoader workers encoded into shared memory
         self.shm_forwarded = 0  # bundles of token batches handed over in the workers' ring
         self.shm_fallbacks = 0  # frames sent over TCP because no shared slot was free
+        self.shm_unattached = 0  # bytes of shared memory made for clients not mapping it yet
         self.streams = 0
         self.streams_done = 0
         self.rejected: dict[str, int] = {}
@@ -105,6 +106,13 @@ class Metrics:
                 "counter",
                 "Frames sent over TCP because the client held every shared slot.",
                 [({}, self.shm_fallbacks)],
+            )
+            metric(
+                "shardloader_shm_unattached_bytes",
+                "gauge",
+                "Shared memory made for clients that have not mapped it (yet); at most "
+                "--shm-reserve.",
+                [({}, self.shm_unattached)],
             )
             metric(
                 "shardloader_streams_total",
