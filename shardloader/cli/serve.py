@@ -46,7 +46,8 @@ __all__ = ["serve"]
 @click.option(
     "--token-file",
     type=click.Path(dir_okay=False),
-    help="File holding the bearer token every request but /health must carry.",
+    help="Private file (mode 0600) holding the bearer token every request but /health must "
+    "carry; without one, any local user can read the batches.",
 )
 @click.option(
     "--workers",

@@ -46,8 +46,7 @@ def read_token(path: str) -> str:
         if st.st_mode & 0o077:
             raise UsageError(
                 f"--token-file {path}: its permissions {stat.S_IMODE(st.st_mode):04o} let other "
-                f"users read or change the token; make it private (`chmod 600 {path}`; a "
-                "Kubernetes secret volume: defaultMode 0400)"
+                f"users read or change the token; make it private: `chmod 600 {path}`"
             )
         try:
             token = f.read(_MAX_TOKEN_FILE + 1).decode("utf-8").strip()
