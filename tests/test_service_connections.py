@@ -61,6 +61,7 @@ def closed(server: InProcessServer) -> dict[str, float]:
     return {k[len(prefix) :]: v for k, v in metrics.items() if k.startswith(prefix)}
 
 
+@pytest.mark.slow
 def test_a_request_head_must_arrive_within_the_header_timeout(env):
     with InProcessServer(small_factory(), workers=0, header_timeout=0.5) as server:
         half = socket.create_connection(("127.0.0.1", server.port))

@@ -119,6 +119,7 @@ def _wait_idle(srv) -> dict[str, float]:
     return _metrics(srv)
 
 
+@pytest.mark.slow
 def test_clients_that_never_map_their_memory_hold_at_most_the_reserve(samples, shm_dir):
     ds = sl.ShardedDataset(
         samples, batch_size=8, shuffle=True, seed=2, decoder=None, collate_fn=sl.RawCollate()
