@@ -8,7 +8,7 @@ import os
 from collections import Counter
 
 import pytest
-from helpers import batch_ids, write_dataset
+from helpers import batch_ids, payload, write_dataset
 
 import shardloader as sl
 from shardloader.batching import FixedBatches, PackedBatches, TokenBudgetBatches
@@ -172,3 +172,37 @@ def test_a_reshaped_epoch_has_a_ledger_that_matches_its_report(data):
     assert ds.reshapes == ((6, 6),)
     report, counts = ds.report(), ds.ledger().counts()
     assert counts["padded"] == report.padded_samples and counts["dropped"] == 0
+
+
+def _damage(out: str, gid: int) -> str:
+    """Flip a bit in sample ``gid``'s payload (an uncompressed shard of write_dataset, read in
+    place); return its key."""
+    manifest, _ = sl.read_manifest(out)
+    for info in manifest.shards:
+        path = os.path.join(out, info.path)
+        with open(path, "rb") as f:
+            data = bytearray(f.read())
+        at = bytes(data).find(payload(gid))
+        if at >= 0:
+            data[at + 3] ^= 0x01
+            with open(path, "wb") as f:
+                f.write(bytes(data))
+            return f"s/{gid:06d}"
+    raise AssertionError(f"payload of sample {gid} not found")
+
+
+@pytest.mark.parametrize("fmt", ["tar", "arrow", "tokens"])
+@pytest.mark.parametrize("batch_size", [None, 4])
+def test_a_run_time_skip_names_the_key_its_error_names(tmp_path, fmt, batch_size):
+    out = str(tmp_path / "d")
+    write_dataset(out, [6, 6], fmt=fmt)
+    key = _damage(out, 8)
+    skips = str(tmp_path / "skips")
+    ds = make(out, batch_size=batch_size, on_error="skip")
+    ds.record_skips(skips)
+    assert len(list(ds)) == (12 if batch_size is None else 3) - (batch_size is None)
+    (record,) = merge_skips(skips)
+    assert record.sample == 8 and "ChecksumError" in record.reason and repr(key) in record.reason
+    assert record.key == key
+    (entry,) = ds.ledger(0).with_skips([record]).entries
+    assert entry.status == "skipped" and entry.key == key

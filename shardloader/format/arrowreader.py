@@ -99,6 +99,7 @@ class ArrowShardReader:
                             "whole dataset (ReadOptions(verify_samples=False) skips this "
                             "per-sample check)"
                         ),
+                        keys[k],
                     )
                 keep = sorted(set(range(len(listed))) - set(bad))
                 at = [at[k] for k in keep]

@@ -277,7 +277,7 @@ class TarShardReader:
                     raise problem
                 key, found = self._parse(i, offset, size)
             except ShardError as err:
-                into.fail(pos, err)
+                into.fail(pos, err, self._keys[i])
                 continue
             for name, value in found.items():
                 column = fields.get(name)

@@ -282,6 +282,11 @@ class TokenShardReader:
     def tokens(self) -> np.ndarray:
         return self.stream.tokens
 
+    @property
+    def keys(self) -> Sequence[str]:
+        """The sidecar's keys (a sample that fails to read is still named by its key)."""
+        return self._index.keys
+
     def read(self, i: int) -> Sample:
         head, key_of = self.header, self._index.keys[i]
         pos = self._offsets[i]
