@@ -346,6 +346,20 @@ class Format(abc.ABC):
         ``limit`` bounds the uncompressed bytes, ``max_member`` any one field's.
         """
 
+    def iter_checked(
+        self,
+        src: BinaryIO,
+        compression: str,
+        where: str,
+        index: SampleIndex,
+        limit: int | None = None,
+        max_member: int | None = None,
+    ) -> Iterator[tuple[Sample, int | None]]:
+        """:meth:`iter_stored`, each sample with the checksum its reader checks against the
+        sidecar ``index`` (``verify`` compares them); None (the default): not checked."""
+        for sample in self.iter_stored(src, compression, where, limit, max_member):
+            yield sample, None
+
     def scan(
         self,
         src: BinaryIO,

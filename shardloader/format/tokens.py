@@ -56,7 +56,7 @@ from shardloader.format.tokenlayout import (
     stream_field,
     token_dtype,
 )
-from shardloader.format.tokenstream import iter_tokens
+from shardloader.format.tokenstream import iter_checked_tokens, iter_tokens
 from shardloader.manifest import SampleIndex
 
 if TYPE_CHECKING:
@@ -366,6 +366,18 @@ class TokenFormat(Format):
         max_member: int | None = None,
     ) -> Iterator[Sample]:
         return iter_tokens(src, compression, where, limit, max_member)
+
+    def iter_checked(
+        self,
+        src: BinaryIO,
+        compression: str,
+        where: str,
+        index: SampleIndex,
+        limit: int | None = None,
+        max_member: int | None = None,
+    ) -> Iterator[tuple[Sample, int | None]]:
+        """Each sample with the XXH3-64 of its record and tokens, as the reader computes it."""
+        yield from iter_checked_tokens(src, compression, where, limit, max_member)
 
     def entry_problem(
         self, num_samples: int, stored: int, raw: int, compression: str
