@@ -102,6 +102,8 @@ def _options_digest(
         "layout": source.layout,
         "classes": list(source.classes),
     }
+    if options.max_sample_size is not None:  # skips change the shards (absent: as before)
+        ident["max_sample_size"] = options.max_sample_size
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()
 
 
@@ -193,6 +195,7 @@ def _pack(
         text=source.text,
         tokenizer=tok_meta["path"] if tok_meta else None,
         resume=options.resume,
+        max_sample_size=options.max_sample_size,
     )
     run = _Run(spec, options, progress, start, None if parted else source.total_bytes)
     planner = Planner(options.format, options.shard_size, options.max_samples)
