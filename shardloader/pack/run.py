@@ -44,7 +44,7 @@ from shardloader.pack.outdir import (
 from shardloader.pack.plan import Planner, part_of, shard_names
 from shardloader.pack.pool import Executor, make_executor
 from shardloader.pack.task import ShardResult, ShardTask, WriteSpec
-from shardloader.pack.write import place_shard, write_and_place, write_shard
+from shardloader.pack.write import place_shard, write_and_place, write_shard, writing
 from shardloader.storage.store import Store
 from shardloader.storage.uploads import Uploads
 
@@ -257,7 +257,8 @@ def _pack(
             extra=extra,
             aliases=logical.aliases,
         )
-        out_store.join(MANIFEST_NAME).write_bytes_atomic(manifest.to_json())
+        with writing(f"the manifest {out_store.join(MANIFEST_NAME).url}"):
+            out_store.join(MANIFEST_NAME).write_bytes_atomic(manifest.to_json())
     except BaseException:
         executor.abort()  # before removing temporaries: no worker is still writing one
         run.uploads.close()  # before the files they read go
@@ -343,7 +344,9 @@ class _Run:
         """The shard to its final name (rename or upload), then its sidecar."""
         place_shard(self.spec, r)
         assert r.sidecar is not None
-        self.spec.out.join(r.index_name).write_bytes_atomic(r.sidecar)
+        sidecar = self.spec.out.join(r.index_name)
+        with writing(f"sidecar {sidecar.url}"):
+            sidecar.write_bytes_atomic(r.sidecar)
 
     def _finish(self, r: ShardResult) -> None:
         if r.num_samples == 0:  # every sample skipped: no shard
