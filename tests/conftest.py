@@ -17,6 +17,9 @@ from typing import Any
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
+# tools/'s modules (synthetic.py) after the tests' own: a tool never imports tests/, tests may
+# import a tool's helpers
+sys.path.append(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
 
 from fault_proxy import FaultProxy  # noqa: E402
 from hypothesis import settings as hypothesis_settings  # noqa: E402

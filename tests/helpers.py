@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
-from shardloader.format import open_writer, shard_suffix
-from shardloader.manifest import FieldInfo, Manifest, ShardInfo
+from synthetic import shard_name, write_manifest, write_shard
+
+from shardloader.manifest import FieldInfo, Manifest
 
 
 def payload(i: int) -> bytes:
@@ -25,40 +26,23 @@ def write_dataset(
     """Samples ``0..N-1`` keyed ``s/000123`` with fields ``bin`` (payload) and ``cls``."""
     os.makedirs(out, exist_ok=True)
     fields = {"bin": FieldInfo("bytes"), "cls": FieldInfo("int")}
-    shards = []
-    gid = 0
-    for n, size in enumerate(shard_sizes):
-        name = f"shard-{n:05d}{shard_suffix(fmt, compression)}"
-        with open(os.path.join(out, name), "wb") as f:
-            writer = open_writer(fmt, f, compression, fields)
-            for _ in range(size):
-                label = gid * max(classes, 1) // max(sum(shard_sizes), 1) if classes else gid % 3
-                writer.add(
-                    f"s/{gid:06d}",
-                    {"bin": payload(gid), "cls": str(label).encode()},
-                    length=len(payload(gid)),
-                )
-                gid += 1
-            written = writer.close()
-        index_name = f"shard-{n:05d}.idx.arrow"
-        index_bytes = written.index.to_arrow_bytes()
-        with open(os.path.join(out, index_name), "wb") as f:
-            f.write(index_bytes)
-        shards.append(
-            ShardInfo(
-                name,
-                written.num_samples,
-                written.bytes,
-                written.raw_bytes,
-                written.sha256,
-                index_name,
-                hashlib.sha256(index_bytes).hexdigest(),
+    total = max(sum(shard_sizes), 1)
+
+    def samples(first: int, size: int) -> Iterator[tuple[str, dict[str, bytes], int]]:
+        for gid in range(first, first + size):
+            label = gid * max(classes, 1) // total if classes else gid % 3
+            yield (
+                f"s/{gid:06d}",
+                {"bin": payload(gid), "cls": str(label).encode()},
+                len(payload(gid)),
             )
-        )
-    manifest = Manifest(fmt, compression, fields, shards, length_field="bin")
-    with open(os.path.join(out, "index.json"), "wb") as f:
-        f.write(manifest.to_json())
-    return manifest
+
+    shards, first = [], 0
+    for n, size in enumerate(shard_sizes):
+        name = shard_name(n, fmt, compression)
+        shards.append(write_shard(out, name, fmt, compression, fields, samples(first, size)))
+        first += size
+    return write_manifest(out, Manifest(fmt, compression, fields, shards, length_field="bin"))
 
 
 def batch_ids(batch: dict) -> list[int]:

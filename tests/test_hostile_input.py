@@ -6,6 +6,7 @@ sample keys that could escape a directory, and downloads larger than declared.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import json
 import os
@@ -14,6 +15,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pytest
+import synthetic
 import zstandard
 from click.testing import CliRunner
 from corpus import jsonl, key_groups, write
@@ -23,8 +25,7 @@ import shardloader as sl
 from shardloader.cli import main
 from shardloader.codecs import check_field
 from shardloader.errors import ChecksumError, InputError, ManifestError, ShardError
-from shardloader.format import open_writer
-from shardloader.manifest import FieldInfo, Manifest, SampleIndex, ShardInfo
+from shardloader.manifest import FieldInfo, Manifest, SampleIndex
 from shardloader.pack import PackOptions, pack
 from shardloader.pack.index_existing import index_shards
 from shardloader.verify import verify_dataset
@@ -353,23 +354,10 @@ def test_index_refuses_escaping_member_names(tmp_path, suffix, bad):
 def _write_keys(folder, fmt: str, keys: list[str]) -> None:
     fields = {"txt": FieldInfo("text")}
     name = "shard-00000." + ("tar" if fmt == "tar" else "arrow")
-    with open(folder / name, "wb") as f:
-        w = open_writer(fmt, f, "none", fields)
-        for k in keys:
-            w.add(k, {"txt": b"hello"})
-        written = w.close()
-    index = written.index.to_arrow_bytes()
-    (folder / "shard-00000.idx.arrow").write_bytes(index)
-    shard = ShardInfo(
-        name,
-        written.num_samples,
-        written.bytes,
-        written.raw_bytes,
-        written.sha256,
-        "shard-00000.idx.arrow",
-        hashlib.sha256(index).hexdigest(),
+    shard = synthetic.write_shard(
+        str(folder), name, fmt, "none", fields, ((k, {"txt": b"hello"}) for k in keys)
     )
-    (folder / "index.json").write_bytes(Manifest(fmt, "none", fields, [shard]).to_json())
+    synthetic.write_manifest(str(folder), Manifest(fmt, "none", fields, [shard]))
 
 
 @pytest.mark.parametrize("fmt", ["tar", "arrow", "tokens"])
@@ -445,22 +433,11 @@ def test_arrow_bomb_is_refused_from_its_declared_sizes(tmp_path):
     """An Arrow shard whose zstd buffers declare far more than its manifest entry allows."""
     big = np.zeros(64 << 20, np.uint8).tobytes()
     fields = {"bin": FieldInfo("bytes")}
-    with open(tmp_path / "shard-00000.arrow", "wb") as f:
-        w = open_writer("arrow", f, "zstd", fields)
-        w.add("a/0001", {"bin": big})
-        written = w.close()
-    index = written.index.to_arrow_bytes()
-    (tmp_path / "shard-00000.idx.arrow").write_bytes(index)
-    entry = ShardInfo(
-        "shard-00000.arrow",
-        1,
-        written.bytes,
-        4096,
-        written.sha256,
-        "shard-00000.idx.arrow",
-        hashlib.sha256(index).hexdigest(),
+    written = synthetic.write_shard(
+        str(tmp_path), "shard-00000.arrow", "arrow", "zstd", fields, [("a/0001", {"bin": big})]
     )
-    (tmp_path / "index.json").write_bytes(Manifest("arrow", "zstd", fields, [entry]).to_json())
+    entry = dataclasses.replace(written, raw_bytes=4096)
+    synthetic.write_manifest(str(tmp_path), Manifest("arrow", "zstd", fields, [entry]))
     with pytest.raises(ManifestError, match="more than the shard's raw_bytes"):
         _read_all(tmp_path)  # the sidecar already contradicts the entry
     tiny = sidecar(["a/0001"], [0], [8])

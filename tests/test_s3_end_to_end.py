@@ -24,11 +24,12 @@ import pytest
 from click.testing import CliRunner
 from fault_proxy import FaultProxy
 from helpers import payload, write_dataset
+from synthetic import listed_again
 
 import shardloader as sl
 from shardloader.cli import main
 from shardloader.errors import ChecksumError
-from shardloader.manifest import Manifest, ShardInfo
+from shardloader.manifest import Manifest
 from shardloader.shuffle import ShuffleOptions, epoch_order
 from shardloader.storage.retry import RetryPolicy
 
@@ -348,18 +349,7 @@ def test_first_batch_of_a_10000_shard_manifest_fetches_only_what_it_needs(
     n, batch = 10_000, 32
     one = write_dataset(str(tmp_path / "one"), [2], compression="zstd")
     s = one.shards[0]
-    shards = [
-        ShardInfo(
-            f"shard-{i:05d}.tar.zst",
-            2,
-            s.bytes,
-            s.raw_bytes,
-            s.sha256,
-            f"shard-{i:05d}.idx.arrow",
-            s.index_sha256,
-        )
-        for i in range(n)
-    ]
+    shards = listed_again(s, n)
     manifest = Manifest(
         one.format, one.compression, one.fields, shards, length_field=one.length_field
     )
