@@ -1,4 +1,5 @@
-"""Small test utilities: write a dataset with exact shard sizes, collect loader output."""
+"""Small test utilities: write a dataset with exact shard sizes, collect loader output, retry
+fast against local servers."""
 
 from __future__ import annotations
 
@@ -9,6 +10,18 @@ from collections.abc import Iterator, Sequence
 from synthetic import shard_name, write_manifest, write_shard
 
 from shardloader.manifest import FieldInfo, Manifest
+from shardloader.storage.retry import RetryPolicy
+
+# Retries for the servers the tests start on 127.0.0.1: fast but real (backoff in
+# milliseconds, 20 s in all), a read timeout well under the fault proxy's 2 s stalls.
+FAST_RETRY = RetryPolicy(
+    max_attempts=5,
+    initial_backoff=0.01,
+    max_backoff=0.05,
+    max_total_seconds=20.0,
+    connect_timeout=1.0,
+    read_timeout=0.5,
+)
 
 
 def payload(i: int) -> bytes:

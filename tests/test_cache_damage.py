@@ -18,6 +18,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 from helpers import batch_ids, payload, write_dataset
+from http_server import serving, static_files
 
 import shardloader as sl
 from shardloader.manifest import SampleIndex
@@ -215,26 +216,10 @@ def _quote(text: str) -> str:
 
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[tuple[str, Path]]:
-    import http.server
-    import threading
-    from functools import partial
-
     root = tmp_path / "www"
     root.mkdir()
-
-    class Quiet(http.server.SimpleHTTPRequestHandler):
-        def log_message(self, format: str, *args: object) -> None:  # noqa: A002
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), partial(Quiet, directory=root))
-    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", root
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
+    with serving(static_files(root)) as url:
+        yield url, root
 
 
 def test_a_damaged_cached_sidecar_of_a_remote_dataset_is_fetched_again(

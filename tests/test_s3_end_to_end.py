@@ -8,6 +8,7 @@ corrupt stored shard; and the first batch of a 10,000-shard manifest.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
@@ -23,7 +24,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 from fault_proxy import FaultProxy
-from helpers import payload, write_dataset
+from helpers import FAST_RETRY, payload, write_dataset
 from synthetic import listed_again
 
 import shardloader as sl
@@ -31,22 +32,13 @@ from shardloader.cli import main
 from shardloader.errors import ChecksumError
 from shardloader.manifest import Manifest
 from shardloader.shuffle import ShuffleOptions, epoch_order
-from shardloader.storage.retry import RetryPolicy
 
 pytestmark = pytest.mark.subprocess  # the moto S3 server process
 
 pytest.importorskip("s3fs")
 pytest.importorskip("moto")
 
-# Fast but real: backoff in milliseconds, timeouts well under the proxy's 2 s stalls.
-POLICY = RetryPolicy(
-    max_attempts=4,
-    initial_backoff=0.01,
-    max_backoff=0.05,
-    max_total_seconds=20.0,
-    connect_timeout=1.0,
-    read_timeout=2.0,
-)
+POLICY = dataclasses.replace(FAST_RETRY, max_attempts=4, read_timeout=2.0)
 CLASSES = ("cat", "dog", "eel")
 
 

@@ -9,12 +9,12 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
 from fault_proxy import FaultProxy
+from http_server import serving, static_files
 
 from shardloader.errors import StorageError
 from shardloader.storage.retry import RetryPolicy
@@ -80,16 +80,11 @@ class _Drip(http.server.BaseHTTPRequestHandler):
 @pytest.fixture
 def drip() -> Iterator[str]:
     stop = threading.Event()
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), type("H", (_Drip,), {"stop": stop}))
-    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        stop.set()
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
+    with serving(type("H", (_Drip,), {"stop": stop})) as url:
+        try:
+            yield url
+        finally:
+            stop.set()  # the handlers stop dripping before the server shuts down
 
 
 @pytest.mark.slow  # the deadline itself: 1.5 s
@@ -122,20 +117,8 @@ def files(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     """Static files (no ranges: one GET, one part)."""
     root = tmp_path / "www"
     root.mkdir()
-
-    class Quiet(http.server.SimpleHTTPRequestHandler):
-        def log_message(self, format: str, *args: object) -> None:  # noqa: A002
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), partial(Quiet, directory=root))
-    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", root
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
+    with serving(static_files(root)) as url:
+        yield url, root
 
 
 @pytest.mark.slow  # the reader waits out the deadline on purpose
