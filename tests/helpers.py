@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 from synthetic import shard_name, write_manifest, write_shard
 
@@ -56,6 +57,24 @@ def write_dataset(
         shards.append(write_shard(out, name, fmt, compression, fields, samples(first, size)))
         first += size
     return write_manifest(out, Manifest(fmt, compression, fields, shards, length_field="bin"))
+
+
+def write_datasets(root: str, sizes: Mapping[str, Sequence[int]]) -> dict[str, str]:
+    """A :func:`write_dataset` under ``root`` per name (a mixture's sources); {name: folder}."""
+    out = {}
+    for name, shard_sizes in sizes.items():
+        out[name] = os.path.join(root, name)
+        write_dataset(out[name], shard_sizes)
+    return out
+
+
+def own_cache_dataset(path: str, **kw: Any) -> Any:
+    """``ShardedDataset(path, **kw)`` staging into ``path/_cache`` unless ``read`` is given: a
+    module's tests share what they staged, and no other module's do."""
+    import shardloader as sl
+
+    kw.setdefault("read", sl.ReadOptions(cache=sl.CacheOptions(dir=os.path.join(path, "_cache"))))
+    return sl.ShardedDataset(path, **kw)
 
 
 def batch_ids(batch: dict) -> list[int]:

@@ -14,6 +14,7 @@ from collections import Counter
 import numpy as np
 import pytest
 from helpers import batch_ids, write_dataset
+from helpers import own_cache_dataset as make
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -30,11 +31,6 @@ def data(tmp_path_factory):
     d = str(tmp_path_factory.mktemp("elastic"))
     write_dataset(d, SIZES, compression="zstd")
     return d
-
-
-def make(path, **kw):
-    kw.setdefault("read", sl.ReadOptions(cache=sl.CacheOptions(dir=os.path.join(path, "_cache"))))
-    return sl.ShardedDataset(path, **kw)
 
 
 def real_ids(batches):
