@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import subprocess
+import sys
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -75,6 +77,18 @@ def own_cache_dataset(path: str, **kw: Any) -> Any:
 
     kw.setdefault("read", sl.ReadOptions(cache=sl.CacheOptions(dir=os.path.join(path, "_cache"))))
     return sl.ShardedDataset(path, **kw)
+
+
+def torchrun(tmp: str, job: str, nproc: int, *args: str, timeout: float = 240) -> None:
+    """``python -m torch.distributed.run --standalone`` of ``tests/<job>`` on ``nproc`` local
+    ranks (gloo; one thread each, TMPDIR in ``tmp`` for their sockets); fails the test with the
+    tail of its stderr unless every rank succeeded."""
+    env = {**os.environ, "TMPDIR": tmp, "OMP_NUM_THREADS": "1"}
+    job = os.path.join(os.path.dirname(os.path.abspath(__file__)), job)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    cmd += ["--nproc_per_node", str(nproc), job, *args]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-3000:]
 
 
 def batch_ids(batch: dict) -> list[int]:
