@@ -7,7 +7,8 @@ import hashlib
 import os
 import subprocess
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from synthetic import shard_name, write_manifest, write_shard
@@ -77,6 +78,23 @@ def own_cache_dataset(path: str, **kw: Any) -> Any:
 
     kw.setdefault("read", sl.ReadOptions(cache=sl.CacheOptions(dir=os.path.join(path, "_cache"))))
     return sl.ShardedDataset(path, **kw)
+
+
+def in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, list[BaseException | None]]:
+    """Start ``fn`` in a daemon thread (a test that gives up on it still ends); the list gets
+    None, or what ``fn`` raised, once it returns."""
+    out: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            fn()
+            out.append(None)
+        except BaseException as err:  # noqa: BLE001 - handed to the test
+            out.append(err)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, out
 
 
 def torchrun(tmp: str, job: str, nproc: int, *args: str, timeout: float = 240) -> None:

@@ -12,13 +12,11 @@ import shutil
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
 from helpers import batch_ids, payload, write_dataset
-from http_server import serving, static_files
 
 import shardloader as sl
 from shardloader.manifest import SampleIndex
@@ -214,18 +212,10 @@ def _quote(text: str) -> str:
     return "'" + text.replace("'", "'\"'\"'") + "'"
 
 
-@pytest.fixture
-def served(tmp_path: Path) -> Iterator[tuple[str, Path]]:
-    root = tmp_path / "www"
-    root.mkdir()
-    with serving(static_files(root)) as url:
-        yield url, root
-
-
 def test_a_damaged_cached_sidecar_of_a_remote_dataset_is_fetched_again(
-    served: tuple[str, Path], tmp_path: Path
+    static_site: tuple[str, Path], tmp_path: Path
 ) -> None:
-    base, www = served
+    base, www = static_site
     write_dataset(str(www / "ds"), [6], compression="gzip")  # gzip: no index inside the shard
     root = tmp_path / "cache"
     ds = _dataset(f"{base}/ds", root)

@@ -45,14 +45,6 @@ def samples(tmp_path_factory):
 
 
 @pytest.fixture
-def shm_dir(tmp_path):
-    """The server's shared-memory folder: a private one, so leftovers are this test's own."""
-    folder = tmp_path / "shm"
-    folder.mkdir()
-    return str(folder)
-
-
-@pytest.fixture
 def small_bundles(monkeypatch):
     """Bundles of two token batches, so an epoch has many (the server forks its workers,
     which inherit this)."""
