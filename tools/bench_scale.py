@@ -50,7 +50,8 @@ def rss_peak():
 out = {}
 if mode == "materialised":
     from shardloader.manifest import read_manifest
-    from shardloader.shuffle import ShuffleOptions, epoch_order
+    from shardloader.order import epoch_order
+    from shardloader.shuffle import ShuffleOptions
     manifest, _ = read_manifest(url)
     base = rss_peak()
     tracemalloc.start()
