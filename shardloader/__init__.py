@@ -146,12 +146,26 @@ def __getattr__(name: str) -> _typing.Any:
     module = _EXPORTS.get(name)
     if module is not None:
         value = getattr(_importlib.import_module(module), name)
-    elif name in _SUBMODULES:
+    elif name in _SUBMODULES or _is_submodule(__name__, name):
+        # every submodule, so each documented dotted path (shardloader.presets.DatasetPreset,
+        # shardloader.pack.layouts.Layout) works after a bare `import shardloader`
         value = _importlib.import_module(f"{__name__}.{name}")
     else:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     globals()[name] = value  # later lookups skip this function
     return value
+
+
+def _is_submodule(package: str, name: str) -> bool:
+    """Whether ``package.name`` is a module of ours (found, not imported)."""
+    import importlib.util
+
+    if not name.isidentifier() or name.startswith("__"):
+        return False
+    try:
+        return importlib.util.find_spec(f"{package}.{name}") is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def __dir__() -> list[str]:

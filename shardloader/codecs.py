@@ -30,7 +30,11 @@ __all__ = [
     "Decoder",
 ]
 
-IMAGE_EXTENSIONS = frozenset({"jpg", "jpeg", "png", "webp", "bmp", "gif", "tif", "tiff", "ppm"})
+# Extensions of images that PIL reads (JPEG's .jfif/.jpe, Netpbm's .pgm/.pbm/.pnm, AVIF, ...).
+IMAGE_EXTENSIONS = frozenset(
+    {"jpg", "jpeg", "jpe", "jfif", "png", "apng", "webp", "bmp", "dib", "gif", "tif", "tiff"}
+    | {"ppm", "pgm", "pbm", "pnm", "avif", "ico", "tga", "qoi", "jp2", "j2k"}
+)
 PICKLE_EXTENSIONS = frozenset({"pkl", "pickle", "pyd", "pth", "pt", "ckpt"})
 _TEXT = frozenset({"txt", "text", "md", "html", "xml", "csv", "tsv", "caption"})
 _JSON = frozenset({"json", "jsonl"})

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 __all__ = [
     "FORMAT_VERSION",
     "MANIFEST_NAME",
+    "MAX_MANIFEST_BYTES",
     "FieldInfo",
     "ShardInfo",
     "Manifest",
@@ -40,6 +41,9 @@ __all__ = [
 
 FORMAT_VERSION = 1
 MANIFEST_NAME = "index.json"
+# The most bytes an index.json is read to: about 650,000 shards.  An endless response or a
+# link to /dev/zero stops here, at a bounded cost, never held whole.
+MAX_MANIFEST_BYTES = 256 << 20
 CHECKSUM_COLUMN = "xxh3_64"  # per-sample checksum in sidecars (optional: older ones lack it)
 
 
@@ -303,18 +307,52 @@ def manifest_url(url: str) -> tuple[str, str]:
 def load_manifest(store: Store) -> tuple[Manifest, Store]:
     """Fetch and parse the manifest of the dataset at ``store`` (its folder or its
     ``index.json``); return it with the store of the folder its shards' paths start from."""
-    from shardloader.errors import StorageError
+    from shardloader.errors import ChecksumError, ObjectNotFoundError, StorageError
+    from shardloader.storage.classify import NO_BUCKET
+    from shardloader.storage.protocols import classify
     from shardloader.storage.store import Store
 
     base, murl = manifest_url(store.url)
     try:
-        data = Store(murl, store.options, store.retry).read_bytes()
-    except StorageError as err:
+        data = Store(murl, store.options, store.retry).read_bytes(limit=MAX_MANIFEST_BYTES)
+    except ChecksumError as err:  # past the bound: an endless body, a huge file
         raise ManifestError(
-            f"no manifest at {murl!r} ({err}); pack the data first with "
-            "`shardloader pack SRC OUT`, or index existing shards with `shardloader index`"
+            f"{murl!r} is larger than {MAX_MANIFEST_BYTES >> 20} MiB, more than any manifest "
+            "shardloader writes (about 400 bytes a shard); it is not a dataset's index.json"
         ) from err
+    except ObjectNotFoundError as err:
+        # Only a missing object is a missing manifest; a missing bucket, credentials or a
+        # store that stayed unreachable are storage failures and keep their own message.
+        if err.__cause__ is not None and classify(err.__cause__, store.protocol) == NO_BUCKET:
+            raise
+        raise ManifestError(_no_manifest(murl, Store(base, store.options, store.retry))) from err
+    except StorageError as err:  # it names its own cause: no credentials, refused, a FIFO
+        raise ManifestError(f"cannot read the manifest {murl!r}: {err}") from err
     return Manifest.from_json(data, murl), Store(base, store.options, store.retry)
+
+
+def _no_manifest(murl: str, base: Store) -> str:
+    """Why there is no manifest: never packed, or a pack that is running or was interrupted
+    (its shards are there, the manifest comes last)."""
+    import os
+
+    from shardloader.errors import ShardloaderError
+
+    try:
+        found = base.list_files() if not base.is_local or os.path.isdir(base.local_path) else []
+    except (OSError, ShardloaderError):
+        found = []
+    shards = [p for p in found if ".idx.arrow" in p or p.startswith(".shard-")]
+    if shards:
+        return (
+            f"no manifest at {murl!r} yet: the folder holds shards (e.g. {shards[0]!r}) but no "
+            f"{MANIFEST_NAME}, which a pack writes last: a pack is writing it now, or was "
+            "interrupted (finish it with `shardloader pack SRC OUT --resume`)"
+        )
+    return (
+        f"no manifest at {murl!r}: pack the data first with `shardloader pack SRC OUT`, or "
+        "index existing shards with `shardloader index`"
+    )
 
 
 def read_manifest(

@@ -13,8 +13,9 @@ The data-bound share is ``wait / (wait + step)``, read as the DataLoader article
 The first batch's wait (worker start-up, shard staging) is reported on its own as
 ``first_batch_s`` and left out of the shares, which describe the steady state.
 
-Every ``interval`` batches it reports the window since the last report as one line, to stderr
-by default, so a monitor put in the loop is visible without configuring logging::
+Every ``interval`` batches, and at the end of each pass, it reports the window since the last
+report as one line, to stderr by default, so a monitor put in the loop is visible without
+configuring logging (an epoch shorter than ``interval`` still gets its line)::
 
     shardloader.monitor: batch 400: waiting for data 12.3% (3.1 ms/batch), 210.4 batches/s, balanced
 
@@ -169,7 +170,8 @@ class Monitor(Generic[T]):
     """Iterable wrapper around a loader that accumulates data-wait and step times.
 
     Iterate it like the loader (again each epoch: totals accumulate across passes);
-    :meth:`stats` gives a snapshot at any time.  Every ``interval`` batches it writes a line
+    :meth:`stats` gives a snapshot at any time.  Every ``interval`` batches (and when a pass
+    ends) it writes a line
     about the window since the last report to ``report`` (see :data:`Report`) and calls
     ``callback`` with ``{**window.as_dict(), "total": totals.as_dict()}``.  ``logger=L`` is
     kept as a shorthand for ``report=L``.
@@ -259,6 +261,8 @@ class Monitor(Generic[T]):
             yield batch
             asked = clock()
             self._step += asked - handed
+        if interval:  # the pass is over: what it did since the last line, even in a short epoch
+            self._report()
 
     def _report(self) -> None:
         total = self.stats()

@@ -47,7 +47,7 @@ class DatasetPreset:
     seed: int = 0
     uneven: str = "pad"
     decode: str = "tensor"
-    transform: str = "none"
+    transform: str = "auto"  # as serve and bench default: train where there are images
     image_size: int = 224
     image_field: str | None = None
     cache_dir: str | None = None

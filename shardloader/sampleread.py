@@ -126,9 +126,9 @@ def iterate_samples(ds: SampleSource, plan: EpochPlan, place: Place, epoch: int)
             elif ds.collate_fn is not None:
                 yield ds.collate_fn(samples)
             else:
-                from torch.utils.data import default_collate
+                from shardloader.batching.default import torch_collate
 
-                yield default_collate(samples)
+                yield torch_collate(samples)
     finally:
         shards.close()
 

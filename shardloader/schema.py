@@ -10,7 +10,10 @@ tar sample takes at least one 512-byte header block and a tar ends with at least
 block, so a tar shard of ``raw_bytes`` R holds at most ``(R - 512) // 512`` samples; an Arrow
 row has a non-empty key, so at most ``raw_bytes`` rows.  ``raw_bytes`` itself is bounded by the
 stored size times the largest expansion the codec can produce (zstd: a 4-byte RLE block expands
-to 128 KiB; deflate: 1032x).  A sidecar is checked
+to 128 KiB; deflate: 1032x), and no shard may claim more than 16 TiB or 2**32 samples
+(:data:`MAX_SHARD_BYTES`, :data:`MAX_SHARD_SAMPLES`), so no claim sizes a read or an array
+past what a node could hold.  Paths are checked percent-decoded too (:func:`path_problem`): a
+remote manifest is held to the same rule as a local one.  A sidecar is checked
 against its shard's entry (count, byte ranges inside ``raw_bytes``, safe keys) when the shard is
 first used, before its offsets are.
 """
@@ -21,6 +24,7 @@ import json
 import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote
 
 from shardloader.errors import ManifestError, ShardError
 from shardloader.format.registry import get_format, known_formats
@@ -32,6 +36,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MAX_EXPANSION",
+    "MAX_SHARD_BYTES",
+    "MAX_SHARD_SAMPLES",
     "check_manifest_dict",
     "check_sample_index",
     "path_problem",
@@ -43,6 +49,16 @@ __all__ = [
 # Largest uncompressed/stored ratio a codec can produce (plus a little for headers).
 MAX_EXPANSION = {"zstd": 32768, "gzip": 1032, "none": 1}
 _SLACK = 64 << 10
+# What no shard can be, whatever its manifest says: checked before any size is used for a read
+# or an allocation.  16 TiB is the largest file ext4 holds and more than one node stages; a
+# sample index of 2**32 rows would take over 100 GB.
+MAX_SHARD_BYTES = 1 << 44
+MAX_SHARD_SAMPLES = 1 << 32
+_WHY_MOST = {
+    "bytes": "16 TiB, more than a node can stage",
+    "raw_bytes": "16 TiB, more than a node can stage",
+    "num_samples": "2**32, a sample index past 100 GB",
+}
 _INT_MAX = 2**63 - 1
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _TOKEN_DTYPES = frozenset(
@@ -108,10 +124,44 @@ class _Checker:
 
 
 def path_problem(path: str) -> str | None:
-    """Why a manifest path (shard, sidecar, report) could leave the dataset folder, or None."""
+    """Why a manifest path (shard, sidecar, report) could leave the dataset folder, or None.
+
+    A path is checked as a file name and as the end of a URL alike, whatever store the dataset
+    is read from now (the same manifest may be served over HTTP later): a server that decodes
+    percent-escapes and normalises paths (nginx does) turns ``%2e%2e/x`` into ``../x``, and
+    Tomcat reads ``..;x`` as ``..``.  So the decoded forms are checked too (escapes decoded up
+    to :data:`_DECODINGS` times, for servers that decode twice), and ``?``, ``#`` and control
+    characters, which end or break a URL's path, are refused.
+    """
     if "://" in path:
         return "is a URL"
-    return unsafe_key_reason(path)
+    if _CONTROL.search(path):
+        return "contains a control character"
+    if "?" in path or "#" in path:
+        return "contains '?' or '#', which would end the path of a URL"
+    form = path
+    for _ in range(_DECODINGS):
+        reason = unsafe_key_reason(form) or _param_reason(form)
+        if reason is not None:
+            return reason if form == path else f"decodes to {form!r}, which {reason}"
+        decoded = unquote(form)
+        if decoded == form:
+            return None
+        form = decoded
+        if "://" in form or _CONTROL.search(form):
+            return f"decodes to {form!r}, a URL or control characters"
+    return f"is still percent-encoded after {_DECODINGS} decodings"
+
+
+_DECODINGS = 3
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def _param_reason(path: str) -> str | None:
+    """A component that is ``..`` once its ``;parameters`` are cut off (``..;x``)."""
+    if ";" in path and any(part.split(";", 1)[0] == ".." for part in path.split("/")):
+        return "has a '..;' component"
+    return None
 
 
 def check_manifest_dict(raw: Mapping[str, Any], where: str) -> None:
@@ -232,6 +282,17 @@ def _check_shard(
     problem = fmt.entry_problem(n, size, raw, compression)
     if problem is not None:
         raise c.fail(f"{name}.{problem[0]}", problem[1])
+    for key, value, most, unit in (
+        ("bytes", size, MAX_SHARD_BYTES, "bytes"),
+        ("raw_bytes", raw, MAX_SHARD_BYTES, "bytes"),
+        ("num_samples", n, MAX_SHARD_SAMPLES, "samples"),
+    ):
+        if value > most:
+            raise c.fail(
+                f"{name}.{key}",
+                f"{value:,} {unit} is more than any shard can hold (at most {most:,}: "
+                f"{_WHY_MOST[key]}); the manifest is damaged or hostile",
+            )
     return n, size, raw
 
 

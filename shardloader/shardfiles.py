@@ -12,6 +12,10 @@ stored bytes are read only up to the manifest's ``bytes`` and staged only up to 
 checked against the sidecar's checksums (XXH3-64) as they are read.  Sidecars written before
 those existed have none; an uncompressed local shard is then hashed whole on first use (SHA-256
 against the manifest), and a note in the node cache saves the next process the work.
+
+A staged copy found damaged when read (a sample's checksum, a cut-off sample, a copy the
+format cannot open) is staged once more from the source (NOTE [re-staging a damaged copy] in
+storage/cache.py); if the new copy is damaged too, the source is, and the error says so.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from shardloader.errors import ChecksumError, ShardError
+from shardloader.errors import ChecksumError, ShardError, StorageError
 from shardloader.format.base import ShardReader
 from shardloader.format.embedded import TAIL_KEEP, embedded_index
 from shardloader.format.registry import get_format
@@ -34,6 +38,8 @@ from shardloader.manifest import Manifest, SampleIndex, ShardInfo
 from shardloader.schema import sidecar_bound, staged_bound
 from shardloader.sidecar import check_digest, parse_sidecar, read_sidecar
 from shardloader.storage.cache import ShardCache
+from shardloader.storage.localfiles import open_regular
+from shardloader.storage.private import create_private, open_private
 from shardloader.storage.store import Store
 from shardloader.storage.streams import BoundedReader, TailReader
 
@@ -71,6 +77,8 @@ class ShardFiles:
         self._pool: ThreadPoolExecutor | None = None
         self._ahead: dict[int, Future[str | None]] = {}
         self._hashed: set[int] = set()  # in-place shards whose first-use hash was checked
+        self._inodes: dict[int, int] = {}  # the staged copy each open reader reads
+        self._restaged: set[int] = set()  # staged again after damage (once per shard a pass)
 
     def shard_store(self, shard: int) -> Store:
         return self.store.join(self.manifest.shards[shard].path)
@@ -95,14 +103,30 @@ class ShardFiles:
                 data = read_sidecar(store, info, where)
                 check_digest(data, info, where)
             else:  # remote: fetched once per node through the cache, like the shards
-                path = self._cached_copy(info, store, where)
-                data = read_sidecar(Store(path), info, where)
-                check_digest(data, info, where)
+                data = self._cached_sidecar(info, store, where)
             idx = parse_sidecar(data, store.url, self.manifest.format, info, self.describe(shard))
             self._indexes[shard] = idx
             if len(self._indexes) > 64:
                 self._indexes.popitem(last=False)
         return idx
+
+    def _cached_sidecar(self, info: ShardInfo, store: Store, where: str) -> bytes:
+        """A remote sidecar's bytes from its node cache copy; a copy damaged since it was
+        fetched (it hashed right then) is fetched once more (NOTE [re-staging a damaged copy]
+        in storage/cache.py)."""
+        for attempt in (1, 2):
+            path = self._cached_copy(info, store, where)
+            inode = os.stat(path).st_ino
+            data = read_sidecar(Store(path), info, where)
+            try:
+                check_digest(data, info, where)
+                return data
+            except ChecksumError:
+                if attempt == 2:
+                    raise
+                log.warning("%s: its copy in the node cache is damaged; fetching it again", where)
+                self.cache().discard(info.index_path, inode)
+        raise AssertionError("unreachable")
 
     def _cached_copy(self, info: ShardInfo, store: Store, where: str) -> str:
         def open_stored() -> Any:  # one GET, no HEAD: the bound stands in for the size
@@ -118,11 +142,12 @@ class ShardFiles:
     def _embedded_copy(self, info: ShardInfo) -> bytes | None:
         """The sample index a staged shard carried (format/embedded.py), if it did."""
         try:
-            with open(self.cache().path_for(info.index_path + _CARRIED), "rb") as f:
+            path = self.cache().path_for(info.index_path + _CARRIED)
+            with open_private(path, os.O_RDONLY, "rb") as f:
                 if os.fstat(f.fileno()).st_size > sidecar_bound(info):
                     return None  # never written so (see _keep_embedded): not ours to trust
                 return f.read()
-        except FileNotFoundError:
+        except (FileNotFoundError, StorageError):
             return None
 
     def _keep_embedded(self, shard: int, stored: TailReader) -> None:
@@ -136,7 +161,7 @@ class ShardFiles:
         final = self.cache().path_for(info.index_path + _CARRIED)
         tmp = f"{final}.tmp-{uuid.uuid4().hex}"
         try:
-            with open(tmp, "wb") as f:
+            with create_private(tmp) as f:
                 f.write(data)
             os.replace(tmp, final)
         except OSError as err:  # only costs a GET of the sidecar later
@@ -148,7 +173,7 @@ class ShardFiles:
     # -- staging --------------------------------------------------------------------------
     def cache(self) -> ShardCache:
         if self._cache is None:
-            cache = ShardCache(self.options.cache, self.manifest.fingerprint)
+            cache = ShardCache(self.options.cache, self.manifest.fingerprint, self.store.url)
             cache.require(self.working_set)
             if cache.max_bytes is None:  # bounded by default: twice what the plan needs
                 cache.max_bytes = max(2 * self.working_set, 1 << 30)
@@ -200,9 +225,10 @@ class ShardFiles:
         if self.in_place:
             here = self.shard_store(shard).local_path
             try:
-                size = os.path.getsize(here)
-            except OSError as err:
-                raise ShardError(f"{self.describe(shard)}: cannot open ({err.strerror})") from err
+                with open_regular(here, self.url(shard)) as f:  # not a FIFO, not a device
+                    size = os.fstat(f.fileno()).st_size
+            except StorageError as err:
+                raise ShardError(f"{self.describe(shard)}: {err}") from err
             expected = self.manifest.shards[shard].bytes
             if size != expected:
                 raise ShardError(
@@ -244,20 +270,59 @@ class ShardFiles:
         # the shard first, since a shard that carries its sample index brings it along.
         index = self.index(shard) if self.store.is_local else None
         for attempt in range(3):
-            path = self.local_file(shard)
+            try:
+                path = self.local_file(shard)
+            except ChecksumError as err:  # staging again after damage: the source is bad too
+                if shard in self._restaged:
+                    raise self.damaged(shard, err) from err
+                raise
             if index is None:
                 index = self.index(shard)
             if verify and self.in_place and index.checksums is None and shard not in self._hashed:
                 _hash_once(path, self.manifest.shards[shard], self._notes(), self.describe(shard))
                 self._hashed.add(shard)
             try:
+                inode = None if self.in_place else os.stat(path).st_ino
                 reader = self.format.reader(path, index, self.describe(shard), verify)
-                break
             except FileNotFoundError:  # evicted by another process between stage and open
                 if attempt == 2:
                     raise
-        assert reader is not None
-        return reader
+                continue
+            except ShardError as err:  # a staged copy that cannot be opened: damaged?
+                if self.in_place:
+                    raise
+                if not self.restage(shard):
+                    raise self.damaged(shard, err) from err
+                index = self.index(shard) if self.store.is_local else None
+                continue
+            if inode is not None:
+                self._inodes[shard] = inode
+            return reader
+        raise ShardError(f"{self.describe(shard)}: its staged copy kept changing while opened")
+
+    # -- damaged staged copies (NOTE [re-staging a damaged copy] in storage/cache.py) ------
+    def restage(self, shard: int) -> bool:
+        """Drop the staged copy of ``shard``, found damaged, so that the next open stages it
+        again from the source; False when that was done already in this pass (or the shard is
+        read in place: there is no copy), so the damage is the source's."""
+        if self.in_place or shard in self._restaged:
+            return False
+        self._restaged.add(shard)
+        log.warning("%s: its staged copy is damaged; staging it again", self.describe(shard))
+        self.cache().discard(self.manifest.shards[shard].path, self._inodes.pop(shard, None))
+        self._indexes.pop(shard, None)  # a sample index it carried is staged again with it
+        self._ahead.pop(shard, None)
+        return True
+
+    def damaged(self, shard: int, err: ShardError) -> ShardError:
+        """``err`` of a staged copy that was staged again and is still damaged, saying so."""
+        path = self.cache().path_for(self.manifest.shards[shard].path)
+        return type(err)(
+            f"{err}; its staged copy {path} in the node cache was found damaged and was staged "
+            "again from the source, which is damaged too: restore or re-pack the shard "
+            "(`shardloader verify` checks the whole dataset, `shardloader cache clear` "
+            "removes the staged copies)"
+        )
 
     def _notes(self) -> str:
         """The node cache folder, where first-use hashes of in-place shards are noted."""
@@ -286,7 +351,7 @@ def _hash_once(path: str, info: ShardInfo, folder: str, where: str) -> None:
     note = os.path.join(folder, f"verified-{hashlib.sha256(stamp.encode()).hexdigest()[:32]}")
     if os.path.exists(note):
         return
-    with open(note + ".lock", "a+b") as lock:
+    with open_private(note + ".lock", os.O_RDWR | os.O_CREAT, "r+b") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             if os.path.exists(note):
@@ -302,8 +367,8 @@ def _hash_once(path: str, info: ShardInfo, folder: str, where: str) -> None:
                     "it from a copy (`shardloader verify` lists every bad shard)"
                 )
             tmp = f"{note}.tmp-{uuid.uuid4().hex}"
-            with open(tmp, "w") as f:
-                f.write(f"{path}\n{info.sha256}\n")
+            with create_private(tmp) as f:
+                f.write(f"{path}\n{info.sha256}\n".encode())
             os.replace(tmp, note)
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)

@@ -20,7 +20,7 @@ from shardloader.format.base import Rows, Sample, ShardReader, read_rows
 from shardloader.manifest import Manifest, SampleIndex
 from shardloader.shardfiles import ShardFiles
 from shardloader.shuffle import ShuffleOptions
-from shardloader.storage.cache import CacheOptions, ShardCache
+from shardloader.storage.cache import CacheOptions, ShardCache, is_cache_full
 from shardloader.storage.objectstream import PART_SIZE
 from shardloader.storage.retry import DEFAULT_POLICY, RetryPolicy
 from shardloader.storage.store import Store
@@ -175,8 +175,14 @@ class ShardSet:
     def read(self, shard: int, local: int) -> Sample:
         try:
             return self.reader(shard).read(int(local))
-        except (ShardError, StorageError):
+        except StorageError:
             raise
+        except ShardError as err:  # a damaged staged copy is staged once more
+            if not self._restage(shard):
+                if not self.in_place:
+                    raise self.files.damaged(shard, err) from err
+                raise
+            return self.read(shard, local)
         except OSError as err:
             raise ShardError(f"{self.describe(shard)}: read failed ({err})") from err
 
@@ -251,14 +257,46 @@ class ShardSet:
         try:
             read_rows(self.reader(shard), rows, into, at)
         except (ShardError, StorageError) as err:
+            if is_cache_full(err):  # not one bad sample: every read would fail the same way
+                raise
             problem: ShardError | StorageError = err
         except OSError as err:
             problem = ShardError(f"{self.describe(shard)}: read failed ({err})")
         else:
+            self._read_damaged_again(shard, rows, into, at)
             return
         for pos in at:
             if not into.done(pos):
                 into.fail(pos, problem)
+
+    def _read_damaged_again(
+        self, shard: int, rows: list[int], into: Rows, at: Sequence[int]
+    ) -> None:
+        """Rows whose read found the staged copy damaged are read once more from a copy staged
+        again (NOTE [re-staging a damaged copy] in storage/cache.py); if that one is damaged
+        too, their errors say the source is."""
+        bad = [k for k, pos in enumerate(at) if isinstance(into.errors.get(pos), ShardError)]
+        if not bad or self.in_place:
+            return
+        if not self._restage(shard):
+            for k in bad:
+                err = into.errors[at[k]]
+                assert isinstance(err, ShardError)
+                into.errors[at[k]] = self.files.damaged(shard, err)
+            return
+        again = [at[k] for k in bad]
+        for pos in again:
+            del into.errors[pos]
+        self._read_rows(shard, [rows[k] for k in bad], into, again)
+
+    def _restage(self, shard: int) -> bool:
+        """Close the reader of a damaged staged copy and drop the copy (once a pass)."""
+        if not self.files.restage(shard):
+            return False
+        reader = self._readers.pop(shard, None)
+        if reader is not None:
+            reader.close()
+        return True
 
     def close(self) -> None:
         for reader in self._readers.values():

@@ -179,6 +179,8 @@ def verify_dataset(
     manifest, base = load_manifest(store)
     bad = []
     samples = 0
+    if progress is not None:  # the total at once, before the first shard (which may be big)
+        progress(0, len(manifest.shards))
     for i, shard in enumerate(manifest.shards):
         n, reasons = _verify_shard(manifest, base, shard, images)
         samples += n

@@ -34,6 +34,7 @@ FAULTS = (
     "close_mid",  # forward, send headers and half the body, then a clean close (FIN)
     "stall",  # send nothing for ``stall_seconds``, then close
     "stall_mid",  # send headers and half the body, stall, then close
+    "drip",  # send headers, then the body one byte every ``drip_seconds`` (never idle long)
 )
 
 _ERROR_BODIES = {
@@ -85,11 +86,19 @@ class Request:
 class FaultProxy:
     """Threaded proxy; ``endpoint`` is its URL, ``requests`` what it saw."""
 
-    def __init__(self, upstream: str, *, stall_seconds: float = 3.0, lifetime: float = 600.0):
+    def __init__(
+        self,
+        upstream: str,
+        *,
+        stall_seconds: float = 3.0,
+        lifetime: float = 600.0,
+        drip_seconds: float = 0.2,
+    ):
         parts = urlsplit(upstream)
         assert parts.hostname == "127.0.0.1", "loopback only"
         self.upstream = (parts.hostname, parts.port or 80)
         self.stall_seconds = stall_seconds
+        self.drip_seconds = drip_seconds
         self.lifetime = lifetime
         self.requests: list[Request] = []
         self._rules: list[_Rule] = []
@@ -230,6 +239,13 @@ class FaultProxy:
                         _linger0(conn)
                     elif fault == "stall_mid":
                         self._stop.wait(self.stall_seconds)
+                    return
+                if fault == "drip":
+                    conn.sendall(head)
+                    for i in range(len(data)):
+                        if self._stop.wait(self.drip_seconds):
+                            return
+                        conn.sendall(data[i : i + 1])
                     return
                 conn.sendall(head + data)
                 if any(k.lower() == "connection" and v.lower() == "close" for k, v in headers):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 
 import pytest
@@ -77,6 +78,17 @@ def test_not_empty_output_exits_1_until_overwrite(tmp_path):
     assert r.exit_code == 1 and "not empty" in r.stderr and "--overwrite" in r.stderr
     assert run("pack", tmp_path / "src", tmp_path / "out", "--overwrite").exit_code == 0
     assert (tmp_path / "out" / "junk.txt").exists()
+
+
+def test_pack_and_inspect_report_the_same_labelled_ratio(tmp_path):
+    jsonl(str(tmp_path / "src/d.jsonl"), docs(200))
+    p = run("pack", tmp_path / "src", tmp_path / "out")
+    assert p.exit_code == 0, p.output
+    i = run("inspect", tmp_path / "out")
+    packed = re.search(r"ratio +([0-9.]+)x compression \(uncompressed / stored", p.stdout)
+    inspected = re.search(r"ratio ([0-9.]+)x compression \(uncompressed / stored\)", i.stdout)
+    assert packed and inspected and packed.group(1) == inspected.group(1)
+    assert re.search(r"[0-9.]+x input / stored", p.stdout)
 
 
 def test_inspect_and_verify(tmp_path):

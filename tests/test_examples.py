@@ -88,7 +88,7 @@ def test_train_lm_with_sequence_packing(tokens, tmp_path):
     )
     assert "step 3 " in out and "filled with real tokens" in out and SHARE.search(out), out
     assert "PackedBatches, epoch 0" in out  # tar shards: documents packed whole
-    assert re.search(r"tokens \d+ delivered, 0 truncated, 0 dropped", out), out
+    assert re.search(r"tokens \d+ delivered, \d+ repeated, 0 truncated, 0 dropped", out), out
 
 
 @pytest.fixture(scope="module")
@@ -129,6 +129,20 @@ def test_train_lm_on_a_weighted_mixture(two_corpora, tmp_path):
     code = re.search(r"source code: weight 0\.30, (\d+) documents", out)
     assert web and code, out
     assert (int(web[1]), int(code[1])) == (56, 24)  # 80 documents a mixture epoch, 7:3
+    # Every slot accounted for: delivered, repeated and padding tokens add up to the rows.
+    line = re.search(
+        r"tokens (\d+) delivered, (\d+) repeated, \d+ truncated, \d+ dropped; (\d+) of (\d+) "
+        r"slots padding",
+        out,
+    )
+    assert line, out
+    delivered, repeated, padding, slots = map(int, line.groups())
+    assert delivered + repeated + padding == slots and padding >= 0, out
+    # web's second own epoch is repeated tokens: the sources' tokens are delivered + repeated
+    sources = [
+        int(t) for t in re.findall(r"source \w+: weight [0-9.]+, \d+ documents, (\d+) tokens", out)
+    ]
+    assert repeated > 0 and sum(sources) == delivered + repeated, out
 
 
 @pytest.fixture(scope="module")
@@ -169,7 +183,7 @@ def test_train_lm_on_token_shards_under_torchrun(token_shards, tmp_path):
         "1",
     )
     assert "TokenBlocks, epoch 0" in out and "step 3 " in out and SHARE.search(out), out
-    assert re.search(r"tokens \d+ delivered, 0 truncated, 0 dropped", out), out
+    assert re.search(r"tokens \d+ delivered, \d+ repeated, 0 truncated, 0 dropped", out), out
 
 
 @pytest.mark.slow

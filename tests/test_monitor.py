@@ -104,8 +104,9 @@ def test_periodic_reports_to_stderr_and_callback(clock, capsys):
     got = []
     m = mon.monitor(SlowLoader(clock, [1.0] * 3 + [3.0] * 4), interval=3, callback=got.append)
     run(m, clock, 1.0)
-    assert len(got) == 2  # after batches 3 and 6
-    first, second = got
+    assert len(got) == 3  # after batches 3 and 6, and when the pass ends (batch 7)
+    first, second, last = got
+    assert last["batches"] == 1 and last["total"]["batches"] == 7
     # reported on handing out batch 3: waits of batches 2-3, steps of batches 1-2
     assert first["batches"] == 3 and first["data_share"] == 0.5
     assert second["batches"] == 3 and second["data_share"] == 0.75  # waits 3+3+3, steps 3
@@ -118,7 +119,16 @@ def test_periodic_reports_to_stderr_and_callback(clock, capsys):
         "data-bound, first batch 1.00s",
         "shardloader.monitor: batch 6: waiting for data 75.0% (3000.0 ms/batch), 0.2 batches/s, "
         "data-bound",
+        "shardloader.monitor: batch 7: waiting for data 60.0% (3000.0 ms/batch), 0.2 batches/s, "
+        "data-bound",
     ]
+
+
+def test_an_epoch_shorter_than_the_interval_still_reports(clock, capsys):
+    """The README's example: 4 batches an epoch, interval 5: a line at the end of each."""
+    m = mon.monitor(SlowLoader(clock, [1.0] * 4), interval=5)
+    run(m, clock, 1.0)
+    assert [line.split(":")[1] for line in capsys.readouterr().err.splitlines()] == [" batch 4"]
 
 
 def test_report_to_the_log_a_logger_a_stream_or_nowhere(clock, caplog, capsys):
@@ -171,6 +181,7 @@ def test_visible_without_configuring_logging():
         " batch 200",
         " batch 300",
         " batch 400",
+        " batch 447",  # the end of the pass
     ]
     assert all(line.startswith("shardloader.monitor: ") for line in lines)
     assert done.stdout == ""
@@ -212,8 +223,10 @@ def test_each_rank_says_which_it_is(tmp_path):
     )
     assert done.returncode == 0, done.stderr[-3000:]
     lines = sorted(line for line in done.stderr.splitlines() if "shardloader.monitor" in line)
-    assert [line.split(":")[0] for line in lines] == [
+    assert [line.split(":")[0] for line in lines] == [  # batch 5, and the end of the pass
         "shardloader.monitor [rank 0/2]",
+        "shardloader.monitor [rank 0/2]",
+        "shardloader.monitor [rank 1/2]",
         "shardloader.monitor [rank 1/2]",
     ]
 

@@ -37,8 +37,12 @@ def test_class_folder_keys_have_no_dots_and_collisions_are_refused(tmp_path):
     src = discover(str(tmp_path))
     assert [s.key for s in src.samples()] == ["cat/a_b"]
     assert dict(next(src.samples()).fields).keys() == {"cls", "jpg"}
+    # Two images of one stem keep apart by their extension ...
     write(str(tmp_path), "cat/a_b.png", b"y")
-    with pytest.raises(UsageError, match=r"a\.b\.JPG.*a_b\.png|a_b\.png.*a\.b\.JPG"):
+    assert [s.key for s in discover(str(tmp_path)).samples()] == ["cat/a_b_jpg", "cat/a_b_png"]
+    # ... and only names that still collide are refused, naming both.
+    write(str(tmp_path), "cat/a_b.jpg", b"z")
+    with pytest.raises(UsageError, match=r"a\.b\.JPG.*a_b\.jpg|a_b\.jpg.*a\.b\.JPG"):
         list(discover(str(tmp_path)).samples())
 
 
@@ -123,7 +127,9 @@ def test_bad_layouts_are_usage_errors(tmp_path, files, message):
 def test_record_files_with_the_same_stem_are_refused(tmp_path):
     write(str(tmp_path), "a.jsonl", b"{}\n")
     write(str(tmp_path), "a.jsonl.gz", b"")
-    assert discover(str(tmp_path)).layout == "key-groups"  # same key: one sample, two fields
+    # Two record files of one corpus, not one sample with two fields: refused, naming both.
+    with pytest.raises(UsageError, match="'a.jsonl' and 'a.jsonl.gz' both give sample keys"):
+        discover(str(tmp_path))
     with pytest.raises(UsageError, match="both give sample keys"):
         discover(str(tmp_path), layout="records")
 
@@ -132,7 +138,7 @@ def test_missing_source_and_forced_layout_mismatch(tmp_path):
     with pytest.raises(UsageError, match="does not exist"):
         discover(str(tmp_path / "nope"))
     key_groups(str(tmp_path), n=2)
-    with pytest.raises(UsageError, match="not an image at SRC/<class>/<file>"):
+    with pytest.raises(UsageError, match="not an image at SRC/<class>/<image>"):
         discover(str(tmp_path), layout="class-folders")
     with pytest.raises(UsageError, match="not a record file"):
         discover(str(tmp_path), layout="records")

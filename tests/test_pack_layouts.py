@@ -117,7 +117,9 @@ def test_two_layouts_that_fit_at_the_same_rank_are_ambiguous(tmp_path, toy, monk
     _load(tmp_path, monkeypatch, "csv_twin")
     try:
         with pytest.raises(
-            UsageError, match="ambiguous layout: 'csv-rows' and 'csv-twin' both fit; pass --layout"
+            UsageError,
+            match=r"ambiguous layout: 'csv-rows' and 'csv-twin' both fit: as csv-rows "
+            r"\(--layout csv-rows\); as csv-twin \(--layout csv-twin\); pass the --layout",
         ):
             discover(str(tmp_path / "src"))
         assert discover(str(tmp_path / "src"), "csv-twin").layout == "csv-twin"

@@ -22,6 +22,7 @@ from corpus import (
     write,
 )
 
+from shardloader.errors import UsageError
 from shardloader.format import shard_suffix
 from shardloader.pack import PackOptions, pack
 
@@ -248,5 +249,8 @@ def test_urls_in_and_out(tmp_path):
 def test_two_images_per_key_are_key_groups(tmp_path):
     write(str(tmp_path / "src"), "a/0001.jpg", jpeg(1))
     write(str(tmp_path / "src"), "a/0001.png", mask_png(1))
-    report = pack(str(tmp_path / "src"), str(tmp_path / "out"))
+    # Two images in a class folder, or one sample of two images: both readings fit.
+    with pytest.raises(UsageError, match="ambiguous layout: 'class-folders' and 'key-groups'"):
+        pack(str(tmp_path / "src"), str(tmp_path / "out"))
+    report = pack(str(tmp_path / "src"), str(tmp_path / "out"), PackOptions(layout="key-groups"))
     assert report.manifest.layout == "key-groups" and report.samples == 1

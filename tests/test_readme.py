@@ -1,13 +1,13 @@
 """Every ``bash`` and ``python`` block of README.md runs, as a user would run it.
 
-Each block runs in a fresh folder holding a small generated corpus: ``photos/`` (class folders
-mixing ``.jpg``, ``.jpeg`` and ``.png`` files in grey, RGB, RGBA and palette modes, of varying
-sizes), ``corpus/docs.jsonl`` (documents with a ``text`` key), ``tokenizer.json`` (a tiny
-word-level ``tokenizers`` file for that corpus) and ``tools/`` (this repository's).  Python blocks
-also find ``packed/``, ``packed-text/`` and ``packed-tokens/`` (token shards) already packed
-from those (bash blocks pack their own, as they say).  Python blocks run as scripts with this
-interpreter; bash blocks under ``bash -euo pipefail`` with this environment's ``shardloader``
-and ``python`` first on PATH.
+Each block runs in a fresh folder holding the small corpus ``python tools/make_tour.py`` makes
+(the README says so): ``photos/`` (class folders mixing ``.jpg``, ``.jpeg`` and ``.png`` files
+in grey, RGB, RGBA and palette modes, of varying sizes), ``corpus/docs.jsonl`` (documents with a
+``text`` key), ``tokenizer.json`` (a tiny word-level ``tokenizers`` file for that corpus) and
+``tools/`` (this repository's).  Python blocks also find ``packed/``, ``packed-text/`` and
+``packed-tokens/`` (token shards) already packed from those (bash blocks pack their own, as
+they say).  Python blocks run as scripts with this interpreter; bash blocks under ``bash -euo
+pipefail`` with this environment's ``shardloader`` and ``python`` first on PATH.
 
 A block that cannot run here (installs, CI, a real S3 endpoint, signatures) carries a visible
 opt-out on the line before its fence: ``<!-- readme-test: skip (reason) -->``; it is reported as
@@ -27,6 +27,10 @@ from dataclasses import dataclass
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+
+from make_tour import make_tour  # noqa: E402
+
 README = os.path.join(ROOT, "README.md")
 RUN = {"python", "bash"}
 NOT_CODE = {"", "text"}  # diagrams and sample output
@@ -127,50 +131,6 @@ def test_the_parser_and_the_markers():
 
 # -- the corpus ------------------------------------------------------------------------------
 
-_KINDS = [
-    ("jpg", "RGB"),
-    ("jpeg", "L"),
-    ("png", "RGBA"),
-    ("png", "P"),
-    ("jpg", "L"),
-    ("png", "RGB"),
-    ("jpeg", "RGB"),
-    ("png", "L"),
-]
-
-
-def make_photos(root: str, per_class: int = 8) -> None:
-    import numpy as np
-    from PIL import Image
-
-    rng = np.random.default_rng(0)
-    for c, name in enumerate(("bird", "cat", "dog")):
-        os.makedirs(os.path.join(root, name))
-        for i in range(per_class):
-            ext, mode = _KINDS[(i + c) % len(_KINDS)]
-            h, w = int(rng.integers(40, 90)), int(rng.integers(40, 90))
-            pixels = rng.integers(0, 255, (h, w, 3), dtype=np.uint8)
-            Image.fromarray(pixels).convert(mode).save(os.path.join(root, name, f"{i:03d}.{ext}"))
-
-
-def make_text(root: str, tokenizer: str, docs: int = 300) -> None:
-    import numpy as np
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-
-    rng = np.random.default_rng(1)
-    words = [f"w{i}" for i in range(200)]
-    os.makedirs(root)
-    with open(os.path.join(root, "docs.jsonl"), "w", encoding="utf-8") as f:
-        for _ in range(docs):
-            n = int(rng.integers(5, 120))
-            f.write(json.dumps({"text": " ".join(rng.choice(words, n))}) + "\n")
-    tok = Tokenizer(models.WordLevel(unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.train_from_iterator(
-        [" ".join(words)], trainers.WordLevelTrainer(special_tokens=["[PAD]", "[UNK]"])
-    )
-    tok.save(tokenizer)
-
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> tuple[str, str]:
@@ -179,8 +139,7 @@ def corpus(tmp_path_factory) -> tuple[str, str]:
     from shardloader.pack import PackOptions, pack
 
     raw = str(tmp_path_factory.mktemp("raw"))
-    make_photos(os.path.join(raw, "photos"))
-    make_text(os.path.join(raw, "corpus"), os.path.join(raw, "tokenizer.json"))
+    make_tour(raw)  # the README's one command: python tools/make_tour.py
     packed = str(tmp_path_factory.mktemp("packed"))
     shutil.copytree(raw, packed, dirs_exist_ok=True)
     pack(os.path.join(packed, "photos"), os.path.join(packed, "packed"), PackOptions())
@@ -268,3 +227,23 @@ def test_docs_hold_no_merge_conflict_markers():
                 assert not line.startswith(("<<<<<<< ", ">>>>>>> ", "=======\n")), (
                     f"{path}:{number}: merge-conflict marker"
                 )
+
+
+@pytest.mark.slow
+@pytest.mark.subprocess
+def test_one_command_makes_the_tour_inputs(tmp_path):
+    """The README names the command that makes photos/, corpus/ and tokenizer.json."""
+    pytest.importorskip("tokenizers")
+    with open(README, encoding="utf-8") as f:
+        assert "python tools/make_tour.py" in f.read()
+    done = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "tools", "make_tour.py"), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert len(os.listdir(tmp_path / "photos")) == 3
+    assert (tmp_path / "corpus" / "docs.jsonl").stat().st_size > 0
+    assert json.loads((tmp_path / "tokenizer.json").read_text())["model"]["type"] == "WordLevel"

@@ -100,7 +100,7 @@ def test_path_pipeline_options_reach_the_dataset(data):
     with pytest.raises(UsageError, match="image field 'img'"):
         load_pipeline(data, DatasetPreset(transform="auto", image_field="img"))
     with pytest.raises(UsageError, match="--image-field applies with --transform"):
-        DatasetPreset(image_field="image")
+        DatasetPreset(transform="none", image_field="image")
     with pytest.raises(UsageError, match="factory that configures its own dataset"):
         load_pipeline("test_service_support:small_factory", DatasetPreset())
 

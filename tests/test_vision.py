@@ -209,6 +209,29 @@ def test_to_image_tensor_and_normalize():
         Normalize((0.5,), (0.0,))
 
 
+def test_normalize_refuses_float_pixels_in_0_255():
+    """The Troubleshooting table's mistake: uint8 pixels cast to float without / 255."""
+    pixels = torch.from_numpy(_array(6, 8)).permute(2, 0, 1)
+    norm = Normalize()
+    with pytest.raises(UsageError, match=r"values up to 2\d\d: float images must be in \[0, 1\]"):
+        norm(pixels.float())
+    with pytest.raises(UsageError, match="divide by 255"):
+        norm(torch.stack([pixels, pixels]).double())  # a batch, checked again
+    assert torch.allclose(norm(pixels.float() / 255), norm(pixels), atol=1e-6)
+    assert norm(torch.zeros(0, 3, 4, 4)).shape == (0, 3, 4, 4)  # an empty batch has no range
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_normalize_checks_the_first_accelerator_batch_only():
+    """On a GPU the range is read back once (a sync), on the first batch."""
+    pixels = torch.from_numpy(_array(6, 8)).permute(2, 0, 1).cuda()
+    with pytest.raises(UsageError, match="float images must be in"):
+        Normalize()(pixels.float())
+    norm = Normalize()
+    assert norm(pixels.float() / 255).device.type == "cuda"
+    assert norm(pixels.float()).device.type == "cuda"  # later batches are not read back
+
+
 def test_pipeline_on_sample_dicts_collates(jpeg):
     t = train_transform(40, field="jpg", channels_last=True)
     torch.manual_seed(0)

@@ -176,11 +176,16 @@ def train(args: argparse.Namespace) -> int:
     loader = sl.make_loader(ds, num_workers=args.workers)
     if rank == 0:
         plan = ds.report()
+        # delivered + repeated (padding repeats, a mixture's second own epochs) + padding
+        # = every slot of the epoch's rows
+        slots = plan.token_slots or 0
+        repeated = plan.repeated_tokens or 0
+        padding = slots - (plan.tokens or 0) - repeated
         print(
             f"{type(planner).__name__}, epoch 0: {plan.steps_per_rank} steps per rank; tokens "
-            f"{plan.tokens} delivered, "
+            f"{plan.tokens} delivered, {repeated} repeated, "
             f"{plan.truncated_tokens} truncated, {plan.dropped_tokens} dropped; "
-            f"{plan.pad_fraction:.1%} padding",
+            f"{padding} of {slots} slots padding ({plan.pad_fraction:.1%})",
             flush=True,
         )
         for name, counts in getattr(plan, "sources", {}).items():

@@ -30,7 +30,7 @@ from torch.utils.data import default_collate
 
 from shardloader.errors import UsageError
 
-__all__ = ["collate_samples"]
+__all__ = ["collate_samples", "torch_collate"]
 
 
 def is_number(v: Any) -> bool:
@@ -145,6 +145,48 @@ def _ragged_message(name: str, values: list[Any]) -> str:
         "the first dimension; resize them in the transform (e.g. shardloader.vision), or use "
         "DetectionCollate, which keeps such fields as lists"
     )
+
+
+def torch_collate(samples: Sequence[Any]) -> Any:
+    """torch's ``default_collate`` (the dataset's collate when none is given), with its shape
+    errors ("stack expects each tensor to be equal size") turned into one that names the
+    field, the sizes and the samples, and says what to do."""
+    try:
+        return default_collate(list(samples))
+    except (RuntimeError, TypeError) as err:
+        found = _unequal_field(samples)
+        if found is None:
+            raise
+        name, (i, a), (j, b) = found
+        keys = [s.get("__key__") if isinstance(s, Mapping) else None for s in samples]
+        raise UsageError(
+            f"cannot batch field {name!r}: sample {keys[i]!r} has shape {a} and sample "
+            f"{keys[j]!r} has shape {b}; images need one size in a batch: resize them in the "
+            "transform (shardloader.vision.train_transform(224) or eval_transform(224); "
+            "`--transform auto` in `shardloader serve`/`bench`), or pass "
+            "collate_fn=PadCollate(pad_values={...}) for variable-length sequences"
+        ) from err
+
+
+def _unequal_field(
+    samples: Sequence[Any], prefix: str = ""
+) -> tuple[str, tuple[int, tuple[int, ...]], tuple[int, tuple[int, ...]]] | None:
+    """The first field whose tensors or arrays differ in shape: (dotted name, (sample index,
+    shape), (sample index, other shape)); None when there is none."""
+    if not samples or not all(isinstance(s, Mapping) for s in samples):
+        return None
+    for key in samples[0]:
+        values = [s.get(key) for s in samples]
+        if all(isinstance(v, Mapping) for v in values):
+            found = _unequal_field(values, f"{prefix}{key}.")
+            if found is not None:
+                return found
+        elif all(is_array(v) for v in values):
+            shapes = [tuple(v.shape) for v in values]
+            j = next((j for j, sh in enumerate(shapes) if sh != shapes[0]), None)
+            if j is not None:
+                return f"{prefix}{key}", (0, shapes[0]), (j, shapes[j])
+    return None
 
 
 def as_array(name: str, v: Any) -> np.ndarray | torch.Tensor:

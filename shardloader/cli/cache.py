@@ -2,7 +2,9 @@
 
 Clearing is safe while training runs use the cache: a shard being staged right now is left in
 place (and reported), open copies stay readable, and a run that needs a cleared shard stages it
-again (see NOTE [eviction and clearing] in ``shardloader.storage.cache``).
+again (see NOTE [eviction and clearing] in ``shardloader.storage.cache``).  Only a cache of the
+user's own is cleared: the legacy root in the shared temp dir is left alone when another user
+made it, or when it is a symbolic link (NOTE [a cache of one's own] in storage/private.py).
 """
 
 from __future__ import annotations
@@ -61,14 +63,16 @@ def _when(t: float | None) -> str:
 def info_command(cache_dir: str | None, as_json: bool) -> None:
     """Show the cache root, each dataset's staged shards and size, the total and the limit."""
     from shardloader.storage.cache import cache_limit, cache_root, legacy_root, usage
+    from shardloader.storage.cachedir import root_problem
 
     root = cache_root(cache_dir)
+    refused = root_problem(root)
     datasets = sorted(usage(root), key=lambda d: d.last_used or 0.0, reverse=True)
     limit, limit_source = cache_limit(root)
     total = sum(d.bytes for d in datasets)
     legacy = None
     if cache_dir is None and os.path.abspath(legacy_root()) != root:
-        old = usage(legacy_root())
+        old = usage(legacy_root()) if _legacy_problem(legacy_root()) is None else []
         legacy = (legacy_root(), sum(d.bytes for d in old)) if old else None
     if as_json:
         click.echo(
@@ -76,6 +80,7 @@ def info_command(cache_dir: str | None, as_json: bool) -> None:
                 {
                     "root": root,
                     "root_source": _root_source(cache_dir),
+                    "refused": refused,
                     "limit": limit,
                     "limit_source": limit_source,
                     "bytes": total,
@@ -88,15 +93,19 @@ def info_command(cache_dir: str | None, as_json: bool) -> None:
         return
     lines = [
         f"cache root {root}  ({_root_source(cache_dir)})",
+        *([f"  refused  it {refused}: runs and `cache clear` will not use it"] if refused else []),
         f"  limit    {human_bytes(limit)}  ({limit_source})",
         f"  total    {human_bytes(total)} in {len(datasets)} dataset"
         f"{'' if len(datasets) == 1 else 's'}",
     ]
     for d in datasets:
+        other = f" (+{d.other} sample indexes/lengths)" if d.other else ""
         lines.append(
-            f"    {d.fingerprint}  {d.shards:>5} shards  {human_bytes(d.bytes):>9}  "
+            f"    {d.fingerprint}  {d.shards:>5} shards{other}  {human_bytes(d.bytes):>9}  "
             f"last used {_when(d.last_used)}"
         )
+        lines += [f"      source {url}" for url in d.sources]
+        lines.append(f"      path   {d.folder}")
     if legacy is not None:
         lines.append(
             f"  {legacy[0]} (an earlier shardloader's cache) holds "
@@ -110,6 +119,8 @@ def _dataset_dict(d: DatasetUsage) -> dict[str, object]:
         "fingerprint": d.fingerprint,
         "folder": d.folder,
         "shards": d.shards,
+        "other_files": d.other,
+        "sources": list(d.sources),
         "bytes": d.bytes,
         "last_used": d.last_used,
     }
@@ -138,11 +149,28 @@ def clear_command(fingerprint: str | None, cache_dir: str | None) -> None:
             )
         fingerprint = matches[0]
     elif cache_dir is None and os.path.abspath(legacy_root()) != root:
-        roots.append(legacy_root())
+        legacy = legacy_root()
+        problem = _legacy_problem(legacy)
+        if problem is None:
+            roots.append(legacy)
+        elif os.path.lexists(legacy):
+            click.echo(
+                f"left {legacy} (an earlier shardloader's cache, in the shared temp dir) alone: "
+                f"it {problem}"
+            )
     for where in roots:
         report = clear(where, fingerprint)
         if where == root or report.files:
             click.echo(_cleared(where, report))
+
+
+def _legacy_problem(path: str) -> str | None:
+    """Why the legacy root must not be touched (anyone may create it, or a link there)."""
+    from shardloader.storage.cachedir import root_problem
+
+    if os.path.islink(path):
+        return "is a symbolic link"
+    return root_problem(path)
 
 
 def _cleared(root: str, r: ClearReport) -> str:

@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from shardloader.cli.advice import in_cli_terms
 from shardloader.errors import ShardloaderError, UsageError
 
 __all__ = ["main"]
@@ -19,10 +20,10 @@ class _Group(click.Group):
         try:
             return super().invoke(ctx)
         except UsageError as err:
-            click.echo(f"error: {err}", err=True)
+            click.echo(f"error: {in_cli_terms(str(err))}", err=True)
             sys.exit(2)
         except ShardloaderError as err:
-            click.echo(f"error: {err}", err=True)
+            click.echo(f"error: {in_cli_terms(str(err))}", err=True)
             sys.exit(1)
 
 

@@ -7,11 +7,11 @@ Only the command layer prints.  The library is imported inside each command (see
 from __future__ import annotations
 
 import json
-import sys
 from typing import Any
 
 import click
 
+from shardloader.cli.advice import in_cli_terms
 from shardloader.cli.group import main
 from shardloader.cli.options import (
     retry_options,
@@ -20,6 +20,7 @@ from shardloader.cli.options import (
     storage_option,
     storage_options,
 )
+from shardloader.cli.progress import progress_bar
 from shardloader.errors import ShardError
 from shardloader.units import human_bytes as _human
 
@@ -53,7 +54,7 @@ def inspect_command(dataset: str, as_json: bool, storage_option: tuple[str, ...]
         f"  shards     {s.num_shards:,}   samples {s.num_samples:,}"
         + (f"   skipped when packed {s.skipped:,}" if s.skipped else ""),
         f"  stored     {_human(s.bytes)}   uncompressed {_human(s.raw_bytes)}   "
-        f"ratio {s.ratio:.2f}x",
+        f"ratio {s.ratio:.2f}x compression (uncompressed / stored)",
         f"  per shard  samples: {_fmt_stats(s.shard_samples)}",
         f"  per sample bytes: {_fmt_stats(s.sample_bytes)}",
         "  fields     "
@@ -96,33 +97,26 @@ def verify_command(
     """Re-hash every shard and parse every sample; exit 1 if anything is bad."""
     from shardloader.verify import verify_dataset
 
-    bar = None
-    if show_progress(quiet):
-        from tqdm import tqdm
-
-        bar = tqdm(unit="shard", desc="verify", file=sys.stderr)
-
     def on_progress(done: int, total: int) -> None:
         if bar is not None:
             bar.total = total
             bar.update(done - bar.n)
 
-    r = verify_dataset(
-        dataset,
-        storage_options(storage_option),
-        images=not no_images,
-        progress=on_progress,
-        retry=retry_policy(retries, retry_seconds),
-    )
-    if bar is not None:
-        bar.close()
+    with progress_bar(show_progress(quiet), unit="shard", desc="verify") as bar:
+        r = verify_dataset(
+            dataset,
+            storage_options(storage_option),
+            images=not no_images,
+            progress=on_progress,
+            retry=retry_policy(retries, retry_seconds),
+        )
     if as_json:
         click.echo(json.dumps(r.to_dict(), indent=1, sort_keys=True))
     else:
         for b in r.bad:
             click.echo(f"BAD {b.path}")
             for reason in b.reasons:
-                click.echo(f"    {reason}")
+                click.echo(f"    {in_cli_terms(reason)}")
         click.echo(
             f"{r.shards - len(r.bad)} of {r.shards} shards ok, {r.samples:,} samples checked"
         )

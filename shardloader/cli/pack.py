@@ -22,6 +22,7 @@ from shardloader.cli.options import (
     storage_option,
     storage_options,
 )
+from shardloader.cli.progress import progress_bar
 from shardloader.errors import UsageError
 from shardloader.units import human_bytes as _human
 from shardloader.units import parse_size
@@ -59,9 +60,10 @@ LAYOUTS = ("auto", "class-folders", "key-groups", "records")
 )
 @click.option(
     "--shard-size",
-    default=f"{DEFAULT_SHARD_SIZE >> 20}MiB",
+    default="auto",
     show_default=True,
-    help="Roll over to a new shard at this many uncompressed bytes (0: no limit).",
+    help="Roll over to a new shard at this many uncompressed bytes (0: no limit; auto: "
+    f"{DEFAULT_SHARD_SIZE >> 20}MiB, or about an eighth of a smaller input, at least 16MiB).",
 )
 @click.option("--max-samples", type=int, default=None, help="At most this many samples a shard.")
 @click.option(
@@ -174,6 +176,11 @@ def pack_command(
     groups (a/0001.jpg + a/0001.json), record files (.jsonl, .txt, optionally .gz/.zst) or
     tables (.parquet, .arrow).  The manifest is written last.
     """
+    if fmt == "tokens" and tokenizer is None:  # refused now, not when the shards are read
+        raise UsageError(
+            "--format tokens lays out token ids: pass --tokenizer tokenizer.json (a Hugging Face "
+            "tokenizers file) to make them from the text, or pick --format tar or arrow"
+        )
     from shardloader.pack import PackOptions, pack
 
     retry = retry_policy(retries, retry_seconds)
@@ -181,7 +188,7 @@ def pack_command(
     options = PackOptions(
         format=fmt,
         compression=compression,
-        shard_size=parse_size(shard_size),
+        shard_size=None if shard_size == "auto" else parse_size(shard_size),
         max_samples=max_samples,
         layout=layout,
         on_error=on_error,
@@ -199,18 +206,6 @@ def pack_command(
         aliases=_aliases(alias),
         **extra,
     )
-    bar = None
-    if show_progress(quiet):
-        from tqdm import tqdm
-
-        bar = tqdm(
-            unit="B",
-            unit_scale=True,
-            unit_divisor=1000,
-            desc="pack",
-            file=sys.stderr,
-            dynamic_ncols=True,
-        )
 
     def on_progress(p: PackProgress) -> None:
         if bar is None:
@@ -224,19 +219,20 @@ def pack_command(
         )
 
     try:
-        with interruptible():
+        with (
+            progress_bar(
+                show_progress(quiet), unit="B", unit_scale=True, unit_divisor=1000, desc="pack"
+            ) as bar,
+            interruptible(),
+        ):
             report = pack(src, out, options, progress=on_progress)
     except KeyboardInterrupt:
-        if bar is not None:
-            bar.close()
         click.echo(
             "interrupted: no manifest was written; finished shards stay in OUT, re-run with "
             "--resume to keep them",
             err=True,
         )
         sys.exit(130)
-    if bar is not None:
-        bar.close()
     if not quiet:
         click.echo(format_report(report))
 
@@ -258,12 +254,18 @@ def format_report(r: PackReport) -> str:
     ]
     if m.classes:
         lines.append(f"  classes   {len(m.classes)}")
+    if r.ignored:
+        shown = ", ".join(f"{rel!r} ({why})" for rel, why in r.ignored[:3])
+        more = f" and {len(r.ignored) - 3:,} more" if len(r.ignored) > 3 else ""
+        lines.append(f"  ignored   {len(r.ignored):,}: {shown}{more}")
     lines += [
         f"  bytes in  {_human(r.bytes_in)}",
         f"  bytes out {_human(r.bytes_out)} stored, {_human(r.raw_bytes)} uncompressed",
-        f"  ratio     {r.ratio:.2f}x (input / stored)",
+        f"  ratio     {r.compression_ratio:.2f}x compression (uncompressed / stored, as "
+        f"inspect says), {r.ratio:.2f}x input / stored",
         f"  time      {r.seconds:.1f} s, {r.mb_per_s:.1f} MB/s in",
     ]
+    lines += [f"note: {note}" for note in r.notes]
     return "\n".join(lines)
 
 
@@ -333,27 +335,20 @@ def index_command(
     """
     from shardloader.pack.index_existing import index_shards
 
-    bar = None
-    if show_progress(quiet):
-        from tqdm import tqdm
-
-        bar = tqdm(unit="shard", desc="index", file=sys.stderr)
-
     def on_progress(done: int, total: int) -> None:
         if bar is not None:
             bar.total = total
             bar.update(done - bar.n)
 
-    r = index_shards(
-        shards,
-        out,
-        overwrite=overwrite,
-        storage_options=storage_options(storage_option),
-        progress=on_progress,
-        max_member_bytes=parse_size(max_member_size),
-    )
-    if bar is not None:
-        bar.close()
+    with progress_bar(show_progress(quiet), unit="shard", desc="index") as bar:
+        r = index_shards(
+            shards,
+            out,
+            overwrite=overwrite,
+            storage_options=storage_options(storage_option),
+            progress=on_progress,
+            max_member_bytes=parse_size(max_member_size),
+        )
     m = r.manifest
     click.echo(f"indexed {len(m.shards)} shards, {m.num_samples:,} samples into {out}")
 

@@ -75,7 +75,7 @@ __all__ = ["serve"]
     show_default=True,
     help="Concurrent streams; more are answered 503 with Retry-After.",
 )
-@dataset_options(batch_size=None, transform="none")
+@dataset_options(batch_size=None, transform="auto")
 @click.option(
     "--uneven",
     type=click.Choice(["pad", "drop"]),

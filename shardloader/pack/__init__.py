@@ -42,11 +42,23 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
-    if module is None:
+    if module is not None:
+        value = getattr(importlib.import_module(module), name)
+    elif name.isidentifier() and not name.startswith("__") and _found(f"{__name__}.{name}"):
+        value = importlib.import_module(f"{__name__}.{name}")  # shardloader.pack.layouts
+    else:
         raise AttributeError(f"module 'shardloader.pack' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value
+
+
+def _found(module: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def __dir__() -> list[str]:

@@ -1,26 +1,27 @@
 """Find the raw inputs, ask the registered layouts whose they are, and describe the source.
 
-Files are listed (sizes from ``stat``/``find``, never read) in sorted order; the chosen layout
-(``--layout``, or the one whose ``detect`` wins, see :class:`~shardloader.pack.layouts.Layout`)
-works out fields, classes and the sample stream, sorted by key, so the stream is a pure function
-of the input tree.  Hidden files and folders (names starting with ``.``) are ignored.  The layouts
-themselves live in :mod:`shardloader.pack.layouts`, one module each; this module names none.
+Files are listed (:mod:`.listing`: sizes from ``stat``/``find``, never read; hidden and system
+files left out and reported) in sorted order; the chosen layout (``--layout``, or the one whose
+``detect`` wins, see :class:`~shardloader.pack.layouts.Layout`) works out fields, classes and
+the sample stream, sorted by key, so the stream is a pure function of the input tree.  The
+layouts themselves live in :mod:`shardloader.pack.layouts`, one module each; this module names
+none.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Mapping
 
 from shardloader.aliases import Aliases, merge, normalize
-from shardloader.errors import StorageError, UsageError
+from shardloader.errors import UsageError
 from shardloader.manifest import FieldInfo
 from shardloader.pack.layouts.base import Inputs, Layout, OnSkip, Source
 from shardloader.pack.layouts.records import record_kind
 from shardloader.pack.layouts.registry import AUTO, get_layout, layout_names, registered_layouts
+from shardloader.pack.listing import Listing, list_inputs, scan_inputs
 from shardloader.pack.refs import FileRef, InputFile, SampleRef, TextRule
-from shardloader.storage.store import Store, as_store, join
+from shardloader.storage.store import Store, as_store
 
 __all__ = [
     "FileRef",
@@ -32,67 +33,12 @@ __all__ = [
     "detect",
     "discover",
     "list_inputs",
+    "scan_inputs",
+    "Listing",
     "record_kind",  # index_existing refuses record files with it
 ]
 
 log = logging.getLogger(__name__)
-
-
-# -- listing --------------------------------------------------------------------------------
-
-
-def _hidden(rel: str) -> bool:
-    return any(part.startswith(".") for part in rel.split("/"))
-
-
-def list_inputs(src: str | Store) -> list[InputFile]:
-    """Every non-hidden file below ``src`` (a URL, or a Store with its options and retry
-    policy), or ``src`` itself if it is a file, sorted.
-
-    A file that cannot be stat'ed (a symlink loop, a dangling link) is listed with size 0, so
-    the error surfaces where the file is read, under the pack's ``--on-error`` policy.
-    """
-    store = as_store(src)
-    if store.is_local:
-        root = os.path.abspath(store.local_path)
-        if os.path.isfile(root) or (os.path.exists(root) and not os.path.isdir(root)):
-            return [InputFile(os.path.basename(root), root, os.stat(root).st_size)]
-        if not os.path.isdir(root):
-            raise UsageError(f"source {store.url!r} does not exist")
-        out = []
-        for dirpath, dirnames, filenames in os.walk(root):
-            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-            for name in filenames:
-                if name.startswith("."):
-                    continue
-                path = os.path.join(dirpath, name)
-                rel = os.path.relpath(path, root).replace(os.sep, "/")
-                try:
-                    size = os.stat(path).st_size
-                except OSError as err:
-                    # Listed anyway (size 0): reading it fails and, like any unreadable file,
-                    # fails the pack naming it, or under --on-error skip is reported and skipped.
-                    log.warning("%s: cannot stat (%s)", path, err.strerror)
-                    size = 0
-                out.append(InputFile(rel, path, size))
-        return sorted(out, key=lambda f: f.rel)
-    fs, path = store.filesystem()
-    path = path.rstrip("/")
-    src = store.url
-    try:
-        if fs.isfile(path):
-            return [InputFile(path.rsplit("/", 1)[-1], src, int(fs.size(path)))]
-        found = fs.find(path, detail=True)
-    except OSError as err:
-        raise StorageError(f"cannot list {src!r}: {err}") from err
-    out = []
-    for full, info in found.items():
-        if info.get("type", "file") != "file":
-            continue
-        rel = full[len(path) + 1 :]
-        if rel and not _hidden(rel):
-            out.append(InputFile(rel, join(src, rel), int(info.get("size") or 0)))
-    return sorted(out, key=lambda f: f.rel)
 
 
 # -- layout detection -----------------------------------------------------------------------
@@ -101,28 +47,39 @@ def list_inputs(src: str | Store) -> list[InputFile]:
 def detect(src: str, files: tuple[InputFile, ...]) -> Layout:
     """Ask every registered layout; the highest-ranked answer wins.
 
-    An answer is "fits" or "mixed" (some files are unmistakably that layout's, others not).  At
-    the top rank a mixed answer is an error naming one file of each kind, and two layouts that
-    both fit are an ambiguity error: either way ``--layout`` settles it.
+    An answer is "fits" or "mixed" (some files are unmistakably that layout's, others not),
+    at the layout's rank or at a rank of its own (:attr:`Verdict.rank`).  At the top rank a
+    mixed answer is an error naming one file of each kind, and two layouts that both fit are
+    an ambiguity error naming both readings: either way ``--layout`` settles it.
     """
     answers = [(layout, layout.detect(files)) for layout in registered_layouts()]
-    answers = [(layout, v) for layout, v in answers if v.fits or v.mixed]
-    if not answers:
+    ranked = [
+        (layout, v, layout.rank if v.rank is None else v.rank)
+        for layout, v in answers
+        if v.fits or v.mixed
+    ]
+    if not ranked:
         raise UsageError(
             f"{src}: unknown layout: no registered layout ({', '.join(layout_names())}) takes "
             "these files; pass --layout"
         )
-    top = max(layout.rank for layout, _ in answers)
-    for layout, v in answers:
-        if layout.rank == top and v.mixed:
+    top = max(rank for _, _, rank in ranked)
+    for _, v, rank in ranked:
+        if rank == top and v.mixed:
             raise UsageError(
                 f"{src}: mixed layouts: {v.mixed}; pack them separately or pass --layout"
             )
-    fitting = [layout for layout, _ in answers if layout.rank == top]
+    fitting = [(layout, v) for layout, v, rank in ranked if rank == top]
     if len(fitting) > 1:
-        names = " and ".join(repr(layout.name) for layout in fitting)
-        raise UsageError(f"{src}: ambiguous layout: {names} both fit; pass --layout")
-    return fitting[0]
+        names = " and ".join(repr(layout.name) for layout, _ in fitting)
+        readings = "; ".join(
+            f"as {layout.name}{', ' + v.reading if v.reading else ''} (--layout {layout.name})"
+            for layout, v in fitting
+        )
+        raise UsageError(
+            f"{src}: ambiguous layout: {names} both fit: {readings}; pass the --layout you mean"
+        )
+    return fitting[0][0]
 
 
 def discover(
@@ -140,13 +97,26 @@ def discover(
     impl = None if layout == AUTO else get_layout(layout)
     store = as_store(src)
     src = store.url
-    files = tuple(list_inputs(store))
+    listing = scan_inputs(store)
+    files = listing.files
+    if listing.ignored:
+        log.info(
+            "%s: left out %d hidden or system files (e.g. %r)",
+            src,
+            len(listing.ignored),
+            listing.ignored[0][0],
+        )
     if not files:
-        raise UsageError(f"{src}: no input files (empty source); nothing to pack")
+        only = (
+            f" (only hidden or system files, e.g. {listing.ignored[0][0]!r})"
+            if listing.ignored
+            else ""
+        )
+        raise UsageError(f"{src}: no input files (empty source{only}); nothing to pack")
     if impl is None:
         impl = detect(src, files)
         log.info("%s: detected layout %s (%d files)", src, impl.name, len(files))
-    inputs = Inputs(store, files)
+    inputs = Inputs(store, files, listing.ignored)
     found = impl.describe(inputs)
     fields = dict(found.fields)
     text = impl.text_rule(fields, text_field, tokenize)

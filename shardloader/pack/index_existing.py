@@ -113,6 +113,9 @@ def _expand(shards: Sequence[str], store: Store) -> list[str]:
             if not found:
                 raise UsageError(f"{s}: no {_kinds()} in this folder")
             out.extend(found)
+        elif Store(s).is_local and not os.path.exists(Store(s).local_path):
+            what = "matches no file" if any(c in s for c in "*?[") else "does not exist"
+            raise UsageError(f"{s}: {what}; give existing {_kinds()} files, or folders of them")
         else:
             out.append(s)
     return out
@@ -190,10 +193,8 @@ def index_shards(
     existing = list_out(store)
     if MANIFEST_NAME in existing and not overwrite:
         raise OutputExistsError(
-            f"{out} already has a {MANIFEST_NAME}; pass --overwrite to replace it"
+            f"{out} already has an {MANIFEST_NAME}; pass --overwrite to replace it"
         )
-    if MANIFEST_NAME in existing:
-        store.join(MANIFEST_NAME).remove()
     remove_temps(store, existing)
 
     infos = []
@@ -201,6 +202,8 @@ def index_shards(
     sidecar_names: dict[str, str] = {}
     all_text = True
     scans = []
+    if progress is not None:  # the total at once, before the first (maybe large) shard
+        progress(0, len(urls))
     for i, url in enumerate(urls):
         rel = _relative(url, out)
         stem = fmt.parse_name(rel)[1]  # type: ignore[index]
@@ -221,6 +224,10 @@ def index_shards(
         all_text = all_text and scanned.index.lengths is not None
         if progress is not None:
             progress(i + 1, len(urls))
+    # NOTE [replacing a dataset] (pack/replace.py): every shard is scanned, so the new index
+    # is whole; the old manifest goes only now, before the sidecars it may name are rewritten.
+    if MANIFEST_NAME in existing:
+        store.join(MANIFEST_NAME).remove()
     for rel, index_path, scanned in scans:
         index = (
             scanned.index

@@ -175,7 +175,6 @@ def merge(
     old: set[str] = set()
     if existing:
         old = old_manifest_paths(store) if overwrite else set()
-        store.join(MANIFEST_NAME).remove()
         remove_temps(store, existing)
 
     first = loaded[0][1]
@@ -193,6 +192,10 @@ def merge(
         if m.extra.get("skip_report"):
             skips.extend(read_skip_report(base.join(str(m.extra["skip_report"]))))
 
+    # The parts are read and checked: only now does an old manifest go (NOTE [replacing a
+    # dataset] in pack/replace.py), before shards it may name are copied over.
+    if existing:
+        store.join(MANIFEST_NAME).remove()
     staging = store.local_path if store.is_local else tempfile.mkdtemp(prefix="shardloader-merge-")
     os.makedirs(staging, exist_ok=True)
     shards = []

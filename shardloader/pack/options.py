@@ -13,10 +13,30 @@ from shardloader.pack.layouts.registry import AUTO, layout_names
 from shardloader.storage.retry import RetryPolicy
 from shardloader.storage.store import Store
 
-__all__ = ["DEFAULT_SHARD_SIZE", "PACKER_VERSION", "PackOptions", "PackProgress", "PackReport"]
+__all__ = [
+    "DEFAULT_SHARD_SIZE",
+    "PACKER_VERSION",
+    "PackOptions",
+    "PackProgress",
+    "PackReport",
+    "auto_shard_size",
+]
 
 PACKER_VERSION = 1  # bump when the same input and options would give different shard bytes
 DEFAULT_SHARD_SIZE = 128 << 20
+MIN_AUTO_SHARD_SIZE = 16 << 20
+AUTO_SHARDS = 8  # an input under 8 default shards is cut into about this many
+
+
+def auto_shard_size(total_bytes: int) -> int:
+    """``--shard-size auto``: 128 MiB, or for an input of less than 8 such shards about an
+    eighth of it (whole MiB, at least 16 MiB), so pack workers share the work and progress
+    moves shard by shard.  A function of the input alone: the shards are the same bytes
+    whatever ``--workers`` is."""
+    if total_bytes >= AUTO_SHARDS * DEFAULT_SHARD_SIZE:
+        return DEFAULT_SHARD_SIZE
+    mib = -(-total_bytes // AUTO_SHARDS // (1 << 20))  # rounded up to a whole MiB
+    return max(MIN_AUTO_SHARD_SIZE, mib << 20)
 
 
 @dataclass(frozen=True)
@@ -25,7 +45,8 @@ class PackOptions:
 
     format: str = "tar"  # tar | arrow | a registered format
     compression: str = "zstd"  # zstd | gzip | none (arrow: zstd | none)
-    shard_size: int = DEFAULT_SHARD_SIZE  # uncompressed bytes per shard; 0: no limit
+    # uncompressed bytes per shard; 0: no limit; None: auto (auto_shard_size of the input)
+    shard_size: int | None = None
     max_samples: int | None = None  # samples per shard
     layout: str = AUTO  # auto | a registered layout (shardloader.pack.layouts)
     on_error: str = "fail"  # fail | skip
@@ -50,7 +71,7 @@ class PackOptions:
             return UsageError(msg)
 
         check_pack_format(self.format, self.compression)  # the format registry knows
-        if self.shard_size < 0:
+        if self.shard_size is not None and self.shard_size < 0:
             raise bad(f"--shard-size {self.shard_size} must be >= 0 (0: no limit)")
         if self.max_samples is not None and self.max_samples < 1:
             raise bad(f"--max-samples {self.max_samples} must be >= 1")
@@ -110,11 +131,20 @@ class PackReport:
     raw_bytes: int  # uncompressed shard bytes
     seconds: float
     skip_report: str | None  # URL of the skip report, if anything was skipped
+    # what the listing of SRC left out: (path relative to SRC, why): hidden and system files
+    # (Thumbs.db, .DS_Store, desktop.ini), symlink loops
+    ignored: tuple[tuple[str, str], ...] = ()
+    notes: tuple[str, ...] = ()  # what pack decided for you, and advice (the CLI prints them)
 
     @property
     def ratio(self) -> float:
         """Input bytes per stored byte."""
         return self.bytes_in / self.bytes_out if self.bytes_out else 0.0
+
+    @property
+    def compression_ratio(self) -> float:
+        """Uncompressed shard bytes per stored byte: the ratio ``inspect`` reports."""
+        return self.raw_bytes / self.bytes_out if self.bytes_out else 0.0
 
     @property
     def mb_per_s(self) -> float:

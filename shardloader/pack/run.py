@@ -30,6 +30,7 @@ from shardloader.aliases import FieldMap
 from shardloader.errors import ShardError, UsageError
 from shardloader.manifest import FORMAT_VERSION, MANIFEST_NAME, FieldInfo, Manifest, ShardInfo
 from shardloader.pack.discover import Source, discover
+from shardloader.pack.notes import after_notes, shard_size_for
 from shardloader.pack.options import PACKER_VERSION, PackOptions, PackProgress, PackReport
 from shardloader.pack.outdir import (
     SKIP_REPORT,
@@ -43,47 +44,19 @@ from shardloader.pack.outdir import (
 )
 from shardloader.pack.plan import Planner, part_of, shard_names
 from shardloader.pack.pool import Executor, make_executor
+from shardloader.pack.replace import (
+    check_resume,
+    finished_manifest,
+    must_remove_first,
+    refuse_remote_replace,
+)
 from shardloader.pack.task import ShardResult, ShardTask, WriteSpec
+from shardloader.pack.tokenizer import add_tokens
 from shardloader.pack.write import place_shard, write_and_place, write_shard
 from shardloader.storage.store import Store
 from shardloader.storage.uploads import Uploads
 
 __all__ = ["pack"]
-
-
-def _tokenizer_info(path: str) -> tuple[str, int]:
-    """(sha256 of the file, vocabulary size) of a local tokenizers JSON file."""
-    where = Store(path)
-    if not where.is_local:
-        raise UsageError(f"--tokenizer {path!r}: give a local tokenizer.json file")
-    try:
-        with open(where.local_path, "rb") as f:
-            data = f.read()
-        from tokenizers import Tokenizer
-
-        tok = Tokenizer.from_str(data.decode("utf-8"))
-    except ImportError as err:
-        raise UsageError(
-            "--tokenizer needs the tokenizers package: pip install 'shardloader[text]'"
-        ) from err
-    except Exception as err:  # OSError, bad UTF-8, and tokenizers' own untyped errors
-        raise UsageError(f"--tokenizer {path!r}: cannot load ({err})") from err
-    return hashlib.sha256(data).hexdigest(), int(tok.get_vocab_size(with_added_tokens=True))
-
-
-def _add_tokens(src: str, tokenizer: str | None, fields: dict[str, FieldInfo]) -> dict | None:
-    """Add the ``tokens`` field for ``--tokenizer``; return what the manifest records of it."""
-    if tokenizer is None:
-        return None
-    if "tokens" in fields:
-        raise UsageError(f"{src} already has a 'tokens' field; --tokenizer would replace it")
-    sha, vocab = _tokenizer_info(tokenizer)
-    fields["tokens"] = FieldInfo("tokens", "uint16" if vocab <= 1 << 16 else "uint32")
-    return {
-        "sha256": sha,
-        "vocab_size": vocab,
-        "path": os.path.abspath(Store(tokenizer).local_path),
-    }
 
 
 def _options_digest(
@@ -168,13 +141,20 @@ def _pack(
         aliases=options.aliases,
     )
     fields = dict(source.fields)
-    tok_meta = _add_tokens(src, options.tokenizer, fields)
+    tok_meta = add_tokens(src, options.tokenizer, fields)
 
     parted = options.num_parts > 1
     old: set[str] = set()
-    if existing:  # overwrite or resume: the old manifest goes first, then stale temporaries
-        old = old_manifest_paths(out_store) if options.overwrite else set()
-        out_store.join(MANIFEST_NAME).remove()
+    finished = finished_manifest(out_store) if existing else None
+    if existing:  # NOTE [replacing a dataset] in pack/replace.py
+        if options.overwrite:
+            old = old_manifest_paths(out_store)
+            if finished is not None and executor.remote and not out_store.is_local:
+                refuse_remote_replace(out_store)
+        else:  # resume: shards are kept or replaced in place, so the manifest goes first
+            if finished is not None:
+                check_resume(out_store, finished, source)
+            out_store.join(MANIFEST_NAME).remove()
         remove_temps(out_store, existing)
     local_out = out_store.is_local
     staging = out_store.local_path if local_out else tempfile.mkdtemp(prefix="shardloader-pack-")
@@ -195,7 +175,9 @@ def _pack(
         resume=options.resume,
     )
     run = _Run(spec, options, progress, start, None if parted else source.total_bytes)
-    planner = Planner(options.format, options.shard_size, options.max_samples)
+    run.defer = finished is not None and options.overwrite  # placed once every shard is written
+    shard_size, notes = shard_size_for(options, source)
+    planner = Planner(options.format, shard_size, options.max_samples)
 
     def on_skip(file: str, where: str, reason: str) -> None:
         if part_of(planner.current, options.num_parts) == options.part:
@@ -227,6 +209,7 @@ def _pack(
             local_number += 1
             run.submit(executor, ShardTask(plan, name, index_name))
         run.drain(all_done=True)
+        run.place_deferred(old)
         run.uploads.wait()  # every shard whole in the store before the manifest names it
         shards = [run.infos[n] for n in sorted(run.infos)]
         skips = sorted(run.skips, key=lambda s: s["shard"])
@@ -283,6 +266,8 @@ def _pack(
         raw_bytes=sum(s.raw_bytes for s in shards),
         seconds=time.monotonic() - start,
         skip_report=out_store.join(SKIP_REPORT).url if skips else None,
+        ignored=source.ignored,
+        notes=(*notes, *after_notes(options, manifest, run.bytes_in)),
     )
 
 
@@ -312,10 +297,13 @@ class _Run:
         self.skips: list[dict[str, Any]] = []
         self.samples = self.bytes_in = self.bytes_out = self.kept = 0
         self.uploads = Uploads()
+        self.defer = False  # hold finished shards under temporary names until all are written
+        self.deferred: list[ShardResult] = []
 
     def submit(self, executor: Executor, task: ShardTask) -> None:
-        # A remote task cannot hand over a temporary file: it moves its shard into place.
-        fn = write_and_place if executor.remote else write_shard
+        # A remote task cannot hand over a temporary file: it moves its shard into place
+        # (when deferring, OUT is local and shared: its temporary file is there).
+        fn = write_and_place if executor.remote and not self.defer else write_shard
         self.pending[executor.submit(fn, self.spec, task)] = task.plan.number
         if len(self.pending) >= executor.in_flight:  # bounds memory: plans hold samples
             self.drain(all_done=False)
@@ -336,6 +324,21 @@ class _Run:
             if not all_done:
                 return
 
+    def place_deferred(self, old: set[str]) -> None:
+        """Every new shard is written: move them to their final names, the old manifest
+        first out of the way when one of them is a name it lists."""
+        if not self.deferred:
+            return
+        names = {n for r in self.deferred for n in (r.name, r.index_name)}
+        if must_remove_first(old, names):
+            self.spec.out.join(MANIFEST_NAME).remove()
+        for r in self.deferred:
+            if self.spec.out.is_local:
+                self._place(r)
+            else:
+                self.uploads.submit(partial(self._place, r))
+        self.deferred = []
+
     def _place(self, r: ShardResult) -> None:
         """The shard to its final name (rename or upload), then its sidecar."""
         place_shard(self.spec, r)
@@ -349,6 +352,8 @@ class _Run:
             return
         if r.kept:
             self.kept += 1
+        elif self.defer:  # NOTE [replacing a dataset]: placed when every shard is written
+            self.deferred.append(r)
         elif r.temp is None or self.spec.out.is_local:  # placed by the task, or a rename
             self._place(r)
         else:  # NOTE [background uploads] in storage/uploads.py: overlaps the next shards

@@ -10,10 +10,18 @@ renames it.  Others block on the lock and then find the copy, so a shard is fetc
 decompressed once per node.  ``flock`` locks die with their process, so a killed run leaves
 nothing that blocks the next one; its temp files are stale and go with the next eviction or
 ``shardloader cache clear`` (NOTE [eviction and clearing] in cachedir.py).
+
+NOTE [re-staging a damaged copy]: a staged copy can be damaged after it was staged (a bit flip,
+a truncation, a disk emptied under it).  A reader that finds its copy damaged calls
+:meth:`ShardCache.discard` with the inode it read: under the shard's lock the copy is removed
+only if it is still that file, so when several processes find the same damage, the first
+removes it and stages it again, and the others, finding a new file, read that one instead of
+removing it once more.  Whoever finds the new copy damaged too knows the source is.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import uuid
@@ -30,13 +38,14 @@ from shardloader.storage.cachedir import (
     MARKER,
     MAX_BYTES_ENV,
     ROOM_LOCK,
-    STAGED,
     ClearReport,
     DatasetUsage,
     cache_limit,
+    cache_name,
     cache_root,
     clear,
     dataset_folders,
+    is_default_root,
     legacy_root,
     lock_file,
     remove_entry,
@@ -46,6 +55,8 @@ from shardloader.storage.cachedir import (
     usage,
     write_marker,
 )
+from shardloader.storage.classify import chain
+from shardloader.storage.private import create_private, open_private, own_dir
 from shardloader.storage.streams import HashingReader
 
 __all__ = [
@@ -54,6 +65,7 @@ __all__ = [
     "DatasetUsage",
     "ShardCache",
     "cache_limit",
+    "is_cache_full",
     "cache_root",
     "clear",
     "legacy_root",
@@ -81,8 +93,10 @@ class ShardCache:
     """Stages shards into ``<root>/<dataset fingerprint>/`` once per node, within one limit
     for the whole root."""
 
-    def __init__(self, options: CacheOptions, fingerprint: str) -> None:
+    def __init__(self, options: CacheOptions, fingerprint: str, source: str = "") -> None:
+        self.source = source  # the dataset's URL, noted in the folder's marker for cache info
         self.root = cache_root(options.dir)
+        self._default_root = is_default_root(options.dir)
         self.folder = os.path.join(self.root, fingerprint)
         self._explicit = options.max_bytes is not None or bool(os.environ.get(MAX_BYTES_ENV))
         self.max_bytes: int | None
@@ -90,17 +104,38 @@ class ShardCache:
         self._ensure_folder()
 
     def _ensure_folder(self) -> None:
+        """The root and this dataset's folder, the user's own (NOTE [a cache of one's own])."""
+        remedy = (
+            f"point ${DIR_ENV} or CacheOptions(dir=...) at a local folder of your own (a new "
+            "folder inside a writable one is made yours)"
+        )
+        own_dir(self.root, "the shard cache", tighten=self._default_root, remedy=remedy)
+        own_dir(self.folder, "the shard cache folder", tighten=True, remedy=remedy)
         try:
-            os.makedirs(self.folder, exist_ok=True)
-            write_marker(os.path.join(self.folder, MARKER))
+            write_marker(os.path.join(self.folder, MARKER), self.source)
         except OSError as err:
             raise StorageError(
-                f"cannot use the shard cache at {self.root} ({err.strerror or err}); point "
-                f"${DIR_ENV} or CacheOptions(dir=...) at a writable local folder"
+                f"cannot use the shard cache at {self.root} ({err.strerror or err}); {remedy}"
             ) from err
 
     def path_for(self, name: str) -> str:
-        return os.path.join(self.folder, name.replace("/", "__") + STAGED)
+        return os.path.join(self.folder, cache_name(name))
+
+    def discard(self, name: str, inode: int | None) -> None:
+        """Remove the staged copy of ``name`` if it is still the file ``inode`` that was found
+        damaged (None: whatever is there) (NOTE [re-staging a damaged copy])."""
+        final = self.path_for(name)
+        try:
+            lock = lock_file(final + LOCK, True)
+        except FileNotFoundError:  # `cache clear` removed the folder: nothing to discard
+            return
+        assert lock is not None  # wait=True
+        with lock:
+            try:
+                if inode is None or os.stat(final, follow_symlinks=False).st_ino == inode:
+                    os.remove(final)
+            except FileNotFoundError:
+                pass
 
     def require(self, needed: int) -> None:
         """Fail at start, not with a throughput cliff, when an explicit limit cannot hold what
@@ -191,16 +226,24 @@ class ShardCache:
     ) -> str:
         tmp = reserved or f"{final}.tmp-{uuid.uuid4().hex}"
         try:
-            with open_stored() as src, open(tmp, "r+b" if reserved else "wb") as dst:
-                if verified:
-                    stage(src, dst)
-                    digest = sha256
-                else:
-                    hashing = HashingReader(src)
-                    stage(hashing, dst)  # type: ignore[arg-type]
-                    hashing.drain()
-                    digest = hashing.hexdigest()
-                dst.truncate()  # a reservation longer than what was written
+            with open_stored() as src:
+                dst = open_private(tmp, os.O_RDWR, "r+b") if reserved else create_private(tmp)
+                with dst:
+                    try:
+                        if verified:
+                            stage(src, dst)
+                            digest = sha256
+                        else:
+                            hashing = HashingReader(src)
+                            stage(hashing, dst)  # type: ignore[arg-type]
+                            hashing.drain()
+                            digest = hashing.hexdigest()
+                        dst.truncate()  # a reservation longer than what was written
+                    except OSError as err:
+                        full = _no_space(err)
+                        if full is None:
+                            raise
+                        raise self._full(final, full) from err
             if digest == sha256:
                 if on_staged is not None:
                     on_staged()
@@ -226,7 +269,7 @@ class ShardCache:
         with lock:
             self._make_room(incoming, staging)
             tmp = f"{staging}.tmp-{uuid.uuid4().hex}"
-            with open(tmp, "wb") as f:
+            with create_private(tmp) as f:
                 f.truncate(incoming)
             return tmp
 
@@ -254,3 +297,34 @@ class ShardCache:
             log.debug("evicted %s (%d bytes)", entry.base, freed)
             if used + incoming <= self.max_bytes:
                 return
+
+    def _full(self, final: str, err: OSError) -> StorageError:
+        """One line naming the cache folder when its disk (or quota) is full."""
+        out = StorageError(
+            f"the shard cache at {self.folder} ran out of disk space ({err.strerror or err}) "
+            f"while staging {os.path.basename(final)}: free space there, lower the cache "
+            f"limit (CacheOptions(max_bytes=...), ${MAX_BYTES_ENV}), or point ${DIR_ENV} or "
+            "CacheOptions(dir=...) at a larger local disk"
+        )
+        out.errno = err.errno  # a full disk is not one bad sample: readers stop on it
+        return out
+
+
+_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def _no_space(err: BaseException) -> OSError | None:
+    """The no-space error in ``err``'s chain (formats wrap write errors into their own)."""
+    for e in chain(err):
+        if isinstance(e, OSError) and e.errno in _FULL:
+            return e
+        if type(e).__module__.startswith("pyarrow") and any(
+            os.strerror(code) in str(e) for code in _FULL
+        ):  # pyarrow's writer keeps only the text
+            return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    return None
+
+
+def is_cache_full(err: BaseException) -> bool:
+    """Whether ``err`` is :meth:`ShardCache._full`'s: the cache's disk is full."""
+    return isinstance(err, StorageError) and err.errno in _FULL

@@ -3,7 +3,10 @@ shards leave it (eviction and ``shardloader cache clear``); staging is in cache.
 
 Where: ``CacheOptions(dir=...)``, else ``$SHARDLOADER_CACHE_DIR``, else
 ``$XDG_CACHE_HOME/shardloader`` (``~/.cache/shardloader`` when unset).  Each dataset gets a
-folder ``<root>/<manifest fingerprint>/`` marked by a ``.shardloader-cache`` file.
+folder ``<root>/<manifest fingerprint>/`` marked by a ``.shardloader-cache`` file.  The cache
+is one user's (NOTE [a cache of one's own] in private.py): a root of another user's, or one
+others may write to, is refused; folders are ``0700``, files ``0600``, never opened through a
+symbolic link.  A shard's file is named by :func:`cache_name`, which no two shard paths share.
 
 How big: one limit for the whole root, over every dataset and run: ``CacheOptions(max_bytes=...)``,
 else ``$SHARDLOADER_CACHE_MAX_BYTES`` (``"50GiB"``), else the smaller of 32 GiB and half of
@@ -24,14 +27,19 @@ through that process's open file (POSIX unlink semantics); its space returns whe
 from __future__ import annotations
 
 import fcntl
+import hashlib
+import logging
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import BinaryIO
+from urllib.parse import quote
 
-from shardloader.errors import UsageError
+from shardloader.errors import StorageError, UsageError
+from shardloader.storage.private import open_private, owner_problem
 from shardloader.units import parse_size
 
 __all__ = [
@@ -46,11 +54,15 @@ __all__ = [
     "DatasetUsage",
     "Entry",
     "cache_limit",
+    "cache_name",
     "cache_root",
     "clear",
+    "is_default_root",
+    "root_problem",
     "dataset_folders",
     "legacy_root",
     "lock_file",
+    "marker_sources",
     "remove_entry",
     "remove_quietly",
     "staged_entries",
@@ -69,6 +81,8 @@ LOCK = ".lock"
 TEMP_MARKS = (".tmp-", ".download-")
 ROOM_LOCK = ".room.lock"  # at the root: held while a stager makes room (NOTE [reservations])
 
+log = logging.getLogger(__name__)
+
 
 def cache_root(dir: str | None = None) -> str:
     """The cache root: ``dir``, else ``$SHARDLOADER_CACHE_DIR``, else
@@ -83,9 +97,38 @@ def cache_root(dir: str | None = None) -> str:
     return os.path.join(base, "shardloader")
 
 
+def is_default_root(dir: str | None = None) -> bool:
+    """Whether :func:`cache_root` (of ``dir``) is the default one, shardloader's own folder."""
+    return not dir and not os.environ.get(DIR_ENV)
+
+
+def cache_name(name: str) -> str:
+    """The file name of shard (or sidecar) path ``name`` in its dataset's cache folder.
+
+    Percent-encoding with nothing kept but letters, digits and ``_.-~`` is one-to-one (``/``
+    and ``%`` are encoded too), so ``a/b.tar`` and ``a__b.tar`` never share a file; a name too
+    long for a file system is its SHA-256 instead, after ``=``, which the encoding never
+    starts with.
+    """
+    encoded = quote(name, safe="", errors="surrogatepass")
+    if len(encoded) > 200:
+        encoded = "=" + hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()
+    return encoded + STAGED
+
+
+def root_problem(root: str) -> str | None:
+    """Why ``root`` (which exists) is no cache of this user's, or None; a symbolic link at
+    the root itself is followed (``~/.cache`` may be one), but must lead to the user's own."""
+    try:
+        return owner_problem(os.stat(root))
+    except FileNotFoundError:
+        return None
+
+
 def legacy_root() -> str:
     """Where shardloader 0.1 staged shards (the system temp dir), unbounded across datasets;
-    ``shardloader cache clear`` empties it too."""
+    ``shardloader cache clear`` empties it too, if it is the user's own (the temp dir is
+    everyone's: another user may have made it, or a link there)."""
     return os.path.join(tempfile.gettempdir(), "shardloader-cache")
 
 
@@ -140,9 +183,11 @@ class DatasetUsage:
 
     fingerprint: str
     folder: str
-    shards: int
+    shards: int  # staged shards (sample indexes and lengths are counted apart, in other)
     bytes: int
     last_used: float | None
+    other: int = 0  # staged sample indexes (sidecars) and the lengths file
+    sources: tuple[str, ...] = ()  # the dataset URLs read through this folder
 
 
 @dataclass(frozen=True)
@@ -163,8 +208,13 @@ def dataset_folders(root: str) -> Iterator[tuple[str, str]]:
         return
     for name in names:
         folder = os.path.join(root, name)
-        if os.path.isfile(os.path.join(folder, MARKER)):
-            yield name, folder
+        try:  # not through links: a cache folder is a real folder holding a real marker
+            if stat.S_ISDIR(os.lstat(folder).st_mode) and stat.S_ISREG(
+                os.lstat(os.path.join(folder, MARKER)).st_mode
+            ):
+                yield name, folder
+        except OSError:
+            continue
 
 
 def staged_entries(folder: str) -> list[Entry]:
@@ -178,8 +228,8 @@ def staged_entries(folder: str) -> list[Entry]:
         name = item.name
         if name.endswith(STAGED):
             base = name
-        else:
-            cut = min((name.find(STAGED + m) for m in TEMP_MARKS if STAGED + m in name), default=-1)
+        else:  # a temp file's suffix comes last, whatever the shard's own name holds
+            cut = max(name.rfind(STAGED + m) for m in TEMP_MARKS)
             if cut < 0:
                 continue  # the marker, lock files, anything not ours
             base = name[: cut + len(STAGED)]
@@ -204,24 +254,34 @@ def usage(root: str) -> list[DatasetUsage]:
     out = []
     for fingerprint, folder in dataset_folders(root):
         entries = staged_entries(folder)
+        staged = [e for e in entries if e.base in e.files]
+        other = sum(_not_a_shard(e.base) for e in staged)
         out.append(
             DatasetUsage(
                 fingerprint,
                 folder,
-                sum(e.base in e.files for e in entries),
+                len(staged) - other,
                 sum(e.bytes for e in entries),
                 max((e.last_used for e in entries), default=None),
+                other,
+                marker_sources(os.path.join(folder, MARKER)),
             )
         )
     return out
 
 
+def _not_a_shard(path: str) -> bool:
+    """A staged sample index (``*.idx.arrow``, carried or fetched) or the lengths file."""
+    name = os.path.basename(path)[: -len(STAGED)]
+    return ".idx.arrow" in name or name == "lengths.npy"
+
+
 def lock_file(path: str, wait: bool) -> BinaryIO | None:
     """An open lock file at ``path`` holding an exclusive flock, or None when ``wait`` is False
     and another process holds it.  Retries when the file was removed while we waited for it
-    (see NOTE [eviction and clearing])."""
+    (see NOTE [eviction and clearing]).  Never through a symbolic link (a StorageError)."""
     while True:
-        f = open(path, "a+b")
+        f = open_private(path, os.O_RDWR | os.O_CREAT, "r+b")
         try:
             fcntl.flock(f, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -244,6 +304,9 @@ def remove_entry(entry: Entry) -> int | None:
         lock = lock_file(lock_path, wait=False)
     except FileNotFoundError:  # its folder went away
         return 0
+    except StorageError as err:  # a link or a FIFO where its lock goes: not ours to touch
+        log.warning("%s: left in place (%s)", entry.base, err)
+        return None
     if lock is None:
         return None
     freed = 0
@@ -266,7 +329,13 @@ def remove_entry(entry: Entry) -> int | None:
 def clear(root: str, fingerprint: str | None = None) -> ClearReport:
     """Remove the staged shards under ``root`` (of one dataset, or all), skipping any being
     staged right now; empty dataset folders go too.  Safe while training runs use the cache:
-    open copies stay readable, and a run that needs a cleared shard stages it again."""
+    open copies stay readable, and a run that needs a cleared shard stages it again.  A root
+    that is not the user's own is refused (:func:`root_problem`)."""
+    problem = root_problem(root)
+    if problem is not None:
+        raise StorageError(
+            f"refusing to clear the shard cache at {root}: it {problem}; clear it as its owner"
+        )
     files = freed = folders = 0
     busy: list[str] = []
     for name, folder in dataset_folders(root):
@@ -317,19 +386,42 @@ def _remove_folder_if_empty(folder: str) -> int:
         return 0
 
 
-def write_marker(marker: str) -> None:
-    if not os.path.exists(marker):
-        with open(marker, "w") as f:
-            f.write(
-                "staged shards of one shardloader dataset; `shardloader cache clear` "
-                "removes them safely\n"
-            )
+_SOURCE = "source "  # a marker line naming a URL the dataset was read from
+
+
+def write_marker(marker: str, source: str = "") -> None:
+    """Mark a dataset folder (never through a link: NOTE [a cache of one's own]); ``source``
+    (the dataset's URL) is added once, for ``cache info``."""
+    if not os.path.lexists(marker):
+        try:
+            f = open_private(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, "wb")
+        except FileExistsError:  # another process wrote it meanwhile
+            pass
+        else:
+            with f:
+                f.write(
+                    b"staged shards of one shardloader dataset; `shardloader cache clear` "
+                    b"removes them safely\n"
+                )
+    if source and source not in marker_sources(marker):
+        with open_private(marker, os.O_WRONLY | os.O_APPEND, "ab") as f:  # one line, whole
+            f.write(f"{_SOURCE}{source}\n".encode())
+
+
+def marker_sources(marker: str) -> tuple[str, ...]:
+    """The dataset URLs a folder's marker names (none for folders of earlier versions)."""
+    try:
+        with open_private(marker, os.O_RDONLY, "rb") as f:
+            lines = f.read().decode("utf-8", "replace").splitlines()
+    except (OSError, StorageError):
+        return ()
+    return tuple(dict.fromkeys(x[len(_SOURCE) :] for x in lines if x.startswith(_SOURCE)))
 
 
 def touch(path: str) -> None:
     """Mark a staged copy as used now: eviction goes by last use."""
     try:
-        os.utime(path)
+        os.utime(path, follow_symlinks=False)
     except FileNotFoundError:
         pass
 

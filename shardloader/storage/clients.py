@@ -11,7 +11,12 @@ reads its errors.
 
 Clients are made lazily in each process and cached there (by protocol, options and policy);
 a forked child makes its own, as with fsspec's filesystems.  This module holds the HTTP(S)
-client (standard library only); the S3 client is :mod:`shardloader.storage.s3client`.
+client (standard library only; which redirects it follows and what it carries along:
+:mod:`~shardloader.storage.redirects`); the S3 client is :mod:`shardloader.storage.s3client`.
+
+A ``deadline`` (:class:`~shardloader.storage.deadline.Deadline`) given to ``get`` covers the
+response and its body: past it the request's socket is shut down and its reads raise
+:func:`~shardloader.storage.deadline.too_slow`, however steadily the server drips bytes.
 """
 
 from __future__ import annotations
@@ -19,13 +24,16 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import socket
 import ssl
 import threading
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
-from urllib.parse import urljoin, urlsplit
+from urllib.parse import urlsplit
 
 from shardloader.errors import StorageError, TruncatedBodyError
+from shardloader.storage.deadline import Deadline, Guard, arm, too_slow
+from shardloader.storage.redirects import REDIRECT_STATUSES, chain_text, next_hop, request_target
 
 if TYPE_CHECKING:
     from shardloader.storage.retry import RetryPolicy
@@ -57,9 +65,11 @@ class Body(Protocol):
 class ObjectClient(Protocol):
     """GETs of one protocol, one attempt each."""
 
-    def get(self, url: str, start: int = 0, stop: int | None = None) -> Body:
+    def get(
+        self, url: str, start: int = 0, stop: int | None = None, deadline: Deadline | None = None
+    ) -> Body:
         """Bytes ``[start, stop)`` of ``url`` (``stop`` None: to the end; ``start == 0`` and
-        ``stop`` None: a plain GET without a Range header)."""
+        ``stop`` None: a plain GET without a Range header), within ``deadline``."""
         ...
 
 
@@ -68,9 +78,15 @@ class _HttpStatusError(OSError):
     (private: :func:`~shardloader.storage.retry.call_with_retries` turns it into a
     :class:`~shardloader.errors.StorageError`)."""
 
-    def __init__(self, status: int, reason: str, url: str) -> None:
-        super().__init__(f"HTTP {status} {reason} for {url}")
+    def __init__(self, status: int, reason: str, url: str, chain: list[str] | None = None) -> None:
+        hops = f" (redirects: {chain_text(chain)})" if chain and len(chain) > 1 else ""
+        super().__init__(f"HTTP {status} {reason} for {url}{hops}")
         self.status = status
+
+
+class _HopError(OSError):
+    """A request that failed after a redirect: names the chain; its cause (a reset, a refused
+    connection, a bad host name) still decides whether it is retried."""
 
 
 def range_header(start: int, stop: int | None) -> str | None:
@@ -144,13 +160,13 @@ def clear_clients() -> None:
 
 # -- HTTP(S) --------------------------------------------------------------------------------------
 
-_MAX_REDIRECTS = 5
 _IDLE_PER_HOST = 16
 _HTTP_OPTION_KEYS = frozenset({"headers"})
 
 
 class _HttpBody:
-    """The body of one response; the connection goes back to the pool when read to the end."""
+    """The body of one response; the connection goes back to the pool when read to the end
+    (unless its deadline fired: that connection is shut down)."""
 
     def __init__(
         self,
@@ -162,6 +178,7 @@ class _HttpBody:
         total: int | None,
         length: int | None,
         url: str,
+        guard: Guard | None = None,
     ) -> None:
         self._client = client
         self._origin = origin
@@ -172,9 +189,20 @@ class _HttpBody:
         self.length = length
         self._left = length
         self._url = url
+        self._guard = guard
+        self._got = 0
+
+    def _late(self) -> StorageError | None:
+        """The deadline error, if the watchdog cut this body off."""
+        if self._guard is not None and self._guard.fired:
+            return too_slow(self._url, self._guard.deadline, self._got)
+        return None
 
     def read(self, n: int) -> bytes:
         if self._conn is None:
+            late = self._late()
+            if late is not None:
+                raise late
             return b""
         if self._left is not None:
             n = min(n, self._left)
@@ -183,29 +211,44 @@ class _HttpBody:
                 return b""
         try:
             data = self._resp.read(n)
-        except BaseException:
+        except BaseException as err:
             self._drop()
+            late = self._late()
+            if late is not None:
+                raise late from err
             raise
-        if self._left is not None:
-            if not data:
-                self._drop()
+        if not data:
+            self._drop()
+            late = self._late()  # a shut-down socket reads as the end of the body
+            if late is not None:
+                raise late
+            if self._left is not None:
                 raise TruncatedBodyError(
                     f"{self._url}: the body ended {self._left} bytes short of its Content-Length"
                 )
+            return data  # read to EOF without a length: the server closes the connection
+        self._got += len(data)
+        if self._left is not None:
             self._left -= len(data)
             if self._left == 0:
                 self._release()
-        elif not data:
-            self._drop()  # read to EOF without a length: the server closes the connection
         return data
 
     def _release(self) -> None:
         conn, self._conn = self._conn, None
-        if conn is not None:
-            self._client._put(self._origin, conn)
+        if conn is None:
+            return
+        if self._guard is not None:
+            self._guard.cancel()
+            if self._guard.fired:  # shut down by the watchdog: it cannot carry another request
+                _close(conn, self._resp)
+                return
+        self._client._put(self._origin, conn)
 
     def _drop(self) -> None:
         conn, self._conn = self._conn, None
+        if self._guard is not None:
+            self._guard.cancel()
         if conn is not None:
             _close(conn, self._resp)
 
@@ -218,8 +261,9 @@ class _HttpBody:
 
 class HttpClient:
     """GETs over the standard library's ``http.client``, with a small pool of kept-alive
-    connections per host (shared by threads), redirects followed, no proxies (like fsspec's
-    HTTP filesystem, which does not trust the environment either)."""
+    connections per host (shared by threads), redirects followed as
+    :mod:`~shardloader.storage.redirects` says, no proxies (like fsspec's HTTP filesystem,
+    which does not trust the environment either)."""
 
     def __init__(self, connect_timeout: float, read_timeout: float, headers: Mapping[str, str]):
         self.connect_timeout = connect_timeout
@@ -252,27 +296,42 @@ class HttpClient:
                 return
         conn.close()
 
-    def get(self, url: str, start: int = 0, stop: int | None = None) -> _HttpBody:
+    def get(
+        self, url: str, start: int = 0, stop: int | None = None, deadline: Deadline | None = None
+    ) -> _HttpBody:
         headers = dict(self.headers)
         rng = range_header(start, stop)
         if rng is not None:
             headers["Range"] = rng
-        for _ in range(_MAX_REDIRECTS + 1):
+        chain = [url]
+        while True:
             parts = urlsplit(url)
-            origin = (parts.scheme, parts.netloc)
-            target = parts.path or "/"
-            if parts.query:
-                target += "?" + parts.query
-            conn, resp = self._request(origin, target, headers)
+            origin = (parts.scheme.lower(), parts.netloc)
+            if origin[0] not in ("http", "https"):  # only a redirect can get here
+                raise StorageError(f"cannot read {chain[0]!r}: {url!r} is not an http(s) URL")
+            try:
+                conn, resp, guard = self._request(origin, request_target(url), headers, deadline)
+            except (OSError, http.client.HTTPException) as err:
+                if deadline is not None and deadline.left() <= 0:
+                    raise too_slow(url, deadline) from err
+                if len(chain) > 1:
+                    raise _HopError(
+                        f"{type(err).__name__}: {err} at {url} (redirects: {chain_text(chain)})"
+                    ) from err
+                raise
             status = resp.status
-            if status in (301, 302, 303, 307, 308) and resp.getheader("Location"):
-                location = resp.getheader("Location") or ""
+            location = resp.getheader("Location")
+            if status in REDIRECT_STATUSES and location:
                 _close(conn, resp)
-                url = urljoin(url, location)
+                if guard is not None:
+                    guard.cancel()
+                url, headers = next_hop(chain, location, headers)
                 continue
             if status not in (200, 206):
                 _close(conn, resp)
-                raise _HttpStatusError(status, resp.reason, url)
+                if guard is not None:
+                    guard.cancel()
+                raise _HttpStatusError(status, resp.reason, url, chain)
             length_text = resp.getheader("Content-Length")
             length = int(length_text) if length_text and length_text.isdigit() else None
             ranged = status == 206
@@ -282,37 +341,58 @@ class HttpClient:
                 total = length
             if resp.getheader("Content-Encoding", "identity") not in ("identity", ""):
                 _close(conn, resp)
+                if guard is not None:
+                    guard.cancel()
                 raise StorageError(
-                    f"{url}: the server sent the object with Content-Encoding "
+                    f"{url}{f' (redirects: {chain_text(chain)})' if len(chain) > 1 else ''}: "
+                    "the server sent the object with Content-Encoding "
                     f"{resp.getheader('Content-Encoding')!r}; serve shards as they are stored"
                 )
             resp_any: Any = resp
-            return _HttpBody(self, origin, conn, resp_any, ranged, total, length, url)
-        raise StorageError(f"{url}: more than {_MAX_REDIRECTS} redirects")
+            shown = url if len(chain) == 1 else f"{url} (redirects: {chain_text(chain)})"
+            return _HttpBody(self, origin, conn, resp_any, ranged, total, length, shown, guard)
 
     def _request(
-        self, origin: tuple[str, str], target: str, headers: Mapping[str, str]
-    ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+        self,
+        origin: tuple[str, str],
+        target: str,
+        headers: Mapping[str, str],
+        deadline: Deadline | None,
+    ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse, Guard | None]:
         """Send the request; a kept-alive connection the server closed meanwhile is replaced
-        once, at no cost to the retry budget (nothing was received on it)."""
+        once, at no cost to the retry budget (nothing was received on it).  The deadline's
+        guard is armed once the request is sent, so it covers the wait for the response."""
         conn = self._take(origin)
         reused = conn is not None
         while True:
             if conn is None:
                 conn = self._connect(origin)
+            guard = None
             try:
                 conn.request("GET", target, headers=headers)
                 if conn.sock is not None:
                     conn.sock.settimeout(self.read_timeout)
-                return conn, conn.getresponse()
+                    guard = arm(deadline, _shutdown_on(conn.sock))
+                return conn, conn.getresponse(), guard
             except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
                 conn.close()
-                if not reused:
+                if guard is not None:
+                    guard.cancel()
+                if not reused or (guard is not None and guard.fired):
                     raise
                 reused, conn = False, None
             except BaseException:
                 conn.close()
+                if guard is not None:
+                    guard.cancel()
                 raise
+
+
+def _shutdown_on(sock: socket.socket) -> Callable[[], None]:
+    def shutdown() -> None:  # wakes a thread blocked in recv on it (close() would not)
+        sock.shutdown(socket.SHUT_RDWR)
+
+    return shutdown
 
 
 def _close(conn: http.client.HTTPConnection, resp: http.client.HTTPResponse) -> None:

@@ -7,12 +7,15 @@ arrives in a background thread, so the network overlaps the caller's work; an ob
 ``INLINE_BELOW`` bytes is fetched whole by the reader's first ``read`` instead.
 
 Faults: each part is one call under the store's :class:`~shardloader.storage.retry.RetryPolicy`
-(resets, 5xx, throttling, bodies cut short, stalls past the read timeout).  A part that breaks
-off after some bytes resumes at the first byte it has not delivered, so the reader sees every
-byte exactly once; a server that ignores ranges sends the object from its start again and the
-bytes already delivered are skipped.  The object's size in the first response must equal the
-size the caller expects (the manifest's ``bytes``): a larger or smaller object is a
-:class:`~shardloader.errors.ChecksumError` at once, before its body is read.
+(resets, 5xx, throttling, bodies cut short, stalls past the read timeout), and the policy's
+``max_total_seconds`` is a deadline for it that covers its body too: a server that drips bytes
+slowly enough never to trip the read timeout is cut off there
+(:mod:`~shardloader.storage.deadline`; time the part waits for the reader does not count).
+A part that breaks off after some bytes resumes at the first byte it has not delivered, so the
+reader sees every byte exactly once; a server that ignores ranges sends the object from its
+start again and the bytes already delivered are skipped.  The object's size in the first
+response must equal the size the caller expects (the manifest's ``bytes``): a larger or smaller
+object is a :class:`~shardloader.errors.ChecksumError` at once, before its body is read.
 
 NOTE [part buffers]: a part holds at most ``PART_BUFFER`` unread bytes; past that its thread
 waits (its connection stalls, which TCP handles) until the reader catches up.  Parts start in
@@ -22,11 +25,14 @@ stream cannot deadlock, and its memory stays under ``parts_in_flight * PART_BUFF
 
 from __future__ import annotations
 
+import inspect
 import threading
 from collections import deque
+from functools import cache
 from typing import TYPE_CHECKING, Any
 
 from shardloader.errors import ChecksumError, TruncatedBodyError
+from shardloader.storage.deadline import Deadline
 from shardloader.storage.retry import RetryPolicy, call_with_retries
 
 if TYPE_CHECKING:
@@ -42,7 +48,7 @@ INLINE_BELOW = 4 << 20  # objects up to this size are fetched in the reader's ow
 
 
 class _Part:
-    __slots__ = ("buffered", "chunks", "done", "error", "got", "start", "stop")
+    __slots__ = ("buffered", "chunks", "deadline", "done", "error", "got", "start", "stop")
 
     def __init__(self, start: int, stop: int | None) -> None:
         self.start = start
@@ -52,6 +58,7 @@ class _Part:
         self.buffered = 0
         self.done = False
         self.error: BaseException | None = None
+        self.deadline: Deadline | None = None  # of the call fetching it (NOTE [deadline pauses])
 
 
 class ObjectStream:
@@ -189,6 +196,7 @@ class ObjectStream:
             ).start()
 
     def _fetch(self, part: _Part) -> None:
+        part.deadline = Deadline(self._policy.max_total_seconds)
         try:
             call_with_retries(
                 lambda: self._fetch_once(part), url=self.url, policy=self._policy, what="read"
@@ -206,7 +214,10 @@ class ObjectStream:
         start = part.start + part.got
         if self._closed or (part.stop is not None and start >= part.stop):
             return
-        body = self._client.get(self.url, start, part.stop)
+        if _takes_deadline(type(self._client)):
+            body = self._client.get(self.url, start, part.stop, deadline=part.deadline)
+        else:  # a registered protocol's client from before deadlines
+            body = self._client.get(self.url, start, part.stop)
         try:
             skip = self._check(body, part, start)
             expected = self._expected(body, part, start)
@@ -265,8 +276,15 @@ class ObjectStream:
     def _deliver(self, part: _Part, data: bytes) -> bool:
         """Hand ``data`` to the reader; False once the stream was closed."""
         with self._cond:
-            while part.buffered >= PART_BUFFER and not self._closed and not self._inline:
-                self._cond.wait()
+            if part.buffered >= PART_BUFFER and not self._closed and not self._inline:
+                if part.deadline is not None:  # the reader is behind, not the server
+                    part.deadline.pause()
+                try:
+                    while part.buffered >= PART_BUFFER and not self._closed:
+                        self._cond.wait()
+                finally:
+                    if part.deadline is not None:
+                        part.deadline.resume()
             if self._closed:
                 return False
             if self.limit is not None and part.start + part.got + len(data) > self.limit:
@@ -279,3 +297,12 @@ class ObjectStream:
             part.buffered += len(data)
             self._cond.notify_all()
             return True
+
+
+@cache
+def _takes_deadline(client_type: type) -> bool:
+    try:
+        get = getattr(client_type, "get", None)
+        return get is not None and "deadline" in inspect.signature(get).parameters
+    except (TypeError, ValueError):
+        return False

@@ -61,12 +61,17 @@ class RetryPolicy:
     """How hard to try a remote call before giving up (picklable; crosses into workers).
 
     A call makes at most ``max_attempts`` attempts; no new attempt starts once
-    ``max_total_seconds`` have passed since the first, so a call ends within
-    ``max_total_seconds`` plus one attempt (itself bounded by the timeouts while no byte
-    arrives).  Before attempt ``n + 1`` it sleeps ``uniform(0, min(max_backoff,
-    initial_backoff * 2**(n-1)))`` ("full jitter"), the upper half of that window when the server
-    asked to slow down (429, SlowDown).  ``connect_timeout`` and ``read_timeout`` (seconds
-    without a byte) are handed to botocore / aiohttp.
+    ``max_total_seconds`` have passed since the first.  Through the fast clients (shard,
+    sidecar and manifest GETs: :mod:`~shardloader.storage.objectstream`) it is also a deadline
+    for the attempt under way, its body included: a server that sends a byte now and then,
+    never idle for ``read_timeout``, is cut off there, so each request (at most
+    ``ReadOptions.part_size`` bytes) must finish within ``max_total_seconds``.  Other calls
+    (fsspec's) end within ``max_total_seconds`` plus one attempt, itself bounded by the
+    timeouts while no byte arrives.  Before attempt ``n + 1`` it sleeps
+    ``uniform(0, min(max_backoff, initial_backoff * 2**(n-1)))`` ("full jitter"), the upper
+    half of that window when the server asked to slow down (429, SlowDown).
+    ``connect_timeout`` and ``read_timeout`` (seconds without a byte) are handed to botocore /
+    aiohttp.
     """
 
     max_attempts: int = 6

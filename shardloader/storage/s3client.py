@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from shardloader.storage.clients import parse_content_range, range_header
+from shardloader.storage.deadline import Deadline, Guard, arm, too_slow
 
 __all__ = ["POOL_CONNECTIONS", "S3Client", "s3_client", "split_s3_url"]
 
@@ -75,21 +76,37 @@ def split_s3_url(url: str) -> tuple[str, str]:
 
 class _S3Body:
     """A GetObject body, read through botocore's StreamingBody (which turns urllib3's errors
-    into botocore's and checks the length at the end)."""
+    into botocore's and checks the length at the end).  With a deadline, the watchdog shuts the
+    body's socket down when it passes (urllib3's ``HTTPResponse.shutdown``, 2.3 and later; older
+    ones are not cut off)."""
 
-    def __init__(self, response: Mapping[str, Any]) -> None:
+    def __init__(self, response: Mapping[str, Any], url: str, deadline: Deadline | None) -> None:
         self._body = response["Body"]
+        self._url = url
         length = response.get("ContentLength")
         self.length: int | None = int(length) if length is not None else None
         total = parse_content_range(response.get("ContentRange"))
         self.ranged = total is not None  # no Content-Range: the whole object follows
         self.total = total if self.ranged else self.length
+        self._got = 0
+        shutdown = getattr(getattr(self._body, "_raw_stream", None), "shutdown", None)
+        self._guard: Guard | None = arm(deadline, shutdown) if callable(shutdown) else None
 
     def read(self, n: int) -> bytes:
-        data: bytes = self._body.read(n)
+        try:
+            data: bytes = self._body.read(n)
+        except Exception as err:
+            if self._guard is not None and self._guard.fired:
+                raise too_slow(self._url, self._guard.deadline, self._got) from err
+            raise
+        if not data and self._guard is not None and self._guard.fired:
+            raise too_slow(self._url, self._guard.deadline, self._got)
+        self._got += len(data)
         return data
 
     def close(self) -> None:
+        if self._guard is not None:
+            self._guard.cancel()
         self._body.close()
 
 
@@ -100,14 +117,16 @@ class S3Client:
         self._client = client
         self._extra = dict(extra)
 
-    def get(self, url: str, start: int = 0, stop: int | None = None) -> _S3Body:
+    def get(
+        self, url: str, start: int = 0, stop: int | None = None, deadline: Deadline | None = None
+    ) -> _S3Body:
         bucket, key = split_s3_url(url)
         kwargs = dict(self._extra)
         rng = range_header(start, stop)
         if rng is not None:
             kwargs["Range"] = rng
         response = self._client.get_object(Bucket=bucket, Key=key, **kwargs)
-        return _S3Body(response)
+        return _S3Body(response, url, deadline)
 
     def put(self, url: str, body: Any) -> None:
         """One PUT of ``body`` (bytes or a file opened for reading): S3 makes it visible whole

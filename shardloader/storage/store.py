@@ -27,11 +27,11 @@ import fsspec
 from shardloader.errors import (
     ChecksumError,
     ObjectNotFoundError,
-    StorageError,
     TruncatedBodyError,
     UsageError,
 )
 from shardloader.storage.clients import ObjectClient, client_for
+from shardloader.storage.localfiles import open_regular
 from shardloader.storage.objectstream import PART_SIZE, PARTS_IN_FLIGHT, ObjectStream
 from shardloader.storage.protocols import protocol_defaults, protocol_of
 from shardloader.storage.remote import RetryingReader, filesystem
@@ -103,15 +103,10 @@ class Store:
 
         Remote files come back wrapped: each ``read`` is retried under the policy (reopening at
         the same offset after a fault), and a read that ends short of the object's size counts
-        as a transient fault.
+        as a transient fault.  Local ones must be regular files (:func:`open_regular`).
         """
         if self.is_local:
-            try:
-                return open(self.local_path, "rb")  # noqa: SIM115 - caller closes
-            except FileNotFoundError as err:
-                raise ObjectNotFoundError(f"cannot read {self.url!r}: no such file") from err
-            except OSError as err:
-                raise StorageError(f"cannot read {self.url!r}: {err.strerror}") from err
+            return open_regular(self.local_path, self.url)
         fs, path = self.filesystem()
         return cast(BinaryIO, RetryingReader(self.url, partial(fs.open, path, "rb"), self.retry))
 

@@ -4,22 +4,44 @@ size, one that hashes what passes through it, one that keeps the last bytes it p
 from __future__ import annotations
 
 import hashlib
+import os
+import stat
 from collections import deque
 from typing import Any
 
 from shardloader.errors import ChecksumError
 
-__all__ = ["BoundedReader", "HashingReader", "TailReader"]
+__all__ = ["CHUNK", "BoundedReader", "HashingReader", "TailReader"]
+
+CHUNK = 8 << 20  # the most ``BoundedReader.read()`` asks for at once
+
+
+def _regular_size(f: Any) -> int | None:
+    """The size of ``f`` when it is a local regular file (None: unknown, or a stream)."""
+    try:
+        st = os.fstat(f.fileno())
+    except (AttributeError, OSError, ValueError):
+        return None
+    return st.st_size if stat.S_ISREG(st.st_mode) else None
 
 
 class BoundedReader:
-    """A stored shard or sidecar read no further than the size its manifest declares."""
+    """A stored shard or sidecar read no further than the size its manifest declares.
+
+    The bound is the manifest's claim, not a size to allocate: ``read()`` reads in chunks of
+    at most :data:`CHUNK` (a manifest claiming a petabyte costs what the file holds), and a
+    local regular file already larger than the bound is refused before any of it is read.
+    """
 
     def __init__(self, f: Any, limit: int, where: str) -> None:
         self._f = f
         self.limit = limit
         self.where = where
         self.count = 0
+        size = _regular_size(f)
+        if size is not None and size > limit:
+            f.close()
+            self._counted(size)  # raises: the file is larger than declared
 
     def _counted(self, n: int) -> int:
         self.count += n
@@ -32,7 +54,13 @@ class BoundedReader:
 
     def read(self, n: int = -1) -> bytes:
         if n is None or n < 0:
-            n = self.limit - self.count + 1  # one byte more than allowed tells an oversize file
+            parts: list[bytes] = []
+            while True:  # one byte more than allowed tells an oversize file
+                part: bytes = self._f.read(min(self.limit - self.count + 1, CHUNK))
+                if not part:
+                    return b"".join(parts)
+                self._counted(len(part))
+                parts.append(part)
         data: bytes = self._f.read(n)
         self._counted(len(data))
         return data

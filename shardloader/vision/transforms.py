@@ -4,11 +4,11 @@ Transforms take an image as encoded ``bytes``, a ``PIL.Image``, a numpy uint8 HW
 uint8 CHW tensor, and return a uint8 CHW tensor (often with channels-last memory, a free view of
 the decoded pixels); :class:`ToImageTensor` ends a pipeline with a contiguous CHW tensor, or HWC
 with ``channels_last=True``.  Float conversion and normalization are left to
-:class:`Normalize`, best run on the GPU on the whole batch.  They work on one image; for the
-dataset's sample dicts wrap them in :class:`ApplyTo`; ``train_transform`` / ``eval_transform``
-do so for the field ``image`` (what a class-folder pack holds, whatever the extensions) unless
-given another ``field`` (``field=None``: a transform of one image).  Decoding, drafting and
-resizing are :mod:`shardloader.vision.image`'s.
+:class:`Normalize` (:mod:`.normalize`), best run on the GPU on the whole batch.  They work on
+one image; for the dataset's sample dicts wrap them in :class:`ApplyTo`; ``train_transform`` /
+``eval_transform`` do so for the field ``image`` (what a class-folder pack holds, whatever the
+extensions) unless given another ``field`` (``field=None``: a transform of one image).
+Decoding, drafting and resizing are :mod:`shardloader.vision.image`'s.
 
 NOTE [transform generators]
     Randomness comes only from a ``torch.Generator``, never from numpy's or Python's.  A
@@ -29,7 +29,7 @@ NOTE [transform generators]
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +49,8 @@ from shardloader.vision.image import (
     resize_chw,
     size_of,
 )
+from shardloader.vision.normalize import IMAGENET_MEAN, IMAGENET_STD, Normalize
+from shardloader.vision.normalize import as_numbers as _numbers
 
 __all__ = [
     "IMAGENET_MEAN",
@@ -66,20 +68,6 @@ __all__ = [
     "eval_transform",
     "image_field",
 ]
-
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
-
-
-def _numbers(name: str, values: Any, n: int | None = None) -> tuple[float, ...]:
-    """``values`` as floats, or a UsageError naming the option (not float()'s ValueError)."""
-    try:
-        out = tuple(float(v) for v in values)
-    except (TypeError, ValueError) as err:
-        raise UsageError(f"{name} must be numbers, got {values!r}") from err
-    if n is not None and len(out) != n:
-        raise UsageError(f"{name} must be {n} numbers, got {values!r}")
-    return out
 
 
 def _uniform(generator: torch.Generator | None, n: int) -> list[float]:
@@ -290,44 +278,6 @@ class ToImageTensor:
 
     def __call__(self, img: ImageLike) -> torch.Tensor:
         return contiguous(crop(open_lazy(img)), self.channels_last)
-
-
-@dataclass(frozen=True)
-class Normalize:
-    """``(x / 255 - mean) / std`` for uint8 input, ``(x - mean) / std`` for float input (taken
-    as already in [0, 1]); works on one image or a batch, on any device, in ``dtype``."""
-
-    mean: Sequence[float] = IMAGENET_MEAN
-    std: Sequence[float] = IMAGENET_STD
-    channels_last: bool = False  # channel dimension last (HWC / NHWC) instead of -3
-    dtype: torch.dtype = torch.float32
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "mean", _numbers("mean", self.mean))
-        object.__setattr__(self, "std", _numbers("std", self.std))
-        if len(self.mean) != len(self.std) or any(s <= 0 for s in self.std):
-            raise UsageError(f"mean {self.mean} and std {self.std} need equal lengths, std > 0")
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if not isinstance(x, torch.Tensor):
-            raise UsageError(
-                f"Normalize takes a tensor, got {type(x).__name__}; ToImageTensor first"
-            )
-        shape = (-1,) if self.channels_last else (-1, 1, 1)
-        mean = torch.tensor(self.mean, dtype=self.dtype, device=x.device).view(shape)
-        std = torch.tensor(self.std, dtype=self.dtype, device=x.device).view(shape)
-        y = x.to(self.dtype)
-        if x.dtype == torch.uint8:
-            y = y / 255
-        try:
-            return (y - mean) / std
-        except RuntimeError as err:  # the shapes do not broadcast
-            where = "last" if self.channels_last else "third from last"
-            raise UsageError(
-                f"Normalize has {len(self.mean)} channels (mean/std) but a tensor of shape "
-                f"{tuple(x.shape)}, channels expected at the {where} dimension "
-                f"(channels_last={self.channels_last})"
-            ) from err
 
 
 @dataclass(frozen=True)

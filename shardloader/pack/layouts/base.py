@@ -47,10 +47,16 @@ class Verdict:
     ``fits``: every file belongs to it.  ``mixed``: some files are unmistakably its own and
     others are not, which is an error rather than a reason to fall back to another layout; it
     says what, e.g. ``"record files (e.g. 'a.jsonl') next to other files (e.g. 'b.jpg')"``.
+    ``rank``: this answer's rank when it differs from the layout's (key groups answer at 10
+    when the names show real grouping, at their own 0, a fallback, otherwise).  ``reading``:
+    what packing the files this way gives (``"40 samples, one per image, in 2 classes"``),
+    for the message that names both readings when two layouts fit.
     """
 
     fits: bool
     mixed: str = ""
+    rank: int | None = None
+    reading: str = ""
 
 
 FITS = Verdict(True)
@@ -69,6 +75,8 @@ class Inputs:
 
     store: Store
     files: tuple[InputFile, ...]
+    # left out by the listing: (path relative to SRC, why), e.g. ("cat/Thumbs.db", "system file")
+    ignored: tuple[tuple[str, str], ...] = ()
 
     @property
     def url(self) -> str:
@@ -100,9 +108,10 @@ class Layout(ABC):
     """One input layout.  Subclass it in one module, then register an instance.
 
     ``name`` is what ``--layout`` and the manifest's ``layout`` say.  ``rank`` orders detection:
-    among the layouts whose :meth:`detect` answers (fits or mixed), the highest rank wins; a tie
-    of two that fit is an ambiguity error (pass ``--layout``).  Key groups, which fit anything,
-    rank 0; the other built-in layouts rank 10.
+    among the layouts whose :meth:`detect` answers (fits or mixed), the highest rank wins (an
+    answer may carry a rank of its own, :attr:`Verdict.rank`); a tie of two that fit is an
+    ambiguity error naming both readings (pass ``--layout``).  Key groups, which fit anything,
+    rank 0 (10 when the names show real grouping); the other built-in layouts rank 10.
     """
 
     name: ClassVar[str]
@@ -162,6 +171,11 @@ class Source:
     @property
     def files(self) -> tuple[InputFile, ...]:
         return self.inputs.files
+
+    @property
+    def ignored(self) -> tuple[tuple[str, str], ...]:
+        """What the listing left out (hidden and system files, symlink loops), and why."""
+        return self.inputs.ignored
 
     @property
     def store(self) -> Store:

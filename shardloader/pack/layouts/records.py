@@ -3,12 +3,13 @@
 Line files (``.jsonl``, ``.txt``, optionally ``.gz``/``.zst``) give one sample per non-empty line
 (:mod:`.lines`), tables (``.parquet``, Arrow IPC ``.arrow``/``.feather``/``.ipc``) one per row
 (:mod:`.tables`); one source may hold both, so this is one layout that dispatches on each
-file's suffix.  Keys follow webdataset's rule (no dot in the key's basename):
-``docs/part-0.jsonl.gz`` line 123 is ``docs/part-0/000000123``, row 7 of ``t.parquet`` is
-``t/000000007``.
+file's suffix.  A record file is known by its last extension (after ``.gz``/``.zst``), whatever
+dots come before it: ``train.00.jsonl``, ``part.0.parquet``, ``gir1.2-glib-2.0.txt``.  Keys
+follow webdataset's rule (no dot in the key's basename): ``docs/part-0.jsonl.gz`` line 123 is
+``docs/part-0/000000123``, row 7 of ``train.00.parquet`` is ``train.00/000000007``.
 
-A ``.txt``/``.jsonl`` that shares its key with another file (a caption next to its image) is a
-field of a key group, not a record file.
+A ``.txt``/``.jsonl`` that shares its key with a file that is not a record file (a caption
+next to its image) is a field of a key group, not a record file.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ import shardloader.pack.layouts.tables as tables
 from shardloader.errors import InputError, StorageError, UsageError
 from shardloader.manifest import FieldInfo
 from shardloader.pack.layouts.base import (
-    FITS,
     NO_FIT,
     Description,
     Inputs,
@@ -61,23 +61,32 @@ class Records(Layout):
     name = "records"
 
     def detect(self, files: tuple[InputFile, ...]) -> Verdict:
+        """Record files, known by their last extension (after ``.gz``/``.zst``) whatever dots
+        come before it (``train.00.jsonl``, ``part.0.parquet``); one that shares its
+        webdataset key with a file that is not a record file (``0001.txt`` beside
+        ``0001.jpg``: a caption) is a field of a key group instead."""
         from shardloader.format.tar import split_key
 
-        per_key: dict[str, int] = {}
-        for f in files:
-            parts = split_key(f.rel)
-            if parts is not None:
-                per_key[parts[0]] = per_key.get(parts[0], 0) + 1
+        others = {
+            parts[0]
+            for f in files
+            if not record_kind(f.rel) and (parts := split_key(f.rel)) is not None
+        }
 
         def is_record(f: InputFile) -> bool:
             parts = split_key(f.rel)
-            return bool(record_kind(f.rel)) and (parts is None or per_key[parts[0]] == 1)
+            return bool(record_kind(f.rel)) and (parts is None or parts[0] not in others)
 
         records = [f for f in files if is_record(f)]
         if not records:
             return NO_FIT
         if len(records) == len(files):
-            return FITS
+            kinds = sorted({record_kind(f.rel)[0] for f in records})  # type: ignore[index]
+            return Verdict(
+                True,
+                reading=f"one sample per line or row of {len(records):,} record files "
+                f"({', '.join(kinds)})",
+            )
         other = next(f for f in files if not is_record(f))
         return mixed("record files", records[0].rel, other.rel)
 

@@ -1,0 +1,163 @@
+"""Listing a source: its data files, sorted, and what was left out of them, and why.
+
+Sizes come from ``stat``/``find``; nothing is read.  Hidden names (a leading dot) and the files
+operating systems and archivers leave in folders (``Thumbs.db``, ``desktop.ini``,
+``__MACOSX/``) are left out and reported, never dropped silently; symlinked folders are
+followed, with loop protection.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+
+from shardloader.errors import StorageError, UsageError
+from shardloader.pack.refs import InputFile
+from shardloader.storage.store import Store, as_store, join
+
+__all__ = ["SYSTEM_FILES", "SYSTEM_FOLDERS", "Listing", "list_inputs", "scan_inputs"]
+
+log = logging.getLogger(__name__)
+
+# What operating systems, file managers and archivers leave in folders: never data.  Matched
+# case-insensitively on the name alone; hidden names (a leading dot: .DS_Store, ._x, .git/)
+# are left out too.  Both are reported (Listing.ignored), never dropped silently.
+SYSTEM_FILES = frozenset({"thumbs.db", "ehthumbs.db", "ehthumbs_vista.db", "desktop.ini"})
+SYSTEM_FOLDERS = frozenset({"__macosx", "$recycle.bin", "system volume information"})
+
+
+@dataclass(frozen=True)
+class Listing:
+    """The files of a source, and what the listing left out: ``(path relative to SRC, why)``,
+    a folder's path ending in ``/``."""
+
+    files: tuple[InputFile, ...]
+    ignored: tuple[tuple[str, str], ...] = ()
+
+
+def _left_out(name: str, is_dir: bool) -> str | None:
+    if name.startswith("."):
+        return "hidden"
+    if name.lower() in (SYSTEM_FOLDERS if is_dir else SYSTEM_FILES):
+        return "system file" if not is_dir else "system folder"
+    return None
+
+
+def list_inputs(src: str | Store) -> list[InputFile]:
+    """Every file below ``src`` (see :func:`scan_inputs`), sorted."""
+    return list(scan_inputs(src).files)
+
+
+def scan_inputs(src: str | Store) -> Listing:
+    """Every data file below ``src`` (a URL, or a Store with its options and retry policy), or
+    ``src`` itself if it is a file, sorted; hidden and system files are left out and listed.
+
+    Symlinked folders are followed, as symlinked files are; one that leads back to a folder it
+    sits in (a loop) is left out and listed.  A file that cannot be stat'ed (a dangling link)
+    is listed with size 0, so the error surfaces where the file is read, under the pack's
+    ``--on-error`` policy.
+    """
+    store = as_store(src)
+    if store.is_local:
+        root = os.path.abspath(store.local_path)
+        if os.path.isfile(root) or (os.path.exists(root) and not os.path.isdir(root)):
+            return Listing((InputFile(os.path.basename(root), root, os.stat(root).st_size),))
+        if not os.path.isdir(root):
+            raise UsageError(f"source {store.url!r} does not exist")
+        files: list[InputFile] = []
+        ignored: list[tuple[str, str]] = []
+        _walk(root, "", (_identity(root),), files, ignored)
+        return Listing(tuple(sorted(files, key=lambda f: f.rel)), tuple(sorted(ignored)))
+    return _list_remote(store)
+
+
+def _identity(path: str) -> tuple[int, int]:
+    st = os.stat(path)
+    return st.st_dev, st.st_ino
+
+
+def _walk(
+    path: str,
+    rel: str,
+    ancestors: tuple[tuple[int, int], ...],
+    files: list[InputFile],
+    ignored: list[tuple[str, str]],
+) -> None:
+    """Depth-first over ``path`` (``rel`` below SRC), following symlinked folders unless one
+    is among its own ``ancestors`` (device, inode): the walk of a loop would never end."""
+    try:
+        entries = list(os.scandir(path))
+    except OSError as err:
+        log.warning("%s: cannot list (%s); left out", path, err.strerror)
+        ignored.append((rel + "/", f"cannot list: {err.strerror}"))
+        return
+    for entry in entries:
+        child = f"{rel}/{entry.name}" if rel else entry.name
+        try:
+            is_dir = entry.is_dir()  # follows symlinks
+        except OSError:
+            is_dir = False
+        why = _left_out(entry.name, is_dir)
+        if why is not None:
+            ignored.append((child + "/" if is_dir else child, why))
+            continue
+        if is_dir:
+            try:
+                ident = _identity(entry.path)
+            except OSError as err:
+                ignored.append((child + "/", f"cannot list: {err.strerror}"))
+                continue
+            if ident in ancestors:
+                log.warning(
+                    "%s: a symlink loop (leads back to a folder it is in); left out", entry.path
+                )
+                ignored.append((child + "/", "symlink loop: leads back to a folder it is in"))
+                continue
+            _walk(entry.path, child, (*ancestors, ident), files, ignored)
+            continue
+        try:
+            size = os.stat(entry.path).st_size
+        except OSError as err:
+            # Listed anyway (size 0): reading it fails and, like any unreadable file, fails
+            # the pack naming it, or under --on-error skip is reported and skipped.
+            log.warning("%s: cannot stat (%s)", entry.path, err.strerror)
+            size = 0
+        files.append(InputFile(child, entry.path, size))
+
+
+def _list_remote(store: Store) -> Listing:
+    fs, path = store.filesystem()
+    path = path.rstrip("/")
+    src = store.url
+    try:
+        if fs.isfile(path):
+            return Listing((InputFile(path.rsplit("/", 1)[-1], src, int(fs.size(path))),))
+        found = fs.find(path, detail=True)
+    except OSError as err:
+        raise StorageError(f"cannot list {src!r}: {err}") from err
+    out = []
+    ignored: dict[str, str] = {}
+    for full, info in found.items():
+        if info.get("type", "file") != "file":
+            continue
+        rel = full[len(path) + 1 :]
+        if not rel:
+            continue
+        parts = rel.split("/")
+        why = next(
+            (
+                (i, w)
+                for i, part in enumerate(parts)
+                if (w := _left_out(part, i < len(parts) - 1)) is not None
+            ),
+            None,
+        )
+        if why is not None:  # a folder is reported once, not file by file
+            i, reason = why
+            ignored.setdefault(
+                "/".join(parts[: i + 1]) + ("/" if i < len(parts) - 1 else ""), reason
+            )
+            continue
+        out.append(InputFile(rel, join(src, rel), int(info.get("size") or 0)))
+    return Listing(tuple(sorted(out, key=lambda f: f.rel)), tuple(sorted(ignored.items())))
