@@ -42,7 +42,8 @@ from torch.utils.data import DataLoader
 from shardloader.dataset import ShardedDataset
 from shardloader.elastic import check_history
 from shardloader.errors import IncompleteEpochError, ResumeError, UsageError
-from shardloader.transport import BundleInit, Ring, unbundle, worker_bundle
+from shardloader.transport import Ring, unbundle, worker_bundle
+from shardloader.workerinit import WorkerInit
 
 __all__ = ["ShardLoader", "make_loader"]
 
@@ -72,13 +73,15 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
             kwargs.setdefault("persistent_workers", True)
             bundle = worker_bundle(dataset)  # NOTE [bundles] in shardloader/transport.py
             kwargs.setdefault("prefetch_factor", 2 if bundle > 1 else 4)
+            ring = None
             if bundle > 1:
                 ring = make_ring(  # NOTE [ring slots]: in flight, held by the loop, one spare
                     kwargs["num_workers"],
                     kwargs["prefetch_factor"] + 3,
                     bundle * dataset.planner.batch_bytes * 5 // 4,
                 )
-                kwargs["worker_init_fn"] = BundleInit(bundle, ring, kwargs.get("worker_init_fn"))
+            # NOTE [orphaned workers] in shardloader/workerinit.py: each worker watches us
+            kwargs["worker_init_fn"] = WorkerInit(bundle, ring, kwargs.get("worker_init_fn"))
         kwargs.setdefault("collate_fn", _already_collated)
         super().__init__(dataset, batch_size=None, **kwargs)
         self._position = 0  # global batches consumed in the current epoch

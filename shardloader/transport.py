@@ -16,12 +16,12 @@ batch's int32 ``cu_seqlens``, one after the other.
 NOTE [bundles]
     A bundle of ``k`` batches crosses as one item.  Only :class:`~shardloader.loader.ShardLoader`
     unpacks bundles (it yields their batches one by one and counts each as a step), so only it
-    asks for them: its ``worker_init_fn`` (:class:`BundleInit`) sets the bundle size on the
-    worker's copy of the dataset.  A worker then serves whole bundles of the rank's steps
-    (bundle ``c`` holds steps ``c*k .. c*k+k-1`` and goes to worker ``c mod K``); torch's
-    DataLoader returns worker outputs round-robin, so the rank's batches still arrive in step
-    order, the same whatever ``K`` or ``k``.  Any other consumer (a plain DataLoader) gets one
-    batch per item.
+    asks for them: its ``worker_init_fn`` (:class:`~shardloader.workerinit.WorkerInit`) sets
+    the bundle size on the worker's copy of the dataset.  A worker then serves whole bundles of
+    the rank's steps (bundle ``c`` holds steps ``c*k .. c*k+k-1`` and goes to worker
+    ``c mod K``); torch's DataLoader returns worker outputs round-robin, so the rank's batches
+    still arrive in step order, the same whatever ``K`` or ``k``.  Any other consumer (a plain
+    DataLoader) gets one batch per item.
 """
 
 from __future__ import annotations
@@ -43,7 +43,6 @@ from shardloader.slots import lend, take_back
 __all__ = [
     "BUNDLE_BYTES",
     "Bundle",
-    "BundleInit",
     "Ring",
     "TokenBatches",
     "unbundle",
@@ -293,21 +292,3 @@ def worker_bundle(dataset: Any) -> int:
     if not size:
         return 1
     return min(max(1, BUNDLE_BYTES // int(size)), MAX_BUNDLE)
-
-
-class BundleInit:
-    """The ``worker_init_fn`` of a ShardLoader whose workers send bundles: gives the worker's
-    copy of the dataset the bundle size and the loader's :class:`Ring`, then calls the
-    user's function (if any)."""
-
-    def __init__(self, bundle: int, ring: Ring | None, user: Any = None) -> None:
-        self.bundle, self.ring, self.user = bundle, ring, user
-
-    def __call__(self, worker_id: int) -> None:
-        from torch.utils.data import get_worker_info
-
-        info = get_worker_info()
-        if info is not None:
-            info.dataset.use_transport(self.bundle, self.ring)  # type: ignore[attr-defined]
-        if self.user is not None:
-            self.user(worker_id)

@@ -1,8 +1,10 @@
 """Killed or interrupted mid-pack (real SIGKILL / SIGINT of a `python -m shardloader` process):
 no manifest, no partial shard under a final name, no orphaned workers; --resume finishes.
 
-The pack is held mid-way deterministically: one input file is a FIFO nobody writes to, so the
-shard holding it never finishes while the shards around it do.
+The pack is held mid-way deterministically: the source is a real S3 server behind the fault
+proxy, which never answers the GET of one input, so the shard holding it never finishes while
+the shards around it do.  (A local FIFO held it before; pack now refuses inputs that are not
+regular files, as reading does.)
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from contextlib import contextmanager
 
 import pytest
 from corpus import tree
+from fault_proxy import FaultProxy
 
 from shardloader.format import iter_stored
 from shardloader.pack import PackOptions, pack
@@ -25,29 +28,42 @@ from shardloader.pack.write import sidecar_meta
 psutil = pytest.importorskip("psutil")
 
 N = 12
-HELD = 3  # sample k/0003 (shard 1 with --max-samples 2) is a FIFO
+HELD = 3  # sample k/0003 (shard 1 with --max-samples 2): its GET never gets an answer
 
 
-def _corpus(root) -> None:
-    os.makedirs(root / "k")
+def _body(i: int) -> bytes:
+    return bytes([i]) * (1000 + 100 * i)
+
+
+@pytest.fixture
+def held(s3_server, s3_client, s3_bucket) -> Iterator[tuple[str, FaultProxy]]:
+    """``s3://bucket/src`` holding the corpus, and a proxy in front of the server that stalls
+    every GET of the held input (far longer than any test waits)."""
     for i in range(N):
-        path = root / "k" / f"{i:04d}.bin"
-        if i == HELD:
-            os.mkfifo(path)
-        else:
-            path.write_bytes(bytes([i]) * (1000 + 100 * i))
+        s3_client.put_object(Bucket=s3_bucket, Key=f"src/k/{i:04d}.bin", Body=_body(i))
+    with FaultProxy(s3_server, stall_seconds=300.0, lifetime=300.0) as proxy:
+        proxy.inject("stall", method="GET", path=f"/src/k/{HELD:04d}.bin", times=None)
+        yield f"s3://{s3_bucket}/src", proxy
+
+
+def _options(endpoint: str) -> dict:
+    return {"endpoint_url": endpoint}
 
 
 @contextmanager
-def _packing(src, out, workers: int) -> Iterator[subprocess.Popen]:
+def _packing(src: str, out, workers: int, endpoint: str) -> Iterator[subprocess.Popen]:
     """`shardloader pack` in a subprocess, stopped and reaped whatever the test does."""
     cmd = [
         sys.executable,
         "-m",
         "shardloader",
         "pack",
-        str(src),
+        src,
         str(out),
+        "-o",
+        f"endpoint_url={endpoint}",
+        "--retries",
+        "1",
         "--max-samples",
         "2",
         "--workers",
@@ -88,21 +104,20 @@ def _check_final_names(out) -> list[str]:
     return names
 
 
-def _finish_and_compare(tmp_path, src, out) -> None:
-    os.remove(src / "k" / f"{HELD:04d}.bin")
-    (src / "k" / f"{HELD:04d}.bin").write_bytes(b"now a regular file")
-    resumed = pack(str(src), str(out), PackOptions(max_samples=2, resume=True))
+def _finish_and_compare(tmp_path, src: str, out, proxy: FaultProxy) -> None:
+    proxy.clear()  # the held input answers now
+    options = _options(proxy.endpoint)
+    resumed = pack(src, str(out), PackOptions(max_samples=2, resume=True, storage_options=options))
     assert resumed.kept_shards >= 1
-    pack(str(src), str(tmp_path / "fresh"), PackOptions(max_samples=2))
+    pack(src, str(tmp_path / "fresh"), PackOptions(max_samples=2, storage_options=options))
     assert tree(str(out)) == tree(str(tmp_path / "fresh"))
 
 
 @pytest.mark.slow
 @pytest.mark.subprocess
-def test_sigkill_leaves_no_manifest_no_partial_shard_and_no_orphans(tmp_path):
-    src, out = tmp_path / "src", tmp_path / "out"
-    _corpus(src)
-    with _packing(src, out, workers=2) as proc:
+def test_sigkill_leaves_no_manifest_no_partial_shard_and_no_orphans(tmp_path, held):
+    (src, proxy), out = held, tmp_path / "out"
+    with _packing(src, out, 2, proxy.endpoint) as proc:
         _wait_for(out / "shard-00000.tar.zst", proc)
         time.sleep(0.3)  # let the other worker get going
         children = psutil.Process(proc.pid).children(recursive=True)
@@ -115,16 +130,15 @@ def test_sigkill_leaves_no_manifest_no_partial_shard_and_no_orphans(tmp_path):
     names = _check_final_names(out)
     assert "shard-00001.tar.zst" not in names  # the held shard never got a final name
     assert any(".tmp-" in p for p in os.listdir(out)) or len(names) == N // 2 - 1
-    _finish_and_compare(tmp_path, src, out)
+    _finish_and_compare(tmp_path, src, out, proxy)
 
 
 @pytest.mark.slow
 @pytest.mark.subprocess
 @pytest.mark.parametrize("workers", [1, 2])
-def test_sigint_cleans_up_and_exits_130(tmp_path, workers):
-    src, out = tmp_path / "src", tmp_path / "out"
-    _corpus(src)
-    with _packing(src, out, workers=workers) as proc:
+def test_sigint_cleans_up_and_exits_130(tmp_path, held, workers):
+    (src, proxy), out = held, tmp_path / "out"
+    with _packing(src, out, workers, proxy.endpoint) as proc:
         _wait_for(out / "shard-00000.tar.zst", proc)
         time.sleep(0.3)
         proc.send_signal(signal.SIGINT)
@@ -137,4 +151,4 @@ def test_sigint_cleans_up_and_exits_130(tmp_path, workers):
     assert not (out / "index.json").exists()
     assert not [p for p in os.listdir(out) if ".tmp-" in p]
     assert "shard-00001.tar.zst" not in _check_final_names(out)
-    _finish_and_compare(tmp_path, src, out)
+    _finish_and_compare(tmp_path, src, out, proxy)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from click.testing import CliRunner
 from helpers import write_dataset
@@ -9,7 +11,7 @@ from helpers import write_dataset
 from shardloader.cli import main
 from shardloader.errors import UsageError
 from shardloader.presets import DatasetPreset
-from shardloader.service.pipeline import load_pipeline
+from shardloader.service.pipeline import load_pipeline, read_token
 from shardloader.service.server import ServeOptions, is_loopback
 
 TOKEN = "a-token-that-is-long-enough-123"
@@ -56,10 +58,43 @@ def test_is_loopback(host, loopback):
 def test_weak_or_missing_tokens_are_usage_errors(data, tmp_path, content):
     token = tmp_path / "token"
     token.write_text(content)
+    token.chmod(0o600)
     result = run(data, "--host", "127.0.0.1", "--token-file", str(token))
     assert result.exit_code == 2 and "--token-file" in result.output
     result = run(data, "--token-file", str(tmp_path / "missing"))
     assert result.exit_code == 2 and "cannot read" in result.output
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o604, 0o640, 0o620, 0o660, 0o666], ids=oct)
+def test_a_token_file_others_may_read_or_change_is_refused(data, tmp_path, mode):
+    """As ssh refuses a private key others can read: on a shared host they would hold the
+    token that reads every batch."""
+    token = tmp_path / "token"
+    token.write_text(TOKEN)
+    token.chmod(mode)
+    # a --port-file nobody can write: had the token been taken, the command stops there
+    result = run(data, "--token-file", str(token), "--port-file", str(tmp_path / "no" / "port"))
+    assert result.exit_code == 2
+    assert f"permissions {mode:04o} let other users read or change the token" in result.output
+    assert f"chmod 600 {token}" in result.output
+
+
+@pytest.mark.parametrize("mode", [0o600, 0o400], ids=oct)
+def test_a_private_token_file_is_read(tmp_path, mode):
+    token = tmp_path / "token"
+    token.write_text(f"  {TOKEN}\n")
+    token.chmod(mode)
+    assert read_token(str(token)) == TOKEN
+
+
+@pytest.mark.timeout(20)  # a blocking open of the FIFO would wait for good
+def test_a_token_path_that_is_no_regular_file_is_refused_without_hanging(tmp_path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo, 0o600)  # nobody writes to it
+    with pytest.raises(UsageError, match="not a regular file"):
+        read_token(str(fifo))
+    with pytest.raises(UsageError, match="not a regular file"):
+        read_token(str(tmp_path))
 
 
 def test_factory_with_dataset_options_is_a_usage_error(data):
@@ -107,7 +142,16 @@ def test_path_pipeline_options_reach_the_dataset(data):
 
 @pytest.mark.parametrize(
     "kw",
-    [{"workers": -1}, {"max_inflight": 0}, {"max_clients": 0}, {"token": ""}, {"ping_interval": 0}],
+    [
+        {"workers": -1},
+        {"max_inflight": 0},
+        {"max_clients": 0},
+        {"token": ""},
+        {"ping_interval": 0},
+        {"header_timeout": 0},
+        {"idle_timeout": -1},
+        {"write_timeout": 0},
+    ],
 )
 def test_serve_options_are_checked(kw):
     with pytest.raises(ValueError):

@@ -50,6 +50,7 @@ def server(env, tmp_path_factory):
     work = tmp_path_factory.mktemp("srv")
     token_file = work / "token"
     token_file.write_text(TOKEN + "\n")
+    token_file.chmod(0o600)  # a token others may read is refused
     (srv,) = start_servers(
         [
             [

@@ -9,6 +9,7 @@ Run as a script it is the client process of the tests::
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import os
@@ -186,7 +187,10 @@ class ServerProcess:
 
     _count = 0
 
-    def __init__(self, args: list[str], workdir: str, env: dict[str, str]) -> None:
+    def __init__(
+        self, args: list[str], workdir: str, env: dict[str, str], max_files: int | None = None
+    ) -> None:
+        """``max_files``: the server's file descriptor limit (soft and hard)."""
         ServerProcess._count += 1
         n = ServerProcess._count
         self.port_file = os.path.join(workdir, f"server-{n}.port")
@@ -211,6 +215,7 @@ class ServerProcess:
             stderr=subprocess.STDOUT,
             env=env,
             cwd=ROOT,
+            preexec_fn=None if max_files is None else functools.partial(_limit_files, max_files),
         )
         self.port = 0
 
@@ -259,6 +264,12 @@ class ServerProcess:
         return parse_metrics(get(f"{self.url}/metrics", token)[1].decode())
 
 
+def _limit_files(n: int) -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_NOFILE, (n, n))
+
+
 def start_servers(specs: list[list[str]], workdir: str, env: dict[str, str]) -> list[ServerProcess]:
     """Start several servers at once (their start-up is mostly importing torch) and wait."""
     servers = [ServerProcess(args, workdir, env) for args in specs]
@@ -303,18 +314,13 @@ class InProcessServer:
     """``serve()`` in a daemon thread of this process: cheap, for tests that need no process."""
 
     def __init__(self, dataset: Any, **options: Any) -> None:
-        import uvicorn
+        from shardloader.service.server import ServeOptions, create_app, uvicorn_server
 
-        from shardloader.service.server import ServeOptions, create_app
-
-        self.app = create_app(dataset, ServeOptions(**options))
+        serve_options = ServeOptions(**options)
+        self.app = create_app(dataset, serve_options)
         self._sock = socket.create_server(("127.0.0.1", 0))
         self.port = self._sock.getsockname()[1]
-        self.server = uvicorn.Server(
-            uvicorn.Config(
-                self.app, log_level="warning", lifespan="off", http="h11", loop="asyncio"
-            )
-        )
+        self.server = uvicorn_server(self.app, serve_options)
         self._thread = threading.Thread(
             target=self.server.run,
             kwargs={"sockets": [self._sock]},

@@ -46,7 +46,8 @@ __all__ = ["serve"]
 @click.option(
     "--token-file",
     type=click.Path(dir_okay=False),
-    help="File holding the bearer token every request but /health must carry.",
+    help="Private file (mode 0600) holding the bearer token every request but /health must "
+    "carry; without one, any local user can read the batches.",
 )
 @click.option(
     "--workers",
@@ -69,11 +70,40 @@ __all__ = ["serve"]
     help="Where clients on this host are offered the batches in shared memory; 'none': TCP only.",
 )
 @click.option(
+    "--shm-reserve",
+    default="auto",
+    show_default=True,
+    help="Most shared memory held for clients that have not mapped theirs (yet); streams past "
+    "it stay on TCP.  'auto': half of --shm-dir's file system, at most 1 GiB.",
+)
+@click.option(
     "--max-clients",
     type=click.IntRange(1),
     default=8,
     show_default=True,
     help="Concurrent streams; more are answered 503 with Retry-After.",
+)
+@click.option(
+    "--header-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=10.0,
+    show_default=True,
+    help="Seconds a new connection has to send its whole request head; then it is closed.",
+)
+@click.option(
+    "--idle-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=30.0,
+    show_default=True,
+    help="Seconds a connection may wait between requests.",
+)
+@click.option(
+    "--write-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=30.0,
+    show_default=True,
+    help="Seconds a client may read nothing of a response; then its stream (and its "
+    "--max-clients slot) ends and the client resumes on a new connection.",
 )
 @dataset_options(batch_size=None, transform="auto")
 @click.option(
@@ -108,6 +138,10 @@ def serve(
     max_inflight: int,
     max_clients: int,
     shm_dir: str,
+    shm_reserve: str,
+    header_timeout: float,
+    idle_timeout: float,
+    write_timeout: float,
     log_level: str,
     **dataset_flags: Any,
 ) -> None:
@@ -122,6 +156,7 @@ def serve(
     from shardloader.service.pipeline import is_factory, load_pipeline, read_token
     from shardloader.service.server import ServeOptions, is_loopback
     from shardloader.service.server import serve as run_server
+    from shardloader.units import parse_size
 
     token = read_token(token_file) if token_file else None
     if port_file and not os.path.isdir(os.path.dirname(os.path.abspath(port_file))):
@@ -137,6 +172,10 @@ def serve(
         max_clients=max_clients,
         token=token,
         shm_dir=None if shm_dir == "none" else shm_dir,
+        shm_reserve=None if shm_reserve == "auto" else parse_size(shm_reserve),
+        header_timeout=header_timeout,
+        idle_timeout=idle_timeout,
+        write_timeout=write_timeout,
     )
     preset = None
     if is_factory(pipeline):

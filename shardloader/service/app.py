@@ -83,7 +83,8 @@ class Service:
                 401,
                 "missing or wrong token: send 'Authorization: Bearer "
                 "<token>' with the token in the server's --token-file",
-                {"www-authenticate": 'Bearer realm="shardloader"'},
+                # NOTE [connection rules] 4: no idle connection for a client without the token
+                {"www-authenticate": 'Bearer realm="shardloader"', "connection": "close"},
             )
 
     async def health(self, request: Any) -> Any:

@@ -37,6 +37,7 @@ class Metrics:
         self.shm_worker_frames = 0  # frames DataLoader workers encoded into shared memory
         self.shm_forwarded = 0  # bundles of token batches handed over in the workers' ring
         self.shm_fallbacks = 0  # frames sent over TCP because no shared slot was free
+        self.shm_unattached = 0  # bytes of shared memory made for clients not mapping it yet
         self.streams = 0
         self.streams_done = 0
         self.rejected: dict[str, int] = {}
@@ -44,6 +45,8 @@ class Metrics:
         self.busy_seconds = 0.0  # producers waiting on the pipeline for a batch
         self.idle_seconds = 0.0  # producers blocked because their client had not taken batches
         self.active: dict[int, StreamStats] = {}
+        # connections aborted by NOTE [connection rules], by reason (the event loop writes)
+        self.connections_closed: dict[str, int] = {}
 
     def reject(self, status: int) -> None:
         with self.lock:
@@ -105,6 +108,13 @@ class Metrics:
                 [({}, self.shm_fallbacks)],
             )
             metric(
+                "shardloader_shm_unattached_bytes",
+                "gauge",
+                "Shared memory made for clients that have not mapped it (yet); at most "
+                "--shm-reserve.",
+                [({}, self.shm_unattached)],
+            )
+            metric(
                 "shardloader_streams_total",
                 "counter",
                 "Batch streams accepted.",
@@ -121,6 +131,14 @@ class Metrics:
                 "counter",
                 "Requests answered with an error status.",
                 [({"status": k}, v) for k, v in sorted(self.rejected.items())],
+            )
+            metric(
+                "shardloader_connections_closed_total",
+                "counter",
+                "Connections the server aborted: no request head in time (header_timeout, "
+                "idle_timeout), pushed out by newer ones waiting (evicted), or a client that "
+                "took nothing of a response (write_timeout).",
+                [({"reason": k}, v) for k, v in sorted(self.connections_closed.items())],
             )
             metric(
                 "shardloader_pipeline_errors_total",

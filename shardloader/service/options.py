@@ -22,6 +22,13 @@ class ServeOptions:
     prefetch_factor: int = 2  # batches each worker prepares ahead
     # where same-host clients are offered shared memory (NOTE [shm handover]); None: TCP only
     shm_dir: str | None = "/dev/shm"
+    # bytes of it clients that have not mapped theirs may hold (NOTE [unattached reserve]);
+    # None: half of shm_dir's file system, at most 1 GiB
+    shm_reserve: int | None = None
+    # NOTE [connection rules] in shardloader/service/connections.py (nginx's defaults, shorter)
+    header_timeout: float = 10.0  # seconds a new connection has to send a whole request head
+    idle_timeout: float = 30.0  # seconds a connection may wait for its next request
+    write_timeout: float = 30.0  # seconds a client may take nothing of a response
 
     def __post_init__(self) -> None:
         if self.workers < 0:
@@ -34,6 +41,12 @@ class ServeOptions:
             raise UsageError("the token is empty; put a secret in the --token-file")
         if not self.ping_interval > 0:
             raise UsageError(f"ping_interval {self.ping_interval} must be > 0")
+        for name in ("header_timeout", "idle_timeout", "write_timeout"):
+            value = getattr(self, name)
+            if not value > 0:
+                raise UsageError(f"--{name.replace('_', '-')} {value} must be > 0 seconds")
+        if self.shm_reserve is not None and self.shm_reserve < 0:
+            raise UsageError(f"--shm-reserve {self.shm_reserve} must be >= 0 bytes")
         if self.prefetch_factor < 1:
             raise UsageError(f"prefetch_factor {self.prefetch_factor} must be >= 1")
 

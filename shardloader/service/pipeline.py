@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from typing import TYPE_CHECKING, Any
 
 from shardloader.errors import UsageError
@@ -27,19 +28,40 @@ def is_factory(pipeline: str) -> bool:
 
 
 def read_token(path: str) -> str:
-    """The bearer token in ``path`` (surrounding whitespace stripped); never empty."""
+    """The bearer token in ``path`` (surrounding whitespace stripped); never empty.
+
+    Like ssh with a private key, a file that other users may read or write is refused: on a
+    shared host its token would let any of them read every batch.  Opened without blocking and
+    checked on the open file (no FIFO can hang the start, no swap between check and read).
+    """
     try:
-        with open(path, encoding="utf-8") as f:
-            token = f.read().strip()
-    except (OSError, UnicodeDecodeError) as err:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as err:
         raise UsageError(f"--token-file {path}: cannot read it ({err})") from err
-    if len(token) < 16 or any(c.isspace() for c in token):
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise UsageError(f"--token-file {path}: not a regular file")
+    with os.fdopen(fd, "rb") as f:
+        if st.st_mode & 0o077:
+            raise UsageError(
+                f"--token-file {path}: its permissions {stat.S_IMODE(st.st_mode):04o} let other "
+                f"users read or change the token; make it private: `chmod 600 {path}`"
+            )
+        try:
+            token = f.read(_MAX_TOKEN_FILE + 1).decode("utf-8").strip()
+        except (OSError, UnicodeDecodeError) as err:
+            raise UsageError(f"--token-file {path}: cannot read it ({err})") from err
+    if len(token) < 16 or len(token) > _MAX_TOKEN_FILE or any(c.isspace() for c in token):
         raise UsageError(
             f"--token-file {path}: the token must be one word of at least 16 "
             "characters, e.g. from `python -c 'import secrets; "
             "print(secrets.token_urlsafe(32))'`"
         )
     return token
+
+
+_MAX_TOKEN_FILE = 4096  # bytes: a token, not a file that happens to be named
 
 
 def load_pipeline(pipeline: str, preset: DatasetPreset | None = None) -> ShardedDataset:

@@ -27,19 +27,16 @@ import os
 import secrets
 import threading
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 import numpy as np
 import torch
 
 from shardloader.errors import DecodeError
-from shardloader.service.shm import (
-    MAX_SLOTS,
-    NAME,
-    create_server_file,
-    map_server_file,
-    unlink_quietly,
-)
+from shardloader.service.shm import MAX_SLOTS
+from shardloader.service.shmfiles import NAME, create_server_file, map_server_file
 from shardloader.slots import lend, take_back
 from shardloader.transport import Ring, _build, _rebuild
 
@@ -73,8 +70,8 @@ class SharedRing(Ring):
         slots += extra  # the slots a client holds: its read-ahead, its decoding, its loop
         self.workers, self.slots, self.slot_bytes = workers, slots, slot_bytes
         self.body, self.size = _ring_size(workers, slots, slot_bytes)
-        self.name, path, mm = create_server_file(folder, self.size)
-        self.path: str | None = path
+        self.file, mm = create_server_file(folder, self.size)
+        self.name = self.file.name
         self.nonce = secrets.token_hex(16)
         self.array: Any = _Mapping(mm)
         raw = np.frombuffer(mm, np.uint8)
@@ -103,8 +100,7 @@ class SharedRing(Ring):
         }
 
     def unlink(self) -> None:
-        path, self.path = self.path, None
-        unlink_quietly(path)
+        self.file.unlink()
 
     # -- in the server's main process -----------------------------------------------------
     received_state = _KEPT  # Ring.receive marks a slot the server itself holds (collect frees)
@@ -176,11 +172,16 @@ class Arrived:
         return _rebuild(self.ring.receive(self.worker, self.slot, self.nbytes), self.state)
 
 
-def ring_maker(folder: str, extra: int) -> Any:
-    """The ``make_ring`` of a stream's ShardLoader: a :class:`SharedRing` in ``folder``."""
+def ring_maker(
+    folder: str, extra: int, claiming: Callable[[int], AbstractContextManager[None]]
+) -> Any:
+    """The ``make_ring`` of a stream's ShardLoader: a :class:`SharedRing` in ``folder``, made
+    ``with claiming(nbytes)`` (an OSError when it may not be: NOTE [unattached reserve] in
+    :mod:`shardloader.service.streamshm`)."""
 
     def make(workers: int, slots: int, slot_bytes: int) -> Ring:
-        return SharedRing(workers, slots, slot_bytes, folder, extra)
+        with claiming(_ring_size(workers, slots + extra, slot_bytes)[1]):
+            return SharedRing(workers, slots, slot_bytes, folder, extra)
 
     return make
 

@@ -10,13 +10,17 @@ with Retry-After.  Counters: :mod:`shardloader.service.metrics`.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
+from typing import Any
 
 from shardloader.dataset import ShardedDataset
 from shardloader.errors import UsageError
 from shardloader.service.app import create_app
 from shardloader.service.options import ServeOptions, is_loopback
 from shardloader.service.passes import pass_dataset, steps_of_pass, warm_up
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "ServeOptions",
@@ -25,6 +29,7 @@ __all__ = [
     "pass_dataset",
     "serve",
     "steps_of_pass",
+    "uvicorn_server",
     "warm_up",
 ]
 
@@ -44,14 +49,14 @@ def serve(
     """
     import socket
 
-    import uvicorn
-
     if not is_loopback(host) and options.token is None:
         raise UsageError(
             f"--host {host} is not a loopback address: pass --token-file so every "
             "request is authenticated"
         )
     app = create_app(dataset, options)
+    if options.shm_dir is not None:
+        remove_stale_files(options.shm_dir)
     warm_up(dataset)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -63,20 +68,54 @@ def serve(
         raise UsageError(f"cannot listen on {host}:{port}: {err}") from err
     sock.listen(128)
     bound = sock.getsockname()[1]
-    config = uvicorn.Config(
-        app,
-        log_level=log_level,
-        access_log=False,
-        lifespan="off",
-        http="h11",
-        loop="asyncio",
-        timeout_graceful_shutdown=3,
-        timeout_keep_alive=30,
-    )
-    server = uvicorn.Server(config)
+    server = uvicorn_server(app, options, log_level)
     if on_ready is not None:
         on_ready(host, bound)
     try:
         server.run(sockets=[sock])
     finally:
         sock.close()
+
+
+def remove_stale_files(folder: str) -> None:
+    """Remove the shared-memory files servers killed before us left in ``folder`` (NOTE
+    [stale segments] in :mod:`shardloader.service.shmfiles`), and say so."""
+    from shardloader.service.shmfiles import remove_stale
+
+    removed, freed = remove_stale(folder)
+    if removed:
+        log.warning(
+            "removed %d shared-memory file(s) (%.1f MiB) in %s that servers which were "
+            "killed left behind",
+            removed,
+            freed / (1 << 20),
+            folder,
+        )
+
+
+def uvicorn_server(app: Any, options: ServeOptions, log_level: str = "warning") -> Any:
+    """The ``uvicorn.Server`` that runs ``app`` under NOTE [connection rules]
+    (:mod:`shardloader.service.connections`): header, idle and write timeouts, and a cap on
+    connections that have sent no request."""
+    import uvicorn
+
+    from shardloader.service.connections import ConnectionRules, guarded_protocol, waiting_cap
+
+    rules = ConnectionRules(
+        options.header_timeout,
+        options.idle_timeout,
+        options.write_timeout,
+        waiting_cap(),
+        app.state.service.metrics,
+    )
+    config = uvicorn.Config(
+        app,
+        log_level=log_level,
+        access_log=False,
+        lifespan="off",
+        http=guarded_protocol(rules),
+        loop="asyncio",
+        timeout_graceful_shutdown=3,
+        timeout_keep_alive=int(options.idle_timeout) + 1,  # ours (rule 1) comes first
+    )
+    return uvicorn.Server(config)

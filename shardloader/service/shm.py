@@ -34,9 +34,7 @@ from __future__ import annotations
 import logging
 import mmap
 import os
-import re
 import secrets
-import stat
 import threading
 import time
 from typing import Any
@@ -44,6 +42,12 @@ from typing import Any
 import numpy as np
 
 from shardloader.errors import DecodeError
+from shardloader.service.shmfiles import (
+    NAME,
+    create_server_file,
+    leftover_segments,
+    map_server_file,
+)
 from shardloader.slots import lend, take_back
 
 __all__ = [
@@ -52,22 +56,18 @@ __all__ = [
     "SHM_DIR",
     "WAIT_SECONDS",
     "leftover_segments",
-    "create_server_file",
-    "map_server_file",
-    "unlink_quietly",
+    "segment_size",
 ]
 
 log = logging.getLogger(__name__)
 
 SHM_DIR = "/dev/shm"
-PREFIX = "shardloader-"
 WAIT_SECONDS = 0.05  # a full ring waits this long for a slot, then the frame goes over TCP
 _MAGIC = b"SLSHM001"
 _ATTACHED = 24  # byte offset of the flag the client sets
 _STATES = 64
 _PAGE = 4096
 _FREE, _SENT, _HELD = 0, 1, 2
-NAME = re.compile(r"^shardloader-[0-9]+-[0-9a-f]{32}$")
 MAX_SLOTS = 256
 
 
@@ -77,54 +77,9 @@ def _layout(slots: int, slot_bytes: int) -> tuple[int, int]:
     return data, data + slots * slot_bytes
 
 
-def map_server_file(path: str, size: int, what: str) -> mmap.mmap:
-    """Map a file the server announced, refusing anything but a regular file of ``size``
-    bytes owned by this user (no symlink followed): the checks every client mapping makes
-    before it trusts the server's nonce inside (NOTE [shm handover])."""
-    fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_size != size:
-            raise FileNotFoundError(f"{path} is not the server's {what}")
-        return mmap.mmap(fd, size)
-    finally:
-        os.close(fd)
-
-
-def create_server_file(folder: str, size: int) -> tuple[str, str, mmap.mmap]:
-    """(name, path, mapping) of a new file of ``size`` bytes in ``folder`` that only this user
-    can open, its space reserved: a full /dev/shm is an OSError here (the stream stays on TCP),
-    never a SIGBUS on a write later.  The server's side of :func:`map_server_file`."""
-    name = f"{PREFIX}{os.getpid()}-{secrets.token_hex(16)}"
-    path = os.path.join(folder, name)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    try:
-        os.ftruncate(fd, size)
-        os.posix_fallocate(fd, 0, size)
-        return name, path, mmap.mmap(fd, size)
-    except BaseException:
-        unlink_quietly(path)
-        raise
-    finally:
-        os.close(fd)
-
-
-def unlink_quietly(path: str | None) -> None:
-    """Remove ``path`` if it is still there (the other side may have removed it)."""
-    if path is not None:
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
-
-
-def leftover_segments(folder: str = SHM_DIR) -> list[str]:
-    """Names of shardloader segments in ``folder`` (for tests and operators: should be none
-    once every stream has attached or ended)."""
-    try:
-        return sorted(n for n in os.listdir(folder) if NAME.match(n))
-    except OSError:
-        return []
+def segment_size(slots: int, slot_bytes: int) -> int:
+    """The bytes a :class:`Segment` of ``slots`` x ``slot_bytes`` takes."""
+    return _layout(slots, -(-slot_bytes // _PAGE) * _PAGE)[1]
 
 
 class Segment:
@@ -134,8 +89,8 @@ class Segment:
         slot_bytes = -(-slot_bytes // _PAGE) * _PAGE
         self.slots, self.slot_bytes = slots, slot_bytes
         self.data, self.size = _layout(slots, slot_bytes)
-        self.name, path, mm = create_server_file(folder, self.size)
-        self.path: str | None = path
+        self.file, mm = create_server_file(folder, self.size)
+        self.name = self.file.name
         self._mm: mmap.mmap | None = mm
         self.nonce = secrets.token_hex(16)
         self.buf = np.frombuffer(self._mm, np.uint8)
@@ -208,8 +163,7 @@ class Segment:
         return slot, self.buf[start : start + nbytes]
 
     def _unlink(self) -> None:
-        path, self.path = self.path, None
-        unlink_quietly(path)
+        self.file.unlink()
 
     def close(self) -> None:
         """Unlink the name (if the client never attached) and drop this side's mapping."""

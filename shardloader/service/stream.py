@@ -193,7 +193,9 @@ class Stream:
                     extra["prefetch_factor"] = self.options.prefetch_factor
                     if r.shm and self.options.shm_dir and worker_bundle(view) > 1:
                         # NOTE [forwarded slots]: workers write into memory the client maps
-                        extra["make_ring"] = ring_maker(self.options.shm_dir, 4)
+                        extra["make_ring"] = ring_maker(
+                            self.options.shm_dir, 4, self.memory.claiming
+                        )
                     elif r.shm and self.options.shm_dir:
                         self.memory.for_workers(extra)  # NOTE [worker slots]
                 try:

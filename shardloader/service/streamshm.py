@@ -7,18 +7,30 @@ do (NOTE [worker slots] in :mod:`shardloader.service.encoded`); token batches ma
 in the workers' ring (NOTE [forwarded slots] in :mod:`shardloader.service.ring`).  The stream's
 producer thread alone makes, uses and closes these (:class:`~shardloader.service.stream.Stream`);
 what went through them is added to the server's metrics when the stream ends.
+
+NOTE [unattached reserve]: a segment or ring is made before its client maps it, and a client
+that asks for shared memory and never maps it (another host, a crafted client) makes the server
+hold it for as long as its stream runs.  The bytes of every stream's files that no client maps
+yet are counted (``Metrics.shm_unattached``, one gauge for the whole server) and kept at most
+``ServeOptions.shm_reserve`` (default: half of the folder's file system, at most 1 GiB); a
+stream whose files would pass it stays on TCP.  A stream's claim ends when its client maps the
+segment (the names are unlinked then) or when the stream ends.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import logging
+from collections.abc import Iterator
 from typing import Any
 
 from shardloader.service.encoded import EncodeInWorker
 from shardloader.service.metrics import Metrics
 from shardloader.service.options import ServeOptions
 from shardloader.service.ring import SharedRing
-from shardloader.service.shm import Segment
+from shardloader.service.shm import Segment, segment_size
+from shardloader.service.shmfiles import default_reserve
 from shardloader.service.wireencode import Place
 
 __all__ = ["StreamMemory"]
@@ -35,6 +47,38 @@ class StreamMemory:
         self.segment: Segment | None = None  # the stream's shared memory, once made
         self.ring: SharedRing | None = None  # its workers' ring, when the client can map it
         self.encoded = 0  # batch frames the workers encoded into shared memory
+        self.claimed = 0  # bytes of this stream's files counted as unattached
+        folder, limit = options.shm_dir, options.shm_reserve
+        if limit is None:
+            limit = default_reserve(folder) if folder is not None else 0
+        self.limit = limit
+
+    @contextlib.contextmanager
+    def claiming(self, nbytes: int) -> Iterator[None]:
+        """Count ``nbytes`` of a file made in the block for the client (NOTE [unattached
+        reserve]): an OSError when that would pass the limit (the caller stays on TCP), and
+        not counted if the block fails."""
+        with self.metrics.lock:
+            if self.metrics.shm_unattached + nbytes > self.limit:
+                raise OSError(
+                    errno.ENOSPC,
+                    f"{nbytes} B more of shared memory would pass the {self.limit} B that "
+                    "clients which have not mapped theirs may hold (--shm-reserve)",
+                )
+            self.metrics.shm_unattached += nbytes
+            self.claimed += nbytes
+        try:
+            yield
+        except BaseException:
+            with self.metrics.lock:
+                self.metrics.shm_unattached -= nbytes
+                self.claimed -= nbytes
+            raise
+
+    def _release(self) -> None:
+        with self.metrics.lock:
+            self.metrics.shm_unattached -= self.claimed
+            self.claimed = 0
 
     def for_workers(self, extra: dict[str, Any]) -> None:
         """Make the segment before the workers fork, with a share of slots for each of them
@@ -46,8 +90,10 @@ class StreamMemory:
         workers = self.options.workers
         per = self.options.prefetch_factor + 3  # in flight, queued here, held by the client
         assert self.options.shm_dir is not None
+        slots, slot_bytes = (workers + 1) * per, hint * 3 // 2
         try:
-            segment = Segment(self.options.shm_dir, (workers + 1) * per, hint * 3 // 2)
+            with self.claiming(segment_size(slots, slot_bytes)):
+                segment = Segment(self.options.shm_dir, slots, slot_bytes)
         except OSError as err:
             log.info("stream %d: no shared memory (%s); sending over TCP", self.stream_id, err)
             return
@@ -62,6 +108,8 @@ class StreamMemory:
             return False
         if self.ring is not None:
             self.ring.unlink()
+        if self.claimed:
+            self._release()
         return True
 
     @property
@@ -79,9 +127,12 @@ class StreamMemory:
             return None
         try:
             if self.segment is None:
-                self.segment = Segment(
-                    folder, self.options.max_inflight + 6, max(frame_bytes * 5 // 4, 1 << 16)
+                slots, slot_bytes = (
+                    self.options.max_inflight + 6,
+                    max(frame_bytes * 5 // 4, 1 << 16),
                 )
+                with self.claiming(segment_size(slots, slot_bytes)):
+                    self.segment = Segment(folder, slots, slot_bytes)
         except OSError as err:  # no /dev/shm, full, not writable: TCP it is
             log.info("stream %d: no shared memory (%s); sending over TCP", self.stream_id, err)
             return None
@@ -109,3 +160,4 @@ class StreamMemory:
         if ring is not None:
             ring.unlink()
         self.ring = None
+        self._release()

@@ -38,22 +38,24 @@ from shardloader.storage.cachedir import (
     MARKER,
     MAX_BYTES_ENV,
     ROOM_LOCK,
-    ClearReport,
-    DatasetUsage,
-    cache_limit,
     cache_name,
     cache_root,
-    clear,
-    dataset_folders,
     is_default_root,
     legacy_root,
     lock_file,
-    remove_entry,
     remove_quietly,
-    staged_entries,
     touch,
-    usage,
     write_marker,
+)
+from shardloader.storage.cacheentries import (
+    ClearReport,
+    DatasetUsage,
+    cache_limit,
+    clear,
+    dataset_folders,
+    remove_entry,
+    staged_entries,
+    usage,
 )
 from shardloader.storage.classify import chain
 from shardloader.storage.private import create_private, open_private, own_dir

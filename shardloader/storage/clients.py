@@ -152,10 +152,15 @@ def client_for(
 
 
 def clear_clients() -> None:
-    """Forget this process's clients (tests that change the environment call it)."""
+    """Close and forget this process's clients (tests that change the environment call it)."""
     with _LOCK:
+        clients = list(_CLIENTS.values())
         _CLIENTS.clear()
         _MAKING.clear()
+    for client in clients:
+        close = getattr(client, "close", None)
+        if close is not None:
+            close()
 
 
 # -- HTTP(S) --------------------------------------------------------------------------------------
@@ -287,6 +292,14 @@ class HttpClient:
         with self._lock:
             idle = self._idle.get(origin)
             return idle.pop() if idle else None
+
+    def close(self) -> None:
+        """Close the kept-alive connections (ones lent out close when their body does)."""
+        with self._lock:
+            idle = [c for conns in self._idle.values() for c in conns]
+            self._idle.clear()
+        for conn in idle:
+            conn.close()
 
     def _put(self, origin: tuple[str, str], conn: http.client.HTTPConnection) -> None:
         with self._lock:
