@@ -11,10 +11,12 @@ NOTE [the ledger comes from the plan]
     its rank, and :func:`merge_skips` reads every rank's file back into one sorted list
     (:meth:`Ledger.with_skips` adds it to an epoch's ledger).
 
-The ledger accounts per occurrence where ``report()`` does: ``padded_samples`` counts each
-repeat of a sample, so a sample repeated twice has two ``padded`` entries; ``dropped`` and
-``truncated`` entries are one per sample.  Delivered samples are every sample of the epoch
-that is neither dropped nor skipped.
+The ledger counts as ``report()`` does, per occurrence (NOTE [occurrences] in
+:mod:`shardloader.batching.base`): ``padded_samples`` counts each repeat of a sample, so a
+sample repeated twice has two ``padded`` entries, and a sample the order lists more than once
+(a mixture draws a small source again) has a ``dropped`` or ``truncated`` entry for each of
+its occurrences that was.  Delivered samples are every occurrence of the epoch that is
+neither dropped nor skipped.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from shardloader.batching.base import batch_ids
+from shardloader.batching.base import batch_ids, segment_counts
 from shardloader.errors import UsageError
 
 if TYPE_CHECKING:
@@ -160,7 +162,7 @@ def build(
         whose = f"partition {n}'s " if several else ""
         entries += _padding(plan, planning, world_size, whose)
     entries += _dropped(plans, planning, acc.dropped, lengths)
-    entries += _truncated(planning, collate_fn, acc.truncated, earlier + delivered, lengths)
+    entries += _truncated(planning, collate_fn, order, acc.truncated, earlier + delivered, lengths)
     return Ledger(epoch, world_size, int(order.size), tuple(entries))
 
 
@@ -220,31 +222,40 @@ def _dropped(
 def _truncated(
     planning: Any,
     collate_fn: Any,
+    order: np.ndarray,
     truncated: Sequence[int],
     batches: Sequence[np.ndarray],
     lengths: np.ndarray | None,
 ) -> Iterator[LedgerEntry]:
+    """One entry per truncated occurrence (NOTE [occurrences] in batching/base.py): of a
+    document cut into segments, occurrence ``j`` keeps the segments delivered ``j`` times or
+    more, so the last ones kept the least."""
     if not truncated or lengths is None:
         return
-    got = np.zeros(lengths.size, np.int64)
     segs = [b for b in batches if b.ndim == 2 and b.size]
-    if segs:
-        uniq = np.unique(np.concatenate(segs), axis=0)
-        np.add.at(got, uniq[:, 0], uniq[:, 2] - uniq[:, 1])
+    uniq, served = segment_counts(order, segs)
     limit = getattr(planning.planner, "_truncate_to", None)
     if limit is None:
         limit = getattr(collate_fn, "max_length", None)
     explain = getattr(planning.planner, "explain_truncated", None)
-    for i in truncated:
+    ids, times = np.unique(np.asarray(truncated, np.int64), return_counts=True)
+    for i, r in zip(ids.tolist(), times.tolist(), strict=True):
         total = int(lengths[i])
-        kept = int(got[i]) if got[i] or limit is None else min(total, int(limit))
-        if explain is not None:
-            reason = explain(total, kept)
-        elif limit is not None:
-            reason = f"cut to max_length={limit}: {kept} of {total} tokens delivered"
+        a, b = np.searchsorted(uniq[:, 0], [i, i + 1]) if len(uniq) else (0, 0)
+        if b > a:  # segments: the occurrences delivered, most first; the last r are short
+            m, span = served[a:b], uniq[a:b, 2] - uniq[a:b, 1]
+            top = int(m.max())
+            kept_each = [int(span[m >= j].sum()) for j in range(top - r + 1, top + 1)]
         else:
-            reason = f"{kept} of {total} tokens delivered"
-        yield LedgerEntry(int(i), TRUNCATED, reason, total - kept)
+            kept_each = [total if limit is None else min(total, int(limit))] * r
+        for kept in kept_each:
+            if explain is not None:
+                reason = explain(total, kept)
+            elif limit is not None:
+                reason = f"cut to max_length={limit}: {kept} of {total} tokens delivered"
+            else:
+                reason = f"{kept} of {total} tokens delivered"
+            yield LedgerEntry(i, TRUNCATED, reason, total - kept)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,8 +1,9 @@
 """``verify``: a full check of a packed dataset; every bad shard with its reasons.
 
 It streams every shard once: re-hashes the stored bytes, parses every sample with the format's
-reader, compares keys and counts with the sidecar, and runs each field's codec check (images
-are decoded).  It returns data; ``shardloader verify`` prints it.
+reader, compares keys, counts and each sample's checksum with the sidecar (the XXH3-64 that
+reading checks, computed by the format's ``iter_checked`` as the stream passes), and runs each
+field's codec check (images are decoded).  It returns data; ``shardloader verify`` prints it.
 
 The dataset is untrusted: files are read no further than the manifest's sizes, sidecars are
 checked against their manifest entries, and the format's stream refuses any member whose header
@@ -13,7 +14,7 @@ decompressing it, so a decompression bomb costs no memory.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, BinaryIO, cast
 
@@ -22,6 +23,7 @@ import numpy as np
 from shardloader.aliases import FieldMap
 from shardloader.codecs import check_field
 from shardloader.errors import InputError, ShardloaderError
+from shardloader.format.base import Sample
 from shardloader.format.registry import get_format
 from shardloader.manifest import Manifest, SampleIndex, ShardInfo, load_manifest
 from shardloader.schema import staged_bound
@@ -81,6 +83,7 @@ def _check_sample(
     images: bool,
     reasons: _Reasons,
     member_of: Mapping[str, str],
+    digest: int | None = None,
 ) -> None:
     if index is not None:
         if n >= len(index):
@@ -88,6 +91,13 @@ def _check_sample(
             return
         if index.keys[n] != key:
             reasons.add(f"sample {n}: key {key!r}, but the sidecar says {index.keys[n]!r}")
+        if digest is not None and index.checksums is not None:
+            want = int(index.checksums[n])
+            if digest != want:
+                reasons.add(
+                    f"sample {key!r} has checksum {digest:016x}, its sidecar says {want:016x} "
+                    "(reading it fails with a ChecksumError)"
+                )
     for ext, data in sorted(fields.items()):
         info = manifest.fields.get(member_of.get(ext, ext))
         if info is None:
@@ -143,9 +153,14 @@ def _verify_shard(
         with BoundedReader(stored.open_read(), shard.bytes, url) as raw:
             tap = HashingReader(raw)
             fmt = get_format(manifest.format)
-            stream = fmt.iter_stored(cast(BinaryIO, tap), manifest.compression, url, limit, biggest)
-            for key, fields in stream:
-                _check_sample(manifest, index, n, key, fields, images, reasons, member_of)
+            src, compression = cast(BinaryIO, tap), manifest.compression
+            stream: Iterator[tuple[Sample, int | None]]
+            if index is not None and index.checksums is not None:
+                stream = fmt.iter_checked(src, compression, url, index, limit, biggest)
+            else:
+                stream = ((s, None) for s in fmt.iter_stored(src, compression, url, limit, biggest))
+            for (key, fields), digest in stream:
+                _check_sample(manifest, index, n, key, fields, images, reasons, member_of, digest)
                 n += 1
             tap.drain()
     except (ShardloaderError, OSError) as err:

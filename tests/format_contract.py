@@ -160,6 +160,21 @@ def check_checksums(tmp: str, fmt: str, compression: str) -> None:
     assert unchecked[3] != w.samples[3] and unchecked[4] == w.samples[4]
 
 
+def check_iter_checked(tmp: str, fmt: str, compression: str) -> None:
+    """``iter_checked`` streams what ``iter_stored`` does, each sample with the checksum its
+    reader checks (what ``verify`` compares with the sidecar), or None where the format
+    checks none (the default)."""
+    f = get_format(fmt)
+    w = write(tmp, fmt, compression)
+    limit = f.staged_bound(w.info, len(FIELDS))
+    with open(w.path, "rb") as src:
+        got = list(f.iter_checked(src, compression, w.path, w.shard.index, limit))
+    assert [s for s, _ in got] == w.samples
+    sums = w.shard.index.checksums
+    for n, (_, digest) in enumerate(got):
+        assert digest is None or (sums is not None and digest == int(sums[n])), (fmt, n)
+
+
 def _rows_read(reader, parts: list[list[int]]) -> Rows:
     """Several read_rows calls (a batch spread over calls, as over shards) into one Rows."""
     rows = Rows(sum(len(p) for p in parts))
@@ -257,6 +272,7 @@ CONTRACT = [
     check_round_trip,
     check_index_agrees,
     check_checksums,
+    check_iter_checked,
     check_read_rows,
     check_bounded,
     check_corrupt_input,

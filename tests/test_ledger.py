@@ -7,11 +7,13 @@ from __future__ import annotations
 import os
 from collections import Counter
 
+import numpy as np
 import pytest
-from helpers import batch_ids, write_dataset
+from helpers import batch_ids, payload, write_dataset
 
 import shardloader as sl
 from shardloader.batching import FixedBatches, PackedBatches, TokenBudgetBatches
+from shardloader.epoch import load_lengths
 from shardloader.ledger import Ledger, merge_skips
 
 SIZES = [1, 120, 3, 17, 59]  # 200 samples; lengths are the payload sizes (32..160)
@@ -172,3 +174,90 @@ def test_a_reshaped_epoch_has_a_ledger_that_matches_its_report(data):
     assert ds.reshapes == ((6, 6),)
     report, counts = ds.report(), ds.ledger().counts()
     assert counts["padded"] == report.padded_samples and counts["dropped"] == 0
+
+
+def _damage(out: str, gid: int) -> str:
+    """Flip a bit in sample ``gid``'s payload (an uncompressed shard of write_dataset, read in
+    place); return its key."""
+    manifest, _ = sl.read_manifest(out)
+    for info in manifest.shards:
+        path = os.path.join(out, info.path)
+        with open(path, "rb") as f:
+            data = bytearray(f.read())
+        at = bytes(data).find(payload(gid))
+        if at >= 0:
+            data[at + 3] ^= 0x01
+            with open(path, "wb") as f:
+                f.write(bytes(data))
+            return f"s/{gid:06d}"
+    raise AssertionError(f"payload of sample {gid} not found")
+
+
+@pytest.mark.parametrize("fmt", ["tar", "arrow", "tokens"])
+@pytest.mark.parametrize("batch_size", [None, 4])
+def test_a_run_time_skip_names_the_key_its_error_names(tmp_path, fmt, batch_size):
+    out = str(tmp_path / "d")
+    write_dataset(out, [6, 6], fmt=fmt)
+    key = _damage(out, 8)
+    skips = str(tmp_path / "skips")
+    ds = make(out, batch_size=batch_size, on_error="skip")
+    ds.record_skips(skips)
+    assert len(list(ds)) == (12 if batch_size is None else 3) - (batch_size is None)
+    (record,) = merge_skips(skips)
+    assert record.sample == 8 and "ChecksumError" in record.reason and repr(key) in record.reason
+    assert record.key == key
+    (entry,) = ds.ledger(0).with_skips([record]).entries
+    assert entry.status == "skipped" and entry.key == key
+
+
+@pytest.fixture(scope="module")
+def mix_sources(tmp_path_factory):
+    root = tmp_path_factory.mktemp("mixledger")
+    out = {}
+    for name, sizes in {"a": [7, 5, 9], "b": [4, 4], "c": [3]}.items():  # 32 samples in all
+        write_dataset(str(root / name), sizes)
+        out[name] = str(root / name)
+    return out
+
+
+@pytest.mark.parametrize(
+    "case", [{"batch_size": 7}, {"planner": PackedBatches(80, 2, window=8)}], ids=str
+)
+def test_a_mixture_ledger_counts_every_dropped_occurrence(mix_sources, case):
+    """200 positions over 32 samples: each sample stands in the order about six times, so
+    every occurrence uneven='drop' leaves out belongs to a sample delivered elsewhere too."""
+    world, seen, tokens = 3, Counter(), 0
+    for rank in range(world):
+        mix = sl.Mixture(
+            mix_sources,
+            {"a": 1, "b": 1, "c": 2},
+            epoch_samples=200,
+            shuffle=True,
+            seed=1,
+            collate_fn=spans,
+            uneven="drop",
+            rank=rank,
+            world_size=world,
+            **case,
+        )
+        for batch in mix:
+            for i, start, stop, pad in batch:
+                if not pad:
+                    seen[i, start, stop] += 1
+                    tokens += stop - start
+    got = Counter()  # occurrences that arrived: each brings every segment it has once
+    for (i, _, _), n in seen.items():
+        got[i] = max(got[i], n)
+    order = mix.order(0)
+    manifests = [sl.read_manifest(u) for u in mix_sources.values()]
+    lengths = np.concatenate([load_lengths(m, b, sl.ReadOptions()) for m, b in manifests])
+    report, ledger = mix.report(0), mix.ledger(0)
+    missing = sum((Counter(order.tolist()) - got).values())
+    assert missing > 0
+    assert report.dropped_samples == ledger.counts()["dropped"] == missing
+    if "batch_size" in case:  # whole samples: delivered tokens are the lengths of what came
+        tokens = int(sum(lengths[i] * c for i, c in got.items()))
+    assert report.tokens == tokens
+    assert report.total_tokens == int(lengths[order].sum())
+    cut = sum(e.tokens for e in ledger.entries if e.status in ("dropped", "truncated"))
+    assert cut == report.dropped_tokens + report.truncated_tokens

@@ -67,6 +67,12 @@ LAYOUTS = ("auto", "class-folders", "key-groups", "records")
 )
 @click.option("--max-samples", type=int, default=None, help="At most this many samples a shard.")
 @click.option(
+    "--max-sample-size",
+    default=None,
+    help="Refuse (or with --on-error skip, skip) a sample whose input is larger, e.g. 1GiB, "
+    "before reading it (default: no limit).",
+)
+@click.option(
     "--layout",
     type=click.Choice(LAYOUTS),
     default="auto",
@@ -152,6 +158,7 @@ def pack_command(
     compression: str,
     shard_size: str,
     max_samples: int | None,
+    max_sample_size: str | None,
     layout: str,
     workers: int,
     executor: str,
@@ -190,6 +197,7 @@ def pack_command(
         compression=compression,
         shard_size=None if shard_size == "auto" else parse_size(shard_size),
         max_samples=max_samples,
+        max_sample_size=None if max_sample_size is None else parse_size(max_sample_size),
         layout=layout,
         on_error=on_error,
         validate=validate,

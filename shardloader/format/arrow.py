@@ -64,6 +64,20 @@ class ArrowFormat(Format):
     ) -> Iterator[Sample]:
         return iter_arrow(src, where, limit, max_member)
 
+    def iter_checked(
+        self,
+        src: BinaryIO,
+        compression: str,
+        where: str,
+        index: SampleIndex,
+        limit: int | None = None,
+        max_member: int | None = None,
+    ) -> Iterator[tuple[Sample, int | None]]:
+        """Each row with :func:`row_checksum` of its key and fields, as the reader computes
+        it."""
+        for key, fields in iter_arrow(src, where, limit, max_member):
+            yield (key, fields), row_checksum(key, fields)
+
     def staged_bound(self, info: ShardInfo, num_fields: int) -> int:
         """``raw_bytes`` counts the field and key bytes only; an uncompressed IPC file adds
         offsets (4-8 bytes per row and column), validity bitmaps, and per-batch metadata and

@@ -8,7 +8,7 @@ costs array lookups and copies.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -19,7 +19,7 @@ from shardloader.errors import ChecksumError, ShardError
 from shardloader.format.arrowstream import KEY_COLUMN, open_ipc
 from shardloader.format.base import Rows, Sample, copy_fields
 from shardloader.format.ipc import declared_sizes
-from shardloader.format.mapped import MappedFile
+from shardloader.format.mapped import LARGE, MappedFile
 from shardloader.keys import key_lengths
 from shardloader.manifest import SampleIndex
 
@@ -83,7 +83,10 @@ class ArrowShardReader:
         listed = rows.tolist() if isinstance(rows, np.ndarray) else list(rows)
         picked = self._table[listed]
         keys = list(map(self._keys.__getitem__, listed))
-        fields = copy_fields(self._map.__getitem__, self._names, picked, 1, all_fields=True)
+        get: Callable[[slice], Any] = self._map.__getitem__
+        if listed and self._names and int((picked[:, 2::2] - picked[:, 1::2]).max()) >= LARGE:
+            get = self._file.get  # a large value: read through the file, not the map
+        fields = copy_fields(get, self._names, picked, 1, all_fields=True)
         if self._sums is not None:
             columns = [fields[n] for n in self._names]
             digests = map(self._digest, keys, *columns) if columns else map(self._digest, keys)
@@ -99,6 +102,7 @@ class ArrowShardReader:
                             "whole dataset (ReadOptions(verify_samples=False) skips this "
                             "per-sample check)"
                         ),
+                        keys[k],
                     )
                 keep = sorted(set(range(len(listed))) - set(bad))
                 at = [at[k] for k in keep]

@@ -73,7 +73,8 @@ class ShardWriter(Protocol):
 
 class ShardReader(Protocol):
     """Random access to one local uncompressed shard.  A reader may also offer
-    ``read_rows(rows, into, at)``: several samples at once (see :func:`read_rows`)."""
+    ``read_rows(rows, into, at)``: several samples at once (see :func:`read_rows`), and
+    ``keys``: its sidecar's keys, so a sample it cannot read is still named by its key."""
 
     def read(self, i: int) -> Sample: ...
 
@@ -89,7 +90,8 @@ class Rows:
     ``fields`` (field name → one entry per sample: its bytes, or None where the sample lacks
     the field or could not be read) and ``errors`` (position → its :class:`ShardError` or
     :class:`StorageError`) are the batch in order (bytes-like: the built-in readers give
-    ``bytes``).
+    ``bytes``).  A sample that could not be read keeps the key its sidecar gives it (``""``
+    where none is known), so a skip record names it as its error does.
 
     Putting several shards' samples back in order is done with C-level list operations, not a
     Python loop per sample: a reader's parts are appended as they come, and ordered once.
@@ -98,6 +100,7 @@ class Rows:
     def __init__(self, n: int) -> None:
         self.n = n
         self.errors: dict[int, ShardloaderError] = {}
+        self._failed_keys: dict[int, str] = {}  # position -> the sidecar's key of a failure
         self._parts: list[tuple[Sequence[int], list[str], dict[str, list[Any]]]] = []
         self._ordered: tuple[list[str], dict[str, list[Any]]] | None = None
 
@@ -106,9 +109,12 @@ class Rows:
         self._parts.append((at, keys, fields))
         self._ordered = None
 
-    def fail(self, pos: int, err: ShardloaderError) -> None:
-        """Sample ``pos`` could not be read, because of ``err``."""
+    def fail(self, pos: int, err: ShardloaderError, key: str = "") -> None:
+        """Sample ``pos`` (sidecar key ``key``, when known) could not be read, because of
+        ``err``."""
         self.errors[pos] = err
+        if key:
+            self._failed_keys[pos] = key
         self._ordered = None
 
     def done(self, pos: int) -> bool:
@@ -147,7 +153,8 @@ class Rows:
                 self._ordered = keys, {name: fields[name] for name in names}
                 return self._ordered
         where = [pos for at, _, _ in parts for pos in at] + list(self.errors)
-        keys = [key for _, ks, _ in parts for key in ks] + [""] * len(self.errors)
+        failed = [self._failed_keys.get(pos, "") for pos in self.errors]
+        keys = [key for _, ks, _ in parts for key in ks] + failed
         columns = {}
         for name in names:
             column: list[Any] = []
@@ -176,11 +183,12 @@ def read_rows(
     if fast is not None:
         fast(rows, into, at)
         return
+    keys = getattr(reader, "keys", None)
     for pos, i in zip(at, rows, strict=True):
         try:
             key, fields = reader.read(int(i))
         except (ShardError, StorageError) as err:
-            into.fail(pos, err)
+            into.fail(pos, err, "" if keys is None else str(keys[int(i)]))
             continue
         into.add([pos], [key], {name: [value] for name, value in fields.items()})
 
@@ -337,6 +345,20 @@ class Format(abc.ABC):
 
         ``limit`` bounds the uncompressed bytes, ``max_member`` any one field's.
         """
+
+    def iter_checked(
+        self,
+        src: BinaryIO,
+        compression: str,
+        where: str,
+        index: SampleIndex,
+        limit: int | None = None,
+        max_member: int | None = None,
+    ) -> Iterator[tuple[Sample, int | None]]:
+        """:meth:`iter_stored`, each sample with the checksum its reader checks against the
+        sidecar ``index`` (``verify`` compares them); None (the default): not checked."""
+        for sample in self.iter_stored(src, compression, where, limit, max_member):
+            yield sample, None
 
     def scan(
         self,

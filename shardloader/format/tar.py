@@ -19,7 +19,7 @@ from shardloader.format.base import Format, Sample, ScannedShard
 from shardloader.format.registry import register_format
 from shardloader.format.tarindex import scan_tar
 from shardloader.format.tarreader import TarShardReader
-from shardloader.format.tarstream import BLOCK, iter_tar, split_key
+from shardloader.format.tarstream import BLOCK, iter_checked_tar, iter_tar, split_key
 from shardloader.format.tarwriter import END, USTAR_MAX_SIZE, TarShardWriter, header_size
 from shardloader.manifest import SampleIndex
 
@@ -86,6 +86,20 @@ class TarFormat(Format):
         max_member: int | None = None,
     ) -> Iterator[Sample]:
         return iter_tar(src, compression, where, limit, max_member)
+
+    def iter_checked(
+        self,
+        src: BinaryIO,
+        compression: str,
+        where: str,
+        index: SampleIndex,
+        limit: int | None = None,
+        max_member: int | None = None,
+    ) -> Iterator[tuple[Sample, int | None]]:
+        """Each sample with the XXH3-64 of the bytes its sidecar span covers, as the reader
+        hashes them (``tarstream.SpanDigests``)."""
+        offsets, sizes = index.offsets.tolist(), index.sizes.tolist()
+        return iter_checked_tar(src, compression, where, offsets, sizes, limit, max_member)
 
     def scan(
         self,

@@ -8,17 +8,16 @@ problem in a sample that is not as its sidecar says).
 
 from __future__ import annotations
 
-import io
 import mmap
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, BinaryIO, cast
 
 import numpy as np
 import xxhash
 
 from shardloader.errors import ChecksumError, ShardError, ShardloaderError
 from shardloader.format.base import Rows, Sample, copy_fields
-from shardloader.format.mapped import MappedFile
+from shardloader.format.mapped import LARGE, MappedFile
 from shardloader.format.tarlayout import derive_layout
 from shardloader.format.tarstream import BLOCK, iter_members, iter_samples
 from shardloader.keys import key_lengths
@@ -44,8 +43,11 @@ def _key_bytes(
     return key_lengths(keys)[0].astype(np.int32), None, None
 
 
-def _fields_in(buf: mmap.mmap | bytes, start: int, end: int, key: str) -> dict[str, bytes] | None:
-    """Fast path for one sample of plain ustar members named ``key.ext``, read in place.
+def _fields_in(
+    buf: mmap.mmap | bytes, start: int, end: int, key: str, copy: Callable[[int, int], bytes]
+) -> dict[str, bytes] | None:
+    """Fast path for one sample of plain ustar members named ``key.ext``, read in place (the
+    headers from ``buf``, each member's data by ``copy(start, stop)``).
 
     Header checksums are not recomputed here: staged shards were verified whole against the
     manifest's SHA-256, and any header that does not look like ours (pax/GNU records, another
@@ -73,9 +75,23 @@ def _fields_in(buf: mmap.mmap | bytes, start: int, end: int, key: str) -> dict[s
         name = ext.decode("utf-8", "surrogateescape")
         if name in fields:
             return None
-        fields[name] = buf[data_start : data_start + size]
+        fields[name] = copy(data_start, data_start + size)
         pos = data_start + size + (-size % BLOCK)
     return fields if pos == end else None
+
+
+class _Span:
+    """Bytes ``[start, start + size)`` of a staged file as a stream (the general parser's
+    input), read by :meth:`MappedFile.copy`: a large member's data is one file read."""
+
+    def __init__(self, file: MappedFile, start: int, size: int) -> None:
+        self._file, self._at, self._end = file, start, start + size
+
+    def read(self, n: int = -1) -> bytes:
+        n = self._end - self._at if n < 0 else min(n, self._end - self._at)
+        data = self._file.copy(self._at, self._at + n)
+        self._at += n
+        return data
 
 
 class TarShardReader:
@@ -116,7 +132,7 @@ class TarShardReader:
             key = self._keys[i]
             return ShardError(f"{self._where}: truncated shard: sample {key!r} is cut short")
         if want is not None:
-            got = _XXH3(self._view[offset : offset + size])
+            got = self._file.digest(offset, offset + size)
             if got != want:
                 return self._checksum_error(i, offset, size, got)
         return None
@@ -140,12 +156,11 @@ class TarShardReader:
 
     def _parse(self, i: int, offset: int, size: int) -> Sample:
         key = self._keys[i]
-        fields = _fields_in(self._map, offset, offset + size, key)
+        fields = _fields_in(self._map, offset, offset + size, key, self._file.copy)
         if fields is not None:
             return key, fields
-        blob = self._map[offset : offset + size]
         members = iter_members(
-            io.BytesIO(blob),
+            cast(BinaryIO, _Span(self._file, offset, size)),
             self._where,
             False,
             limit=size,
@@ -237,8 +252,8 @@ class TarShardReader:
             picked = self._table()[listed]
             state = picked[:, 2]
         slow: list[tuple[int, int]] = []
-        if not (state == 1).all():  # few underived rows (cheaper one by one) or irregular ones
-            fast = state == 1
+        fast = (state == 1) & (picked[:, 1] - picked[:, 0] < LARGE)  # large: read() reads
+        if not fast.all():  # few underived rows (one by one is cheaper), irregular or large ones
             slow = [(at[k], listed[k]) for k in np.flatnonzero(~fast).tolist()]
             keep = np.flatnonzero(fast).tolist()
             listed, at, picked = [listed[k] for k in keep], [at[k] for k in keep], picked[keep]
@@ -277,7 +292,7 @@ class TarShardReader:
                     raise problem
                 key, found = self._parse(i, offset, size)
             except ShardError as err:
-                into.fail(pos, err)
+                into.fail(pos, err, self._keys[i])
                 continue
             for name, value in found.items():
                 column = fields.get(name)

@@ -8,8 +8,10 @@ format/base.py).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import BinaryIO
+
+import xxhash
 
 from shardloader.errors import ShardError
 from shardloader.format.base import Sample
@@ -19,7 +21,9 @@ from shardloader.schema import unsafe_key_error
 
 __all__ = [
     "BLOCK",
+    "SpanDigests",
     "TarStream",
+    "iter_checked_tar",
     "iter_members",
     "iter_samples",
     "iter_tar",
@@ -217,7 +221,12 @@ def iter_members(
     reason: str = "the manifest declares (raw_bytes)",
 ) -> Iterator[tuple[str, bytes]]:
     """Yield (name, data) of regular files; each member is read whole (bounded by the caller)."""
-    stream = TarStream(f, where, limit, reason)
+    yield from _members(TarStream(f, where, limit, reason), require_end, max_member)
+
+
+def _members(
+    stream: TarStream, require_end: bool, max_member: int | None
+) -> Iterator[tuple[str, bytes]]:
     for name, size in walk_members(stream, require_end, max_member):
         yield name, stream.read_exact(size, f"member {name!r}")
 
@@ -259,6 +268,86 @@ def iter_tar(
     stream = decompressed(src, compression)
     try:
         yield from iter_samples(iter_members(stream, where, True, limit, max_member), where)
+    except DECOMPRESS_ERRORS as err:
+        if isinstance(err, ShardError):
+            raise
+        raise ShardError(f"{where}: cannot decompress shard ({err})") from err
+
+
+class SpanDigests:
+    """XXH3-64 of byte spans ``[offset, offset + size)`` of a stream fed front to back
+    (:meth:`feed`), spans in the sidecar's order: what the tar reader checks per sample,
+    computed while the stream passes.  Spans must not overlap nor go backwards, as pack and
+    ``index`` write them; one that does is a ShardError."""
+
+    def __init__(self, offsets: Sequence[int], sizes: Sequence[int], where: str) -> None:
+        self._spans = [(a, a + n) for a, n in zip(offsets, sizes, strict=True)]
+        self._where = where
+        self._pos = 0
+        self._hash: xxhash.xxh3_64 | None = None
+        self.digests: list[int] = []  # of the spans passed so far
+
+    def feed(self, data: bytes) -> None:
+        first, n = self._pos, len(data)
+        self._pos += n
+        at = 0  # in ``data``
+        view = memoryview(data)
+        while len(self.digests) < len(self._spans):
+            a, b = self._spans[len(self.digests)]
+            if self._hash is None:
+                if a < first + at:
+                    raise ShardError(
+                        f"{self._where}: the sample index puts sample {len(self.digests)} at "
+                        f"bytes {a}..{b}, before the end of the sample it lists before it; "
+                        "the sidecar does not match the shard"
+                    )
+                if a >= first + n:
+                    return
+                at, self._hash = a - first, xxhash.xxh3_64()
+            stop = min(b, first + n)
+            self._hash.update(view[at : stop - first])
+            at = stop - first
+            if stop < b:
+                return
+            self.digests.append(self._hash.intdigest())
+            self._hash = None
+
+    def digest(self, n: int) -> int:
+        """Span ``n``'s digest; a ShardError when the stream has not passed its end."""
+        if n >= len(self.digests):
+            a, b = self._spans[n] if n < len(self._spans) else (-1, -1)
+            raise ShardError(
+                f"{self._where}: sample {n} of the stream ends before bytes {a}..{b}, where the "
+                "sample index puts it; the sidecar does not match the shard"
+            )
+        return self.digests[n]
+
+
+class _SpanStream(TarStream):
+    def __init__(self, f: BinaryIO, where: str, limit: int | None, spans: SpanDigests) -> None:
+        super().__init__(f, where, limit)
+        self._spans = spans
+
+    def on_data(self, data: bytes) -> None:
+        self._spans.feed(data)
+
+
+def iter_checked_tar(
+    src: BinaryIO,
+    compression: str,
+    where: str,
+    offsets: Sequence[int],
+    sizes: Sequence[int],
+    limit: int | None = None,
+    max_member: int | None = None,
+) -> Iterator[tuple[Sample, int]]:
+    """:func:`iter_tar`, each sample with the XXH3-64 of the bytes its sidecar span
+    (``offsets[n]``, ``sizes[n]``) covers, hashed as the stream passes them (``verify``)."""
+    spans = SpanDigests(offsets, sizes, where)
+    stream = _SpanStream(decompressed(src, compression), where, limit, spans)
+    try:
+        for n, sample in enumerate(iter_samples(_members(stream, True, max_member), where)):
+            yield sample, spans.digest(n)
     except DECOMPRESS_ERRORS as err:
         if isinstance(err, ShardError):
             raise

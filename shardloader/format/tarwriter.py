@@ -78,6 +78,9 @@ def header_size(name: str, size: int) -> int:
     return len(_member_header(name, size))
 
 
+_JOIN_BELOW = 1 << 20  # bytes of a sample joined before writing (see TarShardWriter.add)
+
+
 class TarShardWriter:
     """Writes samples as tar members through zstd/gzip/no compression."""
 
@@ -101,14 +104,23 @@ class TarShardWriter:
             pad = -len(data) % BLOCK
             if pad:
                 parts.append(b"\0" * pad)
-        blob = b"".join(parts)
-        self._sink.write(blob)
-        self._raw += len(blob)
+        size = sum(map(len, parts))
+        if size < _JOIN_BELOW:  # one write and one hash: cheaper for the many small samples
+            blob = b"".join(parts)
+            self._sink.write(blob)
+            digest = xxhash.xxh3_64_intdigest(blob)
+        else:  # a large sample is written and hashed piece by piece: never a second copy
+            h = xxhash.xxh3_64()
+            for part in parts:
+                self._sink.write(part)
+                h.update(part)
+            digest = h.intdigest()
+        self._raw += size
         self._keys.append(key)
         self._offsets.append(start)
-        self._sizes.append(len(blob))
+        self._sizes.append(size)
         self._lengths.append(-1 if length is None else length)
-        self._sums.append(xxhash.xxh3_64_intdigest(blob))
+        self._sums.append(digest)
 
     def add_records(
         self,

@@ -28,8 +28,6 @@ its field bytes, wherever they go; a shard adds the 8,192 bytes of header and ta
 
 from __future__ import annotations
 
-import mmap
-import os
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, BinaryIO
 
@@ -39,6 +37,7 @@ import xxhash
 from shardloader.errors import ChecksumError, ShardError
 from shardloader.format.base import Format, Sample, WrittenShard
 from shardloader.format.compress import CHUNK, CompressedSink
+from shardloader.format.mapped import MappedFile
 from shardloader.format.registry import register_format
 from shardloader.format.tokenlayout import (
     CHUNKS,
@@ -56,7 +55,7 @@ from shardloader.format.tokenlayout import (
     stream_field,
     token_dtype,
 )
-from shardloader.format.tokenstream import iter_tokens
+from shardloader.format.tokenstream import iter_checked_tokens, iter_tokens
 from shardloader.manifest import SampleIndex
 
 if TYPE_CHECKING:
@@ -179,11 +178,9 @@ class TokenStream:
 
     def __init__(self, local_path: str, where: str, verify: bool = True) -> None:
         self.where = where
-        self._map: Any = b""
-        with open(local_path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if size:
-                self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        self.file = MappedFile(local_path)  # also reads a large sample through the file
+        self._map: Any = self.file.map
+        size = self.file.size
         try:
             head = Header(bytes(self._map[:HEADER_BYTES]), where)
             if head.total != size:
@@ -195,7 +192,7 @@ class TokenStream:
             self.close()
             raise
         self.header = head
-        self.view = memoryview(self._map)
+        self.view = self.file.view
         self.verify = verify
         self._checked = np.zeros(CHUNKS, bool)
         self.all_checked = not verify or not head.chunk  # every chunk checked: skip the calls
@@ -246,14 +243,9 @@ class TokenStream:
         tokens = getattr(self, "tokens", None)
         if tokens is not None:
             self.tokens = np.zeros(0, tokens.dtype)
-        view = getattr(self, "view", None)
-        if view is not None:
-            view.release()
-        if isinstance(self._map, mmap.mmap):
-            try:
-                self._map.close()
-            except BufferError:  # a token array someone still holds: the GC unmaps it
-                pass
+        file = getattr(self, "file", None)
+        if file is not None:  # a token array someone still holds: the GC unmaps it
+            file.close()
 
 
 class TokenShardReader:
@@ -282,6 +274,11 @@ class TokenShardReader:
     def tokens(self) -> np.ndarray:
         return self.stream.tokens
 
+    @property
+    def keys(self) -> Sequence[str]:
+        """The sidecar's keys (a sample that fails to read is still named by its key)."""
+        return self._index.keys
+
     def read(self, i: int) -> Sample:
         head, key_of = self.header, self._index.keys[i]
         pos = self._offsets[i]
@@ -299,11 +296,11 @@ class TokenShardReader:
                 lengths = np.zeros(len(self._index), np.int64)
             self._token_at = np.concatenate([[0], np.cumsum(lengths)]).tolist()
         t0, t1 = self._token_at[i] * head.itemsize, self._token_at[i + 1] * head.itemsize
-        tokens = self._view[HEADER_BYTES + t0 : HEADER_BYTES + t1]
+        file = self.stream.file
         if self._sums is not None:
-            digest = xxhash.xxh3_64_intdigest(self._view[pos:end])
+            digest = file.digest(pos, end)
             if t1 > t0:
-                digest = xxhash.xxh3_64_intdigest(tokens, seed=digest)
+                digest = file.digest(HEADER_BYTES + t0, HEADER_BYTES + t1, seed=digest)
             if digest != self._sums[i]:
                 raise ChecksumError(
                     f"{self._where}: sample {key!r} (bytes {pos}..{end}, tokens {t0}..{t1}) "
@@ -319,9 +316,9 @@ class TokenShardReader:
                         f"{self._where}: sample {key!r}: its record says {size} token bytes, "
                         f"its sidecar length {t1 - t0}: the shard and its sidecar do not match"
                     )
-                out[name] = bytes(tokens)
+                out[name] = file.copy(HEADER_BYTES + t0, HEADER_BYTES + t1)
             else:
-                out[name] = self._view[at : at + size].tobytes()
+                out[name] = file.copy(at, at + size)
         return key, out
 
     def close(self) -> None:
@@ -361,6 +358,18 @@ class TokenFormat(Format):
         max_member: int | None = None,
     ) -> Iterator[Sample]:
         return iter_tokens(src, compression, where, limit, max_member)
+
+    def iter_checked(
+        self,
+        src: BinaryIO,
+        compression: str,
+        where: str,
+        index: SampleIndex,
+        limit: int | None = None,
+        max_member: int | None = None,
+    ) -> Iterator[tuple[Sample, int | None]]:
+        """Each sample with the XXH3-64 of its record and tokens, as the reader computes it."""
+        yield from iter_checked_tokens(src, compression, where, limit, max_member)
 
     def entry_problem(
         self, num_samples: int, stored: int, raw: int, compression: str

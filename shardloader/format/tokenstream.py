@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import BinaryIO
 
+import xxhash
+
 from shardloader.errors import ShardError
 from shardloader.format.base import Sample
 from shardloader.format.compress import CHUNK, DECOMPRESS_ERRORS, decompressed, too_big
@@ -16,7 +18,7 @@ from shardloader.format.tokenlayout import HEADER_BYTES, U16, U64, Header
 from shardloader.keys import unsafe_key_reason
 from shardloader.schema import unsafe_key_error
 
-__all__ = ["iter_tokens"]
+__all__ = ["iter_checked_tokens", "iter_tokens"]
 
 
 class _Input:
@@ -27,6 +29,7 @@ class _Input:
         self._buf = b""
         self._pos = 0
         self.count = 0
+        self.hash: xxhash.xxh3_64 | None = None  # when set, every byte read goes into it
 
     def read(self, n: int, what: str) -> bytes:
         if self._limit is not None and self.count + n > self._limit:
@@ -43,7 +46,10 @@ class _Input:
             got += len(take)
             self._buf, self._pos = chunk, len(take)
         self.count += n
-        return parts[0] if len(parts) == 1 else b"".join(parts)
+        out = parts[0] if len(parts) == 1 else b"".join(parts)
+        if self.hash is not None:
+            self.hash.update(out)
+        return out
 
     def at_end(self) -> bool:
         return self._pos >= len(self._buf) and not self._stream.read(1)
@@ -58,6 +64,19 @@ def iter_tokens(
 ) -> Iterator[Sample]:
     """Every sample of a stored token shard, front to back; the token region is held (it is
     read first) and checked against its table.  Bounded by ``limit`` and ``max_member``."""
+    for sample, _ in iter_checked_tokens(src, compression, where, limit, max_member):
+        yield sample
+
+
+def iter_checked_tokens(
+    src: BinaryIO,
+    compression: str,
+    where: str,
+    limit: int | None = None,
+    max_member: int | None = None,
+) -> Iterator[tuple[Sample, int]]:
+    """:func:`iter_tokens`, each sample with the XXH3-64 its sidecar records: of its record's
+    bytes, then (seeded by that) of its tokens, as the writer and the reader compute it."""
     try:
         data = _Input(decompressed(src, compression), where, limit)
         head = Header(data.read(HEADER_BYTES, "the header"), where)
@@ -66,11 +85,16 @@ def iter_tokens(
         region = data.read(head.token_bytes, "the token region")
         for c in range(-(-head.token_bytes // head.chunk) if head.chunk else 0):
             head.check_chunk(region, c, where)
-        cursor = 0
+        cursor, view = 0, memoryview(region)
         for _ in range(head.num_samples):
+            data.hash = xxhash.xxh3_64()
             sample, used = _nextparse_record(data, head, region, cursor, where, max_member)
+            digest = data.hash.intdigest()
+            data.hash = None
+            if used:
+                digest = xxhash.xxh3_64_intdigest(view[cursor : cursor + used], seed=digest)
             cursor += used
-            yield sample
+            yield sample, digest
         if cursor != head.token_bytes or data.count != head.total or not data.at_end():
             raise ShardError(
                 f"{where}: the token shard's records do not add up to its header (tokens "

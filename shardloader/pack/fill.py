@@ -158,6 +158,13 @@ def _load(spec: WriteSpec, sample: SampleRef) -> tuple[dict[str, bytes], int | N
     problem = unsafe_key_reason(sample.key)
     if problem is not None:  # readers refuse such keys: never write one
         raise _Bad(sample, _key_reason(problem))
+    cap = spec.max_sample_size
+    if cap is not None:  # before any of it is read
+        size = sum(v.size if isinstance(v, FileRef) else len(v) for _, v in sample.fields)
+        if size > cap:
+            refs = [v for _, v in sample.fields if isinstance(v, FileRef)]
+            biggest = max(refs, key=lambda r: r.size) if refs else None  # named in the error
+            raise _Bad(sample, _too_large(size, cap), biggest)
     fields: dict[str, bytes] = {}
     parsed: dict[str, Any] = {}
     for ext, value in sample.fields:
@@ -174,6 +181,10 @@ def _load(spec: WriteSpec, sample: SampleRef) -> tuple[dict[str, bytes], int | N
             raise _Bad(sample, f"field {ext!r}: {reason}", ref) from err
         fields[ext] = data
     return fields, _measure(spec, sample, fields, parsed.get("json"))
+
+
+def _too_large(size: int, cap: int) -> str:
+    return f"the sample holds {size:,} bytes of input, more than --max-sample-size allows ({cap:,})"
 
 
 def _key_reason(problem: str) -> str:
@@ -223,6 +234,7 @@ def _write_run(
     :class:`SampleRef` per line (one is built for a bad line, to name it).  A writer with
     ``add_records`` (tar) takes the good lines in one call."""
     kind, stem, first = run.kind, run.stem, int(run.starts[0])
+    cap = spec.max_sample_size
     codec = spec.fields[kind].codec
     problem = unsafe_key_reason(run.key(0))  # the same for every line: only digits differ
     is_json = codec == "json"
@@ -233,11 +245,14 @@ def _write_run(
     for n, s, k in zip(
         run.numbers.tolist(), run.starts.tolist(), run.lengths.tolist(), strict=True
     ):
-        line = data[s - first : s - first + k]
         key = f"{stem}/{n:09d}"
+        line = b""  # sliced once it is known to fit
         try:
             if problem is not None:
                 raise _Bad(_NO_SAMPLE, _key_reason(problem))
+            if cap is not None and k > cap:
+                raise _Bad(_NO_SAMPLE, _too_large(k, cap))
+            line = data[s - first : s - first + k]
             try:
                 value = _parse_json(line) if is_json else None
                 if not is_json:

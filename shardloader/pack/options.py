@@ -48,6 +48,9 @@ class PackOptions:
     # uncompressed bytes per shard; 0: no limit; None: auto (auto_shard_size of the input)
     shard_size: int | None = None
     max_samples: int | None = None  # samples per shard
+    # bytes of one sample's input (its files, or its line); larger is a bad sample, refused
+    # or skipped (--on-error) before it is read: what one sample may cost a pack worker
+    max_sample_size: int | None = None
     layout: str = AUTO  # auto | a registered layout (shardloader.pack.layouts)
     on_error: str = "fail"  # fail | skip
     validate: bool = False  # decode images to check them
@@ -75,6 +78,8 @@ class PackOptions:
             raise bad(f"--shard-size {self.shard_size} must be >= 0 (0: no limit)")
         if self.max_samples is not None and self.max_samples < 1:
             raise bad(f"--max-samples {self.max_samples} must be >= 1")
+        if self.max_sample_size is not None and self.max_sample_size < 1:
+            raise bad(f"--max-sample-size {self.max_sample_size} must be >= 1 byte")
         if self.layout not in layout_names(auto=True):
             raise bad(
                 f"--layout {self.layout!r}: choose one of {', '.join(layout_names(auto=True))}"

@@ -52,7 +52,7 @@ from shardloader.pack.replace import (
 )
 from shardloader.pack.task import ShardResult, ShardTask, WriteSpec
 from shardloader.pack.tokenizer import add_tokens
-from shardloader.pack.write import place_shard, write_and_place, write_shard
+from shardloader.pack.write import place_shard, write_and_place, write_shard, writing
 from shardloader.storage.store import Store
 from shardloader.storage.uploads import Uploads
 
@@ -75,6 +75,8 @@ def _options_digest(
         "layout": source.layout,
         "classes": list(source.classes),
     }
+    if options.max_sample_size is not None:  # skips change the shards (absent: as before)
+        ident["max_sample_size"] = options.max_sample_size
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()
 
 
@@ -173,6 +175,7 @@ def _pack(
         text=source.text,
         tokenizer=tok_meta["path"] if tok_meta else None,
         resume=options.resume,
+        max_sample_size=options.max_sample_size,
     )
     run = _Run(spec, options, progress, start, None if parted else source.total_bytes)
     run.defer = finished is not None and options.overwrite  # placed once every shard is written
@@ -237,7 +240,8 @@ def _pack(
             extra=extra,
             aliases=logical.aliases,
         )
-        out_store.join(MANIFEST_NAME).write_bytes_atomic(manifest.to_json())
+        with writing(f"the manifest {out_store.join(MANIFEST_NAME).url}"):
+            out_store.join(MANIFEST_NAME).write_bytes_atomic(manifest.to_json())
     except BaseException:
         executor.abort()  # before removing temporaries: no worker is still writing one
         run.uploads.close()  # before the files they read go
@@ -343,7 +347,9 @@ class _Run:
         """The shard to its final name (rename or upload), then its sidecar."""
         place_shard(self.spec, r)
         assert r.sidecar is not None
-        self.spec.out.join(r.index_name).write_bytes_atomic(r.sidecar)
+        sidecar = self.spec.out.join(r.index_name)
+        with writing(f"sidecar {sidecar.url}"):
+            sidecar.write_bytes_atomic(r.sidecar)
 
     def _finish(self, r: ShardResult) -> None:
         if r.num_samples == 0:  # every sample skipped: no shard

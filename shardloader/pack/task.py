@@ -39,6 +39,7 @@ class WriteSpec:
     text: TextRule | None = None
     tokenizer: str | None = None  # local path of a Hugging Face tokenizers JSON file
     resume: bool = False
+    max_sample_size: int | None = None  # PackOptions.max_sample_size
     # where the format is defined: a worker process imports it (a third-party format)
     format_module: str = ""
 

@@ -11,6 +11,7 @@ in pack/resume.py).
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import logging
 import os
@@ -19,10 +20,12 @@ import signal
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
-from shardloader.errors import ShardloaderError
+from shardloader.errors import ShardloaderError, StorageError
 from shardloader.format.base import WrittenShard
 from shardloader.format.registry import get_format
 from shardloader.manifest import SampleIndex
@@ -34,6 +37,7 @@ from shardloader.pack.task import ShardResult, ShardTask, WriteSpec, temp_name
 from shardloader.storage.store import Store
 
 __all__ = [
+    "writing",
     "write_shard",
     "place_shard",
     "write_and_place",
@@ -46,6 +50,31 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _HASH_CHUNK = 4 << 20
+
+
+_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+@contextmanager
+def writing(what: str) -> Iterator[None]:
+    """Turn an OSError while writing ``what`` (a path, named as the user gave OUT) into one
+    :class:`StorageError` naming it, so a full disk is one line and exit 1, not a traceback.
+    Whatever is whole is kept: the finished shards and their sidecars, which ``--resume``
+    reuses; the caller removes its temporary file."""
+    try:
+        yield
+    except ShardloaderError:
+        raise
+    except OSError as err:
+        reason = err.strerror or str(err)
+        if err.errno in _FULL:
+            hint = "the disk (or your quota) is full: free space, or pack to another OUT"
+        else:
+            hint = "check the folder's permissions and file system"
+        raise StorageError(
+            f"cannot write {what}: {reason}; {hint}, then re-run with --resume (the shards "
+            "finished so far are kept)"
+        ) from err
 
 
 # -- worker process -------------------------------------------------------------------------
@@ -153,7 +182,7 @@ def write_shard(spec: WriteSpec, task: ShardTask) -> ShardResult:
     tmp = temp_name(spec, task.name)
     skips: list[dict[str, Any]] = []
     try:
-        with open(tmp, "wb") as f:
+        with writing(f"shard {spec.out.join(task.name).url} (writing {tmp})"), open(tmp, "wb") as f:
             writer = get_format(spec.fmt, spec.format_module).writer(
                 f, spec.compression, spec.fields
             )
@@ -203,7 +232,8 @@ def place_shard(spec: WriteSpec, r: ShardResult) -> ShardResult:
     if r.temp is None:
         return r
     if r.num_samples:
-        spec.out.join(r.name).put_file(r.temp)
+        with writing(f"shard {spec.out.join(r.name).url}"):
+            spec.out.join(r.name).put_file(r.temp)
     if os.path.exists(r.temp):  # uploaded (remote OUT), or empty: drop the local copy
         os.remove(r.temp)
     return replace(r, temp=None)

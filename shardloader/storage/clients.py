@@ -158,9 +158,7 @@ def clear_clients() -> None:
         _CLIENTS.clear()
         _MAKING.clear()
     for client in clients:
-        close = getattr(client, "close", None)
-        if close is not None:
-            close()
+        getattr(client, "close", lambda: None)()
 
 
 # -- HTTP(S) --------------------------------------------------------------------------------------
@@ -296,9 +294,8 @@ class HttpClient:
     def close(self) -> None:
         """Close the kept-alive connections (ones lent out close when their body does)."""
         with self._lock:
-            idle = [c for conns in self._idle.values() for c in conns]
-            self._idle.clear()
-        for conn in idle:
+            idle, self._idle = self._idle, {}
+        for conn in (c for conns in idle.values() for c in conns):
             conn.close()
 
     def _put(self, origin: tuple[str, str], conn: http.client.HTTPConnection) -> None:
