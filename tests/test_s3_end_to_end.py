@@ -29,7 +29,8 @@ import shardloader as sl
 from shardloader.cli import main
 from shardloader.errors import ChecksumError
 from shardloader.manifest import Manifest, ShardInfo
-from shardloader.shuffle import ShuffleOptions, epoch_order
+from shardloader.order import epoch_order
+from shardloader.shuffle import ShuffleOptions
 from shardloader.storage.retry import RetryPolicy
 
 pytestmark = pytest.mark.subprocess  # the moto S3 server process

@@ -70,6 +70,7 @@ class Request:
     start: int
     steps: int
     shm: bool = False  # the client asked for the shared-memory handover (NOTE [shm handover])
+    ranks_per_node: int | None = None  # as the client detected them (NOTE [node partitions])
 
 
 class Stream:
@@ -186,7 +187,13 @@ class Stream:
         try:
             if r.start < r.steps:
                 view = pass_dataset(
-                    self.dataset, r.epoch, r.position, r.rank, r.world_size, r.start
+                    self.dataset,
+                    r.epoch,
+                    r.position,
+                    r.rank,
+                    r.world_size,
+                    r.start,
+                    r.ranks_per_node,
                 )
                 extra: dict[str, Any] = {"persistent_workers": False}
                 if self.options.workers:
