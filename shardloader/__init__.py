@@ -40,6 +40,7 @@ if _typing.TYPE_CHECKING:
     from shardloader.manifest import Manifest, read_manifest
     from shardloader.mixture import Mixture
     from shardloader.monitoring import Monitor, MonitorStats, monitor
+    from shardloader.partition import Partition
     from shardloader.service.client import RemoteLoader
     from shardloader.shards import ReadOptions
     from shardloader.shuffle import ShuffleOptions
@@ -73,6 +74,7 @@ _EXPORTS = {
     "RemoteLoader": "shardloader.service.client",
     "ReadOptions": "shardloader.shards",
     "ShuffleOptions": "shardloader.shuffle",
+    "Partition": "shardloader.partition",
     "CacheOptions": "shardloader.storage.cache",
     "RetryPolicy": "shardloader.storage.retry",
     "DetectionCollate": "shardloader.vision.collate",
@@ -125,6 +127,7 @@ __all__ = [
     "ShardedDataset",
     "ShardloaderError",
     "ShuffleOptions",
+    "Partition",
     "StorageError",
     "TokenBlocks",
     "TokenBudgetBatches",

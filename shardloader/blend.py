@@ -32,7 +32,8 @@ from fractions import Fraction
 import numpy as np
 
 from shardloader.errors import UsageError
-from shardloader.shuffle import ShuffleOptions, epoch_order
+from shardloader.order import epoch_order
+from shardloader.shuffle import ShuffleOptions
 
 __all__ = ["MAX_PARTS", "integer_parts", "blend_period", "blend_counts", "MixOrder"]
 
@@ -116,11 +117,30 @@ def blend_counts(parts: tuple[int, ...], n: int) -> np.ndarray:
 
 @functools.lru_cache(maxsize=32)
 def _source_epoch(
-    sizes: tuple[int, ...], seed: int, epoch: int, shuffle: ShuffleOptions
+    sizes: tuple[int, ...], seed: int, epoch: int, shuffle: ShuffleOptions, nodes: int = 1
 ) -> np.ndarray:
-    order = epoch_order(np.asarray(sizes, np.int64), seed, epoch, shuffle)
+    """A source's own epoch order; with several partitions their orders dealt in turn
+    (position ``c`` from partition ``c mod nodes``: NOTE [mixture partitions] in MixOrder)."""
+    units = np.asarray(sizes, np.int64)
+    if nodes == 1:
+        order = epoch_order(units, seed, epoch, shuffle)
+    else:
+        from shardloader.nodelists import node_order
+
+        planning = _SourcePlanning(seed, shuffle)
+        order = np.empty(int(units.sum()), np.int64)
+        for n in range(nodes):
+            order[n::nodes] = np.asarray(node_order(planning, epoch, nodes, n, units))
     order.setflags(write=False)
     return order
+
+
+@dataclass(frozen=True)
+class _SourcePlanning:
+    """What :func:`~shardloader.nodelists.node_order` reads of a planning: a source's own."""
+
+    seed: int
+    shuffle: ShuffleOptions
 
 
 @dataclass(frozen=True)
@@ -182,9 +202,22 @@ class MixOrder:
 
     def order(self, epoch: int) -> np.ndarray:
         """Virtual sample ids of mixture epoch ``epoch``, in blended order."""
+        return self.partitioned(epoch, 1)[0]
+
+    def partitioned(self, epoch: int, nodes: int) -> tuple[np.ndarray, np.ndarray]:
+        """Virtual sample ids of mixture epoch ``epoch`` in blended order, and the partition
+        each position belongs to (of ``nodes``).
+
+        NOTE [mixture partitions]: each source's own epoch deals its positions to the
+        partitions in turn (pick ``c`` of a source epoch from partition ``c mod nodes``'s
+        span of that epoch's shuffled shards), so every partition gets its share of every
+        source, spread evenly over the blend, and reads only its own spans' shards; a
+        partition's order is the blend's positions that are its own.  With one partition this
+        is the blend as it always was."""
         src = self.sources(epoch)
         cursors, offsets, sizes = self.cursors(epoch), self.offsets, self.sizes
         out = np.empty(len(src), np.int64)
+        node_of = np.zeros(len(src), np.int64)
         for s in range(len(self.shard_sizes)):
             at = np.flatnonzero(src == s)
             if not at.size:
@@ -193,9 +226,14 @@ class MixOrder:
             first, size = int(cursors[s]), int(sizes[s])
             for e in range(first // size, (first + at.size - 1) // size + 1):
                 lo, hi = max(first, e * size), min(first + at.size, (e + 1) * size)
-                order = _source_epoch(self.shard_sizes[s], self.seeds[s], e, self.shuffles[s])
-                out[at[lo - first : hi - first]] = offsets[s] + order[lo - e * size : hi - e * size]
-        return out
+                order = _source_epoch(
+                    self.shard_sizes[s], self.seeds[s], e, self.shuffles[s], nodes
+                )
+                where = at[lo - first : hi - first]
+                out[where] = offsets[s] + order[lo - e * size : hi - e * size]
+                if nodes > 1:
+                    node_of[where] = np.arange(lo - e * size, hi - e * size) % nodes
+        return out, node_of
 
     def source_epochs(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
         """Per source: its own epoch at the end of mixture epoch ``epoch`` and how many of its

@@ -10,7 +10,6 @@ sequence per rank whatever ``num_workers`` is, elastic and instant resume throug
 
 from __future__ import annotations
 
-import copy
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -21,31 +20,42 @@ from torch.utils.data import IterableDataset
 from shardloader.aliases import FieldMap
 from shardloader.batching.base import check_positive
 from shardloader.codecs import Decoder
-from shardloader.control import Control
-from shardloader.elastic import elastic_field, encode_history, history_of, saved_shape, shape_of
+from shardloader.elastic import (
+    Reshape,
+    elastic_field,
+    saved_shape,
+)
 from shardloader.epoch import EpochPlan, EpochPlanner, EpochReport, load_lengths
 from shardloader.errors import UsageError
 from shardloader.ledger import Ledger, SkipLog
 from shardloader.manifest import read_manifest
+from shardloader.partition import PARTITIONS
+from shardloader.position import _PER_NODE, _RANK, _WORLD, DatasetPosition, integer
 from shardloader.sampleread import SampleSource, iterate_samples
 from shardloader.shards import ReadOptions, ShardSet
 from shardloader.shuffle import ShuffleOptions, derive_seed, seed_global_rngs
-from shardloader.split import UNEVEN_POLICIES, Place
-from shardloader.world import detect_place, detect_world
+from shardloader.split import UNEVEN_POLICIES
+from shardloader.world import detect_place
 
 __all__ = ["ShardedDataset", "EpochReport"]
 
-_EPOCH, _START, _RANK, _WORLD = range(4)
 _DEFAULT_DECODER = Decoder()
 
 
-class ShardedDataset(IterableDataset):  # type: ignore[type-arg]
+class ShardedDataset(DatasetPosition, IterableDataset):  # type: ignore[type-arg]
     """Stream a packed dataset (local folder or any fsspec URL) into PyTorch.
 
     ``batch_size`` forms batches inside the workers (needed for the guarantee that a rank's
     sequence does not depend on ``num_workers``); ``planner`` replaces fixed batches with
     bucketing, token budgets or packing.  ``uneven`` says how ranks are evened out: ``"pad"``
     repeats samples, ``"drop"`` leaves them out; :meth:`report` gives the numbers.
+
+    ``partition`` says which share of each epoch a node reads (NOTE [node partitions] in
+    :mod:`shardloader.partition`): ``"node"`` (default) a span of the shuffled shards per node,
+    so the job reads each byte about once per epoch; ``"rank"`` a span per rank; ``"global"``
+    every node reads every shard (the most mixing inside a batch, for a small cluster whose
+    node caches hold the data).  ``ranks_per_node`` overrides what :mod:`shardloader.world`
+    detects (torchrun, Slurm); unknown, ``"node"`` falls back to ``"rank"``.
 
     The planner decides the collate where it must agree with the plan (its
     ``resolve_collate``): ``PackedBatches(..., pad_id=...)`` builds its PackCollate when
@@ -71,10 +81,15 @@ class ShardedDataset(IterableDataset):  # type: ignore[type-arg]
         world_size: int | None = None,
         read: ReadOptions | None = None,
         aliases: Mapping[str, Sequence[str]] | None = None,
+        partition: str = "node",
+        ranks_per_node: int | None = None,
     ) -> None:
         super().__init__()
         if uneven not in UNEVEN_POLICIES:
             raise UsageError(f"uneven={uneven!r} is not one of {UNEVEN_POLICIES}")
+        if partition not in PARTITIONS:
+            raise UsageError(f"partition={partition!r} is not one of {PARTITIONS}")
+        self.partition_mode = partition
         if on_error not in ("raise", "skip"):
             raise UsageError(f"on_error={on_error!r} is not 'raise' or 'skip'")
         if batch_size is not None and planner is not None:
@@ -89,7 +104,7 @@ class ShardedDataset(IterableDataset):  # type: ignore[type-arg]
         self.batch_size = batch_size
         self.planner = planner
         self.shuffle = shuffle if isinstance(shuffle, ShuffleOptions) else ShuffleOptions(shuffle)
-        self.seed = _integer("seed", seed)
+        self.seed = integer("seed", seed)
         self.uneven = uneven
         self.transform = transform
         resolve = getattr(planner, "resolve_collate", None)
@@ -103,11 +118,7 @@ class ShardedDataset(IterableDataset):  # type: ignore[type-arg]
         self._planning.signature()  # a planner must declare its options (or fail here)
         self._bundle = 1  # batches per worker output: NOTE [bundles] in shardloader/transport.py
         self._ring: Any = None  # the loader's shared buffers (NOTE [ring slots] there)
-        self._explicit_world = (rank, world_size)
-        r, w = detect_world(rank, world_size)
-        Place(r, w)  # validate
-        self._control = Control([0, 0, r, w])
-        self._reshapes = Control(encode_history(()))  # NOTE [reshape history] (elastic.py)
+        self._init_position(rank, world_size, ranks_per_node)
         self._skip_log: SkipLog | None = None  # ledger.py: where run-time skips are appended
         self._lengths: np.ndarray | None = None
         bind = getattr(planner, "bind", None)
@@ -127,85 +138,6 @@ class ShardedDataset(IterableDataset):  # type: ignore[type-arg]
         state["_plan_cache"] = None
         return state
 
-    # -- public state ---------------------------------------------------------------------
-    @property
-    def epoch(self) -> int:
-        return self._control.get()[_EPOCH]
-
-    @property
-    def rank(self) -> int:
-        return self._control.get()[_RANK]
-
-    @property
-    def world_size(self) -> int:
-        return self._control.get()[_WORLD]
-
-    @property
-    def position(self) -> int:
-        """Global batches of the current epoch the next pass skips (its resume point)."""
-        return self._control.get()[_START]
-
-    def resume_point(self) -> tuple[int, int]:
-        """``(epoch, position)`` read together: where the next pass starts."""
-        values = self._control.get()
-        return values[_EPOCH], values[_START]
-
-    def set_epoch(self, epoch: int) -> None:
-        """Choose the epoch (reshuffles); keeps a loaded resume position for that same epoch."""
-        epoch = _integer("epoch", epoch)
-        if epoch != self.epoch:
-            self._control.set(_START, 0)
-            self._set_reshapes(())
-        self._control.set(_EPOCH, epoch)
-
-    def seek(self, epoch: int, position: int, reshapes: Sequence[tuple[int, int]] = ()) -> None:
-        """Start the next pass of ``epoch`` after ``position`` global batches (all ranks).
-
-        A rank's ``j``-th step of an epoch is global batch ``j * world_size + rank``, so to
-        continue every rank at step ``j`` seek to ``position = j * world_size``.
-        ``reshapes`` (what ``load_state_dict`` passes after a batch-shape change) are the
-        epoch's earlier ``(shape, global batches)`` links; ``position`` then counts batches
-        of the rest, re-planned for the current shape (NOTE [reshape history] in
-        :mod:`shardloader.elastic`).
-        """
-        epoch, position = _integer("epoch", epoch), _integer("position", position)
-        if position < 0:
-            raise UsageError(f"position must be >= 0, got {position}")
-        self._set_reshapes(reshapes)
-        self._control.set(_EPOCH, epoch)
-        self._control.set(_START, position)
-
-    @property
-    def reshapes(self) -> tuple[tuple[int, int], ...]:
-        """The current epoch's earlier batch-shape links (empty unless a resume changed the
-        shape): ``((shape, global batches consumed), ...)``."""
-        return history_of(self._reshapes.get())
-
-    @property
-    def shape(self) -> int | None:
-        """The value of the option a resume may change (``batch_size``, the planner's
-        ``elastic`` option), or None for a planner that cannot change shape."""
-        return shape_of(self._planning)
-
-    def _set_reshapes(self, reshapes: Sequence[tuple[int, int]]) -> None:
-        for i, value in enumerate(encode_history(reshapes)):
-            self._reshapes.set(i, value)
-
-    def for_rank(self, rank: int, world_size: int) -> ShardedDataset:
-        """A copy of this dataset (same manifest, seed, plan) that reads as ``rank``."""
-        Place(rank, world_size)
-        clone = copy.copy(self)
-        clone._explicit_world = (rank, world_size)
-        clone._control = Control([self.epoch, 0, rank, world_size])
-        clone._reshapes = Control(encode_history(()))
-        return clone
-
-    def refresh_world(self) -> None:
-        """Re-detect rank/world (call after ``init_process_group``; make_loader does)."""
-        r, w = detect_world(*self._explicit_world)
-        self._control.set(_RANK, r)
-        self._control.set(_WORLD, w)
-
     def use_transport(self, bundle: int, ring: Any) -> None:
         """Hand ``bundle`` batches over per DataLoader item, through ``ring``'s shared slots:
         set in each worker by :class:`~shardloader.loader.ShardLoader` (NOTE [bundles] in
@@ -221,15 +153,25 @@ class ShardedDataset(IterableDataset):  # type: ignore[type-arg]
 
     def global_batches(self, epoch: int | None = None) -> list[np.ndarray]:
         """The epoch's global batches (sample ids ``[k]`` or segments ``[k, 3]``, see
-        :mod:`shardloader.batching`) before ranks are evened out; pure, reads no shard."""
+        :mod:`shardloader.batching`) of one partition, before ranks are evened out; pure,
+        reads no shard."""
         return list(self._plan(self.epoch if epoch is None else epoch, 0, 0, 1).batches)
+
+    def plan(self, epoch: int | None = None) -> EpochPlan:
+        """This rank's plan of an epoch (its partition's batches and the rank's slots in
+        them), the current one as resumed, any other from its start; pure, reads no shard."""
+        current, position, history = self._where()
+        e = current if epoch is None else integer("epoch", epoch)
+        if e != current:
+            position, history = 0, ()
+        return self._plan(e, position, self.rank, self.world_size, history)
 
     def report(self, epoch: int | None = None) -> EpochReport:
         """Steps per rank, samples padded/dropped/truncated and where every token goes (all
         ranks together) for an epoch; plans the epoch, reads nothing but the sidecar lengths."""
-        e, plan = self._epoch_plan(epoch)
+        e, plans = self._epoch_plans(epoch)
         lengths = self._lengths if self._lengths is not None else self._lengths_for_report()
-        return self._planning.report(e, plan, lengths, self.collate_fn)
+        return self._planning.report(e, plans, lengths, self.collate_fn)
 
     def ledger(self, epoch: int | None = None) -> Ledger:
         """Which samples of an epoch are padded, dropped or truncated, and why: computed from
@@ -239,18 +181,20 @@ class ShardedDataset(IterableDataset):  # type: ignore[type-arg]
         plan] in :mod:`shardloader.ledger`)."""
         from shardloader.ledger import build
 
-        e, plan = self._epoch_plan(epoch)
+        e, plans = self._epoch_plans(epoch)
         lengths = self._lengths if self._lengths is not None else self._lengths_for_report()
-        return build(e, self.world_size, self._planning, plan, lengths, self.collate_fn)
+        return build(e, self.world_size, self._planning, plans, lengths, self.collate_fn)
 
-    def _epoch_plan(self, epoch: int | None) -> tuple[int, EpochPlan]:
-        """An epoch's plan for this rank: the current one as resumed (its position and
+    def _epoch_plans(self, epoch: int | None) -> tuple[int, list[EpochPlan]]:
+        """Every partition's plan of an epoch: the current one as resumed (its position and
         reshapes), any other from its start."""
-        current, position = self.resume_point()
-        e = current if epoch is None else _integer("epoch", epoch)
-        if e == current:
-            return e, self._plan(e, position, self.rank, self.world_size, self.reshapes)
-        return e, self._plan(e, 0, self.rank, self.world_size)
+        current, position, history = self._where()
+        e = current if epoch is None else integer("epoch", epoch)
+        if e != current:
+            position, history = 0, ()
+        part = self.partition
+        plans = self._planning.cluster(e, position, part, self._lengths, history)
+        return e, plans
 
     def reshaped_from(self, saved_plan: str) -> int | None:
         """The batch shape a saved plan signature was made with, when it is this dataset's
@@ -279,14 +223,13 @@ class ShardedDataset(IterableDataset):  # type: ignore[type-arg]
 
     def __len__(self) -> int:
         """Steps (batches, or samples when unbatched) this rank yields in the current epoch."""
-        values = self._control.get()  # epoch, start, rank, world
-        reshapes = self.reshapes
-        key = (*values, *(v for pair in reshapes for v in pair))
+        epoch, start, history = self._where()
+        values = self._control.get()
+        key = (epoch, start, *values[_RANK:], *(v for link in history for v in link))
         cached = self._len_cache
         if cached is None or cached[0] != key:
-            epoch, start, rank, world = values
-            steps = self._plan(epoch, start, rank, world, reshapes).slots.steps_per_rank
-            self._len_cache = cached = (key, steps)
+            plan = self._plan(epoch, start, values[_RANK], values[_WORLD], history)
+            self._len_cache = cached = (key, plan.slots.steps_per_rank)
         return cached[1]
 
     # -- what a subclass may replace (shardloader.mixture.Mixture does) --------------------
@@ -325,18 +268,21 @@ class ShardedDataset(IterableDataset):  # type: ignore[type-arg]
         start: int,
         rank: int,
         world: int,
-        reshapes: tuple[tuple[int, int], ...] = (),
+        reshapes: tuple[Reshape, ...] = (),
     ) -> EpochPlan:
-        """The plan of a pass; the last one is kept (``len()`` and the pass after it plan the
-        same pass in the same process), never pickled into workers."""
+        """The plan of a pass in this dataset's partitions of ``world``; the last one is kept
+        (``len()`` and the pass after it plan the same pass in the same process), never
+        pickled into workers."""
         planning = self._planning
-        key: tuple[Any, ...] = (epoch, start, rank, world, self.seed, planning.signature())
+        per_node = (self._control.get()[_PER_NODE] or None) if world == self.world_size else None
+        part = self._partition_of(world, per_node)
+        key: tuple[Any, ...] = (epoch, start, rank, world, part, self.seed, planning.signature())
         # a mixture's order source carries its weights (hashable, by value)
         key += (id(self._lengths), planning.order_source, *reshapes)
         cached = self._plan_cache
         if cached is not None and cached[0] == key:
             return cached[1]
-        plan = planning.plan(epoch, start, rank, world, self._lengths, reshapes)
+        plan = planning.plan(epoch, start, rank, world, self._lengths, reshapes, part)
         self._plan_cache = (key, plan)
         return plan
 
@@ -345,10 +291,11 @@ class ShardedDataset(IterableDataset):  # type: ignore[type-arg]
         return self._iterate()
 
     def _iterate(self) -> Iterator[Any]:
-        epoch, start, rank, world = self._control.get()
-        place = detect_place(rank, world)
+        epoch, start, history = self._where()
+        values = self._control.get()
+        place = detect_place(values[_RANK], values[_WORLD])
         seed_global_rngs(derive_seed(self.seed, epoch, place.rank, place.worker, 1 << 40))
-        plan = self._plan(epoch, start, place.rank, place.world_size, self.reshapes)
+        plan = self._plan(epoch, start, place.rank, place.world_size, history)
         if getattr(self.planner, "reads_token_stream", False):  # rows of token shards
             from shardloader.blockread import BlockSource, iterate_blocks
 
@@ -380,13 +327,6 @@ class ShardedDataset(IterableDataset):  # type: ignore[type-arg]
             self.on_error,
             self._lengths,
             self._skip_log,
+            self._partition_of(place.world_size, values[_PER_NODE] or None),
         )
         yield from iterate_samples(samples, plan, place, epoch)
-
-
-def _integer(name: str, value: Any) -> int:
-    """``int(value)`` as before, but a value that is no integer is a UsageError naming it."""
-    try:
-        return int(value)
-    except (TypeError, ValueError) as err:
-        raise UsageError(f"{name} must be an integer, got {value!r}") from err

@@ -25,20 +25,23 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
 from shardloader.errors import ResumeError
-from shardloader.shuffle import plan_rng
-from shardloader.split import cut_fixed_batches
+from shardloader.nodelists import NodeLists, cut, units_of
+from shardloader.order import EpochOrder
+from shardloader.partition import spans
+from shardloader.shuffle import regroup_rng
 
 EpochPlanner = Any  # shardloader.epoch's, which imports this module
 
 __all__ = ["MAX_RESHAPES", "Reshape", "elastic_field", "replan", "shape_of", "saved_shape"]
 
 MAX_RESHAPES = 8
-Reshape = tuple[int, int]  # (value of the elastic option, global batches consumed with it)
+Reshape = tuple[int, ...]  # (elastic option's value, [partitions,] global batches consumed)
+Link = tuple[int, int, int]  # (elastic option's value, partitions, global batches consumed)
 
 
 def elastic_field(planning: EpochPlanner) -> str | None:
@@ -60,8 +63,11 @@ def shape_of(planning: EpochPlanner) -> int | None:
 
 
 def with_shape(planning: EpochPlanner, value: int) -> EpochPlanner:
-    """The same planning with the elastic option set to ``value``."""
+    """The same planning with the elastic option set to ``value`` (0: as it is, for a link
+    that only changed the partitions of a planner that cannot change shape)."""
     name = elastic_field(planning)
+    if value == 0 or value == shape_of(planning):
+        return planning
     if name is None:
         raise ResumeError(f"{type(planning.planner).__name__} cannot change its batch shape")
     if planning.planner is None:
@@ -89,27 +95,6 @@ def saved_shape(planning: EpochPlanner, saved_plan: str) -> int | None:
     except Exception:  # options the planner refuses: not this plan
         return None
     return value if candidate.signature() == saved_plan else None
-
-
-def _cut(
-    planning: EpochPlanner, rest: np.ndarray, lengths: np.ndarray | None, epoch: int
-) -> tuple[list[np.ndarray], int, int]:
-    """Batches of ``rest`` (ids ``[n]`` or segments ``[n, 3]``) under ``planning``; with the
-    padded and dropped sample counts of fixed batches."""
-    rng = plan_rng(planning.seed, epoch)
-    if getattr(planning.planner, "plan_stream", None) is not None:  # rows of token streams
-        return list(planning.planner.plan_rows(rest)), 0, 0
-    if planning.planner is None:
-        return cut_fixed_batches(rest, planning.batch_size or 1, planning.uneven)
-    if rest.ndim == 2:
-        plan_segments = getattr(planning.planner, "plan_segments", None)
-        if plan_segments is None:
-            raise ResumeError(
-                f"{type(planning.planner).__name__} plans segments but cannot re-plan the rest "
-                "of an epoch (no plan_segments): resume with the saved batch shape"
-            )
-        return list(plan_segments(rest, rng)), 0, 0
-    return list(planning.planner.plan(rest, lengths, rng)), 0, 0
 
 
 def _segment_keys(segs: np.ndarray, span: int) -> np.ndarray:
@@ -144,73 +129,154 @@ def _keep(keys: np.ndarray, done: np.ndarray) -> np.ndarray:
     return occurrence >= delivered
 
 
-class Replanned(NamedTuple):
-    order: np.ndarray
-    batches: list[np.ndarray]
-    pad_in_last: int
-    dropped: int
-    earlier: tuple[tuple[Any, list[np.ndarray]], ...]
+def regroup(
+    planning: EpochPlanner,
+    epoch: int,
+    link: int,
+    rests: Sequence[np.ndarray],
+    nodes: int,
+    lengths: np.ndarray | None,
+) -> list[np.ndarray]:
+    """NOTE [re-partition]: what the partitions of an earlier link left, dealt to ``nodes``
+    new partitions.  The rest is put back in stream order (each id where the epoch's shard
+    permutation lays it, so a shard's samples are neighbours again; segments after their
+    sample), cut into ``nodes`` spans that differ by at most one, and each span is shuffled
+    in blocks of ``shuffle.block`` with draws of its own (``regroup_rng``).  A new partition
+    then reads the shards of its span, and only the shards cut by span ends are read twice:
+    the rest keeps the locality of a fresh epoch."""
+    rest = np.concatenate(rests) if rests else np.zeros(0, np.int64)
+    if not len(rest):
+        return [rest[:0] for _ in range(nodes)]
+    units = units_of(planning, lengths)
+    stream = EpochOrder(units, planning.seed, epoch, planning.shuffle)
+    where = np.empty(len(units), np.int64)  # each shard's start in the permuted stream
+    where[stream.shard_perm] = stream.run_starts[:-1]
+    ids = rest if rest.ndim == 1 else rest[:, 0]
+    shard = np.searchsorted(stream.starts, ids, side="right") - 1
+    key = where[shard] + ids - stream.starts[shard]
+    by = np.argsort(key, kind="stable") if rest.ndim == 1 else np.lexsort((rest[:, 1], key))
+    rest = rest[by]
+    bounds = spans(len(rest), nodes)
+    out = []
+    for n in range(nodes):
+        mine = rest[bounds[n] : bounds[n + 1]]
+        if planning.shuffle.enabled:
+            block = planning.shuffle.block
+            parts = []
+            for b, lo in enumerate(range(0, len(mine), block)):
+                part = mine[lo : lo + block]
+                parts.append(
+                    part[regroup_rng(planning.seed, epoch, link, n, b).permutation(len(part))]
+                )
+            mine = np.concatenate(parts) if parts else mine
+        out.append(mine)
+    return out
+
+
+def normalise(history: Sequence[Sequence[int]]) -> tuple[Link, ...]:
+    """Links as ``(shape, partitions, consumed)``: a saved pair ``(shape, consumed)`` was read
+    in one partition."""
+    out = []
+    for link in history:
+        if len(link) == 2:
+            out.append((int(link[0]), 1, int(link[1])))
+        else:
+            out.append((int(link[0]), int(link[1]), int(link[2])))
+    return tuple(out)
+
+
+def _taken(batches: Sequence[np.ndarray], count: int, consumed: int) -> list[np.ndarray]:
+    """The first ``consumed`` slots of a partition's batches (slots past its ``count`` batches
+    repeat from its start, as ``split.rank_slots`` deals them)."""
+    if not count:
+        return []
+    return [batches[q if q < count else (q - count) % count] for q in range(consumed)]
 
 
 def replan(
-    planning: EpochPlanner, epoch: int, lengths: np.ndarray | None, history: Sequence[Reshape]
-) -> Replanned:
-    """An epoch after reshapes (NOTE [reshape history]): the current shape's batches of what
-    the links of ``history`` left, and what each link delivered."""
-    stream = getattr(planning.planner, "plan_stream", None)
-    if stream is not None:  # TokenBlocks: the order is of rows (batching/blocks.py)
-        order = stream(planning.shard_sizes, lengths, planning.seed, epoch, planning.shuffle)[0]
-    else:
-        order = planning.order(epoch)  # a mixture's blend too
-    rest: np.ndarray = order
+    planning: EpochPlanner,
+    epoch: int,
+    lengths: np.ndarray | None,
+    history: Sequence[Link],
+    nodes: int,
+) -> NodeLists:
+    """An epoch after reshapes (NOTE [reshape history]): every partition's batches of what
+    the links of ``history`` left, cut with the current shape in ``nodes`` partitions, and
+    what each link delivered."""
+    orders: list[np.ndarray] = []
     earlier: list[tuple[EpochPlanner, list[np.ndarray]]] = []
-    for value, consumed in history:
+    before = 0  # partitions of the previous link
+    for k, (value, parts, consumed) in enumerate(history):
+        if k == 0:
+            orders = planning.node_orders(epoch, parts, lengths)
+        elif parts != before:
+            orders = regroup(planning, epoch, k, orders, parts, lengths)
         link = with_shape(planning, value)
-        batches, _, _ = _cut(link, rest, lengths, epoch)
-        if not 0 <= consumed < len(batches) + (not batches):
+        lists = [cut(link, o, lengths, epoch, n, parts) for n, o in enumerate(orders)]
+        counts = [len(got.batches) for got in lists]
+        if consumed % parts or not 0 <= consumed // parts < max(counts, default=0) + (
+            not any(counts)
+        ):
             raise ResumeError(
                 f"saved reshape history {list(history)!r}: {consumed} batches consumed with "
-                f"{elastic_field(planning)}={value}, but that plan has {len(batches)} in "
-                f"epoch {epoch}"
+                f"{elastic_field(planning)}={value} in {parts} partition(s), but that plan has "
+                f"{counts} batches a partition in epoch {epoch}"
             )
-        taken = batches[:consumed]
-        earlier.append((link, taken))
-        if rest is order and taken and taken[0].ndim == 2:  # segments: what the plan cuts
-            rest = link.planner.segments(order, lengths)
-        rest = _remove(rest, taken)
-    batches, pad_in_last, dropped = _cut(planning, rest, lengths, epoch)
-    return Replanned(order, batches, pad_in_last, dropped, tuple(earlier))
+        taken = [
+            _taken(got.batches, c, consumed // parts) for got, c in zip(lists, counts, strict=True)
+        ]
+        earlier.append((link, [b for mine in taken for b in mine]))
+        rests = []
+        for order, mine in zip(orders, taken, strict=True):
+            if mine and mine[0].ndim == 2 and order.ndim == 1:  # segments: what was cut
+                order = link.planner.segments(order, lengths)
+            rests.append(_remove(order, mine))
+        orders, before = rests, parts
+    if nodes != before:
+        orders = regroup(planning, epoch, len(history), orders, nodes, lengths)
+    final = {n: cut(planning, o, lengths, epoch, n, nodes) for n, o in enumerate(orders)}
+    sizes = tuple(len(final[n].batches) for n in range(nodes))
+    return NodeLists(sizes, final, tuple(earlier))
 
 
 def history_of(values: Sequence[int]) -> tuple[Reshape, ...]:
-    """Decode the dataset's control block: ``[n, shape0, consumed0, ...]``."""
+    """Decode the dataset's control block: ``[n, shape0, partitions0, consumed0, ...]``; a
+    link read in one partition comes back as the pair ``(shape, consumed)``."""
     n = int(values[0])
-    return tuple((int(values[1 + 2 * i]), int(values[2 + 2 * i])) for i in range(n))
+    out: list[Reshape] = []
+    for i in range(n):
+        shape, parts, consumed = (int(v) for v in values[1 + 3 * i : 4 + 3 * i])
+        out.append((shape, consumed) if parts == 1 else (shape, parts, consumed))
+    return tuple(out)
 
 
 def encode_history(history: Sequence[Reshape]) -> list[int]:
     if len(history) > MAX_RESHAPES:
         raise ResumeError(
-            f"{len(history)} batch-shape changes within one epoch; at most {MAX_RESHAPES} are "
-            "kept: resume with the saved shape, or from the start of the next epoch"
+            f"{len(history)} batch-shape or partition changes within one epoch; at most "
+            f"{MAX_RESHAPES} are kept: resume with the saved shape, or from the start of the "
+            "next epoch"
         )
     flat = [len(history)]
-    for value, consumed in history:
-        flat += [int(value), int(consumed)]
-    return flat + [0] * (1 + 2 * MAX_RESHAPES - len(flat))
+    for link in normalise(history):
+        flat += list(link)
+    return flat + [0] * (1 + 3 * MAX_RESHAPES - len(flat))
 
 
 def check_history(saved: Any) -> tuple[Reshape, ...]:
-    """A saved ``reshapes`` list, checked: pairs of non-negative integers."""
+    """A saved ``reshapes`` list, checked: pairs ``[shape, batches]`` or triples ``[shape,
+    partitions, batches]`` of non-negative integers."""
     try:
-        pairs = tuple((int(v), int(c)) for v, c in saved)
+        links = tuple(tuple(int(v) for v in link) for link in saved)
     except (TypeError, ValueError) as err:
         raise ResumeError(
             f"saved reshapes {saved!r} must be [[shape, batches], ...] as state_dict() writes"
         ) from err
-    if any(v < 1 or c < 0 for v, c in pairs):
+    if any(len(link) not in (2, 3) for link in links):
+        raise ResumeError(f"saved reshapes {saved!r}: each link is [shape, (partitions,) batches]")
+    if any(link[0] < 1 or link[-1] < 0 or (len(link) == 3 and link[1] < 1) for link in links):
         raise ResumeError(f"saved reshapes {saved!r} hold a shape < 1 or a negative count")
-    return pairs
+    return tuple(link if len(link) == 3 else (link[0], link[1]) for link in links)
 
 
-__all__ += ["Replanned", "history_of", "encode_history", "check_history", "with_shape"]
+__all__ += ["history_of", "encode_history", "check_history", "with_shape", "normalise", "regroup"]

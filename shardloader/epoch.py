@@ -1,8 +1,9 @@
-"""The epoch plan: which global batches an epoch has and which of them a rank reads.
+"""The epoch plan: which batches an epoch has and which of them a rank reads.
 
 A pure function of (manifest shard sizes, seed, shuffle, planner or batch size, ``uneven``,
-epoch, resume position, rank, world size), so every rank and worker plans alike without
-talking (DESIGN.md "Order and split"); the dataset only composes it.  The sidecar lengths a
+epoch, resume position, rank, world size and its partition), so every rank and worker plans
+alike without talking (DESIGN.md "Order and split"; NOTE [node partitions] in
+:mod:`shardloader.partition`); the dataset only composes it.  The sidecar lengths a
 planner needs are the one thing read (:func:`load_lengths`).
 """
 
@@ -17,11 +18,15 @@ import numpy as np
 
 from shardloader.batching.base import PlanReport, batch_ids, signature_of, stable_value
 from shardloader.batching.fixed import FixedBatches, account_fixed
-from shardloader.elastic import replan
+from shardloader.elastic import normalise, replan
+from shardloader.errors import UsageError
 from shardloader.manifest import Manifest
+from shardloader.nodelists import NodeLists, node_lists, node_order, units_of
+from shardloader.order import EpochOrder
+from shardloader.partition import Partition
 from shardloader.shards import ReadOptions
-from shardloader.shuffle import EpochOrder, ShuffleOptions, plan_rng
-from shardloader.split import BatchSlots, FixedBatchList, rank_slots
+from shardloader.shuffle import ShuffleOptions
+from shardloader.split import BatchSlots, FixedBatchList, common_steps, rank_slots
 
 __all__ = ["EpochReport", "EpochPlan", "EpochPlanner", "load_lengths"]
 
@@ -71,21 +76,23 @@ class EpochReport:
 
 @dataclass(frozen=True)
 class EpochPlan:
-    """One epoch's global batches and this rank's slots in them (from ``start`` on).
+    """One epoch's batches of this rank's partition and the rank's slots in them (from
+    ``start`` on; NOTE [node partitions] in :mod:`shardloader.partition`: with one partition,
+    the epoch's global batches).
 
-    With fixed batches ``order`` is a lazy :class:`~shardloader.shuffle.EpochOrder` and
+    With fixed batches ``order`` is a lazy :class:`~shardloader.order.EpochOrder` and
     ``batches`` a :class:`~shardloader.split.FixedBatchList` over it (NOTE [lazy order]): the
     plan holds no per-sample array; ``np.asarray(plan.order)`` materialises the order."""
 
     order: np.ndarray | EpochOrder
     batches: Sequence[np.ndarray]
     slots: BatchSlots
-    pad_in_last: int  # padding samples at the end of the last global batch
+    pad_in_last: int  # padding samples at the end of the last batch
     dropped: int  # samples cut from a partial last batch
     num_batches: int
-    start: int  # first global batch of this (possibly resumed) pass
-    # after batch-shape changes: (planning, batches it delivered) per earlier link, and
-    # ``batches`` plan what they left (NOTE [reshape history] in shardloader/elastic.py)
+    start: int  # first batch of this (possibly resumed) pass, counted in the partition
+    # after batch-shape or partition changes: (planning, batches it delivered, every
+    # partition's) per earlier link (NOTE [reshape history] in shardloader/elastic.py)
     earlier: tuple[tuple[Any, list[np.ndarray]], ...] = ()
 
     @property
@@ -95,18 +102,19 @@ class EpochPlan:
         return len(self.earlier) << 32
 
     def pad_mask(self, slot: int, seed_index: int, n: int) -> np.ndarray:
-        """Which of the ``n`` samples of the step (global batch ``slot``, dealt as
-        ``seed_index``) are padding: all of a repeated batch, the tail of a filled-up last one."""
+        """Which of the ``n`` samples of the step (batch ``slot``, dealt as ``seed_index``)
+        are padding: all of a repeated batch, the tail of a filled-up last one."""
         mask = np.zeros(n, bool)
-        if seed_index >= self.num_batches:  # a repeated batch that evens out the ranks
+        if self.slots.repeats(seed_index):  # a repeated batch that evens out the ranks
             mask[:] = True
         elif slot == self.num_batches - 1 and self.pad_in_last:
             mask[n - self.pad_in_last :] = True
         return mask
 
     def delivered(self) -> tuple[list[np.ndarray], int]:
-        """The batches all ranks' steps deliver (up to those ``uneven="drop"`` leaves out, plus
-        those repeated from the epoch's start under ``"pad"``) and the padded sample count."""
+        """The batches all of the partition's steps deliver (up to those ``uneven="drop"``
+        leaves out, plus those repeated from its start under ``"pad"``) and the padded sample
+        count."""
         s, n = self.slots, self.num_batches
         repeats = [self.batches[i % n] for i in range(s.padded_batches)] if n else []
         padded = self.pad_in_last + sum(len(batch_ids(b)) for b in repeats)
@@ -123,11 +131,13 @@ class EpochPlanner:
     uneven: str
     batch_size: int | None = None
     planner: Any = None
-    order_source: Any = None  # ``order(epoch)`` and ``signature()``: a mixture's blend
+    order_source: Any = None  # ``partitioned(epoch, nodes)`` and ``signature()``: a blend
 
     def signature(self) -> str:
         """What must stay equal for a saved position to mean the same samples (NOTE [plan
-        signature] in :mod:`shardloader.batching.base`); ``fixed(N)`` is ``batch_size=N``."""
+        signature] in :mod:`shardloader.batching.base`); ``fixed(N)`` is ``batch_size=N``.
+        The partition is not part of it: a resume may change it, like the world size (NOTE
+        [reshape history] in :mod:`shardloader.elastic`)."""
         if self.planner is not None:
             plan = signature_of(self.planner)
         else:
@@ -137,12 +147,40 @@ class EpochPlanner:
             text += f";{self.order_source.signature()}"
         return text
 
-    def order(self, epoch: int) -> np.ndarray:
-        """The epoch's sample order: a mixture's blend, else the shuffled shards' samples.
-        Every planning path (a first plan, a re-cut after a reshape) starts here."""
+    def node_orders(self, epoch: int, nodes: int, lengths: np.ndarray | None) -> list[np.ndarray]:
+        """Every partition's order of the epoch, materialised (a mixture's blend split by
+        partition, else each span of the shuffled stream; rows for TokenBlocks).  Every
+        planning path after a resume starts here."""
         if self.order_source is not None:
-            return np.asarray(self.order_source.order(epoch))
-        return np.asarray(EpochOrder(self.shard_sizes, self.seed, epoch, self.shuffle))
+            ids, node_of = self.order_source.partitioned(epoch, nodes)
+            return [ids[node_of == n] for n in range(nodes)]
+        units = units_of(self, lengths)
+        return [np.asarray(node_order(self, epoch, nodes, n, units)) for n in range(nodes)]
+
+    def order(self, epoch: int, lengths: np.ndarray | None = None) -> np.ndarray:
+        """The epoch's sample order with one partition (what :meth:`node_orders` splits)."""
+        return self.node_orders(epoch, 1, lengths)[0]
+
+    def epoch_ids(self, epoch: int, plans: Sequence[EpochPlan], lengths: Any) -> np.ndarray:
+        """Every sample id of the epoch, for the accounting: the partitions' orders together
+        (after a resume they hold only the rest, and the epoch's whole order is planned)."""
+        if plans[0].earlier:
+            return self.order(epoch, lengths)
+        return np.concatenate([np.asarray(p.order) for p in plans])
+
+    def lists(
+        self,
+        epoch: int,
+        partition: Partition,
+        lengths: np.ndarray | None,
+        history: Sequence[Any] = (),
+        only: int | None = None,
+    ) -> NodeLists:
+        """Every partition's batch count and lists (of ``only``, or all): after batch-shape or
+        partition changes, the chain's rest (:func:`~shardloader.elastic.replan`)."""
+        if history:
+            return replan(self, epoch, lengths, normalise(history), partition.nodes)
+        return node_lists(self, epoch, partition.nodes, lengths, only)
 
     def plan(
         self,
@@ -151,77 +189,104 @@ class EpochPlanner:
         rank: int,
         world: int,
         lengths: np.ndarray | None,
-        history: Sequence[tuple[int, int]] = (),
+        history: Sequence[Any] = (),
+        partition: Partition | None = None,
     ) -> EpochPlan:
-        if history:  # the batch shape changed at a resume (shardloader/elastic.py)
-            again = replan(self, epoch, lengths, history)
-            n = len(again.batches)
-            slots = rank_slots(n, start, rank, world, self.uneven)
-            return EpochPlan(
-                again.order,
-                again.batches,
-                slots,
-                again.pad_in_last,
-                again.dropped,
-                n,
-                start,
-                again.earlier,
+        """Rank ``rank``'s plan of the pass of ``epoch`` that begins after ``start`` global
+        batches (every rank's steps together), in a world cut as ``partition`` (default one
+        partition)."""
+        part = partition or Partition(1, world)
+        if part.world_size != world:
+            raise UsageError(f"{part} does not make a world of {world} ranks")
+        node = part.node_of(rank)
+        lists = self.lists(epoch, part, lengths, history, only=node)
+        return self._rank_plan(lists, node, part.local_rank(rank), part, start)
+
+    def cluster(
+        self,
+        epoch: int,
+        start: int,
+        partition: Partition,
+        lengths: np.ndarray | None,
+        history: Sequence[Any] = (),
+    ) -> list[EpochPlan]:
+        """Every partition's plan (as read by its first rank): what the report and the
+        ledger count."""
+        lists = self.lists(epoch, partition, lengths, history)
+        return [self._rank_plan(lists, n, 0, partition, start) for n in range(partition.nodes)]
+
+    def _rank_plan(
+        self, lists: NodeLists, node: int, local: int, part: Partition, start: int
+    ) -> EpochPlan:
+        if start % part.nodes:
+            raise UsageError(
+                f"position {start} is not a step boundary of {part}: a position counts the "
+                f"global batches of whole steps, a multiple of the {part.world_size} ranks"
             )
-        pad_in_last = dropped = 0
-        stream = getattr(self.planner, "plan_stream", None)
-        if stream is not None:  # rows of token streams, not samples (batching/blocks.py)
-            rows, blocks = stream(self.shard_sizes, lengths, self.seed, epoch, self.shuffle)
-            slots = rank_slots(len(blocks), start, rank, world, self.uneven)
-            return EpochPlan(rows, blocks, slots, 0, 0, len(blocks), start)
-        order: np.ndarray | EpochOrder
-        if self.order_source is not None:  # a mixture's blend
-            order = np.asarray(self.order_source.order(epoch))
-        else:
-            order = EpochOrder(self.shard_sizes, self.seed, epoch, self.shuffle)
-        batches: Sequence[np.ndarray]
-        if self.planner is not None:  # planners look at every sample: the order, whole
-            order = np.asarray(order)
-            batches = list(self.planner.plan(order, lengths, plan_rng(self.seed, epoch)))
-        else:  # nothing per sample until a batch is read (NOTE [lazy order] in shuffle.py)
-            batches = FixedBatchList(order, self.batch_size or 1, self.uneven)
-            pad_in_last, dropped = batches.padded, batches.dropped
-        slots = rank_slots(len(batches), start, rank, world, self.uneven)
-        return EpochPlan(order, batches, slots, pad_in_last, dropped, len(batches), start)
+        k0 = start // part.nodes  # each partition's batches consumed
+        steps = common_steps(lists.counts, k0, part.ranks, self.uneven)
+        got = lists.lists[node]
+        n = lists.counts[node]
+        slots = rank_slots(
+            n, k0, local, part.ranks, self.uneven, steps=steps, node=node, nodes=part.nodes
+        )
+        return EpochPlan(
+            got.order, got.batches, slots, got.pad_in_last, got.dropped, n, k0, lists.earlier
+        )
 
     def report(
-        self, epoch: int, plan: EpochPlan, lengths: np.ndarray | None, collate_fn: Any
+        self,
+        epoch: int,
+        plans: EpochPlan | Sequence[EpochPlan],
+        lengths: np.ndarray | None,
+        collate_fn: Any,
     ) -> EpochReport:
-        """Steps, padding and where every token goes, for all ranks together."""
+        """Steps, padding and where every token goes, for all ranks together (``plans``: every
+        partition's, :meth:`cluster`)."""
+        plans = [plans] if isinstance(plans, EpochPlan) else list(plans)
+        first = plans[0]
+        earlier = [b for _, taken in first.earlier for b in taken]
+        total = int(np.sum(self.shard_sizes))
+        steps = first.slots.steps_per_rank
         stream = getattr(self.planner, "report_stream", None)
         if stream is not None:  # rows of token streams (batching/blocks.py)
-            s, n = plan.slots, plan.num_batches
-            repeats = [plan.batches[i % n] for i in range(s.padded_batches)] if n else []
-            earlier = [b for _, taken in plan.earlier for b in taken]
-            counts = stream(
-                self.shard_sizes,
-                lengths,
-                earlier + list(plan.batches[: n - s.dropped_batches]),
-                repeats,
-            )
-            for link, taken in plan.earlier:  # slots of rows delivered with another shape
+            kept, repeats = [], []
+            for p in plans:
+                s, n = p.slots, p.num_batches
+                repeats += [p.batches[i % n] for i in range(s.padded_batches)] if n else []
+                kept += list(p.batches[: n - s.dropped_batches])
+            counts = stream(self.shard_sizes, lengths, earlier + kept, repeats)
+            for link, taken in first.earlier:  # slots of rows delivered with another shape
                 per_batch = self.planner.seq_len * (
                     link.planner.rows_per_batch - self.planner.rows_per_batch
                 )
                 counts["token_slots"] += len(taken) * per_batch
-            return EpochReport(epoch, int(np.sum(self.shard_sizes)), s.steps_per_rank, **counts)
-        batches = plan.batches
-        lazy = isinstance(batches, FixedBatchList) and self.planner is None
-        if lazy and lengths is None and not plan.earlier:  # arithmetic: nothing materialised
-            assert isinstance(batches, FixedBatchList)
-            return self._fixed_report(epoch, plan, batches.batch_size)
-        delivered, padded = plan.delivered()
-        acc = self._account(np.asarray(plan.order), delivered, lengths, collate_fn)
-        if plan.earlier:  # resumed with another batch shape: count what earlier links gave
-            acc = self._with_earlier(plan, delivered, lengths, collate_fn)
+            return EpochReport(epoch, total, steps, **counts)
+        lazy = all(isinstance(p.batches, FixedBatchList) for p in plans) and self.planner is None
+        if lazy and lengths is None and not first.earlier:  # arithmetic: nothing materialised
+            return EpochReport(
+                epoch,
+                total,
+                steps,
+                sum(p.pad_in_last + p.slots.padded_batches * (self.batch_size or 1) for p in plans),
+                sum(p.dropped + p.slots.dropped_batches * (self.batch_size or 1) for p in plans),
+            )
+        delivered, padded = [], 0
+        for p in plans:
+            got, pads = p.delivered()
+            delivered += got
+            padded += pads
+        order = self.epoch_ids(epoch, plans, lengths)
+        acc = self._account(order, earlier + delivered, lengths, collate_fn)
+        if first.earlier and acc.padded_tokens is not None:  # slots as each link allocated
+            slots = self._account(order, delivered, lengths, collate_fn).padded_tokens or 0
+            for link, taken in first.earlier:
+                slots += link._account(order, taken, lengths, collate_fn).padded_tokens or 0
+            acc = dataclasses.replace(acc, padded_tokens=slots)
         return EpochReport(
             epoch,
-            int(np.sum(self.shard_sizes)),
-            plan.slots.steps_per_rank,
+            total,
+            steps,
             padded,
             len(acc.dropped),
             len(acc.truncated),
@@ -230,41 +295,6 @@ class EpochPlanner:
             acc.dropped_tokens,
             acc.repeated_tokens,
             acc.padded_tokens,
-        )
-
-    def _with_earlier(
-        self,
-        plan: EpochPlan,
-        delivered: list[np.ndarray],
-        lengths: np.ndarray | None,
-        collate_fn: Any,
-    ) -> PlanReport:
-        """The epoch's accounting over every link: samples and tokens over all delivered
-        batches, token slots as each link's planner allocated them."""
-        earlier = [b for _, taken in plan.earlier for b in taken]
-        acc = self._account(np.asarray(plan.order), earlier + delivered, lengths, collate_fn)
-        if acc.padded_tokens is None:
-            return acc
-        slots = (
-            self._account(np.asarray(plan.order), delivered, lengths, collate_fn).padded_tokens or 0
-        )
-        for link, taken in plan.earlier:
-            slots += (
-                link._account(np.asarray(plan.order), taken, lengths, collate_fn).padded_tokens or 0
-            )
-        return dataclasses.replace(acc, padded_tokens=slots)
-
-    def _fixed_report(self, epoch: int, plan: EpochPlan, size: int) -> EpochReport:
-        """:meth:`report` of fixed batches without lengths, by arithmetic (the lazy plan is
-        never materialised): repeats are whole batches from the epoch's start and the padded
-        tail, drops the cut tail and the batches ``uneven="drop"`` leaves out; never both."""
-        s = plan.slots
-        return EpochReport(
-            epoch,
-            int(np.sum(self.shard_sizes)),
-            s.steps_per_rank,
-            plan.pad_in_last + s.padded_batches * size,
-            plan.dropped + s.dropped_batches * size,
         )
 
     def _account(

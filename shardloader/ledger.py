@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 __all__ = ["Ledger", "LedgerEntry", "SkipLog", "SkipRecord", "build", "merge_skips"]
 
 PADDED, DROPPED, TRUNCATED, SKIPPED = "padded", "dropped", "truncated", "skipped"
+DEFAULT_WHOSE = "the epoch's "  # whose last batch is filled up, with one partition
 
 
 @dataclass(frozen=True)
@@ -136,30 +137,36 @@ def build(
     epoch: int,
     world_size: int,
     planning: EpochPlanner,
-    plan: EpochPlan,
+    plans: EpochPlan | Sequence[EpochPlan],
     lengths: np.ndarray | None,
     collate_fn: Any,
 ) -> Ledger:
-    """The ledger of an epoch's ``plan`` (NOTE [the ledger comes from the plan]): pure, the
-    same accounting as ``EpochPlanner.report``; ``ds.ledger(epoch)`` calls it."""
+    """The ledger of an epoch's plan, ``plans`` every partition's (NOTE [the ledger comes from
+    the plan]): pure, the same accounting as ``EpochPlanner.report``; ``ds.ledger(epoch)``
+    calls it."""
     if getattr(planning.planner, "plan_stream", None) is not None:
         raise UsageError(
             f"{type(planning.planner).__name__} delivers rows of token streams, not samples: "
             "no sample is padded, and ds.report() counts the documents its remainder, tail "
             "or uneven='drop' cut; the ledger lists samples of sample planners"
         )
-    delivered, _ = plan.delivered()
-    earlier = [b for _, taken in plan.earlier for b in taken]
-    order = np.asarray(plan.order)  # a lazy order, whole: the ledger lists samples anyway
+    plans = [plans] if not isinstance(plans, Sequence) else list(plans)
+    delivered = [b for p in plans for b in p.delivered()[0]]
+    earlier = [b for _, taken in plans[0].earlier for b in taken]
+    # a lazy order, whole: the ledger lists samples anyway
+    order = planning.epoch_ids(epoch, plans, lengths)
     acc = planning._account(order, earlier + delivered, lengths, collate_fn)
     entries: list[LedgerEntry] = []
-    entries += _padding(plan, planning, world_size)
-    entries += _dropped(plan, planning, acc.dropped, lengths)
+    several = len(plans) > 1
+    for n, plan in enumerate(plans):
+        whose = f"partition {n}'s " if several else ""
+        entries += _padding(plan, planning, world_size, whose)
+    entries += _dropped(plans, planning, acc.dropped, lengths)
     entries += _truncated(planning, collate_fn, order, acc.truncated, earlier + delivered, lengths)
     return Ledger(epoch, world_size, int(order.size), tuple(entries))
 
 
-def _padding(plan: Any, planning: Any, world: int) -> Iterator[LedgerEntry]:
+def _padding(plan: Any, planning: Any, world: int, whose: str) -> Iterator[LedgerEntry]:
     n = plan.num_batches
     if plan.pad_in_last and n:
         last = batch_ids(plan.batches[n - 1])
@@ -167,7 +174,8 @@ def _padding(plan: Any, planning: Any, world: int) -> Iterator[LedgerEntry]:
             yield LedgerEntry(
                 int(i),
                 PADDED,
-                f"repeated to fill the epoch's last batch to batch_size={planning.batch_size}",
+                f"repeated to fill {whose or DEFAULT_WHOSE}last batch to "
+                f"batch_size={planning.batch_size}",
             )
     for r in range(plan.slots.padded_batches):
         source = r % n
@@ -175,21 +183,22 @@ def _padding(plan: Any, planning: Any, world: int) -> Iterator[LedgerEntry]:
             yield LedgerEntry(
                 int(i),
                 PADDED,
-                f"global batch {n + r} repeats batch {source} so every one of {world} "
+                f"{whose}global batch {n + r} repeats batch {source} so every one of {world} "
                 "ranks has the same number of steps (uneven='pad')",
             )
 
 
 def _dropped(
-    plan: Any, planning: Any, dropped: Sequence[int], lengths: np.ndarray | None
+    plans: Sequence[Any], planning: Any, dropped: Sequence[int], lengths: np.ndarray | None
 ) -> Iterator[LedgerEntry]:
     if not dropped:
         return
-    n, cut = plan.num_batches, plan.slots.dropped_batches
-    left_out: dict[int, int] = {}  # sample -> global batch that uneven='drop' left out
-    for q in range(n - cut, n):
-        for i in batch_ids(plan.batches[q]).tolist():
-            left_out.setdefault(int(i), q)
+    left_out: dict[int, int] = {}  # sample -> batch that uneven='drop' left out
+    for plan in plans:
+        n, cut = plan.num_batches, plan.slots.dropped_batches
+        for q in range(n - cut, n):
+            for i in batch_ids(plan.batches[q]).tolist():
+                left_out.setdefault(int(i), q)
     explain = getattr(planning.planner, "explain_dropped", None)
     for i in dropped:
         tokens = None if lengths is None else int(lengths[i])

@@ -49,6 +49,9 @@ __all__ = ["ShardLoader", "make_loader"]
 
 _STATE_VERSION = 1
 _RESHAPED_VERSION = 2  # a state with ``reshapes``: readers that predate them must refuse it
+_PARTITIONED_VERSION = 3  # a state counted in several partitions (``partitions``), or whose
+# reshapes hold a link read in several: readers that predate partitions must refuse it
+_VERSIONS = (_STATE_VERSION, _RESHAPED_VERSION, _PARTITIONED_VERSION)
 
 log = logging.getLogger(__name__)
 
@@ -83,13 +86,15 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
         super().__init__(dataset, batch_size=None, **kwargs)
         self._position = 0  # global batches consumed in the current epoch
         self._epoch = dataset.epoch
+        self._partitions: int | None = None  # what the position was counted in (None: as now)
         self._steps_left: int | None = None  # steps of the current pass not yet handed out
         self._sockets_checked = False
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         ds: ShardedDataset = self.dataset  # type: ignore[assignment]
-        ds.refresh_world()
+        ds.refresh_world()  # a position counted in other partitions is re-planned here
         (epoch, start), world = ds.resume_point(), ds.world_size
+        self._partitions = ds.partition.nodes
         planned = len(ds)
         if self.num_workers > 0 and not self._sockets_checked:
             _check_worker_sockets()
@@ -155,16 +160,22 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
         reshapes = ds.reshapes if epoch == ds.epoch else ()
         if self._steps_left == 0:  # the pass is over: continue with the next epoch
             epoch, position, reshapes = epoch + 1, 0, ()
+        partitions = self._partitions or ds.partition.nodes
+        version = _RESHAPED_VERSION if reshapes else _STATE_VERSION
+        if partitions > 1 or any(len(link) == 3 for link in reshapes):
+            version = _PARTITIONED_VERSION
         state: dict[str, Any] = {
-            "version": _RESHAPED_VERSION if reshapes else _STATE_VERSION,
+            "version": version,
             "epoch": epoch,
             "position": position,
             "seed": ds.seed,
             "fingerprint": ds.manifest.fingerprint,
             "plan": ds.plan_signature,
         }
+        if partitions > 1:  # NOTE [node partitions] in shardloader/partition.py
+            state["partitions"] = partitions
         if reshapes:  # NOTE [reshape history] in shardloader/elastic.py
-            state["reshapes"] = [list(pair) for pair in reshapes]
+            state["reshapes"] = [list(link) for link in reshapes]
         extra = getattr(ds, "extra_state", None)  # a mixture's weight schedule
         if extra is not None:
             state.update(extra())
@@ -181,10 +192,9 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
             raise ResumeError(
                 f"a loader state is the dict state_dict() returned, got {type(state).__name__}"
             )
-        if state.get("version") not in (_STATE_VERSION, _RESHAPED_VERSION):
+        if state.get("version") not in _VERSIONS:
             raise ResumeError(
-                f"loader state version {state.get('version')!r} is not {_STATE_VERSION} or "
-                f"{_RESHAPED_VERSION}"
+                f"loader state version {state.get('version')!r} is not one of {_VERSIONS}"
             )
         reshapes = check_history(state.get("reshapes", ()))
         saved_plan = state.get("plan")
@@ -206,24 +216,33 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
                 )
         try:
             epoch, position = int(state["epoch"]), int(state["position"])
+            partitions = int(state.get("partitions", 1))
         except (KeyError, TypeError, ValueError) as err:
             raise ResumeError(
-                f"saved epoch {state.get('epoch')!r} and position {state.get('position')!r} "
-                "must be integers, as state_dict() writes them"
+                f"saved epoch {state.get('epoch')!r}, position {state.get('position')!r} and "
+                f"partitions {state.get('partitions')!r} must be integers, as state_dict() "
+                "writes them"
             ) from err
+        if partitions < 1 or position < 0 or position % partitions:
+            raise ResumeError(
+                f"saved position {position} in {partitions} partition(s) is not a step "
+                "boundary: state_dict() writes a multiple of the partitions"
+            )
         load_extra = getattr(ds, "load_extra_state", None)
         if load_extra is not None:  # position 0 there means "the epoch has not begun"
             load_extra(state, epoch, position if position or not reshapes else 1)
         if reshaped and (position or reshapes):  # continue with the new shape
-            reshapes += ((int(reshaped), position),)
-            position = 0
+            link = (int(reshaped), position)
+            reshapes += (link if partitions == 1 else (int(reshaped), partitions, position),)
+            position, partitions = 0, 0
         try:
-            ds.seek(epoch, position, reshapes)
+            ds.seek(epoch, position, reshapes, partitions or None)
             len(ds)  # plans the chain now: a history that does not fit fails here
         except ResumeError:
             ds.seek(ds.epoch, 0)
             raise
-        self._epoch, self._position = epoch, position
+        self._epoch, self._position = epoch, ds.position
+        self._partitions = None
         self._steps_left = None
 
 

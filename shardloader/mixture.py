@@ -29,11 +29,12 @@ import numpy as np
 
 from shardloader.blend import MixOrder, integer_parts, schedule_parts
 from shardloader.control import Control
-from shardloader.dataset import ShardedDataset, _integer
+from shardloader.dataset import ShardedDataset
 from shardloader.epoch import EpochReport, load_lengths
 from shardloader.errors import ResumeError, UsageError
 from shardloader.manifest import Manifest, read_manifest
 from shardloader.mixedshards import MixedShards, virtual_manifest
+from shardloader.position import integer
 from shardloader.shards import ReadOptions, ShardSet
 from shardloader.shuffle import ShuffleOptions, derive_seed
 
@@ -129,7 +130,7 @@ class Mixture(ShardedDataset):
             )
         read = read or ReadOptions()
         base_shuffle = shuffle if isinstance(shuffle, ShuffleOptions) else ShuffleOptions(shuffle)
-        seed = _integer("seed", seed)
+        seed = integer("seed", seed)
         self.names = tuple(str(n) for n in sources)
         self.by = by
         opened: list[tuple[Manifest, str, ReadOptions]] = []
@@ -150,7 +151,7 @@ class Mixture(ShardedDataset):
         self._opened = opened
         total = sum(m.num_samples for m, _, _ in opened)
         self.epoch_samples = (
-            total if epoch_samples is None else _integer("epoch_samples", epoch_samples)
+            total if epoch_samples is None else integer("epoch_samples", epoch_samples)
         )
         if self.epoch_samples < 1:
             raise UsageError(f"epoch_samples must be >= 1, got {epoch_samples!r}")
@@ -199,14 +200,15 @@ class Mixture(ShardedDataset):
         ]
         return MixedShards(sets, self.names, self.read_options)
 
-    def _order_source(self) -> MixOrder:
+    def _order_source(self) -> MixOrder:  # NOTE [mixture partitions] in blend.py
         sizes, seeds, shuffles = self._static
         return MixOrder(sizes, seeds, shuffles, self.epoch_samples, self._entries())
 
     def order(self, epoch: int | None = None) -> np.ndarray:
         """The blended order of mixture epoch ``epoch`` (default: current), as virtual ids
         (source ``s``'s sample ``i`` is ``offsets[s] + i``); pure, reads no shard."""
-        return self._order_source().order(self.epoch if epoch is None else epoch)
+        e = self.epoch if epoch is None else epoch  # in this world's partitions
+        return self._order_source().partitioned(e, self.partition.nodes)[0]
 
     @property
     def offsets(self) -> dict[str, int]:
@@ -268,7 +270,7 @@ class Mixture(ShardedDataset):
         the dataset cannot tell a finished epoch from one not begun, and an epoch's batches
         must keep the weights they were planned with (NOTE [mixture state]).  Call it between
         passes (never during one)."""
-        epoch = _integer("epoch", epoch)
+        epoch = integer("epoch", epoch)
         if epoch < 0:
             raise UsageError(f"epoch must be >= 0, got {epoch}")
         self._set_parts(self._parts_of(weights, "weights"), epoch)
@@ -333,9 +335,17 @@ class Mixture(ShardedDataset):
         """:meth:`ShardedDataset.report` of the mixed stream plus per source counts."""
         base = super().report(epoch)
         e = base.epoch
-        plan = self._plan(e, 0, self.rank, self.world_size)
+        plans = self._planning.cluster(e, 0, self.partition, self._lengths)
         lengths = self._lengths if self._lengths is not None else self._lengths_for_report()
-        kept = plan.batches[: plan.num_batches - plan.slots.dropped_batches]
+        kept, real = [], []
+        for plan in plans:  # each position once: a last batch's filling-up is not counted
+            mine = list(plan.batches[: plan.num_batches - plan.slots.dropped_batches])
+            kept += mine
+            if mine and mine[0].ndim == 1:
+                ids = np.concatenate(mine).astype(np.int64)
+                if plan.pad_in_last and len(mine) == plan.num_batches:
+                    ids = ids[: len(ids) - plan.pad_in_last]
+                real.append(ids)
         offsets = np.concatenate([[0], np.cumsum([m.num_samples for m, _, _ in self._opened])])
         k = len(self.names)
         tokens = np.zeros(k, np.int64)
@@ -344,10 +354,8 @@ class Mixture(ShardedDataset):
             seg_src = np.searchsorted(offsets, seg[:, 0], side="right") - 1
             samples = np.bincount(seg_src[seg[:, 1] == 0], minlength=k)
             tokens += np.bincount(seg_src, seg[:, 2] - seg[:, 1], k).astype(np.int64)
-        else:  # each position once: the tail a last batch repeats to fill up is not counted
-            ids = np.concatenate(kept or [np.zeros(0, np.int64)]).astype(np.int64)
-            if plan.pad_in_last and len(kept) == plan.num_batches:
-                ids = ids[: len(ids) - plan.pad_in_last]
+        else:
+            ids = np.concatenate(real or [np.zeros(0, np.int64)])
             src = np.searchsorted(offsets, ids, side="right") - 1
             samples = np.bincount(src, minlength=k)
             if lengths is not None:

@@ -20,12 +20,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from shardloader.batching.base import batch_ids
-from shardloader.split import rank_slots
 from shardloader.steps import is_lazy, node_windows
 from shardloader.world import node_ranks
 
 if TYPE_CHECKING:
     from shardloader.epoch import EpochPlan
+    from shardloader.partition import Partition
     from shardloader.shards import ShardSet
     from shardloader.split import Place
 
@@ -57,7 +57,7 @@ def node_schedule(
 
 
 def block_schedule(windows: Iterable[tuple[np.ndarray, np.ndarray]]) -> Iterator[tuple[int, int]]:
-    """:func:`node_schedule` of a lazy order (NOTE [lazy order] in shuffle.py), as walked.
+    """:func:`node_schedule` of a lazy order (NOTE [lazy order] in order.py), as walked.
 
     ``windows`` yields ``(rank step, shard)`` pairs, step by step in order (local ranks in turn
     within a step), a window of steps at a time (:func:`shardloader.steps.node_windows`: the
@@ -129,28 +129,27 @@ class ReadAhead:
 
 
 def pass_readahead(
-    shards: ShardSet, plan: EpochPlan, place: Place, depth: int, uneven: str
+    shards: ShardSet, plan: EpochPlan, place: Place, depth: int, partition: Partition
 ) -> ReadAhead:
     """This node's read-ahead schedule for a pass (NOTE [node-wide read-ahead] above), walked by
-    the worker at ``place`` through ``shards``; ``depth`` is ``ReadOptions.readahead``."""
+    the worker at ``place`` through ``shards``; ``depth`` is ``ReadOptions.readahead``.  The
+    node's ranks are its partition's (NOTE [node partitions] in :mod:`shardloader.partition`),
+    or with one partition those torchrun says share this node."""
     if shards.in_place or depth <= 0:
         return ReadAhead(shards, [], 0)
-    ranks = node_ranks(place.rank, place.world_size)
+    if partition.nodes > 1:
+        first = partition.node_of(place.rank) * partition.ranks
+        ranks = list(range(first, first + partition.ranks))
+    else:
+        ranks = node_ranks(place.rank, place.world_size)
+    per_rank = [plan.slots.of_rank(partition.local_rank(r)) for r in ranks]
     if is_lazy(plan):  # walked lazily: the first steps exact, then by block (steps.py)
-        per_rank = [
-            rank_slots(plan.num_batches, plan.start, r, place.world_size, uneven) for r in ranks
-        ]
         lazy = block_schedule(node_windows(plan, per_rank, lambda ids: shards.locate(ids)[0]))
         return ReadAhead(shards, lazy, depth * len(ranks) * place.num_workers)
     reads = [batch_ids(b) for b in plan.batches]
     shard_ids, steps = [], []
-    for r in ranks:
-        mine = r == place.rank
-        world = place.world_size
-        slots = (
-            plan.slots if mine else rank_slots(plan.num_batches, plan.start, r, world, uneven)
-        ).slots
-        parts = [reads[int(s)] for s in slots]
+    for slots in per_rank:
+        parts = [reads[int(s)] for s in slots.slots]
         ids = np.concatenate(parts) if parts else np.zeros(0, np.int64)
         shard_ids.append(shards.locate(ids)[0])
         steps.append(np.repeat(np.arange(len(parts)), [len(p) for p in parts]))

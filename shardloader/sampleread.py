@@ -20,6 +20,7 @@ import numpy as np
 from shardloader.batching.base import batch_ids
 from shardloader.batching.raw import RawCollate
 from shardloader.format.base import Rows
+from shardloader.partition import Partition
 from shardloader.readahead import pass_readahead
 from shardloader.samples import SampleLoader, pipeline_draws
 from shardloader.shards import working_set_bytes
@@ -61,6 +62,7 @@ class SampleSource:
     on_error: str
     lengths: np.ndarray | None  # by global id, for cutting segment batches
     skip_log: SkipLog | None  # where run-time skips are appended (ledger.py)
+    partition: Partition = Partition()  # how the world is cut (shardloader.partition)
 
 
 def iterate_samples(ds: SampleSource, plan: EpochPlan, place: Place, epoch: int) -> Iterator[Any]:
@@ -97,7 +99,7 @@ def iterate_samples(ds: SampleSource, plan: EpochPlan, place: Place, epoch: int)
         and batched
     )
     try:
-        readahead = pass_readahead(shards, plan, place, ds.read.readahead, ds.uneven)
+        readahead = pass_readahead(shards, plan, place, ds.read.readahead, ds.partition)
         read: dict[int, Rows] = {}  # batches read ahead (see _read_ahead)
         most = _read_ahead_batches(ds.manifest, steps)
         for j, slot, seed_index in steps.walk():

@@ -1,15 +1,18 @@
 """Who reads what: pure functions of (order, batches, start, rank, world, worker).
 
-NOTE [rank and worker split]: global batch ``i`` of the epoch belongs to rank ``i mod W``;
-on a rank, its ``j``-th batch belongs to DataLoader worker ``j mod K``.  torch's DataLoader
-collects worker outputs round-robin in submission order, so the batches a rank sees, and their
-order, do not depend on K.  Every rank gets the same number of batches: the remaining batch
-list is padded (batches repeated from the start of the remainder) or dropped to a multiple of W,
-and the report says how many.  Nothing here reads torch, the environment or a clock.
+NOTE [rank and worker split]: batch ``i`` of a partition's batches belongs to its rank
+``i mod R`` (with one partition: global batch ``i`` to rank ``i mod W``; NOTE [node partitions]
+in :mod:`shardloader.partition`); on a rank, its ``j``-th batch belongs to DataLoader worker
+``j mod K``.  torch's DataLoader collects worker outputs round-robin in submission order, so the
+batches a rank sees, and their order, do not depend on K.  Every rank gets the same number of
+batches: each partition's remaining batches are padded (batches repeated from its start) or
+dropped to the common number of steps, and the report says how many.  Nothing here reads torch,
+the environment or a clock.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, overload
@@ -24,6 +27,8 @@ __all__ = [
     "BatchSlots",
     "FixedBatchList",
     "cut_fixed_batches",
+    "common_steps",
+    "fixed_count",
     "rank_slots",
 ]
 
@@ -85,9 +90,9 @@ def cut_fixed_batches(
 class FixedBatchList(Sequence[np.ndarray]):
     """:func:`cut_fixed_batches` without cutting: batch ``i`` is read from the order when asked.
 
-    ``order`` is an array or a lazy :class:`~shardloader.shuffle.EpochOrder` (anything with
+    ``order`` is an array or a lazy :class:`~shardloader.order.EpochOrder` (anything with
     ``len``, slices and array indexing), so the batches of a billion-sample epoch cost nothing
-    until read (NOTE [lazy order] in shuffle.py).  Batch ``i`` is positions
+    until read (NOTE [lazy order] in order.py).  Batch ``i`` is positions
     ``[i * batch_size, (i + 1) * batch_size)``; under ``pad`` the positions past the end wrap to
     the order's start, exactly as ``cut_fixed_batches`` fills its last batch.
     """
@@ -127,14 +132,25 @@ class FixedBatchList(Sequence[np.ndarray]):
         return np.concatenate([head, np.asarray(self.order[wrap], np.int64)])
 
 
+def fixed_count(total: int, batch_size: int, uneven: str) -> int:
+    """Batches :class:`FixedBatchList` cuts from an order of ``total`` samples (arithmetic)."""
+    tail = total % batch_size
+    if tail and uneven == "pad" and total:
+        return total // batch_size + 1
+    return total // batch_size
+
+
 @dataclass(frozen=True)
 class BatchSlots:
     """A rank's share of the remaining batches of an epoch, as arithmetic (nothing per step).
 
-    The rank's ``j``-th step is slot ``q = start + j * world_size + rank``: ``seeds[j] = q`` is
-    a distinct per-step number used to seed augmentation and ``slots[j]`` the index of the
-    global batch it reads (``q``, or for padding ``q - M mod M``).  :meth:`steps` gives both for
-    any steps; the ``slots``/``seeds`` properties build them for the whole pass.
+    The batches are its partition's (NOTE [node partitions] in :mod:`shardloader.partition`:
+    with one partition, the epoch's): the rank's ``j``-th step is slot ``q = start + j *
+    world_size + rank``, ``world_size`` and ``rank`` counted inside the partition.  ``slots[j]``
+    is the index of the batch it reads (``q``, or for padding ``q - M mod M``) and
+    ``seeds[j] = q * nodes + node`` a number no other step of the job has, which seeds
+    augmentation (``q`` itself with one partition).  :meth:`steps` gives both for any steps;
+    the ``slots``/``seeds`` properties build them for the whole pass.
     """
 
     start: int
@@ -144,15 +160,21 @@ class BatchSlots:
     padded_batches: int
     dropped_batches: int
     steps_per_rank: int
+    node: int = 0
+    nodes: int = 1
 
     def steps(self, js: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(slots, seeds)`` of this rank's steps ``js``."""
-        seeds = self.start + np.asarray(js, np.int64) * self.world_size + self.rank
-        batches = seeds.copy()
-        past = seeds >= self.num_batches
+        q = self.start + np.asarray(js, np.int64) * self.world_size + self.rank
+        batches = q.copy()
+        past = q >= self.num_batches
         if self.num_batches and past.any():
-            batches[past] = (seeds[past] - self.num_batches) % self.num_batches
-        return batches, seeds
+            batches[past] = (q[past] - self.num_batches) % self.num_batches
+        return batches, (q * self.nodes + self.node if self.nodes > 1 else q)
+
+    def repeats(self, seed: int) -> bool:
+        """Whether the step of seed number ``seed`` repeats a batch to even out the ranks."""
+        return seed // self.nodes >= self.num_batches
 
     def slot_of(self, j: int) -> int:
         """``steps([j])[0][0]`` as a plain int (one step, no arrays)."""
@@ -167,6 +189,10 @@ class BatchSlots:
         """The rank steps DataLoader worker ``worker`` of ``num_workers`` reads (``j mod K``)."""
         return range(worker, self.steps_per_rank, num_workers)
 
+    def of_rank(self, rank: int) -> BatchSlots:
+        """The same pass as read by another rank of the same partition."""
+        return dataclasses.replace(self, rank=int(rank))
+
     @property
     def slots(self) -> np.ndarray:
         return self.steps(np.arange(self.steps_per_rank, dtype=np.int64))[0]
@@ -176,22 +202,45 @@ class BatchSlots:
         return self.steps(np.arange(self.steps_per_rank, dtype=np.int64))[1]
 
 
-def rank_slots(num_batches: int, start: int, rank: int, world_size: int, uneven: str) -> BatchSlots:
-    """Assign global batches ``start..num_batches-1`` to ``rank`` of ``world_size``.
+def common_steps(counts: Sequence[int], start: int, world_size: int, uneven: str) -> int:
+    """Steps every rank takes when each partition of ``world_size`` ranks holds ``counts[n]``
+    batches and ``start`` of them are consumed: the longest partition's under ``pad`` (the
+    others repeat batches), the shortest's under ``drop`` (the others leave batches out)."""
+    _check_policy(uneven)
+    longest = max(counts, default=0)
+    if not 0 <= start < longest + world_size:  # past the end only by the padding
+        raise UsageError(
+            f"resume position {start} is outside the epoch's {longest} batches "
+            f"(at world size {world_size})"
+        )
+    if uneven == "pad":
+        return -(-max(longest - start, 0) // world_size)
+    return max(min(counts) - start, 0) // world_size
+
+
+def rank_slots(
+    num_batches: int,
+    start: int,
+    rank: int,
+    world_size: int,
+    uneven: str,
+    *,
+    steps: int | None = None,
+    node: int = 0,
+    nodes: int = 1,
+) -> BatchSlots:
+    """Assign batches ``start..num_batches-1`` to ``rank`` of ``world_size``.
 
     Slot ``q`` (counted from the epoch's start) holds batch ``q``; slots past the end, which even
     out the ranks under ``pad``, repeat the epoch's batches from its beginning: ``q - M mod M``.
     Padding therefore depends only on the slot, so a run resumed at ``start`` sees exactly the
     batches an uninterrupted run would.  A ``start`` past the last batch leaves nothing to do.
+    ``steps`` (:func:`common_steps` over every partition, for partition ``node`` of ``nodes``)
+    replaces the steps this partition's batches alone would give.
     """
-    _check_policy(uneven)
-    if not 0 <= start < num_batches + world_size:  # past the end only by the padding
-        raise UsageError(
-            f"resume position {start} is outside the epoch's {num_batches} batches "
-            f"(at world size {world_size})"
-        )
+    if steps is None:
+        steps = common_steps([num_batches], start, world_size, uneven)
     remaining = max(num_batches - start, 0)
-    steps = -(-remaining // world_size) if uneven == "pad" else remaining // world_size
     total = steps * world_size
     return BatchSlots(
         start=int(start),
@@ -200,5 +249,7 @@ def rank_slots(num_batches: int, start: int, rank: int, world_size: int, uneven:
         num_batches=int(num_batches),
         padded_batches=max(total - remaining, 0),
         dropped_batches=max(remaining - total, 0),
-        steps_per_rank=steps,
+        steps_per_rank=int(steps),
+        node=int(node),
+        nodes=int(nodes),
     )

@@ -1,6 +1,6 @@
 """A worker's steps of one pass, worked out as the worker walks them, never for the whole pass.
 
-With the lazy order (NOTE [lazy order] in shuffle.py) a plan holds no per-sample array; this
+With the lazy order (NOTE [lazy order] in order.py) a plan holds no per-sample array; this
 module keeps the pass that way: a step's slot, seed and sample ids are computed when the step
 (or the read-ahead just before it) asks, a window of steps at a time, so a worker's memory does
 not grow with the epoch.  Pure functions of the plan, like :mod:`shardloader.split`.
@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any, overload
 import numpy as np
 
 from shardloader.batching.base import batch_ids
-from shardloader.shuffle import EpochOrder, ShuffleOptions
+from shardloader.order import EpochOrder
+from shardloader.shuffle import ShuffleOptions
 from shardloader.split import BatchSlots, FixedBatchList
 
 if TYPE_CHECKING:

@@ -11,7 +11,7 @@ import os
 from shardloader.errors import UsageError
 from shardloader.split import Place
 
-__all__ = ["detect_world", "detect_place", "node_ranks"]
+__all__ = ["detect_world", "detect_place", "detect_ranks_per_node", "node_ranks"]
 
 
 def detect_world(rank: int | None = None, world_size: int | None = None) -> tuple[int, int]:
@@ -33,6 +33,55 @@ def detect_world(rank: int | None = None, world_size: int | None = None) -> tupl
                 f"RANK={env_rank!r} / WORLD_SIZE={env_world!r} are not integers"
             ) from err
     return 0, 1
+
+
+def detect_ranks_per_node(rank: int, world_size: int, explicit: int | None = None) -> int | None:
+    """Ranks on each node, for node-local partitions (NOTE [node partitions] in
+    :mod:`shardloader.partition`), or None when unknown.
+
+    ``explicit`` wins (it must divide ``world_size``).  Else torchrun's ``LOCAL_WORLD_SIZE``,
+    when the environment describes this very rank (``RANK`` / ``WORLD_SIZE`` equal to
+    ``rank`` / ``world_size``, ``LOCAL_RANK == rank mod LOCAL_WORLD_SIZE`` and, when set,
+    ``GROUP_RANK == rank // LOCAL_WORLD_SIZE``: ranks numbered node by node, as torchrun
+    numbers them); else Slurm's ``SLURM_NTASKS_PER_NODE`` with ``SLURM_LOCALID`` /
+    ``SLURM_NODEID``, or Open MPI's ``OMPI_COMM_WORLD_LOCAL_SIZE`` / ``_LOCAL_RANK`` /
+    ``_NODE_RANK``, under the same checks.  Anything else (a simulated rank, uneven nodes, a
+    launcher that numbers ranks otherwise) is None: the dataset then keeps one partition
+    (:func:`~shardloader.partition.choose_partition` says why).
+    """
+    if explicit is not None:
+        if isinstance(explicit, bool) or not isinstance(explicit, int) or explicit < 1:
+            raise UsageError(f"ranks_per_node must be an integer >= 1, got {explicit!r}")
+        if world_size % explicit:
+            raise UsageError(
+                f"ranks_per_node={explicit} does not divide world_size={world_size}: every "
+                "node must run the same number of ranks"
+            )
+        return explicit
+    env = os.environ
+    for size_var, local_var, node_var, rank_var, world_var in (
+        ("LOCAL_WORLD_SIZE", "LOCAL_RANK", "GROUP_RANK", "RANK", "WORLD_SIZE"),
+        ("SLURM_NTASKS_PER_NODE", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_PROCID", "SLURM_NTASKS"),
+        (
+            "OMPI_COMM_WORLD_LOCAL_SIZE",
+            "OMPI_COMM_WORLD_LOCAL_RANK",
+            "OMPI_COMM_WORLD_NODE_RANK",
+            "OMPI_COMM_WORLD_RANK",
+            "OMPI_COMM_WORLD_SIZE",
+        ),
+    ):
+        try:
+            per_node, local = int(env[size_var]), int(env[local_var])
+            if int(env[rank_var]) != rank or int(env[world_var]) != world_size:
+                continue
+        except (KeyError, ValueError):  # unset, or Slurm's "8(x2),4" for uneven nodes
+            continue
+        if per_node < 1 or world_size % per_node or local != rank % per_node:
+            continue
+        if node_var in env and env[node_var] != str(rank // per_node):
+            continue
+        return per_node
+    return None
 
 
 def detect_place(rank: int, world_size: int) -> Place:

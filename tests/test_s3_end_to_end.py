@@ -31,7 +31,8 @@ import shardloader as sl
 from shardloader.cli import main
 from shardloader.errors import ChecksumError
 from shardloader.manifest import Manifest
-from shardloader.shuffle import ShuffleOptions, epoch_order
+from shardloader.order import epoch_order
+from shardloader.shuffle import ShuffleOptions
 
 pytestmark = pytest.mark.subprocess  # the moto S3 server process
 

@@ -21,7 +21,8 @@ from hypothesis import strategies as st
 
 import shardloader as sl
 from shardloader.epoch import EpochPlanner
-from shardloader.shuffle import EpochOrder, ShuffleOptions, epoch_order
+from shardloader.order import EpochOrder, epoch_order
+from shardloader.shuffle import ShuffleOptions
 from shardloader.split import FixedBatchList, cut_fixed_batches, rank_slots
 from shardloader.steps import WorkerSteps
 

@@ -170,6 +170,32 @@ def test_state_moves_between_remote_and_local(server):
     assert again.state_dict() == local_again.state_dict()
 
 
+def test_node_partitions_are_the_clients_and_states_carry_them(server):
+    """Ranks of 2 nodes x 2: the server plans the partitions from the ranks per node the client
+    sends, batch for batch what the client's local loader reads; the state says so, and a
+    state counted in other partitions is refused with the way out."""
+    ids = []
+    for rank in range(4):
+        local = sl.make_loader(path_pipeline().for_rank(rank, 4, ranks_per_node=2))
+        local.dataset.set_epoch(1)
+        want = [digest(b) for b in local]
+        loader = remote(server, rank, 4, ranks_per_node=2)
+        loader.set_epoch(1)
+        got = list(loader)
+        assert [digest(b) for b in got] == want
+        ids += [i for b in got for i, p in zip(b["__index__"], b["__pad__"], strict=True) if not p]
+    assert sorted(int(i) for i in ids) == list(range(200))
+    loader = remote(server, 0, 4, ranks_per_node=2)
+    loader.set_epoch(1)
+    next(iter(loader))
+    state = loader.state_dict()
+    assert state["partitions"] == 2 and state["version"] == 3
+    flat = remote(server, 0, 4)  # no ranks per node: one partition
+    with pytest.raises(sl.ShardloaderError, match="counted in '2' partitions.*local loader"):
+        flat.load_state_dict(state)
+        len(flat)
+
+
 def test_set_epoch_reshuffles_and_rerun_repeats(server):
     loader = remote(server)
     first = [ids_and_pads(b)[0] for b in loader]

@@ -105,10 +105,15 @@ def _metrics(srv) -> dict[str, float]:
 
 
 def _wait_idle(srv) -> dict[str, float]:
+    """The metrics once every stream has ended and given its memory back (the producers close
+    it as they end, just after the stream leaves the active list), or at a 30 s deadline."""
     deadline = time.monotonic() + 30
-    while _metrics(srv)["shardloader_streams_active"] and time.monotonic() < deadline:
+    while time.monotonic() < deadline:
+        metrics = _metrics(srv)
+        if not metrics["shardloader_streams_active"]:
+            if not metrics["shardloader_shm_unattached_bytes"]:
+                return metrics
         time.sleep(0.05)
-    time.sleep(0.2)  # the producers close their memory as they end
     return _metrics(srv)
 
 

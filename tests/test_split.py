@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardloader.errors import UsageError
-from shardloader.shuffle import ShuffleOptions, epoch_order
+from shardloader.order import epoch_order
+from shardloader.shuffle import ShuffleOptions
 from shardloader.split import Place, cut_fixed_batches, rank_slots
 
 sizes_st = st.lists(st.integers(0, 40), min_size=1, max_size=12).filter(lambda s: sum(s) > 0)

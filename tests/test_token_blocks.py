@@ -125,6 +125,32 @@ def test_batches_match_the_reference_and_every_token_arrives_once(corpus, worker
     assert report.token_slots == len(got) * ROWS * SEQ
 
 
+def test_rows_inside_node_partitions_arrive_once_from_each_nodes_own_shards(corpus):
+    """2 nodes x 2 ranks: a node's ranks read rows of its own span of the shuffled shards; the
+    batches are still the reference's, every row once, equal steps, 2 workers."""
+    path, shards, vocab = corpus
+    rows = reference_rows(shards, SEQ)
+    full = sl.ShardedDataset(path, planner=TokenBlocks(SEQ, ROWS, pad_id=vocab), shuffle=True)
+    row_shard = np.repeat(np.arange(len(shards)), [len(reference_rows([s], SEQ)) for s in shards])
+    seen, steps, node_shards = [], set(), [set(), set()]
+    for rank in range(4):
+        ds = full.for_rank(rank, 4, ranks_per_node=2)
+        assert ds.partition == sl.Partition(2, 2)
+        plan = ds.plan(0)
+        got = list(sl.make_loader(ds, num_workers=2))
+        steps.add(len(got))
+        for j, batch in enumerate(got):
+            slots, seeds = plan.slots.steps(np.array([j]))
+            ids = plan.batches[int(slots[0])]
+            check_batch(batch, reference_batch([rows[int(r)] for r in ids], SEQ, ROWS, vocab))
+            node_shards[rank // 2].update(row_shard[ids].tolist())
+            if not plan.slots.repeats(int(seeds[0])):
+                seen += ids.tolist()
+    assert len(steps) == 1
+    assert sorted(seen) == list(range(len(rows)))  # every row, so every token, once
+    assert len(node_shards[0] & node_shards[1]) <= 1  # only a boundary shard is shared
+
+
 @pytest.mark.parametrize(("world", "uneven"), [(2, "pad"), (3, "pad"), (3, "drop")])
 def test_ranks_split_the_batches_and_even_out(corpus, world, uneven):
     path, shards, vocab = corpus

@@ -45,12 +45,14 @@ import shardloader as sl
 from shardloader.dataset import ShardedDataset
 from shardloader.steps import WorkerSteps
 url, batch, world, mode = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+per_node = int(sys.argv[5]) or None
 def rss_peak():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 out = {}
 if mode == "materialised":
     from shardloader.manifest import read_manifest
-    from shardloader.shuffle import ShuffleOptions, epoch_order
+    from shardloader.order import epoch_order
+    from shardloader.shuffle import ShuffleOptions
     manifest, _ = read_manifest(url)
     base = rss_peak()
     tracemalloc.start()
@@ -63,7 +65,7 @@ if mode == "materialised":
 else:
     t = time.perf_counter()
     ds = ShardedDataset(url, batch_size=batch, shuffle=True, rank=0, world_size=world,
-                        decoder=None)
+                        decoder=None, ranks_per_node=per_node)
     out["open_s"] = time.perf_counter() - t
     if mode == "plan":
         base = rss_peak()
@@ -72,7 +74,7 @@ else:
         steps = len(ds)
         from shardloader.epoch import EpochPlanner
         planner = EpochPlanner(ds.manifest.shard_sizes, ds.seed, ds.shuffle, ds.uneven, batch)
-        plan = planner.plan(ds.epoch, ds.position, ds.rank, ds.world_size, None)
+        plan = planner.plan(ds.epoch, ds.position, ds.rank, ds.world_size, None, (), ds.partition)
         first = WorkerSteps(plan, 0, 1)[0]
         out["plan_s"] = time.perf_counter() - t
         out["plan_peak"] = tracemalloc.get_traced_memory()[1]
@@ -131,12 +133,15 @@ def _write_shard(folder: str, n: int, first: int, shard_samples: int) -> Any:
     return write_shard(folder, shard_name(n, "arrow"), "arrow", "none", fields, samples)
 
 
+PER_NODE = [0]  # --ranks-per-node (0: unknown, one partition)
+
+
 def run_child(url: str, batch: int, world: int, mode: str) -> dict[str, float]:
     env = dict(os.environ)
     root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
     env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")])
     done = subprocess.run(
-        [sys.executable, "-c", _CHILD, url, str(batch), str(world), mode],
+        [sys.executable, "-c", _CHILD, url, str(batch), str(world), mode, str(PER_NODE[0])],
         capture_output=True,
         text=True,
         env=env,
@@ -155,6 +160,12 @@ def main() -> None:
     ap.add_argument("--shard-samples", type=int, default=100_000)
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--world-size", type=int, default=1)
+    ap.add_argument(
+        "--ranks-per-node",
+        type=int,
+        default=0,
+        help="plan node partitions of this many ranks (default: unknown, one partition)",
+    )
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--materialised", action="store_true", help="also time epoch_order (<=1e7)")
     ap.add_argument(
@@ -162,6 +173,7 @@ def main() -> None:
     )
     ap.add_argument("--work", default=None, help="folder for the synthetic datasets (temp)")
     args = ap.parse_args()
+    PER_NODE[0] = args.ranks_per_node
     sizes = [int(float(s)) for s in args.sizes.split(",")]
     rows = []
     with tempfile.TemporaryDirectory(dir=args.work) as work:

@@ -40,7 +40,8 @@ from shardloader.batching.base import (
     check_positive,
 )
 from shardloader.errors import UsageError
-from shardloader.shuffle import ShuffleOptions, epoch_order
+from shardloader.order import epoch_order
+from shardloader.shuffle import ShuffleOptions
 
 __all__ = ["FIELDS", "REMAINDER_POLICIES", "BatchLayout", "RowLayout", "TokenBlocks"]
 

@@ -19,4 +19,5 @@ from shardloader.cli import bench as _bench  # noqa: E402,F401
 from shardloader.cli import cache as _cache  # noqa: E402,F401
 from shardloader.cli import inspection as _inspection  # noqa: E402,F401
 from shardloader.cli import pack as _pack  # noqa: E402,F401
+from shardloader.cli import plan as _plan  # noqa: E402,F401
 from shardloader.cli import serve as _serve  # noqa: E402,F401

@@ -10,10 +10,12 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from shardloader.dataset import ShardedDataset
 from shardloader.errors import UsageError
+from shardloader.partition import choose_partition
 from shardloader.service.metrics import Metrics
 from shardloader.service.options import ServeOptions
 from shardloader.service.passes import steps_of_pass
@@ -26,7 +28,19 @@ __all__ = ["Service", "create_app"]
 log = logging.getLogger(__name__)
 
 _MAX_INT = 1 << 62
-_CONTROL_PARAMS = ("fingerprint", "seed", "plan")
+_CONTROL_PARAMS = ("fingerprint", "seed", "plan", "partitions")
+
+
+@dataclass(frozen=True)
+class _Asked:
+    """What a request asks for: a pass of one rank, in its world's partitions."""
+
+    epoch: int
+    rank: int
+    world: int
+    position: int
+    per_node: int | None  # ranks per node, as the client detected them (None: unknown)
+    partitions: int
 
 
 class _ServiceError(Exception):
@@ -70,7 +84,7 @@ class Service:
         self.dataset, self.options = dataset, options
         self.metrics = Metrics()
         self._token = options.token.encode() if options.token else None
-        self._steps: dict[tuple[int, int, int], int] = {}
+        self._steps: dict[tuple[int, int, int, int | None], int] = {}
 
     def check_token(self, headers: Any) -> None:
         if self._token is None:
@@ -101,19 +115,38 @@ class Service:
             self.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8"
         )
 
-    def _read_request(self, params: dict[str, str]) -> tuple[int, int, int, int]:
+    def _read_request(self, params: dict[str, str]) -> _Asked:
         epoch = _int(params, "epoch", 0)
         world = _int(params, "world_size", 1, lo=1)
         rank = _int(params, "rank", 0)
         if rank >= world:
             raise _ServiceError(400, f"rank {rank} is outside world_size {world}")
         position = _int(params, "position", 0)
+        per_node = _int(params, "ranks_per_node", 0) or None
+        if per_node is not None and world % per_node:
+            raise _ServiceError(
+                400, f"ranks_per_node={per_node} does not divide world_size={world}"
+            )
         ds = self.dataset
+        # the partitions this client's world reads in (NOTE [node partitions]): a saved
+        # position means the same batches only in the same ones
+        partitions = choose_partition(
+            ds.partition_mode, world, per_node, ds.manifest.num_samples
+        ).nodes
         for name, mine in (
             ("fingerprint", ds.manifest.fingerprint),
             ("seed", str(ds.seed)),
             ("plan", ds.plan_signature),
+            ("partitions", str(partitions)),
         ):
+            if name == "partitions" and name in params and params[name] != mine:
+                raise _ServiceError(
+                    409,
+                    f"the client's position was counted in {params[name][:20]!r} partitions, "
+                    f"but a world of {world} ranks ({per_node or 'unknown'} a node) reads in "
+                    f"{partitions} here: resume with the same world and ranks per node, or on a "
+                    "local loader (make_loader), which re-plans the rest for the new partitions",
+                )
             if name in params and params[name] != mine:
                 raise _ServiceError(
                     409,
@@ -121,16 +154,18 @@ class Service:
                     f"serves {mine!r}: client and server must read the same dataset with the "
                     "same seed and plan (check the URL list and the loader state)",
                 )
-        return epoch, rank, world, position
+        return _Asked(epoch, rank, world, position, per_node, partitions)
 
-    async def _pass_steps(self, epoch: int, position: int, world: int) -> int:
-        key = (epoch, position, world)
+    async def _pass_steps(self, a: _Asked) -> int:
+        key = (a.epoch, a.position, a.world, a.per_node)
         steps = self._steps.get(key)
         if steps is None:
             from starlette.concurrency import run_in_threadpool
 
             try:
-                steps = await run_in_threadpool(steps_of_pass, self.dataset, epoch, position, world)
+                steps = await run_in_threadpool(
+                    steps_of_pass, self.dataset, a.epoch, a.position, a.world, a.per_node
+                )
             except UsageError as err:
                 raise _ServiceError(400, str(err)) from None
             if len(self._steps) > 256:
@@ -146,10 +181,11 @@ class Service:
             "rank": False,
             "world_size": False,
             "position": False,
+            "ranks_per_node": False,
             **{k: False for k in _CONTROL_PARAMS},
         }
         params = _params(request.query_params, allowed)
-        epoch, rank, world, position = self._read_request(params)
+        a = self._read_request(params)
         ds = self.dataset
         return JSONResponse(
             {
@@ -159,11 +195,12 @@ class Service:
                 "plan": ds.plan_signature,
                 "num_samples": ds.manifest.num_samples,
                 "batch_size": ds.batch_size,
-                "epoch": epoch,
-                "rank": rank,
-                "world_size": world,
-                "position": position,
-                "steps": await self._pass_steps(epoch, position, world),
+                "epoch": a.epoch,
+                "rank": a.rank,
+                "world_size": a.world,
+                "position": a.position,
+                "partitions": a.partitions,
+                "steps": await self._pass_steps(a),
             }
         )
 
@@ -177,16 +214,18 @@ class Service:
             "position": False,
             "start": False,
             "shm": False,
+            "ranks_per_node": False,
             **{k: False for k in _CONTROL_PARAMS},
         }
         params = _params(request.query_params, allowed)
-        epoch, rank, world, position = self._read_request(params)
+        a = self._read_request(params)
+        epoch, rank, world, position = a.epoch, a.rank, a.world, a.position
         start = _int(params, "start", 0)
         if params.get("shm", "0") not in ("0", "1"):
             raise _ServiceError(400, f"shm={params['shm'][:40]!r} must be 0 or 1")
         # NOTE [shm handover]: offered to any client that asks; only one on this host can map it
         shm = params.get("shm") == "1" and self.options.shm_dir is not None
-        steps = await self._pass_steps(epoch, position, world)
+        steps = await self._pass_steps(a)
         if start > steps:
             raise _ServiceError(
                 400,
@@ -204,7 +243,7 @@ class Service:
         name = f"{client.host}:{client.port}" if client else "?"
         stream = Stream(
             self.dataset,
-            Request(epoch, rank, world, position, start, steps, shm),
+            Request(epoch, rank, world, position, start, steps, shm, a.per_node),
             self.options,
             self.metrics,
             name,

@@ -27,13 +27,14 @@ from shardloader.service.transport import Endpoint, get_json, next_delay
 from shardloader.service.wireframes import PROTOCOL
 from shardloader.split import Place
 from shardloader.storage.retry import RetryPolicy
-from shardloader.world import detect_world
+from shardloader.world import detect_ranks_per_node, detect_world
 
 __all__ = ["RemoteLoader", "DEFAULT_REMOTE_RETRY"]
 
 log = logging.getLogger(__name__)
 
 _STATE_VERSION = 1  # the local loader's state format (shardloader.loader)
+_PARTITIONED_VERSION = 3  # ... counted in several partitions
 
 DEFAULT_REMOTE_RETRY = RetryPolicy(
     max_attempts=8,
@@ -66,6 +67,7 @@ class RemoteLoader:
         rank: int | None = None,
         world_size: int | None = None,
         *,
+        ranks_per_node: int | None = None,
         seed: int | None = None,
         fingerprint: str | None = None,
         token: str | None = None,
@@ -82,7 +84,13 @@ class RemoteLoader:
         if prefetch < 1:
             raise UsageError(f"prefetch={prefetch} must be >= 1")
         self._rank, self._world = r, w
-        self._expect: dict[str, Any] = {"fingerprint": fingerprint, "seed": seed, "plan": None}
+        self._per_node = detect_ranks_per_node(r, w, ranks_per_node)
+        self._expect: dict[str, Any] = {
+            "fingerprint": fingerprint,
+            "seed": seed,
+            "plan": None,
+            "partitions": None,  # the server plans them from the ranks per node it is sent
+        }
         self._token = token if token is not None else _token_from_env()
         self.retry = retry or DEFAULT_REMOTE_RETRY
         self.prefetch = prefetch
@@ -139,7 +147,7 @@ class RemoteLoader:
         epoch, position = self._epoch, self._position
         if self._steps_left == 0:  # the pass is over: continue with the next epoch
             epoch, position = epoch + 1, 0
-        return {
+        state = {
             "version": _STATE_VERSION,
             "epoch": epoch,
             "position": position,
@@ -147,21 +155,34 @@ class RemoteLoader:
             "fingerprint": self._expect["fingerprint"],
             "plan": self._expect["plan"],
         }
+        partitions = int(self._expect["partitions"] or 1)
+        if partitions > 1:  # as a local loader writes it (NOTE [node partitions])
+            state.update(version=_PARTITIONED_VERSION, partitions=partitions)
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue a saved run (local or remote); the servers check seed, manifest and plan."""
-        if state.get("version") != _STATE_VERSION:
+        version = state.get("version")
+        if version not in (_STATE_VERSION, _PARTITIONED_VERSION) or "reshapes" in state:
             raise ResumeError(
-                f"loader state version {state.get('version')!r} is not {_STATE_VERSION}"
+                f"loader state version {version!r} is not {_STATE_VERSION} or "
+                f"{_PARTITIONED_VERSION} without reshapes: a state whose batch shape changed "
+                "resumes on a local loader (make_loader)"
             )
-        for key in ("fingerprint", "seed", "plan"):
+        saved = {**state, "partitions": state.get("partitions", 1)}
+        for key in ("fingerprint", "seed", "plan", "partitions"):
             mine = self._expect[key]
-            if mine is not None and state.get(key) != mine:
+            if mine is not None and saved.get(key) != mine:
                 raise ResumeError(
-                    f"saved {key} {state.get(key)!r} does not match {mine!r}, "
+                    f"saved {key} {saved.get(key)!r} does not match {mine!r}, "
                     "which this RemoteLoader reads"
+                    + (
+                        ": a state counted in other partitions resumes on a local loader"
+                        if key == "partitions"
+                        else ""
+                    )
                 )
-            self._expect[key] = state.get(key)
+            self._expect[key] = saved.get(key)
         self._epoch = int(state["epoch"])
         self._start = self._position = int(state["position"])
         self._steps_left = None
@@ -201,6 +222,8 @@ class RemoteLoader:
             "world_size": self._world,
             "position": position,
         }
+        if self._per_node is not None:
+            params["ranks_per_node"] = self._per_node
         params.update({k: v for k, v in self._expect.items() if v is not None})
         return params
 
@@ -245,6 +268,8 @@ class RemoteLoader:
         for key in ("fingerprint", "seed", "plan"):
             if self._expect[key] is None:
                 self._expect[key] = info[key]
+        if self._expect["partitions"] is None:
+            self._expect["partitions"] = int(info.get("partitions", 1))
         return info
 
     def _first(self) -> int:

@@ -37,15 +37,22 @@ SERIAL_PIPELINE = threading.Lock()
 
 
 def pass_dataset(
-    dataset: ShardedDataset, epoch: int, position: int, rank: int, world_size: int, skip: int = 0
+    dataset: ShardedDataset,
+    epoch: int,
+    position: int,
+    rank: int,
+    world_size: int,
+    skip: int = 0,
+    ranks_per_node: int | None = None,
 ) -> ShardedDataset:
     """A copy of ``dataset`` reading rank ``rank``'s steps ``skip..`` of the pass from ``position``.
 
     Batch for batch what a local loader at (epoch, position) yields from its ``skip``-th step,
-    padding repeats included: rank ``r``'s step ``j`` of that pass is global slot
-    ``position + j * world_size + r``, and padding depends only on the slot.
+    padding repeats included: rank ``r``'s step ``j`` of that pass follows ``position + j *
+    world_size`` global batches, and padding depends only on the slot; ``ranks_per_node`` (as
+    the client detected them) gives the same partitions as the client's local loader.
     """
-    view = dataset.for_rank(rank, world_size)
+    view = dataset.for_rank(rank, world_size, ranks_per_node)
     view.seek(epoch, position + skip * world_size)
     return view
 
@@ -74,8 +81,14 @@ def needs_serial_pipeline(dataset: ShardedDataset) -> bool:
     return pipeline_draws(dataset.transform, dataset.decoder, dataset.collate_fn)
 
 
-def steps_of_pass(dataset: ShardedDataset, epoch: int, position: int, world_size: int) -> int:
+def steps_of_pass(
+    dataset: ShardedDataset,
+    epoch: int,
+    position: int,
+    world_size: int,
+    ranks_per_node: int | None = None,
+) -> int:
     """Steps per rank of the pass of ``epoch`` that begins after ``position`` global batches."""
-    view = dataset.for_rank(0, world_size)
+    view = dataset.for_rank(0, world_size, ranks_per_node)
     view.seek(epoch, position)
     return len(view)

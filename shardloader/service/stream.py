@@ -71,6 +71,7 @@ class Request:
     start: int
     steps: int
     shm: bool = False  # the client asked for the shared-memory handover (NOTE [shm handover])
+    ranks_per_node: int | None = None  # as the client detected them (NOTE [node partitions])
 
 
 _END = object()  # what ``_next`` returns once the pipeline has no more items
@@ -185,7 +186,13 @@ class Stream:
             if r.start < r.steps:
                 # held here until the memory is closed, as the pass's workers and files are
                 view = pass_dataset(
-                    self.dataset, r.epoch, r.position, r.rank, r.world_size, r.start
+                    self.dataset,
+                    r.epoch,
+                    r.position,
+                    r.rank,
+                    r.world_size,
+                    r.start,
+                    r.ranks_per_node,
                 )
                 if not self._read_pass(view):
                     return

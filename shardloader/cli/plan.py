@@ -1,0 +1,192 @@
+"""``shardloader plan``: what an epoch costs a cluster, before the job starts.
+
+Reads only the manifest (and, with ``--classes``, the sidecars' sample keys): the plans are the
+dataset's own, so the figures are what a run stages and reads.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+from shardloader.cli.group import main
+from shardloader.cli.options import storage_option, storage_options
+from shardloader.errors import UsageError
+from shardloader.units import human_bytes as _human
+
+__all__ = ["plan_command"]
+
+
+@main.command("plan")
+@click.argument("dataset")
+@click.option("--nodes", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--ranks-per-node", type=click.IntRange(min=1), default=8, show_default=True)
+@click.option(
+    "--partition",
+    type=click.Choice(["node", "rank", "global"]),
+    default="node",
+    show_default=True,
+    help="node: a span of the shuffled shards per node (the default); rank: a span per rank; "
+    "global: every node reads every shard.",
+)
+@click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True)
+@click.option("--epochs", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option(
+    "--block",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Shuffle block in samples (default the dataset's, 65,536).",
+)
+@click.option("--uneven", type=click.Choice(["pad", "drop"]), default="pad", show_default=True)
+@click.option(
+    "--classes",
+    is_flag=True,
+    help="Also count distinct classes per batch (class-folder datasets; reads the sidecars' "
+    "sample keys).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@storage_option
+def plan_command(
+    dataset: str,
+    nodes: int,
+    ranks_per_node: int,
+    partition: str,
+    batch_size: int,
+    epochs: int,
+    seed: int,
+    block: int | None,
+    uneven: str,
+    classes: bool,
+    as_json: bool,
+    storage_option: tuple[str, ...],
+) -> None:
+    """Per node: the shards and bytes an epoch stages, its GETs, the cluster's bytes as a
+    multiple of the dataset, the node cache a node needs, and how well the epoch mixes."""
+    from shardloader.cost import epoch_cost, shuffle_quality
+    from shardloader.epoch import EpochPlanner
+    from shardloader.manifest import load_manifest
+    from shardloader.partition import choose_partition
+    from shardloader.shuffle import ShuffleOptions
+    from shardloader.storage.store import as_store
+
+    manifest, base = load_manifest(as_store(dataset, storage_options(storage_option), None))
+    if manifest.num_samples == 0:
+        raise UsageError(f"{dataset} holds no samples")
+    shuffle = ShuffleOptions(True) if block is None else ShuffleOptions(True, block=block)
+    planning = EpochPlanner(manifest.shard_sizes, seed, shuffle, uneven, batch_size)
+    world = nodes * ranks_per_node
+    part = choose_partition(partition, world, ranks_per_node, manifest.num_samples)
+    labels = _labels(manifest, base) if classes else None
+    epochs_out: list[dict[str, Any]] = []
+    previous = None
+    for epoch in range(epochs):
+        cost, previous = epoch_cost(manifest, planning, epoch, part, ranks_per_node, previous)
+        quality = shuffle_quality(planning, epoch, part, labels)
+        epochs_out.append(_epoch_dict(cost, quality, epoch > 0))
+    out = {
+        "dataset": dataset,
+        "shards": len(manifest.shards),
+        "samples": manifest.num_samples,
+        "stored_bytes": sum(s.bytes for s in manifest.shards),
+        "nodes": nodes,
+        "ranks_per_node": ranks_per_node,
+        "partition": partition,
+        "partitions": part.nodes,
+        "batch_size": batch_size,
+        "shuffle_block": shuffle.block,
+        "epochs": epochs_out,
+    }
+    if as_json:
+        click.echo(json.dumps(out, indent=1))
+        return
+    click.echo(_text(out))
+
+
+def _labels(manifest: Any, base: Any) -> Any:
+    """Each sample's class from its key (class folders: ``class/name``), by global id."""
+    import numpy as np
+
+    from shardloader.sidecar import load_sidecar
+
+    if manifest.layout != "class-folders":
+        raise UsageError(
+            f"--classes needs a class-folder dataset; this one's layout is {manifest.layout!r}"
+        )
+    names = {c: i for i, c in enumerate(manifest.classes)}
+    out: list[int] = []
+    for shard in manifest.shards:
+        index = load_sidecar(base.join(shard.index_path), manifest.format, shard)
+        out += [names.get(k.split("/", 1)[0], -1) for k in index.keys]
+    return np.asarray(out, np.int64)
+
+
+def _epoch_dict(cost: Any, quality: Any, repeat: bool) -> dict[str, Any]:
+    per = cost.nodes
+    shards = [n.shards for n in per]
+    out: dict[str, Any] = {
+        "epoch": cost.epoch,
+        "shards_per_node": {"min": min(shards), "max": max(shards)},
+        "stored_bytes_per_node": {
+            "min": min(n.stored_bytes for n in per),
+            "max": max(n.stored_bytes for n in per),
+        },
+        "gets": cost.gets,
+        "cluster_bytes": cost.cluster_bytes,
+        "cluster_multiple": round(cost.multiple, 4),
+        "node_cache_share_bytes": cost.share_bytes,
+        "node_cache_working_set_bytes": cost.working_set,
+        "quality": {
+            "shards_per_global_batch": round(quality.shards_per_global_batch, 2),
+            "shards_per_rank_batch": round(quality.shards_per_rank_batch, 2),
+            "kendall_tau": round(quality.kendall_tau, 4),
+        },
+        "per_node": [
+            {"node": n.node, "shards": n.shards, "stored_bytes": n.stored_bytes} for n in per
+        ],
+    }
+    if quality.classes_per_global_batch is not None:
+        out["quality"]["classes_per_global_batch"] = round(quality.classes_per_global_batch, 2)
+        out["quality"]["classes_per_rank_batch"] = round(quality.classes_per_rank_batch, 2)
+    if repeat:
+        out["gets_with_share_cache"] = sum(n.shards - n.kept_shards for n in per)
+    return out
+
+
+def _text(out: dict[str, Any]) -> str:
+    lines = [
+        f"{out['dataset']}: {out['shards']:,} shards, {out['samples']:,} samples, "
+        f"{_human(out['stored_bytes'])} stored",
+        f"  {out['nodes']} node(s) x {out['ranks_per_node']} ranks, partition "
+        f"{out['partition']} ({out['partitions']} partition(s)), batch {out['batch_size']} a "
+        f"rank, shuffle block {out['shuffle_block']:,} samples",
+    ]
+    for e in out["epochs"]:
+        s, b, q = e["shards_per_node"], e["stored_bytes_per_node"], e["quality"]
+        lines += [
+            f"  epoch {e['epoch']}:",
+            f"    per node      {s['min']:,}-{s['max']:,} shards, "
+            f"{_human(b['min'])}-{_human(b['max'])} to stage, one GET a shard",
+            f"    cluster       {e['gets']:,} GETs, {_human(e['cluster_bytes'])} = "
+            f"{e['cluster_multiple']:.3f}x the dataset",
+            f"    node cache    {_human(e['node_cache_share_bytes'])} holds a node's share "
+            f"for the epoch; at least {_human(e['node_cache_working_set_bytes'])} to stream it",
+        ]
+        if "gets_with_share_cache" in e:
+            lines.append(
+                f"    with a cache holding the share since the last epoch: "
+                f"{e['gets_with_share_cache']:,} GETs"
+            )
+        mix = (
+            f"    mixing        {q['shards_per_global_batch']:.1f} shards a global batch, "
+            f"{q['shards_per_rank_batch']:.1f} a rank batch, Kendall tau {q['kendall_tau']:+.3f}"
+        )
+        if "classes_per_global_batch" in q:
+            mix += (
+                f"; {q['classes_per_global_batch']:.1f} classes a global batch, "
+                f"{q['classes_per_rank_batch']:.1f} a rank batch"
+            )
+        lines.append(mix)
+    return "\n".join(lines)
