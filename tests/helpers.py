@@ -97,16 +97,19 @@ def in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, list[BaseExcepti
     return thread, out
 
 
-def torchrun(tmp: str, job: str, nproc: int, *args: str, timeout: float = 240) -> None:
-    """``python -m torch.distributed.run --standalone`` of ``tests/<job>`` on ``nproc`` local
-    ranks (gloo; one thread each, TMPDIR in ``tmp`` for their sockets); fails the test with the
-    tail of its stderr unless every rank succeeded."""
+def torchrun(
+    tmp: str, job: str, nproc: int, *args: str, timeout: float = 240
+) -> subprocess.CompletedProcess[str]:
+    """``python -m torch.distributed.run --standalone`` of ``tests/<job>`` (or a script's path)
+    on ``nproc`` local ranks (gloo; one thread each, TMPDIR in ``tmp`` for their sockets); fails
+    the test with the tail of its stderr unless every rank succeeded."""
     env = {**os.environ, "TMPDIR": tmp, "OMP_NUM_THREADS": "1"}
     job = os.path.join(os.path.dirname(os.path.abspath(__file__)), job)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     cmd += ["--nproc_per_node", str(nproc), job, *args]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
 
 
 def batch_ids(batch: dict) -> list[int]:
