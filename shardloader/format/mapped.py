@@ -26,7 +26,7 @@ class MappedFile:
     def close(self) -> None:
         try:
             self.view.release()
-            if isinstance(self.map, mmap.mmap):
+            if type(self.map) is not bytes:  # no module global: this may run at exit
                 self.map.close()
         except BufferError:  # a view is still alive: the map closes when the last one goes
             pass

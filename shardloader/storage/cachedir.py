@@ -11,8 +11,9 @@ symbolic link.  A shard's file is named by :func:`cache_name`, which no two shar
 How big: one limit for the whole root, over every dataset and run: ``CacheOptions(max_bytes=...)``,
 else ``$SHARDLOADER_CACHE_MAX_BYTES`` (``"50GiB"``), else the smaller of 32 GiB and half of
 what the root's disk could hold (its free space plus the cache itself), never below twice what
-the current plan keeps staged at once.  Staging a shard first evicts the least recently used
-staged shards, of any dataset, until the newcomer fits.
+the current plan keeps staged at once (``cacheroom.py``, which also keeps what the root holds
+counted without listing it at every turn).  Staging a shard first evicts the least recently
+used staged shards, of any dataset, until the newcomer fits.
 
 NOTE [eviction and clearing]: whoever removes ``X.raw`` (eviction by any process, ``cache
 clear``) first takes ``X.raw.lock`` *without waiting*; a shard whose lock is held (being staged
@@ -30,7 +31,6 @@ import fcntl
 import hashlib
 import logging
 import os
-import shutil
 import stat
 import tempfile
 from collections.abc import Iterator
@@ -38,9 +38,8 @@ from dataclasses import dataclass
 from typing import BinaryIO
 from urllib.parse import quote
 
-from shardloader.errors import StorageError, UsageError
+from shardloader.errors import StorageError
 from shardloader.storage.private import open_private, owner_problem
-from shardloader.units import parse_size
 
 __all__ = [
     "DEFAULT_DISK_FRACTION",
@@ -49,11 +48,11 @@ __all__ = [
     "LOCK",
     "MARKER",
     "MAX_BYTES_ENV",
+    "ROOM_NOTE",
     "STAGED",
     "ClearReport",
     "DatasetUsage",
     "Entry",
-    "cache_limit",
     "cache_name",
     "cache_root",
     "clear",
@@ -80,6 +79,7 @@ STAGED = ".raw"
 LOCK = ".lock"
 TEMP_MARKS = (".tmp-", ".download-")
 ROOM_LOCK = ".room.lock"  # at the root: held while a stager makes room (NOTE [reservations])
+ROOM_NOTE = ".room"  # at the root: what it holds, as last counted (NOTE [room note])
 
 log = logging.getLogger(__name__)
 
@@ -130,41 +130,6 @@ def legacy_root() -> str:
     ``shardloader cache clear`` empties it too, if it is the user's own (the temp dir is
     everyone's: another user may have made it, or a link there)."""
     return os.path.join(tempfile.gettempdir(), "shardloader-cache")
-
-
-def cache_limit(root: str, explicit: int | None = None) -> tuple[int, str]:
-    """(limit in bytes, where it comes from) for the cache at ``root``."""
-    if explicit is not None:
-        return explicit, "CacheOptions(max_bytes=...)"
-    env = os.environ.get(MAX_BYTES_ENV)
-    if env:
-        try:
-            return parse_size(env), f"${MAX_BYTES_ENV}"
-        except UsageError as err:
-            raise UsageError(f"${MAX_BYTES_ENV}={env!r}: {err}") from err
-    disk = _existing_parent(root)
-    try:
-        free = shutil.disk_usage(disk).free
-    except OSError:
-        return DEFAULT_MAX_BYTES, "default"
-    held = sum(d.bytes for d in usage(root))
-    by_disk = int(DEFAULT_DISK_FRACTION * (free + held))
-    if by_disk < DEFAULT_MAX_BYTES:
-        return by_disk, f"default: half of the {_gb(free + held)} its disk could hold"
-    return DEFAULT_MAX_BYTES, f"default: {DEFAULT_MAX_BYTES >> 30} GiB"
-
-
-def _gb(n: int) -> str:
-    return f"{n / 1e9:.1f} GB"
-
-
-def _existing_parent(path: str) -> str:
-    while not os.path.exists(path):
-        parent = os.path.dirname(path)
-        if parent == path:
-            break
-        path = parent
-    return path
 
 
 @dataclass(frozen=True)
@@ -364,12 +329,14 @@ def clear(root: str, fingerprint: str | None = None) -> ClearReport:
 
 
 def _remove_room_lock(path: str) -> None:
-    """Remove the root's lock file unless a stager holds it (a waiter retries on the new one)."""
+    """Remove the root's lock file and room note unless a stager holds the lock (a waiter
+    retries on the new one)."""
     if not os.path.exists(path):
         return
     lock = lock_file(path, False)
     if lock is not None:
         with lock:
+            remove_quietly(os.path.join(os.path.dirname(path), ROOM_NOTE))
             remove_quietly(path)
 
 
