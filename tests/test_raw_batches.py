@@ -263,7 +263,6 @@ def test_a_large_tar_shard_read_in_small_batches_is_exact(tmp_path):
         raw_epoch(str(tmp_path))
 
 
-
 def test_a_shard_closed_at_exit_closes_quietly(tmp_path, monkeypatch):
     """A script that stops mid-epoch leaves its open shards to be closed at exit, when module
     globals may be gone already (seen with torch 2.14: "'NoneType' object has no attribute
