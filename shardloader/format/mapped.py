@@ -26,7 +26,8 @@ class MappedFile:
     def close(self) -> None:
         try:
             self.view.release()
-            if type(self.map) is not bytes:  # no module global: this may run at exit
-                self.map.close()
+            close = getattr(self.map, "close", None)  # no module global: this may run at exit
+            if close is not None:
+                close()
         except BufferError:  # a view is still alive: the map closes when the last one goes
             pass
