@@ -97,6 +97,10 @@ def _load_npy(data: bytes) -> np.ndarray:
 
 
 def _decode_image(data: bytes, kind: str, mode: str | None) -> Any:
+    if kind == "tensor" and mode == "RGB":
+        native = _native_rgb(data)
+        if native is not None:
+            return native
     from PIL import Image
 
     image: Image.Image = Image.open(io.BytesIO(data))
@@ -118,6 +122,25 @@ def _decode_image(data: bytes, kind: str, mode: str | None) -> Any:
     return torch.from_numpy(array.copy()).permute(2, 0, 1)  # CHW
 
 
+def _native_rgb(data: bytes) -> Any:
+    """A JPEG as uint8 CHW RGB from the native decoder (libjpeg-turbo, the whole image, into
+    memory the tensor then owns), or None where it is not built or declines the file: PIL then
+    decodes it.  Both give the same pixels (max difference 0 on tests/test_vision_fast.py's set
+    and on JPEGs from other encoders: tests/test_native_decode.py); tensors only, since the
+    native decoder lives in ``shardloader.vision``, which imports torch."""
+    from shardloader.vision import jpeg
+
+    size = jpeg.probe(data)
+    if size is None:
+        return None
+    hwc = jpeg.decode_box(data, size, None, None)
+    if hwc is None:
+        return None
+    import torch
+
+    return torch.from_numpy(hwc).permute(2, 0, 1)  # CHW over HWC memory, as PIL's path gives
+
+
 @dataclass(frozen=True)
 class Decoder:
     """How to turn stored bytes into Python values, per codec.
@@ -127,7 +150,8 @@ class Decoder:
     (grey): 16-bit images are scaled to 8 bits, transparency is composited over white (kept in
     ``"RGBA"``), CMYK and palette images converted (:mod:`shardloader.imagemode`).  ``None``
     keeps each image's stored mode (e.g. palette indices of segmentation masks; 16-bit stays
-    uint16), so shapes and dtypes may then differ between images.
+    uint16), so shapes and dtypes may then differ between images.  RGB tensors of JPEGs come
+    from the native decoder where it is built (:func:`_native_rgb`: PIL's pixels, half its CPU).
     ``custom`` maps a field (or member extension) to a function of the bytes; it is the only
     way to read an opaque (pickled) field, and the choice of trusting that data is then the
     caller's.

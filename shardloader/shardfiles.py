@@ -175,8 +175,6 @@ class ShardFiles:
         if self._cache is None:
             cache = ShardCache(self.options.cache, self.manifest.fingerprint, self.store.url)
             cache.require(self.working_set)
-            if cache.max_bytes is None:  # bounded by default: twice what the plan needs
-                cache.max_bytes = max(2 * self.working_set, 1 << 30)
             self._cache = cache
         return self._cache
 

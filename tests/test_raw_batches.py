@@ -261,3 +261,17 @@ def test_a_large_tar_shard_read_in_small_batches_is_exact(tmp_path):
     bad = _flip_in_sample(str(tmp_path), 0, 4321)
     with pytest.raises(ChecksumError, match=bad):
         raw_epoch(str(tmp_path))
+
+
+def test_a_shard_closed_at_exit_closes_quietly(tmp_path, monkeypatch):
+    """A script that stops mid-epoch leaves its open shards to be closed at exit, when module
+    globals may be gone already (seen with torch 2.14: "'NoneType' object has no attribute
+    'mmap'" printed at every such exit)."""
+    from shardloader.format import mapped
+
+    path = tmp_path / "shard"
+    path.write_bytes(b"x" * 4096)
+    f = mapped.MappedFile(str(path))
+    monkeypatch.setattr(mapped, "mmap", None)  # what interpreter shutdown does to globals
+    f.close()
+    assert f.map.closed

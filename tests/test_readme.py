@@ -220,7 +220,8 @@ def test_docs_hold_no_merge_conflict_markers():
     """A skipped block would hide a half-resolved merge; look at every Markdown file."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     docs = [os.path.join(root, "README.md"), os.path.join(root, "DESIGN.md")]
-    docs += [os.path.join(root, "docs", n) for n in os.listdir(os.path.join(root, "docs"))]
+    for folder, _, names in os.walk(os.path.join(root, "docs")):
+        docs += [os.path.join(folder, n) for n in names if n.endswith(".md")]
     for path in docs:
         with open(path, encoding="utf-8") as f:
             for number, line in enumerate(f, 1):

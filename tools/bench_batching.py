@@ -51,6 +51,7 @@ class Row:
     plan_s: float
     tokens_per_s: float
     notes: str
+    cpu_ns_per_token: float = float("nan")  # of the collate loop
 
 
 def corpus(n: int, mean: float, sigma: float, seed: int) -> tuple[np.ndarray, list[np.ndarray]]:
@@ -68,7 +69,7 @@ def run(name: str, planner: Any, collate: Any, order, lengths, docs, notes: str 
     batches = planner.plan(order, lengths, np.random.default_rng(1))
     plan_s = time.perf_counter() - t0
     report = planner.report(order, lengths, batches)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()  # one process: its CPU is the tree's
     for batch in batches:
         if batch.ndim == 2:  # segments (id, start, stop), cut as the dataset cuts them
             items = [docs[i][a:b] for i, a, b in batch.tolist()]
@@ -76,6 +77,7 @@ def run(name: str, planner: Any, collate: Any, order, lengths, docs, notes: str 
             items = [docs[i] for i in batch.tolist()]
         collate([{"input_ids": d, "labels": d} for d in items])
     collate_s = time.perf_counter() - t0
+    collate_cpu = time.process_time() - c0
     extra = []
     if report.truncated:
         extra.append(f"{len(report.truncated)} truncated")
@@ -90,6 +92,7 @@ def run(name: str, planner: Any, collate: Any, order, lengths, docs, notes: str 
         plan_s,
         (report.tokens or 0) / collate_s,
         "; ".join([notes, *extra]).strip("; "),
+        collate_cpu / max(report.tokens or 0, 1) * 1e9,
     )
 
 
@@ -283,7 +286,7 @@ def main() -> None:
         f"corpus: {lengths.size} docs, {int(lengths.sum())} tokens, mean {lengths.mean():.0f}, "
         f"median {np.median(lengths):.0f}, max {global_max} (lognormal sigma {args.sigma})"
     )
-    header = ("strategy", "batches", "pad %", "plan s", "collate tokens/s", "notes")
+    header = ("strategy", "batches", "pad %", "plan s", "collate tokens/s", "CPU ns/token", "notes")
     if args.markdown:
         print("| " + " | ".join(header) + " |")
         print("|" + "---|" * len(header))
@@ -294,6 +297,7 @@ def main() -> None:
             f"{100 * r.pad_fraction:.2f}",
             f"{r.plan_s:.2f}",
             "-" if np.isnan(r.tokens_per_s) else f"{r.tokens_per_s / 1e6:.1f} M",
+            "-" if np.isnan(r.cpu_ns_per_token) else f"{r.cpu_ns_per_token:.1f}",
             r.notes,
         )
         print(("| " + " | ".join(cells) + " |") if args.markdown else "  ".join(cells))

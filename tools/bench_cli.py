@@ -6,9 +6,10 @@ Each case starts a new process, as a user's shell does: ``shardloader --help``,
 ``shardloader pack --help``, a usage error (``shardloader pack`` without arguments) and
 ``shardloader cache info`` (which imports the storage layer); for reference, a bare
 ``python -c pass`` and ``python -c 'import torch'``.  Wall-clock medians, so a busy machine
-shows up as noise, not as a bias.  The goal is under 0.3 s for help and usage errors; tests
-check the cause instead of the time (tests/test_cli_imports.py: no torch, numpy or pyarrow
-imported for them).
+shows up as noise, not as a bias; beside them the CPU seconds (user + sys) of the command's
+process tree, which the machine's load barely moves.  The goal is under 0.3 s for help and
+usage errors; tests check the cause instead of the time (tests/test_cli_imports.py: no torch,
+numpy or pyarrow imported for them).
 """
 
 from __future__ import annotations
@@ -32,17 +33,25 @@ def _command() -> list[str]:
     return [found] if found else [sys.executable, "-m", "shardloader"]
 
 
-def _time(argv: list[str], runs: int, env: dict[str, str]) -> tuple[float, int]:
-    times = []
+def _time(argv: list[str], runs: int, env: dict[str, str]) -> tuple[float, float, int]:
+    """(median wall seconds, median CPU seconds of the command's process tree, exit code)."""
+    times, cpus = [], []
     code = 0
     for _ in range(runs):
-        started = time.perf_counter()
+        started, before = time.perf_counter(), os.times()
         done = subprocess.run(
             argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, check=False
         )
         times.append(time.perf_counter() - started)
+        after = os.times()  # the command and whatever it waited for: user + sys
+        cpus.append(
+            after.children_user
+            - before.children_user
+            + after.children_system
+            - before.children_system
+        )
         code = done.returncode
-    return statistics.median(times), code
+    return statistics.median(times), statistics.median(cpus), code
 
 
 def main() -> None:
@@ -62,8 +71,8 @@ def main() -> None:
         }
         print(f"{' '.join(cli)}: median of {args.runs} fresh runs each")
         for name, argv in cases.items():
-            seconds, code = _time(argv, args.runs, env)
-            print(f"{name:>32}: {seconds:6.3f} s  (exit {code})")
+            seconds, cpu, code = _time(argv, args.runs, env)
+            print(f"{name:>32}: {seconds:6.3f} s, CPU {cpu:6.3f} s  (exit {code})")
 
 
 if __name__ == "__main__":

@@ -403,9 +403,9 @@ def markdown(results: list[dict], a: argparse.Namespace, before: tuple, after: t
         f"(1/5/15 min) before {before[0]:.2f}/{before[1]:.2f}/{before[2]:.2f}, after "
         f"{after[0]:.2f}/{after[1]:.2f}/{after[2]:.2f}.",
         "",
-        "| work | writer | config | s | input MB/s | CPU s | stored MB | ratio | speed vs best "
-        "peer | ratio vs best peer |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| work | writer | config | s | input MB/s | CPU s | CPU ms per input MB | stored MB | "
+        "ratio | speed vs best peer | CPU vs best peer | ratio vs best peer |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for kind in dict.fromkeys(r["workload"] for r in results):
         rows = [r for r in results if r["workload"] == kind]
@@ -414,10 +414,13 @@ def markdown(results: list[dict], a: argparse.Namespace, before: tuple, after: t
         for r in rows:
             speed = f"{r['mb_s'] / best['mb_s']:.2f}x" if best else "-"
             ratio = f"{r['ratio'] / best['ratio']:.3f}x" if best else "-"
+            per_mb = r["cpu_s"] / r["input_mb"] * 1e3
+            # the best peer's CPU per MB over ours: above 1, we spend less
+            cpu = f"{best['cpu_s'] / r['cpu_s']:.2f}x" if best and r["cpu_s"] else "-"
             lines.append(
                 f"| {kind} ({r['input_mb']:.0f} MB) | {r['writer']} | {r['config']} | "
-                f"{r['seconds']:.2f} | {r['mb_s']:.1f} | {r['cpu_s']:.2f} | {r['stored_mb']:.1f} | "
-                f"{r['ratio']:.3f} | {speed} | {ratio} |"
+                f"{r['seconds']:.2f} | {r['mb_s']:.1f} | {r['cpu_s']:.2f} | {per_mb:.1f} | "
+                f"{r['stored_mb']:.1f} | {r['ratio']:.3f} | {speed} | {cpu} | {ratio} |"
             )
     lines.append("")
     lines.append("Best peer: the fastest peer row of each workload (speed and ratio are its).")

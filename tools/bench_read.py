@@ -28,8 +28,10 @@ What it measures is what a user runs:
 Ratios are shardloader's figure over the best peer's (``vs best peer``), and each Arrow row over
 the tar row (``arrow vs tar``).  ``--systems`` picks systems (``shardloader-noverify`` measures
 the per-sample checksum's cost; ``shardloader-baseline`` with ``--baseline DIR`` another
-checkout, for before/after figures), ``--max-seconds`` caps one run (slow peers), ``--json FILE``
-keeps every run.  ``tools/bench_shuffle.py`` measures shuffle quality.
+checkout, and any shardloader system with ``@baseline`` appended, for before/after figures),
+``--max-seconds`` caps one run (slow peers), ``--json FILE`` keeps every run and the medians.
+CPU per sample is the whole process tree's (the process and its workers: ``cputree.py``).
+``tools/bench_shuffle.py`` measures shuffle quality.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import read_systems as rs  # noqa: E402
+from cputree import TreeCPU  # noqa: E402
 
 DEFAULT_SYSTEMS = ",".join(["shardloader", "shardloader-dicts", "shardloader-arrow", *rs.PEERS])
 
@@ -70,13 +73,13 @@ def prepare(work: str, images: int, docs: int, systems: list[str]) -> dict[str, 
             continue
         where[corpus] = {}
         for system in systems:
-            variant = rs.SHARDLOADER.get(system)
+            variant = rs.SHARDLOADER.get(_kind(system))
             name = f"shardloader-{variant[0]}" if variant else system
             out = os.path.join(work, corpus, name)
             done = os.path.join(work, corpus, f"{name}.done.json")
             if not _matches(done, params):
                 t0 = time.perf_counter()
-                rs.write_system(system, corpus_dir, corpus, out)
+                rs.write_system(_kind(system), corpus_dir, corpus, out)
                 print(
                     f"wrote {corpus} for {name} in {time.perf_counter() - t0:.1f}s", file=sys.stderr
                 )
@@ -102,20 +105,17 @@ def _write_json(path: str, value: Any) -> None:
 
 
 class PeakAnon:
-    """The largest ``Pss_Anon`` summed over this process and its descendants, and the CPU
-    time each of them was last seen with (workers that exit keep their last figure)."""
+    """The largest ``Pss_Anon`` summed over this process and its descendants."""
 
     def __init__(self, every: float = 1.0) -> None:
         self.every = every
         self.peak = 0
-        self.cpu: dict[int, float] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def sample(self) -> None:
         total = 0
         for pid in [os.getpid(), *_descendants(os.getpid())]:
-            self.cpu[pid] = max(self.cpu.get(pid, 0.0), _cpu_of(pid))
             try:
                 with open(f"/proc/{pid}/smaps_rollup") as f:
                     for line in f:
@@ -159,7 +159,7 @@ def _descendants(pid: int) -> list[int]:
 
 def child(spec: dict[str, Any]) -> dict[str, Any]:
     """One measurement, in this fresh process."""
-    system, corpus, where = spec["system"], spec["corpus"], spec["where"]
+    system, corpus, where = _kind(spec["system"]), spec["corpus"], spec["where"]
     field = rs.payload_field(system, corpus)
     rs.import_system(system)
     load = os.getloadavg()[0]
@@ -170,7 +170,8 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
         n, nbytes = rs.count_batch(next(it), field)
         t_first = time.perf_counter()
         memory.sample()
-        cpu_first = dict(memory.cpu)
+        tree = TreeCPU().start()  # the process, its workers (alive, or joined: cputree.py)
+        own = _own_cpu()
         first_n = n
         deadline = t_first + spec["max_seconds"]
         for batch in it:
@@ -179,11 +180,11 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
             if time.perf_counter() > deadline:
                 break
         t_end = time.perf_counter()
+        own = _own_cpu() - own
+        tree.stop()
         memory.sample()
-        cpu_end = dict(memory.cpu)
     steady = max(t_end - t_first, 1e-9)
     steady_n = max(n - first_n, 1)
-    me = os.getpid()
     return {
         **{k: spec[k] for k in ("system", "corpus", "workers")},
         "samples": n,
@@ -191,30 +192,29 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
         "mb_s": nbytes * (n - first_n) / max(n, 1) / steady / 1e6,
         "first_batch_s": t_first - t0,
         "peak_anon_mb": memory.peak / 2**20,
-        # CPU in the steady state, per sample: this process, and its workers
-        "cpu_us": (cpu_end[me] - cpu_first[me]) / steady_n * 1e6,
-        "worker_cpu_us": sum(t - cpu_first.get(pid, 0.0) for pid, t in cpu_end.items() if pid != me)
-        / steady_n
-        * 1e6,
+        # CPU in the steady state, per sample: this process, its workers, and all of them
+        "cpu_us": own / steady_n * 1e6,
+        "worker_cpu_us": (tree.seconds - own) / steady_n * 1e6,
+        "tree_cpu_us": tree.seconds / steady_n * 1e6,
         "load": load,
     }
 
 
-def _cpu_of(pid: int) -> float:
-    """CPU seconds (user + system) of a process so far; 0 once it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return 0.0
+def _kind(system: str) -> str:
+    """``shardloader-arrow@baseline`` is read as ``shardloader-arrow``, from ``--baseline``."""
+    return system.split("@", 1)[0]
+
+
+def _own_cpu() -> float:
+    t = os.times()
+    return t.user + t.system
 
 
 def run_child(spec: dict[str, Any], baseline: str | None = None) -> dict[str, Any]:
     env = dict(os.environ)
-    if spec["system"] == "shardloader-baseline":
+    if spec["system"] == "shardloader-baseline" or spec["system"].endswith("@baseline"):
         if not baseline:
-            raise SystemExit("system shardloader-baseline needs --baseline CHECKOUT")
+            raise SystemExit(f"system {spec['system']} needs --baseline CHECKOUT")
         env["PYTHONPATH"] = baseline  # that checkout's shardloader, with sample dicts
     out = subprocess.run(
         [sys.executable, os.path.abspath(__file__), "--child", json.dumps(spec)],
@@ -249,34 +249,39 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _cpu(r: dict[str, Any]) -> str:
     if not r["workers"]:
-        return f"{r['cpu_us']:.1f}"
-    return f"{r['cpu_us']:.1f} + {r['worker_cpu_us']:.1f}"
+        return f"{r['tree_cpu_us']:.1f}"
+    return f"{r['cpu_us']:.1f} + {r['worker_cpu_us']:.1f} = {r['tree_cpu_us']:.1f}"
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
     print(
-        "\n| corpus | workers | system | samples/s | MB/s | vs best peer | first batch (s) "
-        "| peak anon (MB) | CPU µs/sample: main + workers | load |"
+        "\n| corpus | workers | system | samples/s | MB/s | vs best peer | CPU µs/sample: main "
+        "+ workers = all | CPU vs best peer | first batch (s) | peak anon (MB) | load |"
     )
-    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for corpus in dict.fromkeys(r["corpus"] for r in rows):
         for workers in sorted({r["workers"] for r in rows}):
             group = [r for r in rows if r["corpus"] == corpus and r["workers"] == workers]
             peers = [r for r in group if r["system"] in rs.PEERS]
             best = max((r["samples_s"] for r in peers), default=float("nan"))
+            # the peer that spends the least CPU a sample: "CPU vs best peer" is its figure
+            # over ours (above 1: we spend less)
+            frugal = min((r["tree_cpu_us"] for r in peers), default=float("nan"))
             least = min((r["peak_anon_mb"] for r in peers), default=float("nan"))
             for r in sorted(group, key=lambda r: -r["samples_s"]):
                 print(
                     f"| {corpus} | {workers} | {r['system']} | {r['samples_s']:,.0f} | "
-                    f"{r['mb_s']:,.0f} | {r['samples_s'] / best:.2f}x | {r['first_batch_s']:.3f} "
-                    f"| {r['peak_anon_mb']:,.0f} | {_cpu(r)} | {r['load']:.1f} |"
+                    f"{r['mb_s']:,.0f} | {r['samples_s'] / best:.2f}x | {_cpu(r)} | "
+                    f"{frugal / r['tree_cpu_us']:.2f}x | {r['first_batch_s']:.3f} "
+                    f"| {r['peak_anon_mb']:,.0f} | {r['load']:.1f} |"
                 )
             ours = [r for r in group if r["system"] == "shardloader"]
             if ours and peers:
                 print(
                     f"| {corpus} | {workers} | *shardloader / best peer* | | | "
                     f"**{ours[0]['samples_s'] / best:.2f}x** | | "
-                    f"**{ours[0]['peak_anon_mb'] / least:.2f}x** of the least | | |"
+                    f"**{frugal / ours[0]['tree_cpu_us']:.2f}x** | | "
+                    f"**{ours[0]['peak_anon_mb'] / least:.2f}x** of the least | |"
                 )
     arrow = [r for r in rows if r["system"] == "shardloader-arrow"]
     if arrow:
@@ -313,11 +318,12 @@ def main() -> None:
     ap.add_argument("--max-seconds", type=float, default=30.0, help="cap on one run's reading")
     ap.add_argument("--work", default="bench-out/read")
     ap.add_argument("--systems", default=DEFAULT_SYSTEMS)
-    ap.add_argument("--json", help="write every run here")
+    ap.add_argument("--json", help="write every run and the medians here")
     ap.add_argument(
         "--baseline",
         help="another checkout of shardloader, measured as system shardloader-baseline "
-        "(sample dicts), interleaved with the others: before/after figures in one run",
+        "(sample dicts) or as any shardloader system with @baseline appended "
+        "(shardloader@baseline), interleaved with the others: before/after figures in one run",
     )
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -366,7 +372,7 @@ def main() -> None:
     )
     print_table(summarize(runs))
     if args.json:
-        _write_json(args.json, runs)
+        _write_json(args.json, {"runs": runs, "rows": summarize(runs), "cores": os.cpu_count()})
 
 
 if __name__ == "__main__":

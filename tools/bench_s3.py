@@ -30,7 +30,6 @@ import argparse
 import json
 import os
 import re
-import resource
 import shutil
 import statistics
 import subprocess
@@ -410,9 +409,11 @@ def child_main(kind: str, job_text: str) -> None:
 
 
 def _cpu() -> float:
-    own = resource.getrusage(resource.RUSAGE_SELF)
-    kids = resource.getrusage(resource.RUSAGE_CHILDREN)  # DataLoader workers, once joined
-    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+    """This process and its workers, alive or joined (cputree.py)."""
+    sys.path.insert(0, os.path.dirname(TOOL))
+    from cputree import tree_cpu
+
+    return tree_cpu()
 
 
 # -- the run ----------------------------------------------------------------------------------
@@ -482,6 +483,7 @@ def main(argv: list[str] | None = None) -> None:
         help="comma-separated subset of epochs, ttfb, pack (default: all)",
     )
     p.add_argument("--workdir", default=None, help="default: a temp folder, removed at the end")
+    p.add_argument("--json", default=None, help="write every run here")
     p.add_argument("--child", nargs=2, metavar=("KIND", "JOB"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
@@ -538,10 +540,12 @@ def run(args: argparse.Namespace, root: str) -> None:
         s3.get_object(Bucket=BUCKET, Key=keys[0])["Body"].read()  # warm connections
 
         def bare(threads: int) -> dict[str, Any]:
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), os.times()
             with ThreadPoolExecutor(threads) as pool:
                 list(pool.map(lambda k: s3.get_object(Bucket=BUCKET, Key=k)["Body"].read(), keys))
-            return {"seconds": time.perf_counter() - start}
+            end = os.times()
+            used = end.user - cpu.user + end.system - cpu.system  # this process: the loop's
+            return {"seconds": time.perf_counter() - start, "cpu": used}
 
         def epoch_job(url: str, options: dict[str, Any], cache: str) -> dict[str, Any]:
             return {
@@ -595,6 +599,10 @@ def run(args: argparse.Namespace, root: str) -> None:
         if args.pack_mb and "pack" in parts:
             pack_rates(args, root, s3_server, rows, labels)
         goals(rows, labels, litdata, stored)
+    if args.json:
+        with open(args.json, "w") as f:
+            runs = [{"row": n, "reader": r, **x} for (n, r), xs in rows.runs.items() for x in xs]
+            json.dump({"runs": runs, "stored_bytes": stored, "load": os.getloadavg()}, f)
     print(
         f"\nload average (1, 5, 15 min) at start {load0[0]:.1f} {load0[1]:.1f} {load0[2]:.1f}, "
         f"after the epochs {load1[0]:.1f} {load1[1]:.1f} {load1[2]:.1f}; "
@@ -635,6 +643,14 @@ def fmt(value: float | None, spec: str = ".2f") -> str:
     return "-" if value is None else format(value, spec)
 
 
+def _per_mb(rows: Rows, name: str, reader: str, stored: int) -> float | None:
+    """CPU ms per stored MB of the client's process tree and the server together (median over
+    runs of their sum): the figure other jobs on the machine barely move."""
+    runs = rows.runs.get((name, reader), [])
+    sums = [r["cpu"] + r.get("server_cpu", 0.0) for r in runs if r.get("cpu") is not None]
+    return statistics.median(sums) / (stored / MB) * 1e3 if sums else None
+
+
 def report_epochs(
     args: argparse.Namespace,
     rows: Rows,
@@ -650,16 +666,17 @@ def report_epochs(
     )
     print(
         "\n| source | reader | MB/s | samples/s | vs local (same reader) | vs bare boto3 | "
-        "1st batch s | requests / shard | client CPU s | server CPU s |"
+        "1st batch s | requests / shard | client CPU s | server CPU s | CPU ms/MB, all |"
     )
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for t in (2, 4):
         name = f"bare boto3 get_object x{t}"
         secs = rows.median(name, "-", "seconds")
         print(
             f"| S3 (moto) | {name} | {fmt(stored / MB / secs if secs else None, '.0f')} | - | - | "
-            f"{fmt(stored / MB / secs / bare if secs else None)} | - | 1.0 | - | "
-            f"{fmt(rows.median(name, '-', 'server_cpu'))} |"
+            f"{fmt(stored / MB / secs / bare if secs else None)} | - | 1.0 | "
+            f"{fmt(rows.median(name, '-', 'cpu'))} | {fmt(rows.median(name, '-', 'server_cpu'))} "
+            f"| {fmt(_per_mb(rows, name, '-', stored))} |"
         )
     readers = [label for label, _ in labels] + (["LitData"] if litdata else [])
     for reader in readers:
@@ -680,7 +697,8 @@ def report_epochs(
                 f"{fmt(local_secs / secs if local_secs else None)} | "
                 f"{fmt(stored / MB / secs / bare)} | {fmt(rows.median(name, reader, 'first'))} | "
                 f"{per_shard} | {fmt(rows.median(name, reader, 'cpu'))} | "
-                f"{fmt(rows.median(name, reader, 'server_cpu'))} |"
+                f"{fmt(rows.median(name, reader, 'server_cpu'))} | "
+                f"{fmt(_per_mb(rows, name, reader, stored))} |"
             )
     print(
         "\nMB/s: stored MB of the shards / epoch seconds (construction included).  requests / "
@@ -808,17 +826,26 @@ def pack_rates(
         f"\npack of {size / MB:.0f} MB of JPEG-like files (class folders) into zstd tar shards "
         f"of {args.shard_mb:g} MB, {args.workers} pack workers; median of {args.repeat}\n"
     )
-    print("| reader | pack to local disk, input MB/s | pack to s3://, input MB/s | s3 / local |")
-    print("|---|---:|---:|---:|")
+    print(
+        "| reader | pack to local disk, input MB/s | pack to s3://, input MB/s | s3 / local | "
+        "CPU ms per input MB, local / s3 (with the server) |"
+    )
+    print("|---|---:|---:|---:|---:|")
     for label, _ in labels:
         loc = rows.median("pack to local disk", label, "seconds")
         rem = rows.median("pack to s3://", label, "seconds")
         print(
             f"| shardloader ({label}) | {fmt(size / MB / loc if loc else None, '.0f')} | "
             f"{fmt(size / MB / rem if rem else None, '.0f')} | "
-            f"{fmt(loc / rem if loc and rem else None)} |"
+            f"{fmt(loc / rem if loc and rem else None)} | "
+            f"{fmt(_per_mb(rows, 'pack to local disk', label, size), '.1f')} / "
+            f"{fmt(_per_mb(rows, 'pack to s3://', label, size), '.1f')} |"
         )
     rows.add("pack size", "-", {"bytes": size})
+
+
+def _over(a: float | None, b: float | None) -> float | None:
+    return a / b if a and b else None
 
 
 def goals(rows: Rows, labels: list[tuple[str, str | None]], litdata: bool, stored: int) -> None:
@@ -867,13 +894,26 @@ def goals(rows: Rows, labels: list[tuple[str, str | None]], litdata: bool, store
             ">= 0.8",
         ),
     ]
+    if litdata:
+        measures.insert(
+            0,
+            (
+                "S3 epoch / LitData's S3 epoch (samples/s; CPU ms/MB, client + server, "
+                "LitData's over ours)",
+                lambda lb: (
+                    f"{fmt(_over(rows.median('S3 (moto)', 'LitData', 'seconds'), rows.median('S3 (moto)', lb, 'seconds')))}; "  # noqa: E501
+                    f"{fmt(_over(_per_mb(rows, 'S3 (moto)', 'LitData', stored), _per_mb(rows, 'S3 (moto)', lb, stored)))}"  # noqa: E501
+                ),
+                ">= 1.2",
+            ),
+        )
     names = [label for label, _ in labels]
-    print("\nGoals (issue 14)\n")
+    print("\nGoals\n")
     print("| measure | " + " | ".join(f"shardloader ({n})" for n in names) + " | LitData | goal |")
     print("|---|" + "---:|" * (len(names) + 2))
     for title, get, goal in measures:
         lit = "-"
-        if litdata and title.startswith("S3 epoch /"):
+        if litdata and title.startswith("S3 epoch /") and "LitData" not in title:
             lit = get("LitData")
         print(f"| {title} | " + " | ".join(get(n) for n in names) + f" | {lit} | {goal} |")
 

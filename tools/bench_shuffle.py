@@ -4,7 +4,8 @@ the ceiling).  One command, in a venv with webdataset (``/work/main/.venv-bench`
 
     python tools/bench_shuffle.py --samples 20000 --batch-size 32
 
-(Split out of tools/bench_read.py, which measures throughput.)
+(Split out of tools/bench_read.py, which measures throughput and CPU per sample: this tool
+measures no speed, so it prints no CPU figure.)
 """
 
 from __future__ import annotations

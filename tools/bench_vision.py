@@ -40,11 +40,13 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-import psutil
 import torch
 from PIL import Image, ImageFilter
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from cputree import tree_cpu  # noqa: E402
 
 import shardloader as sl  # noqa: E402
 from shardloader import vision  # noqa: E402
@@ -64,6 +66,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--only", default="", help="comma-separated runner names (default: all)")
+    ap.add_argument("--json", help="write the medians here")
     return ap.parse_args(argv)
 
 
@@ -300,16 +303,9 @@ def mosaic_runner(work: str, workers: int) -> Loader:
 
 
 def _cpu_seconds() -> float:
-    """CPU time of this process and its live children (pools, DataLoader workers)."""
-    me = psutil.Process()
-    total = 0.0
-    for proc in [me, *me.children(recursive=True)]:
-        try:
-            t = proc.cpu_times()
-        except psutil.NoSuchProcess:
-            continue
-        total += t.user + t.system
-    return total
+    """CPU time of this process and its children (pools, DataLoader workers), alive or
+    joined (cputree.py)."""
+    return tree_cpu()
 
 
 def interleaved(runners: dict[str, Any], reps: int) -> dict[str, tuple[float, float]]:
@@ -455,6 +451,23 @@ def main(argv: list[str] | None = None) -> None:
     )
     for title, best, st in tables:
         report(title, best, st)
+    if args.json:
+        import json
+
+        out = {
+            "load": os.getloadavg(),
+            "workers": args.workers,
+            "images": args.images,
+            "tables": [
+                {
+                    "size": title,
+                    "runners": {n: {"img_s": w, "cpu_ms": c} for n, (w, c) in b.items()},
+                }
+                for title, b, _ in tables
+            ],
+        }
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
 
 
 def _later(fn: Callable[..., Any], *args: Any) -> Callable[[], Any]:

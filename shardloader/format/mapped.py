@@ -82,7 +82,8 @@ class MappedFile:
             self._file = None
         try:
             self.view.release()
-            if isinstance(self.map, mmap.mmap):
-                self.map.close()
+            close = getattr(self.map, "close", None)  # no module global: this may run at exit
+            if close is not None:
+                close()
         except BufferError:  # a view is still alive: the map closes when the last one goes
             pass

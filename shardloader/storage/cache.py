@@ -24,6 +24,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -50,13 +51,13 @@ from shardloader.storage.cachedir import (
 from shardloader.storage.cacheentries import (
     ClearReport,
     DatasetUsage,
-    cache_limit,
     clear,
     dataset_folders,
     remove_entry,
     staged_entries,
     usage,
 )
+from shardloader.storage.cacheroom import cache_limit, note_room, noted_room
 from shardloader.storage.classify import chain
 from shardloader.storage.private import create_private, open_private, own_dir
 from shardloader.storage.streams import HashingReader
@@ -101,9 +102,37 @@ class ShardCache:
         self._default_root = is_default_root(options.dir)
         self.folder = os.path.join(self.root, fingerprint)
         self._explicit = options.max_bytes is not None or bool(os.environ.get(MAX_BYTES_ENV))
-        self.max_bytes: int | None
-        self.max_bytes, self.limit_source = cache_limit(self.root, options.max_bytes)
+        self._asked = options.max_bytes
+        self._limit: tuple[int, str] | None = None  # worked out when first needed: see max_bytes
+        self._needed = 0  # what the plan keeps staged at once (require)
+        if self._explicit:
+            self._limit = cache_limit(self.root, options.max_bytes)
         self._ensure_folder()
+
+    @property
+    def max_bytes(self) -> int:
+        """The limit on all staged shards under the root.  The default one is worked out when
+        something is staged, not at open: it may count what the root holds (cacheroom.py)."""
+        if self._limit is None:
+            limit, source = cache_limit(self.root, self._asked)
+            if 2 * self._needed > limit:
+                log.info(
+                    "shard cache %s: the plan keeps %d bytes staged at once; the limit grows "
+                    "from %d (%s) to twice that",
+                    self.root,
+                    self._needed,
+                    limit,
+                    source,
+                )
+                limit = 2 * self._needed
+            self._limit = limit, source
+        return self._limit[0]
+
+    @property
+    def limit_source(self) -> str:
+        self.max_bytes  # noqa: B018 - works the limit out
+        assert self._limit is not None
+        return self._limit[1]
 
     def _ensure_folder(self) -> None:
         """The root and this dataset's folder, the user's own (NOTE [a cache of one's own])."""
@@ -142,25 +171,19 @@ class ShardCache:
     def require(self, needed: int) -> None:
         """Fail at start, not with a throughput cliff, when an explicit limit cannot hold what
         the plan keeps staged at once; a default limit grows to twice that instead."""
-        if self.max_bytes is None or needed <= 0:
+        if needed <= 0:
             return
-        if self._explicit:
-            if needed > self.max_bytes:
-                raise UsageError(
-                    f"cache limit {self.max_bytes:,} bytes is below the {needed:,} bytes of "
-                    f"staged shards this plan keeps in use at once; raise {self.limit_source} "
-                    "or lower the shuffle block / read-ahead"
-                )
-        elif 2 * needed > self.max_bytes:
-            log.info(
-                "shard cache %s: the plan keeps %d bytes staged at once; the limit grows "
-                "from %d (%s) to twice that",
-                self.root,
-                needed,
-                self.max_bytes,
-                self.limit_source,
+        if not self._explicit:
+            self._needed = max(self._needed, needed)
+            if self._limit is not None and 2 * needed > self._limit[0]:
+                self._limit = None  # worked out again, grown
+            return
+        if needed > self.max_bytes:
+            raise UsageError(
+                f"cache limit {self.max_bytes:,} bytes is below the {needed:,} bytes of "
+                f"staged shards this plan keeps in use at once; raise {self.limit_source} "
+                "or lower the shuffle block / read-ahead"
             )
-            self.max_bytes = 2 * needed
 
     def get(
         self,
@@ -202,7 +225,7 @@ class ShardCache:
             if os.path.exists(final):
                 touch(final)
                 return final
-            reserved = self._reserve(raw_bytes, final)
+            reserved: str | None = self._reserve(raw_bytes, final)
             for attempt in (1, 2):
                 digest = self._stage_once(
                     final, sha256, open_stored, stage, verified, on_staged, reserved
@@ -255,29 +278,33 @@ class ShardCache:
             if os.path.exists(tmp):
                 os.remove(tmp)
 
-    def _reserve(self, incoming: int, staging: str) -> str | None:
+    def _reserve(self, incoming: int, staging: str) -> str:
         """Make room for ``incoming`` bytes and claim them with a temp file of that size.
 
         NOTE [reservations]: processes stage shards concurrently; each counts the others' temp
         files.  Making room and creating the (sparse, full-size) temp file happen under one
         root-wide lock, so two stagers never both count the same free space: the limit holds
-        with any number of workers and ranks staging at once.
+        with any number of workers and ranks staging at once.  The count itself is noted for
+        the next stager (NOTE [room note] in cacheroom.py), so most reservations list nothing.
         """
-        if self.max_bytes is None:
-            self._make_room(incoming, staging)
-            return None
         lock = lock_file(os.path.join(self.root, ROOM_LOCK), True)
         assert lock is not None  # wait=True
         with lock:
-            self._make_room(incoming, staging)
+            used = noted_room(self.root)
+            counted = None  # the note's own time
+            if used is None or used + incoming > self.max_bytes:
+                counted = time.time()
+                used = self._make_room(incoming, staging)
             tmp = f"{staging}.tmp-{uuid.uuid4().hex}"
             with create_private(tmp) as f:
                 f.truncate(incoming)
+            note_room(self.root, used + incoming, counted)
             return tmp
 
-    def _make_room(self, incoming: int, staging: str) -> None:
+    def _make_room(self, incoming: int, staging: str) -> int:
         """Evict least recently used staged shards of any dataset under the root until
-        ``incoming`` more bytes fit the limit (NOTE [eviction and clearing])."""
+        ``incoming`` more bytes fit the limit (NOTE [eviction and clearing]); the bytes the
+        root holds afterwards."""
         entries = []
         for _, folder in dataset_folders(self.root):
             for entry in staged_entries(folder):
@@ -286,11 +313,9 @@ class ShardCache:
                 else:  # temp files a killed stager left: we hold this shard's lock now
                     for path in entry.files:
                         remove_quietly(path)
-        if self.max_bytes is None:
-            return
         used = sum(e.bytes for e in entries)
         if used + incoming <= self.max_bytes:
-            return
+            return used
         for entry in sorted(entries, key=lambda e: e.last_used):
             freed = remove_entry(entry)
             if freed is None:
@@ -298,7 +323,8 @@ class ShardCache:
             used -= entry.bytes
             log.debug("evicted %s (%d bytes)", entry.base, freed)
             if used + incoming <= self.max_bytes:
-                return
+                break
+        return used
 
     def _full(self, final: str, err: OSError) -> StorageError:
         """One line naming the cache folder when its disk (or quota) is full."""

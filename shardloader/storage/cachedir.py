@@ -14,8 +14,8 @@ what the root's disk could hold (its free space plus the cache itself), never be
 the current plan keeps staged at once.  Staging a shard first evicts the least recently used
 staged shards, of any dataset, until the newcomer fits.
 
-The limit (:func:`~shardloader.storage.cacheentries.cache_limit`) and the removal of copies
-(NOTE [eviction and clearing]) live in cacheentries.py.
+The limit and what the root holds, counted without listing it at every turn, live in
+cacheroom.py; the removal of copies (NOTE [eviction and clearing]) in cacheentries.py.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ __all__ = [
     "LOCK",
     "MARKER",
     "MAX_BYTES_ENV",
+    "ROOM_NOTE",
     "STAGED",
     "cache_name",
     "cache_root",
@@ -59,6 +60,7 @@ DEFAULT_DISK_FRACTION = 0.5
 STAGED = ".raw"
 LOCK = ".lock"
 TEMP_MARKS = (".tmp-", ".download-")
+ROOM_NOTE = ".room"  # at the root: what it holds, as last counted (NOTE [room note])
 ROOM_LOCK = ".room.lock"  # at the root: held while a stager makes room (NOTE [reservations])
 
 log = logging.getLogger(__name__)

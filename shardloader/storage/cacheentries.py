@@ -15,19 +15,16 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from shardloader.errors import StorageError, UsageError
+from shardloader.errors import StorageError
 from shardloader.storage.cachedir import (
-    DEFAULT_DISK_FRACTION,
-    DEFAULT_MAX_BYTES,
     LOCK,
     MARKER,
-    MAX_BYTES_ENV,
     ROOM_LOCK,
+    ROOM_NOTE,
     STAGED,
     TEMP_MARKS,
     lock_file,
@@ -36,11 +33,9 @@ from shardloader.storage.cachedir import (
     root_problem,
     write_marker,
 )
-from shardloader.units import parse_size
 
 __all__ = [
     "ClearReport",
-    "cache_limit",
     "DatasetUsage",
     "Entry",
     "clear",
@@ -230,12 +225,14 @@ def clear(root: str, fingerprint: str | None = None) -> ClearReport:
 
 
 def _remove_room_lock(path: str) -> None:
-    """Remove the root's lock file unless a stager holds it (a waiter retries on the new one)."""
+    """Remove the root's lock file and room note unless a stager holds the lock (a waiter
+    retries on the new one)."""
     if not os.path.exists(path):
         return
     lock = lock_file(path, False)
     if lock is not None:
         with lock:
+            remove_quietly(os.path.join(os.path.dirname(path), ROOM_NOTE))
             remove_quietly(path)
 
 
@@ -250,38 +247,3 @@ def _remove_folder_if_empty(folder: str) -> int:
     except OSError:  # a process started staging here meanwhile: keep the folder marked
         write_marker(marker)
         return 0
-
-
-def cache_limit(root: str, explicit: int | None = None) -> tuple[int, str]:
-    """(limit in bytes, where it comes from) for the cache at ``root``."""
-    if explicit is not None:
-        return explicit, "CacheOptions(max_bytes=...)"
-    env = os.environ.get(MAX_BYTES_ENV)
-    if env:
-        try:
-            return parse_size(env), f"${MAX_BYTES_ENV}"
-        except UsageError as err:
-            raise UsageError(f"${MAX_BYTES_ENV}={env!r}: {err}") from err
-    disk = _existing_parent(root)
-    try:
-        free = shutil.disk_usage(disk).free
-    except OSError:
-        return DEFAULT_MAX_BYTES, "default"
-    held = sum(d.bytes for d in usage(root))
-    by_disk = int(DEFAULT_DISK_FRACTION * (free + held))
-    if by_disk < DEFAULT_MAX_BYTES:
-        return by_disk, f"default: half of the {_gb(free + held)} its disk could hold"
-    return DEFAULT_MAX_BYTES, f"default: {DEFAULT_MAX_BYTES >> 30} GiB"
-
-
-def _gb(n: int) -> str:
-    return f"{n / 1e9:.1f} GB"
-
-
-def _existing_parent(path: str) -> str:
-    while not os.path.exists(path):
-        parent = os.path.dirname(path)
-        if parent == path:
-            break
-        path = parent
-    return path
