@@ -121,7 +121,7 @@ def s3_bucket(s3_server: str, s3_client: Any) -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def _proxy_session(s3_server: str) -> Iterator[FaultProxy]:
-    with FaultProxy(s3_server, stall_seconds=2.0, lifetime=900.0) as proxy:
+    with FaultProxy(s3_server, stall_seconds=2.0, lifetime=3600.0) as proxy:
         yield proxy
 
 
