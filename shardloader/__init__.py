@@ -33,17 +33,17 @@ if _typing.TYPE_CHECKING:
     from shardloader.batching.packed import PackCollate, PackedBatches
     from shardloader.batching.padded import BucketBatches, PadCollate, TokenBudgetBatches
     from shardloader.batching.raw import ByteColumn, RawBatch, RawCollate
-    from shardloader.codecs import Decoder
+    from shardloader.codecs.allowlist import Decoder
     from shardloader.dataset import ShardedDataset
-    from shardloader.epoch import EpochReport
-    from shardloader.loader import ShardLoader, make_loader
+    from shardloader.deliver.loader import ShardLoader, make_loader
+    from shardloader.deliver.monitor import Monitor, MonitorStats, monitor
     from shardloader.manifest import Manifest, read_manifest
     from shardloader.mixture import Mixture
-    from shardloader.monitoring import Monitor, MonitorStats, monitor
-    from shardloader.partition import Partition
+    from shardloader.plan.epoch import EpochReport
+    from shardloader.plan.partition import Partition
+    from shardloader.plan.shuffle import ShuffleOptions
+    from shardloader.read.shardset import ReadOptions
     from shardloader.service.client import RemoteLoader
-    from shardloader.shards import ReadOptions
-    from shardloader.shuffle import ShuffleOptions
     from shardloader.storage.cache import CacheOptions
     from shardloader.storage.retry import RetryPolicy
     from shardloader.vision.collate import DetectionCollate
@@ -60,21 +60,21 @@ _EXPORTS = {
     "ByteColumn": "shardloader.batching.raw",
     "RawBatch": "shardloader.batching.raw",
     "RawCollate": "shardloader.batching.raw",
-    "Decoder": "shardloader.codecs",
+    "Decoder": "shardloader.codecs.allowlist",
     "ShardedDataset": "shardloader.dataset",
-    "EpochReport": "shardloader.epoch",
-    "ShardLoader": "shardloader.loader",
-    "make_loader": "shardloader.loader",
+    "EpochReport": "shardloader.plan.epoch",
+    "ShardLoader": "shardloader.deliver.loader",
+    "make_loader": "shardloader.deliver.loader",
     "Manifest": "shardloader.manifest",
     "read_manifest": "shardloader.manifest",
     "Mixture": "shardloader.mixture",
-    "Monitor": "shardloader.monitoring",
-    "MonitorStats": "shardloader.monitoring",
-    "monitor": "shardloader.monitoring",
+    "Monitor": "shardloader.deliver.monitor",
+    "MonitorStats": "shardloader.deliver.monitor",
+    "monitor": "shardloader.deliver.monitor",
     "RemoteLoader": "shardloader.service.client",
-    "ReadOptions": "shardloader.shards",
-    "ShuffleOptions": "shardloader.shuffle",
-    "Partition": "shardloader.partition",
+    "ReadOptions": "shardloader.read.shardset",
+    "ShuffleOptions": "shardloader.plan.shuffle",
+    "Partition": "shardloader.plan.partition",
     "CacheOptions": "shardloader.storage.cache",
     "RetryPolicy": "shardloader.storage.retry",
     "DetectionCollate": "shardloader.vision.collate",
@@ -86,9 +86,11 @@ _SUBMODULES = (
     "bench",
     "codecs",
     "collate",
+    "deliver",
     "errors",
     "manifest",
-    "monitoring",
+    "plan",
+    "read",
     "service",
     "storage",
     "vision",
@@ -154,6 +156,19 @@ def __getattr__(name: str) -> _typing.Any:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     globals()[name] = value  # later lookups skip this function
     return value
+
+
+def _submodules_on_demand(package: str) -> _typing.Callable[[str], _typing.Any]:
+    """A subpackage's module ``__getattr__`` (PEP 562): its modules load on first use, so a
+    documented dotted path (shardloader.read.verify.verify_dataset) works after a bare
+    `import shardloader`, as the top level's do."""
+
+    def getattr_(name: str) -> _typing.Any:
+        if not _is_submodule(package, name):
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        return _importlib.import_module(f"{package}.{name}")
+
+    return getattr_
 
 
 def _is_submodule(package: str, name: str) -> bool:

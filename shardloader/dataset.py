@@ -4,8 +4,8 @@ Guarantees (see DESIGN.md and README "Guarantees"): every sample exactly once pe
 ranks × workers (plus reported padding), the same number of steps on every rank, the same
 sequence per rank whatever ``num_workers`` is, elastic and instant resume through
 :func:`shardloader.make_loader`, and augmentation seeded per step.  The epoch plan is
-:mod:`shardloader.epoch`'s, a pass :mod:`shardloader.sampleread`'s (token blocks:
-:mod:`shardloader.blockread`), per-sample loading :mod:`shardloader.samples`'.
+:mod:`shardloader.plan.epoch`'s, a pass :mod:`shardloader.read.samplepass`'s (token blocks:
+:mod:`shardloader.read.blockpass`), per-sample loading :mod:`shardloader.read.loading`'.
 """
 
 from __future__ import annotations
@@ -17,24 +17,24 @@ from typing import Any
 import numpy as np
 from torch.utils.data import IterableDataset
 
-from shardloader.aliases import FieldMap
 from shardloader.batching.base import check_positive
-from shardloader.codecs import Decoder
-from shardloader.elastic import (
+from shardloader.codecs.allowlist import Decoder
+from shardloader.deliver.position import _PER_NODE, _RANK, _WORLD, DatasetPosition, integer
+from shardloader.errors import UsageError
+from shardloader.manifest import read_manifest
+from shardloader.plan.elastic import (
     Reshape,
     elastic_field,
     saved_shape,
 )
-from shardloader.epoch import EpochPlan, EpochPlanner, EpochReport, load_lengths
-from shardloader.errors import UsageError
-from shardloader.ledger import Ledger, SkipLog
-from shardloader.manifest import read_manifest
-from shardloader.partition import PARTITIONS
-from shardloader.position import _PER_NODE, _RANK, _WORLD, DatasetPosition, integer
-from shardloader.sampleread import SampleSource, iterate_samples
-from shardloader.shards import ReadOptions, ShardSet
-from shardloader.shuffle import ShuffleOptions, derive_seed, seed_global_rngs
-from shardloader.split import UNEVEN_POLICIES
+from shardloader.plan.epoch import EpochPlan, EpochPlanner, EpochReport, load_lengths
+from shardloader.plan.ledger import Ledger, SkipLog
+from shardloader.plan.partition import PARTITIONS
+from shardloader.plan.shuffle import ShuffleOptions, derive_seed, seed_global_rngs
+from shardloader.plan.split import UNEVEN_POLICIES
+from shardloader.read.fields import FieldMap
+from shardloader.read.samplepass import SampleSource, iterate_samples
+from shardloader.read.shardset import ReadOptions, ShardSet
 from shardloader.world import detect_place
 
 __all__ = ["ShardedDataset", "EpochReport"]
@@ -51,7 +51,7 @@ class ShardedDataset(DatasetPosition, IterableDataset):  # type: ignore[type-arg
     repeats samples, ``"drop"`` leaves them out; :meth:`report` gives the numbers.
 
     ``partition`` says which share of each epoch a node reads (NOTE [node partitions] in
-    :mod:`shardloader.partition`): ``"node"`` (default) a span of the shuffled shards per node,
+    :mod:`shardloader.plan.partition`): ``"node"`` (default) a span of the shuffled shards per node,
     so the job reads each byte about once per epoch; ``"rank"`` a span per rank; ``"global"``
     every node reads every shard (the most mixing inside a batch, for a small cluster whose
     node caches hold the data).  ``ranks_per_node`` overrides what :mod:`shardloader.world`
@@ -119,7 +119,7 @@ class ShardedDataset(DatasetPosition, IterableDataset):  # type: ignore[type-arg
         self._bundle = 1  # batches per worker output: NOTE [bundles] in shardloader/transport.py
         self._ring: Any = None  # the loader's shared buffers (NOTE [ring slots] there)
         self._init_position(rank, world_size, ranks_per_node)
-        self._skip_log: SkipLog | None = None  # ledger.py: where run-time skips are appended
+        self._skip_log: SkipLog | None = None  # plan/ledger.py: where run-time skips are appended
         self._lengths: np.ndarray | None = None
         bind = getattr(planner, "bind", None)
         if bind is not None:  # a planner that reads the data itself checks it and loads lengths
@@ -140,8 +140,8 @@ class ShardedDataset(DatasetPosition, IterableDataset):  # type: ignore[type-arg
 
     def use_transport(self, bundle: int, ring: Any) -> None:
         """Hand ``bundle`` batches over per DataLoader item, through ``ring``'s shared slots:
-        set in each worker by :class:`~shardloader.loader.ShardLoader` (NOTE [bundles] in
-        :mod:`shardloader.transport`), for planners that assemble batches themselves."""
+        set in each worker by :class:`~shardloader.deliver.loader.ShardLoader` (NOTE [bundles] in
+        :mod:`shardloader.deliver.transport`), for planners that assemble batches themselves."""
         self._bundle, self._ring = bundle, ring
 
     @property
@@ -177,9 +177,9 @@ class ShardedDataset(DatasetPosition, IterableDataset):  # type: ignore[type-arg
         """Which samples of an epoch are padded, dropped or truncated, and why: computed from
         the plan like :meth:`report` (every rank gets the same, without talking); add the
         run-time skips :meth:`record_skips` collected with ``ledger.with_skips(
-        shardloader.ledger.merge_skips(directory, epoch))`` (NOTE [the ledger comes from the
-        plan] in :mod:`shardloader.ledger`)."""
-        from shardloader.ledger import build
+        shardloader.plan.ledger.merge_skips(directory, epoch))`` (NOTE [the ledger comes from the
+        plan] in :mod:`shardloader.plan.ledger`)."""
+        from shardloader.plan.ledger import build
 
         e, plans = self._epoch_plans(epoch)
         lengths = self._lengths if self._lengths is not None else self._lengths_for_report()
@@ -249,7 +249,7 @@ class ShardedDataset(DatasetPosition, IterableDataset):  # type: ignore[type-arg
         """What a pass reads samples through, by global id."""
         return ShardSet(self.manifest, self.base, self.read_options, where, working_set)
 
-    # -- planning (pure: shardloader.epoch) -----------------------------------------------
+    # -- planning (pure: shardloader.plan.epoch) -----------------------------------------------
     @property
     def _planning(self) -> EpochPlanner:
         return EpochPlanner(
@@ -297,7 +297,7 @@ class ShardedDataset(DatasetPosition, IterableDataset):  # type: ignore[type-arg
         seed_global_rngs(derive_seed(self.seed, epoch, place.rank, place.worker, 1 << 40))
         plan = self._plan(epoch, start, place.rank, place.world_size, history)
         if getattr(self.planner, "reads_token_stream", False):  # rows of token shards
-            from shardloader.blockread import BlockSource, iterate_blocks
+            from shardloader.read.blockpass import BlockSource, iterate_blocks
 
             assert self._lengths is not None  # the planner's bind() loaded them
             source = BlockSource(

@@ -81,7 +81,7 @@ class Manifest:
     length_field: str | None = None  # field whose per-sample length the sidecars record
     extra: Mapping[str, Any] = field(default_factory=dict)
     # {logical field: member extensions}: tar members ``key.jpg``/``key.png`` both fill
-    # ``image`` (see shardloader.aliases); ``fields`` is keyed by the logical name
+    # ``image`` (see shardloader.read.fields); ``fields`` is keyed by the logical name
     aliases: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -192,7 +192,7 @@ class SampleIndex:
     ``checksums`` (optional; sidecars written before it existed lack it) is an XXH3-64 per
     sample (column ``xxh3_64``), checked as samples are read: of the sample's bytes
     ``[offset, offset + size)`` in a tar shard, of its key and fields in an Arrow shard
-    (:func:`shardloader.format.arrow.row_checksum`).
+    (:func:`shardloader.format.arrow.format.row_checksum`).
     """
 
     keys: Sequence[str]
@@ -227,7 +227,7 @@ class SampleIndex:
         """Parse a sidecar; ``limit`` bounds what its (compressed) columns may expand to."""
         if limit is not None:
             from shardloader.errors import ShardError
-            from shardloader.format.ipc import declared_sizes
+            from shardloader.format.arrow.ipc import declared_sizes
 
             try:
                 declared = declared_sizes(data, where).uncompressed_bytes

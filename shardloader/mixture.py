@@ -2,19 +2,19 @@
 
 A mixture is a :class:`~shardloader.dataset.ShardedDataset` over a *virtual* id space: source
 ``s``'s sample ``i`` is id ``offset[s] + i`` (sources in the order given), its shards numbered
-after the previous sources'.  The epoch order is the blend of :mod:`shardloader.blend` (each
+after the previous sources'.  The epoch order is the blend of :mod:`shardloader.plan.blend` (each
 source's own seeded epochs, interleaved by the exact minimum-error rule) instead of one
 dataset's shuffle; everything after the order (planners, the rank and worker split, padding,
 resume, per-step seeds) is the dataset's, unchanged, so every guarantee of a single dataset
 holds for the mixed stream.  Reading maps an id back to its source's
-:class:`~shardloader.shards.ShardSet` (:class:`~shardloader.mixedshards.MixedShards`).
+:class:`~shardloader.read.shardset.ShardSet` (:class:`~shardloader.read.mixed.MixedShards`).
 
 NOTE [mixture state]: the weights may change at a resume.  The plan of a mixture epoch is
 fixed by the weights in force for it, and the batches of a partly read epoch were planned with
 those, so a new weight applies from the next mixture epoch (or from the resumed one when it
 has not begun).  The schedule of ``(from_epoch, integer parts)`` lives in shared memory (like
-the dataset's epoch and position, NOTE [why shared memory here] in control.py), so persistent
-DataLoader workers see a change; ``state_dict()`` records it and a resume replays it.
+the dataset's epoch and position, NOTE [why shared memory here] in deliver/control.py), so
+persistent DataLoader workers see a change; ``state_dict()`` records it and a resume replays it.
 """
 
 from __future__ import annotations
@@ -27,16 +27,16 @@ from typing import Any
 
 import numpy as np
 
-from shardloader.blend import MixOrder, integer_parts, schedule_parts
-from shardloader.control import Control
 from shardloader.dataset import ShardedDataset
-from shardloader.epoch import EpochReport, load_lengths
+from shardloader.deliver.control import Control
+from shardloader.deliver.position import integer
 from shardloader.errors import ResumeError, UsageError
 from shardloader.manifest import Manifest, read_manifest
-from shardloader.mixedshards import MixedShards, virtual_manifest
-from shardloader.position import integer
-from shardloader.shards import ReadOptions, ShardSet
-from shardloader.shuffle import ShuffleOptions, derive_seed
+from shardloader.plan.blend import MixOrder, integer_parts, schedule_parts
+from shardloader.plan.epoch import EpochReport, load_lengths
+from shardloader.plan.shuffle import ShuffleOptions, derive_seed
+from shardloader.read.mixed import MixedShards, virtual_manifest
+from shardloader.read.shardset import ReadOptions, ShardSet
 
 __all__ = ["Source", "Mixture", "MixtureReport", "SourceCounts", "MixedShards"]
 
@@ -83,7 +83,7 @@ class SourceCounts:
 
 @dataclass(frozen=True)
 class MixtureReport(EpochReport):
-    """:class:`~shardloader.epoch.EpochReport` of the mixed stream, plus per source counts."""
+    """:class:`~shardloader.plan.epoch.EpochReport` of the mixed stream, plus per source counts."""
 
     sources: Mapping[str, SourceCounts] = field(default_factory=dict)
 
@@ -94,7 +94,7 @@ class Mixture(ShardedDataset):
     ``sources``: ``{name: url or Source}``; ``weights``: ``{name: weight}`` (any positive
     scale: ``0.7, 0.3`` or ``7, 3``).  After any prefix of a mixture epoch each source has had
     its weight's share of the samples within one sample (``by="samples"``, exact: NOTE [the
-    blend] in :mod:`shardloader.blend`).  ``by="tokens"`` turns the weights into token shares
+    blend] in :mod:`shardloader.plan.blend`).  ``by="tokens"`` turns the weights into token shares
     by each source's mean tokens per sample (the sample blend keeps its bound; token shares
     then hold on average over each source's epoch, not within one sample at every prefix).
     Each source keeps its own epochs, each a fresh seeded permutation in which every sample
@@ -200,7 +200,7 @@ class Mixture(ShardedDataset):
         ]
         return MixedShards(sets, self.names, self.read_options)
 
-    def _order_source(self) -> MixOrder:  # NOTE [mixture partitions] in blend.py
+    def _order_source(self) -> MixOrder:  # NOTE [mixture partitions] in plan/blend.py
         sizes, seeds, shuffles = self._static
         return MixOrder(sizes, seeds, shuffles, self.epoch_samples, self._entries())
 

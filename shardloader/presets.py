@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, Any
 from shardloader.errors import UsageError
 
 if TYPE_CHECKING:
-    from shardloader.codecs import Decoder
+    from shardloader.codecs.allowlist import Decoder
     from shardloader.dataset import ShardedDataset
     from shardloader.manifest import Manifest
-    from shardloader.shards import ReadOptions
+    from shardloader.read.shardset import ReadOptions
     from shardloader.storage.retry import RetryPolicy
 
 __all__ = ["IMAGE_DECODES", "TRANSFORMS", "DatasetPreset"]
@@ -68,7 +68,7 @@ class DatasetPreset:
 
     def read_options(self) -> ReadOptions:
         """Storage options, the node cache folder and the retry policy, as the reader takes them."""
-        from shardloader.shards import ReadOptions
+        from shardloader.read.shardset import ReadOptions
         from shardloader.storage.cache import CacheOptions
 
         read = ReadOptions(
@@ -81,7 +81,7 @@ class DatasetPreset:
     ) -> tuple[Decoder, Transform | None]:
         """The (decoder, transform) for the dataset at ``url`` (its manifest is read unless
         given; only a transform needs it, to find the image field)."""
-        from shardloader.codecs import Decoder
+        from shardloader.codecs.allowlist import Decoder
 
         if self.transform == "none":
             return Decoder(image=self.decode), None

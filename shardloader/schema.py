@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
 from shardloader.errors import ManifestError, ShardError
+from shardloader.format.keys import first_unsafe_key, unsafe_key_reason
 from shardloader.format.registry import get_format, known_formats
-from shardloader.keys import first_unsafe_key, unsafe_key_reason
 
 if TYPE_CHECKING:
     from shardloader.format.base import Format
@@ -166,7 +166,7 @@ def _param_reason(path: str) -> str | None:
 
 def check_manifest_dict(raw: Mapping[str, Any], where: str) -> None:
     """Raise :class:`ManifestError` at the first value of a parsed manifest that is wrong."""
-    from shardloader.codecs import _CODECS
+    from shardloader.codecs.allowlist import _CODECS
 
     c = _Checker(where)
     name = c.string("format", raw.get("format"))

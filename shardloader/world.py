@@ -1,6 +1,6 @@
 """The one place that looks at the process's surroundings: distributed rank and DataLoader worker.
 
-Everything else receives a :class:`~shardloader.split.Place` as a value, so splitting stays a
+Everything else receives a :class:`~shardloader.plan.split.Place` as a value, so splitting stays a
 pure, testable function.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 
 from shardloader.errors import UsageError
-from shardloader.split import Place
+from shardloader.plan.split import Place
 
 __all__ = ["detect_world", "detect_place", "detect_ranks_per_node", "node_ranks"]
 
@@ -37,7 +37,7 @@ def detect_world(rank: int | None = None, world_size: int | None = None) -> tupl
 
 def detect_ranks_per_node(rank: int, world_size: int, explicit: int | None = None) -> int | None:
     """Ranks on each node, for node-local partitions (NOTE [node partitions] in
-    :mod:`shardloader.partition`), or None when unknown.
+    :mod:`shardloader.plan.partition`), or None when unknown.
 
     ``explicit`` wins (it must divide ``world_size``).  Else torchrun's ``LOCAL_WORLD_SIZE``,
     when the environment describes this very rank (``RANK`` / ``WORLD_SIZE`` equal to
@@ -47,7 +47,7 @@ def detect_ranks_per_node(rank: int, world_size: int, explicit: int | None = Non
     ``SLURM_NODEID``, or Open MPI's ``OMPI_COMM_WORLD_LOCAL_SIZE`` / ``_LOCAL_RANK`` /
     ``_NODE_RANK``, under the same checks.  Anything else (a simulated rank, uneven nodes, a
     launcher that numbers ranks otherwise) is None: the dataset then keeps one partition
-    (:func:`~shardloader.partition.choose_partition` says why).
+    (:func:`~shardloader.plan.partition.choose_partition` says why).
     """
     if explicit is not None:
         if isinstance(explicit, bool) or not isinstance(explicit, int) or explicit < 1:

@@ -26,7 +26,7 @@ resource.setrlimit(resource.RLIMIT_FSIZE, ({max_file}, {max_file}))
 # `import shardloader` is lazy: import what reading needs (torch above all) before the baseline,
 # so the measured growth is what the data causes, not the libraries.
 import shardloader.dataset, shardloader.pack.index_existing  # noqa: E401
-import shardloader.summary, shardloader.verify  # noqa: E401
+import shardloader.read.summary, shardloader.read.verify  # noqa: E401
 {setup}
 proc = psutil.Process()
 resource.setrlimit(resource.RLIMIT_AS, (proc.memory_info().vms + {max_extra_vm}, -1))

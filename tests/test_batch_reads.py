@@ -1,4 +1,4 @@
-"""The batch read path: tar field positions derived with numpy (format/tarlayout.py), Arrow spans
+"""The batch read path: tar field positions derived with numpy (format/tar/layout.py), Arrow spans
 from the offset buffers, batches of several shards put back in order, seeds for a whole pass."""
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ import shardloader as sl
 from shardloader.errors import ShardError
 from shardloader.format import get_format, open_writer
 from shardloader.format.base import Rows, read_rows
-from shardloader.format.tarlayout import derive_layout
-from shardloader.keys import first_unsafe_key, key_lengths, unsafe_key_reason
+from shardloader.format.keys import first_unsafe_key, key_lengths, unsafe_key_reason
+from shardloader.format.tar.layout import derive_layout
 from shardloader.manifest import FieldInfo
-from shardloader.shuffle import derive_seed, derive_seeds, transform_seeds
+from shardloader.plan.shuffle import derive_seed, derive_seeds, transform_seeds
 
 FIELDS = {"bin": FieldInfo("bytes"), "txt": FieldInfo("text")}
 

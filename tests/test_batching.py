@@ -24,7 +24,7 @@ from shardloader.batching import (
 )
 from shardloader.batching.fit import best_fit_rows, next_fit_rows
 from shardloader.errors import UsageError
-from shardloader.split import rank_slots
+from shardloader.plan.split import rank_slots
 
 corpus_st = st.tuples(
     st.lists(st.integers(0, 120), min_size=0, max_size=150),  # length per sample id

@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 
 import shardloader as sl
 from shardloader.batching import PackedBatches, TokenBudgetBatches
-from shardloader.epoch import EpochPlanner
-from shardloader.shuffle import ShuffleOptions
+from shardloader.plan.epoch import EpochPlanner
+from shardloader.plan.shuffle import ShuffleOptions
 
 SIZES = [1, 120, 3, 17, 59]  # 200 samples, uneven (an empty shard has no lengths)
 

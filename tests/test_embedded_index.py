@@ -21,7 +21,7 @@ import shardloader as sl
 from shardloader.errors import ManifestError
 from shardloader.format.embedded import FOOTER, MAGIC, embedded_index, index_frame
 from shardloader.manifest import Manifest, SampleIndex
-from shardloader.sidecar import load_sidecar
+from shardloader.read.sidecar import load_sidecar
 from shardloader.storage.store import Store
 
 

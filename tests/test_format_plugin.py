@@ -15,7 +15,7 @@ from format_contract import CONTRACT
 import shardloader as sl
 from shardloader.format import get_format, known_formats, unregister_format
 from shardloader.pack import PackOptions, pack
-from shardloader.verify import verify_dataset
+from shardloader.read.verify import verify_dataset
 
 # A record per sample: u32 record size, u16 key size, key, u16 field count, then per field
 # u16 name size, name, u32 data size, data.  The shard is the records back to back, compressed

@@ -90,7 +90,7 @@ def test_an_honest_bomb_does_not_fit_the_cache_limit(bomb_dataset, tmp_path):
 def test_verify_refuses_a_bomb_member_from_its_header(bomb_dataset):
     out = run_measured(
         """
-        from shardloader.verify import verify_dataset
+        from shardloader.read.verify import verify_dataset
         """,
         f"""
         report = verify_dataset({bomb_dataset!r}, images=False)

@@ -18,9 +18,9 @@ from helpers import in_thread, write_dataset
 import shardloader as sl
 from shardloader.errors import ManifestError, ShardloaderError
 from shardloader.manifest import Manifest, read_manifest
-from shardloader.shards import ShardSet
+from shardloader.read.shardset import ShardSet
+from shardloader.read.verify import verify_dataset
 from shardloader.storage.streams import BoundedReader
-from shardloader.verify import verify_dataset
 
 
 def refused_without_hanging(fn: Callable[[], Any], fifos: list[Path]) -> BaseException:

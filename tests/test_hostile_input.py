@@ -23,12 +23,12 @@ from hostile import edit_sidecar, shard_entry, sidecar, tar_bytes, write_manifes
 
 import shardloader as sl
 from shardloader.cli import main
-from shardloader.codecs import check_field
+from shardloader.codecs.allowlist import check_field
 from shardloader.errors import ChecksumError, InputError, ManifestError, ShardError
 from shardloader.manifest import FieldInfo, Manifest, SampleIndex
 from shardloader.pack import PackOptions, pack
 from shardloader.pack.index_existing import index_shards
-from shardloader.verify import verify_dataset
+from shardloader.read.verify import verify_dataset
 
 
 def _dataset(path, **kw) -> sl.ShardedDataset:
@@ -150,7 +150,7 @@ def test_pickle_payloads_never_run_in_index_inspect_verify_read(tmp_path):
 
     from corpus import Boom
 
-    from shardloader.summary import inspect_dataset
+    from shardloader.read.summary import inspect_dataset
 
     marker = tmp_path / "unpickled"
     payload = pickle.dumps(Boom(str(marker)))

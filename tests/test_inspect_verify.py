@@ -11,8 +11,8 @@ from synthetic import write_manifest, write_shard
 
 from shardloader.manifest import FieldInfo, Manifest
 from shardloader.pack import PackOptions, pack
-from shardloader.summary import inspect_dataset
-from shardloader.verify import verify_dataset
+from shardloader.read.summary import inspect_dataset
+from shardloader.read.verify import verify_dataset
 
 
 def test_inspect_class_folders(tmp_path):

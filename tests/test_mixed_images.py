@@ -29,7 +29,7 @@ from PIL import Image
 import shardloader as sl
 from shardloader import vision
 from shardloader.cli import main
-from shardloader.codecs import Decoder, decode_field
+from shardloader.codecs.allowlist import Decoder, decode_field
 from shardloader.errors import ShardError, UsageError
 from shardloader.manifest import Manifest
 from shardloader.pack import PackOptions, pack

@@ -14,10 +14,10 @@ from hypothesis import strategies as st
 
 import shardloader as sl
 from shardloader.batching import BucketBatches, PackedBatches, TokenBudgetBatches
-from shardloader.blend import MAX_PARTS, MixOrder, blend_counts, blend_period, integer_parts
-from shardloader.epoch import load_lengths
 from shardloader.mixture import Source
-from shardloader.shuffle import ShuffleOptions
+from shardloader.plan.blend import MAX_PARTS, MixOrder, blend_counts, blend_period, integer_parts
+from shardloader.plan.epoch import load_lengths
+from shardloader.plan.shuffle import ShuffleOptions
 
 SIZES = {"a": [7, 5, 9], "b": [4, 4], "c": [3]}  # 21, 8 and 3 samples
 

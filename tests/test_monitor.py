@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import shardloader as sl
-import shardloader.monitoring as mon
+import shardloader.deliver.monitor as mon
 
 
 class FakeClock:
@@ -136,7 +136,9 @@ def test_report_to_the_log_a_logger_a_stream_or_nowhere(clock, caplog, capsys):
         mine = logging.getLogger("my.training")
         run(mon.monitor(SlowLoader(clock, [1.0] * 4), interval=2, report=mine), clock, 1.0)
         run(mon.monitor(SlowLoader(clock, [1.0] * 4), interval=2, logger=mine), clock, 1.0)
-    assert [r.name for r in caplog.records] == ["shardloader.monitoring"] * 2 + ["my.training"] * 4
+    assert [r.name for r in caplog.records] == ["shardloader.deliver.monitor"] * 2 + [
+        "my.training"
+    ] * 4
     assert all("waiting for data 50.0%" in r.getMessage() for r in caplog.records)
     stream = io.StringIO()
     run(mon.monitor(SlowLoader(clock, [1.0] * 4), interval=2, report=stream), clock, 1.0)

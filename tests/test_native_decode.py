@@ -15,8 +15,8 @@ import torch
 from PIL import Image
 
 import shardloader as sl
-from shardloader.codecs import decode_field
-from shardloader.imagemode import convert
+from shardloader.codecs.allowlist import decode_field
+from shardloader.codecs.imagemode import convert
 from shardloader.vision import jpeg
 
 needs_native = pytest.mark.skipif(

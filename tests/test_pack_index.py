@@ -10,10 +10,10 @@ import pytest
 from corpus import jpeg, key_groups, sidecar, tar_file, tree
 
 from shardloader.errors import OutputExistsError, UsageError
-from shardloader.format.tarreader import TarShardReader
+from shardloader.format.tar.reader import TarShardReader
 from shardloader.pack import PackOptions, pack
 from shardloader.pack.index_existing import index_shards
-from shardloader.verify import verify_dataset
+from shardloader.read.verify import verify_dataset
 
 
 def _wds_shards(folder, n=11, per_shard=4, suffix=".tar"):

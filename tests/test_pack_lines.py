@@ -146,7 +146,7 @@ def test_tar_add_records_writes_what_add_writes(keys, ext, data):
     """The numpy header path for runs of lines gives byte-identical shards and indexes."""
     import io
 
-    from shardloader.format.tarwriter import TarShardWriter
+    from shardloader.format.tar.writer import TarShardWriter
 
     values = [data.draw(st.binary(max_size=1100)) for _ in keys]
     lengths = [data.draw(st.one_of(st.none(), st.integers(0, 99))) for _ in keys]

@@ -7,7 +7,7 @@ import tarfile
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shardloader.format.tarwriter import _member_header
+from shardloader.format.tar.writer import _member_header
 from shardloader.pack.discover import FileRef, SampleRef
 from shardloader.pack.plan import Planner, part_of, sample_raw_size, shard_names, tar_header_size
 

@@ -14,7 +14,7 @@ from shardloader.cli import main
 from shardloader.cli.progress import progress_bar
 from shardloader.pack import PackOptions, pack
 from shardloader.pack.options import DEFAULT_SHARD_SIZE, auto_shard_size
-from shardloader.verify import verify_dataset
+from shardloader.read.verify import verify_dataset
 
 MiB = 1 << 20
 

@@ -14,7 +14,7 @@ import shardloader as sl
 from shardloader.cli import main
 from shardloader.errors import InputError, OutputExistsError
 from shardloader.pack import PackOptions, pack
-from shardloader.verify import verify_dataset
+from shardloader.read.verify import verify_dataset
 
 
 def _keys(out) -> list[str]:

@@ -198,8 +198,8 @@ def test_pickled_inputs_are_stored_opaque_and_never_unpickled(tmp_path):
     fields = dict(samples)["b/0001"]
     assert fields["pkl"] == fields["pyd"] == fields["pth"] == files["b/0001.pkl"]
     assert {manifest.fields[e].codec for e in ("pkl", "pyd", "pth")} == {"opaque"}
-    from shardloader.summary import inspect_dataset
-    from shardloader.verify import verify_dataset
+    from shardloader.read.summary import inspect_dataset
+    from shardloader.read.verify import verify_dataset
 
     inspect_dataset(report.out)
     assert verify_dataset(report.out).ok
@@ -223,8 +223,8 @@ def test_urls_in_and_out(tmp_path):
     (S3 itself is tested against a local server by the storage tests)."""
     import fsspec
 
-    from shardloader.summary import inspect_dataset
-    from shardloader.verify import verify_dataset
+    from shardloader.read.summary import inspect_dataset
+    from shardloader.read.verify import verify_dataset
 
     fs = fsspec.filesystem("memory")
     files = key_groups(str(tmp_path / "src"), n=5)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from corpus import docs, jsonl, read_back, sidecar, write
 
-from shardloader.codecs import Decoder, decode_field
+from shardloader.codecs.allowlist import Decoder, decode_field
 from shardloader.errors import InputError, UsageError
 from shardloader.manifest import FieldInfo
 from shardloader.pack import PackOptions, pack

@@ -13,11 +13,11 @@ from hypothesis import strategies as st
 
 from shardloader.batching import PackedBatches, TokenBudgetBatches
 from shardloader.batching.base import batch_ids
-from shardloader.cost import kendall_tau, node_shards, shuffle_quality
-from shardloader.epoch import EpochPlanner
 from shardloader.errors import UsageError
-from shardloader.partition import Partition, choose_partition, spans
-from shardloader.shuffle import ShuffleOptions
+from shardloader.plan.cost import kendall_tau, node_shards, shuffle_quality
+from shardloader.plan.epoch import EpochPlanner
+from shardloader.plan.partition import Partition, choose_partition, spans
+from shardloader.plan.shuffle import ShuffleOptions
 
 
 def planning(sizes, batch=4, uneven="pad", block=64, planner=None, seed=3):

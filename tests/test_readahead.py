@@ -1,5 +1,5 @@
-"""Node-wide read-ahead (readahead.py): one schedule of the shards this node needs, in plan order,
-shared by its workers and local ranks."""
+"""Node-wide read-ahead (read/readahead.py): one schedule of the shards this node needs, in plan
+order, shared by its workers and local ranks."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from helpers import batch_ids, write_dataset
 
 import shardloader as sl
-from shardloader.readahead import ReadAhead, node_schedule
+from shardloader.read.readahead import ReadAhead, node_schedule
 from shardloader.world import node_ranks
 
 

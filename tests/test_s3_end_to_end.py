@@ -31,8 +31,8 @@ import shardloader as sl
 from shardloader.cli import main
 from shardloader.errors import ChecksumError
 from shardloader.manifest import Manifest
-from shardloader.order import epoch_order
-from shardloader.shuffle import ShuffleOptions
+from shardloader.plan.order import epoch_order
+from shardloader.plan.shuffle import ShuffleOptions
 
 pytestmark = pytest.mark.subprocess  # the moto S3 server process
 

@@ -1,4 +1,4 @@
-"""At scale: the lazy epoch order (NOTE [lazy order] in shuffle.py), exactness at 1,024 ranks x
+"""At scale: the lazy epoch order (NOTE [lazy order] in plan/shuffle.py), exactness at 1,024 ranks x
 16 workers by simulation of the pure assignment, and start-up cost that does not grow with the
 number of ranks."""
 
@@ -20,11 +20,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import shardloader as sl
-from shardloader.epoch import EpochPlanner
-from shardloader.order import EpochOrder, epoch_order
-from shardloader.shuffle import ShuffleOptions
-from shardloader.split import FixedBatchList, cut_fixed_batches, rank_slots
-from shardloader.steps import WorkerSteps
+from shardloader.plan.epoch import EpochPlanner
+from shardloader.plan.order import EpochOrder, epoch_order
+from shardloader.plan.shuffle import ShuffleOptions
+from shardloader.plan.split import FixedBatchList, cut_fixed_batches, rank_slots
+from shardloader.plan.steps import WorkerSteps
 
 sizes_st = st.lists(st.integers(0, 60), min_size=1, max_size=10).filter(lambda s: sum(s) > 0)
 options_st = st.builds(
@@ -280,9 +280,9 @@ def test_start_up_reads_the_manifest_once_and_never_lists_whatever_the_world_siz
 def test_lengths_are_mapped_once_per_node_and_pickle_as_a_path(tmp_path: Path) -> None:
     import pickle
 
-    from shardloader.epoch import load_lengths
-    from shardloader.lengths import SharedLengths
     from shardloader.manifest import read_manifest
+    from shardloader.plan.epoch import load_lengths
+    from shardloader.read.lengths import SharedLengths
 
     write_dataset(str(tmp_path / "ds"), [3000, 0, 4570, 2430])
     manifest, base = read_manifest(str(tmp_path / "ds"))
@@ -329,8 +329,8 @@ def test_lazy_read_ahead_schedules_every_shard_by_its_first_need(
     names every shard the node's ranks read at or before the step that first reads it; the
     first 16 steps exactly as the materialised plan's schedule (node_schedule), and all of it
     exactly when unshuffled."""
-    from shardloader.readahead import block_schedule, node_schedule
-    from shardloader.steps import node_windows
+    from shardloader.plan.steps import node_windows
+    from shardloader.read.readahead import block_schedule, node_schedule
 
     local = sorted(set(data.draw(st.lists(st.integers(0, world - 1), min_size=1, max_size=3))))
     planner = EpochPlanner(np.array(sizes), 3, options, "pad", batch)

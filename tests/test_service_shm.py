@@ -21,8 +21,8 @@ from helpers import write_dataset
 from test_service_support import UNEVEN, InProcessServer, canonical, parse_metrics
 
 import shardloader as sl
-from shardloader import transport
 from shardloader.batching.blocks import TokenBlocks
+from shardloader.deliver import transport
 from shardloader.service import RemoteLoader
 from shardloader.service.shm import leftover_segments
 from shardloader.service.wireframes import read_frame

@@ -8,9 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardloader.errors import UsageError
-from shardloader.order import epoch_order
-from shardloader.shuffle import ShuffleOptions
-from shardloader.split import Place, cut_fixed_batches, rank_slots
+from shardloader.plan.order import epoch_order
+from shardloader.plan.shuffle import ShuffleOptions
+from shardloader.plan.split import Place, cut_fixed_batches, rank_slots
 
 sizes_st = st.lists(st.integers(0, 40), min_size=1, max_size=12).filter(lambda s: sum(s) > 0)
 
@@ -32,7 +32,7 @@ def test_epoch_order_is_a_permutation_and_blocks_stay_local(sizes, seed, epoch, 
 
 def _order_before_first_block(sizes, seed, epoch, block):
     """epoch_order as written before ShuffleOptions.first_block existed (equal blocks)."""
-    from shardloader.shuffle import _BLOCK, _SHARDS, rng_for
+    from shardloader.plan.shuffle import _BLOCK, _SHARDS, rng_for
 
     sizes = np.asarray(sizes, np.int64)
     starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)

@@ -16,9 +16,9 @@ from helpers import write_dataset
 
 import shardloader as sl
 from shardloader.errors import ManifestError, StorageError, UsageError
+from shardloader.read.verify import verify_dataset
 from shardloader.storage import ProtocolDefaults, Store, protocols, register_protocol
 from shardloader.storage.retry import RetryPolicy
-from shardloader.verify import verify_dataset
 
 FAST = RetryPolicy(
     max_attempts=4,

@@ -16,7 +16,7 @@ from corpus import WORDS, jsonl, packed_docs, read_back, train_tokenizer
 
 import shardloader as sl
 from shardloader.batching.blocks import TokenBlocks
-from shardloader.format.tokens import HEADER_BYTES
+from shardloader.format.tokens.format import HEADER_BYTES
 from shardloader.pack import PackOptions, pack
 
 SEQ, ROWS = 16, 3
@@ -288,8 +288,9 @@ def test_buffers_are_reused_only_once_no_batch_views_them(corpus, monkeypatch, w
     ring slots the main process frees when no tensor of theirs is left (workers).  Batches
     checked and dropped as they come exercise reuse; batches kept to the end must still hold
     their own tokens (their buffers were never handed out again)."""
-    from shardloader import blockread, transport
-    from shardloader.transport import Ring
+    from shardloader.deliver import transport
+    from shardloader.deliver.transport import Ring
+    from shardloader.read import blockpass as blockread
 
     path, shards, vocab = corpus
     monkeypatch.setattr(transport, "BUNDLE_BYTES", 2 * TokenBlocks(SEQ, ROWS, 0).batch_bytes)
@@ -334,7 +335,7 @@ def test_a_loop_that_stops_early_closes_its_shards(corpus):
 def test_more_shards_than_open_streams(corpus, monkeypatch, workers):
     """Past the limit of open token shards the least recently used are closed, never one the
     batches being assembled still read (a batch here spans up to ROWS shards)."""
-    from shardloader import blockread
+    from shardloader.read import blockpass as blockread
 
     monkeypatch.setattr(blockread, "_STREAMS", 1)
     path, shards, vocab = corpus
@@ -351,7 +352,7 @@ def test_more_shards_than_open_streams(corpus, monkeypatch, workers):
 def test_spawned_workers_share_the_ring(corpus, monkeypatch):
     """Spawned workers map the loader's ring through its file descriptor (forked ones
     inherit it): the same batches, and bundles arrive through slots."""
-    from shardloader import transport
+    from shardloader.deliver import transport
 
     monkeypatch.setattr(transport, "BUNDLE_BYTES", 2 * TokenBlocks(SEQ, ROWS, 0).batch_bytes)
     path, shards, vocab = corpus

@@ -17,7 +17,7 @@ import shardloader as sl
 from shardloader.cli import main
 from shardloader.errors import ChecksumError, ShardError
 from shardloader.format import get_format
-from shardloader.format.tokens import HEADER_BYTES, TokenShardReader, TokenStream
+from shardloader.format.tokens.format import HEADER_BYTES, TokenShardReader, TokenStream
 from shardloader.manifest import FieldInfo, SampleIndex
 
 FIELDS = {"json": FieldInfo("json"), "tokens": FieldInfo("tokens", "uint16")}

@@ -18,7 +18,7 @@ from shardloader.cli import main
 from shardloader.errors import ChecksumError
 from shardloader.pack import PackOptions, pack
 from shardloader.pack.index_existing import index_shards
-from shardloader.verify import verify_dataset
+from shardloader.read.verify import verify_dataset
 
 CASES = [("tar", "none"), ("tar", "zstd"), ("arrow", "none"), ("arrow", "zstd"), ("tokens", "zstd")]
 

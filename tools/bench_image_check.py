@@ -5,7 +5,7 @@
 
 Packs ``--images`` real-size generated JPEGs (tools/make_corpus.py, 160-640 px, ~30-100 KB;
 ``--mixed``: the mixed-format folder) into zstd tar shards with ``--workers 1`` (in this
-process, so the check can be switched off by replacing ``shardloader.codecs.check_image``
+process, so the check can be switched off by replacing ``shardloader.codecs.allowlist.check_image``
 with a no-op), alternating runs with and without the check (the order flips each round), from
 a warm page cache.  Reports the median pack time of each, the check's share of pack time, and
 the check alone (header parse + end marker) per image.

@@ -38,11 +38,11 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from shardloader.cost import epoch_cost, kendall_tau, shuffle_quality  # noqa: E402
-from shardloader.epoch import EpochPlanner  # noqa: E402
 from shardloader.manifest import FieldInfo, Manifest, ShardInfo  # noqa: E402
-from shardloader.partition import Partition  # noqa: E402
-from shardloader.shuffle import ShuffleOptions  # noqa: E402
+from shardloader.plan.cost import epoch_cost, kendall_tau, shuffle_quality  # noqa: E402
+from shardloader.plan.epoch import EpochPlanner  # noqa: E402
+from shardloader.plan.partition import Partition  # noqa: E402
+from shardloader.plan.shuffle import ShuffleOptions  # noqa: E402
 
 RANKS, BATCH = 8, 16
 SAMPLE_BYTES = 10_000  # synthetic: every sample this big, compressed 1:1

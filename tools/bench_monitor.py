@@ -15,7 +15,7 @@ import os
 import time
 from collections.abc import Iterable
 
-from shardloader.monitoring import monitor
+from shardloader.deliver.monitor import monitor
 
 
 def _loop(iterable: Iterable[object]) -> float:

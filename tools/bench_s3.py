@@ -728,10 +728,10 @@ def ttfb(
     Of the many-shard manifest only the manifest and the shards (and sidecars) of the first
     batches are uploaded (moto takes ~10 ms a PUT: 20,000 objects would be minutes); the loader
     stops at its first batch, and any fetch past what was uploaded would fail loudly."""
-    from shardloader.order import epoch_order
-    from shardloader.shards import shard_starts
-    from shardloader.shuffle import ShuffleOptions
-    from shardloader.split import cut_fixed_batches
+    from shardloader.plan.order import epoch_order
+    from shardloader.plan.shuffle import ShuffleOptions
+    from shardloader.plan.split import cut_fixed_batches
+    from shardloader.read.shardset import shard_starts
 
     folder = os.path.join(root, "many")
     m = many_shard_manifest(folder, args.ttfb_shards, 2)

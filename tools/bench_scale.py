@@ -43,7 +43,7 @@ import json, resource, sys, time, tracemalloc
 import numpy as np
 import shardloader as sl
 from shardloader.dataset import ShardedDataset
-from shardloader.steps import WorkerSteps
+from shardloader.plan.steps import WorkerSteps
 url, batch, world, mode = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 per_node = int(sys.argv[5]) or None
 def rss_peak():
@@ -51,8 +51,8 @@ def rss_peak():
 out = {}
 if mode == "materialised":
     from shardloader.manifest import read_manifest
-    from shardloader.order import epoch_order
-    from shardloader.shuffle import ShuffleOptions
+    from shardloader.plan.order import epoch_order
+    from shardloader.plan.shuffle import ShuffleOptions
     manifest, _ = read_manifest(url)
     base = rss_peak()
     tracemalloc.start()
@@ -72,7 +72,7 @@ else:
         tracemalloc.start()
         t, c = time.perf_counter(), time.process_time()
         steps = len(ds)
-        from shardloader.epoch import EpochPlanner
+        from shardloader.plan.epoch import EpochPlanner
         planner = EpochPlanner(ds.manifest.shard_sizes, ds.seed, ds.shuffle, ds.uneven, batch)
         plan = planner.plan(ds.epoch, ds.position, ds.rank, ds.world_size, None, (), ds.partition)
         first = WorkerSteps(plan, 0, 1)[0]

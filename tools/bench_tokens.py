@@ -170,7 +170,7 @@ def child(system: str, work: str, workers: int, profile: bool) -> None:
     else:
         import shardloader.batching.blocks  # noqa: F401
         import shardloader.dataset  # noqa: F401
-        import shardloader.loader  # noqa: F401
+        import shardloader.deliver.loader  # noqa: F401
     prof = None
     if profile:
         import cProfile

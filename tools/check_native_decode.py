@@ -25,7 +25,7 @@ from PIL import Image
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from shardloader.imagemode import convert  # noqa: E402
+from shardloader.codecs.imagemode import convert  # noqa: E402
 from shardloader.vision import jpeg  # noqa: E402
 
 

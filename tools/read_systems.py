@@ -161,7 +161,7 @@ def import_system(system: str) -> None:
     if system in SHARDLOADER:
         import shardloader
         import shardloader.dataset  # noqa: F401  (its lazy attribute would import it later)
-        import shardloader.loader  # noqa: F401
+        import shardloader.deliver.loader  # noqa: F401
     elif system == "litdata":
         import litdata  # noqa: F401
     elif system == "mosaicml":

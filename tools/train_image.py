@@ -29,7 +29,7 @@ import torch.distributed as dist
 from torch import nn
 
 import shardloader as sl
-from shardloader.monitoring import all_ranks, monitor
+from shardloader.deliver.monitor import all_ranks, monitor
 
 log = logging.getLogger("train_image")
 

@@ -41,7 +41,7 @@ from torch import nn
 
 import shardloader as sl
 from shardloader.batching import PackedBatches, TokenBlocks
-from shardloader.monitoring import all_ranks, monitor
+from shardloader.deliver.monitor import all_ranks, monitor
 
 IGNORE = -100
 

@@ -10,7 +10,7 @@
 * :mod:`~shardloader.batching.packed`: :class:`PackedBatches`, :class:`PackCollate` and
   :func:`pack_rows`;
 * :mod:`~shardloader.batching.blocks`: :class:`TokenBlocks`, rows cut straight out of token
-  shards' streams (it assembles its own batches: :mod:`shardloader.blockread`);
+  shards' streams (it assembles its own batches: :mod:`shardloader.read.blockpass`);
 * :mod:`~shardloader.batching.raw`: :class:`RawCollate`, its :class:`RawBatch` of
   :class:`ByteColumn` (raw bytes, one buffer per field).
 

@@ -2,7 +2,7 @@
 
 :mod:`shardloader.batching.blocks` plans which rows make a batch (NOTE [what a row is]); this
 module turns a chunk of those batches into the four ``[k, rows, seq_len]`` fields and their
-``cu_seqlens`` without a Python loop per document.  :mod:`shardloader.blockread` calls it.
+``cu_seqlens`` without a Python loop per document.  :mod:`shardloader.read.blockpass` calls it.
 """
 
 from __future__ import annotations

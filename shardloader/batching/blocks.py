@@ -7,7 +7,7 @@ NOTE [what a row is]
     own padded to ``seq_len`` (``remainder="pad"``) or are left out (``"drop"``).  A row never
     straddles shards.  Rows are numbered across the dataset, shards in manifest order (global
     row ids), so every process derives the same rows from the manifest and the sidecars'
-    ``length`` columns alone.  An epoch orders the rows as :func:`shardloader.shuffle.
+    ``length`` columns alone.  An epoch orders the rows as :func:`shardloader.plan.shuffle.
     epoch_order` orders samples (shards permuted, then rows permuted inside blocks of
     ``ShuffleOptions.block`` rows), and cuts that order into batches of ``rows_per_batch``
     rows: a batch is a ``[k]`` array of row ids, ``k < rows_per_batch`` only for the epoch's
@@ -23,7 +23,7 @@ lists the segments in flash-attn's varlen format.  All of it is computed with nu
 batches (:func:`shardloader.batching.blockchunks.assemble`), never per document in Python.
 
 Planning costs numpy work over the rows and the documents' lengths, nothing per document in
-Python; reading is :mod:`shardloader.blockread`.
+Python; reading is :mod:`shardloader.read.blockpass`.
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ from shardloader.batching.base import (
     check_positive,
 )
 from shardloader.errors import UsageError
-from shardloader.order import epoch_order
-from shardloader.shuffle import ShuffleOptions
+from shardloader.plan.order import epoch_order
+from shardloader.plan.shuffle import ShuffleOptions
 
 __all__ = ["FIELDS", "REMAINDER_POLICIES", "BatchLayout", "RowLayout", "TokenBlocks"]
 
@@ -125,7 +125,7 @@ class TokenBlocks:
     tail: str = "keep"
     needs_lengths = True
     elastic = "rows_per_batch"  # what a resume may change (shardloader/elastic.py)
-    reads_token_stream = True  # the dataset hands the pass to shardloader.blockread
+    reads_token_stream = True  # the dataset hands the pass to shardloader.read.blockpass
 
     def __post_init__(self) -> None:
         check_positive("seq_len", self.seq_len)
@@ -153,8 +153,8 @@ class TokenBlocks:
     def bind(self, dataset: Any) -> np.ndarray:
         """Refuse what cannot apply to rows of a token stream, and load the documents' token
         counts from the sidecars (called by ShardedDataset when it is made)."""
-        from shardloader.format.tokens import stream_field
-        from shardloader.lengths import load_token_lengths
+        from shardloader.format.tokens.format import stream_field
+        from shardloader.read.lengths import load_token_lengths
 
         m = dataset.manifest
         if m.format != "tokens":
@@ -247,7 +247,7 @@ class TokenBlocks:
     def plan_rows(self, rows: np.ndarray) -> list[np.ndarray]:
         """Batches of ``rows_per_batch`` of the given row ids in order, the last one short
         (``tail="keep"``) or left out: the epoch's rows, or after an elastic resume the rows
-        an earlier batch shape did not deliver (:mod:`shardloader.elastic`)."""
+        an earlier batch shape did not deliver (:mod:`shardloader.plan.elastic`)."""
         r = self.rows_per_batch
         full = rows.size // r
         batches = list(rows[: full * r].reshape(full, r))

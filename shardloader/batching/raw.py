@@ -9,8 +9,8 @@ builds it straight from the shards, without making any per-sample object.
 
 NOTE [RawBatch transport]: a RawBatch crosses from a DataLoader worker to the training process
 as byte strings and nothing else: the keys joined by NULs (a key never holds one:
-:mod:`shardloader.keys`), ``__index__`` and ``__pad__`` as their bytes, and each column as the
-samples' bytes objects as the reader made them (or, once joined, its buffer and offsets).  No
+:mod:`shardloader.format.keys`), ``__index__`` and ``__pad__`` as their bytes, and each column as
+the samples' bytes objects as the reader made them (or, once joined, its buffer and offsets).  No
 dict or other object per sample is pickled, no user object is pickled or unpickled, and the
 tensors are rebuilt on arrival.  Deliberately not torch's shared-memory tensors: each of those
 sends a file descriptor over a socket to the receiving process, about a millisecond per tensor

@@ -20,12 +20,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from shardloader.codecs import Decoder
+from shardloader.codecs.allowlist import Decoder
 from shardloader.collate import collate_samples
 from shardloader.dataset import ShardedDataset
+from shardloader.deliver.loader import make_loader
 from shardloader.errors import UsageError
-from shardloader.loader import make_loader
-from shardloader.shards import ReadOptions
+from shardloader.read.shardset import ReadOptions
 
 __all__ = ["BenchResult", "default_workers", "measure", "require_psutil", "sweep"]
 

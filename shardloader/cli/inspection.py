@@ -43,7 +43,7 @@ def _fmt_stats(s: Any, unit: str = "") -> str:
 @storage_option
 def inspect_command(dataset: str, as_json: bool, storage_option: tuple[str, ...]) -> None:
     """Summarise a packed dataset: shards, samples, fields, classes, sizes, lengths."""
-    from shardloader.summary import inspect_dataset
+    from shardloader.read.summary import inspect_dataset
 
     s = inspect_dataset(dataset, storage_options(storage_option))
     if as_json:
@@ -95,7 +95,7 @@ def verify_command(
     retry_seconds: float | None,
 ) -> None:
     """Re-hash every shard and parse every sample; exit 1 if anything is bad."""
-    from shardloader.verify import verify_dataset
+    from shardloader.read.verify import verify_dataset
 
     def on_progress(done: int, total: int) -> None:
         if bar is not None:

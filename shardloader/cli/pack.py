@@ -379,6 +379,6 @@ def part_index(part: int | None) -> int:
 
 def _aliases(pairs: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
     """``--alias FIELD=EXT,...`` options; imported here so ``--help`` stays light."""
-    from shardloader.aliases import parse_option
+    from shardloader.read.fields import parse_option
 
     return parse_option(pairs)

@@ -65,11 +65,11 @@ def plan_command(
 ) -> None:
     """Per node: the shards and bytes an epoch stages, its GETs, the cluster's bytes as a
     multiple of the dataset, the node cache a node needs, and how well the epoch mixes."""
-    from shardloader.cost import epoch_cost, shuffle_quality
-    from shardloader.epoch import EpochPlanner
     from shardloader.manifest import load_manifest
-    from shardloader.partition import choose_partition
-    from shardloader.shuffle import ShuffleOptions
+    from shardloader.plan.cost import epoch_cost, shuffle_quality
+    from shardloader.plan.epoch import EpochPlanner
+    from shardloader.plan.partition import choose_partition
+    from shardloader.plan.shuffle import ShuffleOptions
     from shardloader.storage.store import as_store
 
     manifest, base = load_manifest(as_store(dataset, storage_options(storage_option), None))
@@ -109,7 +109,7 @@ def _labels(manifest: Any, base: Any) -> Any:
     """Each sample's class from its key (class folders: ``class/name``), by global id."""
     import numpy as np
 
-    from shardloader.sidecar import load_sidecar
+    from shardloader.read.sidecar import load_sidecar
 
     if manifest.layout != "class-folders":
         raise UsageError(

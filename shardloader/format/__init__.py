@@ -1,11 +1,13 @@
 """Shard formats: one :class:`Format` object per format, looked up by name in a registry.
 
 ``format/base.py`` says what a format is, ``format/registry.py`` maps names to formats, and
-each format lives in its own modules: the format object, which registers it, beside its writer,
-reader and stream (``tar.py`` with ``tarwriter.py``, ``tarreader.py``, ``tarstream.py``,
-``tarindex.py`` and ``tarlayout.py``; ``arrow.py`` with ``arrowwriter.py``, ``arrowreader.py``,
-``arrowstream.py`` and ``ipc.py``; ``tokens.py`` with ``tokenlayout.py`` and
-``tokenstream.py``).  This file only re-exports.
+each format has a folder of its own: ``format/<name>/format.py`` (the format object, which
+registers it) beside its writer, reader and stream (``tar/`` also holds the numpy layout of a
+batch's members and the ``index`` scan of shards other tools wrote; ``arrow/`` the bounded IPC
+reading; ``tokens/`` the token shard's layout).  What formats share: compression
+(``compress.py``), the index carried in a zstd frame (``embedded.py``), mapped shard files
+(``mapped.py``), safe sample keys (``keys.py``).  Adding a format is one folder and one
+registration.  This file only re-exports.
 """
 
 from shardloader.format.base import (

@@ -51,9 +51,9 @@ log = logging.getLogger(__name__)
 COMPRESSIONS = ("zstd", "gzip", "none")
 
 _BUILTIN = {
-    "tar": "shardloader.format.tar",
-    "arrow": "shardloader.format.arrow",
-    "tokens": "shardloader.format.tokens",
+    "tar": "shardloader.format.tar.format",
+    "arrow": "shardloader.format.arrow.format",
+    "tokens": "shardloader.format.tokens.format",
 }
 _FORMATS: dict[str, Format] = {}
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
-from shardloader.aliases import Aliases, merge, normalize
 from shardloader.errors import UsageError
 from shardloader.manifest import FieldInfo
 from shardloader.pack.layouts.base import Inputs, Layout, OnSkip, Source
@@ -21,6 +20,7 @@ from shardloader.pack.layouts.records import record_kind
 from shardloader.pack.layouts.registry import AUTO, get_layout, layout_names, registered_layouts
 from shardloader.pack.listing import Listing, list_inputs, scan_inputs
 from shardloader.pack.refs import FileRef, InputFile, SampleRef, TextRule
+from shardloader.read.fields import Aliases, merge, normalize
 from shardloader.storage.store import Store, as_store
 
 __all__ = [

@@ -17,10 +17,10 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from shardloader.codecs import check_field
+from shardloader.codecs.allowlist import check_field
 from shardloader.errors import InputError, StorageError
 from shardloader.format.base import ShardWriter
-from shardloader.keys import unsafe_key_reason
+from shardloader.format.keys import unsafe_key_reason
 from shardloader.pack.discover import TextRule
 from shardloader.pack.plan import ShardPlan
 from shardloader.pack.refs import FileRef, LineRun, SampleRef

@@ -1,7 +1,7 @@
 """``index``: adopt existing shards (webdataset tars) without rewriting them.
 
 Each shard is streamed once: its stored bytes are hashed here, and its format (one with
-``indexable``: tar, see format/tarindex.py) records every sample's key, byte offset, size and
+``indexable``: tar, see format/tar/index.py) records every sample's key, byte offset, size and
 checksum (XXH3-64), the same sidecar ``pack`` writes.  Sidecars and ``index.json`` go to OUT;
 the manifest points at the shards where they are (paths relative to OUT, so the shards must lie
 inside OUT).
@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, BinaryIO, cast
 
-from shardloader.codecs import codec_for_extension
+from shardloader.codecs.allowlist import codec_for_extension
 from shardloader.errors import OutputExistsError, ShardError, StorageError, UsageError
 from shardloader.format.base import Format
 from shardloader.format.registry import get_format, known_formats

@@ -53,8 +53,8 @@ class ShardPlan:
 
 
 def tar_header_size(name: str, size: int) -> int:
-    """Bytes of the pax/ustar header(s) format/tarwriter.py writes for a member, exactly."""
-    from shardloader.format.tarwriter import header_size
+    """Bytes of the pax/ustar header(s) format/tar/writer.py writes for a member, exactly."""
+    from shardloader.format.tar.writer import header_size
 
     return header_size(name, size)
 

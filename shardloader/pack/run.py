@@ -26,7 +26,6 @@ from dataclasses import asdict
 from functools import partial
 from typing import Any
 
-from shardloader.aliases import FieldMap
 from shardloader.errors import ShardError, UsageError
 from shardloader.manifest import FORMAT_VERSION, MANIFEST_NAME, FieldInfo, Manifest, ShardInfo
 from shardloader.pack.discover import Source, discover
@@ -53,6 +52,7 @@ from shardloader.pack.replace import (
 from shardloader.pack.task import ShardResult, ShardTask, WriteSpec
 from shardloader.pack.tokenizer import add_tokens
 from shardloader.pack.write import place_shard, write_and_place, write_shard, writing
+from shardloader.read.fields import FieldMap
 from shardloader.storage.store import Store
 from shardloader.storage.uploads import Uploads
 

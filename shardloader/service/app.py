@@ -15,7 +15,7 @@ from typing import Any
 
 from shardloader.dataset import ShardedDataset
 from shardloader.errors import UsageError
-from shardloader.partition import choose_partition
+from shardloader.plan.partition import choose_partition
 from shardloader.service.metrics import Metrics
 from shardloader.service.options import ServeOptions
 from shardloader.service.passes import steps_of_pass

@@ -21,11 +21,11 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from shardloader.errors import ResumeError, ShardloaderError, UsageError
+from shardloader.plan.split import Place
 from shardloader.service.passreader import PassReader
 from shardloader.service.shm import SHM_DIR
 from shardloader.service.transport import Endpoint, get_json, next_delay
 from shardloader.service.wireframes import PROTOCOL
-from shardloader.split import Place
 from shardloader.storage.retry import RetryPolicy
 from shardloader.world import detect_ranks_per_node, detect_world
 
@@ -33,7 +33,7 @@ __all__ = ["RemoteLoader", "DEFAULT_REMOTE_RETRY"]
 
 log = logging.getLogger(__name__)
 
-_STATE_VERSION = 1  # the local loader's state format (shardloader.loader)
+_STATE_VERSION = 1  # the local loader's state format (shardloader.deliver.loader)
 _PARTITIONED_VERSION = 3  # ... counted in several partitions
 
 DEFAULT_REMOTE_RETRY = RetryPolicy(
@@ -142,7 +142,7 @@ class RemoteLoader:
 
     def state_dict(self) -> dict[str, Any]:
         """The local loader's state: enough to continue here or on a local loader (after a
-        pass's last step: the next epoch, as ``shardloader.loader`` explains)."""
+        pass's last step: the next epoch, as ``shardloader.deliver.loader`` explains)."""
         self._pin()
         epoch, position = self._epoch, self._position
         if self._steps_left == 0:  # the pass is over: continue with the next epoch

@@ -12,8 +12,8 @@ from __future__ import annotations
 import threading
 
 from shardloader.dataset import ShardedDataset
-from shardloader.loader import make_loader
-from shardloader.samples import pipeline_draws
+from shardloader.deliver.loader import make_loader
+from shardloader.read.loading import pipeline_draws
 
 __all__ = [
     "SERIAL_PIPELINE",
@@ -76,7 +76,7 @@ def warm_up(dataset: ShardedDataset) -> None:
 def needs_serial_pipeline(dataset: ShardedDataset) -> bool:
     """Whether ``dataset`` runs code that may draw from the global RNGs, so that its streams
     must take turns when they share a process (NOTE [serial pipeline]): a transform, custom
-    decoders, or a collate that is not shardloader's own (:func:`shardloader.samples.
+    decoders, or a collate that is not shardloader's own (:func:`shardloader.read.loading.
     pipeline_draws`, the rule the dataset seeds by)."""
     return pipeline_draws(dataset.transform, dataset.decoder, dataset.collate_fn)
 

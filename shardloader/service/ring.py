@@ -1,7 +1,7 @@
 """Token batches forwarded from the server's DataLoader workers to a same-host client, uncopied.
 
-The worker transport (:mod:`shardloader.transport`, NOTE [ring slots]) already writes each
-bundle of token batches into a slot of a :class:`~shardloader.transport.Ring` that the
+The worker transport (:mod:`shardloader.deliver.transport`, NOTE [ring slots]) already writes each
+bundle of token batches into a slot of a :class:`~shardloader.deliver.transport.Ring` that the
 DataLoader's process maps.  For a stream whose client shares the host, the server makes that
 ring a named shared-memory file (:class:`SharedRing`) which the client maps too (it is
 announced with the stream's segment, NOTE [shm handover] in :mod:`shardloader.service.shm`).
@@ -34,11 +34,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from shardloader.deliver.slots import lend, take_back
+from shardloader.deliver.transport import Ring, _build, _rebuild
 from shardloader.errors import DecodeError
 from shardloader.service.shm import MAX_SLOTS
 from shardloader.service.shmfiles import NAME, create_server_file, map_server_file
-from shardloader.slots import lend, take_back
-from shardloader.transport import Ring, _build, _rebuild
 
 __all__ = ["Arrived", "RingAttachment", "SharedRing", "ring_maker"]
 
@@ -62,7 +62,8 @@ def _ring_size(workers: int, slots: int, slot_bytes: int) -> tuple[int, int]:
 
 
 class SharedRing(Ring):
-    """A :class:`~shardloader.transport.Ring` in a named shared-memory file a client can map."""
+    """A :class:`~shardloader.deliver.transport.Ring` in a named shared-memory file a client can
+    map."""
 
     def __init__(self, workers: int, slots: int, slot_bytes: int, folder: str, extra: int) -> None:
         # NOTE: deliberately not Ring.__init__ (an unlinked arena); the layout is Ring's own
@@ -80,7 +81,7 @@ class SharedRing(Ring):
         self.received = 0
         self.forwarded = 0
         self._attach()
-        from shardloader.transport import _RINGS
+        from shardloader.deliver.transport import _RINGS
 
         _RINGS[self.id] = self
 
@@ -167,7 +168,7 @@ class Arrived:
         return int(self.state[0][1])
 
     def materialize(self) -> Any:
-        """The batch (or :class:`~shardloader.transport.Bundle`) over the slot, which the
+        """The batch (or :class:`~shardloader.deliver.transport.Bundle`) over the slot, which the
         server then holds as the local loader would (``KEPT`` until its views are gone)."""
         return _rebuild(self.ring.receive(self.worker, self.slot, self.nbytes), self.state)
 

@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from shardloader.deliver.slots import lend, take_back
 from shardloader.errors import DecodeError
 from shardloader.service.shmfiles import (
     NAME,
@@ -48,7 +49,6 @@ from shardloader.service.shmfiles import (
     leftover_segments,
     map_server_file,
 )
-from shardloader.slots import lend, take_back
 
 __all__ = [
     "Attachment",

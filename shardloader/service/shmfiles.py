@@ -10,7 +10,7 @@ NOTE [stale segments]
     ``flock`` on each file from the moment it creates it until it unlinks it; the kernel drops
     the lock with the last process that holds it (the server and its forked DataLoader
     workers, which exit soon after it: NOTE [orphaned workers] in
-    :mod:`shardloader.workerinit`).  When a server starts it removes every such file of its
+    :mod:`shardloader.deliver.workerinit`).  When a server starts it removes every such file of its
     user whose lock it can take at once: no live process holds it, whatever pid namespace that
     process runs in (containers sharing ``/dev/shm``).  A file younger than
     :data:`STALE_SECONDS` is left alone: its creator may not have locked it yet.  (A server of

@@ -28,8 +28,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from shardloader.dataset import ShardedDataset
+from shardloader.deliver.loader import make_loader
+from shardloader.deliver.transport import BUNDLE_BYTES, MAX_BUNDLE, unbundle, worker_bundle
 from shardloader.errors import ShardloaderError
-from shardloader.loader import make_loader
 from shardloader.service.encoded import Encoded
 from shardloader.service.handoff import Frame, Handoff
 from shardloader.service.metrics import Metrics
@@ -52,7 +53,6 @@ from shardloader.service.wireencode import (
     encode_header,
 )
 from shardloader.service.wireframes import frame_size
-from shardloader.transport import BUNDLE_BYTES, MAX_BUNDLE, unbundle, worker_bundle
 
 __all__ = ["Request", "Stream", "needs_serial_pipeline", "pass_dataset", "steps_of_pass", "warm_up"]
 
@@ -334,7 +334,7 @@ class Stream:
         stopped).
 
         NOTE [frames of several batches]: a frame carries consecutive batches, as many as
-        fill about :data:`~shardloader.transport.BUNDLE_BYTES` (judged by the stream's first
+        fill about :data:`~shardloader.deliver.transport.BUNDLE_BYTES` (judged by the stream's first
         batch, which goes alone) and at most ``max_inflight``, which still bounds the batches
         queued here: per frame the header, the event loop and the client's reader cost tens
         of microseconds, more than a token batch takes to make.  The client
@@ -384,8 +384,8 @@ class Stream:
 
 
 def _items(loader: Any) -> Iterator[Any]:
-    """The DataLoader's items as its workers sent them (a :class:`~shardloader.transport.
-    Bundle` stays whole), without :class:`~shardloader.loader.ShardLoader`'s unbundling; the
+    """The DataLoader's items as its workers sent them (a :class:`~shardloader.deliver.transport.
+    Bundle` stays whole), without :class:`~shardloader.deliver.loader.ShardLoader`'s unbundling; the
     stream counts the steps itself."""
     from torch.utils.data import DataLoader
 

@@ -1,6 +1,6 @@
 """Image decoding for the vision transforms: crop-aware JPEG decode, crops, fast resize.
 
-Every image is converted to RGB the way ``Decoder()`` does (:mod:`shardloader.imagemode`):
+Every image is converted to RGB the way ``Decoder()`` does (:mod:`shardloader.codecs.imagemode`):
 grey, palette and CMYK converted, 16-bit scaled to 8 bits, transparency composited over white.
 
 The fast path is encoded bytes in (``Decoder(image="raw")`` on the dataset): :func:`open_lazy`
@@ -24,8 +24,8 @@ import numpy as np
 import torch
 from PIL import Image
 
+from shardloader.codecs.imagemode import convert
 from shardloader.errors import DecodeError, UsageError
-from shardloader.imagemode import convert
 from shardloader.vision import jpeg
 
 __all__ = ["decode_image", "open_image", "Encoded", "ImageLike", "Size"]
@@ -95,7 +95,8 @@ def open_image(
 ) -> Image.Image:
     """Decode to an RGB PIL image, for JPEG at a reduced scale that still covers ``target_size``
     (an int is the shorter side, else (height, width)); other formats decode at full size.
-    Other modes convert as ``Decoder(mode="RGB")`` does (:func:`shardloader.imagemode.convert`)."""
+    Other modes convert as ``Decoder(mode="RGB")`` does
+    (:func:`shardloader.codecs.imagemode.convert`)."""
     try:
         lazy = _open(data)
         wanted = _request_for(lazy.size, target_size)

@@ -15,15 +15,15 @@ NOTE [transform generators]
     transform that draws (:class:`RandomResizedCrop`, :class:`RandomHorizontalFlip`), and the
     ones that wrap others (:class:`Compose`, :class:`ApplyTo`), declare ``takes_generator =
     True`` and accept ``generator=`` when called: ShardedDataset then hands them a generator
-    seeded from (seed, epoch, global batch index) (:func:`shardloader.shuffle.batch_generator`),
-    one per batch, used by the batch's samples in planned order.  So crops repeat exactly on a
-    rerun, after resume and whatever ``num_workers`` is, and a user transform that draws from
-    torch's global generator (which the dataset also seeds per batch) or another pipeline in
-    the same process cannot shift them.  Wrappers pass the generator on only to transforms
-    that declare ``takes_generator``.  Precedence: a ``generator`` given to the transform
-    itself (a field), then the one passed in the call, then torch's global generator (a
-    transform called by hand).  Transforms are plain top-level classes, so they pickle into
-    workers.
+    seeded from (seed, epoch, global batch index)
+    (:func:`shardloader.plan.shuffle.batch_generator`), one per batch, used by the batch's samples
+    in planned order.  So crops repeat exactly on a rerun, after resume and whatever
+    ``num_workers`` is, and a user transform that draws from torch's global generator (which the
+    dataset also seeds per batch) or another pipeline in the same process cannot shift them.
+    Wrappers pass the generator on only to transforms that declare ``takes_generator``.
+    Precedence: a ``generator`` given to the transform itself (a field), then the one passed in the
+    call, then torch's global generator (a transform called by hand).  Transforms are plain
+    top-level classes, so they pickle into workers.
 """
 
 from __future__ import annotations

@@ -18,9 +18,9 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from shardloader.aliases import Aliases, FieldMap
 from shardloader.manifest import FieldInfo
 from shardloader.pack.refs import InputFile, LineRun, SampleRef, TextRule
+from shardloader.read.fields import Aliases, FieldMap
 from shardloader.storage.store import Store
 
 __all__ = [

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 
-from shardloader.codecs import IMAGE_EXTENSIONS
+from shardloader.codecs.allowlist import IMAGE_EXTENSIONS
 from shardloader.errors import UsageError
 from shardloader.manifest import FieldInfo
 from shardloader.pack.layouts.base import (
@@ -72,7 +72,7 @@ class ClassFolders(Layout):
         """Images below class folders.  Mostly such images, with other files that are not an
         image's companion (``cat/001.json`` next to ``cat/001.jpg`` is key groups' evidence,
         ``notes.txt`` is not): mixed, an error rather than a silent fallback."""
-        from shardloader.format.tar import split_key
+        from shardloader.format.tar.format import split_key
 
         images = [f for f in files if _is_class_image(f.rel)]
         if len(images) == len(files):

@@ -3,7 +3,7 @@
 Files sharing a key (the path up to the first dot of the basename) form one sample with one field
 per extension (``a/0001.jpg`` + ``a/0001.seg.png`` → sample ``a/0001``, fields ``jpg`` and
 ``seg.png``); ``--alias image=jpg,png`` makes several extensions one field (see
-:mod:`shardloader.aliases`).  A file without an extension cannot be a field: a usage error.
+:mod:`shardloader.read.fields`).  A file without an extension cannot be a field: a usage error.
 
 Detection: key groups fit any tree, but as the fallback (rank 0) unless the names show real
 grouping (:func:`grouped`), when they answer at rank 10 beside the other built-in layouts: a
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from shardloader.codecs import codec_for_extension
+from shardloader.codecs.allowlist import codec_for_extension
 from shardloader.errors import UsageError
 from shardloader.manifest import FieldInfo
 from shardloader.pack.layouts.base import FITS, Description, Inputs, Layout, OnSkip, Source, Verdict
@@ -45,7 +45,7 @@ def grouped(files: tuple[InputFile, ...]) -> tuple[int, tuple[str, ...]] | None:
     ``train.01.jsonl.gz``, shards of one corpus), and
     there are few fields (at most 16, or at most one per sample).
     """
-    from shardloader.format.tar import split_key
+    from shardloader.format.tar.format import split_key
 
     kinds: dict[str, set[str]] = {}
     fields: set[str] = set()
@@ -77,7 +77,7 @@ class KeyGroups(Layout):
         return Verdict(True, rank=10, reading=f"{samples:,} sample{plural} with fields {shown}")
 
     def describe(self, inputs: Inputs) -> Description:
-        from shardloader.format.tar import split_key
+        from shardloader.format.tar.format import split_key
 
         fields: dict[str, FieldInfo] = {}
         for f in inputs.files:
@@ -93,7 +93,7 @@ class KeyGroups(Layout):
 
     def enumerate(self, source: Source, on_skip: OnSkip | None) -> Iterator[SampleRef]:
         """Checked whole before the first sample: one field may hold one file per sample."""
-        from shardloader.format.tar import split_key
+        from shardloader.format.tar.format import split_key
 
         member_of = source.field_map.member_of
         groups: dict[str, dict[str, FileRef]] = {}

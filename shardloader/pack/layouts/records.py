@@ -65,7 +65,7 @@ class Records(Layout):
         come before it (``train.00.jsonl``, ``part.0.parquet``); one that shares its
         webdataset key with a file that is not a record file (``0001.txt`` beside
         ``0001.jpg``: a caption) is a field of a key group instead."""
-        from shardloader.format.tar import split_key
+        from shardloader.format.tar.format import split_key
 
         others = {
             parts[0]

@@ -12,7 +12,7 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-from shardloader.codecs import codec_for_extension
+from shardloader.codecs.allowlist import codec_for_extension
 from shardloader.errors import InputError, StorageError, UsageError
 from shardloader.manifest import FieldInfo
 from shardloader.pack.refs import InputFile, SampleRef

@@ -1,0 +1,224 @@
+"""Per-field encode checks and decoders, chosen from an allowlist by file extension.
+
+A field's extension (the part of a member name after the sample key, e.g. ``jpg`` or
+``seg.png``; its last dotted component decides) maps to a codec name.  The codec name is
+recorded in the manifest, so readers never guess.  There is no pickle codec: ``.pkl``/``.pth``
+fields are stored as opaque bytes and decoding them is an error that names the remedy.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from shardloader.codecs.imagecheck import check_image
+from shardloader.codecs.imagemode import check_mode, convert
+from shardloader.errors import DecodeError, InputError, UsageError
+
+__all__ = [
+    "IMAGE_EXTENSIONS",
+    "PICKLE_EXTENSIONS",
+    "codec_for_extension",
+    "check_field",
+    "check_image",
+    "decode_field",
+    "Decoder",
+]
+
+# Extensions of images that PIL reads (JPEG's .jfif/.jpe, Netpbm's .pgm/.pbm/.pnm, AVIF, ...).
+IMAGE_EXTENSIONS = frozenset(
+    {"jpg", "jpeg", "jpe", "jfif", "png", "apng", "webp", "bmp", "dib", "gif", "tif", "tiff"}
+    | {"ppm", "pgm", "pbm", "pnm", "avif", "ico", "tga", "qoi", "jp2", "j2k"}
+)
+PICKLE_EXTENSIONS = frozenset({"pkl", "pickle", "pyd", "pth", "pt", "ckpt"})
+_TEXT = frozenset({"txt", "text", "md", "html", "xml", "csv", "tsv", "caption"})
+_JSON = frozenset({"json", "jsonl"})
+_INT = frozenset({"cls", "cls2", "index", "label", "int", "id"})
+_CODECS = ("image", "text", "json", "int", "npy", "tokens", "bytes", "opaque")
+
+
+def codec_for_extension(ext: str) -> str:
+    """Return the codec name for a field extension (``"seg.png"`` decides on ``png``)."""
+    last = ext.rsplit(".", 1)[-1].lower()
+    if last in IMAGE_EXTENSIONS:
+        return "image"
+    if last in _TEXT:
+        return "text"
+    if last in _JSON:
+        return "json"
+    if last in _INT:
+        return "int"
+    if last == "npy":
+        return "npy"
+    if last in ("tokens", "ids"):
+        return "tokens"
+    if last in PICKLE_EXTENSIONS:
+        return "opaque"
+    return "bytes"
+
+
+def check_field(codec: str, data: bytes, *, validate_images: bool = False) -> None:
+    """Raise :class:`InputError` (without location; the caller adds it) if ``data`` is invalid."""
+    try:
+        if codec == "text":
+            data.decode("utf-8")
+        elif codec == "json":
+            json.loads(data.decode("utf-8"))
+        elif codec == "int":
+            int(data.decode("ascii").strip())
+        elif codec == "npy":
+            _load_npy(data)
+        elif codec == "image" and validate_images:
+            from PIL import Image
+
+            if not data:
+                raise InputError("empty file (0 bytes)")
+            with Image.open(io.BytesIO(data)) as im:
+                im.load()
+        elif codec == "image":
+            check_image(data)
+    except UnicodeDecodeError as err:
+        raise InputError(f"invalid UTF-8 at byte {err.start}") from err
+    except json.JSONDecodeError as err:
+        raise InputError(f"invalid JSON ({err.msg} at char {err.pos})") from err
+    except InputError:
+        raise
+    except Exception as err:  # PIL and numpy raise many types for corrupt data
+        raise InputError(f"invalid {codec} data: {err}") from err
+
+
+def _load_npy(data: bytes) -> np.ndarray:
+    return np.load(io.BytesIO(data), allow_pickle=False)
+
+
+def _decode_image(data: bytes, kind: str, mode: str | None) -> Any:
+    if kind == "tensor" and mode == "RGB":
+        native = _native_rgb(data)
+        if native is not None:
+            return native
+    from PIL import Image
+
+    image: Image.Image = Image.open(io.BytesIO(data))
+    if mode is not None:
+        image = convert(image, mode)
+    else:
+        image.load()
+    if kind == "pil":
+        return image
+    array = np.asarray(image)
+    if array.ndim == 2:  # one band (L, P, I;16... kept with mode=None): HW1
+        array = array[:, :, None]
+    if not array.dtype.isnative:
+        array = array.astype(array.dtype.newbyteorder("="))
+    if kind == "numpy":
+        return array
+    import torch
+
+    return torch.from_numpy(array.copy()).permute(2, 0, 1)  # CHW
+
+
+def _native_rgb(data: bytes) -> Any:
+    """A JPEG as uint8 CHW RGB from the native decoder (libjpeg-turbo, the whole image, into
+    memory the tensor then owns), or None where it is not built or declines the file: PIL then
+    decodes it.  Both give the same pixels (max difference 0 on tests/test_vision_fast.py's set
+    and on JPEGs from other encoders: tests/test_native_decode.py); tensors only, since the
+    native decoder lives in ``shardloader.vision``, which imports torch."""
+    from shardloader.vision import jpeg
+
+    size = jpeg.probe(data)
+    if size is None:
+        return None
+    hwc = jpeg.decode_box(data, size, None, None)
+    if hwc is None:
+        return None
+    import torch
+
+    return torch.from_numpy(hwc).permute(2, 0, 1)  # CHW over HWC memory, as PIL's path gives
+
+
+@dataclass(frozen=True)
+class Decoder:
+    """How to turn stored bytes into Python values, per codec.
+
+    ``image``: ``"tensor"`` (uint8 CHW), ``"numpy"`` (uint8 HWC), ``"pil"`` or ``"raw"`` (bytes).
+    ``mode``: every decoded image is converted to ``"RGB"`` (default), ``"RGBA"`` or ``"L"``
+    (grey): 16-bit images are scaled to 8 bits, transparency is composited over white (kept in
+    ``"RGBA"``), CMYK and palette images converted (:mod:`shardloader.codecs.imagemode`).  ``None``
+    keeps each image's stored mode (e.g. palette indices of segmentation masks; 16-bit stays
+    uint16), so shapes and dtypes may then differ between images.  RGB tensors of JPEGs come
+    from the native decoder where it is built (:func:`_native_rgb`: PIL's pixels, half its CPU).
+    ``custom`` maps a field (or member extension) to a function of the bytes; it is the only
+    way to read an opaque (pickled) field, and the choice of trusting that data is then the
+    caller's.
+    """
+
+    image: str = "tensor"
+    custom: Mapping[str, Callable[[bytes], Any]] = field(default_factory=dict)
+    mode: str | None = "RGB"
+
+    def __post_init__(self) -> None:
+        if self.image not in ("tensor", "numpy", "pil", "raw"):
+            raise UsageError(
+                f"Decoder(image={self.image!r}) is not one of 'tensor', 'numpy', 'pil', 'raw'"
+            )
+        if not isinstance(self.custom, Mapping):
+            raise UsageError(
+                f"Decoder(custom=...) maps a field to a function of its bytes, got "
+                f"{type(self.custom).__name__}"
+            )
+        for name, fn in self.custom.items():
+            if not callable(fn):
+                raise UsageError(
+                    f"Decoder(custom={{{name!r}: ...}}) must be a function of the bytes, got "
+                    f"{type(fn).__name__}"
+                )
+        check_mode(self.mode, "Decoder")
+
+
+def decode_field(
+    ext: str,
+    codec: str,
+    data: bytes,
+    decoder: Decoder,
+    *,
+    dtype: str | None = None,
+    member: str | None = None,
+) -> Any:
+    """Decode one field's bytes according to its codec (recorded in the manifest).
+
+    ``ext`` is the field's name; ``member`` the extension of the stored member when the field
+    is an alias of several (``image`` ← ``png``); a custom decoder may be keyed by either.
+    """
+    custom = decoder.custom.get(ext)
+    if custom is None and member is not None:
+        custom = decoder.custom.get(member)
+    if custom is not None:
+        return custom(data)
+    if codec == "image":
+        if decoder.image == "raw":
+            return data
+        return _decode_image(data, decoder.image, decoder.mode)
+    if codec == "text":
+        return data.decode("utf-8")
+    if codec == "json":
+        return json.loads(data)
+    if codec == "int":
+        return int(data)
+    if codec == "npy":
+        return _load_npy(data)
+    if codec == "tokens":
+        # a writable copy: torch warns on (and may not share) read-only buffers
+        return np.frombuffer(bytearray(data), dtype=np.dtype(dtype or "uint32").newbyteorder("<"))
+    if codec == "bytes":
+        return data
+    if codec == "opaque":
+        raise DecodeError(
+            f"field {ext!r} holds pickled data, which shardloader never unpickles; "
+            f"pass Decoder(custom={{{ext!r}: your_function}}) if you trust its source"
+        )
+    raise DecodeError(f"unknown codec {codec!r} for field {ext!r}; known: {', '.join(_CODECS)}")

@@ -1,0 +1,17 @@
+"""Delivery: the hand-over from DataLoader workers to the training loop, and the loader's state.
+
+* :mod:`~shardloader.deliver.loader`: :func:`make_loader`, a torch DataLoader with a resumable
+  state;
+* :mod:`~shardloader.deliver.position`: epoch, position, world and partitions a dataset shares
+  with its workers, over :mod:`~shardloader.deliver.control`'s shared values;
+* :mod:`~shardloader.deliver.transport` / :mod:`~shardloader.deliver.slots`: batches handed
+  over as shared buffers;
+* :mod:`~shardloader.deliver.workerinit`: what every worker does first;
+* :mod:`~shardloader.deliver.monitor`: ``monitor(loader)``, is the loop waiting for data?
+"""
+
+from shardloader import _submodules_on_demand
+
+__all__: list[str] = []  # its modules are the API: import them
+
+__getattr__ = _submodules_on_demand(__name__)

@@ -1,0 +1,294 @@
+"""Token batches handed from DataLoader workers as one shared buffer, not one per field.
+
+torch's DataLoader moves every tensor of a worker's output through a shared-memory segment of
+its own: the worker creates and maps it, passes its file descriptor over a socket, and the main
+process maps it again and unmaps it when the batch is freed.  Per tensor that costs about what
+assembling a whole 8 x 2048-token batch does, so a batch of five tensors spent most of its time
+in transit.  Here a worker writes every field of a batch, or of a *bundle* of consecutive
+batches, into one buffer allocated in shared memory and sends that buffer with a few numbers;
+unpickling in the main process rebuilds the batch dicts as views into it (:func:`_rebuild`).
+Without workers the same layout lives in ordinary memory.
+
+Layout of a buffer holding ``k`` batches of ``R`` x ``S`` tokens: the four int64 fields as one
+``[4, k, R, S]`` block (:data:`~shardloader.batching.blocks.FIELDS` in order), then every
+batch's int32 ``cu_seqlens``, one after the other.
+
+NOTE [bundles]
+    A bundle of ``k`` batches crosses as one item.  Only
+    :class:`~shardloader.deliver.loader.ShardLoader` unpacks bundles (it yields their batches one
+    by one and counts each as a step), so only it asks for them: its ``worker_init_fn``
+    (:class:`~shardloader.deliver.workerinit.WorkerInit`) sets the bundle size on the worker's copy
+    of the dataset.  A worker then serves whole bundles of the rank's steps (bundle ``c`` holds
+    steps ``c*k .. c*k+k-1`` and goes to worker ``c mod K``); torch's DataLoader returns worker
+    outputs round-robin, so the rank's batches still arrive in step order, the same whatever ``K``
+    or ``k``.  Any other consumer (a plain DataLoader) gets one batch per item.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import multiprocessing.context
+import multiprocessing.heap
+import uuid
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from shardloader.deliver.slots import lend, take_back
+from shardloader.errors import ShardError
+
+__all__ = [
+    "BUNDLE_BYTES",
+    "Bundle",
+    "Ring",
+    "TokenBatches",
+    "unbundle",
+    "worker_bundle",
+]
+
+BUNDLE_BYTES = 4 << 20  # about this much per worker output (NOTE [bundles])
+MAX_BUNDLE = 64  # batches
+_FIELDS = ("input_ids", "labels", "position_ids", "attention_mask")
+
+
+class Bundle(list):  # type: ignore[type-arg]
+    """Consecutive batches of one rank that crossed from a worker as one item (NOTE
+    [bundles]); :class:`~shardloader.deliver.loader.ShardLoader` yields them one by one."""
+
+
+def unbundle(item: Any) -> Sequence[Any]:
+    """The batches an item of the DataLoader holds: a bundle's, or the item itself."""
+    return item if isinstance(item, Bundle) else (item,)
+
+
+class TokenBatches:
+    """``k`` token batches in one buffer: ``block`` (numpy int64 ``[4, k, R, S]``) and ``cu``
+    (numpy int32, the batches' ``cu_seqlens`` one after the other) to fill, with ``cu_sizes``
+    and ``max_seqlen``; then :meth:`batches` (this process) or pickling (to the main process)
+    gives the dicts.
+
+    The buffer comes from this process's pool (no ``worker``), else from a free slot of the
+    worker's :class:`Ring`, else from fresh shared memory.
+    """
+
+    def __init__(
+        self,
+        k: int,
+        rows: int,
+        seq_len: int,
+        cu_total: int,
+        worker: int | None = None,
+        ring: Ring | None = None,
+    ) -> None:
+        self.shape = (len(_FIELDS), k, rows, seq_len)
+        self.cu_sizes: tuple[int, ...] = ()  # the length of each batch's cu_seqlens
+        self.max_seqlen: tuple[int, ...] = ()
+        self.bundle = False
+        words = len(_FIELDS) * k * rows * seq_len
+        self.nbytes = nbytes = words * 8 + cu_total * 4
+        self.slot: tuple[Ring, int, int] | None = None
+        self.buffer: torch.Tensor | None = None
+        taken = ring.take(worker, nbytes) if ring is not None and worker is not None else None
+        if taken is not None:  # a slot both processes map already: nothing to hand over
+            self.slot = (ring, worker, taken[0])  # type: ignore[assignment]
+            raw = taken[1]
+        elif worker is not None:  # created in shared memory: handing it over copies nothing
+            storage = torch.UntypedStorage._new_shared(max(nbytes, 1))
+            self.buffer = torch.empty(0, dtype=torch.uint8).set_(storage, 0, (nbytes,), (1,))
+            raw = self.buffer.numpy()
+        else:
+            raw = _POOL.take(nbytes)
+            self.buffer = torch.from_numpy(raw)
+        self.block = raw[: words * 8].view(np.int64).reshape(self.shape)
+        self.cu = raw[words * 8 :].view(np.int32)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        state = (self.shape, self.cu_sizes, self.max_seqlen, self.bundle)
+        if self.slot is not None:
+            ring, worker, slot = self.slot
+            return _from_ring, (ring.id, worker, slot, self.nbytes, state)
+        return _rebuild, (self.buffer, state)
+
+    def batches(self) -> list[dict[str, Any]]:
+        """The batch dicts, as views into the buffer (in this process)."""
+        assert self.buffer is not None
+        return _build(self.buffer, self.shape, self.cu_sizes, self.max_seqlen)
+
+
+_FREE, _SENT, _HELD = 0, 1, 2
+
+
+class Ring:
+    """Shared buffers a :class:`~shardloader.deliver.loader.ShardLoader` and its workers map once,
+    reused batch after batch: ``slots`` per worker of ``slot_bytes`` each.
+
+    NOTE [ring slots]
+        One byte per slot says who may touch it.  A worker takes a ``FREE`` slot, marks it
+        ``SENT``, writes a bundle into it and yields a :class:`TokenBatches` that pickles to
+        (ring id, worker, slot, layout): no tensor, no file descriptor crosses.  Unpickling in
+        the main process marks the slot ``HELD`` and builds the batches as tensors over a
+        fresh numpy view of it, which lives exactly as long as any of those tensors does
+        (``torch.from_numpy`` keeps the array it was given alive); the ring keeps only a weak
+        reference to that view.  Each later arrival hands every ``HELD`` slot whose view is
+        gone back as ``FREE``; a ``SENT`` slot (its bundle still on the way) is never touched.
+        A worker that finds no free slot (the loop keeps old batches) uses fresh shared memory
+        instead, so nothing waits and nothing is overwritten while a batch can still be read.
+
+    The memory is a ``multiprocessing.heap.Arena`` (what a RawArray lives in): forked workers
+    inherit its mapping, and spawned ones get its file descriptor when they start.
+    """
+
+    received_state = _HELD  # what receive() marks a slot (a subclass may track more states)
+
+    def __init__(self, workers: int, slots: int, slot_bytes: int) -> None:
+        self.id = uuid.uuid4().hex
+        self.workers, self.slots, self.slot_bytes = workers, slots, slot_bytes
+        head = -(-workers * slots // 64) * 64
+        # an unlinked file in /dev/shm, zero until written (a RawArray would write every page)
+        self.array: Any = multiprocessing.heap.Arena(head + workers * slots * slot_bytes)
+        self.received = 0  # bundles that arrived through a slot (in the main process)
+        self._attach()
+        _RINGS[self.id] = self
+
+    def _attach(self) -> None:
+        n = self.workers * self.slots
+        head = -(-n // 64) * 64
+        raw = np.frombuffer(self.array.buffer, np.uint8)
+        self.states: np.ndarray | None = raw[:n].reshape(self.workers, self.slots)
+        size = self.slot_bytes
+        self.bufs = [raw[head + i * size : head + (i + 1) * size] for i in range(n)]
+        self.views: list[Any] = [None] * n  # weak references to the views handed out
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = {k: getattr(self, k) for k in ("id", "workers", "slots", "slot_bytes")}
+        if multiprocessing.context.get_spawning_popen() is not None:
+            state["array"] = self.array  # a spawned worker maps the same memory
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.states, self.bufs, self.views = None, [], []
+        if state.get("array") is not None:
+            self._attach()
+
+    # -- in the worker ----------------------------------------------------------------------
+    def take(self, worker: int, nbytes: int) -> tuple[int, np.ndarray] | None:
+        """A free slot of ``worker`` that holds ``nbytes`` (marked ``SENT``), or None."""
+        if self.states is None or nbytes > self.slot_bytes or not 0 <= worker < self.workers:
+            return None
+        free = np.flatnonzero(self.states[worker] == _FREE)
+        if not free.size:
+            return None
+        slot = int(free[0])
+        self.states[worker, slot] = _SENT
+        return slot, self.bufs[worker * self.slots + slot][:nbytes]
+
+    # -- in the main process ----------------------------------------------------------------
+    def receive(self, worker: int, slot: int, nbytes: int) -> torch.Tensor:
+        """The bytes of a bundle that arrived: marks its slot ``HELD``, frees older ones."""
+        self.collect()
+        assert self.states is not None
+        i = worker * self.slots + slot
+        view = lend(self.views, i, self.bufs[i][:nbytes])
+        self.states[worker, slot] = self.received_state
+        self.received += 1
+        return torch.from_numpy(view)
+
+    def arrived(self, worker: int, slot: int, nbytes: int, state: tuple[Any, ...]) -> Any:
+        """What unpickling a bundle written into ``slot`` gives: the batch (or
+        :class:`Bundle`) over the slot (the service's ring forwards it instead)."""
+        return _rebuild(self.receive(worker, slot, nbytes), state)
+
+    def collect(self) -> None:
+        """Hand back every slot received here (``HELD``) no batch tensor refers to any more."""
+        if self.states is not None:
+            take_back(self.states.reshape(-1), self.views, self.received_state, _FREE)
+
+
+_RINGS: weakref.WeakValueDictionary[str, Ring] = weakref.WeakValueDictionary()
+
+
+def _from_ring(ring_id: str, worker: int, slot: int, nbytes: int, state: tuple[Any, ...]) -> Any:
+    """Unpickling a :class:`TokenBatches` written into a ring slot, in the main process."""
+    ring = _RINGS.get(ring_id)
+    if ring is None or ring.states is None:
+        raise ShardError(
+            "a token batch arrived for a DataLoader whose shared buffers are gone (the "
+            "ShardLoader that started the worker no longer exists in this process)"
+        )
+    return ring.arrived(worker, slot, nbytes, state)
+
+
+class _Pool:
+    """Buffers for batches assembled in this process, reused once no batch views them.
+
+    A fresh multi-megabyte buffer costs a page fault per 4 KiB on first write, more than the
+    assembly itself.  Each use hands out a fresh numpy view of a buffer, which the batches'
+    tensors keep alive (``torch.from_numpy`` holds the array it was given); the pool keeps a
+    weak reference to it, so the buffer is free again exactly when the last batch is gone.
+    At most ``keep`` buffers are kept.
+    """
+
+    def __init__(self, keep: int = 3) -> None:  # the chunk being read, its last batch, slack
+        self.keep = keep
+        self.buffers: list[tuple[np.ndarray, Any]] = []  # (buffer, weak ref to its view)
+        self.allocated = self.reused = 0
+
+    def take(self, nbytes: int) -> np.ndarray:
+        for i, (buf, ref) in enumerate(self.buffers):
+            if buf.nbytes >= nbytes and ref() is None:
+                view = buf[:nbytes]
+                self.buffers[i] = (buf, weakref.ref(view))
+                self.reused += 1
+                return view
+        size = (nbytes // _ROUND + 1) * _ROUND  # room for the next chunk's cu_seqlens too
+        buf = np.empty(size, np.uint8)
+        self.allocated += 1
+        view = buf[:nbytes]
+        self.buffers = [*self.buffers, (buf, weakref.ref(view))][-self.keep :]
+        return view
+
+
+_ROUND = 256 << 10
+_POOL = _Pool()
+
+
+def _build(
+    buffer: torch.Tensor,
+    shape: tuple[int, int, int, int],
+    cu_sizes: tuple[int, ...],
+    max_seqlen: tuple[int, ...],
+) -> list[dict[str, Any]]:
+    words = shape[0] * shape[1] * shape[2] * shape[3]
+    block = buffer[: words * 8].view(torch.int64).view(shape)
+    cu = buffer[words * 8 :].view(torch.int32)
+    out = []
+    at = 0
+    for fields, size, longest in zip(block.unbind(1), cu_sizes, max_seqlen, strict=True):
+        batch: dict[str, Any] = dict(zip(_FIELDS, fields.unbind(0), strict=True))
+        batch["cu_seqlens"] = cu[at : at + size]
+        batch["max_seqlen"] = longest
+        out.append(batch)
+        at += size
+    return out
+
+
+def _rebuild(buffer: torch.Tensor, state: tuple[Any, ...]) -> Any:
+    """Unpickling :class:`TokenBatches` in the main process: the batch, or a :class:`Bundle`
+    of them."""
+    shape, cu_sizes, max_seqlen, bundle = state
+    out = _build(buffer, shape, cu_sizes, max_seqlen)
+    return Bundle(out) if bundle else out[0]
+
+
+def worker_bundle(dataset: Any) -> int:
+    """Batches per worker output for a :class:`~shardloader.deliver.loader.ShardLoader` over
+    ``dataset``: 1, or for a planner whose batches have a fixed size (``batch_bytes``), as
+    many as fill :data:`BUNDLE_BYTES`."""
+    size = getattr(getattr(dataset, "planner", None), "batch_bytes", None)
+    if not size:
+        return 1
+    return min(max(1, BUNDLE_BYTES // int(size)), MAX_BUNDLE)

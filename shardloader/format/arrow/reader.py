@@ -1,0 +1,231 @@
+"""Random access to staged Arrow shards: rows as slices of a memory-mapped, uncompressed file.
+
+Why a module of its own: this is the read path's hot loop (a worker keeps one reader per open
+shard), apart from writing (``format/arrow/writer.py``) and from streaming or staging a stored
+shard (``format/arrow/stream.py``).  Opening a reader checks the whole file once, so a row
+costs array lookups and copies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import xxhash
+
+from shardloader.errors import ChecksumError, ShardError
+from shardloader.format.arrow.ipc import declared_sizes
+from shardloader.format.arrow.stream import KEY_COLUMN, open_ipc
+from shardloader.format.base import Rows, Sample, copy_fields
+from shardloader.format.keys import key_lengths
+from shardloader.format.mapped import LARGE, MappedFile
+from shardloader.manifest import SampleIndex
+
+__all__ = ["ArrowShardReader"]
+
+_XXH3 = xxhash.xxh3_64_intdigest
+
+
+class ArrowShardReader:
+    """Row access on a memory-mapped uncompressed IPC file.
+
+    The file must hold no compressed buffers (staged copies never do; a stored file of
+    compression ``none`` that does contradicts its manifest): rows are zero-copy slices, and
+    nothing is decompressed at a size the file alone declares.  Each row's key must equal the
+    sidecar's, and with ``verify`` its checksum must too.
+
+    Opening finds, once, where every row's key and fields lie in the file (the columns' offset
+    buffers, vectorised over whole record batches), checks every span lies inside the file and
+    every key against the sidecar; after that a row is two array lookups per field and a
+    slice of the map (:meth:`read_rows`), with no per-row pyarrow calls.
+    """
+
+    def __init__(
+        self, local_path: str, index: SampleIndex, where: str, verify: bool = True
+    ) -> None:
+        self._where = where
+        self._keys = index.keys
+        sums = index.checksums if verify else None
+        self._sums = None if sums is None else np.asarray(sums, np.uint64)
+        self._file = MappedFile(local_path)
+        self._map, self._view = self._file.map, self._file.view
+        try:
+            self._spans = _row_spans(self._view, len(index), where)
+            _check_keys(self._view, self._spans.pop(KEY_COLUMN), index.keys, where)
+        except BaseException:
+            self.close()
+            raise
+        # one row per sample: checksum (int64 bits), then (start, stop) of each field in name
+        # order (-1 where null), so a batch costs one fancy index
+        self._names = sorted(self._spans)
+        self._encoded = [n.encode() for n in self._names]
+        sums = np.zeros(len(index), np.int64) if self._sums is None else self._sums.view(np.int64)
+        table = [sums]
+        for name in self._names:
+            table.extend(self._spans[name])
+        self._table = np.stack(table, axis=1)
+        del self._spans
+
+    def read(self, i: int) -> Sample:
+        rows = Rows(1)
+        self.read_rows([i], rows, [0])
+        if rows.errors:
+            raise rows.errors[0]
+        fields = {n: bytes(col[0]) for n, col in rows.fields.items() if col[0] is not None}
+        return rows.keys[0], fields
+
+    def read_rows(self, rows: Sequence[int] | np.ndarray, into: Rows, at: Sequence[int]) -> None:
+        """Rows ``rows`` for positions ``at`` of ``into``, their fields copied out of the map
+        (by C-level ``map`` over the row table); with ``verify`` each row's checksum
+        (:func:`~shardloader.format.arrow.writer.row_checksum`) is computed over those copies."""
+        listed = rows.tolist() if isinstance(rows, np.ndarray) else list(rows)
+        picked = self._table[listed]
+        keys = list(map(self._keys.__getitem__, listed))
+        get: Callable[[slice], Any] = self._map.__getitem__
+        if listed and self._names and int((picked[:, 2::2] - picked[:, 1::2]).max()) >= LARGE:
+            get = self._file.get  # a large value: read through the file, not the map
+        fields = copy_fields(get, self._names, picked, 1, all_fields=True)
+        if self._sums is not None:
+            columns = [fields[n] for n in self._names]
+            digests = map(self._digest, keys, *columns) if columns else map(self._digest, keys)
+            got = np.fromiter(digests, np.uint64, len(listed))
+            bad = np.flatnonzero(got != picked[:, 0].view(np.uint64)).tolist()
+            if bad:
+                for k in bad:
+                    into.fail(
+                        at[k],
+                        ChecksumError(
+                            f"{self._where}: sample {keys[k]!r} does not match its checksum in "
+                            "the sidecar: the shard is damaged; `shardloader verify` checks the "
+                            "whole dataset (ReadOptions(verify_samples=False) skips this "
+                            "per-sample check)"
+                        ),
+                        keys[k],
+                    )
+                keep = sorted(set(range(len(listed))) - set(bad))
+                at = [at[k] for k in keep]
+                keys = [keys[k] for k in keep]
+                fields = {name: [column[k] for k in keep] for name, column in fields.items()}
+        if keys:
+            into.add(at, keys, fields)
+
+    def _digest(self, key: str, *values: Any) -> int:
+        """:func:`~shardloader.format.arrow.writer.row_checksum` of a row, its fields in name
+        order (None: absent)."""
+        h = _XXH3
+        digest = h(key.encode("utf-8", "surrogateescape"))
+        for name, value in zip(self._encoded, values, strict=True):
+            if value is not None:
+                digest = h(value, h(b"%s\0%d" % (name, len(value)), digest))
+        return digest
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def _row_spans(view: memoryview, n: int, where: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Column → (start, stop) in the file of every row's value (-1 where null), read from the
+    offset buffers of an uncompressed IPC file mapped at ``view``."""
+    if declared_sizes(view, where).compressed:
+        raise ShardError(
+            f"{where}: the Arrow file has compressed buffers where an uncompressed file "
+            "was expected (does the manifest say compression 'none' for a zstd shard?)"
+        )
+    whole = pa.py_buffer(view)
+    try:
+        reader = open_ipc(pa.BufferReader(whole), where)
+        batches = [reader.get_batch(b) for b in range(reader.num_record_batches)]
+        names = reader.schema.names
+    except (pa.ArrowInvalid, OSError) as err:
+        if isinstance(err, ShardError):
+            raise
+        raise ShardError(f"{where}: corrupt Arrow record batch ({err})") from err
+    if KEY_COLUMN not in names:
+        raise ShardError(f"{where}: the Arrow file has no {KEY_COLUMN!r} column")
+    total = sum(b.num_rows for b in batches)
+    if total != n:
+        raise ShardError(f"{where}: shard has {total} rows but its index lists {n}")
+    base, size = whole.address, whole.size
+    spans: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    for c, name in enumerate(names):
+        parts = [_column_spans(b.column(c), base, size, name, where) for b in batches]
+        starts = np.concatenate([p[0] for p in parts]) if parts else np.zeros(0, np.int64)
+        stops = np.concatenate([p[1] for p in parts]) if parts else np.zeros(0, np.int64)
+        spans[name] = (starts, stops)
+    return spans
+
+
+def _column_spans(
+    array: pa.Array, base: int, size: int, name: str, where: str
+) -> tuple[np.ndarray, np.ndarray]:
+    """(start, stop) in the file of each value of a string/binary column; -1 for nulls."""
+    kind = array.type
+    if pa.types.is_large_binary(kind) or pa.types.is_large_string(kind):
+        width: np.dtype[Any] = np.dtype("<i8")
+    elif pa.types.is_binary(kind) or pa.types.is_string(kind):
+        width = np.dtype("<i4")
+    else:
+        raise ShardError(f"{where}: column {name!r} is {kind}, not binary or string")
+    n = len(array)
+    if n == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    validity, offsets_buf, data = array.buffers()
+    outside = ShardError(
+        f"{where}: column {name!r} has values outside the file (corrupt offsets, or a "
+        "buffer that is not read in place)"
+    )
+    if offsets_buf is None or offsets_buf.size < (array.offset + n + 1) * width.itemsize:
+        raise outside
+    offsets = np.frombuffer(offsets_buf, width, n + 1, array.offset * width.itemsize)
+    offsets = offsets.astype(np.int64)
+    if (offsets[1:] < offsets[:-1]).any() or offsets[0] < 0:
+        raise outside
+    if data is None or data.size == 0:  # only empty values (or nulls): no data buffer
+        if offsets[-1] != offsets[0]:
+            raise outside
+        starts = stops = np.zeros(n, np.int64)
+    else:
+        data_at = data.address - base
+        if not 0 <= data_at <= size - data.size or offsets[-1] > data.size:
+            raise outside
+        starts, stops = offsets[:-1] + data_at, offsets[1:] + data_at
+    if array.null_count:
+        bits = np.frombuffer(validity, np.uint8)
+        valid = np.unpackbits(bits, bitorder="little")[array.offset : array.offset + n]
+        starts = np.where(valid.astype(bool), starts, -1)
+        stops = np.where(valid.astype(bool), stops, -1)
+    return starts, stops
+
+
+def _check_keys(
+    view: memoryview, spans: tuple[np.ndarray, np.ndarray], keys: Sequence[str], where: str
+) -> None:
+    """Every row's key equals its sidecar's, compared as bytes over runs of adjacent keys (one
+    per record batch); a mismatch is then found row by row for the message."""
+    starts, stops = spans
+    lengths, kstart, joined = key_lengths(keys)
+    if len(starts) == 0:
+        return
+    if (starts >= 0).all() and np.array_equal(stops - starts, lengths):
+        buf = np.frombuffer(view, np.uint8)
+        try:
+            bounds = [0, *(np.flatnonzero(stops[:-1] != starts[1:]) + 1).tolist(), len(starts)]
+            if all(
+                np.array_equal(
+                    buf[starts[a] : stops[b - 1]],
+                    joined[kstart[a] : kstart[b - 1] + lengths[b - 1]],
+                )
+                for a, b in zip(bounds[:-1], bounds[1:], strict=True)
+            ):
+                return
+        finally:
+            del buf  # the map cannot close while an array exports it
+    for i, (a, b) in enumerate(zip(starts.tolist(), stops.tolist(), strict=True)):
+        key = None if a < 0 else bytes(view[a:b]).decode("utf-8", "surrogateescape")
+        if key != keys[i]:
+            raise ShardError(
+                f"{where}: row {i} has key {key!r}, its sidecar says {keys[i]!r}; the shard "
+                "and its .idx.arrow sidecar do not match"
+            )

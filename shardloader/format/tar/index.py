@@ -1,0 +1,135 @@
+"""Index an existing tar shard in place: what ``shardloader index`` asks the tar format.
+
+The uncompressed tar is walked once to record every sample's key, byte offset, size (from the
+first header of its first member to the padding of its last) and checksum (XXH3-64): the same
+sidecar ``pack`` writes.  Members are skipped in bounded chunks, never held in memory; a member
+larger than ``max_member`` (or trailing data after the end-of-archive marker larger than that)
+is refused from its header, before it is decompressed, and so is a member whose name would give
+a sample key that could escape a directory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import BinaryIO, cast
+
+import numpy as np
+import xxhash
+
+from shardloader.errors import ShardError
+from shardloader.format.base import ScannedShard
+from shardloader.format.compress import DECOMPRESS_ERRORS, decompressed
+from shardloader.format.keys import unsafe_key_reason
+from shardloader.format.tar.stream import BLOCK, TarStream, split_key, walk_members
+from shardloader.manifest import SampleIndex
+
+__all__ = ["scan_tar"]
+
+_SCAN_ERRORS: tuple[type[BaseException], ...] = (*DECOMPRESS_ERRORS, ValueError)
+
+
+class _HashStream(TarStream):
+    """A tar stream that keeps the checksum of the sample being scanned, both ways.
+
+    A sample's byte range starts where the previous regular member ended, but whether the
+    bytes after that point (folders, pax headers, the next header) begin a new sample is known
+    only once the next member's name is parsed.  So two hashes run over them: ``cont`` as if
+    they continue the current sample, ``new`` as if they start the next one.
+    """
+
+    def __init__(self, f: BinaryIO, where: str) -> None:
+        super().__init__(f, where)
+        self.cont = xxhash.xxh3_64()
+        self.new = xxhash.xxh3_64()
+
+    def on_data(self, data: bytes) -> None:
+        self.cont.update(data)
+        self.new.update(data)
+
+
+def _unsafe_member(url: str, name: str, key: str, reason: str) -> ShardError:
+    return ShardError(
+        f"{url}: member {name!r} gives sample key {key!r}, which {reason}: it could escape a "
+        "directory when samples are written to disk, so shardloader refuses it; rewrite the "
+        "shard with relative member names (no '..', no leading '/')"
+    )
+
+
+def scan_tar(
+    src: BinaryIO,
+    compression: str,
+    url: str,
+    max_member: int | None,
+    length_fields: Sequence[str] = (),
+) -> ScannedShard:
+    """Index the stored tar shard ``src``; a sample's length is the size of its first member
+    whose extension is in ``length_fields`` (all samples must have one, else no lengths)."""
+    keys: list[str] = []
+    offsets: list[int] = []
+    sizes: list[int] = []
+    sums: list[int] = []
+    texts: list[int | None] = []
+    seen: dict[str, int] = {}
+    tar = _HashStream(decompressed(src, compression), url)
+    key: str | None = None
+    exts: set[str] = set()
+    start = end = text = run = mark = 0
+    has_text = False
+
+    def finish() -> None:
+        assert key is not None
+        keys.append(key)
+        offsets.append(start)
+        sizes.append(end - start)
+        sums.append(run)
+        texts.append(text if has_text else None)
+
+    try:
+        for name, size in walk_members(tar, True, max_member):
+            parts = split_key(name)
+            if parts is not None:
+                k, ext = parts
+                if k != key:
+                    if key is not None:
+                        finish()
+                    problem = unsafe_key_reason(k)
+                    if problem is not None:
+                        raise _unsafe_member(url, name, k, problem)
+                    key, exts, start, has_text = k, set(), mark, False
+                    # this sample's bytes so far: those since `mark`
+                    tar.cont = cast(xxhash.xxh3_64, tar.new.copy())
+                if ext in exts:
+                    raise ShardError(f"{url}: sample {k!r} has two {ext!r} members")
+                exts.add(ext)
+                seen[ext] = seen.get(ext, 0) + 1
+                if ext in length_fields and not has_text:
+                    text, has_text = size, True
+            tar.skip(size + (-size % BLOCK), f"member {name!r}")  # streamed, never held
+            if parts is not None:
+                run, end = tar.cont.intdigest(), tar.pos
+            tar.new, mark = xxhash.xxh3_64(), tar.pos
+        if key is not None:
+            finish()
+        trailing = 0
+        while chunk := tar.read(1 << 20):  # GNU tar pads to 10 KiB records
+            trailing += len(chunk)
+            if max_member is not None and trailing > max_member:
+                raise ShardError(
+                    f"{url}: more than {max_member:,} bytes after the end-of-archive "
+                    "marker; the shard is corrupt or hostile (a decompression bomb?)"
+                )
+    except _SCAN_ERRORS as err:
+        if isinstance(err, ShardError):
+            raise
+        raise ShardError(f"{url}: cannot read as a tar shard ({err})") from err
+    lengths = None
+    if texts and all(t is not None for t in texts):
+        lengths = np.asarray(texts, np.int64)
+    index = SampleIndex(
+        keys,
+        np.asarray(offsets, np.int64),
+        np.asarray(sizes, np.int64),
+        lengths,
+        np.asarray(sums, np.uint64),
+    )
+    return ScannedShard(index, seen, tar.pos)

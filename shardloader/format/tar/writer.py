@@ -1,0 +1,206 @@
+"""Writing tar shards: member headers, and the writer that indexes each sample as it goes.
+
+Why a module of its own: the writer and its ustar header helpers are what pack workers run,
+and nothing here is needed to read a shard (``format/tar/reader.py``).  Members are sorted by
+extension, mtime 0, uid/gid 0, no user names, mode 0644, so the same samples give the same
+bytes; the tar is compressed as a whole (format/compress.py), and a zstd shard then carries its
+sample index in a skippable frame (format/embedded.py).  The writer records each sample's offset
+and size in the *uncompressed* tar, so a staged copy can be read by seeking.
+"""
+
+from __future__ import annotations
+
+import tarfile
+from collections.abc import Mapping, Sequence
+from typing import BinaryIO
+
+import numpy as np
+import xxhash
+
+from shardloader.format.base import WrittenShard
+from shardloader.format.compress import CompressedSink
+from shardloader.format.embedded import index_frame
+from shardloader.format.tar.stream import BLOCK
+from shardloader.manifest import SampleIndex
+
+__all__ = ["END", "USTAR_MAX_SIZE", "TarShardWriter", "header_size"]
+
+END = 2 * BLOCK  # the end-of-archive marker the writer adds
+
+
+def _member_header(name: str, size: int) -> bytes:
+    if size < USTAR_MAX_SIZE and len(name) <= 100 and name.isascii():
+        return _ustar_header(name, size)
+    info = tarfile.TarInfo(name)
+    info.size = size
+    info.mtime = 0
+    info.mode = 0o644
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    return info.tobuf(format=tarfile.PAX_FORMAT, encoding="utf-8", errors="strict")
+
+
+# Fast path for the common member (ASCII name <= 100 chars, size < 8 GiB): the same bytes
+# tarfile's PAX_FORMAT writes then (a plain ustar block), built from a template instead of
+# TarInfo.tobuf, which costs ~20x more and dominated packing small records.
+USTAR_MAX_SIZE = 8**11
+
+
+def _template() -> tuple[bytearray, int]:
+    info = tarfile.TarInfo("")
+    info.mtime, info.mode, info.uid, info.gid, info.uname, info.gname = 0, 0o644, 0, 0, "", ""
+    block = bytearray(info.tobuf(format=tarfile.USTAR_FORMAT, encoding="utf-8", errors="strict"))
+    block[124:136] = b"\0" * 12  # size: filled per member
+    block[148:156] = b" " * 8  # checksum: computed per member, over spaces
+    return block, sum(block)
+
+
+_USTAR, _USTAR_SUM = _template()
+_USTAR_ARRAY = np.frombuffer(bytes(_USTAR), np.uint8)
+
+
+def _ustar_header(name: str, size: int) -> bytes:
+    block = _USTAR.copy()
+    raw = name.encode("ascii")
+    block[0 : len(raw)] = raw
+    field = b"%011o\0" % size
+    block[124:136] = field
+    chksum = _USTAR_SUM + sum(raw) + sum(field)
+    block[148:155] = b"%06o\0" % chksum
+    return bytes(block)
+
+
+def header_size(name: str, size: int) -> int:
+    """Bytes of the header(s) :func:`_member_header` writes for a member, computed exactly
+    (the planner asks for every member; building the header costs more)."""
+    if size < USTAR_MAX_SIZE and len(name) <= 100 and name.isascii():
+        return BLOCK  # fits a plain ustar header: no pax record
+    return len(_member_header(name, size))
+
+
+_JOIN_BELOW = 1 << 20  # bytes of a sample joined before writing (see TarShardWriter.add)
+
+
+class TarShardWriter:
+    """Writes samples as tar members through zstd/gzip/no compression."""
+
+    def __init__(self, fileobj: BinaryIO, compression: str) -> None:
+        self._sink = CompressedSink(fileobj, compression)
+        self._compression = compression
+        self._raw = 0
+        self._keys: list[str] = []
+        self._offsets: list[int] = []
+        self._sizes: list[int] = []
+        self._lengths: list[int] = []
+        self._sums: list[int] = []
+
+    def add(self, key: str, fields: Mapping[str, bytes], length: int | None = None) -> None:
+        start = self._raw
+        parts: list[bytes] = []
+        for ext in sorted(fields):
+            data = fields[ext]
+            parts.append(_member_header(f"{key}.{ext}", len(data)))
+            parts.append(data)
+            pad = -len(data) % BLOCK
+            if pad:
+                parts.append(b"\0" * pad)
+        size = sum(map(len, parts))
+        if size < _JOIN_BELOW:  # one write and one hash: cheaper for the many small samples
+            blob = b"".join(parts)
+            self._sink.write(blob)
+            digest = xxhash.xxh3_64_intdigest(blob)
+        else:  # a large sample is written and hashed piece by piece: never a second copy
+            h = xxhash.xxh3_64()
+            for part in parts:
+                self._sink.write(part)
+                h.update(part)
+            digest = h.intdigest()
+        self._raw += size
+        self._keys.append(key)
+        self._offsets.append(start)
+        self._sizes.append(size)
+        self._lengths.append(-1 if length is None else length)
+        self._sums.append(digest)
+
+    def add_records(
+        self,
+        keys: Sequence[str],
+        ext: str,
+        values: Sequence[bytes],
+        lengths: Sequence[int] | None = None,
+    ) -> None:
+        """Many one-field samples at once (runs of lines): the bytes :meth:`add` writes for
+        each, with the plain ustar headers built by numpy rather than one by one."""
+        n = len(keys)
+        names = [f"{k}.{ext}" for k in keys]
+        sizes = np.fromiter(map(len, values), np.int64, n)
+        width = len(names[0]) if n else 0
+        joined = "".join(names)
+        if not n or len(joined) != width * n or width > 100 or not joined.isascii():
+            # names of several lengths, long or not ASCII (or sizes past 8 GiB): one by one
+            for i in range(n):
+                self.add(keys[i], {ext: values[i]}, None if lengths is None else lengths[i])
+            return
+        if int(sizes.max()) >= USTAR_MAX_SIZE:
+            for i in range(n):
+                self.add(keys[i], {ext: values[i]}, None if lengths is None else lengths[i])
+            return
+        records = BLOCK + sizes + (-sizes % BLOCK)
+        starts = np.zeros(n, np.int64)
+        np.cumsum(records[:-1], out=starts[1:])
+        heads = np.empty((n, BLOCK), np.uint8)
+        heads[:] = _USTAR_ARRAY
+        name_bytes = np.frombuffer(joined.encode("ascii"), np.uint8).reshape(n, width)
+        heads[:, :width] = name_bytes
+        total = np.full(n, _USTAR_SUM, np.int64) + name_bytes.sum(axis=1, dtype=np.int64)
+        for j in range(11):  # size: "%011o\0"
+            digit = 48 + ((sizes >> (3 * (10 - j))) & 7)
+            heads[:, 124 + j] = digit
+            total += digit
+        heads[:, 135] = 0
+        for j in range(6):  # checksum: "%06o\0", then the template's space
+            heads[:, 148 + j] = 48 + ((total >> (3 * (5 - j))) & 7)
+        heads[:, 154] = 0
+        out = bytearray(int(records.sum()))
+        blocks = np.frombuffer(out, np.uint8).reshape(-1, BLOCK)
+        blocks[starts // BLOCK] = heads
+        del blocks  # a bytearray with an exported view cannot be written as a whole
+        for start, size, value in zip(starts.tolist(), sizes.tolist(), values, strict=True):
+            out[start + BLOCK : start + BLOCK + size] = value
+        view = memoryview(out)
+        sums = [
+            xxhash.xxh3_64_intdigest(view[a : a + r])
+            for a, r in zip(starts.tolist(), records.tolist(), strict=True)
+        ]
+        view.release()
+        self._sink.write(out)
+        self._keys.extend(keys)
+        self._offsets.extend((starts + self._raw).tolist())
+        self._sizes.extend(records.tolist())
+        self._lengths.extend(
+            [-1] * n if lengths is None else [-1 if x is None else x for x in lengths]
+        )
+        self._sums.extend(sums)
+        self._raw += len(out)
+
+    def close(self) -> WrittenShard:
+        self._sink.write(b"\0" * END)
+        self._raw += END
+        self._sink.close()
+        has_lengths = bool(self._lengths) and min(self._lengths) >= 0
+        index = SampleIndex(
+            keys=self._keys,
+            offsets=np.asarray(self._offsets, np.int64),
+            sizes=np.asarray(self._sizes, np.int64),
+            lengths=np.asarray(self._lengths, np.int64) if has_lengths else None,
+            checksums=np.asarray(self._sums, np.uint64),
+        )
+        if self._compression == "zstd":  # the index rides along: one GET fetches both
+            self._sink.stored.write(index_frame(index.to_arrow_bytes()))
+        return WrittenShard(
+            num_samples=len(self._keys),
+            bytes=self._sink.stored.count,
+            raw_bytes=self._raw,
+            sha256=self._sink.stored.sha.hexdigest(),
+            index=index,
+        )

@@ -1,0 +1,259 @@
+"""Deterministic blending of several sources by weight: pure functions, no randomness.
+
+NOTE [the blend]: every process must agree on which source each position of the mixed stream
+comes from, and after any prefix of ``n`` positions source ``s`` must have had ``w_s * n``
+positions within one (``|count_s(n) - w_s n| <= 1``).  Megatron's greedy rule (the source
+furthest below ``w_s (n + 1)``) keeps that for two sources but drifts past one sample for
+some weights of more (4:5:5:25:25:25 reaches 1.03: tests/test_mixture.py); the chairman
+assignment problem (Tijdeman 1980) has the exact answer.  Each source's ``j``-th pick
+(``j`` = 1, 2, ...) may sit at positions ``n`` with
+``(j - B) / w_s <= n <= (j - 1 + B) / w_s + 1``, and placing picks earliest deadline first
+fills every position with ``B = 1 - 1/Q`` (Steiner and Yeomans 1993).  Weights are integer
+parts ``q_s`` of ``Q = sum(q)``, so every window is exact integer arithmetic and the blend
+repeats with period ``Q`` (each period holds exactly ``q_s`` picks of source ``s``): counts at
+any position are ``(n // Q) * q + counts(period[: n % Q])``, with no simulation of the past.
+
+A *mixture epoch* is ``epoch_samples`` consecutive positions of the blended stream.  Weights
+may change from a mixture epoch on (a schedule): each segment of the schedule starts a fresh
+blend where the previous one stopped, so every segment keeps the bound for its own weights.
+Each source walks its own stream of epochs (its own seeded permutation each), so within each
+of its epochs every sample comes exactly once, whatever the mixture does.
+"""
+
+from __future__ import annotations
+
+import functools
+import heapq
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+
+import numpy as np
+
+from shardloader.errors import UsageError
+from shardloader.plan.order import epoch_order
+from shardloader.plan.shuffle import ShuffleOptions
+
+__all__ = ["MAX_PARTS", "integer_parts", "blend_period", "blend_counts", "MixOrder"]
+
+MAX_PARTS = 1 << 16  # weights that need a finer period are rounded to 1/65536
+
+
+def integer_parts(weights: Sequence[float]) -> tuple[int, ...]:
+    """Weights as the smallest integer parts with the same ratios (``0.7, 0.3`` → ``7, 3``);
+    weights that would need more than :data:`MAX_PARTS` parts are rounded to that many
+    (largest remainder, every positive weight keeps at least one part)."""
+    fracs = []
+    for w in weights:
+        if isinstance(w, bool) or not isinstance(w, (int, float, np.integer, np.floating)):
+            raise UsageError(f"a weight must be a number >= 0, got {w!r}")
+        if not math.isfinite(float(w)) or w < 0:
+            raise UsageError(f"a weight must be a finite number >= 0, got {w!r}")
+        fracs.append(
+            Fraction(repr(float(w))) if isinstance(w, (float, np.floating)) else Fraction(int(w))
+        )
+    total = sum(fracs)
+    if total == 0:
+        raise UsageError(f"at least one weight must be positive, got {list(weights)}")
+    denominator = math.lcm(*(f.denominator for f in fracs))
+    parts = [int(f * denominator) for f in fracs]
+    g = math.gcd(*parts)
+    parts = [p // g for p in parts]
+    if sum(parts) <= MAX_PARTS:
+        return tuple(parts)
+    exact = [f / total * MAX_PARTS for f in fracs]
+    rounded = [max(int(e), 1) if e > 0 else 0 for e in exact]
+    by_remainder = sorted(range(len(exact)), key=lambda i: (-(exact[i] - int(exact[i])), i))
+    k = 0
+    while sum(rounded) < MAX_PARTS:
+        if exact[by_remainder[k % len(exact)]] > 0:
+            rounded[by_remainder[k % len(exact)]] += 1
+        k += 1
+    while sum(rounded) > MAX_PARTS:  # minimums pushed it over: take from the largest
+        rounded[rounded.index(max(rounded))] -= 1
+    g = math.gcd(*rounded)
+    return tuple(r // g for r in rounded)
+
+
+@functools.lru_cache(maxsize=16)
+def blend_period(parts: tuple[int, ...]) -> np.ndarray:
+    """Source of each position of one period (``sum(parts)`` positions, ``parts[s]`` of source
+    ``s``): earliest deadline first over the windows of NOTE [the blend], ties to the lower
+    source index.  Cached per process; read-only."""
+    total = sum(parts)
+    out = np.empty(total, np.int32)
+    # pick j of source s (1-based) is released at ceil(((j-1)Q + 1) / q_s) and due at
+    # floor((jQ - 1) / q_s) + 1: B = 1 - 1/Q in integers
+    releases: list[tuple[int, int, int]] = []  # (release, source, j)
+    for s, q in enumerate(parts):
+        if q:
+            releases.append((1, s, 1))  # pick 1: released at ceil(1 / q_s) = 1
+    heapq.heapify(releases)
+    ready: list[tuple[int, int, int]] = []  # (deadline, source, j)
+    for n in range(1, total + 1):
+        while releases and releases[0][0] <= n:
+            _, s, j = heapq.heappop(releases)
+            heapq.heappush(ready, ((j * total - 1) // parts[s] + 1, s, j))
+        deadline, s, j = heapq.heappop(ready)
+        if deadline < n:  # cannot happen (the theorem); kept so a bug cannot pass silently
+            raise AssertionError(f"blend of {parts} missed a deadline at position {n}")
+        out[n - 1] = s
+        if j < parts[s]:
+            nxt = j + 1
+            heapq.heappush(releases, (-(-((nxt - 1) * total + 1) // parts[s]), s, nxt))
+    out.setflags(write=False)
+    return out
+
+
+def blend_counts(parts: tuple[int, ...], n: int) -> np.ndarray:
+    """Picks of each source among the first ``n`` positions of the blend (int64)."""
+    total = sum(parts)
+    period = blend_period(parts)
+    whole, rest = divmod(int(n), total)
+    counts = np.asarray(parts, np.int64) * whole
+    return counts + np.bincount(period[:rest], minlength=len(parts)).astype(np.int64)
+
+
+@functools.lru_cache(maxsize=32)
+def _source_epoch(
+    sizes: tuple[int, ...], seed: int, epoch: int, shuffle: ShuffleOptions, nodes: int = 1
+) -> np.ndarray:
+    """A source's own epoch order; with several partitions their orders dealt in turn
+    (position ``c`` from partition ``c mod nodes``: NOTE [mixture partitions] in MixOrder)."""
+    units = np.asarray(sizes, np.int64)
+    if nodes == 1:
+        order = epoch_order(units, seed, epoch, shuffle)
+    else:
+        from shardloader.plan.lists import node_order
+
+        planning = _SourcePlanning(seed, shuffle)
+        order = np.empty(int(units.sum()), np.int64)
+        for n in range(nodes):
+            order[n::nodes] = np.asarray(node_order(planning, epoch, nodes, n, units))
+    order.setflags(write=False)
+    return order
+
+
+@dataclass(frozen=True)
+class _SourcePlanning:
+    """What :func:`~shardloader.plan.lists.node_order` reads of a planning: a source's own."""
+
+    seed: int
+    shuffle: ShuffleOptions
+
+
+@dataclass(frozen=True)
+class MixOrder:
+    """The blended order of a mixture epoch over *virtual* sample ids: source ``s``'s local id
+    ``i`` is ``offsets[s] + i``.  Pure: every rank and worker computes the same order.
+
+    ``schedule``: ``(from_epoch, parts)`` entries, first from epoch 0, epochs increasing.
+    """
+
+    shard_sizes: tuple[tuple[int, ...], ...]  # per source, its shards' sample counts
+    seeds: tuple[int, ...]  # per source, the seed of its own epoch orders
+    shuffles: tuple[ShuffleOptions, ...]
+    epoch_samples: int
+    schedule: tuple[tuple[int, tuple[int, ...]], ...]
+
+    @property
+    def sizes(self) -> np.ndarray:
+        return np.array([sum(s) for s in self.shard_sizes], np.int64)
+
+    @property
+    def offsets(self) -> np.ndarray:
+        sizes = self.sizes
+        return np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+
+    def signature(self) -> str:
+        """What fixes sample identity and order apart from the weights (which may change at a
+        resume: the schedule travels in the loader state, not in the plan signature)."""
+        shuffles = ",".join(s.signature() for s in self.shuffles)
+        return f"mix(samples={self.epoch_samples};seeds={list(self.seeds)};shuffle=[{shuffles}])"
+
+    def parts_at(self, epoch: int) -> tuple[int, ...]:
+        """The integer weights in force for mixture epoch ``epoch``."""
+        current = self.schedule[0][1]
+        for start, parts in self.schedule:
+            if start <= epoch:
+                current = parts
+        return current
+
+    def cursors(self, epoch: int) -> np.ndarray:
+        """Samples each source has given before mixture epoch ``epoch`` (its stream position):
+        each schedule segment a fresh blend, counted in closed form."""
+        used = np.zeros(len(self.shard_sizes), np.int64)
+        bounds = [start for start, _ in self.schedule[1:]] + [None]
+        for (start, parts), stop in zip(self.schedule, bounds, strict=True):
+            if start >= epoch:
+                break
+            end = epoch if stop is None else min(stop, epoch)
+            used += blend_counts(parts, (end - start) * self.epoch_samples)
+        return used
+
+    def sources(self, epoch: int) -> np.ndarray:
+        """Source index of each position of mixture epoch ``epoch``."""
+        start = max(s for s, _ in self.schedule if s <= epoch)
+        parts = self.parts_at(epoch)
+        period = blend_period(parts)
+        first = (epoch - start) * self.epoch_samples
+        return period[(first + np.arange(self.epoch_samples, dtype=np.int64)) % len(period)]
+
+    def order(self, epoch: int) -> np.ndarray:
+        """Virtual sample ids of mixture epoch ``epoch``, in blended order."""
+        return self.partitioned(epoch, 1)[0]
+
+    def partitioned(self, epoch: int, nodes: int) -> tuple[np.ndarray, np.ndarray]:
+        """Virtual sample ids of mixture epoch ``epoch`` in blended order, and the partition
+        each position belongs to (of ``nodes``).
+
+        NOTE [mixture partitions]: each source's own epoch deals its positions to the
+        partitions in turn (pick ``c`` of a source epoch from partition ``c mod nodes``'s
+        span of that epoch's shuffled shards), so every partition gets its share of every
+        source, spread evenly over the blend, and reads only its own spans' shards; a
+        partition's order is the blend's positions that are its own.  With one partition this
+        is the blend as it always was."""
+        src = self.sources(epoch)
+        cursors, offsets, sizes = self.cursors(epoch), self.offsets, self.sizes
+        out = np.empty(len(src), np.int64)
+        node_of = np.zeros(len(src), np.int64)
+        for s in range(len(self.shard_sizes)):
+            at = np.flatnonzero(src == s)
+            if not at.size:
+                continue
+            # its picks are positions cursor .. cursor + m - 1 of its own stream of epochs
+            first, size = int(cursors[s]), int(sizes[s])
+            for e in range(first // size, (first + at.size - 1) // size + 1):
+                lo, hi = max(first, e * size), min(first + at.size, (e + 1) * size)
+                order = _source_epoch(
+                    self.shard_sizes[s], self.seeds[s], e, self.shuffles[s], nodes
+                )
+                where = at[lo - first : hi - first]
+                out[where] = offsets[s] + order[lo - e * size : hi - e * size]
+                if nodes > 1:
+                    node_of[where] = np.arange(lo - e * size, hi - e * size) % nodes
+        return out, node_of
+
+    def source_epochs(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        """Per source: its own epoch at the end of mixture epoch ``epoch`` and how many of its
+        epochs have started by then."""
+        used = self.cursors(epoch + 1)
+        sizes = self.sizes
+        started = -(-used // sizes)
+        return np.maximum(started - 1, 0), started
+
+
+def schedule_parts(
+    names: Sequence[str], weights: Mapping[str, float], where: str = "weights"
+) -> tuple[int, ...]:
+    """Integer parts of ``weights`` (a mapping by source name, every source named)."""
+    unknown = sorted(set(weights) - set(names))
+    missing = [n for n in names if n not in weights]
+    if unknown or missing:
+        raise UsageError(
+            f"{where} must name each source once: sources {list(names)}"
+            + (f", unknown {unknown}" if unknown else "")
+            + (f", missing {missing}" if missing else "")
+        )
+    return integer_parts([weights[n] for n in names])

@@ -1,0 +1,248 @@
+"""What an epoch costs a cluster, and how well it mixes: pure functions of the manifest.
+
+``shardloader plan`` and ``tools/bench_locality.py`` answer, before a job starts: which shards
+each node stages in an epoch, how many bytes and requests that is, what the cluster pulls as a
+multiple of the dataset, how large a node cache must be, and how well the epoch mixes (distinct
+shards in a global and in a rank batch, Kendall's tau between pack order and the order the
+cluster consumes samples in).  Nothing here reads a shard: the plans are the dataset's own
+(:class:`~shardloader.plan.epoch.EpochPlanner`), so the figures are what a run does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from shardloader.manifest import Manifest
+from shardloader.plan.epoch import EpochPlan, EpochPlanner
+from shardloader.plan.order import EpochOrder
+from shardloader.plan.partition import Partition
+
+__all__ = ["EpochCost", "NodeCost", "Quality", "epoch_cost", "kendall_tau", "shuffle_quality"]
+
+
+@dataclass(frozen=True)
+class NodeCost:
+    """One physical node's epoch: the shards its ranks read (each staged once: one GET),
+    their stored bytes (what it downloads) and raw bytes (what the staged copies take)."""
+
+    node: int
+    shards: int
+    stored_bytes: int
+    raw_bytes: int
+    kept_shards: int = 0  # of them, staged in the node's previous epoch too (None: first)
+
+
+@dataclass(frozen=True)
+class EpochCost:
+    """Every physical node's :class:`NodeCost` for one epoch, and the totals."""
+
+    epoch: int
+    partition: Partition
+    nodes: tuple[NodeCost, ...]
+    dataset_bytes: int  # stored bytes of every shard
+    working_set: int  # raw bytes of the shards a node keeps in use at once (largest block)
+
+    @property
+    def cluster_bytes(self) -> int:
+        return sum(n.stored_bytes for n in self.nodes)
+
+    @property
+    def multiple(self) -> float:
+        """Cluster bytes per epoch as a multiple of the dataset."""
+        return self.cluster_bytes / max(self.dataset_bytes, 1)
+
+    @property
+    def gets(self) -> int:
+        return sum(n.shards for n in self.nodes)
+
+    @property
+    def share_bytes(self) -> int:
+        """Raw bytes of the largest node's shards: a node cache this large stages each of
+        the epoch's shards once and keeps them for the epoch."""
+        return max((n.raw_bytes for n in self.nodes), default=0)
+
+
+def _physical(world: int, ranks_per_node: int) -> int:
+    return max(world // ranks_per_node, 1)
+
+
+def node_shards(
+    planning: EpochPlanner,
+    epoch: int,
+    partition: Partition,
+    ranks_per_node: int,
+) -> list[np.ndarray]:
+    """The shard ids each physical node (``ranks_per_node`` consecutive ranks) reads in the
+    epoch with fixed batches: by arithmetic when a node's ranks read whole partitions (a span
+    each), else by walking every shuffle block of the order (the global order over several
+    nodes)."""
+    sizes = np.asarray(planning.shard_sizes, np.int64)
+    nodes = _physical(partition.world_size, ranks_per_node)
+    plans = planning.cluster(epoch, 0, partition, None)
+    if partition.ranks <= ranks_per_node:  # a node holds whole partitions: their spans
+        per = max(ranks_per_node // partition.ranks, 1)
+        out = []
+        for p in range(nodes):
+            parts = [_span_shards(plans[n].order) for n in range(p * per, (p + 1) * per)]
+            out.append(np.unique(np.concatenate(parts)) if parts else np.zeros(0, np.int64))
+        return out
+    seen = np.zeros((nodes, len(sizes)), bool)
+    starts = np.concatenate([[0], np.cumsum(sizes)])
+    for n, plan in enumerate(plans):
+        order, size = plan.order, planning.batch_size or 1
+        assert isinstance(order, EpochOrder)
+        read = plan.slots.steps_per_rank * partition.ranks  # slots read, repeats included
+        for b in range(order.num_blocks):
+            lo, hi = order.block_range(b)
+            ids = order.block(b)
+            k = np.arange(lo, hi) // size
+            keep = k < min(read, plan.num_batches)
+            rank = n * partition.ranks + k[keep] % partition.ranks
+            shard = np.searchsorted(starts, ids[keep], side="right") - 1
+            seen[rank // ranks_per_node, shard] = True
+        for q in range(plan.num_batches, read):  # repeats that even out the ranks
+            ids = np.asarray(plan.batches[(q - plan.num_batches) % plan.num_batches])
+            shard = np.searchsorted(starts, ids, side="right") - 1
+            seen[(n * partition.ranks + q % partition.ranks) // ranks_per_node, shard] = True
+    return [np.flatnonzero(row) for row in seen]
+
+
+def _span_shards(order: object) -> np.ndarray:
+    """Shards under a partition's span (every sample of it is read)."""
+    assert isinstance(order, EpochOrder)
+    if not order.total:
+        return np.zeros(0, np.int64)
+    first, last = order.run_of(np.array([0, order.total - 1]))
+    runs = np.arange(first, last + 1)
+    nonempty = order.run_starts[runs + 1] > order.run_starts[runs]
+    return np.asarray(order.shard_perm[runs[nonempty]], np.int64)
+
+
+def epoch_cost(
+    manifest: Manifest,
+    planning: EpochPlanner,
+    epoch: int,
+    partition: Partition,
+    ranks_per_node: int,
+    previous: Sequence[np.ndarray] | None = None,
+) -> tuple[EpochCost, list[np.ndarray]]:
+    """The epoch's :class:`EpochCost` and each node's shards (pass them as ``previous`` to
+    the next epoch's call to count what a node cache holding its share keeps)."""
+    stored = np.array([s.bytes for s in manifest.shards], np.int64)
+    raw = np.array([s.raw_bytes for s in manifest.shards], np.int64)
+    shards = node_shards(planning, epoch, partition, ranks_per_node)
+    costs = []
+    for p, mine in enumerate(shards):
+        kept = 0 if previous is None else int(np.isin(mine, previous[p]).sum())
+        costs.append(
+            NodeCost(p, int(mine.size), int(stored[mine].sum()), int(raw[mine].sum()), kept)
+        )
+    working = 0  # the shards under a partition's largest block, staged at once
+    for plan in planning.cluster(epoch, 0, partition, None):
+        assert isinstance(plan.order, EpochOrder)
+        working = max(working, plan.order.peak_block_weight(raw))
+    if not planning.shuffle.enabled:
+        working = int(np.sort(raw)[-2:].sum())  # two neighbouring shards
+    cost = EpochCost(epoch, partition, tuple(costs), int(stored.sum()), int(working))
+    return cost, shards
+
+
+# ------------------------------------------------------------------------- shuffle quality
+
+
+@dataclass(frozen=True)
+class Quality:
+    """How an epoch mixes (higher distinct counts and |tau| near 0 are better): mean distinct
+    shards (and classes, when labels are known) in a global batch (every rank's batch of one
+    step together) and in one rank's batch, and Kendall's tau between the samples' pack order
+    and the order the cluster consumes them in."""
+
+    shards_per_global_batch: float
+    shards_per_rank_batch: float
+    kendall_tau: float
+    classes_per_global_batch: float | None = None
+    classes_per_rank_batch: float | None = None
+
+
+def step_batches(plans: Sequence[EpochPlan], step: int) -> list[np.ndarray]:
+    """Every rank's batch of one step, ranks in order (``plans``: every partition's)."""
+    out = []
+    for plan in plans:
+        for local in range(plan.slots.world_size):
+            slots = plan.slots.of_rank(local)
+            out.append(np.asarray(plan.batches[slots.slot_of(step)], np.int64))
+    return out
+
+
+def shuffle_quality(
+    planning: EpochPlanner,
+    epoch: int,
+    partition: Partition,
+    labels: np.ndarray | None = None,
+    steps: int = 64,
+    tau_samples: int = 20_000,
+) -> Quality:
+    """:class:`Quality` of an epoch, from ``steps`` steps spread over it (every rank's batch
+    at each); ``labels[id]`` gives distinct classes too."""
+    plans = planning.cluster(epoch, 0, partition, None)
+    total = plans[0].slots.steps_per_rank
+    if not total:
+        return Quality(0.0, 0.0, 0.0)
+    picked = np.unique(np.linspace(0, total - 1, min(steps, total)).astype(np.int64))
+    starts = np.concatenate([[0], np.cumsum(planning.shard_sizes)])
+    per_global, per_rank, cls_global, cls_rank, consumed = [], [], [], [], []
+    for t in picked.tolist():
+        batches = step_batches(plans, t)
+        shards = [np.searchsorted(starts, b, side="right") - 1 for b in batches]
+        per_rank += [len(np.unique(s)) for s in shards]
+        per_global.append(len(np.unique(np.concatenate(shards))))
+        if labels is not None:
+            cls_rank += [len(np.unique(labels[b])) for b in batches]
+            cls_global.append(len(np.unique(labels[np.concatenate(batches)])))
+        consumed.append(np.concatenate(batches))
+    seq = np.concatenate(consumed)
+    if seq.size > tau_samples:
+        seq = seq[np.linspace(0, seq.size - 1, tau_samples).astype(np.int64)]
+    return Quality(
+        float(np.mean(per_global)),
+        float(np.mean(per_rank)),
+        kendall_tau(seq),
+        float(np.mean(cls_global)) if labels is not None else None,
+        float(np.mean(cls_rank)) if labels is not None else None,
+    )
+
+
+def kendall_tau(values: np.ndarray) -> float:
+    """Kendall's tau-a between positions ``0..n-1`` and ``values`` (1: ``values`` in pack
+    order, 0: no relation, -1: reversed); ties count as neither, by a merge sort's
+    inversion count (O(n log n))."""
+    v = np.asarray(values, np.int64)
+    n = v.size
+    if n < 2:
+        return 0.0
+    pairs = n * (n - 1) // 2
+    _, counts = np.unique(v, return_counts=True)
+    tied = int((counts * (counts - 1) // 2).sum())
+    inversions = _inversions(v)
+    concordant = pairs - tied - inversions
+    return float((concordant - inversions) / pairs)
+
+
+def _inversions(v: np.ndarray) -> int:
+    """Pairs ``i < j`` with ``v[i] > v[j]``: bottom-up merge sort, one numpy pass a level."""
+    a = v.copy()
+    n, width, count = a.size, 1, 0
+    while width < n:
+        for lo in range(0, n, 2 * width):
+            mid, hi = min(lo + width, n), min(lo + 2 * width, n)
+            left, right = a[lo:mid], a[mid:hi]
+            if not right.size:
+                continue
+            # each right element passes the left elements greater than it
+            count += int((left.size - np.searchsorted(left, right, side="right")).sum())
+            a[lo:hi] = np.sort(np.concatenate([left, right]), kind="mergesort")
+        width *= 2
+    return count

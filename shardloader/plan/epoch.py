@@ -1,0 +1,321 @@
+"""The epoch plan: which batches an epoch has and which of them a rank reads.
+
+A pure function of (manifest shard sizes, seed, shuffle, planner or batch size, ``uneven``,
+epoch, resume position, rank, world size and its partition), so every rank and worker plans
+alike without talking (DESIGN.md "Order and split"; NOTE [node partitions] in
+:mod:`shardloader.plan.partition`); the dataset only composes it.  The sidecar lengths a
+planner needs are the one thing read (:func:`load_lengths`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from shardloader.batching.base import PlanReport, batch_ids, signature_of, stable_value
+from shardloader.batching.fixed import FixedBatches, account_fixed
+from shardloader.errors import UsageError
+from shardloader.manifest import Manifest
+from shardloader.plan.elastic import normalise, replan
+from shardloader.plan.lists import NodeLists, node_lists, node_order, units_of
+from shardloader.plan.order import EpochOrder
+from shardloader.plan.partition import Partition
+from shardloader.plan.shuffle import ShuffleOptions
+from shardloader.plan.split import BatchSlots, FixedBatchList, common_steps, rank_slots
+from shardloader.read.shardset import ReadOptions
+
+__all__ = ["EpochReport", "EpochPlan", "EpochPlanner", "load_lengths"]
+
+
+@dataclass(frozen=True)
+class EpochReport:
+    """What one epoch looks like for this world size: steps per rank, what was evened out, and
+    where every token of the epoch goes.
+
+    Samples: ``padded_samples`` are repeats added so every batch and rank is full (flagged
+    ``__pad__``); ``dropped_samples`` are left out entirely and ``truncated_samples`` in part, by
+    any policy (the planner's tail, oversize and long-document rules, ``uneven="drop"``, a
+    PadCollate's ``max_length`` with fixed batches).  Tokens count the manifest's length field
+    (``None`` without one): ``tokens`` delivered, each once; ``truncated_tokens`` and
+    ``dropped_tokens`` cut from truncated and dropped samples, so the three add up to
+    ``total_tokens``, every token of the epoch; ``repeated_tokens`` delivered again in repeats;
+    ``token_slots`` the positions all steps of all ranks allocate (``pad_fraction``: the share
+    of them that is padding).
+    """
+
+    epoch: int
+    num_samples: int
+    steps_per_rank: int
+    padded_samples: int  # duplicates added so every batch and rank is full
+    dropped_samples: int  # samples of which nothing is delivered
+    truncated_samples: int = 0  # samples of which only a part is delivered
+    tokens: int | None = None
+    truncated_tokens: int | None = None
+    dropped_tokens: int | None = None
+    repeated_tokens: int | None = None
+    token_slots: int | None = None
+
+    @property
+    def total_tokens(self) -> int | None:
+        """Every token of the epoch's samples: delivered + truncated + dropped."""
+        if self.tokens is None:
+            return None
+        return self.tokens + (self.truncated_tokens or 0) + (self.dropped_tokens or 0)
+
+    @property
+    def pad_fraction(self) -> float | None:
+        """Share of the allocated token slots that is padding."""
+        if self.tokens is None or not self.token_slots:
+            return None
+        return 1.0 - (self.tokens + (self.repeated_tokens or 0)) / self.token_slots
+
+
+@dataclass(frozen=True)
+class EpochPlan:
+    """One epoch's batches of this rank's partition and the rank's slots in them (from
+    ``start`` on; NOTE [node partitions] in :mod:`shardloader.plan.partition`: with one partition,
+    the epoch's global batches).
+
+    With fixed batches ``order`` is a lazy :class:`~shardloader.plan.order.EpochOrder` and
+    ``batches`` a :class:`~shardloader.plan.split.FixedBatchList` over it (NOTE [lazy order]): the
+    plan holds no per-sample array; ``np.asarray(plan.order)`` materialises the order."""
+
+    order: np.ndarray | EpochOrder
+    batches: Sequence[np.ndarray]
+    slots: BatchSlots
+    pad_in_last: int  # padding samples at the end of the last batch
+    dropped: int  # samples cut from a partial last batch
+    num_batches: int
+    start: int  # first batch of this (possibly resumed) pass, counted in the partition
+    # after batch-shape or partition changes: (planning, batches it delivered, every
+    # partition's) per earlier link (NOTE [reshape history] in shardloader/elastic.py)
+    earlier: tuple[tuple[Any, list[np.ndarray]], ...] = ()
+
+    @property
+    def seed_offset(self) -> int:
+        """Added to the step numbers that seed augmentation: after a batch-shape change the
+        rest's steps count from 0 again, and must not draw what earlier batches drew."""
+        return len(self.earlier) << 32
+
+    def pad_mask(self, slot: int, seed_index: int, n: int) -> np.ndarray:
+        """Which of the ``n`` samples of the step (batch ``slot``, dealt as ``seed_index``)
+        are padding: all of a repeated batch, the tail of a filled-up last one."""
+        mask = np.zeros(n, bool)
+        if self.slots.repeats(seed_index):  # a repeated batch that evens out the ranks
+            mask[:] = True
+        elif slot == self.num_batches - 1 and self.pad_in_last:
+            mask[n - self.pad_in_last :] = True
+        return mask
+
+    def delivered(self) -> tuple[list[np.ndarray], int]:
+        """The batches all of the partition's steps deliver (up to those ``uneven="drop"``
+        leaves out, plus those repeated from its start under ``"pad"``) and the padded sample
+        count."""
+        s, n = self.slots, self.num_batches
+        repeats = [self.batches[i % n] for i in range(s.padded_batches)] if n else []
+        padded = self.pad_in_last + sum(len(batch_ids(b)) for b in repeats)
+        return list(self.batches[: n - s.dropped_batches]) + repeats, padded
+
+
+@dataclass(frozen=True)
+class EpochPlanner:
+    """The dataset's planning options; :meth:`plan` is pure, so every process plans alike."""
+
+    shard_sizes: np.ndarray
+    seed: int
+    shuffle: ShuffleOptions
+    uneven: str
+    batch_size: int | None = None
+    planner: Any = None
+    order_source: Any = None  # ``partitioned(epoch, nodes)`` and ``signature()``: a blend
+
+    def signature(self) -> str:
+        """What must stay equal for a saved position to mean the same samples (NOTE [plan
+        signature] in :mod:`shardloader.batching.base`); ``fixed(N)`` is ``batch_size=N``.
+        The partition is not part of it: a resume may change it, like the world size (NOTE
+        [reshape history] in :mod:`shardloader.plan.elastic`)."""
+        if self.planner is not None:
+            plan = signature_of(self.planner)
+        else:
+            plan = f"fixed({stable_value(self.batch_size)})"
+        text = f"{plan};shuffle={signature_of(self.shuffle)};uneven={self.uneven}"
+        if self.order_source is not None:
+            text += f";{self.order_source.signature()}"
+        return text
+
+    def node_orders(self, epoch: int, nodes: int, lengths: np.ndarray | None) -> list[np.ndarray]:
+        """Every partition's order of the epoch, materialised (a mixture's blend split by
+        partition, else each span of the shuffled stream; rows for TokenBlocks).  Every
+        planning path after a resume starts here."""
+        if self.order_source is not None:
+            ids, node_of = self.order_source.partitioned(epoch, nodes)
+            return [ids[node_of == n] for n in range(nodes)]
+        units = units_of(self, lengths)
+        return [np.asarray(node_order(self, epoch, nodes, n, units)) for n in range(nodes)]
+
+    def order(self, epoch: int, lengths: np.ndarray | None = None) -> np.ndarray:
+        """The epoch's sample order with one partition (what :meth:`node_orders` splits)."""
+        return self.node_orders(epoch, 1, lengths)[0]
+
+    def epoch_ids(self, epoch: int, plans: Sequence[EpochPlan], lengths: Any) -> np.ndarray:
+        """Every sample id of the epoch, for the accounting: the partitions' orders together
+        (after a resume they hold only the rest, and the epoch's whole order is planned)."""
+        if plans[0].earlier:
+            return self.order(epoch, lengths)
+        return np.concatenate([np.asarray(p.order) for p in plans])
+
+    def lists(
+        self,
+        epoch: int,
+        partition: Partition,
+        lengths: np.ndarray | None,
+        history: Sequence[Any] = (),
+        only: int | None = None,
+    ) -> NodeLists:
+        """Every partition's batch count and lists (of ``only``, or all): after batch-shape or
+        partition changes, the chain's rest (:func:`~shardloader.plan.elastic.replan`)."""
+        if history:
+            return replan(self, epoch, lengths, normalise(history), partition.nodes)
+        return node_lists(self, epoch, partition.nodes, lengths, only)
+
+    def plan(
+        self,
+        epoch: int,
+        start: int,
+        rank: int,
+        world: int,
+        lengths: np.ndarray | None,
+        history: Sequence[Any] = (),
+        partition: Partition | None = None,
+    ) -> EpochPlan:
+        """Rank ``rank``'s plan of the pass of ``epoch`` that begins after ``start`` global
+        batches (every rank's steps together), in a world cut as ``partition`` (default one
+        partition)."""
+        part = partition or Partition(1, world)
+        if part.world_size != world:
+            raise UsageError(f"{part} does not make a world of {world} ranks")
+        node = part.node_of(rank)
+        lists = self.lists(epoch, part, lengths, history, only=node)
+        return self._rank_plan(lists, node, part.local_rank(rank), part, start)
+
+    def cluster(
+        self,
+        epoch: int,
+        start: int,
+        partition: Partition,
+        lengths: np.ndarray | None,
+        history: Sequence[Any] = (),
+    ) -> list[EpochPlan]:
+        """Every partition's plan (as read by its first rank): what the report and the
+        ledger count."""
+        lists = self.lists(epoch, partition, lengths, history)
+        return [self._rank_plan(lists, n, 0, partition, start) for n in range(partition.nodes)]
+
+    def _rank_plan(
+        self, lists: NodeLists, node: int, local: int, part: Partition, start: int
+    ) -> EpochPlan:
+        if start % part.nodes:
+            raise UsageError(
+                f"position {start} is not a step boundary of {part}: a position counts the "
+                f"global batches of whole steps, a multiple of the {part.world_size} ranks"
+            )
+        k0 = start // part.nodes  # each partition's batches consumed
+        steps = common_steps(lists.counts, k0, part.ranks, self.uneven)
+        got = lists.lists[node]
+        n = lists.counts[node]
+        slots = rank_slots(
+            n, k0, local, part.ranks, self.uneven, steps=steps, node=node, nodes=part.nodes
+        )
+        return EpochPlan(
+            got.order, got.batches, slots, got.pad_in_last, got.dropped, n, k0, lists.earlier
+        )
+
+    def report(
+        self,
+        epoch: int,
+        plans: EpochPlan | Sequence[EpochPlan],
+        lengths: np.ndarray | None,
+        collate_fn: Any,
+    ) -> EpochReport:
+        """Steps, padding and where every token goes, for all ranks together (``plans``: every
+        partition's, :meth:`cluster`)."""
+        plans = [plans] if isinstance(plans, EpochPlan) else list(plans)
+        first = plans[0]
+        earlier = [b for _, taken in first.earlier for b in taken]
+        total = int(np.sum(self.shard_sizes))
+        steps = first.slots.steps_per_rank
+        stream = getattr(self.planner, "report_stream", None)
+        if stream is not None:  # rows of token streams (batching/blocks.py)
+            kept, repeats = [], []
+            for p in plans:
+                s, n = p.slots, p.num_batches
+                repeats += [p.batches[i % n] for i in range(s.padded_batches)] if n else []
+                kept += list(p.batches[: n - s.dropped_batches])
+            counts = stream(self.shard_sizes, lengths, earlier + kept, repeats)
+            for link, taken in first.earlier:  # slots of rows delivered with another shape
+                per_batch = self.planner.seq_len * (
+                    link.planner.rows_per_batch - self.planner.rows_per_batch
+                )
+                counts["token_slots"] += len(taken) * per_batch
+            return EpochReport(epoch, total, steps, **counts)
+        lazy = all(isinstance(p.batches, FixedBatchList) for p in plans) and self.planner is None
+        if lazy and lengths is None and not first.earlier:  # arithmetic: nothing materialised
+            return EpochReport(
+                epoch,
+                total,
+                steps,
+                sum(p.pad_in_last + p.slots.padded_batches * (self.batch_size or 1) for p in plans),
+                sum(p.dropped + p.slots.dropped_batches * (self.batch_size or 1) for p in plans),
+            )
+        delivered, padded = [], 0
+        for p in plans:
+            got, pads = p.delivered()
+            delivered += got
+            padded += pads
+        order = self.epoch_ids(epoch, plans, lengths)
+        acc = self._account(order, earlier + delivered, lengths, collate_fn)
+        if first.earlier and acc.padded_tokens is not None:  # slots as each link allocated
+            slots = self._account(order, delivered, lengths, collate_fn).padded_tokens or 0
+            for link, taken in first.earlier:
+                slots += link._account(order, taken, lengths, collate_fn).padded_tokens or 0
+            acc = dataclasses.replace(acc, padded_tokens=slots)
+        return EpochReport(
+            epoch,
+            total,
+            steps,
+            padded,
+            len(acc.dropped),
+            len(acc.truncated),
+            acc.tokens,
+            acc.truncated_tokens,
+            acc.dropped_tokens,
+            acc.repeated_tokens,
+            acc.padded_tokens,
+        )
+
+    def _account(
+        self,
+        order: np.ndarray,
+        batches: Sequence[np.ndarray],
+        lengths: np.ndarray | None,
+        collate_fn: Any,
+    ) -> PlanReport:
+        report = getattr(self.planner, "report", None)
+        if report is not None and not isinstance(self.planner, FixedBatches):
+            return report(order, lengths, batches)  # type: ignore[no-any-return]
+        return account_fixed(order, lengths, batches, collate_fn)  # the collate pads
+
+
+def load_lengths(
+    manifest: Manifest, base: str, read: ReadOptions, *, required: bool = True
+) -> np.ndarray | None:
+    """Every sample's recorded length (the manifest's length field), by global id, from the
+    sidecars' length columns, mapped from the node cache (:mod:`shardloader.read.lengths`);
+    ``None`` (or, when ``required``, a UsageError) if a shard records none."""
+    from shardloader.read.lengths import load_lengths as shared
+
+    return shared(manifest, base, read, required=required)

@@ -1,0 +1,330 @@
+"""The exactly-once ledger: which samples of an epoch were padded, dropped, truncated or
+skipped, and why.
+
+NOTE [the ledger comes from the plan]
+    Padding, dropping and truncation are decisions of the pure epoch plan (order, planner,
+    ``uneven``, world size), so :func:`build` recomputes them from the plan, exactly as
+    ``ds.report()`` counts them: every rank (and anyone holding the dataset's arguments) gets
+    the same ledger without talking to the others, and nothing is logged by workers.  Only a
+    sample that turns out bad while it is read (``on_error="skip"``) is known at run time: a
+    :class:`SkipLog` appends it, from whichever worker met it, to a small JSON-lines file of
+    its rank, and :func:`merge_skips` reads every rank's file back into one sorted list
+    (:meth:`Ledger.with_skips` adds it to an epoch's ledger).
+
+The ledger counts as ``report()`` does, per occurrence (NOTE [occurrences] in
+:mod:`shardloader.batching.base`): ``padded_samples`` counts each repeat of a sample, so a
+sample repeated twice has two ``padded`` entries, and a sample the order lists more than once
+(a mixture draws a small source again) has a ``dropped`` or ``truncated`` entry for each of
+its occurrences that was.  Delivered samples are every occurrence of the epoch that is
+neither dropped nor skipped.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from shardloader.batching.base import batch_ids, segment_counts
+from shardloader.errors import UsageError
+
+if TYPE_CHECKING:
+    from shardloader.plan.epoch import EpochPlan, EpochPlanner
+    from shardloader.plan.split import Place
+
+__all__ = ["Ledger", "LedgerEntry", "SkipLog", "SkipRecord", "build", "merge_skips"]
+
+PADDED, DROPPED, TRUNCATED, SKIPPED = "padded", "dropped", "truncated", "skipped"
+DEFAULT_WHOSE = "the epoch's "  # whose last batch is filled up, with one partition
+
+
+@dataclass(frozen=True)
+class LedgerEntry:
+    """One sample's fate: ``status`` (padded, dropped, truncated, skipped), ``reason`` in
+    words, ``tokens`` of the length field it concerns (repeated, or cut) when known, and
+    for run-time skips the ``rank`` (and ``key``) that met it."""
+
+    sample: int
+    status: str
+    reason: str
+    tokens: int | None = None
+    rank: int | None = None
+    key: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if v is not None}
+
+
+@dataclass(frozen=True)
+class Ledger:
+    """An epoch's ledger (see the module docstring); :meth:`write` puts it beside a
+    checkpoint as JSON lines."""
+
+    epoch: int
+    world_size: int
+    num_samples: int
+    entries: tuple[LedgerEntry, ...] = field(default=())
+
+    def ids(self, status: str) -> tuple[int, ...]:
+        """Sample ids with ``status``, one per entry, in entry order."""
+        return tuple(e.sample for e in self.entries if e.status == status)
+
+    @property
+    def padded(self) -> tuple[int, ...]:
+        return self.ids(PADDED)
+
+    @property
+    def dropped(self) -> tuple[int, ...]:
+        return self.ids(DROPPED)
+
+    @property
+    def truncated(self) -> tuple[int, ...]:
+        return self.ids(TRUNCATED)
+
+    @property
+    def skipped(self) -> tuple[int, ...]:
+        return self.ids(SKIPPED)
+
+    def counts(self) -> dict[str, int]:
+        """Entries per status (padded counts repeats, as ``report().padded_samples`` does)."""
+        out = dict.fromkeys((PADDED, DROPPED, TRUNCATED, SKIPPED), 0)
+        for e in self.entries:
+            out[e.status] += 1
+        return out
+
+    def with_skips(self, records: Iterable[SkipRecord]) -> Ledger:
+        """This ledger plus the run-time skips of its epoch (from :func:`merge_skips`)."""
+        skips = tuple(
+            LedgerEntry(r.sample, SKIPPED, r.reason, rank=r.rank, key=r.key)
+            for r in records
+            if r.epoch == self.epoch
+        )
+        return replace(self, entries=self.entries + skips)
+
+    def write(self, path: str) -> None:
+        """JSON lines: a header ``{"epoch", "world_size", "num_samples"}``, then one line
+        per entry; written to a temporary name and renamed, like every file we write."""
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        tmp = f"{path}.tmp{os.getpid()}"
+        with open(tmp, "w", encoding="utf-8") as f:
+            head = {"epoch": self.epoch, "world_size": self.world_size}
+            f.write(json.dumps({**head, "num_samples": self.num_samples}) + "\n")
+            for e in self.entries:
+                f.write(json.dumps(e.as_dict()) + "\n")
+        os.replace(tmp, path)
+
+    @classmethod
+    def read(cls, path: str) -> Ledger:
+        with open(path, encoding="utf-8") as f:
+            lines = [json.loads(line) for line in f if line.strip()]
+        if not lines or "epoch" not in lines[0]:
+            raise UsageError(f"{path} is not a ledger written by Ledger.write")
+        head = lines[0]
+        entries = tuple(LedgerEntry(**e) for e in lines[1:])
+        return cls(head["epoch"], head["world_size"], head["num_samples"], entries)
+
+
+# ---------------------------------------------------------------------------------------------
+# from the plan
+
+
+def build(
+    epoch: int,
+    world_size: int,
+    planning: EpochPlanner,
+    plans: EpochPlan | Sequence[EpochPlan],
+    lengths: np.ndarray | None,
+    collate_fn: Any,
+) -> Ledger:
+    """The ledger of an epoch's plan, ``plans`` every partition's (NOTE [the ledger comes from
+    the plan]): pure, the same accounting as ``EpochPlanner.report``; ``ds.ledger(epoch)``
+    calls it."""
+    if getattr(planning.planner, "plan_stream", None) is not None:
+        raise UsageError(
+            f"{type(planning.planner).__name__} delivers rows of token streams, not samples: "
+            "no sample is padded, and ds.report() counts the documents its remainder, tail "
+            "or uneven='drop' cut; the ledger lists samples of sample planners"
+        )
+    plans = [plans] if not isinstance(plans, Sequence) else list(plans)
+    delivered = [b for p in plans for b in p.delivered()[0]]
+    earlier = [b for _, taken in plans[0].earlier for b in taken]
+    # a lazy order, whole: the ledger lists samples anyway
+    order = planning.epoch_ids(epoch, plans, lengths)
+    acc = planning._account(order, earlier + delivered, lengths, collate_fn)
+    entries: list[LedgerEntry] = []
+    several = len(plans) > 1
+    for n, plan in enumerate(plans):
+        whose = f"partition {n}'s " if several else ""
+        entries += _padding(plan, planning, world_size, whose)
+    entries += _dropped(plans, planning, acc.dropped, lengths)
+    entries += _truncated(planning, collate_fn, order, acc.truncated, earlier + delivered, lengths)
+    return Ledger(epoch, world_size, int(order.size), tuple(entries))
+
+
+def _padding(plan: Any, planning: Any, world: int, whose: str) -> Iterator[LedgerEntry]:
+    n = plan.num_batches
+    if plan.pad_in_last and n:
+        last = batch_ids(plan.batches[n - 1])
+        for i in last[last.size - plan.pad_in_last :].tolist():
+            yield LedgerEntry(
+                int(i),
+                PADDED,
+                f"repeated to fill {whose or DEFAULT_WHOSE}last batch to "
+                f"batch_size={planning.batch_size}",
+            )
+    for r in range(plan.slots.padded_batches):
+        source = r % n
+        for i in batch_ids(plan.batches[source]).tolist():
+            yield LedgerEntry(
+                int(i),
+                PADDED,
+                f"{whose}global batch {n + r} repeats batch {source} so every one of {world} "
+                "ranks has the same number of steps (uneven='pad')",
+            )
+
+
+def _dropped(
+    plans: Sequence[Any], planning: Any, dropped: Sequence[int], lengths: np.ndarray | None
+) -> Iterator[LedgerEntry]:
+    if not dropped:
+        return
+    left_out: dict[int, int] = {}  # sample -> batch that uneven='drop' left out
+    for plan in plans:
+        n, cut = plan.num_batches, plan.slots.dropped_batches
+        for q in range(n - cut, n):
+            for i in batch_ids(plan.batches[q]).tolist():
+                left_out.setdefault(int(i), q)
+    explain = getattr(planning.planner, "explain_dropped", None)
+    for i in dropped:
+        tokens = None if lengths is None else int(lengths[i])
+        if i in left_out:
+            reason = (
+                f"global batch {left_out[i]} left out so every rank has the same number of "
+                "steps (uneven='drop')"
+            )
+        elif planning.planner is None:
+            reason = (
+                f"in the epoch's partial last batch of batch_size={planning.batch_size}, "
+                "left out (uneven='drop')"
+            )
+        elif explain is not None:
+            reason = explain(tokens)
+        else:
+            reason = "left out by the planner"
+        yield LedgerEntry(int(i), DROPPED, reason, tokens)
+
+
+def _truncated(
+    planning: Any,
+    collate_fn: Any,
+    order: np.ndarray,
+    truncated: Sequence[int],
+    batches: Sequence[np.ndarray],
+    lengths: np.ndarray | None,
+) -> Iterator[LedgerEntry]:
+    """One entry per truncated occurrence (NOTE [occurrences] in batching/base.py): of a
+    document cut into segments, occurrence ``j`` keeps the segments delivered ``j`` times or
+    more, so the last ones kept the least."""
+    if not truncated or lengths is None:
+        return
+    segs = [b for b in batches if b.ndim == 2 and b.size]
+    uniq, served = segment_counts(order, segs)
+    limit = getattr(planning.planner, "_truncate_to", None)
+    if limit is None:
+        limit = getattr(collate_fn, "max_length", None)
+    explain = getattr(planning.planner, "explain_truncated", None)
+    ids, times = np.unique(np.asarray(truncated, np.int64), return_counts=True)
+    for i, r in zip(ids.tolist(), times.tolist(), strict=True):
+        total = int(lengths[i])
+        a, b = np.searchsorted(uniq[:, 0], [i, i + 1]) if len(uniq) else (0, 0)
+        if b > a:  # segments: the occurrences delivered, most first; the last r are short
+            m, span = served[a:b], uniq[a:b, 2] - uniq[a:b, 1]
+            top = int(m.max())
+            kept_each = [int(span[m >= j].sum()) for j in range(top - r + 1, top + 1)]
+        else:
+            kept_each = [total if limit is None else min(total, int(limit))] * r
+        for kept in kept_each:
+            if explain is not None:
+                reason = explain(total, kept)
+            elif limit is not None:
+                reason = f"cut to max_length={limit}: {kept} of {total} tokens delivered"
+            else:
+                reason = f"{kept} of {total} tokens delivered"
+            yield LedgerEntry(i, TRUNCATED, reason, total - kept)
+
+
+# ---------------------------------------------------------------------------------------------
+# run-time skips
+
+
+@dataclass(frozen=True)
+class SkipRecord:
+    """A sample ``on_error="skip"`` replaced at run time."""
+
+    epoch: int
+    sample: int
+    key: str
+    rank: int
+    worker: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class SkipLog:
+    """Appends run-time skips to ``directory/skips-rank<R>.jsonl`` (one small file per rank).
+
+    Picklable (a folder name), so it travels into DataLoader workers; every worker of a rank
+    appends to its rank's file with one ``O_APPEND`` write per line, which the OS keeps whole
+    on a local file system.  :func:`merge_skips` reads them back.
+    """
+
+    directory: str
+
+    def path(self, rank: int) -> str:
+        return os.path.join(self.directory, f"skips-rank{rank:05d}.jsonl")
+
+    def record(self, epoch: int, place: Place, sample: int, key: str, err: BaseException) -> None:
+        line = {
+            "epoch": int(epoch),
+            "sample": int(sample),
+            "key": key,
+            "rank": place.rank,
+            "worker": place.worker,
+            "reason": f"{type(err).__name__}: {err}",
+        }
+        os.makedirs(self.directory, exist_ok=True)
+        data = (json.dumps(line) + "\n").encode()
+        fd = os.open(self.path(place.rank), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+
+
+def merge_skips(directory: str, epoch: int | None = None) -> list[SkipRecord]:
+    """Every rank's run-time skips under ``directory`` (of ``epoch``, or all), one per
+    (epoch, sample), sorted by epoch then sample id: the same list whichever rank reads it."""
+    seen: dict[tuple[int, int], SkipRecord] = {}
+    for path in sorted(glob.glob(os.path.join(directory, "skips-rank*.jsonl"))):
+        with open(path, encoding="utf-8") as f:
+            for number, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    record = SkipRecord(**json.loads(line))
+                except (TypeError, ValueError) as err:
+                    raise UsageError(f"{path}:{number}: not a skip record ({err})") from err
+                if epoch is None or record.epoch == epoch:
+                    key = (record.epoch, record.sample)
+                    if key not in seen or _before(record, seen[key]):
+                        seen[key] = record
+    return [seen[k] for k in sorted(seen)]
+
+
+def _before(a: SkipRecord, b: SkipRecord) -> bool:
+    return (a.rank, a.worker) < (b.rank, b.worker)

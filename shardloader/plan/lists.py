@@ -1,0 +1,166 @@
+"""Each partition's order and batches for one epoch: what :mod:`shardloader.plan.epoch` deals.
+
+Pure functions of the planning options, the epoch and the partition (NOTE [node partitions] in
+:mod:`shardloader.plan.partition`).  Fixed batches stay lazy: a partition's order is an
+:class:`~shardloader.plan.order.EpochOrder` over its span and its batch count is arithmetic, so a
+rank builds its own partition only.  Planners that look at every sample (length-aware,
+packing, a mixture's blend, token rows) get the orders materialised and cut each partition's
+order on its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from shardloader.plan.order import EpochOrder, count_blocks
+from shardloader.plan.partition import spans
+from shardloader.plan.shuffle import plan_rng
+from shardloader.plan.split import FixedBatchList, cut_fixed_batches, fixed_count
+
+__all__ = ["NodeLists", "node_lists", "node_order", "cut", "units_of", "rows_planner"]
+
+EpochPlanner = Any  # shardloader.plan.epoch's, which imports this module
+
+
+@dataclass(frozen=True)
+class NodeList:
+    """One partition's order and its batches (``pad_in_last`` / ``dropped``: samples its
+    last batch repeats or its partial tail leaves out, fixed batches only)."""
+
+    order: Any  # EpochOrder (lazy) or int64 array; segments for packing after a resume
+    batches: Sequence[np.ndarray]
+    pad_in_last: int = 0
+    dropped: int = 0
+
+
+@dataclass(frozen=True)
+class NodeLists:
+    """Every partition's batch count, and the lists of those built (all, or one rank's)."""
+
+    counts: tuple[int, ...]
+    lists: dict[int, NodeList]
+    # after a resume changed the batch shape or the partition: (planning, batches it
+    # delivered) per earlier link (NOTE [reshape history] in shardloader/elastic.py)
+    earlier: tuple[tuple[Any, list[np.ndarray]], ...] = field(default=())
+
+
+def rows_planner(planning: EpochPlanner) -> bool:
+    """Whether the planner cuts rows of token streams (TokenBlocks) rather than samples."""
+    return getattr(planning.planner, "plan_rows", None) is not None and getattr(
+        planning.planner, "reads_token_stream", False
+    )
+
+
+def units_of(planning: EpochPlanner, lengths: np.ndarray | None) -> np.ndarray:
+    """What the epoch orders per shard: samples, or for TokenBlocks the shard's rows."""
+    if rows_planner(planning):
+        return planning.planner.layout(planning.shard_sizes, lengths).rows_per_shard  # type: ignore[no-any-return]
+    return np.asarray(planning.shard_sizes, np.int64)
+
+
+def node_order(
+    planning: EpochPlanner, epoch: int, nodes: int, node: int, units: np.ndarray
+) -> EpochOrder:
+    """Partition ``node``'s order of ``nodes``: its span of the epoch's stream, shuffled in
+    blocks numbered after the previous spans' (NOTE [node spans] in plan/order.py); with one
+    partition exactly the epoch order."""
+    bounds = spans(int(np.sum(units)), nodes)
+    short, extra = divmod(int(bounds[-1]), nodes)
+    longer = min(node, extra)  # spans before this one that are one sample longer
+    first = longer * count_blocks(short + 1, planning.shuffle) + (node - longer) * count_blocks(
+        short, planning.shuffle
+    )
+    span = (int(bounds[node]), int(bounds[node + 1]))
+    return EpochOrder(units, planning.seed, epoch, planning.shuffle, span=span, first_block=first)
+
+
+def cut(
+    planning: EpochPlanner,
+    order: Any,
+    lengths: np.ndarray | None,
+    epoch: int,
+    node: int,
+    nodes: int,
+    *,
+    lazy: bool = False,
+) -> NodeList:
+    """A partition's batches of ``order`` under ``planning`` (ids, or segments ``[n, 3]``)."""
+    planner = planning.planner
+    if rows_planner(planning):
+        return NodeList(order, planner.plan_rows(np.asarray(order)))
+    if planner is None:
+        size = planning.batch_size or 1
+        if lazy:
+            batches = FixedBatchList(order, size, planning.uneven)
+            return NodeList(order, batches, batches.padded, batches.dropped)
+        got, padded, dropped = cut_fixed_batches(np.asarray(order), size, planning.uneven)
+        return NodeList(order, got, padded, dropped)
+    rng = plan_rng(planning.seed, epoch, node, nodes)
+    order = np.asarray(order)
+    if order.ndim == 2:  # segments left by an earlier link (packing, after a resume)
+        plan_segments = planner.plan_segments
+        return NodeList(order, list(plan_segments(order, rng)))
+    return NodeList(order, list(planner.plan(order, lengths, rng)))
+
+
+def node_lists(
+    planning: EpochPlanner,
+    epoch: int,
+    nodes: int,
+    lengths: np.ndarray | None,
+    only: int | None = None,
+) -> NodeLists:
+    """Every partition's batch count for the epoch's first link, with the lists of partition
+    ``only`` (or of all).  Fixed batches and token rows count by arithmetic, so a rank plans
+    its own partition only; other planners plan every partition (as much work as planning
+    the whole epoch once)."""
+    wanted = range(nodes) if only is None else [only]
+    if planning.order_source is not None:  # a mixture's blend: each partition's positions
+        ids, node_of = planning.order_source.partitioned(epoch, nodes)
+        orders = [ids[node_of == n] for n in range(nodes)]
+        lazy_counts = planning.planner is None
+        lists = {
+            n: cut(planning, orders[n], lengths, epoch, n, nodes)
+            for n in (wanted if lazy_counts else range(nodes))
+        }
+        if lazy_counts:
+            size = planning.batch_size or 1
+            counts = tuple(fixed_count(len(o), size, planning.uneven) for o in orders)
+        else:
+            counts = tuple(len(lists[n].batches) for n in range(nodes))
+        return NodeLists(counts, {n: lists[n] for n in wanted})
+    units = units_of(planning, lengths)
+    bounds = spans(int(np.sum(units)), nodes)
+    sizes = np.diff(bounds).tolist()
+    lazy = planning.planner is None
+    if lazy or rows_planner(planning):
+        lists = {}
+        for n in wanted:
+            order = node_order(planning, epoch, nodes, n, units)
+            lists[n] = cut(
+                planning, order if lazy else np.asarray(order), lengths, epoch, n, nodes, lazy=lazy
+            )
+        if lazy:
+            size = planning.batch_size or 1
+            counts = tuple(fixed_count(s, size, planning.uneven) for s in sizes)
+        else:
+            r, keep = planning.planner.rows_per_batch, planning.planner.tail == "keep"
+            counts = tuple(s // r + (keep and s % r > 0) for s in sizes)
+        return NodeLists(counts, lists)
+    every = {
+        n: cut(
+            planning,
+            np.asarray(node_order(planning, epoch, nodes, n, units)),
+            lengths,
+            epoch,
+            n,
+            nodes,
+        )
+        for n in range(nodes)
+    }
+    counts = tuple(len(every[n].batches) for n in range(nodes))
+    return NodeLists(counts, {n: every[n] for n in wanted})

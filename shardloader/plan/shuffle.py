@@ -1,0 +1,214 @@
+"""Seeded orders: every random choice derives from the seed, never from time, pid or globals.
+
+NOTE [the epoch order]: all ranks and workers compute the same global order independently,
+from (manifest shard sizes, seed, epoch) alone.  Shards are permuted, their samples laid end to
+end, and samples are permuted inside consecutive blocks of ``block`` samples (the first blocks
+smaller with ``first_block``: ``first_block``, twice that, ... up to ``block``).  The block bounds
+how many shards must be staged at once (the node's cache working set) while mixing samples from
+``block / shard_size`` shards into every batch.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:  # torch is imported where a generator is made, not by every importer
+    import torch
+
+__all__ = [
+    "ShuffleOptions",
+    "derive_seed",
+    "derive_seeds",
+    "rng_for",
+    "plan_rng",
+    "regroup_rng",
+    "batch_generator",
+    "generator_of",
+    "seed_global_rngs",
+    "transform_seeds",
+]
+
+
+@dataclass(frozen=True)
+class ShuffleOptions:
+    """``block``: samples permuted together (bigger mixes better, needs more cache).
+
+    ``first_block`` (off by default): the epoch's first block holds only this many samples and
+    each next one twice as many, up to ``block``.  The first batches then need the shards of a
+    small block only, so they arrive after a few shards are staged rather than a whole block's
+    (remote data, large shards); the price is less mixing in the first blocks of every epoch
+    (tools/bench_read.py measures it).  Part of the plan signature when set.
+    """
+
+    enabled: bool = True
+    block: int = 1 << 16
+    first_block: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("block", "first_block"):
+            value = getattr(self, name)
+            if name == "first_block" and value is None:
+                continue
+            if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
+                from shardloader.errors import UsageError
+
+                raise UsageError(f"shuffle {name} must be an integer >= 1 sample, got {value!r}")
+
+    def signature(self) -> str:
+        """What the plan signature records (NOTE [plan signature] in batching/base.py): without
+        ``first_block`` exactly what it recorded before that option existed."""
+        from shardloader.batching.base import stable_value
+
+        text = (
+            f"ShuffleOptions(enabled={stable_value(self.enabled)}, block={stable_value(self.block)}"
+        )
+        if self.first_block is not None:
+            text += f", first_block={stable_value(self.first_block)}"
+        return text + ")"
+
+    def blocks(self, total: int) -> list[tuple[int, int]]:
+        """``(start, stop)`` of each shuffle block of an epoch of ``total`` samples."""
+        out = []
+        lo, size = 0, min(self.first_block or self.block, self.block)
+        while lo < total:
+            hi = min(lo + size, total)
+            out.append((lo, hi))
+            lo, size = hi, min(2 * size, self.block)
+        return out
+
+
+def derive_seed(*parts: int) -> int:
+    """Mix integers into one 63-bit seed (numpy's SeedSequence: well mixed, stable)."""
+    return int(
+        np.random.SeedSequence([int(p) & 0xFFFFFFFFFFFFFFFF for p in parts])
+        .generate_state(2, np.uint32)
+        .view(np.uint64)[0]
+        >> np.uint64(1)
+    )
+
+
+# numpy's SeedSequence (bit_generator.pyx), to mix many entropy lists at once in derive_seeds
+_INIT_A, _MULT_A = 0x43B0D7E5, 0x931E8875
+_INIT_B, _MULT_B = 0x8B51F9DD, 0x58F38DED
+_MIX_L, _MIX_R = 0xCA01F9DD, 0x4973F715
+_MASK32 = 0xFFFFFFFF
+_POOL = 4
+
+
+def derive_seeds(*parts: int | np.ndarray) -> np.ndarray:
+    """:func:`derive_seed` for every value of the one array among ``parts``, all at once.
+
+    ``derive_seeds(seed, epoch, np.arange(k))[j] == derive_seed(seed, epoch, j)``: the same
+    SeedSequence mixing (its entropy words hashed into a pool of four, two words of state
+    drawn), done over arrays.  A pass derives its batches' seeds in one call instead of one
+    SeedSequence (about 30 us) per batch.  Values of 2**32 and more take derive_seed's path.
+    """
+    (at,) = [k for k, p in enumerate(parts) if isinstance(p, np.ndarray)]
+    values = np.asarray(parts[at], np.int64)
+    n = len(values)
+    if n == 0:
+        return np.zeros(0, np.int64)
+    if values.min() < 0 or values.max() > _MASK32:
+        fixed = [int(p) for p in parts[:at]], [int(p) for p in parts[at + 1 :]]  # type: ignore[arg-type]
+        return np.array([derive_seed(*fixed[0], int(v), *fixed[1]) for v in values], np.int64)
+    words: list[np.ndarray] = []
+    for k, part in enumerate(parts):
+        if k == at:
+            words.append(values.astype(np.uint32))
+            continue
+        p = int(part) & 0xFFFFFFFFFFFFFFFF  # type: ignore[arg-type]
+        while True:  # numpy's _int_to_uint32_array: little-endian 32-bit words, 0 → [0]
+            words.append(np.full(n, p & _MASK32, np.uint32))
+            p >>= 32
+            if not p:
+                break
+    const = _INIT_A
+
+    def hashmix(value: np.ndarray) -> np.ndarray:
+        nonlocal const
+        value = value ^ np.uint32(const)
+        const = (const * _MULT_A) & _MASK32
+        value = value * np.uint32(const)
+        return value ^ (value >> np.uint32(16))  # type: ignore[no-any-return]
+
+    def mix(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        result = np.uint32(_MIX_L) * x - np.uint32(_MIX_R) * y
+        return result ^ (result >> np.uint32(16))  # type: ignore[no-any-return]
+
+    zero = np.zeros(n, np.uint32)
+    pool = [hashmix(words[i] if i < len(words) else zero) for i in range(_POOL)]
+    for src in range(_POOL):
+        for dst in range(_POOL):
+            if src != dst:
+                pool[dst] = mix(pool[dst], hashmix(pool[src]))
+    for src in range(_POOL, len(words)):
+        for dst in range(_POOL):
+            pool[dst] = mix(pool[dst], hashmix(words[src]))
+    const = _INIT_B
+    state = []
+    for word in pool[:2]:  # generate_state(2, uint32)
+        value = word ^ np.uint32(const)
+        const = (const * _MULT_B) & _MASK32
+        value = value * np.uint32(const)
+        state.append((value ^ (value >> np.uint32(16))).astype(np.uint64))
+    return ((state[0] | (state[1] << np.uint64(32))) >> np.uint64(1)).astype(np.int64)
+
+
+def rng_for(*parts: int) -> np.random.Generator:
+    """A local generator for one purpose, e.g. ``rng_for(seed, epoch, block)``."""
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence([int(p) for p in parts])))
+
+
+_SHARDS, _BLOCK, _PLAN, _REGROUP = 1, 2, 3, 4  # domain tags: uses never share a stream
+_TRANSFORMS = 1 << 41  # last part of a transform generator's seed (as 1 << 40 of a worker's)
+
+
+def plan_rng(seed: int, epoch: int, node: int = 0, nodes: int = 1) -> np.random.Generator:
+    """The generator handed to batch planners (bucketing shuffles batches with it); with
+    several partitions each node's planner draws from a stream of its own."""
+    if nodes == 1:
+        return rng_for(seed, epoch, _PLAN)
+    return rng_for(seed, epoch, _PLAN, nodes, node)
+
+
+def regroup_rng(seed: int, epoch: int, link: int, node: int, block: int) -> np.random.Generator:
+    """The draw that shuffles block ``block`` of node ``node``'s share of what an epoch's
+    first ``link`` links left, after a resume re-partitioned it (NOTE [re-partition] in
+    :mod:`shardloader.plan.elastic`)."""
+    return rng_for(seed, epoch, _REGROUP, link, node, block)
+
+
+def batch_generator(seed: int, epoch: int, batch: int) -> torch.Generator:
+    """The torch generator shardloader's own transforms draw from for global batch ``batch``
+    (NOTE [transform generators] in :mod:`shardloader.vision.transforms`): a stream of its own,
+    apart from the global generators that :func:`seed_global_rngs` seeds for user transforms."""
+    return generator_of(derive_seed(seed, epoch, batch, _TRANSFORMS))
+
+
+def transform_seeds(seed: int, epoch: int, batches: np.ndarray) -> np.ndarray:
+    """The seeds of :func:`batch_generator` for many global batches at once."""
+    return derive_seeds(seed, epoch, np.asarray(batches, np.int64), _TRANSFORMS)
+
+
+def generator_of(seed: int) -> torch.Generator:
+    """A ``torch.Generator`` seeded with ``seed`` (one of :func:`transform_seeds`)."""
+    import torch
+
+    generator = torch.Generator()
+    generator.manual_seed(int(seed))
+    return generator
+
+
+def seed_global_rngs(seed: int) -> None:
+    """Seed torch, numpy and ``random`` for user transforms that use the global generators."""
+    import torch
+
+    # The CPU generator only: torch.manual_seed also seeds (and lazily initialises) every
+    # accelerator backend, which costs milliseconds per call; transforms in workers run on CPU.
+    torch.random.default_generator.manual_seed(seed)
+    np.random.seed(seed & 0xFFFFFFFF)
+    random.seed(seed)

@@ -1,0 +1,25 @@
+"""Reading: getting a shard here and reading a pass of samples out of it.
+
+* :mod:`~shardloader.read.shardset`: samples by global id, read shard by shard
+  (:class:`ShardSet`, :class:`ReadOptions`);
+* :mod:`~shardloader.read.staged`: a pass's shards as local files: staged through the node
+  cache, indexed, opened;
+* :mod:`~shardloader.read.sidecar`: a shard's sample index, read as untrusted input;
+* :mod:`~shardloader.read.readahead`: the node's read-ahead schedule;
+* :mod:`~shardloader.read.samplepass` / :mod:`~shardloader.read.blockpass`: one pass of a
+  worker, of samples or of token rows;
+* :mod:`~shardloader.read.loading`: read, decode, transform a batch, and the skip rule;
+* :mod:`~shardloader.read.fields`: field aliases (several extensions, one field);
+* :mod:`~shardloader.read.mixed`: a mixture's virtual shards, reads routed to each source;
+* :mod:`~shardloader.read.lengths`: every sample's length, from the sidecars only;
+* :mod:`~shardloader.read.verify` / :mod:`~shardloader.read.summary`: ``verify`` and
+  ``inspect``.
+
+Bytes come through :mod:`shardloader.storage`, shard layouts through :mod:`shardloader.format`.
+"""
+
+from shardloader import _submodules_on_demand
+
+__all__: list[str] = []  # its modules are the API: import them
+
+__getattr__ = _submodules_on_demand(__name__)

@@ -1,0 +1,374 @@
+"""Loading in the worker: read a batch → decode (allowlist) → transform, and the skip rule.
+
+A batch is read shard by shard in one pass (:meth:`ShardSet.read_batch`); raw batches for
+:class:`~shardloader.batching.raw.RawCollate` go straight into columns (:meth:`load_raw`).
+
+Every error on the way names shard, sample key, rank and worker and is chained to the original
+(``raise ... from err``); under ``on_error="skip"`` a bad sample is replaced by a repeat of a
+good one of the same batch, so batch shapes and step counts never change.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from shardloader.batching.raw import ByteColumn, RawBatch
+from shardloader.codecs.allowlist import Decoder, decode_field
+from shardloader.errors import (
+    DecodeError,
+    ShardError,
+    ShardloaderError,
+    StorageError,
+    TransformError,
+    UsageError,
+)
+from shardloader.format.base import Rows
+from shardloader.plan.split import Place
+from shardloader.read.fields import FieldMap
+from shardloader.read.shardset import ShardSet
+
+__all__ = ["SampleLoader", "pipeline_draws"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SampleLoader:
+    """How a worker turns planned sample ids into sample dicts (built per pass, in the worker).
+
+    ``lengths`` (by global id) and ``length_field`` are the plan's, for cutting segment
+    batches (:meth:`cut_segments`).
+    """
+
+    field_map: FieldMap
+    decoder: Decoder | None
+    transform: Callable[..., Any] | None  # called with generator= if it takes_generator
+    on_error: str
+    length_field: str | None = None
+    lengths: np.ndarray | None = None
+    # told of every sample on_error="skip" replaces: (sample id, key, place, error); the
+    # dataset passes a ledger.SkipLog's record here (shardloader/ledger.py)
+    on_skip: Callable[[int, str, Place, BaseException], None] | None = None
+
+    @property
+    def takes_generator(self) -> bool:
+        """Whether the transform wants the batch's generator (shardloader's own do)."""
+        return bool(getattr(self.transform, "takes_generator", False))
+
+    def load_batch(
+        self,
+        shards: ShardSet,
+        ids: np.ndarray,
+        pads: np.ndarray,
+        place: Place,
+        generator: Any = None,
+        rows: Rows | None = None,
+    ) -> tuple[list[dict[str, Any]], np.ndarray]:
+        """Read, decode and transform one batch's samples, in planned order; also say which
+        samples stand in for bad ones.  ``generator`` (the batch's ``torch.Generator``) goes
+        to a transform that declares ``takes_generator`` (NOTE [transform generators] in
+        :mod:`shardloader.vision.transforms`).
+
+        The batch is read shard by shard in one pass (:meth:`ShardSet.read_batch`; ``rows``:
+        already read, by :meth:`ShardSet.read_batches`).  Under
+        ``on_error="skip"`` a bad sample is replaced by a repeat of a good one from the same
+        batch, flagged ``__pad__``, so batch shapes and step counts never change.
+        """
+        if rows is None:
+            rows = shards.read_batch(ids)
+        out: list[dict[str, Any] | None] = []
+        last_error: ShardloaderError | None = None
+        columns = list(rows.fields.items())
+        for pos, (gid, pad) in enumerate(zip(ids.tolist(), pads.tolist(), strict=True)):
+            err: ShardloaderError | None = rows.errors.get(pos)
+            if err is None:
+                raw = {name: bytes(col[pos]) for name, col in columns if col[pos] is not None}
+                try:
+                    out.append(
+                        self.build_sample(shards, ids, pos, rows.keys[pos], raw, pad, generator)
+                    )
+                    continue
+                except (ShardError, DecodeError, StorageError) as failed:
+                    err = failed
+            if self.on_error == "raise":
+                raise err
+            log.warning("skipping sample %d (%s): %s", gid, place, err)
+            if self.on_skip is not None:
+                self.on_skip(gid, str(rows.keys[pos]), place, err)
+            out.append(None)
+            last_error = err
+        good = [s for s in out if s is not None]
+        substituted = np.array([s is None for s in out], bool)
+        if last_error is None:
+            return good, substituted
+        if not good:
+            if len(out) == 1:
+                return [], substituted[:0]  # unbatched: the step is skipped
+            raise ShardError(
+                f"every sample of a batch failed ({place}); last error: {last_error}"
+            ) from last_error
+        return [
+            s if s is not None else {**good[i % len(good)], "__pad__": True}
+            for i, s in enumerate(out)
+        ], substituted
+
+    def load_raw(
+        self,
+        shards: ShardSet,
+        ids: np.ndarray,
+        pads: np.ndarray,
+        place: Place,
+        rows: Rows | None = None,
+    ) -> RawBatch:
+        """One batch of raw samples (``decoder=None``, no transform) as a :class:`RawBatch`,
+        straight from the shards: no per-sample dict or bytes object is made.
+
+        ``on_error`` works as in :meth:`load_batch`: a bad sample raises, or is replaced by a
+        repeat of a good one of the batch (its key, id and fields), flagged in ``__pad__``.
+        """
+        import torch
+
+        if rows is None:
+            rows = shards.read_batch(ids)
+        keys, errors = rows.keys, dict(rows.errors)
+        columns: dict[str, list[Any]] = {}
+        member_of = self.field_map.member_of
+        for ext, values in rows.fields.items():
+            name = member_of.get(ext, ext) if member_of else ext
+            if name in columns:  # aliases: key.jpg and key.png both fill "image"
+                self._merge_members(shards, ids, keys, errors, columns[name], values, name)
+            else:
+                columns[name] = values
+        ids, pads = ids.copy(), pads.copy()
+        if errors:
+            self._stand_in(keys, errors, ids, pads, columns, place)
+        batch = RawBatch(
+            __key__=keys,
+            __index__=torch.from_numpy(ids),
+            __pad__=torch.from_numpy(pads),
+        )
+        for name, values in columns.items():
+            batch[name] = ByteColumn.of(values)
+        return batch
+
+    def _merge_members(
+        self,
+        shards: ShardSet,
+        ids: np.ndarray,
+        keys: list[str],
+        errors: dict[int, ShardloaderError],
+        into: list[Any],
+        values: list[Any],
+        name: str,
+    ) -> None:
+        """Fill the logical field ``name`` from one more member extension; a sample with both
+        is an error (as in :meth:`build_sample`)."""
+        for pos, value in enumerate(values):
+            if value is None or pos in errors:
+                continue
+            if into[pos] is not None:
+                exts = [e for e, n in self.field_map.member_of.items() if n == name]
+                err = self.field_map.clash(dict.fromkeys(exts, b""), name)
+                errors[pos] = ShardError(f"{_located_at(shards, ids, pos, keys[pos])}: {err}")
+                into[pos] = None
+                continue
+            into[pos] = value
+
+    def _stand_in(
+        self,
+        keys: list[str],
+        errors: dict[int, ShardloaderError],
+        ids: np.ndarray,
+        pads: np.ndarray,
+        columns: dict[str, list[Any]],
+        place: Place,
+    ) -> None:
+        """``on_error``: raise the first error, or replace each bad sample by a good one."""
+        bad = sorted(errors)
+        if self.on_error == "raise":
+            raise errors[bad[0]]
+        for pos in bad:
+            log.warning("skipping sample %d (%s): %s", int(ids[pos]), place, errors[pos])
+            if self.on_skip is not None:
+                self.on_skip(int(ids[pos]), str(keys[pos]), place, errors[pos])
+        good = [pos for pos in range(len(ids)) if pos not in errors]
+        if not good:
+            last = errors[bad[-1]]
+            raise ShardError(
+                f"every sample of a batch failed ({place}); last error: {last}"
+            ) from last
+        for pos in bad:
+            src = good[pos % len(good)]
+            keys[pos], ids[pos], pads[pos] = keys[src], ids[src], True
+            for values in columns.values():
+                values[pos] = values[src]
+
+    def cut_segments(
+        self,
+        batch: np.ndarray,
+        ids: np.ndarray,
+        samples: list[dict[str, Any]],
+        substituted: np.ndarray,
+        place: Place,
+    ) -> list[dict[str, Any]]:
+        """One sample per segment of a ``[k, 3]`` batch, the length field cut to the segment.
+
+        The plan cut documents by the lengths the manifest records, so the field must still
+        have that length after the transform.  A stand-in for a bad sample (``on_error="skip"``)
+        is tiled to the bad sample's length, so the batch keeps its planned rows.
+        """
+        field = self.length_field
+        assert field is not None and self.lengths is not None  # checked by resolve_collate
+        tokens_of: dict[int, tuple[dict[str, Any], Any]] = {}
+        for gid, sample, stand_in in zip(ids.tolist(), samples, substituted.tolist(), strict=True):
+            tokens = sample.get(field)
+            if tokens is None:
+                raise UsageError(
+                    f"sample {sample.get('__key__')!r} ({place}) has no field {field!r} to cut "
+                    f"into the planned segments (fields: {', '.join(map(str, sample))})"
+                )
+            planned = int(self.lengths[gid])
+            if len(tokens) != planned:
+                if not stand_in:
+                    raise UsageError(
+                        f"sample {sample.get('__key__')!r} ({place}): field {field!r} holds "
+                        f"{len(tokens)} tokens but the manifest records {planned}, and the plan "
+                        "cut it by the recorded length; a transform must not change the token "
+                        "count (add special tokens when packing, or in the collate)"
+                    )
+                tokens = np.resize(np.asarray(tokens), planned)
+            tokens_of[gid] = (sample, tokens)
+        out = []
+        for gid, start, stop in batch.tolist():
+            sample, tokens = tokens_of[gid]
+            out.append({**sample, field: tokens[start:stop], "__span__": (start, stop)})
+        return out
+
+    def load_sample(
+        self, shards: ShardSet, shard: int, local: int, gid: int, pad: bool, generator: Any = None
+    ) -> dict[str, Any]:
+        """Read, decode and transform one sample (:meth:`load_batch` reads a batch at once)."""
+        key, raw = shards.read(shard, local)
+        ids = np.array([gid], np.int64)
+        return self.build_sample(shards, ids, 0, key, raw, pad, generator)
+
+    def build_sample(
+        self,
+        shards: ShardSet,
+        ids: np.ndarray,
+        pos: int,
+        key: str,
+        raw: Mapping[str, bytes],
+        pad: bool,
+        generator: Any = None,
+    ) -> dict[str, Any]:
+        """Decode and transform sample ``pos`` of the batch ``ids`` (its raw fields ``raw``).
+
+        Every error on the way names shard, sample key, rank and worker and is chained to the
+        original: shardloader's own errors keep their class (a DecodeError stays one, so
+        ``on_error="skip"`` skips an image a transform cannot decode), anything else a
+        transform raises becomes a :class:`TransformError`.
+        """
+        sample: dict[str, Any] = {"__key__": key, "__index__": int(ids[pos]), "__pad__": pad}
+        member_of = self.field_map.member_of  # aliases: key.png fills "image"
+        for ext, data in raw.items():
+            name = member_of.get(ext, ext) if member_of else ext
+            if member_of and name in sample:
+                err = self.field_map.clash(raw, name)
+                raise ShardError(f"{_located_at(shards, ids, pos, key)}: {err}") from err
+            if self.decoder is None:
+                sample[name] = data
+                continue
+            try:
+                sample[name] = self.decode(name, ext, data)
+            except DecodeError as err:
+                raise DecodeError(f"{_located_at(shards, ids, pos, key)}: {err}") from err
+        if self.transform is None:
+            return sample
+        try:
+            if generator is not None and self.takes_generator:
+                out = self.transform(sample, generator=generator)
+            else:
+                out = self.transform(sample)
+        except Exception as err:  # user code: anything at all
+            raise _located(err, _located_at(shards, ids, pos, key)) from err
+        if not isinstance(out, Mapping):
+            raise UsageError(
+                f"{_located_at(shards, ids, pos, key)}: transform returned "
+                f"{type(out).__name__}; it must return the sample dict (filtering in a "
+                "transform would make ranks uneven)"
+            )
+        return dict(out)
+
+    def decode(self, name: str, ext: str, data: bytes) -> Any:
+        assert self.decoder is not None
+        info = self.field_map.fields.get(name)
+        codec = info.codec if info is not None else "bytes"
+        try:
+            return decode_field(
+                name, codec, data, self.decoder, dtype=info.dtype if info else None, member=ext
+            )
+        except DecodeError:
+            raise
+        except Exception as err:  # corrupt payloads surface as many library types
+            member = f" (member .{ext})" if ext != name else ""
+            raise DecodeError(f"cannot decode field {name!r}{member} as {codec}: {err}") from err
+
+
+def _where(shards: ShardSet, shard: int, key: str) -> str:
+    """Shard, sample key, rank and worker: built only when an error needs it."""
+    return f"{shards.describe(shard)}, sample {key!r}"
+
+
+def _located_at(shards: ShardSet, ids: np.ndarray, pos: int, key: str) -> str:
+    """:func:`_where` for sample ``pos`` of the batch ``ids`` (its shard found from its id)."""
+    return _where(shards, int(shards.locate(ids[pos : pos + 1])[0][0]), key)
+
+
+def _located(err: Exception, where: str) -> ShardloaderError:
+    """``err`` with the sample's place in front: its own class if it is one of ours."""
+    if isinstance(err, ShardloaderError):
+        try:
+            return type(err)(f"{where}: {err}")
+        except TypeError:  # a subclass with another constructor
+            pass
+    return TransformError(f"{where}: transform raised {type(err).__name__}: {err}")
+
+
+def pipeline_draws(transform: Any, decoder: Decoder | None, collate_fn: Any) -> bool:
+    """Whether a pipeline runs code that may draw from the global RNGs (torch, numpy,
+    ``random``): a transform, custom decoders, or a collate that is not shardloader's own.
+
+    The dataset seeds the global RNGs per batch only then (NOTE [what the global seeds are
+    for] in :mod:`shardloader.dataset`), and the service lets such pipelines take turns (NOTE
+    [serial pipeline] in :mod:`shardloader.service.stream`).  Shardloader's collates and the
+    default decoding draw nothing, and the transforms of :mod:`shardloader.vision` draw only
+    from the per-batch generator the dataset hands them (NOTE [transform generators]).
+    """
+    if transform is not None and not _own_transform(transform):
+        return True
+    if decoder is not None and decoder.custom:
+        return True
+    if collate_fn is None:
+        return False
+    fn = collate_fn.func if isinstance(collate_fn, functools.partial) else collate_fn
+    module = getattr(fn, "__module__", None) or type(fn).__module__
+    return not module.startswith("shardloader.")
+
+
+def _own_transform(t: Any) -> bool:
+    """``t`` is one of shardloader's transforms, and so is all it wraps (``Compose.transforms``,
+    ``ApplyTo.transform``): they draw only from the generator they are handed, never from the
+    global RNGs (NOTE [transform generators])."""
+    if not getattr(type(t), "__module__", "").startswith("shardloader."):
+        return False
+    inner = list(getattr(t, "transforms", ()))
+    if getattr(t, "transform", None) is not None:
+        inner.append(t.transform)
+    return all(_own_transform(x) for x in inner)

@@ -1,0 +1,172 @@
+"""One pass of a sample dataset in one process: the worker's steps read, loaded and collated.
+
+The dataset plans the epoch (:mod:`shardloader.plan.epoch`) and hands this module the pass, as
+:mod:`shardloader.read.blockpass` gets a token-block pass.  For each of the worker's steps
+(:class:`~shardloader.plan.steps.WorkerSteps`, worked out as walked) the node's read-ahead stages
+shards ahead (:func:`~shardloader.read.readahead.pass_readahead`), the batch is read with up to 15
+more whose shards are open already (:func:`_read_ahead`), then loaded by
+:class:`~shardloader.read.loading.SampleLoader` (decode, seeded transform) and collated.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from shardloader.batching.base import batch_ids
+from shardloader.batching.raw import RawCollate
+from shardloader.format.base import Rows
+from shardloader.plan.partition import Partition
+from shardloader.plan.shuffle import derive_seeds, generator_of, seed_global_rngs, transform_seeds
+from shardloader.plan.steps import StepSeeds, WorkerSteps, is_lazy, pass_working_set
+from shardloader.read.loading import SampleLoader, pipeline_draws
+from shardloader.read.readahead import pass_readahead
+from shardloader.read.shardset import working_set_bytes
+
+if TYPE_CHECKING:
+    from shardloader.codecs.allowlist import Decoder
+    from shardloader.manifest import Manifest
+    from shardloader.plan.epoch import EpochPlan
+    from shardloader.plan.ledger import SkipLog
+    from shardloader.plan.shuffle import ShuffleOptions
+    from shardloader.plan.split import Place
+    from shardloader.read.fields import FieldMap
+    from shardloader.read.shardset import ReadOptions, ShardSet
+
+__all__ = ["SampleSource", "iterate_samples"]
+
+# batches a worker reads in one pass over their shards (see _read_ahead): at most this many,
+# holding at most about this many bytes of samples.  Each shard a pass touches costs a dozen
+# numpy calls, so the pass must take many samples from each: a shuffled batch of 32 photos
+# of 30 KB spans ~9 shards, and at 1 MiB (one batch a pass) reading cost 22 us a sample, at
+# 8 MiB (8 batches) 14 us
+_READ_AHEAD, _READ_AHEAD_BYTES = 16, 8 << 20
+
+
+@dataclass(frozen=True)
+class SampleSource:
+    """What a pass reads and how, handed over by the dataset (it keeps its state to itself)."""
+
+    manifest: Manifest
+    read: ReadOptions
+    shuffle: ShuffleOptions
+    uneven: str
+    seed: int
+    batched: bool  # batch_size or a planner: steps are batches, else single samples
+    open_shards: Callable[[str, int], Any]  # (where, working set) -> ShardSet or MixedShards
+    field_map: FieldMap
+    decoder: Decoder | None
+    transform: Callable[..., Any] | None
+    collate_fn: Callable[[list[dict[str, Any]]], Any] | None
+    on_error: str
+    lengths: np.ndarray | None  # by global id, for cutting segment batches
+    skip_log: SkipLog | None  # where run-time skips are appended (plan/ledger.py)
+    partition: Partition = Partition()  # how the world is cut (shardloader.plan.partition)
+
+
+def iterate_samples(ds: SampleSource, plan: EpochPlan, place: Place, epoch: int) -> Iterator[Any]:
+    """Yield this worker's batches (or samples, unbatched) of the planned pass of ``epoch``."""
+    steps = WorkerSteps(plan, place.worker, place.num_workers)  # worked out as walked
+    need = _working_set(ds, plan)
+    shards = ds.open_shards(str(place), need)
+    loader = SampleLoader(
+        ds.field_map,
+        ds.decoder,
+        ds.transform,
+        ds.on_error,
+        ds.manifest.length_field,
+        ds.lengths,
+        None if ds.skip_log is None else functools.partial(_skipped, ds.skip_log, epoch),
+    )
+    batched = ds.batched
+    # NOTE [what the global seeds are for]: torch/numpy/random are seeded per batch only
+    # for code that may draw from them (a transform, custom decoders, a collate that is
+    # not shardloader's: pipeline_draws); shardloader's own parts never do, so a pipeline
+    # of those alone skips the ~20 us a batch costs.  Seeds are derived for a window of
+    # steps at once (derive_seeds gives exactly derive_seed's values).
+    global_seeds = None
+    offset = plan.seed_offset  # after a batch-shape change: fresh numbers
+    if pipeline_draws(ds.transform, ds.decoder, ds.collate_fn):
+        global_seeds = StepSeeds(steps, lambda q: derive_seeds(ds.seed, epoch, q + offset))
+    generator_seeds = None
+    if loader.takes_generator:
+        generator_seeds = StepSeeds(steps, lambda q: transform_seeds(ds.seed, epoch, q + offset))
+    raw = (
+        isinstance(ds.collate_fn, RawCollate)
+        and ds.decoder is None
+        and ds.transform is None
+        and batched
+    )
+    try:
+        readahead = pass_readahead(shards, plan, place, ds.read.readahead, ds.partition)
+        read: dict[int, Rows] = {}  # batches read ahead (see _read_ahead)
+        most = _read_ahead_batches(ds.manifest, steps)
+        for j, slot, seed_index in steps.walk():
+            readahead.advance(j * place.num_workers + place.worker)  # this rank's step
+            rows = read.pop(j, None)
+            if rows is None:
+                rows = _read_ahead(shards, steps, j, read, most)
+            batch, ids = steps.batch(j), steps[j]
+            if global_seeds is not None:
+                seed_global_rngs(global_seeds[j])
+            pads = plan.pad_mask(slot, seed_index, len(ids))
+            if raw and batch.ndim == 1:
+                yield loader.load_raw(shards, ids, pads, place, rows)
+                continue
+            generator = None
+            if generator_seeds is not None:
+                generator = generator_of(generator_seeds[j])
+            samples, substituted = loader.load_batch(shards, ids, pads, place, generator, rows)
+            if batch.ndim == 2:
+                samples = loader.cut_segments(batch, ids, samples, substituted, place)
+            if not batched:
+                if samples:
+                    yield samples[0]
+            elif ds.collate_fn is not None:
+                yield ds.collate_fn(samples)
+            else:
+                from shardloader.batching.default import torch_collate
+
+                yield torch_collate(samples)
+    finally:
+        shards.close()
+
+
+def _working_set(ds: SampleSource, plan: EpochPlan) -> int:
+    """Staged bytes the pass keeps in use at once (``shards.working_set_bytes``)."""
+    if is_lazy(plan):
+        return pass_working_set(ds.manifest, ds.shuffle, plan, ds.read.readahead)
+    reads = [batch_ids(b) for b in plan.batches]
+    return working_set_bytes(ds.manifest, ds.shuffle, reads, ds.read.readahead)
+
+
+def _skipped(log: SkipLog, epoch: int, sample: int, key: str, place: Place, err: Any) -> None:
+    log.record(epoch, place, sample, key, err)
+
+
+def _read_ahead(
+    shards: ShardSet, steps: Sequence[np.ndarray], j: int, into: dict[int, Rows], most: int
+) -> Rows:
+    """Read step ``j``'s batch, and with it up to ``most - 1`` next steps' as far as they need
+    no shard that is not open yet (so nothing is staged earlier than before): one pass over
+    each shard's rows serves several batches.  The first steps read fewer at a time (1, 2, 4,
+    ...), so the first batch waits for its own samples only."""
+    count = min(most, 1 << min(j, 8), len(steps) - j)
+    count = 1 + shards.ready(steps[j + 1 : j + count])
+    parts = shards.read_batches(steps[j : j + count])
+    into.update(zip(range(j + 1, j + count), parts[1:], strict=True))
+    return parts[0]
+
+
+def _read_ahead_batches(manifest: Any, steps: Sequence[np.ndarray]) -> int:
+    """How many batches :func:`_read_ahead` reads at once: up to :data:`_READ_AHEAD`, as long
+    as they hold about :data:`_READ_AHEAD_BYTES` of samples (by the dataset's mean sample)."""
+    if not steps:
+        return 1
+    mean = sum(s.raw_bytes for s in manifest.shards) / max(manifest.num_samples, 1)
+    per_batch = mean * max(len(steps[0]), 1)
+    return int(min(_READ_AHEAD, max(1, _READ_AHEAD_BYTES // max(per_batch, 1))))
