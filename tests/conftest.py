@@ -12,13 +12,18 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
+# tools/'s modules (synthetic.py) after the tests' own: a tool never imports tests/, tests may
+# import a tool's helpers
+sys.path.append(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
 
 from fault_proxy import FaultProxy  # noqa: E402
+from http_server import serving, static_files  # noqa: E402
 from hypothesis import settings as hypothesis_settings  # noqa: E402
 from s3_server import MotoServer  # noqa: E402
 
@@ -128,6 +133,24 @@ def fault_proxy(_proxy_session: FaultProxy) -> Iterator[FaultProxy]:
     yield _proxy_session
     _proxy_session.clear()
     _clear_fs_caches()
+
+
+@pytest.fixture
+def shm_dir(tmp_path: Path) -> str:
+    """A service's shared-memory folder: a private one, so leftovers are this test's own."""
+    folder = tmp_path / "shm"
+    folder.mkdir()
+    return str(folder)
+
+
+@pytest.fixture
+def static_site(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """Plain static files (no Range support) from ``tmp_path/www`` on 127.0.0.1: (base URL,
+    the folder)."""
+    root = tmp_path / "www"
+    root.mkdir()
+    with serving(static_files(root)) as url:
+        yield url, root
 
 
 @pytest.fixture(autouse=True)

@@ -7,7 +7,8 @@ import io
 import json
 import os
 import pickle
-from collections.abc import Iterable
+import tarfile
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -211,9 +212,13 @@ def key_groups(root: str, n: int = 6, marker: str | None = None) -> dict[str, by
     return files
 
 
-def docs(n: int, seed: int = 0) -> list[str]:
+def docs(
+    n: int, seed: int = 0, mean: float = 2.0, sigma: float = 1.0, longest: int = 400
+) -> list[str]:
+    """``n`` documents of :data:`WORDS`, 1 to ``longest`` words long (lognormal: mostly short,
+    a few long)."""
     rng = np.random.default_rng(seed)
-    lengths = np.minimum(rng.lognormal(2.0, 1.0, n).astype(int) + 1, 400)
+    lengths = np.minimum(rng.lognormal(mean, sigma, n).astype(int) + 1, longest)
     return [" ".join(WORDS[int(j)] for j in rng.integers(0, len(WORDS), size=k)) for k in lengths]
 
 
@@ -270,6 +275,33 @@ def train_tokenizer(path: str, texts: list[str], vocab_size: int = 64) -> str:
     tok.train_from_iterator(texts, trainer)
     tok.save(path)
     return path
+
+
+def tar_file(path: str, members: Sequence[tuple[str, bytes | None]], tar_format: int) -> None:
+    """A tar that another tool wrote (``tarfile``'s GNU or pax details): ``members`` in order,
+    a name ending in ``/`` with ``None`` a directory entry."""
+    with tarfile.open(path, "w", format=tar_format) as tf:
+        for name, data in members:
+            info = tarfile.TarInfo(name.rstrip("/"))
+            if data is None:
+                info.type = tarfile.DIRTYPE
+                tf.addfile(info)
+            else:
+                info.size = len(data)
+                tf.addfile(info, io.BytesIO(data))
+
+
+def packed_docs(root: str, texts: list[str], **options: object) -> str:
+    """``texts`` as ``root/raw/docs.jsonl``, packed into ``root/packed`` with a tokenizer
+    trained on them (``root/tok.json``; ``options``: the rest of the PackOptions); returns
+    the packed folder."""
+    from shardloader.pack import PackOptions, pack
+
+    jsonl(os.path.join(root, "raw", "docs.jsonl"), texts)
+    tok = train_tokenizer(os.path.join(root, "tok.json"), [t for t in texts if t])
+    out = os.path.join(root, "packed")
+    pack(os.path.join(root, "raw"), out, PackOptions(tokenizer=tok, **options))  # type: ignore[arg-type]
+    return out
 
 
 def read_back(out: str) -> tuple[Manifest, list[tuple[str, dict[str, bytes]]]]:

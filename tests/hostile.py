@@ -6,7 +6,7 @@ import hashlib
 import json
 import os
 import tarfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -79,6 +79,28 @@ def sidecar(
     with pa.ipc.new_file(sink, table.schema) as writer:
         writer.write_table(table)
     return sink.getvalue().to_pybytes()
+
+
+def edit_sidecar(out: str, shard: int, edit: Callable[[pa.Table], pa.Table]) -> pa.Table:
+    """Replace shard ``shard``'s sidecar in the dataset at ``out`` by ``edit`` of its table
+    (schema metadata kept) and its ``index_sha256`` in the manifest with it, so every hash still
+    agrees and only what the edit changed can be noticed; returns the new table."""
+    with open(os.path.join(out, "index.json")) as f:
+        raw = json.load(f)
+    entry = raw["shards"][shard]
+    path = os.path.join(out, entry["index_path"])
+    with open(path, "rb") as f:
+        table = edit(pa.ipc.open_file(pa.py_buffer(f.read())).read_all())
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+    data = sink.getvalue().to_pybytes()
+    with open(path, "wb") as f:
+        f.write(data)
+    entry["index_sha256"] = hashlib.sha256(data).hexdigest()
+    with open(os.path.join(out, "index.json"), "w") as f:
+        json.dump(raw, f)
+    return table
 
 
 def shard_entry(folder: str, name: str, index: bytes, **override: Any) -> dict[str, Any]:

@@ -12,7 +12,6 @@ import shutil
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -213,34 +212,10 @@ def _quote(text: str) -> str:
     return "'" + text.replace("'", "'\"'\"'") + "'"
 
 
-@pytest.fixture
-def served(tmp_path: Path) -> Iterator[tuple[str, Path]]:
-    import http.server
-    import threading
-    from functools import partial
-
-    root = tmp_path / "www"
-    root.mkdir()
-
-    class Quiet(http.server.SimpleHTTPRequestHandler):
-        def log_message(self, format: str, *args: object) -> None:  # noqa: A002
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), partial(Quiet, directory=root))
-    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", root
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
-
-
 def test_a_damaged_cached_sidecar_of_a_remote_dataset_is_fetched_again(
-    served: tuple[str, Path], tmp_path: Path
+    static_site: tuple[str, Path], tmp_path: Path
 ) -> None:
-    base, www = served
+    base, www = static_site
     write_dataset(str(www / "ds"), [6], compression="gzip")  # gzip: no index inside the shard
     root = tmp_path / "cache"
     ds = _dataset(f"{base}/ds", root)

@@ -250,13 +250,12 @@ def test_augmentation_seeded_per_step_whatever_num_workers(uneven_zstd):
 
 @pytest.mark.slow
 def test_fields_decode_through_the_allowlist(tmp_path):
-    import hashlib
     import io
 
     from PIL import Image
+    from synthetic import write_manifest, write_shard
 
-    from shardloader.format import open_writer
-    from shardloader.manifest import FieldInfo, Manifest, ShardInfo
+    from shardloader.manifest import FieldInfo, Manifest
 
     buf = io.BytesIO()
     Image.new("RGB", (6, 4), (255, 0, 0)).save(buf, format="PNG")
@@ -269,38 +268,15 @@ def test_fields_decode_through_the_allowlist(tmp_path):
         "pth": FieldInfo("opaque"),
         "tokens": FieldInfo("tokens", "uint16"),
     }
-    with open(tmp_path / "s.tar", "wb") as f:
-        w = open_writer("tar", f, "none", fields)
-        w.add(
-            "k/0",
-            {
-                "png": buf.getvalue(),
-                "npy": arr.getvalue(),
-                "json": b'{"a": 1}',
-                "pth": b"\x80\x04K\x01.",
-                "tokens": np.array([1, 2, 65535], "<u2").tobytes(),
-            },
-        )
-        ws = w.close()
-    idx = ws.index.to_arrow_bytes()
-    (tmp_path / "s.idx.arrow").write_bytes(idx)
-    m = Manifest(
-        "tar",
-        "none",
-        fields,
-        [
-            ShardInfo(
-                "s.tar",
-                1,
-                ws.bytes,
-                ws.raw_bytes,
-                ws.sha256,
-                "s.idx.arrow",
-                hashlib.sha256(idx).hexdigest(),
-            )
-        ],
-    )
-    (tmp_path / "index.json").write_bytes(m.to_json())
+    values = {
+        "png": buf.getvalue(),
+        "npy": arr.getvalue(),
+        "json": b'{"a": 1}',
+        "pth": b"\x80\x04K\x01.",
+        "tokens": np.array([1, 2, 65535], "<u2").tobytes(),
+    }
+    shard = write_shard(str(tmp_path), "s.tar", "tar", "none", fields, [("k/0", values)])
+    write_manifest(str(tmp_path), Manifest("tar", "none", fields, [shard]))
     dec = sl.Decoder(custom={"pth": lambda b: len(b)})
     sample = next(iter(sl.ShardedDataset(str(tmp_path), decoder=dec)))
     assert sample["png"].dtype == torch.uint8 and tuple(sample["png"].shape) == (3, 4, 6)

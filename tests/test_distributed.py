@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers import write_dataset
+from helpers import torchrun, write_dataset
 
 
 @pytest.mark.slow
@@ -17,21 +17,7 @@ def test_ranks_disjoint_complete_equal(tmp_path):
     data = str(tmp_path / "ds")
     write_dataset(data, [13, 2, 40, 7], compression="zstd")  # 62 samples
     out = str(tmp_path / "seen.json")
-    env = {**os.environ, "TMPDIR": str(tmp_path), "OMP_NUM_THREADS": "1"}
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node",
-        "3",
-        os.path.join(os.path.dirname(__file__), "dist_job.py"),
-        data,
-        out,
-        "2",
-    ]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    torchrun(str(tmp_path), "dist_job.py", 3, data, out, "2")
     with open(out) as f:
         ranks = sorted(json.load(f), key=lambda r: r["rank"])
     assert [r["rank"] for r in ranks] == [0, 1, 2]

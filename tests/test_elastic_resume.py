@@ -6,14 +6,12 @@ DataLoader workers; the planner chain also as a pure property test."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from collections import Counter
 
 import numpy as np
 import pytest
-from helpers import batch_ids, write_dataset
+from helpers import batch_ids, torchrun, write_dataset
+from helpers import own_cache_dataset as make
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -30,11 +28,6 @@ def data(tmp_path_factory):
     d = str(tmp_path_factory.mktemp("elastic"))
     write_dataset(d, SIZES, compression="zstd")
     return d
-
-
-def make(path, **kw):
-    kw.setdefault("read", sl.ReadOptions(cache=sl.CacheOptions(dir=os.path.join(path, "_cache"))))
-    return sl.ShardedDataset(path, **kw)
 
 
 def real_ids(batches):
@@ -272,27 +265,12 @@ def test_a_chain_of_shapes_delivers_each_sample_and_token_once(kind, sizes, link
 @pytest.mark.parametrize("mode", ["fixed", "packed"])
 def test_torchrun_two_ranks_resume_at_three_with_the_global_batch_kept(data, tmp_path, mode):
     """2 ranks x 6 (packed: 6 rows) with workers, checkpoint; 3 ranks x 4 resume: gloo."""
-    job = os.path.join(os.path.dirname(__file__), "dist_elastic_job.py")
-    env = {**os.environ, "TMPDIR": str(tmp_path), "OMP_NUM_THREADS": "1"}
     state_file, outs = str(tmp_path / "state.json"), []
     for world, shape in ((2, 6), (3, 4)):
         out = str(tmp_path / f"seen{world}.json")
-        cmd = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node",
-            str(world),
-            job,
-            data,
-            mode,
-            str(shape),
-            state_file,
-            out,
-        ]
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
-        assert proc.returncode == 0, proc.stderr[-3000:]
+        torchrun(
+            str(tmp_path), "dist_elastic_job.py", world, data, mode, str(shape), state_file, out
+        )
         with open(out) as f:
             outs.append(json.load(f))
     saw_first, saw_rest = outs

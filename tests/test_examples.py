@@ -37,12 +37,9 @@ def images(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tokens(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tokens")
-    texts = corpus.docs(60)
-    corpus.jsonl(str(root / "raw" / "docs.jsonl"), texts)
-    tok = corpus.train_tokenizer(str(root / "tok.json"), texts)
-    pack(str(root / "raw"), str(root / "packed"), PackOptions(tokenizer=tok, shard_size=2000))
-    return str(root / "packed")
+    return corpus.packed_docs(
+        str(tmp_path_factory.mktemp("tokens")), corpus.docs(60), shard_size=2000
+    )
 
 
 @pytest.mark.slow

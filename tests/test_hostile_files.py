@@ -8,13 +8,12 @@ import json
 import os
 import subprocess
 import sys
-import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import write_dataset
+from helpers import in_thread, write_dataset
 
 import shardloader as sl
 from shardloader.errors import ManifestError, ShardloaderError
@@ -27,17 +26,7 @@ from shardloader.verify import verify_dataset
 def refused_without_hanging(fn: Callable[[], Any], fifos: list[Path]) -> BaseException:
     """What ``fn`` raises; fails if it blocks on one of ``fifos`` (which are then opened for
     writing, to let it go, so the test ends either way)."""
-    out: list[BaseException | None] = []
-
-    def run() -> None:
-        try:
-            fn()
-            out.append(None)
-        except BaseException as err:  # noqa: BLE001 - handed to the test
-            out.append(err)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
+    thread, out = in_thread(fn)
     thread.join(10)
     hung = thread.is_alive()
     if hung:

@@ -6,6 +6,7 @@ sample keys that could escape a directory, and downloads larger than declared.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import json
 import os
@@ -14,17 +15,17 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pytest
+import synthetic
 import zstandard
 from click.testing import CliRunner
 from corpus import jsonl, key_groups, write
-from hostile import shard_entry, sidecar, tar_bytes, write_manifest
+from hostile import edit_sidecar, shard_entry, sidecar, tar_bytes, write_manifest
 
 import shardloader as sl
 from shardloader.cli import main
 from shardloader.codecs import check_field
 from shardloader.errors import ChecksumError, InputError, ManifestError, ShardError
-from shardloader.format import open_writer
-from shardloader.manifest import FieldInfo, Manifest, SampleIndex, ShardInfo
+from shardloader.manifest import FieldInfo, Manifest, SampleIndex
 from shardloader.pack import PackOptions, pack
 from shardloader.pack.index_existing import index_shards
 from shardloader.verify import verify_dataset
@@ -248,19 +249,9 @@ def test_a_flipped_bit_in_an_uncompressed_local_shard_is_caught_when_read(tmp_pa
 def _strip_checksums(out: str) -> None:
     """Rewrite every sidecar as packers before checksums wrote them (and fix the manifest)."""
     with open(os.path.join(out, "index.json")) as f:
-        raw = json.load(f)
-    for shard in raw["shards"]:
-        path = os.path.join(out, shard["index_path"])
-        table = pa.ipc.open_file(pa.py_buffer(_read(path))).read_all().drop_columns(["xxh3_64"])
-        sink = pa.BufferOutputStream()
-        with pa.ipc.new_file(sink, table.schema) as writer:
-            writer.write_table(table)
-        data = sink.getvalue().to_pybytes()
-        with open(path, "wb") as f:
-            f.write(data)
-        shard["index_sha256"] = hashlib.sha256(data).hexdigest()
-    with open(os.path.join(out, "index.json"), "w") as f:
-        json.dump(raw, f)
+        count = len(json.load(f)["shards"])
+    for shard in range(count):
+        edit_sidecar(out, shard, lambda table: table.drop_columns(["xxh3_64"]))
 
 
 def test_old_sidecars_get_a_first_use_hash_noted_in_the_node_cache(tmp_path):
@@ -353,23 +344,10 @@ def test_index_refuses_escaping_member_names(tmp_path, suffix, bad):
 def _write_keys(folder, fmt: str, keys: list[str]) -> None:
     fields = {"txt": FieldInfo("text")}
     name = "shard-00000." + ("tar" if fmt == "tar" else "arrow")
-    with open(folder / name, "wb") as f:
-        w = open_writer(fmt, f, "none", fields)
-        for k in keys:
-            w.add(k, {"txt": b"hello"})
-        written = w.close()
-    index = written.index.to_arrow_bytes()
-    (folder / "shard-00000.idx.arrow").write_bytes(index)
-    shard = ShardInfo(
-        name,
-        written.num_samples,
-        written.bytes,
-        written.raw_bytes,
-        written.sha256,
-        "shard-00000.idx.arrow",
-        hashlib.sha256(index).hexdigest(),
+    shard = synthetic.write_shard(
+        str(folder), name, fmt, "none", fields, ((k, {"txt": b"hello"}) for k in keys)
     )
-    (folder / "index.json").write_bytes(Manifest(fmt, "none", fields, [shard]).to_json())
+    synthetic.write_manifest(str(folder), Manifest(fmt, "none", fields, [shard]))
 
 
 @pytest.mark.parametrize("fmt", ["tar", "arrow", "tokens"])
@@ -395,18 +373,12 @@ def test_pack_never_writes_an_escaping_key(tmp_path):
 
 def test_arrow_key_must_match_its_sidecar(tmp_path):
     _write_keys(tmp_path, "arrow", ["a/0001", "a/0002"])
-    raw = json.loads((tmp_path / "index.json").read_text())
-    table = pa.ipc.open_file(pa.py_buffer((tmp_path / "shard-00000.idx.arrow").read_bytes()))
-    table = table.read_all()
     keys = pa.array(["a/0001", "a/9999"], pa.string())
-    table = table.set_column(table.column_names.index("key"), "key", keys)
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_file(sink, table.schema) as writer:
-        writer.write_table(table)
-    data = sink.getvalue().to_pybytes()
-    (tmp_path / "shard-00000.idx.arrow").write_bytes(data)
-    raw["shards"][0]["index_sha256"] = hashlib.sha256(data).hexdigest()
-    (tmp_path / "index.json").write_text(json.dumps(raw))
+    edit_sidecar(
+        str(tmp_path),
+        0,
+        lambda table: table.set_column(table.column_names.index("key"), "key", keys),
+    )
     with pytest.raises(ShardError, match="row 1 has key 'a/0002', its sidecar says 'a/9999'"):
         _read_all(tmp_path)
 
@@ -445,22 +417,11 @@ def test_arrow_bomb_is_refused_from_its_declared_sizes(tmp_path):
     """An Arrow shard whose zstd buffers declare far more than its manifest entry allows."""
     big = np.zeros(64 << 20, np.uint8).tobytes()
     fields = {"bin": FieldInfo("bytes")}
-    with open(tmp_path / "shard-00000.arrow", "wb") as f:
-        w = open_writer("arrow", f, "zstd", fields)
-        w.add("a/0001", {"bin": big})
-        written = w.close()
-    index = written.index.to_arrow_bytes()
-    (tmp_path / "shard-00000.idx.arrow").write_bytes(index)
-    entry = ShardInfo(
-        "shard-00000.arrow",
-        1,
-        written.bytes,
-        4096,
-        written.sha256,
-        "shard-00000.idx.arrow",
-        hashlib.sha256(index).hexdigest(),
+    written = synthetic.write_shard(
+        str(tmp_path), "shard-00000.arrow", "arrow", "zstd", fields, [("a/0001", {"bin": big})]
     )
-    (tmp_path / "index.json").write_bytes(Manifest("arrow", "zstd", fields, [entry]).to_json())
+    entry = dataclasses.replace(written, raw_bytes=4096)
+    synthetic.write_manifest(str(tmp_path), Manifest("arrow", "zstd", fields, [entry]))
     with pytest.raises(ManifestError, match="more than the shard's raw_bytes"):
         _read_all(tmp_path)  # the sidecar already contradicts the entry
     tiny = sidecar(["a/0001"], [0], [8])

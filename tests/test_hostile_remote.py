@@ -8,7 +8,6 @@ import copy
 import http.server
 import json
 import posixpath
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +16,7 @@ from urllib.parse import unquote
 
 import pytest
 from helpers import write_dataset
+from http_server import serving
 
 import shardloader as sl
 from shardloader import manifest as manifest_module
@@ -75,16 +75,9 @@ def www(tmp_path: Path) -> Iterator[tuple[Server, Path]]:
     root = tmp_path / "www"
     root.mkdir()
     state = Server()
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _handler(root, state))
-    thread = threading.Thread(target=httpd.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
-    state.url = f"http://127.0.0.1:{httpd.server_address[1]}"
-    try:
+    with serving(_handler(root, state)) as url:
+        state.url = url
         yield state, root
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
-        thread.join(timeout=5)
 
 
 def _read(url: str, tmp_path: Path) -> list[dict[str, Any]]:

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 
 import pytest
 from corpus import class_folders, docs, jsonl, key_groups
+from synthetic import write_manifest, write_shard
 
-from shardloader.format import open_writer
-from shardloader.manifest import FieldInfo, Manifest, ShardInfo
+from shardloader.manifest import FieldInfo, Manifest
 from shardloader.pack import PackOptions, pack
 from shardloader.summary import inspect_dataset
 from shardloader.verify import verify_dataset
@@ -83,32 +82,13 @@ def test_verify_flags_truncated_missing_and_swapped(packed):
 def test_verify_parses_every_field(tmp_path):
     """A shard whose bytes match the manifest but whose JSON field is broken is still bad."""
     fields = {"json": FieldInfo("json"), "jpg": FieldInfo("image")}
-    name = "shard-00000.tar"
-    with open(tmp_path / name, "wb") as f:
-        w = open_writer("tar", f, "none", fields)
-        w.add("k/1", {"json": b'{"ok": 1}'})
-        w.add("k/2", {"json": b'{"ok": '})
-        w.add("k/3", {"jpg": b"not an image"})
-        written = w.close()
-    index = written.index.to_arrow_bytes()
-    (tmp_path / "shard-00000.idx.arrow").write_bytes(index)
-    manifest = Manifest(
-        "tar",
-        "none",
-        fields,
-        [
-            ShardInfo(
-                name,
-                3,
-                written.bytes,
-                written.raw_bytes,
-                written.sha256,
-                "shard-00000.idx.arrow",
-                hashlib.sha256(index).hexdigest(),
-            )
-        ],
-    )
-    (tmp_path / "index.json").write_bytes(manifest.to_json())
+    samples = [
+        ("k/1", {"json": b'{"ok": 1}'}),
+        ("k/2", {"json": b'{"ok": '}),
+        ("k/3", {"jpg": b"not an image"}),
+    ]
+    shard = write_shard(str(tmp_path), "shard-00000.tar", "tar", "none", fields, samples)
+    write_manifest(str(tmp_path), Manifest("tar", "none", fields, [shard]))
     r = verify_dataset(str(tmp_path))
     [bad] = r.bad
     assert any("'k/2'" in x and "invalid JSON" in x for x in bad.reasons)

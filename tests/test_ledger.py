@@ -9,7 +9,8 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from helpers import batch_ids, payload, write_dataset
+from helpers import batch_ids, payload, write_dataset, write_datasets
+from helpers import own_cache_dataset as make
 
 import shardloader as sl
 from shardloader.batching import FixedBatches, PackedBatches, TokenBudgetBatches
@@ -24,11 +25,6 @@ def data(tmp_path_factory):
     d = str(tmp_path_factory.mktemp("ledger"))
     write_dataset(d, SIZES, compression="zstd")
     return d
-
-
-def make(path, **kw):
-    kw.setdefault("read", sl.ReadOptions(cache=sl.CacheOptions(dir=os.path.join(path, "_cache"))))
-    return sl.ShardedDataset(path, **kw)
 
 
 def spans(samples):
@@ -212,12 +208,8 @@ def test_a_run_time_skip_names_the_key_its_error_names(tmp_path, fmt, batch_size
 
 @pytest.fixture(scope="module")
 def mix_sources(tmp_path_factory):
-    root = tmp_path_factory.mktemp("mixledger")
-    out = {}
-    for name, sizes in {"a": [7, 5, 9], "b": [4, 4], "c": [3]}.items():  # 32 samples in all
-        write_dataset(str(root / name), sizes)
-        out[name] = str(root / name)
-    return out
+    sizes = {"a": [7, 5, 9], "b": [4, 4], "c": [3]}  # 32 samples in all
+    return write_datasets(str(tmp_path_factory.mktemp("mixledger")), sizes)
 
 
 @pytest.mark.parametrize(

@@ -5,22 +5,19 @@ alone."""
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
 import shutil
 
 import numpy as np
 import pyarrow as pa
 import pytest
-from corpus import WORDS, jsonl, train_tokenizer
+from corpus import WORDS, packed_docs
 from helpers import payload, write_dataset
+from hostile import edit_sidecar
 from memcheck import run_measured
 
 import shardloader as sl
 from shardloader.batching import PackedBatches, TokenBlocks, TokenBudgetBatches
 from shardloader.errors import ManifestError
-from shardloader.pack import PackOptions, pack
 
 LIE = 2**32 - 1  # the most a uint32 length column holds
 
@@ -28,28 +25,18 @@ LIE = 2**32 - 1  # the most a uint32 length column holds
 def rewrite_sidecar(out: str, shard: int, **columns: dict[int, int]) -> str:
     """Set ``columns[name][row] = value`` in one shard's sidecar (schema and metadata kept),
     and its ``index_sha256`` in the manifest, so every hash still agrees; return its key."""
-    with open(os.path.join(out, "index.json")) as f:
-        raw = json.load(f)
-    entry = raw["shards"][shard]
-    path = os.path.join(out, entry["index_path"])
-    with open(path, "rb") as f:
-        table = pa.ipc.open_file(pa.py_buffer(f.read())).read_all()
-    for name, values in columns.items():
-        column = table.column(name).to_numpy().copy()
-        for row, value in values.items():
-            column[row] = value
-        at = table.schema.get_field_index(name)
-        field = table.schema.field(at)
-        table = table.set_column(at, field, pa.array(column, field.type))
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_file(sink, table.schema) as writer:
-        writer.write_table(table)
-    data = sink.getvalue().to_pybytes()
-    with open(path, "wb") as f:
-        f.write(data)
-    entry["index_sha256"] = hashlib.sha256(data).hexdigest()
-    with open(os.path.join(out, "index.json"), "w") as f:
-        json.dump(raw, f)
+
+    def set_values(table: pa.Table) -> pa.Table:
+        for name, values in columns.items():
+            column = table.column(name).to_numpy().copy()
+            for row, value in values.items():
+                column[row] = value
+            at = table.schema.get_field_index(name)
+            field = table.schema.field(at)
+            table = table.set_column(at, field, pa.array(column, field.type))
+        return table
+
+    table = edit_sidecar(out, shard, set_values)
     return str(table.column("key")[next(iter(next(iter(columns.values()))))])
 
 
@@ -58,11 +45,7 @@ def tokens(tmp_path_factory) -> str:
     root = tmp_path_factory.mktemp("lying-tokens")
     rng = np.random.default_rng(1)
     texts = [" ".join(WORDS[j] for j in rng.integers(0, len(WORDS), 30)) for _ in range(40)]
-    jsonl(str(root / "raw" / "docs.jsonl"), texts)
-    tok = train_tokenizer(str(root / "tok.json"), texts)
-    out = str(root / "packed")
-    pack(str(root / "raw"), out, PackOptions(format="tokens", tokenizer=tok, max_samples=10))
-    return out
+    return packed_docs(str(root), texts, format="tokens", max_samples=10)
 
 
 def _plan_in_a_child(out: str, planner: str, cache: str) -> dict:

@@ -8,7 +8,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from helpers import write_dataset
+from helpers import write_dataset, write_datasets
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -24,12 +24,7 @@ SIZES = {"a": [7, 5, 9], "b": [4, 4], "c": [3]}  # 21, 8 and 3 samples
 
 @pytest.fixture(scope="module")
 def sources(tmp_path_factory):
-    root = tmp_path_factory.mktemp("mix")
-    out = {}
-    for name, sizes in SIZES.items():
-        write_dataset(str(root / name), sizes)
-        out[name] = str(root / name)
-    return out
+    return write_datasets(str(tmp_path_factory.mktemp("mix")), SIZES)
 
 
 def lengths_of(sources: dict[str, str]) -> np.ndarray:

@@ -4,14 +4,12 @@ run on 2 ranks resumed on 3, every token of the mixture epoch delivered exactly 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from collections import Counter
 
 import numpy as np
 import pytest
 from corpus import WORDS, jsonl, train_tokenizer
+from helpers import torchrun
 
 import shardloader as sl
 from shardloader.batching import PackedBatches
@@ -94,15 +92,10 @@ def test_gloo_two_ranks_resumed_on_three_keep_the_global_batch_and_every_token(c
     batch stays 6 rows, and every token of the mixture epoch arrives exactly once."""
     web, code, pad = corpora
     state = str(tmp_path / "state.json")
-    env = {**os.environ, "TMPDIR": str(tmp_path), "OMP_NUM_THREADS": "1"}
-    job = os.path.join(os.path.dirname(__file__), "mix_job.py")
     results = []
     for world, rows, stop in ((2, 3, 3), (3, 2, -1)):
         out = str(tmp_path / f"seen{world}.json")
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-        cmd += ["--nproc_per_node", str(world), job, web, code, out, str(stop), state, str(rows)]
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
-        assert proc.returncode == 0, proc.stderr[-3000:]
+        torchrun(str(tmp_path), "mix_job.py", world, web, code, out, str(stop), state, str(rows))
         with open(out) as f:
             results.append(sorted(json.load(f), key=lambda r: r["rank"]))
     first, second = results

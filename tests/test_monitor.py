@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import io
 import logging
-import os
 import subprocess
 import sys
 
 import pytest
-from helpers import write_dataset
+from helpers import torchrun, write_dataset
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -204,24 +203,7 @@ dist.destroy_process_group()
 def test_each_rank_says_which_it_is(tmp_path):
     script = tmp_path / "job.py"
     script.write_text(_RANKS)
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node",
-            "2",
-            str(script),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        env=env,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    done = torchrun(str(tmp_path), str(script), 2)
     lines = sorted(line for line in done.stderr.splitlines() if "shardloader.monitor" in line)
     assert [line.split(":")[0] for line in lines] == [  # batch 5, and the end of the pass
         "shardloader.monitor [rank 0/2]",

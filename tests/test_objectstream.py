@@ -6,31 +6,23 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import http.server
 import os
 import threading
 from collections.abc import Iterator
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
 from fault_proxy import FaultProxy
+from helpers import FAST_RETRY
+from http_server import QuietFiles, serving, static_files
 
 from shardloader.errors import ChecksumError, StorageError
-from shardloader.storage.retry import RetryPolicy
 from shardloader.storage.store import Store
 
 pytestmark = pytest.mark.subprocess  # the moto S3 server process
 
-POLICY = RetryPolicy(
-    max_attempts=5,
-    initial_backoff=0.01,
-    max_backoff=0.05,
-    max_total_seconds=20.0,
-    connect_timeout=1.0,
-    read_timeout=0.5,
-)
+POLICY = FAST_RETRY
 # For tests that count requests without injecting faults: a loaded machine can keep moto and
 # the proxy (which buffers each response whole) silent past POLICY's 0.5 s read timeout, and
 # the retry that follows is one more GET than the test expects.  Nothing here stalls on
@@ -118,15 +110,12 @@ def test_options_only_s3fs_knows_fall_back_to_s3fs(
 # -- a plain HTTP server: no ranges, bodies cut short on request ----------------------------------
 
 
-class _Plain(http.server.SimpleHTTPRequestHandler):
+class _Plain(QuietFiles):
     """Static files without Range support (like ``python -m http.server``); ``/cut/...`` sends
     half of the body on its first GET, then closes the connection."""
 
     counts: dict[str, int]
     lock: threading.Lock
-
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - stdlib name
-        pass
 
     def do_GET(self) -> None:
         with self.lock:
@@ -152,19 +141,8 @@ def plain_http(tmp_path: Path) -> Iterator[tuple[str, Path, dict[str, int]]]:
     root.mkdir()
     counts: dict[str, int] = {}
     handler = type("Handler", (_Plain,), {"counts": counts, "lock": threading.Lock()})
-    server = http.server.ThreadingHTTPServer(
-        ("127.0.0.1", 0), partial(handler, directory=str(root))
-    )
-    thread = threading.Thread(
-        target=partial(server.serve_forever, poll_interval=0.05), daemon=True, name="http-test"
-    )
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", root, counts
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
+    with serving(static_files(root, handler)) as url:
+        yield url, root, counts
 
 
 def test_http_server_without_ranges_sends_the_object_in_one_response(

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import io
 import os
 import shutil
 import tarfile
 
 import pytest
-from corpus import jpeg, key_groups, sidecar, tree
+from corpus import jpeg, key_groups, sidecar, tar_file, tree
 
 from shardloader.errors import OutputExistsError, UsageError
 from shardloader.format.tarreader import TarShardReader
@@ -116,21 +115,14 @@ def test_index_handles_long_names_and_directories(tmp_path):
     """GNU tar / pax details: long member names, directory entries between samples."""
     path = tmp_path / "odd.tar"
     long_key = "d" * 90 + "/" + "k" * 40
-    with tarfile.open(path, "w", format=tarfile.GNU_FORMAT) as tf:
-        for name, data in [
-            ("dir/", None),
-            (f"{long_key}.txt", b"long"),
-            ("x/1.txt", b"one"),
-            ("x/1.json", b"{}"),
-            ("README", b"no ext"),
-        ]:
-            info = tarfile.TarInfo(name.rstrip("/"))
-            if data is None:
-                info.type = tarfile.DIRTYPE
-                tf.addfile(info)
-            else:
-                info.size = len(data)
-                tf.addfile(info, io.BytesIO(data))
+    members = [
+        ("dir/", None),
+        (f"{long_key}.txt", b"long"),
+        ("x/1.txt", b"one"),
+        ("x/1.json", b"{}"),
+        ("README", b"no ext"),
+    ]
+    tar_file(str(path), members, tarfile.GNU_FORMAT)
     m = index_shards([str(path)], str(tmp_path)).manifest
     index = sidecar(str(tmp_path), m.shards[0].index_path)
     assert index.keys == [long_key, "x/1"]

@@ -11,13 +11,12 @@ from itertools import pairwise
 
 import numpy as np
 import pytest
-from corpus import WORDS, jsonl, read_back, train_tokenizer
+from corpus import docs, packed_docs, read_back
 
 import shardloader as sl
 from shardloader.batching import PackedBatches, TokenBudgetBatches, pack_rows
 from shardloader.batching.fit import next_fit_rows
 from shardloader.collate import PackCollate, PadCollate
-from shardloader.pack import PackOptions, pack
 
 ROOT = os.path.dirname(os.path.dirname(__file__))
 SEQ, ROWS = 16, 4
@@ -27,13 +26,8 @@ SEQ, ROWS = 16, 4
 def lm(tmp_path_factory):
     """Token shards of 60 documents, most longer than SEQ and many than ROWS * SEQ."""
     root = tmp_path_factory.mktemp("lm")
-    rng = np.random.default_rng(0)
-    lengths = np.minimum(rng.lognormal(3.5, 1.0, 60).astype(int) + 1, 600)
-    texts = [" ".join(WORDS[j] for j in rng.integers(0, len(WORDS), k)) for k in lengths]
-    jsonl(str(root / "raw" / "docs.jsonl"), texts)
-    tok = train_tokenizer(str(root / "tok.json"), texts)
-    out = str(root / "packed")
-    pack(str(root / "raw"), out, PackOptions(tokenizer=tok, shard_size=3000))
+    texts = docs(60, seed=0, mean=3.5, longest=600)
+    out = packed_docs(str(root), texts, shard_size=3000)
     manifest, samples = read_back(out)
     tokens = {key: np.frombuffer(f["tokens"], "<u2").astype(np.int64) for key, f in samples}
     assert sum(len(t) > ROWS * SEQ for t in tokens.values()) >= 15

@@ -8,6 +8,7 @@ corrupt stored shard; and the first batch of a 10,000-shard manifest.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
@@ -23,30 +24,22 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 from fault_proxy import FaultProxy
-from helpers import payload, write_dataset
+from helpers import FAST_RETRY, payload, write_dataset
+from synthetic import listed_again
 
 import shardloader as sl
 from shardloader.cli import main
 from shardloader.errors import ChecksumError
-from shardloader.manifest import Manifest, ShardInfo
+from shardloader.manifest import Manifest
 from shardloader.order import epoch_order
 from shardloader.shuffle import ShuffleOptions
-from shardloader.storage.retry import RetryPolicy
 
 pytestmark = pytest.mark.subprocess  # the moto S3 server process
 
 pytest.importorskip("s3fs")
 pytest.importorskip("moto")
 
-# Fast but real: backoff in milliseconds, timeouts well under the proxy's 2 s stalls.
-POLICY = RetryPolicy(
-    max_attempts=4,
-    initial_backoff=0.01,
-    max_backoff=0.05,
-    max_total_seconds=20.0,
-    connect_timeout=1.0,
-    read_timeout=2.0,
-)
+POLICY = dataclasses.replace(FAST_RETRY, max_attempts=4, read_timeout=2.0)
 CLASSES = ("cat", "dog", "eel")
 
 
@@ -349,18 +342,7 @@ def test_first_batch_of_a_10000_shard_manifest_fetches_only_what_it_needs(
     n, batch = 10_000, 32
     one = write_dataset(str(tmp_path / "one"), [2], compression="zstd")
     s = one.shards[0]
-    shards = [
-        ShardInfo(
-            f"shard-{i:05d}.tar.zst",
-            2,
-            s.bytes,
-            s.raw_bytes,
-            s.sha256,
-            f"shard-{i:05d}.idx.arrow",
-            s.index_sha256,
-        )
-        for i in range(n)
-    ]
+    shards = listed_again(s, n)
     manifest = Manifest(
         one.format, one.compression, one.fields, shards, length_field=one.length_field
     )

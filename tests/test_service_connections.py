@@ -11,17 +11,15 @@ import socket
 import time
 
 import pytest
-from helpers import write_dataset
 from test_service_support import (
-    UNEVEN,
     InProcessServer,
     ServerProcess,
     big_factory,
+    dataset_env,
     digest,
     get,
     local_batches,
     parse_metrics,
-    server_env,
     small_factory,
 )
 
@@ -32,13 +30,8 @@ TOKEN = "a-token-that-is-long-enough-123"
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
-    data = str(tmp_path_factory.mktemp("data"))
-    write_dataset(data, UNEVEN, compression="none")
-    cache = str(tmp_path_factory.mktemp("cache"))
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("SERVICE_TEST_DATA", data)
-        mp.setenv("SERVICE_TEST_CACHE", cache)
-        yield server_env(data, cache)
+    with dataset_env(tmp_path_factory, "none") as env:
+        yield env
 
 
 def closed_within(sock: socket.socket, seconds: float) -> float | None:

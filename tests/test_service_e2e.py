@@ -8,11 +8,10 @@ import socket
 
 import pytest
 import torch
-from helpers import write_dataset
 from test_service_support import (
     PATH_OPTIONS,
-    UNEVEN,
     canonical,
+    dataset_env,
     digest,
     finish_client,
     get,
@@ -20,7 +19,6 @@ from test_service_support import (
     local_batches,
     parse_metrics,
     path_pipeline,
-    server_env,
     start_client,
     start_servers,
 )
@@ -35,13 +33,8 @@ TOKEN = "s3cret-token-for-the-tests-0123456789"
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
-    data = str(tmp_path_factory.mktemp("data"))
-    write_dataset(data, UNEVEN, compression="zstd")
-    cache = str(tmp_path_factory.mktemp("cache"))
-    with pytest.MonkeyPatch.context() as mp:  # local references read the same dataset
-        mp.setenv("SERVICE_TEST_DATA", data)
-        mp.setenv("SERVICE_TEST_CACHE", cache)
-        yield server_env(data, cache)
+    with dataset_env(tmp_path_factory, "zstd") as env:
+        yield env
 
 
 @pytest.fixture(scope="module")

@@ -9,19 +9,17 @@ import time
 
 import psutil
 import pytest
-from helpers import write_dataset
 from test_service_support import (
-    UNEVEN,
     DropProxy,
     InProcessServer,
     big_factory,
+    dataset_env,
     digest,
     failing_factory,
     finish_client,
     get,
     local_batches,
     parse_metrics,
-    server_env,
     start_client,
     start_servers,
 )
@@ -37,13 +35,8 @@ FRAME = 4 * 256 * 1024  # bytes of the big tensor in one big_factory batch
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
-    data = str(tmp_path_factory.mktemp("data"))
-    write_dataset(data, UNEVEN, compression="none")
-    cache = str(tmp_path_factory.mktemp("cache"))
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("SERVICE_TEST_DATA", data)
-        mp.setenv("SERVICE_TEST_CACHE", cache)
-        yield server_env(data, cache, SERVICE_TEST_FAIL_AT="150")
+    with dataset_env(tmp_path_factory, "none", SERVICE_TEST_FAIL_AT="150") as env:
+        yield env
 
 
 @pytest.fixture(scope="module")

@@ -15,35 +15,26 @@ import sys
 import threading
 import time
 
-import numpy as np
 import pytest
-from corpus import WORDS, jsonl, train_tokenizer
+from corpus import docs, packed_docs
 from helpers import write_dataset
-from test_service_support import InProcessServer, canonical, parse_metrics
+from test_service_support import UNEVEN, InProcessServer, canonical, parse_metrics
 
 import shardloader as sl
 from shardloader import transport
 from shardloader.batching.blocks import TokenBlocks
-from shardloader.pack import PackOptions, pack
 from shardloader.service import RemoteLoader
 from shardloader.service.shm import leftover_segments
 from shardloader.service.wireframes import read_frame
 
 SEQ, ROWS = 16, 3
-UNEVEN = [1, 120, 3, 0, 17, 59]
 
 
 @pytest.fixture(scope="module")
 def tokens(tmp_path_factory):
     root = tmp_path_factory.mktemp("tok")
-    rng = np.random.default_rng(3)
-    lengths = np.minimum(rng.lognormal(2.5, 1.2, 120).astype(int) + 1, 200)
-    texts = [" ".join(WORDS[j] for j in rng.integers(0, len(WORDS), k)) for k in lengths]
-    jsonl(str(root / "raw" / "docs.jsonl"), texts)
-    tok = train_tokenizer(str(root / "tok.json"), texts)
-    out = str(root / "packed")
-    pack(str(root / "raw"), out, PackOptions(format="tokens", tokenizer=tok, max_samples=30))
-    return out
+    texts = docs(120, seed=3, mean=2.5, sigma=1.2, longest=200)
+    return packed_docs(str(root), texts, format="tokens", max_samples=30)
 
 
 @pytest.fixture(scope="module")
@@ -51,14 +42,6 @@ def samples(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("uneven"))
     write_dataset(out, UNEVEN)
     return out
-
-
-@pytest.fixture
-def shm_dir(tmp_path):
-    """The server's shared-memory folder: a private one, so leftovers are this test's own."""
-    folder = tmp_path / "shm"
-    folder.mkdir()
-    return str(folder)
 
 
 @pytest.fixture

@@ -32,13 +32,6 @@ def samples(tmp_path_factory):
     return out
 
 
-@pytest.fixture
-def shm_dir(tmp_path):
-    folder = tmp_path / "shm"
-    folder.mkdir()
-    return str(folder)
-
-
 def unattached(port: int) -> tuple[http.client.HTTPConnection, str | None]:
     """A stream that asks for shared memory and never maps it: (connection, the segment's
     name, or None when the server offered none)."""

@@ -9,6 +9,7 @@ Run as a script it is the client process of the tests::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import hashlib
 import json
@@ -22,6 +23,7 @@ import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -180,6 +182,23 @@ def server_env(data: str, cache: str, **extra: str) -> dict[str, str]:
         **extra,
     )
     return env
+
+
+@contextlib.contextmanager
+def dataset_env(tmp_path_factory: Any, compression: str, **extra: str) -> Iterator[dict[str, str]]:
+    """:data:`UNEVEN` written with ``compression`` and a cache folder, named in this process's
+    environment (its local reference loaders read the same) and in the server environment it
+    yields (``extra``: more variables for the servers)."""
+    import pytest  # neither at the top: server processes import this module
+    from helpers import write_dataset
+
+    data = str(tmp_path_factory.mktemp("data"))
+    write_dataset(data, UNEVEN, compression=compression)
+    cache = str(tmp_path_factory.mktemp("cache"))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SERVICE_TEST_DATA", data)
+        mp.setenv("SERVICE_TEST_CACHE", cache)
+        yield server_env(data, cache, **extra)
 
 
 class ServerProcess:

@@ -9,12 +9,13 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
 from fault_proxy import FaultProxy
+from helpers import in_thread
+from http_server import serving
 
 from shardloader.errors import StorageError
 from shardloader.storage.retry import RetryPolicy
@@ -35,18 +36,8 @@ MiB = 1 << 20
 def finishes_within(seconds: float, fn: Callable[[], Any]) -> tuple[float, BaseException | None]:
     """Run ``fn`` in a thread; (seconds taken, what it raised); fails if it is still running
     after ``seconds`` (the thread is a daemon: a server stopping ends it)."""
-    out: list[BaseException | None] = []
-
-    def run() -> None:
-        try:
-            fn()
-            out.append(None)
-        except BaseException as err:  # noqa: BLE001 - handed to the test
-            out.append(err)
-
     began = time.monotonic()
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
+    thread, out = in_thread(fn)
     thread.join(seconds)
     assert not thread.is_alive(), f"still reading after {seconds} s"
     return time.monotonic() - began, out[0]
@@ -80,16 +71,11 @@ class _Drip(http.server.BaseHTTPRequestHandler):
 @pytest.fixture
 def drip() -> Iterator[str]:
     stop = threading.Event()
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), type("H", (_Drip,), {"stop": stop}))
-    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        stop.set()
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
+    with serving(type("H", (_Drip,), {"stop": stop})) as url:
+        try:
+            yield url
+        finally:
+            stop.set()  # the handlers stop dripping before the server shuts down
 
 
 @pytest.mark.slow  # the deadline itself: 1.5 s
@@ -117,31 +103,10 @@ def test_a_dripping_s3_body_fails_at_the_deadline(
     assert fault_proxy.count("GET") == 1  # cut off once: no new attempt past the deadline
 
 
-@pytest.fixture
-def files(tmp_path: Path) -> Iterator[tuple[str, Path]]:
-    """Static files (no ranges: one GET, one part)."""
-    root = tmp_path / "www"
-    root.mkdir()
-
-    class Quiet(http.server.SimpleHTTPRequestHandler):
-        def log_message(self, format: str, *args: object) -> None:  # noqa: A002
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), partial(Quiet, directory=root))
-    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", root
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
-
-
 @pytest.mark.slow  # the reader waits out the deadline on purpose
-def test_a_slow_reader_does_not_use_up_the_deadline(files: tuple[str, Path]) -> None:
+def test_a_slow_reader_does_not_use_up_the_deadline(static_site: tuple[str, Path]) -> None:
     """A part whose buffer is full waits for the reader; that wait is not the server's."""
-    base, root = files
+    base, root = static_site  # no ranges: one GET, one part
     data = os.urandom(48 * MiB)  # 16 MiB fill the part's buffer; the rest waits in the server
     (root / "big.tar").write_bytes(data)
     policy = RetryPolicy(max_attempts=1, max_total_seconds=2.0, read_timeout=10.0)

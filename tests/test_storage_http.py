@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import hashlib
-import http.server
 import os
 import threading
 from collections.abc import Iterator
-from functools import partial
 from pathlib import Path
 
 import pytest
+from http_server import QuietFiles, serving, static_files
 
 from shardloader.errors import ChecksumError, ObjectNotFoundError, StorageError
 from shardloader.storage import fs as storage
@@ -24,14 +23,11 @@ POLICY = RetryPolicy(
 )
 
 
-class _Handler(http.server.SimpleHTTPRequestHandler):
+class _Handler(QuietFiles):
     """Static files, plus ``/flaky/...`` (first GET of a path: 503) and ``/broken`` (500)."""
 
     counts: dict[str, int]
     lock: threading.Lock
-
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - stdlib name
-        pass
 
     def _count(self) -> int:
         with self.lock:
@@ -61,19 +57,8 @@ def http_root(tmp_path: Path) -> Iterator[tuple[str, Path, dict[str, int]]]:
     root.mkdir()
     counts: dict[str, int] = {}
     handler = type("Handler", (_Handler,), {"counts": counts, "lock": threading.Lock()})
-    server = http.server.ThreadingHTTPServer(
-        ("127.0.0.1", 0), partial(handler, directory=str(root))
-    )
-    thread = threading.Thread(
-        target=partial(server.serve_forever, poll_interval=0.05), daemon=True, name="http-test"
-    )
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", root, counts
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
+    with serving(static_files(root, handler)) as url:
+        yield url, root, counts
 
 
 def test_http_read_open_and_fetch(

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from http_server import serving
 
 from shardloader.errors import ObjectNotFoundError, StorageError
 from shardloader.storage.clients import clear_clients
@@ -68,20 +69,9 @@ def _handler(site: Site) -> type[http.server.BaseHTTPRequestHandler]:
 
 
 def _serve(site: Site, context: ssl.SSLContext | None = None) -> Iterator[Site]:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _handler(site))
-    scheme = "http"
-    if context is not None:
-        server.socket = context.wrap_socket(server.socket, server_side=True)
-        scheme = "https"
-    site.url = f"{scheme}://127.0.0.1:{server.server_address[1]}"
-    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
-    try:
+    with serving(_handler(site), context=context) as url:
+        site.url = url
         yield site
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
 
 
 @pytest.fixture

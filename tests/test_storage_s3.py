@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from fault_proxy import FaultProxy
-from helpers import batch_ids, write_dataset
+from helpers import FAST_RETRY, batch_ids, write_dataset
 
 import shardloader as sl
 from shardloader.errors import ChecksumError, ObjectNotFoundError, StorageError
@@ -21,15 +21,7 @@ from shardloader.storage.retry import RetryPolicy
 
 pytestmark = pytest.mark.subprocess  # the moto S3 server process
 
-# Fast but real: backoff in milliseconds, a read timeout well under the proxy's 2 s stalls.
-POLICY = RetryPolicy(
-    max_attempts=5,
-    initial_backoff=0.01,
-    max_backoff=0.05,
-    max_total_seconds=20.0,
-    connect_timeout=1.0,
-    read_timeout=0.5,
-)
+POLICY = FAST_RETRY
 SIZE = 300_000
 CHUNK = 100_000  # fetch_shard's read size: one GET streamed, read in 3 pieces
 

@@ -12,7 +12,7 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
-from corpus import WORDS, jsonl, read_back, train_tokenizer
+from corpus import WORDS, jsonl, packed_docs, read_back, train_tokenizer
 
 import shardloader as sl
 from shardloader.batching.blocks import TokenBlocks
@@ -30,10 +30,7 @@ def corpus(tmp_path_factory):
     lengths = np.minimum(rng.lognormal(2.5, 1.2, 80).astype(int), 300)
     lengths[[3, 17, 40]] = 0  # empty documents have no tokens and no segment
     texts = [" ".join(WORDS[j] for j in rng.integers(0, len(WORDS), k)) for k in lengths]
-    jsonl(str(root / "raw" / "docs.jsonl"), texts)
-    tok = train_tokenizer(str(root / "tok.json"), [t for t in texts if t])
-    out = str(root / "packed")
-    pack(str(root / "raw"), out, PackOptions(format="tokens", tokenizer=tok, max_samples=23))
+    out = packed_docs(str(root), texts, format="tokens", max_samples=23)
     manifest, samples = read_back(out)
     assert len(manifest.shards) >= 3
     docs = [np.frombuffer(f["tokens"], "<u2").astype(np.int64) for _, f in samples]

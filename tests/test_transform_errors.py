@@ -7,18 +7,15 @@ data (a DecodeError, whoever raised it), never a bug in a transform (TransformEr
 
 from __future__ import annotations
 
-import hashlib
-import os
-
 import pytest
 import torch
 from corpus import jpeg
+from synthetic import write_manifest, write_shard
 
 import shardloader as sl
 from shardloader import errors, vision
 from shardloader.errors import DecodeError, UsageError
-from shardloader.format import open_writer
-from shardloader.manifest import FieldInfo, Manifest, ShardInfo
+from shardloader.manifest import FieldInfo, Manifest
 
 KEYS = [f"k/{i}" for i in range(6)]
 BAD = "k/3"
@@ -30,37 +27,13 @@ def data(tmp_path_factory):
     shard damaged later or packed by another tool would be)."""
     out = str(tmp_path_factory.mktemp("data"))
     fields = {"jpg": FieldInfo("image"), "cls": FieldInfo("int")}
-    name = "shard-00000.tar"
-    with open(os.path.join(out, name), "wb") as f:
-        writer = open_writer("tar", f, "none", fields)
-        for i, key in enumerate(KEYS):
-            image = jpeg(i, 40, 30)
-            writer.add(
-                key,
-                {"jpg": image[: len(image) // 2] if key == BAD else image, "cls": b"%d" % (i % 2)},
-            )
-        written = writer.close()
-    index = written.index.to_arrow_bytes()
-    with open(os.path.join(out, "shard-00000.idx.arrow"), "wb") as f:
-        f.write(index)
-    manifest = Manifest(
-        "tar",
-        "none",
-        fields,
-        [
-            ShardInfo(
-                name,
-                len(KEYS),
-                written.bytes,
-                written.raw_bytes,
-                written.sha256,
-                "shard-00000.idx.arrow",
-                hashlib.sha256(index).hexdigest(),
-            )
-        ],
-    )
-    with open(os.path.join(out, "index.json"), "wb") as f:
-        f.write(manifest.to_json())
+    images = [jpeg(i, 40, 30) for i in range(len(KEYS))]
+    samples = [
+        (key, {"jpg": image[: len(image) // 2] if key == BAD else image, "cls": b"%d" % (i % 2)})
+        for i, (key, image) in enumerate(zip(KEYS, images, strict=True))
+    ]
+    shard = write_shard(out, "shard-00000.tar", "tar", "none", fields, samples)
+    write_manifest(out, Manifest("tar", "none", fields, [shard]))
     return out
 
 

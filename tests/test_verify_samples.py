@@ -5,16 +5,13 @@ clean."""
 
 from __future__ import annotations
 
-import hashlib
-import io
-import json
-import os
 import tarfile
 
 import pyarrow as pa
 import pytest
 from click.testing import CliRunner
-from corpus import key_groups
+from corpus import key_groups, tar_file
+from hostile import edit_sidecar
 
 import shardloader as sl
 from shardloader.cli import main
@@ -37,26 +34,14 @@ def _packed(tmp_path, fmt: str, compression: str) -> str:
 def _wrong_checksum(out: str, shard: int, row: int) -> str:
     """Change one sample's ``xxh3_64`` in a sidecar, and the manifest's ``index_sha256`` with
     it, so only the per-sample check can notice; return the sample's key."""
-    with open(os.path.join(out, "index.json")) as f:
-        raw = json.load(f)
-    entry = raw["shards"][shard]
-    path = os.path.join(out, entry["index_path"])
-    with open(path, "rb") as f:
-        table = pa.ipc.open_file(pa.py_buffer(f.read())).read_all()
-    at = table.schema.get_field_index("xxh3_64")
-    sums = table.column(at).to_pylist()
-    sums[row] ^= 1
-    table = table.set_column(at, table.schema.field(at), pa.array(sums, pa.uint64()))
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_file(sink, table.schema) as writer:
-        writer.write_table(table)
-    data = sink.getvalue().to_pybytes()
-    with open(path, "wb") as f:
-        f.write(data)
-    entry["index_sha256"] = hashlib.sha256(data).hexdigest()
-    with open(os.path.join(out, "index.json"), "w") as f:
-        json.dump(raw, f)
-    return str(table.column("key")[row])
+
+    def flip(table: pa.Table) -> pa.Table:
+        at = table.schema.get_field_index("xxh3_64")
+        sums = table.column(at).to_pylist()
+        sums[row] ^= 1
+        return table.set_column(at, table.schema.field(at), pa.array(sums, pa.uint64()))
+
+    return str(edit_sidecar(out, shard, flip).column("key")[row])
 
 
 @pytest.mark.parametrize(("fmt", "compression"), CASES)
@@ -81,22 +66,15 @@ def test_adopted_tar_shards_with_folders_and_long_names_verify_clean(tmp_path):
     """``index`` spans a sample from where the previous one ended (folder entries and pax
     records included); verify hashes the same bytes."""
     path = tmp_path / "odd.tar"
-    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tf:
-        for name, data in [
-            ("dir/", None),
-            ("d" * 120 + "/k.txt", b"long"),
-            ("x/1.txt", b"one"),
-            ("sub/", None),
-            ("x/1.json", b"{}"),
-            ("y/2.txt", "ü".encode() * 400),
-        ]:
-            info = tarfile.TarInfo(name.rstrip("/"))
-            if data is None:
-                info.type = tarfile.DIRTYPE
-                tf.addfile(info)
-            else:
-                info.size = len(data)
-                tf.addfile(info, io.BytesIO(data))
+    members = [
+        ("dir/", None),
+        ("d" * 120 + "/k.txt", b"long"),
+        ("x/1.txt", b"one"),
+        ("sub/", None),
+        ("x/1.json", b"{}"),
+        ("y/2.txt", "ü".encode() * 400),
+    ]
+    tar_file(str(path), members, tarfile.PAX_FORMAT)
     index_shards([str(path)], str(tmp_path))
     report = verify_dataset(str(tmp_path))
     assert report.ok and report.samples == 3, report.bad

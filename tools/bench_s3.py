@@ -27,7 +27,6 @@ as Markdown tables with the machine's load average; compare rows of one run only
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import re
@@ -222,67 +221,46 @@ def samples(total: int, sample: int, seed: int = 0) -> Iterator[tuple[str, bytes
 def write_shards(out: str, total: int, sample: int, shard: int, seed: int = 0) -> Any:
     """zstd tar shards of ~``shard`` uncompressed bytes, sidecars, manifest (the writer pack
     uses, so shards carry what pack's do)."""
-    from shardloader.format import open_writer, shard_suffix
-    from shardloader.manifest import FieldInfo, Manifest, ShardInfo
+    from synthetic import shard_name, write_manifest, write_shard
+
+    from shardloader.manifest import FieldInfo, Manifest
 
     os.makedirs(out, exist_ok=True)
     fields = {"jpg": FieldInfo("image"), "cls": FieldInfo("int")}
     shards: list[Any] = []
     items = samples(total, sample, seed)
     pending = next(items, None)
+
+    def one_shard() -> Iterator[tuple[str, dict[str, bytes]]]:
+        nonlocal pending
+        in_shard = 0
+        while pending is not None and in_shard < shard:
+            key, data, label = pending
+            yield key, {"jpg": data, "cls": str(label).encode()}
+            in_shard += len(data)
+            pending = next(items, None)
+
     while pending is not None:
-        n = len(shards)
-        name = f"shard-{n:05d}{shard_suffix('tar', 'zstd')}"
-        with open(os.path.join(out, name), "wb") as f:
-            writer = open_writer("tar", f, "zstd", fields)
-            in_shard = 0
-            while pending is not None and in_shard < shard:
-                key, data, label = pending
-                writer.add(key, {"jpg": data, "cls": str(label).encode()})
-                in_shard += len(data)
-                pending = next(items, None)
-            w = writer.close()
-        index_name = f"shard-{n:05d}.idx.arrow"
-        index = w.index.to_arrow_bytes()
-        with open(os.path.join(out, index_name), "wb") as f:
-            f.write(index)
-        digest = hashlib.sha256(index).hexdigest()
-        shards.append(
-            ShardInfo(name, w.num_samples, w.bytes, w.raw_bytes, w.sha256, index_name, digest)
-        )
-    manifest = Manifest("tar", "zstd", fields, shards)
-    with open(os.path.join(out, "index.json"), "wb") as f:
-        f.write(manifest.to_json())
-    return manifest
+        name = shard_name(len(shards), "tar", "zstd")
+        shards.append(write_shard(out, name, "tar", "zstd", fields, one_shard()))
+    return write_manifest(out, Manifest("tar", "zstd", fields, shards))
 
 
 def many_shard_manifest(out: str, shards: int, per_shard: int) -> Any:
     """One real tiny shard listed (and hard-linked) under ``shards`` names: a manifest as large
     as a real one of that many shards, written in a second instead of minutes."""
-    from shardloader.manifest import Manifest, ShardInfo
+    from synthetic import listed_again, write_manifest
+
+    from shardloader.manifest import Manifest
 
     one = write_shards(os.path.join(out, "one"), per_shard * 2000, 2000, per_shard * 2000, 1)
     s = one.shards[0]
-    suffix = s.path[len("shard-00000") :]
-    infos = [
-        ShardInfo(
-            f"shard-{i:05d}{suffix}",
-            s.num_samples,
-            s.bytes,
-            s.raw_bytes,
-            s.sha256,
-            f"shard-{i:05d}.idx.arrow",
-            s.index_sha256,
-        )
-        for i in range(shards)
-    ]
+    infos = listed_again(s, shards)
     manifest = Manifest(one.format, one.compression, one.fields, infos)
     for info in infos:
         os.link(os.path.join(out, "one", s.path), os.path.join(out, info.path))
         os.link(os.path.join(out, "one", s.index_path), os.path.join(out, info.index_path))
-    with open(os.path.join(out, "index.json"), "wb") as f:
-        f.write(manifest.to_json())
-    return manifest
+    return write_manifest(out, manifest)
 
 
 def write_corpus(out: str, total: int, sample: int) -> int:

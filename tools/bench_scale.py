@@ -105,6 +105,8 @@ print(json.dumps(out))
 def write_synthetic(folder: str, num_samples: int, shard_samples: int, distinct: bool) -> str:
     """One real Arrow shard of ``shard_samples`` tiny samples, listed until ``num_samples``
     (``distinct``: a real dataset, every shard written)."""
+    from synthetic import write_manifest
+
     from shardloader.manifest import FieldInfo, Manifest
 
     os.makedirs(folder, exist_ok=True)
@@ -114,38 +116,21 @@ def write_synthetic(folder: str, num_samples: int, shard_samples: int, distinct:
         infos = [_write_shard(folder, n, n * shard_samples, shard_samples) for n in range(count)]
     else:
         infos = [_write_shard(folder, 0, 0, shard_samples)] * count
-    manifest = Manifest("arrow", "none", fields, infos)
-    with open(os.path.join(folder, "index.json"), "wb") as f:
-        f.write(manifest.to_json())
+    write_manifest(folder, Manifest("arrow", "none", fields, infos))
     return folder
 
 
 def _write_shard(folder: str, n: int, first: int, shard_samples: int) -> Any:
-    import hashlib
+    from synthetic import shard_name, write_shard
 
-    from shardloader.format import open_writer, shard_suffix
-    from shardloader.manifest import FieldInfo, ShardInfo
+    from shardloader.manifest import FieldInfo
 
     fields = {"bin": FieldInfo("bytes"), "cls": FieldInfo("int")}
-    name = f"shard-{n:05d}{shard_suffix('arrow', 'none')}"
-    with open(os.path.join(folder, name), "wb") as f:
-        writer = open_writer("arrow", f, "none", fields)
-        for i in range(first, first + shard_samples):
-            writer.add(f"s/{i:07d}", {"bin": i.to_bytes(4, "little"), "cls": b"%d" % (i % 10)})
-        written = writer.close()
-    index_name = f"shard-{n:05d}.idx.arrow"
-    index_bytes = written.index.to_arrow_bytes()
-    with open(os.path.join(folder, index_name), "wb") as f:
-        f.write(index_bytes)
-    return ShardInfo(
-        name,
-        written.num_samples,
-        written.bytes,
-        written.raw_bytes,
-        written.sha256,
-        index_name,
-        hashlib.sha256(index_bytes).hexdigest(),
+    samples = (
+        (f"s/{i:07d}", {"bin": i.to_bytes(4, "little"), "cls": b"%d" % (i % 10)})
+        for i in range(first, first + shard_samples)
     )
+    return write_shard(folder, shard_name(n, "arrow"), "arrow", "none", fields, samples)
 
 
 PER_NODE = [0]  # --ranks-per-node (0: unknown, one partition)

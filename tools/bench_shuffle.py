@@ -10,7 +10,6 @@ the ceiling).  One command, in a venv with webdataset (``/work/main/.venv-bench`
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 import shutil
 import sys
@@ -19,9 +18,10 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+from synthetic import shard_name, write_manifest, write_shard  # noqa: E402
+
 import shardloader as sl  # noqa: E402
-from shardloader.format import open_writer, shard_suffix  # noqa: E402
-from shardloader.manifest import FieldInfo, Manifest, ShardInfo  # noqa: E402
+from shardloader.manifest import FieldInfo, Manifest  # noqa: E402
 
 
 def class_mix(labels_per_batch: list[list[int]]) -> float:
@@ -33,29 +33,10 @@ def write_shardloader(samples: list[tuple[str, int]], out: str, per_shard: int) 
     fields = {"bin": FieldInfo("bytes"), "cls": FieldInfo("int")}
     shards = []
     for n, lo in enumerate(range(0, len(samples), per_shard)):
-        name = f"shard-{n:05d}{shard_suffix('tar', 'none')}"
-        with open(os.path.join(out, name), "wb") as f:
-            w = open_writer("tar", f, "none", fields)
-            for key, label in samples[lo : lo + per_shard]:
-                w.add(key, {"bin": b"x", "cls": str(label).encode()})
-            ws = w.close()
-        idx = ws.index.to_arrow_bytes()
-        with open(os.path.join(out, f"shard-{n:05d}.idx.arrow"), "wb") as f:
-            f.write(idx)
-        digest = hashlib.sha256(idx).hexdigest()
-        shards.append(
-            ShardInfo(
-                name,
-                ws.num_samples,
-                ws.bytes,
-                ws.raw_bytes,
-                ws.sha256,
-                f"shard-{n:05d}.idx.arrow",
-                digest,
-            )
-        )
-    with open(os.path.join(out, "index.json"), "wb") as f:
-        f.write(Manifest("tar", "none", fields, shards).to_json())
+        part = samples[lo : lo + per_shard]
+        rows = ((key, {"bin": b"x", "cls": str(label).encode()}) for key, label in part)
+        shards.append(write_shard(out, shard_name(n), "tar", "none", fields, rows))
+    write_manifest(out, Manifest("tar", "none", fields, shards))
 
 
 def main() -> None:

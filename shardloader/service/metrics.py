@@ -11,8 +11,11 @@ __all__ = ["Metrics", "StreamStats"]
 class StreamStats(Protocol):
     """What ``/metrics`` reads of an open stream (:class:`shardloader.service.stream.Stream`)."""
 
-    sent: int
-    next_step: int
+    @property
+    def sent(self) -> int: ...
+
+    @property
+    def next_step(self) -> int: ...
 
     @property
     def lag(self) -> int: ...

@@ -1,19 +1,18 @@
 """The event loop's end of a stream: the HTTP response that writes the frames a stream's producer
-thread hands over (NOTE [frame hand-off] in :mod:`shardloader.service.stream`), with pings while
-the pipeline has none ready, until the pass ends or the client leaves.
+thread hands over (a :class:`~shardloader.service.handoff.Handoff`, NOTE [frame hand-off]), with
+pings while the pipeline has none ready, until the pass ends or the client leaves.  It reads
+nothing of the stream but that hand-off.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from shardloader.service.handoff import Handoff
 from shardloader.service.wireencode import encode_control
-from shardloader.service.wireframes import PROTOCOL, frame_size
-
-if TYPE_CHECKING:
-    from shardloader.service.stream import Stream
+from shardloader.service.wireframes import PROTOCOL
 
 __all__ = ["Receive", "Scope", "Send", "stream_response"]
 
@@ -22,9 +21,9 @@ Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 
-async def stream_response(stream: Stream, scope: Scope, receive: Receive, send: Send) -> None:
-    """``stream``'s ASGI response: frames as they come, pings while none do, until end or
-    disconnect."""
+async def stream_response(handoff: Handoff, scope: Scope, receive: Receive, send: Send) -> None:
+    """The ASGI response of a stream: the frames ``handoff`` gets as they come, pings while none
+    do, until the last frame or a disconnect."""
     left = asyncio.ensure_future(_disconnected(receive))
     try:
         await send(
@@ -39,36 +38,37 @@ async def stream_response(stream: Stream, scope: Scope, receive: Receive, send: 
             }
         )
         wake = asyncio.Event()
-        stream.wake = wake
+        handoff.wake = wake
         while True:
-            if not stream.pending:  # NOTE [frame hand-off]
-                stream.waiting = True
-                if not stream.pending:
+            if not handoff.pending:  # NOTE [frame hand-off]
+                handoff.waiting = True
+                if not handoff.pending:
                     nudge = asyncio.ensure_future(wake.wait())
                     done, _ = await asyncio.wait(
                         {nudge, left},
-                        timeout=stream.options.ping_interval,
+                        timeout=handoff.ping_interval,
                         return_when=asyncio.FIRST_COMPLETED,
                     )
                     nudge.cancel()
                     if left in done:
                         return
-                    if not done and not stream.pending:
+                    if not done and not handoff.pending:
                         await send(
                             {
                                 "type": "http.response.body",
                                 "more_body": True,
-                                "body": encode_control("ping", stream.next_step),
+                                "body": encode_control("ping", handoff.next_step),
                             }
                         )
-                stream.waiting = False
+                handoff.waiting = False
                 wake.clear()
                 continue
             small = bytearray()  # the frames queued now go out as one body where small
             last = False
-            while stream.pending and not last:
-                chunks, last, count, permits = stream.pending.popleft()
-                for chunk in chunks:
+            while handoff.pending and not last:
+                frame = handoff.pending.popleft()
+                last = frame.last
+                for chunk in frame.chunks:
                     if memoryview(chunk).nbytes < _PIECE:
                         small += chunk
                         continue
@@ -83,13 +83,7 @@ async def stream_response(stream: Stream, scope: Scope, receive: Receive, send: 
                         small = bytearray()
                     for piece in _pieces(chunk):
                         await send({"type": "http.response.body", "body": piece, "more_body": True})
-                stream.slots.release(permits)
-                if not last:
-                    stream.sent += count
-                    stream.next_step += count
-                    with stream.metrics.lock:
-                        stream.metrics.batches += count
-                        stream.metrics.bytes += frame_size(chunks)
+                handoff.written(frame)
             if small:
                 await send({"type": "http.response.body", "body": bytes(small), "more_body": True})
             if last:
@@ -99,7 +93,6 @@ async def stream_response(stream: Stream, scope: Scope, receive: Receive, send: 
         pass  # the client went away mid-write
     finally:
         left.cancel()
-        stream.close()
 
 
 _PIECE = 1 << 18

@@ -11,19 +11,19 @@ this rank are cut from the plan, never read.
 
 A slow client blocks its producer (the slots), so memory stays flat.  The pass itself is
 planned in :mod:`shardloader.service.passes`, the stream's shared memory is kept in
-:mod:`shardloader.service.streamshm`, and the event loop's side, the HTTP response, is
+:mod:`shardloader.service.streamshm`, what the producer hands the event loop in
+:mod:`shardloader.service.handoff`, and the event loop's side, the HTTP response, is
 :mod:`shardloader.service.response`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import itertools
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +31,7 @@ from shardloader.dataset import ShardedDataset
 from shardloader.errors import ShardloaderError
 from shardloader.loader import make_loader
 from shardloader.service.encoded import Encoded
+from shardloader.service.handoff import Frame, Handoff
 from shardloader.service.metrics import Metrics
 from shardloader.service.options import ServeOptions
 from shardloader.service.passes import (
@@ -73,8 +74,11 @@ class Request:
     ranks_per_node: int | None = None  # as the client detected them (NOTE [node partitions])
 
 
+_END = object()  # what ``_next`` returns once the pipeline has no more items
+
+
 class Stream:
-    """One client's batch stream: a producer thread and the frames it has ready."""
+    """One client's batch stream: a producer thread and the frames it hands to the event loop."""
 
     _ids = itertools.count(1)
 
@@ -89,21 +93,17 @@ class Stream:
     ) -> None:
         self.id = next(self._ids)
         self.dataset, self.req, self.options = dataset, req, options
-        self.metrics, self.client, self.loop = metrics, client, loop
-        # NOTE [frame hand-off]: the producer appends frames; the response drains them all
-        # at once.  Waking the event loop costs a write to its self-pipe and a task switch,
-        # more than a forwarded token bundle's frame, so the producer wakes it only when
-        # ``waiting`` says it sleeps (it checks ``pending`` again after setting the flag, so
-        # a frame appended in between is not missed).
-        self.pending: collections.deque[tuple[list[Any], bool, int, int]] = collections.deque()
-        self.waiting = False
-        self.wake: asyncio.Event | None = None
+        self.metrics, self.client = metrics, client
+        self.handoff = Handoff(  # NOTE [frame hand-off]
+            loop, metrics, options.max_inflight, options.ping_interval, req.start
+        )
         self.memory = StreamMemory(options, metrics, self.id)  # NOTE [shm handover]
-        self.slots = threading.Semaphore(options.max_inflight)
         self.stop = threading.Event()
-        self.produced = 0  # batch frames handed to the event loop (producer thread writes)
-        self.sent = 0  # batch frames written to the client (event loop writes)
-        self.next_step = req.start
+        # the producer thread's own: the next step to queue, the batches gathered for one frame
+        # and how many a frame carries (1 until the first batch's size is known)
+        self._step = req.start
+        self._group: list[Any] = []
+        self._per_frame = 1
         self._busy = self._idle = 0.0
         self._busy_since: float | None = None  # the producer waits on the pipeline
         self._idle_since: float | None = None  # the producer waits on the client
@@ -125,7 +125,17 @@ class Stream:
     def lag(self) -> int:
         """Batches ready here that the client has not taken (at most ``max_inflight`` whose
         bytes are queued here; a forwarded token bundle's frame counts all its batches)."""
-        return max(self.produced - self.sent, 0)
+        return self.handoff.lag
+
+    @property
+    def sent(self) -> int:
+        """Batch frames written to the client."""
+        return self.handoff.sent
+
+    @property
+    def next_step(self) -> int:
+        """The first step the client has not been sent."""
+        return self.handoff.next_step
 
     def times(self) -> tuple[float, float]:
         """(seconds waiting on the pipeline, seconds waiting on the client), ongoing waits in."""
@@ -156,36 +166,25 @@ class Stream:
     def _put(self, chunks: list[Any], last: bool, count: int = 0, permits: int = 1) -> bool:
         """Queue a frame for the event loop once ``permits`` of the ``max_inflight`` are free
         (a frame of ``count`` batches takes as many, one whose bytes stay in the shared ring
-        takes one); the event loop gives them back once the frame is sent."""
+        takes one); the event loop gives them back once the frame is sent (False: the stream
+        stopped)."""
         self._idle_since = t0 = time.monotonic()
         try:
-            for _ in range(permits):
-                while not self.slots.acquire(timeout=0.2):
-                    if self.stop.is_set():
-                        return False
+            if not self.handoff.reserve(permits, self.stop):
+                return False
         finally:
             self._idle_since = None
             self._idle += time.monotonic() - t0
         if self.stop.is_set():
             return False
-        self.pending.append((chunks, last, count, permits))
-        if self.waiting:  # NOTE [frame hand-off]: wake the response only when it sleeps
-            try:
-                self.loop.call_soon_threadsafe(self._nudge)
-            except RuntimeError:  # the event loop is gone: the server is shutting down
-                return False
-        return True
-
-    def _nudge(self) -> None:
-        if self.wake is not None:
-            self.wake.set()
+        return self.handoff.push(Frame(chunks, last, count, permits))
 
     def _produce(self) -> None:
+        """The producer thread: the pass's frames, then its end (or the error that ended it)."""
         r = self.req
-        step = r.start
-        ring: SharedRing | None = None
         try:
             if r.start < r.steps:
+                # held here until the memory is closed, as the pass's workers and files are
                 view = pass_dataset(
                     self.dataset,
                     r.epoch,
@@ -195,110 +194,140 @@ class Stream:
                     r.start,
                     r.ranks_per_node,
                 )
-                extra: dict[str, Any] = {"persistent_workers": False}
-                if self.options.workers:
-                    extra["prefetch_factor"] = self.options.prefetch_factor
-                    if r.shm and self.options.shm_dir and worker_bundle(view) > 1:
-                        # NOTE [forwarded slots]: workers write into memory the client maps
-                        extra["make_ring"] = ring_maker(
-                            self.options.shm_dir, 4, self.memory.claiming
-                        )
-                    elif r.shm and self.options.shm_dir:
-                        self.memory.for_workers(extra)  # NOTE [worker slots]
-                try:
-                    loader = make_loader(view, num_workers=self.options.workers, **extra)
-                except OSError as err:  # no room in /dev/shm for the ring: copy instead
-                    log.info("stream %d: no shared ring (%s)", self.id, err)
-                    extra.pop("make_ring", None)
-                    loader = make_loader(view, num_workers=self.options.workers, **extra)
-                ring = getattr(loader.worker_init_fn, "ring", None)
-                if not isinstance(ring, SharedRing):
-                    ring = None
-                self.memory.ring = ring
-                serial = not self.options.workers and needs_serial_pipeline(view)
-                # with a shared ring, the DataLoader's own items: bundles stay whole
-                items = _items(loader) if ring is not None else iter(loader)
-                group: list[Any] = []
-                per_frame = 1  # batches per frame: 1 until the first batch's size is known
-                try:
-                    reserve = self.options.workers * (self.options.prefetch_factor + 2)
-                    while not self.stop.is_set():
-                        if ring is not None and self.memory.attached():
-                            ring.wait_room(reserve, WAIT_SECONDS)
-                        self._busy_since = t0 = time.monotonic()
-                        try:
-                            if serial:
-                                with SERIAL_PIPELINE:
-                                    item = next(items)
-                            else:
-                                item = next(items)
-                        except StopIteration:
-                            break
-                        finally:
-                            self._busy_since = None
-                            self._busy += time.monotonic() - t0
-                        if isinstance(item, Encoded):  # NOTE [worker slots]
-                            if group:
-                                if not self._send(step, group):
-                                    return
-                                step, group = step + len(group), []
-                            frame = encode_header(step, item.fields)
-                            if not self._put(frame, False, item.count):
-                                return
-                            self.produced += item.count
-                            self.memory.encoded += 1
-                            step += item.count
-                            continue
-                        if isinstance(item, Arrived):
-                            if self.memory.attached():
-                                if group:
-                                    if not self._send(step, group):
-                                        return
-                                    step, group = step + len(group), []
-                                frame = encode_forward(step, item.count, item.ring.forward(item))
-                                if not self._put(frame, False, item.count):
-                                    return
-                                self.produced += item.count
-                                step += item.count
-                                continue
-                            item = item.materialize()
-                        for batch in unbundle(item) if ring is not None else (item,):
-                            group.append(batch)
-                            if len(group) < per_frame and step + len(group) < r.steps:
-                                continue
-                            if step == r.start:  # NOTE [frames of several batches]
-                                one = frame_size(encode_batches(step, group))
-                                with self.metrics.lock:
-                                    self.metrics.frame_hint = max(self.metrics.frame_hint, one)
-                                per_frame = min(
-                                    max(1, BUNDLE_BYTES // max(one, 1)),
-                                    MAX_BUNDLE,
-                                    self.options.max_inflight,
-                                )
-                                if r.shm and not self._open_segment(step, per_frame * one):
-                                    return
-                            if not self._send(step, group):
-                                return
-                            step, group = step + len(group), []
-                        del item
-                    if group and not self.stop.is_set():
-                        if not self._send(step, group):
-                            return
-                        step += len(group)
-                finally:
-                    items.close()  # type: ignore[attr-defined]
-                    del items, loader, group  # shuts the DataLoader's workers down now
+                if not self._read_pass(view):
+                    return
             if not self.stop.is_set():
-                if step != r.steps:
+                if self._step != r.steps:
                     raise ShardloaderError(
-                        f"the pipeline ended after step {step - 1} but the pass has {r.steps} "
-                        "steps for this rank; the dataset is not deterministic"
+                        f"the pipeline ended after step {self._step - 1} but the pass has "
+                        f"{r.steps} steps for this rank; the dataset is not deterministic"
                     )
-                self._put([encode_control("end", step, steps=r.steps)], True)
+                self._put([encode_control("end", self._step, steps=r.steps)], True)
         except Exception as err:
-            self._fail(step, err)
+            self._fail(self._step, err)
         finally:
             self.memory.close()
+
+    def _read_pass(self, view: ShardedDataset) -> bool:
+        """Run the pass's pipeline over ``view`` and queue its frames (False: the stream
+        stopped)."""
+        loader, ring, serial = self._open_loader(view)
+        # with a shared ring, the DataLoader's own items: bundles stay whole
+        items: Iterator[Any] = _items(loader) if ring is not None else iter(loader)
+        try:
+            return self._drain(items, ring, serial)
+        finally:
+            items.close()  # type: ignore[attr-defined]
+            self._group = []
+            del items, loader  # shuts the DataLoader's workers down now
+
+    def _open_loader(self, view: ShardedDataset) -> tuple[Any, SharedRing | None, bool]:
+        """The DataLoader of ``view``, this rank's pass from step ``start``; the shared ring its
+        workers write into (None: none); whether it must run under the serial-pipeline lock."""
+        r = self.req
+        extra: dict[str, Any] = {"persistent_workers": False}
+        if self.options.workers:
+            extra["prefetch_factor"] = self.options.prefetch_factor
+            if r.shm and self.options.shm_dir and worker_bundle(view) > 1:
+                # NOTE [forwarded slots]: workers write into memory the client maps
+                extra["make_ring"] = ring_maker(self.options.shm_dir, 4, self.memory.claiming)
+            elif r.shm and self.options.shm_dir:
+                self.memory.for_workers(extra)  # NOTE [worker slots]
+        try:
+            loader = make_loader(view, num_workers=self.options.workers, **extra)
+        except OSError as err:  # no room in /dev/shm for the ring: copy instead
+            log.info("stream %d: no shared ring (%s)", self.id, err)
+            extra.pop("make_ring", None)
+            loader = make_loader(view, num_workers=self.options.workers, **extra)
+        ring = getattr(loader.worker_init_fn, "ring", None)
+        if not isinstance(ring, SharedRing):
+            ring = None
+        self.memory.ring = ring
+        return loader, ring, not self.options.workers and needs_serial_pipeline(view)
+
+    def _drain(self, items: Iterator[Any], ring: SharedRing | None, serial: bool) -> bool:
+        """Queue the pipeline's items as frames until it ends (False: the stream stopped)."""
+        reserve = self.options.workers * (self.options.prefetch_factor + 2)
+        while not self.stop.is_set():
+            if ring is not None and self.memory.attached():
+                ring.wait_room(reserve, WAIT_SECONDS)
+            item = self._next(items, serial)
+            if item is _END:
+                break
+            if isinstance(item, Arrived) and not self.memory.attached():
+                item = item.materialize()  # the client maps no shared memory: copy it out
+            if isinstance(item, (Encoded, Arrived)):
+                if not self._whole(item):
+                    return False
+            elif not self._batches(unbundle(item) if ring is not None else (item,)):
+                return False
+            del item
+        return self.stop.is_set() or self._flush()
+
+    def _next(self, items: Iterator[Any], serial: bool) -> Any:
+        """The pipeline's next item (``_END`` after the last), the wait counted as busy."""
+        self._busy_since = t0 = time.monotonic()
+        try:
+            if serial:
+                with SERIAL_PIPELINE:
+                    return next(items, _END)
+            return next(items, _END)
+        finally:
+            self._busy_since = None
+            self._busy += time.monotonic() - t0
+
+    def _whole(self, item: Encoded | Arrived) -> bool:
+        """Queue an item the workers made one frame of: batches they encoded into the stream's
+        segment (NOTE [worker slots]) or a bundle of their ring the client maps (NOTE
+        [forwarded slots]); the batches gathered before it go first (False: stopped)."""
+        if not self._flush():
+            return False
+        if isinstance(item, Encoded):
+            frame = encode_header(self._step, item.fields)
+        else:
+            frame = encode_forward(self._step, item.count, item.ring.forward(item))
+        if not self._put(frame, False, item.count):
+            return False
+        if isinstance(item, Encoded):
+            self.memory.encoded += 1
+        self._step += item.count
+        return True
+
+    def _batches(self, batches: Iterable[Any]) -> bool:
+        """Gather ``batches`` into frames of ``_per_frame`` (the pass's last may be short) and
+        queue each full one (False: the stream stopped)."""
+        r = self.req
+        for batch in batches:
+            self._group.append(batch)
+            if len(self._group) < self._per_frame and self._step + len(self._group) < r.steps:
+                continue
+            if self._step == r.start and not self._size_frames():
+                return False
+            if not self._flush():
+                return False
+        return True
+
+    def _size_frames(self) -> bool:
+        """Judge frames by the pass's first batch, which goes alone (NOTE [frames of several
+        batches]): how many batches a frame carries, and the size of the slots of the stream's
+        segment when the client asked for one (False: the stream stopped)."""
+        one = frame_size(encode_batches(self._step, self._group))
+        with self.metrics.lock:
+            self.metrics.frame_hint = max(self.metrics.frame_hint, one)
+        self._per_frame = min(
+            max(1, BUNDLE_BYTES // max(one, 1)), MAX_BUNDLE, self.options.max_inflight
+        )
+        return not self.req.shm or self._open_segment(self._step, self._per_frame * one)
+
+    def _flush(self) -> bool:
+        """Queue the batches gathered so far as one frame (False: the stream stopped)."""
+        if not self._group:
+            return True
+        if not self._send(self._step, self._group):
+            return False
+        self._step += len(self._group)
+        self._group = []
+        return True
 
     def _send(self, step: int, group: list[Any]) -> bool:
         """Encode ``group`` (steps ``step..``) as one frame and queue it (False: the stream
@@ -312,10 +341,7 @@ class Stream:
         counts every batch of a frame as a step, so resuming works as with one per frame.
         """
         chunks = encode_batches(step, group, self.memory.place)
-        if not self._put(chunks, False, len(group), len(group)):
-            return False
-        self.produced += len(group)
-        return True
+        return self._put(chunks, False, len(group), len(group))
 
     def _open_segment(self, step: int, frame_bytes: int) -> bool:
         """Make the stream's segment, its slots sized for frames of ``frame_bytes``, and
@@ -349,8 +375,12 @@ class Stream:
 
     # -- event loop -----------------------------------------------------------------------
     async def respond(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """The ASGI response: frames as they come, pings while none do, until end or disconnect."""
-        await stream_response(self, scope, receive, send)
+        """The ASGI response: frames as they come, pings while none do, until end or
+        disconnect; the stream closes with it."""
+        try:
+            await stream_response(self.handoff, scope, receive, send)
+        finally:
+            self.close()
 
 
 def _items(loader: Any) -> Iterator[Any]:
