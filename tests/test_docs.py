@@ -10,7 +10,6 @@ benchmark tools write with ``--json``.  (Every code block of the pages runs in t
 from __future__ import annotations
 
 import functools
-import http.server
 import importlib.util
 import json
 import os
@@ -18,7 +17,6 @@ import re
 import shutil
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,6 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
 
 import plot_benchmarks  # noqa: E402
+from http_server import QuietFiles, serving, static_files  # noqa: E402
 
 CHROMIUM = shutil.which("chromium")
 # the flags a sandboxed CI machine needs, and none that reach the network
@@ -365,7 +364,7 @@ def test_the_strict_build_fails_on_a_broken_link_and_a_missing_api_name(tmp_path
         assert done.returncode != 0 and says in done.stderr, done.stderr[-3000:]
 
 
-class _Recorder(http.server.SimpleHTTPRequestHandler):
+class _Recorder(QuietFiles):
     """Serves the built site and records each request's path and status."""
 
     served: list[tuple[str, int]]
@@ -373,24 +372,14 @@ class _Recorder(http.server.SimpleHTTPRequestHandler):
     def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
         self.served.append((self.path, int(code) if str(code).isdigit() else 0))
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (the base's name)
-        pass
-
 
 @pytest.fixture
 def served(site: Path) -> Iterator[tuple[str, list[tuple[str, int]]]]:
     """(base URL on 127.0.0.1, the requests it answered)."""
     log: list[tuple[str, int]] = []
-    handler = functools.partial(type("Handler", (_Recorder,), {"served": log}), directory=str(site))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", log
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(10)
+    handler = type("Handler", (_Recorder,), {"served": log})
+    with serving(static_files(site, handler)) as url:
+        yield url, log
 
 
 def _open(url: str, shot: Path, profile: Path) -> str:
