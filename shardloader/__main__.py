@@ -1,6 +1,7 @@
-"""``python -m shardloader`` runs the CLI."""
+"""``python -m shardloader`` runs the CLI, under the console script's name (the same usage
+lines, messages and ``--version``)."""
 
 from shardloader.cli import main
 
 if __name__ == "__main__":
-    main()
+    main(prog_name="shardloader")

@@ -50,7 +50,7 @@ def test_ci_run_removes_an_existing_venv_and_installs_from_scratch(tmp_path):
     stubs = str(tmp_path / "stubs")
     os.mkdir(stubs)
     _stub(stubs, "python3", _PYTHON3)
-    for name in ("pip", "ruff", "mypy", "python", "zstd", "apt-get"):
+    for name in ("pip", "ruff", "mypy", "python", "zstd", "apt-get", "mkdocs"):
         _stub(stubs, name, _RECORD)
     calls = tmp_path / "calls.log"
     env = {
@@ -72,19 +72,22 @@ def test_ci_run_removes_an_existing_venv_and_installs_from_scratch(tmp_path):
     assert "python3 saw the old .venv" not in lines
     assert not (repo / ".venv" / "stale").exists()
     # what this machine lacks of the native JPEG decoder's build is installed first, one by one
-    missing = ([] if shutil.which("cc", path="/usr/bin:/bin") else ["gcc", "libc6-dev"]) + (
-        [] if os.path.exists("/usr/include/jpeglib.h") else ["libjpeg62-turbo-dev"]
+    missing = (
+        ([] if shutil.which("cc", path="/usr/bin:/bin") else ["gcc", "libc6-dev"])
+        + ([] if os.path.exists("/usr/include/jpeglib.h") else ["libjpeg62-turbo-dev"])
+        + ([] if shutil.which("chromium", path="/usr/bin:/bin") else ["chromium"])
     )
     apt = ["apt-get update -qq"] + [f"apt-get install -y -qq {p}" for p in missing]
     assert lines == [
         *(apt if missing else []),
         "python3 -m venv .venv",
         "pip install -q torch==2.13.0",
-        "pip install -q -c constraints.txt -e .[dev]",
+        "pip install -q -c constraints.txt -e .[dev,docs]",
         "python -c from shardloader.vision import jpeg; "
         'print(jpeg.native_reason() or "native JPEG decoder built")',
         "ruff check shardloader tests tools",
         "ruff format --check shardloader tests tools",
         "mypy shardloader",
+        "mkdocs build --strict --quiet --site-dir " + lines[-2].rsplit(" ", 1)[-1],
         "python -m pytest -q",
     ]

@@ -174,11 +174,10 @@ def test_report_accounts_for_every_token(lm, case):
 
 
 def _lm_snippet(which: int = 1) -> str:
-    """A python block of README "Language models": 0 is TokenBlocks', 1 PackedBatches'."""
-    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
-        readme = f.read()
-    section = readme.split("#### Language models", 1)[1].split("\n#### ", 1)[0]
-    return re.findall(r"```python\n(.*?)```", section, re.S)[which]
+    """A python block of the LLM batches page: 0 is TokenBlocks', 1 PackedBatches'."""
+    with open(os.path.join(ROOT, "docs", "llm.md"), encoding="utf-8") as f:
+        page = f.read()
+    return re.findall(r"```python\n(.*?)```", page, re.S)[which]
 
 
 def test_the_readme_recipe_runs_and_gives_full_batches(lm, tmp_path, monkeypatch):
@@ -186,7 +185,7 @@ def test_the_readme_recipe_runs_and_gives_full_batches(lm, tmp_path, monkeypatch
     os.symlink(path, tmp_path / "packed-text")
     monkeypatch.chdir(tmp_path)
     scope: dict = {}
-    exec(compile(_lm_snippet(), "README.md", "exec"), scope)
+    exec(compile(_lm_snippet(), "docs/llm.md", "exec"), scope)
     assert tuple(scope["batch"]["input_ids"].shape) == (8, 2048)
     report = scope["ds"].report()
     assert report.truncated_tokens == report.dropped_tokens == 0

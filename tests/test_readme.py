@@ -1,4 +1,5 @@
-"""Every ``bash`` and ``python`` block of README.md runs, as a user would run it.
+"""Every ``bash`` and ``python`` block of README.md and of the documentation site (``docs/``,
+with the files its pages include, such as DESIGN.md) runs, as a user would run it.
 
 Each block runs in a fresh folder holding the small corpus ``python tools/make_tour.py`` makes
 (the README says so): ``photos/`` (class folders mixing ``.jpg``, ``.jpeg`` and ``.png`` files
@@ -10,12 +11,14 @@ they say).  Python blocks run as scripts with this interpreter; bash blocks unde
 pipefail`` with this environment's ``shardloader`` and ``python`` first on PATH.
 
 A block that cannot run here (installs, CI, a real S3 endpoint, signatures) carries a visible
-opt-out on the line before its fence: ``<!-- readme-test: skip (reason) -->``; it is reported as
-skipped with that reason.  A block that is neither runnable nor marked fails.
+opt-out on the line before its fence: ``<!-- readme-test: skip (reason) -->`` (in the site's
+pages, ``<!-- docs-test: skip (reason) -->``: the comment does not show there either); it is
+reported as skipped with that reason.  A block that is neither runnable nor marked fails.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -32,11 +35,13 @@ sys.path.insert(0, os.path.join(ROOT, "tools"))
 from make_tour import make_tour  # noqa: E402
 
 README = os.path.join(ROOT, "README.md")
+SITE = os.path.join(ROOT, "docs")
 RUN = {"python", "bash"}
 NOT_CODE = {"", "text"}  # diagrams and sample output
 _FENCE = re.compile(r"^```(\S*)\s*$")
-_MARKER = re.compile(r"^<!--\s*readme-test:\s*skip\s*\((.+)\)\s*-->\s*$")
-_ANY_MARKER = re.compile(r"readme-test")
+_MARKER = re.compile(r"^<!--\s*(?:readme|docs)-test:\s*skip\s*\((.+)\)\s*-->\s*$")
+_ANY_MARKER = re.compile(r"(?:readme|docs)-test")
+_SNIPPET = re.compile(r'^--8<-- "([^"]+)"\s*$')  # pymdownx.snippets, as mkdocs.yml sets it up
 TIMEOUT = 300
 
 
@@ -47,11 +52,37 @@ class Block:
     code: str
     skip: str | None  # the reason, when marked
     section: str
+    doc: str = "README.md"  # relative to the repository
 
     @property
     def id(self) -> str:
         slug = re.sub(r"[^a-z0-9]+", "-", self.section.lower()).strip("-")[:40]
-        return f"L{self.line}-{self.lang}-{slug}"
+        page = os.path.splitext(self.doc)[0].replace("/", "-")
+        return f"{page}-L{self.line}-{self.lang}-{slug}"
+
+
+def documents() -> list[str]:
+    """README.md and every page of the site, relative to the repository."""
+    pages = [
+        os.path.relpath(os.path.join(folder, name), ROOT)
+        for folder, _, names in os.walk(SITE)
+        for name in names
+        if name.endswith(".md")
+    ]
+    return ["README.md", *sorted(pages)]
+
+
+def expand(text: str) -> str:
+    """The text with each ``--8<-- "FILE"`` line replaced by FILE, as the site build does."""
+    out = []
+    for line in text.splitlines():
+        match = _SNIPPET.match(line)
+        if match is None:
+            out.append(line)
+            continue
+        with open(os.path.join(ROOT, match.group(1)), encoding="utf-8") as f:
+            out.extend(f.read().splitlines())
+    return "\n".join(out) + "\n"
 
 
 def parse(text: str) -> tuple[list[Block], list[str]]:
@@ -108,15 +139,28 @@ def parse(text: str) -> tuple[list[Block], list[str]]:
     return blocks, problems
 
 
-with open(README, encoding="utf-8") as _f:
-    BLOCKS, PROBLEMS = parse(_f.read())
+def _all_blocks() -> tuple[list[Block], list[str]]:
+    blocks: list[Block] = []
+    problems: list[str] = []
+    for doc in documents():
+        with open(os.path.join(ROOT, doc), encoding="utf-8") as f:
+            found, trouble = parse(expand(f.read()))
+        blocks += [dataclasses.replace(b, doc=doc) for b in found]
+        problems += [f"{doc}: {p}" for p in trouble]
+    return blocks, problems
+
+
+BLOCKS, PROBLEMS = _all_blocks()
 
 
 def test_the_parser_and_the_markers():
     assert PROBLEMS == []
     langs = {b.lang for b in BLOCKS}
     assert langs <= RUN | NOT_CODE, f"blocks in {langs - RUN - NOT_CODE}: run them or use text"
-    assert sum(b.lang in RUN for b in BLOCKS) >= 10  # the README did not lose its snippets
+    runnable = [b for b in BLOCKS if b.lang in RUN and b.skip is None]
+    assert len(runnable) >= 20  # the docs did not lose their snippets
+    assert sum(b.doc == "README.md" for b in runnable) >= 3  # the README's tour runs
+    assert {b.doc for b in runnable} >= {"README.md", "docs/llm.md", "docs/recipes.md"}
     got, problems = parse(
         "intro\n\n<!-- readme-test: skip (no endpoint) -->\n```python\nx\n```\n\n```bash\ny\n```\n"
     )
@@ -127,6 +171,17 @@ def test_the_parser_and_the_markers():
     assert problems == []
     _, problems = parse("<!-- readme-test: skip (stray) -->\ntext\n")
     assert problems == ["line 1: skip marker not followed by a code block"]
+    got, problems = parse("<!-- docs-test: skip (a site page) -->\n```bash\nz\n```\n")
+    assert [(b.skip, problems) for b in got] == [("a site page", [])]
+
+
+def test_included_files_are_read_as_the_site_shows_them(tmp_path):
+    """A page that includes DESIGN.md (pymdownx.snippets) is checked with DESIGN.md's blocks."""
+    text = expand('intro\n--8<-- "DESIGN.md"\nafter\n')
+    with open(os.path.join(ROOT, "DESIGN.md"), encoding="utf-8") as f:
+        design = f.read()
+    assert text == "intro\n" + design.rstrip("\n") + "\nafter\n"
+    assert "docs/design.md" in documents() and "docs/reference/api.md" in documents()
 
 
 # -- the corpus ------------------------------------------------------------------------------
@@ -171,7 +226,7 @@ def _env(work: str) -> dict[str, str]:
 @pytest.mark.parametrize("block", [b for b in BLOCKS if b.lang in RUN], ids=lambda b: b.id)
 def test_block_runs(block: Block, corpus: tuple[str, str], tmp_path):
     if block.skip is not None:
-        pytest.skip(f"README.md line {block.line}: {block.skip}")
+        pytest.skip(f"{block.doc} line {block.line}: {block.skip}")
     work = str(tmp_path / "work")
     shutil.copytree(corpus[1] if block.lang == "python" else corpus[0], work)
     os.symlink(os.path.join(ROOT, "tools"), os.path.join(work, "tools"))
@@ -194,17 +249,18 @@ def test_block_runs(block: Block, corpus: tuple[str, str], tmp_path):
         )
     except subprocess.TimeoutExpired as err:
         pytest.fail(
-            f"README.md line {block.line} ({block.section}) ran over {TIMEOUT} s:\n"
+            f"{block.doc} line {block.line} ({block.section}) ran over {TIMEOUT} s:\n"
             f"{block.code}\n{err.stderr!r}"[-4000:]
         )
     assert done.returncode == 0, (
-        f"README.md line {block.line} ({block.section}) exited {done.returncode}:\n"
+        f"{block.doc} line {block.line} ({block.section}) exited {done.returncode}:\n"
         f"{block.code}\n--- stdout\n{done.stdout[-2000:]}\n--- stderr\n{done.stderr[-4000:]}"
     )
 
 
 def test_the_layout_names_real_files():
-    """README's Layout block names modules and folders that exist (it once named monitor.py)."""
+    """The Layout block (Design page) names modules and folders that exist (it once named
+    monitor.py)."""
     layout = [b for b in BLOCKS if b.section == "Layout"]
     assert len(layout) == 1
     names = re.findall(r"(?<![\w./])([a-z_]+(?:\.py|/))(?!\w)", layout[0].code)
@@ -219,9 +275,7 @@ def test_the_layout_names_real_files():
 def test_docs_hold_no_merge_conflict_markers():
     """A skipped block would hide a half-resolved merge; look at every Markdown file."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    docs = [os.path.join(root, "README.md"), os.path.join(root, "DESIGN.md")]
-    for folder, _, names in os.walk(os.path.join(root, "docs")):
-        docs += [os.path.join(folder, n) for n in names if n.endswith(".md")]
+    docs = [os.path.join(root, d) for d in [*documents(), "DESIGN.md"]]
     for path in docs:
         with open(path, encoding="utf-8") as f:
             for number, line in enumerate(f, 1):

@@ -395,19 +395,19 @@ def test_token_shards_on_s3_read_like_local_ones(corpus, s3_server, s3_bucket, t
 
 
 def test_the_readme_recipe_runs(corpus, tmp_path, monkeypatch):
-    """README "Language models", first block, on token shards: full batches, every token."""
+    """The LLM batches page, first block, on token shards: full batches, every token."""
     import re
 
     path, shards, _ = corpus
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    with open(os.path.join(root, "README.md"), encoding="utf-8") as f:
-        section = f.read().split("#### Language models", 1)[1]
-    snippet = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    with open(os.path.join(root, "docs", "llm.md"), encoding="utf-8") as f:
+        page = f.read()
+    snippet = re.search(r"```python\n(.*?)```", page, re.S).group(1)
     assert "TokenBlocks" in snippet and "packed-tokens/" in snippet
     os.symlink(path, tmp_path / "packed-tokens")
     monkeypatch.chdir(tmp_path)
     scope: dict = {}
-    exec(compile(snippet, "README.md", "exec"), scope)
+    exec(compile(snippet, "docs/llm.md", "exec"), scope)
     assert tuple(scope["batch"]["input_ids"].shape) == (8, 2048)
     report = scope["ds"].report()
     assert report.tokens == sum(d.size for docs in shards for d in docs)

@@ -1,4 +1,4 @@
-"""Object storage at wire speed (issue 14): S3 and HTTP epochs against local disk, a bare
+"""Object storage at wire speed: S3 and HTTP epochs against local disk, a bare
 client, LitData and (optionally) an older shardloader, side by side in one run.
 
 One command:
@@ -483,7 +483,7 @@ def main(argv: list[str] | None = None) -> None:
         help="comma-separated subset of epochs, ttfb, pack (default: all)",
     )
     p.add_argument("--workdir", default=None, help="default: a temp folder, removed at the end")
-    p.add_argument("--json", default=None, help="write every run here")
+    p.add_argument("--json", default=None, help="also write the epoch rows and every run here")
     p.add_argument("--child", nargs=2, metavar=("KIND", "JOB"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
@@ -599,10 +599,8 @@ def run(args: argparse.Namespace, root: str) -> None:
         if args.pack_mb and "pack" in parts:
             pack_rates(args, root, s3_server, rows, labels)
         goals(rows, labels, litdata, stored)
-    if args.json:
-        with open(args.json, "w") as f:
-            runs = [{"row": n, "reader": r, **x} for (n, r), xs in rows.runs.items() for x in xs]
-            json.dump({"runs": runs, "stored_bytes": stored, "load": os.getloadavg()}, f)
+        if args.json:
+            write_json(args.json, rows, stored, nshards)
     print(
         f"\nload average (1, 5, 15 min) at start {load0[0]:.1f} {load0[1]:.1f} {load0[2]:.1f}, "
         f"after the epochs {load1[0]:.1f} {load1[1]:.1f} {load1[2]:.1f}; "
@@ -637,6 +635,39 @@ def prepare_litdata(args: argparse.Namespace, root: str, out: str, s3: Any) -> N
     )
     shutil.rmtree(src, ignore_errors=True)
     upload(s3, out, "litdata", sorted(os.listdir(out)))
+
+
+def write_json(path: str, rows: Rows, stored: int, nshards: int) -> None:
+    """The epoch table as rows (medians; what tools/plot_benchmarks.py draws), and every run."""
+    bare = [rows.median(f"bare boto3 get_object x{t}", "-", "seconds") for t in (2, 4)]
+    best = max(stored / MB / s for s in bare if s) if any(bare) else None
+    out = []
+    for (name, reader), _ in rows.runs.items():
+        secs = rows.median(name, reader, "seconds")
+        if not secs or name.startswith(("ttfb", "pack")):
+            continue
+        bare_row = name.startswith("bare")
+        local = None if bare_row else rows.median("local disk", reader, "seconds")
+        reqs = rows.requests(name, reader)
+        shard_reqs = sum(v for k, v in reqs.items() if "manifest" not in k)
+        out.append(
+            {
+                "source": "S3 (moto)" if bare_row else name,
+                "reader": name if bare_row else reader,
+                "mb_s": stored / MB / secs,
+                "vs_local": local / secs if local else None,
+                "vs_bare": stored / MB / secs / best if best else None,
+                "first_batch_s": rows.median(name, reader, "first"),
+                "requests_per_shard": shard_reqs / nshards if reqs else None,
+            }
+        )
+    runs = [{"name": n, "reader": r, **run} for (n, r), rs in rows.runs.items() for run in rs]
+    with open(path, "w") as f:
+        json.dump(
+            {"dataset": {"stored_mb": stored / MB, "shards": nshards}, "rows": out, "runs": runs},
+            f,
+            indent=1,
+        )
 
 
 def fmt(value: float | None, spec: str = ".2f") -> str:

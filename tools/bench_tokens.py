@@ -284,7 +284,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--markdown", action="store_true")
-    ap.add_argument("--json", help="write the medians and every run here")
+    ap.add_argument("--json", default=None, help="also write the table's rows and every run here")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -313,6 +313,37 @@ def main() -> None:
                 results.setdefault((system, w), []).append(r)
                 print(f"{system} workers={w}: {r}", file=sys.stderr)
     report(results, cold, systems, workers, args)
+    if args.json:
+        write_json(args.json, results, cold)
+
+
+def write_json(path: str, results: dict[tuple[str, int], list[dict]], cold: dict) -> None:
+    """The table as rows (medians; what tools/plot_benchmarks.py draws), and every run."""
+    rows = []
+    for (system, w), runs in results.items():
+        rows.append(
+            {
+                "system": system,
+                "workers": w,
+                "mtok_s": statistics.median(r["rest"] / r["seconds"] / 1e6 for r in runs),
+                "main_cpu_us_per_batch": statistics.median(
+                    r["cpu"] / (r["rest"] / (ROWS * SEQ)) * 1e6 for r in runs
+                ),
+                "tree_cpu_us_per_batch": statistics.median(
+                    r.get("tree_cpu", r["cpu"]) / (r["rest"] / (ROWS * SEQ)) * 1e6 for r in runs
+                ),
+                "first_batch_s": statistics.median(r["ttfb"] for r in runs),
+                "peak_anon_mb": statistics.median(r["anon_mb"] for r in runs),
+                "pss_anon_mb": statistics.median(r["pss_anon_mb"] for r in runs),
+            }
+        )
+    every = [{"system": s, "workers": w, **r} for (s, w), rs in results.items() for r in rs]
+    with open(path, "w") as f:
+        json.dump(
+            {"rows": rows, "cold_first_batch_s": cold, "runs": every, "load": os.getloadavg()},
+            f,
+            indent=1,
+        )
 
 
 def report(results, cold, systems, workers, args) -> None:
@@ -347,12 +378,6 @@ def report(results, cold, systems, workers, args) -> None:
                 f"| {system} | {w} | {row['mtok']:.1f} | {row['cpu_us']:.0f} / "
                 f"{row['tree_us']:.0f} | {row['ttfb']:.3f} | {row['anon_mb']:.0f} "
                 f"| {row['pss_anon_mb']:.0f} | {row['shmem_mb']:.0f} |"
-            )
-    if args.json:
-        with open(args.json, "w") as f:
-            runs = [{"system": s, "workers": w, **r} for (s, w), rs in results.items() for r in rs]
-            json.dump(
-                {"rows": summary, "runs": runs, "cold_ttfb": cold, "load": os.getloadavg()}, f
             )
     print("\ntime to first batch with an empty node cache (stages shards):", cold)
     if "shardloader" in systems and "litdata" in systems and 0 in workers:

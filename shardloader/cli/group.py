@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from shardloader import __version__
 from shardloader.cli.advice import in_cli_terms
 from shardloader.errors import ShardloaderError, UsageError
 
@@ -28,6 +29,8 @@ class _Group(click.Group):
 
 
 @click.group(cls=_Group)
-@click.version_option(package_name="shardloader")
+# the package's own version (no installed metadata needed: a checkout on PYTHONPATH has none),
+# and one name whichever way it was started (`shardloader` or `python -m shardloader`)
+@click.version_option(__version__, prog_name="shardloader", message="%(prog)s %(version)s")
 def main() -> None:
     """Pack raw files into verified shards and stream them into PyTorch."""

@@ -40,7 +40,7 @@ class Normalize:
     """``(x / 255 - mean) / std`` for uint8 input, ``(x - mean) / std`` for float input (taken
     as already in [0, 1]); works on one image or a batch, on any device, in ``dtype``.
 
-    Float input above 1 (0–255 pixels cast to float, the mistake the README's Troubleshooting
+    Float input above 1 (0–255 pixels cast to float, the mistake the Troubleshooting page
     describes) is refused: checked on every CPU tensor, and on the first tensor of another
     device only (reading a value back from an accelerator waits for it).
     """
