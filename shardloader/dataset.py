@@ -55,7 +55,14 @@ class ShardedDataset(DatasetPosition, IterableDataset):  # type: ignore[type-arg
     so the job reads each byte about once per epoch; ``"rank"`` a span per rank; ``"global"``
     every node reads every shard (the most mixing inside a batch, for a small cluster whose
     node caches hold the data).  ``ranks_per_node`` overrides what :mod:`shardloader.world`
-    detects (torchrun, Slurm); unknown, ``"node"`` falls back to ``"rank"``.
+    detects (torchrun, Slurm); unknown, ``"node"`` keeps one partition.
+
+    ``data_parallel``: the job's data-parallel group, a ``DeviceMesh`` (``mesh["dp"]``, or a
+    mesh with a data-parallel dimension) or a process group, for jobs that also split each
+    model replica (tensor, pipeline, context parallel): rank and world become the replica's
+    data-parallel rank and the number of replicas, so a replica's ranks read the same
+    batches (NOTE [data-parallel place] in :mod:`shardloader.dataparallel`); ``ranks_per_node``
+    then counts replicas a node.
 
     The planner decides the collate where it must agree with the plan (its
     ``resolve_collate``): ``PackedBatches(..., pad_id=...)`` builds its PackCollate when
@@ -83,6 +90,7 @@ class ShardedDataset(DatasetPosition, IterableDataset):  # type: ignore[type-arg
         aliases: Mapping[str, Sequence[str]] | None = None,
         partition: str = "node",
         ranks_per_node: int | None = None,
+        data_parallel: Any = None,
     ) -> None:
         super().__init__()
         if uneven not in UNEVEN_POLICIES:
@@ -118,7 +126,7 @@ class ShardedDataset(DatasetPosition, IterableDataset):  # type: ignore[type-arg
         self._planning.signature()  # a planner must declare its options (or fail here)
         self._bundle = 1  # batches per worker output: NOTE [bundles] in shardloader/transport.py
         self._ring: Any = None  # the loader's shared buffers (NOTE [ring slots] there)
-        self._init_position(rank, world_size, ranks_per_node)
+        self._init_position(rank, world_size, ranks_per_node, data_parallel)
         self._skip_log: SkipLog | None = None  # ledger.py: where run-time skips are appended
         self._lengths: np.ndarray | None = None
         bind = getattr(planner, "bind", None)

@@ -286,6 +286,14 @@ def _already_collated(batch: Any) -> Any:
     return batch
 
 
-def make_loader(dataset: ShardedDataset, **kwargs: Any) -> ShardLoader:
-    """A configured DataLoader: workers persist across epochs, batches come formed."""
+def make_loader(
+    dataset: ShardedDataset, *, data_parallel: Any = None, **kwargs: Any
+) -> ShardLoader:
+    """A configured DataLoader: workers persist across epochs, batches come formed.
+
+    ``data_parallel``: the job's data-parallel ``DeviceMesh`` dimension or process group, as
+    ``ShardedDataset(data_parallel=...)`` takes it (:meth:`ShardedDataset.set_data_parallel`).
+    """
+    if data_parallel is not None:
+        dataset.set_data_parallel(data_parallel)
     return ShardLoader(dataset, **kwargs)

@@ -27,7 +27,7 @@ from shardloader.service.transport import Endpoint, get_json, next_delay
 from shardloader.service.wireframes import PROTOCOL
 from shardloader.split import Place
 from shardloader.storage.retry import RetryPolicy
-from shardloader.world import detect_ranks_per_node, detect_world
+from shardloader.world import detect_data_parallel, detect_ranks_per_node, detect_world
 
 __all__ = ["RemoteLoader", "DEFAULT_REMOTE_RETRY"]
 
@@ -51,8 +51,11 @@ class RemoteLoader:
 
     ``urls``: one or more replicas serving the same pipeline (rank ``r`` starts at
     ``urls[r % len(urls)]`` to spread load).  ``rank``/``world_size`` default to the detected
-    distributed place.  ``seed``/``fingerprint`` pin what the servers must serve (409 →
-    :class:`ResumeError` otherwise); unset, they are learned from the first server.
+    distributed place; ``data_parallel`` (a ``DeviceMesh`` dimension or process group, as
+    ``ShardedDataset`` takes it) makes them the data-parallel rank and the number of replicas,
+    so the ranks of one replica get the same batches.  ``seed``/``fingerprint`` pin what the
+    servers must serve (409 → :class:`ResumeError` otherwise); unset, they are learned from
+    the first server.
     ``token``: the bearer token of servers started with ``--token-file``; by default it comes
     from ``$SHARDLOADER_TOKEN``, or the file ``$SHARDLOADER_TOKEN_FILE`` names.
     ``transport``: ``"auto"`` takes batches through shared memory from a server on this host
@@ -74,17 +77,25 @@ class RemoteLoader:
         retry: RetryPolicy | None = None,
         prefetch: int = 2,
         transport: str = "auto",
+        data_parallel: Any = None,
     ) -> None:
         listed = [urls] if isinstance(urls, str) else list(urls)
         if not listed:
             raise UsageError("RemoteLoader needs at least one service URL")
         self._endpoints = [Endpoint(u) for u in listed]
-        r, w = detect_world(rank, world_size)
+        if data_parallel is not None:
+            if rank is not None or world_size is not None:
+                raise UsageError("pass data_parallel= or rank/world_size, not both")
+            place = detect_data_parallel(data_parallel, ranks_per_node)
+            r, w, per_node = place.rank, place.world_size, place.ranks_per_node
+        else:
+            r, w = detect_world(rank, world_size)
+            per_node = detect_ranks_per_node(r, w, ranks_per_node)
         Place(r, w)
         if prefetch < 1:
             raise UsageError(f"prefetch={prefetch} must be >= 1")
         self._rank, self._world = r, w
-        self._per_node = detect_ranks_per_node(r, w, ranks_per_node)
+        self._per_node = per_node
         self._expect: dict[str, Any] = {
             "fingerprint": fingerprint,
             "seed": seed,
