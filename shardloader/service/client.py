@@ -158,23 +158,23 @@ class RemoteLoader:
         epoch, position = self._epoch, self._position
         if self._steps_left == 0:  # the pass is over: continue with the next epoch
             epoch, position = epoch + 1, 0
-        state = {
-            "version": _STATE_VERSION,
+        partitions = int(self._expect["partitions"] or 1)
+        # the local loader's keys, whatever the progress (NOTE [one state for every rank])
+        return {
+            "version": _PARTITIONED_VERSION if partitions > 1 else _STATE_VERSION,
             "epoch": epoch,
             "position": position,
             "seed": self._expect["seed"],
             "fingerprint": self._expect["fingerprint"],
             "plan": self._expect["plan"],
+            "partitions": partitions,
+            "reshapes": [],
         }
-        partitions = int(self._expect["partitions"] or 1)
-        if partitions > 1:  # as a local loader writes it (NOTE [node partitions])
-            state.update(version=_PARTITIONED_VERSION, partitions=partitions)
-        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue a saved run (local or remote); the servers check seed, manifest and plan."""
         version = state.get("version")
-        if version not in (_STATE_VERSION, _PARTITIONED_VERSION) or "reshapes" in state:
+        if version not in (_STATE_VERSION, _PARTITIONED_VERSION) or state.get("reshapes"):
             raise ResumeError(
                 f"loader state version {version!r} is not {_STATE_VERSION} or "
                 f"{_PARTITIONED_VERSION} without reshapes: a state whose batch shape changed "
