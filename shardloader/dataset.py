@@ -30,11 +30,12 @@ from shardloader.errors import UsageError
 from shardloader.ledger import Ledger, SkipLog
 from shardloader.manifest import read_manifest
 from shardloader.partition import PARTITIONS
-from shardloader.position import _PER_NODE, _RANK, _WORLD, DatasetPosition, integer
+from shardloader.position import _PER_NODE, _RANK, _WORLD, integer
 from shardloader.sampleread import SampleSource, iterate_samples
 from shardloader.shards import ReadOptions, ShardSet
 from shardloader.shuffle import ShuffleOptions, derive_seed, seed_global_rngs
-from shardloader.split import UNEVEN_POLICIES
+from shardloader.split import UNEVEN_POLICIES, Place
+from shardloader.stateful import DatasetState
 from shardloader.world import detect_place
 
 __all__ = ["ShardedDataset", "EpochReport"]
@@ -42,7 +43,7 @@ __all__ = ["ShardedDataset", "EpochReport"]
 _DEFAULT_DECODER = Decoder()
 
 
-class ShardedDataset(DatasetPosition, IterableDataset):  # type: ignore[type-arg]
+class ShardedDataset(DatasetState, IterableDataset):  # type: ignore[type-arg]
     """Stream a packed dataset (local folder or any fsspec URL) into PyTorch.
 
     ``batch_size`` forms batches inside the workers (needed for the guarantee that a rank's
@@ -144,6 +145,7 @@ class ShardedDataset(DatasetPosition, IterableDataset):  # type: ignore[type-arg
         state = dict(self.__dict__)
         state["_report_lengths"] = None
         state["_plan_cache"] = None
+        state["_progress"] = state["_pending"] = None  # per process (NOTE [worker states])
         return state
 
     def use_transport(self, bundle: int, ring: Any) -> None:
@@ -296,12 +298,25 @@ class ShardedDataset(DatasetPosition, IterableDataset):  # type: ignore[type-arg
 
     # -- iteration ------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
-        return self._iterate()
-
-    def _iterate(self) -> Iterator[Any]:
-        epoch, start, history = self._where()
+        # the pass is recorded now, not at the first batch: a StatefulDataLoader asks for
+        # the state before it (NOTE [worker states] in shardloader/stateful.py)
         values = self._control.get()
         place = detect_place(values[_RANK], values[_WORLD])
+        progress, place, epoch, start = self._begin_pass(place)
+        if progress.done >= progress.steps:
+            return iter(())
+        return self._counted(progress, self._iterate(place, epoch, start, progress.reshapes))
+
+    @staticmethod
+    def _counted(progress: Any, items: Iterator[Any]) -> Iterator[Any]:
+        for item in items:
+            progress.done += 1
+            yield item
+
+    def _iterate(
+        self, place: Place, epoch: int, start: int, history: tuple[Reshape, ...]
+    ) -> Iterator[Any]:
+        values = self._control.get()
         seed_global_rngs(derive_seed(self.seed, epoch, place.rank, place.worker, 1 << 40))
         plan = self._plan(epoch, start, place.rank, place.world_size, history)
         if getattr(self.planner, "reads_token_stream", False):  # rows of token shards

@@ -35,6 +35,7 @@ class DatasetPosition:
     partition_mode: str
     manifest: Any
     _planning: Any
+    _progress: Any = None  # the pass this process walks (shardloader.stateful)
 
     def _init_position(
         self,
@@ -130,6 +131,7 @@ class DatasetPosition:
         """Choose the epoch (reshuffles); keeps a loaded resume position for that same epoch."""
         epoch = integer("epoch", epoch)
         if epoch != self.epoch:
+            self._progress = None  # the last pass's progress (stateful.py) no longer applies
             self._control.set(_START, 0)
             self._control.set(_START_NODES, 0)
             self._set_reshapes(())
@@ -156,6 +158,7 @@ class DatasetPosition:
         if position < 0:
             raise UsageError(f"position must be >= 0, got {position}")
         self._set_reshapes(reshapes)
+        self._progress = None
         self._control.set(_EPOCH, epoch)
         self._control.set(_START, position)
         self._control.set(
