@@ -44,6 +44,7 @@ from shardloader.errors import IncompleteEpochError, UsageError
 from shardloader.loaderstate import make_state, resume
 from shardloader.transport import Ring, unbundle, worker_bundle
 from shardloader.workerinit import WorkerInit
+from shardloader.workerstart import check_workers_pickle
 
 __all__ = ["ShardLoader", "make_loader"]
 
@@ -74,6 +75,12 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
                     kwargs["prefetch_factor"] + 3,
                     bundle * dataset.planner.batch_bytes * 5 // 4,
                 )
+            check_workers_pickle(  # NOTE [worker start methods] in shardloader/workerstart.py
+                dataset,
+                kwargs.get("multiprocessing_context"),
+                collate_fn=kwargs.get("collate_fn"),
+                worker_init_fn=kwargs.get("worker_init_fn"),
+            )
             # NOTE [orphaned workers] in shardloader/workerinit.py: each worker watches us
             kwargs["worker_init_fn"] = WorkerInit(bundle, ring, kwargs.get("worker_init_fn"))
         kwargs.setdefault("collate_fn", _already_collated)
