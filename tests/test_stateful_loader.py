@@ -63,9 +63,10 @@ def resumed(data, rank, world, workers, state, epoch=1):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("workers", [0, 2])
-def test_a_stateful_dataloader_resumes_exactly(data, workers):
+def test_a_stateful_dataloader_resumes_exactly(data, workers, caplog):
     """Every rank of 3, stopped after 0, 3 or all of its steps: the resumed loader yields
-    exactly the batches an unbroken make_loader pass yields after them."""
+    exactly the batches an unbroken make_loader pass yields after them, from the dataset's
+    state (torchdata does not re-read the skipped batches to fast-forward)."""
     world = 3
     for rank in range(world):
         ds = make(data, rank, world)
@@ -74,6 +75,9 @@ def test_a_stateful_dataloader_resumes_exactly(data, workers):
         for steps in (0, 3, len(want)):
             head, state = head_and_state(data, rank, world, workers, steps)
             assert head + resumed(data, rank, world, workers, state) == want, (rank, steps)
+            inner = [state] if workers == 0 else state["_snapshot"]["_worker_snapshots"].values()
+            assert all(s["dataset_state"]["seed"] == 3 for s in inner)
+    assert not [r for r in caplog.records if "fast-forwarding" in r.getMessage()]
 
 
 def test_without_workers_the_dataset_state_is_the_loaders(data):
