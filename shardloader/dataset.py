@@ -19,7 +19,8 @@ from torch.utils.data import IterableDataset
 
 from shardloader.batching.base import check_positive
 from shardloader.codecs.allowlist import Decoder
-from shardloader.deliver.position import _PER_NODE, _RANK, _WORLD, DatasetPosition, integer
+from shardloader.deliver.position import _PER_NODE, _RANK, _WORLD, integer
+from shardloader.deliver.stateful import DatasetState
 from shardloader.errors import UsageError
 from shardloader.manifest import read_manifest
 from shardloader.plan.elastic import (
@@ -31,7 +32,7 @@ from shardloader.plan.epoch import EpochPlan, EpochPlanner, EpochReport, load_le
 from shardloader.plan.ledger import Ledger, SkipLog
 from shardloader.plan.partition import PARTITIONS
 from shardloader.plan.shuffle import ShuffleOptions, derive_seed, seed_global_rngs
-from shardloader.plan.split import UNEVEN_POLICIES
+from shardloader.plan.split import UNEVEN_POLICIES, Place
 from shardloader.read.fields import FieldMap
 from shardloader.read.samplepass import SampleSource, iterate_samples
 from shardloader.read.shardset import ReadOptions, ShardSet
@@ -42,7 +43,7 @@ __all__ = ["ShardedDataset", "EpochReport"]
 _DEFAULT_DECODER = Decoder()
 
 
-class ShardedDataset(DatasetPosition, IterableDataset):  # type: ignore[type-arg]
+class ShardedDataset(DatasetState, IterableDataset):  # type: ignore[type-arg]
     """Stream a packed dataset (local folder or any fsspec URL) into PyTorch.
 
     ``batch_size`` forms batches inside the workers (needed for the guarantee that a rank's
@@ -55,7 +56,14 @@ class ShardedDataset(DatasetPosition, IterableDataset):  # type: ignore[type-arg
     so the job reads each byte about once per epoch; ``"rank"`` a span per rank; ``"global"``
     every node reads every shard (the most mixing inside a batch, for a small cluster whose
     node caches hold the data).  ``ranks_per_node`` overrides what :mod:`shardloader.world`
-    detects (torchrun, Slurm); unknown, ``"node"`` falls back to ``"rank"``.
+    detects (torchrun, Slurm); unknown, ``"node"`` keeps one partition.
+
+    ``data_parallel``: the job's data-parallel group, a ``DeviceMesh`` (``mesh["dp"]``, or a
+    mesh with a data-parallel dimension) or a process group, for jobs that also split each
+    model replica (tensor, pipeline, context parallel): rank and world become the replica's
+    data-parallel rank and the number of replicas, so a replica's ranks read the same
+    batches (NOTE [data-parallel place] in :mod:`shardloader.plan.dataparallel`); ``ranks_per_node``
+    then counts replicas a node.
 
     The planner decides the collate where it must agree with the plan (its
     ``resolve_collate``): ``PackedBatches(..., pad_id=...)`` builds its PackCollate when
@@ -83,6 +91,7 @@ class ShardedDataset(DatasetPosition, IterableDataset):  # type: ignore[type-arg
         aliases: Mapping[str, Sequence[str]] | None = None,
         partition: str = "node",
         ranks_per_node: int | None = None,
+        data_parallel: Any = None,
     ) -> None:
         super().__init__()
         if uneven not in UNEVEN_POLICIES:
@@ -118,7 +127,7 @@ class ShardedDataset(DatasetPosition, IterableDataset):  # type: ignore[type-arg
         self._planning.signature()  # a planner must declare its options (or fail here)
         self._bundle = 1  # batches per worker output: NOTE [bundles] in shardloader/transport.py
         self._ring: Any = None  # the loader's shared buffers (NOTE [ring slots] there)
-        self._init_position(rank, world_size, ranks_per_node)
+        self._init_position(rank, world_size, ranks_per_node, data_parallel)
         self._skip_log: SkipLog | None = None  # plan/ledger.py: where run-time skips are appended
         self._lengths: np.ndarray | None = None
         bind = getattr(planner, "bind", None)
@@ -136,6 +145,7 @@ class ShardedDataset(DatasetPosition, IterableDataset):  # type: ignore[type-arg
         state = dict(self.__dict__)
         state["_report_lengths"] = None
         state["_plan_cache"] = None
+        state["_progress"] = state["_pending"] = None  # per process (NOTE [worker states])
         return state
 
     def use_transport(self, bundle: int, ring: Any) -> None:
@@ -288,12 +298,25 @@ class ShardedDataset(DatasetPosition, IterableDataset):  # type: ignore[type-arg
 
     # -- iteration ------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
-        return self._iterate()
-
-    def _iterate(self) -> Iterator[Any]:
-        epoch, start, history = self._where()
+        # the pass is recorded now, not at the first batch: a StatefulDataLoader asks for
+        # the state before it (NOTE [worker states] in shardloader/stateful.py)
         values = self._control.get()
         place = detect_place(values[_RANK], values[_WORLD])
+        progress, place, epoch, start = self._begin_pass(place)
+        if progress.done >= progress.steps:
+            return iter(())
+        return self._counted(progress, self._iterate(place, epoch, start, progress.reshapes))
+
+    @staticmethod
+    def _counted(progress: Any, items: Iterator[Any]) -> Iterator[Any]:
+        for item in items:
+            progress.done += 1
+            yield item
+
+    def _iterate(
+        self, place: Place, epoch: int, start: int, history: tuple[Reshape, ...]
+    ) -> Iterator[Any]:
+        values = self._control.get()
         seed_global_rngs(derive_seed(self.seed, epoch, place.rank, place.worker, 1 << 40))
         plan = self._plan(epoch, start, place.rank, place.world_size, history)
         if getattr(self.planner, "reads_token_stream", False):  # rows of token shards

@@ -1,4 +1,5 @@
-"""The one place that looks at the process's surroundings: distributed rank and DataLoader worker.
+"""The one place that looks at the process's surroundings: distributed rank, data-parallel group,
+node layout and DataLoader worker.
 
 Everything else receives a :class:`~shardloader.plan.split.Place` as a value, so splitting stays a
 pure, testable function.
@@ -7,11 +8,21 @@ pure, testable function.
 from __future__ import annotations
 
 import os
+from typing import Any
+
+import numpy as np
 
 from shardloader.errors import UsageError
+from shardloader.plan.dataparallel import ReplicaPlace, data_parallel_dims, replica_place
 from shardloader.plan.split import Place
 
-__all__ = ["detect_world", "detect_place", "detect_ranks_per_node", "node_ranks"]
+__all__ = [
+    "detect_world",
+    "detect_data_parallel",
+    "detect_place",
+    "detect_ranks_per_node",
+    "node_ranks",
+]
 
 
 def detect_world(rank: int | None = None, world_size: int | None = None) -> tuple[int, int]:
@@ -82,6 +93,42 @@ def detect_ranks_per_node(rank: int, world_size: int, explicit: int | None = Non
             continue
         return per_node
     return None
+
+
+def detect_data_parallel(group: Any, ranks_per_node: int | None = None) -> ReplicaPlace:
+    """This rank's data-parallel rank, the number of replicas and replicas per node (NOTE
+    [data-parallel place] in :mod:`shardloader.plan.dataparallel`).
+
+    ``group``: a ``torch.distributed.device_mesh.DeviceMesh`` (its data-parallel dimensions,
+    or a 1-D mesh such as ``mesh["dp"]``) or a ``ProcessGroup`` (Megatron's data-parallel
+    group).  ``ranks_per_node``: replicas a node holds, when the launcher's layout does not
+    tell (:func:`detect_ranks_per_node` of the global rank is used otherwise).
+    """
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        raise UsageError(
+            "data_parallel= needs torch.distributed initialized first (init_process_group "
+            "or init_device_mesh)"
+        )
+    from torch.distributed.device_mesh import DeviceMesh
+
+    me = dist.get_rank()
+    if isinstance(group, DeviceMesh):
+        dims = data_parallel_dims(group.mesh_dim_names, group.ndim)
+        ranks = group.mesh.cpu().numpy()
+    elif isinstance(group, dist.ProcessGroup):
+        size = dist.get_world_size(group)
+        if size < 1:
+            raise UsageError(f"global rank {me} is not in the data_parallel= process group")
+        ranks, dims = np.array([dist.get_global_rank(group, i) for i in range(size)]), (0,)
+    else:
+        raise UsageError(
+            "data_parallel= takes a torch.distributed DeviceMesh (or its data-parallel "
+            f"dimension, e.g. mesh['dp']) or a ProcessGroup, got {type(group).__name__}"
+        )
+    per_node = detect_ranks_per_node(me, dist.get_world_size())
+    return replica_place(ranks, dims, me, per_node, ranks_per_node)
 
 
 def detect_place(rank: int, world_size: int) -> Place:

@@ -207,9 +207,15 @@ class ServerProcess:
     _count = 0
 
     def __init__(
-        self, args: list[str], workdir: str, env: dict[str, str], max_files: int | None = None
+        self,
+        args: list[str],
+        workdir: str,
+        env: dict[str, str],
+        max_files: int | None = None,
+        module: str = "shardloader",
     ) -> None:
-        """``max_files``: the server's file descriptor limit (soft and hard)."""
+        """``max_files``: the server's file descriptor limit (soft and hard); ``module``:
+        what ``python -m`` runs (a launcher that calls the CLI)."""
         ServerProcess._count += 1
         n = ServerProcess._count
         self.port_file = os.path.join(workdir, f"server-{n}.port")
@@ -220,7 +226,7 @@ class ServerProcess:
             [
                 sys.executable,
                 "-m",
-                "shardloader",
+                module,
                 "serve",
                 *args,
                 "--port",

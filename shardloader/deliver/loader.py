@@ -34,24 +34,19 @@ import multiprocessing.connection
 import os
 import socket
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from typing import Any
 
 from torch.utils.data import DataLoader
 
 from shardloader.dataset import ShardedDataset
+from shardloader.deliver.loaderstate import make_state, resume
 from shardloader.deliver.transport import Ring, unbundle, worker_bundle
 from shardloader.deliver.workerinit import WorkerInit
-from shardloader.errors import IncompleteEpochError, ResumeError, UsageError
-from shardloader.plan.elastic import check_history
+from shardloader.deliver.workerstart import check_workers_pickle
+from shardloader.errors import IncompleteEpochError, UsageError
 
 __all__ = ["ShardLoader", "make_loader"]
-
-_STATE_VERSION = 1
-_RESHAPED_VERSION = 2  # a state with ``reshapes``: readers that predate them must refuse it
-_PARTITIONED_VERSION = 3  # a state counted in several partitions (``partitions``), or whose
-# reshapes hold a link read in several: readers that predate partitions must refuse it
-_VERSIONS = (_STATE_VERSION, _RESHAPED_VERSION, _PARTITIONED_VERSION)
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +75,12 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
                     kwargs["prefetch_factor"] + 3,
                     bundle * dataset.planner.batch_bytes * 5 // 4,
                 )
+            check_workers_pickle(  # NOTE [worker start methods] in shardloader/workerstart.py
+                dataset,
+                kwargs.get("multiprocessing_context"),
+                collate_fn=kwargs.get("collate_fn"),
+                worker_init_fn=kwargs.get("worker_init_fn"),
+            )
             # NOTE [orphaned workers] in shardloader/workerinit.py: each worker watches us
             kwargs["worker_init_fn"] = WorkerInit(bundle, ring, kwargs.get("worker_init_fn"))
         kwargs.setdefault("collate_fn", _already_collated)
@@ -89,6 +90,7 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
         self._partitions: int | None = None  # what the position was counted in (None: as now)
         self._steps_left: int | None = None  # steps of the current pass not yet handed out
         self._sockets_checked = False
+        self._running = False  # a pass is under way (load_state_dict would not reach it)
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         ds: ShardedDataset = self.dataset  # type: ignore[assignment]
@@ -102,12 +104,16 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
         self._epoch, self._position, self._steps_left = epoch, start, planned
         seen = 0
         source = self._in_process() if self._direct else super().__iter__()
-        for item in source:
-            for batch in unbundle(item):  # a worker's bundle holds consecutive steps
-                seen += 1
-                self._position += world
-                self._steps_left = planned - seen
-                yield batch
+        self._running = True
+        try:
+            for item in source:
+                for batch in unbundle(item):  # a worker's bundle holds consecutive steps
+                    seen += 1
+                    self._position += world
+                    self._steps_left = planned - seen
+                    yield batch
+        finally:
+            self._running = False
         if seen < planned:
             self._short_pass(ds, epoch, seen, planned)
         if ds.epoch == epoch:
@@ -154,102 +160,33 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
         )
 
     def state_dict(self) -> dict[str, Any]:
-        """A few numbers: enough to continue exactly where every rank stands now."""
+        """A few numbers: enough to continue exactly where every rank stands now, the same on
+        every rank (NOTE [one state for every rank] in :mod:`shardloader.deliver.loaderstate`)."""
         ds: ShardedDataset = self.dataset  # type: ignore[assignment]
         epoch, position = self._epoch, self._position
         reshapes = ds.reshapes if epoch == ds.epoch else ()
         if self._steps_left == 0:  # the pass is over: continue with the next epoch
             epoch, position, reshapes = epoch + 1, 0, ()
-        partitions = self._partitions or ds.partition.nodes
-        version = _RESHAPED_VERSION if reshapes else _STATE_VERSION
-        if partitions > 1 or any(len(link) == 3 for link in reshapes):
-            version = _PARTITIONED_VERSION
-        state: dict[str, Any] = {
-            "version": version,
-            "epoch": epoch,
-            "position": position,
-            "seed": ds.seed,
-            "fingerprint": ds.manifest.fingerprint,
-            "plan": ds.plan_signature,
-        }
-        if partitions > 1:  # NOTE [node partitions] in shardloader/partition.py
-            state["partitions"] = partitions
-        if reshapes:  # NOTE [reshape history] in shardloader/elastic.py
-            state["reshapes"] = [list(link) for link in reshapes]
-        extra = getattr(ds, "extra_state", None)  # a mixture's weight schedule
-        if extra is not None:
-            state.update(extra())
-        return state
+        return make_state(ds, epoch, position, reshapes, self._partitions or ds.partition.nodes)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue a saved run; world size and num_workers may differ from the saving run, and
         so may the batch shape (``batch_size``, or the planner's ``elastic`` option, e.g.
         ``rows_per_batch``): the rest of the epoch is then re-cut for the new shape, sample by
         sample (token by token for packed batches; NOTE [reshape history] in
-        :mod:`shardloader.plan.elastic`)."""
+        :mod:`shardloader.plan.elastic`).  Load before iterating: a pass under way goes on from
+        where it is, so loading then is an error."""
+        if self._running:
+            raise UsageError(
+                "load_state_dict() while a pass is under way: the running iterator would go "
+                "on from where it is; load the state before iterating (then `for batch in "
+                "loader` continues from it)"
+            )
         ds: ShardedDataset = self.dataset  # type: ignore[assignment]
-        if not isinstance(state, Mapping):
-            raise ResumeError(
-                f"a loader state is the dict state_dict() returned, got {type(state).__name__}"
-            )
-        if state.get("version") not in _VERSIONS:
-            raise ResumeError(
-                f"loader state version {state.get('version')!r} is not one of {_VERSIONS}"
-            )
-        reshapes = check_history(state.get("reshapes", ()))
-        saved_plan = state.get("plan")
-        reshaped = saved_plan != ds.plan_signature and ds.reshaped_from(str(saved_plan))
-        checks = (
-            ("fingerprint", ds.manifest.fingerprint, "the dataset's shards changed"),
-            ("seed", ds.seed, "pass the same seed= to ShardedDataset"),
-            (
-                "plan",
-                saved_plan if reshaped else ds.plan_signature,
-                _plan_remedy(ds),
-            ),
-        )
-        for key, mine, remedy in checks:
-            if state.get(key) != mine:
-                raise ResumeError(
-                    f"saved {key} {state.get(key)!r} does not match this dataset's {mine!r}: "
-                    f"{remedy}"
-                )
-        try:
-            epoch, position = int(state["epoch"]), int(state["position"])
-            partitions = int(state.get("partitions", 1))
-        except (KeyError, TypeError, ValueError) as err:
-            raise ResumeError(
-                f"saved epoch {state.get('epoch')!r}, position {state.get('position')!r} and "
-                f"partitions {state.get('partitions')!r} must be integers, as state_dict() "
-                "writes them"
-            ) from err
-        if partitions < 1 or position < 0 or position % partitions:
-            raise ResumeError(
-                f"saved position {position} in {partitions} partition(s) is not a step "
-                "boundary: state_dict() writes a multiple of the partitions"
-            )
-        load_extra = getattr(ds, "load_extra_state", None)
-        if load_extra is not None:  # position 0 there means "the epoch has not begun"
-            load_extra(state, epoch, position if position or not reshapes else 1)
-        if reshaped and (position or reshapes):  # continue with the new shape
-            link = (int(reshaped), position)
-            reshapes += (link if partitions == 1 else (int(reshaped), partitions, position),)
-            position, partitions = 0, 0
-        try:
-            ds.seek(epoch, position, reshapes, partitions or None)
-            len(ds)  # plans the chain now: a history that does not fit fails here
-        except ResumeError:
-            ds.seek(ds.epoch, 0)
-            raise
-        self._epoch, self._position = epoch, ds.position
+        resume(ds, state)
+        self._epoch, self._position = ds.epoch, ds.position
         self._partitions = None
         self._steps_left = None
-
-
-def _plan_remedy(ds: ShardedDataset) -> str:
-    field = ds.elastic_option
-    may = f"only {field} may change" if field else "the batch shape may not change"
-    return f"use the same batch_size/planner/shuffle/uneven ({may})"
 
 
 def _check_worker_sockets() -> None:
@@ -286,6 +223,14 @@ def _already_collated(batch: Any) -> Any:
     return batch
 
 
-def make_loader(dataset: ShardedDataset, **kwargs: Any) -> ShardLoader:
-    """A configured DataLoader: workers persist across epochs, batches come formed."""
+def make_loader(
+    dataset: ShardedDataset, *, data_parallel: Any = None, **kwargs: Any
+) -> ShardLoader:
+    """A configured DataLoader: workers persist across epochs, batches come formed.
+
+    ``data_parallel``: the job's data-parallel ``DeviceMesh`` dimension or process group, as
+    ``ShardedDataset(data_parallel=...)`` takes it (:meth:`ShardedDataset.set_data_parallel`).
+    """
+    if data_parallel is not None:
+        dataset.set_data_parallel(data_parallel)
     return ShardLoader(dataset, **kwargs)

@@ -20,7 +20,7 @@ from shardloader.errors import UsageError
 from shardloader.plan.elastic import Reshape, encode_history, history_of, shape_of
 from shardloader.plan.partition import Partition, choose_partition
 from shardloader.plan.split import Place
-from shardloader.world import detect_ranks_per_node, detect_world
+from shardloader.world import detect_data_parallel, detect_ranks_per_node, detect_world
 
 __all__ = ["DatasetPosition", "integer"]
 
@@ -35,17 +35,43 @@ class DatasetPosition:
     partition_mode: str
     manifest: Any
     _planning: Any
+    _progress: Any = None  # the pass this process walks (shardloader.deliver.stateful)
 
     def _init_position(
-        self, rank: int | None, world_size: int | None, ranks_per_node: int | None
+        self,
+        rank: int | None,
+        world_size: int | None,
+        ranks_per_node: int | None,
+        data_parallel: Any = None,
     ) -> None:
         self._explicit_world = (rank, world_size)
         self._explicit_per_node = ranks_per_node
+        self._fixed_place = False  # True: the place came from a data-parallel group
+        self._control = Control([0, 0, 0, 1, 0, 0])
+        self._reshapes = Control(encode_history(()))  # NOTE [reshape history] (plan/elastic.py)
+        if data_parallel is not None:
+            if rank is not None or world_size is not None:
+                raise UsageError("pass data_parallel= or rank=/world_size=, not both")
+            self.set_data_parallel(data_parallel, ranks_per_node)
+            return
         r, w = detect_world(rank, world_size)
         Place(r, w)  # validate
         per_node = detect_ranks_per_node(r, w, ranks_per_node)
-        self._control = Control([0, 0, r, w, per_node or 0, 0])
-        self._reshapes = Control(encode_history(()))  # NOTE [reshape history] (plan/elastic.py)
+        for i, value in ((_RANK, r), (_WORLD, w), (_PER_NODE, per_node or 0)):
+            self._control.set(i, value)
+
+    def set_data_parallel(self, group: Any, ranks_per_node: int | None = None) -> None:
+        """Read as this rank's replica of ``group`` (a ``DeviceMesh``, its data-parallel
+        dimension, or a process group): rank and world become the data-parallel rank and the
+        number of replicas, so the ranks of one replica (tensor, pipeline, context parallel)
+        read the same batches (NOTE [data-parallel place] in
+        :mod:`shardloader.plan.dataparallel`).  ``ranks_per_node`` then counts replicas a node."""
+        place = detect_data_parallel(group, ranks_per_node)
+        self._fixed_place = True
+        self._control.set(_RANK, place.rank)
+        self._control.set(_WORLD, place.world_size)
+        self._control.set(_PER_NODE, place.ranks_per_node or 0)
+        self._settle()
 
     @property
     def epoch(self) -> int:
@@ -105,6 +131,9 @@ class DatasetPosition:
         """Choose the epoch (reshuffles); keeps a loaded resume position for that same epoch."""
         epoch = integer("epoch", epoch)
         if epoch != self.epoch:
+            self._progress = (
+                None  # the last pass's progress (deliver/stateful.py) no longer applies
+            )
             self._control.set(_START, 0)
             self._control.set(_START_NODES, 0)
             self._set_reshapes(())
@@ -131,6 +160,7 @@ class DatasetPosition:
         if position < 0:
             raise UsageError(f"position must be >= 0, got {position}")
         self._set_reshapes(reshapes)
+        self._progress = None
         self._control.set(_EPOCH, epoch)
         self._control.set(_START, position)
         self._control.set(
@@ -164,13 +194,18 @@ class DatasetPosition:
         clone = copy.copy(self)
         clone._explicit_world = (rank, world_size)
         clone._explicit_per_node = ranks_per_node
+        clone._fixed_place = False
         clone._control = Control([self.epoch, 0, rank, world_size, per_node or 0, 0])
         clone._reshapes = Control(encode_history(()))
         return clone
 
     def refresh_world(self) -> None:
         """Re-detect rank/world and ranks per node (call after ``init_process_group``;
-        make_loader does); a position counted in other partitions is re-planned."""
+        make_loader does); a position counted in other partitions is re-planned.  A place
+        taken from a data-parallel group stays as it was read."""
+        if self._fixed_place:
+            self._settle()
+            return
         r, w = detect_world(*self._explicit_world)
         per_node = detect_ranks_per_node(r, w, self._explicit_per_node)
         self._control.set(_RANK, r)

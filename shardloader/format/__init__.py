@@ -6,7 +6,7 @@ registers it) beside its writer, reader and stream (``tar/`` also holds the nump
 batch's members and the ``index`` scan of shards other tools wrote; ``arrow/`` the bounded IPC
 reading; ``tokens/`` the token shard's layout).  What formats share: compression
 (``compress.py``), the index carried in a zstd frame (``embedded.py``), mapped shard files
-(``mapped.py``), safe sample keys (``keys.py``).  Adding a format is one folder and one
+(``mapped.py``), safe sample keys (``format/keys.py``).  Adding a format is one folder and one
 registration.  This file only re-exports.
 """
 

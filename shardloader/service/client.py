@@ -27,7 +27,7 @@ from shardloader.service.shm import SHM_DIR
 from shardloader.service.transport import Endpoint, get_json, next_delay
 from shardloader.service.wireframes import PROTOCOL
 from shardloader.storage.retry import RetryPolicy
-from shardloader.world import detect_ranks_per_node, detect_world
+from shardloader.world import detect_data_parallel, detect_ranks_per_node, detect_world
 
 __all__ = ["RemoteLoader", "DEFAULT_REMOTE_RETRY"]
 
@@ -51,8 +51,11 @@ class RemoteLoader:
 
     ``urls``: one or more replicas serving the same pipeline (rank ``r`` starts at
     ``urls[r % len(urls)]`` to spread load).  ``rank``/``world_size`` default to the detected
-    distributed place.  ``seed``/``fingerprint`` pin what the servers must serve (409 →
-    :class:`ResumeError` otherwise); unset, they are learned from the first server.
+    distributed place; ``data_parallel`` (a ``DeviceMesh`` dimension or process group, as
+    ``ShardedDataset`` takes it) makes them the data-parallel rank and the number of replicas,
+    so the ranks of one replica get the same batches.  ``seed``/``fingerprint`` pin what the
+    servers must serve (409 → :class:`ResumeError` otherwise); unset, they are learned from
+    the first server.
     ``token``: the bearer token of servers started with ``--token-file``; by default it comes
     from ``$SHARDLOADER_TOKEN``, or the file ``$SHARDLOADER_TOKEN_FILE`` names.
     ``transport``: ``"auto"`` takes batches through shared memory from a server on this host
@@ -74,17 +77,25 @@ class RemoteLoader:
         retry: RetryPolicy | None = None,
         prefetch: int = 2,
         transport: str = "auto",
+        data_parallel: Any = None,
     ) -> None:
         listed = [urls] if isinstance(urls, str) else list(urls)
         if not listed:
             raise UsageError("RemoteLoader needs at least one service URL")
         self._endpoints = [Endpoint(u) for u in listed]
-        r, w = detect_world(rank, world_size)
+        if data_parallel is not None:
+            if rank is not None or world_size is not None:
+                raise UsageError("pass data_parallel= or rank/world_size, not both")
+            place = detect_data_parallel(data_parallel, ranks_per_node)
+            r, w, per_node = place.rank, place.world_size, place.ranks_per_node
+        else:
+            r, w = detect_world(rank, world_size)
+            per_node = detect_ranks_per_node(r, w, ranks_per_node)
         Place(r, w)
         if prefetch < 1:
             raise UsageError(f"prefetch={prefetch} must be >= 1")
         self._rank, self._world = r, w
-        self._per_node = detect_ranks_per_node(r, w, ranks_per_node)
+        self._per_node = per_node
         self._expect: dict[str, Any] = {
             "fingerprint": fingerprint,
             "seed": seed,
@@ -147,23 +158,23 @@ class RemoteLoader:
         epoch, position = self._epoch, self._position
         if self._steps_left == 0:  # the pass is over: continue with the next epoch
             epoch, position = epoch + 1, 0
-        state = {
-            "version": _STATE_VERSION,
+        partitions = int(self._expect["partitions"] or 1)
+        # the local loader's keys, whatever the progress (NOTE [one state for every rank])
+        return {
+            "version": _PARTITIONED_VERSION if partitions > 1 else _STATE_VERSION,
             "epoch": epoch,
             "position": position,
             "seed": self._expect["seed"],
             "fingerprint": self._expect["fingerprint"],
             "plan": self._expect["plan"],
+            "partitions": partitions,
+            "reshapes": [],
         }
-        partitions = int(self._expect["partitions"] or 1)
-        if partitions > 1:  # as a local loader writes it (NOTE [node partitions])
-            state.update(version=_PARTITIONED_VERSION, partitions=partitions)
-        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue a saved run (local or remote); the servers check seed, manifest and plan."""
         version = state.get("version")
-        if version not in (_STATE_VERSION, _PARTITIONED_VERSION) or "reshapes" in state:
+        if version not in (_STATE_VERSION, _PARTITIONED_VERSION) or state.get("reshapes"):
             raise ResumeError(
                 f"loader state version {version!r} is not {_STATE_VERSION} or "
                 f"{_PARTITIONED_VERSION} without reshapes: a state whose batch shape changed "
