@@ -98,12 +98,18 @@ def in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, list[BaseExcepti
 
 
 def torchrun(
-    tmp: str, job: str, nproc: int, *args: str, timeout: float = 240
+    tmp: str,
+    job: str,
+    nproc: int,
+    *args: str,
+    timeout: float = 240,
+    env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """``python -m torch.distributed.run --standalone`` of ``tests/<job>`` (or a script's path)
-    on ``nproc`` local ranks (gloo; one thread each, TMPDIR in ``tmp`` for their sockets); fails
-    the test with the tail of its stderr unless every rank succeeded."""
-    env = {**os.environ, "TMPDIR": tmp, "OMP_NUM_THREADS": "1"}
+    on ``nproc`` local ranks (gloo; one thread each, TMPDIR in ``tmp`` for their sockets; ``env``
+    replaces the environment); fails the test with the tail of its stderr unless every rank
+    succeeded."""
+    env = {**(os.environ if env is None else env), "TMPDIR": tmp, "OMP_NUM_THREADS": "1"}
     job = os.path.join(os.path.dirname(os.path.abspath(__file__)), job)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     cmd += ["--nproc_per_node", str(nproc), job, *args]

@@ -16,7 +16,7 @@ import sys
 from collections import Counter
 
 import pytest
-from helpers import write_dataset
+from helpers import torchrun, write_dataset
 
 pytestmark = [pytest.mark.slow, pytest.mark.subprocess]
 
@@ -137,18 +137,16 @@ def two_ranks(job):
     """tests/dcp_job.py, standalone, 2 ranks: loads the 4-rank job's checkpoint."""
     tmp = job["tmp"]
     out = str(tmp / "dcp.json")
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        *("--standalone", "--nproc-per-node", "2"),
-        os.path.join(HERE, "dcp_job.py"),
+    torchrun(
+        str(tmp),
+        "dcp_job.py",
+        2,
         job["data"],
         out,
         str(tmp / "ckpt"),
-    ]
-    proc = subprocess.run(cmd, env=_env(tmp, 0), capture_output=True, text=True, timeout=400)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+        timeout=400,
+        env=_env(tmp, 0),
+    )
     with open(out) as f:
         return sorted(json.load(f), key=lambda r: r["rank"])
 
