@@ -23,6 +23,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -42,7 +43,7 @@ _FENCE = re.compile(r"^```(\S*)\s*$")
 _MARKER = re.compile(r"^<!--\s*(?:readme|docs)-test:\s*skip\s*\((.+)\)\s*-->\s*$")
 _ANY_MARKER = re.compile(r"(?:readme|docs)-test")
 _SNIPPET = re.compile(r'^--8<-- "([^"]+)"\s*$')  # pymdownx.snippets, as mkdocs.yml sets it up
-TIMEOUT = 300
+TIMEOUT = 240  # under pytest-timeout's 300 s, so the block's own output is shown
 
 
 @dataclass(frozen=True)
@@ -237,24 +238,29 @@ def test_block_runs(block: Block, corpus: tuple[str, str], tmp_path):
         argv = [sys.executable, script]
     else:
         argv = ["bash", "-euo", "pipefail", "-c", block.code]
+    # its own session: a block that runs over is killed with everything it started (torchrun's
+    # ranks, their DataLoader workers), not just the shell
+    proc = subprocess.Popen(
+        argv,
+        cwd=work,
+        env=_env(work),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
-        done = subprocess.run(
-            argv,
-            cwd=work,
-            env=_env(work),
-            capture_output=True,
-            text=True,
-            timeout=TIMEOUT,
-            check=False,
-        )
-    except subprocess.TimeoutExpired as err:
+        stdout, stderr = proc.communicate(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
         pytest.fail(
             f"{block.doc} line {block.line} ({block.section}) ran over {TIMEOUT} s:\n"
-            f"{block.code}\n{err.stderr!r}"[-4000:]
+            f"{block.code}\n--- stdout\n{stdout[-2000:]}\n--- stderr\n{stderr[-4000:]}"
         )
-    assert done.returncode == 0, (
-        f"{block.doc} line {block.line} ({block.section}) exited {done.returncode}:\n"
-        f"{block.code}\n--- stdout\n{done.stdout[-2000:]}\n--- stderr\n{done.stderr[-4000:]}"
+    assert proc.returncode == 0, (
+        f"{block.doc} line {block.line} ({block.section}) exited {proc.returncode}:\n"
+        f"{block.code}\n--- stdout\n{stdout[-2000:]}\n--- stderr\n{stderr[-4000:]}"
     )
 
 

@@ -4,6 +4,7 @@ server on 127.0.0.1) and S3 (moto behind the fault proxy); a reader that is slow
 
 from __future__ import annotations
 
+import faulthandler
 import http.server
 import os
 import threading
@@ -39,7 +40,9 @@ def finishes_within(seconds: float, fn: Callable[[], Any]) -> tuple[float, BaseE
     began = time.monotonic()
     thread, out = in_thread(fn)
     thread.join(seconds)
-    assert not thread.is_alive(), f"still reading after {seconds} s"
+    if thread.is_alive():  # show where it is stuck (the watchdog's thread among them)
+        faulthandler.dump_traceback(all_threads=True)
+    assert not thread.is_alive(), f"still reading after {seconds} s (thread stacks on stderr)"
     return time.monotonic() - began, out[0]
 
 

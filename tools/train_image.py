@@ -17,6 +17,7 @@ printing the data-bound share (over all ranks under torchrun).
 from __future__ import annotations
 
 import argparse
+import gc
 import io
 import logging
 import os
@@ -177,6 +178,12 @@ def train(args: argparse.Namespace) -> int:
         print(f"{total.summary()}{where}", flush=True)
         print(f"reading: {total.advice}", flush=True)
     if world > 1:
+        # Free DDP's reducer (it holds the process group) and let gloo's threads finish
+        # while the group lives: destroying the group from the reducer at exit deadlocks
+        # (its destructor waits, holding the GIL, on a gloo thread that needs the GIL).
+        model = None
+        gc.collect()
+        dist.barrier()
         dist.destroy_process_group()
     return 0
 

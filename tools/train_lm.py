@@ -41,6 +41,7 @@ number of replicas (the loader's state names no rank).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import math
@@ -347,6 +348,12 @@ def train(args: argparse.Namespace) -> int:
         print(f"{total.summary()}{where}", flush=True)
         print(f"reading: {total.advice}", flush=True)
     if world > 1:
+        # Free DDP's reducer (it holds the process group) and let gloo's threads finish
+        # while the group lives: destroying the group from the reducer at exit deadlocks
+        # (its destructor waits, holding the GIL, on a gloo thread that needs the GIL).
+        model = state = None
+        gc.collect()
+        dist.barrier()
         dist.destroy_process_group()
     return 0
 
