@@ -267,6 +267,8 @@ def test_the_plot_script_reads_what_the_benchmark_tools_write(tmp_path, monkeypa
     assert s3_rows[("S3 (moto)", "now")]["vs_local"] == pytest.approx(0.5)
     assert s3_rows[("S3 (moto)", "now")]["requests_per_shard"] == pytest.approx(1.0)
     assert len(written["runs"]) == 15
+    assert written["tool"] == "tools/bench_s3.py" and "cores" in written["machine"]
+    assert written["command"].startswith("python tools/bench_s3.py")
 
     tokens = _load_tool("bench_tokens")
     runs = {
@@ -287,8 +289,9 @@ def test_the_plot_script_reads_what_the_benchmark_tools_write(tmp_path, monkeypa
     tokens.write_json(str(tmp_path / "tokens.json"), runs, {"shardloader": 0.4})
     written = json.loads((tmp_path / "tokens.json").read_text())
     assert written["rows"][0]["mtok_s"] == pytest.approx(8 * 2048 * 100 / 0.2 / 1e6)
+    assert written["tool"] == "tools/bench_tokens.py" and "load" in written["machine"]
 
-    # bench_read writes its runs as a bare list, bench_pack its rows: both as they are
+    # the plot script also reads a bare list of records (older files, hand-made ones)
     read_run = {"system": "shardloader", "corpus": "images", "workers": 0, "samples_s": 1000.0}
     (tmp_path / "read.json").write_text(json.dumps([read_run, {**read_run, "samples_s": 3000.0}]))
     pack_row = {"workload": "images", "writer": "shardloader", "config": "CLI", "mb_s": 50.0}

@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+from benchjson import write_figures  # noqa: E402
 
 SHARD = 64 << 20  # every writer's shard/chunk limit (MDS's default)
 ZSTD_LEVEL = 3
@@ -392,8 +393,8 @@ def main(argv: list[str] | None = None) -> int:
     load_after = os.getloadavg()
     print(markdown(results, a, load_before, load_after))
     if a.json_out:
-        with open(a.json_out, "w") as f:
-            json.dump(results, f, indent=1)
+        load = {"before": load_before, "after": load_after}
+        write_figures(a.json_out, __file__, {"rows": results, "load": load})
     return 0
 
 

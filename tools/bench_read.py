@@ -49,6 +49,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import read_systems as rs  # noqa: E402
+from benchjson import write_figures  # noqa: E402
 from cputree import TreeCPU  # noqa: E402
 
 DEFAULT_SYSTEMS = ",".join(["shardloader", "shardloader-dicts", "shardloader-arrow", *rs.PEERS])
@@ -372,7 +373,9 @@ def main() -> None:
     )
     print_table(summarize(runs))
     if args.json:
-        _write_json(args.json, {"runs": runs, "rows": summarize(runs), "cores": os.cpu_count()})
+        write_figures(
+            args.json, __file__, {"runs": runs, "rows": summarize(runs), "cores": os.cpu_count()}
+        )
 
 
 if __name__ == "__main__":

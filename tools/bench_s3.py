@@ -662,12 +662,11 @@ def write_json(path: str, rows: Rows, stored: int, nshards: int) -> None:
             }
         )
     runs = [{"name": n, "reader": r, **run} for (n, r), rs in rows.runs.items() for run in rs]
-    with open(path, "w") as f:
-        json.dump(
-            {"dataset": {"stored_mb": stored / MB, "shards": nshards}, "rows": out, "runs": runs},
-            f,
-            indent=1,
-        )
+    sys.path.insert(0, os.path.dirname(TOOL))
+    from benchjson import write_figures
+
+    dataset = {"stored_mb": stored / MB, "shards": nshards}
+    write_figures(path, TOOL, {"dataset": dataset, "rows": out, "runs": runs})
 
 
 def fmt(value: float | None, spec: str = ".2f") -> str:

@@ -44,6 +44,7 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchjson import write_figures  # noqa: E402
 from cputree import TreeCPU  # noqa: E402
 
 SEQ, ROWS = 2048, 8
@@ -338,12 +339,11 @@ def write_json(path: str, results: dict[tuple[str, int], list[dict]], cold: dict
             }
         )
     every = [{"system": s, "workers": w, **r} for (s, w), rs in results.items() for r in rs]
-    with open(path, "w") as f:
-        json.dump(
-            {"rows": rows, "cold_first_batch_s": cold, "runs": every, "load": os.getloadavg()},
-            f,
-            indent=1,
-        )
+    write_figures(
+        path,
+        __file__,
+        {"rows": rows, "cold_first_batch_s": cold, "runs": every, "load": os.getloadavg()},
+    )
 
 
 def report(results, cold, systems, workers, args) -> None:
