@@ -204,7 +204,9 @@ class SampleIndex:
     def __len__(self) -> int:
         return len(self.offsets)
 
-    def to_arrow_bytes(self) -> bytes:
+    def to_arrow_bytes(self, compression: str | None = None) -> bytes:
+        """Arrow IPC file bytes; ``compression`` ("zstd"): compressed buffers, which every
+        reader of sidecars already decompresses."""
         columns = {
             "key": pa.array(list(self.keys), pa.string()),
             "offset": pa.array(self.offsets, pa.uint64()),
@@ -216,7 +218,8 @@ class SampleIndex:
             columns[CHECKSUM_COLUMN] = pa.array(self.checksums, pa.uint64())
         table = pa.table(columns)
         sink = pa.BufferOutputStream()
-        with pa.ipc.new_file(sink, table.schema) as writer:
+        options = pa.ipc.IpcWriteOptions(compression=compression)
+        with pa.ipc.new_file(sink, table.schema, options=options) as writer:
             writer.write_table(table)
         return sink.getvalue().to_pybytes()
 

@@ -19,6 +19,7 @@ from helpers import batch_ids, write_dataset
 
 import shardloader as sl
 from shardloader.errors import ManifestError
+from shardloader.format.arrow.ipc import declared_sizes
 from shardloader.format.embedded import FOOTER, MAGIC, embedded_index, index_frame
 from shardloader.manifest import Manifest, SampleIndex
 from shardloader.read.sidecar import load_sidecar
@@ -31,6 +32,7 @@ def test_zstd_tar_shards_carry_their_index_and_decoders_pass_over_it(tmp_path: P
         stored = (tmp_path / "ds" / info.path).read_bytes()
         carried = embedded_index(stored)
         assert carried is not None
+        assert declared_sizes(carried, info.path).compressed  # zstd buffers, as the sidecar's
         ours = SampleIndex.from_arrow_bytes(carried)
         sidecar = load_sidecar(Store(str(tmp_path / "ds" / info.index_path)), "tar", info)
         assert ours.keys == sidecar.keys

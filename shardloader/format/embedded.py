@@ -3,8 +3,9 @@
 A zstd-compressed shard may end with a *skippable frame* (RFC 8878, section 3.1.2): every zstd
 decoder (``zstd -d``, python-zstandard, webdataset through a ``zstd -d`` pipe) passes over it,
 so the decompressed tar is unchanged and older shardloader versions read such shards as
-before.  Its content is the sample index as Arrow IPC bytes, then a footer (its length and
-``SLI1``), so a reader finds it from the last bytes of the stored object alone:
+before.  Its content is the sample index as Arrow IPC bytes (zstd buffers, as the sidecar's),
+then a footer (its length and ``SLI1``), so a reader finds it from the last bytes of the stored
+object alone:
 
     <u32 LE 0x184D2A5B> <u32 LE n>  <Arrow IPC index: n - 8 bytes> <u32 LE n - 8> b"SLI1"
 
