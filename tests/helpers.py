@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -120,3 +121,14 @@ def torchrun(
 
 def batch_ids(batch: dict) -> list[int]:
     return [int(i) for i in batch["__index__"]]
+
+
+def workers_left(seconds: float = 2.0) -> list[Any]:
+    """This process's child processes still alive after ``seconds`` (DataLoader workers end
+    within well under a second once told to)."""
+    import multiprocessing
+
+    deadline = time.monotonic() + seconds
+    while multiprocessing.active_children() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return multiprocessing.active_children()

@@ -112,12 +112,33 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
                     self._position += world
                     self._steps_left = planned - seen
                     yield batch
+            if seen < planned:
+                self._short_pass(ds, epoch, seen, planned)
+        except GeneratorExit:
+            raise  # left early: persistent workers wait for the next pass, others end with it
+        except BaseException:
+            self._end_workers(source)
+            raise
         finally:
             self._running = False
-        if seen < planned:
-            self._short_pass(ds, epoch, seen, planned)
         if ds.epoch == epoch:
             ds.seek(epoch, 0)  # the epoch is done; a re-run starts it afresh
+
+    def _end_workers(self, source: Iterator[Any]) -> None:
+        """End the workers of a pass that failed now, persistent or not; the next pass starts
+        new ones (NOTE [workers of a failed pass]).
+
+        NOTE [workers of a failed pass]: the error's traceback holds torch's iterator in a
+        reference cycle, so the garbage collector would shut its workers down, in whatever
+        thread it happens to run, and only after it has run the index queues' finalizers,
+        which stop their feeding threads: the "exit" message never reaches the workers, and
+        the shutdown waits 5 s for each before it kills it (measured: 5.2 s for one worker).
+        """
+        shutdown = getattr(source, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
+        if self._iterator is source:  # persistent workers: the next pass must not reuse them
+            self._iterator = None
 
     @property
     def _direct(self) -> bool:
