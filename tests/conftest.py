@@ -1,4 +1,5 @@
-"""Shared fixtures: a real S3-compatible server on 127.0.0.1, a fault proxy, a thread-leak check.
+"""Shared fixtures: a real S3-compatible server on 127.0.0.1, a fault proxy, thread and worker
+leak checks.
 
 Loopback only: dummy credentials, no instance metadata, no profile or config files, no proxies
 from the environment, so nothing in the AWS stack probes an address off 127.0.0.1.
@@ -167,3 +168,29 @@ def _no_leaked_threads() -> Iterator[None]:
             break
         time.sleep(0.05)
     assert not leaked, f"test leaked non-daemon threads: {[t.name for t in leaked]}"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _no_leaked_workers() -> Iterator[None]:
+    """Fail a module that leaves worker processes running once its garbage is collected.
+
+    A DataLoader iterator dropped mid-epoch keeps its workers until the garbage collector
+    reaches it, which may be in another test and in any thread: once its shutdown ran inside
+    a later test's timed read.  So a module that leaves child processes has its garbage
+    collected at its end, and then they must be gone.
+    """
+    import gc
+    import multiprocessing
+
+    def started() -> list[Any]:
+        return [p for p in multiprocessing.active_children() if p.pid not in before]
+
+    before = {p.pid for p in multiprocessing.active_children()}
+    yield
+    if not started():
+        return  # nothing to collect: gc.collect() costs ~0.25 s in this big process
+    gc.collect()
+    deadline = time.monotonic() + 10.0
+    while (leaked := started()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not leaked, f"module left worker processes running: {[p.name for p in leaked]}"

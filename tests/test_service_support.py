@@ -399,6 +399,8 @@ class DropProxy:
 
     def close(self) -> None:
         self._stop.set()
+        with contextlib.suppress(OSError):  # wakes the accept: close alone leaves it blocked
+            self._listener.shutdown(socket.SHUT_RDWR)
         self._listener.close()
 
     def _accept(self) -> None:

@@ -40,11 +40,14 @@ def head_and_state(data, rank, world, workers, steps, epoch=1):
     if steps == 0:
         return [], loader.state_dict()
     head, state = [], None
-    for step, batch in enumerate(loader):
-        head.append(seen(batch))
-        if step == steps - 1:
-            state = loader.state_dict()
-            break
+    try:
+        for step, batch in enumerate(loader):
+            head.append(seen(batch))
+            if step == steps - 1:
+                state = loader.state_dict()
+                break
+    finally:
+        end_workers(loader)
     return head, state
 
 
@@ -55,10 +58,16 @@ def resumed(data, rank, world, workers, state, epoch=1):
     ds.set_epoch(epoch)
     try:
         return [seen(b) for b in loader]
-    finally:  # an error's traceback keeps the iterator: end its workers now, not at exit
-        shutdown = getattr(loader._iterator, "_shutdown_workers", None)
-        if shutdown is not None:
-            shutdown()
+    finally:
+        end_workers(loader)
+
+
+def end_workers(loader):
+    """End a loader's workers now: a loop left early (or an error's traceback) keeps its
+    iterator, and the garbage collector would shut them down later, inside another test."""
+    shutdown = getattr(loader._iterator, "_shutdown_workers", None)
+    if shutdown is not None:
+        shutdown()
 
 
 @pytest.mark.slow

@@ -5,6 +5,7 @@ server on 127.0.0.1) and S3 (moto behind the fault proxy); a reader that is slow
 from __future__ import annotations
 
 import faulthandler
+import gc
 import http.server
 import os
 import threading
@@ -37,6 +38,7 @@ MiB = 1 << 20
 def finishes_within(seconds: float, fn: Callable[[], Any]) -> tuple[float, BaseException | None]:
     """Run ``fn`` in a thread; (seconds taken, what it raised); fails if it is still running
     after ``seconds`` (the thread is a daemon: a server stopping ends it)."""
+    gc.collect()  # earlier tests' garbage: its finalizers (a dropped DataLoader's) run here
     began = time.monotonic()
     thread, out = in_thread(fn)
     thread.join(seconds)
