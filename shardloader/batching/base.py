@@ -61,10 +61,12 @@ __all__ = [
     "PlanReport",
     "account",
     "batch_ids",
+    "pad_fraction",
     "padded_length",
     "segment_counts",
     "signature_of",
     "stable_value",
+    "total_tokens",
 ]
 
 OVERSIZE_POLICIES = ("error", "truncate", "drop")
@@ -120,16 +122,26 @@ class PlanReport:
     @property
     def total_tokens(self) -> int | None:
         """Every token of the order: delivered + truncated + dropped."""
-        if self.tokens is None:
-            return None
-        return self.tokens + (self.truncated_tokens or 0) + (self.dropped_tokens or 0)
+        return total_tokens(self.tokens, self.truncated_tokens, self.dropped_tokens)
 
     @property
     def pad_fraction(self) -> float | None:
         """Share of allocated token slots that are padding."""
-        if self.tokens is None or not self.padded_tokens:
-            return None
-        return 1.0 - (self.tokens + (self.repeated_tokens or 0)) / self.padded_tokens
+        return pad_fraction(self.tokens, self.repeated_tokens, self.padded_tokens)
+
+
+def total_tokens(tokens: int | None, truncated: int | None, dropped: int | None) -> int | None:
+    """Every token of an order or epoch: delivered + truncated + dropped (None: no lengths)."""
+    if tokens is None:
+        return None
+    return tokens + (truncated or 0) + (dropped or 0)
+
+
+def pad_fraction(tokens: int | None, repeated: int | None, slots: int | None) -> float | None:
+    """Share of the allocated token ``slots`` that is padding: neither delivered nor repeated."""
+    if tokens is None or not slots:
+        return None
+    return 1.0 - (tokens + (repeated or 0)) / slots
 
 
 # ---------------------------------------------------------------------------------------------

@@ -16,7 +16,14 @@ from typing import Any
 
 import numpy as np
 
-from shardloader.batching.base import PlanReport, batch_ids, signature_of, stable_value
+from shardloader.batching.base import (
+    PlanReport,
+    batch_ids,
+    pad_fraction,
+    signature_of,
+    stable_value,
+    total_tokens,
+)
 from shardloader.batching.fixed import FixedBatches, account_fixed
 from shardloader.errors import UsageError
 from shardloader.manifest import Manifest
@@ -62,16 +69,12 @@ class EpochReport:
     @property
     def total_tokens(self) -> int | None:
         """Every token of the epoch's samples: delivered + truncated + dropped."""
-        if self.tokens is None:
-            return None
-        return self.tokens + (self.truncated_tokens or 0) + (self.dropped_tokens or 0)
+        return total_tokens(self.tokens, self.truncated_tokens, self.dropped_tokens)
 
     @property
     def pad_fraction(self) -> float | None:
         """Share of the allocated token slots that is padding."""
-        if self.tokens is None or not self.token_slots:
-            return None
-        return 1.0 - (self.tokens + (self.repeated_tokens or 0)) / self.token_slots
+        return pad_fraction(self.tokens, self.repeated_tokens, self.token_slots)
 
 
 @dataclass(frozen=True)
