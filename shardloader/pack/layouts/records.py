@@ -134,9 +134,13 @@ class Records(Layout):
             last = ""
             try:
                 if _is_line_kind(kind) and not lines.is_compressed(f.rel):
-                    for run in lines.runs(f, kind, stem, source.inputs.open(f)):
-                        last = f"line {int(run.numbers[-1])}"
-                        yield run
+                    for item in lines.runs(f, kind, stem, source.inputs.open(f)):
+                        last = (
+                            f"line {int(item.numbers[-1])}"
+                            if isinstance(item, LineRun)
+                            else item.where
+                        )
+                        yield item
                     continue
                 read = lines.samples if _is_line_kind(kind) else tables.samples
                 for sample in read(f, kind, stem, source.inputs.open(f)):
