@@ -257,3 +257,27 @@ def test_the_cli_packs_ids_and_refuses_bad_ones_with_exit_1(tmp_path):
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert "--token-field 'ids' is missing from every record of" in done.stderr
     assert "its records have 'id', 'input_ids'" in done.stderr
+
+
+def test_planner_errors_point_to_a_path_that_works(tmp_path):
+    """A pre-tokenized corpus packed as plain records: TokenBlocks' error names --token-field,
+    not PackedBatches (which fails on it too); a tar pack of token ids: PackedBatches, which
+    then reads it."""
+    src = tmp_path / "d.jsonl"
+    ids = _ids(20, seed=5)
+    _jsonl(str(src), ids)
+    plain = str(tmp_path / "plain")
+    pack(str(src), plain, PackOptions())  # ids stay a JSON list: no length field to plan with
+    with pytest.raises(UsageError, match="--token-field input_ids") as err:
+        sl.ShardedDataset(plain, planner=TokenBlocks(seq_len=16, rows_per_batch=2, pad_id=1000))
+    assert "PackedBatches" not in str(err.value)
+    with pytest.raises(UsageError, match="--token-field input_ids"):
+        ds = sl.ShardedDataset(plain, planner=PackedBatches(16, 2, pad_id=1000))
+        next(iter(sl.make_loader(ds)))
+    tar = str(tmp_path / "tar")
+    pack(str(src), tar, PackOptions(token_field="input_ids"))  # tar shards, token lengths
+    with pytest.raises(UsageError, match="or use PackedBatches"):
+        sl.ShardedDataset(tar, planner=TokenBlocks(seq_len=16, rows_per_batch=2, pad_id=1000))
+    ds = sl.ShardedDataset(tar, planner=PackedBatches(64, 2, pad_id=1000))  # the advice works
+    real = sum(int(b["attention_mask"].sum()) for b in sl.make_loader(ds))
+    assert real == sum(len(x) for x in ids)

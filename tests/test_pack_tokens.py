@@ -122,7 +122,7 @@ def test_a_text_field_no_record_has_is_an_error_naming_the_fields_they_have(tmp_
         with pytest.raises(
             UsageError,
             match=rf"--text-field '{field}' is missing from every record of .*a\.jsonl "
-            r"\(2 records\); its records have 'body', 'id'",
+            r"\(2 records[^)]*\); its records have 'body', 'id'",
         ):
             pack(str(tmp_path / "src"), str(tmp_path / "out"), options)
     assert not (tmp_path / "out").exists()

@@ -29,22 +29,27 @@ DEFAULT_TEXT_FIELD = "text"  # PackOptions.text_field's default: the text is not
 
 
 def check_presence(
-    source: Source, counts: Sequence[FileCount], name: str, option: str, insisted: bool
+    source: Source,
+    counts: Sequence[FileCount],
+    name: str,
+    option: str,
+    insisted: bool,
+    note: str = "",
 ) -> bool:
     """Word what ``counts`` found: an error (``insisted``) or a warning for a file whose
-    records all lack ``name``, a warning for one where most do.  Returns whether any record
-    has it."""
+    records all lack ``name``, a warning for one where most do (``note``: what else counts
+    as missing).  Returns whether any record has it."""
     any_found = any(c.records > c.missing for c in counts)
     for c in counts:
         if not c.records:
             continue
-        url = source.inputs.store.join(c.rel).url
+        url = c.url or c.rel
         if c.missing == c.records and (insisted or any_found):
             have = ", ".join(repr(n) for n in sorted(c.fields)[:12]) or "no fields"
             more = ", ..." if len(c.fields) > 12 else ""
             message = (
                 f"{option} {name!r} is missing from every record of {url} ({c.records:,} "
-                f"records); its records have {have}{more}"
+                f"records{note}); its records have {have}{more}"
             )
             if insisted:
                 raise UsageError(f"{message}: pass {option} with the field that holds it")
@@ -85,7 +90,8 @@ def check_text_field(source: Source, text_field: str, insisted: bool) -> Source:
             log.debug("%s: not counted (%s)", f.url, err)
     if not any(c.records for c in counts):  # only text files, or empty ones
         return source
-    if check_presence(source, counts, text_field, "--text-field", insisted):
+    note = ", or holds no string" if json_key is not None else ""
+    if check_presence(source, counts, text_field, "--text-field", insisted, note):
         return source
     log.warning(
         "no record has a %r key or column: sample lengths are not recorded; pass --text-field "
@@ -101,7 +107,7 @@ def _json_count(rel: str, url: str, store: object, key: str | None) -> FileCount
     import shardloader.pack.layouts.lines as lines
     from shardloader.pack.refs import InputFile
 
-    count = FileCount(rel)
+    count = FileCount(rel, url)
     f = InputFile(rel, url, 0)
     for sample in lines.samples(f, "json", "", store):  # type: ignore[arg-type]
         try:
@@ -119,7 +125,7 @@ def _json_count(rel: str, url: str, store: object, key: str | None) -> FileCount
 def _table_count(f: object, kind: str, store: object, columns: list[str]) -> FileCount:
     """Rows of a table, and those where none of ``columns`` holds a value."""
     names, rows, present = table_columns(f, kind, store, columns)  # type: ignore[arg-type]
-    count = FileCount(f.rel)  # type: ignore[attr-defined]
+    count = FileCount(f.rel, f.url)  # type: ignore[attr-defined]
     count.records, count.missing = rows, rows - present
     count.saw(names)
     return count

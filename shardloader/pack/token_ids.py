@@ -67,6 +67,7 @@ class FileCount:
     """How many records of one file have a field (for ``pack/field_check.py``)."""
 
     rel: str
+    url: str = ""  # the file, as messages name it
     records: int = 0
     missing: int = 0
     fields: set[str] = field(default_factory=set)  # field names the records have (a few)
@@ -215,7 +216,7 @@ def scan_ids(f: InputFile, kind: str, store: Store, name: str, vocab_size: int |
 
     import shardloader.pack.layouts.lines as lines
 
-    count = FileCount(f.rel)
+    count = FileCount(f.rel, f.url)
     try:
         if kind == "json":
             for sample in lines.samples(f, kind, "", store):
