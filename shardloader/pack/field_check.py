@@ -19,6 +19,7 @@ from zstandard import ZstdError
 from shardloader.errors import InputError, StorageError, UsageError
 from shardloader.pack.layouts.base import Source
 from shardloader.pack.token_ids import FileCount, table_columns
+from shardloader.storage.store import Store
 
 __all__ = ["check_presence", "check_text_field"]
 
@@ -101,25 +102,45 @@ def check_text_field(source: Source, text_field: str, insisted: bool) -> Source:
     return dataclasses.replace(source, text=None)
 
 
-def _json_count(rel: str, url: str, store: object, key: str | None) -> FileCount:
+def _json_count(rel: str, url: str, store: Store, key: str | None) -> FileCount:
     """Records of a JSONL file, and those without a string under ``key`` (what the length
-    measure takes); a line that is no JSON object is left to the pack to refuse or skip."""
+    measure takes); a line that is no JSON object is left to the pack to refuse or skip.
+
+    Only ``key`` is decoded (a msgspec struct that skips the other keys: ~200 MB/s); the first
+    records are decoded whole, for the names an error lists."""
     import shardloader.pack.layouts.lines as lines
     from shardloader.pack.refs import InputFile
 
+    probe = _probe(key or "")
     count = FileCount(rel, url)
-    f = InputFile(rel, url, 0)
-    for sample in lines.samples(f, "json", "", store):  # type: ignore[arg-type]
+    for line in lines.iter_lines(InputFile(rel, url, 0), store):
+        if not line.strip():
+            continue
         try:
-            record = _OBJECT.decode(sample.fields[0][1])  # type: ignore[arg-type]
+            found = probe.decode(line)
+            if count.records < _NAMED:
+                count.saw(_OBJECT.decode(line))
         except (msgspec.ValidationError, msgspec.DecodeError):
             continue
         count.records += 1
-        count.saw(record)
-        raw = record.get(key) if key is not None else None
-        if raw is None or not bytes(raw).startswith(b'"'):
+        if key is None or memoryview(found.value)[:1] != b'"':
             count.missing += 1
     return count
+
+
+_NAMED = 32  # records whose keys an error lists
+_PROBES: dict[str, msgspec.json.Decoder] = {}
+
+
+def _probe(key: str) -> msgspec.json.Decoder:
+    """A decoder of JSON objects that keeps only ``key``, raw (empty when absent)."""
+    decoder = _PROBES.get(key)
+    if decoder is None:
+        struct = msgspec.defstruct(
+            "Probe", [("value", msgspec.Raw, msgspec.Raw())], rename={"value": key}
+        )
+        decoder = _PROBES[key] = msgspec.json.Decoder(struct)
+    return decoder
 
 
 def _table_count(f: object, kind: str, store: object, columns: list[str]) -> FileCount:

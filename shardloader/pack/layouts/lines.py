@@ -43,6 +43,7 @@ __all__ = [
     "COMPRESSED",
     "fields",
     "is_compressed",
+    "iter_lines",
     "samples",
     "runs",
     "read_run",
@@ -113,6 +114,12 @@ def samples(f: InputFile, kind: str, stem: str, store: Store) -> Iterator[Sample
     with store.open_read() as raw:
         stream = _decompressed(raw, f.rel)
         yield from _numbered(f, kind, stem, _iter_lines(stream), 0)
+
+
+def iter_lines(f: InputFile, store: Store) -> Iterator[bytes]:
+    """Every line of line file ``f`` (blank ones too), as :func:`samples` splits them."""
+    with store.open_read() as raw:
+        yield from _iter_lines(_decompressed(raw, f.rel))
 
 
 def _numbered(
