@@ -17,6 +17,7 @@ from shardloader.pack.plan import Planner
 from shardloader.pack.refs import InputFile, LineRun, SampleRef
 from shardloader.storage.store import Store
 
+BOM = b"\xef\xbb\xbf"  # the UTF-8 byte order mark
 LINE = st.one_of(
     st.binary(max_size=40).map(lambda b: b.replace(b"\n", b"")),
     st.sampled_from([b"", b" ", b"\t \x0b", b"\r", b"{}", b'{"text": "a"}', b"x" * 700]),
@@ -37,6 +38,9 @@ def _from_runs(store: Store, path: str, kind: str) -> list[tuple[str, bytes, str
     f = InputFile("f.jsonl", store.url, os.path.getsize(path))
     out = []
     for run in list(lines.runs(f, kind, "f", store)):  # memory:// files share one cursor
+        if isinstance(run, SampleRef):  # after a lone CR (NOTE [lone CR])
+            out.append((run.key, run.fields[0][1], run.where))
+            continue
         for s in lines.run_samples(run, lines.read_run(run, store)):
             out.append((s.key, s.fields[0][1], s.where))
     return out
@@ -49,12 +53,13 @@ def _from_runs(store: Store, path: str, kind: str) -> list[tuple[str, bytes, str
     last=st.booleans(),
     kind=st.sampled_from(["json", "txt"]),
     window=st.sampled_from([7, 64, 300, 16 << 20]),
+    bom=st.booleans(),
 )
 def test_runs_find_the_lines_that_splitting_finds(
-    tmp_path_factory, parts, crlf, last, kind, window
+    tmp_path_factory, parts, crlf, last, kind, window, bom
 ):
     terms = [b"\r\n" if c else b"\n" for c in crlf] + [b"\n"] * len(parts)
-    data = _bytes(parts, terms, last)
+    data = (BOM if bom else b"") + _bytes(parts, terms, last)
     path = str(tmp_path_factory.mktemp("lines") / "f.jsonl")
     with open(path, "wb") as fh:
         fh.write(data)
@@ -68,6 +73,80 @@ def test_runs_find_the_lines_that_splitting_finds(
             assert _from_runs(memory, path, kind) == expected  # streamed (a remote store)
         finally:
             memory.remove()
+
+
+def _universal(data: bytes) -> list[bytes]:
+    """The lines Python reads from ``data`` with the utf-8-sig codec and universal newlines
+    (surrogateescape: any bytes), without their terminators."""
+    import io
+
+    text = io.TextIOWrapper(io.BytesIO(data), "utf-8-sig", "surrogateescape", newline=None)
+    return [line.rstrip("\n").encode("utf-8", "surrogateescape") for line in text]
+
+
+@pytest.mark.parametrize("compressed", [False, True])
+@pytest.mark.parametrize(
+    "data",
+    [
+        BOM + b"first\nsecond\n",  # a BOM is not part of the first line
+        b"one\rtwo\r\rfour\r",  # classic Mac OS: CR only
+        BOM + b"one\r\ntwo\r\nthree",  # Windows, with a BOM
+        b"a\nb\r\nc\rd",  # all three in one file
+        BOM,  # nothing but a BOM
+        b"x" * 20 + b"\ny\rz\r\n",  # a lone CR after the first window
+    ],
+)
+def test_line_files_split_as_utf8_sig_and_universal_newlines(tmp_path, data, compressed):
+    """Each non-empty line is one sample, keyed by its 1-based number, as Python reads it."""
+    import gzip
+
+    name = "f.txt.gz" if compressed else "f.txt"
+    path = str(tmp_path / name)
+    with open(path, "wb") as fh:
+        fh.write(gzip.compress(data) if compressed else data)
+    f = InputFile(name, path, os.path.getsize(path))
+    want = [(f"f/{n:09d}", line) for n, line in enumerate(_universal(data), 1) if line]
+    got = [(s.key, s.fields[0][1]) for s in lines.samples(f, "txt", "f", Store(path))]
+    assert got == want
+    if not compressed:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(lines, "_SCAN_CHUNK", 16)  # the remote scan reads small chunks
+            assert [(k, v) for k, v, _ in _from_runs(Store(path), path, "txt")] == want
+            memory = Store(f"memory://lines/{tmp_path.name}.txt")
+            memory.write_bytes_atomic(data)
+            try:
+                assert [(k, v) for k, v, _ in _from_runs(memory, path, "txt")] == want
+            finally:
+                memory.remove()
+
+
+@pytest.mark.subprocess
+def test_pack_of_a_bom_and_cr_text_file_gives_the_lines_python_reads(tmp_path):
+    """End to end through the CLI: a Notepad-style BOM + CRLF .txt and a CR-only .txt."""
+    import subprocess
+    import sys
+
+    from corpus import read_back
+
+    src = tmp_path / "src"
+    src.mkdir()
+    files = {"win.txt": BOM + b"alpha\r\nbeta\r\n", "mac.txt": b"gamma\rdelta\r"}
+    for name, data in files.items():
+        (src / name).write_bytes(data)
+    done = subprocess.run(
+        [sys.executable, "-m", "shardloader", "pack", str(src), str(tmp_path / "out"), "-q"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    _, samples = read_back(str(tmp_path / "out"))
+    assert {k: f["txt"] for k, f in samples} == {
+        "mac/000000001": b"gamma",
+        "mac/000000002": b"delta",
+        "win/000000001": b"alpha",
+        "win/000000002": b"beta",
+    }
 
 
 def _runs(sizes: list[int]) -> list[LineRun]:

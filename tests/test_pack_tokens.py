@@ -111,3 +111,66 @@ def test_text_field_lengths_without_tokenizer(tmp_path):
     manifest, _ = read_back(str(tmp_path / "out"))
     assert manifest.length_field == "body"
     assert list(sidecar(str(tmp_path / "out"), manifest.shards[0].index_path).lengths) == [6, 0, 0]
+
+
+def test_a_text_field_no_record_has_is_an_error_naming_the_fields_they_have(tmp_path, tokenizer):
+    """A typo in --text-field, or text under another key, used to record every length as 0
+    and exit 0; the planners failed only at training time."""
+    write(str(tmp_path / "src"), "a.jsonl", b'{"body": "alpha", "id": 1}\n{"body": "beta"}\n')
+    for options in (PackOptions(text_field="txet"), PackOptions(tokenizer=tokenizer)):
+        field = options.text_field
+        with pytest.raises(
+            UsageError,
+            match=rf"--text-field '{field}' is missing from every record of .*a\.jsonl "
+            r"\(2 records[^)]*\); its records have 'body', 'id'",
+        ):
+            pack(str(tmp_path / "src"), str(tmp_path / "out"), options)
+    assert not (tmp_path / "out").exists()
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"body": ["x", "y"]}), str(tmp_path / "t.parquet"))
+    with pytest.raises(UsageError, match=r"--text-field 'text2' .* its records have 'body'"):
+        pack(str(tmp_path / "t.parquet"), str(tmp_path / "o2"), PackOptions(text_field="text2"))
+
+
+def test_a_text_field_most_records_lack_is_a_warning_with_counts(tmp_path, caplog):
+    lines = [b'{"text": "a"}'] + [b'{"other": 1}'] * 3 + [b'{"text": null}']
+    write(str(tmp_path / "src"), "corpus/a.jsonl", b"\n".join(lines) + b"\n")
+    write(str(tmp_path / "src"), "corpus/b.jsonl", b'{"text": "fine"}\n')
+    with caplog.at_level("WARNING"):
+        pack(str(tmp_path / "src"), str(tmp_path / "out"), PackOptions())
+    a = str(tmp_path / "src" / "corpus" / "a.jsonl")
+    assert f"text missing in 4 of 5 records of {a}" in caplog.text
+    assert "b.jsonl" not in caplog.text
+    manifest, _ = read_back(str(tmp_path / "out"))
+    assert manifest.length_field == "text"
+
+
+def test_the_default_text_field_in_no_record_records_no_lengths(tmp_path, caplog):
+    """Records without any text: no length field, rather than a length of 0 for each."""
+    write(str(tmp_path / "src"), "m.jsonl", b'{"a": 1}\n{"a": 2}\n')
+    with caplog.at_level("WARNING"):
+        pack(str(tmp_path / "src"), str(tmp_path / "out"), PackOptions())
+    assert "no record has a 'text' key or column" in caplog.text
+    manifest, _ = read_back(str(tmp_path / "out"))
+    assert manifest.length_field is None and "length_unit" not in manifest.extra
+
+
+@pytest.mark.subprocess
+def test_the_cli_refuses_a_missing_text_field_with_exit_2(tmp_path):
+    import subprocess
+    import sys
+
+    write(str(tmp_path / "src"), "corpus.jsonl", b'{"content": "alpha"}\n')
+    done = subprocess.run(
+        [sys.executable, "-m", "shardloader", "pack", str(tmp_path / "src"), str(tmp_path / "o")]
+        + ["--text-field", "txet"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert "--text-field 'txet' is missing from every record of" in done.stderr
+    assert "its records have 'content'" in done.stderr
+    assert not (tmp_path / "o" / "index.json").exists()

@@ -238,8 +238,9 @@ def lengths_of(planner: str, ids: np.ndarray, lengths: np.ndarray | None) -> np.
     """Lengths of ``ids`` (indexed by global id), with a clear error when they are missing."""
     if lengths is None:
         raise UsageError(
-            f"{planner} needs per-sample lengths: pack with a length field (e.g. --tokenizer, "
-            "which records token counts in the manifest) or use FixedBatches"
+            f"{planner} needs per-sample lengths: re-pack with a length field (--tokenizer "
+            "tokenizer.json for text, --token-field input_ids for records that hold token ids; "
+            "both record token counts in the manifest) or use FixedBatches"
         )
     lens = np.asarray(lengths)
     if lens.ndim != 1 or (lens.size and lens.dtype.kind not in "iu"):

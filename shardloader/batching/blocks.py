@@ -160,14 +160,22 @@ class TokenBlocks:
         if m.format != "tokens":
             raise UsageError(
                 f"TokenBlocks reads rows straight out of token shards, but {dataset.url} holds "
-                f"{m.format} shards: pack it with `shardloader pack --format tokens "
-                "--tokenizer ...`, or use PackedBatches"
+                f"{m.format} shards: re-pack it with `shardloader pack SRC OUT --format tokens` "
+                "and --tokenizer tokenizer.json (text) or --token-field input_ids (records that "
+                "hold token ids)"
+                + (
+                    f"; or use PackedBatches, which packs these shards' {m.length_field!r} token "
+                    "ids into rows as they are"
+                    if m.length_field in m.fields and m.fields[m.length_field].codec == "tokens"
+                    else ""
+                )
             )
         field = stream_field(m.fields)
         if field is None or m.length_field != field:
             raise UsageError(
                 f"{dataset.url}: TokenBlocks needs the manifest's length field to be the token "
-                f"field the shards stream ({field!r}), it is {m.length_field!r}"
+                f"field the shards stream ({field!r}), it is {m.length_field!r}: re-pack with "
+                "--format tokens and --tokenizer or --token-field, which record both"
             )
         for name, value, why in (
             ("transform", dataset.transform, "it works on samples, and rows are no samples"),

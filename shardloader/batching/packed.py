@@ -219,7 +219,8 @@ class PackedBatches:
         if field is None:
             raise UsageError(
                 "PackedBatches cuts documents by their recorded lengths, but the manifest names "
-                "no length field; pack text with --tokenizer"
+                "no length field; re-pack text with --tokenizer tokenizer.json, or records that "
+                "hold token ids with --token-field input_ids"
             )
         if collate_fn is None:
             if self.pad_id is None:
@@ -324,7 +325,9 @@ class PackCollate:
             if a.ndim != 1 or (a.size and a.dtype.kind not in "iu"):
                 raise UsageError(
                     f"sample {i}: {self.field!r} must be a 1-D integer token array, "
-                    f"got {a.dtype}{a.shape}"
+                    f"got {a.dtype}{a.shape}: PackedBatches packs token ids, so re-pack text "
+                    "with --tokenizer tokenizer.json, or records that hold token ids with "
+                    "--token-field input_ids"
                 )
             docs.append(a)
         return docs, rest

@@ -49,7 +49,8 @@ LAYOUTS = ("auto", "class-folders", "key-groups", "records")
     type=click.Choice(["tar", "arrow", "tokens"]),
     default="tar",
     show_default=True,
-    help="Shard format (tokens: each shard's token ids contiguous, for --tokenizer).",
+    help="Shard format (tokens: each shard's token ids contiguous, for --tokenizer or "
+    "--token-field).",
 )
 @click.option(
     "--compression",
@@ -146,6 +147,19 @@ LAYOUTS = ("auto", "class-folders", "key-groups", "records")
     show_default=True,
     help="JSON key (or field) holding the text to measure / tokenize.",
 )
+@click.option(
+    "--token-field",
+    default=None,
+    help="Pre-tokenized input: the Parquet/Arrow list column or JSON key holding each "
+    "record's token ids, stored as the 'tokens' field without a tokenizer.",
+)
+@click.option(
+    "--vocab-size",
+    type=click.IntRange(min=1),
+    default=None,
+    help="With --token-field: every id is below this (default: the largest id + 1); it picks "
+    "uint16 or uint32 ids and is recorded as the tokenizer's vocab_size.",
+)
 @click.option("--resume", is_flag=True, help="Keep the intact shards of an interrupted pack.")
 @click.option("--overwrite", is_flag=True, help="Replace a previous pack in OUT.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary.")
@@ -169,6 +183,8 @@ def pack_command(
     validate: bool,
     tokenizer: str | None,
     text_field: str,
+    token_field: str | None,
+    vocab_size: int | None,
     resume: bool,
     overwrite: bool,
     quiet: bool,
@@ -183,10 +199,11 @@ def pack_command(
     groups (a/0001.jpg + a/0001.json), record files (.jsonl, .txt, optionally .gz/.zst) or
     tables (.parquet, .arrow).  The manifest is written last.
     """
-    if fmt == "tokens" and tokenizer is None:  # refused now, not when the shards are read
-        raise UsageError(
+    if fmt == "tokens" and tokenizer is None and token_field is None:  # refused now, not
+        raise UsageError(  # when the shards are read
             "--format tokens lays out token ids: pass --tokenizer tokenizer.json (a Hugging Face "
-            "tokenizers file) to make them from the text, or pick --format tar or arrow"
+            "tokenizers file) to make them from the text, or --token-field NAME for ids the "
+            "records already hold (e.g. input_ids), or pick --format tar or arrow"
         )
     from shardloader.pack import PackOptions, pack
 
@@ -203,6 +220,8 @@ def pack_command(
         validate=validate,
         tokenizer=tokenizer,
         text_field=text_field,
+        token_field=token_field,
+        vocab_size=vocab_size,
         workers=workers,
         executor=executor,
         address=address,

@@ -25,6 +25,7 @@ from shardloader.pack.discover import TextRule
 from shardloader.pack.plan import ShardPlan
 from shardloader.pack.refs import FileRef, LineRun, SampleRef
 from shardloader.pack.task import WriteSpec
+from shardloader.pack.token_ids import ids_length
 
 __all__ = ["fill_shard"]
 
@@ -200,6 +201,9 @@ def _measure(
     :func:`_write_run`, which passes it on a failure only)."""
     if spec.text is None:
         return None
+    ids = ids_length(spec.text, spec.fields, fields)  # --token-field (pack/token_ids.py)
+    if ids is not None:
+        return ids
     text, what = _text_of(spec.text, fields, value)
     if spec.tokenizer is None:
         if text is None:

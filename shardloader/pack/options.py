@@ -56,6 +56,10 @@ class PackOptions:
     validate: bool = False  # decode images to check them
     tokenizer: str | None = None  # local tokenizers JSON: adds a ``tokens`` field
     text_field: str = "text"
+    # pre-tokenized input: the column or JSON key holding each record's token ids, laid out
+    # as the ``tokens`` field without a tokenizer (pack/token_ids.py)
+    token_field: str | None = None
+    vocab_size: int | None = None  # --token-field: ids are below it (default: largest id + 1)
     workers: int = 1  # local: writer processes; ray: shard writes in flight at once
     executor: str = "local"  # local | ray (pip install 'shardloader[ray]')
     address: str | None = None  # ray: the cluster (default: RAY_ADDRESS, else a local Ray)
@@ -100,6 +104,22 @@ class PackOptions:
             raise bad("--resume keeps finished shards and --overwrite discards them: pick one")
         if not self.text_field:
             raise bad("--text-field must not be empty")
+        if self.token_field is not None:
+            if not self.token_field:
+                raise bad("--token-field must not be empty")
+            if self.tokenizer is not None:
+                raise bad(
+                    "--token-field takes token ids the input already holds and --tokenizer "
+                    "makes them from text: pass one of them"
+                )
+        if self.vocab_size is not None:
+            if self.token_field is None:
+                raise bad(
+                    "--vocab-size goes with --token-field (a tokenizer file knows its own "
+                    "vocabulary size)"
+                )
+            if isinstance(self.vocab_size, bool) or not 1 <= self.vocab_size <= 1 << 32:
+                raise bad(f"--vocab-size {self.vocab_size} must be between 1 and 2**32")
         if not isinstance(self.retry, RetryPolicy):
             raise bad(f"PackOptions.retry must be a RetryPolicy, got {self.retry!r}")
 

@@ -50,7 +50,7 @@ from shardloader.pack.replace import (
     refuse_remote_replace,
 )
 from shardloader.pack.task import ShardResult, ShardTask, WriteSpec
-from shardloader.pack.tokenizer import add_tokens
+from shardloader.pack.tokenizer import manifest_entry, token_source
 from shardloader.pack.write import place_shard, write_and_place, write_shard, writing
 from shardloader.read.fields import FieldMap
 from shardloader.storage.store import Store
@@ -142,8 +142,7 @@ def _pack(
         tokenize=options.tokenizer is not None,
         aliases=options.aliases,
     )
-    fields = dict(source.fields)
-    tok_meta = add_tokens(src, options.tokenizer, fields)
+    source, fields, tok_meta = token_source(src, source, options)  # pack/tokenizer.py
 
     parted = options.num_parts > 1
     old: set[str] = set()
@@ -220,7 +219,7 @@ def _pack(
             write_skip_report(out_store, skips)
         extra = _build_extra(len(skips), _length_unit(source, options))
         if tok_meta:
-            extra["tokenizer"] = {k: tok_meta[k] for k in ("sha256", "vocab_size")}
+            extra["tokenizer"] = manifest_entry(tok_meta)
         if parted:
             extra["part"] = {
                 "index": options.part,
@@ -278,7 +277,7 @@ def _pack(
 def _length_unit(source: Source, options: PackOptions) -> str | None:
     if source.text is None:
         return None
-    return "tokens" if options.tokenizer else "bytes"
+    return "tokens" if options.tokenizer or options.token_field else "bytes"
 
 
 class _Run:

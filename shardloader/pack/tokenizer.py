@@ -1,20 +1,32 @@
-"""``--tokenizer``: the tokenizer file a pack uses, checked and described once, up front.
+"""``--tokenizer`` and ``--token-field``: where a pack's token ids come from, decided once, up
+front, in the main process (:func:`token_source`).
 
-The pack workers load the same file themselves (pack/fill.py); here the main process checks
-that it loads, records its sha256 and vocabulary size for the manifest, and adds the ``tokens``
-field (uint16 ids when the vocabulary fits, else uint32).
+``--tokenizer``: the pack workers load the same file themselves (pack/fill.py); here the main
+process checks that it loads, records its sha256 and vocabulary size for the manifest, and adds
+the ``tokens`` field (uint16 ids when the vocabulary fits, else uint32).
+
+``--token-field``: the ids are in the input already (pack/token_ids.py); they are scanned here,
+the vocabulary size taken from ``--vocab-size`` or the largest id, and the source's records
+read through ``TokenRecords``.  Either way the manifest's ``extra["tokenizer"]["vocab_size"]``
+is the vocabulary size, so the documented ``pad_id = vocab_size`` recipe works on both.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
+from typing import TYPE_CHECKING, Any
 
 from shardloader.errors import UsageError
 from shardloader.manifest import FieldInfo
 from shardloader.storage.store import Store
 
-__all__ = ["add_tokens", "tokenizer_info"]
+if TYPE_CHECKING:
+    from shardloader.pack.layouts.base import Source
+    from shardloader.pack.options import PackOptions
+
+__all__ = ["add_tokens", "manifest_entry", "pretokenized", "token_source", "tokenizer_info"]
 
 
 def tokenizer_info(path: str) -> tuple[str, int]:
@@ -50,3 +62,73 @@ def add_tokens(src: str, tokenizer: str | None, fields: dict[str, FieldInfo]) ->
         "vocab_size": vocab,
         "path": os.path.abspath(Store(tokenizer).local_path),
     }
+
+
+def token_source(
+    src: str, source: Source, options: PackOptions
+) -> tuple[Source, dict[str, FieldInfo], dict | None]:
+    """The source as the pack reads it, its fields, and what the manifest records of its
+    token ids (None: no tokens); the text or token field checked (pack/field_check.py)."""
+    from shardloader.pack.field_check import DEFAULT_TEXT_FIELD, check_text_field
+
+    if options.token_field is not None:
+        source, meta = pretokenized(src, source, options.token_field, options.vocab_size)
+        return source, dict(source.fields), meta
+    insisted = options.tokenizer is not None or options.text_field != DEFAULT_TEXT_FIELD
+    source = check_text_field(source, options.text_field, insisted)
+    fields = dict(source.fields)
+    return source, fields, add_tokens(src, options.tokenizer, fields)
+
+
+def pretokenized(
+    src: str, source: Source, name: str, vocab_size: int | None
+) -> tuple[Source, dict[str, Any]]:
+    """``--token-field name``: every record file's ids scanned and checked, the ``tokens``
+    field (in place of ``name``) with the dtype the vocabulary needs."""
+    from shardloader.pack.field_check import check_presence
+    from shardloader.pack.layouts.records import TokenRecords, record_kind
+    from shardloader.pack.token_ids import MAX_VOCAB, IdsRule, ids_dtype, scan_ids
+
+    if source.layout != "records":
+        raise UsageError(
+            f"--token-field reads token ids from record files (JSONL, Parquet, Arrow), but "
+            f"{src} is laid out as {source.layout}; pass --layout records if they are records"
+        )
+    counts, kinds = [], set()
+    for f in source.files:
+        kind = record_kind(f.rel)[0]  # type: ignore[index]
+        kinds.add(kind)
+        counts.append(scan_ids(f, kind, source.inputs.open(f), name, vocab_size))
+    if not check_presence(source, counts, name, "--token-field", insisted=True):
+        raise UsageError(f"--token-field {name!r}: {src} holds no records")
+    largest = max(c.hi for c in counts)
+    vocab = vocab_size if vocab_size is not None else max(largest + 1, 1)
+    if vocab > MAX_VOCAB:  # only a given --vocab-size can be (ids past it are refused)
+        raise UsageError(f"--vocab-size {vocab}: token ids are stored as uint32, at most 2**32")
+    dtype = ids_dtype(vocab)
+    fields = {k: v for k, v in source.fields.items() if k != name}
+    keep_json = any(
+        c.fields
+        for c, f in zip(counts, source.files, strict=True)
+        if record_kind(f.rel)[0] == "json"  # type: ignore[index]
+    )
+    if kinds == {"json"} and not keep_json:
+        fields.pop("json", None)  # the records held nothing but their ids
+    if "tokens" in fields:
+        raise UsageError(
+            f"{src} already has a 'tokens' field; --token-field {name!r} would replace it"
+        )
+    fields["tokens"] = FieldInfo("tokens", dtype)
+    rule = IdsRule(name, dtype, vocab, keep_json)
+    source = dataclasses.replace(
+        source, impl=TokenRecords(rule), fields=fields, text=rule.text_rule()
+    )
+    return source, {"sha256": None, "vocab_size": vocab, "path": None, "token_field": name}
+
+
+def manifest_entry(meta: dict[str, Any]) -> dict[str, Any]:
+    """What ``index.json`` records under ``extra["tokenizer"]``: the tokenizer file's sha256
+    and vocabulary size, or the pre-tokenized field and its vocabulary size."""
+    if meta.get("token_field") is not None:
+        return {"token_field": meta["token_field"], "vocab_size": meta["vocab_size"]}
+    return {k: meta[k] for k in ("sha256", "vocab_size")}

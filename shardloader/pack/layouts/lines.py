@@ -2,7 +2,9 @@
 
 One sample per non-empty line (JSON: not only whitespace), key ``<path without suffixes>/<line
 number:09d>`` (1-based, so a key says where the line is); the line without its terminator
-(``\n`` or ``\r\n``) becomes the field ``json`` or ``txt``.
+becomes the field ``json`` or ``txt``.  Lines are what Python's ``utf-8-sig`` and universal
+newlines give: a UTF-8 byte order mark at the start of the file is not part of the first line,
+and ``\n``, ``\r\n`` and a lone ``\r`` (classic Mac OS) each end a line.
 
 NOTE [line runs]: a plain (uncompressed) line file is scanned here, in the main process, only
 for where its lines are: :func:`runs` yields :class:`~shardloader.pack.refs.LineRun` s (line
@@ -11,13 +13,21 @@ worker writing a shard reads each run's byte range itself and checks that the li
 where the scan found them (:func:`read_run`), so record bytes never travel from the main
 process to a worker, a pickle each way.  Compressed files cannot be read by range: their lines
 are split here and travel as :class:`~shardloader.pack.refs.SampleRef` s (:func:`samples`).
+
+NOTE [lone CR]: runs are cut at ``\n`` only (a ``\r`` before it is dropped), which is all the
+worker's check in :func:`read_run` knows.  A file with a lone ``\r`` (not before a ``\n``) is
+split here instead, as a compressed file is: the scan looks for one in each chunk before it
+cuts runs from it, and from there on gives the rest of the file as samples.  Lines before it
+stay in runs: their line ends are ``\n`` whatever follows.
 """
 
 from __future__ import annotations
 
 import gzip
+import itertools
 import mmap
 import os
+import re
 from collections.abc import Iterable, Iterator
 from typing import BinaryIO
 
@@ -33,6 +43,7 @@ __all__ = [
     "COMPRESSED",
     "fields",
     "is_compressed",
+    "iter_lines",
     "samples",
     "runs",
     "read_run",
@@ -45,6 +56,8 @@ _READ_CHUNK = 4 << 20
 _SCAN_CHUNK = 16 << 20  # bytes scanned for line ends at a time (a run per chunk)
 _WHITESPACE = np.zeros(256, bool)
 _WHITESPACE[list(b" \t\n\r\x0b\x0c")] = True  # what bytes.strip() strips
+BOM = b"\xef\xbb\xbf"  # UTF-8 byte order mark: what the utf-8-sig codec drops at the start
+_EOL = re.compile(rb"\r\n|\r|\n")  # universal newlines
 
 
 def fields(kind: str) -> dict[str, FieldInfo]:
@@ -63,41 +76,72 @@ def _decompressed(stream: BinaryIO, rel: str) -> BinaryIO:
 
 
 def _iter_lines(stream: BinaryIO) -> Iterator[bytes]:
-    """Lines without their terminator (``\\n`` or ``\\r\\n``), read in big chunks."""
+    """Lines without their terminator, read in big chunks (a leading BOM dropped)."""
     read = getattr(stream, "read1", stream.read)  # read1: keep what decoded before an error
+    return _split_lines(iter(lambda: read(_READ_CHUNK), b""), bom=True)
+
+
+def _split_lines(chunks: Iterable[bytes], bom: bool) -> Iterator[bytes]:
+    """The lines of ``chunks`` (consecutive bytes) as universal newlines split them, without
+    their terminators; ``bom``: the chunks start the file, so a UTF-8 BOM there is dropped."""
     rest = b""
-    while True:
-        chunk = read(_READ_CHUNK)
-        if not chunk:
-            break
-        lines = (rest + chunk).split(b"\n")
-        rest = lines.pop()
-        for line in lines:
-            yield line[:-1] if line.endswith(b"\r") else line
+    for chunk in chunks:
+        buf = rest + chunk
+        if bom:
+            if len(buf) < len(BOM) and BOM.startswith(buf):
+                rest = buf  # too short to tell yet
+                continue
+            bom = False
+            if buf.startswith(BOM):
+                buf = buf[len(BOM) :]
+        hold = b""
+        if buf.endswith(b"\r"):  # maybe the first half of a "\r\n" split across chunks
+            buf, hold = buf[:-1], b"\r"
+        lines = buf.split(b"\n") if b"\r" not in buf else _EOL.split(buf)
+        rest = lines.pop() + hold
+        yield from lines
+    if bom and rest.startswith(BOM):  # a file of at most a BOM
+        rest = rest[len(BOM) :]
     if rest:
-        yield rest[:-1] if rest.endswith(b"\r") else rest
+        lines = _EOL.split(rest)
+        if not lines[-1]:  # the file ends with a terminator
+            lines.pop()
+        yield from lines
 
 
 def samples(f: InputFile, kind: str, stem: str, store: Store) -> Iterator[SampleRef]:
     """The samples of line file ``f``, read through ``store`` (the file's own)."""
     with store.open_read() as raw:
         stream = _decompressed(raw, f.rel)
-        number = 0
-        for number, line in enumerate(_iter_lines(stream), start=1):  # noqa: B007
-            if not line or (kind == "json" and not line.strip()):
-                continue  # blank lines separate nothing in JSONL and carry nothing in text
-            yield SampleRef(f"{stem}/{number:09d}", ((kind, line),), f.rel, f"line {number}")
+        yield from _numbered(f, kind, stem, _iter_lines(stream), 0)
+
+
+def iter_lines(f: InputFile, store: Store) -> Iterator[bytes]:
+    """Every line of line file ``f`` (blank ones too), as :func:`samples` splits them."""
+    with store.open_read() as raw:
+        yield from _iter_lines(_decompressed(raw, f.rel))
+
+
+def _numbered(
+    f: InputFile, kind: str, stem: str, lines: Iterable[bytes], before: int
+) -> Iterator[SampleRef]:
+    """Samples of ``lines``, numbered after the ``before`` lines that came first."""
+    for number, line in enumerate(lines, start=before + 1):
+        if not line or (kind == "json" and not line.strip()):
+            continue  # blank lines separate nothing in JSONL and carry nothing in text
+        yield SampleRef(f"{stem}/{number:09d}", ((kind, line),), f.rel, f"line {number}")
 
 
 def is_compressed(rel: str) -> bool:
     return rel.lower().endswith(COMPRESSED)
 
 
-def runs(f: InputFile, kind: str, stem: str, store: Store) -> Iterator[LineRun]:
+def runs(f: InputFile, kind: str, stem: str, store: Store) -> Iterator[LineRun | SampleRef]:
     """Where the samples of plain line file ``f`` are (NOTE [line runs]), one run per chunk.
 
     The same lines as :func:`samples` would give, found without splitting them out: a local
-    file is memory-mapped (no copy), a remote one streamed.
+    file is memory-mapped (no copy), a remote one streamed.  From a lone ``\r`` on, the
+    samples themselves (NOTE [lone CR]).
     """
     if store.is_local:
         with open(store.local_path, "rb") as fh:
@@ -111,15 +155,56 @@ def runs(f: InputFile, kind: str, stem: str, store: Store) -> Iterator[LineRun]:
         yield from _scan(f, kind, stem, iter(lambda: read(_SCAN_CHUNK), b""))
 
 
+def _lone_cr(chunk: bytes | mmap.mmap, start: int, after_cr: bool) -> bool:
+    """Whether ``chunk[start:]`` holds a ``\r`` that ends a line by itself (not before a
+    ``\n``); ``after_cr``: the previous chunk ended with ``\r``.  A ``\r`` that ends the
+    chunk is left to the next one (``after_cr``); at the end of the file it ends a line
+    either way."""
+    if after_cr and chunk[start : start + 1] != b"\n":
+        return True
+    at = chunk.find(b"\r", start)
+    while 0 <= at < len(chunk) - 1:
+        stop = min(at + _SCAN_CHUNK, len(chunk) - 1)  # a window: no file-sized arrays
+        view = np.frombuffer(chunk, np.uint8, count=stop + 1 - at, offset=at)
+        try:
+            cr = np.flatnonzero(view[:-1] == 13)
+            if cr.size and bool((view[cr + 1] != 10).any()):
+                return True
+        finally:
+            del view  # an mmap cannot close while an array still points into it
+        at = chunk.find(b"\r", stop)
+    return False
+
+
+def _slices(chunk: bytes | mmap.mmap, start: int) -> Iterator[bytes]:
+    for a in range(start, len(chunk), _READ_CHUNK):
+        yield chunk[a : a + _READ_CHUNK]
+
+
 def _scan(
     f: InputFile, kind: str, stem: str, chunks: Iterable[bytes | mmap.mmap]
-) -> Iterator[LineRun]:
+) -> Iterator[LineRun | SampleRef]:
     """Line runs over ``chunks`` (the file's bytes in order), at most ``_SCAN_CHUNK`` bytes
-    of lines each; a line longer than that makes its own run."""
+    of lines each; a line longer than that makes its own run.  A BOM at the start is skipped;
+    from a chunk with a lone ``\r`` on, samples (NOTE [lone CR])."""
     pending: list[bytes] = []  # an unfinished line from the previous chunk, in pieces
     pos = 0  # file offset of the first pending byte
     number = 0  # lines completed so far
+    first, after_cr = True, False
+    chunks = iter(chunks)
     for chunk in chunks:
+        start = 0
+        if first:
+            first = False
+            if chunk[: len(BOM)] == BOM:
+                start = pos = len(BOM)
+        if _lone_cr(chunk, start, after_cr):
+            rest = [b"".join(pending)] if pending else []
+            more = (bytes(c) for c in chunks)
+            lines = _split_lines(itertools.chain(rest, _slices(chunk, start), more), bom=False)
+            yield from _numbered(f, kind, stem, lines, number)
+            return
+        after_cr = chunk[-1:] == b"\r"
         if pending:  # finish the pending line first (joins only that line, not the chunk)
             nl = chunk.find(b"\n")
             if nl < 0:
@@ -133,7 +218,7 @@ def _scan(
             pos += len(buf)
             pending, done = [], nl + 1
         else:
-            done = 0
+            done = start
         view = np.frombuffer(chunk, np.uint8)
         try:
             while done < len(chunk):

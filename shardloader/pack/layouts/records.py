@@ -14,11 +14,15 @@ next to its image) is a field of a key group, not a record file.
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Iterator
 
+import numpy as np
+
 import shardloader.pack.layouts.lines as lines
 import shardloader.pack.layouts.tables as tables
+import shardloader.pack.token_ids as token_ids
 from shardloader.errors import InputError, StorageError, UsageError
 from shardloader.manifest import FieldInfo
 from shardloader.pack.layouts.base import (
@@ -32,8 +36,10 @@ from shardloader.pack.layouts.base import (
     mixed,
 )
 from shardloader.pack.refs import InputFile, LineRun, SampleRef
+from shardloader.pack.token_ids import IdsRule
+from shardloader.storage.store import Store
 
-__all__ = ["Records", "record_kind"]
+__all__ = ["Records", "TokenRecords", "record_kind"]
 
 log = logging.getLogger(__name__)
 
@@ -133,15 +139,11 @@ class Records(Layout):
             kind, stem = record_kind(f.rel)  # type: ignore[misc]
             last = ""
             try:
-                if _is_line_kind(kind) and not lines.is_compressed(f.rel):
-                    for run in lines.runs(f, kind, stem, source.inputs.open(f)):
-                        last = f"line {int(run.numbers[-1])}"
-                        yield run
-                    continue
-                read = lines.samples if _is_line_kind(kind) else tables.samples
-                for sample in read(f, kind, stem, source.inputs.open(f)):
-                    last = sample.where
-                    yield sample
+                for item in self._file_items(f, kind, stem, source.inputs.open(f)):
+                    last = (
+                        f"line {int(item.numbers[-1])}" if isinstance(item, LineRun) else item.where
+                    )
+                    yield item
             except (OSError, EOFError, zstandard.ZstdError, pa.ArrowInvalid, StorageError) as err:
                 after = f" after {last}" if last else ""
                 reason = f"cannot read{after} ({err})"
@@ -151,3 +153,65 @@ class Records(Layout):
                     ) from err
                 log.warning("%s: %s; skipping the rest of the file", f.url, reason)
                 on_skip(f.rel, last, reason)
+
+    def _file_items(
+        self, f: InputFile, kind: str, stem: str, store: Store
+    ) -> Iterator[SampleRef | LineRun]:
+        """The records of one file: runs of a plain line file, samples of anything else."""
+        if _is_line_kind(kind) and not lines.is_compressed(f.rel):
+            return lines.runs(f, kind, stem, store)
+        read = lines.samples if _is_line_kind(kind) else tables.samples
+        return read(f, kind, stem, store)
+
+
+class TokenRecords(Records):
+    """Records whose token ids become the ``tokens`` field (``--token-field``, see
+    pack/token_ids.py): JSON records keep their other keys in ``json``, table rows their
+    other columns; made by pack/tokenizer.py once the ids are scanned."""
+
+    def __init__(self, rule: IdsRule) -> None:
+        self.rule = rule
+
+    def _file_items(
+        self, f: InputFile, kind: str, stem: str, store: Store
+    ) -> Iterator[SampleRef | LineRun]:
+        if kind == "json":
+            return (self._json_sample(f, s) for s in lines.samples(f, kind, stem, store))
+        return self._table_samples(f, kind, stem, store)
+
+    def _tokens(self, ids: np.ndarray | None, where: str) -> bytes:
+        if ids is None:
+            return b""
+        token_ids.check_ids(ids, self.rule.vocab_size, self.rule.field, where)
+        return ids.astype(np.dtype(self.rule.dtype).newbyteorder("<")).tobytes()
+
+    def _json_sample(self, f: InputFile, sample: SampleRef) -> SampleRef:
+        where = f"{f.url} {sample.where}"
+        line = sample.fields[0][1]
+        ids, rest = token_ids.json_ids(line, self.rule.field, where)  # type: ignore[arg-type]
+        fields: tuple[tuple[str, bytes], ...] = (("tokens", self._tokens(ids, where)),)
+        if self.rule.keep_json:
+            fields = (("json", token_ids.json_rest(rest or {})), *fields)
+        return sample._replace(fields=fields)
+
+    def _table_samples(
+        self, f: InputFile, kind: str, stem: str, store: Store
+    ) -> Iterator[SampleRef]:
+        name = self.rule.field
+        rows = self._row_ids(f, kind, store)
+        for sample in tables.samples(f, kind, stem, store):
+            where = f"{f.url} {sample.where}"
+            tokens = self._tokens(next(rows), where)
+            fields = [(n, v) for n, v in sample.fields if n != name] + [("tokens", tokens)]
+            yield sample._replace(fields=tuple(sorted(fields, key=lambda nv: nv[0])))
+
+    def _row_ids(self, f: InputFile, kind: str, store: Store) -> Iterator[np.ndarray | None]:
+        """Each row's ids (None: null, or no such column in this file), then None forever."""
+        for column in token_ids.table_ids(f, kind, store, self.rule.field):
+            try:
+                ids, offsets, nulls = token_ids.batch_rows(column)
+            except InputError as err:
+                raise InputError(f"{f.url}: {err}") from None
+            for i in range(len(offsets) - 1):
+                yield None if nulls[i] else ids[offsets[i] : offsets[i + 1]]
+        yield from itertools.repeat(None)
