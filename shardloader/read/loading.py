@@ -290,6 +290,9 @@ class SampleLoader:
                 sample[name] = self.decode(name, ext, data)
             except DecodeError as err:
                 raise DecodeError(f"{_located_at(shards, ids, pos, key)}: {err}") from err
+        for name in self.field_map.fields:  # NOTE [missing values]: every batch has each field
+            if name not in sample:
+                sample[name] = None
         if self.decoder is not None and (self.decoder.fill or self.decoder.required):
             try:
                 complete(sample, self.decoder.fill, self.decoder.required)
