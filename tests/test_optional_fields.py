@@ -139,7 +139,9 @@ def test_fill_gives_a_value_and_required_refuses_or_skips(pairs, tmp_path, caplo
     ds = _read(tmp_path, pairs, batch_size=4, decoder=strict, on_error="skip")
     with caplog.at_level(logging.WARNING, logger="shardloader.read.loading"):
         batches = list(sl.make_loader(ds, num_workers=0))
-    kept = [k for b in batches for k, pad in zip(b["__key__"], b["__pad__"]) if not pad]
+    kept = [
+        k for b in batches for k, pad in zip(b["__key__"], b["__pad__"], strict=True) if not pad
+    ]
     assert kept == [f"{i:09d}" for i in range(N) if _caption(i) is not None]
     assert all(t is not None for b in batches for t in b["txt"])
     skipped = [f"{i:09d}" for i in range(N) if _caption(i) is None]

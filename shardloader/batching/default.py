@@ -131,7 +131,7 @@ def _collate_field(
     values: list[Any],
     pad: Mapping[str, Any] | None,
     ragged: str,
-    owners: Sequence[Any],
+    owners: Sequence[Any] = (),
 ) -> Any:
     present = [v for v in values if v is not None]
     if present and all(isinstance(v, Mapping) for v in present):
