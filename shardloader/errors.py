@@ -17,6 +17,7 @@ __all__ = [
     "ShardError",
     "ChecksumError",
     "DecodeError",
+    "MissingFieldError",
     "TransformError",
     "StorageError",
     "ObjectNotFoundError",
@@ -56,6 +57,28 @@ class ChecksumError(ShardError):
 
 class DecodeError(ShardloaderError, ValueError):
     """A field of a sample cannot be decoded (or must not be: pickled data)."""
+
+
+class MissingFieldError(DecodeError):
+    """A sample lacks a field (absent, or null) where a value is needed: a field the reader
+    requires (``Decoder(required=...)``; skipped under ``on_error="skip"``), or a batch whose
+    other values of that field stack into a tensor, which has no place for a missing one.
+
+    ``field``, ``missing`` (how many samples of the batch lack it), ``key`` and ``index`` (the
+    first such sample's key and global id) say where, when known.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        field: str | None = None,
+        missing: int = 0,
+        key: str | None = None,
+        index: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.field, self.missing, self.key, self.index = field, missing, key, index
 
 
 class TransformError(ShardloaderError, RuntimeError):

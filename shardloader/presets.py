@@ -53,6 +53,8 @@ class DatasetPreset:
     cache_dir: str | None = None
     storage_options: Mapping[str, Any] = field(default_factory=dict)
     retry: RetryPolicy | None = None  # None: the library's default policy
+    fill: Mapping[str, Any] = field(default_factory=dict)  # Decoder(fill=...): --fill
+    required: tuple[str, ...] = ()  # Decoder(required=...): --require
 
     def __post_init__(self) -> None:
         if self.transform not in TRANSFORMS:
@@ -80,7 +82,14 @@ class DatasetPreset:
         self, url: str, manifest: Manifest | None = None
     ) -> tuple[Decoder, Transform | None]:
         """The (decoder, transform) for the dataset at ``url`` (its manifest is read unless
-        given; only a transform needs it, to find the image field)."""
+        given; only a transform needs it, to find the image field), with ``fill`` and
+        ``required`` on the decoder."""
+        decoder, transform = self._pipeline(url, manifest)
+        return replace(decoder, fill=dict(self.fill), required=self.required), transform
+
+    def _pipeline(
+        self, url: str, manifest: Manifest | None = None
+    ) -> tuple[Decoder, Transform | None]:
         from shardloader.codecs.allowlist import Decoder
 
         if self.transform == "none":
@@ -119,5 +128,7 @@ class DatasetPreset:
             transform=transform,
             read=self.read_options(),
         )
+        if self.required:  # --require skips what lacks the field (and other bad samples)
+            kwargs["on_error"] = "skip"
         kwargs.update(overrides)
         return ShardedDataset(url, **kwargs)

@@ -20,7 +20,7 @@ from shardloader.collate import (
     PadCollate,
     collate_samples,
 )
-from shardloader.errors import ShardloaderError, UsageError
+from shardloader.errors import MissingFieldError, ShardloaderError, UsageError
 
 PAD = 7  # deliberately not 0: 0 is a real token in these tests
 
@@ -161,7 +161,9 @@ def test_read_only_token_arrays_from_decoded_bytes():
 def test_structure_errors():
     with pytest.raises(UsageError, match="empty batch"):
         PadCollate()([])
-    with pytest.raises(UsageError, match="different fields"):
+    # samples may lack fields (tests/test_optional_fields.py); a number field missing in one
+    # sample cannot stack into a tensor
+    with pytest.raises(MissingFieldError, match="'a' is missing .* in 1 of 2 samples"):
         collate_samples([{"a": 1}, {"b": 1}])
     with pytest.raises(UsageError, match="different shapes"):
         collate_samples([{"img": np.zeros((2, 3))}, {"img": np.zeros((3, 2))}])

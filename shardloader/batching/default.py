@@ -8,7 +8,18 @@ builds on these rules (``default_collate`` semantics, made explicit):
 * tensors and numpy arrays of equal shape stack; lists/tuples of numbers count as 1-D arrays;
 * strings, bytes, ``None`` and anything else stay a Python list; dicts recurse (a nested
   field is named by its dotted path, e.g. ``"meta.ids"``);
-* a field whose arrays differ in shape is padded only when it has an explicit pad value.
+* a field whose arrays differ in shape is padded only when it has an explicit pad value;
+* a sample may lack a field or hold ``None`` there (NOTE [missing values]).
+
+NOTE [missing values]
+    The batch holds the union of its samples' fields: a field is never dropped because the
+    first sample lacks it.  Where a value is missing (absent or ``None``) the field is a list
+    with ``None`` in that place, unless the values present would stack into a tensor (numbers,
+    arrays, lists of numbers): a tensor has no place for a missing value, so that is a
+    :class:`~shardloader.errors.MissingFieldError` naming the field, how many samples lack it
+    and the first one, and the remedy: ``Decoder(fill=...)`` or ``Decoder(required=...)``
+    (:mod:`shardloader.read.fields`).  Batches of one field then have one type whichever
+    samples they hold.
 
 NOTE [pad values are explicit]
     Every variable-length field needs an explicit pad value: a missing one is a
@@ -21,16 +32,18 @@ NOTE [pad values are explicit]
 from __future__ import annotations
 
 import numbers
+import operator
 from collections.abc import Mapping, Sequence
+from itertools import chain, repeat
 from typing import Any
 
 import numpy as np
 import torch
 from torch.utils.data import default_collate
 
-from shardloader.errors import UsageError
+from shardloader.errors import MissingFieldError, UsageError
 
-__all__ = ["collate_samples", "torch_collate"]
+__all__ = ["collate_samples", "missing_field", "torch_collate"]
 
 
 def is_number(v: Any) -> bool:
@@ -77,42 +90,59 @@ def collate_samples(
     pad: Mapping[str, Any] | None = None,
     ragged: str = "error",
     _prefix: str = "",
+    _owners: Sequence[Any] | None = None,
 ) -> dict[str, Any]:
     """Collate sample dicts with the module's default rules.
 
     ``pad`` maps a dotted field name to a function ``(name, values) -> value`` that collates
     that field instead (PadCollate passes its padder).  ``ragged`` says what happens to arrays
-    of unequal shapes without one: ``"error"`` or ``"list"`` (keep them as a list).
+    of unequal shapes without one: ``"error"`` or ``"list"`` (keep them as a list).  Samples
+    may lack fields (NOTE [missing values]).
     """
     if not samples:
         raise UsageError("cannot collate an empty batch")
     if ragged not in ("error", "list"):
         raise UsageError(f"ragged={ragged!r} is not 'error' or 'list'")
-    keys = list(samples[0].keys())
     for i, s in enumerate(samples):
         if not isinstance(s, Mapping):
             raise UsageError(f"sample {i} is a {type(s).__name__}, not a dict; collate dicts")
-        if s.keys() != samples[0].keys():
-            diff = sorted(set(s.keys()) ^ set(keys))
-            raise UsageError(
-                f"sample {i} has different fields from sample 0 ({', '.join(map(repr, diff))}); "
-                "every sample of a batch needs the same fields"
-            )
+    owners = samples if _owners is None else _owners
     out: dict[str, Any] = {}
-    for key in keys:
+    for key in _union(samples):
         name = f"{_prefix}{key}"
-        values = [s[key] for s in samples]
+        values = [s.get(key) for s in samples]
         if pad is not None and name in pad:
+            if any(v is None for v in values):
+                raise missing_field(name, values, owners)
             out[key] = pad[name](name, values)
         else:
-            out[key] = _collate_field(name, values, pad, ragged)
+            out[key] = _collate_field(name, values, pad, ragged, owners)
     return out
 
 
-def _collate_field(name: str, values: list[Any], pad: Mapping[str, Any] | None, ragged: str) -> Any:
-    first = values[0]
-    if isinstance(first, Mapping):
-        return collate_samples(values, pad=pad, ragged=ragged, _prefix=f"{name}.")
+def _union(samples: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Every field of the batch, in the order the samples first name them."""
+    first = samples[0].keys()
+    if all(s.keys() == first for s in samples):
+        return list(first)
+    return list(dict.fromkeys(k for s in samples for k in s))
+
+
+def _collate_field(
+    name: str,
+    values: list[Any],
+    pad: Mapping[str, Any] | None,
+    ragged: str,
+    owners: Sequence[Any] = (),
+) -> Any:
+    present = [v for v in values if v is not None]
+    if present and all(isinstance(v, Mapping) for v in present):
+        nested = [{} if v is None else v for v in values]
+        return collate_samples(nested, pad=pad, ragged=ragged, _prefix=f"{name}.", _owners=owners)
+    if len(present) < len(values):
+        if present and _stacks(present):
+            raise missing_field(name, values, owners)
+        return list(values)
     if all(is_number(v) or (isinstance(v, torch.Tensor) and v.ndim == 0) for v in values):
         return _stack_numbers(values)
     if all(is_array(v) or is_number_list(v) for v in values) and not all(
@@ -127,6 +157,39 @@ def _collate_field(name: str, values: list[Any], pad: Mapping[str, Any] | None, 
             return list(values)
         raise UsageError(_ragged_message(name, values))
     return list(values)
+
+
+def _stacks(present: Sequence[Any]) -> bool:
+    """Whether these values (none missing) collate into a tensor: numbers, arrays, lists of
+    numbers (torch's default_collate makes tensors of each of them)."""
+    return all(is_number(v) or is_array(v) for v in present) or all(
+        is_number_list(v) and len(v) for v in present
+    )
+
+
+def missing_field(name: str, values: Sequence[Any], owners: Sequence[Any]) -> MissingFieldError:
+    """The error for field ``name`` of a batch, missing (``None``) in some of ``values`` while
+    the others stack into a tensor; ``owners`` are the batch's samples (their ``__key__`` and
+    ``__index__`` say which sample).  The dataset adds the shard (:func:`shardloader.read.
+    fields.placed`)."""
+    lacking = [i for i, v in enumerate(values) if v is None]
+    first = owners[lacking[0]] if lacking and lacking[0] < len(owners) else None
+    key = first.get("__key__") if isinstance(first, Mapping) else None
+    index = first.get("__index__") if isinstance(first, Mapping) else None
+    index = int(index) if isinstance(index, (int, np.integer, torch.Tensor)) else None
+    sample = f"sample {key!r}" if key is not None else f"sample {lacking[0]} of the batch"
+    return MissingFieldError(
+        f"field {name!r} is missing (absent or null) in {len(lacking)} of {len(values)} "
+        f"samples of the batch, first in {sample}, and its other values stack into a tensor, "
+        f"which has no place for a missing value: fill it (Decoder(fill={{{name!r}: ...}}); "
+        f"`--fill {name}=VALUE` in `shardloader serve`) or refuse samples without it "
+        f"(Decoder(required=({name!r},)), with on_error='skip' to skip them; `--require "
+        f"{name}`)",
+        field=name,
+        missing=len(lacking),
+        key=None if key is None else str(key),
+        index=index,
+    )
 
 
 def _ragged_message(name: str, values: list[Any]) -> str:
@@ -148,19 +211,72 @@ def _ragged_message(name: str, values: list[Any]) -> str:
 
 
 def torch_collate(samples: Sequence[Any]) -> Any:
-    """torch's ``default_collate`` (the dataset's collate when none is given), with its shape
-    errors ("stack expects each tensor to be equal size") turned into one that names the
-    field, the sizes and the samples, and says what to do."""
+    """torch's ``default_collate`` (the dataset's collate when none is given), for batches
+    whose samples may lack fields (NOTE [missing values]: the union of the fields, ``None``
+    where a value is missing), with its shape errors ("stack expects each tensor to be equal
+    size") turned into one that names the field, the sizes and the samples, and says what to
+    do."""
+    samples = list(samples)
+    if samples and all(isinstance(s, Mapping) for s in samples) and not _complete(samples):
+        return _collate_dicts(samples, samples, "")
+    return _torch_field("", samples, samples)
+
+
+def _complete(dicts: Sequence[Mapping[str, Any]]) -> bool:
+    """Every dict has the same fields, none of them ``None``, nested dicts alike: what
+    ``default_collate`` takes as it is (it reads the first sample's fields only).  Checked for
+    every batch, so in C where it can be (``is``, never ``==`` on arrays)."""
+    first = dicts[0]
+    keys = first.keys()
+    if any(d.keys() != keys for d in dicts):
+        return False
+    values = chain.from_iterable(d.values() for d in dicts)
+    if any(map(operator.is_, values, repeat(None))):  # ~0.1 us a value (`None in` is slower)
+        return False
+    for key, value in first.items():
+        if isinstance(value, dict) or isinstance(value, Mapping):  # dict first: the ABC is slow
+            inner = [d[key] for d in dicts]
+            if not all(isinstance(v, dict) or isinstance(v, Mapping) for v in inner):
+                return False
+            if not _complete(inner):
+                return False
+    return True
+
+
+def _collate_dicts(dicts: Sequence[Mapping[str, Any]], owners: Sequence[Any], prefix: str) -> Any:
+    out: dict[str, Any] = {}
+    for key in _union(dicts):
+        name = f"{prefix}{key}"
+        values = [d.get(key) for d in dicts]
+        present = [v for v in values if v is not None]
+        if present and all(isinstance(v, Mapping) for v in present):
+            nested = [{} if v is None else v for v in values]
+            out[key] = _collate_dicts(nested, owners, f"{name}.")
+        elif len(present) < len(values):
+            if present and _stacks(present):
+                raise missing_field(name, values, owners)
+            out[key] = list(values)
+        else:
+            out[key] = _torch_field(name, values, owners)
+    return out
+
+
+def _torch_field(name: str, values: list[Any], owners: Sequence[Any]) -> Any:
+    """``default_collate(values)``; its shape errors named (``name``: the dotted field, ""
+    for whole samples)."""
     try:
-        return default_collate(list(samples))
+        return default_collate(values)
     except (RuntimeError, TypeError) as err:
-        found = _unequal_field(samples)
+        if name:
+            found = _unequal_field([{name: v} for v in values])
+        else:
+            found = _unequal_field(values)
         if found is None:
             raise
-        name, (i, a), (j, b) = found
-        keys = [s.get("__key__") if isinstance(s, Mapping) else None for s in samples]
+        field, (i, a), (j, b) = found
+        keys = [s.get("__key__") if isinstance(s, Mapping) else None for s in owners]
         raise UsageError(
-            f"cannot batch field {name!r}: sample {keys[i]!r} has shape {a} and sample "
+            f"cannot batch field {field!r}: sample {keys[i]!r} has shape {a} and sample "
             f"{keys[j]!r} has shape {b}; images need one size in a batch: resize them in the "
             "transform (shardloader.vision.train_transform(224) or eval_transform(224); "
             "`--transform auto` in `shardloader serve`/`bench`), or pass "

@@ -24,7 +24,7 @@ from shardloader.cli.progress import progress_bar
 from shardloader.errors import ShardError
 from shardloader.units import human_bytes as _human
 
-__all__ = ["inspect_command", "verify_command"]
+__all__ = ["inspect_command", "presence_lines", "verify_command"]
 
 
 def _fmt_stats(s: Any, unit: str = "") -> str:
@@ -35,6 +35,17 @@ def _fmt_stats(s: Any, unit: str = "") -> str:
         f"min {s.min:,}{u}, median {s.median:,.0f}, mean {s.mean:,.1f}, p95 {s.p95:,.0f}, "
         f"max {s.max:,}{u}"
     )
+
+
+def presence_lines(presence: Any, samples: int, lead: str) -> list[str]:
+    """``txt in 432 of 480 samples`` for each field some samples lack; one line saying all
+    fields are in every sample otherwise (nothing when the counts were not recorded)."""
+    if presence is None:
+        return []
+    partial = [f"{k} in {n:,} of {samples:,} samples" for k, n in presence.items() if n < samples]
+    if not partial:
+        return [f"{lead}every field in every sample"]
+    return [lead + ", ".join(partial)]
 
 
 @main.command("inspect")
@@ -63,6 +74,7 @@ def inspect_command(dataset: str, as_json: bool, storage_option: tuple[str, ...]
             for k, v in s.fields.items()
         ),
     ]
+    lines += presence_lines(s.presence, s.num_samples, "  present    ")
     if s.lengths is not None:
         lines.append(
             f"  lengths    {s.length_field} in {s.length_unit or 'units'}: "

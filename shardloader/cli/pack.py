@@ -279,6 +279,7 @@ def format_report(r: PackReport) -> str:
             for k, v in sorted(m.fields.items())
         ),
     ]
+    lines += _presence(m)
     if m.classes:
         lines.append(f"  classes   {len(m.classes)}")
     if r.ignored:
@@ -294,6 +295,15 @@ def format_report(r: PackReport) -> str:
     ]
     lines += [f"note: {note}" for note in r.notes]
     return "\n".join(lines)
+
+
+def _presence(m: Any) -> list[str]:
+    """Per-field presence from pack's own counts (the manifest's ``extra.field_samples``)."""
+    from shardloader.cli.inspection import presence_lines
+    from shardloader.read.fields import FieldMap, presence
+
+    counts = presence(m.extra.get("field_samples"), FieldMap.of_manifest(m))
+    return presence_lines(counts, m.num_samples, "  present   ")
 
 
 @main.command("merge")

@@ -20,7 +20,7 @@ from shardloader.cli.options import DATASET_FLAGS, dataset_options, dataset_pres
 from shardloader.errors import UsageError
 from shardloader.presets import IMAGE_DECODES
 
-SERVE_DATASET_FLAGS = (*DATASET_FLAGS, "uneven", "decode")
+SERVE_DATASET_FLAGS = (*DATASET_FLAGS, "uneven", "decode", "fill", "require")
 
 __all__ = ["serve"]
 
@@ -121,6 +121,20 @@ __all__ = ["serve"]
     help="How image fields decode without a --transform.",
 )
 @click.option(
+    "--fill",
+    multiple=True,
+    metavar="FIELD=VALUE",
+    help="What a sample lacking FIELD (or holding null) gets, e.g. --fill txt= for an empty "
+    "caption (VALUE parsed as JSON if it can be; repeatable).",
+)
+@click.option(
+    "--require",
+    multiple=True,
+    metavar="FIELD",
+    help="Skip samples lacking FIELD (or holding null), logging their keys; the dataset then "
+    "skips other bad samples too (on_error='skip'; repeatable).",
+)
+@click.option(
     "--log-level",
     type=click.Choice(["debug", "info", "warning", "error"]),
     default="info",
@@ -190,8 +204,14 @@ def serve(
                 f"{pipeline} configures its own dataset"
             )
     else:
+        from shardloader.read.fields import parse_fill
+
         preset = dataset_preset(
-            dataset_flags, uneven=dataset_flags.pop("uneven"), decode=dataset_flags.pop("decode")
+            dataset_flags,
+            uneven=dataset_flags.pop("uneven"),
+            decode=dataset_flags.pop("decode"),
+            fill=parse_fill(dataset_flags.pop("fill")),
+            required=tuple(dataset_flags.pop("require")),
         )
     logging.basicConfig(
         level=log_level.upper(),

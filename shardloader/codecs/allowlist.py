@@ -155,11 +155,16 @@ class Decoder:
     ``custom`` maps a field (or member extension) to a function of the bytes; it is the only
     way to read an opaque (pickled) field, and the choice of trusting that data is then the
     caller's.
+    ``fill`` and ``required`` say what a sample that lacks a field (or holds a null) gets: a
+    value filled in, or refusal (skipped under ``on_error="skip"``); see
+    :mod:`shardloader.read.fields`.
     """
 
     image: str = "tensor"
     custom: Mapping[str, Callable[[bytes], Any]] = field(default_factory=dict)
     mode: str | None = "RGB"
+    fill: Mapping[str, Any] = field(default_factory=dict)
+    required: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.image not in ("tensor", "numpy", "pil", "raw"):
@@ -178,6 +183,26 @@ class Decoder:
                     f"{type(fn).__name__}"
                 )
         check_mode(self.mode, "Decoder")
+        if not isinstance(self.fill, Mapping) or not all(
+            isinstance(k, str) and k for k in self.fill
+        ):
+            raise UsageError(
+                f"Decoder(fill=...) maps a field name to the value a sample lacking it gets, "
+                f"e.g. fill={{'txt': ''}}; got {self.fill!r}"
+            )
+        required = (self.required,) if isinstance(self.required, str) else self.required
+        if not all(isinstance(k, str) and k for k in required):
+            raise UsageError(
+                f"Decoder(required=...) is a tuple of field names, e.g. ('jpg',); got "
+                f"{self.required!r}"
+            )
+        object.__setattr__(self, "required", tuple(required))
+        both = sorted(set(self.fill) & set(self.required))
+        if both:
+            raise UsageError(
+                f"Decoder: field {both[0]!r} is both filled and required; a filled field is "
+                "never missing, so give it in one of fill= and required="
+            )
 
 
 def decode_field(

@@ -259,7 +259,11 @@ def index_shards(
         shards=infos,
         layout="indexed",
         length_field=next((t for t in _TEXT_FIELDS if t in fields), None) if all_text else None,
-        extra={"skipped": 0, "length_unit": "bytes"} if all_text else {"skipped": 0},
+        extra={
+            "skipped": 0,
+            **({"length_unit": "bytes"} if all_text else {}),
+            "field_samples": dict(sorted(fields.items())),  # samples holding each extension
+        },
     )
     store.join(MANIFEST_NAME).write_bytes_atomic(manifest.to_json())
     return IndexReport(out, manifest)

@@ -44,7 +44,7 @@ __all__ = ["MergeReport", "merge"]
 log = logging.getLogger(__name__)
 
 _SAME = ("format", "compression", "fields", "classes", "layout", "length_field", "aliases")
-_PER_PART_EXTRA = ("part", "skipped", "skip_report")
+_PER_PART_EXTRA = ("part", "skipped", "skip_report", "field_samples")
 
 
 @dataclass(frozen=True)
@@ -241,6 +241,13 @@ def merge(
     extra["skipped"] = len(skips)
     if skips:
         extra["skip_report"] = SKIP_REPORT
+    counts = [m.extra.get("field_samples") for _, m, _, _ in loaded]
+    if all(isinstance(c, dict) for c in counts):  # samples holding each extension, summed
+        total: dict[str, int] = {}
+        for c in counts:
+            for ext, n in c.items():  # type: ignore[union-attr]
+                total[ext] = total.get(ext, 0) + int(n)
+        extra["field_samples"] = dict(sorted(total.items()))
     manifest = Manifest(
         format=first.format,
         compression=first.compression,

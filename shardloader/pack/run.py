@@ -218,6 +218,8 @@ def _pack(
         if skips:
             write_skip_report(out_store, skips)
         extra = _build_extra(len(skips), _length_unit(source, options))
+        if run.field_samples is not None:  # samples holding each member extension
+            extra["field_samples"] = dict(sorted(run.field_samples.items()))
         if tok_meta:
             extra["tokenizer"] = manifest_entry(tok_meta)
         if parted:
@@ -299,6 +301,7 @@ class _Run:
         self.infos: dict[int, ShardInfo] = {}
         self.skips: list[dict[str, Any]] = []
         self.samples = self.bytes_in = self.bytes_out = self.kept = 0
+        self.field_samples: dict[str, int] | None = {}  # None once a shard has no count
         self.uploads = Uploads()
         self.defer = False  # hold finished shards under temporary names until all are written
         self.deferred: list[ShardResult] = []
@@ -373,6 +376,11 @@ class _Run:
             r.index_sha256,
         )
         self.skips.extend(r.skips)
+        if r.field_samples is None or self.field_samples is None:
+            self.field_samples = None
+        else:
+            for ext, n in r.field_samples.items():
+                self.field_samples[ext] = self.field_samples.get(ext, 0) + n
         self.samples += r.num_samples
         self.bytes_in += r.bytes_in
         self.bytes_out += r.stored_bytes

@@ -74,6 +74,8 @@ class ShardResult:
     temp: str | None = None  # local temporary shard to move into place; None when kept
     sidecar: bytes | None = None  # sidecar to write; None when kept
     kept: bool = False
+    # samples holding each member extension; None: not recorded (kept from an older pack)
+    field_samples: Mapping[str, int] | None = None
 
 
 def temp_name(spec: WriteSpec, name: str) -> str:

@@ -20,7 +20,7 @@ import signal
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
@@ -165,6 +165,7 @@ def _try_keep(spec: WriteSpec, task: ShardTask, digest: str) -> ShardResult | No
         int(meta.get("bytes_in", 0)),
         tuple(meta.get("skips", ())),
         kept=True,
+        field_samples=meta.get("field_samples"),
     )
 
 
@@ -183,8 +184,8 @@ def write_shard(spec: WriteSpec, task: ShardTask) -> ShardResult:
     skips: list[dict[str, Any]] = []
     try:
         with writing(f"shard {spec.out.join(task.name).url} (writing {tmp})"), open(tmp, "wb") as f:
-            writer = get_format(spec.fmt, spec.format_module).writer(
-                f, spec.compression, spec.fields
+            writer = _Counting(
+                get_format(spec.fmt, spec.format_module).writer(f, spec.compression, spec.fields)
             )
             bytes_in = fill_shard(spec, plan, run_bytes, writer, skips)
             written: WrittenShard = writer.close()
@@ -201,6 +202,7 @@ def write_shard(spec: WriteSpec, task: ShardTask) -> ShardResult:
         "num_samples": written.num_samples,
         "bytes_in": bytes_in,
         "skips": skips,
+        "field_samples": (counts := dict(sorted(writer.counts.items()))),
     }
     sidecar = sidecar_bytes(written.index, meta)
     return ShardResult(
@@ -216,7 +218,25 @@ def write_shard(spec: WriteSpec, task: ShardTask) -> ShardResult:
         tuple(skips),
         temp=tmp,
         sidecar=sidecar,
+        field_samples=counts,
     )
+
+
+class _Counting:
+    """A shard writer that counts the samples holding each field (absent is not 0 bytes):
+    ``inspect`` and the pack summary say "txt in 432 of 480 samples" from these counts."""
+
+    def __init__(self, writer: Any) -> None:
+        self.writer = writer
+        self.counts: dict[str, int] = {}
+
+    def add(self, key: str, fields: Mapping[str, bytes], length: int | None = None) -> None:
+        self.writer.add(key, fields, length)
+        for ext in fields:
+            self.counts[ext] = self.counts.get(ext, 0) + 1
+
+    def close(self) -> WrittenShard:
+        return self.writer.close()  # type: ignore[no-any-return]
 
 
 def _remove(path: str) -> None:

@@ -6,18 +6,37 @@ Tar members keep their real extension (``key.jpg``, ``key.png``), so webdataset 
 and a reader may add its own (``ShardedDataset(..., aliases=...)``) over the manifest's.  Packing
 (``--alias``, class folders), reading and ``verify`` all go through :class:`FieldMap`, so they
 cannot disagree.
+
+Optional fields: a sample may lack a field (a pair without its caption) or hold a null (JSON
+``null``, a Parquet null).  :func:`complete` applies ``Decoder(fill=..., required=...)`` to each
+sample as it is decoded; the collates keep what is still missing as ``None``, or say which field
+a tensor batch lacks (NOTE [missing values] in :mod:`shardloader.batching.default`), and
+:func:`placed` adds the shard to that error.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from shardloader.errors import ManifestError, ShardError, UsageError
+import numpy as np
+
+from shardloader.errors import ManifestError, MissingFieldError, ShardError, UsageError
 from shardloader.manifest import FieldInfo
 
-__all__ = ["Aliases", "FieldMap", "normalize", "merge", "parse_option"]
+__all__ = [
+    "Aliases",
+    "FieldMap",
+    "complete",
+    "merge",
+    "normalize",
+    "parse_fill",
+    "parse_option",
+    "placed",
+    "presence",
+]
 
 Aliases = Mapping[str, tuple[str, ...]]
 
@@ -154,3 +173,103 @@ class FieldMap:
         return ShardError(
             f"members {both} both fill field {name!r} (aliases); a sample may hold only one"
         )
+
+
+# -- optional fields ---------------------------------------------------------------------------
+
+
+def _lookup(sample: Mapping[str, Any], name: str) -> tuple[dict[str, Any] | None, str, Any]:
+    """(the dict holding field ``name``, its key there, its value or None).  A dotted name
+    reaches into a decoded dict (``json.caption``) unless the sample has a field of that very
+    name (extensions may hold dots: ``seg.png``)."""
+    if name in sample or "." not in name:
+        return sample, name, sample.get(name)  # type: ignore[return-value]
+    head, _, rest = name.partition(".")
+    inner = sample.get(head)
+    if not isinstance(inner, dict):
+        return None, rest, None
+    return _lookup(inner, rest)
+
+
+def complete(
+    sample: dict[str, Any], fill: Mapping[str, Any], required: Iterable[str]
+) -> dict[str, Any]:
+    """``sample`` with ``fill``'s value wherever a field is missing (absent or None), the same
+    object each time; a field of ``required`` still missing is a :class:`MissingFieldError`
+    (the caller adds the place, and ``on_error="skip"`` skips the sample)."""
+    for name in required:
+        if _lookup(sample, name)[2] is None:
+            present = ", ".join(k for k in sample if not k.startswith("__"))
+            raise MissingFieldError(
+                f"required field {name!r} is missing (absent or null; the sample has: "
+                f"{present or 'no fields'}); pass on_error='skip' to skip such samples, or "
+                f"fill it instead (Decoder(fill={{{name!r}: ...}}))",
+                field=name,
+                missing=1,
+                key=str(sample.get("__key__")),
+            )
+    for name, value in fill.items():
+        holder, key, found = _lookup(sample, name)
+        if found is not None:
+            continue
+        if holder is None:  # json.caption where the sample has no json (or not a dict)
+            head, _, rest = name.partition(".")
+            if sample.get(head) is not None:
+                continue  # a value that is not a dict: nothing to fill inside it
+            sample[head] = holder = {}
+            key = rest
+            while "." in key:  # a.b.c: build the dicts down to c
+                head, _, key = key.partition(".")
+                holder[head] = holder = {}
+        holder[key] = value
+    return sample
+
+
+def placed(err: MissingFieldError, shards: Any) -> MissingFieldError:
+    """``err`` (a collate's, naming the first sample that lacks the field) with that sample's
+    shard, found from its global id in ``shards`` (a ShardSet); ``err`` itself when its id is
+    unknown (a transform dropped ``__index__``)."""
+    if err.index is None:
+        return err
+    try:
+        shard = int(shards.locate(np.asarray([err.index], np.int64))[0][0])
+        where = shards.describe(shard)
+    except (IndexError, ValueError):
+        return err
+    out = MissingFieldError(
+        f"{where}: {err}", field=err.field, missing=err.missing, key=err.key, index=err.index
+    )
+    return out
+
+
+def parse_fill(values: Iterable[str]) -> dict[str, Any]:
+    """``--fill txt=`` / ``--fill cls=-1`` (repeatable) → ``{"txt": "", "cls": -1}``: the value
+    parsed as JSON where it is JSON (a number, ``null``...), else the text itself."""
+    out: dict[str, Any] = {}
+    for value in values:
+        name, sep, text = value.partition("=")
+        if not sep or not name.strip():
+            raise UsageError(
+                f"--fill {value!r}: give FIELD=VALUE, e.g. --fill txt= (an empty caption) or "
+                "--fill cls=-1"
+            )
+        try:
+            out[name.strip()] = json.loads(text)
+        except ValueError:
+            out[name.strip()] = text
+    return out
+
+
+def presence(counts: Any, field_map: FieldMap) -> dict[str, int] | None:
+    """Samples holding each logical field, from pack's per-extension counts (the manifest's
+    ``extra.field_samples``); None when pack recorded none or they are not counts."""
+    if not isinstance(counts, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v >= 0
+        for k, v in counts.items()
+    ):
+        return None
+    out: dict[str, int] = dict.fromkeys(field_map.fields, 0)
+    for ext, n in counts.items():
+        name = field_map.member_of.get(ext, ext)
+        out[name] = out.get(name, 0) + n
+    return out

@@ -22,6 +22,7 @@ from shardloader.batching.raw import ByteColumn, RawBatch
 from shardloader.codecs.allowlist import Decoder, decode_field
 from shardloader.errors import (
     DecodeError,
+    MissingFieldError,
     ShardError,
     ShardloaderError,
     StorageError,
@@ -30,7 +31,7 @@ from shardloader.errors import (
 )
 from shardloader.format.base import Rows
 from shardloader.plan.split import Place
-from shardloader.read.fields import FieldMap
+from shardloader.read.fields import FieldMap, complete
 from shardloader.read.shardset import ShardSet
 
 __all__ = ["SampleLoader", "pipeline_draws"]
@@ -289,6 +290,14 @@ class SampleLoader:
                 sample[name] = self.decode(name, ext, data)
             except DecodeError as err:
                 raise DecodeError(f"{_located_at(shards, ids, pos, key)}: {err}") from err
+        for name in self.field_map.fields:  # NOTE [missing values]: every batch has each field
+            if name not in sample:
+                sample[name] = None
+        if self.decoder is not None and (self.decoder.fill or self.decoder.required):
+            try:
+                complete(sample, self.decoder.fill, self.decoder.required)
+            except MissingFieldError as err:
+                raise MissingFieldError(f"{_located_at(shards, ids, pos, key)}: {err}") from err
         if self.transform is None:
             return sample
         try:

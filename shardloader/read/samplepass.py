@@ -126,14 +126,25 @@ def iterate_samples(ds: SampleSource, plan: EpochPlan, place: Place, epoch: int)
             if not batched:
                 if samples:
                     yield samples[0]
-            elif ds.collate_fn is not None:
-                yield ds.collate_fn(samples)
             else:
-                from shardloader.batching.default import torch_collate
-
-                yield torch_collate(samples)
+                yield _collate(ds.collate_fn, samples, shards)
     finally:
         shards.close()
+
+
+def _collate(collate_fn: Callable[..., Any] | None, samples: list[Any], shards: Any) -> Any:
+    """The batch; a missing value the collate cannot place gets its sample's shard named."""
+    from shardloader.batching.default import torch_collate
+    from shardloader.errors import MissingFieldError
+    from shardloader.read.fields import placed
+
+    try:
+        return (collate_fn or torch_collate)(samples)
+    except MissingFieldError as err:
+        located = placed(err, shards)
+        if located is err:
+            raise
+        raise located from err
 
 
 def _working_set(ds: SampleSource, plan: EpochPlan) -> int:

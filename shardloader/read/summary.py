@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from shardloader.manifest import load_manifest
+from shardloader.read import fields
 from shardloader.read.sidecar import load_sidecar
 from shardloader.storage.retry import RetryPolicy
 from shardloader.storage.store import Store, as_store
@@ -65,8 +66,11 @@ class DatasetSummary:
     sample_bytes: Stats | None  # uncompressed bytes per sample (tar: with headers)
     length_field: str | None
     length_unit: str | None
-    lengths: Stats | None
+    lengths: Stats | None  # of the samples that hold the length field
     skipped: int
+    # samples holding each field (pack's counts; None where it recorded none): absent is
+    # missing, not 0 bytes
+    presence: Mapping[str, int] | None = None
 
     @property
     def ratio(self) -> float:
@@ -110,6 +114,14 @@ def inspect_dataset(
         for c in manifest.classes
     )
     cat = np.concatenate(sizes) if sizes else np.zeros(0, np.int64)
+    presence = fields.presence(
+        manifest.extra.get("field_samples"), fields.FieldMap.of_manifest(manifest)
+    )
+    all_lengths = np.concatenate(lengths) if has_lengths and lengths else None
+    if all_lengths is not None and presence is not None and manifest.length_field in presence:
+        all_lengths = _without_missing(
+            all_lengths, manifest.num_samples - presence[manifest.length_field]
+        )
     return DatasetSummary(
         url=store.url,
         format=manifest.format,
@@ -129,6 +141,17 @@ def inspect_dataset(
         sample_bytes=Stats.of(cat),
         length_field=manifest.length_field if has_lengths else None,
         length_unit=manifest.extra.get("length_unit") if has_lengths else None,
-        lengths=Stats.of(np.concatenate(lengths)) if has_lengths and lengths else None,
+        lengths=None if all_lengths is None else Stats.of(all_lengths),
         skipped=int(manifest.extra.get("skipped", 0) or 0),
+        presence=presence,
     )
+
+
+def _without_missing(lengths: np.ndarray, missing: int) -> np.ndarray:
+    """The lengths of the samples that hold the field: a sample without it is recorded with
+    length 0, so ``missing`` of the zeros are theirs (exactly: what is left is the multiset of
+    the present samples' lengths, empty ones included)."""
+    zeros = np.flatnonzero(lengths == 0)
+    if missing <= 0 or missing > len(zeros):
+        return lengths
+    return np.delete(lengths, zeros[:missing])
