@@ -20,6 +20,7 @@ __all__ = [
     "TransformError",
     "StorageError",
     "ObjectNotFoundError",
+    "ObjectChangedError",
     "TruncatedBodyError",
     "ResumeError",
     "IncompleteEpochError",
@@ -73,6 +74,11 @@ class StorageError(ShardloaderError, OSError):
 
 class ObjectNotFoundError(StorageError, FileNotFoundError):
     """The object or bucket a URL names does not exist (HTTP 404, NoSuchKey, NoSuchBucket)."""
+
+
+class ObjectChangedError(StorageError):
+    """A remote object was replaced while it was read: a resumed or ranged request carried the
+    ETag of the first response (``If-Match``) and the store no longer holds that version."""
 
 
 class TruncatedBodyError(ShardloaderError, ConnectionError):
