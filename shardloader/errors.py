@@ -16,6 +16,7 @@ __all__ = [
     "ManifestError",
     "ShardError",
     "ChecksumError",
+    "ShardChangedError",
     "DecodeError",
     "TransformError",
     "StorageError",
@@ -53,6 +54,11 @@ class ShardError(ShardloaderError, OSError):
 
 class ChecksumError(ShardError):
     """A shard's bytes do not hash to the checksum recorded in the manifest."""
+
+
+class ShardChangedError(ShardError):
+    """A shard's local file (read in place, or its staged copy) shrank or grew while it was
+    mapped for reading: the copy is staged again; read in place, the shard is reported."""
 
 
 class DecodeError(ShardloaderError, ValueError):

@@ -22,6 +22,7 @@ import numpy as np
 
 from shardloader.batching.blockchunks import assemble, chunk_layout
 from shardloader.deliver.transport import TokenBatches
+from shardloader.errors import ShardChangedError
 from shardloader.format.tokens.format import TokenStream
 from shardloader.read.shardset import ShardSet
 
@@ -170,6 +171,8 @@ class _Streams:
         shards.discard(-1)
         for shard in shards & self.open.keys():  # most recently used last
             self.open[shard] = self.open.pop(shard)
+            if (change := self.open[shard].file.changed()) is not None:  # NOTE [no SIGBUS]
+                raise ShardChangedError(f"{self.shards.describe(shard)}: {change}")
         if shards <= self.checked:
             return
         for shard in shards - self.checked:

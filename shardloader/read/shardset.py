@@ -15,7 +15,13 @@ from typing import Any
 
 import numpy as np
 
-from shardloader.errors import ChecksumError, ShardError, StorageError, UsageError
+from shardloader.errors import (
+    ChecksumError,
+    ShardChangedError,
+    ShardError,
+    StorageError,
+    UsageError,
+)
 from shardloader.format.base import Rows, Sample, ShardReader, read_rows
 from shardloader.manifest import Manifest, SampleIndex
 from shardloader.plan.shuffle import ShuffleOptions
@@ -174,11 +180,15 @@ class ShardSet:
 
     def read(self, shard: int, local: int) -> Sample:
         try:
-            return self.reader(shard).read(int(local))
+            reader = self.reader(shard)
+            self.files.check(shard)  # NOTE [no SIGBUS] in format/mapped.py
+            return reader.read(int(local))
         except StorageError:
             raise
         except ShardError as err:  # a damaged staged copy is staged once more
             if not self._restage(shard):
+                if isinstance(err, ShardChangedError):
+                    self._forget(shard)
                 if not self.in_place:
                     raise self.files.damaged(shard, err) from err
                 raise
@@ -255,10 +265,17 @@ class ShardSet:
         """Rows of one shard into ``into``; if the shard cannot be opened (or a read fails
         outright), every row not yet read gets that error."""
         try:
-            read_rows(self.reader(shard), rows, into, at)
+            reader = self.reader(shard)
+            self.files.check(shard)  # NOTE [no SIGBUS] in format/mapped.py
+            read_rows(reader, rows, into, at)
         except (ShardError, StorageError) as err:
             if is_cache_full(err):  # not one bad sample: every read would fail the same way
                 raise
+            if isinstance(err, ShardChangedError):
+                if self._restage(shard):
+                    self._read_rows(shard, rows, into, at)  # from a copy staged again
+                    return
+                self._forget(shard)
             problem: ShardError | StorageError = err
         except OSError as err:
             problem = ShardError(f"{self.describe(shard)}: read failed ({err})")
@@ -297,6 +314,12 @@ class ShardSet:
         if reader is not None:
             reader.close()
         return True
+
+    def _forget(self, shard: int) -> None:
+        """Close the reader of ``shard`` (its file changed: a new open sees the new state)."""
+        reader = self._readers.pop(shard, None)
+        if reader is not None:
+            reader.close()
 
     def close(self) -> None:
         for reader in self._readers.values():

@@ -30,9 +30,10 @@ from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from shardloader.errors import ChecksumError, ShardError, StorageError
+from shardloader.errors import ChecksumError, ShardChangedError, ShardError, StorageError
 from shardloader.format.base import ShardReader
 from shardloader.format.embedded import TAIL_KEEP, embedded_index
+from shardloader.format.mapped import changed_since
 from shardloader.format.registry import get_format
 from shardloader.manifest import Manifest, SampleIndex, ShardInfo
 from shardloader.read.sidecar import check_digest, parse_sidecar, read_sidecar
@@ -78,6 +79,7 @@ class ShardFiles:
         self._ahead: dict[int, Future[str | None]] = {}
         self._hashed: set[int] = set()  # in-place shards whose first-use hash was checked
         self._inodes: dict[int, int] = {}  # the staged copy each open reader reads
+        self._opened: dict[int, tuple[str, int, int]] = {}  # path, inode, size of each reader
         self._restaged: set[int] = set()  # staged again after damage (once per shard a pass)
 
     def shard_store(self, shard: int) -> Store:
@@ -280,7 +282,7 @@ class ShardFiles:
                 _hash_once(path, self.manifest.shards[shard], self._notes(), self.describe(shard))
                 self._hashed.add(shard)
             try:
-                inode = None if self.in_place else os.stat(path).st_ino
+                st = os.stat(path)
                 reader = self.format.reader(path, index, self.describe(shard), verify)
             except FileNotFoundError:  # evicted by another process between stage and open
                 if attempt == 2:
@@ -293,10 +295,22 @@ class ShardFiles:
                     raise self.damaged(shard, err) from err
                 index = self.index(shard) if self.store.is_local else None
                 continue
-            if inode is not None:
-                self._inodes[shard] = inode
+            if not self.in_place:
+                self._inodes[shard] = st.st_ino
+            self._opened[shard] = (path, st.st_ino, st.st_size)
             return reader
         raise ShardError(f"{self.describe(shard)}: its staged copy kept changing while opened")
+
+    def check(self, shard: int) -> None:
+        """ShardChangedError when the file an open reader of ``shard`` maps shrank or grew since it
+        was opened: reading the map now could kill the process (NOTE [no SIGBUS] in
+        format/mapped.py).  Called before each batch read from it."""
+        opened = self._opened.get(shard)
+        if opened is None:
+            return
+        change = changed_since(*opened)
+        if change is not None:
+            raise ShardChangedError(f"{self.describe(shard)}: {change}")
 
     # -- damaged staged copies (NOTE [re-staging a damaged copy] in storage/cache.py) ------
     def restage(self, shard: int) -> bool:
@@ -309,6 +323,7 @@ class ShardFiles:
         log.warning("%s: its staged copy is damaged; staging it again", self.describe(shard))
         self.cache().discard(self.manifest.shards[shard].path, self._inodes.pop(shard, None))
         self._indexes.pop(shard, None)  # a sample index it carried is staged again with it
+        self._opened.pop(shard, None)
         self._ahead.pop(shard, None)
         return True
 
