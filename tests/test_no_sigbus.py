@@ -91,3 +91,29 @@ def test_a_staged_copy_truncated_under_a_worker_is_staged_again(tmp_path: Path, 
     del loader
     assert sorted(ids) == list(range(SAMPLES))  # every sample once, none lost to the damage
     assert os.path.getsize(staged_copy(cache, shard)) > 0
+
+
+@pytest.mark.parametrize("compression", ["none", "zstd"])
+def test_token_rows_from_a_truncated_token_shard(tmp_path: Path, compression: str):
+    """TokenBlocks reads token rows straight out of the map: the same check, the same outcome."""
+    path = make(tmp_path, "tokens", compression)
+    cache = tmp_path / "cache"
+    options = sl.ReadOptions(cache=sl.CacheOptions(dir=str(cache)), readahead=0)
+    ds = sl.ShardedDataset(path, planner=sl.TokenBlocks(8, 1, pad_id=0), read=options)
+    shard = Manifest.from_json(Path(path, "index.json").read_bytes()).shards[0].path
+    target = os.path.join(path, shard) if compression == "none" else None
+    rows, loader = 0, sl.make_loader(ds, num_workers=1)
+    if compression == "none":
+        with pytest.raises(sl.ShardError, match="changed while reading") as info:
+            for n, _ in enumerate(loader):
+                if n == 0:
+                    truncate(str(target))
+        info.value.__traceback__ = None
+        del info, loader
+        return
+    for n, batch in enumerate(loader):
+        rows += len(batch["input_ids"])
+        if n == 0:
+            truncate(staged_copy(cache, shard))
+    del loader
+    assert rows == len(ds)

@@ -172,7 +172,11 @@ class _Streams:
         for shard in shards & self.open.keys():  # most recently used last
             self.open[shard] = self.open.pop(shard)
             if (change := self.open[shard].file.changed()) is not None:  # NOTE [no SIGBUS]
-                raise ShardChangedError(f"{self.shards.describe(shard)}: {change}")
+                self.open.pop(shard).close()
+                del self.tokens[shard]
+                self.checked.discard(shard)
+                if not self.shards.files.restage(shard):  # a staged copy: opened again below
+                    raise ShardChangedError(f"{self.shards.describe(shard)}: {change}")
         if shards <= self.checked:
             return
         for shard in shards - self.checked:
