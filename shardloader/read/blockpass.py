@@ -175,7 +175,7 @@ class _Streams:
                 self.open.pop(shard).close()
                 del self.tokens[shard]
                 self.checked.discard(shard)
-                if not self.shards.files.restage(shard):  # a staged copy: opened again below
+                if not self.shards.restage(shard):  # a staged copy: opened again below
                     raise ShardChangedError(f"{self.shards.describe(shard)}: {change}")
         if shards <= self.checked:
             return
