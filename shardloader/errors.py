@@ -16,11 +16,13 @@ __all__ = [
     "ManifestError",
     "ShardError",
     "ChecksumError",
+    "ShardChangedError",
     "DecodeError",
     "MissingFieldError",
     "TransformError",
     "StorageError",
     "ObjectNotFoundError",
+    "ObjectChangedError",
     "TruncatedBodyError",
     "ResumeError",
     "IncompleteEpochError",
@@ -53,6 +55,11 @@ class ShardError(ShardloaderError, OSError):
 
 class ChecksumError(ShardError):
     """A shard's bytes do not hash to the checksum recorded in the manifest."""
+
+
+class ShardChangedError(ShardError):
+    """A shard's local file (read in place, or its staged copy) shrank or grew while it was
+    mapped for reading: the copy is staged again; read in place, the shard is reported."""
 
 
 class DecodeError(ShardloaderError, ValueError):
@@ -96,6 +103,11 @@ class StorageError(ShardloaderError, OSError):
 
 class ObjectNotFoundError(StorageError, FileNotFoundError):
     """The object or bucket a URL names does not exist (HTTP 404, NoSuchKey, NoSuchBucket)."""
+
+
+class ObjectChangedError(StorageError):
+    """A remote object was replaced while it was read: a resumed or ranged request carried the
+    ETag of the first response (``If-Match``) and the store no longer holds that version."""
 
 
 class TruncatedBodyError(ShardloaderError, ConnectionError):

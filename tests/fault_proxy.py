@@ -35,6 +35,8 @@ FAULTS = (
     "stall",  # send nothing for ``stall_seconds``, then close
     "stall_mid",  # send headers and half the body, stall, then close
     "drip",  # send headers, then the body one byte every ``drip_seconds`` (never idle long)
+    "flip_mid",  # forward, with 64 bytes in the middle of the body inverted (transit damage)
+    "html",  # 200 OK with an HTML error page, as a captive portal or gateway sends
 )
 
 _ERROR_BODIES = {
@@ -232,7 +234,18 @@ class FaultProxy:
                 if fault in _ERROR_BODIES:
                     conn.sendall(_error_response(fault, head=method == "HEAD"))
                     continue
+                if fault == "html":
+                    page = b"<html><body><h1>Gateway error</h1>try again later</body></html>"
+                    conn.sendall(
+                        b"HTTP/1.1 200 OK\r\nContent-Type: text/html; charset=utf-8\r\n"
+                        b"Content-Length: %d\r\n\r\n%s" % (len(page), page)
+                    )
+                    continue
                 head, data = self._forward(method, target, headers, body)
+                if fault == "flip_mid" and len(data) > 1:
+                    mid = len(data) // 2
+                    cut = data[mid : mid + 64]
+                    data = data[:mid] + bytes(b ^ 0xFF for b in cut) + data[mid + len(cut) :]
                 if fault in ("reset_mid", "close_mid", "stall_mid") and len(data) > 1:
                     conn.sendall(head + data[: len(data) // 2])
                     if fault == "reset_mid":

@@ -24,8 +24,9 @@ _PORT_RE = re.compile(rb"Running on http://127\.0\.0\.1:(\d+)")
 class MotoServer:
     """``python -m moto.server -H 127.0.0.1 -p 0``, a context manager; ``.endpoint``: its URL."""
 
-    def __init__(self, start_timeout: float = 60.0) -> None:
+    def __init__(self, start_timeout: float = 60.0, port: int = 0) -> None:
         self.start_timeout = start_timeout
+        self.port = port  # 0: any free one; a restart names the one it had
         self.endpoint = ""
         self._proc: subprocess.Popen[bytes] | None = None
         self._log: tempfile._TemporaryFileWrapper[bytes] | None = None
@@ -34,7 +35,7 @@ class MotoServer:
         self._log = tempfile.NamedTemporaryFile(prefix="moto-", suffix=".log")  # noqa: SIM115
         env = dict(os.environ, AWS_EC2_METADATA_DISABLED="true", PYTHONUNBUFFERED="1")
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", "0"],
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
             stdout=self._log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,

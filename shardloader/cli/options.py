@@ -89,7 +89,7 @@ def interruptible() -> Iterator[None]:
 
 # Copies of RetryPolicy()'s defaults for the help text (tests/test_cli_imports.py checks them);
 # unset flags leave the library's own policy in place.
-DEFAULT_RETRIES = 5  # = RetryPolicy().max_attempts - 1
+DEFAULT_RETRIES = 99  # = RetryPolicy().max_attempts - 1
 DEFAULT_RETRY_SECONDS = 120.0  # = RetryPolicy().max_total_seconds
 RETRY_FLAGS = ("retries", "retry_seconds")
 
@@ -102,16 +102,19 @@ def retry_options(f: F) -> F:
         type=click.FloatRange(min=0, min_open=True),
         default=None,
         metavar="S",
-        help="Start no new attempt of a storage request S seconds after its first "
-        f"(default {DEFAULT_RETRY_SECONDS:g}).",
+        help="Time budget of a storage request: retry transient faults (timeout, reset, "
+        "refused connection, 5xx, throttling) with backoff growing to 10 s between tries, "
+        "and start no new attempt S seconds after the first, so an outage shorter than S "
+        f"is ridden out (default {DEFAULT_RETRY_SECONDS:g}).",
     )(f)
     return click.option(
         "--retries",
         type=click.IntRange(min=0),
         default=None,
         metavar="N",
-        help="Retry a failed storage request (timeout, reset, 5xx, throttling) up to N times, "
-        f"with backoff (default {DEFAULT_RETRIES}).",
+        help="At most N retries of a storage request within --retry-seconds: a cap for "
+        "failures faster than the backoff; at the default the time budget ends a request "
+        f"first (default {DEFAULT_RETRIES}).",
     )(f)
 
 

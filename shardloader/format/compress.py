@@ -13,13 +13,14 @@ from typing import BinaryIO
 
 import zstandard
 
-from shardloader.errors import ShardError, UsageError
+from shardloader.errors import ShardError, ShardloaderError, UsageError
 
 __all__ = [
     "CHUNK",
     "DECOMPRESS_ERRORS",
     "CompressedSink",
     "HashingCounter",
+    "cannot_decompress",
     "decompressed",
     "stage_stream",
     "too_big",
@@ -28,8 +29,9 @@ __all__ = [
 CHUNK = 1 << 20
 ZSTD_LEVEL = 3
 GZIP_LEVEL = 6
-# What a corrupt compressed stream raises while being read (ShardError is an OSError too:
-# callers re-raise it unchanged).
+# What a corrupt compressed stream raises while being read.  Shardloader's own errors are
+# OSErrors too (a StorageError of the source, a ShardError): callers re-raise those unchanged,
+# so a spent retry budget reaches the user as the StorageError it is (cannot_decompress).
 DECOMPRESS_ERRORS: tuple[type[BaseException], ...] = (zstandard.ZstdError, OSError, EOFError)
 
 
@@ -105,6 +107,27 @@ def decompressed(src: BinaryIO, compression: str) -> BinaryIO:
     raise UsageError(f"unknown compression {compression!r}; choose zstd, gzip or none")
 
 
+def cannot_decompress(where: str, err: BaseException) -> ShardError:
+    """The error for a stored shard that its compression cannot read (``err``: zstd's or
+    gzip's, never shardloader's own, which callers re-raise unchanged).
+
+    A frame written with a long window (``zstd --long=31``, more than zstd's default 128 MiB)
+    is refused with the remedy: re-compress it without ``--long``, as pack writes shards.
+    """
+    text = str(err)
+    if "too much memory" in text or "window" in text.lower():
+        return ShardError(
+            f"{where}: cannot decompress shard ({text}): it was compressed with a window larger "
+            "than the 128 MiB zstd decodes by default (`zstd --long=31`?); shardloader does "
+            "not read such frames: re-compress it with `zstd -d --long=31 -c FILE | zstd -o "
+            "NEW`, or re-pack the source with `shardloader pack`"
+        )
+    return ShardError(
+        f"{where}: cannot decompress shard ({text}); `shardloader verify` tells whether the "
+        "stored shard itself is damaged: if so, re-pack it or restore it from a copy"
+    )
+
+
 def too_big(where: str, what: str, limit: int, reason: str) -> ShardError:
     return ShardError(
         f"{where}: {what} goes past the {limit:,} bytes {reason}; the shard is corrupt or "
@@ -134,6 +157,6 @@ def stage_stream(
             dst.write(chunk)
             total += len(chunk)
     except DECOMPRESS_ERRORS as err:
-        if isinstance(err, ShardError):
+        if isinstance(err, ShardloaderError):  # the source's StorageError keeps its class
             raise
-        raise ShardError(f"{where}: cannot decompress shard ({err})") from err
+        raise cannot_decompress(where, err) from err

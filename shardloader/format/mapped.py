@@ -21,10 +21,35 @@ import xxhash
 
 from shardloader.errors import ShardError
 
-__all__ = ["LARGE", "MappedFile"]
+__all__ = ["LARGE", "MappedFile", "changed_since"]
 
 LARGE = 16 << 20
 _CHUNK = 4 << 20  # bytes hashed per read of a large span
+
+
+def changed_since(path: str, inode: int, size: int) -> str | None:
+    """How the file ``path`` (inode ``inode``, ``size`` bytes when it was mapped) changed in a
+    way that makes its mapping unsafe, or None.
+
+    NOTE [no SIGBUS]: a page of a mapping past the end of a file that shrank (``cp`` or
+    ``rsync --inplace`` over a shard, a node-cache copy truncated) is not an error the process
+    can catch: touching it is SIGBUS, the process dies.  So whoever reads a mapping asks this
+    before each batch it reads out of it: the same inode at a different size is named here, and
+    the reader raises a ShardChangedError "changed while reading" (a staged copy is then staged
+    again) instead of touching the map.  A path that now names another file (replaced by
+    rename, removed) is fine: the mapped inode lives on unchanged.  A truncation in the
+    microseconds between this check and the batch's reads is not covered.
+    """
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    if st.st_ino != inode or st.st_size == size:
+        return None
+    return (
+        f"changed while reading: {path} is {st.st_size:,} bytes now, {size:,} when it was "
+        "opened (overwritten in place, e.g. by `cp` or `rsync --inplace`, or truncated)"
+    )
 
 
 class MappedFile:
@@ -33,12 +58,18 @@ class MappedFile:
     def __init__(self, path: str) -> None:
         self.path = path
         with open(path, "rb") as f:  # the mapping keeps its own handle on the file
-            self.size = os.fstat(f.fileno()).st_size
+            st = os.fstat(f.fileno())
+            self.size = st.st_size
+            self.inode = st.st_ino
             self.map: mmap.mmap | bytes = (
                 mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if self.size else b""
             )
         self.view = memoryview(self.map)
         self._file: BinaryIO | None = None  # opened for the first large span
+
+    def changed(self) -> str | None:
+        """:func:`changed_since` of this mapping (NOTE [no SIGBUS])."""
+        return changed_since(self.path, self.inode, self.size)
 
     def _reader(self) -> BinaryIO:
         if self._file is None:

@@ -1,9 +1,9 @@
 """Reading: getting a shard here and reading a pass of samples out of it.
 
-* :mod:`~shardloader.read.shardset`: samples by global id, read shard by shard
-  (:class:`ShardSet`, :class:`ReadOptions`);
-* :mod:`~shardloader.read.staged`: a pass's shards as local files: staged through the node
-  cache, indexed, opened;
+* :mod:`~shardloader.read.shardset`: how a pass reads shards (:class:`ReadOptions`), and
+  its working set;
+* :mod:`~shardloader.read.staged`: a pass's shards (:class:`ShardSet`): staged through the
+  node cache, indexed, opened, their samples read by global id shard by shard;
 * :mod:`~shardloader.read.sidecar`: a shard's sample index, read as untrusted input;
 * :mod:`~shardloader.read.readahead`: the node's read-ahead schedule;
 * :mod:`~shardloader.read.samplepass` / :mod:`~shardloader.read.blockpass`: one pass of a

@@ -22,6 +22,7 @@ import numpy as np
 
 from shardloader.batching.blockchunks import assemble, chunk_layout
 from shardloader.deliver.transport import TokenBatches
+from shardloader.errors import ShardChangedError
 from shardloader.format.tokens.format import TokenStream
 from shardloader.read.shardset import ShardSet
 
@@ -170,6 +171,12 @@ class _Streams:
         shards.discard(-1)
         for shard in shards & self.open.keys():  # most recently used last
             self.open[shard] = self.open.pop(shard)
+            if (change := self.open[shard].file.changed()) is not None:  # NOTE [no SIGBUS]
+                self.open.pop(shard).close()
+                del self.tokens[shard]
+                self.checked.discard(shard)
+                if not self.shards.restage(shard):  # a staged copy: opened again below
+                    raise ShardChangedError(f"{self.shards.describe(shard)}: {change}")
         if shards <= self.checked:
             return
         for shard in shards - self.checked:

@@ -1,10 +1,11 @@
-"""One pass's shards as local files: staged through the node cache, indexed, opened.
+"""One pass's shards, for one process: staged through the node cache, indexed, opened, and
+their samples read by global id.
 
-:class:`~shardloader.read.shardset.ShardSet` reads samples by global id; this is what it stands on,
-for one process: it stages shards (one pass, through the node cache's per-shard lock) when
-they are remote or compressed, ahead in background threads (read-ahead), fetches and checks
-their sample indexes, and opens a shard's format reader.  Uncompressed local shards are read in
-place.
+:class:`ShardSet` lives for one pass of one worker.  It stages shards (one pass, through the
+node cache's per-shard lock) when they are remote or compressed, ahead in background threads
+(read-ahead), fetches and checks their sample indexes, opens their format readers (a few kept
+open), locates global ids, and reads each batch shard by shard in one pass.  Uncompressed local
+shards are read in place.
 
 Nothing here trusts the dataset: a sidecar is checked against its manifest entry before use,
 stored bytes are read only up to the manifest's ``bytes`` and staged only up to its
@@ -14,8 +15,9 @@ those existed have none; an uncompressed local shard is then hashed whole on fir
 against the manifest), and a note in the node cache saves the next process the work.
 
 A staged copy found damaged when read (a sample's checksum, a cut-off sample, a copy the
-format cannot open) is staged once more from the source (NOTE [re-staging a damaged copy] in
-storage/cache.py); if the new copy is damaged too, the source is, and the error says so.
+format cannot open, a file that changed while mapped: NOTE [no SIGBUS] in format/mapped.py) is
+staged once more from the source (NOTE [re-staging a damaged copy] in storage/cache.py); if
+the new copy is damaged too, the source is, and the error says so.
 """
 
 from __future__ import annotations
@@ -26,18 +28,21 @@ import logging
 import os
 import uuid
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from shardloader.errors import ChecksumError, ShardError, StorageError
-from shardloader.format.base import ShardReader
+import numpy as np
+
+from shardloader.errors import ChecksumError, ShardChangedError, ShardError, StorageError
+from shardloader.format.base import Rows, Sample, ShardReader, read_rows
 from shardloader.format.embedded import TAIL_KEEP, embedded_index
+from shardloader.format.mapped import changed_since
 from shardloader.format.registry import get_format
 from shardloader.manifest import Manifest, SampleIndex, ShardInfo
 from shardloader.read.sidecar import check_digest, parse_sidecar, read_sidecar
 from shardloader.schema import sidecar_bound, staged_bound
-from shardloader.storage.cache import ShardCache
+from shardloader.storage.cache import ShardCache, is_cache_full
 from shardloader.storage.localfiles import open_regular
 from shardloader.storage.private import create_private, open_private
 from shardloader.storage.store import Store
@@ -46,16 +51,23 @@ from shardloader.storage.streams import BoundedReader, TailReader
 if TYPE_CHECKING:
     from shardloader.read.shardset import ReadOptions
 
-__all__ = ["ShardFiles"]
+__all__ = ["ShardSet", "shard_starts"]
 
 log = logging.getLogger(__name__)
 
 _STAGING_THREADS = 16  # shards one process stages at once (read-ahead and a batch's shards)
 _CARRIED = ".carried"  # cache name suffix of a sample index that came inside its shard
+_OPEN_READERS = 128  # file handles; a shuffle block touches many shards at once
 
 
-class ShardFiles:
-    """One dataset's shards as local files and readers, for one process (one pass)."""
+def shard_starts(manifest: Manifest) -> np.ndarray:
+    """Global id of each shard's first sample, plus the total at the end."""
+    return np.concatenate([[0], np.cumsum(manifest.shard_sizes)]).astype(np.int64)
+
+
+class ShardSet:
+    """Reads samples of one dataset by global id, for one process (one pass): its shards as
+    local files and open readers."""
 
     def __init__(
         self,
@@ -66,6 +78,7 @@ class ShardFiles:
         working_set: int = 0,
     ) -> None:
         self.manifest = manifest
+        self.base = base
         self.options = options
         self.where = where  # e.g. "rank 0/2, worker 1/4": goes into every error message
         self.store = options.store(base)
@@ -78,7 +91,17 @@ class ShardFiles:
         self._ahead: dict[int, Future[str | None]] = {}
         self._hashed: set[int] = set()  # in-place shards whose first-use hash was checked
         self._inodes: dict[int, int] = {}  # the staged copy each open reader reads
+        self._opened: dict[int, tuple[str, int, int]] = {}  # path, inode, size of each reader
         self._restaged: set[int] = set()  # staged again after damage (once per shard a pass)
+        self.starts = shard_starts(manifest)
+        self._readers: OrderedDict[int, ShardReader] = OrderedDict()
+        self._corrupt: dict[int, ChecksumError] = {}  # failed their checksum (fetched twice)
+
+    # -- locating -------------------------------------------------------------------------
+    def locate(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(shard number, index inside the shard) of each global id."""
+        shards = np.searchsorted(self.starts, ids, side="right") - 1
+        return shards, ids - self.starts[shards]
 
     def shard_store(self, shard: int) -> Store:
         return self.store.join(self.manifest.shards[shard].path)
@@ -242,9 +265,11 @@ class ShardFiles:
         return path
 
     def prefetch(self, shards: Iterable[int]) -> None:
-        """Stage these shards in the background (read-ahead); no-op for in-place shards."""
+        """Stage these shards in the background (read-ahead); no-op for in-place shards and
+        for shards open already or known bad."""
         if self.in_place or self.options.readahead <= 0:
             return
+        shards = [s for s in shards if s not in self._readers and s not in self._corrupt]
         if self._pool is None:  # threads mostly wait on the network: a batch's shards at once
             self._pool = ThreadPoolExecutor(
                 max_workers=_STAGING_THREADS, thread_name_prefix="shardloader-readahead"
@@ -280,7 +305,7 @@ class ShardFiles:
                 _hash_once(path, self.manifest.shards[shard], self._notes(), self.describe(shard))
                 self._hashed.add(shard)
             try:
-                inode = None if self.in_place else os.stat(path).st_ino
+                st = os.stat(path)
                 reader = self.format.reader(path, index, self.describe(shard), verify)
             except FileNotFoundError:  # evicted by another process between stage and open
                 if attempt == 2:
@@ -293,10 +318,170 @@ class ShardFiles:
                     raise self.damaged(shard, err) from err
                 index = self.index(shard) if self.store.is_local else None
                 continue
-            if inode is not None:
-                self._inodes[shard] = inode
+            if not self.in_place:
+                self._inodes[shard] = st.st_ino
+            self._opened[shard] = (path, st.st_ino, st.st_size)
             return reader
         raise ShardError(f"{self.describe(shard)}: its staged copy kept changing while opened")
+
+    # -- reading --------------------------------------------------------------------------
+    def reader(self, shard: int) -> ShardReader:
+        reader = self._readers.get(shard)
+        if reader is not None:
+            self._readers.move_to_end(shard)
+            return reader
+        bad = self._corrupt.get(shard)
+        if bad is not None:  # on_error="skip" asks once per sample: fetch a bad shard once
+            raise ChecksumError(str(bad)) from bad
+        try:
+            reader = self.open_reader(shard)
+        except ChecksumError as err:
+            self._corrupt[shard] = err
+            raise
+        self._readers[shard] = reader
+        if len(self._readers) > _OPEN_READERS:
+            _, old = self._readers.popitem(last=False)
+            old.close()
+        return reader
+
+    def read(self, shard: int, local: int) -> Sample:
+        try:
+            reader = self.reader(shard)
+            self.check(shard)  # NOTE [no SIGBUS] in format/mapped.py
+            return reader.read(int(local))
+        except StorageError:
+            raise
+        except ShardError as err:  # a damaged staged copy is staged once more
+            if not self.restage(shard):
+                if isinstance(err, ShardChangedError):
+                    self._forget(shard)
+                if not self.in_place:
+                    raise self.damaged(shard, err) from err
+                raise
+            return self.read(shard, local)
+        except OSError as err:
+            raise ShardError(f"{self.describe(shard)}: read failed ({err})") from err
+
+    def read_batch(self, ids: np.ndarray) -> Rows:
+        """The samples of global ids ``ids``, in that order, read shard by shard (one pass over
+        each shard's rows, :func:`~shardloader.format.base.read_rows`).  A sample that cannot
+        be read (its shard cannot be opened, or it fails its checksum) has its error in
+        ``errors`` instead of raising, so the caller decides (``on_error``)."""
+        out = Rows(len(ids))
+        for shard, (rows, at) in self._by_shard(ids).items():
+            self._read_rows(shard, rows, out, at)
+        return out
+
+    def read_into(self, ids: np.ndarray, into: Rows, at: Sequence[int]) -> None:
+        """:meth:`read_batch` of ``ids`` into positions ``at`` of ``into`` (a batch that
+        several datasets fill: :class:`shardloader.read.mixed.MixedShards`)."""
+        for shard, (rows, where) in self._by_shard(ids).items():
+            self._read_rows(shard, rows, into, [at[k] for k in where])
+
+    def read_batches(self, batches: Sequence[np.ndarray]) -> list[Rows]:
+        """:meth:`read_batch` for several batches in one pass: each shard's rows of all of them
+        are read together, which shares the per-shard work (a handful of numpy calls) among
+        many batches."""
+        if len(batches) == 1:
+            return [self.read_batch(batches[0])]
+        return self.read_batch(np.concatenate(batches)).split([len(b) for b in batches])
+
+    def ready(self, batches: Sequence[np.ndarray]) -> int:
+        """How many of ``batches``, from the first on, read only shards that are open already
+        (or read in place): batches that can be read now without staging anything."""
+        if not batches:
+            return 0
+        if self.in_place:
+            return len(batches)
+        shard_of = self.locate(np.concatenate(batches))[0]
+        is_open = np.zeros(len(self.manifest.shards), bool)
+        is_open[list(self._readers)] = True
+        opened = is_open[shard_of]
+        ends = np.cumsum([len(b) for b in batches])
+        closed = np.flatnonzero(~opened)
+        if closed.size == 0:
+            return len(batches)
+        return int(np.searchsorted(ends, closed[0], side="right"))
+
+    def _by_shard(self, ids: np.ndarray) -> dict[int, tuple[list[int], list[int]]]:
+        """shard → (rows inside it, positions in ``ids``), shards in order of first use."""
+        shard_of, local_of = self.locate(ids)
+        shards = shard_of.tolist()
+        if shards and shards.count(shards[0]) == len(shards):  # unshuffled: mostly one shard
+            return {shards[0]: (local_of.tolist(), list(range(len(shards))))}
+        if len(shards) <= 64:  # a batch: a Python loop costs less than numpy's calls
+            groups: dict[int, tuple[list[int], list[int]]] = {}
+            for pos, (shard, row) in enumerate(zip(shards, local_of.tolist(), strict=True)):
+                group = groups.get(shard)
+                if group is None:
+                    group = groups[shard] = ([], [])
+                group[0].append(row)
+                group[1].append(pos)
+            return groups
+        order = np.argsort(shard_of, kind="stable")
+        cuts = np.flatnonzero(np.diff(shard_of[order])) + 1
+        ordered, rows = order.tolist(), local_of[order].tolist()
+        bounds = [0, *cuts.tolist(), len(ordered)]
+        return {
+            shards[ordered[a]]: (rows[a:b], ordered[a:b])
+            for a, b in zip(bounds[:-1], bounds[1:], strict=True)
+        }
+
+    def _read_rows(self, shard: int, rows: list[int], into: Rows, at: Sequence[int]) -> None:
+        """Rows of one shard into ``into``; if the shard cannot be opened (or a read fails
+        outright), every row not yet read gets that error."""
+        try:
+            reader = self.reader(shard)
+            self.check(shard)  # NOTE [no SIGBUS] in format/mapped.py
+            read_rows(reader, rows, into, at)
+        except (ShardError, StorageError) as err:
+            if is_cache_full(err):  # not one bad sample: every read would fail the same way
+                raise
+            if isinstance(err, ShardChangedError):
+                if self.restage(shard):
+                    self._read_rows(shard, rows, into, at)  # from a copy staged again
+                    return
+                self._forget(shard)
+            problem: ShardError | StorageError = err
+        except OSError as err:
+            problem = ShardError(f"{self.describe(shard)}: read failed ({err})")
+        else:
+            self._read_damaged_again(shard, rows, into, at)
+            return
+        for pos in at:
+            if not into.done(pos):
+                into.fail(pos, problem)
+
+    def _read_damaged_again(
+        self, shard: int, rows: list[int], into: Rows, at: Sequence[int]
+    ) -> None:
+        """Rows whose read found the staged copy damaged are read once more from a copy staged
+        again (NOTE [re-staging a damaged copy] in storage/cache.py); if that one is damaged
+        too, their errors say the source is."""
+        bad = [k for k, pos in enumerate(at) if isinstance(into.errors.get(pos), ShardError)]
+        if not bad or self.in_place:
+            return
+        if not self.restage(shard):
+            for k in bad:
+                err = into.errors[at[k]]
+                assert isinstance(err, ShardError)
+                into.errors[at[k]] = self.damaged(shard, err)
+            return
+        again = [at[k] for k in bad]
+        for pos in again:
+            del into.errors[pos]
+        self._read_rows(shard, [rows[k] for k in bad], into, again)
+
+    def check(self, shard: int) -> None:
+        """ShardChangedError when the file an open reader of ``shard`` maps shrank or grew since it
+        was opened: reading the map now could kill the process (NOTE [no SIGBUS] in
+        format/mapped.py).  Called before each batch read from it."""
+        opened = self._opened.get(shard)
+        if opened is None:
+            return
+        change = changed_since(*opened)
+        if change is not None:
+            raise ShardChangedError(f"{self.describe(shard)}: {change}")
 
     # -- damaged staged copies (NOTE [re-staging a damaged copy] in storage/cache.py) ------
     def restage(self, shard: int) -> bool:
@@ -309,8 +494,16 @@ class ShardFiles:
         log.warning("%s: its staged copy is damaged; staging it again", self.describe(shard))
         self.cache().discard(self.manifest.shards[shard].path, self._inodes.pop(shard, None))
         self._indexes.pop(shard, None)  # a sample index it carried is staged again with it
+        self._opened.pop(shard, None)
         self._ahead.pop(shard, None)
+        self._forget(shard)
         return True
+
+    def _forget(self, shard: int) -> None:
+        """Close the reader of ``shard`` (its file changed: a new open sees the new state)."""
+        reader = self._readers.pop(shard, None)
+        if reader is not None:
+            reader.close()
 
     def damaged(self, shard: int, err: ShardError) -> ShardError:
         """``err`` of a staged copy that was staged again and is still damaged, saying so."""
@@ -327,7 +520,11 @@ class ShardFiles:
         return ShardCache(self.options.cache, self.manifest.fingerprint).folder
 
     def close(self) -> None:
-        """Stop read-ahead: cancel what has not started, wait for what has."""
+        """Close the open readers and stop read-ahead: cancel what has not started, wait for
+        what has."""
+        for reader in self._readers.values():
+            reader.close()
+        self._readers.clear()
         if self._pool is not None:
             for future in self._ahead.values():
                 future.cancel()

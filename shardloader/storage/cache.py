@@ -30,7 +30,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import BinaryIO
 
-from shardloader.errors import ChecksumError, StorageError, UsageError
+from shardloader.errors import (
+    ChecksumError,
+    ObjectChangedError,
+    ShardError,
+    ShardloaderError,
+    StorageError,
+    UsageError,
+)
 from shardloader.storage.cachedir import (
     DEFAULT_DISK_FRACTION,
     DEFAULT_MAX_BYTES,
@@ -227,9 +234,15 @@ class ShardCache:
                 return final
             reserved: str | None = self._reserve(raw_bytes, final)
             for attempt in (1, 2):
-                digest = self._stage_once(
-                    final, sha256, open_stored, stage, verified, on_staged, reserved
-                )
+                try:
+                    digest = self._stage_once(
+                        final, sha256, open_stored, stage, verified, on_staged, reserved
+                    )
+                except ObjectChangedError:  # replaced mid-download: the new one may be whole
+                    if attempt == 2:
+                        raise
+                    log.warning("%s: the object changed while read; fetching it again", where)
+                    digest = ""
                 reserved = None
                 if digest == sha256:
                     return final
@@ -260,7 +273,11 @@ class ShardCache:
                             digest = sha256
                         else:
                             hashing = HashingReader(src)
-                            stage(hashing, dst)  # type: ignore[arg-type]
+                            try:
+                                stage(hashing, dst)  # type: ignore[arg-type]
+                            except ShardError as err:
+                                if not _damaged_on_the_way(err, hashing, sha256):
+                                    raise
                             hashing.drain()
                             digest = hashing.hexdigest()
                         dst.truncate()  # a reservation longer than what was written
@@ -336,6 +353,27 @@ class ShardCache:
         )
         out.errno = err.errno  # a full disk is not one bad sample: readers stop on it
         return out
+
+
+def _damaged_on_the_way(err: ShardError, hashing: HashingReader, sha256: str) -> bool:
+    """Whether the shard that ``stage`` could not read (a zstd frame that does not decompress,
+    a tar or token stream cut wrong) only came damaged: the rest of its bytes, hashed, do not
+    match the manifest's SHA-256, so it is fetched again like any checksum mismatch (a byte
+    flipped in transit, a 206 for the wrong range).  Bytes that match are the stored shard's
+    own damage, reported as it is.  A size the store announced wrong is already a
+    ChecksumError: the stream is closed then, and nothing is left to hash."""
+    if isinstance(err, ChecksumError):
+        return False
+    try:
+        hashing.drain()
+    except ShardloaderError:
+        raise
+    except (OSError, ValueError):  # the source cannot be read to its end: report the first
+        return False
+    if hashing.hexdigest() == sha256:
+        return False
+    log.warning("%s; its bytes do not hash to the manifest's: fetching it again", err)
+    return True
 
 
 _FULL = (errno.ENOSPC, errno.EDQUOT)

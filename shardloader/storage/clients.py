@@ -51,7 +51,9 @@ __all__ = [
 class Body(Protocol):
     """One response body.  ``ranged``: the server answered the byte range asked for (206);
     False means the body is the whole object from byte 0.  ``total``: the object's size when
-    the response says it.  ``length``: the bytes this body carries, when known."""
+    the response says it.  ``length``: the bytes this body carries, when known.  Optional
+    (a client may leave them out): ``etag``, the version of the object it is (what a resumed
+    request sends as ``If-Match``), and ``content_type``."""
 
     ranged: bool
     total: int | None
@@ -66,10 +68,16 @@ class ObjectClient(Protocol):
     """GETs of one protocol, one attempt each."""
 
     def get(
-        self, url: str, start: int = 0, stop: int | None = None, deadline: Deadline | None = None
+        self,
+        url: str,
+        start: int = 0,
+        stop: int | None = None,
+        deadline: Deadline | None = None,
+        if_match: str | None = None,
     ) -> Body:
         """Bytes ``[start, stop)`` of ``url`` (``stop`` None: to the end; ``start == 0`` and
-        ``stop`` None: a plain GET without a Range header), within ``deadline``."""
+        ``stop`` None: a plain GET without a Range header), within ``deadline``; with
+        ``if_match``, only of that version of the object (else HTTP 412)."""
         ...
 
 
@@ -194,6 +202,8 @@ class _HttpBody:
         self._url = url
         self._guard = guard
         self._got = 0
+        self.etag: str | None = resp.getheader("ETag")
+        self.content_type: str | None = resp.getheader("Content-Type")
 
     def _late(self) -> StorageError | None:
         """The deadline error, if the watchdog cut this body off."""
@@ -307,12 +317,19 @@ class HttpClient:
         conn.close()
 
     def get(
-        self, url: str, start: int = 0, stop: int | None = None, deadline: Deadline | None = None
+        self,
+        url: str,
+        start: int = 0,
+        stop: int | None = None,
+        deadline: Deadline | None = None,
+        if_match: str | None = None,
     ) -> _HttpBody:
         headers = dict(self.headers)
         rng = range_header(start, stop)
         if rng is not None:
             headers["Range"] = rng
+        if if_match is not None:
+            headers["If-Match"] = if_match
         chain = [url]
         while True:
             parts = urlsplit(url)

@@ -15,7 +15,14 @@ A part that breaks off after some bytes resumes at the first byte it has not del
 reader sees every byte exactly once; a server that ignores ranges sends the object from its
 start again and the bytes already delivered are skipped.  The object's size in the first
 response must equal the size the caller expects (the manifest's ``bytes``): a larger or smaller
-object is a :class:`~shardloader.errors.ChecksumError` at once, before its body is read.
+object is a :class:`~shardloader.errors.ChecksumError` at once, before its body is read,
+unless the response is an HTML page (a proxy's or gateway's error page sent with 200 OK),
+which is a transient fault and retried.
+
+Every request after the first response names the object's version, its ETag, in
+``If-Match``: an object replaced mid-download (a resumed part, a later range) is refused by the
+store (412) and raised as :class:`~shardloader.errors.ObjectChangedError`, never stitched
+together from two versions; the node cache fetches it once more from the start.
 
 NOTE [part buffers]: a part holds at most ``PART_BUFFER`` unread bytes; past that its thread
 waits (its connection stalls, which TCP handles) until the reader catches up.  Parts start in
@@ -31,7 +38,7 @@ from collections import deque
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
-from shardloader.errors import ChecksumError, TruncatedBodyError
+from shardloader.errors import ChecksumError, ObjectChangedError, TruncatedBodyError
 from shardloader.storage.deadline import Deadline
 from shardloader.storage.retry import RetryPolicy, call_with_retries
 
@@ -45,6 +52,11 @@ PART_SIZE = 64 << 20  # objects up to this are one GET; larger ones go in ranges
 PARTS_IN_FLIGHT = 4
 PART_BUFFER = 16 << 20
 INLINE_BELOW = 4 << 20  # objects up to this size are fetched in the reader's own thread
+
+
+class _HtmlPageError(ConnectionError):
+    """A 200 OK whose body is an HTML page, not the object: a proxy's or gateway's error page,
+    transient (classified by its built-in class, :mod:`shardloader.storage.classify`)."""
 
 
 class _Part:
@@ -94,6 +106,7 @@ class ObjectStream:
         self._offset = 0  # bytes of the current part's first chunk already handed out
         self._ranges: bool | None = None if len(self._parts) > 1 else False
         self._closed = False
+        self._etag: str | None = None  # the version the first response was (If-Match after)
         self.pos = 0
         # A small object is fetched by the reader itself on its first read: a thread would cost
         # more than the overlap it buys.
@@ -214,10 +227,19 @@ class ObjectStream:
         start = part.start + part.got
         if self._closed or (part.stop is not None and start >= part.stop):
             return
-        if _takes_deadline(type(self._client)):
-            body = self._client.get(self.url, start, part.stop, deadline=part.deadline)
-        else:  # a registered protocol's client from before deadlines
-            body = self._client.get(self.url, start, part.stop)
+        if_match = self._etag
+        kwargs: dict[str, Any] = {}
+        takes = _takes(type(self._client))
+        if "deadline" in takes:  # a registered protocol's client from before may not
+            kwargs["deadline"] = part.deadline
+        if if_match is not None and "if_match" in takes:
+            kwargs["if_match"] = if_match
+        try:
+            body = self._client.get(self.url, start, part.stop, **kwargs)
+        except Exception as err:
+            if if_match is not None and "if_match" in kwargs and _precondition_failed(err):
+                raise self._changed(if_match, "the store no longer holds it (412)") from err
+            raise
         try:
             skip = self._check(body, part, start)
             expected = self._expected(body, part, start)
@@ -246,7 +268,25 @@ class ObjectStream:
         """Check the response against the object we expect; return the bytes to skip (a server
         that ignored the range sends the object from byte 0)."""
         total = body.total
+        etag = getattr(body, "etag", None)
+        if etag is not None and etag.startswith("W/"):  # a weak ETag cannot name the bytes
+            etag = None
+        with self._cond:
+            if self._etag is None:
+                self._etag = etag
+            elif etag is not None and etag != self._etag:  # the store ignored If-Match
+                raise self._changed(self._etag, f"a later response is version {etag}")
         if total is not None:
+            wrong = (self.size is not None and total != self.size) or (
+                self.limit is not None and total > self.limit
+            )
+            content_type = getattr(body, "content_type", None) or ""
+            if wrong and content_type.lower().startswith("text/html"):
+                raise _HtmlPageError(
+                    f"{self.url}: the server answered with an HTML page ({total:,} bytes, "
+                    f"Content-Type {content_type}) instead of the object: an error page of a "
+                    "proxy or gateway on the way"
+                )
             if self.size is not None and total != self.size:
                 raise ChecksumError(
                     f"{self.url} is {total:,} bytes, the manifest says {self.size:,}: the stored "
@@ -298,11 +338,33 @@ class ObjectStream:
             self._cond.notify_all()
             return True
 
+    def _changed(self, etag: str, how: str) -> ObjectChangedError:
+        return ObjectChangedError(
+            f"cannot read {self.url!r}: the object changed while it was read (it was version "
+            f"{etag}; {how}): it was replaced or re-uploaded meanwhile; read it again once "
+            "the upload is complete"
+        )
+
 
 @cache
-def _takes_deadline(client_type: type) -> bool:
+def _takes(client_type: type) -> frozenset[str]:
+    """The keyword arguments a client's ``get`` takes (``deadline``, ``if_match``: a
+    registered protocol's client from before them may take neither)."""
     try:
         get = getattr(client_type, "get", None)
-        return get is not None and "deadline" in inspect.signature(get).parameters
+        return frozenset(inspect.signature(get).parameters) if get is not None else frozenset()
     except (TypeError, ValueError):
-        return False
+        return frozenset()
+
+
+def _precondition_failed(err: BaseException) -> bool:
+    """Whether ``err`` is the store's 412 to an ``If-Match`` (botocore's ClientError, or the
+    HTTP client's status error)."""
+    if getattr(err, "status", None) == 412:
+        return True
+    response = getattr(err, "response", None)
+    if isinstance(response, dict):
+        code = response.get("Error", {}).get("Code")
+        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        return code == "PreconditionFailed" or status == 412
+    return False

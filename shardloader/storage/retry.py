@@ -60,21 +60,29 @@ T = TypeVar("T")
 class RetryPolicy:
     """How hard to try a remote call before giving up (picklable; crosses into workers).
 
-    A call makes at most ``max_attempts`` attempts; no new attempt starts once
-    ``max_total_seconds`` have passed since the first.  Through the fast clients (shard,
-    sidecar and manifest GETs: :mod:`~shardloader.storage.objectstream`) it is also a deadline
-    for the attempt under way, its body included: a server that sends a byte now and then,
-    never idle for ``read_timeout``, is cut off there, so each request (at most
-    ``ReadOptions.part_size`` bytes) must finish within ``max_total_seconds``.  Other calls
-    (fsspec's) end within ``max_total_seconds`` plus one attempt, itself bounded by the
-    timeouts while no byte arrives.  Before attempt ``n + 1`` it sleeps
+    The budget is time: a transient fault (reset, refused connection, 5xx, throttling, a body
+    cut short, a stall) is tried again until ``max_total_seconds`` have passed since the first
+    attempt, so an endpoint that is down for a minute (a restart, a failover) is ridden out
+    by the default policy.  Before attempt ``n + 1`` the call sleeps
     ``uniform(0, min(max_backoff, initial_backoff * 2**(n-1)))`` ("full jitter"), the upper
-    half of that window when the server asked to slow down (429, SlowDown).
-    ``connect_timeout`` and ``read_timeout`` (seconds without a byte) are handed to botocore /
-    aiohttp.
+    half of that window when the server asked to slow down (429, SlowDown): the sleeps grow to
+    at most ``max_backoff`` seconds and stay there.  ``max_attempts`` caps only failures that
+    come faster than that: at the defaults (120 s, backoff at most 10 s) a call makes about
+    25-35 attempts and the time budget ends it long before the 100th; with a small backoff or a
+    large budget, the cap does.  No new attempt starts once ``max_total_seconds`` have passed.
+
+    Through the fast clients (shard, sidecar and manifest GETs:
+    :mod:`~shardloader.storage.objectstream`) ``max_total_seconds`` is also a deadline for the
+    attempt under way, its body included: a server that sends a byte now and then, never idle
+    for ``read_timeout``, is cut off there, so each request (at most ``ReadOptions.part_size``
+    bytes) must finish within ``max_total_seconds``.  Other calls (fsspec's) end within
+    ``max_total_seconds`` plus one attempt, itself bounded by the timeouts while no byte
+    arrives.  ``connect_timeout`` and ``read_timeout`` (seconds without a byte) are handed to
+    botocore / aiohttp.  A spent budget is one :class:`~shardloader.errors.StorageError`
+    naming the URL, the attempts, the seconds and the last cause.
     """
 
-    max_attempts: int = 6
+    max_attempts: int = 100
     initial_backoff: float = 0.2
     max_backoff: float = 10.0
     max_total_seconds: float = 120.0

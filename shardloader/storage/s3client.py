@@ -87,6 +87,8 @@ class _S3Body:
         self.length: int | None = int(length) if length is not None else None
         total = parse_content_range(response.get("ContentRange"))
         self.ranged = total is not None  # no Content-Range: the whole object follows
+        self.etag: str | None = response.get("ETag")
+        self.content_type: str | None = response.get("ContentType")
         self.total = total if self.ranged else self.length
         self._got = 0
         shutdown = getattr(getattr(self._body, "_raw_stream", None), "shutdown", None)
@@ -118,13 +120,20 @@ class S3Client:
         self._extra = dict(extra)
 
     def get(
-        self, url: str, start: int = 0, stop: int | None = None, deadline: Deadline | None = None
+        self,
+        url: str,
+        start: int = 0,
+        stop: int | None = None,
+        deadline: Deadline | None = None,
+        if_match: str | None = None,
     ) -> _S3Body:
         bucket, key = split_s3_url(url)
         kwargs = dict(self._extra)
         rng = range_header(start, stop)
         if rng is not None:
             kwargs["Range"] = rng
+        if if_match is not None:
+            kwargs["IfMatch"] = if_match
         response = self._client.get_object(Bucket=bucket, Key=key, **kwargs)
         return _S3Body(response, url, deadline)
 

@@ -16,9 +16,9 @@ from typing import BinaryIO, cast
 import numpy as np
 import xxhash
 
-from shardloader.errors import ShardError
+from shardloader.errors import ShardError, ShardloaderError
 from shardloader.format.base import ScannedShard
-from shardloader.format.compress import DECOMPRESS_ERRORS, decompressed
+from shardloader.format.compress import DECOMPRESS_ERRORS, cannot_decompress, decompressed
 from shardloader.format.keys import unsafe_key_reason
 from shardloader.format.tar.stream import BLOCK, TarStream, split_key, walk_members
 from shardloader.manifest import SampleIndex
@@ -119,8 +119,10 @@ def scan_tar(
                     "marker; the shard is corrupt or hostile (a decompression bomb?)"
                 )
     except _SCAN_ERRORS as err:
-        if isinstance(err, ShardError):
+        if isinstance(err, ShardloaderError):  # the source's StorageError keeps its class
             raise
+        if "too much memory" in str(err):  # zstd --long: the remedy is to re-compress it
+            raise cannot_decompress(url, err) from err
         raise ShardError(f"{url}: cannot read as a tar shard ({err})") from err
     lengths = None
     if texts and all(t is not None for t in texts):

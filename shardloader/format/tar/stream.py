@@ -13,9 +13,15 @@ from typing import BinaryIO
 
 import xxhash
 
-from shardloader.errors import ShardError
+from shardloader.errors import ShardError, ShardloaderError
 from shardloader.format.base import Sample
-from shardloader.format.compress import CHUNK, DECOMPRESS_ERRORS, decompressed, too_big
+from shardloader.format.compress import (
+    CHUNK,
+    DECOMPRESS_ERRORS,
+    cannot_decompress,
+    decompressed,
+    too_big,
+)
 from shardloader.format.keys import unsafe_key_reason
 from shardloader.schema import unsafe_key_error
 
@@ -269,9 +275,9 @@ def iter_tar(
     try:
         yield from iter_samples(iter_members(stream, where, True, limit, max_member), where)
     except DECOMPRESS_ERRORS as err:
-        if isinstance(err, ShardError):
+        if isinstance(err, ShardloaderError):  # the source's StorageError keeps its class
             raise
-        raise ShardError(f"{where}: cannot decompress shard ({err})") from err
+        raise cannot_decompress(where, err) from err
 
 
 class SpanDigests:
@@ -349,6 +355,6 @@ def iter_checked_tar(
         for n, sample in enumerate(iter_samples(_members(stream, True, max_member), where)):
             yield sample, spans.digest(n)
     except DECOMPRESS_ERRORS as err:
-        if isinstance(err, ShardError):
+        if isinstance(err, ShardloaderError):  # the source's StorageError keeps its class
             raise
-        raise ShardError(f"{where}: cannot decompress shard ({err})") from err
+        raise cannot_decompress(where, err) from err

@@ -11,9 +11,15 @@ from typing import BinaryIO
 
 import xxhash
 
-from shardloader.errors import ShardError
+from shardloader.errors import ShardError, ShardloaderError
 from shardloader.format.base import Sample
-from shardloader.format.compress import CHUNK, DECOMPRESS_ERRORS, decompressed, too_big
+from shardloader.format.compress import (
+    CHUNK,
+    DECOMPRESS_ERRORS,
+    cannot_decompress,
+    decompressed,
+    too_big,
+)
 from shardloader.format.keys import unsafe_key_reason
 from shardloader.format.tokens.layout import HEADER_BYTES, U16, U64, Header
 from shardloader.schema import unsafe_key_error
@@ -101,9 +107,9 @@ def iter_checked_tokens(
                 f"{cursor:,} of {head.token_bytes:,}, or bytes after the last record)"
             )
     except DECOMPRESS_ERRORS as err:
-        if isinstance(err, ShardError):
+        if isinstance(err, ShardloaderError):  # the source's StorageError keeps its class
             raise
-        raise ShardError(f"{where}: cannot decompress shard ({err})") from err
+        raise cannot_decompress(where, err) from err
 
 
 def _nextparse_record(
