@@ -1,9 +1,10 @@
 """The library's advice in the command line's terms, applied to every error the CLI prints.
 
 The library names its remedies as Python (``storage_options={'anon': True}``,
-``RetryPolicy(max_attempts=6, ...)``), which is right for a caller of ``ShardedDataset`` and
-wrong for someone at a shell.  The CLI rewrites them into the flags that do the same (``-o
-anon=true``, ``--retries 5``), in one place; a message without such advice passes unchanged.
+``RetryPolicy(max_attempts=100, max_total_seconds=240)``), which is right for a caller of
+``ShardedDataset`` and wrong for someone at a shell.  The CLI rewrites them into the flags that
+do the same (``-o anon=true``, ``--retries 99 --retry-seconds 240``), in one place; a message
+without such advice passes unchanged.
 """
 
 from __future__ import annotations
