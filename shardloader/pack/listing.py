@@ -4,6 +4,11 @@ Sizes come from ``stat``/``find``; nothing is read.  Hidden names (a leading dot
 operating systems and archivers leave in folders (``Thumbs.db``, ``desktop.ini``,
 ``__MACOSX/``) are left out and reported, never dropped silently; symlinked folders are
 followed, with loop protection.
+
+File and folder names that are not UTF-8 (Linux allows any bytes but ``/`` and NUL) are listed
+under a reversible percent-escape (:func:`shardloader.format.keys.escape_name`: ``b"caf\\xe9.jpg"``
+is ``caf%E9.jpg``), so their sample keys, messages and reports are text; the file itself is
+opened by its real name.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import os
 from dataclasses import dataclass
 
 from shardloader.errors import StorageError, UsageError
+from shardloader.format.keys import escape_name
 from shardloader.pack.refs import InputFile
 from shardloader.storage.store import Store, as_store, join
 
@@ -93,7 +99,8 @@ def _walk(
         ignored.append((rel + "/", f"cannot list: {err.strerror}"))
         return
     for entry in entries:
-        child = f"{rel}/{entry.name}" if rel else entry.name
+        name = escape_name(entry.name)  # a name that is not UTF-8: percent-escaped, see keys.py
+        child = f"{rel}/{name}" if rel else name
         try:
             is_dir = entry.is_dir()  # follows symlinks
         except OSError:
