@@ -15,7 +15,7 @@ import pytest
 
 import shardloader as sl
 from shardloader.format.keys import escape_name, name_bytes
-from shardloader.pack import pack
+from shardloader.pack import PackOptions, pack
 
 
 def _jpeg(seed: int) -> bytes:
@@ -107,3 +107,269 @@ def test_index_refuses_a_non_utf8_tar_member_in_one_line(tmp_path):
     assert "Traceback" not in r.stderr
     assert "member name b'caf\\xe9.jpg' is not UTF-8" in r.stderr
     assert not (tmp_path / "index.json").exists()
+
+
+# -- extensions without case; --alias without case --------------------------------------------
+
+
+def test_extension_case_makes_one_image_field(tmp_path):
+    """Old code: fields JPEG, JPG and jpg, three fields for one kind of image."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for i, ext in enumerate(["jpg", "JPG", "JPEG", "jpeg", "Jpg"]):
+        (src / f"{i:04d}.{ext}").write_bytes(_jpeg(i))
+    report = pack(str(src), str(tmp_path / "out"))
+    m = report.manifest
+    assert set(m.fields) == {"image"} and m.aliases == {"image": ("jpeg", "jpg")}
+    assert any("fill the field 'image'" in note for note in report.notes)
+    got = _keys(tmp_path / "out")
+    assert sorted(got) == [f"{i:04d}" for i in range(5)]
+    assert all(tuple(s["image"].shape) == (3, 8, 10) for s in got.values())
+    with tarfile.open(fileobj=_tar_bytes(tmp_path / "out")) as tar:  # real member names
+        assert sorted(tar.getnames()) == sorted(
+            ["0000.jpg", "0001.jpg", "0002.jpeg", "0003.jpeg", "0004.jpg"]
+        )
+
+
+def _tar_bytes(out) -> io.BytesIO:
+    import zstandard
+
+    [shard] = [p for p in os.listdir(out) if p.endswith(".tar.zst")]
+    return io.BytesIO(
+        zstandard.ZstdDecompressor().decompressobj().decompress((out / shard).read_bytes())
+    )
+
+
+def test_alias_is_case_insensitive_and_image_pairs_keep_their_fields(tmp_path):
+    """Old code: --alias pic=JPEG names no field (fields were case-sensitive)."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(3):  # an image and its mask: two images a sample, no image alias
+        (src / f"{i:04d}.JPEG").write_bytes(_jpeg(i))
+        (src / f"{i:04d}.PNG").write_bytes(_png(i))
+    report = pack(str(src), str(tmp_path / "out"), PackOptions(aliases={"pic": ("JPEG",)}))
+    assert report.manifest.aliases == {"pic": ("jpeg",)}
+    assert set(report.manifest.fields) == {"pic", "png"}
+    assert not report.notes or not any("'image'" in n for n in report.notes)
+
+
+def _png(seed: int) -> bytes:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(np.full((8, 10), seed, np.uint8)).save(buf, "PNG")
+    return buf.getvalue()
+
+
+# -- junk and img2dataset ---------------------------------------------------------------------
+
+
+def _meta(i: int) -> dict:
+    """A row as img2dataset writes it: nulls where a value is missing."""
+    return {
+        "url": f"http://example.com/{i}.jpg",
+        "key": f"{i:09d}",
+        "status": "success",
+        "error_message": None,
+        "caption": f"caption {i}",
+        "width": 10,
+        "height": 8,
+        "original_width": 10,
+        "original_height": 8,
+        "exif": None,
+        "sha256": None,
+    }
+
+
+def _img2dataset_folder(root, shards: int = 2, per: int = 4) -> None:
+    """img2dataset's --output_format files: 00000/000000000.jpg|txt|json beside 00000.parquet
+    and 00000_stats.json."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    for s in range(shards):
+        rows = []
+        (root / f"{s:05d}").mkdir(parents=True)
+        for j in range(per):
+            i = s * 10000 + j
+            (root / f"{s:05d}" / f"{i:09d}.jpg").write_bytes(_jpeg(i))
+            (root / f"{s:05d}" / f"{i:09d}.txt").write_text(f"caption {i}")
+            (root / f"{s:05d}" / f"{i:09d}.json").write_text(json.dumps(_meta(i)))
+            rows.append(_meta(i))
+        pq.write_table(pa.Table.from_pylist(rows), root / f"{s:05d}.parquet")
+        (root / f"{s:05d}_stats.json").write_text(json.dumps({"count": per, "successes": per}))
+
+
+def test_img2dataset_folder_packs_its_pairs_and_leaves_out_side_files(tmp_path):
+    """Old code: auto detection refused the folder (mixed layouts), and --layout key-groups
+    packed 4 side files as samples (12 for 8 images)."""
+    src = tmp_path / "src"
+    _img2dataset_folder(src)
+    report = pack(str(src), str(tmp_path / "out"))
+    assert report.samples == 8 and report.manifest.layout == "key-groups"
+    assert set(report.manifest.fields) == {"image", "json", "txt"}
+    assert dict(report.ignored) == {
+        "00000.parquet": "img2dataset metadata table",
+        "00000_stats.json": "img2dataset download stats",
+        "00001.parquet": "img2dataset metadata table",
+        "00001_stats.json": "img2dataset download stats",
+    }
+    got = _keys(tmp_path / "out")
+    assert sorted(got) == sorted(f"{s:05d}/{s * 10000 + j:09d}" for s in range(2) for j in range(4))
+    sample = got["00001/000010002"]
+    assert sample["json"] == _meta(10002) and sample["json"]["exif"] is None  # nulls kept
+    assert sample["txt"] == "caption 10002"
+
+
+@pytest.mark.subprocess
+def test_img2dataset_tars_index_and_pack_says_to_index(tmp_path):
+    """Old code: pack made each tar, .parquet and _stats.json one sample of bytes, exit 0."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import webdataset as wds
+
+    src = tmp_path / "tars"
+    src.mkdir()
+    for s in range(2):
+        with wds.TarWriter(str(src / f"{s:05d}.tar")) as w:
+            for j in range(3):
+                i = s * 10000 + j
+                w.write(
+                    {
+                        "__key__": f"{i:09d}",
+                        "jpg": _jpeg(i),
+                        "txt": f"caption {i}",
+                        "json": _meta(i),
+                    }
+                )
+        pq.write_table(pa.Table.from_pylist([_meta(s)]), src / f"{s:05d}.parquet")
+        (src / f"{s:05d}_stats.json").write_text(json.dumps({"count": 3}))
+    r = _cli("pack", str(src), str(tmp_path / "out"))
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "'00000.tar' is a tar shard" in r.stderr and "shardloader index" in r.stderr
+    r = _cli("index", str(src), str(src))
+    assert r.returncode == 0, r.stderr
+    got = _keys(src)
+    assert len(got) == 6 and got["000010001"]["json"] == _meta(10001)
+
+
+def test_a_stray_file_is_left_out_and_listed_not_packed(tmp_path):
+    """Old code: val_labels.csv became the 7th sample, with a field of its own."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(6):
+        (src / f"img_{i}.jpg").write_bytes(_jpeg(i))
+    (src / "val_labels.csv").write_text("img_0.jpg,1\n")
+    report = pack(str(src), str(tmp_path / "out"))
+    assert report.samples == 6 and set(report.manifest.fields) == {"image"}
+    assert report.ignored == (
+        ("val_labels.csv", "junk: shares no field with most samples (image)"),
+    )
+    from shardloader.cli.pack import format_report
+
+    assert "ignored   1: 'val_labels.csv' (junk" in format_report(report)
+
+
+# -- --labels: a flat image folder and a labels file ------------------------------------------
+
+
+def _imagenet_val(root, n: int = 8) -> dict[str, str]:
+    """ILSVRC2012_val_00000001.JPEG ... in one folder; {key: synset} as the labels CSV says."""
+    root.mkdir(parents=True)
+    synsets = {}
+    for i in range(1, n + 1):
+        name = f"ILSVRC2012_val_{i:08d}"
+        from PIL import Image
+
+        buf = io.BytesIO()
+        rng = np.random.default_rng(i)
+        Image.fromarray((rng.random((40, 48, 3)) * 255).astype(np.uint8)).save(buf, "JPEG")
+        (root / f"{name}.JPEG").write_bytes(buf.getvalue())
+        synsets[name] = ["n01440764", "n01443537", "n01484850"][i % 3]
+    return synsets
+
+
+def test_imagenet_val_folder_with_a_labels_csv_runs_the_vision_recipe(tmp_path):
+    """Old code: no --labels, and .JPEG became a field 'JPEG' that train_transform (field
+    'image') cannot find."""
+    import torch
+
+    from shardloader import vision
+
+    synsets = _imagenet_val(tmp_path / "val")
+    csv_path = tmp_path / "LOC_val_solution.csv"
+    csv_path.write_text(
+        "ImageId,label\n" + "".join(f"{k},{v}\n" for k, v in reversed(synsets.items()))
+    )
+    report = pack(str(tmp_path / "val"), str(tmp_path / "out"), PackOptions(labels=str(csv_path)))
+    classes = ("n01440764", "n01443537", "n01484850")
+    assert report.manifest.classes == classes
+    assert set(report.manifest.fields) == {"image", "cls"}
+    ds = sl.ShardedDataset(
+        str(tmp_path / "out"),
+        batch_size=4,
+        shuffle=True,
+        decoder=sl.Decoder(image="raw"),
+        transform=vision.train_transform(32),
+    )
+    seen = {}
+    for batch in sl.make_loader(ds, num_workers=2):
+        assert batch["image"].dtype == torch.uint8 and tuple(batch["image"].shape) == (4, 3, 32, 32)
+        seen.update(zip(batch["__key__"], batch["cls"].tolist(), strict=True))
+    assert seen == {k: classes.index(v) for k, v in synsets.items()}
+
+
+def test_devkit_label_list_gives_int_labels_in_sorted_file_order(tmp_path):
+    synsets = _imagenet_val(tmp_path / "val", 5)
+    ground_truth = tmp_path / "ILSVRC2012_validation_ground_truth.txt"
+    ground_truth.write_text("".join(f"{100 + i}\n" for i in range(len(synsets))))
+    report = pack(
+        str(tmp_path / "val"), str(tmp_path / "out"), PackOptions(labels=str(ground_truth))
+    )
+    assert report.manifest.classes == ()  # integers stay integers
+    got = _keys(tmp_path / "out")
+    assert {k: s["cls"] for k, s in got.items()} == {
+        k: 100 + i for i, k in enumerate(sorted(synsets))
+    }
+
+
+@pytest.mark.subprocess
+def test_labels_that_miss_files_are_refused_or_skipped_and_listed(tmp_path):
+    synsets = _imagenet_val(tmp_path / "val", 4)
+    rows = [f"{k}.JPEG,{v}" for k, v in synsets.items()][1:]  # the first image has no label
+    (tmp_path / "val" / "labels.csv").write_text("\n".join([*rows, "ILSVRC2012_val_99.JPEG,x"]))
+    labels = str(tmp_path / "val" / "labels.csv")  # inside SRC: left out, not a sample
+    r = _cli("pack", str(tmp_path / "val"), str(tmp_path / "out"), "--labels", labels)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert "1 file has no label (e.g. 'ILSVRC2012_val_00000001')" in r.stderr
+    assert "1 label names no file (e.g. labels.csv line 4 (ILSVRC2012_val_99.JPEG))" in r.stderr
+    assert not (tmp_path / "out" / "index.json").exists()
+    r = _cli(
+        "pack",
+        str(tmp_path / "val"),
+        str(tmp_path / "out"),
+        "--labels",
+        labels,
+        "--on-error",
+        "skip",
+    )
+    assert r.returncode == 0, r.stderr
+    assert "samples   3" in r.stdout and "ignored   3:" in r.stdout
+    assert sorted(_keys(tmp_path / "out")) == sorted(synsets)[1:]
+    r = _cli("pack", str(tmp_path / "val"), str(tmp_path / "o2"), "--labels", str(tmp_path))
+    assert r.returncode == 2 and "--labels" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_labels_refused_where_folders_name_the_classes(tmp_path):
+    for c in ("cat", "dog"):
+        (tmp_path / "src" / c).mkdir(parents=True)
+        (tmp_path / "src" / c / "1.jpg").write_bytes(_jpeg(1))
+    (tmp_path / "l.csv").write_text("cat/1.jpg,0\ndog/1.jpg,1\n")
+    from shardloader.errors import UsageError
+
+    with pytest.raises(UsageError, match="folder names are the labels already"):
+        pack(
+            str(tmp_path / "src"),
+            str(tmp_path / "out"),
+            PackOptions(labels=str(tmp_path / "l.csv")),
+        )

@@ -132,7 +132,15 @@ LAYOUTS = ("auto", "class-folders", "key-groups", "records")
     multiple=True,
     metavar="FIELD=EXT,...",
     help="Read several extensions as one field, e.g. image=jpg,jpeg,png (repeatable; "
-    "recorded in the manifest; class folders get image=<their extensions>).",
+    "extensions without case; recorded in the manifest; class folders and key groups get "
+    "image=<their image extensions>).",
+)
+@click.option(
+    "--labels",
+    default=None,
+    metavar="FILE",
+    help="Labels for a flat image folder: a filename,label CSV (header optional) or one label "
+    "a line in sorted file order; adds the field cls (names become manifest classes).",
 )
 @click.option(
     "--tokenizer",
@@ -173,6 +181,7 @@ def pack_command(
     overwrite: bool,
     quiet: bool,
     alias: tuple[str, ...],
+    labels: str | None,
     storage_option: tuple[str, ...],
     retries: int | None,
     retry_seconds: float | None,
@@ -212,6 +221,7 @@ def pack_command(
         overwrite=overwrite,
         storage_options=storage_options(storage_option),
         aliases=_aliases(alias),
+        labels=labels,
         **extra,
     )
 
