@@ -373,3 +373,18 @@ def test_labels_refused_where_folders_name_the_classes(tmp_path):
             str(tmp_path / "out"),
             PackOptions(labels=str(tmp_path / "l.csv")),
         )
+
+
+def test_a_folder_of_two_kinds_keeps_both(tmp_path):
+    """The junk rule leaves out rare strays, not the smaller half of a mixed folder."""
+    from shardloader.pack.discover import discover
+
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(5):
+        (src / f"{i}.wav").write_bytes(b"RIFF")
+    for i in range(5, 9):
+        (src / f"{i}.flac").write_bytes(b"fLaC")
+    found = discover(str(src))
+    assert found.ignored == () and set(found.fields) == {"wav", "flac"}
+    assert len(list(found.samples())) == 9

@@ -9,9 +9,9 @@ Names as people have them: extensions are compared without case (``.JPG`` is ``j
 member is ``<key>.jpg``), and image extensions (``jpg``, ``jpeg``, ``png``, ...) fill one field
 ``image``, as in class folders, unless a sample holds two images (an image and its mask) or a
 field is already called ``image``; the pack summary says so.  A sample that shares no field
-with most samples (a ``val_labels.csv`` among images) is junk: left out and listed with the
-files the listing left out, never packed as a sample.  A tar shard (img2dataset's tar output)
-is no field: ``shardloader index`` adopts such shards in place.
+with most samples, and looks like few others (a ``val_labels.csv`` among images), is junk:
+left out and listed with the files the listing left out, never packed as a sample.  A tar
+shard (img2dataset's tar output) is no field: ``shardloader index`` adopts such shards in place.
 
 Detection: key groups fit any tree, but as the fallback (rank 0) unless the names show real
 grouping (:func:`grouped`), when they answer at rank 10 beside the other built-in layouts: a
@@ -33,6 +33,7 @@ __all__ = ["KeyGroups", "grouped", "junk"]
 
 _MAX_FIELDS = 16  # more distinct fields than this, and than samples: not a webdataset
 _COMPRESSED = ("gz", "zst", "zstd")
+_RARE = 20  # junk is rarer than one sample in 20 (or a single one)
 _TAR_SHARDS = ("tar", "tgz", "tar.gz", "tar.zst", "tar.zstd")
 
 
@@ -43,16 +44,29 @@ def _family(ext: str) -> str:
 
 
 def junk(samples: dict[str, set[str]]) -> tuple[set[str], tuple[str, ...]]:
-    """(keys of junk samples, the common fields): the fields more than half the samples have,
-    and the samples that have none of them.  Nothing is junk when no field is that common."""
+    """(keys of junk samples, the common fields).
+
+    Common: the fields more than half the samples have.  Junk: a sample with none of them whose
+    kind (its set of fields) is rare, held by one sample or by under 5 % of them: a
+    ``val_labels.csv`` among images, not the ``.flac`` half of a folder of ``.wav`` and
+    ``.flac`` files.  Nothing is junk when no field is that common."""
     counts: dict[str, int] = {}
+    kinds: dict[frozenset[str], int] = {}
     for exts in samples.values():
-        for family in {_family(e) for e in exts}:
+        families = frozenset(_family(e) for e in exts)
+        kinds[families] = kinds.get(families, 0) + 1
+        for family in families:
             counts[family] = counts.get(family, 0) + 1
     common = tuple(sorted(f for f, n in counts.items() if 2 * n > len(samples)))
     if not common:
         return set(), common
-    bad = {k for k, exts in samples.items() if not {_family(e) for e in exts} & set(common)}
+    rare = max(1, len(samples) // _RARE)
+    bad = {
+        k
+        for k, exts in samples.items()
+        if not (families := frozenset(_family(e) for e in exts)) & set(common)
+        and kinds[families] <= rare
+    }
     return bad, common
 
 
