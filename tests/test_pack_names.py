@@ -222,7 +222,7 @@ def test_img2dataset_folder_packs_its_pairs_and_leaves_out_side_files(tmp_path):
 
 
 @pytest.mark.subprocess
-def test_img2dataset_tars_index_and_pack_says_to_index(tmp_path):
+def test_img2dataset_tars_pack_and_index_with_side_files_left_out(tmp_path):
     """Old code: pack made each tar, .parquet and _stats.json one sample of bytes, exit 0."""
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -244,13 +244,25 @@ def test_img2dataset_tars_index_and_pack_says_to_index(tmp_path):
                 )
         pq.write_table(pa.Table.from_pylist([_meta(s)]), src / f"{s:05d}.parquet")
         (src / f"{s:05d}_stats.json").write_text(json.dumps({"count": 3}))
-    r = _cli("pack", str(src), str(tmp_path / "out"))
-    assert r.returncode == 2 and "Traceback" not in r.stderr
-    assert "'00000.tar' is a tar shard" in r.stderr and "shardloader index" in r.stderr
+    r = _cli("pack", str(src), str(tmp_path / "out"), "--format", "arrow")
+    assert r.returncode == 0, r.stderr
+    assert "layout tars" in r.stdout and "samples   6" in r.stdout and "ignored   4:" in r.stdout
+    packed = _keys(tmp_path / "out")
+    assert sorted(packed) == sorted(f"{s * 10000 + j:09d}" for s in range(2) for j in range(3))
     r = _cli("index", str(src), str(src))
     assert r.returncode == 0, r.stderr
-    got = _keys(src)
-    assert len(got) == 6 and got["000010001"]["json"] == _meta(10001)
+    indexed = _keys(src)
+    assert sorted(indexed) == sorted(packed)
+    for key, sample in packed.items():
+        assert sample["json"] == indexed[key]["json"] == _meta(int(key))  # nulls kept
+        assert sample["txt"] == indexed[key]["txt"] == f"caption {int(key)}"
+        assert torch_equal(sample["image"], indexed[key]["jpg"])
+
+
+def torch_equal(a, b) -> bool:
+    import torch
+
+    return bool(torch.equal(a, b))
 
 
 def test_a_stray_file_is_left_out_and_listed_not_packed(tmp_path):

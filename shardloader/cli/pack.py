@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 # names (shardloader.pack.layouts.registry): the option declarations need them before any
 # command runs (tests/test_cli_imports.py checks that they agree).
 DEFAULT_SHARD_SIZE = 128 << 20
-LAYOUTS = ("auto", "class-folders", "key-groups", "records")
+LAYOUTS = ("auto", "class-folders", "key-groups", "records", "tars")
 
 
 @main.command("pack")
@@ -189,8 +189,9 @@ def pack_command(
     """Pack the raw files in SRC into shards + index.json in OUT.
 
     SRC (a folder, a file or an fsspec URL) holds class folders (SRC/<class>/<image>), key
-    groups (a/0001.jpg + a/0001.json), record files (.jsonl, .txt, optionally .gz/.zst) or
-    tables (.parquet, .arrow).  The manifest is written last.
+    groups (a/0001.jpg + a/0001.json), record files (.jsonl, .txt, optionally .gz/.zst),
+    tables (.parquet, .arrow) or webdataset tars (img2dataset's output).  The manifest is
+    written last.
     """
     if fmt == "tokens" and tokenizer is None:  # refused now, not when the shards are read
         raise UsageError(

@@ -11,7 +11,8 @@ member is ``<key>.jpg``), and image extensions (``jpg``, ``jpeg``, ``png``, ...)
 field is already called ``image``; the pack summary says so.  A sample that shares no field
 with most samples, and looks like few others (a ``val_labels.csv`` among images), is junk:
 left out and listed with the files the listing left out, never packed as a sample.  A tar
-shard (img2dataset's tar output) is no field: ``shardloader index`` adopts such shards in place.
+shard (img2dataset's tar output) is no field: the ``tars`` layout packs such shards, and
+``shardloader index`` adopts them in place.
 
 Detection: key groups fit any tree, but as the fallback (rank 0) unless the names show real
 grouping (:func:`grouped`), when they answer at rank 10 beside the other built-in layouts: a
@@ -29,7 +30,7 @@ from shardloader.manifest import FieldInfo
 from shardloader.pack.layouts.base import FITS, Description, Inputs, Layout, OnSkip, Source, Verdict
 from shardloader.pack.refs import FileRef, InputFile, SampleRef
 
-__all__ = ["KeyGroups", "grouped", "junk"]
+__all__ = ["KeyGroups", "grouped", "image_alias", "junk"]
 
 _MAX_FIELDS = 16  # more distinct fields than this, and than samples: not a webdataset
 _COMPRESSED = ("gz", "zst", "zstd")
@@ -134,9 +135,9 @@ class KeyGroups(Layout):
             ext = parts[1].lower()
             if ext in _TAR_SHARDS:
                 raise UsageError(
-                    f"{inputs.url}: {f.rel!r} is a tar shard, not a field of a sample: adopt "
-                    f"webdataset (img2dataset) tars in place with `shardloader index "
-                    f"{inputs.url} OUT`"
+                    f"{inputs.url}: {f.rel!r} is a tar shard, not a field of a sample: pack "
+                    "webdataset (img2dataset) tars with --layout tars, or adopt them in place "
+                    f"with `shardloader index {inputs.url} OUT`"
                 )
             samples.setdefault(parts[0], {})[ext] = f.rel
         bad, common = junk({k: set(v) for k, v in samples.items()})
@@ -152,7 +153,7 @@ class KeyGroups(Layout):
             if k not in bad:
                 for ext in exts:
                     fields.setdefault(ext, FieldInfo(codec_for_extension(ext)))
-        aliases, notes = _image_alias(fields, [exts for k, exts in samples.items() if k not in bad])
+        aliases, notes = image_alias(fields, [exts for k, exts in samples.items() if k not in bad])
         return Description(dict(sorted(fields.items())), (), aliases, left_out, notes)
 
     def enumerate(self, source: Source, on_skip: OnSkip | None) -> Iterator[SampleRef]:
@@ -183,7 +184,7 @@ class KeyGroups(Layout):
         return iter([SampleRef(key, tuple(sorted(groups[key].items()))) for key in sorted(groups)])
 
 
-def _image_alias(
+def image_alias(
     fields: dict[str, FieldInfo], samples: list[dict[str, str]]
 ) -> tuple[dict[str, tuple[str, ...]], tuple[str, ...]]:
     """``{"image": image extensions}`` and the note saying so, as class folders have it;
