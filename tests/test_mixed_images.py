@@ -195,12 +195,12 @@ def groups(tmp_path):
     return src
 
 
-def test_key_groups_keep_per_extension_fields(groups, tmp_path):
+def test_key_groups_fill_image_as_class_folders_do(groups, tmp_path):
+    """Image extensions are one field 'image' by default (seg.png, a second image, is not)."""
     report = pack(str(groups), str(tmp_path / "out"))
-    assert set(report.manifest.fields) == {"jpg", "png", "seg.png", "txt"}
-    assert report.manifest.aliases == {}
-    with open(tmp_path / "out" / "index.json", "rb") as f:
-        assert b"aliases" not in f.read()  # manifests without aliases keep their exact bytes
+    assert set(report.manifest.fields) == {"image", "seg.png", "txt"}
+    assert report.manifest.aliases == {"image": ("jpg", "png")}
+    assert any("fill the field 'image'" in note for note in report.notes)
 
 
 def test_pack_alias_records_one_field_in_the_manifest(groups, tmp_path):

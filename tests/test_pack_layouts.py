@@ -173,7 +173,7 @@ def test_registrations_are_checked(toy):
 
 def test_unknown_layouts_name_the_registered_ones(toy):
     with pytest.raises(
-        UsageError, match="choose one of auto, class-folders, key-groups, records, csv-rows"
+        UsageError, match="choose one of auto, class-folders, key-groups, records, tars, csv-rows"
     ):
         PackOptions(layout="csv")
     with pytest.raises(UsageError, match="unknown layout 'csv'; choose one of auto, class-folders"):

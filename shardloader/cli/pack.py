@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 # names (shardloader.pack.layouts.registry): the option declarations need them before any
 # command runs (tests/test_cli_imports.py checks that they agree).
 DEFAULT_SHARD_SIZE = 128 << 20
-LAYOUTS = ("auto", "class-folders", "key-groups", "records")
+LAYOUTS = ("auto", "class-folders", "key-groups", "records", "tars")
 
 
 @main.command("pack")
@@ -133,7 +133,15 @@ LAYOUTS = ("auto", "class-folders", "key-groups", "records")
     multiple=True,
     metavar="FIELD=EXT,...",
     help="Read several extensions as one field, e.g. image=jpg,jpeg,png (repeatable; "
-    "recorded in the manifest; class folders get image=<their extensions>).",
+    "extensions without case; recorded in the manifest; class folders and key groups get "
+    "image=<their image extensions>).",
+)
+@click.option(
+    "--labels",
+    default=None,
+    metavar="FILE",
+    help="Labels for a flat image folder: a filename,label CSV (header optional) or one label "
+    "a line in sorted file order; adds the field cls (names become manifest classes).",
 )
 @click.option(
     "--tokenizer",
@@ -189,6 +197,7 @@ def pack_command(
     overwrite: bool,
     quiet: bool,
     alias: tuple[str, ...],
+    labels: str | None,
     storage_option: tuple[str, ...],
     retries: int | None,
     retry_seconds: float | None,
@@ -196,8 +205,9 @@ def pack_command(
     """Pack the raw files in SRC into shards + index.json in OUT.
 
     SRC (a folder, a file or an fsspec URL) holds class folders (SRC/<class>/<image>), key
-    groups (a/0001.jpg + a/0001.json), record files (.jsonl, .txt, optionally .gz/.zst) or
-    tables (.parquet, .arrow).  The manifest is written last.
+    groups (a/0001.jpg + a/0001.json), record files (.jsonl, .txt, optionally .gz/.zst),
+    tables (.parquet, .arrow) or webdataset tars (img2dataset's output).  The manifest is
+    written last.
     """
     if fmt == "tokens" and tokenizer is None and token_field is None:  # refused now, not
         raise UsageError(  # when the shards are read
@@ -231,6 +241,7 @@ def pack_command(
         overwrite=overwrite,
         storage_options=storage_options(storage_option),
         aliases=_aliases(alias),
+        labels=labels,
         **extra,
     )
 

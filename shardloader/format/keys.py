@@ -14,9 +14,44 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # numpy is imported where keys are measured, not by every importer
     import numpy as np
 
-__all__ = ["unsafe_key_reason", "first_unsafe_key", "key_lengths"]
+__all__ = [
+    "unsafe_key_reason",
+    "first_unsafe_key",
+    "key_lengths",
+    "escape_name",
+    "name_bytes",
+    "not_utf8",
+]
 
 _DRIVE = re.compile(r"^[A-Za-z]:")
+_SURROGATE = re.compile("[\udc80-\udcff]")
+
+
+def not_utf8(name: str) -> bool:
+    """Whether ``name`` came from bytes that are not UTF-8: Python lists such a file name
+    (``os.fsdecode``) or tar member name with each undecodable byte as a lone surrogate."""
+    return not name.isascii() and _SURROGATE.search(name) is not None
+
+
+def escape_name(name: str) -> str:
+    """A name that is not UTF-8 made into text, reversibly: each byte that is not UTF-8 becomes
+    ``%XX`` and so does each ``%`` of that name (``b"caf\\xe9"`` → ``caf%E9``, ``b"5%\\xff"``
+    → ``5%25%FF``); :func:`name_bytes` gives the bytes back.  UTF-8 names are kept as they are.
+
+    Keys and messages are UTF-8 text (JSON, Arrow strings, tar headers), so a byte name could
+    not be written or named otherwise; ``pack`` keys such files by the escaped name.
+    """
+    if not not_utf8(name):
+        return name
+    return _SURROGATE.sub(lambda m: f"%{ord(m.group()) - 0xDC00:02X}", name.replace("%", "%25"))
+
+
+def name_bytes(escaped: str) -> bytes:
+    """The file name bytes of a name :func:`escape_name` escaped (``caf%E9`` → ``b"caf\\xe9"``);
+    only for names that were escaped: a UTF-8 name is its own UTF-8 bytes."""
+    from urllib.parse import unquote_to_bytes
+
+    return unquote_to_bytes(escaped)
 
 
 def unsafe_key_reason(key: object) -> str | None:
@@ -32,6 +67,8 @@ def unsafe_key_reason(key: object) -> str | None:
         return "is empty"
     if "\0" in key:
         return "contains a NUL character"
+    if not_utf8(key):
+        return f"is not UTF-8 (bytes {key.encode('utf-8', 'surrogateescape')!r})"
     if "\\" in key:
         return "contains a backslash"
     if key.startswith("/"):
@@ -59,7 +96,12 @@ def first_unsafe_key(keys: list[str]) -> tuple[str, str] | None:
         joined = "\0".join(keys)
     except TypeError:  # a key that is not a string
         joined = "\0"
-    if "\\" not in joined and ":" not in joined and not _pairs_in(joined, len(keys)):
+    if (
+        "\\" not in joined
+        and ":" not in joined
+        and not (not joined.isascii() and _SURROGATE.search(joined))
+        and not _pairs_in(joined, len(keys))
+    ):
         return None  # no key can match a rule: each needs one of these
     for key in keys:
         reason = unsafe_key_reason(key)

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 
 from shardloader.errors import UsageError
 from shardloader.manifest import FieldInfo
+from shardloader.pack.labels import Labelled, attach_labels, labels_rel, read_labels
 from shardloader.pack.layouts.base import Inputs, Layout, OnSkip, Source
 from shardloader.pack.layouts.records import record_kind
 from shardloader.pack.layouts.registry import AUTO, get_layout, layout_names, registered_layouts
@@ -89,15 +90,27 @@ def discover(
     text_field: str = "text",
     tokenize: bool = False,
     aliases: Aliases | None = None,
+    labels: str | None = None,
+    on_error: str = "fail",
 ) -> Source:
     """List ``src`` (a URL, or a Store carrying its storage options and retry policy), decide
     its layout, and work out fields, classes, aliases and the text rule.
 
-    ``aliases`` (``--alias``) merge over the layout's own (class folders: ``image``)."""
+    ``aliases`` (``--alias``) merge over the layout's own (class folders, key groups:
+    ``image``).  ``labels`` (``--labels``): a labels file for a flat image folder (see
+    :mod:`shardloader.pack.labels`); ``on_error="skip"`` leaves out and lists the files it has
+    no label for, instead of refusing them."""
     impl = None if layout == AUTO else get_layout(layout)
     store = as_store(src)
     src = store.url
     listing = scan_inputs(store)
+    labels_store = None if labels is None else Store(labels, store.options, store.retry)
+    inside = None if labels_store is None else labels_rel(store, labels_store)
+    if inside is not None:  # the labels file lies in SRC: it is no input
+        listing = Listing(
+            tuple(f for f in listing.files if f.rel != inside),
+            tuple(sorted((*listing.ignored, (inside, "the --labels file")))),
+        )
     files = listing.files
     if listing.ignored:
         log.info(
@@ -118,17 +131,90 @@ def discover(
         log.info("%s: detected layout %s (%d files)", src, impl.name, len(files))
     inputs = Inputs(store, files, listing.ignored)
     found = impl.describe(inputs)
+    if found.left_out:  # junk the layout recognised: reported as the listing's leftovers are
+        drop = {rel for rel, _ in found.left_out}
+        inputs = Inputs(
+            store,
+            tuple(f for f in files if f.rel not in drop),
+            tuple(sorted((*listing.ignored, *found.left_out))),
+        )
+        log.info("%s: left out %d files that are no sample's", src, len(drop))
     fields = dict(found.fields)
+    classes = found.classes
+    labelled = None
+    if labels_store is not None:
+        labelled = _labels(src, impl, inputs, fields, labels_store, on_error == "skip")
+        if labelled.left_out:
+            drop = {rel for rel, _ in labelled.left_out}
+            inputs = Inputs(
+                store,
+                tuple(f for f in inputs.files if f.rel not in drop),
+                tuple(sorted((*inputs.ignored, *labelled.left_out))),
+            )
+        fields["cls"] = FieldInfo("int")
+        classes = labelled.classes
     text = impl.text_rule(fields, text_field, tokenize)
     if tokenize and text is None:
         raise UsageError(
             f"--tokenizer needs text: {src} ({impl.name}) has no field {text_field!r}, 'txt' or "
             "'json'; pass --text-field"
         )
-    groups = _aliases(src, fields, found.aliases, normalize(aliases, "--alias"))
-    source = Source(inputs, impl, fields, found.classes, text, groups)
+    groups = _aliases(src, fields, found.aliases, normalize(_lower(aliases), "--alias"))
+    # the layout's notes say what its own aliases did: moot once --alias took those over
+    notes = found.notes if all(name in groups for name in found.aliases) else ()
+    source = Source(
+        inputs,
+        impl,
+        fields,
+        classes,
+        text,
+        groups,
+        notes,
+        labelled.labels if labelled is not None else {},
+    )
     source.field_map  # noqa: B018 - checks the aliases now, before anything is read
     return source
+
+
+def _labels(
+    src: str,
+    impl: Layout,
+    inputs: Inputs,
+    fields: Mapping[str, FieldInfo],
+    labels: Store,
+    skip: bool,
+) -> Labelled:
+    """``--labels`` matched to the samples of a flat folder (key groups)."""
+    from shardloader.format.tar.format import split_key
+
+    if impl.name == "class-folders":
+        why = "its layout is class-folders, whose folder names are the labels already"
+    elif impl.name != "key-groups":
+        why = f"its layout is {impl.name}, whose records hold their own fields"
+    elif "cls" in fields:
+        why = "its samples have a field 'cls' already"
+    else:
+        why = ""
+    if why:
+        raise UsageError(
+            f"--labels {labels.url}: labels attach to a folder of files, one sample each (key "
+            f"groups); {src}: {why}; drop --labels"
+        )
+    keys = {f.rel: split_key(f.rel)[0] for f in inputs.files}  # type: ignore[index]
+    rows = read_labels(labels)
+    return attach_labels(rows, inputs.files, keys, labels.url.rsplit("/", 1)[-1], skip)
+
+
+def _lower(aliases: Aliases | None) -> dict[str, tuple[str, ...]] | None:
+    """``--alias`` extensions without case, as layouts compare extensions: ``image=JPEG``."""
+    if not aliases or not isinstance(aliases, Mapping):
+        return aliases  # type: ignore[return-value]  # normalize names what is wrong
+    return {
+        name: tuple(e.lower() if isinstance(e, str) else e for e in exts)
+        if isinstance(exts, (list, tuple, set, frozenset))
+        else exts
+        for name, exts in aliases.items()
+    }
 
 
 def _aliases(

@@ -4,6 +4,11 @@ Sizes come from ``stat``/``find``; nothing is read.  Hidden names (a leading dot
 operating systems and archivers leave in folders (``Thumbs.db``, ``desktop.ini``,
 ``__MACOSX/``) are left out and reported, never dropped silently; symlinked folders are
 followed, with loop protection.
+
+File and folder names that are not UTF-8 (Linux allows any bytes but ``/`` and NUL) are listed
+under a reversible percent-escape (:func:`shardloader.format.keys.escape_name`: ``b"caf\\xe9.jpg"``
+is ``caf%E9.jpg``), so their sample keys, messages and reports are text; the file itself is
+opened by its real name.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import os
 from dataclasses import dataclass
 
 from shardloader.errors import StorageError, UsageError
+from shardloader.format.keys import escape_name
 from shardloader.pack.refs import InputFile
 from shardloader.storage.store import Store, as_store, join
 
@@ -68,8 +74,47 @@ def scan_inputs(src: str | Store) -> Listing:
         files: list[InputFile] = []
         ignored: list[tuple[str, str]] = []
         _walk(root, "", (_identity(root),), files, ignored)
-        return Listing(tuple(sorted(files, key=lambda f: f.rel)), tuple(sorted(ignored)))
-    return _list_remote(store)
+        return _without_side_files(
+            Listing(tuple(sorted(files, key=lambda f: f.rel)), tuple(sorted(ignored)))
+        )
+    return _without_side_files(_list_remote(store))
+
+
+_TARS = (".tar", ".tar.gz", ".tgz", ".tar.zst", ".tar.zstd")
+_SIDE_FILES = (
+    (".parquet", "img2dataset metadata table"),
+    ("_stats.json", "img2dataset download stats"),
+)
+
+
+def _without_side_files(listing: Listing) -> Listing:
+    """Leave out the files img2dataset writes beside each of its shards: ``00000.parquet``
+    (one row per URL tried) and ``00000_stats.json`` next to a folder ``00000/`` of pairs
+    (``000000000.jpg``, ``.txt``, ``.json``) or a tar ``00000.tar``.  They describe the shard,
+    they are no sample of it; only beside such a folder or tar are they recognised."""
+    if not any(f.rel.endswith(suffix) for f in listing.files for suffix, _ in _SIDE_FILES):
+        return listing  # the common case: nothing to look for
+    folders = {f.rel.rsplit("/", 1)[0] for f in listing.files if "/" in f.rel}
+    tars = {f.rel[: -len(t)] for f in listing.files for t in _TARS if f.rel.endswith(t)}
+    kept: list[InputFile] = []
+    side: list[tuple[str, str]] = []
+    for f in listing.files:
+        why = next(
+            (
+                what
+                for suffix, what in _SIDE_FILES
+                if f.rel.endswith(suffix)
+                and ((shard := f.rel[: -len(suffix)]) in folders or shard in tars)
+            ),
+            None,
+        )
+        if why is None:
+            kept.append(f)
+        else:
+            side.append((f.rel, why))
+    if not side:
+        return listing
+    return Listing(tuple(kept), tuple(sorted((*listing.ignored, *side))))
 
 
 def _identity(path: str) -> tuple[int, int]:
@@ -93,7 +138,8 @@ def _walk(
         ignored.append((rel + "/", f"cannot list: {err.strerror}"))
         return
     for entry in entries:
-        child = f"{rel}/{entry.name}" if rel else entry.name
+        name = escape_name(entry.name)  # a name that is not UTF-8: percent-escaped, see keys.py
+        child = f"{rel}/{name}" if rel else name
         try:
             is_dir = entry.is_dir()  # follows symlinks
         except OSError:

@@ -69,6 +69,9 @@ class PackOptions:
     overwrite: bool = False
     storage_options: Mapping[str, Any] = field(default_factory=dict)
     aliases: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # --alias image=jpg,png
+    # --labels: a filename,label CSV or a list of labels (one a line, sorted file order) for a
+    # flat image folder: each sample gets a ``cls`` field (shardloader.pack.labels)
+    labels: str | None = None
     # Retries and timeouts of the main process's storage calls (listing, record reads, uploads,
     # manifest); they never change the shard bytes, so the resume digest leaves them out.
     retry: RetryPolicy = field(default_factory=RetryPolicy)

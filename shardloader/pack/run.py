@@ -141,6 +141,8 @@ def _pack(
         text_field=options.text_field,
         tokenize=options.tokenizer is not None,
         aliases=options.aliases,
+        labels=options.labels,
+        on_error=options.on_error,
     )
     source, fields, tok_meta = token_source(src, source, options)  # pack/tokenizer.py
 
@@ -272,7 +274,7 @@ def _pack(
         seconds=time.monotonic() - start,
         skip_report=out_store.join(SKIP_REPORT).url if skips else None,
         ignored=source.ignored,
-        notes=(*notes, *after_notes(options, manifest, run.bytes_in)),
+        notes=(*source.notes, *notes, *after_notes(options, manifest, run.bytes_in)),
     )
 
 

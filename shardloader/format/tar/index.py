@@ -19,7 +19,7 @@ import xxhash
 from shardloader.errors import ShardError, ShardloaderError
 from shardloader.format.base import ScannedShard
 from shardloader.format.compress import DECOMPRESS_ERRORS, cannot_decompress, decompressed
-from shardloader.format.keys import unsafe_key_reason
+from shardloader.format.keys import not_utf8, unsafe_key_reason
 from shardloader.format.tar.stream import BLOCK, TarStream, split_key, walk_members
 from shardloader.manifest import SampleIndex
 
@@ -48,6 +48,12 @@ class _HashStream(TarStream):
 
 
 def _unsafe_member(url: str, name: str, key: str, reason: str) -> ShardError:
+    if not_utf8(name):  # a reason of its own: nothing to do with directories
+        return ShardError(
+            f"{url}: member name {name.encode('utf-8', 'surrogateescape')!r} is not UTF-8, so it "
+            "gives no sample key; rename the member, or unpack the shard and `shardloader pack` "
+            "the folder (pack percent-escapes such names)"
+        )
     return ShardError(
         f"{url}: member {name!r} gives sample key {key!r}, which {reason}: it could escape a "
         "directory when samples are written to disk, so shardloader refuses it; rewrite the "

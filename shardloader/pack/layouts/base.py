@@ -95,13 +95,18 @@ class Description:
     """What a layout found in its inputs.
 
     ``fields`` are per member extension (what the writers and checks see); ``aliases`` are the
-    layout's own ``{logical field: member extensions}`` (class folders: every image extension is
-    ``image``), which ``--alias`` extends.
+    layout's own ``{logical field: member extensions}`` (class folders and key groups: every
+    image extension is ``image``), which ``--alias`` extends.  ``left_out``: files the layout
+    recognised as no sample's (``(path relative to SRC, why)``, e.g. a ``labels.csv`` among
+    images); discovery drops them from the inputs and reports them with the listing's own.
+    ``notes``: what the layout decided for the user, printed on the pack summary.
     """
 
     fields: Mapping[str, FieldInfo]
     classes: tuple[str, ...] = ()
     aliases: Aliases = field(default_factory=dict)
+    left_out: tuple[tuple[str, str], ...] = ()
+    notes: tuple[str, ...] = ()
 
 
 class Layout(ABC):
@@ -159,6 +164,9 @@ class Source:
     text: TextRule | None = None
     # {logical field: member extensions}: the layout's own merged with --alias
     aliases: Aliases = field(default_factory=dict)
+    notes: tuple[str, ...] = ()  # what discovery decided for the user (the pack summary)
+    # --labels: {sample key: label bytes}, filled into the field ``cls`` of each sample
+    labels: Mapping[str, bytes] = field(default_factory=dict)
 
     @property
     def layout(self) -> str:
@@ -193,7 +201,8 @@ class Source:
     def items(self, on_skip: OnSkip | None = None) -> Iterator[SampleRef | LineRun]:
         """The deterministic sample stream as the planner takes it (see
         :meth:`Layout.enumerate`): samples, and runs of lines by position."""
-        return self.impl.enumerate(self, on_skip)
+        items = self.impl.enumerate(self, on_skip)
+        return _labelled(items, self.labels) if self.labels else items
 
     def samples(self, on_skip: OnSkip | None = None) -> Iterator[SampleRef]:
         """The same stream one :class:`SampleRef` per sample (line runs read here)."""
@@ -204,6 +213,19 @@ class Source:
                 yield from run_samples(item, read_run(item, self.inputs.open_url(item.url)))
             else:
                 yield item
+
+
+def _labelled(
+    items: Iterator[SampleRef | LineRun], labels: Mapping[str, bytes]
+) -> Iterator[SampleRef | LineRun]:
+    """Each sample with its ``--labels`` label as field ``cls`` (discovery checked that every
+    sample has one)."""
+    for item in items:
+        if isinstance(item, SampleRef):
+            fields = dict(item.fields)
+            fields["cls"] = labels[item.key]
+            item = item._replace(fields=tuple(sorted(fields.items())))
+        yield item
 
 
 def extension(rel: str) -> str:

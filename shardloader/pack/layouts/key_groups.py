@@ -5,6 +5,15 @@ per extension (``a/0001.jpg`` + ``a/0001.seg.png`` → sample ``a/0001``, fields
 ``seg.png``); ``--alias image=jpg,png`` makes several extensions one field (see
 :mod:`shardloader.read.fields`).  A file without an extension cannot be a field: a usage error.
 
+Names as people have them: extensions are compared without case (``.JPG`` is ``jpg``: the tar
+member is ``<key>.jpg``), and image extensions (``jpg``, ``jpeg``, ``png``, ...) fill one field
+``image``, as in class folders, unless a sample holds two images (an image and its mask) or a
+field is already called ``image``; the pack summary says so.  A sample that shares no field
+with most samples, and looks like few others (a ``val_labels.csv`` among images), is junk:
+left out and listed with the files the listing left out, never packed as a sample.  A tar
+shard (img2dataset's tar output) is no field: the ``tars`` layout packs such shards, and
+``shardloader index`` adopts them in place.
+
 Detection: key groups fit any tree, but as the fallback (rank 0) unless the names show real
 grouping (:func:`grouped`), when they answer at rank 10 beside the other built-in layouts: a
 folder of class folders whose names merely hold dots (``cat.0.jpg``, ``lfw.000.jpg``) is not
@@ -15,16 +24,51 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from shardloader.codecs.allowlist import codec_for_extension
+from shardloader.codecs.allowlist import IMAGE_EXTENSIONS, codec_for_extension
 from shardloader.errors import UsageError
 from shardloader.manifest import FieldInfo
 from shardloader.pack.layouts.base import FITS, Description, Inputs, Layout, OnSkip, Source, Verdict
 from shardloader.pack.refs import FileRef, InputFile, SampleRef
 
-__all__ = ["KeyGroups", "grouped"]
+__all__ = ["KeyGroups", "grouped", "image_alias", "junk"]
 
 _MAX_FIELDS = 16  # more distinct fields than this, and than samples: not a webdataset
 _COMPRESSED = ("gz", "zst", "zstd")
+_RARE = 20  # junk is rarer than one sample in 20 (or a single one)
+_TAR_SHARDS = ("tar", "tgz", "tar.gz", "tar.zst", "tar.zstd")
+
+
+def _family(ext: str) -> str:
+    """What the junk rule compares: every image extension is one (``jpg`` and ``png`` samples
+    share their image), other extensions are themselves."""
+    return "image" if ext in IMAGE_EXTENSIONS else ext
+
+
+def junk(samples: dict[str, set[str]]) -> tuple[set[str], tuple[str, ...]]:
+    """(keys of junk samples, the common fields).
+
+    Common: the fields more than half the samples have.  Junk: a sample with none of them whose
+    kind (its set of fields) is rare, held by one sample or by under 5 % of them: a
+    ``val_labels.csv`` among images, not the ``.flac`` half of a folder of ``.wav`` and
+    ``.flac`` files.  Nothing is junk when no field is that common."""
+    counts: dict[str, int] = {}
+    kinds: dict[frozenset[str], int] = {}
+    for exts in samples.values():
+        families = frozenset(_family(e) for e in exts)
+        kinds[families] = kinds.get(families, 0) + 1
+        for family in families:
+            counts[family] = counts.get(family, 0) + 1
+    common = tuple(sorted(f for f, n in counts.items() if 2 * n > len(samples)))
+    if not common:
+        return set(), common
+    rare = max(1, len(samples) // _RARE)
+    bad = {
+        k
+        for k, exts in samples.items()
+        if not (families := frozenset(_family(e) for e in exts)) & set(common)
+        and kinds[families] <= rare
+    }
+    return bad, common
 
 
 def _kind(ext: str) -> str:
@@ -54,7 +98,7 @@ def grouped(files: tuple[InputFile, ...]) -> tuple[int, tuple[str, ...]] | None:
         if parts is None or not parts[1]:
             return None
         kinds.setdefault(parts[0], set()).add(_kind(parts[1]))
-        fields.add(parts[1])
+        fields.add(parts[1].lower())
     several = sum(1 for k in kinds.values() if len(k) > 1)
     if 2 * several <= len(kinds) or len(fields) > max(_MAX_FIELDS, len(kinds)):
         return None
@@ -79,7 +123,7 @@ class KeyGroups(Layout):
     def describe(self, inputs: Inputs) -> Description:
         from shardloader.format.tar.format import split_key
 
-        fields: dict[str, FieldInfo] = {}
+        samples: dict[str, dict[str, str]] = {}  # key: {extension: file}
         for f in inputs.files:
             parts = split_key(f.rel)
             if parts is None or not parts[1]:
@@ -88,8 +132,29 @@ class KeyGroups(Layout):
                     "field of a sample (key groups need <key>.<ext> names); pass --layout or "
                     "remove it"
                 )
-            fields.setdefault(parts[1], FieldInfo(codec_for_extension(parts[1])))
-        return Description(fields)
+            ext = parts[1].lower()
+            if ext in _TAR_SHARDS:
+                raise UsageError(
+                    f"{inputs.url}: {f.rel!r} is a tar shard, not a field of a sample: pack "
+                    "webdataset (img2dataset) tars with --layout tars, or adopt them in place "
+                    f"with `shardloader index {inputs.url} OUT`"
+                )
+            samples.setdefault(parts[0], {})[ext] = f.rel
+        bad, common = junk({k: set(v) for k, v in samples.items()})
+        left_out = tuple(
+            sorted(
+                (rel, f"junk: shares no field with most samples ({', '.join(common)})")
+                for k in bad
+                for rel in samples[k].values()
+            )
+        )
+        fields: dict[str, FieldInfo] = {}
+        for k, exts in samples.items():
+            if k not in bad:
+                for ext in exts:
+                    fields.setdefault(ext, FieldInfo(codec_for_extension(ext)))
+        aliases, notes = image_alias(fields, [exts for k, exts in samples.items() if k not in bad])
+        return Description(dict(sorted(fields.items())), (), aliases, left_out, notes)
 
     def enumerate(self, source: Source, on_skip: OnSkip | None) -> Iterator[SampleRef]:
         """Checked whole before the first sample: one field may hold one file per sample."""
@@ -101,8 +166,13 @@ class KeyGroups(Layout):
             parts = split_key(f.rel)
             if parts is None:
                 raise UsageError(f"{source.url}: {f.rel!r} has no extension")
-            key, ext = parts
+            key, ext = parts[0], parts[1].lower()
             group = groups.setdefault(key, {})
+            if ext in group:
+                raise UsageError(
+                    f"{source.url}: {group[ext].rel!r} and {f.rel!r} are both field {ext!r} of "
+                    f"sample {key!r} (extensions are compared without case); rename one of them"
+                )
             name = member_of.get(ext)
             same = next((r for e, r in group.items() if name and member_of.get(e) == name), None)
             if same is not None:
@@ -112,3 +182,22 @@ class KeyGroups(Layout):
                 )
             group[ext] = FileRef(f.url, f.rel, f.size)
         return iter([SampleRef(key, tuple(sorted(groups[key].items()))) for key in sorted(groups)])
+
+
+def image_alias(
+    fields: dict[str, FieldInfo], samples: list[dict[str, str]]
+) -> tuple[dict[str, tuple[str, ...]], tuple[str, ...]]:
+    """``{"image": image extensions}`` and the note saying so, as class folders have it;
+    nothing when a sample holds two images (``0001.jpg`` and its mask ``0001.png``) or a
+    field is already called ``image``."""
+    images = tuple(sorted(e for e in fields if e in IMAGE_EXTENSIONS))
+    if not images or "image" in fields:
+        return {}, ()
+    two = next((s for s in samples if sum(e in IMAGE_EXTENSIONS for e in s) > 1), None)
+    if two is not None:
+        return {}, ()
+    shown = ", ".join(f".{e}" for e in images)
+    return {"image": images}, (
+        f"image files ({shown}) fill the field 'image', as in class folders (--alias "
+        f"{images[0]}={images[0]} keeps them apart)",
+    )

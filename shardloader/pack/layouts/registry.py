@@ -12,6 +12,7 @@ from shardloader.pack.layouts.base import Layout
 from shardloader.pack.layouts.class_folders import ClassFolders
 from shardloader.pack.layouts.key_groups import KeyGroups
 from shardloader.pack.layouts.records import Records
+from shardloader.pack.layouts.tars import Tars
 
 __all__ = [
     "AUTO",
@@ -77,7 +78,7 @@ def registered_layouts() -> tuple[Layout, ...]:
     return tuple(_LAYOUTS.values())
 
 
-for _builtin in (ClassFolders(), KeyGroups(), Records()):
+for _builtin in (ClassFolders(), KeyGroups(), Records(), Tars()):
     register_layout(_builtin)
 
 BUILTIN_LAYOUTS: tuple[str, ...] = layout_names()  # what the CLI's --layout offers, after auto
