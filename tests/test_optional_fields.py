@@ -175,8 +175,8 @@ def test_inspect_and_pack_count_presence_not_zero_bytes(pairs, tmp_path):
     out = str(tmp_path / "packed")
     summary = _cli("pack", str(src), out, "--text-field", "txt").stdout
     assert "txt in 18 of 24 samples" in summary
-    info = json.loads(_cli("inspect", out, "--json").stdout)
-    assert info["presence"] == {"cls": 24, "jpg": 24, "json": 24, "txt": 18}
+    info = json.loads(_cli("inspect", out, "--json").stdout)  # key groups fill `image` from jpg
+    assert info["presence"] == {"cls": 24, "image": 24, "json": 24, "txt": 18}
     # absent captions are missing, not 0-byte ones
     assert info["lengths"]["count"] == 18 and info["lengths"]["min"] > 0
 
