@@ -94,7 +94,8 @@ def test_tables_become_one_field_per_column(tmp_path):
     assert [s.key for s in samples] == [f"t/{i:09d}" for i in range(5)]
     f0, f1 = dict(samples[0].fields), dict(samples[1].fields)
     assert f0["blob"] == rows[0]["blob"] and f0["label"] == b"0" and "tags" not in f0
-    assert f1["tags"] == np.array([1, 2], "<i8").tobytes() and f1["text"] == rows[1]["text"].encode()
+    assert f1["tags"] == np.array([1, 2], "<i8").tobytes()  # list<int64>: token ids
+    assert f1["text"] == rows[1]["text"].encode()
 
 
 def test_single_file_source(tmp_path):
