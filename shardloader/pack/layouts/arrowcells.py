@@ -319,6 +319,13 @@ def _ndarray(cell: pa.Array, t: pa.DataType) -> np.ndarray:
 def _list_cells(arr: pa.Array, encode: Callable[[np.ndarray], bytes]) -> Cells:
     arr = _values(arr)
     t = arr.type
+    if not _is_list(_storage(t.value_type)) and not pa.types.is_list_view(t):
+        flat = _values(arr.flatten())  # one level: the batch's values at once, then cut
+        if not flat.null_count:
+            lengths = pc.fill_null(pc.list_value_length(arr), 0).to_numpy(zero_copy_only=False)
+            rows = np.split(flat.to_numpy(zero_copy_only=False), np.cumsum(lengths)[:-1])
+            valid = arr.is_valid().to_numpy(zero_copy_only=False)
+            return [encode(r) if ok else None for r, ok in zip(rows, valid, strict=True)]
     out: Cells = []
     for row in range(len(arr)):
         cell = arr[row]
@@ -340,10 +347,21 @@ def _list_cells(arr: pa.Array, encode: Callable[[np.ndarray], bytes]) -> Cells:
     return out
 
 
+_NPY_HEADERS: dict[tuple[tuple[int, ...], str], bytes] = {}
+
+
 def _npy_bytes(array: np.ndarray) -> bytes:
-    buf = io.BytesIO()
-    np.save(buf, np.ascontiguousarray(array), allow_pickle=False)
-    return buf.getvalue()
+    """``np.save``'s bytes (no pickle), its header made once per shape and dtype."""
+    array = np.ascontiguousarray(array)
+    key = (array.shape, array.dtype.str)
+    header = _NPY_HEADERS.get(key)
+    if header is None:
+        buf = io.BytesIO()
+        np.save(buf, array, allow_pickle=False)
+        header = buf.getvalue()[: buf.tell() - array.nbytes]
+        if len(_NPY_HEADERS) < 4096:
+            _NPY_HEADERS[key] = header
+    return header + array.tobytes()
 
 
 def _npy(arr: pa.Array, read: ReadPath) -> Cells:
