@@ -99,30 +99,44 @@ def test_hub_image_dump_packs_to_decodable_images_with_class_names(tmp_path):
         assert seen[key][1] == label
 
 
-def test_image_structs_without_bytes_read_their_path(tmp_path):
-    """``to_parquet`` of images loaded from files keeps only their paths (bytes null)."""
+def test_image_structs_without_bytes_read_their_path_inside_the_tables_folder(tmp_path):
+    """``to_parquet`` of images loaded from files keeps only their paths (bytes null); pack
+    reads those below the table's folder, and no file elsewhere that a table names."""
     import datasets
 
+    def to_parquet(files: list[str], path: str) -> None:
+        """As datasets writes them, with any path (it opens relative ones from the cwd)."""
+        features = datasets.Features({"image": datasets.Image()})
+        datasets.Dataset.from_dict({"image": files[:1]}, features=features).to_parquet(path)
+        written = pq.read_table(path)
+        assert written.column("image")[0].as_py() == {"bytes": None, "path": files[0]}
+        cells = [{"bytes": None, "path": f} for f in files]
+        column = pa.array(cells, written.schema.field("image").type)
+        pq.write_table(pa.table({"image": column}, schema=written.schema), path)
+
+    (tmp_path / "hub/images").mkdir(parents=True)
     files = []
     for i in range(3):
-        path = tmp_path / f"img{i}.png"
+        path = tmp_path / f"hub/images/img{i}.png"
         path.write_bytes(_image((i * 50, 0, 0), "PNG"))
         files.append(str(path))
-    ds = datasets.Dataset.from_dict(
-        {"image": files}, features=datasets.Features({"image": datasets.Image()})
-    )
-    ds.to_parquet(str(tmp_path / "src/t.parquet"))
-    assert pq.read_table(tmp_path / "src/t.parquet").column("image")[0].as_py()["bytes"] is None
-    pack(str(tmp_path / "src"), str(tmp_path / "out"))
-    got = {
-        s["__key__"]: s["image"]
-        for s in sl.ShardedDataset(str(tmp_path / "out"), decoder=Decoder(image="raw"))
-    }
-    assert [got[f"t/{i:09d}"] for i in range(3)] == [Path(f).read_bytes() for f in files]
+    table = str(tmp_path / "hub/t.parquet")
+    to_parquet([files[0], "images/img1.png", files[2]], table)  # absolute and relative
+    pack(table, str(tmp_path / "out"))
+    ds = sl.ShardedDataset(str(tmp_path / "out"), decoder=Decoder(image="raw"))
+    assert [s["image"] for s in ds] == [Path(f).read_bytes() for f in files]
 
+    secret = tmp_path / "secret.png"  # outside the table's folder: never read
+    secret.write_bytes(_image((1, 2, 3), "PNG"))
+    for named in (str(secret), "../secret.png"):
+        to_parquet([files[0], named], table)
+        with pytest.raises(InputError, match=r"row 1: column 'image' .*secret\.png.*embed"):
+            pack(table, str(tmp_path / "refused"))
+        assert not os.path.exists(tmp_path / "refused/index.json")
     os.remove(files[1])
-    with pytest.raises(InputError, match=r"row 1: column 'image' .*img1\.png.*embed"):
-        pack(str(tmp_path / "src"), str(tmp_path / "gone"))
+    to_parquet(files, table)
+    with pytest.raises(InputError, match=r"row 1: column 'image' .*img1\.png.*No such file"):
+        pack(table, str(tmp_path / "gone"))
 
 
 def _every_type() -> pa.Table:
@@ -330,6 +344,7 @@ def test_files_naming_different_class_labels_are_refused(tmp_path):
         pack(str(tmp_path / "src"), str(tmp_path / "out"))
 
 
+@pytest.mark.slow
 @pytest.mark.subprocess
 def test_skip_that_skips_every_row_is_an_error(tmp_path):
     """Old main: exit 0, a dataset of no samples."""
@@ -341,6 +356,7 @@ def test_skip_that_skips_every_row_is_an_error(tmp_path):
     assert not os.path.exists(tmp_path / "out/index.json")
 
 
+@pytest.mark.slow
 @pytest.mark.subprocess
 def test_cli_names_an_unsupported_column_without_a_traceback(tmp_path):
     _write(

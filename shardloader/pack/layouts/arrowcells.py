@@ -288,8 +288,10 @@ def _bytes_path(arr: pa.Array, read: ReadPath) -> Cells:
                 raise CellError(
                     row,
                     f"holds no bytes, only the path {path!r}, which cannot be read ({err}); "
-                    "write the table with the files' bytes embedded (datasets: "
-                    "datasets.table.embed_table_storage) or pack from where the path is",
+                    "embed the files' bytes in the table before writing it, as push_to_hub "
+                    "does (datasets: ds.with_format('arrow').map(datasets.table."
+                    "embed_table_storage, batched=True)), or keep the files in the table's "
+                    "folder under relative paths",
                 ) from err
         out.append(data)
     return out

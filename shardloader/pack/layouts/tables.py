@@ -223,19 +223,26 @@ def _sniffed(
     return out
 
 
-def _path_reader(f: InputFile, store: Store) -> ReadPath:
-    """Reads the file a ``{bytes: null, path}`` cell names: relative to the table's folder,
-    or an absolute local path when the table itself is local."""
+def _path_reader(store: Store) -> ReadPath:
+    """Reads the file a ``{bytes: null, path}`` cell names (``to_parquet`` of images loaded from
+    files writes that), only inside the table's own folder: a relative path without ``..``, or
+    a local table's absolute path below its folder.  A table could name any file on the
+    machine (a key, a password file), which packing would copy into shards."""
+    folder = store.url.rsplit("/", 1)[0]
 
     def read(path: str) -> bytes:
-        if os.path.isabs(path):
-            if not store.is_local:
-                raise InputError(f"a local path in a table at {store.url}")
-            with open(path, "rb") as fh:
+        if "://" in path or "\\" in path or "\0" in path or ".." in path.split("/"):
+            raise InputError("a path pack does not follow")
+        if store.is_local:
+            base = os.path.realpath(Store(folder).local_path)
+            real = os.path.realpath(os.path.join(base, path))  # an absolute path stays as is
+            if os.path.commonpath([base, real]) != base:
+                raise InputError(f"outside the table's folder {base}, which pack does not read")
+            with open(real, "rb") as fh:
                 return fh.read()
-        return Store(
-            join(store.url.rsplit("/", 1)[0], path), store.options, store.retry
-        ).read_bytes()
+        if os.path.isabs(path):
+            raise InputError(f"a local path in a table at {store.url}")
+        return Store(join(folder, path), store.options, store.retry).read_bytes()
 
     return read
 
@@ -244,7 +251,7 @@ def samples(f: InputFile, kind: str, stem: str, store: Store) -> Iterator[Sample
     table = _open(f, kind, store)
     schema = _schema(table, kind)
     plans = _plans(f, schema, hf_features(schema))
-    read = _path_reader(f, store)
+    read = _path_reader(store)
     row = 0
     for batch in _batches(table):
         columns = []
