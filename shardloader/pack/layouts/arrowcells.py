@@ -50,7 +50,7 @@ import pyarrow.compute as pc
 from shardloader.codecs.allowlist import codec_for_extension
 from shardloader.manifest import FieldInfo
 
-__all__ = ["CellError", "Cells", "ColumnPlan", "plan", "IMAGE_NAMES"]
+__all__ = ["Cells", "ColumnPlan", "plan", "IMAGE_NAMES"]
 
 Cells = list[bytes | None]
 # reads the file a ``{bytes: null, path}`` cell names (HF's form for images not embedded)
@@ -59,8 +59,9 @@ ReadPath = Callable[[str], bytes]
 IMAGE_NAMES = frozenset({"image", "img", "picture", "photo", "images"})
 
 
-class CellError(Exception):
-    """Cell ``row`` (in its batch) of a column cannot be stored faithfully, because ``reason``."""
+class _CellError(Exception):
+    """Cell ``row`` (in its batch) of a column cannot be stored faithfully, because ``reason``;
+    :mod:`.tables` turns it into an InputError naming file, row, column and type."""
 
     def __init__(self, row: int, reason: str) -> None:
         super().__init__(reason)
@@ -256,7 +257,7 @@ def _iso(exact: pa.DataType | None) -> Callable[[pa.Array, ReadPath], Cells]:
                     try:
                         pc.cast(arr.slice(row, 1), exact, safe=True)
                     except pa.ArrowInvalid:
-                        raise CellError(
+                        raise _CellError(
                             row,
                             f"{arr[row]} is finer than a microsecond, which Python's datetime "
                             f"cannot hold; cast the column to {exact} (rounding) before packing",
@@ -270,7 +271,7 @@ def _iso(exact: pa.DataType | None) -> Callable[[pa.Array, ReadPath], Cells]:
                 try:
                     values.append(arr[row].as_py())
                 except (ValueError, OverflowError) as err:
-                    raise CellError(row, f"out of Python's datetime range ({err})") from err
+                    raise _CellError(row, f"out of Python's datetime range ({err})") from err
         return [None if v is None else v.isoformat().encode("ascii") for v in values]
 
     return encode
@@ -285,7 +286,7 @@ def _bytes_path(arr: pa.Array, read: ReadPath) -> Cells:
             try:
                 data = read(path)
             except Exception as err:  # any store, any reason: named with the remedy
-                raise CellError(
+                raise _CellError(
                     row,
                     f"holds no bytes, only the path {path!r}, which cannot be read ({err}); "
                     "embed the files' bytes in the table before writing it, as push_to_hub "
@@ -336,7 +337,7 @@ def _list_cells(arr: pa.Array, encode: Callable[[np.ndarray], bytes]) -> Cells:
             continue
         values = _values(cell.values)
         if _has_null(values):
-            raise CellError(
+            raise _CellError(
                 row,
                 "a null inside the list cannot be stored in an array; fill or drop the nulls "
                 "(pyarrow.compute.fill_null) before packing",
@@ -344,7 +345,7 @@ def _list_cells(arr: pa.Array, encode: Callable[[np.ndarray], bytes]) -> Cells:
         try:
             array = _ndarray(values, t.value_type)
         except ValueError as err:
-            raise CellError(row, f"{err}; an array needs equal lengths at every level") from err
+            raise _CellError(row, f"{err}; an array needs equal lengths at every level") from err
         out.append(encode(array))
     return out
 

@@ -23,7 +23,7 @@ from typing import Any
 from shardloader.codecs.sniff import codec_of
 from shardloader.errors import InputError, StorageError, UsageError
 from shardloader.manifest import FieldInfo
-from shardloader.pack.layouts.arrowcells import CellError, ColumnPlan, ReadPath, is_bytes_path
+from shardloader.pack.layouts.arrowcells import ColumnPlan, ReadPath, _CellError, is_bytes_path
 from shardloader.pack.layouts.arrowcells import plan as plan_column
 from shardloader.pack.refs import InputFile, SampleRef
 from shardloader.storage.store import Store, join
@@ -258,7 +258,7 @@ def samples(f: InputFile, kind: str, stem: str, store: Store) -> Iterator[Sample
         for name, p in plans.items():
             try:
                 columns.append((name, p.encode(batch.column(name), read)))
-            except CellError as err:
+            except _CellError as err:
                 raise InputError(
                     f"{f.url} row {row + err.row}: column {name!r} "
                     f"({schema.field(name).type}): {err.reason}"
