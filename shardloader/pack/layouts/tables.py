@@ -248,6 +248,8 @@ def _path_reader(store: Store) -> ReadPath:
 
 
 def samples(f: InputFile, kind: str, stem: str, store: Store) -> Iterator[SampleRef]:
+    """One sample per row.  A cell pack cannot keep (a null inside an array, a nanosecond) is
+    an InputError naming file, row, column and type."""
     table = _open(f, kind, store)
     schema = _schema(table, kind)
     plans = _plans(f, schema, hf_features(schema))
@@ -259,7 +261,7 @@ def samples(f: InputFile, kind: str, stem: str, store: Store) -> Iterator[Sample
             try:
                 columns.append((name, p.encode(batch.column(name), read)))
             except _CellError as err:
-                raise InputError(
+                raise InputError(  # fatal under --on-error skip too: a column to fix
                     f"{f.url} row {row + err.row}: column {name!r} "
                     f"({schema.field(name).type}): {err.reason}"
                 ) from err
