@@ -30,9 +30,9 @@ dictionary (pandas ``category``)              as its values' type      the value
 ============================================  =======================  ==========================
 
 A null is a missing value: the sample has no such member (tar) / a null (arrow), while the
-field stays in the manifest; readers give such a sample without the field.  Anything else
-(maps, unions, durations, intervals, binary or temporal values inside lists and structs) is
-refused: :func:`plan` returns None and the caller names the file, column and type.
+field stays in the manifest; readers give ``None`` for it (``shardloader/read/fields.py``).
+Anything else (maps, unions, durations, intervals, binary or temporal values inside lists and
+structs) is refused: :func:`plan` returns None and the caller names the file, column and type.
 """
 
 from __future__ import annotations
