@@ -152,15 +152,16 @@ def _json_safe(t: pa.DataType) -> bool:
 
 
 def is_bytes_path(t: pa.DataType) -> bool:
-    """A ``struct<bytes: binary, path: string>``: how Hugging Face stores images and audio."""
+    """A ``struct<bytes: binary, path: string>``: how Hugging Face stores images and audio
+    (either child may be of type null, as pyarrow infers it from cells that are all None)."""
     t = _storage(t)
-    if not pa.types.is_struct(t) or {t.field(i).name for i in range(t.num_fields)} != {
-        "bytes",
-        "path",
-    }:
+    if not pa.types.is_struct(t):
         return False
-    return _is_binary(_storage(t.field("bytes").type)) and _is_string(
-        _storage(t.field("path").type)
+    if sorted(t.field(i).name for i in range(t.num_fields)) != ["bytes", "path"]:
+        return False
+    data, path = _storage(t.field("bytes").type), _storage(t.field("path").type)
+    return (_is_binary(data) or pa.types.is_null(data)) and (
+        _is_string(path) or pa.types.is_null(path)
     )
 
 
