@@ -2,8 +2,9 @@
 
 :mod:`~shardloader.codecs.allowlist` holds the codecs and :class:`Decoder`;
 :mod:`~shardloader.codecs.imagecheck` the cheap check ``pack`` runs on every image;
-:mod:`~shardloader.codecs.imagemode` the one conversion of decoded images to a mode.  This file
-only re-exports.
+:mod:`~shardloader.codecs.imagemode` the one conversion of decoded images to a mode;
+:mod:`~shardloader.codecs.sniff` the codec some bytes imply (table cells carry no extension).
+This file only re-exports.
 """
 
 from shardloader.codecs.allowlist import (

@@ -27,7 +27,7 @@ from shardloader.pack.refs import FileRef, LineRun, SampleRef
 from shardloader.pack.task import WriteSpec
 from shardloader.pack.token_ids import ids_length
 
-__all__ = ["fill_shard"]
+__all__ = ["fill_shard", "every_sample_skipped"]
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +56,17 @@ def fill_shard(
         writer.add(sample.key, fields, length)
         bytes_in += _input_size(sample)
     return bytes_in
+
+
+def every_sample_skipped(skips: Sequence[Mapping[str, Any]]) -> InputError:
+    """The error of a ``--on-error skip`` run that skipped every sample: an empty dataset
+    would only fail later, in training, far from the reason, which this names."""
+    first = skips[0]
+    where = " ".join(str(first[k]) for k in ("file", "where") if first.get(k)) or first["key"]
+    return InputError(
+        f"every sample was skipped ({len(skips):,} skips), nothing packed; the first, "
+        f"{where}: {first['reason']}; fix the input (--on-error fail names each problem)"
+    )
 
 
 _TOKENIZERS: dict[str, Any] = {}

@@ -29,6 +29,7 @@ from typing import Any
 from shardloader.errors import ShardError, UsageError
 from shardloader.manifest import FORMAT_VERSION, MANIFEST_NAME, FieldInfo, Manifest, ShardInfo
 from shardloader.pack.discover import Source, discover
+from shardloader.pack.fill import every_sample_skipped
 from shardloader.pack.notes import after_notes, shard_size_for
 from shardloader.pack.options import PACKER_VERSION, PackOptions, PackProgress, PackReport
 from shardloader.pack.outdir import (
@@ -217,6 +218,8 @@ def _pack(
         run.uploads.wait()  # every shard whole in the store before the manifest names it
         shards = [run.infos[n] for n in sorted(run.infos)]
         skips = sorted(run.skips, key=lambda s: s["shard"])
+        if skips and not shards:  # nothing packed is a failure, not an empty dataset
+            raise every_sample_skipped(skips)
         if skips:
             write_skip_report(out_store, skips)
         extra = _build_extra(len(skips), _length_unit(source, options))

@@ -100,6 +100,7 @@ class Records(Layout):
         """``json``/``txt`` for line files, one field per column for tables."""
         fields: dict[str, FieldInfo] = {}
         stems: dict[str, str] = {}
+        classes: tables.Classes = None
         for f in inputs.files:
             kind_stem = record_kind(f.rel)
             if kind_stem is None:
@@ -119,14 +120,16 @@ class Records(Layout):
                 for name, codec in lines.fields(kind).items():
                     fields.setdefault(name, codec)
                 continue
-            for name, codec in tables.fields(f, kind, inputs.open(f)).items():
+            table = tables.describe(f, kind, inputs.open(f))
+            classes = tables.same_classes(classes, table, f, inputs.url)
+            for name, codec in table.fields.items():
                 known = fields.setdefault(name, codec)
                 if known != codec:
                     raise UsageError(
                         f"{inputs.url}: column {name!r} of {f.rel!r} decodes as {codec.codec!r} "
                         f"but as {known.codec!r} in an earlier file; make the column types agree"
                     )
-        return Description(fields)
+        return Description(fields, classes[1] if classes else ())
 
     def enumerate(self, source: Source, on_skip: OnSkip | None) -> Iterator[SampleRef | LineRun]:
         """File after file; a file that fails mid-way fails the pack or, with ``on_skip``, has
