@@ -153,7 +153,12 @@ def serve(
     127.0.0.1 unless --host says otherwise; then --token-file is required and every request but
     /health is authenticated.
     """
-    from shardloader.service.pipeline import is_factory, load_pipeline, read_token
+    from shardloader.service.pipeline import (
+        declared_options,
+        is_factory,
+        load_pipeline,
+        read_token,
+    )
     from shardloader.service.server import ServeOptions, is_loopback
     from shardloader.service.server import serve as run_server
     from shardloader.units import parse_size
@@ -220,4 +225,5 @@ def serve(
         port=port,
         on_ready=ready,
         log_level="warning" if log_level == "info" else log_level,
+        declared=declared_options(pipeline, preset),
     )

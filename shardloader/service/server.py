@@ -11,7 +11,7 @@ with Retry-After.  Counters: :mod:`shardloader.service.metrics`.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from shardloader.dataset import ShardedDataset
@@ -42,10 +42,13 @@ def serve(
     port: int,
     on_ready: Callable[[str, int], None] | None = None,
     log_level: str = "warning",
+    declared: Mapping[str, Any] | None = None,
 ) -> None:
     """Bind ``host:port`` (0: any free port), call ``on_ready(host, port)``, serve until SIGTERM.
 
-    A non-loopback ``host`` needs a token (the CLI checks this too).
+    A non-loopback ``host`` needs a token (the CLI checks this too).  ``declared``: the options
+    that built the dataset's pipeline, part of its fingerprint (NOTE [pinned pipeline] in
+    :mod:`shardloader.service.fingerprint`).
     """
     import socket
 
@@ -54,7 +57,7 @@ def serve(
             f"--host {host} is not a loopback address: pass --token-file so every "
             "request is authenticated"
         )
-    app = create_app(dataset, options)
+    app = create_app(dataset, options, declared)
     if options.shm_dir is not None:
         remove_stale_files(options.shm_dir)
     warm_up(dataset)

@@ -30,7 +30,7 @@ from typing import Any
 from shardloader.dataset import ShardedDataset
 from shardloader.deliver.loader import make_loader
 from shardloader.deliver.transport import BUNDLE_BYTES, MAX_BUNDLE, unbundle, worker_bundle
-from shardloader.errors import ShardloaderError
+from shardloader.errors import IncompleteEpochError, ShardloaderError
 from shardloader.service.encoded import Encoded
 from shardloader.service.handoff import Frame, Handoff
 from shardloader.service.metrics import Metrics
@@ -355,15 +355,25 @@ class Stream:
         return True
 
     def _fail(self, step: int, err: Exception) -> None:
+        """Tell the client the pass failed at ``step``.
+
+        A ShardloaderError of the pipeline (bad data, a transform's bug) is the data's: every
+        replica would raise it, so the client raises it.  Anything else (a worker process
+        killed, by the OOM killer or by a SIGTERM to the process group; batches lost on the
+        way from the workers; memory) is this process's: the frame says ``transient`` and
+        the client goes on at ``step`` on another replica, or here once restarted (NOTE
+        [faults] in :mod:`shardloader.service.passreader`)."""
         r = self.req
+        transient = not isinstance(err, ShardloaderError) or isinstance(err, IncompleteEpochError)
         log.warning(
-            "stream %d (%s, epoch %d, rank %d/%d) failed at step %d: %s",
+            "stream %d (%s, epoch %d, rank %d/%d) failed at step %d%s: %s",
             self.id,
             self.client,
             r.epoch,
             r.rank,
             r.world_size,
             step,
+            " (not the data's fault: the client tries again)" if transient else "",
             err,
             exc_info=True,
         )
@@ -371,7 +381,10 @@ class Stream:
             self.metrics.pipeline_errors += 1
         kind = type(err).__name__ if isinstance(err, ShardloaderError) else "ShardloaderError"
         message = f"{type(err).__name__}: {err}"[:8000]
-        self._put([encode_control("error", step, error=kind, message=message)], True)
+        fields: dict[str, Any] = {"error": kind, "message": message}
+        if transient:
+            fields["transient"] = True
+        self._put([encode_control("error", step, **fields)], True)
 
     # -- event loop -----------------------------------------------------------------------
     async def respond(self, scope: Scope, receive: Receive, send: Send) -> None:
