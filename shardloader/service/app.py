@@ -249,10 +249,8 @@ class Service:
         a = self._read_request(params)
         epoch, rank, world, position = a.epoch, a.rank, a.world, a.position
         start = _int(params, "start", 0)
-        if params.get("shm", "0") not in ("0", "1"):
+        if params.get("shm", "0") not in ("0", "1"):  # older clients ask; all get TCP
             raise _ServiceError(400, f"shm={params['shm'][:40]!r} must be 0 or 1")
-        # NOTE [shm handover]: offered to any client that asks; only one on this host can map it
-        shm = params.get("shm") == "1" and self.options.shm_dir is not None
         steps = await self._pass_steps(a)
         if start > steps:
             raise _ServiceError(
@@ -271,7 +269,7 @@ class Service:
         name = f"{client.host}:{client.port}" if client else "?"
         stream = Stream(
             self.dataset,
-            Request(epoch, rank, world, position, start, steps, shm, a.per_node),
+            Request(epoch, rank, world, position, start, steps, a.per_node),
             self.options,
             self.metrics,
             name,

@@ -14,13 +14,13 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 from shardloader.errors import ResumeError, UsageError
 from shardloader.plan.split import Place
 from shardloader.service.passreader import PassReader
-from shardloader.service.shm import SHM_DIR
 from shardloader.service.transport import Endpoint, Failover, get_json
 from shardloader.service.wireframes import PROTOCOL
 from shardloader.storage.retry import RetryPolicy
@@ -66,10 +66,9 @@ class RemoteLoader:
     not an error: the pass continues on the next replica where the last batch left off.
     ``token``: the bearer token of servers started with ``--token-file``; by default it comes
     from ``$SHARDLOADER_TOKEN``, or the file ``$SHARDLOADER_TOKEN_FILE`` names.
-    ``transport``: ``"auto"`` takes batches through shared memory from a server on this host
-    (a loopback URL or this host's name; NOTE [shm handover] in
-    :mod:`shardloader.service.shm`) and over TCP otherwise or when that fails; ``"tcp"``
-    always uses TCP.  The batches are the same either way.
+    ``transport``: no longer has an effect (batches always come over TCP; the same-host
+    shared-memory road measured no steady gain over a local loader, see the Service page) and
+    warns; it goes in a later release.
     """
 
     def __init__(
@@ -84,7 +83,7 @@ class RemoteLoader:
         token: str | None = None,
         retry: RetryPolicy | None = None,
         prefetch: int = 2,
-        transport: str = "auto",
+        transport: str | None = None,
         data_parallel: Any = None,
     ) -> None:
         listed = [urls] if isinstance(urls, str) else list(urls)
@@ -115,12 +114,15 @@ class RemoteLoader:
         self._token = token if token is not None else _token_from_env()
         self.retry = retry or DEFAULT_REMOTE_RETRY
         self.prefetch = prefetch
-        if transport not in ("auto", "tcp"):
-            raise UsageError(f"transport={transport!r} must be 'auto' or 'tcp'")
-        self.transport = transport
-        self.shm_dir = SHM_DIR  # where a same-host server's segments are found
-        self.shm_batches = 0  # batches that came through shared memory (for logs and tests)
-        self.tcp_batches = 0  # batches whose bytes came over the socket
+        if transport is not None:
+            if transport not in ("auto", "tcp"):
+                raise UsageError(f"transport={transport!r} must be 'auto' or 'tcp'")
+            warnings.warn(
+                "RemoteLoader(transport=...) has no effect: batches always come over TCP; "
+                "drop the argument",
+                DeprecationWarning,
+                stacklevel=2,
+            )
         self._epoch = 0
         self._start = 0  # global batches consumed before the next pass of this epoch
         self._position = 0  # global batches consumed, as the loop has seen them

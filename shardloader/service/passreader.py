@@ -30,7 +30,6 @@ from __future__ import annotations
 import functools
 import http.client
 import logging
-import os
 import queue
 import socket
 import threading
@@ -40,9 +39,6 @@ from urllib.parse import urlencode
 
 from shardloader import errors
 from shardloader.errors import ShardloaderError
-from shardloader.service.options import is_loopback
-from shardloader.service.ring import RingAttachment
-from shardloader.service.shm import Attachment
 from shardloader.service.transport import (
     Endpoint,
     Failover,
@@ -51,7 +47,7 @@ from shardloader.service.transport import (
     remote_error,
 )
 from shardloader.service.wiredecode import decode_batches
-from shardloader.service.wireframes import read_frame, shm_span
+from shardloader.service.wireframes import read_frame
 from shardloader.storage.retry import TruncatedBodyError
 
 if TYPE_CHECKING:
@@ -89,8 +85,6 @@ class PassReader:
         self.received = 0  # steps of the pass received (the reader thread's own)
         self.stop = threading.Event()
         self._sock: socket.socket | None = None
-        self.attachment: Attachment | None = None  # the current stream's shared memory
-        self.ring: RingAttachment | None = None  # and its workers' ring (token batches)
         self._thread = threading.Thread(
             target=self._run, daemon=True, name=f"shardloader-remote-rank{loader.rank}"
         )
@@ -99,11 +93,6 @@ class PassReader:
     def batches(self) -> Iterator[Any]:
         while True:
             item = self.q.get()
-            attachment, ring = self.attachment, self.ring
-            if attachment is not None:
-                attachment.collect()  # slots of batches the loop has dropped: NOTE [shm handover]
-            if ring is not None:
-                ring.collect()
             if item is _END:
                 return
             if isinstance(item, BaseException):
@@ -177,16 +166,10 @@ class PassReader:
                             f"{endpoint.url} sent step {frame.header['step']} where step "
                             f"{self.received} was due ({place}, epoch {self.epoch})"
                         )
-                    batches = self._decode(frame, endpoint)
-                    if "shm" in frame.header or "ring" in frame.header:
-                        loader.shm_batches += len(batches)
-                    else:
-                        loader.tcp_batches += len(batches)
+                    batches = decode_batches(frame)
                     if not self._put(batches):  # a frame's batches go as one item
                         raise Stopped()
                     self.received += len(batches)
-                elif kind == "shm":
-                    self._attach(frame.header, endpoint)
                 elif kind == "end":
                     if frame.header.get("steps") != self.received:
                         raise errors.DecodeError(
@@ -205,56 +188,14 @@ class PassReader:
             failover.advance(endpoint, err)  # progress: reconnect at once, budget afresh
             return False
 
-    def _decode(self, frame: Any, endpoint: Endpoint) -> list[Any]:
-        if "ring" in frame.header:  # NOTE [forwarded slots]
-            if self.ring is None or frame.header.get("count") != len(
-                batches := self.ring.batches(frame.header)
-            ):
-                raise errors.DecodeError(
-                    f"{endpoint.url} sent a bundle from a shared ring this client never "
-                    "mapped, or one whose count does not match its layout"
-                )
-            return batches
-        if "shm" not in frame.header:
-            return decode_batches(frame)
-        if self.attachment is None:
-            raise errors.DecodeError(
-                f"{endpoint.url} sent a batch through shared memory this client never mapped"
-            )
-        return decode_batches(frame, self.attachment.receive(*shm_span(frame.header)))
-
-    def _attach(self, header: dict[str, Any], endpoint: Endpoint) -> None:
-        """Map the stream's segment if it is on this host; else the server keeps to TCP."""
-        try:
-            ring = header.get("ring")
-            if ring is not None:  # mapped first: attaching the segment tells the server
-                self.ring = RingAttachment(self.loader.shm_dir, ring)
-            self.attachment = Attachment(self.loader.shm_dir, header)
-        except (OSError, ValueError) as err:
-            self.ring = None
-            log.info(
-                "shared memory of %s is not reachable from here (%s); reading over TCP",
-                endpoint.url,
-                err,
-            )
-
-    def _wants_shm(self, endpoint: Endpoint) -> bool:
-        if self.loader.transport != "auto" or not os.path.isdir(self.loader.shm_dir):
-            return False
-        return is_loopback(endpoint.host) or endpoint.host == socket.gethostname()
-
     def _frames(self, endpoint: Endpoint, start: int) -> Iterator[Any]:
         loader = self.loader
         conn = endpoint.connect(loader.retry)
         self._sock = conn.sock
-        self.attachment = None  # a new stream announces its own segment
-        self.ring = None
         try:
             if self.stop.is_set():
                 return
             params = {**self.params(), "start": start}
-            if self._wants_shm(endpoint):
-                params["shm"] = 1
             conn.request(
                 "GET",
                 f"{endpoint.prefix}/v1/batches?{urlencode(params)}",

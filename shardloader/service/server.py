@@ -58,8 +58,6 @@ def serve(
             "request is authenticated"
         )
     app = create_app(dataset, options, declared)
-    if options.shm_dir is not None:
-        remove_stale_files(options.shm_dir)
     warm_up(dataset)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -78,22 +76,6 @@ def serve(
         server.run(sockets=[sock])
     finally:
         sock.close()
-
-
-def remove_stale_files(folder: str) -> None:
-    """Remove the shared-memory files servers killed before us left in ``folder`` (NOTE
-    [stale segments] in :mod:`shardloader.service.shmfiles`), and say so."""
-    from shardloader.service.shmfiles import remove_stale
-
-    removed, freed = remove_stale(folder)
-    if removed:
-        log.warning(
-            "removed %d shared-memory file(s) (%.1f MiB) in %s that servers which were "
-            "killed left behind",
-            removed,
-            freed / (1 << 20),
-            folder,
-        )
 
 
 def uvicorn_server(app: Any, options: ServeOptions, log_level: str = "warning") -> Any:
