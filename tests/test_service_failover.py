@@ -5,6 +5,7 @@ process group and SIGKILL of one stream worker fail over (or reconnect) with eve
 
 from __future__ import annotations
 
+import http.server
 import os
 import signal
 import threading
@@ -25,9 +26,10 @@ from test_service_support import (
     start_servers,
 )
 
-from shardloader.errors import ResumeError
+from shardloader.errors import ResumeError, StorageError
 from shardloader.pack import PackOptions, pack
 from shardloader.service import RemoteLoader
+from shardloader.service.fingerprint import describe, differences, fingerprint
 from shardloader.storage.retry import RetryPolicy
 
 BIG = ["test_service_support:big_factory", "--workers", "1", "--max-inflight", "2"]
@@ -165,3 +167,57 @@ def test_clients_turned_away_with_retry_after_wait_and_all_finish(env, tmp_path)
         assert server.metrics()['shardloader_requests_rejected_total{status="503"}'] >= 2
     finally:
         server.stop()
+
+
+class _Busy(http.server.BaseHTTPRequestHandler):
+    """A server that is always full: 503 with Retry-After: 1, as serve at --max-clients."""
+
+    seen = 0
+
+    def do_GET(self) -> None:  # noqa: N802 - the http.server name
+        type(self).seen += 1
+        body = b'{"error": "this server already runs 1 streams (--max-clients)", "status": 503}'
+        self.send_response(503)
+        self.send_header("Retry-After", "1")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_retry_after_spends_no_attempt_and_the_time_budget_ends_the_wait():
+    """One attempt allowed, 2.5 s of budget: the busy answers are waited out, not counted,
+    until the seconds are spent; then one StorageError names the server."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Busy)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        loader = RemoteLoader(url, retry=RetryPolicy(max_attempts=1, max_total_seconds=2.5))
+        with pytest.raises(StorageError, match="max-clients") as caught:
+            len(loader)
+        assert _Busy.seen >= 2  # before: given up at the first 503, in 0.0 s
+        assert url in str(caught.value)
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(10)
+
+
+class _Crop:
+    """A transform as users write them: options, a helper function, a lock (no state to
+    compare: named by type), and an address in its repr."""
+
+    def __init__(self, size: int) -> None:
+        self.size, self.pick = size, os.path.basename
+        self.lock = threading.Lock()
+
+
+def test_a_pipelines_description_holds_what_it_declares_and_no_address():
+    a, b = describe([_Crop(32), {"mode": "RGB"}]), describe([_Crop(48), {"mode": "RGB"}])
+    assert "0x" not in repr(a)  # repr(_Crop(32)) has one; the description never
+    assert fingerprint({"t": a}) == fingerprint({"t": describe([_Crop(32), {"mode": "RGB"}])})
+    assert fingerprint({"t": a}) != fingerprint({"t": b})
+    assert differences(a, b, "transform") == ["transform[0].size is 32 here, 48 there"]
