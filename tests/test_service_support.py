@@ -213,9 +213,12 @@ class ServerProcess:
         env: dict[str, str],
         max_files: int | None = None,
         module: str = "shardloader",
+        new_group: bool = False,
     ) -> None:
         """``max_files``: the server's file descriptor limit (soft and hard); ``module``:
-        what ``python -m`` runs (a launcher that calls the CLI)."""
+        what ``python -m`` runs (a launcher that calls the CLI); ``new_group``: the server
+        leads a process group of its own, with its stream workers in it, as systemd starts
+        a service (:meth:`stop_group`)."""
         ServerProcess._count += 1
         n = ServerProcess._count
         self.port_file = os.path.join(workdir, f"server-{n}.port")
@@ -241,6 +244,7 @@ class ServerProcess:
             env=env,
             cwd=ROOT,
             preexec_fn=None if max_files is None else functools.partial(_limit_files, max_files),
+            start_new_session=new_group,
         )
         self.port = 0
 
@@ -276,6 +280,19 @@ class ServerProcess:
             os.kill(self.proc.pid, signal.SIGKILL)
         self.proc.wait(timeout=30)
 
+    def stop_group(self) -> None:
+        """SIGTERM to the server's process group (systemd's default stop), then wait; kill -9
+        to the group if it is still there 15 s later (and say so: a test should fail)."""
+        pgid = os.getpgid(self.proc.pid)
+        assert pgid == self.proc.pid, "started without new_group=True"
+        os.killpg(pgid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(pgid, signal.SIGKILL)
+            self.proc.wait(timeout=15)
+            raise AssertionError("the server ignored SIGTERM for 15 s") from None
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.terminate()
@@ -295,9 +312,11 @@ def _limit_files(n: int) -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (n, n))
 
 
-def start_servers(specs: list[list[str]], workdir: str, env: dict[str, str]) -> list[ServerProcess]:
+def start_servers(
+    specs: list[list[str]], workdir: str, env: dict[str, str], new_group: bool = False
+) -> list[ServerProcess]:
     """Start several servers at once (their start-up is mostly importing torch) and wait."""
-    servers = [ServerProcess(args, workdir, env) for args in specs]
+    servers = [ServerProcess(args, workdir, env, new_group=new_group) for args in specs]
     try:
         for s in servers:
             s.wait_ready()

@@ -351,20 +351,6 @@ def test_several_batches_share_one_frame():
         wire.decode_batch(frame)
 
 
-def test_a_payload_placed_in_shared_memory_leaves_only_the_header_on_the_wire():
-    slot = np.zeros(1 << 16, np.uint8)
-    batches = [{"x": torch.arange(1000, dtype=torch.int64)}, _raw_batch()]
-    chunks = wire.encode_batches(2, batches, lambda n: (5, slot[:n]))
-    (frame,) = list(wire.iter_frames(b"".join(bytes(c) for c in chunks)))
-    assert not frame.payload and wire.shm_span(frame.header)[0] == 5
-    size = wire.shm_span(frame.header)[1]
-    got = wire.decode_batches(frame, slot[:size])
-    assert_same(got[0], batches[0])
-    assert got[1]["jpg"].tolist() == batches[1]["jpg"].tolist()
-    with pytest.raises(DecodeError, match="payload"):
-        wire.decode_batches(frame)  # the slot is needed to read it
-
-
 @pytest.mark.parametrize(
     ("offsets", "present"),
     [

@@ -105,7 +105,7 @@ def test_a_killed_servers_stream_workers_exit_soon(data, tmp_path):
     from test_service_support import ServerProcess, server_env
 
     env = server_env(data, str(tmp_path / "cache"))
-    args = [data, "--batch-size", "8", "--decode", "raw", "--workers", "2", "--shm-dir", "none"]
+    args = [data, "--batch-size", "8", "--decode", "raw", "--workers", "2"]
     server = ServerProcess(args, str(tmp_path), env).wait_ready()
     workers: list[int] = []
     try:

@@ -2,7 +2,7 @@
 
 One command (~3-5 minutes on 2 busy cores; corpora are generated once and reused)::
 
-    python tools/bench_service.py [--runs 5] [--workers 2] [--workload all] [--transport both]
+    python tools/bench_service.py [--runs 5] [--workers 2] [--workload all] [--transport tcp]
 
 Workloads, each the fastest documented shardloader path for that data, on real-size data:
 
@@ -16,8 +16,10 @@ Shards are uncompressed tar / tokens (read in place: the cheapest local pipeline
 the transport's share is the largest it can be).  For each workload the same dataset (one
 factory, :func:`pipeline`) is read by ``make_loader(ds, num_workers=W)`` in this process and by
 a :class:`RemoteLoader` from a ``shardloader serve`` subprocess on 127.0.0.1 (``--workers W``),
-with the shared-memory handover (``shm``, the default on one host) and/or forced onto TCP
-(``tcp``: what a client on another host gets).  No training step: the worst case.
+over TCP (``tcp``: what every client gets).  ``--transport shm`` or ``both`` measure the
+same-host shared-memory handover of a shardloader that still has it (run this tool with an
+older checkout on PYTHONPATH: the road was measured on a shared 2-core machine and removed,
+docs/service.md).  No training step: the worst case.
 
 Reported per workload: steady-state batches/s of the loop (from a quarter of the run to its
 end; each stream starts its own DataLoader workers, which shows in the first batch's latency),
@@ -324,12 +326,16 @@ def bench(work: Workload, data: str, args: argparse.Namespace, workdir: str) -> 
 
 
 def _remote(url: str, transport: str) -> RemoteLoader:
-    try:
-        return RemoteLoader(url, 0, 1, transport="auto" if transport == "shm" else "tcp")
-    except TypeError:  # a shardloader from before the transport option: TCP only
-        if transport != "tcp":
-            raise SystemExit("this shardloader has no shm transport; use --transport tcp") from None
+    import importlib.util
+
+    if transport == "tcp":
         return RemoteLoader(url, 0, 1)
+    if importlib.util.find_spec("shardloader.service.shm") is None:
+        raise SystemExit(
+            "this shardloader has no shared-memory road (removed, see docs/service.md); use "
+            "--transport tcp, or put an older checkout on PYTHONPATH"
+        )
+    return RemoteLoader(url, 0, 1, transport="auto")
 
 
 def _load() -> str:
@@ -339,7 +345,7 @@ def _load() -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     p.add_argument("--workload", choices=[*WORKLOADS, "all"], default="all")
-    p.add_argument("--transport", choices=["shm", "tcp", "both"], default="both")
+    p.add_argument("--transport", choices=["shm", "tcp", "both"], default="tcp")
     p.add_argument("--runs", type=int, default=5, help="alternated runs per loader (median)")
     p.add_argument("--workers", type=int, default=2, help="DataLoader workers (both sides)")
     p.add_argument("--images", type=int, default=8000)

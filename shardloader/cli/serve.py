@@ -64,19 +64,6 @@ __all__ = ["serve"]
     help="Finished batches buffered per stream (backpressure).",
 )
 @click.option(
-    "--shm-dir",
-    default="/dev/shm",
-    show_default=True,
-    help="Where clients on this host are offered the batches in shared memory; 'none': TCP only.",
-)
-@click.option(
-    "--shm-reserve",
-    default="auto",
-    show_default=True,
-    help="Most shared memory held for clients that have not mapped theirs (yet); streams past "
-    "it stay on TCP.  'auto': half of --shm-dir's file system, at most 1 GiB.",
-)
-@click.option(
     "--max-clients",
     type=click.IntRange(1),
     default=8,
@@ -151,8 +138,6 @@ def serve(
     workers: int,
     max_inflight: int,
     max_clients: int,
-    shm_dir: str,
-    shm_reserve: str,
     header_timeout: float,
     idle_timeout: float,
     write_timeout: float,
@@ -167,10 +152,14 @@ def serve(
     127.0.0.1 unless --host says otherwise; then --token-file is required and every request but
     /health is authenticated.
     """
-    from shardloader.service.pipeline import is_factory, load_pipeline, read_token
+    from shardloader.service.pipeline import (
+        declared_options,
+        is_factory,
+        load_pipeline,
+        read_token,
+    )
     from shardloader.service.server import ServeOptions, is_loopback
     from shardloader.service.server import serve as run_server
-    from shardloader.units import parse_size
 
     token = read_token(token_file) if token_file else None
     if port_file and not os.path.isdir(os.path.dirname(os.path.abspath(port_file))):
@@ -185,8 +174,6 @@ def serve(
         max_inflight=max_inflight,
         max_clients=max_clients,
         token=token,
-        shm_dir=None if shm_dir == "none" else shm_dir,
-        shm_reserve=None if shm_reserve == "auto" else parse_size(shm_reserve),
         header_timeout=header_timeout,
         idle_timeout=idle_timeout,
         write_timeout=write_timeout,
@@ -240,4 +227,5 @@ def serve(
         port=port,
         on_ready=ready,
         log_level="warning" if log_level == "info" else log_level,
+        declared=declared_options(pipeline, preset),
     )

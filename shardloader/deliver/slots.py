@@ -1,10 +1,8 @@
 """Slots of shared memory lent out as numpy views and taken back once no view is alive.
 
-The worker ring (:class:`shardloader.deliver.transport.Ring`), the service's segment
-(:class:`shardloader.service.shm.Attachment`) and the forwarded ring
-(:class:`shardloader.service.ring.RingAttachment`) all hand a slot's bytes to the training loop
-as a view the batch tensors are built over, keep only a weak reference to it, and give the slot
-back to its writer when that view is gone.  This is that rule, in one place.
+The worker ring (:class:`shardloader.deliver.transport.Ring`) hands a slot's bytes to the
+training loop as a view the batch tensors are built over, keeps only a weak reference to it,
+and gives the slot back to its writer when that view is gone.  This is that rule, in one place.
 """
 
 from __future__ import annotations

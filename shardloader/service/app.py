@@ -10,12 +10,14 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from shardloader.dataset import ShardedDataset
 from shardloader.errors import UsageError
 from shardloader.plan.partition import choose_partition
+from shardloader.service.fingerprint import fingerprint, pipeline_spec
 from shardloader.service.metrics import Metrics
 from shardloader.service.options import ServeOptions
 from shardloader.service.passes import steps_of_pass
@@ -28,7 +30,7 @@ __all__ = ["Service", "create_app"]
 log = logging.getLogger(__name__)
 
 _MAX_INT = 1 << 62
-_CONTROL_PARAMS = ("fingerprint", "seed", "plan", "partitions")
+_CONTROL_PARAMS = ("fingerprint", "seed", "plan", "partitions", "pipeline")
 
 
 @dataclass(frozen=True)
@@ -44,9 +46,16 @@ class _Asked:
 
 
 class _ServiceError(Exception):
-    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        headers: dict[str, str] | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> None:
         super().__init__(message)
         self.status, self.message, self.headers = status, message, headers or {}
+        self.extra = extra or {}  # more fields of the JSON body
 
 
 def _params(query: Any, allowed: dict[str, bool]) -> dict[str, str]:
@@ -80,9 +89,17 @@ def _int(params: dict[str, str], name: str, default: int, lo: int = 0) -> int:
 class Service:
     """Endpoints, auth and the stream registry around one dataset."""
 
-    def __init__(self, dataset: ShardedDataset, options: ServeOptions) -> None:
+    def __init__(
+        self,
+        dataset: ShardedDataset,
+        options: ServeOptions,
+        declared: Mapping[str, Any] | None = None,
+    ) -> None:
         self.dataset, self.options = dataset, options
         self.metrics = Metrics()
+        # NOTE [pinned pipeline] in shardloader/service/fingerprint.py
+        self.pipeline_spec = pipeline_spec(dataset, declared)
+        self.pipeline = fingerprint(self.pipeline_spec)
         self._token = options.token.encode() if options.token else None
         self._steps: dict[tuple[int, int, int, int | None], int] = {}
 
@@ -154,6 +171,15 @@ class Service:
                     f"serves {mine!r}: client and server must read the same dataset with the "
                     "same seed and plan (check the URL list and the loader state)",
                 )
+        if "pipeline" in params and params["pipeline"] != self.pipeline:
+            raise _ServiceError(
+                409,
+                f"the client reads pipeline {params['pipeline'][:40]!r} but this server runs "
+                f"pipeline {self.pipeline!r} (another decoder, transform, collate or "
+                "--transform options): its batches would differ; start every replica with "
+                "the same pipeline and options",
+                extra={"pipeline": self.pipeline, "pipeline_spec": self.pipeline_spec},
+            )
         return _Asked(epoch, rank, world, position, per_node, partitions)
 
     async def _pass_steps(self, a: _Asked) -> int:
@@ -193,6 +219,8 @@ class Service:
                 "fingerprint": ds.manifest.fingerprint,
                 "seed": ds.seed,
                 "plan": ds.plan_signature,
+                "pipeline": self.pipeline,
+                "pipeline_spec": self.pipeline_spec,
                 "num_samples": ds.manifest.num_samples,
                 "batch_size": ds.batch_size,
                 "epoch": a.epoch,
@@ -221,10 +249,8 @@ class Service:
         a = self._read_request(params)
         epoch, rank, world, position = a.epoch, a.rank, a.world, a.position
         start = _int(params, "start", 0)
-        if params.get("shm", "0") not in ("0", "1"):
+        if params.get("shm", "0") not in ("0", "1"):  # older clients ask; all get TCP
             raise _ServiceError(400, f"shm={params['shm'][:40]!r} must be 0 or 1")
-        # NOTE [shm handover]: offered to any client that asks; only one on this host can map it
-        shm = params.get("shm") == "1" and self.options.shm_dir is not None
         steps = await self._pass_steps(a)
         if start > steps:
             raise _ServiceError(
@@ -243,7 +269,7 @@ class Service:
         name = f"{client.host}:{client.port}" if client else "?"
         stream = Stream(
             self.dataset,
-            Request(epoch, rank, world, position, start, steps, shm, a.per_node),
+            Request(epoch, rank, world, position, start, steps, a.per_node),
             self.options,
             self.metrics,
             name,
@@ -291,20 +317,31 @@ class _Auth:
                 self.service.check_token(Headers(scope=scope))
             except _ServiceError as err:
                 self.service.metrics.reject(err.status)
-                response = _error_response(err.status, err.message, err.headers)
+                response = _error_response(err.status, err.message, err.headers, err.extra)
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
 
-def _error_response(status: int, message: str, headers: dict[str, str] | None = None) -> Any:
+def _error_response(
+    status: int,
+    message: str,
+    headers: dict[str, str] | None = None,
+    extra: dict[str, Any] | None = None,
+) -> Any:
     from starlette.responses import JSONResponse
 
-    return JSONResponse({"error": message, "status": status}, status_code=status, headers=headers)
+    body = {**(extra or {}), "error": message, "status": status}
+    return JSONResponse(body, status_code=status, headers=headers)
 
 
-def create_app(dataset: ShardedDataset, options: ServeOptions | None = None) -> Any:
-    """The Starlette app serving ``dataset`` (run it with uvicorn; see :func:`serve`)."""
+def create_app(
+    dataset: ShardedDataset,
+    options: ServeOptions | None = None,
+    declared: Mapping[str, Any] | None = None,
+) -> Any:
+    """The Starlette app serving ``dataset`` (run it with uvicorn; see :func:`serve`);
+    ``declared``: the options that built its pipeline (NOTE [pinned pipeline])."""
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
     from starlette.middleware import Middleware
@@ -312,11 +349,12 @@ def create_app(dataset: ShardedDataset, options: ServeOptions | None = None) -> 
 
     if not isinstance(dataset, ShardedDataset):
         raise UsageError(f"the pipeline must be a ShardedDataset, got {type(dataset).__name__}")
-    service = Service(dataset, options or ServeOptions())
+    service = Service(dataset, options or ServeOptions(), declared)
 
     async def on_error(request: Any, exc: Exception) -> Any:
+        extra: dict[str, Any] = {}
         if isinstance(exc, _ServiceError):
-            status, message, headers = exc.status, exc.message, exc.headers
+            status, message, headers, extra = exc.status, exc.message, exc.headers, exc.extra
         elif isinstance(exc, HTTPException):
             status, message, headers = exc.status_code, exc.detail, dict(exc.headers or {})
             if status == 404:
@@ -327,7 +365,7 @@ def create_app(dataset: ShardedDataset, options: ServeOptions | None = None) -> 
         else:  # pragma: no cover - registered for the two types above only
             raise exc
         service.metrics.reject(status)
-        return _error_response(status, message, headers)
+        return _error_response(status, message, headers, extra)
 
     app = Starlette(
         routes=[

@@ -12,19 +12,16 @@ that reads a pass.
 from __future__ import annotations
 
 import functools
-import http.client
 import logging
 import os
-import random
-import time
+import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from shardloader.errors import ResumeError, ShardloaderError, UsageError
+from shardloader.errors import ResumeError, UsageError
 from shardloader.plan.split import Place
 from shardloader.service.passreader import PassReader
-from shardloader.service.shm import SHM_DIR
-from shardloader.service.transport import Endpoint, get_json, next_delay
+from shardloader.service.transport import Endpoint, Failover, get_json
 from shardloader.service.wireframes import PROTOCOL
 from shardloader.storage.retry import RetryPolicy
 from shardloader.world import detect_data_parallel, detect_ranks_per_node, detect_world
@@ -36,10 +33,14 @@ log = logging.getLogger(__name__)
 _STATE_VERSION = 1  # the local loader's state format (shardloader.deliver.loader)
 _PARTITIONED_VERSION = 3  # ... counted in several partitions
 
+# 120 s without a batch before the loop gives up: a replica restarted by systemd or
+# Kubernetes (torch imports, a warm-up batch) is back well within it.  Attempts come at most
+# 2 s apart, so one that is back is found soon; their count only caps failures faster than
+# that, and a 503 with Retry-After is no attempt at all (NOTE [faults]).
 DEFAULT_REMOTE_RETRY = RetryPolicy(
-    max_attempts=8,
+    max_attempts=1000,
     initial_backoff=0.1,
-    max_backoff=5.0,
+    max_backoff=2.0,
     max_total_seconds=120.0,
     connect_timeout=10.0,
     read_timeout=60.0,
@@ -55,13 +56,19 @@ class RemoteLoader:
     ``ShardedDataset`` takes it) makes them the data-parallel rank and the number of replicas,
     so the ranks of one replica get the same batches.  ``seed``/``fingerprint`` pin what the
     servers must serve (409 → :class:`ResumeError` otherwise); unset, they are learned from
-    the first server.
+    the first server.  The first server's pipeline (decoder, transform, collate and the
+    options that built them) is pinned too: a replica whose pipeline differs is refused with
+    a :class:`ResumeError` naming both fingerprints and what differs (NOTE [pinned pipeline]
+    in :mod:`shardloader.service.fingerprint`).
+    ``retry``: the budget of attempts that deliver no batch, spent by the library's one retry
+    loop (:func:`shardloader.storage.retry.call_with_retries`); by default 120 s since the
+    last batch.  A replica that stops, is restarted or loses a worker process is a fault,
+    not an error: the pass continues on the next replica where the last batch left off.
     ``token``: the bearer token of servers started with ``--token-file``; by default it comes
     from ``$SHARDLOADER_TOKEN``, or the file ``$SHARDLOADER_TOKEN_FILE`` names.
-    ``transport``: ``"auto"`` takes batches through shared memory from a server on this host
-    (a loopback URL or this host's name; NOTE [shm handover] in
-    :mod:`shardloader.service.shm`) and over TCP otherwise or when that fails; ``"tcp"``
-    always uses TCP.  The batches are the same either way.
+    ``transport``: no longer has an effect (batches always come over TCP; the same-host
+    shared-memory road measured no steady gain over a local loader, see the Service page) and
+    warns; it goes in a later release.
     """
 
     def __init__(
@@ -76,7 +83,7 @@ class RemoteLoader:
         token: str | None = None,
         retry: RetryPolicy | None = None,
         prefetch: int = 2,
-        transport: str = "auto",
+        transport: str | None = None,
         data_parallel: Any = None,
     ) -> None:
         listed = [urls] if isinstance(urls, str) else list(urls)
@@ -102,15 +109,20 @@ class RemoteLoader:
             "plan": None,
             "partitions": None,  # the server plans them from the ranks per node it is sent
         }
+        self.pipeline: str | None = None  # the pinned pipeline's fingerprint
+        self.pipeline_spec: dict[str, Any] | None = None  # ... and its description
         self._token = token if token is not None else _token_from_env()
         self.retry = retry or DEFAULT_REMOTE_RETRY
         self.prefetch = prefetch
-        if transport not in ("auto", "tcp"):
-            raise UsageError(f"transport={transport!r} must be 'auto' or 'tcp'")
-        self.transport = transport
-        self.shm_dir = SHM_DIR  # where a same-host server's segments are found
-        self.shm_batches = 0  # batches that came through shared memory (for logs and tests)
-        self.tcp_batches = 0  # batches whose bytes came over the socket
+        if transport is not None:
+            if transport not in ("auto", "tcp"):
+                raise UsageError(f"transport={transport!r} must be 'auto' or 'tcp'")
+            warnings.warn(
+                "RemoteLoader(transport=...) has no effect: batches always come over TCP; "
+                "drop the argument",
+                DeprecationWarning,
+                stacklevel=2,
+            )
         self._epoch = 0
         self._start = 0  # global batches consumed before the next pass of this epoch
         self._position = 0  # global batches consumed, as the loop has seen them
@@ -236,6 +248,8 @@ class RemoteLoader:
         if self._per_node is not None:
             params["ranks_per_node"] = self._per_node
         params.update({k: v for k, v in self._expect.items() if v is not None})
+        if self.pipeline is not None:
+            params["pipeline"] = self.pipeline
         return params
 
     def _headers(self) -> dict[str, str]:
@@ -246,31 +260,14 @@ class RemoteLoader:
             self._info(self._epoch, self._start)
 
     def _info(self, epoch: int, position: int) -> dict[str, Any]:
-        rng = random.Random()
-        index, failures, began = self._first(), 0, time.monotonic()
-        while True:
-            endpoint = self._endpoints[index]
-            try:
-                info = get_json(
-                    endpoint, "/v1/info", self._params(epoch, position), self._headers(), self.retry
-                )
-                break
-            except (OSError, http.client.HTTPException) as err:
-                if isinstance(err, ShardloaderError):
-                    raise
-                failures += 1
-                delay = next_delay(
-                    self.retry,
-                    failures,
-                    began,
-                    rng,
-                    err,
-                    endpoint.url,
-                    f"read /v1/info (epoch {epoch})",
-                )
-                index = (index + 1) % len(self._endpoints)
-                self.reconnects += 1
-                time.sleep(delay)
+        def ask(endpoint: Endpoint) -> tuple[Endpoint, dict[str, Any]]:
+            params, headers = self._params(epoch, position), self._headers()
+            return endpoint, get_json(
+                endpoint, "/v1/info", params, headers, self.retry, self.pipeline_spec
+            )
+
+        failover = Failover(self._endpoints, self._first(), self.retry, on_fault=self._fault)
+        endpoint, info = failover.call(ask, f"read /v1/info (epoch {epoch}) from the service at")
         if info.get("protocol") != PROTOCOL:
             raise UsageError(
                 f"{endpoint.url} speaks protocol {info.get('protocol')!r}, this "
@@ -281,7 +278,13 @@ class RemoteLoader:
                 self._expect[key] = info[key]
         if self._expect["partitions"] is None:
             self._expect["partitions"] = int(info.get("partitions", 1))
+        if self.pipeline is None and isinstance(info.get("pipeline"), str):
+            self.pipeline, self.pipeline_spec = info["pipeline"], info.get("pipeline_spec")
         return info
+
+    def _fault(self, endpoint: Endpoint, err: BaseException) -> None:
+        log.info("%s: %s: %s; trying the next replica", endpoint.url, type(err).__name__, err)
+        self.reconnects += 1
 
     def _first(self) -> int:
         return self._rank % len(self._endpoints)

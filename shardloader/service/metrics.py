@@ -35,12 +35,7 @@ class Metrics:
         self.lock = threading.Lock()
         self.batches = 0
         self.bytes = 0
-        self.shm_frames = 0  # frames whose payload went through shared memory (ended streams)
         self.frame_hint = 0  # the largest one-batch payload a stream began with (bytes)
-        self.shm_worker_frames = 0  # frames DataLoader workers encoded into shared memory
-        self.shm_forwarded = 0  # bundles of token batches handed over in the workers' ring
-        self.shm_fallbacks = 0  # frames sent over TCP because no shared slot was free
-        self.shm_unattached = 0  # bytes of shared memory made for clients not mapping it yet
         self.streams = 0
         self.streams_done = 0
         self.rejected: dict[str, int] = {}
@@ -85,37 +80,6 @@ class Metrics:
                 "counter",
                 "Frame bytes sent to clients.",
                 [({}, self.bytes)],
-            )
-            metric(
-                "shardloader_shm_frames_total",
-                "counter",
-                "Frames whose payload went through shared memory (streams that ended).",
-                [({}, self.shm_frames)],
-            )
-            metric(
-                "shardloader_shm_worker_frames_total",
-                "counter",
-                "Frames the streams' DataLoader workers encoded into shared memory themselves.",
-                [({}, self.shm_worker_frames)],
-            )
-            metric(
-                "shardloader_shm_forwarded_total",
-                "counter",
-                "Bundles of token batches the client read from the workers' shared ring.",
-                [({}, self.shm_forwarded)],
-            )
-            metric(
-                "shardloader_shm_fallbacks_total",
-                "counter",
-                "Frames sent over TCP because the client held every shared slot.",
-                [({}, self.shm_fallbacks)],
-            )
-            metric(
-                "shardloader_shm_unattached_bytes",
-                "gauge",
-                "Shared memory made for clients that have not mapped it (yet); at most "
-                "--shm-reserve.",
-                [({}, self.shm_unattached)],
             )
             metric(
                 "shardloader_streams_total",

@@ -20,11 +20,6 @@ class ServeOptions:
     token: str | None = None  # every request but /health needs "Authorization: Bearer <token>"
     ping_interval: float = 5.0  # seconds without a batch before a keep-alive frame
     prefetch_factor: int = 2  # batches each worker prepares ahead
-    # where same-host clients are offered shared memory (NOTE [shm handover]); None: TCP only
-    shm_dir: str | None = "/dev/shm"
-    # bytes of it clients that have not mapped theirs may hold (NOTE [unattached reserve]);
-    # None: half of shm_dir's file system, at most 1 GiB
-    shm_reserve: int | None = None
     # NOTE [connection rules] in shardloader/service/connections.py (nginx's defaults, shorter)
     header_timeout: float = 10.0  # seconds a new connection has to send a whole request head
     idle_timeout: float = 30.0  # seconds a connection may wait for its next request
@@ -45,8 +40,6 @@ class ServeOptions:
             value = getattr(self, name)
             if not value > 0:
                 raise UsageError(f"--{name.replace('_', '-')} {value} must be > 0 seconds")
-        if self.shm_reserve is not None and self.shm_reserve < 0:
-            raise UsageError(f"--shm-reserve {self.shm_reserve} must be >= 0 bytes")
         if self.prefetch_factor < 1:
             raise UsageError(f"prefetch_factor {self.prefetch_factor} must be >= 1")
 

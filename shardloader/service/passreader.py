@@ -3,37 +3,51 @@ pass's frames from the servers, reconnecting where the last one broke off, and k
 decoded ahead of the training loop.
 
 NOTE [faults]: every frame carries its step.  The reader counts the steps it has received; on
-any connection fault (refused, reset, timeout, truncated frame, 5xx/503) it reconnects, to the
-next URL round-robin, and asks for ``start = first step not received``, so no batch is lost or
-repeated.  Attempts that deliver nothing are bounded by the loader's
-:class:`~shardloader.storage.retry.RetryPolicy` (attempts and seconds since the last batch,
-backoff with jitter between them); a connection that delivered batches resets the count.
-Answers that another attempt cannot change (400, 401, 409, a pipeline error on the server)
-raise at once.
+any server fault it reconnects, to the next URL round-robin, and asks for ``start = first step
+not received``, so no batch is lost or repeated.  A fault is anything another replica, or the
+same one restarted, may not repeat:
+
+- a refused, reset or timed-out connection, a stream cut mid-frame, 5xx;
+- a stream whose server stopped (SIGTERM to its process group, as systemd stops a service:
+  uvicorn closes the connection, or the stream's workers die first);
+- a stream whose pipeline lost a worker process (SIGKILL, the OOM killer): the server sends an
+  ``error`` frame marked ``transient`` for every failure that is not a ShardloaderError of
+  the pipeline itself (:meth:`shardloader.service.stream.Stream._fail`);
+- 503 with Retry-After (``--max-clients``): not an attempt, a wait of that long once every
+  replica said busy.
+
+Attempts that deliver nothing are spent by the one retry loop there is,
+:func:`~shardloader.storage.retry.call_with_retries` under the loader's
+:class:`~shardloader.storage.retry.RetryPolicy` (through
+:class:`~shardloader.service.transport.Failover`): its budget counts from the last batch
+received, so a connection that delivered batches starts it afresh.  Answers that another
+attempt cannot change (400, 401, 409: another dataset, seed, plan or pipeline, and a
+pipeline's own ShardloaderError, which every replica would raise) raise at once.
 """
 
 from __future__ import annotations
 
+import functools
 import http.client
 import logging
-import os
 import queue
-import random
 import socket
 import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
 
 from shardloader import errors
 from shardloader.errors import ShardloaderError
-from shardloader.service.options import is_loopback
-from shardloader.service.ring import RingAttachment
-from shardloader.service.shm import Attachment
-from shardloader.service.transport import Endpoint, check_status, next_delay, remote_error
+from shardloader.service.transport import (
+    Endpoint,
+    Failover,
+    Stopped,
+    check_status,
+    remote_error,
+)
 from shardloader.service.wiredecode import decode_batches
-from shardloader.service.wireframes import read_frame, shm_span
+from shardloader.service.wireframes import read_frame
 from shardloader.storage.retry import TruncatedBodyError
 
 if TYPE_CHECKING:
@@ -68,10 +82,9 @@ class PassReader:
         self.loader, self.epoch, self.position = loader, epoch, position
         self.endpoints, self.first, self.params, self.headers = endpoints, first, params, headers
         self.q: queue.Queue[Any] = queue.Queue(maxsize=loader.prefetch)
+        self.received = 0  # steps of the pass received (the reader thread's own)
         self.stop = threading.Event()
         self._sock: socket.socket | None = None
-        self.attachment: Attachment | None = None  # the current stream's shared memory
-        self.ring: RingAttachment | None = None  # and its workers' ring (token batches)
         self._thread = threading.Thread(
             target=self._run, daemon=True, name=f"shardloader-remote-rank{loader.rank}"
         )
@@ -80,11 +93,6 @@ class PassReader:
     def batches(self) -> Iterator[Any]:
         while True:
             item = self.q.get()
-            attachment, ring = self.attachment, self.ring
-            if attachment is not None:
-                attachment.collect()  # slots of batches the loop has dropped: NOTE [shm handover]
-            if ring is not None:
-                ring.collect()
             if item is _END:
                 return
             if isinstance(item, BaseException):
@@ -119,133 +127,82 @@ class PassReader:
 
     def _read_pass(self) -> None:
         loader = self.loader
+        failover = Failover(self.endpoints, self.first, loader.retry, self.stop, self._fault)
         place = f"rank {loader.rank}/{loader.world_size}"
-        endpoints = self.endpoints
-        rng = random.Random()  # jitter only: never touches the data order
-        index, received, failures, since = self.first, 0, 0, time.monotonic()
-        while not self.stop.is_set():
-            endpoint = endpoints[index]
-            progressed = False
-            try:
-                for frame in self._frames(endpoint, received):
-                    kind = frame.kind
-                    if kind == "batch":
-                        if frame.header["step"] != received:
-                            raise errors.DecodeError(
-                                f"{endpoint.url} sent step {frame.header['step']} where step "
-                                f"{received} was due ({place}, epoch {self.epoch})"
-                            )
-                        batches = self._decode(frame, endpoint)
-                        if "shm" in frame.header or "ring" in frame.header:
-                            loader.shm_batches += len(batches)
-                        else:
-                            loader.tcp_batches += len(batches)
-                        if not self._put(batches):  # a frame's batches go as one item
-                            return
-                        received += len(batches)
-                        progressed, failures, since = True, 0, time.monotonic()
-                    elif kind == "shm":
-                        self._attach(frame.header, endpoint)
-                    elif kind == "end":
-                        if frame.header.get("steps") != received:
-                            raise errors.DecodeError(
-                                f"{endpoint.url} ended the pass at {received} steps but "
-                                f"announced {frame.header.get('steps')} ({place})"
-                            )
-                        self._put(_END)
-                        return
-                    elif kind == "error":
-                        self._put(remote_error(endpoint.url, frame.header, self.epoch, place))
-                        return
-                raise TruncatedBodyError(f"{endpoint.url} closed the stream before its end")
-            except (OSError, http.client.HTTPException) as err:
-                if isinstance(err, ShardloaderError) and not isinstance(err, TruncatedBodyError):
-                    raise
-                if self.stop.is_set():
-                    return
-                failures += 1
-                delay = (
-                    0.0
-                    if progressed
-                    else next_delay(
-                        loader.retry,
-                        failures,
-                        since,
-                        rng,
-                        err,
-                        endpoint.url,
-                        f"read epoch {self.epoch} step {received} ({place})",
-                    )
-                )
-                log.info(
-                    "stream from %s broke at step %d (%s: %s); reconnecting in %.2f s",
-                    endpoint.url,
-                    received,
-                    type(err).__name__,
-                    err,
-                    delay,
-                )
-                index = (index + 1) % len(endpoints)
-                loader.reconnects += 1
-                self.stop.wait(delay)
-
-    def _decode(self, frame: Any, endpoint: Endpoint) -> list[Any]:
-        if "ring" in frame.header:  # NOTE [forwarded slots]
-            if self.ring is None or frame.header.get("count") != len(
-                batches := self.ring.batches(frame.header)
-            ):
-                raise errors.DecodeError(
-                    f"{endpoint.url} sent a bundle from a shared ring this client never "
-                    "mapped, or one whose count does not match its layout"
-                )
-            return batches
-        if "shm" not in frame.header:
-            return decode_batches(frame)
-        if self.attachment is None:
-            raise errors.DecodeError(
-                f"{endpoint.url} sent a batch through shared memory this client never mapped"
-            )
-        return decode_batches(frame, self.attachment.receive(*shm_span(frame.header)))
-
-    def _attach(self, header: dict[str, Any], endpoint: Endpoint) -> None:
-        """Map the stream's segment if it is on this host; else the server keeps to TCP."""
         try:
-            ring = header.get("ring")
-            if ring is not None:  # mapped first: attaching the segment tells the server
-                self.ring = RingAttachment(self.loader.shm_dir, ring)
-            self.attachment = Attachment(self.loader.shm_dir, header)
-        except (OSError, ValueError) as err:
-            self.ring = None
-            log.info(
-                "shared memory of %s is not reachable from here (%s); reading over TCP",
-                endpoint.url,
-                err,
-            )
+            # each call: the attempts until one delivers a batch (NOTE [faults])
+            while not failover.call(
+                functools.partial(self._stream, failover),
+                f"read epoch {self.epoch} step {self.received} ({place}) from the service at",
+            ):
+                pass
+        except Stopped:
+            return
+        self._put(_END)
 
-    def _wants_shm(self, endpoint: Endpoint) -> bool:
-        if self.loader.transport != "auto" or not os.path.isdir(self.loader.shm_dir):
+    def _fault(self, endpoint: Endpoint, err: BaseException) -> None:
+        log.info(
+            "stream from %s broke at step %d (%s: %s); trying the next replica",
+            endpoint.url,
+            self.received,
+            type(err).__name__,
+            err,
+        )
+        self.loader.reconnects += 1
+
+    def _stream(self, failover: Failover, endpoint: Endpoint) -> bool:
+        """Read the pass from ``endpoint`` at the first step not received: True at its end,
+        False when it broke after delivering batches (the next call starts a fresh budget);
+        a fault before any batch raises, as the retry loop wants it."""
+        loader = self.loader
+        place = f"rank {loader.rank}/{loader.world_size}"
+        begun = self.received
+        try:
+            for frame in self._frames(endpoint, self.received):
+                kind = frame.kind
+                if kind == "batch":
+                    if frame.header["step"] != self.received:
+                        raise errors.DecodeError(
+                            f"{endpoint.url} sent step {frame.header['step']} where step "
+                            f"{self.received} was due ({place}, epoch {self.epoch})"
+                        )
+                    batches = decode_batches(frame)
+                    if not self._put(batches):  # a frame's batches go as one item
+                        raise Stopped()
+                    self.received += len(batches)
+                elif kind == "end":
+                    if frame.header.get("steps") != self.received:
+                        raise errors.DecodeError(
+                            f"{endpoint.url} ended the pass at {self.received} steps but "
+                            f"announced {frame.header.get('steps')} ({place})"
+                        )
+                    return True
+                elif kind == "error":
+                    raise remote_error(endpoint.url, frame.header, self.epoch, place)
+            raise TruncatedBodyError(f"{endpoint.url} closed the stream before its end")
+        except (OSError, http.client.HTTPException) as err:
+            if self.received == begun or self.stop.is_set():
+                raise
+            if isinstance(err, ShardloaderError) and not isinstance(err, TruncatedBodyError):
+                raise
+            failover.advance(endpoint, err)  # progress: reconnect at once, budget afresh
             return False
-        return is_loopback(endpoint.host) or endpoint.host == socket.gethostname()
 
     def _frames(self, endpoint: Endpoint, start: int) -> Iterator[Any]:
         loader = self.loader
         conn = endpoint.connect(loader.retry)
         self._sock = conn.sock
-        self.attachment = None  # a new stream announces its own segment
-        self.ring = None
         try:
             if self.stop.is_set():
                 return
             params = {**self.params(), "start": start}
-            if self._wants_shm(endpoint):
-                params["shm"] = 1
             conn.request(
                 "GET",
                 f"{endpoint.prefix}/v1/batches?{urlencode(params)}",
                 headers=self.headers,
             )
             resp = conn.getresponse()
-            check_status(endpoint, resp)
+            check_status(endpoint, resp, loader.pipeline_spec)
             while (frame := read_frame(resp.readinto)) is not None:
                 yield frame
         finally:

@@ -6,6 +6,7 @@ the serving machine.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import stat
@@ -17,7 +18,7 @@ from shardloader.presets import DatasetPreset
 if TYPE_CHECKING:
     from shardloader.dataset import ShardedDataset
 
-__all__ = ["is_factory", "load_pipeline", "read_token"]
+__all__ = ["declared_options", "is_factory", "load_pipeline", "read_token"]
 
 _FACTORY = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 
@@ -110,3 +111,20 @@ def load_pipeline(pipeline: str, preset: DatasetPreset | None = None) -> Sharded
             "must return a shardloader.ShardedDataset"
         )
     return dataset
+
+
+# where and how the data is fetched: replicas may differ in these and still make the same batches
+_NOT_PIPELINE = frozenset({"cache_dir", "storage_options", "retry"})
+
+
+def declared_options(pipeline: str, preset: DatasetPreset | None) -> dict[str, Any]:
+    """What the command line declares about the pipeline, for its fingerprint (NOTE [pinned
+    pipeline] in :mod:`shardloader.service.fingerprint`): the preset's options (``--transform``,
+    ``--image-size``, ``--decode``, ...) for a dataset path, the factory's name otherwise."""
+    if preset is None:
+        return {"factory": pipeline}
+    return {
+        f.name: getattr(preset, f.name)
+        for f in dataclasses.fields(preset)
+        if f.name not in _NOT_PIPELINE
+    }

@@ -11,7 +11,7 @@ with Retry-After.  Counters: :mod:`shardloader.service.metrics`.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from shardloader.dataset import ShardedDataset
@@ -42,10 +42,13 @@ def serve(
     port: int,
     on_ready: Callable[[str, int], None] | None = None,
     log_level: str = "warning",
+    declared: Mapping[str, Any] | None = None,
 ) -> None:
     """Bind ``host:port`` (0: any free port), call ``on_ready(host, port)``, serve until SIGTERM.
 
-    A non-loopback ``host`` needs a token (the CLI checks this too).
+    A non-loopback ``host`` needs a token (the CLI checks this too).  ``declared``: the options
+    that built the dataset's pipeline, part of its fingerprint (NOTE [pinned pipeline] in
+    :mod:`shardloader.service.fingerprint`).
     """
     import socket
 
@@ -54,9 +57,7 @@ def serve(
             f"--host {host} is not a loopback address: pass --token-file so every "
             "request is authenticated"
         )
-    app = create_app(dataset, options)
-    if options.shm_dir is not None:
-        remove_stale_files(options.shm_dir)
+    app = create_app(dataset, options, declared)
     warm_up(dataset)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -75,22 +76,6 @@ def serve(
         server.run(sockets=[sock])
     finally:
         sock.close()
-
-
-def remove_stale_files(folder: str) -> None:
-    """Remove the shared-memory files servers killed before us left in ``folder`` (NOTE
-    [stale segments] in :mod:`shardloader.service.shmfiles`), and say so."""
-    from shardloader.service.shmfiles import remove_stale
-
-    removed, freed = remove_stale(folder)
-    if removed:
-        log.warning(
-            "removed %d shared-memory file(s) (%.1f MiB) in %s that servers which were "
-            "killed left behind",
-            removed,
-            freed / (1 << 20),
-            folder,
-        )
 
 
 def uvicorn_server(app: Any, options: ServeOptions, log_level: str = "warning") -> Any:

@@ -10,8 +10,7 @@ dataset planned from P (exactly what a local loader resumed at P reads); the fir
 this rank are cut from the plan, never read.
 
 A slow client blocks its producer (the slots), so memory stays flat.  The pass itself is
-planned in :mod:`shardloader.service.passes`, the stream's shared memory is kept in
-:mod:`shardloader.service.streamshm`, what the producer hands the event loop in
+planned in :mod:`shardloader.service.passes`, what the producer hands the event loop in
 :mod:`shardloader.service.handoff`, and the event loop's side, the HTTP response, is
 :mod:`shardloader.service.response`.
 """
@@ -23,15 +22,14 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from shardloader.dataset import ShardedDataset
 from shardloader.deliver.loader import make_loader
-from shardloader.deliver.transport import BUNDLE_BYTES, MAX_BUNDLE, unbundle, worker_bundle
-from shardloader.errors import ShardloaderError
-from shardloader.service.encoded import Encoded
+from shardloader.deliver.transport import BUNDLE_BYTES, MAX_BUNDLE
+from shardloader.errors import IncompleteEpochError, ShardloaderError
 from shardloader.service.handoff import Frame, Handoff
 from shardloader.service.metrics import Metrics
 from shardloader.service.options import ServeOptions
@@ -43,15 +41,7 @@ from shardloader.service.passes import (
     warm_up,
 )
 from shardloader.service.response import Receive, Scope, Send, stream_response
-from shardloader.service.ring import Arrived, SharedRing, ring_maker
-from shardloader.service.shm import WAIT_SECONDS
-from shardloader.service.streamshm import StreamMemory
-from shardloader.service.wireencode import (
-    encode_batches,
-    encode_control,
-    encode_forward,
-    encode_header,
-)
+from shardloader.service.wireencode import encode_batches, encode_control
 from shardloader.service.wireframes import frame_size
 
 __all__ = ["Request", "Stream", "needs_serial_pipeline", "pass_dataset", "steps_of_pass", "warm_up"]
@@ -70,7 +60,6 @@ class Request:
     position: int
     start: int
     steps: int
-    shm: bool = False  # the client asked for the shared-memory handover (NOTE [shm handover])
     ranks_per_node: int | None = None  # as the client detected them (NOTE [node partitions])
 
 
@@ -97,7 +86,6 @@ class Stream:
         self.handoff = Handoff(  # NOTE [frame hand-off]
             loop, metrics, options.max_inflight, options.ping_interval, req.start
         )
-        self.memory = StreamMemory(options, metrics, self.id)  # NOTE [shm handover]
         self.stop = threading.Event()
         # the producer thread's own: the next step to queue, the batches gathered for one frame
         # and how many a frame carries (1 until the first batch's size is known)
@@ -123,8 +111,7 @@ class Stream:
 
     @property
     def lag(self) -> int:
-        """Batches ready here that the client has not taken (at most ``max_inflight`` whose
-        bytes are queued here; a forwarded token bundle's frame counts all its batches)."""
+        """Batches ready here that the client has not taken (at most ``max_inflight``)."""
         return self.handoff.lag
 
     @property
@@ -165,9 +152,8 @@ class Stream:
     # -- producer thread ------------------------------------------------------------------
     def _put(self, chunks: list[Any], last: bool, count: int = 0, permits: int = 1) -> bool:
         """Queue a frame for the event loop once ``permits`` of the ``max_inflight`` are free
-        (a frame of ``count`` batches takes as many, one whose bytes stay in the shared ring
-        takes one); the event loop gives them back once the frame is sent (False: the stream
-        stopped)."""
+        (a frame of ``count`` batches takes as many); the event loop gives them back once the
+        frame is sent (False: the stream stopped)."""
         self._idle_since = t0 = time.monotonic()
         try:
             if not self.handoff.reserve(permits, self.stop):
@@ -184,7 +170,6 @@ class Stream:
         r = self.req
         try:
             if r.start < r.steps:
-                # held here until the memory is closed, as the pass's workers and files are
                 view = pass_dataset(
                     self.dataset,
                     r.epoch,
@@ -205,64 +190,44 @@ class Stream:
                 self._put([encode_control("end", self._step, steps=r.steps)], True)
         except Exception as err:
             self._fail(self._step, err)
-        finally:
-            self.memory.close()
 
     def _read_pass(self, view: ShardedDataset) -> bool:
         """Run the pass's pipeline over ``view`` and queue its frames (False: the stream
         stopped)."""
-        loader, ring, serial = self._open_loader(view)
-        # with a shared ring, the DataLoader's own items: bundles stay whole
-        items: Iterator[Any] = _items(loader) if ring is not None else iter(loader)
+        extra: dict[str, Any] = {"persistent_workers": False}
+        if self.options.workers:
+            extra["prefetch_factor"] = self.options.prefetch_factor
+        loader = make_loader(view, num_workers=self.options.workers, **extra)
+        serial = not self.options.workers and needs_serial_pipeline(view)
+        items: Iterator[Any] = iter(loader)
         try:
-            return self._drain(items, ring, serial)
+            return self._drain(items, serial)
         finally:
             items.close()  # type: ignore[attr-defined]
             self._group = []
             del items, loader  # shuts the DataLoader's workers down now
 
-    def _open_loader(self, view: ShardedDataset) -> tuple[Any, SharedRing | None, bool]:
-        """The DataLoader of ``view``, this rank's pass from step ``start``; the shared ring its
-        workers write into (None: none); whether it must run under the serial-pipeline lock."""
-        r = self.req
-        extra: dict[str, Any] = {"persistent_workers": False}
-        if self.options.workers:
-            extra["prefetch_factor"] = self.options.prefetch_factor
-            if r.shm and self.options.shm_dir and worker_bundle(view) > 1:
-                # NOTE [forwarded slots]: workers write into memory the client maps
-                extra["make_ring"] = ring_maker(self.options.shm_dir, 4, self.memory.claiming)
-            elif r.shm and self.options.shm_dir:
-                self.memory.for_workers(extra)  # NOTE [worker slots]
-        try:
-            loader = make_loader(view, num_workers=self.options.workers, **extra)
-        except OSError as err:  # no room in /dev/shm for the ring: copy instead
-            log.info("stream %d: no shared ring (%s)", self.id, err)
-            extra.pop("make_ring", None)
-            loader = make_loader(view, num_workers=self.options.workers, **extra)
-        ring = getattr(loader.worker_init_fn, "ring", None)
-        if not isinstance(ring, SharedRing):
-            ring = None
-        self.memory.ring = ring
-        return loader, ring, not self.options.workers and needs_serial_pipeline(view)
-
-    def _drain(self, items: Iterator[Any], ring: SharedRing | None, serial: bool) -> bool:
-        """Queue the pipeline's items as frames until it ends (False: the stream stopped)."""
-        reserve = self.options.workers * (self.options.prefetch_factor + 2)
+    def _drain(self, items: Iterator[Any], serial: bool) -> bool:
+        """Queue the pipeline's batches as frames until it ends (False: the stream stopped)."""
         while not self.stop.is_set():
-            if ring is not None and self.memory.attached():
-                ring.wait_room(reserve, WAIT_SECONDS)
-            item = self._next(items, serial)
-            if item is _END:
+            batch = self._next(items, serial)
+            if batch is _END:
                 break
-            if isinstance(item, Arrived) and not self.memory.attached():
-                item = item.materialize()  # the client maps no shared memory: copy it out
-            if isinstance(item, (Encoded, Arrived)):
-                if not self._whole(item):
-                    return False
-            elif not self._batches(unbundle(item) if ring is not None else (item,)):
+            if not self._batches(batch):
                 return False
-            del item
+            del batch
         return self.stop.is_set() or self._flush()
+
+    def _batches(self, batch: Any) -> bool:
+        """Gather ``batch`` into a frame of ``_per_frame`` (the pass's last may be short) and
+        queue the frame once full (False: the stream stopped)."""
+        r = self.req
+        self._group.append(batch)
+        if len(self._group) < self._per_frame and self._step + len(self._group) < r.steps:
+            return True
+        if self._step == r.start:
+            self._size_frames()
+        return self._flush()
 
     def _next(self, items: Iterator[Any], serial: bool) -> Any:
         """The pipeline's next item (``_END`` after the last), the wait counted as busy."""
@@ -276,48 +241,15 @@ class Stream:
             self._busy_since = None
             self._busy += time.monotonic() - t0
 
-    def _whole(self, item: Encoded | Arrived) -> bool:
-        """Queue an item the workers made one frame of: batches they encoded into the stream's
-        segment (NOTE [worker slots]) or a bundle of their ring the client maps (NOTE
-        [forwarded slots]); the batches gathered before it go first (False: stopped)."""
-        if not self._flush():
-            return False
-        if isinstance(item, Encoded):
-            frame = encode_header(self._step, item.fields)
-        else:
-            frame = encode_forward(self._step, item.count, item.ring.forward(item))
-        if not self._put(frame, False, item.count):
-            return False
-        if isinstance(item, Encoded):
-            self.memory.encoded += 1
-        self._step += item.count
-        return True
-
-    def _batches(self, batches: Iterable[Any]) -> bool:
-        """Gather ``batches`` into frames of ``_per_frame`` (the pass's last may be short) and
-        queue each full one (False: the stream stopped)."""
-        r = self.req
-        for batch in batches:
-            self._group.append(batch)
-            if len(self._group) < self._per_frame and self._step + len(self._group) < r.steps:
-                continue
-            if self._step == r.start and not self._size_frames():
-                return False
-            if not self._flush():
-                return False
-        return True
-
-    def _size_frames(self) -> bool:
+    def _size_frames(self) -> None:
         """Judge frames by the pass's first batch, which goes alone (NOTE [frames of several
-        batches]): how many batches a frame carries, and the size of the slots of the stream's
-        segment when the client asked for one (False: the stream stopped)."""
+        batches]): how many batches a frame carries."""
         one = frame_size(encode_batches(self._step, self._group))
         with self.metrics.lock:
             self.metrics.frame_hint = max(self.metrics.frame_hint, one)
         self._per_frame = min(
             max(1, BUNDLE_BYTES // max(one, 1)), MAX_BUNDLE, self.options.max_inflight
         )
-        return not self.req.shm or self._open_segment(self._step, self._per_frame * one)
 
     def _flush(self) -> bool:
         """Queue the batches gathered so far as one frame (False: the stream stopped)."""
@@ -340,30 +272,29 @@ class Stream:
         of microseconds, more than a token batch takes to make.  The client
         counts every batch of a frame as a step, so resuming works as with one per frame.
         """
-        chunks = encode_batches(step, group, self.memory.place)
+        chunks = encode_batches(step, group)
         return self._put(chunks, False, len(group), len(group))
 
-    def _open_segment(self, step: int, frame_bytes: int) -> bool:
-        """Make the stream's segment, its slots sized for frames of ``frame_bytes``, and
-        announce it (False: the stream stopped)."""
-        announce = self.memory.open(frame_bytes)
-        if announce is None:
-            return True
-        if not self._put([encode_control("shm", step, **announce)], False):
-            return False
-        self.memory.wait_attached(0.2)  # the client maps it as soon as it reads the frame
-        return True
-
     def _fail(self, step: int, err: Exception) -> None:
+        """Tell the client the pass failed at ``step``.
+
+        A ShardloaderError of the pipeline (bad data, a transform's bug) is the data's: every
+        replica would raise it, so the client raises it.  Anything else (a worker process
+        killed, by the OOM killer or by a SIGTERM to the process group; batches lost on the
+        way from the workers; memory) is this process's: the frame says ``transient`` and
+        the client goes on at ``step`` on another replica, or here once restarted (NOTE
+        [faults] in :mod:`shardloader.service.passreader`)."""
         r = self.req
+        transient = not isinstance(err, ShardloaderError) or isinstance(err, IncompleteEpochError)
         log.warning(
-            "stream %d (%s, epoch %d, rank %d/%d) failed at step %d: %s",
+            "stream %d (%s, epoch %d, rank %d/%d) failed at step %d%s: %s",
             self.id,
             self.client,
             r.epoch,
             r.rank,
             r.world_size,
             step,
+            " (not the data's fault: the client tries again)" if transient else "",
             err,
             exc_info=True,
         )
@@ -371,7 +302,10 @@ class Stream:
             self.metrics.pipeline_errors += 1
         kind = type(err).__name__ if isinstance(err, ShardloaderError) else "ShardloaderError"
         message = f"{type(err).__name__}: {err}"[:8000]
-        self._put([encode_control("error", step, error=kind, message=message)], True)
+        fields: dict[str, Any] = {"error": kind, "message": message}
+        if transient:
+            fields["transient"] = True
+        self._put([encode_control("error", step, **fields)], True)
 
     # -- event loop -----------------------------------------------------------------------
     async def respond(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -381,16 +315,3 @@ class Stream:
             await stream_response(self.handoff, scope, receive, send)
         finally:
             self.close()
-
-
-def _items(loader: Any) -> Iterator[Any]:
-    """The DataLoader's items as its workers sent them (a :class:`~shardloader.deliver.transport.
-    Bundle` stays whole), without :class:`~shardloader.deliver.loader.ShardLoader`'s unbundling; the
-    stream counts the steps itself."""
-    from torch.utils.data import DataLoader
-
-    it = DataLoader.__iter__(loader)
-    try:
-        yield from it
-    finally:
-        del it  # shuts the workers down

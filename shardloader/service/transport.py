@@ -8,25 +8,55 @@ from __future__ import annotations
 
 import http.client
 import json
+import logging
 import random
 import socket
+import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 from urllib.parse import urlencode, urlsplit
 
 from shardloader import errors
-from shardloader.errors import ResumeError, ShardloaderError, StorageError, UsageError
-from shardloader.storage.retry import RetryPolicy
+from shardloader.errors import (
+    ResumeError,
+    ShardloaderError,
+    StorageError,
+    TruncatedBodyError,
+    UsageError,
+)
+from shardloader.service.fingerprint import differences
+from shardloader.storage.classify import describe
+from shardloader.storage.retry import RetryPolicy, call_with_retries
 
-__all__ = ["Endpoint", "check_status", "get_json", "next_delay", "remote_error"]
+__all__ = [
+    "Endpoint",
+    "Failover",
+    "Stopped",
+    "Unavailable",
+    "check_status",
+    "get_json",
+    "remote_error",
+]
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
-class _RetryStatus(ConnectionError):
-    """A status another attempt may fix (5xx, 503 busy), with the server's Retry-After."""
+class Unavailable(ConnectionError):
+    """A server fault that another attempt, here or on another replica, may fix: a refused or
+    reset connection, a cut stream, 5xx, 503 busy (``retry_after``: the seconds its
+    Retry-After asks for), a pipeline that lost its workers (NOTE [faults] in
+    :mod:`shardloader.service.passreader`).  A ``ConnectionError``: transient to
+    :func:`~shardloader.storage.retry.call_with_retries`."""
 
     def __init__(self, message: str, retry_after: float = 0.0) -> None:
         super().__init__(message)
         self.retry_after = retry_after
+
+
+class Stopped(Exception):
+    """The loop stopped reading (not a storage error: it passes the retry loop unchanged)."""
 
 
 class Endpoint:
@@ -54,48 +84,107 @@ class Endpoint:
         return conn
 
 
-def next_delay(
-    policy: RetryPolicy,
-    failures: int,
-    began: float,
-    rng: random.Random,
-    err: BaseException,
-    url: str,
-    what: str,
-) -> float:
-    """Seconds to wait before the next attempt, or StorageError when the budget is spent."""
-    elapsed = time.monotonic() - began
-    if failures >= policy.max_attempts or elapsed >= policy.max_total_seconds:
-        raise StorageError(
-            f"cannot {what} from the service (last {url}): gave up after {failures} "
-            f"attempt{'s' if failures != 1 else ''} without progress in {elapsed:.1f} s; last "
-            f"cause: {type(err).__name__}: {err}; check that a server runs there, or raise "
-            "RemoteLoader(retry=RetryPolicy(...)) limits"
-        ) from err
-    delay = policy.backoff(failures, rng)
-    if isinstance(err, _RetryStatus):
-        delay = max(delay, min(err.retry_after, policy.max_backoff))
-    return min(delay, max(0.0, policy.max_total_seconds - elapsed))
+class Failover:
+    """The service client's one retry loop: ``attempt(endpoint)`` on the replicas round-robin,
+    from ``first``, under a :class:`~shardloader.storage.retry.RetryPolicy` (through
+    :func:`~shardloader.storage.retry.call_with_retries`, the storage calls' loop).
+
+    Each fault moves to the next replica.  A 503 with Retry-After is not an attempt: once
+    every replica has said busy, it waits what the last one asked (a little more, spread so
+    that turned-away clients do not return at once), within the policy's time budget.
+    ``stop`` ends waits and attempts with :class:`Stopped`; ``on_fault(endpoint, err)`` is
+    told of each fault.
+    """
+
+    def __init__(
+        self,
+        endpoints: list[Endpoint],
+        first: int,
+        policy: RetryPolicy,
+        stop: threading.Event | None = None,
+        on_fault: Callable[[Endpoint, BaseException], None] | None = None,
+    ) -> None:
+        self.endpoints, self.index, self.policy = endpoints, first, policy
+        self.stop = stop or threading.Event()
+        self.on_fault = on_fault
+        self._rng = random.Random()  # spreads waits in time only: never touches the data order
+
+    def advance(self, endpoint: Endpoint, err: BaseException) -> None:
+        """A fault on ``endpoint``: the next attempt goes to the next replica."""
+        self.index = (self.index + 1) % len(self.endpoints)
+        if self.on_fault is not None:
+            self.on_fault(endpoint, err)
+
+    def call(self, attempt: Callable[[Endpoint], T], what: str) -> T:
+        """``attempt``'s result; :class:`StorageError` once the policy's attempts or seconds
+        are spent, naming every replica, the attempts and the last cause; a ShardloaderError
+        ``attempt`` raises (409, 401, a pipeline's own error) at once."""
+        began = time.monotonic()
+        busy = 0
+
+        def once() -> T:
+            nonlocal busy
+            while True:
+                if self.stop.is_set():
+                    raise Stopped()
+                endpoint = self.endpoints[self.index]
+                try:
+                    return attempt(endpoint)
+                except (OSError, http.client.HTTPException) as err:
+                    if isinstance(err, ShardloaderError) and not isinstance(
+                        err, TruncatedBodyError
+                    ):
+                        raise
+                    if self.stop.is_set():
+                        raise Stopped() from err
+                    self.advance(endpoint, err)
+                    after = err.retry_after if isinstance(err, Unavailable) else 0.0
+                    if not after > 0:
+                        raise Unavailable(f"{endpoint.url}: {describe(err)}") from err
+                    busy += 1  # busy: Retry-After spends no attempt, only time
+                    if busy % len(self.endpoints):
+                        continue  # another replica may have room
+                    left = self.policy.max_total_seconds - (time.monotonic() - began)
+                    if left <= 0:
+                        raise Unavailable(
+                            f"{endpoint.url} is still busy after {busy} tries in "
+                            f"{time.monotonic() - began:.1f} s: {err}"
+                        ) from err
+                    self.stop.wait(min(after * self._rng.uniform(1.0, 1.25), left))
+
+        urls = ", ".join(e.url for e in self.endpoints)
+        return call_with_retries(once, url=urls, policy=self.policy, what=what)
 
 
-def check_status(endpoint: Endpoint, resp: http.client.HTTPResponse) -> None:
+def check_status(
+    endpoint: Endpoint, resp: http.client.HTTPResponse, pipeline: dict[str, Any] | None = None
+) -> None:
+    """Nothing for 200; else the error the status means (``pipeline``: the description of the
+    pipeline the client pinned, to say what a replica's differs in)."""
     if resp.status == 200:
         return
-    raw = resp.read(1 << 16)
+    raw = resp.read(1 << 20)
     try:
-        message = str(json.loads(raw).get("error", raw[:300]))
+        body = json.loads(raw)
+        message = str(body.get("error", raw[:300]))
     except (ValueError, AttributeError):
-        message = raw[:300].decode("utf-8", "replace")
+        body, message = {}, raw[:300].decode("utf-8", "replace")
     where = f"{endpoint.url} answered {resp.status}"
     if resp.status in (429, 500, 502, 503, 504):
         try:
             after = float(resp.getheader("retry-after") or 0)
         except ValueError:
             after = 0.0
-        raise _RetryStatus(f"{where}: {message}", after)
+        raise Unavailable(f"{where}: {message}", after if resp.status in (429, 503) else 0.0)
     if resp.status == 401:
         raise StorageError(
             f"{where}: {message}; pass RemoteLoader(token=...) with the server's token"
+        )
+    if resp.status == 409 and "pipeline_spec" in body and pipeline is not None:
+        differ = differences(pipeline, body["pipeline_spec"])
+        raise ResumeError(
+            f"{where}: {message}; what differs (here = the pipeline this client pinned, there = "
+            f"{endpoint.url}): {'; '.join(differ) or 'nothing that can be named'}"
         )
     if resp.status == 409:
         raise ResumeError(f"{where}: {message}")
@@ -108,26 +197,37 @@ def get_json(
     params: dict[str, Any],
     headers: dict[str, str],
     policy: RetryPolicy,
+    pipeline: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """One GET of a JSON object (``pipeline``: as :func:`check_status` takes it)."""
     conn = endpoint.connect(policy)
     try:
         conn.request("GET", f"{endpoint.prefix}{path}?{urlencode(params)}", headers=headers)
         resp = conn.getresponse()
-        check_status(endpoint, resp)
+        check_status(endpoint, resp, pipeline)
         body = json.loads(resp.read())
     except ValueError as err:
         if isinstance(err, ShardloaderError):
             raise
-        raise _RetryStatus(f"{endpoint.url}{path} sent a body that is not JSON: {err}") from err
+        raise Unavailable(f"{endpoint.url}{path} sent a body that is not JSON: {err}") from err
     finally:
         conn.close()
     if not isinstance(body, dict):
-        raise _RetryStatus(f"{endpoint.url}{path} sent {type(body).__name__}, not a JSON object")
+        raise Unavailable(f"{endpoint.url}{path} sent {type(body).__name__}, not a JSON object")
     return body
 
 
-def remote_error(url: str, header: dict[str, Any], epoch: int, place: str) -> ShardloaderError:
-    """The error a server's pipeline raised, as the same ShardloaderError class when known."""
+def remote_error(
+    url: str, header: dict[str, Any], epoch: int, place: str
+) -> ShardloaderError | Unavailable:
+    """The error a server's pipeline raised, as the same ShardloaderError class when known;
+    :class:`Unavailable` where the server marked it transient (its workers died, it is
+    shutting down: NOTE [faults] in :mod:`shardloader.service.passreader`)."""
+    if header.get("transient"):
+        return Unavailable(
+            f"the pipeline on {url} broke at step {header.get('step')} of epoch {epoch} "
+            f"({place}), not for the data's sake: {header.get('message', 'no message')}"
+        )
     name = str(header.get("error", ""))
     cls = getattr(errors, name, None) if name in errors.__all__ else None
     if not (isinstance(cls, type) and issubclass(cls, ShardloaderError)):

@@ -21,9 +21,7 @@ Protocol 2 adds: ``["r", {str: node}]`` (a :class:`~shardloader.batching.raw.Raw
 ``["c", data, offsets, present]`` (a :class:`~shardloader.batching.raw.ByteColumn`: buffer
 indices; ``offsets`` int64 ``n + 1``, ``present`` bool ``n`` or null when every sample has the
 field); a batch frame may carry ``trees`` (consecutive steps ``step, step + 1, ...``, one node
-each, sharing the buffers) instead of ``tree``; and ``"shm": [slot, nbytes]``, which says the
-payload is not on the wire but in slot ``slot`` of the stream's shared-memory segment
-(:mod:`shardloader.service.shm`; announced by a ``shm`` control frame).
+each, sharing the buffers) instead of ``tree``.
 
 The protocol lives in three modules: :mod:`~shardloader.service.wireframes` (the prefix, limits
 and allowlists; reading frames), :mod:`~shardloader.service.wireencode` (batches into frames)
@@ -38,9 +36,6 @@ from shardloader.service.wireencode import (
     encode_batch,
     encode_batches,
     encode_control,
-    encode_forward,
-    encode_header,
-    encode_placed,
 )
 from shardloader.service.wireframes import (
     MAGIC,
@@ -49,7 +44,6 @@ from shardloader.service.wireframes import (
     frame_size,
     iter_frames,
     read_frame,
-    shm_span,
 )
 
 __all__ = [
@@ -61,11 +55,7 @@ __all__ = [
     "decode_batch",
     "decode_batches",
     "encode_batches",
-    "encode_forward",
-    "encode_header",
-    "encode_placed",
     "read_frame",
     "iter_frames",
     "frame_size",
-    "shm_span",
 ]

@@ -26,10 +26,9 @@ __all__ = ["decode_batch", "decode_batches"]
 
 
 class _Decoder:
-    def __init__(self, frame: Frame, payload: np.ndarray | None = None) -> None:
-        # every tensor is a view of one tensor over the payload, which holds ``payload``
-        # itself: a shared-memory slot is free again exactly when that array is gone
-        self.payload = np.frombuffer(frame.payload, np.uint8) if payload is None else payload
+    def __init__(self, frame: Frame) -> None:
+        # every tensor is a view of one tensor over the payload
+        self.payload = np.frombuffer(frame.payload, np.uint8)
         self._base: torch.Tensor | None = None
         spans = frame.header.get("buffers", [])
         if not isinstance(spans, list):
@@ -104,7 +103,7 @@ class _Decoder:
 
     def view(self, off: int, n: int) -> np.ndarray:
         """Bytes ``off..off+n`` of the payload as an array that keeps the payload alive (a
-        plain numpy slice would refer to the payload's base: NOTE [shm handover] item 4)."""
+        plain numpy slice would refer to the payload's base only)."""
         if self._base is None:
             self._base = torch.from_numpy(self.payload)
         return self._base[off : off + n].numpy()
@@ -169,19 +168,16 @@ def decode_batch(frame: Frame) -> Any:
     return batches[0]
 
 
-def decode_batches(frame: Frame, payload: np.ndarray | None = None) -> list[Any]:
-    """The batches (consecutive steps from the header's ``step``) a ``batch`` frame carries.
-
-    Their tensors share the frame's payload, or ``payload`` (uint8): the shared-memory slot
-    the frame's ``shm`` names, which the caller looked up (:mod:`shardloader.service.shm`).
-    """
+def decode_batches(frame: Frame) -> list[Any]:
+    """The batches (consecutive steps from the header's ``step``) a ``batch`` frame carries;
+    their tensors share the frame's payload."""
     header = frame.header
     if frame.kind != "batch" or ("tree" in header) == ("trees" in header):
         raise DecodeError(f"a {frame.kind!r} frame carries no batch")
-    if ("shm" in header) != (payload is not None):
+    if "shm" in header or "ring" in header:  # shared memory this client never asks for
         raise DecodeError("a frame's payload is not where its header says")
     trees = [header["tree"]] if "tree" in header else header["trees"]
     if not isinstance(trees, list) or not trees:
         raise DecodeError("a batch frame's trees are not a non-empty list")
-    decoder = _Decoder(frame, payload)
+    decoder = _Decoder(frame)
     return [decoder.node(tree, 0) for tree in trees]

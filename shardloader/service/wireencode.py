@@ -5,7 +5,6 @@ side of a batch stream.  Only the types the layout names are encoded; anything e
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -26,9 +25,6 @@ __all__ = [
     "encode_batch",
     "encode_batches",
     "encode_control",
-    "encode_forward",
-    "encode_header",
-    "encode_placed",
 ]
 
 _ALIGN = 64
@@ -146,45 +142,11 @@ def encode_batch(step: int, batch: Any) -> list[Any]:
     return frame_chunks(header, enc.buffers, enc.spans, enc.size)
 
 
-Place = Callable[[int], "tuple[int, np.ndarray] | None"]
-
-
-def encode_placed(batches: list[Any], place: Place) -> dict[str, Any] | None:
-    """The header fields (``tree``/``trees``, ``buffers``, ``shm``) of consecutive batches
-    whose payload ``place`` found room for, copied there; None if it found none.  A DataLoader
-    worker does this (:mod:`shardloader.service.encoded`); :func:`encode_header` makes the
-    frame once the step is known."""
-    enc = _Encoder()
-    trees = [enc.node(b, f"batch {i}", 0) for i, b in enumerate(batches)]
-    taken = place(enc.size) if enc.size else None
-    if taken is None:
-        return None
-    _copy_into(enc, taken[1])
-    fields: dict[str, Any] = {"tree": trees[0]} if len(trees) == 1 else {"trees": trees}
-    return {**fields, "buffers": enc.spans, "shm": [taken[0], enc.size]}
-
-
-def encode_header(step: int, fields: dict[str, Any]) -> list[Any]:
-    """A batch frame whose payload is elsewhere (``fields`` from :func:`encode_placed`, or a
-    forwarded ring bundle): the header alone."""
-    return frame_chunks({"kind": "batch", "step": int(step), **fields}, [], [], 0)
-
-
-def _copy_into(enc: _Encoder, buf: np.ndarray) -> None:
-    for raws, (offset, _) in zip(enc.buffers, enc.spans, strict=True):
-        for raw in raws if isinstance(raws, list) else (raws,):
-            if raw.nbytes:
-                buf[offset : offset + raw.nbytes] = np.frombuffer(raw, np.uint8)
-                offset += raw.nbytes
-
-
-def encode_batches(step: int, batches: list[Any], place: Place | None = None) -> list[Any]:
+def encode_batches(step: int, batches: list[Any]) -> list[Any]:
     """Encode consecutive batches (steps ``step, step + 1, ...``) as one frame.
 
-    ``place(nbytes)``, when given, may return ``(slot, buffer)``: a shared-memory slot of at
-    least ``nbytes`` bytes (:mod:`shardloader.service.shm`); the payload is then copied there
-    and the frame on the wire is its header only.  Otherwise the chunks alias the batches'
-    tensors (no copy); keep the batches alive until they are sent.
+    The chunks alias the batches' tensors (no copy); keep the batches alive until they are
+    sent.
     """
     enc = _Encoder()
     trees = [enc.node(b, f"batch (step {step + i})", 0) for i, b in enumerate(batches)]
@@ -194,24 +156,11 @@ def encode_batches(step: int, batches: list[Any], place: Place | None = None) ->
     else:
         header["trees"] = trees
     header["buffers"] = enc.spans
-    taken = place(enc.size) if place is not None and enc.size else None
-    if taken is None:
-        return frame_chunks(header, enc.buffers, enc.spans, enc.size)
-    slot, buf = taken
-    _copy_into(enc, buf)
-    header["shm"] = [slot, enc.size]
-    return frame_chunks(header, [], [], 0)
-
-
-def encode_forward(step: int, count: int, fields: dict[str, Any]) -> list[Any]:
-    """A frame of ``count`` token batches the client reads from the stream's shared ring
-    (``fields``: ``ring`` and ``layout``, :meth:`shardloader.service.ring.SharedRing.forward`)."""
-    header = {"kind": "batch", "step": int(step), "count": int(count), **fields}
-    return frame_chunks(header, [], [], 0)
+    return frame_chunks(header, enc.buffers, enc.spans, enc.size)
 
 
 def encode_control(kind: str, step: int, **fields: Any) -> bytes:
     """An ``end`` / ``error`` / ``ping`` frame (no payload)."""
     if kind not in KINDS or kind == "batch":
-        raise UsageError(f"control frame kind {kind!r} is not one of end, error, ping, shm")
+        raise UsageError(f"control frame kind {kind!r} is not one of end, error, ping")
     return b"".join(frame_chunks({"kind": kind, "step": int(step), **fields}, [], [], 0))

@@ -37,7 +37,6 @@ __all__ = [
     "is_scalar",
     "iter_frames",
     "read_frame",
-    "shm_span",
 ]
 
 MAGIC = b"SLF1"
@@ -46,7 +45,7 @@ _PREFIX = struct.Struct("<4sIQ")
 MAX_HEADER = 64 << 20  # a header this large means a broken or hostile stream
 MAX_PAYLOAD = 1 << 36
 MAX_DEPTH = 64
-KINDS = ("batch", "end", "error", "ping", "shm")
+KINDS = ("batch", "end", "error", "ping")
 _SMALL = 64 << 10  # pieces below this are copied together: one write instead of many
 
 TORCH_DTYPES: dict[str, torch.dtype] = {
@@ -185,15 +184,3 @@ def iter_frames(data: bytes | bytearray) -> Iterator[Frame]:
 
     while (frame := read_frame(readinto)) is not None:
         yield frame
-
-
-def shm_span(header: dict[str, Any]) -> tuple[int, int]:
-    """(slot, nbytes) of a frame whose payload is in shared memory (its ``shm``)."""
-    span = header.get("shm")
-    if (
-        not isinstance(span, list)
-        or len(span) != 2
-        or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in span)
-    ):
-        raise DecodeError(f"malformed shm reference {str(span)[:80]}")
-    return span[0], span[1]
