@@ -42,7 +42,7 @@ from shardloader.errors import ShardloaderError
 from shardloader.service.transport import (
     Endpoint,
     Failover,
-    Stopped,
+    _LoopStopped,
     check_status,
     remote_error,
 )
@@ -136,7 +136,7 @@ class PassReader:
                 f"read epoch {self.epoch} step {self.received} ({place}) from the service at",
             ):
                 pass
-        except Stopped:
+        except _LoopStopped:
             return
         self._put(_END)
 
@@ -168,7 +168,7 @@ class PassReader:
                         )
                     batches = decode_batches(frame)
                     if not self._put(batches):  # a frame's batches go as one item
-                        raise Stopped()
+                        raise _LoopStopped()
                     self.received += len(batches)
                 elif kind == "end":
                     if frame.header.get("steps") != self.received:

@@ -32,8 +32,6 @@ from shardloader.storage.retry import RetryPolicy, call_with_retries
 __all__ = [
     "Endpoint",
     "Failover",
-    "Stopped",
-    "Unavailable",
     "check_status",
     "get_json",
     "remote_error",
@@ -43,7 +41,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-class Unavailable(ConnectionError):
+class _ServerUnavailable(ConnectionError):
     """A server fault that another attempt, here or on another replica, may fix: a refused or
     reset connection, a cut stream, 5xx, 503 busy (``retry_after``: the seconds its
     Retry-After asks for), a pipeline that lost its workers (NOTE [faults] in
@@ -55,7 +53,7 @@ class Unavailable(ConnectionError):
         self.retry_after = retry_after
 
 
-class Stopped(Exception):
+class _LoopStopped(Exception):
     """The loop stopped reading (not a storage error: it passes the retry loop unchanged)."""
 
 
@@ -92,7 +90,7 @@ class Failover:
     Each fault moves to the next replica.  A 503 with Retry-After is not an attempt: once
     every replica has said busy, it waits what the last one asked (a little more, spread so
     that turned-away clients do not return at once), within the policy's time budget.
-    ``stop`` ends waits and attempts with :class:`Stopped`; ``on_fault(endpoint, err)`` is
+    ``stop`` ends waits and attempts with :class:`_LoopStopped`; ``on_fault(endpoint, err)`` is
     told of each fault.
     """
 
@@ -126,7 +124,7 @@ class Failover:
             nonlocal busy
             while True:
                 if self.stop.is_set():
-                    raise Stopped()
+                    raise _LoopStopped()
                 endpoint = self.endpoints[self.index]
                 try:
                     return attempt(endpoint)
@@ -136,17 +134,17 @@ class Failover:
                     ):
                         raise
                     if self.stop.is_set():
-                        raise Stopped() from err
+                        raise _LoopStopped() from err
                     self.advance(endpoint, err)
-                    after = err.retry_after if isinstance(err, Unavailable) else 0.0
+                    after = err.retry_after if isinstance(err, _ServerUnavailable) else 0.0
                     if not after > 0:
-                        raise Unavailable(f"{endpoint.url}: {describe(err)}") from err
+                        raise _ServerUnavailable(f"{endpoint.url}: {describe(err)}") from err
                     busy += 1  # busy: Retry-After spends no attempt, only time
                     if busy % len(self.endpoints):
                         continue  # another replica may have room
                     left = self.policy.max_total_seconds - (time.monotonic() - began)
                     if left <= 0:
-                        raise Unavailable(
+                        raise _ServerUnavailable(
                             f"{endpoint.url} is still busy after {busy} tries in "
                             f"{time.monotonic() - began:.1f} s: {err}"
                         ) from err
@@ -175,7 +173,7 @@ def check_status(
             after = float(resp.getheader("retry-after") or 0)
         except ValueError:
             after = 0.0
-        raise Unavailable(f"{where}: {message}", after if resp.status in (429, 503) else 0.0)
+        raise _ServerUnavailable(f"{where}: {message}", after if resp.status in (429, 503) else 0.0)
     if resp.status == 401:
         raise StorageError(
             f"{where}: {message}; pass RemoteLoader(token=...) with the server's token"
@@ -209,22 +207,24 @@ def get_json(
     except ValueError as err:
         if isinstance(err, ShardloaderError):
             raise
-        raise Unavailable(f"{endpoint.url}{path} sent a body that is not JSON: {err}") from err
+        where = f"{endpoint.url}{path}"
+        raise _ServerUnavailable(f"{where} sent a body that is not JSON: {err}") from err
     finally:
         conn.close()
     if not isinstance(body, dict):
-        raise Unavailable(f"{endpoint.url}{path} sent {type(body).__name__}, not a JSON object")
+        kind = type(body).__name__
+        raise _ServerUnavailable(f"{endpoint.url}{path} sent {kind}, not a JSON object")
     return body
 
 
 def remote_error(
     url: str, header: dict[str, Any], epoch: int, place: str
-) -> ShardloaderError | Unavailable:
+) -> ShardloaderError | _ServerUnavailable:
     """The error a server's pipeline raised, as the same ShardloaderError class when known;
-    :class:`Unavailable` where the server marked it transient (its workers died, it is
+    :class:`_ServerUnavailable` where the server marked it transient (its workers died, it is
     shutting down: NOTE [faults] in :mod:`shardloader.service.passreader`)."""
     if header.get("transient"):
-        return Unavailable(
+        return _ServerUnavailable(
             f"the pipeline on {url} broke at step {header.get('step')} of epoch {epoch} "
             f"({place}), not for the data's sake: {header.get('message', 'no message')}"
         )
