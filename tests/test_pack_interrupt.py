@@ -46,6 +46,15 @@ def held(s3_server, s3_client, s3_bucket) -> Iterator[tuple[str, FaultProxy]]:
         yield f"s3://{s3_bucket}/src", proxy
 
 
+def default_sigint() -> None:
+    """In the child before it runs pack: SIGINT as Python's default, not the runner's.
+
+    A background job of a non-interactive shell (``bash .ci/run &``) starts with SIGINT
+    ignored, children inherit an ignored signal through exec, and Python leaves an ignored
+    SIGINT alone: pack would never see the test's Ctrl-C."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _options(endpoint: str) -> dict:
     return {"endpoint_url": endpoint}
 
@@ -69,7 +78,9 @@ def _packing(src: str, out, workers: int, endpoint: str) -> Iterator[subprocess.
         "--workers",
         str(workers),
     ]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=default_sigint
+    )
     try:
         yield proc
     finally:

@@ -24,6 +24,7 @@ from typing import Any
 
 from shardloader.errors import ChecksumError, ManifestError, UsageError
 from shardloader.manifest import MANIFEST_NAME, Manifest, ShardInfo, load_manifest
+from shardloader.pack.lock import holding_out_lock
 from shardloader.pack.outdir import (
     SKIP_REPORT,
     check_writable,
@@ -142,6 +143,7 @@ def _copy_verified(src: Store, dst: Store, sha256: str, staging: str) -> int:
     return n
 
 
+@holding_out_lock("merge")  # NOTE [the OUT lock] in pack/lock.py
 def merge(
     part_dirs: Sequence[str],
     out: str | Store,
