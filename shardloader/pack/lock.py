@@ -188,7 +188,10 @@ def _local_lock(out: Store, holder: Holder) -> Iterator[OutLock]:
     if os.path.exists(folder) and not os.path.isdir(folder):
         raise UsageError(f"output {out.url!r} exists and is not a folder")
     created = not os.path.exists(folder)
-    os.makedirs(folder, exist_ok=True)
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as err:
+        raise StorageError(f"cannot create OUT {out.url!r} ({err}); pick a writable OUT") from err
     path = os.path.join(folder, LOCK_NAME)
     flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
     while True:
@@ -203,7 +206,10 @@ def _local_lock(out: Store, holder: Holder) -> Iterator[OutLock]:
             os.close(fd)
             if err.errno in (errno.EAGAIN, errno.EWOULDBLOCK):
                 raise _refused(out, Holder.from_json(data)) from None
-            raise StorageError(f"cannot lock {path!r} ({err})") from err
+            raise StorageError(
+                f"cannot lock {path!r} ({err}): the file system of OUT does not take flock "
+                "locks; pack into a local folder, or one on a file system that does"
+            ) from err
         # The previous holder removes the file on release: lock the file at the path now.
         try:
             same = os.path.samestat(os.fstat(fd), os.stat(path, follow_symlinks=False))
