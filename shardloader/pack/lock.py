@@ -17,6 +17,8 @@ it lists OUT until after its last write; a second run stops at once with
   on the ETag it read, so of two successors only one wins.  A holder on this host whose
   process is gone is taken over at once.  A run whose renewal finds the lock taken stops
   before it writes its manifest (:meth:`OutLock.check`).
+- **Other protocols** (``gs://``, ``memory://``, ...): no lock (fsspec has no conditional
+  create for them); a warning says so.
 
 The lease is :data:`DEFAULT_LEASE` seconds, else ``$SHARDLOADER_LOCK_LEASE``.
 """
@@ -154,9 +156,17 @@ def out_lock(out: Store, command: str, *, lease: float | None = None) -> Iterato
     if out.is_local:
         with _local_lock(out, holder) as lock:
             yield lock
-    else:
+    elif out.protocol in ("s3", "s3a"):
         with _remote_lock(out, holder, lease_seconds(lease)) as lock:
             yield lock
+    else:  # no conditional create through fsspec's generic interface
+        log.warning(
+            "%s: OUT is not locked on %s:// (local folders and s3:// are); make sure one run "
+            "at a time writes it",
+            out.url,
+            out.protocol,
+        )
+        yield OutLock(out, holder)
 
 
 def holding_out_lock(command: str) -> Callable[[F], F]:
