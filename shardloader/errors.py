@@ -13,6 +13,7 @@ __all__ = [
     "UsageError",
     "InputError",
     "OutputExistsError",
+    "OutputLockedError",
     "ManifestError",
     "ShardError",
     "ChecksumError",
@@ -43,6 +44,12 @@ class InputError(ShardloaderError, ValueError):
 
 class OutputExistsError(ShardloaderError, FileExistsError):
     """The output location already holds data and neither --overwrite nor --resume was given."""
+
+
+class OutputLockedError(UsageError):
+    """Another run (``pack``, ``index``, ``merge``) holds the lock on the output location; the
+    message names it (host, pid, start time).  A usage error: the CLI exits 2, as for a call
+    that cannot run as given."""
 
 
 class ManifestError(ShardloaderError, ValueError):

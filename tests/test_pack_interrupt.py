@@ -46,6 +46,15 @@ def held(s3_server, s3_client, s3_bucket) -> Iterator[tuple[str, FaultProxy]]:
         yield f"s3://{s3_bucket}/src", proxy
 
 
+def default_sigint() -> None:
+    """In the child before it runs pack: SIGINT as Python's default, not the runner's.
+
+    A background job of a non-interactive shell (``bash .ci/run &``) starts with SIGINT
+    ignored, children inherit an ignored signal through exec, and Python leaves an ignored
+    SIGINT alone: pack would never see the test's Ctrl-C."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _options(endpoint: str) -> dict:
     return {"endpoint_url": endpoint}
 
@@ -69,7 +78,9 @@ def _packing(src: str, out, workers: int, endpoint: str) -> Iterator[subprocess.
         "--workers",
         str(workers),
     ]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=default_sigint
+    )
     try:
         yield proc
     finally:
@@ -152,3 +163,18 @@ def test_sigint_cleans_up_and_exits_130(tmp_path, held, workers):
     assert not [p for p in os.listdir(out) if ".tmp-" in p]
     assert "shard-00001.tar.zst" not in _check_final_names(out)
     _finish_and_compare(tmp_path, src, out, proxy)
+
+
+def test_children_get_the_default_sigint_even_when_the_runner_ignores_it():
+    """What a background job of a non-interactive shell does to the runner (SIG_IGN)."""
+    code = "import signal; print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)"
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        inherited = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60)
+        reset = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, timeout=60, preexec_fn=default_sigint
+        )
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert inherited.stdout == b"False\n"  # an ignored SIGINT survives exec: Ctrl-C is lost
+    assert reset.stdout == b"True\n", reset.stderr

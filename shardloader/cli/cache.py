@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import click
 
 from shardloader.cli.group import main
+from shardloader.cli.options import storage_option, storage_options
 from shardloader.errors import UsageError
 from shardloader.units import human_bytes
 
@@ -60,8 +61,22 @@ def _when(t: float | None) -> str:
 @cache_group.command("info")
 @_cache_dir
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def info_command(cache_dir: str | None, as_json: bool) -> None:
+@click.option(
+    "--uploads",
+    "uploads_out",
+    default=None,
+    metavar="OUT",
+    help="Instead: the incomplete multipart uploads under OUT (s3://), each marked as a "
+    "shardloader run's or another writer's.",
+)
+@storage_option
+def info_command(
+    cache_dir: str | None, as_json: bool, uploads_out: str | None, storage_option: tuple[str, ...]
+) -> None:
     """Show the cache root, each dataset's staged shards and size, the total and the limit."""
+    if uploads_out is not None:
+        _uploads_info(uploads_out, storage_options(storage_option), as_json)
+        return
     from shardloader.storage.cache import cache_limit, cache_root, legacy_root, usage
     from shardloader.storage.cachedir import root_problem
 
@@ -178,3 +193,29 @@ def _cleared(root: str, r: ClearReport) -> str:
     if r.busy:
         text += f"; {len(r.busy)} being staged by another process right now were left in place"
     return text
+
+
+def _uploads_info(out: str, options: dict[str, object], as_json: bool) -> None:
+    """What ``pack --resume``/``--overwrite`` would abort (NOTE [multipart journal] in
+    storage/uploads.py), and what it leaves to its own writer."""
+    from dataclasses import asdict
+
+    from shardloader.storage.store import Store
+    from shardloader.storage.uploads import incomplete_uploads
+
+    store = Store(out, options)
+    if store.is_local or store.protocol not in ("s3", "s3a"):
+        raise UsageError(f"--uploads {out!r}: incomplete multipart uploads exist on s3:// only")
+    found = incomplete_uploads(store)
+    if as_json:
+        click.echo(json.dumps({"out": store.url, "uploads": [asdict(u) for u in found]}, indent=1))
+        return
+    lines = [f"incomplete multipart uploads under {store.url}: {len(found)}"]
+    for u in found:
+        whose = (
+            f"shardloader run {u.run} (killed; the next pack --resume or --overwrite aborts it)"
+            if u.run
+            else "another writer's (left alone)"
+        )
+        lines.append(f"  {u.key}  started {u.initiated}  {whose}")
+    click.echo("\n".join(lines))

@@ -30,6 +30,7 @@ from shardloader.format.base import Format
 from shardloader.format.registry import get_format, known_formats
 from shardloader.manifest import MANIFEST_NAME, FieldInfo, Manifest, SampleIndex, ShardInfo
 from shardloader.pack.discover import list_inputs, record_kind
+from shardloader.pack.lock import holding_out_lock
 from shardloader.pack.outdir import list_out, remove_temps
 from shardloader.storage.retry import RetryPolicy
 from shardloader.storage.store import Store, as_store
@@ -139,6 +140,7 @@ def _relative(url: str, out: str) -> str:
     )
 
 
+@holding_out_lock("index")  # NOTE [the OUT lock] in pack/lock.py
 def index_shards(
     shards: Sequence[str],
     out: str | Store,

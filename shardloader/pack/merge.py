@@ -24,6 +24,7 @@ from typing import Any
 
 from shardloader.errors import ChecksumError, ManifestError, UsageError
 from shardloader.manifest import MANIFEST_NAME, Manifest, ShardInfo, load_manifest
+from shardloader.pack.lock import holding_out_lock
 from shardloader.pack.outdir import (
     SKIP_REPORT,
     check_writable,
@@ -38,6 +39,7 @@ from shardloader.pack.outdir import (
 from shardloader.pack.plan import shard_names
 from shardloader.storage.retry import RetryPolicy
 from shardloader.storage.store import Store, as_store
+from shardloader.storage.uploads import abort_recorded, put_file_recorded
 
 __all__ = ["MergeReport", "merge"]
 
@@ -116,7 +118,7 @@ def _shared_extra(m: Manifest) -> dict[str, Any]:
     return {k: v for k, v in m.extra.items() if k not in _PER_PART_EXTRA}
 
 
-def _copy_verified(src: Store, dst: Store, sha256: str, staging: str) -> int:
+def _copy_verified(src: Store, dst: Store, sha256: str, staging: str, run_id: str) -> int:
     """Copy ``src`` to ``dst`` through a temporary file, checking its sha256."""
     name = dst.url.rsplit("/", 1)[-1]
     tmp = os.path.join(staging, f".{name}.tmp-{uuid.uuid4().hex}")
@@ -135,13 +137,15 @@ def _copy_verified(src: Store, dst: Store, sha256: str, staging: str) -> int:
                 f"{src.url}: sha256 {h.hexdigest()} does not match its manifest ({sha256}); "
                 "re-pack this part"
             )
-        dst.put_file(tmp)
+        parent, _, name = dst.url.rpartition("/")  # recorded if it goes up in parts
+        put_file_recorded(Store(parent, dst.options, dst.retry), name, tmp, run_id)
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
     return n
 
 
+@holding_out_lock("merge")  # NOTE [the OUT lock] in pack/lock.py
 def merge(
     part_dirs: Sequence[str],
     out: str | Store,
@@ -170,6 +174,8 @@ def merge(
     if mode == "auto":
         mode = "reference" if None not in inside else "copy"
     existing = list_out(store)
+    if abort_recorded(store, existing):  # NOTE [multipart journal] in storage/uploads.py
+        existing = list_out(store)
     allowed = [p for p in inside if p is not None] if mode == "reference" else []
     check_writable(store, existing, overwrite=overwrite, allowed=allowed)
     old: set[str] = set()
@@ -200,6 +206,7 @@ def merge(
     os.makedirs(staging, exist_ok=True)
     shards = []
     copied = 0
+    run_id = uuid.uuid4().hex
     for number in sorted(by_number):
         shard, base, rel = by_number[number]
         if mode == "reference":
@@ -216,9 +223,11 @@ def merge(
             )
             continue
         name, index_name = shard_names(number, first.format, first.compression)
-        copied += _copy_verified(base.join(shard.path), store.join(name), shard.sha256, staging)
         copied += _copy_verified(
-            base.join(shard.index_path), store.join(index_name), shard.index_sha256, staging
+            base.join(shard.path), store.join(name), shard.sha256, staging, run_id
+        )
+        copied += _copy_verified(
+            base.join(shard.index_path), store.join(index_name), shard.index_sha256, staging, run_id
         )
         shards.append(
             ShardInfo(

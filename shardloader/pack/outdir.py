@@ -17,7 +17,9 @@ from typing import Any
 from shardloader.errors import ManifestError, OutputExistsError, StorageError, UsageError
 from shardloader.format.registry import get_format, known_formats
 from shardloader.manifest import MANIFEST_NAME, Manifest
+from shardloader.pack.lock import LOCK_NAME
 from shardloader.storage.store import Store
+from shardloader.storage.uploads import JOURNAL
 
 __all__ = [
     "SKIP_REPORT",
@@ -60,7 +62,12 @@ def shard_pattern(part: int | None) -> re.Pattern[str]:
 
 
 def list_out(store: Store) -> list[str]:
-    """Files below ``store`` (relative paths); [] if it does not exist."""
+    """Files below ``store`` (relative paths); [] if it does not exist.  The OUT lock (NOTE
+    [the OUT lock] in pack/lock.py) is not among them."""
+    return [p for p in _list_out(store) if p != LOCK_NAME]
+
+
+def _list_out(store: Store) -> list[str]:
     if store.is_local:
         path = store.local_path
         if os.path.exists(path) and not os.path.isdir(path):
@@ -88,12 +95,12 @@ def check_writable(
     allowed: Iterable[str] = (),
 ) -> None:
     """Refuse a non-empty ``out`` unless overwriting or resuming."""
-    allowed = tuple(allowed)
+    allowed = (*allowed, JOURNAL)  # records of uploads killed runs left: swept, not data
     blocking = [p for p in existing if not any(p == a or p.startswith(a + "/") for a in allowed)]
     if blocking and not (overwrite or resume):
         more = f" and {len(blocking) - 1} more" if len(blocking) > 1 else ""
         remedy = "pass --overwrite to replace what is there"
-        if not allowed:
+        if allowed == (JOURNAL,):
             remedy += ", or --resume to finish an interrupted pack"
         raise OutputExistsError(
             f"output {out.url!r} is not empty (holds {blocking[0]!r}{more}); {remedy}"

@@ -18,7 +18,6 @@ import os
 import shutil
 import tempfile
 import time
-import uuid
 from collections.abc import Callable, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -30,6 +29,7 @@ from shardloader.errors import ShardError, UsageError
 from shardloader.manifest import FORMAT_VERSION, MANIFEST_NAME, FieldInfo, Manifest, ShardInfo
 from shardloader.pack.discover import Source, discover
 from shardloader.pack.fill import every_sample_skipped
+from shardloader.pack.lock import OutLock, out_lock
 from shardloader.pack.notes import after_notes, shard_size_for
 from shardloader.pack.options import PACKER_VERSION, PackOptions, PackProgress, PackReport
 from shardloader.pack.outdir import (
@@ -55,7 +55,7 @@ from shardloader.pack.tokenizer import manifest_entry, token_source
 from shardloader.pack.write import place_shard, write_and_place, write_shard, writing
 from shardloader.read.fields import FieldMap
 from shardloader.storage.store import Store
-from shardloader.storage.uploads import Uploads
+from shardloader.storage.uploads import Uploads, abort_recorded
 
 __all__ = ["pack"]
 
@@ -117,7 +117,8 @@ def pack(
     # Started first: pack workers import the writer while this process lists and plans.
     executor = make_executor(options)
     try:
-        return _pack(src, out, options, progress, start, executor)
+        with out_lock(out_store, "pack") as lock:  # NOTE [the OUT lock] in pack/lock.py
+            return _pack(src, out, options, progress, start, executor, lock)
     except BaseException:
         executor.abort()
         raise
@@ -132,9 +133,12 @@ def _pack(
     progress: Callable[[PackProgress], None] | None,
     start: float,
     executor: Executor,
+    lock: OutLock,
 ) -> PackReport:
     source_store, out_store = options.store(src), options.store(out)
     existing = list_out(out_store)
+    if abort_recorded(out_store, existing):  # NOTE [multipart journal] in storage/uploads.py
+        existing = list_out(out_store)
     check_writable(out_store, existing, overwrite=options.overwrite, resume=options.resume)
     source = discover(
         source_store,
@@ -167,7 +171,7 @@ def _pack(
         src=source_store,
         out=out_store,
         staging=staging,
-        run_id=uuid.uuid4().hex,
+        run_id=lock.run_id,
         fmt=options.format,
         compression=options.compression,
         fields=fields,
@@ -246,6 +250,7 @@ def _pack(
             extra=extra,
             aliases=logical.aliases,
         )
+        lock.check()  # a run whose lease was taken over writes no manifest
         with writing(f"the manifest {out_store.join(MANIFEST_NAME).url}"):
             out_store.join(MANIFEST_NAME).write_bytes_atomic(manifest.to_json())
     except BaseException:

@@ -35,6 +35,7 @@ from shardloader.pack.refs import LineRun
 from shardloader.pack.resume import plan_digest, sidecar_bytes, sidecar_meta
 from shardloader.pack.task import ShardResult, ShardTask, WriteSpec, temp_name
 from shardloader.storage.store import Store
+from shardloader.storage.uploads import put_file_recorded
 
 __all__ = [
     "writing",
@@ -253,7 +254,7 @@ def place_shard(spec: WriteSpec, r: ShardResult) -> ShardResult:
         return r
     if r.num_samples:
         with writing(f"shard {spec.out.join(r.name).url}"):
-            spec.out.join(r.name).put_file(r.temp)
+            put_file_recorded(spec.out, r.name, r.temp, spec.run_id)  # storage/uploads.py
     if os.path.exists(r.temp):  # uploaded (remote OUT), or empty: drop the local copy
         os.remove(r.temp)
     return replace(r, temp=None)

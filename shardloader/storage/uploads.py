@@ -12,11 +12,29 @@ before it removes its local files.
 
 from __future__ import annotations
 
+import json
+import logging
+import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
 
-__all__ = ["Uploads"]
+from shardloader.storage.store import SINGLE_PUT, Store
+
+__all__ = [
+    "JOURNAL",
+    "Incomplete",
+    "Uploads",
+    "abort_recorded",
+    "incomplete_uploads",
+    "is_multipart",
+    "put_file_recorded",
+]
+
+log = logging.getLogger(__name__)
 
 
 class Uploads:
@@ -71,3 +89,109 @@ class Uploads:
     def close(self) -> None:
         """Drop uploads not yet started, wait for running ones, stop the threads."""
         self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+# -- multipart uploads a killed run leaves ------------------------------------------------------
+#
+# NOTE [multipart journal]: an upload past one PUT goes to S3 in parts, and a run killed
+# outright (``kill -9``, a lost node) leaves its incomplete multipart upload holding those parts
+# (billed, invisible to listings of objects).  S3 lists incomplete uploads by key but not their
+# metadata, so before such an upload starts the writer records it under OUT, at
+# ``.shardloader-uploads/<run id>/<key>``, and removes the record once the upload is whole.  The
+# next run that writes OUT (it holds the OUT lock, pack/lock.py) aborts the incomplete uploads
+# of every recorded key and drops the records; uploads of keys no record names, another
+# writer's, are never touched.
+
+JOURNAL = ".shardloader-uploads"
+
+
+def is_multipart(store: Store, local: str) -> bool:
+    """Whether :meth:`Store.put_file` sends ``local`` to ``store`` in parts (S3 past one PUT)."""
+    if store.is_local or store.protocol not in ("s3", "s3a"):
+        return False
+    block = int(store.options.get("default_block_size") or SINGLE_PUT)
+    return os.path.getsize(local) > block
+
+
+def put_file_recorded(out: Store, name: str, local: str, run_id: str) -> None:
+    """``out.join(name).put_file(local)``, recorded while it runs when it goes in parts (NOTE
+    [multipart journal])."""
+    target = out.join(name)
+    if not is_multipart(target, local):
+        target.put_file(local)
+        return
+    record = out.join(JOURNAL, run_id, name)
+    record.write_bytes_atomic(json.dumps({"key": name, "run": run_id}).encode())
+    target.put_file(local)  # on failure the record stays: the next run sweeps the key again
+    record.remove()
+
+
+@dataclass(frozen=True)
+class Incomplete:
+    """An incomplete multipart upload under OUT; ``run``: the shardloader run that recorded
+    it, None when no record names its key (another writer's)."""
+
+    key: str  # relative to OUT
+    upload_id: str
+    initiated: str
+    run: str | None
+
+
+def _records(existing: Iterable[str]) -> dict[str, str]:
+    """{key relative to OUT: run id} of the journal's records among ``existing`` paths."""
+    found = {}
+    for rel in existing:
+        parts = rel.split("/", 2)
+        if len(parts) == 3 and parts[0] == JOURNAL and parts[1] and parts[2]:
+            found[parts[2]] = parts[1]
+    return found
+
+
+def incomplete_uploads(out: Store, existing: Iterable[str] | None = None) -> list[Incomplete]:
+    """Every incomplete multipart upload under ``out`` (S3), each named ours or not."""
+    if out.is_local or out.protocol not in ("s3", "s3a"):
+        return []
+    if existing is None:
+        existing = out.list_files()
+    records = _records(existing)
+    fs, path = out.filesystem()
+    bucket, prefix, _ = fs.split_path(path.rstrip("/") + "/")
+    found = []
+    kwargs: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix}
+    while True:
+        page = out.call(partial(fs.call_s3, "list_multipart_uploads", **kwargs), "list")
+        for u in page.get("Uploads", []):
+            rel = str(u["Key"])[len(prefix) :]
+            found.append(Incomplete(rel, u["UploadId"], str(u.get("Initiated")), records.get(rel)))
+        if not page.get("IsTruncated"):
+            return found
+        kwargs["KeyMarker"] = page.get("NextKeyMarker")
+        kwargs["UploadIdMarker"] = page.get("NextUploadIdMarker")
+
+
+def abort_recorded(out: Store, existing: Iterable[str]) -> list[Incomplete]:
+    """Abort the incomplete uploads of every key the journal names, then drop the records
+    (NOTE [multipart journal]); the aborted uploads come back.  Call holding the OUT lock."""
+    existing = list(existing)
+    records = [rel for rel in existing if rel.startswith(JOURNAL + "/")]
+    if not records:
+        return []
+    aborted = [u for u in incomplete_uploads(out, existing) if u.run is not None]
+    if aborted:
+        fs, path = out.filesystem()
+        bucket, prefix, _ = fs.split_path(path.rstrip("/") + "/")
+        for u in aborted:
+            abort = partial(
+                fs.call_s3,
+                "abort_multipart_upload",
+                Bucket=bucket,
+                Key=prefix + u.key,
+                UploadId=u.upload_id,
+            )
+            out.call(abort, "abort an incomplete upload")
+        log.info(
+            "%s: aborted %d incomplete multipart uploads of killed runs", out.url, len(aborted)
+        )
+    for rel in records:
+        out.join(rel).remove()
+    return aborted
