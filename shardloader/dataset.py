@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import IterableDataset
 
-from shardloader.batching.base import check_positive
+from shardloader.batching.base import check_planner, check_positive
 from shardloader.codecs.allowlist import Decoder
 from shardloader.deliver.position import _PER_NODE, _RANK, _WORLD, integer
 from shardloader.deliver.stateful import DatasetState
@@ -111,14 +111,15 @@ class ShardedDataset(DatasetState, IterableDataset):  # type: ignore[type-arg]
         if self.manifest.num_samples == 0:
             raise UsageError(f"{url} holds no samples")
         self.batch_size = batch_size
-        self.planner = planner
+        self.planner = check_planner(planner)
         self.shuffle = shuffle if isinstance(shuffle, ShuffleOptions) else ShuffleOptions(shuffle)
         self.seed = integer("seed", seed)
         self.uneven = uneven
         self.transform = transform
-        resolve = getattr(planner, "resolve_collate", None)
         self.collate_fn = (
-            collate_fn if resolve is None else resolve(collate_fn, self.manifest.length_field)
+            collate_fn
+            if self.planner is None
+            else self.planner.resolve_collate(collate_fn, self.manifest.length_field)
         )
         self.decoder = decoder
         self.on_error = on_error
@@ -130,11 +131,10 @@ class ShardedDataset(DatasetState, IterableDataset):  # type: ignore[type-arg]
         self._init_position(rank, world_size, ranks_per_node, data_parallel)
         self._skip_log: SkipLog | None = None  # plan/ledger.py: where run-time skips are appended
         self._lengths: np.ndarray | None = None
-        bind = getattr(planner, "bind", None)
-        if bind is not None:  # a planner that reads the data itself checks it and loads lengths
-            self._lengths = bind(self)  # (batching/blocks.py)
-        elif planner is not None and getattr(planner, "needs_lengths", False):
-            self._lengths = self._load_lengths(required=True)
+        if self.planner is not None:  # a planner that reads the data itself checks it and
+            self._lengths = self.planner.bind(self)  # loads lengths (batching/blocks.py)
+            if self._lengths is None and self.planner.needs_lengths:
+                self._lengths = self._load_lengths(required=True)
         # len() of the last (epoch, start, rank, world) asked for: the loader checks every
         # pass against it; lengths loaded only for report(), never pickled into workers
         self._len_cache: tuple[tuple[int, ...], int] | None = None
@@ -319,12 +319,13 @@ class ShardedDataset(DatasetState, IterableDataset):  # type: ignore[type-arg]
         values = self._control.get()
         seed_global_rngs(derive_seed(self.seed, epoch, place.rank, place.worker, 1 << 40))
         plan = self._plan(epoch, start, place.rank, place.world_size, history)
-        if getattr(self.planner, "reads_token_stream", False):  # rows of token shards
+        if self.planner is not None and self.planner.units == "rows":  # rows of token shards
             from shardloader.read.blockpass import BlockSource, iterate_blocks
 
             assert self._lengths is not None  # the planner's bind() loaded them
+            rows: Any = self.planner  # a TokenBlocks
             source = BlockSource(
-                self.planner,
+                rows,
                 self.manifest,
                 self.base,
                 self.read_options,

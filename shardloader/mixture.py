@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from shardloader.batching.base import check_planner
 from shardloader.dataset import ShardedDataset
 from shardloader.deliver.control import Control
 from shardloader.deliver.position import integer
@@ -122,8 +123,8 @@ class Mixture(ShardedDataset):
             raise UsageError("a Mixture needs sources: {name: url or Source}, at least one")
         if by not in BLEND_UNITS:
             raise UsageError(f"by={by!r} is not one of {BLEND_UNITS}")
-        planner = options.get("planner")
-        if planner is not None and getattr(planner, "plan_stream", None) is not None:
+        planner = check_planner(options.get("planner"))
+        if planner is not None and planner.units == "rows":
             raise UsageError(
                 f"{type(planner).__name__} plans rows of one token stream and cannot blend "
                 "sources; pack rows from a mixture with PackedBatches"

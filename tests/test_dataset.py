@@ -12,6 +12,7 @@ import torch
 from helpers import batch_ids, payload, write_dataset
 
 import shardloader as sl
+from shardloader.batching import BatchPlanner
 
 UNEVEN_SIZES = [1, 120, 3, 0, 17, 59]  # wildly uneven, one empty shard: 200 samples
 
@@ -205,9 +206,7 @@ def test_a_state_saved_before_plan_signatures_still_loads(uneven_zstd):
 
 
 def test_a_planner_without_declared_options_is_refused(uneven_zstd):
-    class Opaque:
-        needs_lengths = False
-
+    class Opaque(BatchPlanner):
         def plan(self, order, lengths, rng):
             return [order[i : i + 4] for i in range(0, len(order), 4)]
 
@@ -219,6 +218,45 @@ def test_a_planner_without_declared_options_is_refused(uneven_zstd):
             return "Declared(4)"
 
     assert make(uneven_zstd, planner=Declared()).plan_signature.startswith("Declared(4);")
+
+
+def test_a_planner_says_what_it_lacks(uneven_zstd):
+    """The core calls the members BatchPlanner declares and probes for none: a planner that is
+    no BatchPlanner, or one without plan(), is refused when made, naming what is missing."""
+
+    class Duck:
+        needs_lengths = False
+
+        def plan(self, order, lengths, rng):
+            return [order]
+
+        def signature(self) -> str:
+            return "Duck()"
+
+    with pytest.raises(sl.UsageError, match="Duck.*not a shardloader.batching.BatchPlanner"):
+        make(uneven_zstd, planner=Duck())
+
+    class NoPlan(BatchPlanner):
+        def signature(self) -> str:
+            return "NoPlan()"
+
+    with pytest.raises(sl.UsageError, match="NoPlan does not define plan.*plan\\(order"):
+        NoPlan()
+
+    # one that defines only plan() gets every other member's default: a real epoch through
+    # workers, a report, a ledger, no reshape
+    class Fours(BatchPlanner):
+        def plan(self, order, lengths, rng):
+            return [order[i : i + 4] for i in range(0, len(order), 4)]
+
+        def signature(self) -> str:
+            return "Fours()"
+
+    ds = make(uneven_zstd, planner=Fours())
+    ids = real_ids(run_epoch(ds, 2))
+    assert sorted(ids) == list(range(ds.manifest.num_samples))
+    assert ds.report().steps_per_rank == -(-ds.manifest.num_samples // 4)
+    assert ds.elastic_option is None and ds.ledger().entries == ()
 
 
 class RecordRandomness:

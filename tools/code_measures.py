@@ -117,7 +117,10 @@ def subpackage_imports() -> dict[str, set[str]]:
 def two_way_imports() -> list[str]:
     graph = subpackage_imports()
     return sorted(
-        f"{a}<->{b}" for a, targets in graph.items() for b in targets if a < b and a in graph.get(b, ())
+        f"{a}<->{b}"
+        for a, targets in graph.items()
+        for b in targets
+        if a < b and a in graph.get(b, ())
     )
 
 
@@ -145,9 +148,7 @@ def dataset_parameters() -> int:
     from shardloader.dataset import ShardedDataset
 
     params = inspect.signature(ShardedDataset.__init__).parameters
-    return sum(
-        1 for p in params.values() if p.name != "self" and p.kind is not p.VAR_KEYWORD
-    )
+    return sum(1 for p in params.values() if p.name != "self" and p.kind is not p.VAR_KEYWORD)
 
 
 def measures() -> dict[str, object]:

@@ -47,10 +47,11 @@ NOTE [plan signature]
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import numpy as np
 
@@ -61,6 +62,7 @@ __all__ = [
     "PlanReport",
     "account",
     "batch_ids",
+    "check_planner",
     "pad_fraction",
     "padded_length",
     "segment_counts",
@@ -76,24 +78,144 @@ FIT_POLICIES = ("first", "best")
 DEFAULT_WINDOW = 4096
 
 
-@runtime_checkable
-class BatchPlanner(Protocol):
-    """Cuts an epoch's order into global batches; see the module docstring."""
+class BatchPlanner(abc.ABC):
+    """Cuts an epoch's order into global batches; see the module docstring.
 
-    needs_lengths: bool
+    Everything the dataset and the plan ask of a planner is declared here, each with a default
+    but :meth:`plan`; the core calls these members and never probes for others (DESIGN.md
+    "How to add a planner").  Subclass it as a frozen dataclass of the planner's options.
+    A class that leaves :meth:`plan` out cannot be made (a :class:`UsageError` naming it).
+    """
 
+    #: What a batch names: ``"samples"`` (ids ``[k]`` or segments ``[k, 3]``, NOTE [what a
+    #: batch is]) or ``"rows"`` of the token format's streams (:class:`TokenBlocks`: the
+    #: dataset reads them through :mod:`shardloader.read.blockpass`).
+    units: str = "samples"
+    #: Whether :meth:`plan` needs every sample's length (the manifest's length field).
+    needs_lengths: bool = False
+
+    @property
+    def elastic(self) -> str | None:
+        """The one option a resume may change mid-epoch (NOTE [reshape history] in
+        :mod:`shardloader.plan.elastic`), or None when the batch shape is fixed for the epoch."""
+        return None
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> BatchPlanner:
+        missing = sorted(getattr(cls, "__abstractmethods__", ()))
+        if missing:
+            raise UsageError(
+                f"planner {cls.__name__} does not define {', '.join(missing)}: a BatchPlanner "
+                "must define plan(order, lengths, rng) -> list of int64 batches (DESIGN.md "
+                '"How to add a planner")'
+            )
+        return super().__new__(cls)
+
+    # -- plan, report, signature ----------------------------------------------------------
+    @abc.abstractmethod
     def plan(
         self, order: np.ndarray, lengths: np.ndarray | None, rng: np.random.Generator
     ) -> list[np.ndarray]:
         """Return global batches (int64 ids ``[k]`` or segments ``[k, 3]``); every sample of
         ``order`` is delivered exactly once (whole, or in non-overlapping pieces), except what
         a documented policy truncates or drops (see ``report``)."""
-        ...
 
-    # Optional, found by the dataset with getattr (DESIGN.md "How to add a batching policy"):
-    #   report(order, lengths, batches) -> PlanReport
-    #   resolve_collate(collate_fn, length_field) -> the collate the dataset uses
-    #   signature() -> str, when the planner is not a frozen dataclass of its options
+    def report(
+        self, order: np.ndarray, lengths: np.ndarray | None, batches: Sequence[np.ndarray]
+    ) -> PlanReport:
+        """What ``batches`` deliver of ``order``, by the one accounting rule (:func:`account`):
+        override only to pass the planner's padding or row shape to it."""
+        return account(order, lengths, batches)
+
+    def signature(self) -> str:
+        """``Name(field=value, ...)`` of the planner's declared options (NOTE [plan
+        signature]); a planner that is not a dataclass overrides it."""
+        return dataclass_signature(self, "planner")
+
+    # -- the collate it implies -----------------------------------------------------------
+    def resolve_collate(self, collate_fn: Any, field: str | None) -> Any:
+        """The collate the dataset uses given the user's ``collate_fn`` (maybe None) and the
+        manifest's length field: build one where the plan needs it, refuse one that disagrees
+        (:func:`refuse_disagreement`); by default the user's, as given."""
+        return collate_fn
+
+    def make_collate(self, *args: Any, **options: Any) -> Any:
+        """A collate that agrees with this plan, for users."""
+        raise UsageError(
+            f"{type(self).__name__} implies no collate of its own: pass collate_fn= (or none, "
+            "for the default collate)"
+        )
+
+    # -- what it reads ----------------------------------------------------------------------
+    def bind(self, dataset: Any) -> np.ndarray | None:
+        """Check the dataset this planner is given to, and return the lengths it plans with
+        (None: the dataset loads the manifest's lengths when :attr:`needs_lengths`)."""
+        return None
+
+    def units_per_shard(self, shard_sizes: np.ndarray, lengths: np.ndarray | None) -> np.ndarray:
+        """How many of the planner's :attr:`units` each shard holds (samples by default)."""
+        return np.asarray(shard_sizes, np.int64)
+
+    @property
+    def batch_bytes(self) -> int | None:
+        """Bytes of one planned batch when every batch has the same size (the transport then
+        hands several over at once), else None."""
+        return None
+
+    # -- elastic resume -----------------------------------------------------------------------
+    def segments(self, order: np.ndarray, lengths: np.ndarray | None) -> np.ndarray:
+        """The segments ``[n, 3]`` a segment planner cuts ``order`` into (what an elastic
+        resume removes delivered pieces from); only planners whose batches are segments."""
+        raise UsageError(f"{type(self).__name__} plans whole samples, not segments")
+
+    def plan_segments(self, segments: np.ndarray, rng: np.random.Generator) -> list[np.ndarray]:
+        """Batches of the segments an earlier batch shape left (an elastic resume)."""
+        raise UsageError(f"{type(self).__name__} plans whole samples, not segments")
+
+    def count_rows(self, rows: int) -> int:
+        """How many batches :meth:`plan_rows` cuts ``rows`` rows into (``units == "rows"``)."""
+        raise UsageError(f"{type(self).__name__} plans samples, not rows of token streams")
+
+    def report_stream(
+        self,
+        shard_sizes: np.ndarray,
+        lengths: np.ndarray | None,
+        batches: list[np.ndarray],
+        repeats: list[np.ndarray],
+    ) -> dict[str, int]:
+        """Where every token goes when rows ``batches`` (each once) and ``repeats`` are
+        delivered: the EpochReport fields by name (``units == "rows"`` planners)."""
+        raise UsageError(f"{type(self).__name__} plans samples, not rows of token streams")
+
+    def row_slots(self, other: BatchPlanner) -> int:
+        """Token slots one batch of ``other`` (an earlier shape of this planner) allocates more
+        than one of this planner's (``units == "rows"`` planners; 0 otherwise)."""
+        return 0
+
+    # -- the ledger's reasons ---------------------------------------------------------------
+    @property
+    def truncate_to(self) -> int | None:
+        """The length the planner cuts samples to, if it truncates (the ledger's reason)."""
+        return None
+
+    def explain_dropped(self, tokens: int | None) -> str | None:
+        """Why the plan left out a sample of ``tokens`` tokens (None: a generic reason)."""
+        return None
+
+    def explain_truncated(self, total: int, kept: int) -> str | None:
+        """Why the plan delivered ``kept`` of a sample's ``total`` tokens (None: generic)."""
+        return None
+
+
+def check_planner(planner: Any) -> BatchPlanner | None:
+    """``planner`` as the dataset takes it: None or a :class:`BatchPlanner`, else a
+    :class:`UsageError` saying what to do."""
+    if planner is None or isinstance(planner, BatchPlanner):
+        return planner
+    raise UsageError(
+        f"planner={type(planner).__name__}(...) is not a shardloader.batching.BatchPlanner: "
+        "subclass it (it declares every member the dataset calls, each with a default but "
+        'plan(order, lengths, rng)); see DESIGN.md "How to add a planner"'
+    )
 
 
 @dataclass(frozen=True)
@@ -188,17 +310,21 @@ def stable_value(value: Any) -> str:
 def signature_of(options: Any) -> str:
     """``Name(field=value, ...)`` of a frozen options object; see NOTE [plan signature].
 
-    An object with a ``signature()`` method gives its own; a dataclass gives its class name and
+    A planner gives its own (:meth:`BatchPlanner.signature`); a dataclass its class name and
     its ``repr=True`` fields; anything else has no signature (a :class:`UsageError`).
     """
-    own = getattr(options, "signature", None)
-    if callable(own):
-        text = own()
+    if isinstance(options, BatchPlanner):
+        text = options.signature()
         if not isinstance(text, str):
             raise UsageError(
                 f"{type(options).__name__}.signature() returned {type(text).__name__}, not str"
             )
         return text
+    return dataclass_signature(options, "options")
+
+
+def dataclass_signature(options: Any, what: str) -> str:
+    """``Name(field=value, ...)`` of a dataclass's ``repr=True`` fields."""
     if dataclasses.is_dataclass(options) and not isinstance(options, type):
         fields = ", ".join(
             f"{f.name}={stable_value(getattr(options, f.name))}"
@@ -207,7 +333,7 @@ def signature_of(options: Any) -> str:
         )
         return f"{type(options).__name__}({fields})"
     raise UsageError(
-        f"planner {type(options).__name__} has no signature, which a saved loader position "
+        f"{what} {type(options).__name__} has no signature, which a saved loader position "
         "needs to check it resumes the same plan: make it a frozen dataclass of its options, "
         "or give it a signature() method returning a str of them"
     )

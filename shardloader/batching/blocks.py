@@ -36,12 +36,11 @@ import numpy as np
 
 from shardloader.batching.base import (
     TAIL_POLICIES,
+    BatchPlanner,
     check_choice,
     check_positive,
 )
 from shardloader.errors import UsageError
-from shardloader.plan.order import epoch_order
-from shardloader.plan.shuffle import ShuffleOptions
 
 __all__ = ["FIELDS", "REMAINDER_POLICIES", "BatchLayout", "RowLayout", "TokenBlocks"]
 
@@ -98,7 +97,7 @@ class BatchLayout:
 
 
 @dataclass(frozen=True)
-class TokenBlocks:
+class TokenBlocks(BatchPlanner):
     """Batches of ``rows_per_batch`` rows of ``seq_len`` tokens, each row one window of a
     shard's token stream (NOTE [what a row is]); needs a ``tokens``-format dataset.
 
@@ -124,8 +123,8 @@ class TokenBlocks:
     remainder: str = "pad"
     tail: str = "keep"
     needs_lengths = True
-    elastic = "rows_per_batch"  # what a resume may change (shardloader/elastic.py)
-    reads_token_stream = True  # the dataset hands the pass to shardloader.read.blockpass
+    elastic = "rows_per_batch"  # what a resume may change (shardloader/plan/elastic.py)
+    units = "rows"  # the dataset hands the pass to shardloader.read.blockpass
 
     def __post_init__(self) -> None:
         check_positive("seq_len", self.seq_len)
@@ -231,18 +230,11 @@ class TokenBlocks:
             self.seq_len, shard_tokens, token_bases, row_bounds, bounds, inside, inside_end
         )
 
-    def plan_stream(
-        self,
-        shard_sizes: np.ndarray,
-        lengths: np.ndarray | None,
-        seed: int,
-        epoch: int,
-        shuffle: ShuffleOptions,
-    ) -> tuple[np.ndarray, list[np.ndarray]]:
-        """(the epoch's row order, its batches of row ids): NOTE [what a row is]."""
-        lay = self.layout(shard_sizes, lengths)
-        order = epoch_order(lay.rows_per_shard, seed, epoch, shuffle)
-        return order, self.plan_rows(order)
+    def plan(
+        self, order: np.ndarray, lengths: np.ndarray | None, rng: np.random.Generator
+    ) -> list[np.ndarray]:
+        """The order here is of rows (``units == "rows"``): :meth:`plan_rows`."""
+        return self.plan_rows(np.asarray(order, np.int64))
 
     def plan_rows(self, rows: np.ndarray) -> list[np.ndarray]:
         """Batches of ``rows_per_batch`` of the given row ids in order, the last one short
@@ -254,6 +246,21 @@ class TokenBlocks:
         if rows.size > full * r and self.tail == "keep":
             batches.append(rows[full * r :])
         return batches
+
+    def count_rows(self, rows: int) -> int:
+        """How many batches :meth:`plan_rows` cuts ``rows`` rows into (by arithmetic)."""
+        r = self.rows_per_batch
+        return rows // r + (self.tail == "keep" and rows % r > 0)
+
+    def units_per_shard(self, shard_sizes: np.ndarray, lengths: np.ndarray | None) -> np.ndarray:
+        """Each shard's rows: what the epoch orders."""
+        return self.layout(shard_sizes, lengths).rows_per_shard
+
+    def row_slots(self, other: BatchPlanner) -> int:
+        """Token slots a batch of ``other`` (this planner with another ``rows_per_batch``, an
+        earlier link of an elastic resume) allocates more than one of this planner's."""
+        assert isinstance(other, TokenBlocks)
+        return self.seq_len * (other.rows_per_batch - self.rows_per_batch)
 
     def report_stream(
         self,

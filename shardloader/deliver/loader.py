@@ -41,7 +41,7 @@ from torch.utils.data import DataLoader
 
 from shardloader.dataset import ShardedDataset
 from shardloader.deliver.loaderstate import make_state, resume
-from shardloader.deliver.transport import Ring, unbundle, worker_bundle
+from shardloader.deliver.transport import Ring, batch_bytes, unbundle, worker_bundle
 from shardloader.deliver.workerinit import WorkerInit
 from shardloader.deliver.workerstart import check_workers_pickle
 from shardloader.errors import IncompleteEpochError, UsageError
@@ -66,16 +66,16 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
         make_ring = kwargs.pop("make_ring", Ring)  # the service's forwarding ring, or Ring
         if kwargs.get("num_workers", 0) > 0:
             kwargs.setdefault("persistent_workers", True)
-            bundle = worker_bundle(dataset)  # NOTE [bundles] in shardloader/transport.py
+            bundle = worker_bundle(dataset)  # NOTE [bundles] in shardloader/deliver/transport.py
             kwargs.setdefault("prefetch_factor", 2 if bundle > 1 else 4)
             ring = None
             if bundle > 1:
                 ring = make_ring(  # NOTE [ring slots]: in flight, held by the loop, one spare
                     kwargs["num_workers"],
                     kwargs["prefetch_factor"] + 3,
-                    bundle * dataset.planner.batch_bytes * 5 // 4,
+                    bundle * batch_bytes(dataset) * 5 // 4,
                 )
-            check_workers_pickle(  # NOTE [worker start methods] in shardloader/workerstart.py
+            check_workers_pickle(  # NOTE [worker start methods] in deliver/workerstart.py
                 dataset,
                 kwargs.get("multiprocessing_context"),
                 collate_fn=kwargs.get("collate_fn"),

@@ -95,7 +95,7 @@ class EpochPlan:
     num_batches: int
     start: int  # first batch of this (possibly resumed) pass, counted in the partition
     # after batch-shape or partition changes: (planning, batches it delivered, every
-    # partition's) per earlier link (NOTE [reshape history] in shardloader/elastic.py)
+    # partition's) per earlier link (NOTE [reshape history] in shardloader/plan/elastic.py)
     earlier: tuple[tuple[Any, list[np.ndarray]], ...] = ()
 
     @property
@@ -145,7 +145,7 @@ class EpochPlanner:
             plan = signature_of(self.planner)
         else:
             plan = f"fixed({stable_value(self.batch_size)})"
-        text = f"{plan};shuffle={signature_of(self.shuffle)};uneven={self.uneven}"
+        text = f"{plan};shuffle={self.shuffle.signature()};uneven={self.uneven}"
         if self.order_source is not None:
             text += f";{self.order_source.signature()}"
         return text
@@ -251,19 +251,15 @@ class EpochPlanner:
         earlier = [b for _, taken in first.earlier for b in taken]
         total = int(np.sum(self.shard_sizes))
         steps = first.slots.steps_per_rank
-        stream = getattr(self.planner, "report_stream", None)
-        if stream is not None:  # rows of token streams (batching/blocks.py)
+        if self.planner is not None and self.planner.units == "rows":  # batching/blocks.py
             kept, repeats = [], []
             for p in plans:
                 s, n = p.slots, p.num_batches
                 repeats += [p.batches[i % n] for i in range(s.padded_batches)] if n else []
                 kept += list(p.batches[: n - s.dropped_batches])
-            counts = stream(self.shard_sizes, lengths, earlier + kept, repeats)
+            counts = self.planner.report_stream(self.shard_sizes, lengths, earlier + kept, repeats)
             for link, taken in first.earlier:  # slots of rows delivered with another shape
-                per_batch = self.planner.seq_len * (
-                    link.planner.rows_per_batch - self.planner.rows_per_batch
-                )
-                counts["token_slots"] += len(taken) * per_batch
+                counts["token_slots"] += len(taken) * self.planner.row_slots(link.planner)
             return EpochReport(epoch, total, steps, **counts)
         lazy = all(isinstance(p.batches, FixedBatchList) for p in plans) and self.planner is None
         if lazy and lengths is None and not first.earlier:  # arithmetic: nothing materialised
@@ -307,9 +303,8 @@ class EpochPlanner:
         lengths: np.ndarray | None,
         collate_fn: Any,
     ) -> PlanReport:
-        report = getattr(self.planner, "report", None)
-        if report is not None and not isinstance(self.planner, FixedBatches):
-            return report(order, lengths, batches)  # type: ignore[no-any-return]
+        if self.planner is not None and not isinstance(self.planner, FixedBatches):
+            return self.planner.report(order, lengths, batches)
         return account_fixed(order, lengths, batches, collate_fn)  # the collate pads
 
 

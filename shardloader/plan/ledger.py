@@ -144,7 +144,7 @@ def build(
     """The ledger of an epoch's plan, ``plans`` every partition's (NOTE [the ledger comes from
     the plan]): pure, the same accounting as ``EpochPlanner.report``; ``ds.ledger(epoch)``
     calls it."""
-    if getattr(planning.planner, "plan_stream", None) is not None:
+    if planning.planner is not None and planning.planner.units == "rows":
         raise UsageError(
             f"{type(planning.planner).__name__} delivers rows of token streams, not samples: "
             "no sample is padded, and ds.report() counts the documents its remainder, tail "
@@ -199,7 +199,6 @@ def _dropped(
         for q in range(n - cut, n):
             for i in batch_ids(plan.batches[q]).tolist():
                 left_out.setdefault(int(i), q)
-    explain = getattr(planning.planner, "explain_dropped", None)
     for i in dropped:
         tokens = None if lengths is None else int(lengths[i])
         if i in left_out:
@@ -212,10 +211,8 @@ def _dropped(
                 f"in the epoch's partial last batch of batch_size={planning.batch_size}, "
                 "left out (uneven='drop')"
             )
-        elif explain is not None:
-            reason = explain(tokens)
         else:
-            reason = "left out by the planner"
+            reason = planning.planner.explain_dropped(tokens) or "left out by the planner"
         yield LedgerEntry(int(i), DROPPED, reason, tokens)
 
 
@@ -234,10 +231,10 @@ def _truncated(
         return
     segs = [b for b in batches if b.ndim == 2 and b.size]
     uniq, served = segment_counts(order, segs)
-    limit = getattr(planning.planner, "_truncate_to", None)
+    planner = planning.planner
+    limit = None if planner is None else planner.truncate_to
     if limit is None:
         limit = getattr(collate_fn, "max_length", None)
-    explain = getattr(planning.planner, "explain_truncated", None)
     ids, times = np.unique(np.asarray(truncated, np.int64), return_counts=True)
     for i, r in zip(ids.tolist(), times.tolist(), strict=True):
         total = int(lengths[i])
@@ -249,8 +246,9 @@ def _truncated(
         else:
             kept_each = [total if limit is None else min(total, int(limit))] * r
         for kept in kept_each:
-            if explain is not None:
-                reason = explain(total, kept)
+            own = None if planner is None else planner.explain_truncated(total, kept)
+            if own is not None:
+                reason = own
             elif limit is not None:
                 reason = f"cut to max_length={limit}: {kept} of {total} tokens delivered"
             else:
