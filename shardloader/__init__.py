@@ -39,10 +39,9 @@ if _typing.TYPE_CHECKING:
     from shardloader.deliver.monitor import Monitor, MonitorStats, monitor
     from shardloader.manifest import Manifest, read_manifest
     from shardloader.mixture import Mixture
+    from shardloader.options import ReadOptions, ShuffleOptions
     from shardloader.plan.epoch import EpochReport
     from shardloader.plan.partition import Partition
-    from shardloader.plan.shuffle import ShuffleOptions
-    from shardloader.read.shardset import ReadOptions
     from shardloader.service.client import RemoteLoader
     from shardloader.storage.cache import CacheOptions
     from shardloader.storage.retry import RetryPolicy
@@ -72,8 +71,8 @@ _EXPORTS = {
     "MonitorStats": "shardloader.deliver.monitor",
     "monitor": "shardloader.deliver.monitor",
     "RemoteLoader": "shardloader.service.client",
-    "ReadOptions": "shardloader.read.shardset",
-    "ShuffleOptions": "shardloader.plan.shuffle",
+    "ReadOptions": "shardloader.options",
+    "ShuffleOptions": "shardloader.options",
     "Partition": "shardloader.plan.partition",
     "CacheOptions": "shardloader.storage.cache",
     "RetryPolicy": "shardloader.storage.retry",

@@ -23,19 +23,23 @@ from shardloader.deliver.position import _PER_NODE, _RANK, _WORLD, integer
 from shardloader.deliver.stateful import DatasetState
 from shardloader.errors import UsageError
 from shardloader.manifest import read_manifest
+from shardloader.options import ReadOptions, ShuffleOptions
 from shardloader.plan.elastic import (
     Reshape,
     elastic_field,
     saved_shape,
 )
-from shardloader.plan.epoch import EpochPlan, EpochPlanner, EpochReport, load_lengths
-from shardloader.plan.ledger import Ledger, SkipLog
+from shardloader.plan.epoch import EpochPlan, EpochPlanner, EpochReport
+from shardloader.plan.ledger import Ledger
 from shardloader.plan.partition import PARTITIONS
-from shardloader.plan.shuffle import ShuffleOptions, derive_seed, seed_global_rngs
+from shardloader.plan.shuffle import derive_seed
 from shardloader.plan.split import UNEVEN_POLICIES, Place
 from shardloader.read.fields import FieldMap
+from shardloader.read.lengths import load_lengths
 from shardloader.read.samplepass import SampleSource, iterate_samples
-from shardloader.read.shardset import ReadOptions, ShardSet
+from shardloader.read.seeding import seed_global_rngs
+from shardloader.read.shardset import ShardSet
+from shardloader.read.skips import SkipLog
 from shardloader.world import detect_place
 
 __all__ = ["ShardedDataset", "EpochReport"]
@@ -126,10 +130,12 @@ class ShardedDataset(DatasetState, IterableDataset):  # type: ignore[type-arg]
         # member extension → logical field: the manifest's aliases, ``aliases`` merged over
         self.field_map = FieldMap.of_manifest(self.manifest, aliases)
         self._planning.signature()  # a planner must declare its options (or fail here)
-        self._bundle = 1  # batches per worker output: NOTE [bundles] in shardloader/transport.py
+        self._bundle = (
+            1  # batches per worker output: NOTE [bundles] in shardloader/deliver/transport.py
+        )
         self._ring: Any = None  # the loader's shared buffers (NOTE [ring slots] there)
         self._init_position(rank, world_size, ranks_per_node, data_parallel)
-        self._skip_log: SkipLog | None = None  # plan/ledger.py: where run-time skips are appended
+        self._skip_log: SkipLog | None = None  # read/skips.py: where run-time skips go
         self._lengths: np.ndarray | None = None
         if self.planner is not None:  # a planner that reads the data itself checks it and
             self._lengths = self.planner.bind(self)  # loads lengths (batching/blocks.py)
@@ -187,7 +193,7 @@ class ShardedDataset(DatasetState, IterableDataset):  # type: ignore[type-arg]
         """Which samples of an epoch are padded, dropped or truncated, and why: computed from
         the plan like :meth:`report` (every rank gets the same, without talking); add the
         run-time skips :meth:`record_skips` collected with ``ledger.with_skips(
-        shardloader.plan.ledger.merge_skips(directory, epoch))`` (NOTE [the ledger comes from the
+        shardloader.read.skips.merge_skips(directory, epoch))`` (NOTE [the ledger comes from the
         plan] in :mod:`shardloader.plan.ledger`)."""
         from shardloader.plan.ledger import build
 
@@ -299,7 +305,7 @@ class ShardedDataset(DatasetState, IterableDataset):  # type: ignore[type-arg]
     # -- iteration ------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
         # the pass is recorded now, not at the first batch: a StatefulDataLoader asks for
-        # the state before it (NOTE [worker states] in shardloader/stateful.py)
+        # the state before it (NOTE [worker states] in shardloader/deliver/stateful.py)
         values = self._control.get()
         place = detect_place(values[_RANK], values[_WORLD])
         progress, place, epoch, start = self._begin_pass(place)

@@ -33,11 +33,13 @@ from shardloader.deliver.control import Control
 from shardloader.deliver.position import integer
 from shardloader.errors import ResumeError, UsageError
 from shardloader.manifest import Manifest, read_manifest
+from shardloader.options import ReadOptions, ShuffleOptions
 from shardloader.plan.blend import MixOrder, integer_parts, schedule_parts
-from shardloader.plan.epoch import EpochReport, load_lengths
-from shardloader.plan.shuffle import ShuffleOptions, derive_seed
+from shardloader.plan.epoch import EpochReport
+from shardloader.plan.shuffle import derive_seed
+from shardloader.read.lengths import load_lengths
 from shardloader.read.mixed import MixedShards, virtual_manifest
-from shardloader.read.shardset import ReadOptions, ShardSet
+from shardloader.read.shardset import ShardSet
 
 __all__ = ["Source", "Mixture", "MixtureReport", "SourceCounts", "MixedShards"]
 

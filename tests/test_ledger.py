@@ -14,8 +14,9 @@ from helpers import own_cache_dataset as make
 
 import shardloader as sl
 from shardloader.batching import FixedBatches, PackedBatches, TokenBudgetBatches
-from shardloader.plan.epoch import load_lengths
-from shardloader.plan.ledger import Ledger, merge_skips
+from shardloader.plan.ledger import Ledger
+from shardloader.read.lengths import load_lengths
+from shardloader.read.skips import merge_skips
 
 SIZES = [1, 120, 3, 17, 59]  # 200 samples; lengths are the payload sizes (32..160)
 

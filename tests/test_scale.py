@@ -281,8 +281,7 @@ def test_lengths_are_mapped_once_per_node_and_pickle_as_a_path(tmp_path: Path) -
     import pickle
 
     from shardloader.manifest import read_manifest
-    from shardloader.plan.epoch import load_lengths
-    from shardloader.read.lengths import SharedLengths
+    from shardloader.read.lengths import SharedLengths, load_lengths
 
     write_dataset(str(tmp_path / "ds"), [3000, 0, 4570, 2430])
     manifest, base = read_manifest(str(tmp_path / "ds"))

@@ -149,11 +149,10 @@ class TokenBlocks(BatchPlanner):
         return 4 * 8 * self.rows_per_batch * self.seq_len
 
     # -- the dataset's questions ----------------------------------------------------------
-    def bind(self, dataset: Any) -> np.ndarray:
-        """Refuse what cannot apply to rows of a token stream, and load the documents' token
-        counts from the sidecars (called by ShardedDataset when it is made)."""
+    def bind(self, dataset: Any) -> None:
+        """Refuse what cannot apply to rows of a token stream (called by ShardedDataset when it
+        is made; it then loads the documents' token counts, the manifest's lengths)."""
         from shardloader.format.tokens.format import stream_field
-        from shardloader.read.lengths import load_token_lengths
 
         m = dataset.manifest
         if m.format != "tokens":
@@ -179,7 +178,6 @@ class TokenBlocks(BatchPlanner):
                 "TokenBlocks reads whole windows of a shard's token stream, so a damaged shard "
                 "cannot be skipped sample by sample: use on_error='raise'"
             )
-        return load_token_lengths(m, dataset.base, dataset.read_options)
 
     def resolve_collate(self, collate_fn: Any, field: str | None) -> Any:
         """No collate: the batch is assembled from the token stream (check_dataset refuses a

@@ -3,8 +3,8 @@
 A pure function of (manifest shard sizes, seed, shuffle, planner or batch size, ``uneven``,
 epoch, resume position, rank, world size and its partition), so every rank and worker plans
 alike without talking (DESIGN.md "Order and split"; NOTE [node partitions] in
-:mod:`shardloader.plan.partition`); the dataset only composes it.  The sidecar lengths a
-planner needs are the one thing read (:func:`load_lengths`).
+:mod:`shardloader.plan.partition`); the dataset only composes it, and hands in the sidecar
+lengths a planner needs (:func:`shardloader.read.lengths.load_lengths`).
 """
 
 from __future__ import annotations
@@ -26,16 +26,14 @@ from shardloader.batching.base import (
 )
 from shardloader.batching.fixed import FixedBatches, account_fixed
 from shardloader.errors import UsageError
-from shardloader.manifest import Manifest
+from shardloader.options import ShuffleOptions
 from shardloader.plan.elastic import normalise, replan
 from shardloader.plan.lists import NodeLists, node_lists, node_order, units_of
 from shardloader.plan.order import EpochOrder
 from shardloader.plan.partition import Partition
-from shardloader.plan.shuffle import ShuffleOptions
 from shardloader.plan.split import BatchSlots, FixedBatchList, common_steps, rank_slots
-from shardloader.read.shardset import ReadOptions
 
-__all__ = ["EpochReport", "EpochPlan", "EpochPlanner", "load_lengths"]
+__all__ = ["EpochReport", "EpochPlan", "EpochPlanner"]
 
 
 @dataclass(frozen=True)
@@ -306,14 +304,3 @@ class EpochPlanner:
         if self.planner is not None and not isinstance(self.planner, FixedBatches):
             return self.planner.report(order, lengths, batches)
         return account_fixed(order, lengths, batches, collate_fn)  # the collate pads
-
-
-def load_lengths(
-    manifest: Manifest, base: str, read: ReadOptions, *, required: bool = True
-) -> np.ndarray | None:
-    """Every sample's recorded length (the manifest's length field), by global id, from the
-    sidecars' length columns, mapped from the node cache (:mod:`shardloader.read.lengths`);
-    ``None`` (or, when ``required``, a UsageError) if a shard records none."""
-    from shardloader.read.lengths import load_lengths as shared
-
-    return shared(manifest, base, read, required=required)
