@@ -1,6 +1,6 @@
 """The data-parallel place: which replica a rank reads for, and how many replicas share a node.
 
-The arithmetic is pure (NOTE [data-parallel place] in shardloader/dataparallel.py); the
+The arithmetic is pure (NOTE [data-parallel place] in shardloader/plan/dataparallel.py); the
 errors are checked against a real DeviceMesh of a one-rank gloo group.  The 4-rank runs are in
 tests/test_stack_dist.py.
 """

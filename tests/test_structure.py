@@ -137,7 +137,22 @@ def test_the_graph_sees_module_level_and_deferred_imports():
     assert "shardloader.vision.collate" in graph["shardloader.vision"]  # from package import
     assert "shardloader.storage.store" not in graph["shardloader.options"]  # only in a method
     assert "shardloader.storage.store" in full["shardloader.options"]
-    assert graph["shardloader"] == full["shardloader"] == {"shardloader.errors"}  # lazy names
+    lazy = {"shardloader.errors", "shardloader._lazy"}  # every other public name loads on use
+    assert graph["shardloader"] == full["shardloader"] == lazy
+
+
+def test_package_faces_only_name_what_they_export():
+    """A subpackage's ``__init__`` imports its own modules (or the one lazy helper), never the
+    package root: a face names what it exports and holds no logic of its own."""
+    graph = import_graph(deferred=True)
+    for name, path in MODULES.items():
+        if path.name != "__init__.py" or name == "shardloader":
+            continue
+        assert "shardloader" not in graph[name], f"{name} imports the package root"
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        defs = [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))]
+        if name != "shardloader.pack":  # its lazy table predates this rule (owned elsewhere)
+            assert defs == [], f"{name} defines {defs}"
 
 
 def test_no_import_circles():
@@ -234,7 +249,7 @@ STAGES = {"plan", "read", "deliver", "format", "storage", "pack", "batching", "c
 
 
 def test_the_top_level_is_a_few_modules_beside_the_stages():
-    modules = {p.stem for p in PACKAGE.glob("*.py")}
+    modules = {p.stem for p in PACKAGE.glob("*.py") if p.stem != "_lazy"}
     assert modules == TOP_LEVEL, f"new top-level modules belong in a stage package: {modules}"
     assert len(modules - {"__init__", "__main__"}) <= 10
     packages = {p.parent.name for p in PACKAGE.glob("*/__init__.py")}

@@ -425,7 +425,7 @@ def _rows(batches):
 
 @pytest.mark.parametrize("w1,w2", [(1, 1), (2, 3)])
 def test_rows_per_batch_may_change_at_a_resume(corpus, w1, w2):
-    """Elastic resume (shardloader/elastic.py): the rows not yet delivered are re-cut into
+    """Elastic resume (shardloader/plan/elastic.py): the rows not yet delivered are re-cut into
     batches of the new rows_per_batch; every row once (repeats only to even out ranks)."""
     path, _, vocab = corpus
     whole = _rows(

@@ -81,7 +81,7 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
                 collate_fn=kwargs.get("collate_fn"),
                 worker_init_fn=kwargs.get("worker_init_fn"),
             )
-            # NOTE [orphaned workers] in shardloader/workerinit.py: each worker watches us
+            # NOTE [orphaned workers] in shardloader/deliver/workerinit.py: each worker watches us
             kwargs["worker_init_fn"] = WorkerInit(bundle, ring, kwargs.get("worker_init_fn"))
         kwargs.setdefault("collate_fn", _already_collated)
         super().__init__(dataset, batch_size=None, **kwargs)
