@@ -40,7 +40,7 @@ if _typing.TYPE_CHECKING:
     from shardloader.deliver.monitor import Monitor, MonitorStats, monitor
     from shardloader.manifest import Manifest, read_manifest
     from shardloader.mixture import Mixture
-    from shardloader.options import ReadOptions, ShuffleOptions
+    from shardloader.options import ReadOptions, ShuffleOptions, World
     from shardloader.plan.epoch import EpochReport
     from shardloader.plan.partition import Partition
     from shardloader.service.client import RemoteLoader
@@ -74,6 +74,7 @@ _EXPORTS = {
     "RemoteLoader": "shardloader.service.client",
     "ReadOptions": "shardloader.options",
     "ShuffleOptions": "shardloader.options",
+    "World": "shardloader.options",
     "Partition": "shardloader.plan.partition",
     "CacheOptions": "shardloader.storage.cache",
     "RetryPolicy": "shardloader.storage.retry",
@@ -136,6 +137,7 @@ __all__ = [
     "TransformError",
     "TruncatedBodyError",
     "UsageError",
+    "World",
     "make_loader",
     "monitor",
     "read_manifest",

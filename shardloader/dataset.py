@@ -11,7 +11,7 @@ sequence per rank whatever ``num_workers`` is, elastic and instant resume throug
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -23,7 +23,7 @@ from shardloader.deliver.position import _PER_NODE, _RANK, _WORLD, integer
 from shardloader.deliver.stateful import DatasetState
 from shardloader.errors import UsageError
 from shardloader.manifest import read_manifest
-from shardloader.options import ReadOptions, ShuffleOptions
+from shardloader.options import ReadOptions, ShuffleOptions, World, from_old_keywords
 from shardloader.plan.elastic import (
     Reshape,
     elastic_field,
@@ -31,7 +31,6 @@ from shardloader.plan.elastic import (
 )
 from shardloader.plan.epoch import EpochPlan, EpochPlanner, EpochReport
 from shardloader.plan.ledger import Ledger
-from shardloader.plan.partition import PARTITIONS
 from shardloader.plan.shuffle import derive_seed
 from shardloader.plan.split import UNEVEN_POLICIES, Place
 from shardloader.read.fields import FieldMap
@@ -55,19 +54,12 @@ class ShardedDataset(DatasetState, IterableDataset):  # type: ignore[type-arg]
     bucketing, token budgets or packing.  ``uneven`` says how ranks are evened out: ``"pad"``
     repeats samples, ``"drop"`` leaves them out; :meth:`report` gives the numbers.
 
-    ``partition`` says which share of each epoch a node reads (NOTE [node partitions] in
-    :mod:`shardloader.plan.partition`): ``"node"`` (default) a span of the shuffled shards per node,
-    so the job reads each byte about once per epoch; ``"rank"`` a span per rank; ``"global"``
-    every node reads every shard (the most mixing inside a batch, for a small cluster whose
-    node caches hold the data).  ``ranks_per_node`` overrides what :mod:`shardloader.world`
-    detects (torchrun, Slurm); unknown, ``"node"`` keeps one partition.
-
-    ``data_parallel``: the job's data-parallel group, a ``DeviceMesh`` (``mesh["dp"]``, or a
-    mesh with a data-parallel dimension) or a process group, for jobs that also split each
-    model replica (tensor, pipeline, context parallel): rank and world become the replica's
-    data-parallel rank and the number of replicas, so a replica's ranks read the same
-    batches (NOTE [data-parallel place] in :mod:`shardloader.plan.dataparallel`); ``ranks_per_node``
-    then counts replicas a node.
+    ``world``: where this process reads in the job, a :class:`~shardloader.options.World`
+    (rank and world size, ranks per node, which share of an epoch a node reads, or the job's
+    data-parallel group); detected when left out.  ``read``: how shards are fetched and which
+    member extensions are one field (:class:`~shardloader.options.ReadOptions`).  The keywords
+    ``rank``, ``world_size``, ``ranks_per_node``, ``partition``, ``data_parallel`` and
+    ``aliases`` still work for a release, with a DeprecationWarning naming the replacement.
 
     The planner decides the collate where it must agree with the plan (its
     ``resolve_collate``): ``PackedBatches(..., pad_id=...)`` builds its PackCollate when
@@ -89,20 +81,14 @@ class ShardedDataset(DatasetState, IterableDataset):  # type: ignore[type-arg]
         collate_fn: Callable[[list[dict[str, Any]]], Any] | None = None,
         decoder: Decoder | None = _DEFAULT_DECODER,
         on_error: str = "raise",
-        rank: int | None = None,
-        world_size: int | None = None,
         read: ReadOptions | None = None,
-        aliases: Mapping[str, Sequence[str]] | None = None,
-        partition: str = "node",
-        ranks_per_node: int | None = None,
-        data_parallel: Any = None,
+        world: World | None = None,
+        **deprecated: Any,
     ) -> None:
         super().__init__()
+        world, read = from_old_keywords(world, read, deprecated, type(self).__name__)
         if uneven not in UNEVEN_POLICIES:
             raise UsageError(f"uneven={uneven!r} is not one of {UNEVEN_POLICIES}")
-        if partition not in PARTITIONS:
-            raise UsageError(f"partition={partition!r} is not one of {PARTITIONS}")
-        self.partition_mode = partition
         if on_error not in ("raise", "skip"):
             raise UsageError(f"on_error={on_error!r} is not 'raise' or 'skip'")
         if batch_size is not None and planner is not None:
@@ -110,7 +96,7 @@ class ShardedDataset(DatasetState, IterableDataset):  # type: ignore[type-arg]
         if batch_size is not None:
             check_positive("batch_size", batch_size)
         self.url = url
-        self.read_options = read or ReadOptions()
+        self.read_options = read
         self.manifest, self.base = self._open(url)
         if self.manifest.num_samples == 0:
             raise UsageError(f"{url} holds no samples")
@@ -128,13 +114,13 @@ class ShardedDataset(DatasetState, IterableDataset):  # type: ignore[type-arg]
         self.decoder = decoder
         self.on_error = on_error
         # member extension → logical field: the manifest's aliases, ``aliases`` merged over
-        self.field_map = FieldMap.of_manifest(self.manifest, aliases)
+        self.field_map = FieldMap.of_manifest(self.manifest, read.aliases)
         self._planning.signature()  # a planner must declare its options (or fail here)
         self._bundle = (
             1  # batches per worker output: NOTE [bundles] in shardloader/deliver/transport.py
         )
         self._ring: Any = None  # the loader's shared buffers (NOTE [ring slots] there)
-        self._init_position(rank, world_size, ranks_per_node, data_parallel)
+        self._init_position(world)
         self._skip_log: SkipLog | None = None  # read/skips.py: where run-time skips go
         self._lengths: np.ndarray | None = None
         if self.planner is not None:  # a planner that reads the data itself checks it and

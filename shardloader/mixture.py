@@ -105,7 +105,7 @@ class Mixture(ShardedDataset):
     sources' samples together), the unit of ``set_epoch``, resume and weight changes.
 
     Every other argument is :class:`ShardedDataset`'s (batch size or planner, shuffle, seed,
-    uneven, transform, collate, decoder, on_error, rank/world, read), applied to the mixed
+    uneven, transform, collate, decoder, on_error, read, world), applied to the mixed
     stream; ``shuffle`` and ``read`` are also the sources' defaults.
     """
 

@@ -1,5 +1,6 @@
 """The option objects a user hands the dataset, at the bottom of the package: how shards are
-read (:class:`ReadOptions`) and how an epoch is shuffled (:class:`ShuffleOptions`).
+read (:class:`ReadOptions`), how an epoch is shuffled (:class:`ShuffleOptions`) and where this
+process reads in the job (:class:`World`).
 
 Small frozen values that import nothing of the read path, so ``help()`` on them, and the
 planning that takes them, stay clear of the pass machinery.
@@ -7,7 +8,9 @@ planning that takes them, stay clear of the pass machinery.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import dataclasses
+import warnings
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +24,9 @@ from shardloader.storage.retry import DEFAULT_POLICY, RetryPolicy
 if TYPE_CHECKING:
     from shardloader.storage.store import Store
 
-__all__ = ["ReadOptions", "ShuffleOptions"]
+__all__ = ["PARTITIONS", "ReadOptions", "ShuffleOptions", "World", "from_old_keywords"]
+
+PARTITIONS = ("node", "rank", "global")  # NOTE [node partitions] in plan/partition.py
 
 
 @dataclass(frozen=True)
@@ -39,6 +44,9 @@ class ReadOptions:
 
     ``part_size``: a remote shard up to this size is one GET; a larger one comes as concurrent
     byte ranges of this size (more requests, more throughput per shard).
+
+    ``aliases``: ``{logical field: [member extensions]}`` read as one field, over the
+    manifest's own (``{"image": ["jpg", "png"]}``: :mod:`shardloader.read.fields`).
     """
 
     storage_options: Mapping[str, Any] = field(default_factory=dict)
@@ -47,6 +55,7 @@ class ReadOptions:
     retry: RetryPolicy = DEFAULT_POLICY
     verify_samples: bool = True
     part_size: int = PART_SIZE
+    aliases: Mapping[str, Sequence[str]] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.part_size, int) or self.part_size < 1 << 20:
@@ -105,3 +114,95 @@ class ShuffleOptions:
             out.append((lo, hi))
             lo, size = hi, min(2 * size, self.block)
         return out
+
+
+@dataclass(frozen=True)
+class World:
+    """Where this process reads in the job: rank ``rank`` of ``world_size`` ranks,
+    ``ranks_per_node`` of them on each node, and which share of an epoch a node reads.
+
+    Built from a rank and world size (``World(rank, world_size)``), from the job's
+    data-parallel group (:meth:`of`: a ``DeviceMesh``, its data-parallel dimension, or a
+    process group), or left to detection: ``World()`` takes torch.distributed, then
+    ``RANK``/``WORLD_SIZE``, and the node layout torchrun, Slurm or Open MPI describe
+    (:mod:`shardloader.world`, the one place that looks).
+
+    ``partition`` (NOTE [node partitions] in :mod:`shardloader.plan.partition`): ``"node"``
+    (default) a span of the shuffled shards per node, so the job reads each byte about once per
+    epoch; ``"rank"`` a span per rank; ``"global"`` every node reads every shard (the most
+    mixing inside a batch, for a small cluster whose node caches hold the data).
+
+    With a data-parallel group the rank and world become the replica's data-parallel rank and
+    the number of replicas, so the ranks of one replica (tensor, pipeline, context parallel)
+    read the same batches (NOTE [data-parallel place] in :mod:`shardloader.plan.dataparallel`);
+    ``ranks_per_node`` then counts replicas a node.
+    """
+
+    rank: int | None = None
+    world_size: int | None = None
+    ranks_per_node: int | None = None
+    partition: str = "node"
+    group: Any = field(default=None, compare=False)  # DeviceMesh or ProcessGroup (see of())
+
+    def __post_init__(self) -> None:
+        if self.partition not in PARTITIONS:
+            raise UsageError(f"partition={self.partition!r} is not one of {PARTITIONS}")
+        if (self.rank is None) != (self.world_size is None):
+            raise UsageError("pass both rank and world_size, or neither")
+        if self.group is not None and self.rank is not None:
+            raise UsageError("a World comes from a data-parallel group or a rank, not both")
+        for name in ("rank", "world_size", "ranks_per_node"):
+            value = getattr(self, name)
+            if value is not None and (
+                not isinstance(value, (int, np.integer)) or isinstance(value, bool)
+            ):
+                raise UsageError(f"World {name} must be an integer, got {value!r}")
+        if self.rank is not None and self.world_size is not None:
+            if not 0 <= self.rank < self.world_size:
+                raise UsageError(f"rank {self.rank} is outside world_size {self.world_size}")
+
+    @classmethod
+    def of(cls, group: Any, *, ranks_per_node: int | None = None, partition: str = "node") -> World:
+        """The place of this rank's replica in the job's data-parallel ``group``: a
+        ``DeviceMesh`` (``mesh["dp"]``, or a mesh with a data-parallel dimension) or a
+        ``ProcessGroup`` (read when the dataset is made; torch.distributed must be up)."""
+        return cls(ranks_per_node=ranks_per_node, partition=partition, group=group)
+
+
+_OLD_WORLD = ("rank", "world_size", "ranks_per_node", "partition", "data_parallel")
+
+
+def from_old_keywords(
+    world: World | None, read: ReadOptions | None, old: Mapping[str, Any], caller: str
+) -> tuple[World, ReadOptions]:
+    """``world`` and ``read`` with the keywords ``caller`` took before them folded in: each
+    warns once (a DeprecationWarning naming the replacement); they go in the next release."""
+    unknown = sorted(set(old) - {*_OLD_WORLD, "aliases"})
+    if unknown:
+        raise TypeError(f"{caller}() got an unexpected keyword argument {unknown[0]!r}")
+    given = [k for k in _OLD_WORLD if k in old]
+    if given:
+        if world is not None:
+            raise UsageError(f"pass world= or {', '.join(k + '=' for k in given)}, not both")
+        values = {k: old[k] for k in given}
+        group = values.pop("data_parallel", None)
+        if group is not None:
+            new = "world=shardloader.World.of(group, ...)"
+        else:
+            new = f"world=shardloader.World({', '.join(f'{k}=...' for k in values)})"
+        warnings.warn(
+            f"{caller}({', '.join(k + '=' for k in given)}) is deprecated and goes in the next "
+            f"release: pass {new}",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        world = World(**values, group=group)
+    if "aliases" in old:
+        warnings.warn(
+            f"{caller}(aliases=...) is deprecated and goes in the next release: pass "
+            "read=shardloader.ReadOptions(aliases=...)",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        read = dataclasses.replace(read or ReadOptions(), aliases=old["aliases"])
+    return world or World(), read or ReadOptions()

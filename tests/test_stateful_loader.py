@@ -22,7 +22,7 @@ def data(tmp_path_factory):
 
 def make(data, rank=0, world=1, **kw):
     kw.setdefault("batch_size", 4)
-    return sl.ShardedDataset(data, shuffle=True, seed=3, rank=rank, world_size=world, **kw)
+    return sl.ShardedDataset(data, shuffle=True, seed=3, world=sl.World(rank, world), **kw)
 
 
 def seen(batch):

@@ -249,9 +249,9 @@ def make_loader(
 ) -> ShardLoader:
     """A configured DataLoader: workers persist across epochs, batches come formed.
 
-    ``data_parallel``: the job's data-parallel ``DeviceMesh`` dimension or process group, as
-    ``ShardedDataset(data_parallel=...)`` takes it (:meth:`ShardedDataset.set_data_parallel`).
+    ``data_parallel`` (deprecated, goes in the next release): the job's data-parallel group;
+    pass ``world=shardloader.World.of(group)`` to the dataset instead.
     """
     if data_parallel is not None:
-        dataset.set_data_parallel(data_parallel)
+        dataset.set_data_parallel(data_parallel)  # warns, naming the replacement
     return ShardLoader(dataset, **kwargs)
