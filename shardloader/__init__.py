@@ -1,15 +1,16 @@
 """shardloader: pack raw files into verified shards and stream them into PyTorch.
 
 NOTE [lazy public names]: ``import shardloader`` imports nothing heavy (no torch, numpy,
-pyarrow): every public name resolves on first use through ``_EXPORTS`` (PEP 562), so the
+pyarrow): every public name resolves on first use through ``_EXPORTS`` (PEP 562, in
+:mod:`shardloader._lazy`, the one place of lazy imports), so the
 ``shardloader`` command answers ``--help`` and usage errors without paying for torch.  The
 ``TYPE_CHECKING`` block below names the same objects for mypy and IDEs;
 tests/test_public_api.py checks the table, ``__all__`` and that block agree.
 """
 
-import importlib as _importlib
 import typing as _typing
 
+from shardloader._lazy import on_demand as _on_demand
 from shardloader.errors import (
     ChecksumError,
     DecodeError,
@@ -43,10 +44,9 @@ if _typing.TYPE_CHECKING:
     from shardloader.deliver.monitor import Monitor, MonitorStats, monitor
     from shardloader.manifest import Manifest, read_manifest
     from shardloader.mixture import Mixture
+    from shardloader.options import ReadOptions, ShuffleOptions, World
     from shardloader.plan.epoch import EpochReport
     from shardloader.plan.partition import Partition
-    from shardloader.plan.shuffle import ShuffleOptions
-    from shardloader.read.shardset import ReadOptions
     from shardloader.service.client import RemoteLoader
     from shardloader.storage.cache import CacheOptions
     from shardloader.storage.retry import RetryPolicy
@@ -76,8 +76,9 @@ _EXPORTS = {
     "MonitorStats": "shardloader.deliver.monitor",
     "monitor": "shardloader.deliver.monitor",
     "RemoteLoader": "shardloader.service.client",
-    "ReadOptions": "shardloader.read.shardset",
-    "ShuffleOptions": "shardloader.plan.shuffle",
+    "ReadOptions": "shardloader.options",
+    "ShuffleOptions": "shardloader.options",
+    "World": "shardloader.options",
     "Partition": "shardloader.plan.partition",
     "CacheOptions": "shardloader.storage.cache",
     "RetryPolicy": "shardloader.storage.retry",
@@ -144,6 +145,7 @@ __all__ = [
     "TransformError",
     "TruncatedBodyError",
     "UsageError",
+    "World",
     "make_loader",
     "monitor",
     "read_manifest",
@@ -152,43 +154,7 @@ __all__ = [
 __version__ = "0.1.0"
 
 
-def __getattr__(name: str) -> _typing.Any:
-    module = _EXPORTS.get(name)
-    if module is not None:
-        value = getattr(_importlib.import_module(module), name)
-    elif name in _SUBMODULES or _is_submodule(__name__, name):
-        # every submodule, so each documented dotted path (shardloader.presets.DatasetPreset,
-        # shardloader.pack.layouts.Layout) works after a bare `import shardloader`
-        value = _importlib.import_module(f"{__name__}.{name}")
-    else:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    globals()[name] = value  # later lookups skip this function
-    return value
-
-
-def _submodules_on_demand(package: str) -> _typing.Callable[[str], _typing.Any]:
-    """A subpackage's module ``__getattr__`` (PEP 562): its modules load on first use, so a
-    documented dotted path (shardloader.read.verify.verify_dataset) works after a bare
-    `import shardloader`, as the top level's do."""
-
-    def getattr_(name: str) -> _typing.Any:
-        if not _is_submodule(package, name):
-            raise AttributeError(f"module {package!r} has no attribute {name!r}")
-        return _importlib.import_module(f"{package}.{name}")
-
-    return getattr_
-
-
-def _is_submodule(package: str, name: str) -> bool:
-    """Whether ``package.name`` is a module of ours (found, not imported)."""
-    import importlib.util
-
-    if not name.isidentifier() or name.startswith("__"):
-        return False
-    try:
-        return importlib.util.find_spec(f"{package}.{name}") is not None
-    except (ImportError, ValueError):
-        return False
+__getattr__ = _on_demand(__name__, globals(), _EXPORTS)
 
 
 def __dir__() -> list[str]:

@@ -11,31 +11,34 @@ sequence per rank whatever ``num_workers`` is, elastic and instant resume throug
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 from torch.utils.data import IterableDataset
 
-from shardloader.batching.base import check_positive
+from shardloader.batching.base import check_planner, check_positive
 from shardloader.codecs.allowlist import Decoder
 from shardloader.deliver.position import _PER_NODE, _RANK, _WORLD, integer
 from shardloader.deliver.stateful import DatasetState
 from shardloader.errors import UsageError
 from shardloader.manifest import read_manifest
+from shardloader.options import ReadOptions, ShuffleOptions, World, from_old_keywords
 from shardloader.plan.elastic import (
     Reshape,
     elastic_field,
     saved_shape,
 )
-from shardloader.plan.epoch import EpochPlan, EpochPlanner, EpochReport, load_lengths
-from shardloader.plan.ledger import Ledger, SkipLog
-from shardloader.plan.partition import PARTITIONS
-from shardloader.plan.shuffle import ShuffleOptions, derive_seed, seed_global_rngs
+from shardloader.plan.epoch import EpochPlan, EpochPlanner, EpochReport
+from shardloader.plan.ledger import Ledger
+from shardloader.plan.shuffle import derive_seed
 from shardloader.plan.split import UNEVEN_POLICIES, Place
 from shardloader.read.fields import FieldMap
+from shardloader.read.lengths import load_lengths
 from shardloader.read.samplepass import SampleSource, iterate_samples
-from shardloader.read.shardset import ReadOptions, ShardSet
+from shardloader.read.seeding import seed_global_rngs
+from shardloader.read.shardset import ShardSet
+from shardloader.read.skips import SkipLog
 from shardloader.world import detect_place
 
 __all__ = ["ShardedDataset", "EpochReport"]
@@ -51,19 +54,12 @@ class ShardedDataset(DatasetState, IterableDataset):  # type: ignore[type-arg]
     bucketing, token budgets or packing.  ``uneven`` says how ranks are evened out: ``"pad"``
     repeats samples, ``"drop"`` leaves them out; :meth:`report` gives the numbers.
 
-    ``partition`` says which share of each epoch a node reads (NOTE [node partitions] in
-    :mod:`shardloader.plan.partition`): ``"node"`` (default) a span of the shuffled shards per node,
-    so the job reads each byte about once per epoch; ``"rank"`` a span per rank; ``"global"``
-    every node reads every shard (the most mixing inside a batch, for a small cluster whose
-    node caches hold the data).  ``ranks_per_node`` overrides what :mod:`shardloader.world`
-    detects (torchrun, Slurm); unknown, ``"node"`` keeps one partition.
-
-    ``data_parallel``: the job's data-parallel group, a ``DeviceMesh`` (``mesh["dp"]``, or a
-    mesh with a data-parallel dimension) or a process group, for jobs that also split each
-    model replica (tensor, pipeline, context parallel): rank and world become the replica's
-    data-parallel rank and the number of replicas, so a replica's ranks read the same
-    batches (NOTE [data-parallel place] in :mod:`shardloader.plan.dataparallel`); ``ranks_per_node``
-    then counts replicas a node.
+    ``world``: where this process reads in the job, a :class:`~shardloader.options.World`
+    (rank and world size, ranks per node, which share of an epoch a node reads, or the job's
+    data-parallel group); detected when left out.  ``read``: how shards are fetched and which
+    member extensions are one field (:class:`~shardloader.options.ReadOptions`).  The keywords
+    ``rank``, ``world_size``, ``ranks_per_node``, ``partition``, ``data_parallel`` and
+    ``aliases`` still work for a release, with a DeprecationWarning naming the replacement.
 
     The planner decides the collate where it must agree with the plan (its
     ``resolve_collate``): ``PackedBatches(..., pad_id=...)`` builds its PackCollate when
@@ -85,20 +81,14 @@ class ShardedDataset(DatasetState, IterableDataset):  # type: ignore[type-arg]
         collate_fn: Callable[[list[dict[str, Any]]], Any] | None = None,
         decoder: Decoder | None = _DEFAULT_DECODER,
         on_error: str = "raise",
-        rank: int | None = None,
-        world_size: int | None = None,
         read: ReadOptions | None = None,
-        aliases: Mapping[str, Sequence[str]] | None = None,
-        partition: str = "node",
-        ranks_per_node: int | None = None,
-        data_parallel: Any = None,
+        world: World | None = None,
+        **deprecated: Any,
     ) -> None:
         super().__init__()
+        world, read = from_old_keywords(world, read, deprecated, type(self).__name__)
         if uneven not in UNEVEN_POLICIES:
             raise UsageError(f"uneven={uneven!r} is not one of {UNEVEN_POLICIES}")
-        if partition not in PARTITIONS:
-            raise UsageError(f"partition={partition!r} is not one of {PARTITIONS}")
-        self.partition_mode = partition
         if on_error not in ("raise", "skip"):
             raise UsageError(f"on_error={on_error!r} is not 'raise' or 'skip'")
         if batch_size is not None and planner is not None:
@@ -106,35 +96,37 @@ class ShardedDataset(DatasetState, IterableDataset):  # type: ignore[type-arg]
         if batch_size is not None:
             check_positive("batch_size", batch_size)
         self.url = url
-        self.read_options = read or ReadOptions()
+        self.read_options = read
         self.manifest, self.base = self._open(url)
         if self.manifest.num_samples == 0:
             raise UsageError(f"{url} holds no samples")
         self.batch_size = batch_size
-        self.planner = planner
+        self.planner = check_planner(planner)
         self.shuffle = shuffle if isinstance(shuffle, ShuffleOptions) else ShuffleOptions(shuffle)
         self.seed = integer("seed", seed)
         self.uneven = uneven
         self.transform = transform
-        resolve = getattr(planner, "resolve_collate", None)
         self.collate_fn = (
-            collate_fn if resolve is None else resolve(collate_fn, self.manifest.length_field)
+            collate_fn
+            if self.planner is None
+            else self.planner.resolve_collate(collate_fn, self.manifest.length_field)
         )
         self.decoder = decoder
         self.on_error = on_error
         # member extension → logical field: the manifest's aliases, ``aliases`` merged over
-        self.field_map = FieldMap.of_manifest(self.manifest, aliases)
+        self.field_map = FieldMap.of_manifest(self.manifest, read.aliases)
         self._planning.signature()  # a planner must declare its options (or fail here)
-        self._bundle = 1  # batches per worker output: NOTE [bundles] in shardloader/transport.py
+        self._bundle = (
+            1  # batches per worker output: NOTE [bundles] in shardloader/deliver/transport.py
+        )
         self._ring: Any = None  # the loader's shared buffers (NOTE [ring slots] there)
-        self._init_position(rank, world_size, ranks_per_node, data_parallel)
-        self._skip_log: SkipLog | None = None  # plan/ledger.py: where run-time skips are appended
+        self._init_position(world)
+        self._skip_log: SkipLog | None = None  # read/skips.py: where run-time skips go
         self._lengths: np.ndarray | None = None
-        bind = getattr(planner, "bind", None)
-        if bind is not None:  # a planner that reads the data itself checks it and loads lengths
-            self._lengths = bind(self)  # (batching/blocks.py)
-        elif planner is not None and getattr(planner, "needs_lengths", False):
-            self._lengths = self._load_lengths(required=True)
+        if self.planner is not None:  # a planner that reads the data itself checks it and
+            self._lengths = self.planner.bind(self)  # loads lengths (batching/blocks.py)
+            if self._lengths is None and self.planner.needs_lengths:
+                self._lengths = self._load_lengths(required=True)
         # len() of the last (epoch, start, rank, world) asked for: the loader checks every
         # pass against it; lengths loaded only for report(), never pickled into workers
         self._len_cache: tuple[tuple[int, ...], int] | None = None
@@ -187,7 +179,7 @@ class ShardedDataset(DatasetState, IterableDataset):  # type: ignore[type-arg]
         """Which samples of an epoch are padded, dropped or truncated, and why: computed from
         the plan like :meth:`report` (every rank gets the same, without talking); add the
         run-time skips :meth:`record_skips` collected with ``ledger.with_skips(
-        shardloader.plan.ledger.merge_skips(directory, epoch))`` (NOTE [the ledger comes from the
+        shardloader.read.skips.merge_skips(directory, epoch))`` (NOTE [the ledger comes from the
         plan] in :mod:`shardloader.plan.ledger`)."""
         from shardloader.plan.ledger import build
 
@@ -299,7 +291,7 @@ class ShardedDataset(DatasetState, IterableDataset):  # type: ignore[type-arg]
     # -- iteration ------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
         # the pass is recorded now, not at the first batch: a StatefulDataLoader asks for
-        # the state before it (NOTE [worker states] in shardloader/stateful.py)
+        # the state before it (NOTE [worker states] in shardloader/deliver/stateful.py)
         values = self._control.get()
         place = detect_place(values[_RANK], values[_WORLD])
         progress, place, epoch, start = self._begin_pass(place)
@@ -319,12 +311,13 @@ class ShardedDataset(DatasetState, IterableDataset):  # type: ignore[type-arg]
         values = self._control.get()
         seed_global_rngs(derive_seed(self.seed, epoch, place.rank, place.worker, 1 << 40))
         plan = self._plan(epoch, start, place.rank, place.world_size, history)
-        if getattr(self.planner, "reads_token_stream", False):  # rows of token shards
+        if self.planner is not None and self.planner.units == "rows":  # rows of token shards
             from shardloader.read.blockpass import BlockSource, iterate_blocks
 
             assert self._lengths is not None  # the planner's bind() loaded them
+            rows: Any = self.planner  # a TokenBlocks
             source = BlockSource(
-                self.planner,
+                rows,
                 self.manifest,
                 self.base,
                 self.read_options,

@@ -27,16 +27,19 @@ from typing import Any
 
 import numpy as np
 
+from shardloader.batching.base import check_planner
 from shardloader.dataset import ShardedDataset
 from shardloader.deliver.control import Control
 from shardloader.deliver.position import integer
 from shardloader.errors import ResumeError, UsageError
 from shardloader.manifest import Manifest, read_manifest
+from shardloader.options import ReadOptions, ShuffleOptions
 from shardloader.plan.blend import MixOrder, integer_parts, schedule_parts
-from shardloader.plan.epoch import EpochReport, load_lengths
-from shardloader.plan.shuffle import ShuffleOptions, derive_seed
+from shardloader.plan.epoch import EpochReport
+from shardloader.plan.shuffle import derive_seed
+from shardloader.read.lengths import load_lengths
 from shardloader.read.mixed import MixedShards, virtual_manifest
-from shardloader.read.shardset import ReadOptions, ShardSet
+from shardloader.read.shardset import ShardSet
 
 __all__ = ["Source", "Mixture", "MixtureReport", "SourceCounts", "MixedShards"]
 
@@ -102,7 +105,7 @@ class Mixture(ShardedDataset):
     sources' samples together), the unit of ``set_epoch``, resume and weight changes.
 
     Every other argument is :class:`ShardedDataset`'s (batch size or planner, shuffle, seed,
-    uneven, transform, collate, decoder, on_error, rank/world, read), applied to the mixed
+    uneven, transform, collate, decoder, on_error, read, world), applied to the mixed
     stream; ``shuffle`` and ``read`` are also the sources' defaults.
     """
 
@@ -122,8 +125,8 @@ class Mixture(ShardedDataset):
             raise UsageError("a Mixture needs sources: {name: url or Source}, at least one")
         if by not in BLEND_UNITS:
             raise UsageError(f"by={by!r} is not one of {BLEND_UNITS}")
-        planner = options.get("planner")
-        if planner is not None and getattr(planner, "plan_stream", None) is not None:
+        planner = check_planner(options.get("planner"))
+        if planner is not None and planner.units == "rows":
             raise UsageError(
                 f"{type(planner).__name__} plans rows of one token stream and cannot blend "
                 "sources; pack rows from a mixture with PackedBatches"

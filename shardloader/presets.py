@@ -115,7 +115,7 @@ class DatasetPreset:
 
     def dataset(self, url: str, **overrides: Any) -> ShardedDataset:
         """The :class:`ShardedDataset` at ``url`` as this preset describes it; ``overrides``
-        are further ShardedDataset arguments (``rank``, ``world_size``, ``collate_fn``...)."""
+        are further ShardedDataset arguments (``world``, ``collate_fn``...)."""
         from shardloader.dataset import ShardedDataset
 
         decoder, transform = self.pipeline(url)

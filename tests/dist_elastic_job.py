@@ -46,7 +46,7 @@ def main(data: str, mode: str, shape: int, state_file: str, out: str) -> None:
             json.dump(loader.state_dict(), f)
     lengths = {}
     if resuming and dist.get_rank() == 0:
-        whole = sl.ShardedDataset(data, decoder=None, rank=0, world_size=1)
+        whole = sl.ShardedDataset(data, decoder=None, world=sl.World(0, 1))
         lengths = {int(s["__index__"]): len(s["bin"]) for s in whole}
     gathered = [None] * dist.get_world_size()
     mine = {"rank": dist.get_rank(), "segments": seen, "len": planned, "lengths": lengths}

@@ -29,8 +29,8 @@ def main(data: str, out: str, partition: str) -> None:
         batch_size=4,
         shuffle=True,
         seed=3,
-        partition=partition,
         read=sl.ReadOptions(cache=cache),
+        world=sl.World(partition=partition),
     )
     loader = sl.make_loader(ds, num_workers=1)
     ids, pads = [], []

@@ -55,7 +55,7 @@ def main(data, out, ckpt):
     mine = {"rank": rank, "coord": mesh.get_coordinate()}
 
     for workers in (0, 2):  # 1. a replica's ranks: the same batches at any num_workers
-        ds = make(data, data_parallel=mesh)  # the whole mesh: its "dp" dimension
+        ds = make(data, world=sl.World.of(mesh))  # the whole mesh: its "dp" dimension
         loader = sl.make_loader(ds, num_workers=workers)
         mine[f"epoch0_w{workers}"] = {
             **record(list(loader)),
@@ -65,12 +65,13 @@ def main(data, out, ckpt):
         }
 
     ds = make(data)  # 2. 2 x 2 -> DCP -> 4 x 1
-    loader = sl.make_loader(ds, num_workers=1, data_parallel=mesh["dp"])
+    ds.set_world(sl.World.of(mesh["dp"]))  # a place given after the dataset was made
+    loader = sl.make_loader(ds, num_workers=1)
     ds.set_epoch(1)
     head = take(loader, 3)
     model = {"weight": torch.arange(6.0)}
     dcp.save({"model": model, "dataloader": loader}, checkpoint_id=os.path.join(ckpt, "a"))
-    fresh = make(data, data_parallel=flat)
+    fresh = make(data, world=sl.World.of(flat))
     again = sl.make_loader(fresh, num_workers=2)
     loaded = {"model": {"weight": torch.zeros(6)}, "dataloader": again}
     dcp.load(loaded, checkpoint_id=os.path.join(ckpt, "a"))
@@ -84,13 +85,14 @@ def main(data, out, ckpt):
     fresh.set_epoch(1)
     mine["dcp"]["rest"] = record(list(again))
 
-    ds = make(data, data_parallel=flat)  # 3. 4 x 1 -> 2 x 2
+    ds = make(data, world=sl.World.of(flat))  # 3. 4 x 1 -> 2 x 2
     loader = sl.make_loader(ds, num_workers=2)
     ds.set_epoch(2)
     head = take(loader, 2)
     state = loader.state_dict()
     replica = make(data)
-    again = sl.make_loader(replica, num_workers=2, data_parallel=mesh)
+    replica.set_world(sl.World.of(mesh))
+    again = sl.make_loader(replica, num_workers=2)
     again.load_state_dict(state)
     replica.set_epoch(2)
     mine["grow"] = {"head": record(head), "state": state, "rest": record(list(again))}

@@ -164,7 +164,7 @@ def test_serve_reads_s3_through_its_storage_options(s3_data: str, s3_server: str
         cache_dir=str(tmp_path / "mine"),
         storage_options={"endpoint_url": s3_server},
     )
-    local = [digest(b) for b in sl.make_loader(preset.dataset(s3_data, rank=0, world_size=1))]
+    local = [digest(b) for b in sl.make_loader(preset.dataset(s3_data, world=sl.World(0, 1)))]
     assert len(remote) == 3 and remote == local
 
 

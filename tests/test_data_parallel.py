@@ -1,6 +1,6 @@
 """The data-parallel place: which replica a rank reads for, and how many replicas share a node.
 
-The arithmetic is pure (NOTE [data-parallel place] in shardloader/dataparallel.py); the
+The arithmetic is pure (NOTE [data-parallel place] in shardloader/plan/dataparallel.py); the
 errors are checked against a real DeviceMesh of a one-rank gloo group.  The 4-rank runs are in
 tests/test_stack_dist.py.
 """
@@ -115,15 +115,15 @@ def test_a_real_mesh_without_data_parallel_dimension_is_refused(one_rank_group, 
     write_dataset(data, [5, 5])
     mesh = init_device_mesh("cpu", (1, 1), mesh_dim_names=("pp", "tp"))
     with pytest.raises(sl.UsageError, match=r"dimensions \('pp', 'tp'\), none of them data"):
-        sl.ShardedDataset(data, batch_size=2, data_parallel=mesh)
+        sl.ShardedDataset(data, batch_size=2, world=sl.World.of(mesh))
     with pytest.raises(sl.UsageError, match=r"dimensions \('tp',\)"):
-        sl.make_loader(sl.ShardedDataset(data, batch_size=2), data_parallel=mesh["tp"])
+        sl.ShardedDataset(data, batch_size=2).set_world(sl.World.of(mesh["tp"]))
     with pytest.raises(sl.UsageError, match="takes a torch.distributed DeviceMesh"):
-        sl.ShardedDataset(data, batch_size=2, data_parallel="dp")
-    with pytest.raises(sl.UsageError, match="data_parallel= or rank="):
-        sl.ShardedDataset(data, batch_size=2, rank=0, world_size=1, data_parallel=mesh)
+        sl.ShardedDataset(data, batch_size=2, world=sl.World.of("dp"))
+    with pytest.raises(sl.UsageError, match="from a data-parallel group or a rank, not both"):
+        sl.ShardedDataset(data, batch_size=2, world=sl.World(0, 1, group=mesh))
     dp = init_device_mesh("cpu", (1, 1), mesh_dim_names=("dp", "tp"))
-    ds = sl.ShardedDataset(data, batch_size=2, data_parallel=dp)
+    ds = sl.ShardedDataset(data, batch_size=2, world=sl.World.of(dp))
     assert (ds.rank, ds.world_size) == (0, 1) and len(list(sl.make_loader(ds))) == 5
 
 
@@ -131,4 +131,4 @@ def test_data_parallel_needs_an_initialized_group(tmp_path):
     data = str(tmp_path / "ds")
     write_dataset(data, [4])
     with pytest.raises(sl.UsageError, match="needs torch.distributed initialized"):
-        sl.ShardedDataset(data, batch_size=2, data_parallel=object())
+        sl.ShardedDataset(data, batch_size=2, world=sl.World.of(object()))

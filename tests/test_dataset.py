@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 import random
 from collections import Counter
@@ -12,6 +13,7 @@ import torch
 from helpers import batch_ids, payload, write_dataset
 
 import shardloader as sl
+from shardloader.batching import BatchPlanner
 
 UNEVEN_SIZES = [1, 120, 3, 0, 17, 59]  # wildly uneven, one empty shard: 200 samples
 
@@ -43,7 +45,7 @@ def uneven_zstd(tmp_path_factory):
 def test_exactly_once_equal_per_rank(uneven_zstd, world, num_workers):
     seen, steps = [], set()
     for rank in range(world):
-        ds = make(uneven_zstd, batch_size=8, shuffle=True, seed=5, rank=rank, world_size=world)
+        ds = make(uneven_zstd, batch_size=8, shuffle=True, seed=5, world=sl.World(rank, world))
         batches = run_epoch(ds, num_workers)
         steps.add(len(batches))
         assert len(batches) == len(ds)
@@ -52,7 +54,7 @@ def test_exactly_once_equal_per_rank(uneven_zstd, world, num_workers):
     assert len(steps) == 1  # the same number of steps on every rank: DDP cannot hang
     assert sorted(seen) == list(range(200))  # every sample once, pads excluded
     report = make(
-        uneven_zstd, batch_size=8, shuffle=True, seed=5, rank=0, world_size=world
+        uneven_zstd, batch_size=8, shuffle=True, seed=5, world=sl.World(0, world)
     ).report()
     assert report.padded_samples == steps.pop() * world * 8 - 200
 
@@ -61,16 +63,16 @@ def test_fewer_shards_than_consumers(tmp_path):
     write_dataset(str(tmp_path), [37])  # one shard, 2 ranks x 3 workers
     seen = []
     for rank in range(2):
-        seen += real_ids(run_epoch(make(str(tmp_path), batch_size=2, rank=rank, world_size=2), 3))
+        seen += real_ids(run_epoch(make(str(tmp_path), batch_size=2, world=sl.World(rank, 2)), 3))
     assert sorted(seen) == list(range(37))
 
 
 def test_drop_policy_reports_and_never_repeats(uneven_zstd):
     seen = []
     for rank in range(3):
-        ds = make(uneven_zstd, batch_size=8, shuffle=True, uneven="drop", rank=rank, world_size=3)
+        ds = make(uneven_zstd, batch_size=8, shuffle=True, uneven="drop", world=sl.World(rank, 3))
         seen += [i for b in run_epoch(ds, 2) for i in batch_ids(b)]
-    report = make(uneven_zstd, batch_size=8, uneven="drop", rank=0, world_size=3).report()
+    report = make(uneven_zstd, batch_size=8, uneven="drop", world=sl.World(0, 3)).report()
     assert len(seen) == len(set(seen)) == 200 - report.dropped_samples
     assert report.dropped_samples == 200 - (200 // 24) * 24
 
@@ -78,10 +80,10 @@ def test_drop_policy_reports_and_never_repeats(uneven_zstd):
 def test_sequence_independent_of_num_workers_and_reproducible(uneven_zstd):
     runs = {}
     for nw in (0, 1, 3):
-        ds = make(uneven_zstd, batch_size=5, shuffle=True, seed=11, rank=1, world_size=2)
+        ds = make(uneven_zstd, batch_size=5, shuffle=True, seed=11, world=sl.World(1, 2))
         runs[nw] = [batch_ids(b) for b in run_epoch(ds, nw)]
     assert runs[0] == runs[1] == runs[3]
-    other_seed = make(uneven_zstd, batch_size=5, shuffle=True, seed=12, rank=1, world_size=2)
+    other_seed = make(uneven_zstd, batch_size=5, shuffle=True, seed=12, world=sl.World(1, 2))
     assert [batch_ids(b) for b in run_epoch(other_seed)] != runs[0]
 
 
@@ -114,7 +116,7 @@ def test_elastic_resume(uneven_zstd, w1, k1, w2, k2):
     kw = dict(batch_size=6, shuffle=True, seed=21)
     seen, states = [], []
     for rank in range(w1):
-        ds = make(uneven_zstd, rank=rank, world_size=w1, **kw)
+        ds = make(uneven_zstd, world=sl.World(rank, w1), **kw)
         ds.set_epoch(1)
         loader = sl.make_loader(ds, num_workers=k1)
         for step, batch in enumerate(loader):
@@ -125,7 +127,7 @@ def test_elastic_resume(uneven_zstd, w1, k1, w2, k2):
     assert all(s == states[0] for s in states)  # the state is rank-agnostic
     assert states[0]["position"] == 3 * w1
     for rank in range(w2):
-        ds = make(uneven_zstd, rank=rank, world_size=w2, **kw)
+        ds = make(uneven_zstd, world=sl.World(rank, w2), **kw)
         loader = sl.make_loader(ds, num_workers=k2)
         loader.load_state_dict(states[0])
         ds.set_epoch(1)  # the usual loop calls set_epoch again: the position must survive
@@ -205,9 +207,7 @@ def test_a_state_saved_before_plan_signatures_still_loads(uneven_zstd):
 
 
 def test_a_planner_without_declared_options_is_refused(uneven_zstd):
-    class Opaque:
-        needs_lengths = False
-
+    class Opaque(BatchPlanner):
         def plan(self, order, lengths, rng):
             return [order[i : i + 4] for i in range(0, len(order), 4)]
 
@@ -219,6 +219,45 @@ def test_a_planner_without_declared_options_is_refused(uneven_zstd):
             return "Declared(4)"
 
     assert make(uneven_zstd, planner=Declared()).plan_signature.startswith("Declared(4);")
+
+
+def test_a_planner_says_what_it_lacks(uneven_zstd):
+    """The core calls the members BatchPlanner declares and probes for none: a planner that is
+    no BatchPlanner, or one without plan(), is refused when made, naming what is missing."""
+
+    class Duck:
+        needs_lengths = False
+
+        def plan(self, order, lengths, rng):
+            return [order]
+
+        def signature(self) -> str:
+            return "Duck()"
+
+    with pytest.raises(sl.UsageError, match="Duck.*not a shardloader.batching.BatchPlanner"):
+        make(uneven_zstd, planner=Duck())
+
+    class NoPlan(BatchPlanner):
+        def signature(self) -> str:
+            return "NoPlan()"
+
+    with pytest.raises(sl.UsageError, match="NoPlan does not define plan.*plan\\(order"):
+        NoPlan()
+
+    # one that defines only plan() gets every other member's default: a real epoch through
+    # workers, a report, a ledger, no reshape
+    class Fours(BatchPlanner):
+        def plan(self, order, lengths, rng):
+            return [order[i : i + 4] for i in range(0, len(order), 4)]
+
+        def signature(self) -> str:
+            return "Fours()"
+
+    ds = make(uneven_zstd, planner=Fours())
+    ids = real_ids(run_epoch(ds, 2))
+    assert sorted(ids) == list(range(ds.manifest.num_samples))
+    assert ds.report().steps_per_rank == -(-ds.manifest.num_samples // 4)
+    assert ds.elastic_option is None and ds.ledger().entries == ()
 
 
 class RecordRandomness:
@@ -368,3 +407,25 @@ def test_works_inside_a_users_own_dataloader(uneven_zstd):
     batched = make(uneven_zstd, batch_size=8, shuffle=True, seed=4)
     mine = [batch_ids(b) for b in DataLoader(batched, batch_size=None, num_workers=2)]
     assert mine == [batch_ids(b) for b in run_epoch(batched, 0)]
+
+
+def test_where_am_i_is_one_value_and_the_old_keywords_warn(uneven_zstd, tmp_path):
+    """rank/world_size/ranks_per_node/partition and aliases still work for a release, each
+    with a DeprecationWarning naming its replacement, and plan exactly as the new values."""
+    new = make(uneven_zstd, batch_size=4, shuffle=True, world=sl.World(1, 3, partition="rank"))
+    with pytest.warns(
+        DeprecationWarning, match=r"partition=\) is deprecated.*World\(rank=\.\.\., world_size"
+    ):
+        old = make(uneven_zstd, batch_size=4, shuffle=True, rank=1, world_size=3, partition="rank")
+    assert (old.rank, old.world_size, old.partition) == (new.rank, new.world_size, new.partition)
+    assert [b.tolist() for b in old.plan().batches] == [b.tolist() for b in new.plan().batches]
+    with pytest.warns(DeprecationWarning, match=r"aliases=.*ReadOptions\(aliases="):
+        make(uneven_zstd, aliases={"blob": ("bin",)})
+    with pytest.warns(DeprecationWarning, match=r"World\.of\(group"):
+        with pytest.raises(sl.UsageError, match="needs torch.distributed initialized"):
+            make(uneven_zstd, data_parallel=object())
+    with pytest.raises(sl.UsageError, match="pass world= or rank=, world_size=, not both"):
+        make(uneven_zstd, rank=0, world_size=1, world=sl.World(0, 1))
+    with pytest.raises(TypeError, match="unexpected keyword argument 'ranks'"):
+        make(uneven_zstd, ranks=2)
+    assert len(inspect.signature(sl.ShardedDataset).parameters) - 1 <= 12  # **deprecated

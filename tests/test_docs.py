@@ -161,6 +161,7 @@ def test_the_api_reference_covers_every_public_name_through_the_public_packages(
             "mixture",
             "read.verify",
             "plan.ledger",
+            "read.skips",
             "deliver.monitor",
         )
     }

@@ -47,3 +47,28 @@ def test_every_documented_dotted_path_resolves_after_import_shardloader(tmp_path
     )
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == ""
+
+
+MODULE_PATH = re.compile(r"shardloader/[A-Za-z0-9_/]*\.py")
+
+
+def test_every_module_path_named_in_code_or_docs_exists():
+    """A ``shardloader/...py`` path in a comment, NOTE, docstring or page is a pointer a reader
+    follows: each must name a file that exists (modules move; their mentions must move too)."""
+    files = [
+        *(ROOT / "shardloader").rglob("*.py"),
+        *(ROOT / "tests").rglob("*.py"),
+        *(ROOT / "tools").rglob("*.py"),
+        *(ROOT / "docs").rglob("*.md"),
+        ROOT / "README.md",
+        ROOT / "DESIGN.md",
+        ROOT / "pyproject.toml",
+    ]
+    dangling = [
+        f"{path.relative_to(ROOT)}:{number}: {match.group(0)}"
+        for path in files
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        for match in MODULE_PATH.finditer(line)
+        if not (ROOT / match.group(0)).exists()
+    ]
+    assert len(files) > 100 and dangling == []

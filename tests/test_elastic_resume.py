@@ -48,7 +48,7 @@ def checkpoint(path, world, workers, steps, epoch=1, **kw):
     """Run every rank of ``world`` for ``steps`` steps; return what they saw and the state."""
     seen, states = [], []
     for rank in range(world):
-        ds = make(path, rank=rank, world_size=world, **kw)
+        ds = make(path, world=sl.World(rank, world), **kw)
         ds.set_epoch(epoch)
         loader = sl.make_loader(ds, num_workers=workers)
         for step, batch in enumerate(loader):
@@ -65,7 +65,7 @@ def resume(path, state, world, workers, epoch=1, stop_after=None, **kw):
     ``stop_after``) the state after that many steps."""
     seen, states, lens = [], [], set()
     for rank in range(world):
-        ds = make(path, rank=rank, world_size=world, **kw)
+        ds = make(path, world=sl.World(rank, world), **kw)
         loader = sl.make_loader(ds, num_workers=workers)
         loader.load_state_dict(state)
         ds.set_epoch(epoch)  # the usual loop: the loaded position and reshapes survive

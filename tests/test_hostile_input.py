@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import hashlib
 import json
 import os
 from typing import Any
@@ -390,29 +389,16 @@ def test_arrow_key_must_match_its_sidecar(tmp_path):
 
 @pytest.mark.subprocess
 def test_download_stops_past_the_declared_size(s3_bucket, s3_client, tmp_path):
-    from shardloader.storage.fetch import fetch_shard
+    from shardloader.storage.store import Store
 
     blob = os.urandom(3 << 20)
     s3_client.put_object(Bucket=s3_bucket, Key="k", Body=blob)
     endpoint = s3_client.meta.endpoint_url
     with pytest.raises(ChecksumError, match="larger than the 1,000 bytes"):
-        fetch_shard(
-            f"s3://{s3_bucket}/k",
-            str(tmp_path / "dl" / "k"),
-            sha256=hashlib.sha256(blob).hexdigest(),
-            size=1000,
-            storage_options={"endpoint_url": endpoint},
-        )
-    assert os.listdir(tmp_path / "dl") == []
+        Store(f"s3://{s3_bucket}/k", {"endpoint_url": endpoint}).read_bytes(limit=1000)
     (tmp_path / "local").write_bytes(blob)
     with pytest.raises(ChecksumError, match="larger than the 1,000 bytes"):
-        fetch_shard(
-            str(tmp_path / "local"),
-            str(tmp_path / "dl" / "k2"),
-            sha256=hashlib.sha256(blob).hexdigest(),
-            size=1000,
-        )
-    assert os.listdir(tmp_path / "dl") == []
+        Store(str(tmp_path / "local")).read_bytes(limit=1000)
 
 
 def test_arrow_bomb_is_refused_from_its_declared_sizes(tmp_path):

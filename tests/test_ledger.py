@@ -14,8 +14,9 @@ from helpers import own_cache_dataset as make
 
 import shardloader as sl
 from shardloader.batching import FixedBatches, PackedBatches, TokenBudgetBatches
-from shardloader.plan.epoch import load_lengths
-from shardloader.plan.ledger import Ledger, merge_skips
+from shardloader.plan.ledger import Ledger
+from shardloader.read.lengths import load_lengths
+from shardloader.read.skips import merge_skips
 
 SIZES = [1, 120, 3, 17, 59]  # 200 samples; lengths are the payload sizes (32..160)
 
@@ -50,7 +51,7 @@ CASES = [
 @pytest.mark.parametrize("case", CASES, ids=lambda c: str(c.get("planner", c)))
 def test_ledger_counts_equal_the_report(data, case):
     for world in (1, 3):
-        ds = make(data, shuffle=True, seed=4, rank=0, world_size=world, **kw(case))
+        ds = make(data, shuffle=True, seed=4, world=sl.World(0, world), **kw(case))
         report, ledger = ds.report(1), ds.ledger(1)
         counts = ledger.counts()
         assert counts["padded"] == report.padded_samples
@@ -62,7 +63,7 @@ def test_ledger_counts_equal_the_report(data, case):
             assert cut == report.truncated_tokens + report.dropped_tokens
         assert all(e.reason for e in ledger.entries)
         assert (
-            make(data, shuffle=True, seed=4, rank=2 % world, world_size=world, **kw(case)).ledger(1)
+            make(data, shuffle=True, seed=4, world=sl.World(2 % world, world), **kw(case)).ledger(1)
             == ledger
         )  # every rank computes the same ledger
 
@@ -72,10 +73,10 @@ def test_delivered_plus_ledger_dropped_is_every_sample(data, case):
     """Through real workers on every rank: delivered ∪ dropped = all, disjoint; a truncated
     sample arrives in part; repeats flagged __pad__ are the ledger's padding."""
     world = 3
-    ledger = make(data, shuffle=True, seed=4, world_size=world, rank=0, **kw(case)).ledger(0)
+    ledger = make(data, shuffle=True, seed=4, world=sl.World(0, world), **kw(case)).ledger(0)
     got, pads = Counter(), Counter()
     for rank in range(world):
-        ds = make(data, shuffle=True, seed=4, world_size=world, rank=rank, **kw(case))
+        ds = make(data, shuffle=True, seed=4, world=sl.World(rank, world), **kw(case))
         for batch in sl.make_loader(ds, num_workers=2):
             for i, _, _, pad in batch:
                 (pads if pad else got)[i] += 1
@@ -97,10 +98,10 @@ def test_reasons_name_the_policy(data):
     )
     reasons = {e.reason.split(":")[0] for e in ds.ledger(0).entries if e.status == "dropped"}
     assert reasons == {"long_docs='drop'"}
-    ds = make(data, batch_size=7, uneven="drop", rank=0, world_size=3)
+    ds = make(data, batch_size=7, uneven="drop", world=sl.World(0, 3))
     reasons = {e.reason for e in ds.ledger(0).entries}
     assert any("uneven='drop'" in r and "partial last batch" in r for r in reasons)
-    ds = make(data, batch_size=7, uneven="pad", rank=0, world_size=3)
+    ds = make(data, batch_size=7, uneven="pad", world=sl.World(0, 3))
     reasons = {e.reason for e in ds.ledger(0).entries}
     assert any("last batch to batch_size=7" in r for r in reasons)
     assert any("so every one of 3 ranks" in r for r in reasons)
@@ -128,10 +129,9 @@ def test_run_time_skips_are_appended_per_rank_and_merged(data, tmp_path):
             batch_size=8,
             shuffle=True,
             seed=3,
-            rank=rank,
-            world_size=2,
             transform=FailOn(bad),
             on_error="skip",
+            world=sl.World(rank, 2),
         )
         ds.record_skips(skips)
         ds.set_epoch(2)
@@ -146,7 +146,7 @@ def test_run_time_skips_are_appended_per_rank_and_merged(data, tmp_path):
     assert [r.sample for r in records] == sorted(bad)
     assert all(r.epoch == 2 and "DecodeError" in r.reason and r.key for r in records)
     assert merge_skips(skips, epoch=1) == []
-    ledger = make(data, batch_size=8, shuffle=True, seed=3, rank=0, world_size=2).ledger(2)
+    ledger = make(data, batch_size=8, shuffle=True, seed=3, world=sl.World(0, 2)).ledger(2)
     full = ledger.with_skips(records)
     assert full.counts()["skipped"] == 3 and set(full.skipped) == bad
     assert set(got) | set(full.dropped) | set(full.skipped) == set(range(200))
@@ -157,14 +157,14 @@ def test_run_time_skips_are_appended_per_rank_and_merged(data, tmp_path):
 
 
 def test_a_reshaped_epoch_has_a_ledger_that_matches_its_report(data):
-    ds = make(data, batch_size=6, shuffle=True, seed=1, rank=0, world_size=2)
+    ds = make(data, batch_size=6, shuffle=True, seed=1, world=sl.World(0, 2))
     ds.set_epoch(1)
     loader = sl.make_loader(ds)
     for step, _ in enumerate(loader):
         if step == 2:
             state = loader.state_dict()
             break
-    ds = make(data, batch_size=4, shuffle=True, seed=1, rank=0, world_size=3, uneven="pad")
+    ds = make(data, batch_size=4, shuffle=True, seed=1, uneven="pad", world=sl.World(0, 3))
     loader = sl.make_loader(ds)
     loader.load_state_dict(state)
     assert ds.reshapes == ((6, 6),)
@@ -228,8 +228,7 @@ def test_a_mixture_ledger_counts_every_dropped_occurrence(mix_sources, case):
             seed=1,
             collate_fn=spans,
             uneven="drop",
-            rank=rank,
-            world_size=world,
+            world=sl.World(rank, world),
             **case,
         )
         for batch in mix:

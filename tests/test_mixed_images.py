@@ -221,14 +221,18 @@ def test_pack_alias_records_one_field_in_the_manifest(groups, tmp_path):
 
 def test_read_time_aliases_merge_over_the_manifest(groups, tmp_path):
     pack(str(groups), str(tmp_path / "out"))
-    ds = sl.ShardedDataset(str(tmp_path / "out"), aliases={"image": ("jpg", "png")})
+    ds = sl.ShardedDataset(
+        str(tmp_path / "out"), read=sl.ReadOptions(aliases={"image": ("jpg", "png")})
+    )
     samples = {s["__key__"]: s for s in ds}
     assert all(s["image"].shape[0] == 3 for s in samples.values())
     assert "jpg" not in samples["a/0"] and "png" not in samples["b/1"]
     assert samples["c/2"]["seg.png"].shape[0] == 3  # not aliased: its own field
     # over a manifest's aliases: a name given at read time takes the extensions it lists
     pack(str(groups), str(tmp_path / "aliased"), PackOptions(aliases={"image": ("jpg", "png")}))
-    ds = sl.ShardedDataset(str(tmp_path / "aliased"), aliases={"photo": ("jpg",)})
+    ds = sl.ShardedDataset(
+        str(tmp_path / "aliased"), read=sl.ReadOptions(aliases={"photo": ("jpg",)})
+    )
     samples = {s["__key__"]: s for s in ds}
     assert "photo" in samples["a/0"] and "image" in samples["b/1"]
 
@@ -238,7 +242,9 @@ def test_two_members_filling_one_field_are_refused(groups, tmp_path):
     assert r.exit_code == 2
     assert "c/2.jpg" in r.stderr and "c/2.seg.png" in r.stderr and "'image'" in r.stderr
     pack(str(groups), str(tmp_path / "out"))
-    ds = sl.ShardedDataset(str(tmp_path / "out"), aliases={"image": ("jpg", "seg.png")})
+    ds = sl.ShardedDataset(
+        str(tmp_path / "out"), read=sl.ReadOptions(aliases={"image": ("jpg", "seg.png")})
+    )
     with pytest.raises(ShardError, match=r"shard .*shard-00000.tar.zst.*sample 'c/2'.*'image'"):
         list(ds)
 
@@ -255,7 +261,7 @@ def test_two_members_filling_one_field_are_refused(groups, tmp_path):
 def test_bad_aliases_are_usage_errors(groups, tmp_path, aliases, message):
     pack(str(groups), str(tmp_path / "out"))
     with pytest.raises(UsageError, match=message):
-        sl.ShardedDataset(str(tmp_path / "out"), aliases=aliases)
+        sl.ShardedDataset(str(tmp_path / "out"), read=sl.ReadOptions(aliases=aliases))
     with pytest.raises(UsageError, match=message):
         pack(str(groups), str(tmp_path / "p"), PackOptions(aliases=aliases))
 

@@ -16,8 +16,8 @@ import shardloader as sl
 from shardloader.batching import BucketBatches, PackedBatches, TokenBudgetBatches
 from shardloader.mixture import Source
 from shardloader.plan.blend import MAX_PARTS, MixOrder, blend_counts, blend_period, integer_parts
-from shardloader.plan.epoch import load_lengths
 from shardloader.plan.shuffle import ShuffleOptions
+from shardloader.read.lengths import load_lengths
 
 SIZES = {"a": [7, 5, 9], "b": [4, 4], "c": [3]}  # 21, 8 and 3 samples
 

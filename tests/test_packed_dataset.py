@@ -154,7 +154,7 @@ def test_report_accounts_for_every_token(lm, case):
     keys: set[str] = set()
     for rank in range(world):
         ds = sl.ShardedDataset(
-            path, shuffle=True, seed=2, uneven=uneven, rank=rank, world_size=world, **kw
+            path, shuffle=True, seed=2, uneven=uneven, world=sl.World(rank, world), **kw
         )
         for batch in sl.make_loader(ds, num_workers=0):
             real += int(batch["attention_mask"].sum())
@@ -233,7 +233,7 @@ def test_segment_batches_resume_elastically(lm):
     seen: list[tuple[str, int, int]] = []
     states = []
     for rank in range(2):
-        ds = sl.ShardedDataset(path, planner=planner, shuffle=True, seed=4, rank=rank, world_size=2)
+        ds = sl.ShardedDataset(path, planner=planner, shuffle=True, seed=4, world=sl.World(rank, 2))
         ds.set_epoch(1)
         loader = sl.make_loader(ds, num_workers=2)
         for step, batch in enumerate(loader):
@@ -243,7 +243,7 @@ def test_segment_batches_resume_elastically(lm):
                 break
     assert states[0] == states[1] and states[0]["position"] == 6
     for rank in range(3):
-        ds = sl.ShardedDataset(path, planner=planner, shuffle=True, seed=4, rank=rank, world_size=3)
+        ds = sl.ShardedDataset(path, planner=planner, shuffle=True, seed=4, world=sl.World(rank, 3))
         loader = sl.make_loader(ds, num_workers=1)
         loader.load_state_dict(states[0])
         ds.set_epoch(1)

@@ -36,13 +36,16 @@ def staged(cache):
     return names
 
 
-def run(path, tmp, world, per_node, workers, state=None, stop=None, epoch=1, **kw):
+def run(
+    path, tmp, world, per_node, workers, state=None, stop=None, epoch=1, partition="node", **kw
+):
     """Every rank of a simulated world, each node with its own cache: what each rank saw
     (ids, pads), the state after ``stop`` steps, and each node's staged shards."""
     seen, states, lens = {}, [], set()
     for rank in range(world):
         cache = os.path.join(tmp, f"node{rank // per_node}")
-        ds = make(path, cache, rank=rank, world_size=world, ranks_per_node=per_node, **kw)
+        place = sl.World(rank, world, ranks_per_node=per_node, partition=partition)
+        ds = make(path, cache, world=place, **kw)
         loader = sl.make_loader(ds, num_workers=workers)
         if state is not None:
             loader.load_state_dict(state)
@@ -107,7 +110,7 @@ def test_a_state_from_one_partition_resumes_in_several(data, tmp_path):
 
 
 def test_the_report_counts_every_partition(data, tmp_path):
-    ds = make(data, str(tmp_path / "c"), rank=0, world_size=6, ranks_per_node=3)
+    ds = make(data, str(tmp_path / "c"), world=sl.World(0, 6, ranks_per_node=3))
     assert ds.partition == sl.Partition(2, 3)
     report = ds.report(1)
     seen, _, _ = run(data, str(tmp_path / "x"), 6, 3, 0)
@@ -142,11 +145,11 @@ def test_mixture_partitions_take_their_share_of_every_source(tmp_path):
 
 
 def test_a_position_must_be_a_step_boundary(data, tmp_path):
-    ds = make(data, str(tmp_path / "c"), rank=0, world_size=4, ranks_per_node=2)
+    ds = make(data, str(tmp_path / "c"), world=sl.World(0, 4, ranks_per_node=2))
     ds.seek(1, 3)
     with pytest.raises(sl.UsageError, match="not a step boundary"):
         len(ds)
-    loader = sl.make_loader(make(data, str(tmp_path / "c"), rank=0, world_size=4))
+    loader = sl.make_loader(make(data, str(tmp_path / "c"), world=sl.World(0, 4)))
     with pytest.raises(sl.ResumeError, match="not a step boundary"):
         loader.load_state_dict(
             {

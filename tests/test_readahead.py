@@ -81,7 +81,7 @@ def test_a_rank_stages_what_its_node_neighbour_needs(
     def staged_after_rank0(cache: str) -> set[int]:
         read = sl.ReadOptions(cache=sl.CacheOptions(dir=cache), readahead=2)
         ds = sl.ShardedDataset(
-            str(tmp_path / "ds"), batch_size=4, rank=0, world_size=2, decoder=None, read=read
+            str(tmp_path / "ds"), batch_size=4, decoder=None, read=read, world=sl.World(0, 2)
         )
         ids = [i for batch in ds for i in batch_ids(batch)]
         assert sorted(ids) == [i for s in (0, 2, 4, 6) for i in range(4 * s, 4 * s + 4)]

@@ -111,7 +111,7 @@ def test_planning_a_shuffled_epoch_holds_nothing_per_sample(tmp_path: Path) -> N
     peaks = {}
     for n in (100_000, 10_000_000):
         url = _synthetic_manifest(tmp_path / f"n{n}", n, 100_000)
-        ds = sl.ShardedDataset(url, batch_size=32, shuffle=True, rank=0, world_size=1)
+        ds = sl.ShardedDataset(url, batch_size=32, shuffle=True, world=sl.World(0, 1))
         tracemalloc.start()
         try:
             steps = len(ds)
@@ -261,7 +261,7 @@ def test_start_up_reads_the_manifest_once_and_never_lists_whatever_the_world_siz
                 cache=sl.CacheOptions(dir=str(tmp_path / f"cache-{world}-{rank}")),
             )
             ds = sl.ShardedDataset(
-                url, batch_size=4, shuffle=True, rank=rank, world_size=world, read=read
+                url, batch_size=4, shuffle=True, read=read, world=sl.World(rank, world)
             )
             first = next(iter(ds))
             gets, lists, other = _tally(fault_proxy, s3_bucket)
@@ -281,8 +281,7 @@ def test_lengths_are_mapped_once_per_node_and_pickle_as_a_path(tmp_path: Path) -
     import pickle
 
     from shardloader.manifest import read_manifest
-    from shardloader.plan.epoch import load_lengths
-    from shardloader.read.lengths import SharedLengths
+    from shardloader.read.lengths import SharedLengths, load_lengths
 
     write_dataset(str(tmp_path / "ds"), [3000, 0, 4570, 2430])
     manifest, base = read_manifest(str(tmp_path / "ds"))

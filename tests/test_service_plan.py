@@ -30,8 +30,7 @@ def make(data, **kw):
         seed=3,
         transform=Noise(),
         read=sl.ReadOptions(cache=cache),
-        rank=0,
-        world_size=1,
+        world=sl.World(0, 1),
         **kw,
     )
 

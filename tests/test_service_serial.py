@@ -40,7 +40,7 @@ def data(tmp_path_factory):
 
 
 def dataset(data: str, **kw: Any) -> sl.ShardedDataset:
-    return sl.ShardedDataset(data, batch_size=4, shuffle=True, seed=11, rank=0, world_size=1, **kw)
+    return sl.ShardedDataset(data, batch_size=4, shuffle=True, seed=11, world=sl.World(0, 1), **kw)
 
 
 @pytest.mark.parametrize("transform", [SlowNoise(), None], ids=["global-rng", "none"])

@@ -81,8 +81,7 @@ def _dataset(transform: Any, batch_size: int, rank: int = 0, world: int = 1) -> 
         seed=7,
         transform=transform,
         read=sl.ReadOptions(cache=cache),
-        rank=rank,
-        world_size=world,
+        world=sl.World(rank, world),
     )
 
 

@@ -1,6 +1,6 @@
 """torchdata's StatefulDataLoader around a ShardedDataset resumes exactly, through the dataset's
 own state_dict / load_state_dict that it calls in each worker (NOTE [worker states] in
-shardloader/stateful.py).  Real StatefulDataLoader, real worker processes."""
+shardloader/deliver/stateful.py).  Real StatefulDataLoader, real worker processes."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ def data(tmp_path_factory):
 
 def make(data, rank=0, world=1, **kw):
     kw.setdefault("batch_size", 4)
-    return sl.ShardedDataset(data, shuffle=True, seed=3, rank=rank, world_size=world, **kw)
+    return sl.ShardedDataset(data, shuffle=True, seed=3, world=sl.World(rank, world), **kw)
 
 
 def seen(batch):

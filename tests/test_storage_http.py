@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 import threading
 from collections.abc import Iterator
@@ -12,9 +11,8 @@ import pytest
 from http_server import QuietFiles, serving, static_files
 
 from shardloader.errors import ChecksumError, ObjectNotFoundError, StorageError
-from shardloader.storage import fs as storage
-from shardloader.storage.fetch import fetch_shard
 from shardloader.storage.retry import RetryPolicy
+from shardloader.storage.store import Store
 
 pytest.importorskip("aiohttp")
 
@@ -61,61 +59,49 @@ def http_root(tmp_path: Path) -> Iterator[tuple[str, Path, dict[str, int]]]:
         yield url, root, counts
 
 
-def test_http_read_open_and_fetch(
+def test_http_read_open_and_limit(
     http_root: tuple[str, Path, dict[str, int]], tmp_path: Path
 ) -> None:
     base, root, _ = http_root
     data = os.urandom(50_000)
     (root / "shard.tar").write_bytes(data)
     url = f"{base}/shard.tar"
-    assert storage.read_bytes(url, policy=POLICY) == data
-    with storage.open_read(url, policy=POLICY) as f:
+    assert Store(url, {}, POLICY).read_bytes() == data
+    with Store(url, {}, POLICY).open_read() as f:
         assert f.read(10) == data[:10]
         assert f.read() == data[10:]
-    dst = tmp_path / "cache" / "shard.tar"
-    fetch_shard(
-        url, str(dst), sha256=hashlib.sha256(data).hexdigest(), size=len(data), policy=POLICY
-    )
-    assert dst.read_bytes() == data
-    assert storage.exists(url, policy=POLICY)
+    assert Store(url, {}, POLICY).read_bytes(limit=len(data)) == data
+    with pytest.raises(ChecksumError, match="shard.tar"):
+        Store(url, {}, POLICY).read_bytes(limit=len(data) - 1)
+    assert Store(url, {}, POLICY).exists()
 
 
 def test_http_transient_error_is_retried(http_root: tuple[str, Path, dict[str, int]]) -> None:
     base, root, counts = http_root
     (root / "a.json").write_bytes(b'{"a": 1}')
-    assert storage.read_bytes(f"{base}/flaky/a.json", policy=POLICY) == b'{"a": 1}'
+    assert Store(f"{base}/flaky/a.json", {}, POLICY).read_bytes() == b'{"a": 1}'
     assert counts["/flaky/a.json"] >= 2
 
 
 def test_http_errors(http_root: tuple[str, Path, dict[str, int]], tmp_path: Path) -> None:
     base, root, counts = http_root
     with pytest.raises(ObjectNotFoundError, match="does not exist"):
-        storage.read_bytes(f"{base}/missing.json", policy=POLICY)
+        Store(f"{base}/missing.json", {}, POLICY).read_bytes()
     assert counts["/missing.json"] <= 2  # at most a HEAD and a GET: no retries
-    assert not storage.exists(f"{base}/missing.json", policy=POLICY)
+    assert not Store(f"{base}/missing.json", {}, POLICY).exists()
     with pytest.raises(StorageError, match="3 attempts"):
-        storage.read_bytes(f"{base}/broken", policy=POLICY)
-    (root / "s.tar").write_bytes(b"abc" * 100)
-    with pytest.raises(ChecksumError, match="s.tar"):
-        fetch_shard(
-            f"{base}/s.tar", str(tmp_path / "s.tar"), sha256="0" * 64, size=300, policy=POLICY
-        )
-    assert counts["/s.tar"] == 2  # two downloads, one streamed GET each
+        Store(f"{base}/broken", {}, POLICY).read_bytes()
 
 
 def test_local_paths_and_file_urls(tmp_path: Path) -> None:
     src = tmp_path / "a" / "s.bin"
-    storage.write_bytes_atomic(str(src), b"local")
-    assert storage.read_bytes(f"file://{src}") == b"local"
-    assert storage.exists(str(src)) and storage.list_files(str(tmp_path)) == ["a/s.bin"]
-    dst = tmp_path / "b" / "s.bin"
-    fetch_shard(f"file://{src}", str(dst), sha256=hashlib.sha256(b"local").hexdigest(), size=5)
-    assert dst.read_bytes() == b"local"
+    Store(str(src)).write_bytes_atomic(b"local")
+    assert Store(f"file://{src}").read_bytes() == b"local"
+    assert Store(str(src)).exists() and Store(str(tmp_path)).list_files() == ["a/s.bin"]
     with pytest.raises(ObjectNotFoundError):
-        storage.open_read(str(tmp_path / "nope"))
+        Store(str(tmp_path / "nope")).open_read()
     with pytest.raises(ObjectNotFoundError):
-        fetch_shard(str(tmp_path / "nope"), str(dst), sha256="0" * 64, size=None)
-    assert dst.read_bytes() == b"local"  # a failed fetch leaves the old file alone
-    storage.remove(str(src))
-    storage.remove(str(src))
-    assert not storage.exists(str(src))
+        Store(str(tmp_path / "nope")).read_bytes(limit=5)
+    Store(str(src)).remove()
+    Store(str(src)).remove()
+    assert not Store(str(src)).exists()

@@ -15,15 +15,13 @@ from helpers import FAST_RETRY, batch_ids, write_dataset
 
 import shardloader as sl
 from shardloader.errors import ChecksumError, ObjectNotFoundError, StorageError
-from shardloader.storage import fs as storage
-from shardloader.storage.fetch import fetch_shard
 from shardloader.storage.retry import RetryPolicy
+from shardloader.storage.store import Store
 
 pytestmark = pytest.mark.subprocess  # the moto S3 server process
 
 POLICY = FAST_RETRY
 SIZE = 300_000
-CHUNK = 100_000  # fetch_shard's read size: one GET streamed, read in 3 pieces
 
 
 def put(s3_client: Any, bucket: str, key: str, data: bytes) -> str:
@@ -56,33 +54,19 @@ def test_reads_survive_intermittent_faults_byte_identical(
     tmp_path: Path,
 ) -> None:
     url = put(s3_client, s3_bucket, "ds/shard-00000.tar.zst", blob)
-    digest = hashlib.sha256(blob).hexdigest()
     times = 1 if fault.startswith("stall") else 2  # a stall costs a read timeout
 
     fault_proxy.inject(fault, method="GET", times=times)
-    assert storage.read_bytes(url, via_proxy, policy=POLICY) == blob
+    assert Store(url, via_proxy, POLICY).read_bytes() == blob
 
     fault_proxy.inject(fault, method="GET", times=times)
-    with storage.open_read(url, via_proxy, policy=POLICY) as f:
+    with Store(url, via_proxy, POLICY).open_read() as f:
         parts = []
         while chunk := f.read(70_000):
             parts.append(chunk)
     assert b"".join(parts) == blob
 
-    fault_proxy.inject(fault, method="GET", times=times)  # the download's GET, then its retry
-    dst = tmp_path / "cache" / "shard-00000.tar.zst"
-    fetch_shard(
-        url,
-        str(dst),
-        sha256=digest,
-        size=SIZE,
-        policy=POLICY,
-        storage_options=via_proxy,
-        chunk_size=CHUNK,
-    )
-    assert dst.read_bytes() == blob
-    assert os.listdir(dst.parent) == [dst.name]  # no temp files left
-    assert sum(r.fault is not None for r in fault_proxy.requests) == 3 * times
+    assert sum(r.fault is not None for r in fault_proxy.requests) == 2 * times
 
 
 def test_lower_stack_makes_one_attempt_per_request(
@@ -90,7 +74,7 @@ def test_lower_stack_makes_one_attempt_per_request(
 ) -> None:
     """s3fs and botocore left alone retry 5 x 5 times; through filesystem() they try once."""
     url = put(s3_client, s3_bucket, "k", b"x" * 1000)
-    fs, path = storage.filesystem(url, via_proxy, policy=POLICY)
+    fs, path = Store(url, via_proxy, POLICY).filesystem()
     fault_proxy.inject("500", method="GET", times=None)
     with pytest.raises(OSError):
         fs.cat_file(path)
@@ -108,21 +92,13 @@ def test_persistent_fault_ends_in_one_storage_error_within_budget(
     fault_proxy.inject("503", method="GET", times=None)
     start = time.monotonic()
     with pytest.raises(StorageError) as info:
-        fetch_shard(
-            url,
-            str(tmp_path / "s"),
-            sha256="0" * 64,
-            size=5000,
-            policy=POLICY,
-            storage_options=via_proxy,
-        )
+        Store(url, via_proxy, POLICY).read_bytes()
     elapsed = time.monotonic() - start
     assert elapsed < 10.0  # 5 attempts, backoff <= 0.05 s each (plus s3fs's 0.1 s pause)
     assert fault_proxy.count("GET") == POLICY.max_attempts
     msg = str(info.value)
     assert url in msg and f"{POLICY.max_attempts} attempts" in msg and "SlowDown" in msg
     assert not isinstance(info.value, ChecksumError)
-    assert os.listdir(tmp_path) == []
 
 
 @pytest.mark.slow
@@ -136,7 +112,7 @@ def test_stalled_server_is_bounded_by_timeouts_and_budget(
     fault_proxy.inject("stall", method="GET", times=None)
     start = time.monotonic()
     with pytest.raises(StorageError, match="3 attempts") as info:
-        storage.read_bytes(url, via_proxy, policy=policy)
+        Store(url, via_proxy, policy).read_bytes()
     assert time.monotonic() - start < 5.0
     assert "Timeout" in str(info.value)
 
@@ -153,14 +129,7 @@ def test_forbidden_fails_at_once_with_remedy(
     url = put(s3_client, s3_bucket, "k", b"z" * 1000)
     fault_proxy.inject(fault, method="GET", times=None)
     with pytest.raises(StorageError, match="access denied.*credentials.*bucket policy") as info:
-        fetch_shard(
-            url,
-            str(tmp_path / "k"),
-            sha256="0" * 64,
-            size=1000,
-            policy=POLICY,
-            storage_options=via_proxy,
-        )
+        Store(url, via_proxy, POLICY).read_bytes()
     assert url in str(info.value)
     assert fault_proxy.count("GET") == 1
 
@@ -170,16 +139,8 @@ def test_missing_object_and_bucket_fail_at_once(
 ) -> None:
     missing = f"s3://{s3_bucket}/ds/index.json"
     for call in (
-        lambda: storage.read_bytes(missing, via_proxy, policy=POLICY),
-        lambda: storage.open_read(missing, via_proxy, policy=POLICY),
-        lambda: fetch_shard(
-            missing,
-            str(tmp_path / "x"),
-            sha256="0" * 64,
-            size=None,
-            policy=POLICY,
-            storage_options=via_proxy,
-        ),
+        lambda: Store(missing, via_proxy, POLICY).read_bytes(),
+        lambda: Store(missing, via_proxy, POLICY).open_read(),
     ):
         fault_proxy.clear()
         with pytest.raises(ObjectNotFoundError, match="does not exist") as info:
@@ -190,44 +151,8 @@ def test_missing_object_and_bucket_fail_at_once(
         assert len(fault_proxy.requests) <= 2
     no_bucket = "s3://no-such-bucket-here/ds/index.json"
     with pytest.raises(ObjectNotFoundError, match="bucket 'no-such-bucket-here' does not exist"):
-        storage.read_bytes(no_bucket, via_proxy, policy=POLICY)
-    assert storage.exists(missing, via_proxy, policy=POLICY) is False
-
-
-def test_flipped_byte_is_caught_after_exactly_two_downloads(
-    s3_bucket: str,
-    s3_client: Any,
-    fault_proxy: FaultProxy,
-    via_proxy: dict[str, str],
-    blob: bytes,
-    tmp_path: Path,
-) -> None:
-    good = hashlib.sha256(blob).hexdigest()
-    damaged = bytearray(blob)
-    damaged[SIZE // 2] ^= 0x01
-    url = put(s3_client, s3_bucket, "ds/shard-00002.tar.zst", bytes(damaged))
-    dst = tmp_path / "shard-00002.tar.zst"
-    with pytest.raises(ChecksumError) as info:
-        fetch_shard(url, str(dst), sha256=good, size=SIZE, policy=POLICY, storage_options=via_proxy)
-    msg = str(info.value)
-    assert url in msg and good in msg and hashlib.sha256(damaged).hexdigest() in msg
-    assert fault_proxy.count("GET") == 2  # one GET per download (object < chunk size)
-    assert os.listdir(tmp_path) == []
-
-
-def test_size_mismatch_is_a_checksum_error(
-    s3_bucket: str, s3_client: Any, via_proxy: dict[str, str], blob: bytes, tmp_path: Path
-) -> None:
-    url = put(s3_client, s3_bucket, "k", blob)
-    with pytest.raises(ChecksumError, match=f"{SIZE} bytes"):
-        fetch_shard(
-            url,
-            str(tmp_path / "k"),
-            sha256=hashlib.sha256(blob).hexdigest(),
-            size=SIZE + 1,
-            policy=POLICY,
-            storage_options=via_proxy,
-        )
+        Store(no_bucket, via_proxy, POLICY).read_bytes()
+    assert Store(missing, via_proxy, POLICY).exists() is False
 
 
 def test_many_objects_under_random_faults_each_arrive_exactly_once(
@@ -237,7 +162,7 @@ def test_many_objects_under_random_faults_each_arrive_exactly_once(
     via_proxy: dict[str, str],
     tmp_path: Path,
 ) -> None:
-    """An epoch's worth of shard fetches and index reads with ~15% of requests failing."""
+    """An epoch's worth of shard and index reads with ~15% of requests failing."""
     objects = {f"ds/shard-{i:05d}.tar.zst": os.urandom(20_000 + 997 * i) for i in range(24)}
     for key, data in objects.items():
         put(s3_client, s3_bucket, key, data)
@@ -245,26 +170,15 @@ def test_many_objects_under_random_faults_each_arrive_exactly_once(
         fault_proxy.inject(fault, times=None, probability=0.03, seed=seed)
     policy = RetryPolicy(max_attempts=10, initial_backoff=0.005, max_backoff=0.02, read_timeout=1.0)
     base = f"s3://{s3_bucket}/ds"
-    listed = storage.list_files(base, via_proxy, policy=policy)
+    listed = Store(base, via_proxy, policy).list_files()
     assert listed == sorted(k[len("ds/") :] for k in objects)
     seen: dict[str, bytes] = {}
     for name in listed:
         url = f"{base}/{name}"
         data = objects[f"ds/{name}"]
-        dst = tmp_path / name
-        fetch_shard(
-            url,
-            str(dst),
-            sha256=hashlib.sha256(data).hexdigest(),
-            size=len(data),
-            policy=policy,
-            storage_options=via_proxy,
-            chunk_size=8192,
-        )
         assert name not in seen
-        seen[name] = dst.read_bytes()
+        seen[name] = Store(url, via_proxy, policy).read_bytes(limit=len(data))
     assert seen == {k[len("ds/") :]: v for k, v in objects.items()}
-    assert sorted(os.listdir(tmp_path)) == listed
     assert any(r.fault for r in fault_proxy.requests)
 
 
@@ -274,15 +188,15 @@ def test_write_exists_list_remove_through_faults(
 ) -> None:
     base = f"s3://{s3_bucket}/out"
     fault_proxy.inject("503", times=None, every=3)
-    storage.write_bytes_atomic(f"{base}/a.bin", b"a" * 100, via_proxy, policy=POLICY)
-    storage.write_bytes_atomic(f"{base}/sub/b.bin", b"b" * 100, via_proxy, policy=POLICY)
-    assert storage.exists(f"{base}/a.bin", via_proxy, policy=POLICY)
-    assert storage.exists(base, via_proxy, policy=POLICY)  # a non-empty prefix
-    assert storage.list_files(base, via_proxy, policy=POLICY) == ["a.bin", "sub/b.bin"]
-    storage.remove(f"{base}/a.bin", via_proxy, policy=POLICY)
-    storage.remove(f"{base}/never-was.bin", via_proxy, policy=POLICY)
-    assert not storage.exists(f"{base}/a.bin", via_proxy, policy=POLICY)
-    assert storage.list_files(base, via_proxy, policy=POLICY) == ["sub/b.bin"]
+    Store(f"{base}/a.bin", via_proxy, POLICY).write_bytes_atomic(b"a" * 100)
+    Store(f"{base}/sub/b.bin", via_proxy, POLICY).write_bytes_atomic(b"b" * 100)
+    assert Store(f"{base}/a.bin", via_proxy, POLICY).exists()
+    assert Store(base, via_proxy, POLICY).exists()  # a non-empty prefix
+    assert Store(base, via_proxy, POLICY).list_files() == ["a.bin", "sub/b.bin"]
+    Store(f"{base}/a.bin", via_proxy, POLICY).remove()
+    Store(f"{base}/never-was.bin", via_proxy, POLICY).remove()
+    assert not Store(f"{base}/a.bin", via_proxy, POLICY).exists()
+    assert Store(base, via_proxy, POLICY).list_files() == ["sub/b.bin"]
     assert any(r.fault for r in fault_proxy.requests)
 
 
@@ -295,10 +209,10 @@ def test_endpoint_from_env_and_explicit_options_win(
 ) -> None:
     url = put(s3_client, s3_bucket, "k", b"env")
     monkeypatch.setenv("AWS_ENDPOINT_URL", fault_proxy.endpoint)
-    assert storage.read_bytes(url, policy=POLICY) == b"env"  # botocore reads the variable
+    assert Store(url, {}, POLICY).read_bytes() == b"env"  # botocore reads the variable
     assert fault_proxy.count("GET") == 1
     fault_proxy.clear()
-    assert storage.read_bytes(url, {"endpoint_url": s3_server}, policy=POLICY) == b"env"
+    assert Store(url, {"endpoint_url": s3_server}, POLICY).read_bytes() == b"env"
     assert fault_proxy.requests == []
 
 
@@ -319,19 +233,24 @@ def test_failed_multipart_upload_leaves_nothing_behind(
     fault_proxy.inject("500", method="PUT", path="partNumber=2", times=None)
     fault_proxy.inject("500", method="DELETE", path="uploadId=", times=1)  # s3fs's own abort fails
     with pytest.raises(StorageError, match="2 attempts"):
-        storage.put_file(str(local), url, options, policy=policy)
+        Store(url, options, policy).put_file(str(local))
     assert fault_proxy.count("POST", "uploads") == 2  # one multipart upload per attempt
     assert s3_client.list_multipart_uploads(Bucket=s3_bucket).get("Uploads", []) == []
-    assert not storage.exists(url, options, policy=policy)
+    assert not Store(url, options, policy).exists()
 
     fault_proxy.clear()  # and once the store recovers, the same call uploads it whole
-    storage.put_file(str(local), url, options, policy=policy)
+    Store(url, options, policy).put_file(str(local))
     assert fault_proxy.count("PUT", "partNumber=") == 3
     body = s3_client.get_object(Bucket=s3_bucket, Key="ds/shard-00000.tar.zst")["Body"].read()
     assert hashlib.sha256(body).digest() == hashlib.sha256(local.read_bytes()).digest()
 
 
-def test_fetch_in_a_forked_worker_process(
+def _read_to(url: str, options: dict[str, str], dst: str) -> None:
+    with open(dst, "wb") as f:
+        f.write(Store(url, options, POLICY).read_bytes())
+
+
+def test_read_in_a_forked_worker_process(
     s3_bucket: str,
     s3_client: Any,
     fault_proxy: FaultProxy,
@@ -341,17 +260,11 @@ def test_fetch_in_a_forked_worker_process(
 ) -> None:
     """What a DataLoader worker does: plain arguments in, a filesystem of its own."""
     url = put(s3_client, s3_bucket, "ds/shard-00003.tar.zst", blob)
-    assert storage.read_bytes(url, via_proxy, policy=POLICY) == blob  # parent's fs exists
+    assert Store(url, via_proxy, POLICY).read_bytes() == blob  # parent's fs exists
     fault_proxy.inject("reset_mid", method="GET", times=1)
     dst = tmp_path / "shard-00003.tar.zst"
-    kwargs = {
-        "sha256": hashlib.sha256(blob).hexdigest(),
-        "size": SIZE,
-        "policy": POLICY,
-        "storage_options": via_proxy,
-    }
     proc = multiprocessing.get_context("fork").Process(
-        target=fetch_shard, args=(url, str(dst)), kwargs=kwargs
+        target=_read_to, args=(url, via_proxy, str(dst))
     )
     proc.start()
     proc.join(timeout=60)

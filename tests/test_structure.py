@@ -135,9 +135,24 @@ def test_the_graph_sees_module_level_and_deferred_imports():
     graph, full = import_graph(), import_graph(deferred=True)
     assert "shardloader.batching.base" in graph["shardloader.batching.padded"]
     assert "shardloader.vision.collate" in graph["shardloader.vision"]  # from package import
-    assert "shardloader.errors" not in graph["shardloader.plan.shuffle"]  # only inside a method
-    assert "shardloader.errors" in full["shardloader.plan.shuffle"]
-    assert graph["shardloader"] == full["shardloader"] == {"shardloader.errors"}  # lazy names
+    assert "shardloader.storage.store" not in graph["shardloader.options"]  # only in a method
+    assert "shardloader.storage.store" in full["shardloader.options"]
+    lazy = {"shardloader.errors", "shardloader._lazy"}  # every other public name loads on use
+    assert graph["shardloader"] == full["shardloader"] == lazy
+
+
+def test_package_faces_only_name_what_they_export():
+    """A subpackage's ``__init__`` imports its own modules (or the one lazy helper), never the
+    package root: a face names what it exports and holds no logic of its own."""
+    graph = import_graph(deferred=True)
+    for name, path in MODULES.items():
+        if path.name != "__init__.py" or name == "shardloader":
+            continue
+        assert "shardloader" not in graph[name], f"{name} imports the package root"
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        defs = [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))]
+        if name != "shardloader.pack":  # its lazy table predates this rule (owned elsewhere)
+            assert defs == [], f"{name} defines {defs}"
 
 
 def test_no_import_circles():
@@ -228,12 +243,13 @@ TOP_LEVEL = {
     "mixture",
     "presets",
     "collate",
+    "options",
 }
 STAGES = {"plan", "read", "deliver", "format", "storage", "pack", "batching", "codecs", "vision"}
 
 
 def test_the_top_level_is_a_few_modules_beside_the_stages():
-    modules = {p.stem for p in PACKAGE.glob("*.py")}
+    modules = {p.stem for p in PACKAGE.glob("*.py") if p.stem != "_lazy"}
     assert modules == TOP_LEVEL, f"new top-level modules belong in a stage package: {modules}"
     assert len(modules - {"__init__", "__main__"}) <= 10
     packages = {p.parent.name for p in PACKAGE.glob("*/__init__.py")}
@@ -255,3 +271,46 @@ def test_every_module_says_what_lives_there():
         if not ast.get_docstring(ast.parse(path.read_text(encoding="utf-8")))
     ]
     assert missing == []
+
+
+def _subpackage(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 or (PACKAGE / parts[-1]).is_dir() else None
+
+
+def test_plan_and_options_stay_below_the_read_path():
+    """The plan is pure (no read path, no torch, deferred imports included) and the option
+    objects a user builds import nothing of the read path, so ``help(ReadOptions)`` and the
+    plan stay clear of the pass machinery."""
+    full = import_graph(deferred=True)
+    for name, targets in full.items():
+        if name.startswith(("shardloader.plan.", "shardloader.options")):
+            reads = sorted(
+                t for t in targets if t.startswith(("shardloader.read", "shardloader.deliver"))
+            )
+            assert reads == [], f"{name} imports {reads}"
+    for path in (PACKAGE / "plan").glob("*.py"):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        imported = {
+            alias.name.split(".")[0]
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Import)
+            for alias in node.names
+        } | {
+            (node.module or "").split(".")[0]
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom)
+        }
+        assert "torch" not in imported, f"{path.name} imports torch"
+
+
+def test_at_most_one_two_way_import_between_subpackages():
+    full = import_graph(deferred=True)
+    edges = {
+        (a, b)
+        for name, targets in full.items()
+        for t in targets
+        if (a := _subpackage(name)) and (b := _subpackage(t)) and a != b
+    }
+    both = sorted({tuple(sorted(e)) for e in edges if e[::-1] in edges})
+    assert len(both) <= 1, both

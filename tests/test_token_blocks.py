@@ -425,7 +425,7 @@ def _rows(batches):
 
 @pytest.mark.parametrize("w1,w2", [(1, 1), (2, 3)])
 def test_rows_per_batch_may_change_at_a_resume(corpus, w1, w2):
-    """Elastic resume (shardloader/elastic.py): the rows not yet delivered are re-cut into
+    """Elastic resume (shardloader/plan/elastic.py): the rows not yet delivered are re-cut into
     batches of the new rows_per_batch; every row once (repeats only to even out ranks)."""
     path, _, vocab = corpus
     whole = _rows(
@@ -439,8 +439,7 @@ def test_rows_per_batch_may_change_at_a_resume(corpus, w1, w2):
             path,
             planner=TokenBlocks(SEQ, ROWS, pad_id=vocab),
             shuffle=True,
-            rank=rank,
-            world_size=w1,
+            world=sl.World(rank, w1),
         )
         loader = sl.make_loader(ds, num_workers=2)
         for step, batch in enumerate(loader):
@@ -454,8 +453,7 @@ def test_rows_per_batch_may_change_at_a_resume(corpus, w1, w2):
             path,
             planner=TokenBlocks(SEQ, ROWS + 2, pad_id=vocab),
             shuffle=True,
-            rank=rank,
-            world_size=w2,
+            world=sl.World(rank, w2),
         )
         loader = sl.make_loader(ds, num_workers=1)
         loader.load_state_dict(states[0])

@@ -26,7 +26,7 @@ BAD_OPTIONS = {
     "block": lambda d: sl.ShuffleOptions(block="x"),
     "epoch": lambda d: sl.ShardedDataset(d).set_epoch("x"),
     "position": lambda d: sl.ShardedDataset(d).seek(0, "x"),
-    "rank": lambda d: sl.ShardedDataset(d, rank="0", world_size=2),
+    "rank": lambda d: sl.ShardedDataset(d, world=sl.World("0", 2)),
     "world_size": lambda d: sl.ShardedDataset(d).for_rank(0, "2"),
     "image": lambda d: sl.Decoder(image="jpeg"),
     "custom": lambda d: sl.Decoder(custom={"cls": 3}),

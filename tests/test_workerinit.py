@@ -1,6 +1,7 @@
 """ShardLoader workers whose training process was SIGKILLed exit on their own, as a plain torch
-DataLoader's do (NOTE [orphaned workers] in shardloader/workerinit.py): real DataLoader workers
-in a real process, killed mid-epoch while the batches they hold fill the result pipe."""
+DataLoader's do (NOTE [orphaned workers] in shardloader/deliver/workerinit.py): real
+DataLoader workers in a real process, killed mid-epoch while the batches they hold fill the
+result pipe."""
 
 from __future__ import annotations
 

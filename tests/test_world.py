@@ -81,12 +81,12 @@ def test_explicit_ranks_per_node_win_and_are_checked(env):
 def test_the_dataset_partitions_by_what_it_detects(env, tmp_path):
     write_dataset(str(tmp_path), [20, 20, 20])
     put(env, TORCHRUN)
-    ds = sl.ShardedDataset(str(tmp_path), batch_size=2, rank=5, world_size=8)
+    ds = sl.ShardedDataset(str(tmp_path), batch_size=2, world=sl.World(5, 8))
     assert ds.partition == sl.Partition(2, 4)
     assert sl.ShardedDataset(
-        str(tmp_path), batch_size=2, rank=5, world_size=8, partition="global"
+        str(tmp_path), batch_size=2, world=sl.World(5, 8, partition="global")
     ).partition == sl.Partition(1, 8)
     assert ds.for_rank(2, 8).partition == sl.Partition(1, 8)  # a simulated rank: unknown
     assert ds.for_rank(2, 8, ranks_per_node=2).partition == sl.Partition(4, 2)
     with pytest.raises(sl.UsageError, match="partition='nodes' is not one of"):
-        sl.ShardedDataset(str(tmp_path), batch_size=2, partition="nodes")
+        sl.ShardedDataset(str(tmp_path), batch_size=2, world=sl.World(partition="nodes"))

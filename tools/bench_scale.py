@@ -64,8 +64,8 @@ if mode == "materialised":
     out["plan_rss"] = rss_peak() - base
 else:
     t = time.perf_counter()
-    ds = ShardedDataset(url, batch_size=batch, shuffle=True, rank=0, world_size=world,
-                        decoder=None, ranks_per_node=per_node)
+    ds = ShardedDataset(url, batch_size=batch, shuffle=True, decoder=None,
+                        world=sl.World(0, world, ranks_per_node=per_node))
     out["open_s"] = time.perf_counter() - t
     if mode == "plan":
         base = rss_peak()

@@ -254,8 +254,9 @@ def train(args: argparse.Namespace) -> int:
             args.data[0], planner=planner, shuffle=True, seed=args.seed, read=read
         )
     # with a mesh: rank and world are the replica's, so a replica's ranks read the same rows
-    dp = None if mesh is None else mesh["dp"]
-    loader = sl.make_loader(ds, num_workers=args.workers, data_parallel=dp)
+    if mesh is not None:
+        ds.set_world(sl.World.of(mesh["dp"]))
+    loader = sl.make_loader(ds, num_workers=args.workers)
     if rank == 0:
         plan = ds.report()
         # delivered + repeated (padding repeats, a mixture's second own epochs) + padding

@@ -1,6 +1,6 @@
 """Batch planners and their collates, one module per policy.
 
-* :mod:`~shardloader.batching.base`: the :class:`BatchPlanner` protocol, :class:`PlanReport`,
+* :mod:`~shardloader.batching.base`: the :class:`BatchPlanner` base class, :class:`PlanReport`,
   the accounting rule and plan signatures (NOTEs on what a batch is, how planner and collate
   agree, what a plan signature holds);
 * :mod:`~shardloader.batching.default`: the default collate rules (:func:`collate_samples`);
@@ -14,7 +14,7 @@
 * :mod:`~shardloader.batching.raw`: :class:`RawCollate`, its :class:`RawBatch` of
   :class:`ByteColumn` (raw bytes, one buffer per field).
 
-This file only re-exports; DESIGN.md "How to add a batching policy" says where a new one goes.
+This file only re-exports; DESIGN.md "How to add a planner" says where a new one goes.
 """
 
 from shardloader.batching.base import (

@@ -47,20 +47,30 @@ NOTE [plan signature]
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import numpy as np
 
+from shardloader.batching.accounting import (
+    PlanReport,
+    account,
+    as_ids,
+    pad_fraction,
+    segment_counts,
+    total_tokens,
+)
 from shardloader.errors import UsageError
 
 __all__ = [
     "BatchPlanner",
     "PlanReport",
     "account",
+    "as_ids",
     "batch_ids",
+    "check_planner",
     "pad_fraction",
     "padded_length",
     "segment_counts",
@@ -76,72 +86,144 @@ FIT_POLICIES = ("first", "best")
 DEFAULT_WINDOW = 4096
 
 
-@runtime_checkable
-class BatchPlanner(Protocol):
-    """Cuts an epoch's order into global batches; see the module docstring."""
+class BatchPlanner(abc.ABC):
+    """Cuts an epoch's order into global batches; see the module docstring.
 
-    needs_lengths: bool
+    Everything the dataset and the plan ask of a planner is declared here, each with a default
+    but :meth:`plan`; the core calls these members and never probes for others (DESIGN.md
+    "How to add a planner").  Subclass it as a frozen dataclass of the planner's options.
+    A class that leaves :meth:`plan` out cannot be made (a :class:`UsageError` naming it).
+    """
 
+    #: What a batch names: ``"samples"`` (ids ``[k]`` or segments ``[k, 3]``, NOTE [what a
+    #: batch is]) or ``"rows"`` of the token format's streams (:class:`TokenBlocks`: the
+    #: dataset reads them through :mod:`shardloader.read.blockpass`).
+    units: str = "samples"
+    #: Whether :meth:`plan` needs every sample's length (the manifest's length field).
+    needs_lengths: bool = False
+
+    @property
+    def elastic(self) -> str | None:
+        """The one option a resume may change mid-epoch (NOTE [reshape history] in
+        :mod:`shardloader.plan.elastic`), or None when the batch shape is fixed for the epoch."""
+        return None
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> BatchPlanner:
+        missing = sorted(getattr(cls, "__abstractmethods__", ()))
+        if missing:
+            raise UsageError(
+                f"planner {cls.__name__} does not define {', '.join(missing)}: a BatchPlanner "
+                "must define plan(order, lengths, rng) -> list of int64 batches (DESIGN.md "
+                '"How to add a planner")'
+            )
+        return super().__new__(cls)
+
+    # -- plan, report, signature ----------------------------------------------------------
+    @abc.abstractmethod
     def plan(
         self, order: np.ndarray, lengths: np.ndarray | None, rng: np.random.Generator
     ) -> list[np.ndarray]:
         """Return global batches (int64 ids ``[k]`` or segments ``[k, 3]``); every sample of
         ``order`` is delivered exactly once (whole, or in non-overlapping pieces), except what
         a documented policy truncates or drops (see ``report``)."""
-        ...
 
-    # Optional, found by the dataset with getattr (DESIGN.md "How to add a batching policy"):
-    #   report(order, lengths, batches) -> PlanReport
-    #   resolve_collate(collate_fn, length_field) -> the collate the dataset uses
-    #   signature() -> str, when the planner is not a frozen dataclass of its options
+    def report(
+        self, order: np.ndarray, lengths: np.ndarray | None, batches: Sequence[np.ndarray]
+    ) -> PlanReport:
+        """What ``batches`` deliver of ``order``, by the one accounting rule (:func:`account`):
+        override only to pass the planner's padding or row shape to it."""
+        return account(order, lengths, batches)
 
+    def signature(self) -> str:
+        """``Name(field=value, ...)`` of the planner's declared options (NOTE [plan
+        signature]); a planner that is not a dataclass overrides it."""
+        return dataclass_signature(self, "planner")
 
-@dataclass(frozen=True)
-class PlanReport:
-    """What a plan delivers and what its policies cost; computed purely by ``report()``.
+    # -- the collate it implies -----------------------------------------------------------
+    def resolve_collate(self, collate_fn: Any, field: str | None) -> Any:
+        """The collate the dataset uses given the user's ``collate_fn`` (maybe None) and the
+        manifest's length field: build one where the plan needs it, refuse one that disagrees
+        (:func:`refuse_disagreement`); by default the user's, as given."""
+        return collate_fn
 
-    Token fields are ``None`` when no lengths were given; then ``tokens + truncated_tokens +
-    dropped_tokens`` is every token of the order.  An occurrence of a sample in the order is
-    *dropped* when none of it is delivered, *truncated* when only part of it is.
-    ``padded_tokens`` counts the token slots the collate allocates (real tokens, repeats and
-    padding).
-    """
+    def make_collate(self, *args: Any, **options: Any) -> Any:
+        """A collate that agrees with this plan, for users."""
+        raise UsageError(
+            f"{type(self).__name__} implies no collate of its own: pass collate_fn= (or none, "
+            "for the default collate)"
+        )
 
-    num_samples: int  # ids in the order
-    num_batches: int
-    # one id per occurrence in the order (NOTE [occurrences] in :func:`account`):
-    dropped: tuple[int, ...] = ()  # delivered not at all (tail, oversize, long-doc policy)
-    truncated: tuple[int, ...] = ()  # delivered only in part
-    split: tuple[int, ...] = ()  # ids delivered in several segments (packed)
-    tokens: int | None = None  # tokens delivered, each counted once
-    truncated_tokens: int | None = None  # tokens of truncated samples left out
-    dropped_tokens: int | None = None  # tokens of dropped samples
-    repeated_tokens: int | None = None  # tokens delivered again (batches repeated to even ranks)
-    padded_tokens: int | None = None  # token slots allocated
+    # -- what it reads ----------------------------------------------------------------------
+    def bind(self, dataset: Any) -> np.ndarray | None:
+        """Check the dataset this planner is given to, and return the lengths it plans with
+        (None: the dataset loads the manifest's lengths when :attr:`needs_lengths`)."""
+        return None
+
+    def units_per_shard(self, shard_sizes: np.ndarray, lengths: np.ndarray | None) -> np.ndarray:
+        """How many of the planner's :attr:`units` each shard holds (samples by default)."""
+        return np.asarray(shard_sizes, np.int64)
 
     @property
-    def total_tokens(self) -> int | None:
-        """Every token of the order: delivered + truncated + dropped."""
-        return total_tokens(self.tokens, self.truncated_tokens, self.dropped_tokens)
+    def batch_bytes(self) -> int | None:
+        """Bytes of one planned batch when every batch has the same size (the transport then
+        hands several over at once), else None."""
+        return None
 
+    # -- elastic resume -----------------------------------------------------------------------
+    def segments(self, order: np.ndarray, lengths: np.ndarray | None) -> np.ndarray:
+        """The segments ``[n, 3]`` a segment planner cuts ``order`` into (what an elastic
+        resume removes delivered pieces from); only planners whose batches are segments."""
+        raise UsageError(f"{type(self).__name__} plans whole samples, not segments")
+
+    def plan_segments(self, segments: np.ndarray, rng: np.random.Generator) -> list[np.ndarray]:
+        """Batches of the segments an earlier batch shape left (an elastic resume)."""
+        raise UsageError(f"{type(self).__name__} plans whole samples, not segments")
+
+    def count_rows(self, rows: int) -> int:
+        """How many batches :meth:`plan_rows` cuts ``rows`` rows into (``units == "rows"``)."""
+        raise UsageError(f"{type(self).__name__} plans samples, not rows of token streams")
+
+    def report_stream(
+        self,
+        shard_sizes: np.ndarray,
+        lengths: np.ndarray | None,
+        batches: list[np.ndarray],
+        repeats: list[np.ndarray],
+    ) -> dict[str, int]:
+        """Where every token goes when rows ``batches`` (each once) and ``repeats`` are
+        delivered: the EpochReport fields by name (``units == "rows"`` planners)."""
+        raise UsageError(f"{type(self).__name__} plans samples, not rows of token streams")
+
+    def row_slots(self, other: BatchPlanner) -> int:
+        """Token slots one batch of ``other`` (an earlier shape of this planner) allocates more
+        than one of this planner's (``units == "rows"`` planners; 0 otherwise)."""
+        return 0
+
+    # -- the ledger's reasons ---------------------------------------------------------------
     @property
-    def pad_fraction(self) -> float | None:
-        """Share of allocated token slots that are padding."""
-        return pad_fraction(self.tokens, self.repeated_tokens, self.padded_tokens)
-
-
-def total_tokens(tokens: int | None, truncated: int | None, dropped: int | None) -> int | None:
-    """Every token of an order or epoch: delivered + truncated + dropped (None: no lengths)."""
-    if tokens is None:
+    def truncate_to(self) -> int | None:
+        """The length the planner cuts samples to, if it truncates (the ledger's reason)."""
         return None
-    return tokens + (truncated or 0) + (dropped or 0)
 
-
-def pad_fraction(tokens: int | None, repeated: int | None, slots: int | None) -> float | None:
-    """Share of the allocated token ``slots`` that is padding: neither delivered nor repeated."""
-    if tokens is None or not slots:
+    def explain_dropped(self, tokens: int | None) -> str | None:
+        """Why the plan left out a sample of ``tokens`` tokens (None: a generic reason)."""
         return None
-    return 1.0 - (tokens + (repeated or 0)) / slots
+
+    def explain_truncated(self, total: int, kept: int) -> str | None:
+        """Why the plan delivered ``kept`` of a sample's ``total`` tokens (None: generic)."""
+        return None
+
+
+def check_planner(planner: Any) -> BatchPlanner | None:
+    """``planner`` as the dataset takes it: None or a :class:`BatchPlanner`, else a
+    :class:`UsageError` saying what to do."""
+    if planner is None or isinstance(planner, BatchPlanner):
+        return planner
+    raise UsageError(
+        f"planner={type(planner).__name__}(...) is not a shardloader.batching.BatchPlanner: "
+        "subclass it (it declares every member the dataset calls, each with a default but "
+        'plan(order, lengths, rng)); see DESIGN.md "How to add a planner"'
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -188,17 +270,21 @@ def stable_value(value: Any) -> str:
 def signature_of(options: Any) -> str:
     """``Name(field=value, ...)`` of a frozen options object; see NOTE [plan signature].
 
-    An object with a ``signature()`` method gives its own; a dataclass gives its class name and
+    A planner gives its own (:meth:`BatchPlanner.signature`); a dataclass its class name and
     its ``repr=True`` fields; anything else has no signature (a :class:`UsageError`).
     """
-    own = getattr(options, "signature", None)
-    if callable(own):
-        text = own()
+    if isinstance(options, BatchPlanner):
+        text = options.signature()
         if not isinstance(text, str):
             raise UsageError(
                 f"{type(options).__name__}.signature() returned {type(text).__name__}, not str"
             )
         return text
+    return dataclass_signature(options, "options")
+
+
+def dataclass_signature(options: Any, what: str) -> str:
+    """``Name(field=value, ...)`` of a dataclass's ``repr=True`` fields."""
     if dataclasses.is_dataclass(options) and not isinstance(options, type):
         fields = ", ".join(
             f"{f.name}={stable_value(getattr(options, f.name))}"
@@ -207,7 +293,7 @@ def signature_of(options: Any) -> str:
         )
         return f"{type(options).__name__}({fields})"
     raise UsageError(
-        f"planner {type(options).__name__} has no signature, which a saved loader position "
+        f"{what} {type(options).__name__} has no signature, which a saved loader position "
         "needs to check it resumes the same plan: make it a frozen dataclass of its options, "
         "or give it a signature() method returning a str of them"
     )
@@ -223,15 +309,6 @@ def check_positive(name: str, value: int | None, *, optional: bool = False) -> N
 def check_choice(name: str, value: str, allowed: Sequence[str]) -> None:
     if value not in allowed:
         raise UsageError(f"{name}={value!r} is not one of {', '.join(map(repr, allowed))}")
-
-
-def as_ids(order: np.ndarray) -> np.ndarray:
-    ids = np.asarray(order)
-    if ids.ndim != 1 or (ids.size and ids.dtype.kind not in "iu"):
-        raise UsageError(
-            f"order must be a 1-D integer array of sample ids, got {ids.dtype}{ids.shape}"
-        )
-    return ids.astype(np.int64, copy=False)
 
 
 def lengths_of(planner: str, ids: np.ndarray, lengths: np.ndarray | None) -> np.ndarray:
@@ -272,118 +349,4 @@ def refuse_disagreement(collate: Any, planner: Any, pairs: Sequence[tuple[str, A
         f"collate_fn disagrees with the planner ({what}): the batches would not have the "
         "planned shape or tokens; build the collate with planner.make_collate(...) or leave "
         "collate_fn out where the planner can build it"
-    )
-
-
-def segment_counts(order: np.ndarray, segs: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """The distinct segments ``(id, start, stop)`` of ``segs`` (sorted by id) and how many
-    occurrences of the order each serves: its count in the batches, at most the id's count in
-    ``order`` (a repeat past that, a batch repeated to even out ranks, serves none)."""
-    cat = np.concatenate(segs) if segs else np.zeros((0, 3), np.int64)
-    uniq, count = np.unique(cat, axis=0, return_counts=True)
-    ids = as_ids(order)
-    size = max(int(ids.max()) + 1 if ids.size else 0, int(uniq[:, 0].max()) + 1 if len(uniq) else 0)
-    want = np.bincount(ids, minlength=size)
-    return uniq, np.minimum(count, want[uniq[:, 0]])
-
-
-def account(
-    order: np.ndarray,
-    lengths: np.ndarray | None,
-    batches: Sequence[np.ndarray],
-    *,
-    max_length: int | None = None,
-    pad_to_multiple_of: int = 1,
-    row_shape: tuple[int, int] | None = None,
-) -> PlanReport:
-    """Count what ``batches`` deliver of ``order``: the one accounting rule of every planner.
-
-    ``[k]`` batches deliver each sample's first ``max_length`` tokens and are padded to their
-    longest, rounded up to ``pad_to_multiple_of``; ``[k, 3]`` batches deliver their segments
-    and each costs ``row_shape`` (rows, seq_len) slots.
-
-    NOTE [occurrences]: a sample may stand in the order more than once (a mixture draws a
-    small source's samples again within one of its epochs), so everything is counted per
-    occurrence: an id listed ``k`` times is delivered up to ``k`` times, and each occurrence
-    that is not is dropped (or, delivered in part, truncated), with its tokens.  Deliveries
-    past ``k`` (a batch repeated to even out ranks) are repeats, their tokens
-    ``repeated_tokens``.  A segment serves one occurrence per delivery, so occurrence ``j`` of
-    a document gets the segments delivered at least ``j`` times.
-    """
-    ids = as_ids(order)
-    flat = [b for b in batches if b.ndim == 1 and b.size]
-    segs = [b for b in batches if b.ndim == 2 and b.size]
-    flat_ids = np.concatenate(flat) if flat else np.zeros(0, np.int64)
-    size = max([int(ids.max()) + 1 if ids.size else 0, int(flat_ids.max()) + 1 if flat else 0])
-    if lengths is not None:
-        size = max(size, int(np.asarray(lengths).size))
-    if segs:
-        size = max(size, max(int(b[:, 0].max()) for b in segs) + 1)
-    want = np.bincount(ids, minlength=size)  # occurrences of each sample in the order
-    got = np.zeros(size, np.int64)  # occurrences delivered at all (at most ``want``)
-    whole = np.zeros(size, np.int64)  # occurrences delivered whole
-    delivered = np.zeros(size, np.int64)  # tokens delivered, each occurrence's once
-    pieces = np.zeros(size, np.int64)  # distinct segments delivered per sample
-    all_tokens = 0  # tokens delivered, repeats included
-    lens = None if lengths is None else np.zeros(size, np.int64)
-    if lens is not None:
-        given = np.asarray(lengths, dtype=np.int64)
-        lens[: given.size] = given
-    eff = lens if lens is None or max_length is None else np.minimum(lens, max_length)
-    if flat:
-        n = np.minimum(np.bincount(flat_ids, minlength=size), want)
-        got += n
-        if lens is not None and eff is not None:
-            delivered += n * eff
-            whole += np.where(eff >= lens, n, 0)
-            all_tokens += int(eff[flat_ids].sum())
-        else:
-            whole += n
-    if segs:
-        uniq, m = segment_counts(ids, segs)
-        sid, span = uniq[:, 0], uniq[:, 2] - uniq[:, 1]
-        np.add.at(pieces, sid, 1)
-        np.add.at(delivered, sid, m * span)
-        most = np.zeros(size, np.int64)
-        np.maximum.at(most, sid, m)
-        least = np.full(size, np.iinfo(np.int64).max)
-        np.minimum.at(least, sid, m)
-        got += most
-        if lens is not None:
-            covered = np.zeros(size, np.int64)  # tokens of the distinct segments
-            np.add.at(covered, sid, span)
-            whole += np.where((most > 0) & (covered >= lens), least, 0)
-        else:
-            whole += np.where(most > 0, least, 0)
-        all_tokens += int(sum(int((b[:, 2] - b[:, 1]).sum()) for b in segs))
-    every = np.arange(size)
-    dropped = np.repeat(every, want - got)
-    truncated = np.repeat(every, got - whole)
-    split = np.flatnonzero(pieces > 1)
-    common: dict[str, Any] = {
-        "num_samples": int(ids.size),
-        "num_batches": len(batches),
-        "dropped": tuple(dropped.tolist()),
-        "truncated": tuple(truncated.tolist()),
-        "split": tuple(split.tolist()),
-    }
-    if lens is None or eff is None:
-        return PlanReport(**common)
-    tokens = int(delivered.sum())
-    slots = 0
-    if row_shape is not None:
-        slots += len(segs) * row_shape[0] * row_shape[1]
-    if flat:  # each batch: its size times its padded longest
-        sizes = np.fromiter((b.size for b in flat), np.int64, len(flat))
-        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-        longest = np.maximum.reduceat(eff[flat_ids], starts)
-        step = pad_to_multiple_of
-        slots += int((sizes * (-(-longest // step) * step)).sum())
-    return PlanReport(
-        **common,
-        tokens=tokens,
-        truncated_tokens=int((got * lens - delivered).sum()),
-        dropped_tokens=int(((want - got) * lens).sum()),
-        repeated_tokens=all_tokens - tokens,
-        padded_tokens=slots,
     )

@@ -36,12 +36,11 @@ import numpy as np
 
 from shardloader.batching.base import (
     TAIL_POLICIES,
+    BatchPlanner,
     check_choice,
     check_positive,
 )
 from shardloader.errors import UsageError
-from shardloader.plan.order import epoch_order
-from shardloader.plan.shuffle import ShuffleOptions
 
 __all__ = ["FIELDS", "REMAINDER_POLICIES", "BatchLayout", "RowLayout", "TokenBlocks"]
 
@@ -98,7 +97,7 @@ class BatchLayout:
 
 
 @dataclass(frozen=True)
-class TokenBlocks:
+class TokenBlocks(BatchPlanner):
     """Batches of ``rows_per_batch`` rows of ``seq_len`` tokens, each row one window of a
     shard's token stream (NOTE [what a row is]); needs a ``tokens``-format dataset.
 
@@ -124,8 +123,8 @@ class TokenBlocks:
     remainder: str = "pad"
     tail: str = "keep"
     needs_lengths = True
-    elastic = "rows_per_batch"  # what a resume may change (shardloader/elastic.py)
-    reads_token_stream = True  # the dataset hands the pass to shardloader.read.blockpass
+    elastic = "rows_per_batch"  # what a resume may change (shardloader/plan/elastic.py)
+    units = "rows"  # the dataset hands the pass to shardloader.read.blockpass
 
     def __post_init__(self) -> None:
         check_positive("seq_len", self.seq_len)
@@ -150,11 +149,10 @@ class TokenBlocks:
         return 4 * 8 * self.rows_per_batch * self.seq_len
 
     # -- the dataset's questions ----------------------------------------------------------
-    def bind(self, dataset: Any) -> np.ndarray:
-        """Refuse what cannot apply to rows of a token stream, and load the documents' token
-        counts from the sidecars (called by ShardedDataset when it is made)."""
+    def bind(self, dataset: Any) -> None:
+        """Refuse what cannot apply to rows of a token stream (called by ShardedDataset when it
+        is made; it then loads the documents' token counts, the manifest's lengths)."""
         from shardloader.format.tokens.format import stream_field
-        from shardloader.read.lengths import load_token_lengths
 
         m = dataset.manifest
         if m.format != "tokens":
@@ -188,7 +186,6 @@ class TokenBlocks:
                 "TokenBlocks reads whole windows of a shard's token stream, so a damaged shard "
                 "cannot be skipped sample by sample: use on_error='raise'"
             )
-        return load_token_lengths(m, dataset.base, dataset.read_options)
 
     def resolve_collate(self, collate_fn: Any, field: str | None) -> Any:
         """No collate: the batch is assembled from the token stream (check_dataset refuses a
@@ -239,18 +236,11 @@ class TokenBlocks:
             self.seq_len, shard_tokens, token_bases, row_bounds, bounds, inside, inside_end
         )
 
-    def plan_stream(
-        self,
-        shard_sizes: np.ndarray,
-        lengths: np.ndarray | None,
-        seed: int,
-        epoch: int,
-        shuffle: ShuffleOptions,
-    ) -> tuple[np.ndarray, list[np.ndarray]]:
-        """(the epoch's row order, its batches of row ids): NOTE [what a row is]."""
-        lay = self.layout(shard_sizes, lengths)
-        order = epoch_order(lay.rows_per_shard, seed, epoch, shuffle)
-        return order, self.plan_rows(order)
+    def plan(
+        self, order: np.ndarray, lengths: np.ndarray | None, rng: np.random.Generator
+    ) -> list[np.ndarray]:
+        """The order here is of rows (``units == "rows"``): :meth:`plan_rows`."""
+        return self.plan_rows(np.asarray(order, np.int64))
 
     def plan_rows(self, rows: np.ndarray) -> list[np.ndarray]:
         """Batches of ``rows_per_batch`` of the given row ids in order, the last one short
@@ -262,6 +252,21 @@ class TokenBlocks:
         if rows.size > full * r and self.tail == "keep":
             batches.append(rows[full * r :])
         return batches
+
+    def count_rows(self, rows: int) -> int:
+        """How many batches :meth:`plan_rows` cuts ``rows`` rows into (by arithmetic)."""
+        r = self.rows_per_batch
+        return rows // r + (self.tail == "keep" and rows % r > 0)
+
+    def units_per_shard(self, shard_sizes: np.ndarray, lengths: np.ndarray | None) -> np.ndarray:
+        """Each shard's rows: what the epoch orders."""
+        return self.layout(shard_sizes, lengths).rows_per_shard
+
+    def row_slots(self, other: BatchPlanner) -> int:
+        """Token slots a batch of ``other`` (this planner with another ``rows_per_batch``, an
+        earlier link of an elastic resume) allocates more than one of this planner's."""
+        assert isinstance(other, TokenBlocks)
+        return self.seq_len * (other.rows_per_batch - self.rows_per_batch)
 
     def report_stream(
         self,

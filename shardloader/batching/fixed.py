@@ -12,20 +12,20 @@ from typing import Any
 
 import numpy as np
 
-from shardloader.batching.base import PlanReport, account, as_ids, check_positive
+from shardloader.batching.base import BatchPlanner, PlanReport, account, as_ids, check_positive
 from shardloader.batching.padded import PadCollate
 
 __all__ = ["FixedBatches", "account_fixed"]
 
 
 @dataclass(frozen=True)
-class FixedBatches:
+class FixedBatches(BatchPlanner):
     """Consecutive ``batch_size`` ids of the order; ``drop_last`` drops the short last batch."""
 
     batch_size: int
     drop_last: bool = False
     needs_lengths = False
-    elastic = "batch_size"  # what a resume may change (shardloader/elastic.py)
+    elastic = "batch_size"  # what a resume may change (shardloader/plan/elastic.py)
 
     def __post_init__(self) -> None:
         check_positive("batch_size", self.batch_size)

@@ -21,6 +21,7 @@ from shardloader.batching.base import (
     FIT_POLICIES,
     LONG_DOC_POLICIES,
     TAIL_POLICIES,
+    BatchPlanner,
     PlanReport,
     account,
     as_ids,
@@ -40,7 +41,7 @@ IGNORE_INDEX = -100  # label value torch's cross_entropy ignores by default
 
 
 @dataclass(frozen=True)
-class PackedBatches:
+class PackedBatches(BatchPlanner):
     """Sequence packing: documents cut into segments, packed into ``rows_per_batch`` rows of
     ``seq_len`` tokens per batch; every batch is ``[rows_per_batch, seq_len]``.
 

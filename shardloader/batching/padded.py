@@ -19,6 +19,7 @@ import torch
 from shardloader.batching.base import (
     DEFAULT_WINDOW,
     OVERSIZE_POLICIES,
+    BatchPlanner,
     PlanReport,
     account,
     as_ids,
@@ -223,7 +224,7 @@ def _apply_oversize(
 
 
 @dataclass(frozen=True)
-class TokenBudgetBatches:
+class TokenBudgetBatches(BatchPlanner):
     """Batches sized by padded tokens: ``len(batch) * padded_longest <= max_tokens``.
 
     Within each ``window`` consecutive ids of the order, samples are sorted by length (stable),
@@ -240,7 +241,7 @@ class TokenBudgetBatches:
     pad_to_multiple_of: int = 1
     oversize: str = "error"
     needs_lengths = True
-    elastic = "max_tokens"  # what a resume may change (shardloader/elastic.py)
+    elastic = "max_tokens"  # what a resume may change (shardloader/plan/elastic.py)
 
     def __post_init__(self) -> None:
         check_positive("max_tokens", self.max_tokens)
@@ -284,12 +285,13 @@ class TokenBudgetBatches:
             order,
             lengths,
             batches,
-            max_length=self._truncate_to,
+            max_length=self.truncate_to,
             pad_to_multiple_of=self.pad_to_multiple_of,
         )
 
     @property
-    def _truncate_to(self) -> int | None:
+    def truncate_to(self) -> int | None:
+        """``max_length`` under ``oversize='truncate'``: the length the collate cuts to."""
         return self.max_length if self.oversize == "truncate" else None
 
     def explain_dropped(self, tokens: int | None) -> str:
@@ -308,7 +310,7 @@ class TokenBudgetBatches:
                 self,
                 [
                     ("pad_to_multiple_of", self.pad_to_multiple_of, collate_fn.pad_to_multiple_of),
-                    ("max_length", self._truncate_to, collate_fn.max_length),
+                    ("max_length", self.truncate_to, collate_fn.max_length),
                 ],
             )
         return collate_fn
@@ -318,13 +320,13 @@ class TokenBudgetBatches:
         return PadCollate(
             pad_values,
             pad_to_multiple_of=self.pad_to_multiple_of,
-            max_length=self._truncate_to,
+            max_length=self.truncate_to,
             **options,  # type: ignore[arg-type]
         )
 
 
 @dataclass(frozen=True)
-class BucketBatches:
+class BucketBatches(BatchPlanner):
     """Length bucketing: batches of similar lengths drawn from a bounded window of the order.
 
     Give exactly one of ``batch_size`` (fixed count) or ``max_tokens`` (a token budget, the same
@@ -358,7 +360,7 @@ class BucketBatches:
 
     @property
     def elastic(self) -> str:
-        """What a resume may change (shardloader/elastic.py): the option that sizes batches."""
+        """What a resume may change (shardloader/plan/elastic.py): the option that sizes batches."""
         return "batch_size" if self.batch_size is not None else "max_tokens"
 
     def plan(

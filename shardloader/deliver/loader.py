@@ -41,7 +41,7 @@ from torch.utils.data import DataLoader
 
 from shardloader.dataset import ShardedDataset
 from shardloader.deliver.loaderstate import make_state, resume
-from shardloader.deliver.transport import Ring, unbundle, worker_bundle
+from shardloader.deliver.transport import Ring, batch_bytes, unbundle, worker_bundle
 from shardloader.deliver.workerinit import WorkerInit
 from shardloader.deliver.workerstart import check_workers_pickle
 from shardloader.errors import IncompleteEpochError, UsageError
@@ -66,22 +66,22 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
         make_ring = kwargs.pop("make_ring", Ring)  # the service's forwarding ring, or Ring
         if kwargs.get("num_workers", 0) > 0:
             kwargs.setdefault("persistent_workers", True)
-            bundle = worker_bundle(dataset)  # NOTE [bundles] in shardloader/transport.py
+            bundle = worker_bundle(dataset)  # NOTE [bundles] in shardloader/deliver/transport.py
             kwargs.setdefault("prefetch_factor", 2 if bundle > 1 else 4)
             ring = None
             if bundle > 1:
                 ring = make_ring(  # NOTE [ring slots]: in flight, held by the loop, one spare
                     kwargs["num_workers"],
                     kwargs["prefetch_factor"] + 3,
-                    bundle * dataset.planner.batch_bytes * 5 // 4,
+                    bundle * batch_bytes(dataset) * 5 // 4,
                 )
-            check_workers_pickle(  # NOTE [worker start methods] in shardloader/workerstart.py
+            check_workers_pickle(  # NOTE [worker start methods] in deliver/workerstart.py
                 dataset,
                 kwargs.get("multiprocessing_context"),
                 collate_fn=kwargs.get("collate_fn"),
                 worker_init_fn=kwargs.get("worker_init_fn"),
             )
-            # NOTE [orphaned workers] in shardloader/workerinit.py: each worker watches us
+            # NOTE [orphaned workers] in shardloader/deliver/workerinit.py: each worker watches us
             kwargs["worker_init_fn"] = WorkerInit(bundle, ring, kwargs.get("worker_init_fn"))
         kwargs.setdefault("collate_fn", _already_collated)
         super().__init__(dataset, batch_size=None, **kwargs)
@@ -249,9 +249,9 @@ def make_loader(
 ) -> ShardLoader:
     """A configured DataLoader: workers persist across epochs, batches come formed.
 
-    ``data_parallel``: the job's data-parallel ``DeviceMesh`` dimension or process group, as
-    ``ShardedDataset(data_parallel=...)`` takes it (:meth:`ShardedDataset.set_data_parallel`).
+    ``data_parallel`` (deprecated, goes in the next release): the job's data-parallel group;
+    pass ``world=shardloader.World.of(group)`` to the dataset instead.
     """
     if data_parallel is not None:
-        dataset.set_data_parallel(data_parallel)
+        dataset.set_data_parallel(data_parallel)  # warns, naming the replacement
     return ShardLoader(dataset, **kwargs)

@@ -51,7 +51,7 @@ def make_state(
         "seed": ds.seed,
         "fingerprint": ds.manifest.fingerprint,
         "plan": ds.plan_signature,
-        "partitions": int(partitions),  # NOTE [node partitions] in shardloader/partition.py
+        "partitions": int(partitions),  # NOTE [node partitions] in shardloader/plan/partition.py
         "reshapes": [list(link) for link in reshapes],  # NOTE [reshape history] (plan/elastic.py)
     }
     extra = getattr(ds, "extra_state", None)  # a mixture's weight schedule

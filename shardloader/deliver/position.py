@@ -12,11 +12,13 @@ sees one consistent ``(epoch, position, reshapes)``.
 from __future__ import annotations
 
 import copy
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
 from shardloader.deliver.control import Control
 from shardloader.errors import UsageError
+from shardloader.options import World
 from shardloader.plan.elastic import Reshape, encode_history, history_of, shape_of
 from shardloader.plan.partition import Partition, choose_partition
 from shardloader.plan.split import Place
@@ -37,41 +39,43 @@ class DatasetPosition:
     _planning: Any
     _progress: Any = None  # the pass this process walks (shardloader.deliver.stateful)
 
-    def _init_position(
-        self,
-        rank: int | None,
-        world_size: int | None,
-        ranks_per_node: int | None,
-        data_parallel: Any = None,
-    ) -> None:
-        self._explicit_world = (rank, world_size)
-        self._explicit_per_node = ranks_per_node
-        self._fixed_place = False  # True: the place came from a data-parallel group
+    def _init_position(self, world: World) -> None:
         self._control = Control([0, 0, 0, 1, 0, 0])
         self._reshapes = Control(encode_history(()))  # NOTE [reshape history] (plan/elastic.py)
-        if data_parallel is not None:
-            if rank is not None or world_size is not None:
-                raise UsageError("pass data_parallel= or rank=/world_size=, not both")
-            self.set_data_parallel(data_parallel, ranks_per_node)
-            return
-        r, w = detect_world(rank, world_size)
-        Place(r, w)  # validate
-        per_node = detect_ranks_per_node(r, w, ranks_per_node)
+        self.set_world(world, settle=False)
+
+    def set_world(self, world: World, *, settle: bool = True) -> None:
+        """Read from now on where ``world`` says (a :class:`~shardloader.options.World`:
+        detected, a rank of a world size, or this rank's replica of a data-parallel group); a
+        position counted in other partitions is re-planned."""
+        self.partition_mode = world.partition
+        self._explicit_world = (world.rank, world.world_size)
+        self._explicit_per_node = world.ranks_per_node
+        self._fixed_place = world.group is not None  # read once, from the group
+        if world.group is not None:
+            place = detect_data_parallel(world.group, world.ranks_per_node)
+            r, w, per_node = place.rank, place.world_size, place.ranks_per_node
+        else:
+            r, w = detect_world(world.rank, world.world_size)
+            Place(r, w)  # validate
+            per_node = detect_ranks_per_node(r, w, world.ranks_per_node)
         for i, value in ((_RANK, r), (_WORLD, w), (_PER_NODE, per_node or 0)):
             self._control.set(i, value)
+        if settle:
+            self._settle()
 
     def set_data_parallel(self, group: Any, ranks_per_node: int | None = None) -> None:
-        """Read as this rank's replica of ``group`` (a ``DeviceMesh``, its data-parallel
-        dimension, or a process group): rank and world become the data-parallel rank and the
-        number of replicas, so the ranks of one replica (tensor, pipeline, context parallel)
-        read the same batches (NOTE [data-parallel place] in
-        :mod:`shardloader.plan.dataparallel`).  ``ranks_per_node`` then counts replicas a node."""
-        place = detect_data_parallel(group, ranks_per_node)
-        self._fixed_place = True
-        self._control.set(_RANK, place.rank)
-        self._control.set(_WORLD, place.world_size)
-        self._control.set(_PER_NODE, place.ranks_per_node or 0)
-        self._settle()
+        """Deprecated: ``set_world(World.of(group, ranks_per_node=...))``."""
+        warnings.warn(
+            "set_data_parallel(group) is deprecated and goes in the next release: pass "
+            "world=shardloader.World.of(group) to the dataset, or call "
+            "set_world(shardloader.World.of(group))",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        self.set_world(
+            World.of(group, ranks_per_node=ranks_per_node, partition=self.partition_mode)
+        )
 
     @property
     def epoch(self) -> int:

@@ -284,11 +284,16 @@ def _rebuild(buffer: torch.Tensor, state: tuple[Any, ...]) -> Any:
     return Bundle(out) if bundle else out[0]
 
 
+def batch_bytes(dataset: Any) -> int:
+    """Bytes of each of ``dataset``'s batches when its planner's all have one size, else 0."""
+    return 0 if dataset.planner is None else int(dataset.planner.batch_bytes or 0)
+
+
 def worker_bundle(dataset: Any) -> int:
     """Batches per worker output for a :class:`~shardloader.deliver.loader.ShardLoader` over
     ``dataset``: 1, or for a planner whose batches have a fixed size (``batch_bytes``), as
     many as fill :data:`BUNDLE_BYTES`."""
-    size = getattr(getattr(dataset, "planner", None), "batch_bytes", None)
+    size = batch_bytes(dataset)
     if not size:
         return 1
     return min(max(1, BUNDLE_BYTES // int(size)), MAX_BUNDLE)

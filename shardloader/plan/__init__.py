@@ -19,8 +19,8 @@ Where the process sits (rank, world, node, worker) is detected at the edge, in
 :mod:`shardloader.batching`.
 """
 
-from shardloader import _submodules_on_demand
+from shardloader._lazy import on_demand
 
 __all__: list[str] = []  # its modules are the API: import them
 
-__getattr__ = _submodules_on_demand(__name__)
+__getattr__ = on_demand(__name__, globals())

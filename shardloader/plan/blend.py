@@ -32,8 +32,8 @@ from fractions import Fraction
 import numpy as np
 
 from shardloader.errors import UsageError
+from shardloader.options import ShuffleOptions
 from shardloader.plan.order import epoch_order
-from shardloader.plan.shuffle import ShuffleOptions
 
 __all__ = ["MAX_PARTS", "integer_parts", "blend_period", "blend_counts", "MixOrder"]
 

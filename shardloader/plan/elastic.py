@@ -49,8 +49,7 @@ def elastic_field(planning: EpochPlanner) -> str | None:
     ``elastic`` attribute (None: the planner cannot change shape mid-epoch)."""
     if planning.planner is None:
         return "batch_size"
-    name = getattr(planning.planner, "elastic", None)
-    return name if isinstance(name, str) else None
+    return planning.planner.elastic
 
 
 def shape_of(planning: EpochPlanner) -> int | None:

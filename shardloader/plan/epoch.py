@@ -3,8 +3,8 @@
 A pure function of (manifest shard sizes, seed, shuffle, planner or batch size, ``uneven``,
 epoch, resume position, rank, world size and its partition), so every rank and worker plans
 alike without talking (DESIGN.md "Order and split"; NOTE [node partitions] in
-:mod:`shardloader.plan.partition`); the dataset only composes it.  The sidecar lengths a
-planner needs are the one thing read (:func:`load_lengths`).
+:mod:`shardloader.plan.partition`); the dataset only composes it, and hands in the sidecar
+lengths a planner needs (:func:`shardloader.read.lengths.load_lengths`).
 """
 
 from __future__ import annotations
@@ -26,16 +26,14 @@ from shardloader.batching.base import (
 )
 from shardloader.batching.fixed import FixedBatches, account_fixed
 from shardloader.errors import UsageError
-from shardloader.manifest import Manifest
+from shardloader.options import ShuffleOptions
 from shardloader.plan.elastic import normalise, replan
 from shardloader.plan.lists import NodeLists, node_lists, node_order, units_of
 from shardloader.plan.order import EpochOrder
 from shardloader.plan.partition import Partition
-from shardloader.plan.shuffle import ShuffleOptions
 from shardloader.plan.split import BatchSlots, FixedBatchList, common_steps, rank_slots
-from shardloader.read.shardset import ReadOptions
 
-__all__ = ["EpochReport", "EpochPlan", "EpochPlanner", "load_lengths"]
+__all__ = ["EpochReport", "EpochPlan", "EpochPlanner"]
 
 
 @dataclass(frozen=True)
@@ -95,7 +93,7 @@ class EpochPlan:
     num_batches: int
     start: int  # first batch of this (possibly resumed) pass, counted in the partition
     # after batch-shape or partition changes: (planning, batches it delivered, every
-    # partition's) per earlier link (NOTE [reshape history] in shardloader/elastic.py)
+    # partition's) per earlier link (NOTE [reshape history] in shardloader/plan/elastic.py)
     earlier: tuple[tuple[Any, list[np.ndarray]], ...] = ()
 
     @property
@@ -145,7 +143,7 @@ class EpochPlanner:
             plan = signature_of(self.planner)
         else:
             plan = f"fixed({stable_value(self.batch_size)})"
-        text = f"{plan};shuffle={signature_of(self.shuffle)};uneven={self.uneven}"
+        text = f"{plan};shuffle={self.shuffle.signature()};uneven={self.uneven}"
         if self.order_source is not None:
             text += f";{self.order_source.signature()}"
         return text
@@ -251,19 +249,15 @@ class EpochPlanner:
         earlier = [b for _, taken in first.earlier for b in taken]
         total = int(np.sum(self.shard_sizes))
         steps = first.slots.steps_per_rank
-        stream = getattr(self.planner, "report_stream", None)
-        if stream is not None:  # rows of token streams (batching/blocks.py)
+        if self.planner is not None and self.planner.units == "rows":  # batching/blocks.py
             kept, repeats = [], []
             for p in plans:
                 s, n = p.slots, p.num_batches
                 repeats += [p.batches[i % n] for i in range(s.padded_batches)] if n else []
                 kept += list(p.batches[: n - s.dropped_batches])
-            counts = stream(self.shard_sizes, lengths, earlier + kept, repeats)
+            counts = self.planner.report_stream(self.shard_sizes, lengths, earlier + kept, repeats)
             for link, taken in first.earlier:  # slots of rows delivered with another shape
-                per_batch = self.planner.seq_len * (
-                    link.planner.rows_per_batch - self.planner.rows_per_batch
-                )
-                counts["token_slots"] += len(taken) * per_batch
+                counts["token_slots"] += len(taken) * self.planner.row_slots(link.planner)
             return EpochReport(epoch, total, steps, **counts)
         lazy = all(isinstance(p.batches, FixedBatchList) for p in plans) and self.planner is None
         if lazy and lengths is None and not first.earlier:  # arithmetic: nothing materialised
@@ -307,18 +301,6 @@ class EpochPlanner:
         lengths: np.ndarray | None,
         collate_fn: Any,
     ) -> PlanReport:
-        report = getattr(self.planner, "report", None)
-        if report is not None and not isinstance(self.planner, FixedBatches):
-            return report(order, lengths, batches)  # type: ignore[no-any-return]
+        if self.planner is not None and not isinstance(self.planner, FixedBatches):
+            return self.planner.report(order, lengths, batches)
         return account_fixed(order, lengths, batches, collate_fn)  # the collate pads
-
-
-def load_lengths(
-    manifest: Manifest, base: str, read: ReadOptions, *, required: bool = True
-) -> np.ndarray | None:
-    """Every sample's recorded length (the manifest's length field), by global id, from the
-    sidecars' length columns, mapped from the node cache (:mod:`shardloader.read.lengths`);
-    ``None`` (or, when ``required``, a UsageError) if a shard records none."""
-    from shardloader.read.lengths import load_lengths as shared
-
-    return shared(manifest, base, read, required=required)

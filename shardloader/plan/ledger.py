@@ -7,9 +7,10 @@ NOTE [the ledger comes from the plan]
     ``ds.report()`` counts them: every rank (and anyone holding the dataset's arguments) gets
     the same ledger without talking to the others, and nothing is logged by workers.  Only a
     sample that turns out bad while it is read (``on_error="skip"``) is known at run time: a
-    :class:`SkipLog` appends it, from whichever worker met it, to a small JSON-lines file of
-    its rank, and :func:`merge_skips` reads every rank's file back into one sorted list
-    (:meth:`Ledger.with_skips` adds it to an epoch's ledger).
+    :class:`~shardloader.read.skips.SkipLog` appends it, from whichever worker met it, to a
+    small JSON-lines file of its rank, and :func:`~shardloader.read.skips.merge_skips` reads
+    every rank's file back into one sorted list (:meth:`Ledger.with_skips` adds it to an
+    epoch's ledger).
 
 The ledger counts as ``report()`` does, per occurrence (NOTE [occurrences] in
 :mod:`shardloader.batching.base`): ``padded_samples`` counts each repeat of a sample, so a
@@ -21,7 +22,6 @@ neither dropped nor skipped.
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 from collections.abc import Iterable, Iterator, Sequence
@@ -35,9 +35,8 @@ from shardloader.errors import UsageError
 
 if TYPE_CHECKING:
     from shardloader.plan.epoch import EpochPlan, EpochPlanner
-    from shardloader.plan.split import Place
 
-__all__ = ["Ledger", "LedgerEntry", "SkipLog", "SkipRecord", "build", "merge_skips"]
+__all__ = ["Ledger", "LedgerEntry", "SkipRecord", "build"]
 
 PADDED, DROPPED, TRUNCATED, SKIPPED = "padded", "dropped", "truncated", "skipped"
 DEFAULT_WHOSE = "the epoch's "  # whose last batch is filled up, with one partition
@@ -98,7 +97,8 @@ class Ledger:
         return out
 
     def with_skips(self, records: Iterable[SkipRecord]) -> Ledger:
-        """This ledger plus the run-time skips of its epoch (from :func:`merge_skips`)."""
+        """This ledger plus the run-time skips of its epoch (from
+        :func:`~shardloader.read.skips.merge_skips`)."""
         skips = tuple(
             LedgerEntry(r.sample, SKIPPED, r.reason, rank=r.rank, key=r.key)
             for r in records
@@ -144,7 +144,7 @@ def build(
     """The ledger of an epoch's plan, ``plans`` every partition's (NOTE [the ledger comes from
     the plan]): pure, the same accounting as ``EpochPlanner.report``; ``ds.ledger(epoch)``
     calls it."""
-    if getattr(planning.planner, "plan_stream", None) is not None:
+    if planning.planner is not None and planning.planner.units == "rows":
         raise UsageError(
             f"{type(planning.planner).__name__} delivers rows of token streams, not samples: "
             "no sample is padded, and ds.report() counts the documents its remainder, tail "
@@ -199,7 +199,6 @@ def _dropped(
         for q in range(n - cut, n):
             for i in batch_ids(plan.batches[q]).tolist():
                 left_out.setdefault(int(i), q)
-    explain = getattr(planning.planner, "explain_dropped", None)
     for i in dropped:
         tokens = None if lengths is None else int(lengths[i])
         if i in left_out:
@@ -212,10 +211,8 @@ def _dropped(
                 f"in the epoch's partial last batch of batch_size={planning.batch_size}, "
                 "left out (uneven='drop')"
             )
-        elif explain is not None:
-            reason = explain(tokens)
         else:
-            reason = "left out by the planner"
+            reason = planning.planner.explain_dropped(tokens) or "left out by the planner"
         yield LedgerEntry(int(i), DROPPED, reason, tokens)
 
 
@@ -234,10 +231,10 @@ def _truncated(
         return
     segs = [b for b in batches if b.ndim == 2 and b.size]
     uniq, served = segment_counts(order, segs)
-    limit = getattr(planning.planner, "_truncate_to", None)
+    planner = planning.planner
+    limit = None if planner is None else planner.truncate_to
     if limit is None:
         limit = getattr(collate_fn, "max_length", None)
-    explain = getattr(planning.planner, "explain_truncated", None)
     ids, times = np.unique(np.asarray(truncated, np.int64), return_counts=True)
     for i, r in zip(ids.tolist(), times.tolist(), strict=True):
         total = int(lengths[i])
@@ -249,8 +246,9 @@ def _truncated(
         else:
             kept_each = [total if limit is None else min(total, int(limit))] * r
         for kept in kept_each:
-            if explain is not None:
-                reason = explain(total, kept)
+            own = None if planner is None else planner.explain_truncated(total, kept)
+            if own is not None:
+                reason = own
             elif limit is not None:
                 reason = f"cut to max_length={limit}: {kept} of {total} tokens delivered"
             else:
@@ -272,59 +270,3 @@ class SkipRecord:
     rank: int
     worker: int
     reason: str
-
-
-@dataclass(frozen=True)
-class SkipLog:
-    """Appends run-time skips to ``directory/skips-rank<R>.jsonl`` (one small file per rank).
-
-    Picklable (a folder name), so it travels into DataLoader workers; every worker of a rank
-    appends to its rank's file with one ``O_APPEND`` write per line, which the OS keeps whole
-    on a local file system.  :func:`merge_skips` reads them back.
-    """
-
-    directory: str
-
-    def path(self, rank: int) -> str:
-        return os.path.join(self.directory, f"skips-rank{rank:05d}.jsonl")
-
-    def record(self, epoch: int, place: Place, sample: int, key: str, err: BaseException) -> None:
-        line = {
-            "epoch": int(epoch),
-            "sample": int(sample),
-            "key": key,
-            "rank": place.rank,
-            "worker": place.worker,
-            "reason": f"{type(err).__name__}: {err}",
-        }
-        os.makedirs(self.directory, exist_ok=True)
-        data = (json.dumps(line) + "\n").encode()
-        fd = os.open(self.path(place.rank), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            os.write(fd, data)
-        finally:
-            os.close(fd)
-
-
-def merge_skips(directory: str, epoch: int | None = None) -> list[SkipRecord]:
-    """Every rank's run-time skips under ``directory`` (of ``epoch``, or all), one per
-    (epoch, sample), sorted by epoch then sample id: the same list whichever rank reads it."""
-    seen: dict[tuple[int, int], SkipRecord] = {}
-    for path in sorted(glob.glob(os.path.join(directory, "skips-rank*.jsonl"))):
-        with open(path, encoding="utf-8") as f:
-            for number, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    record = SkipRecord(**json.loads(line))
-                except (TypeError, ValueError) as err:
-                    raise UsageError(f"{path}:{number}: not a skip record ({err})") from err
-                if epoch is None or record.epoch == epoch:
-                    key = (record.epoch, record.sample)
-                    if key not in seen or _before(record, seen[key]):
-                        seen[key] = record
-    return [seen[k] for k in sorted(seen)]
-
-
-def _before(a: SkipRecord, b: SkipRecord) -> bool:
-    return (a.rank, a.worker) < (b.rank, b.worker)

@@ -44,22 +44,20 @@ class NodeLists:
     counts: tuple[int, ...]
     lists: dict[int, NodeList]
     # after a resume changed the batch shape or the partition: (planning, batches it
-    # delivered) per earlier link (NOTE [reshape history] in shardloader/elastic.py)
+    # delivered) per earlier link (NOTE [reshape history] in shardloader/plan/elastic.py)
     earlier: tuple[tuple[Any, list[np.ndarray]], ...] = field(default=())
 
 
 def rows_planner(planning: EpochPlanner) -> bool:
     """Whether the planner cuts rows of token streams (TokenBlocks) rather than samples."""
-    return getattr(planning.planner, "plan_rows", None) is not None and getattr(
-        planning.planner, "reads_token_stream", False
-    )
+    return planning.planner is not None and planning.planner.units == "rows"
 
 
 def units_of(planning: EpochPlanner, lengths: np.ndarray | None) -> np.ndarray:
     """What the epoch orders per shard: samples, or for TokenBlocks the shard's rows."""
-    if rows_planner(planning):
-        return planning.planner.layout(planning.shard_sizes, lengths).rows_per_shard  # type: ignore[no-any-return]
-    return np.asarray(planning.shard_sizes, np.int64)
+    if planning.planner is None:
+        return np.asarray(planning.shard_sizes, np.int64)
+    return planning.planner.units_per_shard(planning.shard_sizes, lengths)
 
 
 def node_order(
@@ -90,8 +88,6 @@ def cut(
 ) -> NodeList:
     """A partition's batches of ``order`` under ``planning`` (ids, or segments ``[n, 3]``)."""
     planner = planning.planner
-    if rows_planner(planning):
-        return NodeList(order, planner.plan_rows(np.asarray(order)))
     if planner is None:
         size = planning.batch_size or 1
         if lazy:
@@ -148,8 +144,7 @@ def node_lists(
             size = planning.batch_size or 1
             counts = tuple(fixed_count(s, size, planning.uneven) for s in sizes)
         else:
-            r, keep = planning.planner.rows_per_batch, planning.planner.tail == "keep"
-            counts = tuple(s // r + (keep and s % r > 0) for s in sizes)
+            counts = tuple(planning.planner.count_rows(s) for s in sizes)
         return NodeLists(counts, lists)
     every = {
         n: cut(

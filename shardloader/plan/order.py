@@ -11,7 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from shardloader.plan.shuffle import _BLOCK, _SHARDS, ShuffleOptions, rng_for
+from shardloader.options import ShuffleOptions
+from shardloader.plan.shuffle import _BLOCK, _SHARDS, rng_for
 
 __all__ = ["EpochOrder", "count_blocks", "epoch_order"]
 

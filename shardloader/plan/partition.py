@@ -30,7 +30,7 @@ __all__ = ["PARTITIONS", "Partition", "choose_partition", "spans"]
 
 # "node": a span per node (ranks per node detected by world.py, or given); "rank": a span per
 # rank; "global": one span for the whole job (every node reads every shard)
-PARTITIONS = ("node", "rank", "global")
+from shardloader.options import PARTITIONS  # noqa: E402  (the one list, with World)
 
 
 @dataclass(frozen=True)

@@ -10,14 +10,9 @@ how many shards must be staged at once (the node's cache working set) while mixi
 
 from __future__ import annotations
 
-import random
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
 import numpy as np
 
-if TYPE_CHECKING:  # torch is imported where a generator is made, not by every importer
-    import torch
+from shardloader.options import ShuffleOptions
 
 __all__ = [
     "ShuffleOptions",
@@ -26,59 +21,8 @@ __all__ = [
     "rng_for",
     "plan_rng",
     "regroup_rng",
-    "batch_generator",
-    "generator_of",
-    "seed_global_rngs",
     "transform_seeds",
 ]
-
-
-@dataclass(frozen=True)
-class ShuffleOptions:
-    """``block``: samples permuted together (bigger mixes better, needs more cache).
-
-    ``first_block`` (off by default): the epoch's first block holds only this many samples and
-    each next one twice as many, up to ``block``.  The first batches then need the shards of a
-    small block only, so they arrive after a few shards are staged rather than a whole block's
-    (remote data, large shards); the price is less mixing in the first blocks of every epoch
-    (tools/bench_read.py measures it).  Part of the plan signature when set.
-    """
-
-    enabled: bool = True
-    block: int = 1 << 16
-    first_block: int | None = None
-
-    def __post_init__(self) -> None:
-        for name in ("block", "first_block"):
-            value = getattr(self, name)
-            if name == "first_block" and value is None:
-                continue
-            if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
-                from shardloader.errors import UsageError
-
-                raise UsageError(f"shuffle {name} must be an integer >= 1 sample, got {value!r}")
-
-    def signature(self) -> str:
-        """What the plan signature records (NOTE [plan signature] in batching/base.py): without
-        ``first_block`` exactly what it recorded before that option existed."""
-        from shardloader.batching.base import stable_value
-
-        text = (
-            f"ShuffleOptions(enabled={stable_value(self.enabled)}, block={stable_value(self.block)}"
-        )
-        if self.first_block is not None:
-            text += f", first_block={stable_value(self.first_block)}"
-        return text + ")"
-
-    def blocks(self, total: int) -> list[tuple[int, int]]:
-        """``(start, stop)`` of each shuffle block of an epoch of ``total`` samples."""
-        out = []
-        lo, size = 0, min(self.first_block or self.block, self.block)
-        while lo < total:
-            hi = min(lo + size, total)
-            out.append((lo, hi))
-            lo, size = hi, min(2 * size, self.block)
-        return out
 
 
 def derive_seed(*parts: int) -> int:
@@ -164,7 +108,7 @@ def rng_for(*parts: int) -> np.random.Generator:
 
 
 _SHARDS, _BLOCK, _PLAN, _REGROUP = 1, 2, 3, 4  # domain tags: uses never share a stream
-_TRANSFORMS = 1 << 41  # last part of a transform generator's seed (as 1 << 40 of a worker's)
+TRANSFORMS = 1 << 41  # last part of a transform generator's seed (as 1 << 40 of a worker's)
 
 
 def plan_rng(seed: int, epoch: int, node: int = 0, nodes: int = 1) -> np.random.Generator:
@@ -182,33 +126,6 @@ def regroup_rng(seed: int, epoch: int, link: int, node: int, block: int) -> np.r
     return rng_for(seed, epoch, _REGROUP, link, node, block)
 
 
-def batch_generator(seed: int, epoch: int, batch: int) -> torch.Generator:
-    """The torch generator shardloader's own transforms draw from for global batch ``batch``
-    (NOTE [transform generators] in :mod:`shardloader.vision.transforms`): a stream of its own,
-    apart from the global generators that :func:`seed_global_rngs` seeds for user transforms."""
-    return generator_of(derive_seed(seed, epoch, batch, _TRANSFORMS))
-
-
 def transform_seeds(seed: int, epoch: int, batches: np.ndarray) -> np.ndarray:
     """The seeds of :func:`batch_generator` for many global batches at once."""
-    return derive_seeds(seed, epoch, np.asarray(batches, np.int64), _TRANSFORMS)
-
-
-def generator_of(seed: int) -> torch.Generator:
-    """A ``torch.Generator`` seeded with ``seed`` (one of :func:`transform_seeds`)."""
-    import torch
-
-    generator = torch.Generator()
-    generator.manual_seed(int(seed))
-    return generator
-
-
-def seed_global_rngs(seed: int) -> None:
-    """Seed torch, numpy and ``random`` for user transforms that use the global generators."""
-    import torch
-
-    # The CPU generator only: torch.manual_seed also seeds (and lazily initialises) every
-    # accelerator backend, which costs milliseconds per call; transforms in workers run on CPU.
-    torch.random.default_generator.manual_seed(seed)
-    np.random.seed(seed & 0xFFFFFFFF)
-    random.seed(seed)
+    return derive_seeds(seed, epoch, np.asarray(batches, np.int64), TRANSFORMS)

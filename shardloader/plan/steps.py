@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any, overload
 import numpy as np
 
 from shardloader.batching.base import batch_ids
+from shardloader.options import ShuffleOptions
 from shardloader.plan.order import EpochOrder
-from shardloader.plan.shuffle import ShuffleOptions
 from shardloader.plan.split import BatchSlots, FixedBatchList
 
 if TYPE_CHECKING:

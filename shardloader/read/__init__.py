@@ -18,8 +18,8 @@
 Bytes come through :mod:`shardloader.storage`, shard layouts through :mod:`shardloader.format`.
 """
 
-from shardloader import _submodules_on_demand
+from shardloader._lazy import on_demand
 
 __all__: list[str] = []  # its modules are the API: import them
 
-__getattr__ = _submodules_on_demand(__name__)
+__getattr__ = on_demand(__name__, globals())

@@ -53,7 +53,7 @@ class BlockSource:
     read: ReadOptions
     shuffle: ShuffleOptions
     lengths: np.ndarray  # every document's token count, by global id
-    bundle: int = 1  # batches per worker output (NOTE [bundles] in shardloader/transport.py)
+    bundle: int = 1  # batches per worker output (NOTE [bundles] in deliver/transport.py)
     ring: Any = None  # the loader's shared buffers (NOTE [ring slots] there)
 
 

@@ -3,7 +3,7 @@
 Tar members keep their real extension (``key.jpg``, ``key.png``), so webdataset and
 ``zstd -d | tar t`` see real files; arrow shards keep a column per extension.  The manifest's
 ``aliases`` (``{logical field: [member extensions]}``) says which logical field a member fills,
-and a reader may add its own (``ShardedDataset(..., aliases=...)``) over the manifest's.  Packing
+and a reader may add its own (``ReadOptions(aliases=...)``) over the manifest's.  Packing
 (``--alias``, class folders), reading and ``verify`` all go through :class:`FieldMap`, so they
 cannot disagree.
 

@@ -54,7 +54,7 @@ class SampleLoader:
     length_field: str | None = None
     lengths: np.ndarray | None = None
     # told of every sample on_error="skip" replaces: (sample id, key, place, error); the
-    # dataset passes a ledger.SkipLog's record here (shardloader/ledger.py)
+    # dataset passes a SkipLog's record here (shardloader/read/skips.py)
     on_skip: Callable[[int, str, Place, BaseException], None] | None = None
 
     @property

@@ -21,21 +21,22 @@ from shardloader.batching.base import batch_ids
 from shardloader.batching.raw import RawCollate
 from shardloader.format.base import Rows
 from shardloader.plan.partition import Partition
-from shardloader.plan.shuffle import derive_seeds, generator_of, seed_global_rngs, transform_seeds
+from shardloader.plan.shuffle import derive_seeds, transform_seeds
 from shardloader.plan.steps import StepSeeds, WorkerSteps, is_lazy, pass_working_set
 from shardloader.read.loading import SampleLoader, pipeline_draws
 from shardloader.read.readahead import pass_readahead
+from shardloader.read.seeding import generator_of, seed_global_rngs
 from shardloader.read.shardset import working_set_bytes
 
 if TYPE_CHECKING:
     from shardloader.codecs.allowlist import Decoder
     from shardloader.manifest import Manifest
     from shardloader.plan.epoch import EpochPlan
-    from shardloader.plan.ledger import SkipLog
     from shardloader.plan.shuffle import ShuffleOptions
     from shardloader.plan.split import Place
     from shardloader.read.fields import FieldMap
     from shardloader.read.shardset import ReadOptions, ShardSet
+    from shardloader.read.skips import SkipLog
 
 __all__ = ["SampleSource", "iterate_samples"]
 
@@ -64,7 +65,7 @@ class SampleSource:
     collate_fn: Callable[[list[dict[str, Any]]], Any] | None
     on_error: str
     lengths: np.ndarray | None  # by global id, for cutting segment batches
-    skip_log: SkipLog | None  # where run-time skips are appended (plan/ledger.py)
+    skip_log: SkipLog | None  # where run-time skips are appended (read/skips.py)
     partition: Partition = Partition()  # how the world is cut (shardloader.plan.partition)
 
 

@@ -49,7 +49,7 @@ from shardloader.storage.store import Store
 from shardloader.storage.streams import BoundedReader, TailReader
 
 if TYPE_CHECKING:
-    from shardloader.read.shardset import ReadOptions
+    from shardloader.options import ReadOptions
 
 __all__ = ["ShardSet", "shard_starts"]
 

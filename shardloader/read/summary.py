@@ -1,7 +1,8 @@
 """``inspect``: a summary of a packed dataset, from its manifest and the small sidecars only.
 
 It returns data; ``shardloader inspect`` prints it.  The dataset is untrusted: sidecars are read
-no further than their bounds and checked against their manifest entries (shardloader/sidecar.py).
+no further than their bounds and checked against their manifest entries
+(shardloader/read/sidecar.py).
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ import stat
 from typing import TYPE_CHECKING, Any
 
 from shardloader.errors import UsageError
+from shardloader.options import World
 from shardloader.presets import DatasetPreset
 
 if TYPE_CHECKING:
@@ -72,7 +73,7 @@ def load_pipeline(pipeline: str, preset: DatasetPreset | None = None) -> Sharded
     from shardloader.dataset import ShardedDataset
 
     if not is_factory(pipeline):
-        return (preset or DatasetPreset()).dataset(pipeline, rank=0, world_size=1)
+        return (preset or DatasetPreset()).dataset(pipeline, world=World(0, 1))
     if preset is not None:
         raise UsageError(
             f"PIPELINE {pipeline} is a factory that configures its own dataset; "

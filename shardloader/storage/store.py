@@ -13,7 +13,6 @@ request and every call is retried as a whole under the policy (their protocol's 
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import uuid
@@ -25,9 +24,6 @@ from typing import Any, BinaryIO, TypeVar, cast
 import fsspec
 
 from shardloader.errors import (
-    ChecksumError,
-    ObjectNotFoundError,
-    TruncatedBodyError,
     UsageError,
 )
 from shardloader.storage.clients import ObjectClient, client_for
@@ -38,12 +34,11 @@ from shardloader.storage.remote import RetryingReader, filesystem
 from shardloader.storage.retry import DEFAULT_POLICY, RetryPolicy, call_with_retries
 from shardloader.storage.streams import BoundedReader
 
-__all__ = ["CHUNK_SIZE", "SINGLE_PUT", "Store", "as_store", "join"]
+__all__ = ["SINGLE_PUT", "Store", "as_store", "join"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-CHUNK_SIZE = 8 * 2**20  # local downloads read this much at a time
 SINGLE_PUT = 50 * 2**20  # files up to this go up in one PUT (s3fs's default block size)
 
 
@@ -254,83 +249,6 @@ class Store:
         self.call(partial(_remove, fs, path), "delete")
 
     # -- verified download ----------------------------------------------------------------
-    def fetch(
-        self, dst_path: str, *, sha256: str, size: int | None, chunk_size: int = CHUNK_SIZE
-    ) -> None:
-        """Stream the object into ``dst_path``, hashing on the way; replace ``dst_path`` only
-        when whole and matching the manifest.
-
-        A download that faults part-way (reset, truncated body, timeout, 5xx) resumes at its
-        first missing byte under the policy (through fsspec, without a fast client: restarts
-        from the beginning).  A complete download whose SHA-256 or size differs
-        from the manifest's is fetched once more (a corrupting proxy or cache may have served
-        it), then raises :class:`ChecksumError` naming the URL and both digests.  A body that
-        grows past ``size`` stops at once with :class:`ChecksumError`: an object larger than the
-        manifest says is never written to disk whole.  The temp file lives next to ``dst_path``
-        (same filesystem, so the rename is atomic) and is removed on any failure.
-        """
-        if chunk_size < 1:
-            raise UsageError(f"chunk_size must be >= 1, got {chunk_size}")
-        os.makedirs(os.path.dirname(os.path.abspath(dst_path)), exist_ok=True)
-        got: tuple[str, int] = ("", 0)
-        for download in (1, 2):
-            tmp = f"{dst_path}.part-{uuid.uuid4().hex}"
-            try:
-                got = self.call(partial(self._download_once, tmp, size, chunk_size), "download")
-                if got[0] == sha256 and (size is None or got[1] == size):
-                    os.replace(tmp, dst_path)
-                    return
-            finally:
-                if os.path.exists(tmp):
-                    os.remove(tmp)
-            if download == 1:
-                log.warning(
-                    "shard %s hashes to %s (%d bytes), the manifest says %s (%s bytes); "
-                    "downloading it once more",
-                    self.url,
-                    got[0],
-                    got[1],
-                    sha256,
-                    size,
-                )
-        raise ChecksumError(
-            f"shard {self.url!r} hashes to {got[0]} ({got[1]} bytes) on two downloads; the "
-            f"manifest says {sha256} ({size} bytes): the stored object is damaged or was "
-            "replaced; re-upload or re-pack it (`shardloader verify` checks a whole dataset)"
-        )
-
-    def _download_once(self, tmp: str, size: int | None, chunk_size: int) -> tuple[str, int]:
-        """One whole download into ``tmp`` (truncated first): (sha256 hex, bytes written).
-
-        One pass: the body is hashed on its way to the file, never read back.  Faults in
-        the middle resume where they broke off (:meth:`open_stream`).
-        """
-        digest = hashlib.sha256()
-        written = 0
-        announced = None
-        if self.is_local:
-            try:
-                announced = os.path.getsize(self.local_path)
-            except FileNotFoundError as err:
-                raise ObjectNotFoundError(f"cannot read {self.url!r}: no such file") from err
-        with self.open_stream(None, limit=size) as src, open(tmp, "wb") as out:
-            while True:
-                try:
-                    chunk = src.read(chunk_size)
-                except ChecksumError:
-                    if size is None:
-                        raise
-                    raise _too_large(self.url, size) from None
-                if not chunk:
-                    break
-                written += len(chunk)
-                digest.update(chunk)
-                out.write(chunk)
-        if announced is not None and written < announced:
-            raise TruncatedBodyError(
-                f"{self.url}: the body ended after {written} of {announced} bytes"
-            )
-        return digest.hexdigest(), written
 
 
 def as_store(
@@ -373,10 +291,3 @@ def _remove(fs: fsspec.AbstractFileSystem, path: str) -> None:
         fs.rm_file(path)
     except FileNotFoundError:
         pass
-
-
-def _too_large(url: str, size: int) -> ChecksumError:
-    return ChecksumError(
-        f"shard {url!r} is larger than the {size:,} bytes the manifest declares; the stored "
-        "object is damaged or was replaced: re-upload or re-pack it"
-    )

@@ -16,7 +16,7 @@ NOTE [transform generators]
     ones that wrap others (:class:`Compose`, :class:`ApplyTo`), declare ``takes_generator =
     True`` and accept ``generator=`` when called: ShardedDataset then hands them a generator
     seeded from (seed, epoch, global batch index)
-    (:func:`shardloader.plan.shuffle.batch_generator`), one per batch, used by the batch's samples
+    (:func:`shardloader.read.seeding.batch_generator`), one per batch, used by the batch's samples
     in planned order.  So crops repeat exactly on a rerun, after resume and whatever
     ``num_workers`` is, and a user transform that draws from torch's global generator (which the
     dataset also seeds per batch) or another pipeline in the same process cannot shift them.
