@@ -236,7 +236,8 @@ class RingAttachment:
             or len(cu) != shape[1]
             or len(longest) != shape[1]
             or min(cu) < 1
-            or nbytes != _FIELDS * shape[1] * shape[2] * shape[3] * 8 + sum(cu) * 4
+            or nbytes
+            != _FIELDS * shape[1] * shape[2] * shape[3] * 8 + sum(cu) * 4 + shape[1] * shape[2]
             or nbytes > self.slot_bytes
         ):
             raise DecodeError(f"malformed ring frame {str(header)[:200]}")
