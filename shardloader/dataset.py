@@ -34,6 +34,7 @@ from shardloader.plan.partition import PARTITIONS
 from shardloader.plan.shuffle import ShuffleOptions, derive_seed, seed_global_rngs
 from shardloader.plan.split import UNEVEN_POLICIES, Place
 from shardloader.read.fields import FieldMap
+from shardloader.read.openpasses import noted
 from shardloader.read.samplepass import SampleSource, iterate_samples
 from shardloader.read.shardset import ReadOptions, ShardSet
 from shardloader.world import detect_place
@@ -305,7 +306,9 @@ class ShardedDataset(DatasetState, IterableDataset):  # type: ignore[type-arg]
         progress, place, epoch, start = self._begin_pass(place)
         if progress.done >= progress.steps:
             return iter(())
-        return self._counted(progress, self._iterate(place, epoch, start, progress.reshapes))
+        # NOTE [closing a pass left early] in shardloader/read/openpasses.py
+        passes = noted(self._iterate(place, epoch, start, progress.reshapes))
+        return self._counted(progress, passes)
 
     @staticmethod
     def _counted(progress: Any, items: Iterator[Any]) -> Iterator[Any]:
