@@ -37,6 +37,7 @@ from shardloader.read.fields import FieldMap
 from shardloader.read.openpasses import noted
 from shardloader.read.samplepass import SampleSource, iterate_samples
 from shardloader.read.shardset import ReadOptions, ShardSet
+from shardloader.read.watchdog import watched
 from shardloader.world import detect_place
 
 __all__ = ["ShardedDataset", "EpochReport"]
@@ -194,6 +195,10 @@ class ShardedDataset(DatasetState, IterableDataset):  # type: ignore[type-arg]
 
         e, plans = self._epoch_plans(epoch)
         lengths = self._lengths if self._lengths is not None else self._lengths_for_report()
+        if getattr(self.planner, "reads_token_stream", False):  # rows: plan/rowledger.py
+            from shardloader.plan.rowledger import build_rows
+
+            return build_rows(e, self.world_size, self._planning, plans, lengths)
         return build(e, self.world_size, self._planning, plans, lengths, self.collate_fn)
 
     def _epoch_plans(self, epoch: int | None) -> tuple[int, list[EpochPlan]]:
@@ -307,7 +312,8 @@ class ShardedDataset(DatasetState, IterableDataset):  # type: ignore[type-arg]
         if progress.done >= progress.steps:
             return iter(())
         # NOTE [closing a pass left early] in shardloader/read/openpasses.py
-        passes = noted(self._iterate(place, epoch, start, progress.reshapes))
+        passes = self._iterate(place, epoch, start, progress.reshapes)
+        passes = noted(watched(passes, self.read_options.stall_timeout, place))
         return self._counted(progress, passes)
 
     @staticmethod

@@ -144,11 +144,13 @@ def build(
     """The ledger of an epoch's plan, ``plans`` every partition's (NOTE [the ledger comes from
     the plan]): pure, the same accounting as ``EpochPlanner.report``; ``ds.ledger(epoch)``
     calls it."""
+    if getattr(planning.planner, "plan_stream", None) is not None:
+        raise UsageError(
+            f"{type(planning.planner).__name__} delivers rows of token streams, not samples: "
+            "no sample is padded, and ds.report() counts the documents its remainder, tail "
+            "or uneven='drop' cut; the ledger lists samples of sample planners"
+        )
     plans = [plans] if not isinstance(plans, Sequence) else list(plans)
-    if getattr(planning.planner, "plan_stream", None) is not None:  # rows of token streams
-        from shardloader.plan.rowledger import build_rows
-
-        return build_rows(epoch, world_size, planning, plans, lengths)  # type: ignore[arg-type]
     delivered = [b for p in plans for b in p.delivered()[0]]
     earlier = [b for _, taken in plans[0].earlier for b in taken]
     # a lazy order, whole: the ledger lists samples anyway

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from shardloader.batching.blocks import _covered
+from shardloader.errors import UsageError
 from shardloader.plan.ledger import DROPPED, PADDED, TRUNCATED, Ledger, LedgerEntry
 
 if TYPE_CHECKING:
@@ -33,9 +34,11 @@ def build_rows(
     world_size: int,
     planning: EpochPlanner,
     plans: Sequence[EpochPlan],
-    lengths: np.ndarray,
+    lengths: np.ndarray | None,
 ) -> Ledger:
     """The ledger of a token-row epoch's plans (every partition's), pure like ``report()``."""
+    if lengths is None:
+        raise UsageError("the ledger of token rows needs the sidecars' token counts")
     planner = planning.planner
     sizes = np.asarray(planning.shard_sizes, np.int64)
     lens = np.asarray(lengths, np.int64)

@@ -20,6 +20,7 @@ from shardloader.format.base import Rows, Sample, ShardReader, read_rows
 from shardloader.manifest import Manifest, SampleIndex
 from shardloader.plan.shuffle import ShuffleOptions
 from shardloader.read.staged import ShardFiles
+from shardloader.read.watchdog import check_stall_timeout
 from shardloader.storage.cache import CacheOptions, ShardCache, is_cache_full
 from shardloader.storage.objectstream import PART_SIZE
 from shardloader.storage.retry import DEFAULT_POLICY, RetryPolicy
@@ -45,6 +46,10 @@ class ReadOptions:
 
     ``part_size``: a remote shard up to this size is one GET; a larger one comes as concurrent
     byte ranges of this size (more requests, more throughput per shard).
+
+    ``stall_timeout`` (seconds, default None: off): a pass that produces no batch for this
+    long while asked for one ends with a :class:`~shardloader.errors.StallError` naming rank,
+    worker, shard, sample and the stuck stack (:mod:`shardloader.read.watchdog`).
     """
 
     storage_options: Mapping[str, Any] = field(default_factory=dict)
@@ -53,8 +58,10 @@ class ReadOptions:
     retry: RetryPolicy = DEFAULT_POLICY
     verify_samples: bool = True
     part_size: int = PART_SIZE
+    stall_timeout: float | None = None
 
     def __post_init__(self) -> None:
+        check_stall_timeout(self.stall_timeout)
         if not isinstance(self.part_size, int) or self.part_size < 1 << 20:
             raise UsageError(
                 f"ReadOptions.part_size must be at least 1 MiB, got {self.part_size!r}"
