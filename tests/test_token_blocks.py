@@ -469,7 +469,7 @@ def test_rows_per_batch_may_change_at_a_resume(corpus, w1, w2):
         loader = sl.make_loader(ds, num_workers=1)
         loader.load_state_dict(states[0])
         assert ds.reshapes == ((ROWS, 2 * w1),)
-        report = ds.report()
+        report, ledger = ds.report(), ds.ledger()  # token rows: the ledger adds up to report()
         for batch in loader:
             assert tuple(batch["input_ids"].shape) == (ROWS + 2, SEQ)
             tail.append(batch)
@@ -479,5 +479,4 @@ def test_rows_per_batch_may_change_at_a_resume(corpus, w1, w2):
     else:
         assert not whole - got and sum((got - whole).values()) <= (w2 - 1) * (ROWS + 2)
     assert report.tokens == sum(len(r) * c for r, c in whole.items())
-    ledger = ds.ledger()  # token rows: its entries add up to report()'s token counts
     assert sum(e.tokens for e in ledger.entries if e.status == "padded") == report.repeated_tokens
