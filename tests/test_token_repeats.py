@@ -18,7 +18,7 @@ SEQ, ROWS = 16, 3
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     root = tmp_path_factory.mktemp("repeats")
-    rng = np.random.default_rng(11)
+    rng = np.random.default_rng(13)  # 35 batches: uneven on 2 ranks and on 3
     lengths = np.minimum(rng.lognormal(2.5, 1.2, 60).astype(int), 200)
     lengths[[5, 30]] = 0
     texts = [" ".join(WORDS[j] for j in rng.integers(0, len(WORDS), k)) for k in lengths]
@@ -38,7 +38,7 @@ def dataset(path, vocab, world, rank, **kw):
 @pytest.mark.parametrize("labels", ["ignore", "keep"])
 def test_rows_repeated_for_equal_steps_are_flagged_and_not_learned_twice(corpus, labels):
     path, vocab = corpus
-    world = 3  # 22 batches: ranks 1 and 2 repeat one each
+    world = 2  # 35 batches: rank 1 repeats one
     first = dataset(path, vocab, 1, 0)
     n = len(first)
     assert n % world, "the corpus must leave the ranks uneven"
