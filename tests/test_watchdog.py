@@ -30,6 +30,15 @@ def hangs_on_one(sample):
     return sample
 
 
+def deaf_on_one(sample):
+    """Stuck where no signal reaches (C code that blocks them): the worker cannot be
+    interrupted, only ended."""
+    if sample["__key__"] == STUCK:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGRTMIN + 5})
+        time.sleep(3600)
+    return sample
+
+
 def keys(samples):
     return [s["__key__"] for s in samples]
 
@@ -62,6 +71,19 @@ def test_a_stuck_worker_ends_the_pass_with_its_shard_sample_and_stack(data, work
     # the stuck thread's Python stack, as faulthandler dumps it: down to the sleeping transform
     assert "most recent call first" in message and "in hangs_on_one" in message
     assert isinstance(caught.value, sl.ShardloaderError) and isinstance(caught.value, TimeoutError)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(90)
+def test_a_worker_that_cannot_be_interrupted_exits_and_the_loop_gets_the_stall_error(data):
+    ds = dataset(data, deaf_on_one, stall_timeout=1)
+    with pytest.raises(sl.StallError) as caught:
+        for _ in sl.make_loader(ds, num_workers=2):
+            pass
+    message = str(caught.value)
+    assert f"sample {STUCK!r}" in message and "shard-00001.tar.zst" in message
+    assert "in deaf_on_one" in message and "could not be interrupted" in message
+    assert isinstance(caught.value.__cause__, RuntimeError)  # torch's "worker ... exited"
 
 
 @pytest.mark.slow

@@ -20,10 +20,11 @@ NOTE [stall watchdog]
     What is raised is a private ``BaseException``, so no ``except Exception`` on the way (a
     transform's own, or ``on_error="skip"``) swallows it; the pass turns it into the
     :class:`~shardloader.errors.StallError`, which a worker hands to the main process as any
-    error.  A thread stuck in C code that retries its call after a signal cannot be interrupted:
-    a DataLoader worker then writes the report to stderr and exits after ``stall_timeout``
-    more seconds (torch names the worker that exited); a loop without workers keeps the logged
-    report.
+    error.  A thread stuck in C code that blocks the signal or retries its call after it cannot
+    be interrupted: a DataLoader worker then writes the report to stderr and to a file of this
+    user's named after the main process and the worker, and exits after ``stall_timeout`` more
+    seconds; when torch says the worker exited, the loader raises the StallError from that
+    file (:func:`worker_stalled`).  A loop without workers keeps the logged report.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from typing import Any
 
 from shardloader.errors import StallError, UsageError
 
-__all__ = ["check_stall_timeout", "watched"]
+__all__ = ["check_stall_timeout", "watched", "worker_stalled"]
 
 log = logging.getLogger(__name__)
 
@@ -158,6 +159,7 @@ class _Watchdog:
             if _in_worker():  # the thread did not come back: do not hang the job
                 sys.stderr.write(f"{self.report}\n(the stuck worker exits)\n")
                 sys.stderr.flush()
+                _leave_report(self.report)
                 os._exit(70)
             return
 
@@ -225,6 +227,55 @@ def _stack(ident: int) -> str:
     marker = f"0x{ident:016x}"
     mine = [b for b in text.split("\n\n") if marker in b.strip().split("\n", 1)[0]]
     return (mine[0] if mine else text).strip()
+
+
+def _report_path(parent: int, worker: int) -> str:
+    return os.path.join(tempfile.gettempdir(), f"shardloader-stall-{parent}-{worker}.txt")
+
+
+def _leave_report(report: str) -> None:
+    """Leave the report where the main process looks when torch says the worker exited
+    (:func:`worker_stalled`): a file of this user's only, never one that was there."""
+    from torch.utils.data import get_worker_info
+
+    info = get_worker_info()
+    path = _report_path(os.getppid(), info.id if info is not None else 0)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(report)
+    except OSError:
+        pass  # the report is on stderr and in the log already
+
+
+def worker_stalled(err: BaseException) -> StallError | None:
+    """The :class:`StallError` of a DataLoader worker that the watchdog could not interrupt
+    and that exited (torch raises "worker ... exited unexpectedly"), from the report it left;
+    None for any other error."""
+    if not isinstance(err, RuntimeError) or "exited unexpectedly" not in str(err):
+        return None
+    reports = []
+    folder = tempfile.gettempdir()
+    prefix = f"shardloader-stall-{os.getpid()}-"
+    for name in sorted(os.listdir(folder)):
+        if not name.startswith(prefix):
+            continue
+        path = os.path.join(folder, name)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+            with os.fdopen(fd, encoding="utf-8") as f:
+                mine = os.fstat(f.fileno()).st_uid == os.getuid()
+                text = f.read()
+            os.unlink(path)
+        except OSError:
+            continue
+        if mine:
+            reports.append(text)
+    if not reports:
+        return None
+    return StallError(
+        f"{reports[0]}\n(the stuck thread could not be interrupted, so the worker exited: {err})"
+    )
 
 
 def _in_worker() -> bool:
