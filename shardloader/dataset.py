@@ -35,10 +35,12 @@ from shardloader.plan.shuffle import derive_seed
 from shardloader.plan.split import UNEVEN_POLICIES, Place
 from shardloader.read.fields import FieldMap
 from shardloader.read.lengths import load_lengths
+from shardloader.read.openpasses import noted
 from shardloader.read.samplepass import SampleSource, iterate_samples
 from shardloader.read.seeding import seed_global_rngs
 from shardloader.read.shardset import ShardSet
 from shardloader.read.skips import SkipLog
+from shardloader.read.watchdog import watched
 from shardloader.world import detect_place
 
 __all__ = ["ShardedDataset", "EpochReport"]
@@ -185,6 +187,10 @@ class ShardedDataset(DatasetState, IterableDataset):  # type: ignore[type-arg]
 
         e, plans = self._epoch_plans(epoch)
         lengths = self._lengths if self._lengths is not None else self._lengths_for_report()
+        if getattr(self.planner, "reads_token_stream", False):  # rows: plan/rowledger.py
+            from shardloader.plan.rowledger import build_rows
+
+            return build_rows(e, self.world_size, self._planning, plans, lengths)
         return build(e, self.world_size, self._planning, plans, lengths, self.collate_fn)
 
     def _epoch_plans(self, epoch: int | None) -> tuple[int, list[EpochPlan]]:
@@ -297,7 +303,10 @@ class ShardedDataset(DatasetState, IterableDataset):  # type: ignore[type-arg]
         progress, place, epoch, start = self._begin_pass(place)
         if progress.done >= progress.steps:
             return iter(())
-        return self._counted(progress, self._iterate(place, epoch, start, progress.reshapes))
+        # NOTE [closing a pass left early] in shardloader/read/openpasses.py
+        passes = self._iterate(place, epoch, start, progress.reshapes)
+        passes = noted(watched(passes, self.read_options.stall_timeout, place))
+        return self._counted(progress, passes)
 
     @staticmethod
     def _counted(progress: Any, items: Iterator[Any]) -> Iterator[Any]:

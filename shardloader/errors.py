@@ -27,6 +27,7 @@ __all__ = [
     "TruncatedBodyError",
     "ResumeError",
     "IncompleteEpochError",
+    "StallError",
 ]
 
 
@@ -133,3 +134,8 @@ class ResumeError(ShardloaderError, ValueError):
 class IncompleteEpochError(ShardloaderError, OSError):
     """A pass over the data ended before its planned steps: batches were lost on the way from
     the DataLoader workers (e.g. a batch that could not be pickled or shared)."""
+
+
+class StallError(ShardloaderError, TimeoutError):
+    """A pass produced nothing for ``ReadOptions.stall_timeout`` seconds: the message names
+    rank, worker, shard, sample and the stuck stack (shardloader/read/watchdog.py)."""

@@ -9,6 +9,7 @@ planning that takes them, stay clear of the pass machinery.
 from __future__ import annotations
 
 import dataclasses
+import math
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -47,6 +48,10 @@ class ReadOptions:
 
     ``aliases``: ``{logical field: [member extensions]}`` read as one field, over the
     manifest's own (``{"image": ["jpg", "png"]}``: :mod:`shardloader.read.fields`).
+
+    ``stall_timeout`` (seconds, default None: off): a pass that produces no batch for this
+    long while asked for one ends with a :class:`~shardloader.errors.StallError` naming rank,
+    worker, shard, sample and the stuck stack (:mod:`shardloader.read.watchdog`).
     """
 
     storage_options: Mapping[str, Any] = field(default_factory=dict)
@@ -56,8 +61,10 @@ class ReadOptions:
     verify_samples: bool = True
     part_size: int = PART_SIZE
     aliases: Mapping[str, Sequence[str]] | None = None
+    stall_timeout: float | None = None
 
     def __post_init__(self) -> None:
+        check_stall_timeout(self.stall_timeout)
         if not isinstance(self.part_size, int) or self.part_size < 1 << 20:
             raise UsageError(
                 f"ReadOptions.part_size must be at least 1 MiB, got {self.part_size!r}"
@@ -68,6 +75,22 @@ class ReadOptions:
         from shardloader.storage.store import Store
 
         return Store(url, self.storage_options, self.retry)
+
+
+def check_stall_timeout(value: float | None) -> None:
+    """Refuse a stall timeout that is not a positive number of seconds (None: off)."""
+    if value is None:
+        return
+    if (
+        not isinstance(value, (int, float))
+        or isinstance(value, bool)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise UsageError(
+            f"ReadOptions.stall_timeout must be a positive number of seconds or None (off), "
+            f"got {value!r}"
+        )
 
 
 @dataclass(frozen=True)

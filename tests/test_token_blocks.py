@@ -59,8 +59,9 @@ def reference_rows(shards, seq, remainder="pad"):
     return rows
 
 
-def reference_batch(rows, seq, per_batch, pad):
-    """The batch dict a list of reference rows must give (PackCollate's conventions)."""
+def reference_batch(rows, seq, per_batch, pad, repeat=False):
+    """The batch dict a list of reference rows must give (PackCollate's conventions); a
+    ``repeat`` (a batch repeated for equal steps) has every row flagged and labels -100."""
     ids = np.full((per_batch, seq), pad, np.int64)
     labels = np.full((per_batch, seq), -100, np.int64)
     pos = np.zeros((per_batch, seq), np.int64)
@@ -81,7 +82,12 @@ def reference_batch(rows, seq, per_batch, pad):
             labels[r, a] = -100
             cu.append(r * seq + a)
     cu.append(per_batch * seq)
+    flags = np.arange(per_batch) >= len(rows)
+    if repeat:
+        labels[:] = -100
+        flags[:] = True
     return {
+        "__pad__": flags,
         "input_ids": ids,
         "labels": labels,
         "position_ids": pos,
@@ -94,7 +100,8 @@ def check_batch(got, want):
     for name, value in want.items():
         t = got[name]
         assert isinstance(t, torch.Tensor), name
-        assert t.dtype == (torch.int32 if name == "cu_seqlens" else torch.int64), name
+        want_type = {"cu_seqlens": torch.int32, "__pad__": torch.bool}.get(name, torch.int64)
+        assert t.dtype == want_type, name
         assert t.tolist() == value.tolist(), name
     assert got["max_seqlen"] == int(np.diff(want["cu_seqlens"]).max())
 
@@ -142,7 +149,9 @@ def test_rows_inside_node_partitions_arrive_once_from_each_nodes_own_shards(corp
         for j, batch in enumerate(got):
             slots, seeds = plan.slots.steps(np.array([j]))
             ids = plan.batches[int(slots[0])]
-            check_batch(batch, reference_batch([rows[int(r)] for r in ids], SEQ, ROWS, vocab))
+            again = plan.slots.repeats(int(seeds[0]))
+            want = reference_batch([rows[int(r)] for r in ids], SEQ, ROWS, vocab, again)
+            check_batch(batch, want)
             node_shards[rank // 2].update(row_shard[ids].tolist())
             if not plan.slots.repeats(int(seeds[0])):
                 seen += ids.tolist()
@@ -167,7 +176,7 @@ def test_ranks_split_the_batches_and_even_out(corpus, world, uneven):
         assert len(got) == steps == len(ds)
         for j, batch in enumerate(got):
             q = j * world + rank
-            check_batch(batch, reference_batch(plan[q % n], SEQ, ROWS, vocab))
+            check_batch(batch, reference_batch(plan[q % n], SEQ, ROWS, vocab, q >= n))
             seen.append(q % n)
     report = full.for_rank(0, world).report()
     if uneven == "pad":
@@ -458,7 +467,7 @@ def test_rows_per_batch_may_change_at_a_resume(corpus, w1, w2):
         loader = sl.make_loader(ds, num_workers=1)
         loader.load_state_dict(states[0])
         assert ds.reshapes == ((ROWS, 2 * w1),)
-        report = ds.report()
+        report, ledger = ds.report(), ds.ledger()  # token rows: the ledger adds up to report()
         for batch in loader:
             assert tuple(batch["input_ids"].shape) == (ROWS + 2, SEQ)
             tail.append(batch)
@@ -468,5 +477,4 @@ def test_rows_per_batch_may_change_at_a_resume(corpus, w1, w2):
     else:
         assert not whole - got and sum((got - whole).values()) <= (w2 - 1) * (ROWS + 2)
     assert report.tokens == sum(len(r) * c for r, c in whole.items())
-    with pytest.raises(sl.UsageError, match="rows of token streams"):
-        ds.ledger()  # the ledger lists samples; rows are accounted by report()
+    assert sum(e.tokens for e in ledger.entries if e.status == "padded") == report.repeated_tokens

@@ -307,11 +307,14 @@ def train(args: argparse.Namespace) -> int:
                 record.write(json.dumps({"dp": coord[0], "tp": coord[1], "tokens": real}) + "\n")
             ids, labels = batch["input_ids"], batch["labels"]
             logits = model(ids, batch["position_ids"])
-            # logits at t predict the token at t + 1; labels are -100 at padding and at
-            # every segment start, so nothing learns across a document boundary
+            # logits at t predict the token at t + 1; labels are -100 at padding, at every
+            # segment start (nothing learns across a document boundary) and on rows repeated
+            # for equal steps (__pad__): a batch of repeats alone has no label, so the sum is
+            # divided by at least 1 (a zero step) where a mean would be NaN
+            targets = labels[:, 1:].reshape(-1)
             loss = F.cross_entropy(
-                logits[:, :-1].reshape(-1, vocab), labels[:, 1:].reshape(-1), ignore_index=IGNORE
-            )
+                logits[:, :-1].reshape(-1, vocab), targets, ignore_index=IGNORE, reduction="sum"
+            ) / (targets != IGNORE).sum().clamp(min=1)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             if mesh is not None and mesh["dp"].size() > 1:

@@ -29,7 +29,7 @@ Python; reading is :mod:`shardloader.read.blockpass`.
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -113,7 +113,10 @@ class TokenBlocks(BatchPlanner):
     ``attention_mask`` (1 real, 0 padding), all int64 ``[rows_per_batch, seq_len]``;
     ``cu_seqlens`` int32 (segment bounds in the flattened batch, each row's padding a segment
     of its own, ending at ``rows_per_batch * seq_len``) and ``max_seqlen``, as
-    :class:`~shardloader.batching.PackCollate` gives them.  A document that a row boundary cuts
+    :class:`~shardloader.batching.PackCollate` gives them; ``__pad__`` (bool ``[rows_per_batch]``)
+    flags padding rows and rows repeated for equal steps under ``uneven="pad"``, whose labels
+    are -100 unless ``repeat_labels="keep"`` (NOTE [flagged repeats] in
+    :mod:`shardloader.batching.rowflags`).  A document that a row boundary cuts
     continues in another row, its pieces each starting at position 0.
     """
 
@@ -122,6 +125,9 @@ class TokenBlocks(BatchPlanner):
     pad_id: int | None = None
     remainder: str = "pad"
     tail: str = "keep"
+    # -100 on rows repeated for equal steps, or "keep" (NOTE [flagged repeats] in
+    # batching/rowflags.py); not in the plan signature: it changes no row of the plan
+    repeat_labels: str = field(default="ignore", repr=False)
     needs_lengths = True
     elastic = "rows_per_batch"  # what a resume may change (shardloader/plan/elastic.py)
     units = "rows"  # the dataset hands the pass to shardloader.read.blockpass
@@ -131,6 +137,7 @@ class TokenBlocks(BatchPlanner):
         check_positive("rows_per_batch", self.rows_per_batch)
         check_choice("remainder", self.remainder, REMAINDER_POLICIES)
         check_choice("tail", self.tail, TAIL_POLICIES)
+        check_choice("repeat_labels", self.repeat_labels, ("ignore", "keep"))
         if self.pad_id is not None and (
             not isinstance(self.pad_id, (int, np.integer)) or isinstance(self.pad_id, bool)
         ):

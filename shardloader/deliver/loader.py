@@ -45,6 +45,7 @@ from shardloader.deliver.transport import Ring, batch_bytes, unbundle, worker_bu
 from shardloader.deliver.workerinit import WorkerInit
 from shardloader.deliver.workerstart import check_workers_pickle
 from shardloader.errors import IncompleteEpochError, UsageError
+from shardloader.read.watchdog import worker_stalled
 
 __all__ = ["ShardLoader", "make_loader"]
 
@@ -116,8 +117,11 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
                 self._short_pass(ds, epoch, seen, planned)
         except GeneratorExit:
             raise  # left early: persistent workers wait for the next pass, others end with it
-        except BaseException:
+        except BaseException as err:
             self._end_workers(source)
+            stalled = worker_stalled(err)  # NOTE [stall watchdog] in read/watchdog.py
+            if stalled is not None:
+                raise stalled from err
             raise
         finally:
             self._running = False

@@ -11,7 +11,8 @@ Without workers the same layout lives in ordinary memory.
 
 Layout of a buffer holding ``k`` batches of ``R`` x ``S`` tokens: the four int64 fields as one
 ``[4, k, R, S]`` block (:data:`~shardloader.batching.blocks.FIELDS` in order), then every
-batch's int32 ``cu_seqlens``, one after the other.
+batch's int32 ``cu_seqlens``, one after the other, then the ``[k, R]`` bool ``__pad__`` row
+flags (NOTE [flagged repeats] in ``shardloader/batching/rowflags.py``).
 
 NOTE [bundles]
     A bundle of ``k`` batches crosses as one item.  Only
@@ -88,7 +89,7 @@ class TokenBatches:
         self.max_seqlen: tuple[int, ...] = ()
         self.bundle = False
         words = len(_FIELDS) * k * rows * seq_len
-        self.nbytes = nbytes = words * 8 + cu_total * 4
+        self.nbytes = nbytes = words * 8 + cu_total * 4 + k * rows  # + the __pad__ row flags
         self.slot: tuple[Ring, int, int] | None = None
         self.buffer: torch.Tensor | None = None
         taken = ring.take(worker, nbytes) if ring is not None and worker is not None else None
@@ -103,7 +104,8 @@ class TokenBatches:
             raw = _POOL.take(nbytes)
             self.buffer = torch.from_numpy(raw)
         self.block = raw[: words * 8].view(np.int64).reshape(self.shape)
-        self.cu = raw[words * 8 :].view(np.int32)
+        self.cu = raw[words * 8 : words * 8 + cu_total * 4].view(np.int32)
+        self.pad = raw[words * 8 + cu_total * 4 :].view(np.bool_).reshape(k, rows)
 
     def __reduce__(self) -> tuple[Any, ...]:
         state = (self.shape, self.cu_sizes, self.max_seqlen, self.bundle)
@@ -264,13 +266,18 @@ def _build(
 ) -> list[dict[str, Any]]:
     words = shape[0] * shape[1] * shape[2] * shape[3]
     block = buffer[: words * 8].view(torch.int64).view(shape)
-    cu = buffer[words * 8 :].view(torch.int32)
+    end = words * 8 + sum(cu_sizes) * 4
+    cu = buffer[words * 8 : end].view(torch.int32)
+    pads = buffer[end : end + shape[1] * shape[2]].view(torch.bool).view(shape[1], shape[2])
     out = []
     at = 0
-    for fields, size, longest in zip(block.unbind(1), cu_sizes, max_seqlen, strict=True):
+    for b, (fields, size, longest) in enumerate(
+        zip(block.unbind(1), cu_sizes, max_seqlen, strict=True)
+    ):
         batch: dict[str, Any] = dict(zip(_FIELDS, fields.unbind(0), strict=True))
         batch["cu_seqlens"] = cu[at : at + size]
         batch["max_seqlen"] = longest
+        batch["__pad__"] = pads[b]
         out.append(batch)
         at += size
     return out

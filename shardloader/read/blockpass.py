@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from shardloader.batching.blockchunks import assemble, chunk_layout
+from shardloader.batching.rowflags import flag_rows, repeated_steps
 from shardloader.deliver.transport import TokenBatches
 from shardloader.errors import ShardChangedError
 from shardloader.format.tokens.format import TokenStream
@@ -88,6 +89,8 @@ def _chunks(ds: BlockSource, plan: EpochPlan, place: Place) -> Generator[Any, No
     bundle = max(ds.bundle, 1) if worker is not None else _CHUNK
     mine = steps_of_worker(len(plan.slots.slots), place.worker, place.num_workers, bundle)
     slots = plan.slots.slots[mine]
+    repeated = repeated_steps(plan, mine)  # NOTE [flagged repeats] in batching/rowflags.py
+    labels = planner.repeat_labels
     need = _working_set(ds, layout, plan)
     shards = ShardSet(ds.manifest, ds.base, ds.read, str(place), need)
     streams = _Streams(shards, ds.lengths, ds.manifest.shard_sizes)
@@ -108,19 +111,26 @@ def _chunks(ds: BlockSource, plan: EpochPlan, place: Place) -> Generator[Any, No
             whole = chunk_layout(layout, batches, planner.rows_per_batch)
             streams.check(whole)
             for a, b in span:
-                yield _emit(whole.part(a - first, b - first), streams, pad, worker, ring)
+                part = whole.part(a - first, b - first)
+                yield _emit(part, streams, pad, worker, ring, (repeated[a:b], labels))
     finally:
         streams.close()
         shards.close()
 
 
 def _emit(
-    chunk: ChunkLayout, streams: _Streams, pad: int, worker: int | None, ring: Any
+    chunk: ChunkLayout,
+    streams: _Streams,
+    pad: int,
+    worker: int | None,
+    ring: Any,
+    repeats: tuple[np.ndarray, str],
 ) -> list[Any]:
     """Assemble one chunk into one buffer: in a worker the one item that crosses (a buffer, or
     a ring slot), in this process its batches."""
     out = TokenBatches(chunk.k, chunk.rows_per_batch, chunk.seq_len, chunk.cu.size, worker, ring)
     assemble(chunk, streams.tokens, out.block, pad)
+    flag_rows(out.pad, out.block[1], chunk.shard, *repeats)
     out.cu[:] = chunk.cu
     out.cu_sizes = tuple((np.diff(chunk.cuts) + 1).tolist())
     out.max_seqlen = tuple(chunk.max_seqlen.tolist())
