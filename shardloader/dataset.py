@@ -187,7 +187,7 @@ class ShardedDataset(DatasetState, IterableDataset):  # type: ignore[type-arg]
 
         e, plans = self._epoch_plans(epoch)
         lengths = self._lengths if self._lengths is not None else self._lengths_for_report()
-        if getattr(self.planner, "reads_token_stream", False):  # rows: plan/rowledger.py
+        if self.planner is not None and self.planner.units == "rows":  # plan/rowledger.py
             from shardloader.plan.rowledger import build_rows
 
             return build_rows(e, self.world_size, self._planning, plans, lengths)

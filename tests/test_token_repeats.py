@@ -31,7 +31,7 @@ def dataset(path, vocab, world, rank, **kw):
     uneven = kw.pop("uneven", "pad")
     planner = TokenBlocks(SEQ, ROWS, pad_id=vocab, **kw)
     return sl.ShardedDataset(
-        path, planner=planner, shuffle=True, seed=3, rank=rank, world_size=world, uneven=uneven
+        path, planner=planner, shuffle=True, seed=3, world=sl.World(rank, world), uneven=uneven
     )
 
 
