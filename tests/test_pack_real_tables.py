@@ -66,3 +66,49 @@ def test_a_row_of_nulls_is_a_sample_with_every_field_missing(tmp_path):
     ]
     assert seen == [("t/000000000", ["caption", "score"]), ("t/000000001", [])]
     assert _cli("verify", out).returncode == 0
+
+
+def _bad_cells(path: str, n: int = 1100) -> dict[int, str]:
+    """A table of ``n`` rows (more than one read batch) with cells pack cannot keep: a null
+    inside a float list, ragged nested lists; ``{row: column}`` of each bad one."""
+    emb: list[list[float | None]] = [[float(i), 0.5] for i in range(n)]
+    grid = [[[i, i], [0, 1]] for i in range(n)]
+    emb[5] = [1.0, None]
+    grid[2] = [[1], [2, 3]]  # before emb's bad row: found when rows 0..4 are encoded again
+    emb[1050] = [None, None]  # in the second batch
+    table = pa.table(
+        {
+            "emb": pa.array(emb, pa.list_(pa.float32())),
+            "grid": pa.array(grid, pa.list_(pa.list_(pa.int16()))),
+            "n": pa.array(range(n)),
+        }
+    )
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    pq.write_table(table, path, row_group_size=600)
+    return {2: "grid", 5: "emb", 1050: "emb"}
+
+
+@pytest.mark.subprocess
+def test_on_error_skip_skips_the_row_of_a_cell_pack_cannot_keep(tmp_path):
+    """Old main: the bad cell failed the whole pack under --on-error skip too (exit 1)."""
+    bad = _bad_cells(str(tmp_path / "src/t.parquet"))
+    refused = _cli("pack", tmp_path / "src", tmp_path / "refused")
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr
+    assert "t.parquet row 5: column 'emb' (list<element: float>): a null" in refused.stderr
+    assert not (tmp_path / "refused/index.json").exists()
+
+    r = _cli("pack", tmp_path / "src", tmp_path / "out", "--on-error", "skip")
+    assert r.returncode == 0, r.stderr
+    lines = (tmp_path / "out/skipped.jsonl").read_text().splitlines()
+    skips = [json.loads(line) for line in lines]
+    assert [(s["file"], s["where"]) for s in skips] == [("t.parquet", f"row {i}") for i in bad]
+    for s, column in zip(skips, bad.values(), strict=True):
+        assert s["reason"].startswith(f"column {column!r} (")
+    assert "null inside the list" in skips[1]["reason"]
+    assert "differ in length" in skips[0]["reason"]
+    got = {s["__key__"]: s for s in sl.ShardedDataset(str(tmp_path / "out"))}
+    assert sorted(got) == [f"t/{i:09d}" for i in range(1100) if i not in bad]
+    for key, sample in got.items():
+        i = int(key.rsplit("/", 1)[1])
+        assert sample["n"] == i and sample["emb"].tolist() == [float(i), 0.5], key
+        assert np.array_equal(sample["grid"], [[i, i], [0, 1]]), key

@@ -23,6 +23,7 @@ from typing import Any
 from shardloader.codecs.sniff import codec_of
 from shardloader.errors import InputError, StorageError, UsageError
 from shardloader.manifest import FieldInfo
+from shardloader.pack.layouts.base import OnSkip
 from shardloader.pack.layouts.arrowcells import ColumnPlan, ReadPath, _CellError, is_bytes_path
 from shardloader.pack.layouts.arrowcells import plan as plan_column
 from shardloader.pack.refs import InputFile, SampleRef
@@ -247,25 +248,51 @@ def _path_reader(store: Store) -> ReadPath:
     return read
 
 
-def samples(f: InputFile, kind: str, stem: str, store: Store) -> Iterator[SampleRef]:
+def samples(
+    f: InputFile, kind: str, stem: str, store: Store, on_skip: OnSkip | None = None
+) -> Iterator[SampleRef]:
     """One sample per row.  A cell pack cannot keep (a null inside an array, a nanosecond) is
-    an InputError naming file, row, column and type."""
+    an InputError naming file, row, column and type; with ``on_skip`` (``--on-error skip``) its
+    row is skipped and reported so instead, and the other rows are packed."""
     table = _open(f, kind, store)
     schema = _schema(table, kind)
     plans = _plans(f, schema, hf_features(schema))
     read = _path_reader(store)
+
+    def reason(name: str, err: _CellError) -> str:
+        return f"column {name!r} ({schema.field(name).type}): {err.reason}"
+
+    def rows(batch: Any, first: int) -> Iterator[tuple[int, tuple[tuple[str, bytes], ...]]]:
+        """``(row, fields)`` of each row of ``batch`` (``first``: the row of its first) that
+        every column can keep; the rows around a bad cell are encoded again without it (a
+        prefix can fail only in a later column: the depth stays below the column count)."""
+        start = 0
+        while start < batch.num_rows:
+            part = batch.slice(start) if start else batch
+            columns = []
+            for name, p in plans.items():
+                try:
+                    columns.append((name, p.encode(part.column(name), read)))
+                except _CellError as err:
+                    at = first + start + err.row
+                    if on_skip is None:
+                        raise InputError(
+                            f"{f.url} row {at}: {reason(name, err)}; or pass --on-error skip "
+                            "to skip such rows"
+                        ) from err
+                    yield from rows(part.slice(0, err.row), first + start)
+                    log.warning("%s row %d: %s; skipping the row", f.url, at, reason(name, err))
+                    on_skip(f.rel, f"row {at}", reason(name, err))
+                    start += err.row + 1
+                    break
+            else:
+                for i in range(part.num_rows):
+                    cells = tuple((n, c[i]) for n, c in columns if c[i] is not None)
+                    yield first + start + i, cells  # type: ignore[misc]
+                return
+
     row = 0
     for batch in _batches(table):
-        columns = []
-        for name, p in plans.items():
-            try:
-                columns.append((name, p.encode(batch.column(name), read)))
-            except _CellError as err:
-                raise InputError(  # fatal under --on-error skip too: a column to fix
-                    f"{f.url} row {row + err.row}: column {name!r} "
-                    f"({schema.field(name).type}): {err.reason}"
-                ) from err
-        for i in range(batch.num_rows):
-            out = tuple((name, cells[i]) for name, cells in columns if cells[i] is not None)
-            yield SampleRef(f"{stem}/{row:09d}", out, f.rel, f"row {row}")  # type: ignore[arg-type]
-            row += 1
+        for at, cells in rows(batch, row):
+            yield SampleRef(f"{stem}/{at:09d}", cells, f.rel, f"row {at}")  # type: ignore[arg-type]
+        row += batch.num_rows
