@@ -112,3 +112,69 @@ def test_on_error_skip_skips_the_row_of_a_cell_pack_cannot_keep(tmp_path):
         i = int(key.rsplit("/", 1)[1])
         assert sample["n"] == i and sample["emb"].tolist() == [float(i), 0.5], key
         assert np.array_equal(sample["grid"], [[i, i], [0, 1]]), key
+
+
+def _png(i: int) -> bytes:
+    from PIL import Image
+
+    pixels = np.zeros((5, 7, 3), np.uint8)
+    pixels[..., 0] = np.arange(7, dtype=np.uint8) * 30
+    pixels[..., 1] = 40 * i
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, "PNG")
+    return buf.getvalue()
+
+
+@pytest.mark.slow
+@pytest.mark.subprocess
+def test_save_to_disk_folders_pack_with_pixels_and_class_names(tmp_path):
+    """Old main: refused as mixed layouts ('data-00000-of-00001.arrow' next to
+    'dataset_info.json'), a DatasetDict too, naming no split."""
+    import datasets
+    from PIL import Image
+
+    from shardloader.codecs import Decoder
+
+    images = [_png(i) for i in range(5)]
+    labels = [0, 2, 1, 2, 0]
+    features = datasets.Features(
+        {"image": datasets.Image(), "label": datasets.ClassLabel(names=["cat", "dog", "bird"])}
+    )
+    ds = datasets.Dataset.from_dict(
+        {"image": [{"bytes": b, "path": None} for b in images], "label": labels},
+        features=features,
+    )
+    saved = tmp_path / "saved"
+    datasets.DatasetDict({"train": ds, "test": ds.select([1, 3])}).save_to_disk(str(saved))
+    assert (saved / "dataset_dict.json").exists() and (saved / "train/state.json").exists()
+
+    whole = _cli("pack", saved, tmp_path / "whole")
+    assert whole.returncode == 2 and "Traceback" not in whole.stderr
+    assert "DatasetDict" in whole.stderr and "splits test, train" in whole.stderr
+    assert f"shardloader pack {saved}/train OUT" in whole.stderr
+
+    r = _cli("pack", saved / "train", tmp_path / "out", "--max-samples", "2")
+    assert r.returncode == 0, r.stderr
+    assert "state.json' (datasets save_to_disk metadata)" in r.stdout
+    manifest = json.loads((tmp_path / "out/index.json").read_text())
+    assert manifest["fields"] == {"image": {"codec": "image"}, "label": {"codec": "int"}}
+    assert manifest["classes"] == ["cat", "dog", "bird"]
+    got = {
+        s["__key__"]: s for s in sl.ShardedDataset(str(tmp_path / "out"), decoder=Decoder())
+    }
+    assert sorted(got) == [f"data-00000-of-00001/{i:09d}" for i in range(5)]
+    for i, (data, label) in enumerate(zip(images, labels, strict=True)):
+        sample = got[f"data-00000-of-00001/{i:09d}"]
+        want = np.asarray(Image.open(io.BytesIO(data)).convert("RGB")).transpose(2, 0, 1)
+        assert np.array_equal(sample["image"].numpy(), want) and int(sample["label"]) == label
+
+    # an Arrow file without the features in its schema: they come from dataset_info.json
+    arrow = saved / "test/data-00000-of-00001.arrow"
+    table = pa.ipc.open_stream(arrow.read_bytes()).read_all()
+    assert b"huggingface" in table.schema.metadata
+    table = table.replace_schema_metadata(None)
+    with pa.ipc.new_stream(str(arrow), table.schema) as writer:
+        writer.write_table(table)
+    report = pack(str(saved / "test"), str(tmp_path / "test"))
+    assert list(report.manifest.classes) == ["cat", "dog", "bird"]
+    assert report.manifest.fields["image"].codec == "image"

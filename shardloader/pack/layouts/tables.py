@@ -1,4 +1,5 @@
-"""Table files for the ``records`` layout: Parquet (streamed) and Arrow IPC (file or stream).
+"""Table files for the ``records`` layout: Parquet (streamed) and Arrow IPC (file or stream:
+``datasets.Dataset.save_to_disk`` writes streams, ``data-00000-of-00001.arrow``).
 
 One sample per row, key ``<path without suffix>/<row:09d>`` (0-based).  Columns become one field
 each, stored as their Arrow type says (:mod:`.arrowcells`, NOTE [faithful cells]: every cell
@@ -8,6 +9,7 @@ A null is a missing value: the row's sample has no such field, the manifest stil
 Files written by Hugging Face ``datasets`` carry their features in the schema metadata (key
 ``huggingface``): an ``Image`` column becomes an ``image``-codec field, and the names of a
 ``ClassLabel`` column become the manifest's ``classes`` (the column stays an integer field).
+A ``save_to_disk`` Arrow file without that metadata takes them from ``dataset_info.json``.
 """
 
 from __future__ import annotations
@@ -96,6 +98,28 @@ def hf_features(schema: Any) -> dict[str, Any]:
     return features if isinstance(features, dict) else {}
 
 
+_SAVED_INFO = "dataset_info.json"  # save_to_disk writes it beside its data-*.arrow files
+_INFO_MOST = 16 << 20  # bytes of it read at most: features, never data
+
+
+def _features(f: InputFile, schema: Any, store: Store) -> dict[str, Any]:
+    """The file's Hugging Face features: from its schema metadata, else (an Arrow file of a
+    ``save_to_disk`` folder written without it) from the ``dataset_info.json`` beside it."""
+    features = hf_features(schema)
+    name = f.rel.rpartition("/")[2]
+    if features or not (name.startswith("data-") and name.endswith(".arrow")):
+        return features
+    info = Store(join(store.url.rsplit("/", 1)[0], _SAVED_INFO), store.options, store.retry)
+    try:
+        if not info.exists():
+            return {}
+        found = json.loads(info.read_bytes(_INFO_MOST)).get("features")
+    except (OSError, StorageError, ValueError, AttributeError) as err:
+        log.warning("%s: ignoring unreadable %s (%s)", f.url, _SAVED_INFO, err)
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
 def _plans(f: InputFile, schema: Any, features: Mapping[str, Any]) -> dict[str, ColumnPlan]:
     """Each column's plan, sorted by name; a column pack cannot store is an InputError."""
     out: dict[str, ColumnPlan] = {}
@@ -153,7 +177,7 @@ def describe(f: InputFile, kind: str, store: Store) -> Table:
             table.close(force=True)
     except (OSError, pa.ArrowInvalid, StorageError) as err:
         raise InputError(f"{f.url}: cannot read table schema ({err})") from err
-    features = hf_features(schema)
+    features = _features(f, schema, store)
     plans = _plans(f, schema, features)
     fields = {name: p.info for name, p in plans.items()}
     sniff = [name for name, p in plans.items() if p.sniff]
@@ -256,7 +280,7 @@ def samples(
     row is skipped and reported so instead, and the other rows are packed."""
     table = _open(f, kind, store)
     schema = _schema(table, kind)
-    plans = _plans(f, schema, hf_features(schema))
+    plans = _plans(f, schema, _features(f, schema, store))
     read = _path_reader(store)
 
     def reason(name: str, err: _CellError) -> str:
