@@ -159,9 +159,7 @@ def test_save_to_disk_folders_pack_with_pixels_and_class_names(tmp_path):
     manifest = json.loads((tmp_path / "out/index.json").read_text())
     assert manifest["fields"] == {"image": {"codec": "image"}, "label": {"codec": "int"}}
     assert manifest["classes"] == ["cat", "dog", "bird"]
-    got = {
-        s["__key__"]: s for s in sl.ShardedDataset(str(tmp_path / "out"), decoder=Decoder())
-    }
+    got = {s["__key__"]: s for s in sl.ShardedDataset(str(tmp_path / "out"), decoder=Decoder())}
     assert sorted(got) == [f"data-00000-of-00001/{i:09d}" for i in range(5)]
     for i, (data, label) in enumerate(zip(images, labels, strict=True)):
         sample = got[f"data-00000-of-00001/{i:09d}"]
@@ -178,3 +176,13 @@ def test_save_to_disk_folders_pack_with_pixels_and_class_names(tmp_path):
     report = pack(str(saved / "test"), str(tmp_path / "test"))
     assert list(report.manifest.classes) == ["cat", "dog", "bird"]
     assert report.manifest.fields["image"].codec == "image"
+
+
+def test_a_column_named_as_the_empty_sample_marker_is_refused(tmp_path):
+    """Old main: packed; the readers now drop a ``__empty__`` member, so it would vanish."""
+    from shardloader.errors import UsageError
+
+    os.makedirs(tmp_path / "src")
+    pq.write_table(pa.table({"__empty__": [1, 2]}), tmp_path / "src/t.parquet")
+    with pytest.raises(UsageError, match=r"t\.parquet: column '__empty__' .* rename the column"):
+        pack(str(tmp_path / "src"), str(tmp_path / "out"))

@@ -24,10 +24,11 @@ from typing import Any
 
 from shardloader.codecs.sniff import codec_of
 from shardloader.errors import InputError, StorageError, UsageError
+from shardloader.format.tar.layout import EMPTY
 from shardloader.manifest import FieldInfo
-from shardloader.pack.layouts.base import OnSkip
 from shardloader.pack.layouts.arrowcells import ColumnPlan, ReadPath, _CellError, is_bytes_path
 from shardloader.pack.layouts.arrowcells import plan as plan_column
+from shardloader.pack.layouts.base import OnSkip
 from shardloader.pack.refs import InputFile, SampleRef
 from shardloader.storage.store import Store, join
 
@@ -126,6 +127,11 @@ def _plans(f: InputFile, schema: Any, features: Mapping[str, Any]) -> dict[str, 
     for column in schema:
         if column.name in out:
             raise UsageError(f"{f.url}: two columns are named {column.name!r}; rename one")
+        if column.name == EMPTY:
+            raise UsageError(
+                f"{f.url}: column {column.name!r} is the name tar shards give the marker of a "
+                "sample with no fields (format/tar/layout.py); rename the column"
+            )
         if not _FIELD_NAME.match(column.name):
             raise UsageError(
                 f"{f.url}: column {column.name!r} cannot be a field name (letters, digits, "
