@@ -129,8 +129,8 @@ def _plans(f: InputFile, schema: Any, features: Mapping[str, Any]) -> dict[str, 
             raise UsageError(f"{f.url}: two columns are named {column.name!r}; rename one")
         if column.name == EMPTY:
             raise UsageError(
-                f"{f.url}: column {column.name!r} is the name tar shards give the marker of a "
-                "sample with no fields (format/tar/layout.py); rename the column"
+                f"{f.url}: column {column.name!r} is the name tar shards reserve for the marker "
+                "of a sample with no fields (a row of nulls); rename the column"
             )
         if not _FIELD_NAME.match(column.name):
             raise UsageError(
