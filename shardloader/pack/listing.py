@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from dataclasses import dataclass
 
 from shardloader.errors import StorageError, UsageError
@@ -75,9 +76,9 @@ def scan_inputs(src: str | Store) -> Listing:
         ignored: list[tuple[str, str]] = []
         _walk(root, "", (_identity(root),), files, ignored)
         return _without_side_files(
-            Listing(tuple(sorted(files, key=lambda f: f.rel)), tuple(sorted(ignored)))
+            Listing(tuple(sorted(files, key=lambda f: f.rel)), tuple(sorted(ignored))), store.url
         )
-    return _without_side_files(_list_remote(store))
+    return _without_side_files(_list_remote(store), store.url)
 
 
 _TARS = (".tar", ".tar.gz", ".tgz", ".tar.zst", ".tar.zstd")
@@ -87,11 +88,21 @@ _SIDE_FILES = (
 )
 
 
-def _without_side_files(listing: Listing) -> Listing:
-    """Leave out the files img2dataset writes beside each of its shards: ``00000.parquet``
-    (one row per URL tried) and ``00000_stats.json`` next to a folder ``00000/`` of pairs
-    (``000000000.jpg``, ``.txt``, ``.json``) or a tar ``00000.tar``.  They describe the shard,
-    they are no sample of it; only beside such a folder or tar are they recognised."""
+# ``datasets.Dataset.save_to_disk``: Arrow stream files ``data-00000-of-00002.arrow`` beside
+# its ``state.json`` and ``dataset_info.json``; a ``DatasetDict``'s splits are such folders
+# below a ``dataset_dict.json``.
+_SAVED_DATA = re.compile(r"^data-\d{5}-of-\d{5}\.arrow$")
+_SAVED_SIDE = ("state.json", "dataset_info.json")
+
+
+def _without_side_files(listing: Listing, src: str) -> Listing:
+    """Leave out the files other tools write beside their data (:func:`_without_saved_side`
+    for ``datasets``), and those img2dataset writes beside each of its shards:
+    ``00000.parquet`` (one row per URL tried) and ``00000_stats.json`` next to a folder
+    ``00000/`` of pairs (``000000000.jpg``, ``.txt``, ``.json``) or a tar ``00000.tar``.  They
+    describe the shard, they are no sample of it; only beside such a folder or tar are they
+    recognised."""
+    listing = _without_saved_side(listing, src)
     if not any(f.rel.endswith(suffix) for f in listing.files for suffix, _ in _SIDE_FILES):
         return listing  # the common case: nothing to look for
     folders = {f.rel.rsplit("/", 1)[0] for f in listing.files if "/" in f.rel}
@@ -115,6 +126,43 @@ def _without_side_files(listing: Listing) -> Listing:
     if not side:
         return listing
     return Listing(tuple(kept), tuple(sorted((*listing.ignored, *side))))
+
+
+def _without_saved_side(listing: Listing, src: str) -> Listing:
+    """Leave out ``state.json`` and ``dataset_info.json`` of a ``save_to_disk`` folder (its
+    features ride in the Arrow files' schema, and :mod:`.layouts.tables` reads the info file
+    when they do not); a ``DatasetDict`` is refused naming its splits, one of which to pack.
+    Known by names alone: nothing is read."""
+    names: dict[str, set[str]] = {}
+    for f in listing.files:
+        folder, _, name = f.rel.rpartition("/")
+        names.setdefault(folder, set()).add(name)
+    saved = {
+        folder
+        for folder, there in names.items()
+        if all(side in there for side in _SAVED_SIDE) and any(map(_SAVED_DATA.match, there))
+    }
+    if not saved:
+        return listing
+    for folder, there in names.items():
+        splits = sorted(s.rpartition("/")[2] for s in saved if s.rpartition("/")[0] == folder)
+        if "dataset_dict.json" in there and splits:
+            where = join(src, folder) if folder else src
+            raise UsageError(
+                f"{where}: a datasets DatasetDict (save_to_disk) of splits {', '.join(splits)}; "
+                "pack one split at a time: shardloader pack "
+                f"{join(where, 'train' if 'train' in splits else splits[0])} OUT"
+            )
+    side = [
+        (f.rel, "datasets save_to_disk metadata")
+        for f in listing.files
+        if (parts := f.rel.rpartition("/"))[0] in saved and parts[2] in _SAVED_SIDE
+    ]
+    drop = {rel for rel, _ in side}
+    return Listing(
+        tuple(f for f in listing.files if f.rel not in drop),
+        tuple(sorted((*listing.ignored, *side))),
+    )
 
 
 def _identity(path: str) -> tuple[int, int]:

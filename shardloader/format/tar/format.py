@@ -56,7 +56,7 @@ class TarFormat(Format):
             else:
                 head = header_size(f"{key}.{ext}", size)
             total += head + size + (-size % BLOCK)
-        return total
+        return total or BLOCK  # no fields: the writer's empty marker member
 
     def record_raw_sizes(self, keys: Sequence[str], ext: str, sizes: np.ndarray) -> np.ndarray:
         """Vectorised when every ``key.ext`` fits a plain ustar header (the usual case)."""

@@ -20,6 +20,7 @@ from shardloader.errors import ShardError, ShardloaderError
 from shardloader.format.base import ScannedShard
 from shardloader.format.compress import DECOMPRESS_ERRORS, cannot_decompress, decompressed
 from shardloader.format.keys import not_utf8, unsafe_key_reason
+from shardloader.format.tar.layout import EMPTY
 from shardloader.format.tar.stream import BLOCK, TarStream, split_key, walk_members
 from shardloader.manifest import SampleIndex
 
@@ -107,7 +108,8 @@ def scan_tar(
                 if ext in exts:
                     raise ShardError(f"{url}: sample {k!r} has two {ext!r} members")
                 exts.add(ext)
-                seen[ext] = seen.get(ext, 0) + 1
+                if ext != EMPTY:  # the marker of a sample with no fields is no field
+                    seen[ext] = seen.get(ext, 0) + 1
                 if ext in length_fields and not has_text:
                     text, has_text = size, True
             tar.skip(size + (-size % BLOCK), f"member {name!r}")  # streamed, never held

@@ -26,9 +26,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["MAX_EXT", "TarLayout", "derive_layout"]
+__all__ = ["EMPTY", "MAX_EXT", "TarLayout", "derive_layout"]
 
 BLOCK = 512
+# The extension of the one member of a sample that has no fields (a table row of nulls): an
+# empty ``<key>.__empty__``, so every tar reader (webdataset too: it passes ``__``-names through
+# undecoded) sees the sample; shardloader's readers give it no field.
+EMPTY = "__empty__"
 MAX_EXT = 32  # longest extension (bytes) the layout derives; longer ones take the general parser
 _NAME = 100  # bytes of the ustar name field
 _SIZE_AT, _SIZE_DIGITS = 124, 11
@@ -110,6 +114,8 @@ def derive_layout(
         ok &= nxt <= end
         good, start, stop, nxt, end = rows[ok], start[ok], stop[ok], nxt[ok], end[ok]
         for name, members in _group(ext[ok]).items():
+            if name == EMPTY:  # the marker of a sample with no fields: no field itself
+                continue
             where = good if members is None else good[members]
             column = fields.get(name)
             if column is None:

@@ -19,7 +19,7 @@ from shardloader.errors import ChecksumError, ShardError, ShardloaderError
 from shardloader.format.base import Rows, Sample, copy_fields
 from shardloader.format.keys import key_lengths
 from shardloader.format.mapped import LARGE, MappedFile
-from shardloader.format.tar.layout import derive_layout
+from shardloader.format.tar.layout import EMPTY, derive_layout
 from shardloader.format.tar.stream import BLOCK, iter_members, iter_samples
 from shardloader.manifest import SampleIndex
 
@@ -75,7 +75,8 @@ def _fields_in(
         name = ext.decode("utf-8", "surrogateescape")
         if name in fields:
             return None
-        fields[name] = copy(data_start, data_start + size)
+        if name != EMPTY:  # the marker of a sample with no fields is no field
+            fields[name] = copy(data_start, data_start + size)
         pos = data_start + size + (-size % BLOCK)
     return fields if pos == end else None
 

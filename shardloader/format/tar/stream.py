@@ -23,6 +23,7 @@ from shardloader.format.compress import (
     too_big,
 )
 from shardloader.format.keys import unsafe_key_reason
+from shardloader.format.tar.layout import EMPTY
 from shardloader.schema import unsafe_key_error
 
 __all__ = [
@@ -252,6 +253,8 @@ def iter_samples(members: Iterator[tuple[str, bytes]], where: str) -> Iterator[S
             if problem is not None:
                 raise unsafe_key_error(where, k, problem)
             key, fields = k, {}
+        if ext == EMPTY:  # the marker of a sample with no fields (format/tar/layout.py)
+            continue
         if ext in fields:
             raise ShardError(f"{where}: sample {k!r} has two members with extension {ext!r}")
         fields[ext] = data

@@ -20,6 +20,7 @@ import xxhash
 from shardloader.format.base import WrittenShard
 from shardloader.format.compress import CompressedSink
 from shardloader.format.embedded import index_frame
+from shardloader.format.tar.layout import EMPTY
 from shardloader.format.tar.stream import BLOCK
 from shardloader.manifest import SampleIndex
 
@@ -95,8 +96,12 @@ class TarShardWriter:
         self._sums: list[int] = []
 
     def add(self, key: str, fields: Mapping[str, bytes], length: int | None = None) -> None:
+        """One sample; one with no fields (a row of nulls) is an empty ``<key>.__empty__``
+        member, so the sample exists in the tar (``EMPTY`` in format/tar/layout.py)."""
         start = self._raw
         parts: list[bytes] = []
+        if not fields:
+            fields = {EMPTY: b""}
         for ext in sorted(fields):
             data = fields[ext]
             parts.append(_member_header(f"{key}.{ext}", len(data)))

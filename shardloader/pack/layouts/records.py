@@ -142,7 +142,7 @@ class Records(Layout):
             kind, stem = record_kind(f.rel)  # type: ignore[misc]
             last = ""
             try:
-                for item in self._file_items(f, kind, stem, source.inputs.open(f)):
+                for item in self._file_items(f, kind, stem, source.inputs.open(f), on_skip):
                     last = (
                         f"line {int(item.numbers[-1])}" if isinstance(item, LineRun) else item.where
                     )
@@ -158,13 +158,15 @@ class Records(Layout):
                 on_skip(f.rel, last, reason)
 
     def _file_items(
-        self, f: InputFile, kind: str, stem: str, store: Store
+        self, f: InputFile, kind: str, stem: str, store: Store, on_skip: OnSkip | None
     ) -> Iterator[SampleRef | LineRun]:
-        """The records of one file: runs of a plain line file, samples of anything else."""
+        """The records of one file: runs of a plain line file, samples of anything else; a
+        table row with a cell pack cannot keep is skipped and reported through ``on_skip``."""
         if _is_line_kind(kind) and not lines.is_compressed(f.rel):
             return lines.runs(f, kind, stem, store)
-        read = lines.samples if _is_line_kind(kind) else tables.samples
-        return read(f, kind, stem, store)
+        if _is_line_kind(kind):
+            return lines.samples(f, kind, stem, store)
+        return tables.samples(f, kind, stem, store, on_skip)
 
 
 class TokenRecords(Records):
@@ -176,11 +178,11 @@ class TokenRecords(Records):
         self.rule = rule
 
     def _file_items(
-        self, f: InputFile, kind: str, stem: str, store: Store
+        self, f: InputFile, kind: str, stem: str, store: Store, on_skip: OnSkip | None
     ) -> Iterator[SampleRef | LineRun]:
         if kind == "json":
             return (self._json_sample(f, s) for s in lines.samples(f, kind, stem, store))
-        return self._table_samples(f, kind, stem, store)
+        return self._table_samples(f, kind, stem, store, on_skip)
 
     def _tokens(self, ids: np.ndarray | None, where: str) -> bytes:
         if ids is None:
@@ -198,13 +200,15 @@ class TokenRecords(Records):
         return sample._replace(fields=fields)
 
     def _table_samples(
-        self, f: InputFile, kind: str, stem: str, store: Store
+        self, f: InputFile, kind: str, stem: str, store: Store, on_skip: OnSkip | None
     ) -> Iterator[SampleRef]:
         name = self.rule.field
-        rows = self._row_ids(f, kind, store)
-        for sample in tables.samples(f, kind, stem, store):
+        rows = enumerate(self._row_ids(f, kind, store))
+        for sample in tables.samples(f, kind, stem, store, on_skip):
             where = f"{f.url} {sample.where}"
-            tokens = self._tokens(next(rows), where)
+            row = int(sample.key.rsplit("/", 1)[1])  # rows skipped before it: passed over
+            ids = next(ids for at, ids in rows if at == row)
+            tokens = self._tokens(ids, where)
             fields = [(n, v) for n, v in sample.fields if n != name] + [("tokens", tokens)]
             yield sample._replace(fields=tuple(sorted(fields, key=lambda nv: nv[0])))
 

@@ -1,4 +1,5 @@
-"""Table files for the ``records`` layout: Parquet (streamed) and Arrow IPC (file or stream).
+"""Table files for the ``records`` layout: Parquet (streamed) and Arrow IPC (file or stream:
+``datasets.Dataset.save_to_disk`` writes streams, ``data-00000-of-00001.arrow``).
 
 One sample per row, key ``<path without suffix>/<row:09d>`` (0-based).  Columns become one field
 each, stored as their Arrow type says (:mod:`.arrowcells`, NOTE [faithful cells]: every cell
@@ -8,6 +9,7 @@ A null is a missing value: the row's sample has no such field, the manifest stil
 Files written by Hugging Face ``datasets`` carry their features in the schema metadata (key
 ``huggingface``): an ``Image`` column becomes an ``image``-codec field, and the names of a
 ``ClassLabel`` column become the manifest's ``classes`` (the column stays an integer field).
+A ``save_to_disk`` Arrow file without that metadata takes them from ``dataset_info.json``.
 """
 
 from __future__ import annotations
@@ -22,9 +24,11 @@ from typing import Any
 
 from shardloader.codecs.sniff import codec_of
 from shardloader.errors import InputError, StorageError, UsageError
+from shardloader.format.tar.layout import EMPTY
 from shardloader.manifest import FieldInfo
 from shardloader.pack.layouts.arrowcells import ColumnPlan, ReadPath, _CellError, is_bytes_path
 from shardloader.pack.layouts.arrowcells import plan as plan_column
+from shardloader.pack.layouts.base import OnSkip
 from shardloader.pack.refs import InputFile, SampleRef
 from shardloader.storage.store import Store, join
 
@@ -95,12 +99,39 @@ def hf_features(schema: Any) -> dict[str, Any]:
     return features if isinstance(features, dict) else {}
 
 
+_SAVED_INFO = "dataset_info.json"  # save_to_disk writes it beside its data-*.arrow files
+_INFO_MOST = 16 << 20  # bytes of it read at most: features, never data
+
+
+def _features(f: InputFile, schema: Any, store: Store) -> dict[str, Any]:
+    """The file's Hugging Face features: from its schema metadata, else (an Arrow file of a
+    ``save_to_disk`` folder written without it) from the ``dataset_info.json`` beside it."""
+    features = hf_features(schema)
+    name = f.rel.rpartition("/")[2]
+    if features or not (name.startswith("data-") and name.endswith(".arrow")):
+        return features
+    info = Store(join(store.url.rsplit("/", 1)[0], _SAVED_INFO), store.options, store.retry)
+    try:
+        if not info.exists():
+            return {}
+        found = json.loads(info.read_bytes(_INFO_MOST)).get("features")
+    except (OSError, StorageError, ValueError, AttributeError) as err:
+        log.warning("%s: ignoring unreadable %s (%s)", f.url, _SAVED_INFO, err)
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
 def _plans(f: InputFile, schema: Any, features: Mapping[str, Any]) -> dict[str, ColumnPlan]:
     """Each column's plan, sorted by name; a column pack cannot store is an InputError."""
     out: dict[str, ColumnPlan] = {}
     for column in schema:
         if column.name in out:
             raise UsageError(f"{f.url}: two columns are named {column.name!r}; rename one")
+        if column.name == EMPTY:
+            raise UsageError(
+                f"{f.url}: column {column.name!r} is the name tar shards reserve for the marker "
+                "of a sample with no fields (a row of nulls); rename the column"
+            )
         if not _FIELD_NAME.match(column.name):
             raise UsageError(
                 f"{f.url}: column {column.name!r} cannot be a field name (letters, digits, "
@@ -152,7 +183,7 @@ def describe(f: InputFile, kind: str, store: Store) -> Table:
             table.close(force=True)
     except (OSError, pa.ArrowInvalid, StorageError) as err:
         raise InputError(f"{f.url}: cannot read table schema ({err})") from err
-    features = hf_features(schema)
+    features = _features(f, schema, store)
     plans = _plans(f, schema, features)
     fields = {name: p.info for name, p in plans.items()}
     sniff = [name for name, p in plans.items() if p.sniff]
@@ -247,25 +278,51 @@ def _path_reader(store: Store) -> ReadPath:
     return read
 
 
-def samples(f: InputFile, kind: str, stem: str, store: Store) -> Iterator[SampleRef]:
+def samples(
+    f: InputFile, kind: str, stem: str, store: Store, on_skip: OnSkip | None = None
+) -> Iterator[SampleRef]:
     """One sample per row.  A cell pack cannot keep (a null inside an array, a nanosecond) is
-    an InputError naming file, row, column and type."""
+    an InputError naming file, row, column and type; with ``on_skip`` (``--on-error skip``) its
+    row is skipped and reported so instead, and the other rows are packed."""
     table = _open(f, kind, store)
     schema = _schema(table, kind)
-    plans = _plans(f, schema, hf_features(schema))
+    plans = _plans(f, schema, _features(f, schema, store))
     read = _path_reader(store)
+
+    def reason(name: str, err: _CellError) -> str:
+        return f"column {name!r} ({schema.field(name).type}): {err.reason}"
+
+    def rows(batch: Any, first: int) -> Iterator[tuple[int, tuple[tuple[str, bytes], ...]]]:
+        """``(row, fields)`` of each row of ``batch`` (``first``: the row of its first) that
+        every column can keep; the rows around a bad cell are encoded again without it (a
+        prefix can fail only in a later column: the depth stays below the column count)."""
+        start = 0
+        while start < batch.num_rows:
+            part = batch.slice(start) if start else batch
+            columns = []
+            for name, p in plans.items():
+                try:
+                    columns.append((name, p.encode(part.column(name), read)))
+                except _CellError as err:
+                    at = first + start + err.row
+                    if on_skip is None:
+                        raise InputError(
+                            f"{f.url} row {at}: {reason(name, err)}; or pass --on-error skip "
+                            "to skip such rows"
+                        ) from err
+                    yield from rows(part.slice(0, err.row), first + start)
+                    log.warning("%s row %d: %s; skipping the row", f.url, at, reason(name, err))
+                    on_skip(f.rel, f"row {at}", reason(name, err))
+                    start += err.row + 1
+                    break
+            else:
+                for i in range(part.num_rows):
+                    cells = tuple((n, c[i]) for n, c in columns if c[i] is not None)
+                    yield first + start + i, cells  # type: ignore[misc]
+                return
+
     row = 0
     for batch in _batches(table):
-        columns = []
-        for name, p in plans.items():
-            try:
-                columns.append((name, p.encode(batch.column(name), read)))
-            except _CellError as err:
-                raise InputError(  # fatal under --on-error skip too: a column to fix
-                    f"{f.url} row {row + err.row}: column {name!r} "
-                    f"({schema.field(name).type}): {err.reason}"
-                ) from err
-        for i in range(batch.num_rows):
-            out = tuple((name, cells[i]) for name, cells in columns if cells[i] is not None)
-            yield SampleRef(f"{stem}/{row:09d}", out, f.rel, f"row {row}")  # type: ignore[arg-type]
-            row += 1
+        for at, cells in rows(batch, row):
+            yield SampleRef(f"{stem}/{at:09d}", cells, f.rel, f"row {at}")  # type: ignore[arg-type]
+        row += batch.num_rows
