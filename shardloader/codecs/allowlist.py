@@ -4,10 +4,16 @@ A field's extension (the part of a member name after the sample key, e.g. ``jpg`
 ``seg.png``; its last dotted component decides) maps to a codec name.  The codec name is
 recorded in the manifest, so readers never guess.  There is no pickle codec: ``.pkl``/``.pth``
 fields are stored as opaque bytes and decoding them is an error that names the remedy.
+
+Table columns add the codecs their Arrow types need (``shardloader/pack/layouts/arrowcells.py``):
+``datetime``/``date``/``time`` (ISO-8601 text, decoded by :mod:`datetime`'s ``fromisoformat``)
+and ``decimal`` (the exact decimal text, decoded to :class:`decimal.Decimal`).
 """
 
 from __future__ import annotations
 
+import datetime
+import decimal
 import io
 import json
 from collections.abc import Callable, Mapping
@@ -39,7 +45,16 @@ PICKLE_EXTENSIONS = frozenset({"pkl", "pickle", "pyd", "pth", "pt", "ckpt"})
 _TEXT = frozenset({"txt", "text", "md", "html", "xml", "csv", "tsv", "caption"})
 _JSON = frozenset({"json", "jsonl"})
 _INT = frozenset({"cls", "cls2", "index", "label", "int", "id"})
-_CODECS = ("image", "text", "json", "int", "npy", "tokens", "bytes", "opaque")
+_BASE_CODECS = ("image", "text", "json", "int", "npy", "tokens", "bytes", "opaque")
+# Table cells of Arrow types without a JSON form, as their ISO-8601 / exact decimal text
+# (``pack/layouts/arrowcells.py``); decoded to the value pyarrow gives for the cell.
+_TYPED: dict[str, Callable[[str], Any]] = {
+    "datetime": datetime.datetime.fromisoformat,
+    "date": datetime.date.fromisoformat,
+    "time": datetime.time.fromisoformat,
+    "decimal": decimal.Decimal,
+}
+_CODECS: tuple[str, ...] = (*_BASE_CODECS, *_TYPED)
 
 
 def codec_for_extension(ext: str) -> str:
@@ -73,6 +88,8 @@ def check_field(codec: str, data: bytes, *, validate_images: bool = False) -> No
             int(data.decode("ascii").strip())
         elif codec == "npy":
             _load_npy(data)
+        elif codec in _TYPED:
+            _decode_typed(codec, data)
         elif codec == "image" and validate_images:
             from PIL import Image
 
@@ -94,6 +111,19 @@ def check_field(codec: str, data: bytes, *, validate_images: bool = False) -> No
 
 def _load_npy(data: bytes) -> np.ndarray:
     return np.load(io.BytesIO(data), allow_pickle=False)
+
+
+def _decode_typed(codec: str, data: bytes) -> Any:
+    """A ``datetime``/``date``/``time``/``decimal`` field: its text parsed back to the value."""
+    text = data.decode("ascii")
+    try:
+        value = _TYPED[codec](text)
+    except (ValueError, decimal.InvalidOperation) as err:
+        what = "a decimal number" if codec == "decimal" else f"an ISO-8601 {codec}"
+        raise DecodeError(f"{text!r} is not {what}") from err
+    if codec == "decimal" and not value.is_finite():
+        raise DecodeError(f"{text!r} is not a finite decimal")
+    return value
 
 
 def _decode_image(data: bytes, kind: str, mode: str | None) -> Any:
@@ -211,6 +241,8 @@ def decode_field(
         return int(data)
     if codec == "npy":
         return _load_npy(data)
+    if codec in _TYPED:
+        return _decode_typed(codec, data)
     if codec == "tokens":
         # a writable copy: torch warns on (and may not share) read-only buffers
         return np.frombuffer(bytearray(data), dtype=np.dtype(dtype or "uint32").newbyteorder("<"))

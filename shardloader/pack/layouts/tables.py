@@ -1,27 +1,48 @@
 """Table files for the ``records`` layout: Parquet (streamed) and Arrow IPC (file or stream).
 
 One sample per row, key ``<path without suffix>/<row:09d>`` (0-based).  Columns become one field
-each: binary as is, strings as UTF-8, integers/booleans as ASCII digits, anything else as JSON;
-nulls are left out.
+each, stored as their Arrow type says (:mod:`.arrowcells`, NOTE [faithful cells]: every cell
+decodes back equal to what pyarrow reads; a type that cannot is an error naming the column).
+A null is a missing value: the row's sample has no such field, the manifest still lists it.
+
+Files written by Hugging Face ``datasets`` carry their features in the schema metadata (key
+``huggingface``): an ``Image`` column becomes an ``image``-codec field, and the names of a
+``ClassLabel`` column become the manifest's ``classes`` (the column stays an integer field).
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from shardloader.codecs.allowlist import codec_for_extension
+from shardloader.codecs.sniff import codec_of
 from shardloader.errors import InputError, StorageError, UsageError
 from shardloader.manifest import FieldInfo
+from shardloader.pack.layouts.arrowcells import CellError, ColumnPlan, ReadPath, is_bytes_path
+from shardloader.pack.layouts.arrowcells import plan as plan_column
 from shardloader.pack.refs import InputFile, SampleRef
-from shardloader.storage.store import Store
+from shardloader.storage.store import Store, join
 
-__all__ = ["SUFFIXES", "fields", "samples"]
+__all__ = ["SUFFIXES", "Classes", "Table", "describe", "fields", "samples", "same_classes"]
+
+log = logging.getLogger(__name__)
 
 SUFFIXES = {".parquet": "parquet", ".arrow": "arrow", ".feather": "arrow", ".ipc": "arrow"}
 _FIELD_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+_LABEL_NAMES = ("label", "labels", "cls", "class")  # preferred when several ClassLabel columns
+
+
+@dataclass(frozen=True)
+class Table:
+    """What one table file gives: its fields (one per column) and class names (ClassLabel)."""
+
+    fields: dict[str, FieldInfo]
+    classes: tuple[str, ...] = ()
 
 
 def _open(f: InputFile, kind: str, store: Store) -> Any:
@@ -44,10 +65,14 @@ def _open(f: InputFile, kind: str, store: Store) -> Any:
         return pa.ipc.open_stream(data)
 
 
-def _batches(table: Any) -> Iterator[Any]:
+def _schema(table: Any, kind: str) -> Any:
+    return table.schema_arrow if kind == "parquet" else table.schema
+
+
+def _batches(table: Any, columns: list[str] | None = None, size: int = 1024) -> Iterator[Any]:
     if hasattr(table, "iter_batches"):  # parquet
         try:
-            yield from table.iter_batches(batch_size=1024)
+            yield from table.iter_batches(batch_size=size, columns=columns)
         finally:
             table.close(force=True)
     elif hasattr(table, "num_record_batches"):  # IPC file
@@ -57,67 +82,188 @@ def _batches(table: Any) -> Iterator[Any]:
         yield from table
 
 
-def _column_codec(name: str, typ: Any) -> FieldInfo:
-    import pyarrow as pa
-
-    by_name = codec_for_extension(name)
-    if (
-        pa.types.is_binary(typ)
-        or pa.types.is_large_binary(typ)
-        or pa.types.is_fixed_size_binary(typ)
-    ):
-        return FieldInfo(by_name)
-    if pa.types.is_string(typ) or pa.types.is_large_string(typ):
-        return FieldInfo(by_name if by_name in ("text", "json") else "text")
-    if pa.types.is_integer(typ) or pa.types.is_boolean(typ):
-        return FieldInfo("int")
-    return FieldInfo("json")
-
-
-def fields(f: InputFile, kind: str, store: Store) -> dict[str, FieldInfo]:
-    """One field per column, from the schema alone (``store``: the file's own)."""
-    import pyarrow as pa
-
+def hf_features(schema: Any) -> dict[str, Any]:
+    """The Hugging Face features of a table (``{column: feature}``), {} when it has none."""
+    raw = (schema.metadata or {}).get(b"huggingface")
+    if raw is None:
+        return {}
     try:
-        table = _open(f, kind, store)
-        schema = table.schema_arrow if kind == "parquet" else table.schema
-        if kind == "parquet":
-            table.close(force=True)
-    except (OSError, pa.ArrowInvalid, StorageError) as err:
-        raise InputError(f"{f.url}: cannot read table schema ({err})") from err
-    out = {}
+        features = json.loads(raw)["info"]["features"]
+    except (ValueError, KeyError, TypeError):
+        log.warning("ignoring unreadable 'huggingface' schema metadata")
+        return {}
+    return features if isinstance(features, dict) else {}
+
+
+def _plans(f: InputFile, schema: Any, features: Mapping[str, Any]) -> dict[str, ColumnPlan]:
+    """Each column's plan, sorted by name; a column pack cannot store is an InputError."""
+    out: dict[str, ColumnPlan] = {}
     for column in schema:
+        if column.name in out:
+            raise UsageError(f"{f.url}: two columns are named {column.name!r}; rename one")
         if not _FIELD_NAME.match(column.name):
             raise UsageError(
                 f"{f.url}: column {column.name!r} cannot be a field name (letters, digits, "
                 "'_', '.', '-'; not starting with '.' or '-'); rename the column"
             )
-        out[column.name] = _column_codec(column.name, column.type)
+        feature = features.get(column.name)
+        found = plan_column(
+            column.name, column.type, feature if isinstance(feature, dict) else None
+        )
+        if found is None:
+            raise InputError(
+                f"{f.url}: column {column.name!r} has Arrow type {column.type}, which pack "
+                "cannot store faithfully; cast it to strings, numbers, lists of numbers, or "
+                "structs and lists of those, or drop the column before packing"
+            )
+        out[column.name] = found
+    return dict(sorted(out.items()))
+
+
+def _classes(f: InputFile, features: Mapping[str, Any]) -> tuple[str, ...]:
+    """The names of the file's ClassLabel column (``label`` first when there are several)."""
+    labels = {
+        name: tuple(str(n) for n in feature.get("names") or ())
+        for name, feature in features.items()
+        if isinstance(feature, dict) and feature.get("_type") == "ClassLabel"
+    }
+    if not labels:
+        return ()
+    name = next((n for n in _LABEL_NAMES if n in labels), next(iter(labels)))
+    if len(labels) > 1:
+        log.warning(
+            "%s: several ClassLabel columns (%s); the manifest's classes are those of %r",
+            f.url,
+            ", ".join(labels),
+            name,
+        )
+    return labels[name]
+
+
+def describe(f: InputFile, kind: str, store: Store) -> Table:
+    """Fields from the schema (and the first values of byte columns whose codec their magic
+    or path decides); classes from a ClassLabel feature.  ``store``: the file's own."""
+    import pyarrow as pa
+
+    try:
+        table = _open(f, kind, store)
+        schema = _schema(table, kind)
+        if kind == "parquet":
+            table.close(force=True)
+    except (OSError, pa.ArrowInvalid, StorageError) as err:
+        raise InputError(f"{f.url}: cannot read table schema ({err})") from err
+    features = hf_features(schema)
+    plans = _plans(f, schema, features)
+    fields = {name: p.info for name, p in plans.items()}
+    sniff = [name for name, p in plans.items() if p.sniff]
+    if sniff:
+        fields.update(_sniffed(f, kind, store, schema, sniff, fields))
+    return Table(fields, _classes(f, features))
+
+
+Classes = tuple[str, tuple[str, ...]] | None  # (the first file naming classes, its names)
+
+
+def same_classes(seen: Classes, table: Table, f: InputFile, src: str) -> Classes:
+    """The classes of the files so far, checked against ``table``'s: files of one source that
+    name classes (ClassLabel) must name the same ones, or a label would mean two things."""
+    if not table.classes:
+        return seen
+    if seen is None:
+        return (f.rel, table.classes)
+    if seen[1] != table.classes:
+        raise UsageError(
+            f"{src}: {f.rel!r} names classes {list(table.classes)[:5]} (ClassLabel) but "
+            f"{seen[0]!r} names {list(seen[1])[:5]}; make the ClassLabel names agree"
+        )
+    return seen
+
+
+def fields(f: InputFile, kind: str, store: Store) -> dict[str, FieldInfo]:
+    """One field per column (see :func:`describe`)."""
+    return describe(f, kind, store).fields
+
+
+def _sniffed(
+    f: InputFile,
+    kind: str,
+    store: Store,
+    schema: Any,
+    names: list[str],
+    fields: Mapping[str, FieldInfo],
+) -> dict[str, FieldInfo]:
+    """The codec of each byte column in ``names``, from its first value (bytes or path)."""
+    import pyarrow as pa
+
+    first: dict[str, tuple[bytes | None, str | None]] = {}
+    try:
+        for batch in _batches(_open(f, kind, store), names, 64):
+            for name in names:
+                if name in first:
+                    continue
+                for value in batch.column(name).to_pylist():
+                    if isinstance(value, dict) and (value.get("bytes") or value.get("path")):
+                        first[name] = (value.get("bytes"), value.get("path"))
+                        break
+                    if isinstance(value, bytes):
+                        first[name] = (value, None)
+                        break
+            if len(first) == len(names):
+                break
+    except (OSError, pa.ArrowInvalid, StorageError) as err:
+        raise InputError(f"{f.url}: cannot read the table ({err})") from err
+    out = {}
+    for name in names:
+        data, path = first.get(name, (None, None))
+        codec = codec_of(data, path)
+        if codec != "bytes" or is_bytes_path(schema.field(name).type):
+            out[name] = FieldInfo(codec)
+        else:
+            out[name] = fields[name]
     return out
 
 
-def _encode_value(value: Any) -> bytes | None:
-    if value is None:
-        return None
-    if isinstance(value, bytes):
-        return value
-    if isinstance(value, str):
-        return value.encode("utf-8")
-    if isinstance(value, bool):
-        return b"1" if value else b"0"
-    if isinstance(value, int):
-        return str(value).encode("ascii")
-    return json.dumps(value, sort_keys=True, default=str).encode("utf-8")
+def _path_reader(store: Store) -> ReadPath:
+    """Reads the file a ``{bytes: null, path}`` cell names (``to_parquet`` of images loaded from
+    files writes that), only inside the table's own folder: a relative path without ``..``, or
+    a local table's absolute path below its folder.  A table could name any file on the
+    machine (a key, a password file), which packing would copy into shards."""
+    folder = store.url.rsplit("/", 1)[0]
+
+    def read(path: str) -> bytes:
+        if "://" in path or "\\" in path or "\0" in path or ".." in path.split("/"):
+            raise InputError("a path pack does not follow")
+        if store.is_local:
+            base = os.path.realpath(Store(folder).local_path)
+            real = os.path.realpath(os.path.join(base, path))  # an absolute path stays as is
+            if os.path.commonpath([base, real]) != base:
+                raise InputError(f"outside the table's folder {base}, which pack does not read")
+            with open(real, "rb") as fh:
+                return fh.read()
+        if os.path.isabs(path):
+            raise InputError(f"a local path in a table at {store.url}")
+        return Store(join(folder, path), store.options, store.retry).read_bytes()
+
+    return read
 
 
 def samples(f: InputFile, kind: str, stem: str, store: Store) -> Iterator[SampleRef]:
+    table = _open(f, kind, store)
+    schema = _schema(table, kind)
+    plans = _plans(f, schema, hf_features(schema))
+    read = _path_reader(store)
     row = 0
-    for batch in _batches(_open(f, kind, store)):
-        for record in batch.to_pylist():
-            out = []
-            for name in sorted(record):
-                data = _encode_value(record[name])
-                if data is not None:
-                    out.append((name, data))
-            yield SampleRef(f"{stem}/{row:09d}", tuple(out), f.rel, f"row {row}")
+    for batch in _batches(table):
+        columns = []
+        for name, p in plans.items():
+            try:
+                columns.append((name, p.encode(batch.column(name), read)))
+            except CellError as err:
+                raise InputError(
+                    f"{f.url} row {row + err.row}: column {name!r} "
+                    f"({schema.field(name).type}): {err.reason}"
+                ) from err
+        for i in range(batch.num_rows):
+            out = tuple((name, cells[i]) for name, cells in columns if cells[i] is not None)
+            yield SampleRef(f"{stem}/{row:09d}", out, f.rel, f"row {row}")  # type: ignore[arg-type]
             row += 1
