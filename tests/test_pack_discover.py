@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import pytest
 from corpus import class_folders, jsonl, key_groups, parquet, write
 
@@ -87,13 +88,14 @@ def test_tables_become_one_field_per_column(tmp_path):
         "label": "int",
         "score": "json",
         "blob": "bytes",
-        "tags": "json",
+        "tags": "tokens",  # list<int64>: token ids, as Hugging Face's Sequence(int) columns
     }
     samples = list(src.samples())
     assert [s.key for s in samples] == [f"t/{i:09d}" for i in range(5)]
     f0, f1 = dict(samples[0].fields), dict(samples[1].fields)
     assert f0["blob"] == rows[0]["blob"] and f0["label"] == b"0" and "tags" not in f0
-    assert f1["tags"] == b"[1, 2]" and f1["text"] == rows[1]["text"].encode()
+    assert f1["tags"] == np.array([1, 2], "<i8").tobytes()  # list<int64>: token ids
+    assert f1["text"] == rows[1]["text"].encode()
 
 
 def test_single_file_source(tmp_path):

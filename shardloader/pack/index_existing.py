@@ -99,13 +99,13 @@ def tar_compression(url: str) -> tuple[str, str] | None:
 
 
 def _kinds() -> str:
-    """``tar shard (.tar, .tgz, ...)``: the shards index can adopt, for messages."""
+    """``tar shard or parquet file (.tar, .tgz, ...)``: what index can adopt, for messages."""
     names, found = [], []
     for fmt in _indexable():
-        names.append(fmt.name)
+        names.append(f"{fmt.name} {'shard' if getattr(fmt, 'packable', True) else 'file'}")
         found += [*fmt.suffixes.values(), *fmt.index_suffixes]
     suffixes = ", ".join(sorted(set(found), key=lambda s: (len(s), s)))
-    return f"{' or '.join(names)} shard ({suffixes})"
+    return f"{' or '.join(names)} ({suffixes})"
 
 
 @dataclass
@@ -225,7 +225,7 @@ def index_shards(
     taken = [n for n in names if n in existing]
     if taken and not overwrite:
         raise OutputExistsError(
-            f"{out} already has {', '.join(taken)}; pass --overwrite to replace"
+            f"{out} already has an {', '.join(taken)}; pass --overwrite to replace it"
         )
     remove_temps(store, existing)
 
