@@ -2,8 +2,9 @@
 
 A row group is the unit Parquet reads (its column chunks are one byte range each), so a batch
 reads each row group its rows fall in once, converts its cells as pack would
-(format/parquet/table.py) and keeps the last few converted, since an unshuffled pass (or a
-shuffle block) reads one row group's rows over several batches.  With ``verify`` each row is
+(format/parquet/table.py) and keeps the converted row groups up to ``_KEEP_BYTES``, since a
+pass reads one row group's rows over several batches (unshuffled: consecutive ones; shuffled:
+batches draw from every row group of the shuffle block).  With ``verify`` each row is
 checked against the XXH3-64 recorded at index time, so a file changed since it was indexed
 fails on the rows that changed.
 """
@@ -24,7 +25,9 @@ from shardloader.pack.layouts.arrowcells import Cells
 
 __all__ = ["ParquetShardReader"]
 
-_KEEP = 2  # converted row groups kept per open file
+# Converted row groups kept per open file, by the bytes of their cells (always the last one): a
+# shuffled batch draws rows from many row groups, and each is converted whole when first read.
+_KEEP_BYTES = 64 << 20
 
 
 class ParquetShardReader:
@@ -45,21 +48,24 @@ class ParquetShardReader:
                 "`shardloader index` again"
             )
         self._starts = np.cumsum([0, *self._table.group_rows])
-        self._groups: OrderedDict[int, dict[str, Cells]] = OrderedDict()
+        self._groups: OrderedDict[int, tuple[dict[str, Cells], int]] = OrderedDict()
+        self._kept = 0  # bytes of the cells in _groups
 
     @property
     def keys(self) -> Sequence[str]:
         return self._keys
 
     def _group(self, g: int) -> dict[str, Cells]:
-        cells = self._groups.get(g)
-        if cells is None:
-            cells = self._table.cells(g, int(self._starts[g]))
-            self._groups[g] = cells
-            if len(self._groups) > _KEEP:
-                self._groups.popitem(last=False)
-        else:
+        found = self._groups.get(g)
+        if found is not None:
             self._groups.move_to_end(g)
+            return found[0]
+        cells = self._table.cells(g, int(self._starts[g]))
+        size = sum(len(v) for column in cells.values() for v in column if v is not None)
+        self._groups[g] = cells, size
+        self._kept += size
+        while self._kept > _KEEP_BYTES and len(self._groups) > 1:
+            self._kept -= self._groups.popitem(last=False)[1][1]
         return cells
 
     def read(self, i: int) -> Sample:
@@ -106,4 +112,5 @@ class ParquetShardReader:
 
     def close(self) -> None:
         self._groups.clear()
+        self._kept = 0
         self._table.pf.close()
