@@ -240,6 +240,15 @@ def test_what_index_and_pack_refuse_says_what_to_do(tmp_path):
     ):
         index_shards([str(root / "a.parquet")], str(root))
     assert not (root / "index.json").exists()
+    # files whose columns read as different codecs: refused, the old manifest kept
+    (root / "a.parquet").unlink()
+    pq.write_table(pa.table({"x": [1, 2]}), root / "a.parquet")
+    index_shards([str(root / "a.parquet")], str(root))
+    before = (root / "index.json").read_bytes()
+    pq.write_table(pa.table({"x": ["one", "two"]}), root / "b.parquet")
+    with pytest.raises(UsageError, match=r"b\.parquet: column 'x' reads as text but as int"):
+        index_shards([str(root)], str(root), overwrite=True)
+    assert (root / "index.json").read_bytes() == before
     # pack cannot write Parquet shards, and says what index is for
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "a.txt").write_text("x")

@@ -9,9 +9,10 @@ Corpus: a Hub-style dump written by ``datasets.Dataset.to_parquet`` (``data/trai
 0000n.parquet``, its default row groups), each row an ``Image`` (a 32x32 PNG of noise, 3.2 KB), a
 ``ClassLabel`` and a short string; reused when the parameters match.
 
-* shardloader: ``index`` once (timed apart), then an epoch of ``ShardedDataset(index.train.json,
-  batch_size=64, shuffle=True)`` through ``make_loader``, images as bytes (``Decoder(image="raw")``)
-  so neither system decodes pixels.
+* shardloader: ``index`` once (timed apart), then an epoch of ``ShardedDataset(index.json,
+  batch_size=64)`` through ``make_loader``, images as bytes (``Decoder(image="raw")``) so
+  neither system decodes pixels; shuffled (``shardloader``) and in file order
+  (``shardloader-ordered``, as datasets reads).
 * datasets: ``load_dataset("parquet", data_files=..., streaming=True)`` with the image column
   cast to ``Image(decode=False)`` (bytes), through a torch ``DataLoader(batch_size=64)``
   (``num_workers`` > 0 splits the files among workers, as datasets documents); unshuffled,
@@ -37,6 +38,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchjson import machine, write_figures  # noqa: E402
 
 BATCH = 64
+# shardloader shuffled; shardloader in file order, as datasets' streaming reads
+SYSTEMS = ("shardloader", "shardloader-ordered", "datasets")
 
 
 def make_corpus(work: str, rows: int, files: int) -> str:
@@ -119,11 +122,11 @@ def child(system: str, folder: str, workers: int, cache: str) -> dict[str, float
 
     start = time.perf_counter()
     rows = 0
-    if system == "shardloader":
+    if system.startswith("shardloader"):
         ds = sl.ShardedDataset(
             folder,
             batch_size=BATCH,
-            shuffle=True,
+            shuffle=system == "shardloader",
             seed=0,
             decoder=sl.Decoder(image="raw"),
             read=sl.ReadOptions(cache=sl.CacheOptions(dir=cache)),
@@ -164,7 +167,7 @@ def main() -> None:
         print(
             json.dumps(
                 child(system, os.path.join(folder, "index.json"), int(workers), cache)
-                if system == "shardloader"
+                if system.startswith("shardloader")
                 else child(system, folder, int(workers), cache)
             )
         )
@@ -185,7 +188,7 @@ def main() -> None:
     workers = [int(w) for w in a.workers.split(",")]
     for rep in range(a.repeat):
         for w in workers:
-            for system in ("shardloader", "datasets"):  # interleaved
+            for system in SYSTEMS:  # interleaved
                 cache = os.path.join(a.work, f"cache-{rep}-{w}")  # local files: read in place
                 out = subprocess.run(
                     [sys.executable, __file__, "--work", a.work, "--child", system, str(w), cache],

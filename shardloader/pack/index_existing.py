@@ -219,7 +219,7 @@ def index_shards(
             "index each kind into its own OUT"
         )
     compression = compressions.pop()
-    splits = _splits(urls) if fmt.name == "parquet" else {}
+    splits = _splits(urls)
     names = [split_manifest_name(k) for k in splits] or [MANIFEST_NAME]
     existing = list_out(store)
     taken = [n for n in names if n in existing]
@@ -250,13 +250,15 @@ def index_shards(
         scans.append((rel, index_path, scanned))
         if progress is not None:
             progress(i + 1, len(urls))
+    groups = {k: [scans[i] for i in v] for k, v in splits.items()} or {"": scans}
+    described = {split: _describe(part) for split, part in groups.items()}  # may refuse
     # NOTE [replacing a dataset] (pack/replace.py): every shard is scanned, so the new index
     # is whole; the old manifests go only now, before the sidecars they may name are rewritten.
     for name in taken:
         store.join(name).remove()
-    groups = {k: [scans[i] for i in v] for k, v in splits.items()} or {"": scans}
     manifests = {
-        split: _write(store, fmt, compression, part, split) for split, part in groups.items()
+        split: _write(store, fmt, compression, part, split, described[split])
+        for split, part in groups.items()
     }
     for manifest, name in zip(manifests.values(), names, strict=True):
         store.join(name).write_bytes_atomic(manifest.to_json())
@@ -275,14 +277,18 @@ def _splits(urls: Sequence[str]) -> dict[str, list[int]]:
     return found if len(found) > 1 else {}
 
 
-def _write(
-    store: Store,
-    fmt: Format,
-    compression: str,
-    scans: Sequence[tuple[str, str, _Scanned]],
-    split: str,
-) -> Manifest:
-    """Write the sidecars of ``scans`` and return their manifest (written by the caller)."""
+@dataclass(frozen=True)
+class _Described:
+    """What one manifest's shards say together: fields and their counts, codecs, classes."""
+
+    fields: dict[str, int]  # field → samples that have it
+    infos: dict[str, FieldInfo]  # codecs the format read from the files (Parquet), else {}
+    classes: tuple[str, ...]
+    row_groups: dict[str, list[list[int]]]  # Parquet: file → [first byte, bytes, rows] each
+
+
+def _describe(scans: Sequence[tuple[str, str, _Scanned]]) -> _Described:
+    """The fields of ``scans`` together; files whose fields or classes disagree: UsageError."""
     fields: dict[str, int] = {}
     infos: dict[str, FieldInfo] = {}
     classes: tuple[str, ...] = ()
@@ -306,6 +312,24 @@ def _write(
                 )
             classes = classes or t.classes
             row_groups[rel] = t.row_groups
+    return _Described(fields, infos, classes, row_groups)
+
+
+def _write(
+    store: Store,
+    fmt: Format,
+    compression: str,
+    scans: Sequence[tuple[str, str, _Scanned]],
+    split: str,
+    found: _Described,
+) -> Manifest:
+    """Write the sidecars of ``scans`` and return their manifest (written by the caller)."""
+    fields, infos, classes, row_groups = (
+        found.fields,
+        found.infos,
+        found.classes,
+        found.row_groups,
+    )
     all_text = all(scanned.index.lengths is not None for _, _, scanned in scans)
     shard_infos = []
     for rel, index_path, scanned in scans:
