@@ -91,12 +91,16 @@ class ParquetTable:
             out.append([int(first), int(max(ends, default=first) - first), rg.num_rows])
         return out
 
-    def cells(self, group: int, first_row: int) -> dict[str, Cells]:
-        """Each column's cells of row group ``group`` (whose first row is ``first_row``)."""
+    def read_group(self, group: int) -> pa.Table:
+        """Row group ``group`` as Arrow (one byte range per column chunk, no conversion)."""
         try:
-            table = self.pf.read_row_group(group, columns=self.names, use_threads=False)
+            return self.pf.read_row_group(group, columns=self.names, use_threads=False)
         except (pa.ArrowInvalid, OSError) as err:
             raise ShardError(f"{self.where}: row group {group} cannot be read ({err})") from err
+
+    def encode(self, table: pa.Table, rows: list[int]) -> dict[str, Cells]:
+        """Each column's cells of ``table``, a row group's rows ``rows`` (file row numbers,
+        for messages), as pack stores them."""
         out: dict[str, Cells] = {}
         for name in self.names:
             column = table.column(name)
@@ -105,10 +109,15 @@ class ParquetTable:
                 out[name] = self.plans[name].encode(array, _no_path)
             except CellError as err:
                 raise ShardError(
-                    f"{self.where} row {first_row + err.row}: column {name!r} "
+                    f"{self.where} row {rows[err.row]}: column {name!r} "
                     f"({self.types[name]}): {err.reason}"
                 ) from err
         return out
+
+    def cells(self, group: int, first_row: int) -> dict[str, Cells]:
+        """Each column's cells of row group ``group`` (whose first row is ``first_row``)."""
+        table = self.read_group(group)
+        return self.encode(table, list(range(first_row, first_row + table.num_rows)))
 
 
 def _classes(features: Mapping[str, Any]) -> tuple[str, ...]:
