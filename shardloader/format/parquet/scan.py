@@ -10,9 +10,10 @@ reader checks.  The fields' codecs come from the column types and the Hugging Fa
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
 from dataclasses import dataclass, field
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -29,6 +30,7 @@ from shardloader.format.parquet.table import (
 )
 from shardloader.manifest import FieldInfo, SampleIndex
 from shardloader.pack.layouts.arrowcells import is_bytes_path
+from shardloader.storage.store import Store
 
 __all__ = ["ParquetScan", "scan_parquet"]
 
@@ -43,9 +45,15 @@ class ParquetScan(ScannedShard):
 
 
 def scan_parquet(src: BinaryIO, url: str, max_member: int | None) -> ParquetScan:
-    """Index the stored Parquet file ``src`` (read to its end, so the caller's hash covers it)."""
-    with tempfile.TemporaryFile(prefix="shardloader-index-") as tmp:
-        spool(src, None, url, tmp)
+    """Index the stored Parquet file ``src`` at ``url``.  A remote file is spooled to a
+    temporary file as it streams (Parquet is read from its footer); a local one is opened where
+    it is, and ``src`` is left for the caller to hash to its end."""
+    with contextlib.ExitStack() as stack:
+        if Store(url).is_local:
+            tmp: Any = stack.enter_context(open(Store(url).local_path, "rb"))
+        else:
+            tmp = stack.enter_context(tempfile.TemporaryFile(prefix="shardloader-index-"))
+            spool(src, None, url, tmp)
         table = ParquetTable(open_parquet(tmp, url), url)
         stem = key_stem(url)
         keys: list[str] = []
