@@ -358,11 +358,12 @@ def index_command(
     """Write a manifest in OUT for existing webdataset tars or Parquet files, without
     rewriting them.
 
-    SHARDS are .tar/.tar.gz/.tar.zst or .parquet files (local, s3://, http(s)://) or folders
-    holding them, inside OUT (the manifest points at them where they are).  A Parquet file is
-    one shard, a row a sample, a column a field read as `pack` reads it (Hugging Face Image
-    and ClassLabel included).  Files of several Hub splits (data/train-00000-of-00002.parquet,
-    data/test-...) get one manifest a split: OUT/index.train.json, OUT/index.test.json.
+    SHARDS are .tar/.tar.gz/.tar.zst or .parquet files (local, or in an object store such as
+    s3://) or folders holding them, inside OUT (the manifest points at them where they are).
+    A Parquet file is one shard, a row a sample, a column a field read as `pack` reads it
+    (Hugging Face Image and ClassLabel included).  Files of several Hub splits
+    (data/train-00000-of-00002.parquet, data/test-...) get one manifest a split:
+    OUT/index.train.json, OUT/index.test.json.
     """
     from shardloader.pack.index_existing import index_shards
 
