@@ -376,10 +376,15 @@ def index_command(
     quiet: bool,
     storage_option: tuple[str, ...],
 ) -> None:
-    """Write a manifest in OUT for existing webdataset tar shards, without rewriting them.
+    """Write a manifest in OUT for existing webdataset tars or Parquet files, without
+    rewriting them.
 
-    SHARDS are .tar/.tar.gz/.tar.zst files or folders holding them, inside OUT (the manifest
-    points at them where they are).
+    SHARDS are .tar/.tar.gz/.tar.zst or .parquet files (local, or in an object store such as
+    s3://) or folders holding them, inside OUT (the manifest points at them where they are).
+    A Parquet file is one shard, a row a sample, a column a field read as `pack` reads it
+    (Hugging Face Image and ClassLabel included).  Files of several Hub splits
+    (data/train-00000-of-00002.parquet, data/test-...) get one manifest a split:
+    OUT/index.train.json, OUT/index.test.json.
     """
     from shardloader.pack.index_existing import index_shards
 
@@ -397,8 +402,9 @@ def index_command(
             progress=on_progress,
             max_member_bytes=parse_size(max_member_size),
         )
-    m = r.manifest
-    click.echo(f"indexed {len(m.shards)} shards, {m.num_samples:,} samples into {out}")
+    for split, m in (r.splits or {"": r.manifest}).items():
+        into = f"{out.rstrip('/')}/index.{split}.json" if split else out
+        click.echo(f"indexed {len(m.shards)} shards, {m.num_samples:,} samples into {into}")
 
 
 def part_index(part: int | None) -> int:

@@ -54,6 +54,7 @@ _BUILTIN = {
     "tar": "shardloader.format.tar.format",
     "arrow": "shardloader.format.arrow.format",
     "tokens": "shardloader.format.tokens.format",
+    "parquet": "shardloader.format.parquet.format",
 }
 _FORMATS: dict[str, Format] = {}
 
@@ -127,7 +128,14 @@ def check_pack_format(fmt: str, compression: str) -> None:
         raise UsageError(f"--format {fmt!r}: choose one of {', '.join(known_formats())}")
     if compression not in COMPRESSIONS:
         raise UsageError(f"--compression {compression!r}: choose one of {', '.join(COMPRESSIONS)}")
-    get_format(fmt).check_compression(compression)
+    found = get_format(fmt)
+    if not getattr(found, "packable", True):  # read in place only (parquet: ``index``)
+        raise UsageError(
+            f"--format {fmt!r}: pack does not write {fmt} shards (`shardloader index` adopts "
+            f"existing ones); choose one of "
+            f"{', '.join(n for n in known_formats() if getattr(get_format(n), 'packable', True))}"
+        )
+    found.check_compression(compression)
 
 
 # -- shortcuts ------------------------------------------------------------------------------

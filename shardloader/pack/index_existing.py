@@ -1,18 +1,22 @@
-"""``index``: adopt existing shards (webdataset tars) without rewriting them.
+"""``index``: adopt existing shards (webdataset tars, Parquet files) without rewriting them.
 
 Each shard is streamed once: its stored bytes are hashed here, and its format (one with
-``indexable``: tar, see format/tar/index.py) records every sample's key, byte offset, size and
-checksum (XXH3-64), the same sidecar ``pack`` writes.  Sidecars and ``index.json`` go to OUT;
-the manifest points at the shards where they are (paths relative to OUT, so the shards must lie
-inside OUT).
+``indexable``: tar, see format/tar/index.py; parquet, format/parquet/scan.py) records every
+sample's key, offset, size and checksum (XXH3-64), the same sidecar ``pack`` writes.  Sidecars
+and ``index.json`` go to OUT; the manifest points at the shards where they are (paths relative
+to OUT, so the shards must lie inside OUT).
+
+Parquet files become one shard each, a row a sample, a column a field stored as ``pack``
+stores it (Hugging Face ``Image`` structs as images, ``ClassLabel`` names as ``classes``), the
+row groups' byte ranges and row counts in the manifest's ``extra["parquet"]``.  Files named
+as the Hub names a split's files (``data/train-00000-of-00042.parquet``) index per split when
+there are several: one manifest ``index.<split>.json`` each, beside the shared sidecars.
 
 Shards are untrusted: members are streamed in bounded chunks and never held in memory, a
 member larger than ``max_member_bytes`` is refused from its header, before it is decompressed,
 and so is a member whose name would give a sample key that could escape a directory (``../x``,
-``/abs``).
-
-JSONL and Parquet files are not shards of a format that manifest v1 knows (``tar``/``arrow``),
-so they cannot be indexed in place; ``shardloader pack`` converts them.
+``/abs``).  JSONL and Arrow IPC files are not shards ``index`` can adopt; ``shardloader pack``
+converts them.
 """
 
 from __future__ import annotations
@@ -20,13 +24,15 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, BinaryIO, cast
 
 from shardloader.codecs.allowlist import codec_for_extension
 from shardloader.errors import OutputExistsError, ShardError, StorageError, UsageError
 from shardloader.format.base import Format
+from shardloader.format.parquet.scan import ParquetScan
 from shardloader.format.registry import get_format, known_formats
 from shardloader.manifest import MANIFEST_NAME, FieldInfo, Manifest, SampleIndex, ShardInfo
 from shardloader.pack.discover import list_inputs, record_kind
@@ -50,10 +56,29 @@ _TEXT_FIELDS = ("txt", "text")
 DEFAULT_MAX_MEMBER = 1 << 30  # one member (one field of one sample) of an indexed shard
 
 
+_SPLIT_FILE = re.compile(r"^(?P<split>[A-Za-z0-9_][A-Za-z0-9_.]*)-\d{5,}-of-\d{5,}\.parquet$")
+
+
 @dataclass(frozen=True)
 class IndexReport:
+    """``manifest``: the one written (the first split's when there are several); ``splits``:
+    split name → its manifest, when files of several Hub splits were indexed."""
+
     out: str
     manifest: Manifest
+    splits: Mapping[str, Manifest] = field(default_factory=dict)
+
+
+def split_of(url: str) -> str | None:
+    """The Hub split a Parquet file's name gives (``train-00000-of-00002.parquet``), or None."""
+    found = _SPLIT_FILE.match(url.rstrip("/").rsplit("/", 1)[-1])
+    return found.group("split") if found else None
+
+
+def split_manifest_name(split: str) -> str:
+    """Where a split's manifest goes in OUT: ``index.train.json`` (``manifest_url`` takes any
+    URL ending in ``.json``; its shards' paths stay relative to OUT)."""
+    return f"index.{split}.json"
 
 
 def _indexable() -> list[Format]:
@@ -75,13 +100,13 @@ def tar_compression(url: str) -> tuple[str, str] | None:
 
 
 def _kinds() -> str:
-    """``tar shard (.tar, .tgz, ...)``: the shards index can adopt, for messages."""
+    """``tar shard or parquet file (.tar, .tgz, ...)``: what index can adopt, for messages."""
     names, found = [], []
     for fmt in _indexable():
-        names.append(fmt.name)
+        names.append(f"{fmt.name} {'shard' if getattr(fmt, 'packable', True) else 'file'}")
         found += [*fmt.suffixes.values(), *fmt.index_suffixes]
     suffixes = ", ".join(sorted(set(found), key=lambda s: (len(s), s)))
-    return f"{' or '.join(names)} shard ({suffixes})"
+    return f"{' or '.join(names)} ({suffixes})"
 
 
 @dataclass
@@ -91,6 +116,7 @@ class _Scanned:
     stored: int
     raw: int
     sha256: str
+    table: ParquetScan | None = None  # what a Parquet file adds: codecs, classes, row groups
 
 
 def _scan(shard: Store, fmt: Format, compression: str, max_member: int | None) -> _Scanned:
@@ -98,7 +124,10 @@ def _scan(shard: Store, fmt: Format, compression: str, max_member: int | None) -
         stored = HashingReader(raw)
         found = fmt.scan(cast(BinaryIO, stored), compression, shard.url, max_member, _TEXT_FIELDS)
         stored.drain()
-    return _Scanned(found.index, found.fields, stored.pos, found.raw_bytes, stored.hexdigest())
+    table = found if isinstance(found, ParquetScan) else None
+    return _Scanned(
+        found.index, found.fields, stored.pos, found.raw_bytes, stored.hexdigest(), table
+    )
 
 
 def _expand(shards: Sequence[str], store: Store) -> list[str]:
@@ -170,12 +199,12 @@ def index_shards(
     compressions = set()
     formats: dict[str, Format] = {}
     for u in urls:
-        if record_kind(u):
-            raise UsageError(
-                f"{u}: JSONL/Parquet/Arrow files cannot be indexed in place (manifest v1 knows "
-                "tar and Arrow IPC shards only); convert them with `shardloader pack`"
-            )
         found = shard_kind(u)
+        if found is None and record_kind(u):
+            raise UsageError(
+                f"{u}: JSONL and Arrow IPC files cannot be indexed in place (index adopts "
+                f"{_kinds()} files); convert them with `shardloader pack`"
+            )
         if found is None:
             raise UsageError(f"{u}: not a {_kinds()}")
         formats[found[0].name] = found[0]
@@ -192,18 +221,18 @@ def index_shards(
             "index each kind into its own OUT"
         )
     compression = compressions.pop()
+    splits = _splits(urls)
+    names = [split_manifest_name(k) for k in splits] or [MANIFEST_NAME]
     existing = list_out(store)
-    if MANIFEST_NAME in existing and not overwrite:
+    taken = [n for n in names if n in existing]
+    if taken and not overwrite:
         raise OutputExistsError(
-            f"{out} already has an {MANIFEST_NAME}; pass --overwrite to replace it"
+            f"{out} already has an {', '.join(taken)}; pass --overwrite to replace it"
         )
     remove_temps(store, existing)
 
-    infos = []
-    fields: dict[str, int] = {}
     sidecar_names: dict[str, str] = {}
-    all_text = True
-    scans = []
+    scans: list[tuple[str, str, _Scanned]] = []
     if progress is not None:  # the total at once, before the first (maybe large) shard
         progress(0, len(urls))
     for i, url in enumerate(urls):
@@ -221,15 +250,90 @@ def index_shards(
         except StorageError as err:
             raise ShardError(f"{url}: cannot read ({err})") from err
         scans.append((rel, index_path, scanned))
-        for ext, n in scanned.fields.items():
-            fields[ext] = fields.get(ext, 0) + n
-        all_text = all_text and scanned.index.lengths is not None
         if progress is not None:
             progress(i + 1, len(urls))
+    groups = {k: [scans[i] for i in v] for k, v in splits.items()} or {"": scans}
+    described = {split: _describe(part) for split, part in groups.items()}  # may refuse
     # NOTE [replacing a dataset] (pack/replace.py): every shard is scanned, so the new index
-    # is whole; the old manifest goes only now, before the sidecars it may name are rewritten.
-    if MANIFEST_NAME in existing:
-        store.join(MANIFEST_NAME).remove()
+    # is whole; the old manifests go only now, before the sidecars they may name are rewritten.
+    for name in taken:
+        store.join(name).remove()
+    manifests = {
+        split: _write(store, fmt, compression, part, split, described[split])
+        for split, part in groups.items()
+    }
+    for manifest, name in zip(manifests.values(), names, strict=True):
+        store.join(name).write_bytes_atomic(manifest.to_json())
+    first = next(iter(manifests.values()))
+    return IndexReport(out, first, manifests if splits else {})
+
+
+def _splits(urls: Sequence[str]) -> dict[str, list[int]]:
+    """Split → positions of its files, when the files name several Hub splits; else {}."""
+    found: dict[str, list[int]] = {}
+    for i, u in enumerate(urls):
+        split = split_of(u)
+        if split is None:
+            return {}
+        found.setdefault(split, []).append(i)
+    return found if len(found) > 1 else {}
+
+
+@dataclass(frozen=True)
+class _Described:
+    """What one manifest's shards say together: fields and their counts, codecs, classes."""
+
+    fields: dict[str, int]  # field → samples that have it
+    infos: dict[str, FieldInfo]  # codecs the format read from the files (Parquet), else {}
+    classes: tuple[str, ...]
+    row_groups: dict[str, list[list[int]]]  # Parquet: file → [first byte, bytes, rows] each
+
+
+def _describe(scans: Sequence[tuple[str, str, _Scanned]]) -> _Described:
+    """The fields of ``scans`` together; files whose fields or classes disagree: UsageError."""
+    fields: dict[str, int] = {}
+    infos: dict[str, FieldInfo] = {}
+    classes: tuple[str, ...] = ()
+    row_groups: dict[str, list[list[int]]] = {}
+    for rel, _, scanned in scans:
+        for ext, n in scanned.fields.items():
+            fields[ext] = fields.get(ext, 0) + n
+        if scanned.table is not None:
+            t = scanned.table
+            for name, info in t.infos.items():
+                if infos.setdefault(name, info) != info:
+                    raise UsageError(
+                        f"{rel}: column {name!r} reads as {info.codec} but as "
+                        f"{infos[name].codec} in the files before it; one manifest has one "
+                        "codec a field: index files of one schema together"
+                    )
+            if classes and t.classes and t.classes != classes:
+                raise UsageError(
+                    f"{rel}: its ClassLabel names {list(t.classes)[:5]} differ from those of "
+                    f"the files before it {list(classes)[:5]}; make them agree"
+                )
+            classes = classes or t.classes
+            row_groups[rel] = t.row_groups
+    return _Described(fields, infos, classes, row_groups)
+
+
+def _write(
+    store: Store,
+    fmt: Format,
+    compression: str,
+    scans: Sequence[tuple[str, str, _Scanned]],
+    split: str,
+    found: _Described,
+) -> Manifest:
+    """Write the sidecars of ``scans`` and return their manifest (written by the caller)."""
+    fields, infos, classes, row_groups = (
+        found.fields,
+        found.infos,
+        found.classes,
+        found.row_groups,
+    )
+    all_text = all(scanned.index.lengths is not None for _, _, scanned in scans)
+    shard_infos = []
     for rel, index_path, scanned in scans:
         index = (
             scanned.index
@@ -243,7 +347,7 @@ def index_shards(
         )
         data = index.to_arrow_bytes()
         store.join(index_path).write_bytes_atomic(data)
-        infos.append(
+        shard_infos.append(
             ShardInfo(
                 rel,
                 len(index),
@@ -254,18 +358,25 @@ def index_shards(
                 hashlib.sha256(data).hexdigest(),
             )
         )
-    manifest = Manifest(
+    extra: dict[str, Any] = {"skipped": 0}
+    if all_text:
+        extra["length_unit"] = "bytes"
+    extra["field_samples"] = dict(sorted(fields.items()))  # samples holding each field
+    if split:
+        extra["split"] = split
+    if row_groups:  # per file: [first byte, bytes, rows] of each row group
+        extra["parquet"] = {"row_groups": row_groups}
+    return Manifest(
         format=fmt.name,
         compression=compression,
-        fields={ext: FieldInfo(codec_for_extension(ext)) for ext in sorted(fields)},
-        shards=infos,
+        fields=(
+            dict(sorted(infos.items()))
+            if infos
+            else {ext: FieldInfo(codec_for_extension(ext)) for ext in sorted(fields)}
+        ),
+        shards=shard_infos,
+        classes=classes,
         layout="indexed",
         length_field=next((t for t in _TEXT_FIELDS if t in fields), None) if all_text else None,
-        extra={
-            "skipped": 0,
-            **({"length_unit": "bytes"} if all_text else {}),
-            "field_samples": dict(sorted(fields.items())),  # samples holding each extension
-        },
+        extra=extra,
     )
-    store.join(MANIFEST_NAME).write_bytes_atomic(manifest.to_json())
-    return IndexReport(out, manifest)

@@ -1,0 +1,120 @@
+"""Random access to a Parquet file adopted by ``index``: rows read a row group at a time.
+
+A row group is the unit Parquet reads (its column chunks are one byte range each), so a batch
+reads each row group its rows fall in once, keeps the decoded Arrow row groups up to
+``_KEEP_BYTES`` (a pass reads one row group's rows over several batches: unshuffled,
+consecutive ones; shuffled, batches draw from every row group of the shuffle block), and
+converts only the batch's rows as pack would (format/parquet/table.py): a text dump's row group
+holds 100,000 rows, of which a shuffled batch wants one or two.  With ``verify`` each row is
+checked against the XXH3-64 recorded at index time, so a file changed since it was indexed
+fails on the rows that changed.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from shardloader.errors import ChecksumError, ShardError
+from shardloader.format.arrow.writer import row_checksum
+from shardloader.format.base import Rows, Sample
+from shardloader.format.parquet.table import ParquetTable, open_parquet
+from shardloader.manifest import SampleIndex
+
+__all__ = ["ParquetShardReader"]
+
+# Decoded row groups kept per open file, by their Arrow bytes (always the last one read).
+_KEEP_BYTES = 64 << 20
+
+
+class ParquetShardReader:
+    """Rows of one local Parquet file (in place, or a staged copy of a remote one)."""
+
+    def __init__(
+        self, local_path: str, index: SampleIndex, where: str, verify: bool = True
+    ) -> None:
+        self._where = where
+        self._keys = index.keys
+        self._sums = None if not verify or index.checksums is None else index.checksums
+        self._table = ParquetTable(open_parquet(local_path, where), where)
+        if self._table.num_rows != len(index):
+            self.close()
+            raise ShardError(
+                f"{where}: the file has {self._table.num_rows:,} rows but its sample index "
+                f"lists {len(index):,}; the file changed since it was indexed: run "
+                "`shardloader index` again"
+            )
+        self._starts = np.cumsum([0, *self._table.group_rows])
+        self._groups: OrderedDict[int, pa.Table] = OrderedDict()
+        self._kept = 0  # Arrow bytes of the tables in _groups
+
+    @property
+    def keys(self) -> Sequence[str]:
+        return self._keys
+
+    def _group(self, g: int) -> pa.Table:
+        table = self._groups.get(g)
+        if table is not None:
+            self._groups.move_to_end(g)
+            return table
+        table = self._table.read_group(g)
+        self._groups[g] = table
+        self._kept += table.nbytes
+        while self._kept > _KEEP_BYTES and len(self._groups) > 1:
+            self._kept -= self._groups.popitem(last=False)[1].nbytes
+        return table
+
+    def read(self, i: int) -> Sample:
+        rows = Rows(1)
+        self.read_rows([i], rows, [0])
+        if rows.errors:
+            raise rows.errors[0]
+        return rows.keys[0], {n: c[0] for n, c in rows.fields.items() if c[0] is not None}
+
+    def read_rows(self, rows: Sequence[int] | np.ndarray, into: Rows, at: Sequence[int]) -> None:
+        """Rows ``rows`` for positions ``at`` of ``into``, row group by row group."""
+        listed = [int(r) for r in rows]
+        names = self._table.names
+        keys: list[str] = []
+        good_at: list[int] = []
+        fields: dict[str, list[bytes | None]] = {n: [] for n in names}
+        inside = [k for k, row in enumerate(listed) if 0 <= row < len(self._keys)]
+        for k in sorted(set(range(len(listed))) - set(inside)):
+            into.fail(at[k], ShardError(f"{self._where}: no row {listed[k]}"))
+        groups = np.searchsorted(self._starts, [listed[k] for k in inside], side="right") - 1
+        by_group: dict[int, list[int]] = {}
+        for k, g in zip(inside, groups.tolist(), strict=True):
+            by_group.setdefault(g, []).append(k)
+        for g, ks in by_group.items():
+            first = int(self._starts[g])
+            wanted = [listed[k] for k in ks]
+            table = self._group(g).take(pa.array([r - first for r in wanted], pa.int64()))
+            cells = self._table.encode(table, wanted)
+            for j, k in enumerate(ks):
+                row, pos = listed[k], at[k]
+                key = str(self._keys[row])
+                if self._sums is not None:
+                    present = {n: v for n in names if (v := cells[n][j]) is not None}
+                    if row_checksum(key, present) != int(self._sums[row]):
+                        into.fail(pos, self._damaged(key, row), key)
+                        continue
+                keys.append(key)
+                good_at.append(pos)
+                for n in names:
+                    fields[n].append(cells[n][j])
+        if keys:
+            into.add(good_at, keys, dict(fields))
+
+    def _damaged(self, key: str, row: int) -> ChecksumError:
+        return ChecksumError(
+            f"{self._where}: sample {key!r} (row {row}) does not match its checksum in the "
+            "sidecar: the file changed since it was indexed; run `shardloader index` again"
+        )
+
+    def close(self) -> None:
+        self._groups.clear()
+        self._kept = 0
+        self._table.pf.close()

@@ -1,0 +1,106 @@
+"""Index a Parquet file in place: what ``shardloader index`` asks the Parquet format.
+
+The file is read once, row group by row group: every row becomes a sample keyed
+``<file name without .parquet>/<row:09d>``, its sidecar entry the row number (offset), the
+bytes of its cells as pack would store them (size) and the XXH3-64 of its key and cells
+(:func:`~shardloader.format.arrow.writer.row_checksum`, as Arrow shards record it), which the
+reader checks.  The fields' codecs come from the column types and the Hugging Face features
+(pack's conversion), the classes from a ``ClassLabel`` feature.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any, BinaryIO
+
+import numpy as np
+
+from shardloader.codecs.sniff import codec_of
+from shardloader.errors import ShardError
+from shardloader.format.arrow.writer import row_checksum
+from shardloader.format.base import ScannedShard
+from shardloader.format.parquet.table import (
+    ParquetTable,
+    key_stem,
+    open_parquet,
+    present_cells,
+    spool,
+)
+from shardloader.manifest import FieldInfo, SampleIndex
+from shardloader.pack.layouts.arrowcells import is_bytes_path
+from shardloader.storage.store import Store
+
+__all__ = ["ParquetScan", "scan_parquet"]
+
+
+@dataclass(frozen=True)
+class ParquetScan(ScannedShard):
+    """A scan plus what a Parquet file says about its fields: codecs, classes, row groups."""
+
+    infos: dict[str, FieldInfo] = field(default_factory=dict)
+    classes: tuple[str, ...] = ()
+    row_groups: list[list[int]] = field(default_factory=list)  # [first byte, bytes, rows]
+
+
+def scan_parquet(src: BinaryIO, url: str, max_member: int | None) -> ParquetScan:
+    """Index the stored Parquet file ``src`` at ``url``.  A remote file is spooled to a
+    temporary file as it streams (Parquet is read from its footer); a local one is opened where
+    it is, and ``src`` is left for the caller to hash to its end."""
+    with contextlib.ExitStack() as stack:
+        if Store(url).is_local:
+            tmp: Any = stack.enter_context(open(Store(url).local_path, "rb"))
+        else:
+            tmp = stack.enter_context(tempfile.TemporaryFile(prefix="shardloader-index-"))
+            spool(src, None, url, tmp)
+        table = ParquetTable(open_parquet(tmp, url), url)
+        stem = key_stem(url)
+        keys: list[str] = []
+        sizes: list[int] = []
+        sums: list[int] = []
+        present = dict.fromkeys(table.names, 0)
+        first: dict[str, bytes] = {}
+        row = 0
+        for g, n in enumerate(table.group_rows):
+            cells = table.cells(g, row)
+            for i in range(n):
+                key = f"{stem}/{row:09d}"
+                fields = present_cells(cells, i)
+                for name, value in fields.items():
+                    present[name] += 1
+                    if max_member is not None and len(value) > max_member:
+                        raise ShardError(
+                            f"{url} row {row}: column {name!r} holds {len(value):,} bytes, more "
+                            f"than the {max_member:,} allowed (--max-member-size)"
+                        )
+                    first.setdefault(name, value)
+                keys.append(key)
+                sizes.append(sum(map(len, fields.values())))
+                sums.append(row_checksum(key, fields))
+                row += 1
+        infos = {}
+        for name in table.names:
+            p = table.plans[name]
+            info = p.info
+            if p.sniff:
+                codec = codec_of(first.get(name), None)
+                if codec != "bytes" or is_bytes_path(table.types[name]):
+                    info = FieldInfo(codec)
+            infos[name] = info
+        index = SampleIndex(
+            keys,
+            np.arange(len(keys), dtype=np.int64),
+            np.asarray(sizes, np.int64),
+            checksums=np.asarray(sums, np.uint64),
+        )
+        size = tmp.seek(0, 2)
+        ranges = table.byte_ranges()
+    return ParquetScan(
+        index,
+        {n: c for n, c in present.items()},
+        size,
+        infos=infos,
+        classes=table.classes,
+        row_groups=ranges,
+    )

@@ -1,0 +1,155 @@
+"""A Parquet file's row groups as shard fields: the cells pack would store, per row.
+
+Why a module of its own: ``index`` (scan.py), the reader (reader.py) and ``verify``
+(format.py's ``iter_stored``) must turn a row group into exactly the same bytes, or the
+per-row checksums recorded at index time would not match what is read.  The conversion
+itself is pack's (``shardloader/pack/layouts/arrowcells.py``, NOTE [faithful cells]), so a
+field of an adopted file equals the field ``pack`` makes of the same column.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from shardloader.errors import ShardError
+from shardloader.pack.layouts.arrowcells import Cells, ColumnPlan, _CellError
+from shardloader.pack.layouts.arrowcells import plan as plan_column
+from shardloader.pack.layouts.tables import hf_features
+
+__all__ = ["ParquetTable", "key_stem", "open_parquet", "present_cells", "spool"]
+
+_LABEL_NAMES = ("label", "labels", "cls", "class")  # as pack's tables.py prefers them
+
+
+def key_stem(url: str) -> str:
+    """A file's sample keys are ``<file name without .parquet>/<row:09d>``."""
+    base = url.rstrip("/").rsplit("/", 1)[-1]
+    return base[: -len(".parquet")] if base.lower().endswith(".parquet") else base
+
+
+def open_parquet(source: Any, where: str) -> pq.ParquetFile:
+    """A ParquetFile over a path or a seekable file; a file that is not Parquet: ShardError."""
+    try:
+        return pq.ParquetFile(source)
+    except (pa.ArrowInvalid, OSError) as err:
+        raise ShardError(f"{where}: not a readable Parquet file ({err})") from err
+
+
+def _no_path(path: str) -> bytes:
+    raise ShardError("index adopts files as they are and does not follow paths")
+
+
+class ParquetTable:
+    """The columns of one Parquet file as fields: their plans (pack's), classes, row groups."""
+
+    def __init__(self, pf: pq.ParquetFile, where: str) -> None:
+        self.pf, self.where = pf, where
+        schema = pf.schema_arrow
+        features = hf_features(schema)
+        self.plans: dict[str, ColumnPlan] = {}
+        for column in schema:
+            feature = features.get(column.name)
+            found = plan_column(
+                column.name, column.type, feature if isinstance(feature, dict) else None
+            )
+            if found is None:
+                raise ShardError(
+                    f"{where}: column {column.name!r} has Arrow type {column.type}, which "
+                    "shardloader cannot read faithfully; drop or cast the column and write the "
+                    "file again, or `shardloader pack` it"
+                )
+            if column.name in self.plans:
+                raise ShardError(f"{where}: two columns are named {column.name!r}; rename one")
+            self.plans[column.name] = found
+        self.names = sorted(self.plans)
+        self.types = {c.name: c.type for c in schema}
+        self.classes = _classes(features)
+        md = pf.metadata
+        self.group_rows = [md.row_group(g).num_rows for g in range(md.num_row_groups)]
+        self.num_rows = sum(self.group_rows)
+
+    def byte_ranges(self) -> list[list[int]]:
+        """Per row group ``[first byte, bytes, rows]``: the span of its column chunks."""
+        out = []
+        md = self.pf.metadata
+        for g in range(md.num_row_groups):
+            rg = md.row_group(g)
+            starts, ends = [], []
+            for c in range(rg.num_columns):
+                col = rg.column(c)
+                start = col.data_page_offset
+                if col.has_dictionary_page and col.dictionary_page_offset is not None:
+                    start = min(start, col.dictionary_page_offset)
+                starts.append(start)
+                ends.append(start + col.total_compressed_size)
+            first = min(starts) if starts else 0
+            out.append([int(first), int(max(ends, default=first) - first), rg.num_rows])
+        return out
+
+    def read_group(self, group: int) -> pa.Table:
+        """Row group ``group`` as Arrow (one byte range per column chunk, no conversion)."""
+        try:
+            return self.pf.read_row_group(group, columns=self.names, use_threads=False)
+        except (pa.ArrowInvalid, OSError) as err:
+            raise ShardError(f"{self.where}: row group {group} cannot be read ({err})") from err
+
+    def encode(self, table: pa.Table, rows: list[int]) -> dict[str, Cells]:
+        """Each column's cells of ``table``, a row group's rows ``rows`` (file row numbers,
+        for messages), as pack stores them."""
+        out: dict[str, Cells] = {}
+        for name in self.names:
+            column = table.column(name)
+            array = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+            try:
+                out[name] = self.plans[name].encode(array, _no_path)
+            except _CellError as err:
+                raise ShardError(
+                    f"{self.where} row {rows[err.row]}: column {name!r} "
+                    f"({self.types[name]}): {err.reason}"
+                ) from err
+        return out
+
+    def cells(self, group: int, first_row: int) -> dict[str, Cells]:
+        """Each column's cells of row group ``group`` (whose first row is ``first_row``)."""
+        table = self.read_group(group)
+        return self.encode(table, list(range(first_row, first_row + table.num_rows)))
+
+
+def _classes(features: Mapping[str, Any]) -> tuple[str, ...]:
+    labels = {
+        name: tuple(str(n) for n in feature.get("names") or ())
+        for name, feature in features.items()
+        if isinstance(feature, dict) and feature.get("_type") == "ClassLabel"
+    }
+    if not labels:
+        return ()
+    name = next((n for n in _LABEL_NAMES if n in labels), next(iter(labels)))
+    return labels[name]
+
+
+def spool(src: Any, limit: int | None, where: str, into: Any) -> None:
+    """Copy a stored stream into the seekable file ``into`` (Parquet is read from its end),
+    at most ``limit`` bytes."""
+    total = 0
+    while chunk := src.read(1 << 20):
+        total += len(chunk)
+        if limit is not None and total > limit:
+            raise ShardError(f"{where}: more than the {limit:,} bytes the manifest declares")
+        into.write(chunk)
+    into.flush()
+    into.seek(0, os.SEEK_SET)
+
+
+def present_cells(cells: Mapping[str, Cells], row: int) -> dict[str, bytes]:
+    """Row ``row``'s fields: its non-null cells (a null is a missing value)."""
+    out = {}
+    for name, column in cells.items():
+        value = column[row]
+        if value is not None:
+            out[name] = value
+    return out
