@@ -17,9 +17,7 @@ from shardloader.batching import PackedBatches
 def main(data: str, out: str, num_workers: int, seq_len: int, rows: int, pad: int) -> None:
     dist.init_process_group("gloo")  # MASTER_ADDR/PORT, RANK, WORLD_SIZE from torchrun
     world = dist.get_world_size()
-    planner = PackedBatches(
-        seq_len, rows, window=16, pad_id=pad, balance="attention", ranks=world
-    )
+    planner = PackedBatches(seq_len, rows, window=16, pad_id=pad, balance="attention", ranks=world)
     ds = sl.ShardedDataset(data, planner=planner, shuffle=True, seed=3)  # rank/world from dist
     loader = sl.make_loader(ds, num_workers=num_workers)
     steps = []

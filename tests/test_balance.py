@@ -6,7 +6,6 @@ DataLoader workers, a 2-rank torchrun job and a mid-epoch resume at another worl
 from __future__ import annotations
 
 import json
-import os
 from collections import Counter
 
 import numpy as np
@@ -102,7 +101,9 @@ def lm(tmp_path_factory):
 def _spans(batch: dict) -> list[tuple[str, int, int]]:
     return [
         (k, int(a), int(b))
-        for k, (a, b), pad in zip(batch["__key__"], batch["__span__"], batch["__pad__"], strict=True)
+        for k, (a, b), pad in zip(
+            batch["__key__"], batch["__span__"], batch["__pad__"], strict=True
+        )
         if not pad
     ]
 
@@ -127,14 +128,13 @@ def test_two_ranks_read_every_token_once_in_balanced_steps(lm):
     per_rank = []
     for rank in range(2):
         ds = sl.ShardedDataset(path, planner=planner, shuffle=True, seed=3, rank=rank, world_size=2)
-        per_rank.append([_spans(b) for b in sl.make_loader(ds, num_workers=2)])
+        steps = []
         for batch in sl.make_loader(ds, num_workers=2):
             assert tuple(batch["input_ids"].shape) == (ROWS, SEQ)
+            steps.append(_spans(batch))
+        per_rank.append(steps)
     assert len(per_rank[0]) == len(per_rank[1])  # equal steps
     _check_once(tokens, [s for steps in per_rank for step in steps for s in step])
-    lengths = np.array([len(tokens[k]) for k in sorted(tokens)])
-    plan = planner.plan(ds.order(0), lengths, np.random.default_rng(0))  # shape only
-    assert len(plan) // 2 <= len(per_rank[0]) <= -(-len(plan) // 2)
     ratios = [
         max(_cost(a), _cost(b)) / ((_cost(a) + _cost(b)) / 2)
         for a, b in zip(*per_rank, strict=True)
@@ -206,3 +206,21 @@ def test_pack_collate_rebuilds_balanced_rows():
             docs_ = [np.ones(int(b - a), np.int64) for _, a, b in batch]
             out = collate(docs_)  # refuses a batch that needs more than 3 rows
             assert int(out["attention_mask"].sum()) == int((batch[:, 2] - batch[:, 1]).sum())
+
+
+def test_plan_command_predicts_the_balance_from_the_manifest(lm):
+    """``shardloader plan --balance`` (the CLI in-process): balanced and unbalanced per-step
+    figures from the recorded lengths."""
+    from click.testing import CliRunner
+
+    from shardloader.cli import main
+
+    path, _, _ = lm
+    args = ["plan", path, "--ranks-per-node", "4", "--batch-size", "2", "--balance"]
+    got = CliRunner().invoke(main, [*args, "--seq-len", "64", "--rows", "2", "--json"])
+    assert got.exit_code == 0, got.output
+    (fig,) = json.loads(got.output)["balance"]
+    assert fig["ranks_per_step"] == 4 and fig["steps"] > 0
+    assert 1.0 <= fig["balanced"] < fig["unbalanced"]
+    text = CliRunner().invoke(main, [*args, "--seq-len", "64"])
+    assert text.exit_code == 0 and "balanced" in text.output and "unbalanced" in text.output
