@@ -140,3 +140,21 @@ def test_a_token_mixture_resumes_at_another_world_size(corpora):
         for b in loader:
             seen += [int(i) for i, p in zip(b["__index__"], b["__pad__"], strict=True) if not p]
     assert sorted(seen) == sorted(mix.order(0).tolist())
+
+
+def test_document_planners_pack_the_token_deadline_order(corpora):
+    """A padded or packing planner cuts the same deadline order into its batches: the order
+    does not depend on the planner, and the epoch's tokens keep their shares."""
+    from shardloader.batching import TokenBudgetBatches
+
+    urls, lengths = corpora
+    fixed = sl.Mixture(urls, WEIGHTS, by="tokens", batch_size=8, seed=1)
+    planner = TokenBudgetBatches(max_tokens=30_000, oversize="truncate")
+    budget = sl.Mixture(urls, WEIGHTS, by="tokens", planner=planner, seed=1)
+    assert budget.order(0).tolist() == fixed.order(0).tolist()
+    assert budget.weights() == pytest.approx(WEIGHTS)  # token shares, not document shares
+    tokens = {n: c.tokens for n, c in budget.report().sources.items()}
+    total = sum(tokens.values())
+    longest = max(int(lengths[n].max()) for n in MEANS)
+    for name, w in WEIGHTS.items():
+        assert abs(tokens[name] - w * total) <= longest
