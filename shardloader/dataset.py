@@ -175,7 +175,10 @@ class ShardedDataset(DatasetState, IterableDataset):  # type: ignore[type-arg]
         ranks together) for an epoch; plans the epoch, reads nothing but the sidecar lengths."""
         e, plans = self._epoch_plans(epoch)
         lengths = self._lengths if self._lengths is not None else self._lengths_for_report()
-        return self._planning.report(e, plans, lengths, self.collate_fn)
+        report = self._planning.report(e, plans, lengths, self.collate_fn)
+        from shardloader.batching.stepcost import with_rank_balance  # packed rows' step cost
+
+        return with_rank_balance(report, self._planning, e, self.partition, lengths)
 
     def ledger(self, epoch: int | None = None) -> Ledger:
         """Which samples of an epoch are padded, dropped or truncated, and why: computed from

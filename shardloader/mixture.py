@@ -34,9 +34,10 @@ from shardloader.deliver.position import integer
 from shardloader.errors import ResumeError, UsageError
 from shardloader.manifest import Manifest, read_manifest
 from shardloader.options import ReadOptions, ShuffleOptions
-from shardloader.plan.blend import MixOrder, integer_parts, schedule_parts
+from shardloader.plan.blend import MixOrder, schedule_parts
 from shardloader.plan.epoch import EpochReport
 from shardloader.plan.shuffle import derive_seed
+from shardloader.plan.tokenblend import TokenMixOrder
 from shardloader.read.lengths import load_lengths
 from shardloader.read.mixed import MixedShards, virtual_manifest
 from shardloader.read.shardset import ShardSet
@@ -97,9 +98,10 @@ class Mixture(ShardedDataset):
     ``sources``: ``{name: url or Source}``; ``weights``: ``{name: weight}`` (any positive
     scale: ``0.7, 0.3`` or ``7, 3``).  After any prefix of a mixture epoch each source has had
     its weight's share of the samples within one sample (``by="samples"``, exact: NOTE [the
-    blend] in :mod:`shardloader.plan.blend`).  ``by="tokens"`` turns the weights into token shares
-    by each source's mean tokens per sample (the sample blend keeps its bound; token shares
-    then hold on average over each source's epoch, not within one sample at every prefix).
+    blend] in :mod:`shardloader.plan.blend`).  ``by="tokens"`` means the weights in tokens and
+    places each document by token deadline from the recorded lengths: after any prefix each
+    source's tokens are within one of its longest documents of its share (NOTE [token
+    deadlines] in :mod:`shardloader.plan.tokenblend`).
     Each source keeps its own epochs, each a fresh seeded permutation in which every sample
     comes exactly once.  ``epoch_samples``: positions of a mixture epoch (default: all
     sources' samples together), the unit of ``set_epoch``, resume and weight changes.
@@ -136,6 +138,7 @@ class Mixture(ShardedDataset):
         seed = integer("seed", seed)
         self.names = tuple(str(n) for n in sources)
         self.by = by
+        self._by_tokens: tuple[tuple[np.ndarray, ...], int] | None = None
         opened: list[tuple[Manifest, str, ReadOptions]] = []
         shuffles, seeds = [], []
         for name, given in sources.items():
@@ -174,6 +177,11 @@ class Mixture(ShardedDataset):
             **options,
         )
 
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state["_by_tokens"] = None  # lengths are loaded again where needed (node cache)
+        return state
+
     # -- the virtual dataset ----------------------------------------------------------------
     def _open(self, url: str) -> tuple[Any, str]:
         """One manifest over every source's shards (:func:`virtual_manifest`)."""
@@ -205,6 +213,11 @@ class Mixture(ShardedDataset):
 
     def _order_source(self) -> MixOrder:  # NOTE [mixture partitions] in plan/blend.py
         sizes, seeds, shuffles = self._static
+        if self.by == "tokens":  # NOTE [token deadlines] in plan/tokenblend.py
+            lengths, key = self._token_lengths()
+            return TokenMixOrder(
+                sizes, seeds, shuffles, self.epoch_samples, self._entries(), lengths, key
+            )
         return MixOrder(sizes, seeds, shuffles, self.epoch_samples, self._entries())
 
     def order(self, epoch: int | None = None) -> np.ndarray:
@@ -223,14 +236,16 @@ class Mixture(ShardedDataset):
     def _parts_of(self, weights: Mapping[str, float], where: str) -> tuple[int, ...]:
         if not isinstance(weights, Mapping):
             raise UsageError(f"{where} must be a mapping {{source name: weight}}, got {weights!r}")
-        parts = schedule_parts(self.names, weights, where)
-        if self.by == "tokens":  # weight per sample = token weight / mean tokens per sample
-            means = self._mean_tokens()
-            parts = integer_parts([p / m for p, m in zip(parts, means, strict=True)])
-        return parts
+        if self.by == "tokens":
+            self._token_lengths()  # checked now: every source must record lengths
+        return schedule_parts(self.names, weights, where)  # by="tokens": token parts
 
-    def _mean_tokens(self) -> list[float]:
-        means = []
+    def _token_lengths(self) -> tuple[tuple[np.ndarray, ...], int]:
+        """Per source its documents' recorded lengths, and a checksum of them all (what
+        :class:`~shardloader.plan.tokenblend.TokenMixOrder` places by); loaded once."""
+        if self._by_tokens is not None:
+            return self._by_tokens
+        found = []
         for name, (m, base, read) in zip(self.names, self._opened, strict=True):
             lengths = load_lengths(m, base, read, required=False) if m.length_field else None
             if lengths is None or not lengths.sum():
@@ -238,8 +253,10 @@ class Mixture(ShardedDataset):
                     f"by='tokens' needs token counts, but source {name!r} records no lengths "
                     "(pack it with a text or token field)"
                 )
-            means.append(float(lengths.mean()))
-        return means
+            found.append(np.asarray(lengths, np.int64))
+        key = zlib.crc32(b"".join(a.tobytes() for a in found))
+        self._by_tokens = (tuple(found), key)
+        return self._by_tokens
 
     def _entries(self) -> tuple[tuple[int, tuple[int, ...]], ...]:
         values, k = self._schedule.get(), len(self.names)

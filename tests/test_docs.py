@@ -230,12 +230,13 @@ def test_the_committed_pictures_are_what_the_committed_data_draws():
         "bench-s3.svg",
         "bench-tokens.svg",
         "bench-pack.svg",
+        "bench-balance.svg",
     }
     stale = [
         name for name, svg in pictures.items() if (ROOT / "docs" / "img" / name).read_bytes() != svg
     ]
     assert stale == [], "run: python tools/plot_benchmarks.py"
-    for name in ("read", "s3", "tokens", "pack"):  # each file says where its figures come from
+    for name in ("read", "s3", "tokens", "pack", "balance"):  # each says where it comes from
         data = json.loads((ROOT / "docs" / "benchmarks" / f"{name}.json").read_text())
         assert data["tool"] == f"tools/bench_{name}.py" and data["command"] and data["machine"]
 
@@ -297,6 +298,11 @@ def test_the_plot_script_reads_what_the_benchmark_tools_write(tmp_path, monkeypa
     (tmp_path / "read.json").write_text(json.dumps([read_run, {**read_run, "samples_s": 3000.0}]))
     pack_row = {"workload": "images", "writer": "shardloader", "config": "CLI", "mb_s": 50.0}
     (tmp_path / "pack.json").write_text(json.dumps([pack_row]))
+    steps = {"per_step_balanced": [1.0, 1.01], "per_step_unbalanced": [1.5, 1.7]}
+    balance_row = {"seq_len": 8192, "ranks": 8, "rows_per_rank": 2, "balanced": 1.0}
+    (tmp_path / "balance.json").write_text(
+        json.dumps({"rows": [{**balance_row, "unbalanced": 1.6, **steps}]})
+    )
     pictures = plot_benchmarks.render(str(tmp_path))
     assert set(pictures) == set(plot_benchmarks.FIGURES[n][1] for n in plot_benchmarks.FIGURES)
     assert all(svg.startswith(b"<?xml") and b"shardloader" in svg for svg in pictures.values())
@@ -432,7 +438,7 @@ def test_the_site_renders_in_chromium_with_its_pictures(served, tmp_path):
         "/reference/api/": ("shardloader.ShardedDataset", set()),
         "/benchmarks/": (
             "Reading",
-            {f"img/bench-{n}.svg" for n in ("read-workers", "s3", "tokens", "pack")},
+            {f"img/bench-{n}.svg" for n in ("read-workers", "s3", "tokens", "pack", "balance")},
         ),
     }
     shots = Path(os.environ.get("SHARDLOADER_DOCS_SHOTS", tmp_path))

@@ -9,6 +9,7 @@ Reads, from ``--data``, what each tool writes with ``--json FILE``:
 - ``s3.json``     ``tools/bench_s3.py``: epoch rows, MB/s by source and reader;
 - ``tokens.json`` ``tools/bench_tokens.py``: M tokens/s by system and workers;
 - ``pack.json``   ``tools/bench_pack.py``: input MB/s by workload and writer;
+- ``balance.json`` ``tools/bench_balance.py``: per-step max/mean rank cost, balanced or not;
 
 and writes one SVG per file into ``--out``: samples/s against ``num_workers`` for shardloader
 and its peers, S3 and HTTP against local disk, tokens/s, and pack speed.  A file may be the
@@ -220,11 +221,44 @@ def plot_pack(rows: list[dict[str, Any]], plt: Any) -> Any:
 
 
 # name of the data file -> (record key, picture, drawing function)
+def plot_balance(rows: list[dict[str, Any]], plt: Any) -> Any:
+    """Per-step dearest/mean rank cost of one configuration over its steps, balanced against
+    not; beside it each configuration's mean (2 rows a rank)."""
+    curve = next(r for r in rows if "per_step_balanced" in r)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.4), width_ratios=(3, 2))
+    for name, color in (("unbalanced", "#999"), ("balanced", OURS)):
+        ys = curve[f"per_step_{name}"]
+        left.plot(range(len(ys)), ys, color=color, linewidth=1.0, label=name)
+    left.set_xlabel("step")
+    left.set_ylabel("dearest rank / mean rank (lower is better)")
+    left.set_title(
+        f"seq_len {curve['seq_len']:,}, {curve['ranks']} ranks x {curve['rows_per_rank']} rows",
+        fontsize=9,
+    )
+    left.legend(frameon=False)
+    two = [r for r in rows if r["rows_per_rank"] == 2]
+    labels = [f"{r['seq_len'] // 1024}k x {r['ranks']}" for r in two]
+    for i, (name, color) in enumerate((("unbalanced", "#999"), ("balanced", OURS))):
+        xs = [k + (i - 0.5) * 0.4 for k in range(len(two))]
+        bars = right.bar(xs, [r[name] for r in two], 0.38, color=color, label=name)
+        right.bar_label(bars, fmt="%.2f", fontsize=7, padding=2)
+    right.set_xticks(range(len(two)), labels, fontsize=8)
+    right.set_ylabel("mean over steps")
+    right.set_title("seq_len x ranks, 2 rows a rank", fontsize=9)
+    fig.suptitle(
+        "shardloader PackedBatches: per-step rank cost (sum of L^2), balanced or not, "
+        "this round's run"
+    )
+    fig.tight_layout()
+    return fig
+
+
 FIGURES: dict[str, tuple[str, str, Callable[[list[dict[str, Any]], Any], Any]]] = {
     "read.json": ("runs", "bench-read-workers.svg", plot_read),
     "s3.json": ("rows", "bench-s3.svg", plot_s3),
     "tokens.json": ("rows", "bench-tokens.svg", plot_tokens),
     "pack.json": ("rows", "bench-pack.svg", plot_pack),
+    "balance.json": ("rows", "bench-balance.svg", plot_balance),
 }
 
 

@@ -9,6 +9,7 @@ batch alone (NOTE [planner and collate agree without talking]).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from shardloader.batching.balance import BALANCE_POLICIES, pack_balanced, shuffled_steps
 from shardloader.batching.base import (
     DEFAULT_WINDOW,
     FIT_POLICIES,
@@ -70,6 +72,12 @@ class PackedBatches(BatchPlanner):
     No mode cuts a document that fits in a row: with ``long_docs="truncate"`` or ``"drop"``
     no document ever crosses rows (the no-split mode; what it cuts is reported).
 
+    ``balance="attention"`` plans each step's ``ranks`` batches together (``ranks``: the
+    data-parallel ranks that share a step, those of one node partition) so that its dearest
+    batch costs little more than the mean, a row's cost being ``sum(L**2) + balance_c *
+    sum(L)`` over its segments (NOTE [balanced steps] in :mod:`shardloader.batching.balance`);
+    batches are then shuffled in whole steps.
+
     A resume may change ``rows_per_batch`` (``elastic``): the rest of the epoch's segments are
     re-planned for the new batch shape (:meth:`plan_segments`).
     """
@@ -81,6 +89,9 @@ class PackedBatches(BatchPlanner):
     tail: str = "keep"
     pad_id: int | None = None
     fit: str = "first"
+    balance: str | None = None
+    ranks: int | None = None
+    balance_c: float = 0.0
     needs_lengths = True
     elastic = "rows_per_batch"
 
@@ -91,6 +102,17 @@ class PackedBatches(BatchPlanner):
         check_choice("long_docs", self.long_docs, LONG_DOC_POLICIES)
         check_choice("tail", self.tail, TAIL_POLICIES)
         check_choice("fit", self.fit, FIT_POLICIES)
+        check_choice("balance", self.balance, BALANCE_POLICIES)  # type: ignore[arg-type]
+        if self.balance is not None:
+            check_positive("ranks", self.ranks)
+            c = self.balance_c
+            if isinstance(c, bool) or not isinstance(c, (int, float)) or not 0 <= c < math.inf:
+                raise UsageError(f"balance_c must be a finite number >= 0, got {c!r}")
+        elif self.ranks is not None:
+            raise UsageError(
+                f"ranks={self.ranks!r} is read only with balance='attention' (it says how many "
+                "ranks share a step); pass both or neither"
+            )
         if self.pad_id is not None and (
             not isinstance(self.pad_id, (int, np.integer)) or isinstance(self.pad_id, bool)
         ):
@@ -127,6 +149,9 @@ class PackedBatches(BatchPlanner):
         fields = [f"{n}={stable_value(getattr(self, n))}" for n in names]
         if self.fit != "first":
             fields.append(f"fit={stable_value(self.fit)}")
+        if self.balance is not None:
+            for n in ("balance", "ranks", "balance_c"):
+                fields.append(f"{n}={stable_value(getattr(self, n))}")
         return f"{type(self).__name__}({', '.join(fields)})"
 
     def plan(
@@ -139,7 +164,7 @@ class PackedBatches(BatchPlanner):
             ids, lens = ids[keep], lens[keep]
         segs, offsets = self._segments(ids, lens)
         bounds = offsets[np.minimum(np.arange(0, ids.size + self.window, self.window), ids.size)]
-        return shuffled(self._pack(segs, np.unique(bounds)), rng)
+        return self._shuffled(self._pack(segs, np.unique(bounds)), rng)
 
     def plan_segments(self, segments: np.ndarray, rng: np.random.Generator) -> list[np.ndarray]:
         """Batches of given segments ``[n, 3]`` (each at most ``seq_len`` tokens), windows of
@@ -153,11 +178,21 @@ class PackedBatches(BatchPlanner):
             )
         n = len(segs)
         bounds = np.unique(np.minimum(np.arange(0, n + self.window, self.window), n))
-        return shuffled(self._pack(segs, bounds), rng)
+        return self._shuffled(self._pack(segs, bounds), rng)
+
+    def _shuffled(self, batches: list[np.ndarray], rng: np.random.Generator) -> list[np.ndarray]:
+        if self.balance is not None and self.ranks is not None:
+            return shuffled_steps(batches, self.ranks, rng)  # a step's batches stay together
+        return shuffled(batches, rng)
 
     def _pack(self, segs: np.ndarray, bounds: np.ndarray) -> list[np.ndarray]:
         """Pack ``segs[bounds[i]:bounds[i + 1]]`` window by window, carrying what does not
         fill a batch into the next one."""
+        if self.balance is not None and self.ranks is not None:  # NOTE [balanced steps]
+            return pack_balanced(
+                segs, bounds, self.seq_len, self.rows_per_batch, self.ranks, self.fit,
+                float(self.balance_c), self.tail == "keep",
+            )  # fmt: skip
         batches: list[np.ndarray] = []
         carry = np.empty((0, 3), np.int64)
         last = len(bounds) - 2

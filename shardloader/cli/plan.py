@@ -47,6 +47,15 @@ __all__ = ["plan_command"]
     help="Also count distinct classes per batch (class-folder datasets; reads the sidecars' "
     "sample keys).",
 )
+@click.option(
+    "--balance",
+    is_flag=True,
+    help="Also predict the per-step rank cost of packed rows (--seq-len, --rows a rank), "
+    "with and without PackedBatches(balance='attention') (needs recorded lengths).",
+)
+@click.option("--seq-len", type=click.IntRange(min=1), default=8192, show_default=True)
+@click.option("--rows", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--balance-c", type=click.FloatRange(min=0), default=0.0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @storage_option
 def plan_command(
@@ -60,6 +69,10 @@ def plan_command(
     block: int | None,
     uneven: str,
     classes: bool,
+    balance: bool,
+    seq_len: int,
+    rows: int,
+    balance_c: float,
     as_json: bool,
     storage_option: tuple[str, ...],
 ) -> None:
@@ -99,6 +112,13 @@ def plan_command(
         "shuffle_block": shuffle.block,
         "epochs": epochs_out,
     }
+    if balance:
+        from shardloader.cli.balanceplan import balance_figures
+
+        out["balance"] = balance_figures(
+            manifest, base, planning, part, epochs, seq_len, rows, balance_c,
+            storage_options(storage_option),
+        )  # fmt: skip
     if as_json:
         click.echo(json.dumps(out, indent=1))
         return
@@ -189,4 +209,8 @@ def _text(out: dict[str, Any]) -> str:
                 f"{q['classes_per_rank_batch']:.1f} a rank batch"
             )
         lines.append(mix)
+    if "balance" in out:
+        from shardloader.cli.balanceplan import balance_text
+
+        lines += balance_text(out["balance"])
     return "\n".join(lines)

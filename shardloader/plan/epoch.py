@@ -63,6 +63,8 @@ class EpochReport:
     dropped_tokens: int | None = None
     repeated_tokens: int | None = None
     token_slots: int | None = None
+    # packed rows: per-step rank cost, balanced and not (batching/stepcost.py's RankBalance)
+    rank_balance: Any = None
 
     @property
     def total_tokens(self) -> int | None:
