@@ -21,6 +21,7 @@ from shardloader.batching.base import check_planner, check_positive
 from shardloader.codecs.allowlist import Decoder
 from shardloader.deliver.position import _PER_NODE, _RANK, _WORLD, integer
 from shardloader.deliver.stateful import DatasetState
+from shardloader.deliver.watchdog import watched
 from shardloader.errors import UsageError
 from shardloader.manifest import read_manifest
 from shardloader.options import ReadOptions, ShuffleOptions, World, from_old_keywords
@@ -40,7 +41,6 @@ from shardloader.read.samplepass import SampleSource, iterate_samples
 from shardloader.read.seeding import seed_global_rngs
 from shardloader.read.shardset import ShardSet
 from shardloader.read.skips import SkipLog
-from shardloader.read.watchdog import watched
 from shardloader.world import detect_place
 
 __all__ = ["ShardedDataset", "EpochReport"]

@@ -138,4 +138,4 @@ class IncompleteEpochError(ShardloaderError, OSError):
 
 class StallError(ShardloaderError, TimeoutError):
     """A pass produced nothing for ``ReadOptions.stall_timeout`` seconds: the message names
-    rank, worker, shard, sample and the stuck stack (shardloader/read/watchdog.py)."""
+    rank, worker, shard, sample and the stuck stack (shardloader/deliver/watchdog.py)."""

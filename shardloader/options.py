@@ -51,7 +51,7 @@ class ReadOptions:
 
     ``stall_timeout`` (seconds, default None: off): a pass that produces no batch for this
     long while asked for one ends with a :class:`~shardloader.errors.StallError` naming rank,
-    worker, shard, sample and the stuck stack (:mod:`shardloader.read.watchdog`).
+    worker, shard, sample and the stuck stack (:mod:`shardloader.deliver.watchdog`).
     """
 
     storage_options: Mapping[str, Any] = field(default_factory=dict)

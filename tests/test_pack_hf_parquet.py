@@ -1,5 +1,5 @@
 """Parquet and Arrow as Hugging Face ``datasets``, pandas and pyarrow write them: every cell comes
-back equal to what pyarrow reads (NOTE [faithful cells] in shardloader/pack/layouts/arrowcells.py),
+back equal to what pyarrow reads (NOTE [faithful cells] in shardloader/codecs/arrowcells.py),
 or pack refuses the column naming its Arrow type."""
 
 from __future__ import annotations

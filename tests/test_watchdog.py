@@ -1,4 +1,4 @@
-"""The hang watchdog (NOTE [stall watchdog] in shardloader/read/watchdog.py): a real DataLoader
+"""The hang watchdog (NOTE [stall watchdog] in shardloader/deliver/watchdog.py): a real DataLoader
 worker stuck in a transform ends the pass with a StallError naming rank, worker, shard, sample
 and the stuck stack, instead of hanging; a pass that rests between batches is never stalled."""
 

@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from shardloader.batching.balance import batch_costs, step_imbalance
 from shardloader.batching.packed import PackedBatches
-from shardloader.plan.partition import Partition
+
+if TYPE_CHECKING:
+    from shardloader.plan.partition import Partition
 
 __all__ = ["RankBalance", "rank_balance", "with_rank_balance"]
 

@@ -5,7 +5,7 @@ A field's extension (the part of a member name after the sample key, e.g. ``jpg`
 recorded in the manifest, so readers never guess.  There is no pickle codec: ``.pkl``/``.pth``
 fields are stored as opaque bytes and decoding them is an error that names the remedy.
 
-Table columns add the codecs their Arrow types need (``shardloader/pack/layouts/arrowcells.py``):
+Table columns add the codecs their Arrow types need (``shardloader/codecs/arrowcells.py``):
 ``datetime``/``date``/``time`` (ISO-8601 text, decoded by :mod:`datetime`'s ``fromisoformat``)
 and ``decimal`` (the exact decimal text, decoded to :class:`decimal.Decimal`).
 """
@@ -47,7 +47,7 @@ _JSON = frozenset({"json", "jsonl"})
 _INT = frozenset({"cls", "cls2", "index", "label", "int", "id"})
 _BASE_CODECS = ("image", "text", "json", "int", "npy", "tokens", "bytes", "opaque")
 # Table cells of Arrow types without a JSON form, as their ISO-8601 / exact decimal text
-# (``pack/layouts/arrowcells.py``); decoded to the value pyarrow gives for the cell.
+# (``codecs/arrowcells.py``); decoded to the value pyarrow gives for the cell.
 _TYPED: dict[str, Callable[[str], Any]] = {
     "datetime": datetime.datetime.fromisoformat,
     "date": datetime.date.fromisoformat,

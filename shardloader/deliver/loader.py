@@ -42,10 +42,10 @@ from torch.utils.data import DataLoader
 from shardloader.dataset import ShardedDataset
 from shardloader.deliver.loaderstate import make_state, resume
 from shardloader.deliver.transport import Ring, batch_bytes, unbundle, worker_bundle
+from shardloader.deliver.watchdog import worker_stalled
 from shardloader.deliver.workerinit import WorkerInit
 from shardloader.deliver.workerstart import check_workers_pickle
 from shardloader.errors import IncompleteEpochError, UsageError
-from shardloader.read.watchdog import worker_stalled
 
 __all__ = ["ShardLoader", "make_loader"]
 
@@ -119,7 +119,7 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
             raise  # left early: persistent workers wait for the next pass, others end with it
         except BaseException as err:
             self._end_workers(source)
-            stalled = worker_stalled(err)  # NOTE [stall watchdog] in read/watchdog.py
+            stalled = worker_stalled(err)  # NOTE [stall watchdog] in deliver/watchdog.py
             if stalled is not None:
                 raise stalled from err
             raise

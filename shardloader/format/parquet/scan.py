@@ -17,6 +17,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+from shardloader.codecs.arrowcells import is_bytes_path
 from shardloader.codecs.sniff import codec_of
 from shardloader.errors import ShardError
 from shardloader.format.arrow.writer import row_checksum
@@ -29,7 +30,6 @@ from shardloader.format.parquet.table import (
     spool,
 )
 from shardloader.manifest import FieldInfo, SampleIndex
-from shardloader.pack.layouts.arrowcells import is_bytes_path
 from shardloader.storage.store import Store
 
 __all__ = ["ParquetScan", "scan_parquet"]

@@ -3,7 +3,7 @@
 Why a module of its own: ``index`` (scan.py), the reader (reader.py) and ``verify``
 (format.py's ``iter_stored``) must turn a row group into exactly the same bytes, or the
 per-row checksums recorded at index time would not match what is read.  The conversion
-itself is pack's (``shardloader/pack/layouts/arrowcells.py``, NOTE [faithful cells]), so a
+itself is pack's (``shardloader/codecs/arrowcells.py``, NOTE [faithful cells]), so a
 field of an adopted file equals the field ``pack`` makes of the same column.
 """
 
@@ -16,10 +16,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from shardloader.codecs.arrowcells import Cells, ColumnPlan, _CellError, hf_features
+from shardloader.codecs.arrowcells import plan as plan_column
 from shardloader.errors import ShardError
-from shardloader.pack.layouts.arrowcells import Cells, ColumnPlan, _CellError
-from shardloader.pack.layouts.arrowcells import plan as plan_column
-from shardloader.pack.layouts.tables import hf_features
 
 __all__ = ["ParquetTable", "key_stem", "open_parquet", "present_cells", "spool"]
 

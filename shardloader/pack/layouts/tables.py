@@ -22,12 +22,18 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from shardloader.codecs.arrowcells import (
+    ColumnPlan,
+    ReadPath,
+    _CellError,
+    hf_features,
+    is_bytes_path,
+)
+from shardloader.codecs.arrowcells import plan as plan_column
 from shardloader.codecs.sniff import codec_of
 from shardloader.errors import InputError, StorageError, UsageError
 from shardloader.format.tar.layout import EMPTY
 from shardloader.manifest import FieldInfo
-from shardloader.pack.layouts.arrowcells import ColumnPlan, ReadPath, _CellError, is_bytes_path
-from shardloader.pack.layouts.arrowcells import plan as plan_column
 from shardloader.pack.layouts.base import OnSkip
 from shardloader.pack.refs import InputFile, SampleRef
 from shardloader.storage.store import Store, join
@@ -84,19 +90,6 @@ def _batches(table: Any, columns: list[str] | None = None, size: int = 1024) -> 
             yield table.get_batch(i)
     else:  # IPC stream
         yield from table
-
-
-def hf_features(schema: Any) -> dict[str, Any]:
-    """The Hugging Face features of a table (``{column: feature}``), {} when it has none."""
-    raw = (schema.metadata or {}).get(b"huggingface")
-    if raw is None:
-        return {}
-    try:
-        features = json.loads(raw)["info"]["features"]
-    except (ValueError, KeyError, TypeError):
-        log.warning("ignoring unreadable 'huggingface' schema metadata")
-        return {}
-    return features if isinstance(features, dict) else {}
 
 
 _SAVED_INFO = "dataset_info.json"  # save_to_disk writes it beside its data-*.arrow files
