@@ -25,9 +25,9 @@ NOTE [planner and collate agree without talking]
     Whatever the collate must know about the plan (padded length, truncation, the row of each
     packed segment) is re-derived in the worker from the batch alone, with the same function
     the planner used: :func:`padded_length` for bucketing and budgets,
-    :func:`~shardloader.batching.fit.pack_rows` for packing; each planner lives in one
-    module with its collate (:mod:`~shardloader.batching.padded`,
-    :mod:`~shardloader.batching.packed`).  The options must match, so the dataset asks the
+    :func:`~shardloader.batching.fit.pack_rows` for packing; each planner lives beside its
+    collate (:mod:`~shardloader.batching.padded`; :mod:`~shardloader.batching.packed` and
+    :mod:`~shardloader.batching.packcollate`).  The options must match, so the dataset asks the
     planner: ``resolve_collate`` refuses a collate whose options disagree (naming both values)
     and, given none, builds one (``make_collate``) when the planner knows enough
     (``PackedBatches(pad_id=...)``).

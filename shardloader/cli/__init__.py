@@ -15,6 +15,7 @@ __all__ = ["main"]
 # NOTE: these modules import only click and shardloader.errors at the top; each command imports
 # the library (torch, numpy, pyarrow, fsspec) when it runs, so `--help` and usage errors answer
 # at once.  tests/test_cli_imports.py checks it in fresh processes.
+from shardloader.cli import adopt as _adopt  # noqa: E402,F401
 from shardloader.cli import bench as _bench  # noqa: E402,F401
 from shardloader.cli import cache as _cache  # noqa: E402,F401
 from shardloader.cli import inspection as _inspection  # noqa: E402,F401

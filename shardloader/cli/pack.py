@@ -1,4 +1,4 @@
-"""``shardloader pack | merge | index``: make a packed dataset (shards + manifest).
+"""``shardloader pack``: make a packed dataset (shards + manifest).
 
 Progress bars go to stderr (tqdm) and only when stderr is a terminal
 and ``--quiet`` is not given; summaries go to stdout.  The library is imported inside each
@@ -27,7 +27,7 @@ from shardloader.errors import UsageError
 from shardloader.units import human_bytes as _human
 from shardloader.units import parse_size
 
-__all__ = ["pack_command", "merge_command", "index_command", "format_report", "part_index"]
+__all__ = ["pack_command", "format_report", "part_index"]
 
 
 if TYPE_CHECKING:
@@ -315,96 +315,6 @@ def _presence(m: Any) -> list[str]:
 
     counts = presence(m.extra.get("field_samples"), FieldMap.of_manifest(m))
     return presence_lines(counts, m.num_samples, "  present   ")
-
-
-@main.command("merge")
-@click.argument("part_dirs", nargs=-1, required=True)
-@click.argument("out")
-@click.option("--copy", "mode", flag_value="copy", help="Copy shards into OUT (single-pack names).")
-@click.option(
-    "--reference",
-    "mode",
-    flag_value="reference",
-    help="Point at the shards in place (parts must be inside OUT).",
-)
-@click.option("--overwrite", is_flag=True, help="Replace a previous manifest in OUT.")
-@storage_option
-def merge_command(
-    part_dirs: tuple[str, ...],
-    out: str,
-    mode: str | None,
-    overwrite: bool,
-    storage_option: tuple[str, ...],
-) -> None:
-    """Combine the outputs of `pack --num-parts N --part I` into OUT, in single-pack order.
-
-    By default shards are referenced in place when every part folder is inside OUT, and copied
-    (checked against their sha256) otherwise.
-    """
-    from shardloader.pack.merge import merge
-
-    r = merge(
-        part_dirs,
-        out,
-        mode=mode or "auto",
-        overwrite=overwrite,
-        storage_options=storage_options(storage_option),
-    )
-    click.echo(
-        f"merged {r.parts} parts into {out} ({r.mode}): {len(r.manifest.shards)} shards, "
-        f"{r.manifest.num_samples:,} samples"
-    )
-
-
-@main.command("index")
-@click.argument("shards", nargs=-1, required=True)
-@click.argument("out")
-@click.option("--overwrite", is_flag=True, help="Replace an index.json already in OUT.")
-@click.option(
-    "--max-member-size",
-    default="1GiB",
-    show_default=True,
-    help="Refuse a shard with a larger member (one field of one sample); 0: no limit.",
-)
-@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
-@storage_option
-def index_command(
-    shards: tuple[str, ...],
-    out: str,
-    overwrite: bool,
-    max_member_size: str,
-    quiet: bool,
-    storage_option: tuple[str, ...],
-) -> None:
-    """Write a manifest in OUT for existing webdataset tars or Parquet files, without
-    rewriting them.
-
-    SHARDS are .tar/.tar.gz/.tar.zst or .parquet files (local, or in an object store such as
-    s3://) or folders holding them, inside OUT (the manifest points at them where they are).
-    A Parquet file is one shard, a row a sample, a column a field read as `pack` reads it
-    (Hugging Face Image and ClassLabel included).  Files of several Hub splits
-    (data/train-00000-of-00002.parquet, data/test-...) get one manifest a split:
-    OUT/index.train.json, OUT/index.test.json.
-    """
-    from shardloader.pack.index_existing import index_shards
-
-    def on_progress(done: int, total: int) -> None:
-        if bar is not None:
-            bar.total = total
-            bar.update(done - bar.n)
-
-    with progress_bar(show_progress(quiet), unit="shard", desc="index") as bar:
-        r = index_shards(
-            shards,
-            out,
-            overwrite=overwrite,
-            storage_options=storage_options(storage_option),
-            progress=on_progress,
-            max_member_bytes=parse_size(max_member_size),
-        )
-    for split, m in (r.splits or {"": r.manifest}).items():
-        into = f"{out.rstrip('/')}/index.{split}.json" if split else out
-        click.echo(f"indexed {len(m.shards)} shards, {m.num_samples:,} samples into {into}")
 
 
 def part_index(part: int | None) -> int:

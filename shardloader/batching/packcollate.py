@@ -1,0 +1,161 @@
+"""The collate of sequence packing: :class:`PackCollate` rebuilds the rows that
+:class:`~shardloader.batching.packed.PackedBatches` planned, from the batch alone, with the same
+placement rule (:func:`~shardloader.batching.fit.pack_rows`; NOTE [planner and collate agree
+without talking] in :mod:`shardloader.batching.base`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from shardloader.batching.base import FIT_POLICIES, LONG_DOC_POLICIES, check_choice, check_positive
+from shardloader.batching.fit import next_fit_rows, pack_rows
+from shardloader.errors import UsageError
+
+__all__ = ["IGNORE_INDEX", "PackCollate"]
+
+IGNORE_INDEX = -100  # label value torch's cross_entropy ignores by default
+
+
+@dataclass(frozen=True)
+class PackCollate:
+    """Packs a batch of token documents (or segments of them) into rows of ``seq_len`` tokens.
+
+    The items (field ``field`` of each sample, or bare arrays) are placed in batch order by
+    :func:`pack_rows`, the rule :class:`PackedBatches`
+    planned with, so a planned batch of segments fills exactly its planned rows.  Build it with
+    ``PackedBatches.make_collate`` (or let the dataset do it): the dataset refuses a PackCollate
+    whose ``seq_len``, ``rows_per_batch``, ``long_docs`` or ``field`` disagree with the plan.
+    Used on its own with whole documents, ``long_docs`` says what happens to one longer than
+    ``seq_len``: ``"split"`` cuts it into pieces over several rows, ``"truncate"`` keeps its
+    first ``seq_len`` tokens, ``"drop"`` treats it as an error.  Nothing is cut silently: items
+    that need more than ``rows_per_batch`` rows are an error.  ``fit="best"`` reads a batch
+    that lists its rows one after another, as ``PackedBatches(fit="best")`` plans them: a row
+    ends where the next item does not fit (:func:`~shardloader.batching.fit.next_fit_rows`).
+
+    Output (R rows; R = ``rows_per_batch`` when set, padding with empty rows, else as many as
+    needed):
+
+    * ``input_ids`` int64 [R, seq_len], ``pad_id`` after each row's segments;
+    * ``labels`` int64 [R, seq_len]: the input ids, *unshifted* (the model shifts, as Hugging
+      Face causal LMs do: logits at t are scored against ``labels[t + 1]``), with ``-100`` at
+      padding and at the first token of every segment (document or piece), so no position
+      learns to predict across a document boundary;
+    * ``position_ids`` int64 [R, seq_len]: 0, 1, ... restarting at every segment, and at the
+      start of each row's padding run;
+    * ``attention_mask`` int64 [R, seq_len]: 1 for real tokens, 0 for padding (documents are
+      kept apart by ``cu_seqlens``/``position_ids``, not by this mask);
+    * ``cu_seqlens`` int32 [segments + 1]: segment boundaries in the flattened
+      ``input_ids.view(-1)`` (flash-attn varlen format); each row's padding run is a segment of
+      its own, so ``cu_seqlens[-1] == R * seq_len``; ``max_seqlen``: int, longest segment;
+    * other sample fields as per-item lists in batch order (e.g. ``__key__``, and
+      ``__span__`` = (start, stop) of each segment the dataset cut).
+    """
+
+    seq_len: int
+    pad_id: int
+    field: str = "tokens"
+    rows_per_batch: int | None = None
+    long_docs: str = "split"
+    fit: str = "first"
+
+    def __post_init__(self) -> None:
+        check_positive("seq_len", self.seq_len)
+        check_choice("fit", self.fit, FIT_POLICIES)
+        if not isinstance(self.pad_id, (int, np.integer)) or isinstance(self.pad_id, bool):
+            raise UsageError(f"pad_id must be the tokenizer's integer pad id, got {self.pad_id!r}")
+        check_positive("rows_per_batch", self.rows_per_batch, optional=True)
+        check_choice("long_docs", self.long_docs, LONG_DOC_POLICIES)
+
+    def _documents(self, samples: Sequence[Any]) -> tuple[list[np.ndarray], dict[str, list]]:
+        docs: list[np.ndarray] = []
+        rest: dict[str, list] = {}
+        for i, s in enumerate(samples):
+            value = s
+            if isinstance(s, Mapping):
+                if self.field not in s:
+                    raise UsageError(
+                        f"sample {i} has no field {self.field!r} (fields: {', '.join(s)}); pass "
+                        "PackCollate(field=...) naming the token field"
+                    )
+                value = s[self.field]
+                for k, v in s.items():
+                    if k != self.field:
+                        rest.setdefault(k, []).append(v)
+            try:
+                a = value.numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
+            except (TypeError, ValueError) as err:  # ragged nested lists
+                raise UsageError(
+                    f"sample {i}: {self.field!r} must be a 1-D integer token array ({err})"
+                ) from err
+            if a.ndim != 1 or (a.size and a.dtype.kind not in "iu"):
+                raise UsageError(
+                    f"sample {i}: {self.field!r} must be a 1-D integer token array, "
+                    f"got {a.dtype}{a.shape}: PackedBatches packs token ids, so re-pack text "
+                    "with --tokenizer tokenizer.json, or records that hold token ids with "
+                    "--token-field input_ids"
+                )
+            docs.append(a)
+        return docs, rest
+
+    def __call__(self, samples: Sequence[Any]) -> dict[str, Any]:
+        docs, rest = self._documents(samples)
+        if self.long_docs == "drop":
+            long = [i for i, d in enumerate(docs) if d.size > self.seq_len]
+            if long:
+                raise UsageError(
+                    f"document {long[0]} of the batch has {docs[long[0]].size} tokens > "
+                    f"seq_len={self.seq_len}, but long_docs='drop' means the planner should "
+                    "have dropped it; build the collate with PackedBatches.make_collate()"
+                )
+        if self.long_docs == "truncate":
+            docs = [d[: self.seq_len] for d in docs]
+        place = pack_rows if self.fit == "first" else next_fit_rows
+        rows = place([d.size for d in docs], self.seq_len)
+        n_rows = len(rows)
+        if self.rows_per_batch is not None:
+            if n_rows > self.rows_per_batch:
+                raise UsageError(
+                    f"the batch's documents need {n_rows} rows of {self.seq_len} tokens, more "
+                    f"than rows_per_batch={self.rows_per_batch}: plan the batches with "
+                    "PackedBatches (it cuts long documents into segments that fit), and build "
+                    "this collate with PackedBatches.make_collate()"
+                )
+            n_rows = self.rows_per_batch
+        s = self.seq_len
+        ids = np.full((n_rows, s), self.pad_id, np.int64)
+        labels = np.full((n_rows, s), IGNORE_INDEX, np.int64)
+        pos = np.zeros((n_rows, s), np.int64)
+        mask = np.zeros((n_rows, s), np.int64)
+        bounds = [0]
+        for r in range(n_rows):
+            col = 0
+            for doc, start, stop in rows[r] if r < len(rows) else ():
+                n = stop - start
+                if not n:
+                    continue
+                ids[r, col : col + n] = docs[doc][start:stop]
+                labels[r, col + 1 : col + n] = ids[r, col + 1 : col + n]
+                pos[r, col : col + n] = np.arange(n)
+                mask[r, col : col + n] = 1
+                col += n
+                bounds.append(r * s + col)
+            if col < s:
+                pos[r, col:] = np.arange(s - col)
+                bounds.append((r + 1) * s)
+        cu = np.asarray(bounds, np.int32)
+        out: dict[str, Any] = dict(rest)
+        out.update(
+            input_ids=torch.from_numpy(ids),
+            labels=torch.from_numpy(labels),
+            position_ids=torch.from_numpy(pos),
+            attention_mask=torch.from_numpy(mask),
+            cu_seqlens=torch.from_numpy(cu),
+            max_seqlen=int(np.diff(cu).max()) if cu.size > 1 else 0,
+        )
+        return out
