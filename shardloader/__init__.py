@@ -36,7 +36,8 @@ from shardloader.errors import (
 if _typing.TYPE_CHECKING:
     from shardloader.batching.blocks import TokenBlocks
     from shardloader.batching.fixed import FixedBatches
-    from shardloader.batching.packed import PackCollate, PackedBatches
+    from shardloader.batching.packcollate import PackCollate
+    from shardloader.batching.packed import PackedBatches
     from shardloader.batching.padded import BucketBatches, PadCollate, TokenBudgetBatches
     from shardloader.batching.raw import ByteColumn, RawBatch, RawCollate
     from shardloader.codecs.allowlist import Decoder
@@ -57,7 +58,7 @@ if _typing.TYPE_CHECKING:
 _EXPORTS = {
     "TokenBlocks": "shardloader.batching.blocks",
     "FixedBatches": "shardloader.batching.fixed",
-    "PackCollate": "shardloader.batching.packed",
+    "PackCollate": "shardloader.batching.packcollate",
     "PackedBatches": "shardloader.batching.packed",
     "BucketBatches": "shardloader.batching.padded",
     "PadCollate": "shardloader.batching.padded",

@@ -7,7 +7,8 @@
 * :mod:`~shardloader.batching.fixed`: :class:`FixedBatches` (and ``batch_size=``);
 * :mod:`~shardloader.batching.padded`: :class:`BucketBatches`, :class:`TokenBudgetBatches`
   and :class:`PadCollate`;
-* :mod:`~shardloader.batching.packed`: :class:`PackedBatches`, :class:`PackCollate` and
+* :mod:`~shardloader.batching.packed`: :class:`PackedBatches` (its collate :class:`PackCollate` in
+  :mod:`~shardloader.batching.packcollate`) and
   :func:`pack_rows`;
 * :mod:`~shardloader.batching.blocks`: :class:`TokenBlocks`, rows cut straight out of token
   shards' streams (it assembles its own batches: :mod:`shardloader.read.blockpass`);
@@ -29,7 +30,8 @@ from shardloader.batching.blocks import TokenBlocks
 from shardloader.batching.default import collate_samples
 from shardloader.batching.fit import Segment, pack_rows
 from shardloader.batching.fixed import FixedBatches
-from shardloader.batching.packed import IGNORE_INDEX, PackCollate, PackedBatches
+from shardloader.batching.packcollate import IGNORE_INDEX, PackCollate
+from shardloader.batching.packed import PackedBatches
 from shardloader.batching.padded import BucketBatches, PadCollate, TokenBudgetBatches
 from shardloader.batching.raw import ByteColumn, RawBatch, RawCollate
 
