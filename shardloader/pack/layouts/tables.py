@@ -290,14 +290,21 @@ def _path_reader(store: Store) -> ReadPath:
 
 
 def samples(
-    f: InputFile, kind: str, stem: str, store: Store, on_skip: OnSkip | None = None
+    f: InputFile,
+    kind: str,
+    stem: str,
+    store: Store,
+    on_skip: OnSkip | None = None,
+    leave_out: str | None = None,
 ) -> Iterator[SampleRef]:
     """One sample per row.  A cell pack cannot keep (a null inside an array, a nanosecond) is
     an InputError naming file, row, column and type; with ``on_skip`` (``--on-error skip``) its
-    row is skipped and reported so instead, and the other rows are packed."""
+    row is skipped and reported so instead, and the other rows are packed.  Column
+    ``leave_out`` is neither read nor encoded (``--token-field`` reads its ids apart)."""
     table = open_table(f, kind, store)
     schema = schema_of(table, kind)
     plans = _plans(f, schema, _features(f, schema, store))
+    plans.pop(leave_out or "", None)
     read = _path_reader(store)
 
     def reason(name: str, err: _CellError) -> str:
@@ -333,7 +340,7 @@ def samples(
                 return
 
     row = 0
-    for batch in batches(table):
+    for batch in batches(table, None if leave_out is None else list(plans)):
         for at, cells in rows(batch, row):
             yield SampleRef(f"{stem}/{at:09d}", cells, f.rel, f"row {at}")  # type: ignore[arg-type]
         row += batch.num_rows
