@@ -118,9 +118,8 @@ class ShardedDataset(DatasetState, IterableDataset):  # type: ignore[type-arg]
         # member extension → logical field: the manifest's aliases, ``aliases`` merged over
         self.field_map = FieldMap.of_manifest(self.manifest, read.aliases)
         self._planning.signature()  # a planner must declare its options (or fail here)
-        self._bundle = (
-            1  # batches per worker output: NOTE [bundles] in shardloader/deliver/transport.py
-        )
+        # batches per worker output: NOTE [bundles] in shardloader/deliver/transport.py
+        self._bundle = 1
         self._ring: Any = None  # the loader's shared buffers (NOTE [ring slots] there)
         self._init_position(world)
         self._skip_log: SkipLog | None = None  # read/skips.py: where run-time skips go

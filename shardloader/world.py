@@ -8,7 +8,7 @@ pure, testable function.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -16,7 +16,11 @@ from shardloader.errors import UsageError
 from shardloader.plan.dataparallel import ReplicaPlace, data_parallel_dims, replica_place
 from shardloader.plan.split import Place
 
+if TYPE_CHECKING:
+    from shardloader.options import World
+
 __all__ = [
+    "resolve_world",
     "detect_world",
     "detect_data_parallel",
     "detect_place",
@@ -108,7 +112,7 @@ def detect_data_parallel(group: Any, ranks_per_node: int | None = None) -> Repli
 
     if not (dist.is_available() and dist.is_initialized()):
         raise UsageError(
-            "data_parallel= needs torch.distributed initialized first (init_process_group "
+            "World.of(group) needs torch.distributed initialized first (init_process_group "
             "or init_device_mesh)"
         )
     from torch.distributed.device_mesh import DeviceMesh
@@ -120,15 +124,26 @@ def detect_data_parallel(group: Any, ranks_per_node: int | None = None) -> Repli
     elif isinstance(group, dist.ProcessGroup):
         size = dist.get_world_size(group)
         if size < 1:
-            raise UsageError(f"global rank {me} is not in the data_parallel= process group")
+            raise UsageError(f"global rank {me} is not in the World.of() process group")
         ranks, dims = np.array([dist.get_global_rank(group, i) for i in range(size)]), (0,)
     else:
         raise UsageError(
-            "data_parallel= takes a torch.distributed DeviceMesh (or its data-parallel "
+            "World.of() takes a torch.distributed DeviceMesh (or its data-parallel "
             f"dimension, e.g. mesh['dp']) or a ProcessGroup, got {type(group).__name__}"
         )
     per_node = detect_ranks_per_node(me, dist.get_world_size())
     return replica_place(ranks, dims, me, per_node, ranks_per_node)
+
+
+def resolve_world(world: World) -> tuple[int, int, int | None]:
+    """(rank, world size, ranks per node) of a :class:`~shardloader.options.World`: from its
+    data-parallel group, else its rank and world size (or the detected ones)."""
+    if world.group is not None:
+        place = detect_data_parallel(world.group, world.ranks_per_node)
+        return place.rank, place.world_size, place.ranks_per_node
+    r, w = detect_world(world.rank, world.world_size)
+    Place(r, w)  # validate
+    return r, w, detect_ranks_per_node(r, w, world.ranks_per_node)
 
 
 def detect_place(rank: int, world_size: int) -> Place:

@@ -137,14 +137,6 @@ def fault_proxy(_proxy_session: FaultProxy) -> Iterator[FaultProxy]:
 
 
 @pytest.fixture
-def shm_dir(tmp_path: Path) -> str:
-    """A service's shared-memory folder: a private one, so leftovers are this test's own."""
-    folder = tmp_path / "shm"
-    folder.mkdir()
-    return str(folder)
-
-
-@pytest.fixture
 def static_site(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     """Plain static files (no Range support) from ``tmp_path/www`` on 127.0.0.1: (base URL,
     the folder)."""

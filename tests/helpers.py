@@ -119,6 +119,18 @@ def torchrun(
     return proc
 
 
+def run_cli(*args: object, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """``python -m shardloader ARGS`` in a subprocess, as a user runs it: its exit code and
+    output (undecodable bytes replaced), whatever they are."""
+    return subprocess.run(
+        [sys.executable, "-m", "shardloader", *map(str, args)],
+        capture_output=True,
+        text=True,
+        errors="replace",
+        timeout=timeout,
+    )
+
+
 def batch_ids(batch: dict) -> list[int]:
     return [int(i) for i in batch["__index__"]]
 

@@ -9,8 +9,6 @@ import decimal
 import io
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from corpus import read_back
+from helpers import run_cli
 
 import shardloader as sl
 from shardloader.codecs import Decoder
@@ -37,15 +36,6 @@ def _image(color: tuple[int, int, int], fmt: str, size: tuple[int, int] = (7, 5)
     pixels[0, 0] = color
     Image.fromarray(pixels).save(buf, fmt)
     return buf.getvalue()
-
-
-def _cli(*args: object) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "shardloader", *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
 
 
 def _hub_dump(root: str, n: int = 8) -> tuple[list[bytes], list[int]]:
@@ -77,12 +67,12 @@ def test_hub_image_dump_packs_to_decodable_images_with_class_names(tmp_path):
     from torch.utils.data import DataLoader
 
     images, labels = _hub_dump(str(tmp_path / "hub"))
-    packed = _cli("pack", tmp_path / "hub", tmp_path / "out", "--max-samples", "3")
+    packed = run_cli("pack", tmp_path / "hub", tmp_path / "out", "--max-samples", "3")
     assert packed.returncode == 0, packed.stderr
     manifest = json.loads((tmp_path / "out/index.json").read_text())
     assert manifest["fields"] == {"image": {"codec": "image"}, "label": {"codec": "int"}}
     assert manifest["classes"] == ["cat", "dog", "bird"]
-    shown = _cli("inspect", tmp_path / "out")
+    shown = run_cli("inspect", tmp_path / "out")
     assert shown.returncode == 0, shown.stderr
     assert all(name in shown.stdout for name in ("cat", "dog", "bird"))
 
@@ -350,7 +340,7 @@ def test_files_naming_different_class_labels_are_refused(tmp_path):
 def test_skip_that_skips_every_row_is_an_error(tmp_path):
     """Old main: exit 0, a dataset of no samples."""
     _write(pa.table({"jpg": [b"not an image"] * 5}), str(tmp_path / "src/t.parquet"), "parquet")
-    r = _cli("pack", tmp_path / "src", tmp_path / "out", "--on-error", "skip")
+    r = run_cli("pack", tmp_path / "src", tmp_path / "out", "--on-error", "skip")
     assert r.returncode == 1, r.stderr
     assert "every sample was skipped (5 skips)" in r.stderr and "t.parquet row 0" in r.stderr
     assert "Traceback" not in r.stderr
@@ -365,6 +355,6 @@ def test_cli_names_an_unsupported_column_without_a_traceback(tmp_path):
         str(tmp_path / "src/t.parquet"),
         "parquet",
     )
-    r = _cli("pack", tmp_path / "src", tmp_path / "out")
+    r = run_cli("pack", tmp_path / "src", tmp_path / "out")
     assert r.returncode == 1, r.stderr
     assert "column 'span' has Arrow type duration[us]" in r.stderr and "Traceback" not in r.stderr

@@ -6,12 +6,11 @@ from __future__ import annotations
 import io
 import json
 import os
-import subprocess
-import sys
 import tarfile
 
 import numpy as np
 import pytest
+from helpers import run_cli
 
 import shardloader as sl
 from shardloader.format.keys import escape_name, name_bytes
@@ -32,16 +31,6 @@ def _write(root: bytes, rel: bytes, data: bytes) -> None:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "wb") as f:
         f.write(data)
-
-
-def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "shardloader", *args],
-        capture_output=True,
-        text=True,
-        errors="replace",
-        timeout=120,
-    )
 
 
 def _keys(out) -> dict[str, dict]:
@@ -79,14 +68,14 @@ def test_non_utf8_bad_file_is_skipped_and_listed_without_a_traceback(tmp_path):
     _write(src, b"cat/caf\xe9.jpg", _jpeg(1))
     _write(src, b"cat/bad\xff.jpg", b"not a jpeg")
     out = tmp_path / "out"
-    r = _cli("pack", os.fsdecode(src), str(out), "--on-error", "skip")
+    r = run_cli("pack", os.fsdecode(src), str(out), "--on-error", "skip")
     assert r.returncode == 0, r.stderr
     assert "Traceback" not in r.stderr + r.stdout
     assert "skipped 1" in r.stdout
     skipped = [json.loads(line) for line in (out / "skipped.jsonl").read_text().splitlines()]
     assert [s["file"] for s in skipped] == ["cat/bad%FF.jpg"]
     assert sorted(_keys(out)) == ["cat/caf%E9"]
-    r = _cli("pack", os.fsdecode(src), str(tmp_path / "out2"))  # without skip: one line, rc 1
+    r = run_cli("pack", os.fsdecode(src), str(tmp_path / "out2"))  # without skip: one line, rc 1
     assert r.returncode == 1
     assert "Traceback" not in r.stderr and "cat/bad%FF" in r.stderr
 
@@ -102,7 +91,7 @@ def test_index_refuses_a_non_utf8_tar_member_in_one_line(tmp_path):
             tar.addfile(info, io.BytesIO(data))
     with tarfile.open(path) as tar:  # the bytes on disk are the raw name
         assert tar.getnames()[0].encode("utf-8", "surrogateescape") == b"caf\xe9.jpg"
-    r = _cli("index", str(path), str(tmp_path))
+    r = run_cli("index", str(path), str(tmp_path))
     assert r.returncode == 1
     assert "Traceback" not in r.stderr
     assert "member name b'caf\\xe9.jpg' is not UTF-8" in r.stderr
@@ -244,12 +233,12 @@ def test_img2dataset_tars_pack_and_index_with_side_files_left_out(tmp_path):
                 )
         pq.write_table(pa.Table.from_pylist([_meta(s)]), src / f"{s:05d}.parquet")
         (src / f"{s:05d}_stats.json").write_text(json.dumps({"count": 3}))
-    r = _cli("pack", str(src), str(tmp_path / "out"), "--format", "arrow")
+    r = run_cli("pack", str(src), str(tmp_path / "out"), "--format", "arrow")
     assert r.returncode == 0, r.stderr
     assert "layout tars" in r.stdout and "samples   6" in r.stdout and "ignored   4:" in r.stdout
     packed = _keys(tmp_path / "out")
     assert sorted(packed) == sorted(f"{s * 10000 + j:09d}" for s in range(2) for j in range(3))
-    r = _cli("index", str(src), str(src))
+    r = run_cli("index", str(src), str(src))
     assert r.returncode == 0, r.stderr
     indexed = _keys(src)
     assert sorted(indexed) == sorted(packed)
@@ -351,12 +340,12 @@ def test_labels_that_miss_files_are_refused_or_skipped_and_listed(tmp_path):
     rows = [f"{k}.JPEG,{v}" for k, v in synsets.items()][1:]  # the first image has no label
     (tmp_path / "val" / "labels.csv").write_text("\n".join([*rows, "ILSVRC2012_val_99.JPEG,x"]))
     labels = str(tmp_path / "val" / "labels.csv")  # inside SRC: left out, not a sample
-    r = _cli("pack", str(tmp_path / "val"), str(tmp_path / "out"), "--labels", labels)
+    r = run_cli("pack", str(tmp_path / "val"), str(tmp_path / "out"), "--labels", labels)
     assert r.returncode == 1 and "Traceback" not in r.stderr
     assert "1 file has no label (e.g. 'ILSVRC2012_val_00000001')" in r.stderr
     assert "1 label names no file (e.g. labels.csv line 4 (ILSVRC2012_val_99.JPEG))" in r.stderr
     assert not (tmp_path / "out" / "index.json").exists()
-    r = _cli(
+    r = run_cli(
         "pack",
         str(tmp_path / "val"),
         str(tmp_path / "out"),
@@ -368,7 +357,7 @@ def test_labels_that_miss_files_are_refused_or_skipped_and_listed(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "samples   3" in r.stdout and "ignored   3:" in r.stdout
     assert sorted(_keys(tmp_path / "out")) == sorted(synsets)[1:]
-    r = _cli("pack", str(tmp_path / "val"), str(tmp_path / "o2"), "--labels", str(tmp_path))
+    r = run_cli("pack", str(tmp_path / "val"), str(tmp_path / "o2"), "--labels", str(tmp_path))
     assert r.returncode == 2 and "--labels" in r.stderr and "Traceback" not in r.stderr
 
 

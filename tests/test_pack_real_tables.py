@@ -7,25 +7,15 @@ from __future__ import annotations
 import io
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from helpers import run_cli
 
 import shardloader as sl
 from shardloader.pack import PackOptions, pack
-
-
-def _cli(*args: object) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "shardloader", *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
 
 
 @pytest.mark.subprocess
@@ -65,7 +55,7 @@ def test_a_row_of_nulls_is_a_sample_with_every_field_missing(tmp_path):
         for s in wds.WebDataset(str(out / "shard-00000.tar"), shardshuffle=False)
     ]
     assert seen == [("t/000000000", ["caption", "score"]), ("t/000000001", [])]
-    assert _cli("verify", out).returncode == 0
+    assert run_cli("verify", out).returncode == 0
 
 
 def _bad_cells(path: str, n: int = 1100) -> dict[int, str]:
@@ -92,12 +82,12 @@ def _bad_cells(path: str, n: int = 1100) -> dict[int, str]:
 def test_on_error_skip_skips_the_row_of_a_cell_pack_cannot_keep(tmp_path):
     """Old main: the bad cell failed the whole pack under --on-error skip too (exit 1)."""
     bad = _bad_cells(str(tmp_path / "src/t.parquet"))
-    refused = _cli("pack", tmp_path / "src", tmp_path / "refused")
+    refused = run_cli("pack", tmp_path / "src", tmp_path / "refused")
     assert refused.returncode == 1 and "Traceback" not in refused.stderr
     assert "t.parquet row 5: column 'emb' (list<element: float>): a null" in refused.stderr
     assert not (tmp_path / "refused/index.json").exists()
 
-    r = _cli("pack", tmp_path / "src", tmp_path / "out", "--on-error", "skip")
+    r = run_cli("pack", tmp_path / "src", tmp_path / "out", "--on-error", "skip")
     assert r.returncode == 0, r.stderr
     lines = (tmp_path / "out/skipped.jsonl").read_text().splitlines()
     skips = [json.loads(line) for line in lines]
@@ -148,12 +138,12 @@ def test_save_to_disk_folders_pack_with_pixels_and_class_names(tmp_path):
     datasets.DatasetDict({"train": ds, "test": ds.select([1, 3])}).save_to_disk(str(saved))
     assert (saved / "dataset_dict.json").exists() and (saved / "train/state.json").exists()
 
-    whole = _cli("pack", saved, tmp_path / "whole")
+    whole = run_cli("pack", saved, tmp_path / "whole")
     assert whole.returncode == 2 and "Traceback" not in whole.stderr
     assert "DatasetDict" in whole.stderr and "splits test, train" in whole.stderr
     assert f"shardloader pack {saved}/train OUT" in whole.stderr
 
-    r = _cli("pack", saved / "train", tmp_path / "out", "--max-samples", "2")
+    r = run_cli("pack", saved / "train", tmp_path / "out", "--max-samples", "2")
     assert r.returncode == 0, r.stderr
     assert "state.json' (datasets save_to_disk metadata)" in r.stdout
     manifest = json.loads((tmp_path / "out/index.json").read_text())

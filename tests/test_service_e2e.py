@@ -64,8 +64,21 @@ def server(env, tmp_path_factory):
     srv.stop()
 
 
-def remote(server, rank=0, world=1, **kw):
-    return RemoteLoader(server.url, rank=rank, world_size=world, token=TOKEN, **kw)
+def remote(server, rank=0, world=1, ranks_per_node=None, **kw):
+    return RemoteLoader(server.url, world=sl.World(rank, world, ranks_per_node), token=TOKEN, **kw)
+
+
+def test_remote_loader_takes_its_place_as_a_world_or_spelled_out_not_both():
+    """Old main: RemoteLoader took rank=/world_size=/data_parallel= only (TypeError on world=),
+    and worked its place out with a copy of the dataset's code."""
+    url = "http://127.0.0.1:9"  # nothing is asked of a server before the first pass
+    loader = RemoteLoader(url, world=sl.World(1, 3))
+    assert (loader.rank, loader.world_size) == (1, 3)
+    assert (RemoteLoader(url, 2, 3).rank, RemoteLoader(url, 2, 3).world_size) == (2, 3)
+    with pytest.raises(sl.UsageError, match="pass world= or rank=/world_size=/ranks_per_node="):
+        RemoteLoader(url, ranks_per_node=1, world=sl.World(0, 1))
+    with pytest.raises(sl.UsageError, match="rank 3 is outside world_size 3"):
+        RemoteLoader(url, world=sl.World(3, 3))
 
 
 # -- the same batches -----------------------------------------------------------------------------

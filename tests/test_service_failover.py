@@ -14,6 +14,7 @@ import time
 import psutil
 import pytest
 from corpus import class_folders
+from http_server import serving
 from test_service_support import (
     big_factory,
     dataset_env,
@@ -190,20 +191,12 @@ class _Busy(http.server.BaseHTTPRequestHandler):
 def test_retry_after_spends_no_attempt_and_the_time_budget_ends_the_wait():
     """One attempt allowed, 2.5 s of budget: the busy answers are waited out, not counted,
     until the seconds are spent; then one StorageError names the server."""
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Busy)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        url = f"http://127.0.0.1:{server.server_address[1]}"
+    with serving(_Busy) as url:
         loader = RemoteLoader(url, retry=RetryPolicy(max_attempts=1, max_total_seconds=2.5))
         with pytest.raises(StorageError, match="max-clients") as caught:
             len(loader)
         assert _Busy.seen >= 2  # before: given up at the first 503, in 0.0 s
         assert url in str(caught.value)
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(10)
 
 
 class _Crop:

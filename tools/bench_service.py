@@ -329,13 +329,13 @@ def _remote(url: str, transport: str) -> RemoteLoader:
     import importlib.util
 
     if transport == "tcp":
-        return RemoteLoader(url, 0, 1)
+        return RemoteLoader(url, world=sl.World(0, 1))
     if importlib.util.find_spec("shardloader.service.shm") is None:
         raise SystemExit(
             "this shardloader has no shared-memory road (removed, see docs/service.md); use "
             "--transport tcp, or put an older checkout on PYTHONPATH"
         )
-    return RemoteLoader(url, 0, 1, transport="auto")
+    return RemoteLoader(url, world=sl.World(0, 1), transport="auto")
 
 
 def _load() -> str:

@@ -111,7 +111,8 @@ def make_loader(args: argparse.Namespace, rank: int, world: int) -> tuple[Any, A
             ) from err
         if not args.num_classes:
             raise SystemExit("--remote needs --num-classes (the model is built before any batch)")
-        return RemoteLoader(args.remote, rank, world, seed=args.seed), None, args.num_classes
+        remote = RemoteLoader(args.remote, world=sl.World(rank, world), seed=args.seed)
+        return remote, None, args.num_classes
     if not args.data:
         raise SystemExit("give DATA (a packed dataset) or --remote URL")
     read = sl.ReadOptions(cache=sl.CacheOptions(dir=args.cache_dir)) if args.cache_dir else None

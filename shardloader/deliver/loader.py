@@ -64,14 +64,13 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
                     f"{banned}= belongs to ShardedDataset (batches are formed in the workers), "
                     "not to the loader"
                 )
-        make_ring = kwargs.pop("make_ring", Ring)  # the service's forwarding ring, or Ring
         if kwargs.get("num_workers", 0) > 0:
             kwargs.setdefault("persistent_workers", True)
             bundle = worker_bundle(dataset)  # NOTE [bundles] in shardloader/deliver/transport.py
             kwargs.setdefault("prefetch_factor", 2 if bundle > 1 else 4)
             ring = None
             if bundle > 1:
-                ring = make_ring(  # NOTE [ring slots]: in flight, held by the loop, one spare
+                ring = Ring(  # NOTE [ring slots]: in flight, held by the loop, one spare
                     kwargs["num_workers"],
                     kwargs["prefetch_factor"] + 3,
                     bundle * batch_bytes(dataset) * 5 // 4,

@@ -22,7 +22,7 @@ from shardloader.options import World
 from shardloader.plan.elastic import Reshape, encode_history, history_of, shape_of
 from shardloader.plan.partition import Partition, choose_partition
 from shardloader.plan.split import Place
-from shardloader.world import detect_data_parallel, detect_ranks_per_node, detect_world
+from shardloader.world import detect_ranks_per_node, detect_world, resolve_world
 
 __all__ = ["DatasetPosition", "integer"]
 
@@ -52,13 +52,7 @@ class DatasetPosition:
         self._explicit_world = (world.rank, world.world_size)
         self._explicit_per_node = world.ranks_per_node
         self._fixed_place = world.group is not None  # read once, from the group
-        if world.group is not None:
-            place = detect_data_parallel(world.group, world.ranks_per_node)
-            r, w, per_node = place.rank, place.world_size, place.ranks_per_node
-        else:
-            r, w = detect_world(world.rank, world.world_size)
-            Place(r, w)  # validate
-            per_node = detect_ranks_per_node(r, w, world.ranks_per_node)
+        r, w, per_node = resolve_world(world)
         for i, value in ((_RANK, r), (_WORLD, w), (_PER_NODE, per_node or 0)):
             self._control.set(i, value)
         if settle:

@@ -44,6 +44,7 @@ from typing import Any, TypeVar
 from fsspec.asyn import sync
 
 from shardloader.errors import OutputLockedError, StorageError, UsageError
+from shardloader.storage.classify import chain, status_and_code
 from shardloader.storage.store import Store, as_store
 
 __all__ = [
@@ -250,14 +251,8 @@ def _local_lock(out: Store, holder: Holder) -> Iterator[OutLock]:
 
 def _code(err: BaseException) -> str | None:
     """The S3 error code behind an s3fs-translated error (``PreconditionFailed``, ...)."""
-    seen: BaseException | None = err
-    while seen is not None:
-        response = getattr(seen, "response", None)
-        if isinstance(response, dict):
-            code = response.get("Error", {}).get("Code")
-            return str(code) if code is not None else None
-        seen = seen.__cause__
-    return None
+    codes = (status_and_code(seen)[1] for seen in chain(err))
+    return next((code for code in codes if code), None)
 
 
 _CONFLICT = ("PreconditionFailed", "412", "ConditionalRequestConflict", "409")

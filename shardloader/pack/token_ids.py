@@ -25,6 +25,7 @@ import numpy as np
 
 from shardloader.errors import InputError, StorageError, UsageError
 from shardloader.manifest import FieldInfo
+from shardloader.pack.layouts.tables import batches, open_table, schema_of
 from shardloader.pack.refs import InputFile, TextRule
 from shardloader.storage.store import Store
 
@@ -137,34 +138,15 @@ def json_rest(record: dict) -> bytes:
     return _ENCODE.encode(record)
 
 
-def _open_table(f: InputFile, kind: str, store: Store) -> Any:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    stream = store.open_read()
-    if kind == "parquet":
-        try:
-            return pq.ParquetFile(stream)
-        except BaseException:
-            stream.close()
-            raise
-    with stream:
-        data = pa.py_buffer(stream.read())
-    try:
-        return pa.ipc.open_file(data)
-    except pa.ArrowInvalid:
-        return pa.ipc.open_stream(data)
-
-
 def table_ids(f: InputFile, kind: str, store: Store, name: str) -> Iterator[Any]:
     """Column ``name`` of table file ``f``, batch by batch (pyarrow list arrays); nothing at
     all when the file has no such column.  A column that is not a list of integers is a
     :class:`UsageError` naming it and its Arrow type."""
     import pyarrow as pa
 
-    table = _open_table(f, kind, store)
+    table = open_table(f, kind, store)
     try:
-        schema = table.schema_arrow if kind == "parquet" else table.schema
+        schema = schema_of(table, kind)
         if name not in schema.names:
             return
         typ = schema.field(name).type
@@ -176,15 +158,8 @@ def table_ids(f: InputFile, kind: str, store: Store, name: str) -> Iterator[Any]
                 f"{f.url}: --token-field {name!r} is a column of Arrow type {typ}, not a list "
                 "of integer token ids; name the column that holds the ids"
             )
-        if kind == "parquet":
-            for batch in table.iter_batches(batch_size=_BATCH, columns=[name]):
-                yield batch.column(0)
-        elif hasattr(table, "num_record_batches"):  # IPC file
-            for i in range(table.num_record_batches):
-                yield table.get_batch(i).column(name)
-        else:  # IPC stream
-            for batch in table:
-                yield batch.column(name)
+        for batch in batches(table, [name], _BATCH):
+            yield batch.column(name)
     finally:
         if kind == "parquet":
             table.close(force=True)
@@ -259,9 +234,9 @@ def scan_ids(f: InputFile, kind: str, store: Store, name: str, vocab_size: int |
             count.missing += int(nulls.sum())
             row += len(column)
         if not found:
-            count.records = _num_rows(f, kind, store)
+            names, count.records, _ = table_columns(f, kind, store, ())
             count.missing = count.records
-            count.saw(_columns(f, kind, store))
+            count.saw(names)
         else:
             count.saw([name])
     except (OSError, pa.ArrowInvalid, StorageError) as err:
@@ -276,21 +251,14 @@ def table_columns(
     only those columns are read."""
     import pyarrow as pa
 
-    table = _open_table(f, kind, store)
+    table = open_table(f, kind, store)
     try:
-        schema = table.schema_arrow if kind == "parquet" else table.schema
-        names = list(schema.names)
+        names = list(schema_of(table, kind).names)
         wanted = [c for c in columns if c in names]
         if not wanted:
             return names, _num_rows_of(table, kind), 0
-        if kind == "parquet":
-            batches = table.iter_batches(batch_size=_BATCH * 4, columns=wanted)
-        elif hasattr(table, "num_record_batches"):
-            batches = (table.get_batch(i) for i in range(table.num_record_batches))
-        else:
-            batches = iter(table)
         rows = present = 0
-        for batch in batches:
+        for batch in batches(table, wanted, _BATCH * 4):
             valid = np.zeros(batch.num_rows, bool)
             for c in wanted:
                 valid |= batch.column(c).is_valid().to_numpy(zero_copy_only=False)
@@ -310,22 +278,3 @@ def _num_rows_of(table: Any, kind: str) -> int:
     if hasattr(table, "num_record_batches"):
         return sum(table.get_batch(i).num_rows for i in range(table.num_record_batches))
     return sum(batch.num_rows for batch in table)
-
-
-def _num_rows(f: InputFile, kind: str, store: Store) -> int:
-    table = _open_table(f, kind, store)
-    try:
-        return _num_rows_of(table, kind)
-    finally:
-        if kind == "parquet":
-            table.close(force=True)
-
-
-def _columns(f: InputFile, kind: str, store: Store) -> list[str]:
-    table = _open_table(f, kind, store)
-    try:
-        schema = table.schema_arrow if kind == "parquet" else table.schema
-        return list(schema.names)
-    finally:
-        if kind == "parquet":
-            table.close(force=True)

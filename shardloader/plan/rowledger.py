@@ -38,7 +38,11 @@ def build_rows(
 ) -> Ledger:
     """The ledger of a token-row epoch's plans (every partition's), pure like ``report()``."""
     if lengths is None:
-        raise UsageError("the ledger of token rows needs the sidecars' token counts")
+        raise UsageError(
+            f"the ledger of epoch {epoch}'s token rows needs every document's token count, "
+            "which the shards' sidecars do not record; re-pack with --tokenizer (or "
+            "--token-field for records that hold token ids)"
+        )
     planner = planning.planner
     sizes = np.asarray(planning.shard_sizes, np.int64)
     lens = np.asarray(lengths, np.int64)

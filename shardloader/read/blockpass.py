@@ -6,7 +6,7 @@ bundle, in a worker) at a time: each row is one slice of a staged token shard's 
 and the other fields follow from the sidecars' lengths with numpy over the whole chunk
 (:func:`~shardloader.batching.blocks.assemble`).  No sample is read, decoded or collated, and
 no sidecar key is parsed: the block path needs the ``length`` column only
-(:func:`shardloader.read.lengths.load_token_lengths`).
+(:func:`shardloader.read.lengths.load_lengths`).
 
 In a DataLoader worker the chunk is written straight into one shared-memory buffer and crosses
 to the main process as that buffer (:mod:`shardloader.deliver.transport`, NOTE [bundles] there).

@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from shardloader.manifest import Manifest, ShardInfo
     from shardloader.read.shardset import ReadOptions
 
-__all__ = ["SharedLengths", "load_lengths", "load_token_lengths"]
+__all__ = ["SharedLengths", "load_lengths"]
 
 log = logging.getLogger(__name__)
 
@@ -85,17 +85,6 @@ def _open_shared(path: str, count: int) -> SharedLengths:
     out: SharedLengths = mapped.view(SharedLengths)
     out.path = path
     return out
-
-
-def load_token_lengths(manifest: Manifest, base: str, read: ReadOptions) -> np.ndarray:
-    """Every document's token count (int64, by global id), from the sidecars' ``length``
-    columns alone, shared through the node cache (NOTE [shared lengths])."""
-    try:
-        lengths = load_lengths(manifest, base, read, hint="re-pack with --tokenizer")
-    except UsageError as err:  # a token shard always records them: its sidecar is wrong
-        raise ManifestError(str(err)) from err
-    assert lengths is not None
-    return lengths
 
 
 def load_lengths(

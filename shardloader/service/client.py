@@ -19,12 +19,12 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from shardloader.errors import ResumeError, UsageError
-from shardloader.plan.split import Place
+from shardloader.options import World
 from shardloader.service.passreader import PassReader
 from shardloader.service.transport import Endpoint, Failover, get_json
 from shardloader.service.wireframes import PROTOCOL
 from shardloader.storage.retry import RetryPolicy
-from shardloader.world import detect_data_parallel, detect_ranks_per_node, detect_world
+from shardloader.world import resolve_world
 
 __all__ = ["RemoteLoader", "DEFAULT_REMOTE_RETRY"]
 
@@ -51,15 +51,16 @@ class RemoteLoader:
     """Batches of one rank from ``shardloader serve`` replicas, as the local loader yields them.
 
     ``urls``: one or more replicas serving the same pipeline (rank ``r`` starts at
-    ``urls[r % len(urls)]`` to spread load).  ``rank``/``world_size`` default to the detected
-    distributed place; ``data_parallel`` (a ``DeviceMesh`` dimension or process group, as
-    ``ShardedDataset`` takes it) makes them the data-parallel rank and the number of replicas,
-    so the ranks of one replica get the same batches.  ``seed``/``fingerprint`` pin what the
-    servers must serve (409 → :class:`ResumeError` otherwise); unset, they are learned from
-    the first server.  The first server's pipeline (decoder, transform, collate and the
-    options that built them) is pinned too: a replica whose pipeline differs is refused with
-    a :class:`ResumeError` naming both fingerprints and what differs (NOTE [pinned pipeline]
-    in :mod:`shardloader.service.fingerprint`).
+    ``urls[r % len(urls)]`` to spread load).  ``world``: this rank's place, a
+    :class:`~shardloader.options.World` as ``ShardedDataset`` takes it (by default the detected
+    one; ``World.of(group)`` makes it the data-parallel rank and the number of replicas, so the
+    ranks of one replica get the same batches).  ``rank``/``world_size``/``ranks_per_node``/
+    ``data_parallel`` are the same place spelled out, as before ``world``.
+    ``seed``/``fingerprint`` pin what the servers must serve (409 → :class:`ResumeError`
+    otherwise); unset, they are learned from the first server. The first server's pipeline
+    (decoder, transform, collate and the options that built them) is pinned too: a replica whose
+    pipeline differs is refused with a :class:`ResumeError` naming both fingerprints and what
+    differs (NOTE [pinned pipeline] in :mod:`shardloader.service.fingerprint`).
     ``retry``: the budget of attempts that deliver no batch, spent by the library's one retry
     loop (:func:`shardloader.storage.retry.call_with_retries`); by default 120 s since the
     last batch.  A replica that stops, is restarted or loses a worker process is a fault,
@@ -85,20 +86,19 @@ class RemoteLoader:
         prefetch: int = 2,
         transport: str | None = None,
         data_parallel: Any = None,
+        world: World | None = None,
     ) -> None:
         listed = [urls] if isinstance(urls, str) else list(urls)
         if not listed:
             raise UsageError("RemoteLoader needs at least one service URL")
         self._endpoints = [Endpoint(u) for u in listed]
-        if data_parallel is not None:
-            if rank is not None or world_size is not None:
-                raise UsageError("pass data_parallel= or rank/world_size, not both")
-            place = detect_data_parallel(data_parallel, ranks_per_node)
-            r, w, per_node = place.rank, place.world_size, place.ranks_per_node
-        else:
-            r, w = detect_world(rank, world_size)
-            per_node = detect_ranks_per_node(r, w, ranks_per_node)
-        Place(r, w)
+        if world is None:
+            world = World(rank, world_size, ranks_per_node, group=data_parallel)
+        elif any(v is not None for v in (rank, world_size, ranks_per_node, data_parallel)):
+            raise UsageError(
+                "pass world= or rank=/world_size=/ranks_per_node=/data_parallel=, not both"
+            )
+        r, w, per_node = resolve_world(world)
         if prefetch < 1:
             raise UsageError(f"prefetch={prefetch} must be >= 1")
         self._rank, self._world = r, w

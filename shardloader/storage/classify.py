@@ -26,6 +26,7 @@ __all__ = [
     "decide_generic",
     "describe",
     "from_status",
+    "status_and_code",
 ]
 
 TRANSIENT = "transient"
@@ -61,6 +62,16 @@ def chain(err: BaseException) -> Iterator[BaseException]:
         seen.add(id(cur))
         yield cur
         cur = cur.__cause__ or cur.__context__
+
+
+def status_and_code(err: BaseException) -> tuple[int | None, str]:
+    """The HTTP status and the service's error code ``err`` carries: botocore's ``response``
+    (``ResponseMetadata.HTTPStatusCode``, ``Error.Code``), else an HTTP client's ``status``."""
+    response = getattr(err, "response", None)
+    if isinstance(response, Mapping):
+        code = response.get("Error", {}).get("Code")
+        return response.get("ResponseMetadata", {}).get("HTTPStatusCode"), str(code or "")
+    return getattr(err, "status", None), ""
 
 
 def from_status(

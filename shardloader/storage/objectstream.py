@@ -39,6 +39,7 @@ from functools import cache
 from typing import TYPE_CHECKING, Any
 
 from shardloader.errors import ChecksumError, ObjectChangedError, TruncatedBodyError
+from shardloader.storage.classify import status_and_code
 from shardloader.storage.deadline import Deadline
 from shardloader.storage.retry import RetryPolicy, call_with_retries
 
@@ -360,11 +361,5 @@ def _takes(client_type: type) -> frozenset[str]:
 def _precondition_failed(err: BaseException) -> bool:
     """Whether ``err`` is the store's 412 to an ``If-Match`` (botocore's ClientError, or the
     HTTP client's status error)."""
-    if getattr(err, "status", None) == 412:
-        return True
-    response = getattr(err, "response", None)
-    if isinstance(response, dict):
-        code = response.get("Error", {}).get("Code")
-        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-        return code == "PreconditionFailed" or status == 412
-    return False
+    status, code = status_and_code(err)
+    return status == 412 or code == "PreconditionFailed"

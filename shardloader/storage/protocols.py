@@ -35,6 +35,7 @@ from shardloader.storage.classify import (
     chain,
     decide_generic,
     from_status,
+    status_and_code,
 )
 from shardloader.storage.clients import _HttpStatusError, http_client
 
@@ -184,10 +185,7 @@ def _http_decide(e: BaseException) -> str | None:
 def _s3_decide(e: BaseException) -> str | None:
     client_errors = _client_errors()
     if client_errors and isinstance(e, client_errors):
-        resp: Mapping[str, Any] = getattr(e, "response", None) or {}
-        code = str(resp.get("Error", {}).get("Code", ""))
-        status = resp.get("ResponseMetadata", {}).get("HTTPStatusCode")
-        return from_status(status, code, _S3_CODES)
+        return from_status(*status_and_code(e), _S3_CODES)
     credential_types = _credential_types()
     if credential_types and isinstance(e, credential_types):
         return CREDENTIALS

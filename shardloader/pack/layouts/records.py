@@ -204,12 +204,12 @@ class TokenRecords(Records):
     ) -> Iterator[SampleRef]:
         name = self.rule.field
         rows = enumerate(self._row_ids(f, kind, store))
-        for sample in tables.samples(f, kind, stem, store, on_skip):
+        for sample in tables.samples(f, kind, stem, store, on_skip, leave_out=name):
             where = f"{f.url} {sample.where}"
             row = int(sample.key.rsplit("/", 1)[1])  # rows skipped before it: passed over
             ids = next(ids for at, ids in rows if at == row)
             tokens = self._tokens(ids, where)
-            fields = [(n, v) for n, v in sample.fields if n != name] + [("tokens", tokens)]
+            fields = [*sample.fields, ("tokens", tokens)]
             yield sample._replace(fields=tuple(sorted(fields, key=lambda nv: nv[0])))
 
     def _row_ids(self, f: InputFile, kind: str, store: Store) -> Iterator[np.ndarray | None]:

@@ -38,7 +38,18 @@ from shardloader.pack.layouts.base import OnSkip
 from shardloader.pack.refs import InputFile, SampleRef
 from shardloader.storage.store import Store, join
 
-__all__ = ["SUFFIXES", "Classes", "Table", "describe", "fields", "samples", "same_classes"]
+__all__ = [
+    "SUFFIXES",
+    "Classes",
+    "Table",
+    "batches",
+    "describe",
+    "fields",
+    "open_table",
+    "samples",
+    "same_classes",
+    "schema_of",
+]
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +66,7 @@ class Table:
     classes: tuple[str, ...] = ()
 
 
-def _open(f: InputFile, kind: str, store: Store) -> Any:
+def open_table(f: InputFile, kind: str, store: Store) -> Any:
     """A Parquet file (streamed) or an Arrow IPC reader (file or stream format, read whole)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -75,11 +86,11 @@ def _open(f: InputFile, kind: str, store: Store) -> Any:
         return pa.ipc.open_stream(data)
 
 
-def _schema(table: Any, kind: str) -> Any:
+def schema_of(table: Any, kind: str) -> Any:
     return table.schema_arrow if kind == "parquet" else table.schema
 
 
-def _batches(table: Any, columns: list[str] | None = None, size: int = 1024) -> Iterator[Any]:
+def batches(table: Any, columns: list[str] | None = None, size: int = 1024) -> Iterator[Any]:
     if hasattr(table, "iter_batches"):  # parquet
         try:
             yield from table.iter_batches(batch_size=size, columns=columns)
@@ -170,8 +181,8 @@ def describe(f: InputFile, kind: str, store: Store) -> Table:
     import pyarrow as pa
 
     try:
-        table = _open(f, kind, store)
-        schema = _schema(table, kind)
+        table = open_table(f, kind, store)
+        schema = schema_of(table, kind)
         if kind == "parquet":
             table.close(force=True)
     except (OSError, pa.ArrowInvalid, StorageError) as err:
@@ -221,7 +232,7 @@ def _sniffed(
 
     first: dict[str, tuple[bytes | None, str | None]] = {}
     try:
-        for batch in _batches(_open(f, kind, store), names, 64):
+        for batch in batches(open_table(f, kind, store), names, 64):
             for name in names:
                 if name in first:
                     continue
@@ -272,14 +283,21 @@ def _path_reader(store: Store) -> ReadPath:
 
 
 def samples(
-    f: InputFile, kind: str, stem: str, store: Store, on_skip: OnSkip | None = None
+    f: InputFile,
+    kind: str,
+    stem: str,
+    store: Store,
+    on_skip: OnSkip | None = None,
+    leave_out: str | None = None,
 ) -> Iterator[SampleRef]:
     """One sample per row.  A cell pack cannot keep (a null inside an array, a nanosecond) is
     an InputError naming file, row, column and type; with ``on_skip`` (``--on-error skip``) its
-    row is skipped and reported so instead, and the other rows are packed."""
-    table = _open(f, kind, store)
-    schema = _schema(table, kind)
+    row is skipped and reported so instead, and the other rows are packed.  Column
+    ``leave_out`` is neither read nor encoded (``--token-field`` reads its ids apart)."""
+    table = open_table(f, kind, store)
+    schema = schema_of(table, kind)
     plans = _plans(f, schema, _features(f, schema, store))
+    plans.pop(leave_out or "", None)
     read = _path_reader(store)
 
     def reason(name: str, err: _CellError) -> str:
@@ -315,7 +333,7 @@ def samples(
                 return
 
     row = 0
-    for batch in _batches(table):
+    for batch in batches(table, None if leave_out is None else list(plans)):
         for at, cells in rows(batch, row):
             yield SampleRef(f"{stem}/{at:09d}", cells, f.rel, f"row {at}")  # type: ignore[arg-type]
         row += batch.num_rows
