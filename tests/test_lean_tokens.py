@@ -69,3 +69,28 @@ def test_lean_is_no_part_of_the_plan():
         TokenBlocks(SEQ, ROWS, pad_id=9, lean="yes")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="lean=True"):
         expand_on_device({"input_ids": torch.zeros(2, 2, dtype=torch.int64)})
+
+
+def test_ids_past_uint16_cross_as_uint32_and_expand_to_the_default_batch(tmp_path):
+    import json
+
+    from shardloader.pack import PackOptions, pack
+
+    rng = np.random.default_rng(4)
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    with open(raw / "ids.jsonl", "w") as f:
+        for k in rng.integers(1, 40, 30).tolist():
+            f.write(json.dumps({"input_ids": rng.integers(60_000, 70_000, k).tolist()}) + "\n")
+    out = str(tmp_path / "packed")
+    pack(str(raw), out, PackOptions(format="tokens", token_field="input_ids", max_samples=11))
+    vocab = 70_000
+    want = list(loader(out, vocab, 0, 0))
+    got = list(loader(out, vocab, 0, 2, lean=True))
+    assert len(got) == len(want) > 1
+    for lean, full in zip(got, want, strict=True):
+        assert lean["input_ids"].dtype == torch.uint32
+        out_batch = expand_on_device(lean)
+        for key in ("input_ids", "labels", "position_ids", "attention_mask", "__pad__"):
+            assert torch.equal(out_batch[key], full[key]), key
+        assert int(full["input_ids"].max()) >= 1 << 16  # ids a uint16 could not hold
