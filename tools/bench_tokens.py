@@ -18,6 +18,12 @@ Corpus: ``--docs`` JSONL documents of lognormal length (mean ``--mean-tokens`` w
   ``StreamingDataLoader(batch_size=8)``: one uint16 tensor [8, 2048] per batch (nothing else).
 * ``packed`` (``--systems``): the README's LM path before token shards, ``PackedBatches`` +
   ``PackCollate`` over tar shards of the same corpus (slow: off by default).
+* ``lean`` (``--systems``): ``TokenBlocks(..., lean=True)``: uint16 ``input_ids`` with
+  ``row_tokens``, ``cu_seqlens`` and ``__pad__``; the int64 fields are made on the GPU
+  (``expand_on_device``, not run here: this row is the loader's side of it).
+* ``base`` (``--systems``, with ``--base-root DIR``): the ``shardloader`` row read with the
+  package of another checkout (e.g. ``git worktree add /tmp/base main``): before and after,
+  interleaved in one run.
 
 Every measurement runs in a fresh process, systems and worker counts interleaved, ``--repeat``
 times; medians are printed.  Tokens/s count ``input_ids`` slots of the epoch's batches after the
@@ -102,7 +108,8 @@ def pack_all(work: str, corpus: str, tok: str, systems: list[str]) -> dict[str, 
     jobs = {"shardloader": ("sl-tokens", "tokens"), "packed": ("sl-tar", "tar")}
     for system, (name, fmt) in jobs.items():
         out = os.path.join(work, name)
-        if system in systems and not os.path.exists(os.path.join(out, "index.json")):
+        reads = {system, "lean", "base"} if system == "shardloader" else {system}
+        if reads & set(systems) and not os.path.exists(os.path.join(out, "index.json")):
             from shardloader.pack import PackOptions, pack
 
             t0 = time.perf_counter()
@@ -148,10 +155,11 @@ def _loader(system: str, work: str, workers: int):
 
     vocab = VOCAB + 1
     read = sl.ReadOptions(cache=sl.CacheOptions(dir=os.path.join(work, "cache")))
-    if system == "shardloader":
+    if system in ("shardloader", "lean", "base"):
         from shardloader.batching.blocks import TokenBlocks
 
-        planner = TokenBlocks(SEQ, ROWS, pad_id=vocab)
+        lean = {"lean": True} if system == "lean" else {}
+        planner = TokenBlocks(SEQ, ROWS, pad_id=vocab, **lean)
         url = os.path.join(work, "sl-tokens")
     else:
         from shardloader.batching import PackedBatches
@@ -254,10 +262,14 @@ def _tree(pid: int) -> list[int]:
         return [pid]
 
 
+BASE_ROOT = ROOT  # the checkout the "base" system imports shardloader from (--base-root)
+
+
 def run_child(system: str, work: str, workers: int, profile: bool = False) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--child", system, "--work", work]
     cmd += ["--workers", str(workers)] + (["--profile"] if profile else [])
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    root = BASE_ROOT if system == "base" else ROOT
+    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=None, env=env, text=True)
     peak = peak_shm = 0
     while proc.poll() is None:
@@ -284,6 +296,8 @@ def main() -> None:
     ap.add_argument("--work", default=os.path.join(ROOT, "bench-out", "tokens"))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--profile-system", default="shardloader", help="what --profile runs")
+    ap.add_argument("--base-root", default=ROOT, help="the checkout the 'base' system reads")
     ap.add_argument("--markdown", action="store_true")
     ap.add_argument("--json", default=None, help="also write the table's rows and every run here")
     ap.add_argument("--child", help=argparse.SUPPRESS)
@@ -291,6 +305,8 @@ def main() -> None:
     if args.child:
         child(args.child, args.work, int(args.workers), args.profile)
         return
+    global BASE_ROOT
+    BASE_ROOT = os.path.abspath(args.base_root)
     systems = args.systems.split(",")
     workers = [int(w) for w in args.workers.split(",")]
     os.makedirs(args.work, exist_ok=True)
@@ -301,8 +317,9 @@ def main() -> None:
     for system, seconds in took.items():
         print(f"packed for {system} in {seconds:.1f} s", file=sys.stderr)
     if args.profile:
-        run_child("shardloader", args.work, 0)  # staged, then profiled warm
-        run_child("shardloader", args.work, 0, profile=True)
+        for w in workers:
+            run_child(args.profile_system, args.work, w)  # staged, then profiled warm
+            run_child(args.profile_system, args.work, w, profile=True)
         return
     shutil.rmtree(os.path.join(args.work, "cache"), ignore_errors=True)
     cold = {s: run_child(s, args.work, 0)["ttfb"] for s in systems}  # stages shards once

@@ -11,7 +11,8 @@
   :mod:`~shardloader.batching.packcollate`) and
   :func:`pack_rows`;
 * :mod:`~shardloader.batching.blocks`: :class:`TokenBlocks`, rows cut straight out of token
-  shards' streams (it assembles its own batches: :mod:`shardloader.read.blockpass`);
+  shards' streams (it assembles its own batches: :mod:`shardloader.read.blockpass`), and
+  :func:`expand_on_device` for its lean batches (:mod:`~shardloader.batching.lean`);
 * :mod:`~shardloader.batching.raw`: :class:`RawCollate`, its :class:`RawBatch` of
   :class:`ByteColumn` (raw bytes, one buffer per field).
 
@@ -30,6 +31,7 @@ from shardloader.batching.blocks import TokenBlocks
 from shardloader.batching.default import collate_samples
 from shardloader.batching.fit import Segment, pack_rows
 from shardloader.batching.fixed import FixedBatches
+from shardloader.batching.lean import expand_on_device
 from shardloader.batching.packcollate import IGNORE_INDEX, PackCollate
 from shardloader.batching.packed import PackedBatches
 from shardloader.batching.padded import BucketBatches, PadCollate, TokenBudgetBatches
@@ -52,6 +54,7 @@ __all__ = [
     "account",
     "batch_ids",
     "collate_samples",
+    "expand_on_device",
     "padded_length",
     "signature_of",
     "pack_rows",

@@ -14,7 +14,7 @@ import numpy as np
 from shardloader.batching.blocks import FIELDS, RowLayout
 from shardloader.batching.packed import IGNORE_INDEX
 
-__all__ = ["FIELDS", "ChunkLayout", "assemble", "chunk_layout"]
+__all__ = ["FIELDS", "ChunkLayout", "assemble", "chunk_layout", "copy_rows"]
 
 
 @dataclass(frozen=True)
@@ -132,6 +132,20 @@ def assemble(
         view = array.reshape(k * rows, s)
         for slot, n in padded:
             view[slot, n:] = value
+
+
+def copy_rows(chunk: ChunkLayout, streams: dict[int, np.ndarray], ids: np.ndarray) -> None:
+    """Fill a lean chunk's ``[k, R, S]`` ids (the shards' dtype) with its rows' tokens, 0 past
+    each row's real tokens (NOTE [lean batches] in :mod:`shardloader.batching.lean`)."""
+    k, rows, s = ids.shape
+    flat_rows = ids.reshape(k * rows, s)
+    for slot, (shard, lo, n) in enumerate(
+        zip(chunk.shard.tolist(), chunk.lo.tolist(), chunk.n.tolist(), strict=True)
+    ):
+        if n:
+            flat_rows[slot, :n] = streams[shard][lo : lo + n]
+        if n < s:
+            flat_rows[slot, n:] = 0
 
 
 _ARANGE = np.arange(0, dtype=np.int64)

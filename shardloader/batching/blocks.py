@@ -118,6 +118,11 @@ class TokenBlocks(BatchPlanner):
     are -100 unless ``repeat_labels="keep"`` (NOTE [flagged repeats] in
     :mod:`shardloader.batching.rowflags`).  A document that a row boundary cuts
     continues in another row, its pieces each starting at position 0.
+
+    ``lean=True`` hands over ``input_ids`` in the shards' own dtype (uint16 or uint32) with
+    ``row_tokens``, ``cu_seqlens`` and ``__pad__`` instead of the four int64 fields;
+    :func:`shardloader.batching.expand_on_device` makes those on the GPU, equal to the
+    default batch's (NOTE [lean batches] in :mod:`shardloader.batching.lean`).
     """
 
     seq_len: int
@@ -128,6 +133,9 @@ class TokenBlocks(BatchPlanner):
     # -100 on rows repeated for equal steps, or "keep" (NOTE [flagged repeats] in
     # batching/rowflags.py); not in the plan signature: it changes no row of the plan
     repeat_labels: str = field(default="ignore", repr=False)
+    # batches of the shard's own ids and what a device needs to make the rest (NOTE [lean
+    # batches] in batching/lean.py); not in the plan signature: the same tokens go where
+    lean: bool = field(default=False, repr=False)
     needs_lengths = True
     elastic = "rows_per_batch"  # what a resume may change (shardloader/plan/elastic.py)
     units = "rows"  # the dataset hands the pass to shardloader.read.blockpass
@@ -138,6 +146,8 @@ class TokenBlocks(BatchPlanner):
         check_choice("remainder", self.remainder, REMAINDER_POLICIES)
         check_choice("tail", self.tail, TAIL_POLICIES)
         check_choice("repeat_labels", self.repeat_labels, ("ignore", "keep"))
+        if not isinstance(self.lean, bool):
+            raise UsageError(f"TokenBlocks(lean=) is True or False, got {self.lean!r}")
         if self.pad_id is not None and (
             not isinstance(self.pad_id, (int, np.integer)) or isinstance(self.pad_id, bool)
         ):
@@ -151,9 +161,9 @@ class TokenBlocks(BatchPlanner):
 
     @property
     def batch_bytes(self) -> int:
-        """Bytes of one batch's four int64 ``[rows, seq_len]`` fields (the transport sizes its
-        bundles by it)."""
-        return 4 * 8 * self.rows_per_batch * self.seq_len
+        """Bytes of one batch's four int64 ``[rows, seq_len]`` fields, or a lean batch's ids
+        (at most 4 bytes a token): the transport sizes its bundles by it."""
+        return (4 if self.lean else 4 * 8) * self.rows_per_batch * self.seq_len
 
     # -- the dataset's questions ----------------------------------------------------------
     def bind(self, dataset: Any) -> None:

@@ -39,14 +39,19 @@ def repeated_steps(plan: EpochPlan, steps: np.ndarray) -> np.ndarray:
 
 
 def flag_rows(
-    pad: np.ndarray, labels: np.ndarray, shard: np.ndarray, repeated: np.ndarray, mode: str
+    pad: np.ndarray,
+    labels: np.ndarray | None,
+    shard: np.ndarray,
+    repeated: np.ndarray,
+    mode: str,
 ) -> None:
     """Fill the ``[k, R]`` row flags of ``k`` assembled batches (``shard`` of each row, -1 for
     padding rows; ``repeated`` per batch) and, under ``mode="ignore"``, set a repeated batch's
-    ``[k, R, S]`` labels to -100 (NOTE [flagged repeats])."""
+    ``[k, R, S]`` labels to -100 (NOTE [flagged repeats]; a lean batch has no labels: the
+    device makes them from the flags)."""
     k, rows = pad.shape
     np.less(shard.reshape(k, rows), 0, out=pad)
     if repeated.any():
         pad[repeated] = True
-        if mode == "ignore":
+        if mode == "ignore" and labels is not None:
             labels[repeated] = IGNORE_INDEX

@@ -12,7 +12,10 @@ Without workers the same layout lives in ordinary memory.
 Layout of a buffer holding ``k`` batches of ``R`` x ``S`` tokens: the four int64 fields as one
 ``[4, k, R, S]`` block (:data:`~shardloader.batching.blocks.FIELDS` in order), then every
 batch's int32 ``cu_seqlens``, one after the other, then the ``[k, R]`` bool ``__pad__`` row
-flags (NOTE [flagged repeats] in ``shardloader/batching/rowflags.py``).
+flags (NOTE [flagged repeats] in ``shardloader/batching/rowflags.py``).  A lean buffer
+(``TokenBlocks(lean=True)``, :mod:`shardloader.batching.lean`) holds ``[k, R, S]`` ids in the
+shard's own dtype instead of the block (its size rounded up to 8 bytes), then the
+``cu_seqlens``, then the int32 ``[k, R]`` real tokens per row, then the row flags.
 
 NOTE [bundles]
     A bundle of ``k`` batches crosses as one item.  Only
@@ -53,6 +56,8 @@ __all__ = [
 BUNDLE_BYTES = 4 << 20  # about this much per worker output (NOTE [bundles])
 MAX_BUNDLE = 64  # batches
 _FIELDS = ("input_ids", "labels", "position_ids", "attention_mask")
+_TORCH = {"uint8": torch.uint8, "uint16": torch.uint16, "uint32": torch.uint32}
+_TORCH.update({"int32": torch.int32, "int64": torch.int64})
 
 
 class Bundle(list):  # type: ignore[type-arg]
@@ -69,7 +74,9 @@ class TokenBatches:
     """``k`` token batches in one buffer: ``block`` (numpy int64 ``[4, k, R, S]``) and ``cu``
     (numpy int32, the batches' ``cu_seqlens`` one after the other) to fill, with ``cu_sizes``
     and ``max_seqlen``; then :meth:`batches` (this process) or pickling (to the main process)
-    gives the dicts.
+    gives the dicts.  A lean buffer (``lean``: the ids' dtype, the pad id and the
+    ``repeat_labels`` mode) has ``ids`` (``[k, R, S]``) and ``row_tokens`` in place of
+    ``block``.
 
     The buffer comes from this process's pool (no ``worker``), else from a free slot of the
     worker's :class:`Ring`, else from fresh shared memory.
@@ -83,13 +90,16 @@ class TokenBatches:
         cu_total: int,
         worker: int | None = None,
         ring: Ring | None = None,
+        lean: tuple[str, int, str] | None = None,
     ) -> None:
-        self.shape = (len(_FIELDS), k, rows, seq_len)
+        self.shape = (1 if lean else len(_FIELDS), k, rows, seq_len)
+        self.lean = lean
         self.cu_sizes: tuple[int, ...] = ()  # the length of each batch's cu_seqlens
         self.max_seqlen: tuple[int, ...] = ()
         self.bundle = False
-        words = len(_FIELDS) * k * rows * seq_len
-        self.nbytes = nbytes = words * 8 + cu_total * 4 + k * rows  # + the __pad__ row flags
+        head = _head_bytes(self.shape, lean)
+        tail = k * rows * 4 if lean else 0  # a lean buffer's real tokens per row
+        self.nbytes = nbytes = head + cu_total * 4 + tail + k * rows  # + the __pad__ row flags
         self.slot: tuple[Ring, int, int] | None = None
         self.buffer: torch.Tensor | None = None
         taken = ring.take(worker, nbytes) if ring is not None and worker is not None else None
@@ -103,12 +113,19 @@ class TokenBatches:
         else:
             raw = _POOL.take(nbytes)
             self.buffer = torch.from_numpy(raw)
-        self.block = raw[: words * 8].view(np.int64).reshape(self.shape)
-        self.cu = raw[words * 8 : words * 8 + cu_total * 4].view(np.int32)
-        self.pad = raw[words * 8 + cu_total * 4 :].view(np.bool_).reshape(k, rows)
+        words = k * rows * seq_len
+        if lean:
+            self.ids = raw[: words * np.dtype(lean[0]).itemsize].view(lean[0])
+            self.ids = self.ids.reshape(k, rows, seq_len)
+        else:
+            self.block = raw[:head].view(np.int64).reshape(self.shape)
+        at = head + cu_total * 4
+        self.cu = raw[head:at].view(np.int32)
+        self.row_tokens = raw[at : at + tail].view(np.int32).reshape(k, -1)
+        self.pad = raw[at + tail :].view(np.bool_).reshape(k, rows)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        state = (self.shape, self.cu_sizes, self.max_seqlen, self.bundle)
+        state = (self.shape, self.cu_sizes, self.max_seqlen, self.bundle, self.lean)
         if self.slot is not None:
             ring, worker, slot = self.slot
             return _from_ring, (ring.id, worker, slot, self.nbytes, state)
@@ -117,7 +134,16 @@ class TokenBatches:
     def batches(self) -> list[dict[str, Any]]:
         """The batch dicts, as views into the buffer (in this process)."""
         assert self.buffer is not None
-        return _build(self.buffer, self.shape, self.cu_sizes, self.max_seqlen)
+        return _build(self.buffer, self.shape, self.cu_sizes, self.max_seqlen, self.lean)
+
+
+def _head_bytes(shape: tuple[int, int, int, int], lean: tuple[str, int, str] | None) -> int:
+    """Bytes before the ``cu_seqlens``: the int64 block, or a lean buffer's ids (rounded up
+    to 8 bytes, so what follows stays aligned)."""
+    words = shape[0] * shape[1] * shape[2] * shape[3]
+    if not lean:
+        return words * 8
+    return -(-words * np.dtype(lean[0]).itemsize // 8) * 8
 
 
 _FREE, _SENT, _HELD = 0, 1, 2
@@ -263,18 +289,29 @@ def _build(
     shape: tuple[int, int, int, int],
     cu_sizes: tuple[int, ...],
     max_seqlen: tuple[int, ...],
+    lean: tuple[str, int, str] | None = None,
 ) -> list[dict[str, Any]]:
-    words = shape[0] * shape[1] * shape[2] * shape[3]
-    block = buffer[: words * 8].view(torch.int64).view(shape)
-    end = words * 8 + sum(cu_sizes) * 4
-    cu = buffer[words * 8 : end].view(torch.int32)
-    pads = buffer[end : end + shape[1] * shape[2]].view(torch.bool).view(shape[1], shape[2])
+    head = _head_bytes(shape, lean)
+    k, rows = shape[1], shape[2]
+    end = head + sum(cu_sizes) * 4
+    cu = buffer[head:end].view(torch.int32)
+    if lean:  # NOTE [lean batches] in shardloader/batching/lean.py
+        dtype, pad_id, repeat_labels = lean
+        words = k * rows * shape[3]
+        ids = buffer[:head].view(_TORCH[dtype])[:words].view(k, rows, shape[3])
+        row_tokens = buffer[end : end + k * rows * 4].view(torch.int32).view(k, rows)
+        end += k * rows * 4
+        fields = [
+            {"input_ids": i, "row_tokens": n, "pad_id": pad_id, "repeat_labels": repeat_labels}
+            for i, n in zip(ids.unbind(0), row_tokens.unbind(0), strict=True)
+        ]
+    else:
+        block = buffer[:head].view(torch.int64).view(shape)
+        fields = [dict(zip(_FIELDS, f.unbind(0), strict=True)) for f in block.unbind(1)]
+    pads = buffer[end : end + k * rows].view(torch.bool).view(k, rows)
     out = []
     at = 0
-    for b, (fields, size, longest) in enumerate(
-        zip(block.unbind(1), cu_sizes, max_seqlen, strict=True)
-    ):
-        batch: dict[str, Any] = dict(zip(_FIELDS, fields.unbind(0), strict=True))
+    for b, (batch, size, longest) in enumerate(zip(fields, cu_sizes, max_seqlen, strict=True)):
         batch["cu_seqlens"] = cu[at : at + size]
         batch["max_seqlen"] = longest
         batch["__pad__"] = pads[b]
@@ -286,8 +323,8 @@ def _build(
 def _rebuild(buffer: torch.Tensor, state: tuple[Any, ...]) -> Any:
     """Unpickling :class:`TokenBatches` in the main process: the batch, or a :class:`Bundle`
     of them."""
-    shape, cu_sizes, max_seqlen, bundle = state
-    out = _build(buffer, shape, cu_sizes, max_seqlen)
+    shape, cu_sizes, max_seqlen, bundle, lean = state
+    out = _build(buffer, shape, cu_sizes, max_seqlen, lean)
     return Bundle(out) if bundle else out[0]
 
 

@@ -20,11 +20,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from shardloader.batching.blockchunks import assemble, chunk_layout
+from shardloader.batching.blockchunks import assemble, chunk_layout, copy_rows
 from shardloader.batching.rowflags import flag_rows, repeated_steps
 from shardloader.deliver.transport import TokenBatches
 from shardloader.errors import ShardChangedError
 from shardloader.format.tokens.format import TokenStream
+from shardloader.format.tokens.layout import stream_field, token_dtype
 from shardloader.read.shardset import ShardSet
 
 if TYPE_CHECKING:
@@ -39,7 +40,7 @@ if TYPE_CHECKING:
 __all__ = ["BlockSource", "iterate_blocks", "steps_of_worker"]
 
 _CHUNK = 8  # batches assembled into one buffer in a process without workers (measured: 2, 4,
-#            8, 16 batches; 8 was fastest)
+#            8, 16 batches; 8 was fastest; lean batches: 8 and 64 measured alike)
 _SPAN = 64  # batches whose rows and segments are worked out together
 _STREAMS = 128  # open token shards per pass
 
@@ -97,6 +98,10 @@ def _chunks(ds: BlockSource, plan: EpochPlan, place: Place) -> Generator[Any, No
     upcoming = _first_needed(layout, plan, slots)
     ahead = 0
     pad = planner.pad_id if planner.pad_id is not None else 0
+    lean = None
+    if planner.lean:  # the shards' own id dtype, from the manifest
+        fields = ds.manifest.fields
+        lean = token_dtype(fields.get(stream_field(fields) or ""))
     try:
         cuts = np.flatnonzero(np.diff(mine // bundle, prepend=-1)).tolist() + [mine.size]
         groups = list(zip(cuts[:-1], cuts[1:]))  # noqa: B905 - one shorter by construction
@@ -112,7 +117,7 @@ def _chunks(ds: BlockSource, plan: EpochPlan, place: Place) -> Generator[Any, No
             streams.check(whole)
             for a, b in span:
                 part = whole.part(a - first, b - first)
-                yield _emit(part, streams, pad, worker, ring, (repeated[a:b], labels))
+                yield _emit(part, streams, pad, worker, ring, (repeated[a:b], labels), lean)
     finally:
         streams.close()
         shards.close()
@@ -125,12 +130,20 @@ def _emit(
     worker: int | None,
     ring: Any,
     repeats: tuple[np.ndarray, str],
+    lean: np.dtype | None = None,
 ) -> list[Any]:
     """Assemble one chunk into one buffer: in a worker the one item that crosses (a buffer, or
     a ring slot), in this process its batches."""
-    out = TokenBatches(chunk.k, chunk.rows_per_batch, chunk.seq_len, chunk.cu.size, worker, ring)
-    assemble(chunk, streams.tokens, out.block, pad)
-    flag_rows(out.pad, out.block[1], chunk.shard, *repeats)
+    shape = (chunk.k, chunk.rows_per_batch, chunk.seq_len, chunk.cu.size)
+    if lean is not None:  # NOTE [lean batches] in batching/lean.py
+        out = TokenBatches(*shape, worker, ring, (lean.name, pad, repeats[1]))
+        copy_rows(chunk, streams.tokens, out.ids)
+        np.copyto(out.row_tokens, chunk.n.reshape(out.row_tokens.shape), casting="unsafe")
+        flag_rows(out.pad, None, chunk.shard, *repeats)
+    else:
+        out = TokenBatches(*shape, worker, ring)
+        assemble(chunk, streams.tokens, out.block, pad)
+        flag_rows(out.pad, out.block[1], chunk.shard, *repeats)
     out.cu[:] = chunk.cu
     out.cu_sizes = tuple((np.diff(chunk.cuts) + 1).tolist())
     out.max_seqlen = tuple(chunk.max_seqlen.tolist())
