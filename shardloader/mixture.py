@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import zlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -114,8 +114,9 @@ class Mixture(ShardedDataset):
     def __init__(
         self,
         sources: Mapping[str, str | Source],
-        weights: Mapping[str, float],
+        weights: Mapping[str, float] | None = None,
         *,
+        stages: Sequence[tuple[int, Mapping[str, float]]] | None = None,
         epoch_samples: int | None = None,
         by: str = "samples",
         shuffle: bool | ShuffleOptions = False,
@@ -166,7 +167,11 @@ class Mixture(ShardedDataset):
             tuple(seeds),
             tuple(shuffles),
         )
-        parts = self._parts_of(weights, "weights")
+        self._stage_steps = self._check_stages(weights, stages, planner, options)
+        parts = (
+            self._stage_steps[0][1] if stages is not None else self._parts_of(weights, "weights")
+        )
+        self._samples_per_step = Control([0])  # NOTE [stages]: fixed by the first state saved
         capacity = 1 + _MAX_ENTRIES * (1 + len(self.names))
         self._schedule = Control([1, 0, *parts] + [0] * (capacity - 2 - len(parts)))
         super().__init__(
@@ -176,6 +181,65 @@ class Mixture(ShardedDataset):
             read=read,
             **options,
         )
+
+    def _check_stages(
+        self,
+        weights: Mapping[str, float] | None,
+        stages: Sequence[tuple[int, Mapping[str, float]]] | None,
+        planner: Any,
+        options: Mapping[str, Any],
+    ) -> tuple[tuple[int, tuple[int, ...]], ...]:
+        """``stages`` as ``(step, integer parts)``, checked (NOTE [stages])."""
+        if stages is None:
+            if weights is None:
+                raise UsageError("a Mixture needs weights={name: weight} or stages=[(step, ...)]")
+            return ()
+        if weights is not None:
+            raise UsageError("pass weights= or stages=, not both: stages carry the weights")
+        if self.by != "samples":
+            raise UsageError(
+                f"stages with by={self.by!r} are not supported yet: use by='samples' (weights "
+                "in documents), or weights= without stages"
+            )
+        if planner is not None or not options.get("batch_size"):
+            what = "no batch_size" if planner is None else type(planner).__name__
+            raise UsageError(
+                f"stages change weights at optimizer steps, which need fixed batches "
+                f"(batch_size=N); with {what} the samples of a step are known only after "
+                "planning: use batch_size=, or weights= with set_weights at mixture epochs"
+            )
+        try:
+            steps = [(integer("stage step", st), w) for st, w in stages]
+        except (TypeError, ValueError) as err:
+            raise UsageError(
+                f"stages must be [(step, {{name: weight}}), ...], got {stages!r}"
+            ) from err
+        if not steps or steps[0][0] != 0:
+            raise UsageError(f"the first stage must begin at step 0, got {stages!r}")
+        if any(a[0] >= b[0] for a, b in zip(steps, steps[1:], strict=False)):
+            raise UsageError(f"stage steps must increase, got {[st for st, _ in steps]}")
+        if len(steps) > _MAX_ENTRIES:
+            raise UsageError(f"a mixture holds at most {_MAX_ENTRIES} stages, got {len(steps)}")
+        return tuple((st, self._parts_of(w, f"stage at step {st}")) for st, w in steps)
+
+    @property
+    def samples_per_step(self) -> int:
+        """Samples of one optimizer step that stages are counted in: ``batch_size`` x world
+        size, kept from the first run by its saved state (NOTE [stages])."""
+        world = self.world_size if hasattr(self, "_control") else 1  # (during __init__)
+        return self._samples_per_step.get()[0] or int(self.batch_size or 1) * world
+
+    def stage_starts(self) -> list[tuple[int, int]]:
+        """``(step, stream position)`` where each stage begins (NOTE [stages]): a step counts
+        the steps of earlier mixture epochs as the loader does (the last one of an epoch
+        padded, or dropped with ``uneven="drop"``)."""
+        per_step, e = self.samples_per_step, self.epoch_samples
+        per_epoch = e // per_step if self.uneven == "drop" else -(-e // per_step)
+        out = []
+        for step, _ in self._stage_steps:
+            epoch, rest = divmod(step, max(per_epoch, 1))
+            out.append((step, epoch * e + min(rest * per_step, e)))
+        return out
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
@@ -216,8 +280,17 @@ class Mixture(ShardedDataset):
         if self.by == "tokens":  # NOTE [token deadlines] in plan/tokenblend.py
             lengths, key = self._token_lengths()
             return TokenMixOrder(
-                sizes, seeds, shuffles, self.epoch_samples, self._entries(), lengths, key
-            )
+                sizes, seeds, shuffles, self.epoch_samples, self._entries(),
+                lengths=lengths, lengths_key=key,
+            )  # fmt: skip
+        if self._stage_steps:  # NOTE [stages]
+            starts = [pos for _, pos in self.stage_starts()]
+            parts = [p for _, p in self._stage_steps]
+            key = str([[st, list(p)] for st, p in self._stage_steps]).replace(" ", "")
+            return MixOrder(
+                sizes, seeds, shuffles, self.epoch_samples, self._entries(),
+                tuple(zip(starts, parts, strict=True)), key,
+            )  # fmt: skip
         return MixOrder(sizes, seeds, shuffles, self.epoch_samples, self._entries())
 
     def order(self, epoch: int | None = None) -> np.ndarray:
@@ -291,14 +364,22 @@ class Mixture(ShardedDataset):
         must keep the weights they were planned with (NOTE [mixture state]).  Call it between
         passes (never during one)."""
         epoch = integer("epoch", epoch)
+        if self._stage_steps:
+            raise UsageError("this mixture's weights follow its stages: build it with new stages")
         if epoch < 0:
             raise UsageError(f"epoch must be >= 0, got {epoch}")
         self._set_parts(self._parts_of(weights, "weights"), epoch)
 
     @property
     def schedule(self) -> list[tuple[int, dict[str, float]]]:
-        """``(from_epoch, {name: weight})`` of every weight change, weights normalised."""
+        """``(from_epoch, {name: weight})`` of every weight change, weights normalised
+        (the stages of a staged mixture are :attr:`stages`)."""
         return [(e, self._normalised(p)) for e, p in self._entries()]
+
+    @property
+    def stages(self) -> list[tuple[int, dict[str, float]]]:
+        """``(from_step, {name: weight})`` of each stage, weights normalised (empty: none)."""
+        return [(st, self._normalised(p)) for st, p in self._stage_steps]
 
     def weights(self, epoch: int | None = None) -> dict[str, float]:
         """The (normalised) weights in force for mixture epoch ``epoch`` (default: current)."""
@@ -312,13 +393,15 @@ class Mixture(ShardedDataset):
 
     def extra_state(self) -> dict[str, Any]:
         """What the loader state adds (NOTE [mixture state]): sources and weight schedule."""
-        return {
-            "mixture": {
-                "sources": list(self.names),
-                "by": self.by,
-                "schedule": [[e, list(p)] for e, p in self._entries()],
-            }
+        saved: dict[str, Any] = {
+            "sources": list(self.names),
+            "by": self.by,
+            "schedule": [[e, list(p)] for e, p in self._entries()],
         }
+        if self._stage_steps:  # NOTE [stages]: where they begin, in this run's steps
+            saved["stages"] = [[st, list(p)] for st, p in self._stage_steps]
+            saved["samples_per_step"] = self.samples_per_step
+        return {"mixture": saved}
 
     def load_extra_state(self, state: Mapping[str, Any], epoch: int, position: int) -> None:
         """Replay a saved schedule; weights passed to this Mixture that differ from the ones
@@ -344,11 +427,29 @@ class Mixture(ShardedDataset):
             or any(a[0] >= b[0] for a, b in zip(entries, entries[1:], strict=False))
         ):
             raise ResumeError(f"saved mixture schedule {saved.get('schedule')!r} is malformed")
+        if self._stage_steps or "stages" in saved:
+            self._load_stages(saved)
+            return
         mine = self._entries()[-1][1]  # the weights this Mixture was made with
         self._store(entries)
         boundary = epoch if position == 0 else epoch + 1
         if self._order_source().parts_at(boundary) != mine:
             self._set_parts(mine, boundary)
+
+    def _load_stages(self, saved: Mapping[str, Any]) -> None:
+        """Keep the saved stages at the stream positions the saved run put them (NOTE
+        [stages]); they must be this mixture's."""
+        mine = [[st, list(p)] for st, p in self._stage_steps]
+        if saved.get("stages") != mine:
+            raise ResumeError(
+                f"saved stages {saved.get('stages')!r} are not this mixture's {mine}: pass the "
+                "same stages (a staged mixture cannot change weights at a resume)"
+            )
+        per_step = saved.get("samples_per_step")
+        if isinstance(per_step, bool) or not isinstance(per_step, int) or per_step < 1:
+            raise ResumeError(f"saved samples_per_step {per_step!r} must be an integer >= 1")
+        self._samples_per_step.set(0, per_step)
+        self._plan_cache, self._len_cache = None, None
 
     # -- reporting --------------------------------------------------------------------------
     def report(self, epoch: int | None = None) -> MixtureReport:

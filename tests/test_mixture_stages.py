@@ -1,0 +1,120 @@
+"""Mixture stages: weights that change at optimizer steps, kept at the same steps and stream
+positions by a resume on another world size and number of DataLoader workers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from helpers import write_datasets
+
+import shardloader as sl
+from shardloader.batching import PackedBatches
+from shardloader.errors import ResumeError, UsageError
+
+SIZES = {"a": [7, 5, 9], "b": [4, 4], "c": [3]}  # 21, 8 and 3 samples
+OFFSETS = {"a": 0, "b": 21, "c": 29}
+STAGES = [(0, {"a": 3, "b": 1, "c": 0}), (7, {"a": 1, "b": 1, "c": 2})]
+GLOBAL_BATCH = 12  # 2 ranks x 6, 3 x 4, 1 x 12: the same global batch on every world
+KW = {"epoch_samples": 60, "shuffle": True, "seed": 6, "collate_fn": list}  # 5 steps an epoch
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory):
+    return write_datasets(str(tmp_path_factory.mktemp("stages")), SIZES)
+
+
+def staged(sources, batch_size: int) -> sl.Mixture:
+    return sl.Mixture(sources, stages=STAGES, batch_size=batch_size, **KW)
+
+
+def source_of(i: int) -> str:
+    return "c" if i >= OFFSETS["c"] else "b" if i >= OFFSETS["b"] else "a"
+
+
+def run(mixes, ranks: int, workers: int, epochs, stop=None, state=None):
+    """Per global step, every rank's sample ids in rank order (a step's global batch), from
+    ``mixes`` (one Mixture per rank) over ``epochs``; ``stop`` steps then the state."""
+    loaders = []
+    for r in range(ranks):
+        loader = sl.make_loader(mixes[r].for_rank(r, ranks), num_workers=workers)
+        if state is not None:
+            loader.load_state_dict(state)
+        loaders.append(loader)
+    steps, saved = [], None
+    for epoch in epochs:
+        if epoch != epochs[0] or state is None:
+            for loader in loaders:
+                loader.dataset.set_epoch(epoch)
+        passes = [iter(loader) for loader in loaders]
+        for _ in range(len(loaders[0])):
+            step = []
+            for it in passes:
+                step += [s["__index__"] for s in next(it) if not s["__pad__"]]
+            steps.append(step)
+            if stop is not None and len(steps) == stop:
+                saved = loaders[-1].state_dict()
+                return steps, saved
+    return steps, saved
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("ranks", "workers"), [(3, 1), (1, 4)])
+def test_stages_resumed_on_another_world_begin_at_their_step(sources, ranks, workers):
+    """2 ranks x 2 workers stopped after 3 steps (mid stage 0), resumed on ``ranks`` x
+    ``workers``: the steps after the resume equal an unbroken run's, and the weights change
+    exactly at step 7 (stage 0 gives c nothing, stage 1 half of every step)."""
+    whole, _ = run([staged(sources, 6) for _ in range(2)], 2, 2, [0, 1])
+    assert len(whole) == 10 and {len(s) for s in whole} == {GLOBAL_BATCH}
+    first, state = run([staged(sources, 6) for _ in range(2)], 2, 2, [0, 1], stop=3)
+    assert state["mixture"]["stages"] == [[0, [3, 1, 0]], [7, [1, 1, 2]]]
+    assert state["mixture"]["samples_per_step"] == GLOBAL_BATCH
+    batch = GLOBAL_BATCH // ranks
+    rest, _ = run(
+        [staged(sources, batch) for _ in range(ranks)], ranks, workers, [0, 1], state=state
+    )
+    assert first + rest == whole  # the continuation is the unbroken run, step by step
+    shares = [{n: sum(source_of(i) == n for i in step) for n in "abc"} for step in whole]
+    assert shares[:7] == [{"a": 9, "b": 3, "c": 0}] * 7  # 3:1:0 is exact in 12 positions
+    assert shares[7:] == [{"a": 3, "b": 3, "c": 6}] * 3  # 1:1:2 from step 7 on
+
+
+def test_stages_are_in_the_blend_at_their_stream_positions(sources):
+    """Stage 1 begins at step 7 = epoch 1, position 24 of 60 (12 samples a step): the blend
+    changes there mid-epoch, each stage within one sample of its weights at every prefix."""
+    mix = staged(sources, 12)
+    assert mix.stage_starts() == [(0, 0), (7, 84)]
+    src = np.concatenate([mix._order_source().sources(e) for e in (0, 1, 2)])
+    for lo, hi, parts in ((0, 84, (3, 1, 0)), (84, 180, (1, 1, 2))):
+        counts = np.cumsum(np.eye(3, dtype=np.int64)[src[lo:hi]], axis=0)
+        n = np.arange(1, hi - lo + 1)[:, None]
+        w = np.asarray(parts, float) / sum(parts)
+        assert np.abs(counts - w[None, :] * n).max() <= 1
+    assert mix.stages == [
+        (0, {"a": 0.75, "b": 0.25, "c": 0.0}),
+        (7, {"a": 0.25, "b": 0.25, "c": 0.5}),
+    ]
+    assert "stages=[[0,[3,1,0]],[7,[1,1,2]]]" in mix.plan_signature
+
+
+def test_a_resume_with_other_stages_is_refused(sources):
+    loader = sl.make_loader(staged(sources, 6).for_rank(0, 2))
+    next(iter(loader))
+    state = loader.state_dict()
+    other = sl.Mixture(sources, stages=[(0, STAGES[0][1]), (8, STAGES[1][1])], batch_size=6, **KW)
+    with pytest.raises(ResumeError, match="stages"):
+        sl.make_loader(other).load_state_dict(state)
+
+
+def test_stages_the_planner_cannot_express_are_refused(sources):
+    with pytest.raises(UsageError, match="PackedBatches.*batch_size="):
+        sl.Mixture(sources, stages=STAGES, planner=PackedBatches(seq_len=80, rows_per_batch=2))
+    with pytest.raises(UsageError, match="by='tokens'"):
+        sl.Mixture(sources, stages=STAGES, by="tokens", batch_size=4)
+    with pytest.raises(UsageError, match="not both"):
+        sl.Mixture(sources, {"a": 1, "b": 1, "c": 1}, stages=STAGES, batch_size=4)
+    with pytest.raises(UsageError, match="step 0"):
+        sl.Mixture(sources, stages=[(5, STAGES[0][1])], batch_size=4)
+    with pytest.raises(UsageError, match="increase"):
+        sl.Mixture(sources, stages=[STAGES[0], (0, STAGES[1][1])], batch_size=4)
+    with pytest.raises(UsageError, match="stages"):
+        staged(sources, 4).set_weights({"a": 1, "b": 1, "c": 1}, epoch=1)
