@@ -15,6 +15,17 @@ those, so a new weight applies from the next mixture epoch (or from the resumed 
 has not begun).  The schedule of ``(from_epoch, integer parts)`` lives in shared memory (like
 the dataset's epoch and position, NOTE [why shared memory here] in deliver/control.py), so
 persistent DataLoader workers see a change; ``state_dict()`` records it and a resume replays it.
+
+NOTE [stages]: ``stages=[(step, weights), ...]`` change the weights at global optimizer steps,
+mid-epoch too.  A step of fixed batches holds ``batch_size x world size`` positions of the
+mixed stream (steps counted across mixture epochs as the loader counts them), so each stage
+begins at a fixed stream position and the blend (:class:`~shardloader.plan.blend.MixOrder`)
+starts a fresh segment there.  The first saved state fixes that step size: a resume on another
+world size or worker count keeps every stage at the same stream position, so the continuation
+equals an unbroken run (and begins each stage at the same step when the global batch is kept,
+as an elastic resume does).  The stages are in the plan signature and the state; a resume with
+other stages is refused.  Planners whose step holds a number of samples known only after
+planning (packing, buckets, token budgets) and ``by="tokens"`` are refused for now.
 """
 
 from __future__ import annotations
@@ -169,7 +180,9 @@ class Mixture(ShardedDataset):
         )
         self._stage_steps = self._check_stages(weights, stages, planner, options)
         parts = (
-            self._stage_steps[0][1] if stages is not None else self._parts_of(weights, "weights")
+            self._stage_steps[0][1]
+            if self._stage_steps
+            else self._parts_of(weights or {}, "weights")
         )
         self._samples_per_step = Control([0])  # NOTE [stages]: fixed by the first state saved
         capacity = 1 + _MAX_ENTRIES * (1 + len(self.names))
@@ -286,10 +299,10 @@ class Mixture(ShardedDataset):
         if self._stage_steps:  # NOTE [stages]
             starts = [pos for _, pos in self.stage_starts()]
             parts = [p for _, p in self._stage_steps]
-            key = str([[st, list(p)] for st, p in self._stage_steps]).replace(" ", "")
+            named = str([[st, list(p)] for st, p in self._stage_steps]).replace(" ", "")
             return MixOrder(
                 sizes, seeds, shuffles, self.epoch_samples, self._entries(),
-                tuple(zip(starts, parts, strict=True)), key,
+                tuple(zip(starts, parts, strict=True)), named,
             )  # fmt: skip
         return MixOrder(sizes, seeds, shuffles, self.epoch_samples, self._entries())
 
