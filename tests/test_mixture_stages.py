@@ -3,9 +3,11 @@ positions by a resume on another world size and number of DataLoader workers."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
-from helpers import write_datasets
+from helpers import torchrun, write_datasets
 
 import shardloader as sl
 from shardloader.batching import PackedBatches
@@ -118,3 +120,23 @@ def test_stages_the_planner_cannot_express_are_refused(sources):
         sl.Mixture(sources, stages=[STAGES[0], (0, STAGES[1][1])], batch_size=4)
     with pytest.raises(UsageError, match="stages"):
         staged(sources, 4).set_weights({"a": 1, "b": 1, "c": 1}, epoch=1)
+
+
+@pytest.mark.slow
+@pytest.mark.subprocess
+def test_gloo_two_ranks_resumed_on_three_keep_the_stages(sources, tmp_path):
+    """A real gloo run: 2 ranks x 6 (2 DataLoader workers each) stopped after 3 steps,
+    resumed on 3 ranks x 4: every step after the resume is the unbroken run's, stage 1 from
+    step 7."""
+    whole, _ = run([staged(sources, 6) for _ in range(2)], 2, 0, [0, 1])
+    state = str(tmp_path / "state.json")
+    steps = []
+    for world, batch, stop in ((2, 6, 3), (3, 4, -1)):
+        out = str(tmp_path / f"seen{world}.json")
+        args = (*sources.values(), out, str(stop), state, str(batch))
+        torchrun(str(tmp_path), "stages_job.py", world, *args)
+        with open(out) as f:
+            ranks = sorted(json.load(f), key=lambda r: r["rank"])
+        assert len({len(r["batches"]) for r in ranks}) == 1  # equal steps on every rank
+        steps += [sum(step, []) for step in zip(*(r["batches"] for r in ranks), strict=True)]
+    assert steps == whole
