@@ -254,6 +254,45 @@ class Mixture(ShardedDataset):
             out.append((step, epoch * e + min(rest * per_step, e)))
         return out
 
+    def stage_report(self, epochs: int) -> list[dict[str, Any]]:
+        """Each stage's first step and stream position, and what it delivers per source in
+        the first ``epochs`` mixture epochs (documents, and tokens where lengths are recorded;
+        the last stage up to that end): what ``shardloader plan --stage`` prints."""
+        mix, horizon = self._order_source(), epochs * self.epoch_samples
+        lengths = self._lengths_for_report()
+        sizes = [m.num_samples for m, _, _ in self._opened]
+        bounds = np.cumsum([0, *sizes])
+        starts = self.stage_starts() + [(None, horizon)]
+        out = []
+        for (step, lo), (_, hi), (_, parts) in zip(
+            starts, starts[1:], self._stage_steps, strict=False
+        ):
+            lo, hi = min(lo, horizon), min(hi, horizon)
+            ids = [
+                mix.order(e)[max(lo - e * self.epoch_samples, 0) : hi - e * self.epoch_samples]
+                for e in range(lo // self.epoch_samples, -(-hi // self.epoch_samples))
+            ]
+            got = np.concatenate([np.zeros(0, np.int64), *ids]).astype(np.int64)
+            src = np.searchsorted(bounds, got, side="right") - 1
+            k = len(self.names)
+            samples = np.bincount(src, minlength=k)
+            tokens = None if lengths is None else np.bincount(src, lengths[got], k)
+            out.append({
+                "step": step,
+                "epoch": lo // self.epoch_samples,
+                "position": lo,
+                "positions": hi - lo,
+                "weights": self._normalised(parts),
+                "sources": {
+                    n: {
+                        "samples": int(samples[s]),
+                        "tokens": None if tokens is None else int(tokens[s]),
+                    }
+                    for s, n in enumerate(self.names)
+                },
+            })  # fmt: skip
+        return out
+
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
         state["_by_tokens"] = None  # lengths are loaded again where needed (node cache)

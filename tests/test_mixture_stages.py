@@ -7,11 +7,12 @@ import json
 
 import numpy as np
 import pytest
-from helpers import torchrun, write_datasets
+from helpers import run_cli, torchrun, write_datasets
 
 import shardloader as sl
 from shardloader.batching import PackedBatches
 from shardloader.errors import ResumeError, UsageError
+from shardloader.read.lengths import load_lengths
 
 SIZES = {"a": [7, 5, 9], "b": [4, 4], "c": [3]}  # 21, 8 and 3 samples
 OFFSETS = {"a": 0, "b": 21, "c": 29}
@@ -140,3 +141,42 @@ def test_gloo_two_ranks_resumed_on_three_keep_the_stages(sources, tmp_path):
         assert len({len(r["batches"]) for r in ranks}) == 1  # equal steps on every rank
         steps += [sum(step, []) for step in zip(*(r["batches"] for r in ranks), strict=True)]
     assert steps == whole
+
+
+@pytest.mark.subprocess
+def test_plan_prints_where_each_stage_begins_and_what_it_delivers(sources):
+    """``shardloader plan`` of the staged mixture on 2 ranks x 6, two epochs: stage 1 begins
+    at step 7 = position 84, and the documents and tokens per source are the run's own."""
+    spec = ",".join(f"{n}={u}" for n, u in sources.items())
+    stage_args = [
+        a
+        for st, w in STAGES
+        for a in ("--stage", f"{st}:" + ",".join(f"{n}={v}" for n, v in w.items()))
+    ]
+    common = [spec, *stage_args, "--batch-size", 6, "--nodes", 1, "--ranks-per-node", 2]
+    common += ["--epoch-samples", 60, "--epochs", 2, "--seed", 6]
+    proc = run_cli("plan", *common, "--json")
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout)
+    assert [(s["step"], s["position"], s["positions"]) for s in got["stages"]] == [
+        (0, 0, 84),
+        (7, 84, 36),
+    ]
+    mix = staged(sources, 6).for_rank(0, 2)
+    ids = np.concatenate([mix.order(0), mix.order(1)])
+    lengths = np.concatenate(
+        [load_lengths(*sl.read_manifest(u), sl.ReadOptions()) for u in sources.values()]
+    )
+    for stage, (lo, hi) in zip(got["stages"], ((0, 84), (84, 120)), strict=True):
+        for name in "abc":
+            mine = [i for i in ids[lo:hi] if source_of(i) == name]
+            want = {"samples": len(mine), "tokens": int(lengths[mine].sum())}
+            assert stage["sources"][name] == want
+    text = run_cli("plan", *common)
+    assert (
+        text.returncode == 0 and "from step 7 (epoch 1, position 84), 36 documents" in text.stdout
+    )
+    bad = run_cli("plan", spec, "--stage", "0:a=oops")
+    assert (
+        bad.returncode != 0 and "--stage '0:a=oops'" in bad.stderr and "Traceback" not in bad.stderr
+    )
