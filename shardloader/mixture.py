@@ -24,8 +24,9 @@ starts a fresh segment there.  The first saved state fixes that step size: a res
 world size or worker count keeps every stage at the same stream position, so the continuation
 equals an unbroken run (and begins each stage at the same step when the global batch is kept,
 as an elastic resume does).  The stages are in the plan signature and the state; a resume with
-other stages is refused.  Planners whose step holds a number of samples known only after
-planning (packing, buckets, token budgets) and ``by="tokens"`` are refused for now.
+other stages is refused.  With ``by="tokens"`` each stage is a fresh token-deadline walk from
+its position (:class:`~shardloader.plan.tokenblend.TokenMixOrder`).  Planners whose step holds
+a number of samples known only after planning (packing, buckets, token budgets) are refused.
 """
 
 from __future__ import annotations
@@ -209,11 +210,6 @@ class Mixture(ShardedDataset):
             return ()
         if weights is not None:
             raise UsageError("pass weights= or stages=, not both: stages carry the weights")
-        if self.by != "samples":
-            raise UsageError(
-                f"stages with by={self.by!r} are not supported yet: use by='samples' (weights "
-                "in documents), or weights= without stages"
-            )
         if planner is not None or not options.get("batch_size"):
             what = "no batch_size" if planner is None else type(planner).__name__
             raise UsageError(
@@ -329,21 +325,19 @@ class Mixture(ShardedDataset):
 
     def _order_source(self) -> MixOrder:  # NOTE [mixture partitions] in plan/blend.py
         sizes, seeds, shuffles = self._static
+        stages: tuple[tuple[int, tuple[int, ...]], ...] = ()
+        named = ""
+        if self._stage_steps:  # NOTE [stages]
+            starts = [pos for _, pos in self.stage_starts()]
+            stages = tuple(zip(starts, [p for _, p in self._stage_steps], strict=True))
+            named = str([[st, list(p)] for st, p in self._stage_steps]).replace(" ", "")
         if self.by == "tokens":  # NOTE [token deadlines] in plan/tokenblend.py
             lengths, key = self._token_lengths()
             return TokenMixOrder(
-                sizes, seeds, shuffles, self.epoch_samples, self._entries(),
+                sizes, seeds, shuffles, self.epoch_samples, self._entries(), stages, named,
                 lengths=lengths, lengths_key=key,
             )  # fmt: skip
-        if self._stage_steps:  # NOTE [stages]
-            starts = [pos for _, pos in self.stage_starts()]
-            parts = [p for _, p in self._stage_steps]
-            named = str([[st, list(p)] for st, p in self._stage_steps]).replace(" ", "")
-            return MixOrder(
-                sizes, seeds, shuffles, self.epoch_samples, self._entries(),
-                tuple(zip(starts, parts, strict=True)), named,
-            )  # fmt: skip
-        return MixOrder(sizes, seeds, shuffles, self.epoch_samples, self._entries())
+        return MixOrder(sizes, seeds, shuffles, self.epoch_samples, self._entries(), stages, named)
 
     def order(self, epoch: int | None = None) -> np.ndarray:
         """The blended order of mixture epoch ``epoch`` (default: current), as virtual ids

@@ -26,8 +26,8 @@ def sources(tmp_path_factory):
     return write_datasets(str(tmp_path_factory.mktemp("stages")), SIZES)
 
 
-def staged(sources, batch_size: int) -> sl.Mixture:
-    return sl.Mixture(sources, stages=STAGES, batch_size=batch_size, **KW)
+def staged(sources, batch_size: int, by: str = "samples") -> sl.Mixture:
+    return sl.Mixture(sources, stages=STAGES, batch_size=batch_size, by=by, **KW)
 
 
 def source_of(i: int) -> str:
@@ -111,8 +111,6 @@ def test_a_resume_with_other_stages_is_refused(sources):
 def test_stages_the_planner_cannot_express_are_refused(sources):
     with pytest.raises(UsageError, match="PackedBatches.*batch_size="):
         sl.Mixture(sources, stages=STAGES, planner=PackedBatches(seq_len=80, rows_per_batch=2))
-    with pytest.raises(UsageError, match="by='tokens'"):
-        sl.Mixture(sources, stages=STAGES, by="tokens", batch_size=4)
     with pytest.raises(UsageError, match="not both"):
         sl.Mixture(sources, {"a": 1, "b": 1, "c": 1}, stages=STAGES, batch_size=4)
     with pytest.raises(UsageError, match="step 0"):
@@ -180,3 +178,26 @@ def test_plan_prints_where_each_stage_begins_and_what_it_delivers(sources):
     assert (
         bad.returncode != 0 and "--stage '0:a=oops'" in bad.stderr and "Traceback" not in bad.stderr
     )
+
+
+def test_token_stages_hold_token_shares_from_their_step_and_resume_exactly(sources):
+    """``by="tokens"``: each stage's token shares are within one longest document of its
+    weights at every prefix from its step (stage 1 from step 7, mid-epoch 1), and 2 ranks x 6
+    stopped after 3 steps, resumed on 3 ranks x 4 with 2 workers, equal the unbroken run."""
+    mix = staged(sources, 12, "tokens")
+    lengths = np.concatenate(
+        [load_lengths(*sl.read_manifest(u), sl.ReadOptions()) for u in sources.values()]
+    )
+    ids = np.concatenate([mix.order(e) for e in (0, 1, 2)])
+    src = np.asarray([" abc".index(source_of(int(i))) - 1 for i in ids])
+    for (lo, hi), (_, weights) in zip(((0, 84), (84, 180)), STAGES, strict=True):
+        tokens = np.cumsum(np.eye(3, dtype=np.int64)[src[lo:hi]] * lengths[ids[lo:hi], None], 0)
+        w = np.asarray([weights[n] for n in "abc"], float)
+        share = w / w.sum() * tokens.sum(axis=1, keepdims=True)
+        assert (np.abs(tokens - share) <= lengths.max()).all()
+    assert not (src[:84] == 2).any() and (src[84:96] == 2).any()  # c only from step 7 on
+    whole, _ = run([staged(sources, 6, "tokens") for _ in range(2)], 2, 0, [0, 1])
+    first, state = run([staged(sources, 6, "tokens") for _ in range(2)], 2, 0, [0, 1], stop=3)
+    rest, _ = run([staged(sources, 4, "tokens") for _ in range(3)], 3, 2, [0, 1], state=state)
+    assert first + rest == whole
+    assert [i for step in whole for i in step] == ids[:120].tolist()
