@@ -81,6 +81,18 @@ def test_stages_resumed_on_another_world_begin_at_their_step(sources, ranks, wor
     assert shares[7:] == [{"a": 3, "b": 3, "c": 6}] * 3  # 1:1:2 from step 7 on
 
 
+def test_a_resume_with_another_global_batch_keeps_the_stages_where_the_stream_had_them(sources):
+    """2 ranks x 6 stopped after 3 steps, resumed on 3 ranks x 6 (18 a step, not 12): the
+    saved state keeps a step at 12 documents, so stage 1 still begins at stream position 84
+    and the documents after the resume are the unbroken run's, in order."""
+    whole, _ = run([staged(sources, 6) for _ in range(2)], 2, 0, [0, 1])
+    first, state = run([staged(sources, 6) for _ in range(2)], 2, 0, [0, 1], stop=3)
+    resumed = [staged(sources, 6) for _ in range(3)]
+    rest, _ = run(resumed, 3, 0, [0, 1], state=state)
+    assert resumed[0].samples_per_step == GLOBAL_BATCH
+    assert [i for s in first + rest for i in s] == [i for s in whole for i in s]
+
+
 def test_stages_are_in_the_blend_at_their_stream_positions(sources):
     """Stage 1 begins at step 7 = epoch 1, position 24 of 60 (12 samples a step): the blend
     changes there mid-epoch, each stage within one sample of its weights at every prefix."""
