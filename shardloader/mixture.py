@@ -242,6 +242,13 @@ class Mixture(ShardedDataset):
         """``(step, stream position)`` where each stage begins (NOTE [stages]): a step counts
         the steps of earlier mixture epochs as the loader does (the last one of an epoch
         padded, or dropped with ``uneven="drop"``)."""
+        if hasattr(self, "_control") and self.partition.nodes > 1:
+            raise UsageError(
+                f"stages need one partition of the mixed stream, but this world reads "
+                f"{self.partition.nodes} node partitions, whose steps do not follow the stream "
+                "position by position: pass world=shardloader.World(partition='global') (every "
+                "node reads every source's shards), or weights= with set_weights at epochs"
+            )
         per_step, e = self.samples_per_step, self.epoch_samples
         per_epoch = e // per_step if self.uneven == "drop" else -(-e // per_step)
         out = []

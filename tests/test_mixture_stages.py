@@ -129,6 +129,8 @@ def test_stages_the_planner_cannot_express_are_refused(sources):
         sl.Mixture(sources, stages=[(5, STAGES[0][1])], batch_size=4)
     with pytest.raises(UsageError, match="increase"):
         sl.Mixture(sources, stages=[STAGES[0], (0, STAGES[1][1])], batch_size=4)
+    with pytest.raises(UsageError, match="2 node partitions.*partition='global'"):
+        len(staged(sources, 4).for_rank(0, 4, ranks_per_node=2))  # 2 nodes x 2 ranks
     with pytest.raises(UsageError, match="stages"):
         staged(sources, 4).set_weights({"a": 1, "b": 1, "c": 1}, epoch=1)
 
@@ -186,6 +188,9 @@ def test_plan_prints_where_each_stage_begins_and_what_it_delivers(sources):
     assert (
         text.returncode == 0 and "from step 7 (epoch 1, position 84), 36 documents" in text.stdout
     )
+    nodes = run_cli("plan", *common, "--nodes", 2)  # the last --nodes counts: 2 x 2 ranks
+    assert nodes.returncode != 0 and "partition='global'" in nodes.stderr
+    assert run_cli("plan", *common, "--nodes", 2, "--partition", "global").returncode == 0
     bad = run_cli("plan", spec, "--stage", "0:a=oops")
     assert (
         bad.returncode != 0 and "--stage '0:a=oops'" in bad.stderr and "Traceback" not in bad.stderr

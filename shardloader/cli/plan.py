@@ -105,8 +105,8 @@ def plan_command(
         from shardloader.cli.stageplan import stage_figures, stage_text
 
         figures = stage_figures(
-            dataset, stages, batch_size, nodes * ranks_per_node, epoch_samples, epochs, seed,
-            uneven, storage_options(storage_option),
+            dataset, stages, batch_size, nodes, ranks_per_node, partition, epoch_samples,
+            epochs, seed, uneven, storage_options(storage_option),
         )  # fmt: skip
         head = f"{dataset}: {nodes} node(s) x {ranks_per_node} ranks, batch {batch_size} a rank"
         click.echo(

@@ -52,16 +52,19 @@ def stage_figures(
     sources: str,
     stages: tuple[str, ...],
     batch_size: int,
-    world: int,
+    nodes: int,
+    ranks_per_node: int,
+    partition: str,
     epoch_samples: int | None,
     epochs: int,
     seed: int,
     uneven: str,
     storage: dict[str, str],
 ) -> dict[str, Any]:
-    """The stages of the mixture a run of ``world`` ranks x ``batch_size`` would read."""
+    """The stages of the mixture a run of ``nodes x ranks_per_node`` ranks x ``batch_size``
+    would read (several node partitions are refused, as the run refuses them)."""
     from shardloader.mixture import Mixture
-    from shardloader.options import ReadOptions
+    from shardloader.options import ReadOptions, World
 
     mix = Mixture(
         parse_sources(sources),
@@ -72,7 +75,9 @@ def stage_figures(
         seed=seed,
         uneven=uneven,
         read=ReadOptions(storage_options=storage) if storage else None,
-    ).for_rank(0, world)
+        world=World(partition=partition),
+    ).for_rank(0, nodes * ranks_per_node, ranks_per_node)
+    mix.stage_starts()  # several node partitions: refused here, as in the run
     return {
         "sources": list(mix.names),
         "epoch_samples": mix.epoch_samples,
