@@ -16,17 +16,7 @@ has not begun).  The schedule of ``(from_epoch, integer parts)`` lives in shared
 the dataset's epoch and position, NOTE [why shared memory here] in deliver/control.py), so
 persistent DataLoader workers see a change; ``state_dict()`` records it and a resume replays it.
 
-NOTE [stages]: ``stages=[(step, weights), ...]`` change the weights at global optimizer steps,
-mid-epoch too.  A step of fixed batches holds ``batch_size x world size`` positions of the
-mixed stream (steps counted across mixture epochs as the loader counts them), so each stage
-begins at a fixed stream position and the blend (:class:`~shardloader.plan.blend.MixOrder`)
-starts a fresh segment there.  The first saved state fixes that step size: a resume on another
-world size or worker count keeps every stage at the same stream position, so the continuation
-equals an unbroken run (and begins each stage at the same step when the global batch is kept,
-as an elastic resume does).  The stages are in the plan signature and the state; a resume with
-other stages is refused.  With ``by="tokens"`` each stage is a fresh token-deadline walk from
-its position (:class:`~shardloader.plan.tokenblend.TokenMixOrder`).  Planners whose step holds
-a number of samples known only after planning (packing, buckets, token budgets) are refused.
+Stages (weights changing at optimizer steps): NOTE [stages] in :mod:`shardloader.plan.stages`.
 """
 
 from __future__ import annotations
@@ -43,12 +33,20 @@ from shardloader.batching.base import check_planner
 from shardloader.dataset import ShardedDataset
 from shardloader.deliver.control import Control
 from shardloader.deliver.position import integer
-from shardloader.errors import ResumeError, UsageError
+from shardloader.errors import UsageError
 from shardloader.manifest import Manifest, read_manifest
 from shardloader.options import ReadOptions, ShuffleOptions
 from shardloader.plan.blend import MixOrder, schedule_parts
 from shardloader.plan.epoch import EpochReport
+from shardloader.plan.mixcounts import delivered_by_source
+from shardloader.plan.mixschedule import Entries, read_entries, saved_entries, write_entries
 from shardloader.plan.shuffle import derive_seed
+from shardloader.plan.stages import (
+    check_stages,
+    saved_step_size,
+    stage_counts,
+    stage_positions,
+)
 from shardloader.plan.tokenblend import TokenMixOrder
 from shardloader.read.lengths import load_lengths
 from shardloader.read.mixed import MixedShards, virtual_manifest
@@ -179,12 +177,11 @@ class Mixture(ShardedDataset):
             tuple(seeds),
             tuple(shuffles),
         )
-        self._stage_steps = self._check_stages(weights, stages, planner, options)
-        parts = (
-            self._stage_steps[0][1]
-            if self._stage_steps
-            else self._parts_of(weights or {}, "weights")
+        self._stage_steps = check_stages(  # NOTE [stages] in plan/stages.py
+            weights, stages, planner, options.get("batch_size"), _MAX_ENTRIES, self._parts_of
         )
+        staged = self._stage_steps[0][1] if self._stage_steps else None
+        parts = staged or self._parts_of(weights or {}, "weights")
         self._samples_per_step = Control([0])  # NOTE [stages]: fixed by the first state saved
         capacity = 1 + _MAX_ENTRIES * (1 + len(self.names))
         self._schedule = Control([1, 0, *parts] + [0] * (capacity - 2 - len(parts)))
@@ -196,41 +193,6 @@ class Mixture(ShardedDataset):
             **options,
         )
 
-    def _check_stages(
-        self,
-        weights: Mapping[str, float] | None,
-        stages: Sequence[tuple[int, Mapping[str, float]]] | None,
-        planner: Any,
-        options: Mapping[str, Any],
-    ) -> tuple[tuple[int, tuple[int, ...]], ...]:
-        """``stages`` as ``(step, integer parts)``, checked (NOTE [stages])."""
-        if stages is None:
-            if weights is None:
-                raise UsageError("a Mixture needs weights={name: weight} or stages=[(step, ...)]")
-            return ()
-        if weights is not None:
-            raise UsageError("pass weights= or stages=, not both: stages carry the weights")
-        if planner is not None or not options.get("batch_size"):
-            what = "no batch_size" if planner is None else type(planner).__name__
-            raise UsageError(
-                f"stages change weights at optimizer steps, which need fixed batches "
-                f"(batch_size=N); with {what} the samples of a step are known only after "
-                "planning: use batch_size=, or weights= with set_weights at mixture epochs"
-            )
-        try:
-            steps = [(integer("stage step", st), w) for st, w in stages]
-        except (TypeError, ValueError) as err:
-            raise UsageError(
-                f"stages must be [(step, {{name: weight}}), ...], got {stages!r}"
-            ) from err
-        if not steps or steps[0][0] != 0:
-            raise UsageError(f"the first stage must begin at step 0, got {stages!r}")
-        if any(a[0] >= b[0] for a, b in zip(steps, steps[1:], strict=False)):
-            raise UsageError(f"stage steps must increase, got {[st for st, _ in steps]}")
-        if len(steps) > _MAX_ENTRIES:
-            raise UsageError(f"a mixture holds at most {_MAX_ENTRIES} stages, got {len(steps)}")
-        return tuple((st, self._parts_of(w, f"stage at step {st}")) for st, w in steps)
-
     @property
     def samples_per_step(self) -> int:
         """Samples of one optimizer step that stages are counted in: ``batch_size`` x world
@@ -239,62 +201,21 @@ class Mixture(ShardedDataset):
         return self._samples_per_step.get()[0] or int(self.batch_size or 1) * world
 
     def stage_starts(self) -> list[tuple[int, int]]:
-        """``(step, stream position)`` where each stage begins (NOTE [stages]): a step counts
-        the steps of earlier mixture epochs as the loader does (the last one of an epoch
-        padded, or dropped with ``uneven="drop"``)."""
-        if hasattr(self, "_control") and self.partition.nodes > 1:
-            raise UsageError(
-                f"stages need one partition of the mixed stream, but this world reads "
-                f"{self.partition.nodes} node partitions, whose steps do not follow the stream "
-                "position by position: pass world=shardloader.World(partition='global') (every "
-                "node reads every source's shards), or weights= with set_weights at epochs"
-            )
+        """``(step, stream position)`` where each stage begins (NOTE [stages])."""
+        nodes = self.partition.nodes if hasattr(self, "_control") else 1
         per_step, e = self.samples_per_step, self.epoch_samples
-        per_epoch = e // per_step if self.uneven == "drop" else -(-e // per_step)
-        out = []
-        for step, _ in self._stage_steps:
-            epoch, rest = divmod(step, max(per_epoch, 1))
-            out.append((step, epoch * e + min(rest * per_step, e)))
-        return out
+        return stage_positions(self._stage_steps, per_step, e, self.uneven, nodes)
 
     def stage_report(self, epochs: int) -> list[dict[str, Any]]:
         """Each stage's first step and stream position, and what it delivers per source in
         the first ``epochs`` mixture epochs (documents, and tokens where lengths are recorded;
         the last stage up to that end): what ``shardloader plan --stage`` prints."""
-        mix, horizon = self._order_source(), epochs * self.epoch_samples
-        lengths = self._lengths_for_report()
-        sizes = [m.num_samples for m, _, _ in self._opened]
-        bounds = np.cumsum([0, *sizes])
-        starts = self.stage_starts() + [(None, horizon)]
-        out = []
-        for (step, lo), (_, hi), (_, parts) in zip(
-            starts, starts[1:], self._stage_steps, strict=False
-        ):
-            lo, hi = min(lo, horizon), min(hi, horizon)
-            ids = [
-                mix.order(e)[max(lo - e * self.epoch_samples, 0) : hi - e * self.epoch_samples]
-                for e in range(lo // self.epoch_samples, -(-hi // self.epoch_samples))
-            ]
-            got = np.concatenate([np.zeros(0, np.int64), *ids]).astype(np.int64)
-            src = np.searchsorted(bounds, got, side="right") - 1
-            k = len(self.names)
-            samples = np.bincount(src, minlength=k)
-            tokens = None if lengths is None else np.bincount(src, lengths[got], k)
-            out.append({
-                "step": step,
-                "epoch": lo // self.epoch_samples,
-                "position": lo,
-                "positions": hi - lo,
-                "weights": self._normalised(parts),
-                "sources": {
-                    n: {
-                        "samples": int(samples[s]),
-                        "tokens": None if tokens is None else int(tokens[s]),
-                    }
-                    for s, n in enumerate(self.names)
-                },
-            })  # fmt: skip
-        return out
+        sizes = {n: m.num_samples for n, (m, _, _) in zip(self.names, self._opened, strict=True)}
+        weights = [self._normalised(p) for _, p in self._stage_steps]
+        order, lengths = self._order_source().order, self._lengths_for_report()
+        return stage_counts(
+            self.stage_starts(), weights, order, self.epoch_samples, epochs, sizes, lengths
+        )
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
@@ -384,24 +305,11 @@ class Mixture(ShardedDataset):
         self._by_tokens = (tuple(found), key)
         return self._by_tokens
 
-    def _entries(self) -> tuple[tuple[int, tuple[int, ...]], ...]:
-        values, k = self._schedule.get(), len(self.names)
-        out = []
-        for e in range(values[0]):
-            at = 1 + e * (1 + k)
-            out.append((values[at], tuple(values[at + 1 : at + 1 + k])))
-        return tuple(out)
+    def _entries(self) -> Entries:
+        return read_entries(self._schedule.get(), len(self.names))
 
     def _store(self, entries: list[tuple[int, tuple[int, ...]]]) -> None:
-        if len(entries) > _MAX_ENTRIES:
-            raise UsageError(f"a mixture holds at most {_MAX_ENTRIES} weight changes")
-        k = len(self.names)
-        for e, (start, parts) in enumerate(entries):
-            at = 1 + e * (1 + k)
-            self._schedule.set(at, start)
-            for s, p in enumerate(parts):
-                self._schedule.set(at + 1 + s, p)
-        self._schedule.set(0, len(entries))
+        write_entries(self._schedule, len(self.names), entries, _MAX_ENTRIES)
         self._plan_cache, self._len_cache = None, None
 
     def _set_parts(self, parts: tuple[int, ...], epoch: int) -> None:
@@ -459,27 +367,8 @@ class Mixture(ShardedDataset):
     def load_extra_state(self, state: Mapping[str, Any], epoch: int, position: int) -> None:
         """Replay a saved schedule; weights passed to this Mixture that differ from the ones
         saved for the resumed epoch apply from the next epoch not yet begun."""
-        saved = state.get("mixture")
-        if not isinstance(saved, Mapping):
-            raise ResumeError("the saved state has no 'mixture' entry: it is not a Mixture's")
-        if list(saved.get("sources", ())) != list(self.names):
-            raise ResumeError(
-                f"saved mixture sources {saved.get('sources')!r} are not this mixture's "
-                f"{list(self.names)}: pass the same sources, in the same order"
-            )
-        try:
-            entries = [(int(e), tuple(int(x) for x in p)) for e, p in saved["schedule"]]
-        except (KeyError, TypeError, ValueError) as err:
-            raise ResumeError(
-                f"saved mixture schedule {saved.get('schedule')!r} is malformed"
-            ) from err
-        if (
-            not entries
-            or entries[0][0] != 0
-            or any(len(p) != len(self.names) or sum(p) <= 0 or min(p) < 0 for _, p in entries)
-            or any(a[0] >= b[0] for a, b in zip(entries, entries[1:], strict=False))
-        ):
-            raise ResumeError(f"saved mixture schedule {saved.get('schedule')!r} is malformed")
+        saved: Any = state.get("mixture")
+        entries = saved_entries(saved, self.names)
         if self._stage_steps or "stages" in saved:
             self._load_stages(saved)
             return
@@ -489,19 +378,10 @@ class Mixture(ShardedDataset):
         if self._order_source().parts_at(boundary) != mine:
             self._set_parts(mine, boundary)
 
-    def _load_stages(self, saved: Mapping[str, Any]) -> None:
+    def _load_stages(self, saved: Any) -> None:
         """Keep the saved stages at the stream positions the saved run put them (NOTE
         [stages]); they must be this mixture's."""
-        mine = [[st, list(p)] for st, p in self._stage_steps]
-        if saved.get("stages") != mine:
-            raise ResumeError(
-                f"saved stages {saved.get('stages')!r} are not this mixture's {mine}: pass the "
-                "same stages (a staged mixture cannot change weights at a resume)"
-            )
-        per_step = saved.get("samples_per_step")
-        if isinstance(per_step, bool) or not isinstance(per_step, int) or per_step < 1:
-            raise ResumeError(f"saved samples_per_step {per_step!r} must be an integer >= 1")
-        self._samples_per_step.set(0, per_step)
+        self._samples_per_step.set(0, saved_step_size(saved, self._stage_steps))
         self._plan_cache, self._len_cache = None, None
 
     # -- reporting --------------------------------------------------------------------------
@@ -511,30 +391,8 @@ class Mixture(ShardedDataset):
         e = base.epoch
         plans = self._planning.cluster(e, 0, self.partition, self._lengths)
         lengths = self._lengths if self._lengths is not None else self._lengths_for_report()
-        kept, real = [], []
-        for plan in plans:  # each position once: a last batch's filling-up is not counted
-            mine = list(plan.batches[: plan.num_batches - plan.slots.dropped_batches])
-            kept += mine
-            if mine and mine[0].ndim == 1:
-                ids = np.concatenate(mine).astype(np.int64)
-                if plan.pad_in_last and len(mine) == plan.num_batches:
-                    ids = ids[: len(ids) - plan.pad_in_last]
-                real.append(ids)
-        offsets = np.concatenate([[0], np.cumsum([m.num_samples for m, _, _ in self._opened])])
-        k = len(self.names)
-        tokens = np.zeros(k, np.int64)
-        if kept and kept[0].ndim == 2:  # segments (id, start, stop): a document starts at 0
-            seg = np.concatenate(kept)
-            seg_src = np.searchsorted(offsets, seg[:, 0], side="right") - 1
-            samples = np.bincount(seg_src[seg[:, 1] == 0], minlength=k)
-            tokens += np.bincount(seg_src, seg[:, 2] - seg[:, 1], k).astype(np.int64)
-        else:
-            ids = np.concatenate(real or [np.zeros(0, np.int64)])
-            src = np.searchsorted(offsets, ids, side="right") - 1
-            samples = np.bincount(src, minlength=k)
-            if lengths is not None:
-                tokens += np.bincount(src, lengths[ids], k).astype(np.int64)
-        flat = kept and kept[0].ndim == 2
+        sizes = [m.num_samples for m, _, _ in self._opened]
+        samples, tokens, flat = delivered_by_source(plans, sizes, lengths)
         mix = self._order_source()
         planned = np.bincount(mix.sources(e), minlength=len(self.names))
         own_epoch, started = mix.source_epochs(e)

@@ -98,7 +98,8 @@ def test_stages_are_in_the_blend_at_their_stream_positions(sources):
     changes there mid-epoch, each stage within one sample of its weights at every prefix."""
     mix = staged(sources, 12)
     assert mix.stage_starts() == [(0, 0), (7, 84)]
-    src = np.concatenate([mix._order_source().sources(e) for e in (0, 1, 2)])
+    ids = np.concatenate([mix.order(e) for e in (0, 1, 2)])
+    src = np.asarray(["abc".index(source_of(int(i))) for i in ids])
     for lo, hi, parts in ((0, 84, (3, 1, 0)), (84, 180, (1, 1, 2))):
         counts = np.cumsum(np.eye(3, dtype=np.int64)[src[lo:hi]], axis=0)
         n = np.arange(1, hi - lo + 1)[:, None]
@@ -206,7 +207,7 @@ def test_token_stages_hold_token_shares_from_their_step_and_resume_exactly(sourc
         [load_lengths(*sl.read_manifest(u), sl.ReadOptions()) for u in sources.values()]
     )
     ids = np.concatenate([mix.order(e) for e in (0, 1, 2)])
-    src = np.asarray([" abc".index(source_of(int(i))) - 1 for i in ids])
+    src = np.asarray(["abc".index(source_of(int(i))) for i in ids])
     for (lo, hi), (_, weights) in zip(((0, 84), (84, 180)), STAGES, strict=True):
         tokens = np.cumsum(np.eye(3, dtype=np.int64)[src[lo:hi]] * lengths[ids[lo:hi], None], 0)
         w = np.asarray([weights[n] for n in "abc"], float)
