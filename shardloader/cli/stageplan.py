@@ -1,5 +1,5 @@
 """``shardloader plan SOURCES --stage STEP:WEIGHTS ...``: where a staged mixture's stages begin
-and what each delivers per source (NOTE [stages] in :mod:`shardloader.mixture`).
+and what each delivers per source (NOTE [stages] in :mod:`shardloader.plan.stages`).
 
 Builds the :class:`~shardloader.mixture.Mixture` a run would (same sources, stages, batch size,
 world and seed), so the boundaries and counts are the run's own; reads the manifests and the

@@ -134,7 +134,7 @@ class TokenMixOrder(MixOrder):
         return cursors
 
     def _staged(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
-        """Stages (NOTE [stages] in :mod:`shardloader.mixture`): the walk's state at the start
+        """Stages (NOTE [stages] in :mod:`shardloader.plan.stages`): the walk's state at the start
         of mixture epoch ``epoch``, walked from the stream's start; a stage may begin
         mid-epoch, and its token time starts at 0 there (a fresh walk, as a weight change)."""
         key = (
