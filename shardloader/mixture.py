@@ -15,13 +15,15 @@ those, so a new weight applies from the next mixture epoch (or from the resumed 
 has not begun).  The schedule of ``(from_epoch, integer parts)`` lives in shared memory (like
 the dataset's epoch and position, NOTE [why shared memory here] in deliver/control.py), so
 persistent DataLoader workers see a change; ``state_dict()`` records it and a resume replays it.
+
+Stages (weights changing at optimizer steps): NOTE [stages] in :mod:`shardloader.plan.stages`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import zlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,12 +33,20 @@ from shardloader.batching.base import check_planner
 from shardloader.dataset import ShardedDataset
 from shardloader.deliver.control import Control
 from shardloader.deliver.position import integer
-from shardloader.errors import ResumeError, UsageError
+from shardloader.errors import UsageError
 from shardloader.manifest import Manifest, read_manifest
 from shardloader.options import ReadOptions, ShuffleOptions
 from shardloader.plan.blend import MixOrder, schedule_parts
 from shardloader.plan.epoch import EpochReport
+from shardloader.plan.mixcounts import delivered_by_source
+from shardloader.plan.mixschedule import Entries, read_entries, saved_entries, write_entries
 from shardloader.plan.shuffle import derive_seed
+from shardloader.plan.stages import (
+    check_stages,
+    saved_step_size,
+    stage_counts,
+    stage_positions,
+)
 from shardloader.plan.tokenblend import TokenMixOrder
 from shardloader.read.lengths import load_lengths
 from shardloader.read.mixed import MixedShards, virtual_manifest
@@ -114,8 +124,9 @@ class Mixture(ShardedDataset):
     def __init__(
         self,
         sources: Mapping[str, str | Source],
-        weights: Mapping[str, float],
+        weights: Mapping[str, float] | None = None,
         *,
+        stages: Sequence[tuple[int, Mapping[str, float]]] | None = None,
         epoch_samples: int | None = None,
         by: str = "samples",
         shuffle: bool | ShuffleOptions = False,
@@ -166,7 +177,12 @@ class Mixture(ShardedDataset):
             tuple(seeds),
             tuple(shuffles),
         )
-        parts = self._parts_of(weights, "weights")
+        self._stage_steps = check_stages(  # NOTE [stages] in plan/stages.py
+            weights, stages, planner, options.get("batch_size"), _MAX_ENTRIES, self._parts_of
+        )
+        staged = self._stage_steps[0][1] if self._stage_steps else None
+        parts = staged or self._parts_of(weights or {}, "weights")
+        self._samples_per_step = Control([0])  # NOTE [stages]: fixed by the first state saved
         capacity = 1 + _MAX_ENTRIES * (1 + len(self.names))
         self._schedule = Control([1, 0, *parts] + [0] * (capacity - 2 - len(parts)))
         super().__init__(
@@ -175,6 +191,30 @@ class Mixture(ShardedDataset):
             seed=seed,
             read=read,
             **options,
+        )
+
+    @property
+    def samples_per_step(self) -> int:
+        """Samples of one optimizer step that stages are counted in: ``batch_size`` x world
+        size, kept from the first run by its saved state (NOTE [stages])."""
+        world = self.world_size if hasattr(self, "_control") else 1  # (during __init__)
+        return self._samples_per_step.get()[0] or int(self.batch_size or 1) * world
+
+    def stage_starts(self) -> list[tuple[int, int]]:
+        """``(step, stream position)`` where each stage begins (NOTE [stages])."""
+        nodes = self.partition.nodes if hasattr(self, "_control") else 1
+        per_step, e = self.samples_per_step, self.epoch_samples
+        return stage_positions(self._stage_steps, per_step, e, self.uneven, nodes)
+
+    def stage_report(self, epochs: int) -> list[dict[str, Any]]:
+        """Each stage's first step and stream position, and what it delivers per source in
+        the first ``epochs`` mixture epochs (documents, and tokens where lengths are recorded;
+        the last stage up to that end): what ``shardloader plan --stage`` prints."""
+        sizes = {n: m.num_samples for n, (m, _, _) in zip(self.names, self._opened, strict=True)}
+        weights = [self._normalised(p) for _, p in self._stage_steps]
+        order, lengths = self._order_source().order, self._lengths_for_report()
+        return stage_counts(
+            self.stage_starts(), weights, order, self.epoch_samples, epochs, sizes, lengths
         )
 
     def __getstate__(self) -> dict[str, Any]:
@@ -213,12 +253,19 @@ class Mixture(ShardedDataset):
 
     def _order_source(self) -> MixOrder:  # NOTE [mixture partitions] in plan/blend.py
         sizes, seeds, shuffles = self._static
+        stages: tuple[tuple[int, tuple[int, ...]], ...] = ()
+        named = ""
+        if self._stage_steps:  # NOTE [stages]
+            starts = [pos for _, pos in self.stage_starts()]
+            stages = tuple(zip(starts, [p for _, p in self._stage_steps], strict=True))
+            named = str([[st, list(p)] for st, p in self._stage_steps]).replace(" ", "")
         if self.by == "tokens":  # NOTE [token deadlines] in plan/tokenblend.py
             lengths, key = self._token_lengths()
             return TokenMixOrder(
-                sizes, seeds, shuffles, self.epoch_samples, self._entries(), lengths, key
-            )
-        return MixOrder(sizes, seeds, shuffles, self.epoch_samples, self._entries())
+                sizes, seeds, shuffles, self.epoch_samples, self._entries(), stages, named,
+                lengths=lengths, lengths_key=key,
+            )  # fmt: skip
+        return MixOrder(sizes, seeds, shuffles, self.epoch_samples, self._entries(), stages, named)
 
     def order(self, epoch: int | None = None) -> np.ndarray:
         """The blended order of mixture epoch ``epoch`` (default: current), as virtual ids
@@ -258,24 +305,11 @@ class Mixture(ShardedDataset):
         self._by_tokens = (tuple(found), key)
         return self._by_tokens
 
-    def _entries(self) -> tuple[tuple[int, tuple[int, ...]], ...]:
-        values, k = self._schedule.get(), len(self.names)
-        out = []
-        for e in range(values[0]):
-            at = 1 + e * (1 + k)
-            out.append((values[at], tuple(values[at + 1 : at + 1 + k])))
-        return tuple(out)
+    def _entries(self) -> Entries:
+        return read_entries(self._schedule.get(), len(self.names))
 
     def _store(self, entries: list[tuple[int, tuple[int, ...]]]) -> None:
-        if len(entries) > _MAX_ENTRIES:
-            raise UsageError(f"a mixture holds at most {_MAX_ENTRIES} weight changes")
-        k = len(self.names)
-        for e, (start, parts) in enumerate(entries):
-            at = 1 + e * (1 + k)
-            self._schedule.set(at, start)
-            for s, p in enumerate(parts):
-                self._schedule.set(at + 1 + s, p)
-        self._schedule.set(0, len(entries))
+        write_entries(self._schedule, len(self.names), entries, _MAX_ENTRIES)
         self._plan_cache, self._len_cache = None, None
 
     def _set_parts(self, parts: tuple[int, ...], epoch: int) -> None:
@@ -291,14 +325,22 @@ class Mixture(ShardedDataset):
         must keep the weights they were planned with (NOTE [mixture state]).  Call it between
         passes (never during one)."""
         epoch = integer("epoch", epoch)
+        if self._stage_steps:
+            raise UsageError("this mixture's weights follow its stages: build it with new stages")
         if epoch < 0:
             raise UsageError(f"epoch must be >= 0, got {epoch}")
         self._set_parts(self._parts_of(weights, "weights"), epoch)
 
     @property
     def schedule(self) -> list[tuple[int, dict[str, float]]]:
-        """``(from_epoch, {name: weight})`` of every weight change, weights normalised."""
+        """``(from_epoch, {name: weight})`` of every weight change, weights normalised
+        (the stages of a staged mixture are :attr:`stages`)."""
         return [(e, self._normalised(p)) for e, p in self._entries()]
+
+    @property
+    def stages(self) -> list[tuple[int, dict[str, float]]]:
+        """``(from_step, {name: weight})`` of each stage, weights normalised (empty: none)."""
+        return [(st, self._normalised(p)) for st, p in self._stage_steps]
 
     def weights(self, epoch: int | None = None) -> dict[str, float]:
         """The (normalised) weights in force for mixture epoch ``epoch`` (default: current)."""
@@ -312,43 +354,35 @@ class Mixture(ShardedDataset):
 
     def extra_state(self) -> dict[str, Any]:
         """What the loader state adds (NOTE [mixture state]): sources and weight schedule."""
-        return {
-            "mixture": {
-                "sources": list(self.names),
-                "by": self.by,
-                "schedule": [[e, list(p)] for e, p in self._entries()],
-            }
+        saved: dict[str, Any] = {
+            "sources": list(self.names),
+            "by": self.by,
+            "schedule": [[e, list(p)] for e, p in self._entries()],
         }
+        if self._stage_steps:  # NOTE [stages]: where they begin, in this run's steps
+            saved["stages"] = [[st, list(p)] for st, p in self._stage_steps]
+            saved["samples_per_step"] = self.samples_per_step
+        return {"mixture": saved}
 
     def load_extra_state(self, state: Mapping[str, Any], epoch: int, position: int) -> None:
         """Replay a saved schedule; weights passed to this Mixture that differ from the ones
         saved for the resumed epoch apply from the next epoch not yet begun."""
-        saved = state.get("mixture")
-        if not isinstance(saved, Mapping):
-            raise ResumeError("the saved state has no 'mixture' entry: it is not a Mixture's")
-        if list(saved.get("sources", ())) != list(self.names):
-            raise ResumeError(
-                f"saved mixture sources {saved.get('sources')!r} are not this mixture's "
-                f"{list(self.names)}: pass the same sources, in the same order"
-            )
-        try:
-            entries = [(int(e), tuple(int(x) for x in p)) for e, p in saved["schedule"]]
-        except (KeyError, TypeError, ValueError) as err:
-            raise ResumeError(
-                f"saved mixture schedule {saved.get('schedule')!r} is malformed"
-            ) from err
-        if (
-            not entries
-            or entries[0][0] != 0
-            or any(len(p) != len(self.names) or sum(p) <= 0 or min(p) < 0 for _, p in entries)
-            or any(a[0] >= b[0] for a, b in zip(entries, entries[1:], strict=False))
-        ):
-            raise ResumeError(f"saved mixture schedule {saved.get('schedule')!r} is malformed")
+        saved: Any = state.get("mixture")
+        entries = saved_entries(saved, self.names)
+        if self._stage_steps or "stages" in saved:
+            self._load_stages(saved)
+            return
         mine = self._entries()[-1][1]  # the weights this Mixture was made with
         self._store(entries)
         boundary = epoch if position == 0 else epoch + 1
         if self._order_source().parts_at(boundary) != mine:
             self._set_parts(mine, boundary)
+
+    def _load_stages(self, saved: Any) -> None:
+        """Keep the saved stages at the stream positions the saved run put them (NOTE
+        [stages]); they must be this mixture's."""
+        self._samples_per_step.set(0, saved_step_size(saved, self._stage_steps))
+        self._plan_cache, self._len_cache = None, None
 
     # -- reporting --------------------------------------------------------------------------
     def report(self, epoch: int | None = None) -> MixtureReport:
@@ -357,30 +391,8 @@ class Mixture(ShardedDataset):
         e = base.epoch
         plans = self._planning.cluster(e, 0, self.partition, self._lengths)
         lengths = self._lengths if self._lengths is not None else self._lengths_for_report()
-        kept, real = [], []
-        for plan in plans:  # each position once: a last batch's filling-up is not counted
-            mine = list(plan.batches[: plan.num_batches - plan.slots.dropped_batches])
-            kept += mine
-            if mine and mine[0].ndim == 1:
-                ids = np.concatenate(mine).astype(np.int64)
-                if plan.pad_in_last and len(mine) == plan.num_batches:
-                    ids = ids[: len(ids) - plan.pad_in_last]
-                real.append(ids)
-        offsets = np.concatenate([[0], np.cumsum([m.num_samples for m, _, _ in self._opened])])
-        k = len(self.names)
-        tokens = np.zeros(k, np.int64)
-        if kept and kept[0].ndim == 2:  # segments (id, start, stop): a document starts at 0
-            seg = np.concatenate(kept)
-            seg_src = np.searchsorted(offsets, seg[:, 0], side="right") - 1
-            samples = np.bincount(seg_src[seg[:, 1] == 0], minlength=k)
-            tokens += np.bincount(seg_src, seg[:, 2] - seg[:, 1], k).astype(np.int64)
-        else:
-            ids = np.concatenate(real or [np.zeros(0, np.int64)])
-            src = np.searchsorted(offsets, ids, side="right") - 1
-            samples = np.bincount(src, minlength=k)
-            if lengths is not None:
-                tokens += np.bincount(src, lengths[ids], k).astype(np.int64)
-        flat = kept and kept[0].ndim == 2
+        sizes = [m.num_samples for m, _, _ in self._opened]
+        samples, tokens, flat = delivered_by_source(plans, sizes, lengths)
         mix = self._order_source()
         planned = np.bincount(mix.sources(e), minlength=len(self.names))
         own_epoch, started = mix.source_epochs(e)

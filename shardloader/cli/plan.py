@@ -56,6 +56,20 @@ __all__ = ["plan_command"]
 @click.option("--seq-len", type=click.IntRange(min=1), default=8192, show_default=True)
 @click.option("--rows", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--balance-c", type=click.FloatRange(min=0), default=0.0, show_default=True)
+@click.option(
+    "--stage",
+    "stages",
+    multiple=True,
+    metavar="STEP:NAME=W,...",
+    help="A mixture stage (repeat; the first at step 0): DATASET then names the sources, "
+    "name=url,name=url; prints where each stage begins and what it delivers per source.",
+)
+@click.option(
+    "--epoch-samples",
+    type=click.IntRange(min=1),
+    default=None,
+    help="With --stage: documents of a mixture epoch (default all sources').",
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @storage_option
 def plan_command(
@@ -73,6 +87,8 @@ def plan_command(
     seq_len: int,
     rows: int,
     balance_c: float,
+    stages: tuple[str, ...],
+    epoch_samples: int | None,
     as_json: bool,
     storage_option: tuple[str, ...],
 ) -> None:
@@ -85,6 +101,18 @@ def plan_command(
     from shardloader.plan.shuffle import ShuffleOptions
     from shardloader.storage.store import as_store
 
+    if stages:  # a staged mixture: cli/stageplan.py
+        from shardloader.cli.stageplan import stage_figures, stage_text
+
+        figures = stage_figures(
+            dataset, stages, batch_size, nodes, ranks_per_node, partition, epoch_samples,
+            epochs, seed, uneven, storage_options(storage_option),
+        )  # fmt: skip
+        head = f"{dataset}: {nodes} node(s) x {ranks_per_node} ranks, batch {batch_size} a rank"
+        click.echo(
+            json.dumps(figures, indent=1) if as_json else "\n".join([head, *stage_text(figures)])
+        )
+        return
     manifest, base = load_manifest(as_store(dataset, storage_options(storage_option), None))
     if manifest.num_samples == 0:
         raise UsageError(f"{dataset} holds no samples")

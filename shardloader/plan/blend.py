@@ -156,6 +156,18 @@ class MixOrder:
     shuffles: tuple[ShuffleOptions, ...]
     epoch_samples: int
     schedule: tuple[tuple[int, tuple[int, ...]], ...]
+    # NOTE [stages]: ``(stream position, parts)`` from position 0 on, increasing; when given
+    # they replace ``schedule`` and the weights change mid-epoch; ``stage_key`` names them in
+    # the signature by optimizer step (what stays equal at a resume on another world)
+    stages: tuple[tuple[int, tuple[int, ...]], ...] = ()
+    stage_key: str = ""
+
+    def segments(self) -> list[tuple[int, int | None, tuple[int, ...]]]:
+        """``(first stream position, stop or None, parts)`` of each blend segment: a stage,
+        or a run of mixture epochs with one weight (each segment a fresh blend)."""
+        starts = self.stages or tuple((e * self.epoch_samples, p) for e, p in self.schedule)
+        stops = [s for s, _ in starts[1:]] + [None]
+        return [(a, b, p) for (a, p), b in zip(starts, stops, strict=True)]
 
     @property
     def sizes(self) -> np.ndarray:
@@ -170,35 +182,43 @@ class MixOrder:
         """What fixes sample identity and order apart from the weights (which may change at a
         resume: the schedule travels in the loader state, not in the plan signature)."""
         shuffles = ",".join(s.signature() for s in self.shuffles)
-        return f"mix(samples={self.epoch_samples};seeds={list(self.seeds)};shuffle=[{shuffles}])"
+        stages = f";stages={self.stage_key}" if self.stage_key else ""
+        return (
+            f"mix(samples={self.epoch_samples};seeds={list(self.seeds)};"
+            f"shuffle=[{shuffles}]{stages})"
+        )
 
     def parts_at(self, epoch: int) -> tuple[int, ...]:
-        """The integer weights in force for mixture epoch ``epoch``."""
-        current = self.schedule[0][1]
-        for start, parts in self.schedule:
-            if start <= epoch:
-                current = parts
-        return current
+        """The integer weights in force at the start of mixture epoch ``epoch``."""
+        at = epoch * self.epoch_samples
+        return next(p for a, b, p in self.segments() if b is None or at < b)
 
     def cursors(self, epoch: int) -> np.ndarray:
         """Samples each source has given before mixture epoch ``epoch`` (its stream position):
-        each schedule segment a fresh blend, counted in closed form."""
+        each segment a fresh blend, counted in closed form."""
+        return self.counts_before(epoch * self.epoch_samples)
+
+    def counts_before(self, position: int) -> np.ndarray:
+        """Samples each source has given in the first ``position`` positions of the stream."""
         used = np.zeros(len(self.shard_sizes), np.int64)
-        bounds = [start for start, _ in self.schedule[1:]] + [None]
-        for (start, parts), stop in zip(self.schedule, bounds, strict=True):
-            if start >= epoch:
+        for start, stop, parts in self.segments():
+            if start >= position:
                 break
-            end = epoch if stop is None else min(stop, epoch)
-            used += blend_counts(parts, (end - start) * self.epoch_samples)
+            end = position if stop is None else min(stop, position)
+            used += blend_counts(parts, end - start)
         return used
 
     def sources(self, epoch: int) -> np.ndarray:
         """Source index of each position of mixture epoch ``epoch``."""
-        start = max(s for s, _ in self.schedule if s <= epoch)
-        parts = self.parts_at(epoch)
-        period = blend_period(parts)
-        first = (epoch - start) * self.epoch_samples
-        return period[(first + np.arange(self.epoch_samples, dtype=np.int64)) % len(period)]
+        first = epoch * self.epoch_samples
+        at = first + np.arange(self.epoch_samples, dtype=np.int64)
+        out = np.empty(self.epoch_samples, np.int32)
+        for start, stop, parts in self.segments():
+            mine = (at >= start) & (at < (stop if stop is not None else at[-1] + 1))
+            if mine.any():
+                period = blend_period(parts)
+                out[mine] = period[(at[mine] - start) % len(period)]
+        return out
 
     def order(self, epoch: int) -> np.ndarray:
         """Virtual sample ids of mixture epoch ``epoch``, in blended order."""

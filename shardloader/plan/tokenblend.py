@@ -133,10 +133,51 @@ class TokenMixOrder(MixOrder):
         deadline_sources(self.parts_at(before), lengths, self.epoch_samples, cursors, tokens)
         return cursors
 
+    def _staged(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        """Stages (NOTE [stages] in :mod:`shardloader.plan.stages`): the walk's state at the start
+        of mixture epoch ``epoch``, walked from the stream's start; a stage may begin
+        mid-epoch, and its token time starts at 0 there (a fresh walk, as a weight change)."""
+        key = (
+            self.shard_sizes, self.seeds, self.shuffles, self.epoch_samples, self.lengths_key,
+            self.stages,
+        )  # fmt: skip
+        states = _walks.get(key)
+        if states is None:
+            k = len(self.shard_sizes)
+            states = [(np.zeros(k, np.int64), np.zeros(k, np.int64))]
+            if len(_walks) >= _STATES:
+                del _walks[next(iter(_walks))]
+            _walks[key] = states
+        while len(states) <= epoch:
+            cursors, tokens = (a.copy() for a in states[-1])
+            self._staged_epoch(len(states) - 1, cursors, tokens)
+            states.append((cursors, tokens))
+        return states[epoch]
+
+    def _staged_epoch(self, epoch: int, cursors: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+        """Sources of mixture epoch ``epoch``'s positions, stage by stage (state updated)."""
+        first = epoch * self.epoch_samples
+        end = first + self.epoch_samples
+        lengths = [self._next_length(s) for s in range(len(cursors))]
+        out = []
+        for start, stop, parts in self.segments():
+            lo, hi = max(start, first), end if stop is None else min(stop, end)
+            if lo >= hi:
+                continue
+            if lo == start:
+                tokens[:] = 0  # a stage's token time starts with it
+            out.append(deadline_sources(parts, lengths, hi - lo, cursors, tokens))
+        return np.concatenate(out)
+
     def cursors(self, epoch: int) -> np.ndarray:
+        if self.stages:
+            return self._staged(epoch)[0].copy()
         return self._walk(epoch)[0].copy()
 
     def sources(self, epoch: int) -> np.ndarray:
+        if self.stages:
+            cursors, tokens = (a.copy() for a in self._staged(epoch))
+            return self._staged_epoch(epoch, cursors, tokens)
         cursors, tokens = (a.copy() for a in self._walk(epoch))
         lengths = [self._next_length(s) for s in range(len(cursors))]
         parts = self.parts_at(epoch)

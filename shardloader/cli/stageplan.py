@@ -1,0 +1,107 @@
+"""``shardloader plan SOURCES --stage STEP:WEIGHTS ...``: where a staged mixture's stages begin
+and what each delivers per source (NOTE [stages] in :mod:`shardloader.plan.stages`).
+
+Builds the :class:`~shardloader.mixture.Mixture` a run would (same sources, stages, batch size,
+world and seed), so the boundaries and counts are the run's own; reads the manifests and the
+recorded lengths, no shard.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shardloader.errors import UsageError
+
+__all__ = ["parse_sources", "parse_stage", "stage_figures", "stage_text"]
+
+
+def parse_sources(text: str) -> dict[str, str]:
+    """``web=packed-text/,code=s3://b/code/`` as ``{name: url}``."""
+    out: dict[str, str] = {}
+    for item in text.split(","):
+        name, eq, url = item.partition("=")
+        if not eq or not name.strip() or not url.strip() or name.strip() in out:
+            raise UsageError(
+                f"with --stage, DATASET names the mixture's sources once each as "
+                f"name=url,name=url; got {text!r} (at {item!r})"
+            )
+        out[name.strip()] = url.strip()
+    return out
+
+
+def parse_stage(text: str) -> tuple[int, dict[str, float]]:
+    """``30:web=0.5,code=0.5`` as ``(30, {"web": 0.5, "code": 0.5})``."""
+    step, colon, rest = text.partition(":")
+    try:
+        if not colon:
+            raise ValueError(text)
+        weights = {}
+        for item in rest.split(","):
+            name, eq, value = item.partition("=")
+            if not eq:
+                raise ValueError(item)
+            weights[name.strip()] = float(value)
+        return int(step), weights
+    except ValueError as err:
+        raise UsageError(
+            f"--stage {text!r} is not STEP:name=weight,name=weight (e.g. 0:web=0.9,code=0.1)"
+        ) from err
+
+
+def stage_figures(
+    sources: str,
+    stages: tuple[str, ...],
+    batch_size: int,
+    nodes: int,
+    ranks_per_node: int,
+    partition: str,
+    epoch_samples: int | None,
+    epochs: int,
+    seed: int,
+    uneven: str,
+    storage: dict[str, str],
+) -> dict[str, Any]:
+    """The stages of the mixture a run of ``nodes x ranks_per_node`` ranks x ``batch_size``
+    would read (several node partitions are refused, as the run refuses them)."""
+    from shardloader.mixture import Mixture
+    from shardloader.options import ReadOptions, World
+
+    mix = Mixture(
+        parse_sources(sources),
+        stages=[parse_stage(s) for s in stages],
+        batch_size=batch_size,
+        epoch_samples=epoch_samples,
+        shuffle=True,
+        seed=seed,
+        uneven=uneven,
+        read=ReadOptions(storage_options=storage) if storage else None,
+        world=World(partition=partition),
+    ).for_rank(0, nodes * ranks_per_node, ranks_per_node)
+    mix.stage_starts()  # several node partitions: refused here, as in the run
+    return {
+        "sources": list(mix.names),
+        "epoch_samples": mix.epoch_samples,
+        "samples_per_step": mix.samples_per_step,
+        "epochs": epochs,
+        "stages": mix.stage_report(epochs),
+    }
+
+
+def stage_text(out: dict[str, Any]) -> list[str]:
+    lines = [
+        f"  stages: {out['samples_per_step']:,} documents a step, "
+        f"{out['epoch_samples']:,} a mixture epoch; counts up to the end of epoch "
+        f"{out['epochs'] - 1}"
+    ]
+    for st in out["stages"]:
+        lines.append(
+            f"    from step {st['step']:,} (epoch {st['epoch']}, position {st['position']:,}), "
+            f"{st['positions']:,} documents:"
+        )
+        for name, got in st["sources"].items():
+            tokens = "" if got["tokens"] is None else f", {got['tokens']:,} tokens"
+            lines.append(
+                f"      {name:<12} weight {st['weights'][name]:.3f}: "
+                f"{got['samples']:,} documents{tokens}"
+            )
+    return lines
