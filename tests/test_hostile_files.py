@@ -167,4 +167,4 @@ def test_a_sidecar_bound_of_a_terabyte_reads_only_the_sidecar(tmp_path: Path) ->
     (out / "index.json").write_text(json.dumps(raw))
     manifest, base = read_manifest(str(out))
     read = sl.ReadOptions(cache=sl.CacheOptions(dir=str(out) + "-cache"), readahead=0)
-    assert len(ShardSet(manifest, base, read, "test").index(0)) == 3  # no 1 TiB allocation
+    assert len(ShardSet(manifest, base, read, "test").indexes.of(0)) == 3  # no 1 TiB allocation

@@ -2,8 +2,11 @@
 
 * :mod:`~shardloader.read.shardset`: how a pass reads shards (:class:`ReadOptions`), and
   its working set;
-* :mod:`~shardloader.read.staged`: a pass's shards (:class:`ShardSet`): staged through the
-  node cache, indexed, opened, their samples read by global id shard by shard;
+* :mod:`~shardloader.read.staged`: a pass's shards (:class:`ShardSet`): opened, their
+  samples read by global id shard by shard;
+* :mod:`~shardloader.read.staging`: those shards as local files, in place or staged through
+  the node cache, ahead in the background;
+* :mod:`~shardloader.read.indexes`: their sample indexes, fetched, checked, kept parsed;
 * :mod:`~shardloader.read.sidecar`: a shard's sample index, read as untrusted input;
 * :mod:`~shardloader.read.readahead`: the node's read-ahead schedule;
 * :mod:`~shardloader.read.samplepass` / :mod:`~shardloader.read.blockpass`: one pass of a

@@ -177,7 +177,7 @@ class _Streams:
             self.open.pop(old).close()
             del self.tokens[old]
             self.checked.discard(old)
-        path = self.shards.local_file(shard)
+        path = self.shards.files.local_file(shard)
         stream = TokenStream(path, self.shards.describe(shard), self.shards.options.verify_samples)
         try:
             a, b = int(self._starts[shard]), int(self._starts[shard + 1])

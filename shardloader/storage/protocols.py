@@ -37,7 +37,7 @@ from shardloader.storage.classify import (
     from_status,
     status_and_code,
 )
-from shardloader.storage.clients import _HttpStatusError, http_client
+from shardloader.storage.httpclient import _HttpStatusError, http_client
 
 __all__ = [
     "ProtocolDefaults",

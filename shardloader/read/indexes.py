@@ -1,0 +1,139 @@
+"""The sample indexes of a pass's shards (:class:`SampleIndexes`), each read as untrusted input.
+
+A local shard's sidecar is read beside it; a remote one is fetched once per node through the
+node cache, like the shards, and fetched once more when its copy there turns out damaged.  A
+shard that carries its sample index (format/embedded.py) brings it along when it is staged:
+:meth:`SampleIndexes.keep_embedded` saves it next to the staged copy, and it is used instead of
+a GET of the sidecar.  Every index is checked against its manifest entry
+(:mod:`shardloader.read.sidecar`) before use; the last 64 parsed are kept.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+from shardloader.errors import ChecksumError, StorageError
+from shardloader.format.embedded import embedded_index
+from shardloader.manifest import Manifest, SampleIndex, ShardInfo
+from shardloader.read.sidecar import check_digest, parse_sidecar, read_sidecar
+from shardloader.schema import sidecar_bound
+from shardloader.storage.cache import ShardCache
+from shardloader.storage.private import create_private, open_private
+from shardloader.storage.store import Store
+from shardloader.storage.streams import TailReader
+
+__all__ = ["SampleIndexes"]
+
+log = logging.getLogger(__name__)
+
+_CARRIED = ".carried"  # cache name suffix of a sample index that came inside its shard
+_PARSED = 64  # parsed sample indexes kept (the least recently parsed goes)
+
+
+class SampleIndexes:
+    """The checked sample index of each shard of one dataset, for one process (one pass)."""
+
+    def __init__(
+        self,
+        manifest: Manifest,
+        store: Store,
+        where: str,
+        cache: Callable[[], ShardCache],
+        describe: Callable[[int], str],
+    ) -> None:
+        self.manifest = manifest
+        self.store = store  # the dataset's folder
+        self.where = where  # e.g. "rank 0/2, worker 1/4": goes into every error message
+        self.cache = cache  # the node cache, created on first use
+        self.describe = describe  # "shard <url> (<where>)"
+        self._parsed: OrderedDict[int, SampleIndex] = OrderedDict()
+
+    def of(self, shard: int) -> SampleIndex:
+        """The sample index of ``shard``, checked against its manifest entry."""
+        idx = self._parsed.get(shard)
+        if idx is None:
+            info = self.manifest.shards[shard]
+            store = self.store.join(info.index_path)
+            where = f"sample index {store.url} ({self.where})"
+            carried = None if store.is_local else self._embedded_copy(info)
+            if carried is not None:  # came inside the shard, which hashed to the manifest's sum
+                data = carried
+            elif store.is_local:
+                data = read_sidecar(store, info, where)
+                check_digest(data, info, where)
+            else:  # remote: fetched once per node through the cache, like the shards
+                data = self._cached_sidecar(info, store, where)
+            idx = parse_sidecar(data, store.url, self.manifest.format, info, self.describe(shard))
+            self._parsed[shard] = idx
+            if len(self._parsed) > _PARSED:
+                self._parsed.popitem(last=False)
+        return idx
+
+    def forget(self, shard: int) -> None:
+        """Drop the parsed index of ``shard``: one it carried is staged again with it."""
+        self._parsed.pop(shard, None)
+
+    def _cached_sidecar(self, info: ShardInfo, store: Store, where: str) -> bytes:
+        """A remote sidecar's bytes from its node cache copy; a copy damaged since it was
+        fetched (it hashed right then) is fetched once more (NOTE [re-staging a damaged copy]
+        in storage/cache.py)."""
+        for attempt in (1, 2):
+            path = self._cached_copy(info, store, where)
+            inode = os.stat(path).st_ino
+            data = read_sidecar(Store(path), info, where)
+            try:
+                check_digest(data, info, where)
+                return data
+            except ChecksumError:
+                if attempt == 2:
+                    raise
+                log.warning("%s: its copy in the node cache is damaged; fetching it again", where)
+                self.cache().discard(info.index_path, inode)
+        raise AssertionError("unreachable")
+
+    def _cached_copy(self, info: ShardInfo, store: Store, where: str) -> str:
+        def open_stored() -> Any:  # one GET, no HEAD: the bound stands in for the size
+            return store.open_stream(limit=sidecar_bound(info))
+
+        def copy(src: Any, dst: Any) -> int:
+            return dst.write(src.read())
+
+        path = self.cache().get(info.index_path, 0, info.index_sha256, store.url, open_stored, copy)
+        assert path is not None  # waiting calls always return the staged path
+        return path
+
+    def _embedded_copy(self, info: ShardInfo) -> bytes | None:
+        """The sample index a staged shard carried (format/embedded.py), if it did."""
+        try:
+            path = self.cache().path_for(info.index_path + _CARRIED)
+            with open_private(path, os.O_RDONLY, "rb") as f:
+                if os.fstat(f.fileno()).st_size > sidecar_bound(info):
+                    return None  # never written so (see keep_embedded): not ours to trust
+                return f.read()
+        except (FileNotFoundError, StorageError):
+            return None
+
+    def keep_embedded(self, shard: int, stored: TailReader) -> None:
+        """Save the sample index a shard carries next to its staged copy (called under the
+        shard's cache lock, after its stored bytes hashed to the manifest's SHA-256: the copy
+        is as trustworthy as the shard; it is still checked like a sidecar when parsed)."""
+        info = self.manifest.shards[shard]
+        data = embedded_index(stored.tail)
+        if data is None or len(data) > sidecar_bound(info):
+            return
+        final = self.cache().path_for(info.index_path + _CARRIED)
+        tmp = f"{final}.tmp-{uuid.uuid4().hex}"
+        try:
+            with create_private(tmp) as f:
+                f.write(data)
+            os.replace(tmp, final)
+        except OSError as err:  # only costs a GET of the sidecar later
+            log.debug("%s: cannot keep the embedded sample index (%s)", self.describe(shard), err)
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)

@@ -1,0 +1,315 @@
+"""The HTTP(S) client (:class:`HttpClient`): GETs over the standard library's ``http.client``,
+one attempt each, with a small pool of kept-alive connections per host.
+
+Which redirects it follows and what it carries along is :mod:`~shardloader.storage.redirects`;
+the interface it implements and the per-process cache it is kept in are
+:mod:`~shardloader.storage.clients`.  A ``deadline`` given to :meth:`HttpClient.get` covers the
+response and its body: past it the request's socket is shut down and its reads raise
+:func:`~shardloader.storage.deadline.too_slow`.
+"""
+
+from __future__ import annotations
+
+import http.client
+import socket
+import ssl
+import threading
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+from shardloader.errors import StorageError, TruncatedBodyError
+from shardloader.storage.clients import parse_content_range, range_header
+from shardloader.storage.deadline import Deadline, Guard, arm, too_slow
+from shardloader.storage.redirects import REDIRECT_STATUSES, chain_text, next_hop, request_target
+
+if TYPE_CHECKING:
+    from shardloader.storage.retry import RetryPolicy
+
+__all__ = ["HttpClient", "http_client"]
+
+
+class _HttpStatusError(OSError):
+    """An HTTP response that is not the object: the status decides whether it is retried
+    (private: :func:`~shardloader.storage.retry.call_with_retries` turns it into a
+    :class:`~shardloader.errors.StorageError`)."""
+
+    def __init__(self, status: int, reason: str, url: str, chain: list[str] | None = None) -> None:
+        hops = f" (redirects: {chain_text(chain)})" if chain and len(chain) > 1 else ""
+        super().__init__(f"HTTP {status} {reason} for {url}{hops}")
+        self.status = status
+
+
+class _HopError(OSError):
+    """A request that failed after a redirect: names the chain; its cause (a reset, a refused
+    connection, a bad host name) still decides whether it is retried."""
+
+
+_IDLE_PER_HOST = 16
+_HTTP_OPTION_KEYS = frozenset({"headers"})
+
+
+class _HttpBody:
+    """The body of one response; the connection goes back to the pool when read to the end
+    (unless its deadline fired: that connection is shut down)."""
+
+    def __init__(
+        self,
+        client: HttpClient,
+        origin: tuple[str, str],
+        conn: http.client.HTTPConnection,
+        resp: http.client.HTTPResponse,
+        ranged: bool,
+        total: int | None,
+        length: int | None,
+        url: str,
+        guard: Guard | None = None,
+    ) -> None:
+        self._client = client
+        self._origin = origin
+        self._conn: http.client.HTTPConnection | None = conn
+        self._resp = resp
+        self.ranged = ranged
+        self.total = total
+        self.length = length
+        self._left = length
+        self._url = url
+        self._guard = guard
+        self._got = 0
+        self.etag: str | None = resp.getheader("ETag")
+        self.content_type: str | None = resp.getheader("Content-Type")
+
+    def _late(self) -> StorageError | None:
+        """The deadline error, if the watchdog cut this body off."""
+        if self._guard is not None and self._guard.fired:
+            return too_slow(self._url, self._guard.deadline, self._got)
+        return None
+
+    def read(self, n: int) -> bytes:
+        if self._conn is None:
+            late = self._late()
+            if late is not None:
+                raise late
+            return b""
+        if self._left is not None:
+            n = min(n, self._left)
+            if n == 0:
+                self._release()
+                return b""
+        try:
+            data = self._resp.read(n)
+        except BaseException as err:
+            self._drop()
+            late = self._late()
+            if late is not None:
+                raise late from err
+            raise
+        if not data:
+            self._drop()
+            late = self._late()  # a shut-down socket reads as the end of the body
+            if late is not None:
+                raise late
+            if self._left is not None:
+                raise TruncatedBodyError(
+                    f"{self._url}: the body ended {self._left} bytes short of its Content-Length"
+                )
+            return data  # read to EOF without a length: the server closes the connection
+        self._got += len(data)
+        if self._left is not None:
+            self._left -= len(data)
+            if self._left == 0:
+                self._release()
+        return data
+
+    def _release(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        if self._guard is not None:
+            self._guard.cancel()
+            if self._guard.fired:  # shut down by the watchdog: it cannot carry another request
+                _close(conn, self._resp)
+                return
+        self._client._put(self._origin, conn)
+
+    def _drop(self) -> None:
+        conn, self._conn = self._conn, None
+        if self._guard is not None:
+            self._guard.cancel()
+        if conn is not None:
+            _close(conn, self._resp)
+
+    def close(self) -> None:
+        if self._left == 0:
+            self._release()
+        else:
+            self._drop()  # unread bytes: the connection cannot carry another request
+
+
+class HttpClient:
+    """GETs over the standard library's ``http.client``, with a small pool of kept-alive
+    connections per host (shared by threads), redirects followed as
+    :mod:`~shardloader.storage.redirects` says, no proxies (like fsspec's HTTP filesystem,
+    which does not trust the environment either)."""
+
+    def __init__(self, connect_timeout: float, read_timeout: float, headers: Mapping[str, str]):
+        self.connect_timeout = connect_timeout
+        self.read_timeout = read_timeout
+        self.headers = dict(headers)
+        self._idle: dict[tuple[str, str], list[http.client.HTTPConnection]] = {}
+        self._lock = threading.Lock()
+        self._ssl: ssl.SSLContext | None = None
+
+    def _connect(self, origin: tuple[str, str]) -> http.client.HTTPConnection:
+        scheme, netloc = origin
+        if scheme == "https":
+            if self._ssl is None:
+                self._ssl = ssl.create_default_context()
+            return http.client.HTTPSConnection(
+                netloc, timeout=self.connect_timeout, context=self._ssl
+            )
+        return http.client.HTTPConnection(netloc, timeout=self.connect_timeout)
+
+    def _take(self, origin: tuple[str, str]) -> http.client.HTTPConnection | None:
+        with self._lock:
+            idle = self._idle.get(origin)
+            return idle.pop() if idle else None
+
+    def close(self) -> None:
+        """Close the kept-alive connections (ones lent out close when their body does)."""
+        with self._lock:
+            idle, self._idle = self._idle, {}
+        for conn in (c for conns in idle.values() for c in conns):
+            conn.close()
+
+    def _put(self, origin: tuple[str, str], conn: http.client.HTTPConnection) -> None:
+        with self._lock:
+            idle = self._idle.setdefault(origin, [])
+            if len(idle) < _IDLE_PER_HOST:
+                idle.append(conn)
+                return
+        conn.close()
+
+    def get(
+        self,
+        url: str,
+        start: int = 0,
+        stop: int | None = None,
+        deadline: Deadline | None = None,
+        if_match: str | None = None,
+    ) -> _HttpBody:
+        headers = dict(self.headers)
+        rng = range_header(start, stop)
+        if rng is not None:
+            headers["Range"] = rng
+        if if_match is not None:
+            headers["If-Match"] = if_match
+        chain = [url]
+        while True:
+            parts = urlsplit(url)
+            origin = (parts.scheme.lower(), parts.netloc)
+            if origin[0] not in ("http", "https"):  # only a redirect can get here
+                raise StorageError(f"cannot read {chain[0]!r}: {url!r} is not an http(s) URL")
+            try:
+                conn, resp, guard = self._request(origin, request_target(url), headers, deadline)
+            except (OSError, http.client.HTTPException) as err:
+                if deadline is not None and deadline.left() <= 0:
+                    raise too_slow(url, deadline) from err
+                if len(chain) > 1:
+                    raise _HopError(
+                        f"{type(err).__name__}: {err} at {url} (redirects: {chain_text(chain)})"
+                    ) from err
+                raise
+            status = resp.status
+            location = resp.getheader("Location")
+            if status in REDIRECT_STATUSES and location:
+                _close(conn, resp)
+                if guard is not None:
+                    guard.cancel()
+                url, headers = next_hop(chain, location, headers)
+                continue
+            if status not in (200, 206):
+                _close(conn, resp)
+                if guard is not None:
+                    guard.cancel()
+                raise _HttpStatusError(status, resp.reason, url, chain)
+            length_text = resp.getheader("Content-Length")
+            length = int(length_text) if length_text and length_text.isdigit() else None
+            ranged = status == 206
+            if ranged:
+                total = parse_content_range(resp.getheader("Content-Range"))
+            else:
+                total = length
+            if resp.getheader("Content-Encoding", "identity") not in ("identity", ""):
+                _close(conn, resp)
+                if guard is not None:
+                    guard.cancel()
+                raise StorageError(
+                    f"{url}{f' (redirects: {chain_text(chain)})' if len(chain) > 1 else ''}: "
+                    "the server sent the object with Content-Encoding "
+                    f"{resp.getheader('Content-Encoding')!r}; serve shards as they are stored"
+                )
+            resp_any: Any = resp
+            shown = url if len(chain) == 1 else f"{url} (redirects: {chain_text(chain)})"
+            return _HttpBody(self, origin, conn, resp_any, ranged, total, length, shown, guard)
+
+    def _request(
+        self,
+        origin: tuple[str, str],
+        target: str,
+        headers: Mapping[str, str],
+        deadline: Deadline | None,
+    ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse, Guard | None]:
+        """Send the request; a kept-alive connection the server closed meanwhile is replaced
+        once, at no cost to the retry budget (nothing was received on it).  The deadline's
+        guard is armed once the request is sent, so it covers the wait for the response."""
+        conn = self._take(origin)
+        reused = conn is not None
+        while True:
+            if conn is None:
+                conn = self._connect(origin)
+            guard = None
+            try:
+                conn.request("GET", target, headers=headers)
+                if conn.sock is not None:
+                    conn.sock.settimeout(self.read_timeout)
+                    guard = arm(deadline, _shutdown_on(conn.sock))
+                return conn, conn.getresponse(), guard
+            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
+                conn.close()
+                if guard is not None:
+                    guard.cancel()
+                if not reused or (guard is not None and guard.fired):
+                    raise
+                reused, conn = False, None
+            except BaseException:
+                conn.close()
+                if guard is not None:
+                    guard.cancel()
+                raise
+
+
+def _shutdown_on(sock: socket.socket) -> Callable[[], None]:
+    def shutdown() -> None:  # wakes a thread blocked in recv on it (close() would not)
+        sock.shutdown(socket.SHUT_RDWR)
+
+    return shutdown
+
+
+def _close(conn: http.client.HTTPConnection, resp: http.client.HTTPResponse) -> None:
+    """Close a connection and its response (whose file keeps the socket open otherwise)."""
+    resp.close()
+    conn.close()
+
+
+def http_client(options: Mapping[str, Any], policy: RetryPolicy) -> HttpClient | None:
+    """The HTTP(S) client for these fsspec options, or None (fsspec) when they ask for more
+    than plain GETs with extra headers (auth objects, client settings, ...)."""
+    if set(options) - _HTTP_OPTION_KEYS:
+        return None
+    headers = options.get("headers") or {}
+    if not isinstance(headers, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in headers.items()
+    ):
+        return None
+    return HttpClient(policy.connect_timeout, policy.read_timeout, headers)
