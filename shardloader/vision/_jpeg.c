@@ -6,7 +6,7 @@
  * above it; rows below are never read), are in the libjpeg API only, whose error handling needs
  * setjmp/longjmp; no pip-installable wrapper exposes them for libjpeg-turbo 2.x (Debian 12's).
  *
- * This module only decodes: the Python side (shardloader/vision/fastjpeg.py) draws the box,
+ * This module only decodes: the Python side (shardloader/vision/jpeg.py) draws the box,
  * chooses the scale and falls back to PIL on any error raised here (JpegError), so a file
  * libjpeg rejects or warns about gets PIL's verdict, as on the PIL path.  Untrusted input: every
  * size comes from libjpeg after jpeg_start_decompress() and is checked against the box the caller
