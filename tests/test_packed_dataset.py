@@ -174,10 +174,12 @@ def test_report_accounts_for_every_token(lm, case):
 
 
 def _lm_snippet(which: int = 1) -> str:
-    """A python block of the LLM batches page: 0 is TokenBlocks', 1 PackedBatches'."""
+    """The recipe block of the LLM batches page: 0 is TokenBlocks', 1 PackedBatches' (the
+    first python block building that planner at seq_len 2048, wherever the page puts it)."""
     with open(os.path.join(ROOT, "docs", "llm.md"), encoding="utf-8") as f:
         page = f.read()
-    return re.findall(r"```python\n(.*?)```", page, re.S)[which]
+    marker = ("TokenBlocks(seq_len=2048", "PackedBatches(seq_len=2048")[which]
+    return next(b for b in re.findall(r"```python\n(.*?)```", page, re.S) if marker in b)
 
 
 def test_the_readme_recipe_runs_and_gives_full_batches(lm, tmp_path, monkeypatch):
