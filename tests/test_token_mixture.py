@@ -97,6 +97,21 @@ def test_every_global_batch_keeps_each_source_within_one_row_of_its_share(source
     assert {n: c.samples for n, c in report.sources.items()} == rows
     assert report.tokens == sum(tokens.values()) and report.repeated_tokens == 0
     assert report.dropped_tokens == report.truncated_tokens == 0  # the rest: later epochs
+    assert mix.ledger().entries == ()  # nothing of this epoch's rows left out or repeated
+
+
+def test_the_ledger_and_report_count_what_a_dropped_tail_cuts(sources):
+    """tail='drop' leaves out the epoch's last 2 rows: the report's dropped and truncated
+    tokens are exactly their tokens, and the ledger's entries add up to them."""
+    urls, _, vocab = sources
+    planner = TokenBlocks(SEQ, ROWS, pad_id=vocab, remainder="drop", tail="drop")
+    mix = sl.Mixture(urls, WEIGHTS, planner=planner, epoch_samples=EPOCH + 2, seed=2)
+    got = sum(len(r) for b in sl.make_loader(mix) for r in _real_rows(b))
+    report, ledger = mix.report(), mix.ledger()
+    assert got == report.tokens == EPOCH * SEQ
+    assert report.dropped_tokens + report.truncated_tokens == 2 * SEQ
+    assert sum(e.tokens for e in ledger.entries) == 2 * SEQ
+    assert all("tail='drop'" in e.reason for e in ledger.entries)
 
 
 def test_rows_are_the_rows_tokenblocks_cuts_from_each_source(sources):
@@ -148,11 +163,15 @@ def test_a_resume_from_2x2_onto_3x1_equals_the_unbroken_run(sources):
         loader = sl.make_loader(ds, num_workers=1)
         loader.load_state_dict(states[0])
         assert ds.reshapes == ((3, 4),)
+        report, ledger = ds.report(), ds.ledger()
         tail_ranks.append([_real_rows(b) for b in loader])
     tail = [Counter(map(tuple, a + b + c)) for a, b, c in zip(*tail_ranks, strict=True)]
     assert head + tail == whole
     delivered = sum(whole, Counter())
     assert sum(delivered.values()) == EPOCH and max(delivered.values()) == 1
+    assert report.tokens == sum(len(r) for r in delivered)
+    padded = sum(e.tokens for e in ledger.entries if e.status == "padded")
+    assert padded == report.repeated_tokens > 0  # the last step's repeat, flagged __pad__
 
 
 def test_what_a_token_row_mixture_cannot_take_is_refused_naming_it(sources, tmp_path):
