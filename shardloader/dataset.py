@@ -336,6 +336,7 @@ class ShardedDataset(DatasetState, IterableDataset):  # type: ignore[type-arg]
                 self._lengths,
                 self._bundle,
                 self._ring,
+                self._shard_set,
             )
             yield from iterate_blocks(source, plan, place)
             return

@@ -40,6 +40,7 @@ from shardloader.plan.blend import MixOrder, schedule_parts
 from shardloader.plan.epoch import EpochReport
 from shardloader.plan.mixcounts import delivered_by_source
 from shardloader.plan.mixschedule import Entries, read_entries, saved_entries, write_entries
+from shardloader.plan.rowmix import epoch_tokens, row_tokens, source_rows
 from shardloader.plan.shuffle import derive_seed
 from shardloader.plan.stages import (
     check_stages,
@@ -115,6 +116,8 @@ class Mixture(ShardedDataset):
     Each source keeps its own epochs, each a fresh seeded permutation in which every sample
     comes exactly once.  ``epoch_samples``: positions of a mixture epoch (default: all
     sources' samples together), the unit of ``set_epoch``, resume and weight changes.
+    ``planner=TokenBlocks(...)`` over token sources blends rows of ``seq_len`` tokens (positions
+    are rows): every prefix within one row of each share (NOTE [token rows mix], plan/rowmix.py).
 
     Every other argument is :class:`ShardedDataset`'s (batch size or planner, shuffle, seed,
     uneven, transform, collate, decoder, on_error, read, world), applied to the mixed
@@ -139,10 +142,11 @@ class Mixture(ShardedDataset):
         if by not in BLEND_UNITS:
             raise UsageError(f"by={by!r} is not one of {BLEND_UNITS}")
         planner = check_planner(options.get("planner"))
-        if planner is not None and planner.units == "rows":
+        self._rows = planner is not None and planner.units == "rows"  # NOTE [token rows mix]
+        if self._rows and (by != "samples" or stages is not None):
             raise UsageError(
-                f"{type(planner).__name__} plans rows of one token stream and cannot blend "
-                "sources; pack rows from a mixture with PackedBatches"
+                f"{type(planner).__name__} mixes rows of seq_len tokens, already exact in "
+                "tokens: leave by= at its default; stages= need batch_size= (use weights=)"
             )
         read = read or ReadOptions()
         base_shuffle = shuffle if isinstance(shuffle, ShuffleOptions) else ShuffleOptions(shuffle)
@@ -166,17 +170,17 @@ class Mixture(ShardedDataset):
             tag = zlib.crc32(str(name).encode())
             seeds.append(derive_seed(seed, _MIX_SEED, tag) if src.seed is None else int(src.seed))
         self._opened = opened
-        total = sum(m.num_samples for m, _, _ in opened)
+        sizes = tuple(tuple(int(x) for x in m.shard_sizes) for m, _, _ in opened)
+        self._source_lengths: list[np.ndarray] | None = None
+        if self._rows:  # positions are rows (NOTE [token rows mix] in plan/rowmix.py)
+            sizes, self._source_lengths = source_rows(planner, self.names, opened, load_lengths)
+        total = sum(sum(s) for s in sizes)
         self.epoch_samples = (
             total if epoch_samples is None else integer("epoch_samples", epoch_samples)
         )
         if self.epoch_samples < 1:
             raise UsageError(f"epoch_samples must be >= 1, got {epoch_samples!r}")
-        self._static = (
-            tuple(tuple(int(x) for x in m.shard_sizes) for m, _, _ in opened),
-            tuple(seeds),
-            tuple(shuffles),
-        )
+        self._static = (sizes, tuple(seeds), tuple(shuffles))
         self._stage_steps = check_stages(  # NOTE [stages] in plan/stages.py
             weights, stages, planner, options.get("batch_size"), _MAX_ENTRIES, self._parts_of
         )
@@ -219,7 +223,7 @@ class Mixture(ShardedDataset):
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
-        state["_by_tokens"] = None  # lengths are loaded again where needed (node cache)
+        state["_by_tokens"] = state["_source_lengths"] = None  # loaded where needed
         return state
 
     # -- the virtual dataset ----------------------------------------------------------------
@@ -228,7 +232,7 @@ class Mixture(ShardedDataset):
         return virtual_manifest(self.names, [m for m, _, _ in self._opened]), url
 
     def _load_lengths(self, required: bool) -> np.ndarray | None:
-        parts = []
+        parts: list[np.ndarray] = []
         for name, (m, base, read) in zip(self.names, self._opened, strict=True):
             if m.length_field is None or m.length_field != self.manifest.length_field:
                 if not required:
@@ -238,7 +242,8 @@ class Mixture(ShardedDataset):
                     f"{m.length_field!r} and the mixture {self.manifest.length_field!r}; pack "
                     "every source with the same text/token field"
                 )
-            got = load_lengths(m, base, read, required=required)
+            own = self._source_lengths
+            got = own[len(parts)] if own else load_lengths(m, base, read, required=required)
             if got is None:
                 return None
             parts.append(got)
@@ -276,7 +281,7 @@ class Mixture(ShardedDataset):
     @property
     def offsets(self) -> dict[str, int]:
         """Each source's first virtual id."""
-        sizes = [m.num_samples for m, _, _ in self._opened]
+        sizes = [sum(s) for s in self._static[0]]  # rows with TokenBlocks
         return dict(zip(self.names, np.cumsum([0, *sizes[:-1]]).tolist(), strict=True))
 
     # -- weights and their schedule ---------------------------------------------------------
@@ -391,7 +396,9 @@ class Mixture(ShardedDataset):
         e = base.epoch
         plans = self._planning.cluster(e, 0, self.partition, self._lengths)
         lengths = self._lengths if self._lengths is not None else self._lengths_for_report()
-        sizes = [m.num_samples for m, _, _ in self._opened]
+        sizes = [sum(s) for s in self._static[0]]
+        if self._rows and lengths is not None:  # rows and their tokens (plan/rowmix.py)
+            lengths = row_tokens(self.planner, self.manifest.shard_sizes, lengths)
         samples, tokens, flat = delivered_by_source(plans, sizes, lengths)
         mix = self._order_source()
         planned = np.bincount(mix.sources(e), minlength=len(self.names))
@@ -410,4 +417,7 @@ class Mixture(ShardedDataset):
         }
         values = {f.name: getattr(base, f.name) for f in dataclasses.fields(EpochReport)}
         values["num_samples"] = self.epoch_samples
+        if self._rows and self._lengths is not None:  # NOTE [token rows mix]
+            shards, lens = self.manifest.shard_sizes, self._lengths
+            values |= epoch_tokens(self.planner, shards, lens, plans, mix.order(e))
         return MixtureReport(**values, sources=counts)

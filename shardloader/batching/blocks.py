@@ -291,25 +291,33 @@ class TokenBlocks(BatchPlanner):
         lengths: np.ndarray | None,
         batches: list[np.ndarray],
         repeats: list[np.ndarray],
+        scope: np.ndarray | None = None,
     ) -> dict[str, int]:
         """Where every token goes when ``batches`` (each once) and ``repeats`` (batches
         delivered again) are delivered: documents dropped or truncated (by the remainder, the
         tail or ``uneven="drop"``), tokens delivered, truncated, dropped, repeated, and the
-        token slots allocated.  The EpochReport fields, by name."""
+        token slots allocated.  The EpochReport fields, by name.  ``scope``: the epoch's rows
+        when it holds only some (a mixture epoch, NOTE [token rows mix] in plan/rowmix.py):
+        a document's tokens outside them are another epoch's, not dropped ones."""
         lay = self.layout(shard_sizes, lengths)
+        sizes = np.asarray(shard_sizes, np.int64)
         lens = np.asarray(lengths, np.int64)
         rows = np.concatenate(batches) if batches else np.zeros(0, np.int64)
         delivered = np.zeros(lay.num_rows, bool)
         delivered[rows] = True
         _, _, n = lay.windows(np.arange(lay.num_rows))
-        got = _covered(lay, lens, np.asarray(shard_sizes, np.int64), delivered)
+        got = _covered(lay, lens, sizes, delivered)
+        if scope is not None:
+            within = np.zeros(lay.num_rows, bool)
+            within[scope] = True
+            lens = _covered(lay, lens, sizes, within)
         dropped = (got == 0) & (lens > 0)
         truncated = (got > 0) & (got < lens)
         again = np.concatenate(repeats) if repeats else np.zeros(0, np.int64)
         return {
             "dropped_samples": int(dropped.sum()),
             "truncated_samples": int(truncated.sum()),
-            "tokens": int(n[delivered].sum()),
+            "tokens": int(n[rows].sum()),  # a mixture's row in two source epochs: twice
             "truncated_tokens": int((lens - got)[truncated].sum()),
             "dropped_tokens": int(lens[dropped].sum()),
             "repeated_tokens": int(n[again].sum()),

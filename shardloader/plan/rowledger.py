@@ -9,7 +9,9 @@ document it holds) with the tokens of that document the repeat delivers again (t
 delivered (as ``dropped_samples``/``truncated_samples``, with ``dropped_tokens`` and
 ``truncated_tokens``).  The reason names what cut it: the shard's last partial row
 (``remainder="drop"``), the epoch's partial last batch (``tail="drop"``) or a batch left out
-for equal steps (``uneven="drop"``).
+for equal steps (``uneven="drop"``).  A mixture epoch (NOTE [token rows mix] in
+:mod:`shardloader.plan.rowmix`) holds some of its sources' rows: a document counts only its
+tokens in those rows, the rest belongs to other mixture epochs.
 """
 
 from __future__ import annotations
@@ -62,9 +64,15 @@ def build_rows(
         if batches:
             rows[np.concatenate(batches)] = True
         got[name] = _covered(lay, lens, sizes, rows)
-    got["rows"] = _covered(lay, lens, sizes, np.ones(lay.num_rows, bool))
+    scope = np.ones(lay.num_rows, bool)
+    if planning.order_source is not None:  # a mixture epoch holds only its rows (plan/rowmix.py)
+        scope[:] = False
+        scope[planning.order_source.order(epoch)] = True
+    got["rows"] = _covered(lay, lens, sizes, scope)
+    # a document's tokens in a mixture epoch's rows; the rest is another mixture epoch's
+    whole = lens if planning.order_source is None else got["rows"]
     entries = list(_repeated(planner, lay, lens, repeats, world_size, len(plans) > 1))
-    entries += _cut(planner, lens, got)
+    entries += _cut(planner, whole, got)
     return Ledger(epoch, world_size, int(lens.size), tuple(entries))
 
 

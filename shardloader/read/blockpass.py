@@ -57,6 +57,8 @@ class BlockSource:
     lengths: np.ndarray  # every document's token count, by global id
     bundle: int = 1  # batches per worker output (NOTE [bundles] in deliver/transport.py)
     ring: Any = None  # the loader's shared buffers (NOTE [ring slots] there)
+    # (where, working set) -> what the pass reads shards through: a mixture's MixedShards
+    shard_set: Any = None
 
 
 def steps_of_worker(steps: int, worker: int, workers: int, bundle: int) -> np.ndarray:
@@ -93,7 +95,10 @@ def _chunks(ds: BlockSource, plan: EpochPlan, place: Place) -> Generator[Any, No
     repeated = repeated_steps(plan, mine)  # NOTE [flagged repeats] in batching/rowflags.py
     labels = planner.repeat_labels
     need = _working_set(ds, layout, plan)
-    shards = ShardSet(ds.manifest, ds.base, ds.read, str(place), need)
+    if ds.shard_set is not None:  # NOTE [token rows mix] in plan/rowmix.py
+        shards = ds.shard_set(str(place), need)
+    else:
+        shards = ShardSet(ds.manifest, ds.base, ds.read, str(place), need)
     streams = _Streams(shards, ds.lengths, ds.manifest.shard_sizes)
     upcoming = _first_needed(layout, plan, slots)
     ahead = 0

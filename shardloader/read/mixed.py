@@ -75,6 +75,11 @@ class MixedShards:
             + [self.id_offsets[-1:]]
         ).astype(np.int64)
         self.in_place = all(s.in_place for s in sets)
+        self.files = _MixedFiles(self)  # the block read path stages token shards by number
+
+    def restage(self, shard: int) -> bool:
+        own, local = self._source_of_shard(shard)
+        return own.restage(local)
 
     def _source_of_shard(self, shard: int) -> tuple[ShardSet, int]:
         s = int(np.searchsorted(self.shard_offsets, shard, side="right") - 1)
@@ -139,3 +144,14 @@ class MixedShards:
     def close(self) -> None:
         for s in self.sets:
             s.close()
+
+
+class _MixedFiles:
+    """``local_file`` of a virtual shard, through its source's own staged files."""
+
+    def __init__(self, shards: MixedShards) -> None:
+        self.shards = shards
+
+    def local_file(self, shard: int) -> str:
+        own, local = self.shards._source_of_shard(shard)
+        return own.files.local_file(local)
