@@ -343,6 +343,7 @@ def _write(
                 scanned.index.offsets,
                 scanned.index.sizes,
                 checksums=scanned.index.checksums,
+                field_checksums=scanned.index.field_checksums,
             )
         )
         data = index.to_arrow_bytes()

@@ -137,8 +137,12 @@ class ShardSet:
             self.files.first_use(shard, path, index)
             try:
                 st = os.stat(path)
-                reader = self.format.reader(
-                    path, index, self.describe(shard), self.options.verify_samples
+                reader = self.format.projected_reader(
+                    path,
+                    index,
+                    self.describe(shard),
+                    self.options.verify_samples,
+                    self.options.fields,
                 )
             except FileNotFoundError:  # evicted by another process between stage and open
                 if attempt == 2:

@@ -63,6 +63,17 @@ class ParquetFormat(Format):
     ) -> ParquetShardReader:
         return ParquetShardReader(local_path, index, where, verify)
 
+    def projected_reader(
+        self,
+        local_path: str,
+        index: SampleIndex,
+        where: str,
+        verify: bool,
+        fields: Sequence[str] | None,
+    ) -> ParquetShardReader:
+        """Only the columns ``fields`` read (NOTE [projected checksums] in reader.py)."""
+        return ParquetShardReader(local_path, index, where, verify, fields)
+
     def iter_stored(
         self,
         src: BinaryIO,
