@@ -314,19 +314,6 @@ class Format(abc.ABC):
         """Random access to a local *uncompressed* shard (staged, or stored without
         compression); ``verify`` checks each sample against the sidecar's checksum."""
 
-    def projected_reader(
-        self,
-        local_path: str,
-        index: SampleIndex,
-        where: str,
-        verify: bool,
-        fields: Sequence[str] | None,
-    ) -> ShardReader:
-        """:meth:`reader` reading only ``fields`` (``ReadOptions.fields``) where the format
-        stores fields apart (Parquet's columns); the default reads whole samples, and the
-        loader keeps only those fields."""
-        return self.reader(local_path, index, where, verify)
-
     def stage(
         self,
         src: BinaryIO,

@@ -43,6 +43,7 @@ class ParquetFormat(Format):
     stored_is_raw = True
     indexable = True
     packable = False  # registry.check_pack_format: pack writes tar, arrow or tokens shards
+    projects = True  # reader(..., fields=) reads only those columns (registry.open_reader)
 
     def _not_packed(self) -> NoReturn:
         raise UsageError(
@@ -59,19 +60,14 @@ class ParquetFormat(Format):
         self._not_packed()
 
     def reader(
-        self, local_path: str, index: SampleIndex, where: str, verify: bool = True
-    ) -> ParquetShardReader:
-        return ParquetShardReader(local_path, index, where, verify)
-
-    def projected_reader(
         self,
         local_path: str,
         index: SampleIndex,
         where: str,
-        verify: bool,
-        fields: Sequence[str] | None,
+        verify: bool = True,
+        fields: Sequence[str] | None = None,
     ) -> ParquetShardReader:
-        """Only the columns ``fields`` read (NOTE [projected checksums] in reader.py)."""
+        """``fields``: only these columns read (NOTE [projected checksums] in reader.py)."""
         return ParquetShardReader(local_path, index, where, verify, fields)
 
     def iter_stored(
