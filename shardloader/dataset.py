@@ -116,7 +116,7 @@ class ShardedDataset(DatasetState, IterableDataset):  # type: ignore[type-arg]
         self.decoder = decoder
         self.on_error = on_error
         # member extension → logical field: the manifest's aliases, ``aliases`` merged over
-        self.field_map = FieldMap.of_manifest(self.manifest, read.aliases)
+        self.field_map = FieldMap.of_manifest(self.manifest, read.aliases).only(read.fields)
         self._planning.signature()  # a planner must declare its options (or fail here)
         # batches per worker output: NOTE [bundles] in shardloader/deliver/transport.py
         self._bundle = 1

@@ -45,6 +45,8 @@ MANIFEST_NAME = "index.json"
 # link to /dev/zero stops here, at a bounded cost, never held whole.
 MAX_MANIFEST_BYTES = 256 << 20
 CHECKSUM_COLUMN = "xxh3_64"  # per-sample checksum in sidecars (optional: older ones lack it)
+# per-field checksums (Parquet adopted in place, for projected reads): one column a field
+FIELD_CHECKSUM_PREFIX = "xxh3_64:"
 
 
 @dataclass(frozen=True)
@@ -192,7 +194,9 @@ class SampleIndex:
     ``checksums`` (optional; sidecars written before it existed lack it) is an XXH3-64 per
     sample (column ``xxh3_64``), checked as samples are read: of the sample's bytes
     ``[offset, offset + size)`` in a tar shard, of its key and fields in an Arrow shard
-    (:func:`shardloader.format.arrow.format.row_checksum`).
+    (:func:`shardloader.format.arrow.format.row_checksum`).  ``field_checksums`` (optional,
+    Parquet files adopted by ``index``) holds per field the XXH3-64 of the key and that field
+    alone (column ``xxh3_64:<field>``), so a read of some columns is checked without the rest.
     """
 
     keys: Sequence[str]
@@ -200,6 +204,7 @@ class SampleIndex:
     sizes: np.ndarray
     lengths: np.ndarray | None = None
     checksums: np.ndarray | None = None  # uint64
+    field_checksums: Mapping[str, np.ndarray] | None = None  # field -> uint64 per sample
 
     def __len__(self) -> int:
         return len(self.offsets)
@@ -216,6 +221,8 @@ class SampleIndex:
             columns["length"] = pa.array(self.lengths, pa.uint32())
         if self.checksums is not None:
             columns[CHECKSUM_COLUMN] = pa.array(self.checksums, pa.uint64())
+        for name, sums in sorted((self.field_checksums or {}).items()):
+            columns[FIELD_CHECKSUM_PREFIX + name] = pa.array(sums, pa.uint64())
         table = pa.table(columns)
         sink = pa.BufferOutputStream()
         options = pa.ipc.IpcWriteOptions(compression=compression)
@@ -258,18 +265,24 @@ class SampleIndex:
                 sizes=_ints(table.column("size"), "size"),
                 lengths=_ints(table.column("length"), "length") if "length" in names else None,
                 checksums=_u64(table.column(CHECKSUM_COLUMN)) if CHECKSUM_COLUMN in names else None,
+                field_checksums={
+                    n[len(FIELD_CHECKSUM_PREFIX) :]: _u64(table.column(n), n)
+                    for n in names
+                    if n.startswith(FIELD_CHECKSUM_PREFIX)
+                }
+                or None,
             )
         except (pa.ArrowException, KeyError, ManifestError) as err:
             raise ManifestError(f"{where} is not a valid shardloader sample index: {err}") from err
 
 
-def _u64(column: pa.ChunkedArray) -> np.ndarray:
-    """The checksum column as uint64 (``_ints`` would turn half of all digests negative)."""
+def _u64(column: pa.ChunkedArray, name: str = CHECKSUM_COLUMN) -> np.ndarray:
+    """A checksum column as uint64 (``_ints`` would turn half of all digests negative)."""
     if not pa.types.is_uint64(column.type):
-        raise ManifestError(f"column {CHECKSUM_COLUMN!r} is {column.type}, not uint64")
+        raise ManifestError(f"column {name!r} is {column.type}, not uint64")
     array = column.combine_chunks()
     if array.null_count:
-        raise ManifestError(f"column {CHECKSUM_COLUMN!r} has missing values")
+        raise ManifestError(f"column {name!r} has missing values")
     return np.frombuffer(
         array.buffers()[1], dtype="<u8", count=len(array), offset=array.offset * 8
     ).copy()

@@ -49,6 +49,10 @@ class ReadOptions:
     ``aliases``: ``{logical field: [member extensions]}`` read as one field, over the
     manifest's own (``{"image": ["jpg", "png"]}``: :mod:`shardloader.read.fields`).
 
+    ``fields`` (default None: all): the fields a sample holds, by their (logical) names; the
+    rest are not delivered, and Parquet files adopted by ``index`` read only these columns
+    (:mod:`shardloader.format.parquet.reader`).
+
     ``stall_timeout`` (seconds, default None: off): a pass that produces no batch for this
     long while asked for one ends with a :class:`~shardloader.errors.StallError` naming rank,
     worker, shard, sample and the stuck stack (:mod:`shardloader.deliver.watchdog`).
@@ -62,9 +66,18 @@ class ReadOptions:
     part_size: int = PART_SIZE
     aliases: Mapping[str, Sequence[str]] | None = None
     stall_timeout: float | None = None
+    fields: Sequence[str] | None = None
 
     def __post_init__(self) -> None:
         check_stall_timeout(self.stall_timeout)
+        if self.fields is not None:
+            names = (self.fields,) if isinstance(self.fields, str) else tuple(self.fields)
+            if not names or not all(isinstance(n, str) and n for n in names):
+                raise UsageError(
+                    f"ReadOptions.fields is a tuple of field names, e.g. ('image', 'label'); "
+                    f"got {self.fields!r}"
+                )
+            object.__setattr__(self, "fields", names)
         if not isinstance(self.part_size, int) or self.part_size < 1 << 20:
             raise UsageError(
                 f"ReadOptions.part_size must be at least 1 MiB, got {self.part_size!r}"

@@ -4,6 +4,7 @@ guarantee of a packed dataset (exactly once, resume, ranks, checksums), local an
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -254,3 +255,101 @@ def test_what_index_and_pack_refuse_says_what_to_do(tmp_path):
     (tmp_path / "src" / "a.txt").write_text("x")
     with pytest.raises(UsageError, match="shardloader index"):
         pack(str(tmp_path / "src"), str(tmp_path / "out"), PackOptions(format="parquet"))
+
+
+def _plain_file(path: Path, blobs: list[bytes], texts: list[str]) -> None:
+    """Uncompressed, no dictionary or statistics: a cell changed to one of the same size
+    keeps the file's size, so only checksums can tell."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    plain = {"compression": "none", "use_dictionary": False, "write_statistics": False}
+    table = pa.table({"blob": pa.array(blobs, pa.binary()), "n": list(range(len(texts)))})
+    table = table.append_column("text", pa.array(texts))
+    pq.write_table(table, path, row_group_size=8, **plain)
+
+
+def _texts(url: str, **read: Any) -> dict[str, tuple[int, str]]:
+    ds = sl.ShardedDataset(
+        url,
+        batch_size=5,
+        shuffle=False,
+        on_error="raise",
+        read=sl.ReadOptions(fields=("n", "text"), **read),
+    )
+    out = {}
+    for batch in sl.make_loader(ds, num_workers=1):
+        assert set(batch) - {"__key__", "__index__", "__pad__"} == {"n", "text"}
+        for key, n, text in zip(batch["__key__"], batch["n"].tolist(), batch["text"], strict=True):
+            out[key] = (n, text)
+    return out
+
+
+def test_projection_reads_and_checks_only_the_named_columns(tmp_path):
+    """ReadOptions(fields=...) delivers those fields only; their cells are checked against
+    per-column checksums, so a column left out is not read: damage there does not fail a
+    projected read, damage in a named column does, and names the column."""
+    from shardloader.manifest import SampleIndex
+
+    (tmp_path / "d").mkdir()
+    target = tmp_path / "d" / "t.parquet"
+    blobs = [bytes([65 + i % 26]) * 40 for i in range(30)]
+    texts = [f"caption {i:02d}" for i in range(30)]
+    _plain_file(target, blobs, texts)
+    index_shards([str(target)], str(tmp_path))
+    sidecar = tmp_path / "d" / "t.idx.arrow"
+    assert set(SampleIndex.from_arrow_bytes(sidecar.read_bytes()).field_checksums or {}) == {
+        "blob",
+        "n",
+        "text",
+    }
+    size = target.stat().st_size
+    blobs[13] = b"Z" * 40  # the blob column changed, the file's size not
+    _plain_file(target, blobs, texts)
+    assert target.stat().st_size == size
+    want = {f"t/{i:09d}": (i, texts[i]) for i in range(30)}
+    assert _texts(str(tmp_path)) == want  # the blob column is neither read nor checked
+    whole = sl.ShardedDataset(str(tmp_path), batch_size=30, shuffle=False, on_error="raise")
+    with pytest.raises(ChecksumError, match=r"'t/000000013' \(row 13\) does not match its"):
+        list(sl.make_loader(whole, num_workers=0))
+    # a named column changed: the projected read fails on that row, naming the column
+    texts[21] = "caption 99"
+    _plain_file(target, blobs, texts)
+    with pytest.raises(ChecksumError, match=r"'t/000000021'.*the checksum of its column 'text'"):
+        _texts(str(tmp_path))
+    # a sidecar from before per-column checksums: whole rows are read and checked, as before
+    texts[21] = "caption 21"
+    _plain_file(target, blobs, texts)
+    old = SampleIndex.from_arrow_bytes(sidecar.read_bytes())
+    data = SampleIndex(old.keys, old.offsets, old.sizes, checksums=old.checksums).to_arrow_bytes()
+    sidecar.write_bytes(data)
+    manifest = json.loads((tmp_path / "index.json").read_text())
+    manifest["shards"][0]["index_sha256"] = hashlib.sha256(data).hexdigest()
+    (tmp_path / "index.json").write_text(json.dumps(manifest))
+    with pytest.raises(ChecksumError, match=r"'t/000000013' \(row 13\) does not match its"):
+        _texts(str(tmp_path))
+    with pytest.raises(UsageError, match=r"'txt', which is not a field.*blob, n, text"):
+        sl.ShardedDataset(str(tmp_path), batch_size=5, read=sl.ReadOptions(fields=("txt",)))
+
+
+def test_a_wide_compressed_file_keeps_its_sidecar_within_bounds_and_projects(tmp_path):
+    """Per-column checksums take 8 bytes a cell: for many small, well-compressed columns they
+    would outgrow the bound a reader holds a sidecar to, so such a file is indexed without them
+    and a projected read of it reads and checks whole rows."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from shardloader.manifest import SampleIndex
+
+    (tmp_path / "d").mkdir()
+    n = 20000
+    table = pa.table({f"c{i:02d}": pa.array([i] * n, pa.int8()) for i in range(20)})
+    pq.write_table(table, tmp_path / "d" / "w.parquet")
+    index_shards([str(tmp_path / "d" / "w.parquet")], str(tmp_path))
+    sidecar = SampleIndex.from_arrow_bytes((tmp_path / "d" / "w.idx.arrow").read_bytes())
+    assert sidecar.field_checksums is None and sidecar.checksums is not None
+    read = sl.ReadOptions(fields=("c07",))
+    ds = sl.ShardedDataset(str(tmp_path), batch_size=4, shuffle=True, seed=1, read=read)
+    batch = next(iter(sl.make_loader(ds, num_workers=0)))
+    assert set(batch) == {"__key__", "__index__", "__pad__", "c07"}
+    assert batch["c07"].tolist() == [7, 7, 7, 7]

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import importlib
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, BinaryIO
 
 from shardloader.errors import UsageError
@@ -155,10 +155,20 @@ def open_writer(
 
 
 def open_reader(
-    fmt: str, local_path: str, index: SampleIndex, where: str, verify: bool = True
+    fmt: str | Format,
+    local_path: str,
+    index: SampleIndex,
+    where: str,
+    verify: bool = True,
+    fields: Sequence[str] | None = None,
 ) -> ShardReader:
-    """Open a local *uncompressed* shard (staged, or stored without compression)."""
-    return get_format(fmt).reader(local_path, index, where, verify)
+    """Open a local *uncompressed* shard (staged, or stored without compression).  ``fields``
+    (``ReadOptions.fields``): a format whose reader takes them (``projects``: Parquet, whose
+    columns are stored apart) reads only those; others read whole samples."""
+    f = get_format(fmt) if isinstance(fmt, str) else fmt
+    if fields is not None and getattr(f, "projects", False):
+        return f.reader(local_path, index, where, verify, fields=fields)  # type: ignore[call-arg]
+    return f.reader(local_path, index, where, verify)
 
 
 def stage(

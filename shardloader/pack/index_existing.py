@@ -26,7 +26,7 @@ import logging
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, BinaryIO, cast
 
 from shardloader.codecs.allowlist import codec_for_extension
@@ -38,6 +38,7 @@ from shardloader.manifest import MANIFEST_NAME, FieldInfo, Manifest, SampleIndex
 from shardloader.pack.discover import list_inputs, record_kind
 from shardloader.pack.lock import holding_out_lock
 from shardloader.pack.outdir import list_out, remove_temps
+from shardloader.schema import sidecar_bound
 from shardloader.storage.retry import RetryPolicy
 from shardloader.storage.store import Store, as_store
 from shardloader.storage.streams import HashingReader
@@ -343,21 +344,20 @@ def _write(
                 scanned.index.offsets,
                 scanned.index.sizes,
                 checksums=scanned.index.checksums,
+                field_checksums=scanned.index.field_checksums,
             )
         )
         data = index.to_arrow_bytes()
-        store.join(index_path).write_bytes_atomic(data)
-        shard_infos.append(
-            ShardInfo(
-                rel,
-                len(index),
-                scanned.stored,
-                scanned.raw,
-                scanned.sha256,
-                index_path,
-                hashlib.sha256(data).hexdigest(),
-            )
+        entry = ShardInfo(
+            rel, len(index), scanned.stored, scanned.raw, scanned.sha256, index_path, ""
         )
+        if index.field_checksums and len(data) > sidecar_bound(entry):
+            # per-column checksums (8 bytes a cell) would outgrow the bound readers hold the
+            # sidecar to (many small, well-compressed columns): this file is read whole rows
+            index = SampleIndex(index.keys, index.offsets, index.sizes, checksums=index.checksums)
+            data = index.to_arrow_bytes()
+        store.join(index_path).write_bytes_atomic(data)
+        shard_infos.append(replace(entry, index_sha256=hashlib.sha256(data).hexdigest()))
     extra: dict[str, Any] = {"skipped": 0}
     if all_text:
         extra["length_unit"] = "bytes"

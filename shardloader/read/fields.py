@@ -17,7 +17,7 @@ a tensor batch lacks (NOTE [missing values] in :mod:`shardloader.batching.defaul
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -110,6 +110,20 @@ class FieldMap:
 
     fields: Mapping[str, FieldInfo]
     member_of: Mapping[str, str]
+    projected: bool = False  # ``fields`` is what ReadOptions.fields kept: drop the rest
+
+    def only(self, names: Sequence[str] | None) -> FieldMap:
+        """The map keeping the logical fields ``names`` (``ReadOptions.fields``; None: all)."""
+        if names is None:
+            return self
+        unknown = [n for n in names if n not in self.fields]
+        if unknown:
+            raise UsageError(
+                f"ReadOptions.fields names {unknown[0]!r}, which is not a field of the dataset "
+                f"(its fields: {', '.join(self.fields) or 'none'}); name fields from that list"
+            )
+        kept = {n: info for n, info in self.fields.items() if n in names}
+        return FieldMap(kept, self.member_of, projected=True)
 
     @classmethod
     def build(

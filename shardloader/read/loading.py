@@ -142,6 +142,8 @@ class SampleLoader:
         member_of = self.field_map.member_of
         for ext, values in rows.fields.items():
             name = member_of.get(ext, ext) if member_of else ext
+            if self.field_map.projected and name not in self.field_map.fields:
+                continue  # ReadOptions.fields leaves it out
             if name in columns:  # aliases: key.jpg and key.png both fill "image"
                 self._merge_members(shards, ids, keys, errors, columns[name], values, name)
             else:
@@ -280,6 +282,8 @@ class SampleLoader:
         member_of = self.field_map.member_of  # aliases: key.png fills "image"
         for ext, data in raw.items():
             name = member_of.get(ext, ext) if member_of else ext
+            if self.field_map.projected and name not in self.field_map.fields:
+                continue  # ReadOptions.fields leaves it out
             if member_of and name in sample:
                 err = self.field_map.clash(raw, name)
                 raise ShardError(f"{_located_at(shards, ids, pos, key)}: {err}") from err

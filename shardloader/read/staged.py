@@ -26,7 +26,7 @@ import numpy as np
 from shardloader.errors import ChecksumError, ShardChangedError, ShardError, StorageError
 from shardloader.format.base import Rows, Sample, ShardReader, read_rows
 from shardloader.format.mapped import changed_since
-from shardloader.format.registry import get_format
+from shardloader.format.registry import get_format, open_reader
 from shardloader.manifest import Manifest
 from shardloader.read.indexes import SampleIndexes
 from shardloader.read.staging import ShardFiles
@@ -137,8 +137,13 @@ class ShardSet:
             self.files.first_use(shard, path, index)
             try:
                 st = os.stat(path)
-                reader = self.format.reader(
-                    path, index, self.describe(shard), self.options.verify_samples
+                reader = open_reader(
+                    self.format,
+                    path,
+                    index,
+                    self.describe(shard),
+                    self.options.verify_samples,
+                    self.options.fields,
                 )
             except FileNotFoundError:  # evicted by another process between stage and open
                 if attempt == 2:

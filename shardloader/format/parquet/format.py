@@ -43,6 +43,7 @@ class ParquetFormat(Format):
     stored_is_raw = True
     indexable = True
     packable = False  # registry.check_pack_format: pack writes tar, arrow or tokens shards
+    projects = True  # reader(..., fields=) reads only those columns (registry.open_reader)
 
     def _not_packed(self) -> NoReturn:
         raise UsageError(
@@ -59,9 +60,15 @@ class ParquetFormat(Format):
         self._not_packed()
 
     def reader(
-        self, local_path: str, index: SampleIndex, where: str, verify: bool = True
+        self,
+        local_path: str,
+        index: SampleIndex,
+        where: str,
+        verify: bool = True,
+        fields: Sequence[str] | None = None,
     ) -> ParquetShardReader:
-        return ParquetShardReader(local_path, index, where, verify)
+        """``fields``: only these columns read (NOTE [projected checksums] in reader.py)."""
+        return ParquetShardReader(local_path, index, where, verify, fields)
 
     def iter_stored(
         self,

@@ -4,7 +4,9 @@ The file is read once, row group by row group: every row becomes a sample keyed
 ``<file name without .parquet>/<row:09d>``, its sidecar entry the row number (offset), the
 bytes of its cells as pack would store them (size) and the XXH3-64 of its key and cells
 (:func:`~shardloader.format.arrow.writer.row_checksum`, as Arrow shards record it), which the
-reader checks.  The fields' codecs come from the column types and the Hugging Face features
+reader checks, and per column the same checksum of the key and that column's cell alone (of the
+key only for a null), which a read of some columns checks (NOTE [projected checksums] in
+reader.py).  The fields' codecs come from the column types and the Hugging Face features
 (pack's conversion), the classes from a ``ClassLabel`` feature.
 """
 
@@ -59,6 +61,7 @@ def scan_parquet(src: BinaryIO, url: str, max_member: int | None) -> ParquetScan
         keys: list[str] = []
         sizes: list[int] = []
         sums: list[int] = []
+        per_field: dict[str, list[int]] = {n: [] for n in table.names}
         present = dict.fromkeys(table.names, 0)
         first: dict[str, bytes] = {}
         row = 0
@@ -78,6 +81,9 @@ def scan_parquet(src: BinaryIO, url: str, max_member: int | None) -> ParquetScan
                 keys.append(key)
                 sizes.append(sum(map(len, fields.values())))
                 sums.append(row_checksum(key, fields))
+                for name, column_sums in per_field.items():
+                    cell = {name: fields[name]} if name in fields else {}
+                    column_sums.append(row_checksum(key, cell))
                 row += 1
         infos = {}
         for name in table.names:
@@ -93,6 +99,7 @@ def scan_parquet(src: BinaryIO, url: str, max_member: int | None) -> ParquetScan
             np.arange(len(keys), dtype=np.int64),
             np.asarray(sizes, np.int64),
             checksums=np.asarray(sums, np.uint64),
+            field_checksums={n: np.asarray(c, np.uint64) for n, c in per_field.items()},
         )
         size = tmp.seek(0, 2)
         ranges = table.byte_ranges()

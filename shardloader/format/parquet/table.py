@@ -90,10 +90,13 @@ class ParquetTable:
             out.append([int(first), int(max(ends, default=first) - first), rg.num_rows])
         return out
 
-    def read_group(self, group: int) -> pa.Table:
-        """Row group ``group`` as Arrow (one byte range per column chunk, no conversion)."""
+    def read_group(self, group: int, names: list[str] | None = None) -> pa.Table:
+        """Row group ``group`` as Arrow, its columns ``names`` (default: all), one byte range
+        per column chunk, no conversion."""
         try:
-            return self.pf.read_row_group(group, columns=self.names, use_threads=False)
+            return self.pf.read_row_group(
+                group, columns=self.names if names is None else names, use_threads=False
+            )
         except (pa.ArrowInvalid, OSError) as err:
             raise ShardError(f"{self.where}: row group {group} cannot be read ({err})") from err
 
@@ -101,7 +104,7 @@ class ParquetTable:
         """Each column's cells of ``table``, a row group's rows ``rows`` (file row numbers,
         for messages), as pack stores them."""
         out: dict[str, Cells] = {}
-        for name in self.names:
+        for name in table.column_names:
             column = table.column(name)
             array = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
             try:
