@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import io
 import json
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -51,9 +50,13 @@ import pyarrow.compute as pc
 from shardloader.codecs.allowlist import codec_for_extension
 from shardloader.manifest import FieldInfo
 
-__all__ = ["Cells", "ColumnPlan", "IMAGE_NAMES", "hf_features", "plan"]
+__all__ = [
+    "Cells",
+    "ColumnPlan",
+    "IMAGE_NAMES",
+    "plan",
+]
 
-log = logging.getLogger(__name__)
 
 Cells = list[bytes | None]
 # reads the file a ``{bytes: null, path}`` cell names (HF's form for images not embedded)
@@ -378,16 +381,3 @@ def _npy(arr: pa.Array, read: ReadPath) -> Cells:
 def _tokens(arr: pa.Array, read: ReadPath) -> Cells:
     dtype = np.dtype(str(_leaf(_storage(arr.type)))).newbyteorder("<")
     return _list_cells(arr, lambda a: a.astype(dtype, copy=False).tobytes())
-
-
-def hf_features(schema: Any) -> dict[str, Any]:
-    """The Hugging Face features of a table (``{column: feature}``), {} when it has none."""
-    raw = (schema.metadata or {}).get(b"huggingface")
-    if raw is None:
-        return {}
-    try:
-        features = json.loads(raw)["info"]["features"]
-    except (ValueError, KeyError, TypeError):
-        log.warning("ignoring unreadable 'huggingface' schema metadata")
-        return {}
-    return features if isinstance(features, dict) else {}

@@ -16,13 +16,15 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from shardloader.codecs.arrowcells import Cells, ColumnPlan, _CellError, hf_features
-from shardloader.codecs.arrowcells import plan as plan_column
+from shardloader.codecs.arrowcells import (
+    Cells,
+    ColumnPlan,
+    _CellError,
+)
+from shardloader.codecs.tableschema import class_names, hf_features, plan_columns
 from shardloader.errors import ShardError
 
 __all__ = ["ParquetTable", "key_stem", "open_parquet", "present_cells", "spool"]
-
-_LABEL_NAMES = ("label", "labels", "cls", "class")  # as pack's tables.py prefers them
 
 
 def key_stem(url: str) -> str:
@@ -39,6 +41,10 @@ def open_parquet(source: Any, where: str) -> pq.ParquetFile:
         raise ShardError(f"{where}: not a readable Parquet file ({err})") from err
 
 
+def _unreadable(message: str) -> ShardError:
+    return ShardError(f"{message}; drop or cast the column and write the file again, or pack it")
+
+
 def _no_path(path: str) -> bytes:
     raise ShardError("index adopts files as they are and does not follow paths")
 
@@ -50,24 +56,10 @@ class ParquetTable:
         self.pf, self.where = pf, where
         schema = pf.schema_arrow
         features = hf_features(schema)
-        self.plans: dict[str, ColumnPlan] = {}
-        for column in schema:
-            feature = features.get(column.name)
-            found = plan_column(
-                column.name, column.type, feature if isinstance(feature, dict) else None
-            )
-            if found is None:
-                raise ShardError(
-                    f"{where}: column {column.name!r} has Arrow type {column.type}, which "
-                    "shardloader cannot read faithfully; drop or cast the column and write the "
-                    "file again, or `shardloader pack` it"
-                )
-            if column.name in self.plans:
-                raise ShardError(f"{where}: two columns are named {column.name!r}; rename one")
-            self.plans[column.name] = found
+        self.plans: dict[str, ColumnPlan] = plan_columns(schema, features, where, _unreadable)
         self.names = sorted(self.plans)
         self.types = {c.name: c.type for c in schema}
-        self.classes = _classes(features)
+        self.classes = class_names(features, where)
         md = pf.metadata
         self.group_rows = [md.row_group(g).num_rows for g in range(md.num_row_groups)]
         self.num_rows = sum(self.group_rows)
@@ -120,18 +112,6 @@ class ParquetTable:
         """Each column's cells of row group ``group`` (whose first row is ``first_row``)."""
         table = self.read_group(group)
         return self.encode(table, list(range(first_row, first_row + table.num_rows)))
-
-
-def _classes(features: Mapping[str, Any]) -> tuple[str, ...]:
-    labels = {
-        name: tuple(str(n) for n in feature.get("names") or ())
-        for name, feature in features.items()
-        if isinstance(feature, dict) and feature.get("_type") == "ClassLabel"
-    }
-    if not labels:
-        return ()
-    name = next((n for n in _LABEL_NAMES if n in labels), next(iter(labels)))
-    return labels[name]
 
 
 def spool(src: Any, limit: int | None, where: str, into: Any) -> None:

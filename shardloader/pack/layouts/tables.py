@@ -26,11 +26,10 @@ from shardloader.codecs.arrowcells import (
     ColumnPlan,
     ReadPath,
     _CellError,
-    hf_features,
     is_bytes_path,
 )
-from shardloader.codecs.arrowcells import plan as plan_column
 from shardloader.codecs.sniff import codec_of
+from shardloader.codecs.tableschema import class_names, hf_features, plan_columns
 from shardloader.errors import InputError, StorageError, UsageError
 from shardloader.format.tar.layout import EMPTY
 from shardloader.manifest import FieldInfo
@@ -55,7 +54,6 @@ log = logging.getLogger(__name__)
 
 SUFFIXES = {".parquet": "parquet", ".arrow": "arrow", ".feather": "arrow", ".ipc": "arrow"}
 _FIELD_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
-_LABEL_NAMES = ("label", "labels", "cls", "class")  # preferred when several ClassLabel columns
 
 
 @dataclass(frozen=True)
@@ -126,11 +124,9 @@ def _features(f: InputFile, schema: Any, store: Store) -> dict[str, Any]:
 
 
 def _plans(f: InputFile, schema: Any, features: Mapping[str, Any]) -> dict[str, ColumnPlan]:
-    """Each column's plan, sorted by name; a column pack cannot store is an InputError."""
-    out: dict[str, ColumnPlan] = {}
+    """Each column's plan, sorted by name; a column pack cannot store is an InputError, a name
+    no field may have a UsageError."""
     for column in schema:
-        if column.name in out:
-            raise UsageError(f"{f.url}: two columns are named {column.name!r}; rename one")
         if column.name == EMPTY:
             raise UsageError(
                 f"{f.url}: column {column.name!r} is the name tar shards reserve for the marker "
@@ -141,38 +137,14 @@ def _plans(f: InputFile, schema: Any, features: Mapping[str, Any]) -> dict[str, 
                 f"{f.url}: column {column.name!r} cannot be a field name (letters, digits, "
                 "'_', '.', '-'; not starting with '.' or '-'); rename the column"
             )
-        feature = features.get(column.name)
-        found = plan_column(
-            column.name, column.type, feature if isinstance(feature, dict) else None
-        )
-        if found is None:
-            raise InputError(
-                f"{f.url}: column {column.name!r} has Arrow type {column.type}, which pack "
-                "cannot store faithfully; cast it to strings, numbers, lists of numbers, or "
-                "structs and lists of those, or drop the column before packing"
-            )
-        out[column.name] = found
-    return dict(sorted(out.items()))
 
-
-def _classes(f: InputFile, features: Mapping[str, Any]) -> tuple[str, ...]:
-    """The names of the file's ClassLabel column (``label`` first when there are several)."""
-    labels = {
-        name: tuple(str(n) for n in feature.get("names") or ())
-        for name, feature in features.items()
-        if isinstance(feature, dict) and feature.get("_type") == "ClassLabel"
-    }
-    if not labels:
-        return ()
-    name = next((n for n in _LABEL_NAMES if n in labels), next(iter(labels)))
-    if len(labels) > 1:
-        log.warning(
-            "%s: several ClassLabel columns (%s); the manifest's classes are those of %r",
-            f.url,
-            ", ".join(labels),
-            name,
+    def unsupported(message: str) -> InputError:
+        return InputError(
+            f"{message}; cast it to strings, numbers, lists of numbers, or structs and lists "
+            "of those, or drop the column before packing"
         )
-    return labels[name]
+
+    return plan_columns(schema, features, f.url, unsupported)
 
 
 def describe(f: InputFile, kind: str, store: Store) -> Table:
@@ -193,7 +165,7 @@ def describe(f: InputFile, kind: str, store: Store) -> Table:
     sniff = [name for name, p in plans.items() if p.sniff]
     if sniff:
         fields.update(_sniffed(f, kind, store, schema, sniff, fields))
-    return Table(fields, _classes(f, features))
+    return Table(fields, class_names(features, f.url))
 
 
 Classes = tuple[str, tuple[str, ...]] | None  # (the first file naming classes, its names)

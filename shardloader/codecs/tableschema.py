@@ -1,0 +1,75 @@
+"""What a table's schema says as a whole, for pack (``pack/layouts/tables.py``) and for
+Parquet files adopted in place (``format/parquet``) alike: the Hugging Face features in its
+metadata, each column's plan (:mod:`shardloader.codecs.arrowcells` converts the cells), and the
+class names of a ClassLabel column.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from shardloader.codecs.arrowcells import ColumnPlan, plan
+from shardloader.errors import UsageError
+
+__all__ = ["class_names", "hf_features", "plan_columns"]
+
+log = logging.getLogger(__name__)
+
+
+def hf_features(schema: Any) -> dict[str, Any]:
+    """The Hugging Face features of a table (``{column: feature}``), {} when it has none."""
+    raw = (schema.metadata or {}).get(b"huggingface")
+    if raw is None:
+        return {}
+    try:
+        features = json.loads(raw)["info"]["features"]
+    except (ValueError, KeyError, TypeError):
+        log.warning("ignoring unreadable 'huggingface' schema metadata")
+        return {}
+    return features if isinstance(features, dict) else {}
+
+
+_LABEL_NAMES = ("label", "labels", "cls", "class")  # preferred when several ClassLabel columns
+
+
+def plan_columns(
+    schema: Any, features: Mapping[str, Any], where: str, unsupported: Callable[[str], Exception]
+) -> dict[str, ColumnPlan]:
+    """Each column's plan, sorted by name (pack and ``index`` convert cells alike); a column no
+    plan keeps faithfully raises ``unsupported(message)``, two columns of one name UsageError."""
+    out: dict[str, ColumnPlan] = {}
+    for column in schema:
+        if column.name in out:
+            raise UsageError(f"{where}: two columns are named {column.name!r}; rename one")
+        feature = features.get(column.name)
+        found = plan(column.name, column.type, feature if isinstance(feature, dict) else None)
+        if found is None:
+            raise unsupported(
+                f"{where}: column {column.name!r} has Arrow type {column.type}, which "
+                "shardloader cannot store faithfully"
+            )
+        out[column.name] = found
+    return dict(sorted(out.items()))
+
+
+def class_names(features: Mapping[str, Any], where: str) -> tuple[str, ...]:
+    """The names of a table's ClassLabel column (``label`` first when there are several)."""
+    labels = {
+        name: tuple(str(n) for n in feature.get("names") or ())
+        for name, feature in features.items()
+        if isinstance(feature, dict) and feature.get("_type") == "ClassLabel"
+    }
+    if not labels:
+        return ()
+    name = next((n for n in _LABEL_NAMES if n in labels), next(iter(labels)))
+    if len(labels) > 1:
+        log.warning(
+            "%s: several ClassLabel columns (%s); the manifest's classes are those of %r",
+            where,
+            ", ".join(labels),
+            name,
+        )
+    return labels[name]
