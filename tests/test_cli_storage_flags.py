@@ -154,7 +154,7 @@ def test_serve_reads_s3_through_its_storage_options(s3_data: str, s3_server: str
         server_env(s3_data, str(cache)),
     )
     try:
-        remote = [digest(b) for b in sl.RemoteLoader(server.url, rank=0, world_size=1)]
+        remote = [digest(b) for b in sl.RemoteLoader(server.url, world=sl.World(0, 1))]
     finally:
         server.stop()
     preset = DatasetPreset(

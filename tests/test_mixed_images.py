@@ -302,7 +302,7 @@ def test_serve_streams_a_mixed_folder(mixed, tmp_path):
         env,
     )
     try:
-        batches = list(RemoteLoader(server.url, rank=0, world_size=1))
+        batches = list(RemoteLoader(server.url, world=sl.World(0, 1)))
     finally:
         server.stop()
     assert all(b["image"].shape == (4, 3, 16, 16) for b in batches)

@@ -353,10 +353,10 @@ def test_a_served_mixture_gives_each_rank_its_local_batches(sources, tmp_path):
     want = {r: [digest(b) for b in sl.make_loader(mixture().for_rank(r, world))] for r in range(2)}
     with InProcessServer(mixture(), workers=1) as server:
         got = {
-            r: [digest(b) for b in sl.RemoteLoader(server.url, rank=r, world_size=world)]
+            r: [digest(b) for b in sl.RemoteLoader(server.url, world=sl.World(r, world))]
             for r in range(world)
         }
-        resumed = sl.RemoteLoader(server.url, rank=1, world_size=world)
+        resumed = sl.RemoteLoader(server.url, world=sl.World(1, world))
         resumed.load_state_dict({**resumed.state_dict(), "position": 4})
         tail = [digest(b) for b in resumed]
     assert got == want and len(want[0]) == 5  # 26 positions: 9 batches, padded to 10

@@ -74,8 +74,10 @@ def test_remote_loader_takes_its_place_as_a_world_or_spelled_out_not_both():
     url = "http://127.0.0.1:9"  # nothing is asked of a server before the first pass
     loader = RemoteLoader(url, world=sl.World(1, 3))
     assert (loader.rank, loader.world_size) == (1, 3)
-    assert (RemoteLoader(url, 2, 3).rank, RemoteLoader(url, 2, 3).world_size) == (2, 3)
-    with pytest.raises(sl.UsageError, match="pass world= or rank=/world_size=/ranks_per_node="):
+    with pytest.warns(DeprecationWarning, match=r"pass world=shardloader.World\(rank=\.\.\., "):
+        old = RemoteLoader(url, 2, 3)
+    assert (old.rank, old.world_size) == (2, 3)
+    with pytest.raises(sl.UsageError, match="pass world= or ranks_per_node=, not both"):
         RemoteLoader(url, ranks_per_node=1, world=sl.World(0, 1))
     with pytest.raises(sl.UsageError, match="rank 3 is outside world_size 3"):
         RemoteLoader(url, world=sl.World(3, 3))

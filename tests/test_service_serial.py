@@ -61,7 +61,7 @@ def test_concurrent_streams_equal_local_batches(data, tmp_path, transform):
 
         def stream(rank: int) -> None:
             try:
-                loader = sl.RemoteLoader(server.url, rank=rank, world_size=world, prefetch=1)
+                loader = sl.RemoteLoader(server.url, world=sl.World(rank, world), prefetch=1)
                 got[rank] = [digest(b) for b in loader]
             except BaseException as err:  # reported below, in the test's thread
                 errors.append(err)

@@ -488,11 +488,11 @@ def client_main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sleep", type=float, default=0.0, help="seconds per step")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
+    from shardloader.options import World
     from shardloader.service import RemoteLoader
 
-    loader = RemoteLoader(
-        args.urls, rank=args.rank, world_size=args.world, token=args.token, prefetch=1
-    )
+    world = World(args.rank, args.world)
+    loader = RemoteLoader(args.urls, world=world, token=args.token, prefetch=1)
     loader.set_epoch(args.epoch)
     steps = len(loader)
     out: dict[str, Any] = {"steps": steps, "digests": [], "ids": [], "pads": []}

@@ -126,7 +126,7 @@ def test_the_service_streams_the_same_batches_from_any_start_method(tmp_path, me
             mp.setenv("SERVICE_TEST_DATA", data)
             mp.setenv("SERVICE_TEST_CACHE", cache)
             want = [digest(b) for b in local_batches(path_pipeline, 1, 2, epoch=1)]
-        loader = RemoteLoader(server.url, rank=1, world_size=2)
+        loader = RemoteLoader(server.url, world=sl.World(1, 2))
         loader.set_epoch(1)
         assert [digest(b) for b in loader] == want
     finally:

@@ -19,7 +19,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from shardloader.errors import ResumeError, UsageError
-from shardloader.options import World
+from shardloader.options import World, from_old_keywords
 from shardloader.service.passreader import PassReader
 from shardloader.service.transport import Endpoint, Failover, get_json
 from shardloader.service.wireframes import PROTOCOL
@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 
 _STATE_VERSION = 1  # the local loader's state format (shardloader.deliver.loader)
 _PARTITIONED_VERSION = 3  # ... counted in several partitions
+_OLD_WORLD = ("rank", "world_size", "ranks_per_node", "data_parallel")  # before world=
 
 # 120 s without a batch before the loop gives up: a replica restarted by systemd or
 # Kubernetes (torch imports, a warm-up batch) is back well within it.  Attempts come at most
@@ -55,7 +56,8 @@ class RemoteLoader:
     :class:`~shardloader.options.World` as ``ShardedDataset`` takes it (by default the detected
     one; ``World.of(group)`` makes it the data-parallel rank and the number of replicas, so the
     ranks of one replica get the same batches).  ``rank``/``world_size``/``ranks_per_node``/
-    ``data_parallel`` are the same place spelled out, as before ``world``.
+    ``data_parallel`` are the same place spelled out, as before ``world``: they still work for a
+    release, with a DeprecationWarning naming the replacement.
     ``seed``/``fingerprint`` pin what the servers must serve (409 → :class:`ResumeError`
     otherwise); unset, they are learned from the first server. The first server's pipeline
     (decoder, transform, collate and the options that built them) is pinned too: a replica whose
@@ -92,13 +94,9 @@ class RemoteLoader:
         if not listed:
             raise UsageError("RemoteLoader needs at least one service URL")
         self._endpoints = [Endpoint(u) for u in listed]
-        if world is None:
-            world = World(rank, world_size, ranks_per_node, group=data_parallel)
-        elif any(v is not None for v in (rank, world_size, ranks_per_node, data_parallel)):
-            raise UsageError(
-                "pass world= or rank=/world_size=/ranks_per_node=/data_parallel=, not both"
-            )
-        r, w, per_node = resolve_world(world)
+        spelled = zip(_OLD_WORLD, (rank, world_size, ranks_per_node, data_parallel), strict=True)
+        old = {k: v for k, v in spelled if v is not None}
+        r, w, per_node = resolve_world(from_old_keywords(world, None, old, "RemoteLoader")[0])
         if prefetch < 1:
             raise UsageError(f"prefetch={prefetch} must be >= 1")
         self._rank, self._world = r, w
