@@ -181,6 +181,15 @@ def _get(out: Mapping[str, Any], dotted: str) -> Any:
 # length bucketing and token budgets
 
 
+def _padding_agrees(planner: TokenBudgetBatches | BucketBatches, collate_fn: Any) -> Any:
+    """``collate_fn``, refused if a PadCollate pads or truncates other than ``planner`` counts."""
+    if isinstance(collate_fn, PadCollate):
+        m = ("pad_to_multiple_of", planner.pad_to_multiple_of, collate_fn.pad_to_multiple_of)
+        length = ("max_length", planner.truncate_to, collate_fn.max_length)
+        refuse_disagreement(collate_fn, planner, [m, length])
+    return collate_fn
+
+
 def _budget_cuts(
     lens: np.ndarray, max_tokens: int, max_batch_size: int | None, m: int
 ) -> list[int]:
@@ -304,16 +313,7 @@ class TokenBudgetBatches(BatchPlanner):
     def resolve_collate(self, collate_fn: Any, field: str | None) -> Any:
         """The dataset's collate: ``collate_fn`` if a PadCollate agrees with the budget's
         padding and truncation (any other callable is used as given)."""
-        if isinstance(collate_fn, PadCollate):
-            refuse_disagreement(
-                collate_fn,
-                self,
-                [
-                    ("pad_to_multiple_of", self.pad_to_multiple_of, collate_fn.pad_to_multiple_of),
-                    ("max_length", self.truncate_to, collate_fn.max_length),
-                ],
-            )
-        return collate_fn
+        return _padding_agrees(self, collate_fn)
 
     def make_collate(self, pad_values: dict[str, int | float], **options: object) -> PadCollate:
         """A PadCollate whose padding and truncation match this plan's budget arithmetic."""
@@ -401,16 +401,7 @@ class BucketBatches(BatchPlanner):
     def resolve_collate(self, collate_fn: Any, field: str | None) -> Any:
         """The dataset's collate: ``collate_fn`` if a PadCollate pads as this plan counts
         (and truncates nothing the report would miss); any other callable as given."""
-        if isinstance(collate_fn, PadCollate):
-            refuse_disagreement(
-                collate_fn,
-                self,
-                [
-                    ("pad_to_multiple_of", self.pad_to_multiple_of, collate_fn.pad_to_multiple_of),
-                    ("max_length", None, collate_fn.max_length),
-                ],
-            )
-        return collate_fn
+        return _padding_agrees(self, collate_fn)
 
     def make_collate(self, pad_values: dict[str, int | float], **options: object) -> PadCollate:
         return PadCollate(

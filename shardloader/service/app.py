@@ -30,7 +30,9 @@ __all__ = ["Service", "create_app"]
 log = logging.getLogger(__name__)
 
 _MAX_INT = 1 << 62
-_CONTROL_PARAMS = ("fingerprint", "seed", "plan", "partitions", "pipeline")
+# what /v1/info and /v1/batches both take: the pass asked for, and what the client pinned
+_PASS_PARAMS: tuple[str, ...] = ("epoch", "rank", "world_size", "position", "ranks_per_node")
+_PASS_PARAMS += ("fingerprint", "seed", "plan", "partitions", "pipeline")
 
 
 @dataclass(frozen=True)
@@ -202,15 +204,7 @@ class Service:
     async def info(self, request: Any) -> Any:
         from starlette.responses import JSONResponse
 
-        allowed = {
-            "epoch": False,
-            "rank": False,
-            "world_size": False,
-            "position": False,
-            "ranks_per_node": False,
-            **{k: False for k in _CONTROL_PARAMS},
-        }
-        params = _params(request.query_params, allowed)
+        params = _params(request.query_params, dict.fromkeys(_PASS_PARAMS, False))
         a = self._read_request(params)
         ds = self.dataset
         return JSONResponse(
@@ -235,16 +229,8 @@ class Service:
     async def batches(self, request: Any) -> Any:
         if request.method != "GET":  # a HEAD would run a pipeline to send nothing
             raise _ServiceError(405, "use GET for /v1/batches", {"allow": "GET"})
-        allowed = {
-            "epoch": True,
-            "rank": True,
-            "world_size": True,
-            "position": False,
-            "start": False,
-            "shm": False,
-            "ranks_per_node": False,
-            **{k: False for k in _CONTROL_PARAMS},
-        }
+        required = dict.fromkeys(("epoch", "rank", "world_size"), True)
+        allowed = {**dict.fromkeys((*_PASS_PARAMS, "start", "shm"), False), **required}
         params = _params(request.query_params, allowed)
         a = self._read_request(params)
         epoch, rank, world, position = a.epoch, a.rank, a.world, a.position
