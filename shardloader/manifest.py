@@ -280,19 +280,14 @@ def _u64(column: pa.ChunkedArray, name: str = CHECKSUM_COLUMN) -> np.ndarray:
     """A checksum column as uint64 (``_ints`` would turn half of all digests negative)."""
     if not pa.types.is_uint64(column.type):
         raise ManifestError(f"column {name!r} is {column.type}, not uint64")
-    array = column.combine_chunks()
-    if array.null_count:
-        raise ManifestError(f"column {name!r} has missing values")
-    return np.frombuffer(
-        array.buffers()[1], dtype="<u8", count=len(array), offset=array.offset * 8
-    ).copy()
+    return _ints(column, name, np.uint64)
 
 
-def _ints(column: pa.ChunkedArray, name: str) -> np.ndarray:
-    """An integer column as int64, read from its buffer.
+def _ints(column: pa.ChunkedArray, name: str, dtype: type = np.int64) -> np.ndarray:
+    """An integer column as ``dtype``, read from its buffer.
 
     ``to_numpy()`` would import pandas (about 1.5 s in every fresh worker) to check for it.
-    Unsigned values past 2**63 come out negative, which the sidecar checks refuse.
+    Unsigned values past 2**63 come out negative as int64, which the sidecar checks refuse.
     """
     if not pa.types.is_integer(column.type):
         raise ManifestError(f"column {name!r} is {column.type}, not integers")
@@ -307,7 +302,7 @@ def _ints(column: pa.ChunkedArray, name: str) -> np.ndarray:
         count=len(array),
         offset=array.offset * width,
     )
-    return data.astype(np.int64)
+    return data.astype(dtype)  # a copy: the result outlives the Arrow buffer
 
 
 def manifest_url(url: str) -> tuple[str, str]:

@@ -5,7 +5,8 @@ variable-length attention a row costs about ``sum(L**2) + c * sum(L)`` over its 
 (attention grows with the square of each segment's length, everything else with its tokens;
 ``c`` is about 6 x the model width for a transformer's linear layers, 0 for attention alone).
 A step waits for its slowest rank, so :class:`~shardloader.batching.packed.PackedBatches`
-with ``balance="attention"`` plans each step's ``ranks`` batches together (:func:`pack_balanced`).
+with ``balance="attention"`` plans each step's ``ranks`` batches together, window by window
+(:func:`pack_window_balanced`).
 
 NOTE [balanced steps]
     One window's segments are packed into rows exactly as without balance (first-fit or
@@ -38,7 +39,7 @@ __all__ = [
     "segment_cost",
     "batch_costs",
     "assign_capped",
-    "pack_balanced",
+    "pack_window_balanced",
     "shuffled_steps",
     "step_imbalance",
 ]
@@ -193,30 +194,6 @@ def pack_window_balanced(
     for row in kept:
         left[row] = False
     return out, segs[left] if not last else segs[:0]
-
-
-def pack_balanced(
-    segs: np.ndarray,
-    bounds: np.ndarray,
-    seq_len: int,
-    rows_per_batch: int,
-    ranks: int,
-    fit: str,
-    c: float,
-    keep_tail: bool,
-) -> list[np.ndarray]:
-    """Balanced steps of ``segs[bounds[i]:bounds[i + 1]]``, window by window, carrying the
-    rows that do not fill a step into the next window (module NOTE)."""
-    out: list[np.ndarray] = []
-    carry = np.empty((0, 3), np.int64)
-    last = len(bounds) - 2
-    for w in range(last + 1):
-        window = np.concatenate([carry, segs[bounds[w] : bounds[w + 1]]])
-        got, carry = pack_window_balanced(
-            window, seq_len, rows_per_batch, ranks, fit, c, w == last, keep_tail
-        )
-        out += got
-    return out
 
 
 def shuffled_steps(

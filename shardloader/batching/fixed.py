@@ -20,7 +20,10 @@ __all__ = ["FixedBatches", "account_fixed"]
 
 @dataclass(frozen=True)
 class FixedBatches(BatchPlanner):
-    """Consecutive ``batch_size`` ids of the order; ``drop_last`` drops the short last batch."""
+    """Consecutive ``batch_size`` ids of the order; ``drop_last`` drops the short last batch.
+
+    Its :meth:`report` counts no padding: that is the collate's here, and the dataset counts
+    it with :func:`account_fixed`, which knows the collate."""
 
     batch_size: int
     drop_last: bool = False
@@ -40,13 +43,6 @@ class FixedBatches(BatchPlanner):
     def explain_dropped(self, tokens: int | None) -> str:
         """Why the plan left a sample out (for the ledger): only ``drop_last`` does."""
         return f"drop_last=True: in the epoch's short last batch (batch_size={self.batch_size})"
-
-    def report(
-        self, order: np.ndarray, lengths: np.ndarray | None, batches: Sequence[np.ndarray]
-    ) -> PlanReport:
-        """Padding and truncation are the collate's here: the dataset counts them with
-        :func:`account_fixed`, which knows the collate."""
-        return account(order, lengths, batches)
 
 
 def account_fixed(

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from shardloader.batching.balance import BALANCE_POLICIES, pack_balanced, shuffled_steps
+from shardloader.batching.balance import BALANCE_POLICIES, pack_window_balanced, shuffled_steps
 from shardloader.batching.base import (
     DEFAULT_WINDOW,
     FIT_POLICIES,
@@ -187,18 +187,20 @@ class PackedBatches(BatchPlanner):
     def _pack(self, segs: np.ndarray, bounds: np.ndarray) -> list[np.ndarray]:
         """Pack ``segs[bounds[i]:bounds[i + 1]]`` window by window, carrying what does not
         fill a batch into the next one."""
-        if self.balance is not None and self.ranks is not None:  # NOTE [balanced steps]
-            return pack_balanced(
-                segs, bounds, self.seq_len, self.rows_per_batch, self.ranks, self.fit,
-                float(self.balance_c), self.tail == "keep",
-            )  # fmt: skip
+        balanced = self.balance is not None and self.ranks is not None  # NOTE [balanced steps]
+        n, rows = self.seq_len, self.rows_per_batch
+        c, keep = float(self.balance_c), self.tail == "keep"
         batches: list[np.ndarray] = []
         carry = np.empty((0, 3), np.int64)
         last = len(bounds) - 2
         for w in range(last + 1):
             window = np.concatenate([carry, segs[bounds[w] : bounds[w + 1]]])
-            flush = w == last and self.tail == "keep"
-            full, carry = pack_window(window, self.seq_len, self.rows_per_batch, self.fit, flush)
+            if balanced:
+                full, carry = pack_window_balanced(
+                    window, n, rows, self.ranks or 1, self.fit, c, w == last, keep
+                )
+            else:
+                full, carry = pack_window(window, n, rows, self.fit, w == last and keep)
             batches += full  # what is still carried after the last window is the dropped tail
         return batches
 
