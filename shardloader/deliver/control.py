@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import multiprocessing
 import multiprocessing.context
+from collections.abc import Mapping
 from typing import Any
 
 __all__ = ["Control"]
@@ -31,6 +32,11 @@ class Control:
 
     def set(self, index: int, value: int) -> None:
         self.array[index] = value
+
+    def update(self, values: Mapping[int, int]) -> None:
+        """Set several values at once: ``{index: value}``."""
+        for index, value in values.items():
+            self.array[index] = value
 
     def __getstate__(self) -> dict[str, Any]:
         if multiprocessing.context.get_spawning_popen() is not None:

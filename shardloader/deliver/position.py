@@ -53,8 +53,7 @@ class DatasetPosition:
         self._explicit_per_node = world.ranks_per_node
         self._fixed_place = world.group is not None  # read once, from the group
         r, w, per_node = resolve_world(world)
-        for i, value in ((_RANK, r), (_WORLD, w), (_PER_NODE, per_node or 0)):
-            self._control.set(i, value)
+        self._control.update({_RANK: r, _WORLD: w, _PER_NODE: per_node or 0})
         if settle:
             self._settle()
 
@@ -122,18 +121,15 @@ class DatasetPosition:
         """Write :meth:`_where` back, counted in the current partitions."""
         epoch, start, history = self._where()
         self._set_reshapes(history)
-        self._control.set(_START, start)
-        self._control.set(_START_NODES, self.partition.nodes)
+        self._control.update({_START: start, _START_NODES: self.partition.nodes})
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch (reshuffles); keeps a loaded resume position for that same epoch."""
         epoch = integer("epoch", epoch)
         if epoch != self.epoch:
-            self._progress = (
-                None  # the last pass's progress (deliver/stateful.py) no longer applies
-            )
-            self._control.set(_START, 0)
-            self._control.set(_START_NODES, 0)
+            # the last pass's progress (deliver/stateful.py) no longer applies
+            self._progress = None
+            self._control.update({_START: 0, _START_NODES: 0})
             self._set_reshapes(())
         self._control.set(_EPOCH, epoch)
 
@@ -159,11 +155,8 @@ class DatasetPosition:
             raise UsageError(f"position must be >= 0, got {position}")
         self._set_reshapes(reshapes)
         self._progress = None
-        self._control.set(_EPOCH, epoch)
-        self._control.set(_START, position)
-        self._control.set(
-            _START_NODES, 0 if partitions is None else integer("partitions", partitions)
-        )
+        nodes = 0 if partitions is None else integer("partitions", partitions)
+        self._control.update({_EPOCH: epoch, _START: position, _START_NODES: nodes})
 
     @property
     def reshapes(self) -> tuple[Reshape, ...]:
@@ -179,8 +172,7 @@ class DatasetPosition:
         return shape_of(self._planning)
 
     def _set_reshapes(self, reshapes: Sequence[Reshape]) -> None:
-        for i, value in enumerate(encode_history(reshapes)):
-            self._reshapes.set(i, value)
+        self._reshapes.update(dict(enumerate(encode_history(reshapes))))
 
     def for_rank(self, rank: int, world_size: int, ranks_per_node: int | None = None) -> Any:
         """A copy of this dataset (same manifest, seed, plan) that reads as ``rank`` of
@@ -206,9 +198,7 @@ class DatasetPosition:
             return
         r, w = detect_world(*self._explicit_world)
         per_node = detect_ranks_per_node(r, w, self._explicit_per_node)
-        self._control.set(_RANK, r)
-        self._control.set(_WORLD, w)
-        self._control.set(_PER_NODE, per_node or 0)
+        self._control.update({_RANK: r, _WORLD: w, _PER_NODE: per_node or 0})
         self._settle()
 
 
