@@ -189,7 +189,7 @@ def plan(name: str, typ: pa.DataType, feature: dict[str, Any] | None) -> ColumnP
     if pa.types.is_boolean(t):
         return ColumnPlan(FieldInfo("json"), _bool)
     if pa.types.is_integer(t):
-        return ColumnPlan(FieldInfo("int"), _int)
+        return ColumnPlan(FieldInfo("int"), _digits)
     if pa.types.is_floating(t):
         return ColumnPlan(FieldInfo("json"), _float)
     if pa.types.is_null(t):
@@ -201,7 +201,7 @@ def plan(name: str, typ: pa.DataType, feature: dict[str, Any] | None) -> ColumnP
     if pa.types.is_time(t):
         return ColumnPlan(FieldInfo("time"), _iso(pa.time64("us")))
     if pa.types.is_decimal(t):
-        return ColumnPlan(FieldInfo("decimal"), _decimal)
+        return ColumnPlan(FieldInfo("decimal"), _digits)
     if _is_list(t) and _is_number(_leaf(t)):
         leaf = _leaf(t)
         if _is_var_list(t) and pa.types.is_integer(_storage(t.value_type)):
@@ -227,7 +227,8 @@ def _bool(arr: pa.Array, read: ReadPath) -> Cells:
     return [None if v is None else (b"true" if v else b"false") for v in _values(arr).to_pylist()]
 
 
-def _int(arr: pa.Array, read: ReadPath) -> Cells:
+def _digits(arr: pa.Array, read: ReadPath) -> Cells:
+    """Integers and decimals: their exact digits."""
     return [None if v is None else str(v).encode("ascii") for v in _values(arr).to_pylist()]
 
 
@@ -237,10 +238,6 @@ def _float(arr: pa.Array, read: ReadPath) -> Cells:
 
 def _null(arr: pa.Array, read: ReadPath) -> Cells:
     return [None] * len(arr)
-
-
-def _decimal(arr: pa.Array, read: ReadPath) -> Cells:
-    return [None if v is None else str(v).encode("ascii") for v in _values(arr).to_pylist()]
 
 
 def _json(arr: pa.Array, read: ReadPath) -> Cells:
