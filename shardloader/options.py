@@ -69,7 +69,12 @@ class ReadOptions:
     fields: Sequence[str] | None = None
 
     def __post_init__(self) -> None:
-        check_stall_timeout(self.stall_timeout)
+        value = self.stall_timeout
+        if value is not None and not (_is_number(value) and math.isfinite(value) and value > 0):
+            raise UsageError(
+                f"ReadOptions.stall_timeout must be a positive number of seconds or None (off), "
+                f"got {value!r}"
+            )
         if self.fields is not None:
             names = (self.fields,) if isinstance(self.fields, str) else tuple(self.fields)
             if not names or not all(isinstance(n, str) and n for n in names):
@@ -90,20 +95,8 @@ class ReadOptions:
         return Store(url, self.storage_options, self.retry)
 
 
-def check_stall_timeout(value: float | None) -> None:
-    """Refuse a stall timeout that is not a positive number of seconds (None: off)."""
-    if value is None:
-        return
-    if (
-        not isinstance(value, (int, float))
-        or isinstance(value, bool)
-        or not math.isfinite(value)
-        or value <= 0
-    ):
-        raise UsageError(
-            f"ReadOptions.stall_timeout must be a positive number of seconds or None (off), "
-            f"got {value!r}"
-        )
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)

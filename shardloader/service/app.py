@@ -230,13 +230,11 @@ class Service:
         if request.method != "GET":  # a HEAD would run a pipeline to send nothing
             raise _ServiceError(405, "use GET for /v1/batches", {"allow": "GET"})
         required = dict.fromkeys(("epoch", "rank", "world_size"), True)
-        allowed = {**dict.fromkeys((*_PASS_PARAMS, "start", "shm"), False), **required}
+        allowed = {**dict.fromkeys((*_PASS_PARAMS, "start"), False), **required}
         params = _params(request.query_params, allowed)
         a = self._read_request(params)
         epoch, rank, world, position = a.epoch, a.rank, a.world, a.position
         start = _int(params, "start", 0)
-        if params.get("shm", "0") not in ("0", "1"):  # older clients ask; all get TCP
-            raise _ServiceError(400, f"shm={params['shm'][:40]!r} must be 0 or 1")
         steps = await self._pass_steps(a)
         if start > steps:
             raise _ServiceError(
