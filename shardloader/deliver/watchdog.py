@@ -212,17 +212,14 @@ def _stack(ident: int) -> str:
     return (mine[0] if mine else text).strip()
 
 
-def _report_path(parent: int, worker: int) -> str:
-    return os.path.join(tempfile.gettempdir(), f"shardloader-stall-{parent}-{worker}.txt")
-
-
 def _leave_report(report: str) -> None:
     """Leave the report where the main process looks when torch says the worker exited
     (:func:`worker_stalled`): a file of this user's only, never one that was there."""
     from torch.utils.data import get_worker_info
 
     info = get_worker_info()
-    path = _report_path(os.getppid(), info.id if info is not None else 0)
+    name = f"shardloader-stall-{os.getppid()}-{info.id if info is not None else 0}.txt"
+    path = os.path.join(tempfile.gettempdir(), name)
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "w", encoding="utf-8") as out:

@@ -271,11 +271,9 @@ class RemoteLoader:
                 f"{endpoint.url} speaks protocol {info.get('protocol')!r}, this "
                 f"client {PROTOCOL}; run matching shardloader versions"
             )
-        for key in ("fingerprint", "seed", "plan"):
+        for key in ("fingerprint", "seed", "plan", "partitions"):
             if self._expect[key] is None:
                 self._expect[key] = info[key]
-        if self._expect["partitions"] is None:
-            self._expect["partitions"] = int(info.get("partitions", 1))
         if self.pipeline is None and isinstance(info.get("pipeline"), str):
             self.pipeline, self.pipeline_spec = info["pipeline"], info.get("pipeline_spec")
         return info
