@@ -11,7 +11,7 @@ import click
 
 from shardloader.cli.group import main
 from shardloader.cli.options import show_progress, storage_option, storage_options
-from shardloader.cli.progress import progress_bar
+from shardloader.cli.progress import counter, progress_bar
 from shardloader.units import parse_size
 
 __all__ = ["index_command", "merge_command"]
@@ -88,18 +88,13 @@ def index_command(
     """
     from shardloader.pack.index_existing import index_shards
 
-    def on_progress(done: int, total: int) -> None:
-        if bar is not None:
-            bar.total = total
-            bar.update(done - bar.n)
-
     with progress_bar(show_progress(quiet), unit="shard", desc="index") as bar:
         r = index_shards(
             shards,
             out,
             overwrite=overwrite,
             storage_options=storage_options(storage_option),
-            progress=on_progress,
+            progress=counter(bar),
             max_member_bytes=parse_size(max_member_size),
         )
     for split, m in (r.splits or {"": r.manifest}).items():

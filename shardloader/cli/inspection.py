@@ -20,7 +20,7 @@ from shardloader.cli.options import (
     storage_option,
     storage_options,
 )
-from shardloader.cli.progress import progress_bar
+from shardloader.cli.progress import counter, progress_bar
 from shardloader.errors import ShardError
 from shardloader.units import human_bytes as _human
 
@@ -109,17 +109,12 @@ def verify_command(
     """Re-hash every shard and parse every sample; exit 1 if anything is bad."""
     from shardloader.read.verify import verify_dataset
 
-    def on_progress(done: int, total: int) -> None:
-        if bar is not None:
-            bar.total = total
-            bar.update(done - bar.n)
-
     with progress_bar(show_progress(quiet), unit="shard", desc="verify") as bar:
         r = verify_dataset(
             dataset,
             storage_options(storage_option),
             images=not no_images,
-            progress=on_progress,
+            progress=counter(bar),
             retry=retry_policy(retries, retry_seconds),
         )
     if as_json:

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import IO, Any
 
-__all__ = ["progress_bar"]
+__all__ = ["counter", "progress_bar"]
 
 
 @contextmanager
@@ -42,3 +42,14 @@ def progress_bar(
         stop.set()
         ticker.join()
         bar.close()
+
+
+def counter(bar: Any) -> Callable[[int, int], None]:
+    """A ``progress(done, total)`` callback that moves ``bar`` (None: does nothing)."""
+
+    def on_progress(done: int, total: int) -> None:
+        if bar is not None:
+            bar.total = total
+            bar.update(done - bar.n)
+
+    return on_progress
