@@ -11,7 +11,6 @@ that reads a pass.
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import warnings
@@ -216,15 +215,7 @@ class RemoteLoader:
         epoch, start = self._epoch, self._start
         planned = len(self)  # also pins seed, fingerprint and plan
         self._position, self._steps_left = start, planned
-        reader = PassReader(
-            self,
-            epoch,
-            start,
-            self._endpoints,
-            self._first(),
-            functools.partial(self._params, epoch, start),
-            self._headers(),
-        )
+        reader = PassReader(self, epoch, start)
         try:
             for seen, batch in enumerate(reader.batches(), 1):
                 self._position += self._world

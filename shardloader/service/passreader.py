@@ -33,7 +33,7 @@ import logging
 import queue
 import socket
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
 
@@ -64,23 +64,13 @@ class PassReader:
     """A thread that keeps up to ``loader.prefetch`` frames of one pass received ahead of the
     loop (NOTE [faults]).
 
-    ``endpoints`` are the loader's servers, tried from ``first`` on; ``params()`` the query of
-    the pass (epoch, rank, world, position and what the loader pinned), asked again at each
-    connection; ``headers`` go with every request.
+    It asks the loader's servers, from the loader's first one on, for the pass of ``epoch``
+    after ``position`` global batches, with what the loader pinned; the query is built anew
+    at each connection.
     """
 
-    def __init__(
-        self,
-        loader: RemoteLoader,
-        epoch: int,
-        position: int,
-        endpoints: list[Endpoint],
-        first: int,
-        params: Callable[[], dict[str, Any]],
-        headers: dict[str, str],
-    ) -> None:
+    def __init__(self, loader: RemoteLoader, epoch: int, position: int) -> None:
         self.loader, self.epoch, self.position = loader, epoch, position
-        self.endpoints, self.first, self.params, self.headers = endpoints, first, params, headers
         self.q: queue.Queue[Any] = queue.Queue(maxsize=loader.prefetch)
         self.received = 0  # steps of the pass received (the reader thread's own)
         self.stop = threading.Event()
@@ -127,7 +117,8 @@ class PassReader:
 
     def _read_pass(self) -> None:
         loader = self.loader
-        failover = Failover(self.endpoints, self.first, loader.retry, self.stop, self._fault)
+        endpoints = loader._endpoints
+        failover = Failover(endpoints, loader._first(), loader.retry, self.stop, self._fault)
         place = f"rank {loader.rank}/{loader.world_size}"
         try:
             # each call: the attempts until one delivers a batch (NOTE [faults])
@@ -195,12 +186,9 @@ class PassReader:
         try:
             if self.stop.is_set():
                 return
-            params = {**self.params(), "start": start}
-            conn.request(
-                "GET",
-                f"{endpoint.prefix}/v1/batches?{urlencode(params)}",
-                headers=self.headers,
-            )
+            params = {**loader._params(self.epoch, self.position), "start": start}
+            query = f"{endpoint.prefix}/v1/batches?{urlencode(params)}"
+            conn.request("GET", query, headers=loader._headers())
             resp = conn.getresponse()
             check_status(endpoint, resp, loader.pipeline_spec)
             while (frame := read_frame(resp.readinto)) is not None:

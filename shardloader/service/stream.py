@@ -33,18 +33,12 @@ from shardloader.errors import IncompleteEpochError, ShardloaderError
 from shardloader.service.handoff import Frame, Handoff
 from shardloader.service.metrics import Metrics
 from shardloader.service.options import ServeOptions
-from shardloader.service.passes import (
-    SERIAL_PIPELINE,
-    needs_serial_pipeline,
-    pass_dataset,
-    steps_of_pass,
-    warm_up,
-)
+from shardloader.service.passes import SERIAL_PIPELINE, needs_serial_pipeline, pass_dataset
 from shardloader.service.response import Receive, Scope, Send, stream_response
 from shardloader.service.wireencode import encode_batches, encode_control
 from shardloader.service.wireframes import frame_size
 
-__all__ = ["Request", "Stream", "needs_serial_pipeline", "pass_dataset", "steps_of_pass", "warm_up"]
+__all__ = ["Request", "Stream"]
 
 log = logging.getLogger(__name__)
 
