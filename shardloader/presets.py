@@ -84,16 +84,14 @@ class DatasetPreset:
         """The (decoder, transform) for the dataset at ``url`` (its manifest is read unless
         given; only a transform needs it, to find the image field), with ``fill`` and
         ``required`` on the decoder."""
-        decoder, transform = self._pipeline(url, manifest)
-        return replace(decoder, fill=dict(self.fill), required=self.required), transform
-
-    def _pipeline(
-        self, url: str, manifest: Manifest | None = None
-    ) -> tuple[Decoder, Transform | None]:
         from shardloader.codecs.allowlist import Decoder
 
-        if self.transform == "none":
-            return Decoder(image=self.decode), None
+        transform = None if self.transform == "none" else self._transform(url, manifest)
+        image = self.decode if transform is None else "raw"
+        return Decoder(image=image, fill=dict(self.fill), required=self.required), transform
+
+    def _transform(self, url: str, manifest: Manifest | None) -> Transform | None:
+        """The image transform (None: ``auto`` on a dataset without an image field)."""
         from shardloader import vision
 
         if manifest is None:
@@ -104,14 +102,14 @@ class DatasetPreset:
         name = self.image_field or vision.image_field(manifest.fields)
         if name is None or name not in manifest.fields:
             if self.transform == "auto" and self.image_field is None:
-                return Decoder(image=self.decode), None
+                return None
             which = f" {self.image_field!r}" if self.image_field else ""
             raise UsageError(
                 f"--transform {self.transform}: {url} has no image field{which} "
                 f"(fields: {', '.join(manifest.fields)})"
             )
         make = vision.eval_transform if self.transform == "eval" else vision.train_transform
-        return Decoder(image="raw"), make(self.image_size, field=name)
+        return make(self.image_size, field=name)
 
     def dataset(self, url: str, **overrides: Any) -> ShardedDataset:
         """The :class:`ShardedDataset` at ``url`` as this preset describes it; ``overrides``
