@@ -32,6 +32,7 @@ once per ``interval``.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sys
 import time
@@ -129,16 +130,8 @@ class MonitorStats:
 
     def as_dict(self) -> dict[str, Any]:
         """Plain numbers and strings for the user's logger (wandb, TensorBoard, a CSV...)."""
-        return {
-            "batches": self.batches,
-            "timed_batches": self.timed_batches,
-            "data_wait_s": self.data_wait_s,
-            "step_s": self.step_s,
-            "first_batch_s": self.first_batch_s,
-            "data_share": self.data_share,
-            "step_share": self.step_share,
-            "verdict": self.verdict,
-        }
+        shares = {"data_share": self.data_share, "step_share": self.step_share}
+        return {**dataclasses.asdict(self), **shares, "verdict": self.verdict}
 
     def summary(self) -> str:
         """One line: ``data-bound share 31.2% (data-bound) over 99 batches ...``."""
