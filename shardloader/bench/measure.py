@@ -65,13 +65,8 @@ class BenchResult:
         return self.pss_mb if self.pss_mb is not None else self.peak_rss_mb
 
     def as_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out.update(
-            batches_per_s=self.batches_per_s,
-            samples_per_s=self.samples_per_s,
-            mb_per_s=self.mb_per_s,
-        )
-        return out
+        rates = ("batches_per_s", "samples_per_s", "mb_per_s")
+        return {**asdict(self), **{k: getattr(self, k) for k in rates}}
 
 
 def require_psutil() -> Any:
