@@ -11,7 +11,8 @@ itself), on a warm page cache.  Runs are interleaved (writer after writer, repea
 the order rotated each repeat) so a busy machine slows every writer alike; medians are
 printed.
 
-  shardloader     the CLI, ``shardloader pack SRC OUT --workers N --shard-size 64MiB -q``, from
+  shardloader     the CLI, ``shardloader pack SRC OUT --workers N --shard-size 64MiB --format F
+                  -q`` (one row per ``--formats``: tar and arrow), from
                   the PYTHONPATH in force (``--baseline NAME=PATH`` adds the same command run
                   from another checkout, e.g. ``git archive``'d main, as a before/after row)
   mds             MosaicML streaming ``MDSWriter``, zstd:3, one process (its only mode)
@@ -23,7 +24,10 @@ MB/s (input bytes / wall seconds), CPU seconds of the process and all its descen
 through a subreaper, so pack and litdata workers count), stored MB (everything the writer
 leaves: shards, indexes, manifest), compression ratio (input / stored), speed and ratio
 relative to the best peer, and the machine's load average before the first and after the
-last run.  Corpus: tools/make_corpus.py, JPEG-only images in class folders and JSONL documents
+last run.  Each writer's start-up is measured too, as the same command on one sample of the
+workload run just before each full run, so the table also gives every writer's MB/s with its
+start-up excluded (start-up included or excluded for every writer alike; zstd level 3 for
+all).  Corpus: tools/make_corpus.py, JPEG-only images in class folders and JSONL documents
 of lognormal length (reused when DIR/corpus.json matches).  Peers need
 ``pip install mosaicml-streaming litdata webdataset`` (the bench venv has them); a peer that
 cannot be imported is left out with the reason.
@@ -77,6 +81,23 @@ def text_items(root: str) -> Iterator[tuple[str, bytes]]:
 
 def tree_bytes(root: str) -> int:
     return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(root) for f in fs)
+
+
+def tiny_input(src: str, kind: str, dst: str) -> str:
+    """One sample of the workload (the first image, or the first document), laid out as the
+    workload is: what a writer does on it is its start-up and fixed cost, not the packing."""
+    shutil.rmtree(dst, ignore_errors=True)
+    if kind == "images":
+        cls = sorted(os.listdir(src))[0]
+        name = sorted(os.listdir(os.path.join(src, cls)))[0]
+        os.makedirs(os.path.join(dst, cls))
+        shutil.copy(os.path.join(src, cls, name), os.path.join(dst, cls, name))
+    else:
+        name = sorted(os.listdir(src))[0]
+        os.makedirs(dst)
+        with open(os.path.join(src, name), "rb") as f, open(os.path.join(dst, name), "wb") as g:
+            g.write(f.readline())
+    return dst
 
 
 def warm(root: str) -> None:
@@ -199,15 +220,16 @@ class Writer:
     peer: bool = False
 
 
-def shardloader_writer(name: str, workers: int, path: str | None) -> Writer:
+def shardloader_writer(name: str, workers: int, path: str | None, fmt: str = "tar") -> Writer:
     exe = os.path.join(os.path.dirname(sys.executable), "shardloader")
     base = [exe] if os.path.exists(exe) else [sys.executable, "-m", "shardloader"]
 
     def command(kind: str, src: str, out: str) -> list[str]:
-        return [*base, "pack", src, out, "--workers", str(workers), "--shard-size", "64MiB", "-q"]
+        argv = [*base, "pack", src, out, "--workers", str(workers), "--shard-size", "64MiB"]
+        return [*argv, "--format", fmt, "-q"]
 
     env = {"PYTHONPATH": path} if path else {}
-    return Writer(name, f"CLI, zstd, --workers {workers}", command, env)
+    return Writer(name, f"CLI, {fmt}, zstd, --workers {workers}", command, env)
 
 
 def peer_writer(name: str, config: str, workers: int) -> Writer:
@@ -313,6 +335,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--only", default="images,text", help="workloads to run")
+    p.add_argument(
+        "--formats",
+        default="tar,arrow",
+        help="shardloader's --format for its rows (tar: a 512-byte header a sample, which "
+        "short documents feel; arrow: columns)",
+    )
     p.add_argument("--skip", default="", help="writers to skip (mds, litdata, webdataset)")
     p.add_argument(
         "--baseline",
@@ -322,18 +350,26 @@ def main(argv: list[str] | None = None) -> int:
         help="also run shardloader from the checkout at PATH (PYTHONPATH), labelled NAME",
     )
     p.add_argument("--json", dest="json_out", default=None, help="also write results here")
+    p.add_argument(
+        "--no-startup",
+        dest="startup",
+        action="store_false",
+        help="skip the one-sample runs that measure each writer's start-up",
+    )
     a = p.parse_args(argv)
 
     a.corpus, a.out = os.path.abspath(a.corpus), os.path.abspath(a.out)
     ensure_corpus(a.corpus, a.images, a.docs, a.seed)
     workloads = {"images": os.path.join(a.corpus, "images"), "text": os.path.join(a.corpus, "docs")}
     skip = {s for s in a.skip.split(",") if s}
-    writers = [shardloader_writer("shardloader", a.workers, None)]
+    formats = [f for f in a.formats.split(",") if f]
+    writers = [shardloader_writer("shardloader", a.workers, None, f) for f in formats]
     for spec in a.baseline:
         name, _, path = spec.partition("=")
-        writers.append(
-            shardloader_writer(f"shardloader ({name})", a.workers, os.path.abspath(path))
-        )
+        writers += [
+            shardloader_writer(f"shardloader ({name})", a.workers, os.path.abspath(path), f)
+            for f in formats
+        ]
     writers += [
         peer_writer("mds", "MDSWriter zstd:3, 1 process", 1),
         peer_writer("litdata", "optimize zstd, 1 worker", 1),
@@ -355,8 +391,10 @@ def main(argv: list[str] | None = None) -> int:
         src = workloads[kind]
         size = tree_bytes(src)
         warm(src)
+        tiny = tiny_input(src, kind, os.path.join(a.out, f"tiny-{kind}"))
         walls: dict[int, list[float]] = {i: [] for i in range(len(writers))}
         cpus: dict[int, list[float]] = {i: [] for i in range(len(writers))}
+        starts: dict[int, list[float]] = {i: [] for i in range(len(writers))}
         stored: dict[int, int] = {}
         for r in range(a.repeat):
             order = list(range(len(writers)))
@@ -364,6 +402,8 @@ def main(argv: list[str] | None = None) -> int:
             for i in order:
                 w = writers[i]
                 out = os.path.join(a.out, f"{kind}-{i}")
+                if a.startup:  # the same command on one sample: start-up and fixed costs
+                    starts[i].append(run_once(w, kind, tiny, out)[0])
                 wall, cpu = run_once(w, kind, src, out)
                 walls[i].append(wall)
                 cpus[i].append(cpu)
@@ -375,6 +415,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
         for i, w in enumerate(writers):
             secs = statistics.median(walls[i])
+            startup = statistics.median(starts[i]) if starts[i] else None
             results.append(
                 {
                     "workload": kind,
@@ -384,6 +425,10 @@ def main(argv: list[str] | None = None) -> int:
                     "input_mb": size / 1e6,
                     "seconds": secs,
                     "mb_s": size / 1e6 / secs,
+                    "startup_s": startup,
+                    "mb_s_after_startup": (
+                        size / 1e6 / (secs - startup) if startup and secs > startup else None
+                    ),
                     "cpu_s": statistics.median(cpus[i]),
                     "stored_mb": stored[i] / 1e6,
                     "ratio": size / stored[i] if stored[i] else 0.0,
@@ -405,8 +450,9 @@ def markdown(results: list[dict], a: argparse.Namespace, before: tuple, after: t
         f"{after[0]:.2f}/{after[1]:.2f}/{after[2]:.2f}.",
         "",
         "| work | writer | config | s | input MB/s | CPU s | CPU ms per input MB | stored MB | "
-        "ratio | speed vs best peer | CPU vs best peer | ratio vs best peer |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "ratio | speed vs best peer | CPU vs best peer | ratio vs best peer | start-up s | "
+        "MB/s, start-up excluded | vs best peer, start-up excluded |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for kind in dict.fromkeys(r["workload"] for r in results):
         rows = [r for r in results if r["workload"] == kind]
@@ -418,13 +464,26 @@ def markdown(results: list[dict], a: argparse.Namespace, before: tuple, after: t
             per_mb = r["cpu_s"] / r["input_mb"] * 1e3
             # the best peer's CPU per MB over ours: above 1, we spend less
             cpu = f"{best['cpu_s'] / r['cpu_s']:.2f}x" if best and r["cpu_s"] else "-"
+            bare, best_bare = r.get("mb_s_after_startup"), (best or {}).get("mb_s_after_startup")
             lines.append(
                 f"| {kind} ({r['input_mb']:.0f} MB) | {r['writer']} | {r['config']} | "
                 f"{r['seconds']:.2f} | {r['mb_s']:.1f} | {r['cpu_s']:.2f} | {per_mb:.1f} | "
-                f"{r['stored_mb']:.1f} | {r['ratio']:.3f} | {speed} | {cpu} | {ratio} |"
+                f"{r['stored_mb']:.1f} | {r['ratio']:.3f} | {speed} | {cpu} | {ratio} | "
+                + (f"{r['startup_s']:.2f}" if r.get("startup_s") is not None else "-")
+                + " | "
+                + (f"{bare:.1f}" if bare else "-")
+                + " | "
+                + (f"{bare / best_bare:.2f}x" if bare and best_bare else "-")
+                + " |"
             )
     lines.append("")
     lines.append("Best peer: the fastest peer row of each workload (speed and ratio are its).")
+    lines.append(
+        "Start-up: the median wall time of the same command on one sample of the workload "
+        "(interpreter, imports, workers, writing one shard), run just before each full run; "
+        "'start-up excluded' divides the input by the full run's median less it, for every "
+        "writer alike."
+    )
     return "\n".join(lines)
 
 
