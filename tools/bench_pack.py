@@ -24,11 +24,10 @@ MB/s (input bytes / wall seconds), CPU seconds of the process and all its descen
 through a subreaper, so pack and litdata workers count), stored MB (everything the writer
 leaves: shards, indexes, manifest), compression ratio (input / stored), speed and ratio
 relative to the best peer, and the machine's load average before the first and after the
-last run.  Each writer's start-up is measured too, as the same command on one sample of the
-workload run just before each full run, so the table also gives every writer's MB/s with its
-start-up excluded (start-up included or excluded for every writer alike; zstd level 3 for
-all).  Corpus: tools/make_corpus.py, JPEG-only images in class folders and JSONL documents
-of lognormal length (reused when DIR/corpus.json matches).  Peers need
+last run.  The table also gives every writer's MB/s with its start-up excluded: each writer's
+own seconds after its imports, from the same run (start-up included or excluded for every
+writer alike; zstd level 3 for all).  Corpus: tools/make_corpus.py, JPEG-only images in class
+folders and JSONL documents of lognormal length (reused when DIR/corpus.json matches).  Peers need
 ``pip install mosaicml-streaming litdata webdataset`` (the bench venv has them); a peer that
 cannot be imported is left out with the reason.
 """
@@ -39,6 +38,7 @@ import argparse
 import ctypes
 import json
 import os
+import re
 import resource
 import shutil
 import statistics
@@ -83,23 +83,6 @@ def tree_bytes(root: str) -> int:
     return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(root) for f in fs)
 
 
-def tiny_input(src: str, kind: str, dst: str) -> str:
-    """One sample of the workload (the first image, or the first document), laid out as the
-    workload is: what a writer does on it is its start-up and fixed cost, not the packing."""
-    shutil.rmtree(dst, ignore_errors=True)
-    if kind == "images":
-        cls = sorted(os.listdir(src))[0]
-        name = sorted(os.listdir(os.path.join(src, cls)))[0]
-        os.makedirs(os.path.join(dst, cls))
-        shutil.copy(os.path.join(src, cls, name), os.path.join(dst, cls, name))
-    else:
-        name = sorted(os.listdir(src))[0]
-        os.makedirs(dst)
-        with open(os.path.join(src, name), "rb") as f, open(os.path.join(dst, name), "wb") as g:
-            g.write(f.readline())
-    return dst
-
-
 def warm(root: str) -> None:
     for d, _, fs in os.walk(root):
         for f in fs:
@@ -111,9 +94,18 @@ def warm(root: str) -> None:
 # -- peers: each runs in its own fresh process (``--peer NAME KIND SRC OUT``) -----------------
 
 
+_AFTER_IMPORTS: list[float] = []  # when a peer's imports were done (its start-up over)
+
+
+def _imported() -> None:
+    _AFTER_IMPORTS.append(time.perf_counter())
+
+
 def peer_webdataset(kind: str, src: str, out: str, workers: int) -> None:
     import webdataset as wds
     import zstandard
+
+    _imported()
 
     os.makedirs(out, exist_ok=True)
     streams: dict[str, object] = {}
@@ -153,6 +145,7 @@ def _import_mds():  # noqa: ANN202
 
 def peer_mds(kind: str, src: str, out: str, workers: int) -> None:
     mds_writer = _import_mds()
+    _imported()
     columns = {"jpg": "bytes", "cls": "int"} if kind == "images" else {"json": "bytes"}
     with mds_writer(
         out=out, columns=columns, compression=f"zstd:{ZSTD_LEVEL}", size_limit=SHARD
@@ -180,6 +173,8 @@ def _litdata_text(path: str) -> Iterator[dict]:
 
 def peer_litdata(kind: str, src: str, out: str, workers: int) -> None:
     import litdata
+
+    _imported()
 
     if kind == "images":
         inputs = sorted(os.path.join(d, f) for d, _, fs in os.walk(src) for f in fs)
@@ -226,7 +221,7 @@ def shardloader_writer(name: str, workers: int, path: str | None, fmt: str = "ta
 
     def command(kind: str, src: str, out: str) -> list[str]:
         argv = [*base, "pack", src, out, "--workers", str(workers), "--shard-size", "64MiB"]
-        return [*argv, "--format", fmt, "-q"]
+        return [*argv, "--format", fmt]  # not -q: its report says pack()'s own seconds
 
     env = {"PYTHONPATH": path} if path else {}
     return Writer(name, f"CLI, {fmt}, zstd, --workers {workers}", command, env)
@@ -265,8 +260,14 @@ def _reap_orphans(deadline: float) -> None:
             time.sleep(0.02)
 
 
-def run_once(w: Writer, kind: str, src: str, out: str) -> tuple[float, float]:
-    """(wall seconds, CPU seconds) of one fresh-process run; raises if it fails."""
+_PACK_TIME = re.compile(rb"^\s*time\s+([0-9.]+) s,", re.M)  # shardloader pack's report
+_PEER_TIME = re.compile(rb"^after imports ([0-9.]+) s$", re.M)
+
+
+def run_once(w: Writer, kind: str, src: str, out: str) -> tuple[float, float, float | None]:
+    """(wall seconds, CPU seconds, seconds after the writer's imports) of one fresh-process
+    run; raises if it fails.  After imports: what the writer reports itself (``pack``'s
+    summary line, 0.1 s steps; a peer's time from its imports done to its exit)."""
     shutil.rmtree(out, ignore_errors=True)
     os.makedirs(os.path.dirname(out), exist_ok=True)
     env = {**os.environ, **w.env}
@@ -288,7 +289,8 @@ def run_once(w: Writer, kind: str, src: str, out: str) -> tuple[float, float]:
             f"{w.name} ({w.config}) on {kind} exited {proc.returncode}:\n"
             + output.decode(errors="replace")[-3000:]
         )
-    return wall, _children_cpu() - cpu0
+    found = _PACK_TIME.search(output) or _PEER_TIME.search(output)
+    return wall, _children_cpu() - cpu0, float(found.group(1)) if found else None
 
 
 def available(w: Writer) -> str | None:
@@ -325,6 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["--peer"]:
         name, kind, src, out, workers = argv[1:6]
         PEERS[name](kind, src, out, int(workers))
+        print(f"after imports {time.perf_counter() - _AFTER_IMPORTS[0]:.3f} s", flush=True)
         return 0
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--corpus", default="bench-out/corpus")
@@ -350,12 +353,6 @@ def main(argv: list[str] | None = None) -> int:
         help="also run shardloader from the checkout at PATH (PYTHONPATH), labelled NAME",
     )
     p.add_argument("--json", dest="json_out", default=None, help="also write results here")
-    p.add_argument(
-        "--no-startup",
-        dest="startup",
-        action="store_false",
-        help="skip the one-sample runs that measure each writer's start-up",
-    )
     a = p.parse_args(argv)
 
     a.corpus, a.out = os.path.abspath(a.corpus), os.path.abspath(a.out)
@@ -391,7 +388,6 @@ def main(argv: list[str] | None = None) -> int:
         src = workloads[kind]
         size = tree_bytes(src)
         warm(src)
-        tiny = tiny_input(src, kind, os.path.join(a.out, f"tiny-{kind}"))
         walls: dict[int, list[float]] = {i: [] for i in range(len(writers))}
         cpus: dict[int, list[float]] = {i: [] for i in range(len(writers))}
         starts: dict[int, list[float]] = {i: [] for i in range(len(writers))}
@@ -402,10 +398,10 @@ def main(argv: list[str] | None = None) -> int:
             for i in order:
                 w = writers[i]
                 out = os.path.join(a.out, f"{kind}-{i}")
-                if a.startup:  # the same command on one sample: start-up and fixed costs
-                    starts[i].append(run_once(w, kind, tiny, out)[0])
-                wall, cpu = run_once(w, kind, src, out)
+                wall, cpu, after = run_once(w, kind, src, out)
                 walls[i].append(wall)
+                if after is not None:
+                    starts[i].append(after)
                 cpus[i].append(cpu)
                 stored[i] = tree_bytes(out)
                 shutil.rmtree(out, ignore_errors=True)
@@ -415,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
         for i, w in enumerate(writers):
             secs = statistics.median(walls[i])
-            startup = statistics.median(starts[i]) if starts[i] else None
+            after = statistics.median(starts[i]) if len(starts[i]) == len(walls[i]) else None
             results.append(
                 {
                     "workload": kind,
@@ -425,10 +421,8 @@ def main(argv: list[str] | None = None) -> int:
                     "input_mb": size / 1e6,
                     "seconds": secs,
                     "mb_s": size / 1e6 / secs,
-                    "startup_s": startup,
-                    "mb_s_after_startup": (
-                        size / 1e6 / (secs - startup) if startup and secs > startup else None
-                    ),
+                    "after_imports_s": after,
+                    "mb_s_after_startup": size / 1e6 / after if after else None,
                     "cpu_s": statistics.median(cpus[i]),
                     "stored_mb": stored[i] / 1e6,
                     "ratio": size / stored[i] if stored[i] else 0.0,
@@ -450,7 +444,7 @@ def markdown(results: list[dict], a: argparse.Namespace, before: tuple, after: t
         f"{after[0]:.2f}/{after[1]:.2f}/{after[2]:.2f}.",
         "",
         "| work | writer | config | s | input MB/s | CPU s | CPU ms per input MB | stored MB | "
-        "ratio | speed vs best peer | CPU vs best peer | ratio vs best peer | start-up s | "
+        "ratio | speed vs best peer | CPU vs best peer | ratio vs best peer | s after imports | "
         "MB/s, start-up excluded | vs best peer, start-up excluded |",
         "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
@@ -469,7 +463,7 @@ def markdown(results: list[dict], a: argparse.Namespace, before: tuple, after: t
                 f"| {kind} ({r['input_mb']:.0f} MB) | {r['writer']} | {r['config']} | "
                 f"{r['seconds']:.2f} | {r['mb_s']:.1f} | {r['cpu_s']:.2f} | {per_mb:.1f} | "
                 f"{r['stored_mb']:.1f} | {r['ratio']:.3f} | {speed} | {cpu} | {ratio} | "
-                + (f"{r['startup_s']:.2f}" if r.get("startup_s") is not None else "-")
+                + (f"{r['after_imports_s']:.2f}" if r.get("after_imports_s") else "-")
                 + " | "
                 + (f"{bare:.1f}" if bare else "-")
                 + " | "
@@ -479,10 +473,10 @@ def markdown(results: list[dict], a: argparse.Namespace, before: tuple, after: t
     lines.append("")
     lines.append("Best peer: the fastest peer row of each workload (speed and ratio are its).")
     lines.append(
-        "Start-up: the median wall time of the same command on one sample of the workload "
-        "(interpreter, imports, workers, writing one shard), run just before each full run; "
-        "'start-up excluded' divides the input by the full run's median less it, for every "
-        "writer alike."
+        "After imports: the seconds each writer reports itself from the end of its imports to "
+        "its end (shardloader: pack()'s own time in its summary, pool start-up included; a "
+        "peer: from its imports done to its exit); 'start-up excluded' divides the input by "
+        "it, for every writer alike."
     )
     return "\n".join(lines)
 
