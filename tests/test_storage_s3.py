@@ -297,3 +297,37 @@ def test_epoch_from_s3_under_intermittent_faults_yields_every_sample_once(
         ids += [i for i, pad in zip(batch_ids(batch), pads, strict=True) if not pad]
     assert sorted(ids) == list(range(182))
     assert any(r.fault for r in fault_proxy.requests)
+
+
+def test_listing_through_the_fast_client_matches_s3fs(s3_bucket: str, s3_client: Any) -> None:
+    """Store.list_files on S3 goes through botocore (no s3fs import): the same paths as
+    s3fs's ``find`` (a folder marker too), sibling prefixes left out."""
+    import s3fs
+
+    for key in ("ds/a.bin", "ds/sub/b.bin", "ds/sub/", "ds2/c.bin", "ds.bin"):
+        s3_client.put_object(Bucket=s3_bucket, Key=key, Body=b"x")
+    options = {"endpoint_url": s3_client.meta.endpoint_url}
+    store = Store(f"s3://{s3_bucket}/ds", options, POLICY)
+    fs = s3fs.S3FileSystem(endpoint_url=options["endpoint_url"], skip_instance_cache=True)
+    via_s3fs = sorted(p[len(f"{s3_bucket}/ds/") :] for p in fs.find(f"{s3_bucket}/ds"))
+    assert store.list_files() == via_s3fs == ["a.bin", "sub/", "sub/b.bin"]
+    assert Store(f"s3://{s3_bucket}/nothing-here", options, POLICY).list_files() == []
+
+
+def test_upload_carries_the_known_sha256(s3_bucket: str, s3_client: Any, tmp_path: Path) -> None:
+    """A PUT given the file's sha256 sends it as the object's checksum: S3 stores it (and
+    refuses a body that does not match; moto stores without checking)."""
+    import base64
+
+    local = tmp_path / "shard-00000.tar.zst"
+    local.write_bytes(os.urandom(100_000))
+    digest = hashlib.sha256(local.read_bytes()).hexdigest()
+    options = {"endpoint_url": s3_client.meta.endpoint_url}
+    Store(f"s3://{s3_bucket}/ds/shard-00000.tar.zst", options, POLICY).put_file(str(local), digest)
+    head = s3_client.head_object(
+        Bucket=s3_bucket, Key="ds/shard-00000.tar.zst", ChecksumMode="ENABLED"
+    )
+    assert base64.b64decode(head["ChecksumSHA256"]).hex() == digest
+    Store(f"s3://{s3_bucket}/ds/plain", options, POLICY).put_file(str(local))  # no sha256: CRC32
+    head = s3_client.head_object(Bucket=s3_bucket, Key="ds/plain", ChecksumMode="ENABLED")
+    assert "ChecksumSHA256" not in head

@@ -11,7 +11,8 @@ itself), on a warm page cache.  Runs are interleaved (writer after writer, repea
 the order rotated each repeat) so a busy machine slows every writer alike; medians are
 printed.
 
-  shardloader     the CLI, ``shardloader pack SRC OUT --workers N --shard-size 64MiB -q``, from
+  shardloader     the CLI, ``shardloader pack SRC OUT --workers N --shard-size 64MiB --format F
+                  -q`` (one row per ``--formats``: tar and arrow), from
                   the PYTHONPATH in force (``--baseline NAME=PATH`` adds the same command run
                   from another checkout, e.g. ``git archive``'d main, as a before/after row)
   mds             MosaicML streaming ``MDSWriter``, zstd:3, one process (its only mode)
@@ -23,8 +24,10 @@ MB/s (input bytes / wall seconds), CPU seconds of the process and all its descen
 through a subreaper, so pack and litdata workers count), stored MB (everything the writer
 leaves: shards, indexes, manifest), compression ratio (input / stored), speed and ratio
 relative to the best peer, and the machine's load average before the first and after the
-last run.  Corpus: tools/make_corpus.py, JPEG-only images in class folders and JSONL documents
-of lognormal length (reused when DIR/corpus.json matches).  Peers need
+last run.  The table also gives every writer's MB/s with its start-up excluded: each writer's
+own seconds after its imports, from the same run (start-up included or excluded for every
+writer alike; zstd level 3 for all).  Corpus: tools/make_corpus.py, JPEG-only images in class
+folders and JSONL documents of lognormal length (reused when DIR/corpus.json matches).  Peers need
 ``pip install mosaicml-streaming litdata webdataset`` (the bench venv has them); a peer that
 cannot be imported is left out with the reason.
 """
@@ -35,6 +38,7 @@ import argparse
 import ctypes
 import json
 import os
+import re
 import resource
 import shutil
 import statistics
@@ -90,9 +94,18 @@ def warm(root: str) -> None:
 # -- peers: each runs in its own fresh process (``--peer NAME KIND SRC OUT``) -----------------
 
 
+_AFTER_IMPORTS: list[float] = []  # when a peer's imports were done (its start-up over)
+
+
+def _imported() -> None:
+    _AFTER_IMPORTS.append(time.perf_counter())
+
+
 def peer_webdataset(kind: str, src: str, out: str, workers: int) -> None:
     import webdataset as wds
     import zstandard
+
+    _imported()
 
     os.makedirs(out, exist_ok=True)
     streams: dict[str, object] = {}
@@ -132,6 +145,7 @@ def _import_mds():  # noqa: ANN202
 
 def peer_mds(kind: str, src: str, out: str, workers: int) -> None:
     mds_writer = _import_mds()
+    _imported()
     columns = {"jpg": "bytes", "cls": "int"} if kind == "images" else {"json": "bytes"}
     with mds_writer(
         out=out, columns=columns, compression=f"zstd:{ZSTD_LEVEL}", size_limit=SHARD
@@ -159,6 +173,8 @@ def _litdata_text(path: str) -> Iterator[dict]:
 
 def peer_litdata(kind: str, src: str, out: str, workers: int) -> None:
     import litdata
+
+    _imported()
 
     if kind == "images":
         inputs = sorted(os.path.join(d, f) for d, _, fs in os.walk(src) for f in fs)
@@ -199,15 +215,16 @@ class Writer:
     peer: bool = False
 
 
-def shardloader_writer(name: str, workers: int, path: str | None) -> Writer:
+def shardloader_writer(name: str, workers: int, path: str | None, fmt: str = "tar") -> Writer:
     exe = os.path.join(os.path.dirname(sys.executable), "shardloader")
     base = [exe] if os.path.exists(exe) else [sys.executable, "-m", "shardloader"]
 
     def command(kind: str, src: str, out: str) -> list[str]:
-        return [*base, "pack", src, out, "--workers", str(workers), "--shard-size", "64MiB", "-q"]
+        argv = [*base, "pack", src, out, "--workers", str(workers), "--shard-size", "64MiB"]
+        return [*argv, "--format", fmt]  # not -q: its report says pack()'s own seconds
 
     env = {"PYTHONPATH": path} if path else {}
-    return Writer(name, f"CLI, zstd, --workers {workers}", command, env)
+    return Writer(name, f"CLI, {fmt}, zstd, --workers {workers}", command, env)
 
 
 def peer_writer(name: str, config: str, workers: int) -> Writer:
@@ -243,8 +260,14 @@ def _reap_orphans(deadline: float) -> None:
             time.sleep(0.02)
 
 
-def run_once(w: Writer, kind: str, src: str, out: str) -> tuple[float, float]:
-    """(wall seconds, CPU seconds) of one fresh-process run; raises if it fails."""
+_PACK_TIME = re.compile(rb"^\s*time\s+([0-9.]+) s,", re.M)  # shardloader pack's report
+_PEER_TIME = re.compile(rb"^after imports ([0-9.]+) s$", re.M)
+
+
+def run_once(w: Writer, kind: str, src: str, out: str) -> tuple[float, float, float | None]:
+    """(wall seconds, CPU seconds, seconds after the writer's imports) of one fresh-process
+    run; raises if it fails.  After imports: what the writer reports itself (``pack``'s
+    summary line, 0.1 s steps; a peer's time from its imports done to its exit)."""
     shutil.rmtree(out, ignore_errors=True)
     os.makedirs(os.path.dirname(out), exist_ok=True)
     env = {**os.environ, **w.env}
@@ -266,7 +289,8 @@ def run_once(w: Writer, kind: str, src: str, out: str) -> tuple[float, float]:
             f"{w.name} ({w.config}) on {kind} exited {proc.returncode}:\n"
             + output.decode(errors="replace")[-3000:]
         )
-    return wall, _children_cpu() - cpu0
+    found = _PACK_TIME.search(output) or _PEER_TIME.search(output)
+    return wall, _children_cpu() - cpu0, float(found.group(1)) if found else None
 
 
 def available(w: Writer) -> str | None:
@@ -303,6 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["--peer"]:
         name, kind, src, out, workers = argv[1:6]
         PEERS[name](kind, src, out, int(workers))
+        print(f"after imports {time.perf_counter() - _AFTER_IMPORTS[0]:.3f} s", flush=True)
         return 0
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--corpus", default="bench-out/corpus")
@@ -313,6 +338,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--only", default="images,text", help="workloads to run")
+    p.add_argument(
+        "--formats",
+        default="tar,arrow",
+        help="shardloader's --format for its rows (tar: a 512-byte header a sample, which "
+        "short documents feel; arrow: columns)",
+    )
     p.add_argument("--skip", default="", help="writers to skip (mds, litdata, webdataset)")
     p.add_argument(
         "--baseline",
@@ -328,12 +359,14 @@ def main(argv: list[str] | None = None) -> int:
     ensure_corpus(a.corpus, a.images, a.docs, a.seed)
     workloads = {"images": os.path.join(a.corpus, "images"), "text": os.path.join(a.corpus, "docs")}
     skip = {s for s in a.skip.split(",") if s}
-    writers = [shardloader_writer("shardloader", a.workers, None)]
+    formats = [f for f in a.formats.split(",") if f]
+    writers = [shardloader_writer("shardloader", a.workers, None, f) for f in formats]
     for spec in a.baseline:
         name, _, path = spec.partition("=")
-        writers.append(
-            shardloader_writer(f"shardloader ({name})", a.workers, os.path.abspath(path))
-        )
+        writers += [
+            shardloader_writer(f"shardloader ({name})", a.workers, os.path.abspath(path), f)
+            for f in formats
+        ]
     writers += [
         peer_writer("mds", "MDSWriter zstd:3, 1 process", 1),
         peer_writer("litdata", "optimize zstd, 1 worker", 1),
@@ -357,6 +390,7 @@ def main(argv: list[str] | None = None) -> int:
         warm(src)
         walls: dict[int, list[float]] = {i: [] for i in range(len(writers))}
         cpus: dict[int, list[float]] = {i: [] for i in range(len(writers))}
+        starts: dict[int, list[float]] = {i: [] for i in range(len(writers))}
         stored: dict[int, int] = {}
         for r in range(a.repeat):
             order = list(range(len(writers)))
@@ -364,8 +398,10 @@ def main(argv: list[str] | None = None) -> int:
             for i in order:
                 w = writers[i]
                 out = os.path.join(a.out, f"{kind}-{i}")
-                wall, cpu = run_once(w, kind, src, out)
+                wall, cpu, after = run_once(w, kind, src, out)
                 walls[i].append(wall)
+                if after is not None:
+                    starts[i].append(after)
                 cpus[i].append(cpu)
                 stored[i] = tree_bytes(out)
                 shutil.rmtree(out, ignore_errors=True)
@@ -375,6 +411,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
         for i, w in enumerate(writers):
             secs = statistics.median(walls[i])
+            after = statistics.median(starts[i]) if len(starts[i]) == len(walls[i]) else None
             results.append(
                 {
                     "workload": kind,
@@ -384,6 +421,8 @@ def main(argv: list[str] | None = None) -> int:
                     "input_mb": size / 1e6,
                     "seconds": secs,
                     "mb_s": size / 1e6 / secs,
+                    "after_imports_s": after,
+                    "mb_s_after_startup": size / 1e6 / after if after else None,
                     "cpu_s": statistics.median(cpus[i]),
                     "stored_mb": stored[i] / 1e6,
                     "ratio": size / stored[i] if stored[i] else 0.0,
@@ -405,8 +444,9 @@ def markdown(results: list[dict], a: argparse.Namespace, before: tuple, after: t
         f"{after[0]:.2f}/{after[1]:.2f}/{after[2]:.2f}.",
         "",
         "| work | writer | config | s | input MB/s | CPU s | CPU ms per input MB | stored MB | "
-        "ratio | speed vs best peer | CPU vs best peer | ratio vs best peer |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "ratio | speed vs best peer | CPU vs best peer | ratio vs best peer | s after imports | "
+        "MB/s, start-up excluded | vs best peer, start-up excluded |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for kind in dict.fromkeys(r["workload"] for r in results):
         rows = [r for r in results if r["workload"] == kind]
@@ -418,13 +458,26 @@ def markdown(results: list[dict], a: argparse.Namespace, before: tuple, after: t
             per_mb = r["cpu_s"] / r["input_mb"] * 1e3
             # the best peer's CPU per MB over ours: above 1, we spend less
             cpu = f"{best['cpu_s'] / r['cpu_s']:.2f}x" if best and r["cpu_s"] else "-"
+            bare, best_bare = r.get("mb_s_after_startup"), (best or {}).get("mb_s_after_startup")
             lines.append(
                 f"| {kind} ({r['input_mb']:.0f} MB) | {r['writer']} | {r['config']} | "
                 f"{r['seconds']:.2f} | {r['mb_s']:.1f} | {r['cpu_s']:.2f} | {per_mb:.1f} | "
-                f"{r['stored_mb']:.1f} | {r['ratio']:.3f} | {speed} | {cpu} | {ratio} |"
+                f"{r['stored_mb']:.1f} | {r['ratio']:.3f} | {speed} | {cpu} | {ratio} | "
+                + (f"{r['after_imports_s']:.2f}" if r.get("after_imports_s") else "-")
+                + " | "
+                + (f"{bare:.1f}" if bare else "-")
+                + " | "
+                + (f"{bare / best_bare:.2f}x" if bare and best_bare else "-")
+                + " |"
             )
     lines.append("")
     lines.append("Best peer: the fastest peer row of each workload (speed and ratio are its).")
+    lines.append(
+        "After imports: the seconds each writer reports itself from the end of its imports to "
+        "its end (shardloader: pack()'s own time in its summary, pool start-up included; a "
+        "peer: from its imports done to its exit); 'start-up excluded' divides the input by "
+        "it, for every writer alike."
+    )
     return "\n".join(lines)
 
 

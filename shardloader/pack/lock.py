@@ -31,6 +31,7 @@ import json
 import logging
 import os
 import socket
+import sys
 import threading
 import time
 import uuid
@@ -45,6 +46,7 @@ from fsspec.asyn import sync
 
 from shardloader.errors import OutputLockedError, StorageError, UsageError
 from shardloader.storage.classify import chain, status_and_code
+from shardloader.storage.s3client import S3Client
 from shardloader.storage.store import Store, as_store
 
 __all__ = [
@@ -259,13 +261,18 @@ _CONFLICT = ("PreconditionFailed", "412", "ConditionalRequestConflict", "409")
 
 
 class _Remote:
-    """The lock object's requests, each under the store's retry policy."""
+    """The lock object's requests, each under the store's retry policy: through the store's
+    fast S3 client (botocore) when it has one, so a run that writes S3 never imports s3fs
+    for its lock, else through s3fs."""
 
     def __init__(self, out: Store) -> None:
         self.store = out.join(LOCK_NAME)
-        fs, path = self.store.filesystem()
-        self.fs = fs
-        self.bucket, self.key, _ = fs.split_path(path)
+        client = self.store.client()
+        self.client = client if isinstance(client, S3Client) else None
+        if self.client is None:
+            fs, path = self.store.filesystem()
+            self.fs = fs
+            self.bucket, self.key, _ = fs.split_path(path)
 
     async def _get(self) -> dict[str, Any]:
         found = await self.fs._call_s3("get_object", Bucket=self.bucket, Key=self.key)
@@ -279,6 +286,8 @@ class _Remote:
     def _call(self, name: str, **kwargs: Any) -> Any:
         """One S3 call; a failed precondition comes back as None instead of an error, a
         missing object as {}."""
+        if self.client is not None:
+            return self._call_client(self.client, name, **kwargs)
         try:
             if name == "get_object":
                 return sync(self.fs.loop, self._get)
@@ -289,6 +298,27 @@ class _Remote:
             if name in ("get_object", "delete_object") and isinstance(err, FileNotFoundError):
                 return {}
             raise
+
+    def _call_client(self, client: S3Client, name: str, **kwargs: Any) -> Any:
+        """:meth:`_call` through botocore, whose errors carry the S3 code themselves."""
+        try:
+            found = client.call(name, self.store.url, **kwargs)
+        except Exception as err:
+            status, code = status_and_code(err)
+            if code in _CONFLICT or str(status) in _CONFLICT:
+                return None
+            if name in ("get_object", "delete_object") and (
+                code in ("NoSuchKey", "404") or status == 404
+            ):
+                return {}
+            raise
+        if name == "get_object":
+            body = found["Body"]
+            try:
+                return {"data": body.read(), "ETag": found["ETag"]}
+            finally:
+                body.close()
+        return found
 
     def call(self, name: str, what: str, **kwargs: Any) -> Any:
         return self.store.call(partial(self._call, name, **kwargs), what)
@@ -391,9 +421,11 @@ def _remote_lock(out: Store, holder: Holder, lease: float) -> Iterator[OutLock]:
     finally:
         renewer.stopped.set()
         renewer.join()
-        # Listings of OUT this process made while it held the lock predate the run's uploads
-        # (which go through the fast client, not s3fs): s3fs must not answer from them.
-        remote.fs.invalidate_cache(out.filesystem()[1].rstrip("/"))
+        # Listings of OUT this process made through s3fs while it held the lock predate the
+        # run's uploads (which go through the fast client): s3fs must not answer from them.
+        if "s3fs" in sys.modules:
+            fs, path = out.filesystem()
+            fs.invalidate_cache(path.rstrip("/"))
         if lock._lost is None:
             try:
                 remote.delete(renewer.etag)

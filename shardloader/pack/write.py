@@ -191,7 +191,8 @@ def write_shard(spec: WriteSpec, task: ShardTask) -> ShardResult:
             bytes_in = fill_shard(spec, plan, run_bytes, writer, skips)
             written: WrittenShard = writer.close()
             f.flush()
-            os.fsync(f.fileno())
+            if spec.out.is_local:  # a remote OUT's temporary is only read back to upload it:
+                os.fsync(f.fileno())  # durability is the store's, and a crash loses it anyway
     except BaseException:
         _remove(tmp)
         raise
@@ -254,7 +255,8 @@ def place_shard(spec: WriteSpec, r: ShardResult) -> ShardResult:
         return r
     if r.num_samples:
         with writing(f"shard {spec.out.join(r.name).url}"):
-            put_file_recorded(spec.out, r.name, r.temp, spec.run_id)  # storage/uploads.py
+            # storage/uploads.py; S3 checks the upload against the manifest's sha256
+            put_file_recorded(spec.out, r.name, r.temp, spec.run_id, r.sha256)
     if os.path.exists(r.temp):  # uploaded (remote OUT), or empty: drop the local copy
         os.remove(r.temp)
     return replace(r, temp=None)

@@ -178,6 +178,10 @@ class Store:
                         os.path.relpath(os.path.join(dirpath, name), root).replace(os.sep, "/")
                     )
             return sorted(out)
+        client = self.client()
+        if client is not None and hasattr(client, "list"):  # S3: no s3fs import for a listing
+            listed: list[str] = self.call(partial(client.list, self.url), "list")
+            return listed
         fs, path = self.filesystem()
         path = path.rstrip("/")
         found = self.call(partial(_find, fs, path), "list")
@@ -211,8 +215,10 @@ class Store:
         fs, path = self.filesystem()
         self.call(partial(fs.pipe_file, path, data), "write")
 
-    def put_file(self, local: str) -> None:
+    def put_file(self, local: str, sha256: str | None = None) -> None:
         """Move a finished local file here (atomic rename locally, one upload remotely).
+        ``sha256``: the file's checksum (hex) when the caller has it, sent with a single S3 PUT
+        so the store checks the bytes it received against it.
 
         Each attempt is a whole upload; the protocol may do it its own way (S3: one PUT
         through the fast client up to ``SINGLE_PUT`` bytes, or the ``default_block_size``
@@ -228,7 +234,7 @@ class Store:
         if client is not None and hasattr(client, "put"):
             block = int(self.options.get("default_block_size") or SINGLE_PUT)
             if os.path.getsize(local) <= block:  # one PUT, as s3fs does below its block size
-                self.call(partial(_put_file_once, client, self.url, local), "upload")
+                self.call(partial(_put_file_once, client, self.url, local, sha256), "upload")
                 return
         fs, path = self.filesystem()
         put = protocol_defaults(self.protocol).put_file
@@ -267,9 +273,12 @@ def as_store(
     return Store(url, options or {}, retry or DEFAULT_POLICY)
 
 
-def _put_file_once(client: Any, url: str, local: str) -> None:
+def _put_file_once(client: Any, url: str, local: str, sha256: str | None) -> None:
     with open(local, "rb") as f:
-        client.put(url, f)
+        if sha256 is None:
+            client.put(url, f)
+        else:
+            client.put(url, f, sha256=sha256)
 
 
 def _exists(fs: fsspec.AbstractFileSystem, path: str) -> bool:

@@ -113,16 +113,18 @@ def is_multipart(store: Store, local: str) -> bool:
     return os.path.getsize(local) > block
 
 
-def put_file_recorded(out: Store, name: str, local: str, run_id: str) -> None:
-    """``out.join(name).put_file(local)``, recorded while it runs when it goes in parts (NOTE
-    [multipart journal])."""
+def put_file_recorded(
+    out: Store, name: str, local: str, run_id: str, sha256: str | None = None
+) -> None:
+    """``out.join(name).put_file(local, sha256)``, recorded while it runs when it goes in
+    parts (NOTE [multipart journal])."""
     target = out.join(name)
     if not is_multipart(target, local):
-        target.put_file(local)
+        target.put_file(local, sha256)
         return
     record = out.join(JOURNAL, run_id, name)
     record.write_bytes_atomic(json.dumps({"key": name, "run": run_id}).encode())
-    target.put_file(local)  # on failure the record stays: the next run sweeps the key again
+    target.put_file(local, sha256)  # on failure the record stays: the next run sweeps the key again
     record.remove()
 
 
