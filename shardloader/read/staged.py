@@ -319,8 +319,10 @@ class ShardSet:
         """Rows whose read found the staged copy damaged are read once more from a copy staged
         again (NOTE [re-staging a damaged copy] in storage/cache.py); if that one is damaged
         too, their errors say the source is."""
+        if not into.errors or self.in_place:  # the common case: no per-row scan at all
+            return
         bad = [k for k, pos in enumerate(at) if isinstance(into.errors.get(pos), ShardError)]
-        if not bad or self.in_place:
+        if not bad:
             return
         if not self.restage(shard):
             for k in bad:

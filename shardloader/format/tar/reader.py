@@ -246,11 +246,12 @@ class TarShardReader:
             self._opened = True  # the first batch: one by one, no derivation before it
             self._read_each(list(zip(at, listed, strict=True)), into)  # no numpy calls at all
             return
-        picked = self._table()[listed]
+        index = np.array(listed, np.intp)  # one conversion for the table's and the sums' lookups
+        picked = self._table()[index]
         state = picked[:, 2]
         if not state.all():  # derive the missing layouts, and the next chunk of the shard's
             self.prepare(self._with_next_chunk(listed))
-            picked = self._table()[listed]
+            picked = self._table()[index]
             state = picked[:, 2]
         slow: list[tuple[int, int]] = []
         fast = (state == 1) & (picked[:, 1] - picked[:, 0] < LARGE)  # large: read() reads
@@ -258,11 +259,12 @@ class TarShardReader:
             slow = [(at[k], listed[k]) for k in np.flatnonzero(~fast).tolist()]
             keep = np.flatnonzero(fast).tolist()
             listed, at, picked = [listed[k] for k in keep], [at[k] for k in keep], picked[keep]
+            index = index[keep]
         if self._sums is not None and listed:
             get = self._view.__getitem__
             spans = map(slice, picked[:, 0].tolist(), picked[:, 1].tolist())
             digests = np.fromiter(map(_XXH3, map(get, spans)), np.uint64, len(listed))
-            good = digests == self._sums[listed]
+            good = digests == self._sums[index]
             if not good.all():  # read() names the damaged samples
                 slow += [(at[k], listed[k]) for k in np.flatnonzero(~good).tolist()]
                 keep = np.flatnonzero(good).tolist()
