@@ -29,8 +29,9 @@ per staged shard instead would not give the same guarantee:
   goes by last use).  Hashing each copy whole when it is opened leaves the rest of the pass
   unchecked, and with workers that each read part of a shard it hashes more bytes than the
   per-sample checks do (every worker the whole copy).
-- what it could save is small: with the check off entirely (``verify_samples=False``) a raw
-  read cost ~10 % less CPU a sample for 1.5 KB documents and ~15-20 % for 30 KB photos,
+- what it could save is bounded: with the check off entirely (``verify_samples=False``) a raw
+  read cost 5-10 % less CPU a sample for 1.5 KB documents and ~18 % for 30 KB photos (one
+  process, medians of 3 interleaved runs),
   because the hash is the first to touch a sample's bytes and most of its cost is fetching
   them into the CPU's caches, which the copy that follows would pay otherwise.  Pre-faulting
   the map (``MAP_POPULATE``, ``MADV_WILLNEED``, ``MADV_POPULATE_READ``) measured the same.
