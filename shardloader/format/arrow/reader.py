@@ -50,6 +50,7 @@ class ArrowShardReader:
         sums = index.checksums if verify else None
         self._sums = None if sums is None else np.asarray(sums, np.uint64)
         self._file = MappedFile(local_path)
+        self._file.populate()  # NOTE [populating the map] in format/mapped.py
         self._map, self._view = self._file.map, self._file.view
         try:
             self._spans = _row_spans(self._view, len(index), where)

@@ -112,6 +112,7 @@ class TarShardReader:
         self, local_path: str, index: SampleIndex, where: str, verify: bool = True
     ) -> None:
         self._file = MappedFile(local_path)
+        self._file.populate()  # NOTE [populating the map] in format/mapped.py
         self._map, self._view, self._size = self._file.map, self._file.view, self._file.size
         self._offsets = np.asarray(index.offsets, np.int64)
         self._sizes = np.asarray(index.sizes, np.int64)
