@@ -29,7 +29,10 @@ Ratios are shardloader's figure over the best peer's (``vs best peer``), and eac
 the tar row (``arrow vs tar``).  ``--systems`` picks systems (``shardloader-noverify`` measures
 the per-sample checksum's cost; ``shardloader-baseline`` with ``--baseline DIR`` another
 checkout, and any shardloader system with ``@baseline`` appended, for before/after figures),
-``--max-seconds`` caps one run (slow peers), ``--json FILE`` keeps every run and the medians.
+``--max-seconds`` caps one run (slow peers), ``--json FILE`` keeps every run and the medians,
+``--profile DIR`` adds one run per row before the repeats, profiled (cProfile of the reading
+process's steady state: with workers, what the training process pays to receive) and left out
+of the table.
 CPU per sample is the whole process tree's (the process and its workers: ``cputree.py``).
 ``tools/bench_shuffle.py`` measures shuffle quality.
 """
@@ -172,6 +175,7 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
         t_first = time.perf_counter()
         memory.sample()
         tree = TreeCPU().start()  # the process, its workers (alive, or joined: cputree.py)
+        profiler = _start_profile(spec)
         own = _own_cpu()
         first_n = n
         deadline = t_first + spec["max_seconds"]
@@ -181,6 +185,7 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
             if time.perf_counter() > deadline:
                 break
         t_end = time.perf_counter()
+        _stop_profile(profiler, spec)
         own = _own_cpu() - own
         tree.stop()
         memory.sample()
@@ -199,6 +204,37 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
         "tree_cpu_us": tree.seconds / steady_n * 1e6,
         "load": load,
     }
+
+
+def _start_profile(spec: dict[str, Any]) -> Any:
+    """cProfile of this process's steady state, when ``--profile DIR`` asked for one (the
+    reading process itself: with workers, what the training process pays to receive)."""
+    if not spec.get("profile"):
+        return None
+    import cProfile
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    return profiler
+
+
+def _stop_profile(profiler: Any, spec: dict[str, Any]) -> None:
+    if profiler is None:
+        return
+    profiler.disable()
+    name = f"{spec['system']}-{spec['corpus']}-w{spec['workers']}.prof".replace("@", "-")
+    profiler.dump_stats(os.path.join(spec["profile"], name))
+
+
+def print_profiles(folder: str, top: int = 12) -> None:
+    """The top costs (own time) of each profiled run, one table per (system, corpus, workers)."""
+    import pstats
+
+    for name in sorted(os.listdir(folder)):
+        if name.endswith(".prof"):
+            print(f"\n## profile {name} (steady state, own time)", file=sys.stderr)
+            stats = pstats.Stats(os.path.join(folder, name), stream=sys.stderr)
+            stats.sort_stats("tottime").print_stats(top)
 
 
 def _kind(system: str) -> str:
@@ -326,6 +362,13 @@ def main() -> None:
         "(sample dicts) or as any shardloader system with @baseline appended "
         "(shardloader@baseline), interleaved with the others: before/after figures in one run",
     )
+    ap.add_argument(
+        "--profile",
+        metavar="DIR",
+        help="one more run of each (system, corpus, workers) before the repeats, its steady "
+        "state profiled (cProfile) into DIR/<system>-<corpus>-w<workers>.prof and left out of "
+        "the table; their top costs are printed at the end",
+    )
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -333,6 +376,8 @@ def main() -> None:
         os._exit(0)  # some peers leave threads that would hold the exit up
     systems = args.systems.split(",")
     workers = [int(w) for w in args.workers.split(",")]
+    if args.profile:
+        os.makedirs(args.profile, exist_ok=True)
     where = prepare(args.work, args.images, args.docs, systems)
     import compileall
 
@@ -345,7 +390,8 @@ def main() -> None:
     print(f"shardloader from {package}", file=sys.stderr)
     runs = []
     for corpus, places in where.items():
-        for rep in range(args.repeat):
+        # with --profile, one more run per row first (rep -1), profiled and left out of the table
+        for rep in range(-1 if args.profile else 0, args.repeat):
             for w in workers:
                 shift = (rep + w) % len(systems)
                 for system in systems[shift:] + systems[:shift]:
@@ -356,9 +402,11 @@ def main() -> None:
                         "workers": w,
                         "batch_size": args.batch_size,
                         "max_seconds": args.max_seconds,
+                        "profile": os.path.abspath(args.profile) if rep < 0 else None,
                     }
                     r = run_child(spec, args.baseline)
-                    runs.append(r)
+                    if rep >= 0:
+                        runs.append(r)
                     print(
                         f"{corpus:6s} rep {rep} workers={w} {system:20s} {r['samples_s']:10,.0f}/s "
                         f"first {r['first_batch_s']:.3f}s anon {r['peak_anon_mb']:.0f} MB "
@@ -372,6 +420,8 @@ def main() -> None:
         f"(1-min average before each run)"
     )
     print_table(summarize(runs))
+    if args.profile:
+        print_profiles(args.profile)
     if args.json:
         write_figures(
             args.json, __file__, {"runs": runs, "rows": summarize(runs), "cores": os.cpu_count()}

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import sys
 from typing import BinaryIO
 
 import xxhash
@@ -25,6 +26,16 @@ __all__ = ["LARGE", "MappedFile", "changed_since"]
 
 LARGE = 16 << 20
 _CHUNK = 4 << 20  # bytes hashed per read of a large span
+# NOTE [populating the map]: a shard's samples are read in shuffled order, so each first touch
+# of a 64 KiB window of the map is a page fault (the kernel maps a window per fault).  For 30 KB
+# photos that was 0.54 faults and ~3.8 us of system time a sample; MADV_POPULATE_READ (Linux
+# 5.14+) maps the whole file in one call when the reader opens it: 0.18 faults, ~1.9 us, and
+# 16 % less CPU a raw photo in one process (medians of 3 interleaved runs; 1.5 KB documents:
+# no change).  Only files up to _POPULATE_MOST: the pages it maps count in the process's
+# resident size (shared file pages, not its own memory), and a larger file would wait for all
+# of them at open.  MADV_WILLNEED (read-ahead into the page cache only) measured no gain.
+_POPULATE_MOST = 128 << 20
+_MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)
 
 
 def changed_since(path: str, inode: int, size: int) -> str | None:
@@ -66,6 +77,17 @@ class MappedFile:
             )
         self.view = memoryview(self.map)
         self._file: BinaryIO | None = None  # opened for the first large span
+
+    def populate(self) -> None:
+        """Map every page of a file up to ``_POPULATE_MOST`` bytes now (NOTE [populating the
+        map]); a kernel without MADV_POPULATE_READ, or a file cut short since (the call
+        fails where touching the page would be SIGBUS), leaves the map as it was."""
+        if sys.platform != "linux" or not 0 < self.size <= _POPULATE_MOST:
+            return
+        try:
+            self.map.madvise(_MADV_POPULATE_READ)  # type: ignore[union-attr]
+        except (OSError, ValueError):
+            pass
 
     def changed(self) -> str | None:
         """:func:`changed_since` of this mapping (NOTE [no SIGBUS])."""

@@ -50,19 +50,24 @@ class ArrowShardReader:
         sums = index.checksums if verify else None
         self._sums = None if sums is None else np.asarray(sums, np.uint64)
         self._file = MappedFile(local_path)
+        self._file.populate()  # NOTE [populating the map] in format/mapped.py
         self._map, self._view = self._file.map, self._file.view
         try:
             self._spans = _row_spans(self._view, len(index), where)
-            _check_keys(self._view, self._spans.pop(KEY_COLUMN), index.keys, where)
+            key_spans = self._spans.pop(KEY_COLUMN)
+            _check_keys(self._view, key_spans, index.keys, where)
         except BaseException:
             self.close()
             raise
-        # one row per sample: checksum (int64 bits), then (start, stop) of each field in name
-        # order (-1 where null), so a batch costs one fancy index
+        # one row per sample: checksum (int64 bits), (start, stop) of its key, then of each
+        # field in name order (-1 where null), so a batch costs one fancy index
         self._names = sorted(self._spans)
         self._encoded = [n.encode() for n in self._names]
+        # each field's "<name>\0<size>" as a bytes template (``%`` escaped): the checksum's
+        # header of a value, made by C-level ``map`` over the sizes (see _digests)
+        self._headers = [n.replace(b"%", b"%%") + b"\0%d" for n in self._encoded]
         sums = np.zeros(len(index), np.int64) if self._sums is None else self._sums.view(np.int64)
-        table = [sums]
+        table = [sums, *key_spans]
         for name in self._names:
             table.extend(self._spans[name])
         self._table = np.stack(table, axis=1)
@@ -84,13 +89,11 @@ class ArrowShardReader:
         picked = self._table[listed]
         keys = list(map(self._keys.__getitem__, listed))
         get: Callable[[slice], Any] = self._map.__getitem__
-        if listed and self._names and int((picked[:, 2::2] - picked[:, 1::2]).max()) >= LARGE:
+        if listed and self._names and int((picked[:, 4::2] - picked[:, 3::2]).max()) >= LARGE:
             get = self._file.get  # a large value: read through the file, not the map
-        fields = copy_fields(get, self._names, picked, 1, all_fields=True)
+        fields = copy_fields(get, self._names, picked, 3, all_fields=True)
         if self._sums is not None:
-            columns = [fields[n] for n in self._names]
-            digests = map(self._digest, keys, *columns) if columns else map(self._digest, keys)
-            got = np.fromiter(digests, np.uint64, len(listed))
+            got = self._digests(picked, keys, fields)
             bad = np.flatnonzero(got != picked[:, 0].view(np.uint64)).tolist()
             if bad:
                 for k in bad:
@@ -110,6 +113,26 @@ class ArrowShardReader:
                 fields = {name: [column[k] for k in keep] for name, column in fields.items()}
         if keys:
             into.add(at, keys, fields)
+
+    def _digests(
+        self, picked: np.ndarray, keys: list[str], fields: dict[str, list[Any]]
+    ) -> np.ndarray:
+        """:func:`~shardloader.format.arrow.writer.row_checksum` of each picked row, over the
+        copies in ``fields`` and the row's key bytes in the file (equal to its sidecar key:
+        checked at open), chained by C-level ``map`` (no Python call per row): per row it is
+        a few hash calls, which a Python function per row would double.  A column with a null
+        takes :meth:`_digest` per row (the null field is left out of its row's hash)."""
+        h, n = _XXH3, len(picked)
+        columns = [fields[name] for name in self._names]
+        if any(None in column for column in columns):
+            digests = map(self._digest, keys, *columns) if columns else map(self._digest, keys)
+            return np.fromiter(digests, np.uint64, n)
+        spans = map(slice, picked[:, 1].tolist(), picked[:, 2].tolist())
+        chained: Any = map(h, map(self._view.__getitem__, spans))  # the key's hash
+        for header, column in zip(self._headers, columns, strict=True):
+            heads = map(header.__mod__, map(len, column))  # b"<name>\0<size>"
+            chained = map(h, column, map(h, heads, chained))  # seeded by the previous
+        return np.fromiter(chained, np.uint64, n)
 
     def _digest(self, key: str, *values: Any) -> int:
         """:func:`~shardloader.format.arrow.writer.row_checksum` of a row, its fields in name

@@ -112,6 +112,7 @@ class TarShardReader:
         self, local_path: str, index: SampleIndex, where: str, verify: bool = True
     ) -> None:
         self._file = MappedFile(local_path)
+        self._file.populate()  # NOTE [populating the map] in format/mapped.py
         self._map, self._view, self._size = self._file.map, self._file.view, self._file.size
         self._offsets = np.asarray(index.offsets, np.int64)
         self._sizes = np.asarray(index.sizes, np.int64)
@@ -246,11 +247,12 @@ class TarShardReader:
             self._opened = True  # the first batch: one by one, no derivation before it
             self._read_each(list(zip(at, listed, strict=True)), into)  # no numpy calls at all
             return
-        picked = self._table()[listed]
+        index = np.array(listed, np.intp)  # one conversion for the table's and the sums' lookups
+        picked = self._table()[index]
         state = picked[:, 2]
         if not state.all():  # derive the missing layouts, and the next chunk of the shard's
             self.prepare(self._with_next_chunk(listed))
-            picked = self._table()[listed]
+            picked = self._table()[index]
             state = picked[:, 2]
         slow: list[tuple[int, int]] = []
         fast = (state == 1) & (picked[:, 1] - picked[:, 0] < LARGE)  # large: read() reads
@@ -258,11 +260,12 @@ class TarShardReader:
             slow = [(at[k], listed[k]) for k in np.flatnonzero(~fast).tolist()]
             keep = np.flatnonzero(fast).tolist()
             listed, at, picked = [listed[k] for k in keep], [at[k] for k in keep], picked[keep]
+            index = index[keep]
         if self._sums is not None and listed:
             get = self._view.__getitem__
             spans = map(slice, picked[:, 0].tolist(), picked[:, 1].tolist())
             digests = np.fromiter(map(_XXH3, map(get, spans)), np.uint64, len(listed))
-            good = digests == self._sums[listed]
+            good = digests == self._sums[index]
             if not good.all():  # read() names the damaged samples
                 slow += [(at[k], listed[k]) for k in np.flatnonzero(~good).tolist()]
                 keep = np.flatnonzero(good).tolist()
