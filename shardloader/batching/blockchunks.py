@@ -2,19 +2,27 @@
 
 :mod:`shardloader.batching.blocks` plans which rows make a batch (NOTE [what a row is]); this
 module turns a chunk of those batches into the four ``[k, rows, seq_len]`` fields and their
-``cu_seqlens`` without a Python loop per document.  :mod:`shardloader.read.blockpass` calls it.
+``cu_seqlens`` without a Python loop per document, into the buffer that crosses to the main
+process (:func:`build`: TokenBlocks' collate).  The pass (:mod:`shardloader.read.samplepass`)
+calls it with the rows the token format loaded (:mod:`shardloader.format.tokens.rows`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from shardloader.batching.blocks import FIELDS, RowLayout
 from shardloader.batching.packed import IGNORE_INDEX
+from shardloader.batching.rowflags import flag_rows
+from shardloader.deliver.transport import TokenBatches
 
-__all__ = ["FIELDS", "ChunkLayout", "assemble", "chunk_layout", "copy_rows"]
+if TYPE_CHECKING:
+    from shardloader.batching.blocks import TokenBlocks
+
+__all__ = ["FIELDS", "ChunkLayout", "assemble", "build", "chunk_layout", "copy_rows"]
 
 
 @dataclass(frozen=True)
@@ -146,6 +154,40 @@ def copy_rows(chunk: ChunkLayout, streams: dict[int, np.ndarray], ids: np.ndarra
             flat_rows[slot, :n] = streams[shard][lo : lo + n]
         if n < s:
             flat_rows[slot, n:] = 0
+
+
+def build(
+    planner: TokenBlocks,
+    chunk: ChunkLayout,
+    tokens: dict[int, np.ndarray],
+    worker: int | None,
+    ring: Any,
+    repeated: np.ndarray,
+    lean: np.dtype | None,
+) -> list[Any]:
+    """Assemble a chunk's batches into one buffer: in a worker the one item that crosses (a
+    buffer, or a ring slot: NOTE [bundles] in :mod:`shardloader.deliver.transport`), in this
+    process its batches.  ``repeated``: per batch, whether it repeats one for equal steps
+    (NOTE [flagged repeats]); ``lean``: the shards' id dtype for lean batches (NOTE [lean
+    batches] in :mod:`shardloader.batching.lean`)."""
+    shape = (chunk.k, chunk.rows_per_batch, chunk.seq_len, chunk.cu.size)
+    pad, labels = planner.pad_id or 0, planner.repeat_labels
+    if lean is not None:
+        out = TokenBatches(*shape, worker, ring, (lean.name, pad, labels))
+        copy_rows(chunk, tokens, out.ids)
+        np.copyto(out.row_tokens, chunk.n.reshape(out.row_tokens.shape), casting="unsafe")
+        flag_rows(out.pad, None, chunk.shard, repeated, labels)
+    else:
+        out = TokenBatches(*shape, worker, ring)
+        assemble(chunk, tokens, out.block, pad)
+        flag_rows(out.pad, out.block[1], chunk.shard, repeated, labels)
+    out.cu[:] = chunk.cu
+    out.cu_sizes = tuple((np.diff(chunk.cuts) + 1).tolist())
+    out.max_seqlen = tuple(chunk.max_seqlen.tolist())
+    if worker is not None:
+        out.bundle = chunk.k > 1
+        return [out]
+    return out.batches()
 
 
 _ARANGE = np.arange(0, dtype=np.int64)

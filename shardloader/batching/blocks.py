@@ -23,7 +23,9 @@ lists the segments in flash-attn's varlen format.  All of it is computed with nu
 batches (:func:`shardloader.batching.blockchunks.assemble`), never per document in Python.
 
 Planning costs numpy work over the rows and the documents' lengths, nothing per document in
-Python; reading is :mod:`shardloader.read.blockpass`.
+Python.  The pass (:mod:`shardloader.read.samplepass`) loads rows through the token format
+(:mod:`shardloader.format.tokens.rows`) and assembles them
+(:mod:`shardloader.batching.blockchunks`).
 """
 
 from __future__ import annotations
@@ -138,7 +140,7 @@ class TokenBlocks(BatchPlanner):
     lean: bool = field(default=False, repr=False)
     needs_lengths = True
     elastic = "rows_per_batch"  # what a resume may change (shardloader/plan/elastic.py)
-    units = "rows"  # the dataset hands the pass to shardloader.read.blockpass
+    units = "rows"  # the pass loads rows of token shards (read/samplepass.py)
 
     def __post_init__(self) -> None:
         check_positive("seq_len", self.seq_len)

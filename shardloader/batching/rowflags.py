@@ -18,24 +18,13 @@ NOTE [flagged repeats]
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
 from shardloader.batching.packed import IGNORE_INDEX
 
-if TYPE_CHECKING:
-    from shardloader.plan.epoch import EpochPlan
-
-__all__ = ["REPEAT_LABELS", "flag_rows", "repeated_steps"]
+__all__ = ["REPEAT_LABELS", "flag_rows"]
 
 REPEAT_LABELS = ("ignore", "keep")
-
-
-def repeated_steps(plan: EpochPlan, steps: np.ndarray) -> np.ndarray:
-    """Bool per rank step of ``steps``: whether it repeats a batch to even out the ranks."""
-    _, seeds = plan.slots.steps(steps)
-    return np.asarray(seeds // plan.slots.nodes >= plan.slots.num_batches, bool)
 
 
 def flag_rows(
