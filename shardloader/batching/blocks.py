@@ -118,7 +118,7 @@ class TokenBlocks(BatchPlanner):
     :class:`~shardloader.batching.PackCollate` gives them; ``__pad__`` (bool ``[rows_per_batch]``)
     flags padding rows and rows repeated for equal steps under ``uneven="pad"``, whose labels
     are -100 unless ``repeat_labels="keep"`` (NOTE [flagged repeats] in
-    :mod:`shardloader.batching.rowflags`).  A document that a row boundary cuts
+    :mod:`shardloader.batching.blockchunks`).  A document that a row boundary cuts
     continues in another row, its pieces each starting at position 0.
 
     ``lean=True`` hands over ``input_ids`` in the shards' own dtype (uint16 or uint32) with
@@ -133,7 +133,7 @@ class TokenBlocks(BatchPlanner):
     remainder: str = "pad"
     tail: str = "keep"
     # -100 on rows repeated for equal steps, or "keep" (NOTE [flagged repeats] in
-    # batching/rowflags.py); not in the plan signature: it changes no row of the plan
+    # batching/blockchunks.py); not in the plan signature: it changes no row of the plan
     repeat_labels: str = field(default="ignore", repr=False)
     # batches of the shard's own ids and what a device needs to make the rest (NOTE [lean
     # batches] in batching/lean.py); not in the plan signature: the same tokens go where
@@ -205,11 +205,6 @@ class TokenBlocks(BatchPlanner):
                 "TokenBlocks reads whole windows of a shard's token stream, so a damaged shard "
                 "cannot be skipped sample by sample: use on_error='raise'"
             )
-
-    def resolve_collate(self, collate_fn: Any, field: str | None) -> Any:
-        """No collate: the batch is assembled from the token stream (check_dataset refuses a
-        given one)."""
-        return collate_fn
 
     # -- planning (pure) ------------------------------------------------------------------
     def layout(self, shard_sizes: np.ndarray, lengths: np.ndarray | None) -> RowLayout:
