@@ -180,7 +180,7 @@ class BatchPlanner(abc.ABC):
         raise UsageError(f"{type(self).__name__} plans whole samples, not segments")
 
     def count_rows(self, rows: int) -> int:
-        """How many batches :meth:`plan_rows` cuts ``rows`` rows into (``units == "rows"``)."""
+        """How many batches :meth:`plan` cuts ``rows`` rows into (``units == "rows"``)."""
         raise UsageError(f"{type(self).__name__} plans samples, not rows of token streams")
 
     def report_stream(

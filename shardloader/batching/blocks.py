@@ -44,7 +44,7 @@ from shardloader.batching.base import (
 )
 from shardloader.errors import UsageError
 
-__all__ = ["FIELDS", "REMAINDER_POLICIES", "BatchLayout", "RowLayout", "TokenBlocks"]
+__all__ = ["FIELDS", "REMAINDER_POLICIES", "RowLayout", "TokenBlocks"]
 
 REMAINDER_POLICIES = ("pad", "drop")
 # (id(lengths), seq_len, remainder) -> (weak ref to lengths, shard sizes, layout)
@@ -80,22 +80,6 @@ class RowLayout:
         lo = (rows - self.row_bounds[shard]) * self.seq_len
         n = np.minimum(self.seq_len, self.shard_tokens[shard] - lo)
         return shard, lo, n
-
-
-@dataclass(frozen=True)
-class BatchLayout:
-    """The segments of one planned batch, before any token is read.
-
-    ``rows`` of the batch come from ``shard``/``lo``/``n`` (real tokens per row; rows past
-    ``len(shard)`` are padding); ``starts`` are the segment starts in the flattened
-    ``[rows_per_batch * seq_len]`` batch (row starts, document starts inside rows, and the
-    start of each row's padding), sorted.
-    """
-
-    shard: np.ndarray
-    lo: np.ndarray
-    n: np.ndarray
-    starts: np.ndarray
 
 
 @dataclass(frozen=True)
@@ -253,13 +237,10 @@ class TokenBlocks(BatchPlanner):
     def plan(
         self, order: np.ndarray, lengths: np.ndarray | None, rng: np.random.Generator
     ) -> list[np.ndarray]:
-        """The order here is of rows (``units == "rows"``): :meth:`plan_rows`."""
-        return self.plan_rows(np.asarray(order, np.int64))
-
-    def plan_rows(self, rows: np.ndarray) -> list[np.ndarray]:
-        """Batches of ``rows_per_batch`` of the given row ids in order, the last one short
-        (``tail="keep"``) or left out: the epoch's rows, or after an elastic resume the rows
-        an earlier batch shape did not deliver (:mod:`shardloader.plan.elastic`)."""
+        """Batches of ``rows_per_batch`` of the row ids ``order`` (``units == "rows"``) in
+        order, the last one short (``tail="keep"``) or left out: the epoch's rows, or after an
+        elastic resume the rows an earlier batch shape did not deliver."""
+        rows = np.asarray(order, np.int64)
         r = self.rows_per_batch
         full = rows.size // r
         batches = list(rows[: full * r].reshape(full, r))
@@ -268,7 +249,7 @@ class TokenBlocks(BatchPlanner):
         return batches
 
     def count_rows(self, rows: int) -> int:
-        """How many batches :meth:`plan_rows` cuts ``rows`` rows into (by arithmetic)."""
+        """How many batches :meth:`plan` cuts ``rows`` rows into (by arithmetic)."""
         r = self.rows_per_batch
         return rows // r + (self.tail == "keep" and rows % r > 0)
 
