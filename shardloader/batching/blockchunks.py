@@ -131,6 +131,27 @@ def assemble(
     ``streams[shard]`` is the shard's token array."""
     ids, labels, pos, mask = block
     _, k, rows, s = block.shape
+    padded = copy_rows(chunk, streams, ids, pad_id)
+    starts = chunk.starts
+    size = k * rows * s
+    seg = np.diff(starts, append=size)
+    np.subtract(_arange(size), np.repeat(starts, seg), out=pos.reshape(-1))
+    np.copyto(labels, ids)
+    labels.reshape(-1)[starts] = IGNORE_INDEX
+    mask.fill(1)
+    for array, value in ((labels, IGNORE_INDEX), (mask, 0)) if padded else ():
+        view = array.reshape(k * rows, s)
+        for slot, n in padded:
+            view[slot, n:] = value
+
+
+def copy_rows(
+    chunk: ChunkLayout, streams: dict[int, np.ndarray], ids: np.ndarray, fill: int = 0
+) -> list[tuple[int, int]]:
+    """Fill a chunk's ``[k, R, S]`` ids with its rows' tokens, ``fill`` past each row's real
+    tokens (a lean chunk, in the shards' dtype: 0, NOTE [lean batches] in
+    :mod:`shardloader.batching.lean`); return ``(slot, real tokens)`` of each short row."""
+    k, rows, s = ids.shape
     flat_rows = ids.reshape(k * rows, s)
     padded = []
     for slot, (shard, lo, n) in enumerate(
@@ -141,32 +162,9 @@ def assemble(
             continue
         if n:
             flat_rows[slot, :n] = streams[shard][lo : lo + n]
+        flat_rows[slot, n:] = fill
         padded.append((slot, n))
-    starts = chunk.starts
-    size = k * rows * s
-    seg = np.diff(starts, append=size)
-    np.subtract(_arange(size), np.repeat(starts, seg), out=pos.reshape(-1))
-    np.copyto(labels, ids)
-    labels.reshape(-1)[starts] = IGNORE_INDEX
-    mask.fill(1)
-    for array, value in ((ids, pad_id), (labels, IGNORE_INDEX), (mask, 0)) if padded else ():
-        view = array.reshape(k * rows, s)
-        for slot, n in padded:
-            view[slot, n:] = value
-
-
-def copy_rows(chunk: ChunkLayout, streams: dict[int, np.ndarray], ids: np.ndarray) -> None:
-    """Fill a lean chunk's ``[k, R, S]`` ids (the shards' dtype) with its rows' tokens, 0 past
-    each row's real tokens (NOTE [lean batches] in :mod:`shardloader.batching.lean`)."""
-    k, rows, s = ids.shape
-    flat_rows = ids.reshape(k * rows, s)
-    for slot, (shard, lo, n) in enumerate(
-        zip(chunk.shard.tolist(), chunk.lo.tolist(), chunk.n.tolist(), strict=True)
-    ):
-        if n:
-            flat_rows[slot, :n] = streams[shard][lo : lo + n]
-        if n < s:
-            flat_rows[slot, n:] = 0
+    return padded
 
 
 def build(
