@@ -4,8 +4,8 @@ Guarantees (see DESIGN.md and README "Guarantees"): every sample exactly once pe
 ranks × workers (plus reported padding), the same number of steps on every rank, the same
 sequence per rank whatever ``num_workers`` is, elastic and instant resume through
 :func:`shardloader.make_loader`, and augmentation seeded per step.  The epoch plan is
-:mod:`shardloader.plan.epoch`'s, a pass :mod:`shardloader.read.samplepass`'s (token blocks:
-:mod:`shardloader.read.blockpass`), per-sample loading :mod:`shardloader.read.loading`'.
+:mod:`shardloader.plan.epoch`'s, a pass :mod:`shardloader.read.samplepass`'s (samples, or rows
+of token shards), per-sample loading :mod:`shardloader.read.loading`'s.
 """
 
 from __future__ import annotations
@@ -322,24 +322,9 @@ class ShardedDataset(DatasetState, IterableDataset):  # type: ignore[type-arg]
         values = self._control.get()
         seed_global_rngs(derive_seed(self.seed, epoch, place.rank, place.worker, 1 << 40))
         plan = self._plan(epoch, start, place.rank, place.world_size, history)
-        if self.planner is not None and self.planner.units == "rows":  # rows of token shards
-            from shardloader.read.blockpass import BlockSource, iterate_blocks
-
-            assert self._lengths is not None  # the planner's bind() loaded them
-            rows: Any = self.planner  # a TokenBlocks
-            source = BlockSource(
-                rows,
-                self.manifest,
-                self.base,
-                self.read_options,
-                self.shuffle,
-                self._lengths,
-                self._bundle,
-                self._ring,
-                self._shard_set,
-            )
-            yield from iterate_blocks(source, plan, place)
-            return
+        rows: Any = None  # a TokenBlocks: its units are rows of token shards
+        if self.planner is not None and self.planner.units == "rows":
+            rows = self.planner
         samples = SampleSource(
             self.manifest,
             self.read_options,
@@ -356,5 +341,8 @@ class ShardedDataset(DatasetState, IterableDataset):  # type: ignore[type-arg]
             self._lengths,
             self._skip_log,
             self._partition_of(place.world_size, values[_PER_NODE] or None),
+            rows=rows,
+            bundle=self._bundle,
+            ring=self._ring,
         )
         yield from iterate_samples(samples, plan, place, epoch)

@@ -299,11 +299,11 @@ def test_buffers_are_reused_only_once_no_batch_views_them(corpus, monkeypatch, w
     their own tokens (their buffers were never handed out again)."""
     from shardloader.deliver import transport
     from shardloader.deliver.transport import Ring
-    from shardloader.read import blockpass as blockread
+    from shardloader.read import samplepass
 
     path, shards, vocab = corpus
     monkeypatch.setattr(transport, "BUNDLE_BYTES", 2 * TokenBlocks(SEQ, ROWS, 0).batch_bytes)
-    monkeypatch.setattr(blockread, "_CHUNK", 2)  # batches per buffer without workers
+    monkeypatch.setattr(samplepass, "_CHUNK", 2)  # batches per buffer without workers
     monkeypatch.setattr(transport, "_POOL", transport._Pool())
     rows = reference_rows(shards, SEQ)
     ds = sl.ShardedDataset(path, planner=TokenBlocks(SEQ, ROWS, pad_id=vocab), shuffle=True, seed=3)
@@ -344,9 +344,9 @@ def test_a_loop_that_stops_early_closes_its_shards(corpus):
 def test_more_shards_than_open_streams(corpus, monkeypatch, workers):
     """Past the limit of open token shards the least recently used are closed, never one the
     batches being assembled still read (a batch here spans up to ROWS shards)."""
-    from shardloader.read import blockpass as blockread
+    from shardloader.format.tokens import rows as tokenrows
 
-    monkeypatch.setattr(blockread, "_STREAMS", 1)
+    monkeypatch.setattr(tokenrows, "STREAMS", 1)
     path, shards, vocab = corpus
     rows = reference_rows(shards, SEQ)
     ds = sl.ShardedDataset(path, planner=TokenBlocks(SEQ, ROWS, pad_id=vocab), shuffle=True, seed=8)

@@ -23,7 +23,7 @@ Corpus: ``--docs`` JSONL documents of lognormal length (mean ``--mean-tokens`` w
   (``expand_on_device``, not run here: this row is the loader's side of it).
 * ``base`` (``--systems``, with ``--base-root DIR``): the ``shardloader`` row read with the
   package of another checkout (e.g. ``git worktree add /tmp/base main``): before and after,
-  interleaved in one run.
+  interleaved in one run; ``base-lean`` the ``lean`` row read so.
 
 Every measurement runs in a fresh process, systems and worker counts interleaved, ``--repeat``
 times; medians are printed.  Tokens/s count ``input_ids`` slots of the epoch's batches after the
@@ -108,7 +108,7 @@ def pack_all(work: str, corpus: str, tok: str, systems: list[str]) -> dict[str, 
     jobs = {"shardloader": ("sl-tokens", "tokens"), "packed": ("sl-tar", "tar")}
     for system, (name, fmt) in jobs.items():
         out = os.path.join(work, name)
-        reads = {system, "lean", "base"} if system == "shardloader" else {system}
+        reads = {system, "lean", "base", "base-lean"} if system == "shardloader" else {system}
         if reads & set(systems) and not os.path.exists(os.path.join(out, "index.json")):
             from shardloader.pack import PackOptions, pack
 
@@ -155,10 +155,10 @@ def _loader(system: str, work: str, workers: int):
 
     vocab = VOCAB + 1
     read = sl.ReadOptions(cache=sl.CacheOptions(dir=os.path.join(work, "cache")))
-    if system in ("shardloader", "lean", "base"):
+    if system in ("shardloader", "lean", "base", "base-lean"):
         from shardloader.batching.blocks import TokenBlocks
 
-        lean = {"lean": True} if system == "lean" else {}
+        lean = {"lean": True} if system in ("lean", "base-lean") else {}
         planner = TokenBlocks(SEQ, ROWS, pad_id=vocab, **lean)
         url = os.path.join(work, "sl-tokens")
     else:
@@ -268,7 +268,7 @@ BASE_ROOT = ROOT  # the checkout the "base" system imports shardloader from (--b
 def run_child(system: str, work: str, workers: int, profile: bool = False) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--child", system, "--work", work]
     cmd += ["--workers", str(workers)] + (["--profile"] if profile else [])
-    root = BASE_ROOT if system == "base" else ROOT
+    root = BASE_ROOT if system.startswith("base") else ROOT
     env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=None, env=env, text=True)
     peak = peak_shm = 0

@@ -11,7 +11,7 @@
   :mod:`~shardloader.batching.packcollate`) and
   :func:`pack_rows`;
 * :mod:`~shardloader.batching.blocks`: :class:`TokenBlocks`, rows cut straight out of token
-  shards' streams (it assembles its own batches: :mod:`shardloader.read.blockpass`), and
+  shards' streams (it assembles its own batches: :mod:`~shardloader.batching.blockchunks`), and
   :func:`expand_on_device` for its lean batches (:mod:`~shardloader.batching.lean`);
 * :mod:`~shardloader.batching.raw`: :class:`RawCollate`, its :class:`RawBatch` of
   :class:`ByteColumn` (raw bytes, one buffer per field).

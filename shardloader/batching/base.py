@@ -97,7 +97,7 @@ class BatchPlanner(abc.ABC):
 
     #: What a batch names: ``"samples"`` (ids ``[k]`` or segments ``[k, 3]``, NOTE [what a
     #: batch is]) or ``"rows"`` of the token format's streams (:class:`TokenBlocks`: the
-    #: dataset reads them through :mod:`shardloader.read.blockpass`).
+    #: pass loads them through :mod:`shardloader.format.tokens.rows`).
     units: str = "samples"
     #: Whether :meth:`plan` needs every sample's length (the manifest's length field).
     needs_lengths: bool = False
@@ -180,7 +180,7 @@ class BatchPlanner(abc.ABC):
         raise UsageError(f"{type(self).__name__} plans whole samples, not segments")
 
     def count_rows(self, rows: int) -> int:
-        """How many batches :meth:`plan_rows` cuts ``rows`` rows into (``units == "rows"``)."""
+        """How many batches :meth:`plan` cuts ``rows`` rows into (``units == "rows"``)."""
         raise UsageError(f"{type(self).__name__} plans samples, not rows of token streams")
 
     def report_stream(

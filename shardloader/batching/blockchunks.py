@@ -2,19 +2,40 @@
 
 :mod:`shardloader.batching.blocks` plans which rows make a batch (NOTE [what a row is]); this
 module turns a chunk of those batches into the four ``[k, rows, seq_len]`` fields and their
-``cu_seqlens`` without a Python loop per document.  :mod:`shardloader.read.blockpass` calls it.
+``cu_seqlens`` without a Python loop per document, into the buffer that crosses to the main
+process (:func:`build`: TokenBlocks' collate).  The pass (:mod:`shardloader.read.samplepass`)
+calls it with the rows the token format loaded (:mod:`shardloader.format.tokens.rows`).
+
+NOTE [flagged repeats]
+    Under ``uneven="pad"`` a rank whose partition has run out of batches repeats batches from
+    the epoch's start, so every rank takes the same number of steps (DESIGN.md "Order and
+    split", 4).  Those tokens were trained on once already.  Every token-block batch carries
+    ``__pad__``, a bool ``[rows_per_batch]`` row flag (as sample batches carry one per
+    sample): True for each row of a repeated batch and for each padding row a short last
+    batch was filled up with.  A repeated row's ``labels`` are all -100
+    (``TokenBlocks(repeat_labels="ignore")``, the default), so a loss with
+    ``ignore_index=-100`` learns nothing from it twice; ``repeat_labels="keep"`` leaves them as
+    the first delivery had them, flagged only.  Input ids, positions and the attention mask
+    are unchanged: the step's shapes and its attention are what the first delivery had.
+    Whether a step repeats is the plan's arithmetic (:meth:`~shardloader.plan.split.
+    BatchSlots.repeats`), so every worker and rank flags the same rows, resumed or not.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from shardloader.batching.blocks import FIELDS, RowLayout
 from shardloader.batching.packed import IGNORE_INDEX
+from shardloader.deliver.transport import TokenBatches
 
-__all__ = ["FIELDS", "ChunkLayout", "assemble", "chunk_layout", "copy_rows"]
+if TYPE_CHECKING:
+    from shardloader.batching.blocks import TokenBlocks
+
+__all__ = ["FIELDS", "ChunkLayout", "assemble", "build", "chunk_layout", "copy_rows", "flag_rows"]
 
 
 @dataclass(frozen=True)
@@ -110,6 +131,27 @@ def assemble(
     ``streams[shard]`` is the shard's token array."""
     ids, labels, pos, mask = block
     _, k, rows, s = block.shape
+    padded = copy_rows(chunk, streams, ids, pad_id)
+    starts = chunk.starts
+    size = k * rows * s
+    seg = np.diff(starts, append=size)
+    np.subtract(_arange(size), np.repeat(starts, seg), out=pos.reshape(-1))
+    np.copyto(labels, ids)
+    labels.reshape(-1)[starts] = IGNORE_INDEX
+    mask.fill(1)
+    for array, value in ((labels, IGNORE_INDEX), (mask, 0)) if padded else ():
+        view = array.reshape(k * rows, s)
+        for slot, n in padded:
+            view[slot, n:] = value
+
+
+def copy_rows(
+    chunk: ChunkLayout, streams: dict[int, np.ndarray], ids: np.ndarray, fill: int = 0
+) -> list[tuple[int, int]]:
+    """Fill a chunk's ``[k, R, S]`` ids with its rows' tokens, ``fill`` past each row's real
+    tokens (a lean chunk, in the shards' dtype: 0, NOTE [lean batches] in
+    :mod:`shardloader.batching.lean`); return ``(slot, real tokens)`` of each short row."""
+    k, rows, s = ids.shape
     flat_rows = ids.reshape(k * rows, s)
     padded = []
     for slot, (shard, lo, n) in enumerate(
@@ -120,32 +162,62 @@ def assemble(
             continue
         if n:
             flat_rows[slot, :n] = streams[shard][lo : lo + n]
+        flat_rows[slot, n:] = fill
         padded.append((slot, n))
-    starts = chunk.starts
-    size = k * rows * s
-    seg = np.diff(starts, append=size)
-    np.subtract(_arange(size), np.repeat(starts, seg), out=pos.reshape(-1))
-    np.copyto(labels, ids)
-    labels.reshape(-1)[starts] = IGNORE_INDEX
-    mask.fill(1)
-    for array, value in ((ids, pad_id), (labels, IGNORE_INDEX), (mask, 0)) if padded else ():
-        view = array.reshape(k * rows, s)
-        for slot, n in padded:
-            view[slot, n:] = value
+    return padded
 
 
-def copy_rows(chunk: ChunkLayout, streams: dict[int, np.ndarray], ids: np.ndarray) -> None:
-    """Fill a lean chunk's ``[k, R, S]`` ids (the shards' dtype) with its rows' tokens, 0 past
-    each row's real tokens (NOTE [lean batches] in :mod:`shardloader.batching.lean`)."""
-    k, rows, s = ids.shape
-    flat_rows = ids.reshape(k * rows, s)
-    for slot, (shard, lo, n) in enumerate(
-        zip(chunk.shard.tolist(), chunk.lo.tolist(), chunk.n.tolist(), strict=True)
-    ):
-        if n:
-            flat_rows[slot, :n] = streams[shard][lo : lo + n]
-        if n < s:
-            flat_rows[slot, n:] = 0
+def build(
+    planner: TokenBlocks,
+    chunk: ChunkLayout,
+    tokens: dict[int, np.ndarray],
+    worker: int | None,
+    ring: Any,
+    repeated: np.ndarray,
+    lean: np.dtype | None,
+) -> list[Any]:
+    """Assemble a chunk's batches into one buffer: in a worker the one item that crosses (a
+    buffer, or a ring slot: NOTE [bundles] in :mod:`shardloader.deliver.transport`), in this
+    process its batches.  ``repeated``: per batch, whether it repeats one for equal steps
+    (NOTE [flagged repeats]); ``lean``: the shards' id dtype for lean batches (NOTE [lean
+    batches] in :mod:`shardloader.batching.lean`)."""
+    shape = (chunk.k, chunk.rows_per_batch, chunk.seq_len, chunk.cu.size)
+    pad, labels = planner.pad_id or 0, planner.repeat_labels
+    if lean is not None:
+        out = TokenBatches(*shape, worker, ring, (lean.name, pad, labels))
+        copy_rows(chunk, tokens, out.ids)
+        np.copyto(out.row_tokens, chunk.n.reshape(out.row_tokens.shape), casting="unsafe")
+        flag_rows(out.pad, None, chunk.shard, repeated, labels)
+    else:
+        out = TokenBatches(*shape, worker, ring)
+        assemble(chunk, tokens, out.block, pad)
+        flag_rows(out.pad, out.block[1], chunk.shard, repeated, labels)
+    out.cu[:] = chunk.cu
+    out.cu_sizes = tuple((np.diff(chunk.cuts) + 1).tolist())
+    out.max_seqlen = tuple(chunk.max_seqlen.tolist())
+    if worker is not None:
+        out.bundle = chunk.k > 1
+        return [out]
+    return out.batches()
+
+
+def flag_rows(
+    pad: np.ndarray,
+    labels: np.ndarray | None,
+    shard: np.ndarray,
+    repeated: np.ndarray,
+    mode: str,
+) -> None:
+    """Fill the ``[k, R]`` row flags of ``k`` assembled batches (``shard`` of each row, -1 for
+    padding rows; ``repeated`` per batch) and, under ``mode="ignore"``, set a repeated batch's
+    ``[k, R, S]`` labels to -100 (NOTE [flagged repeats]; a lean batch has no labels: the
+    device makes them from the flags)."""
+    k, rows = pad.shape
+    np.less(shard.reshape(k, rows), 0, out=pad)
+    if repeated.any():
+        pad[repeated] = True
+        if mode == "ignore" and labels is not None:
+            labels[repeated] = IGNORE_INDEX
 
 
 _ARANGE = np.arange(0, dtype=np.int64)

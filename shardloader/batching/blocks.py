@@ -23,7 +23,9 @@ lists the segments in flash-attn's varlen format.  All of it is computed with nu
 batches (:func:`shardloader.batching.blockchunks.assemble`), never per document in Python.
 
 Planning costs numpy work over the rows and the documents' lengths, nothing per document in
-Python; reading is :mod:`shardloader.read.blockpass`.
+Python.  The pass (:mod:`shardloader.read.samplepass`) loads rows through the token format
+(:mod:`shardloader.format.tokens.rows`) and assembles them
+(:mod:`shardloader.batching.blockchunks`).
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from shardloader.batching.base import (
 )
 from shardloader.errors import UsageError
 
-__all__ = ["FIELDS", "REMAINDER_POLICIES", "BatchLayout", "RowLayout", "TokenBlocks"]
+__all__ = ["FIELDS", "REMAINDER_POLICIES", "RowLayout", "TokenBlocks"]
 
 REMAINDER_POLICIES = ("pad", "drop")
 # (id(lengths), seq_len, remainder) -> (weak ref to lengths, shard sizes, layout)
@@ -81,22 +83,6 @@ class RowLayout:
 
 
 @dataclass(frozen=True)
-class BatchLayout:
-    """The segments of one planned batch, before any token is read.
-
-    ``rows`` of the batch come from ``shard``/``lo``/``n`` (real tokens per row; rows past
-    ``len(shard)`` are padding); ``starts`` are the segment starts in the flattened
-    ``[rows_per_batch * seq_len]`` batch (row starts, document starts inside rows, and the
-    start of each row's padding), sorted.
-    """
-
-    shard: np.ndarray
-    lo: np.ndarray
-    n: np.ndarray
-    starts: np.ndarray
-
-
-@dataclass(frozen=True)
 class TokenBlocks(BatchPlanner):
     """Batches of ``rows_per_batch`` rows of ``seq_len`` tokens, each row one window of a
     shard's token stream (NOTE [what a row is]); needs a ``tokens``-format dataset.
@@ -116,7 +102,7 @@ class TokenBlocks(BatchPlanner):
     :class:`~shardloader.batching.PackCollate` gives them; ``__pad__`` (bool ``[rows_per_batch]``)
     flags padding rows and rows repeated for equal steps under ``uneven="pad"``, whose labels
     are -100 unless ``repeat_labels="keep"`` (NOTE [flagged repeats] in
-    :mod:`shardloader.batching.rowflags`).  A document that a row boundary cuts
+    :mod:`shardloader.batching.blockchunks`).  A document that a row boundary cuts
     continues in another row, its pieces each starting at position 0.
 
     ``lean=True`` hands over ``input_ids`` in the shards' own dtype (uint16 or uint32) with
@@ -131,14 +117,14 @@ class TokenBlocks(BatchPlanner):
     remainder: str = "pad"
     tail: str = "keep"
     # -100 on rows repeated for equal steps, or "keep" (NOTE [flagged repeats] in
-    # batching/rowflags.py); not in the plan signature: it changes no row of the plan
+    # batching/blockchunks.py); not in the plan signature: it changes no row of the plan
     repeat_labels: str = field(default="ignore", repr=False)
     # batches of the shard's own ids and what a device needs to make the rest (NOTE [lean
     # batches] in batching/lean.py); not in the plan signature: the same tokens go where
     lean: bool = field(default=False, repr=False)
     needs_lengths = True
     elastic = "rows_per_batch"  # what a resume may change (shardloader/plan/elastic.py)
-    units = "rows"  # the dataset hands the pass to shardloader.read.blockpass
+    units = "rows"  # the pass loads rows of token shards (read/samplepass.py)
 
     def __post_init__(self) -> None:
         check_positive("seq_len", self.seq_len)
@@ -204,11 +190,6 @@ class TokenBlocks(BatchPlanner):
                 "cannot be skipped sample by sample: use on_error='raise'"
             )
 
-    def resolve_collate(self, collate_fn: Any, field: str | None) -> Any:
-        """No collate: the batch is assembled from the token stream (check_dataset refuses a
-        given one)."""
-        return collate_fn
-
     # -- planning (pure) ------------------------------------------------------------------
     def layout(self, shard_sizes: np.ndarray, lengths: np.ndarray | None) -> RowLayout:
         """The rows of a dataset of these shard sizes and per-document token counts (worked
@@ -256,13 +237,10 @@ class TokenBlocks(BatchPlanner):
     def plan(
         self, order: np.ndarray, lengths: np.ndarray | None, rng: np.random.Generator
     ) -> list[np.ndarray]:
-        """The order here is of rows (``units == "rows"``): :meth:`plan_rows`."""
-        return self.plan_rows(np.asarray(order, np.int64))
-
-    def plan_rows(self, rows: np.ndarray) -> list[np.ndarray]:
-        """Batches of ``rows_per_batch`` of the given row ids in order, the last one short
-        (``tail="keep"``) or left out: the epoch's rows, or after an elastic resume the rows
-        an earlier batch shape did not deliver (:mod:`shardloader.plan.elastic`)."""
+        """Batches of ``rows_per_batch`` of the row ids ``order`` (``units == "rows"``) in
+        order, the last one short (``tail="keep"``) or left out: the epoch's rows, or after an
+        elastic resume the rows an earlier batch shape did not deliver."""
+        rows = np.asarray(order, np.int64)
         r = self.rows_per_batch
         full = rows.size // r
         batches = list(rows[: full * r].reshape(full, r))
@@ -271,7 +249,7 @@ class TokenBlocks(BatchPlanner):
         return batches
 
     def count_rows(self, rows: int) -> int:
-        """How many batches :meth:`plan_rows` cuts ``rows`` rows into (by arithmetic)."""
+        """How many batches :meth:`plan` cuts ``rows`` rows into (by arithmetic)."""
         r = self.rows_per_batch
         return rows // r + (self.tail == "keep" and rows % r > 0)
 

@@ -16,7 +16,7 @@ NOTE [lean batches]
     value for value (``tests/test_lean_tokens.py`` checks every batch of an epoch), without a
     host synchronisation: positions restart at every ``cu_seqlens`` start, labels are the ids
     with -100 at every segment start, on padding and, under ``repeat_labels="ignore"``, on
-    every flagged row (NOTE [flagged repeats] in :mod:`shardloader.batching.rowflags`), and the
+    every flagged row (NOTE [flagged repeats] in :mod:`shardloader.batching.blockchunks`), and the
     attention mask is 1 on each row's first ``row_tokens`` tokens.  The plan is the same as
     without ``lean``: the same tokens go to the same rows, so it is no part of the plan
     signature and a run may switch it on resume.

@@ -12,7 +12,7 @@ Without workers the same layout lives in ordinary memory.
 Layout of a buffer holding ``k`` batches of ``R`` x ``S`` tokens: the four int64 fields as one
 ``[4, k, R, S]`` block (:data:`~shardloader.batching.blocks.FIELDS` in order), then every
 batch's int32 ``cu_seqlens``, one after the other, then the ``[k, R]`` bool ``__pad__`` row
-flags (NOTE [flagged repeats] in ``shardloader/batching/rowflags.py``).  A lean buffer
+flags (NOTE [flagged repeats] in ``shardloader/batching/blockchunks.py``).  A lean buffer
 (``TokenBlocks(lean=True)``, :mod:`shardloader.batching.lean`) holds ``[k, R, S]`` ids in the
 shard's own dtype instead of the block (its size rounded up to 8 bytes), then the
 ``cu_seqlens``, then the int32 ``[k, R]`` real tokens per row, then the row flags.

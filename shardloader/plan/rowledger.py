@@ -4,7 +4,7 @@ documents' tokens were repeated, dropped or cut, and why.
 Rows are windows of a shard's token stream, so a document may be delivered in part.  The
 entries add up to ``ds.report()``'s token counts: a ``padded`` entry per (repeated row,
 document it holds) with the tokens of that document the repeat delivers again (their sum is
-``repeated_tokens``; NOTE [flagged repeats] in :mod:`shardloader.batching.rowflags`), and one
+``repeated_tokens``; NOTE [flagged repeats] in :mod:`shardloader.batching.blockchunks`), and one
 ``dropped`` or ``truncated`` entry per document of which nothing, or only a part, is
 delivered (as ``dropped_samples``/``truncated_samples``, with ``dropped_tokens`` and
 ``truncated_tokens``).  The reason names what cut it: the shard's last partial row

@@ -10,7 +10,7 @@ rows within one row, which is its share of the tokens within one row (``seq_len`
 shard's last, partial row under ``remainder="pad"`` counts as a row).  Source ``s``'s row
 ``i`` is virtual row ``row_offset[s] + i``, which is the global row id of the virtual
 manifest's layout (sources' shards in order), so planning, the rank and worker split, elastic
-resume and the block read path (:mod:`shardloader.read.blockpass`, through
+resume and the row load stage of the pass (:mod:`shardloader.read.samplepass`, through
 :class:`~shardloader.read.mixed.MixedShards`) work on the mixed rows unchanged.
 """
 

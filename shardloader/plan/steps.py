@@ -44,9 +44,14 @@ class WorkerSteps(Sequence[np.ndarray]):
     """Sample ids of each step of one worker (``steps[j]``: its ``j``-th step), from the plan
     when asked; :meth:`walk` gives ``(j, slot, seed index)`` a window at a time."""
 
-    def __init__(self, plan: EpochPlan, worker: int, num_workers: int) -> None:
+    def __init__(self, plan: EpochPlan, worker: int, num_workers: int, bundle: int = 1) -> None:
         self.plan = plan
-        self.mine = plan.slots.worker_steps(worker, num_workers)
+        # the rank steps this worker serves: step j, or with bundles of several batches
+        # (NOTE [bundles] in deliver/transport.py) bundle j // bundle, modulo the workers
+        self.mine: range | np.ndarray = plan.slots.worker_steps(worker, num_workers)
+        if bundle > 1:
+            j = np.arange(plan.slots.steps_per_rank, dtype=np.int64)
+            self.mine = j[(j // bundle) % num_workers == worker]
         self._kept: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
     def __len__(self) -> int:
@@ -55,7 +60,9 @@ class WorkerSteps(Sequence[np.ndarray]):
     def window(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
         """``(slots, seed indices)`` of this worker's steps ``lo..hi-1``."""
         r = self.mine[lo:hi]
-        return self.plan.slots.steps(np.arange(r.start, r.stop, r.step, dtype=np.int64))
+        if isinstance(r, range):
+            r = np.arange(r.start, r.stop, r.step, dtype=np.int64)
+        return self.plan.slots.steps(r)
 
     def walk(self) -> Iterator[tuple[int, int, int]]:
         for lo in range(0, len(self), _WINDOW):
@@ -82,7 +89,7 @@ class WorkerSteps(Sequence[np.ndarray]):
         if got is None:
             if not 0 <= j < len(self):
                 raise IndexError(f"step {j} is outside this worker's {len(self)} steps")
-            slot = self.plan.slots.slot_of(self.mine[j])
+            slot = self.plan.slots.slot_of(int(self.mine[j]))
             batch = self.plan.batches[slot]
             got = (batch, batch_ids(batch))
             if len(self._kept) >= _KEEP:

@@ -9,8 +9,7 @@
 * :mod:`~shardloader.read.indexes`: their sample indexes, fetched, checked, kept parsed;
 * :mod:`~shardloader.read.sidecar`: a shard's sample index, read as untrusted input;
 * :mod:`~shardloader.read.readahead`: the node's read-ahead schedule;
-* :mod:`~shardloader.read.samplepass` / :mod:`~shardloader.read.blockpass`: one pass of a
-  worker, of samples or of token rows;
+* :mod:`~shardloader.read.samplepass`: one pass of a worker, of samples or of token rows;
 * :mod:`~shardloader.read.loading`: read, decode, transform a batch, and the skip rule;
 * :mod:`~shardloader.read.fields`: field aliases (several extensions, one field);
 * :mod:`~shardloader.read.mixed`: a mixture's virtual shards, reads routed to each source;

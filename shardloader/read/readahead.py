@@ -129,12 +129,20 @@ class ReadAhead:
 
 
 def pass_readahead(
-    shards: ShardSet, plan: EpochPlan, place: Place, depth: int, partition: Partition
+    shards: ShardSet,
+    plan: EpochPlan,
+    place: Place,
+    depth: int,
+    partition: Partition,
+    shard_of: Callable[[np.ndarray], np.ndarray] | None = None,
 ) -> ReadAhead:
     """This node's read-ahead schedule for a pass (NOTE [node-wide read-ahead] above), walked by
     the worker at ``place`` through ``shards``; ``depth`` is ``ReadOptions.readahead``.  The
     node's ranks are its partition's (NOTE [node partitions] in :mod:`shardloader.plan.partition`),
-    or with one partition those torchrun says share this node."""
+    or with one partition those torchrun says share this node.  ``shard_of``: the shard of each
+    unit the plan batches (default: of each sample id, ``shards.locate``)."""
+    if shard_of is None:
+        shard_of = lambda ids: shards.locate(ids)[0]  # noqa: E731
     if shards.in_place or depth <= 0:
         return ReadAhead(shards, [], 0)
     if partition.nodes > 1:
@@ -144,14 +152,14 @@ def pass_readahead(
         ranks = node_ranks(place.rank, place.world_size)
     per_rank = [plan.slots.of_rank(partition.local_rank(r)) for r in ranks]
     if is_lazy(plan):  # walked lazily: the first steps exact, then by block (plan/steps.py)
-        lazy = block_schedule(node_windows(plan, per_rank, lambda ids: shards.locate(ids)[0]))
+        lazy = block_schedule(node_windows(plan, per_rank, shard_of))
         return ReadAhead(shards, lazy, depth * len(ranks) * place.num_workers)
     reads = [batch_ids(b) for b in plan.batches]
     shard_ids, steps = [], []
     for slots in per_rank:
         parts = [reads[int(s)] for s in slots.slots]
         ids = np.concatenate(parts) if parts else np.zeros(0, np.int64)
-        shard_ids.append(shards.locate(ids)[0])
+        shard_ids.append(shard_of(ids))
         steps.append(np.repeat(np.arange(len(parts)), [len(p) for p in parts]))
     schedule = node_schedule(shard_ids, steps)
     return ReadAhead(shards, schedule, depth * len(ranks) * place.num_workers)

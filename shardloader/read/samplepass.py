@@ -1,11 +1,20 @@
-"""One pass of a sample dataset in one process: the worker's steps read, loaded and collated.
+"""One pass in one process: the worker's steps read ahead, loaded and collated.
 
-The dataset plans the epoch (:mod:`shardloader.plan.epoch`) and hands this module the pass, as
-:mod:`shardloader.read.blockpass` gets a token-block pass.  For each of the worker's steps
-(:class:`~shardloader.plan.steps.WorkerSteps`, worked out as walked) the node's read-ahead stages
-shards ahead (:func:`~shardloader.read.readahead.pass_readahead`), the batch is read with up to 15
-more whose shards are open already (:func:`_read_ahead`), then loaded by
-:class:`~shardloader.read.loading.SampleLoader` (decode, seeded transform) and collated.
+The dataset plans the epoch (:mod:`shardloader.plan.epoch`) and hands this module the pass.  A
+plan batches *units*: samples, or for a :class:`~shardloader.batching.blocks.TokenBlocks`
+planner rows of token shards (NOTE [what a row is] there), which the token format cuts as a
+tar shard holds samples.  One pass serves both: this worker's steps
+(:class:`~shardloader.plan.steps.WorkerSteps`, worked out as walked), the node's read-ahead
+staging shards ahead (:func:`~shardloader.read.readahead.pass_readahead`), then the load stage
+of the unit:
+
+* samples: the batch is read with up to 15 more whose shards are open already
+  (:func:`_read_ahead`), loaded by :class:`~shardloader.read.loading.SampleLoader` (decode,
+  seeded transform) and collated;
+* rows: a span of batches is sliced out of the staged shards' memory maps
+  (:class:`~shardloader.format.tokens.rows.TokenRows`, checked chunk by chunk) and assembled a
+  chunk (a bundle, in a worker) at a time by TokenBlocks' collate
+  (:func:`~shardloader.batching.blockchunks.build`): no sample is read, decoded or collated.
 """
 
 from __future__ import annotations
@@ -18,8 +27,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from shardloader.batching.base import batch_ids
+from shardloader.batching.blockchunks import build, chunk_layout
 from shardloader.batching.raw import RawCollate
 from shardloader.format.base import Rows
+from shardloader.format.tokens.layout import stream_field, token_dtype
+from shardloader.format.tokens.rows import TokenRows
 from shardloader.plan.partition import Partition
 from shardloader.plan.shuffle import derive_seeds, transform_seeds
 from shardloader.plan.steps import StepSeeds, WorkerSteps, is_lazy, pass_working_set
@@ -29,12 +41,14 @@ from shardloader.read.seeding import generator_of, seed_global_rngs
 from shardloader.read.shardset import working_set_bytes
 
 if TYPE_CHECKING:
+    from shardloader.batching.blocks import TokenBlocks
     from shardloader.codecs.allowlist import Decoder
     from shardloader.manifest import Manifest
     from shardloader.plan.epoch import EpochPlan
     from shardloader.plan.shuffle import ShuffleOptions
     from shardloader.plan.split import Place
     from shardloader.read.fields import FieldMap
+    from shardloader.read.readahead import ReadAhead
     from shardloader.read.shardset import ReadOptions, ShardSet
     from shardloader.read.skips import SkipLog
 
@@ -46,6 +60,9 @@ __all__ = ["SampleSource", "iterate_samples"]
 # of 30 KB spans ~9 shards, and at 1 MiB (one batch a pass) reading cost 22 us a sample, at
 # 8 MiB (8 batches) 14 us
 _READ_AHEAD, _READ_AHEAD_BYTES = 16, 8 << 20
+_CHUNK = 8  # row batches assembled into one buffer in a process without workers (measured: 2,
+#            4, 8, 16 batches; 8 was fastest; lean batches: 8 and 64 measured alike)
+_SPAN = 64  # row batches whose rows and segments are worked out together
 
 
 @dataclass(frozen=True)
@@ -67,13 +84,46 @@ class SampleSource:
     lengths: np.ndarray | None  # by global id, for cutting segment batches
     skip_log: SkipLog | None  # where run-time skips are appended (read/skips.py)
     partition: Partition = Partition()  # how the world is cut (shardloader.plan.partition)
+    rows: TokenBlocks | None = None  # the planner, when its units are token rows
+    bundle: int = 1  # row batches per worker output (NOTE [bundles] in deliver/transport.py)
+    ring: Any = None  # the loader's shared buffers (NOTE [ring slots] there)
 
 
 def iterate_samples(ds: SampleSource, plan: EpochPlan, place: Place, epoch: int) -> Iterator[Any]:
-    """Yield this worker's batches (or samples, unbatched) of the planned pass of ``epoch``."""
-    steps = WorkerSteps(plan, place.worker, place.num_workers)  # worked out as walked
-    need = _working_set(ds, plan)
-    shards = ds.open_shards(str(place), need)
+    """Yield this worker's batches (or samples, unbatched; or bundles of row batches) of the
+    planned pass of ``epoch``."""
+    from torch.utils.data import get_worker_info
+
+    info = get_worker_info()
+    worker = None if info is None else int(info.id)
+    bundle = max(ds.bundle, 1) if ds.rows is not None and worker is not None else 1
+    steps = WorkerSteps(plan, place.worker, place.num_workers, bundle)  # worked out as walked
+    bounds = None
+    if ds.rows is not None:  # a row's shard: by the rows' bounds (batching/blocks.py)
+        bounds = ds.rows.layout(ds.manifest.shard_sizes, ds.lengths).row_bounds
+    shard_of = None if bounds is None else functools.partial(_shard_of, bounds)
+    shards = ds.open_shards(str(place), _working_set(ds, plan, bounds))
+    try:
+        readahead = pass_readahead(shards, plan, place, ds.read.readahead, ds.partition, shard_of)
+        if ds.rows is None:
+            yield from _load_samples(ds, plan, place, epoch, steps, shards, readahead)
+        else:
+            per = bundle if worker is not None else _CHUNK
+            yield from _load_rows(ds, ds.rows, plan, steps, shards, readahead, worker, per)
+    finally:
+        shards.close()
+
+
+def _load_samples(
+    ds: SampleSource,
+    plan: EpochPlan,
+    place: Place,
+    epoch: int,
+    steps: WorkerSteps,
+    shards: Any,
+    readahead: ReadAhead,
+) -> Iterator[Any]:
+    """The load stage of samples: read, decode, transform (seeded per step), collate."""
     loader = SampleLoader(
         ds.field_map,
         ds.decoder,
@@ -102,35 +152,73 @@ def iterate_samples(ds: SampleSource, plan: EpochPlan, place: Place, epoch: int)
         and ds.transform is None
         and batched
     )
+    read: dict[int, Rows] = {}  # batches read ahead (see _read_ahead)
+    most = _read_ahead_batches(ds.manifest, steps)
+    for j, slot, seed_index in steps.walk():
+        readahead.advance(j * place.num_workers + place.worker)  # this rank's step
+        rows = read.pop(j, None)
+        if rows is None:
+            rows = _read_ahead(shards, steps, j, read, most)
+        batch, ids = steps.batch(j), steps[j]
+        if global_seeds is not None:
+            seed_global_rngs(global_seeds[j])
+        pads = plan.pad_mask(slot, seed_index, len(ids))
+        if raw and batch.ndim == 1:
+            yield loader.load_raw(shards, ids, pads, place, rows)
+            continue
+        generator = None
+        if generator_seeds is not None:
+            generator = generator_of(generator_seeds[j])
+        samples, substituted = loader.load_batch(shards, ids, pads, place, generator, rows)
+        if batch.ndim == 2:
+            samples = loader.cut_segments(batch, ids, samples, substituted, place)
+        if not batched:
+            if samples:
+                yield samples[0]
+        else:
+            yield _collate(ds.collate_fn, samples, shards)
+
+
+def _load_rows(
+    ds: SampleSource,
+    planner: TokenBlocks,
+    plan: EpochPlan,
+    steps: WorkerSteps,
+    shards: Any,
+    readahead: ReadAhead,
+    worker: int | None,
+    per: int,
+) -> Iterator[Any]:
+    """The load stage of token rows: a span of steps' rows sliced out of the staged shards
+    (the token format's batch read), assembled ``per`` batches into one buffer (in a worker
+    a bundle, yielded as one item).  (Assembling the next chunk in a thread while the loop
+    runs was measured and dropped: the Python between numpy calls holds the GIL, so nothing
+    overlapped and the hand-over cost 15 % more time per batch.)"""
+    assert ds.lengths is not None  # TokenBlocks.bind had them loaded
+    layout = planner.layout(ds.manifest.shard_sizes, ds.lengths)
+    tokens = TokenRows(shards, ds.lengths, ds.manifest.shard_sizes)
+    lean = None
+    if planner.lean:  # the shards' own id dtype, from the manifest
+        fields = ds.manifest.fields
+        lean = token_dtype(fields.get(stream_field(fields) or ""))
+    slots = plan.slots
     try:
-        readahead = pass_readahead(shards, plan, place, ds.read.readahead, ds.partition)
-        read: dict[int, Rows] = {}  # batches read ahead (see _read_ahead)
-        most = _read_ahead_batches(ds.manifest, steps)
-        for j, slot, seed_index in steps.walk():
-            readahead.advance(j * place.num_workers + place.worker)  # this rank's step
-            rows = read.pop(j, None)
-            if rows is None:
-                rows = _read_ahead(shards, steps, j, read, most)
-            batch, ids = steps.batch(j), steps[j]
-            if global_seeds is not None:
-                seed_global_rngs(global_seeds[j])
-            pads = plan.pad_mask(slot, seed_index, len(ids))
-            if raw and batch.ndim == 1:
-                yield loader.load_raw(shards, ids, pads, place, rows)
-                continue
-            generator = None
-            if generator_seeds is not None:
-                generator = generator_of(generator_seeds[j])
-            samples, substituted = loader.load_batch(shards, ids, pads, place, generator, rows)
-            if batch.ndim == 2:
-                samples = loader.cut_segments(batch, ids, samples, substituted, place)
-            if not batched:
-                if samples:
-                    yield samples[0]
-            else:
-                yield _collate(ds.collate_fn, samples, shards)
+        lo, n = 0, len(steps)
+        while lo < n:
+            hi = min(n, lo + (per * max(1, _SPAN // per) if lo else per))  # the first alone
+            readahead.advance(int(steps.mine[hi - 1]))
+            chosen, seeds = steps.window(lo, hi)
+            repeated = seeds // slots.nodes >= slots.num_batches  # NOTE [flagged repeats]
+            batches = [plan.batches[s] for s in chosen.tolist()]
+            whole = chunk_layout(layout, batches, planner.rows_per_batch)
+            loaded = tokens.load(whole.shard, whole.lo, whole.n)
+            for a in range(0, hi - lo, per):
+                b = min(a + per, hi - lo)
+                part = whole.part(a, b)
+                yield from build(planner, part, loaded, worker, ds.ring, repeated[a:b], lean)
+            lo = hi
     finally:
-        shards.close()
+        tokens.close()
 
 
 def _collate(collate_fn: Callable[..., Any] | None, samples: list[Any], shards: Any) -> Any:
@@ -148,12 +236,18 @@ def _collate(collate_fn: Callable[..., Any] | None, samples: list[Any], shards: 
         raise located from err
 
 
-def _working_set(ds: SampleSource, plan: EpochPlan) -> int:
-    """Staged bytes the pass keeps in use at once (``shards.working_set_bytes``)."""
+def _working_set(ds: SampleSource, plan: EpochPlan, bounds: np.ndarray | None) -> int:
+    """Staged bytes the pass keeps in use at once (``shards.working_set_bytes``); ``bounds``:
+    the first row of each shard, when the plan batches token rows."""
     if is_lazy(plan):
         return pass_working_set(ds.manifest, ds.shuffle, plan, ds.read.readahead)
     reads = [batch_ids(b) for b in plan.batches]
-    return working_set_bytes(ds.manifest, ds.shuffle, reads, ds.read.readahead)
+    return working_set_bytes(ds.manifest, ds.shuffle, reads, ds.read.readahead, bounds)
+
+
+def _shard_of(bounds: np.ndarray, units: np.ndarray) -> np.ndarray:
+    """The shard of each unit (by the shards' first units, ``bounds``)."""
+    return np.searchsorted(bounds, units, side="right") - 1
 
 
 def _skipped(log: SkipLog, epoch: int, sample: int, key: str, place: Place, err: Any) -> None:
