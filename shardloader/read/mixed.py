@@ -75,7 +75,7 @@ class MixedShards:
             + [self.id_offsets[-1:]]
         ).astype(np.int64)
         self.in_place = all(s.in_place for s in sets)
-        self.files = _MixedFiles(self)  # the block read path stages token shards by number
+        self.files = _MixedFiles(self)  # token rows (format/tokens/rows.py) stage shards by number
 
     def restage(self, shard: int) -> bool:
         own, local = self._source_of_shard(shard)
