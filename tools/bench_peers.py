@@ -35,6 +35,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from multiprocessing import Pool
 from typing import Any
 
@@ -59,7 +60,7 @@ def _image(i: int) -> bytes:
 
     rng = np.random.default_rng([7, i])
     low = Image.fromarray(rng.integers(0, 256, (8, 8, 3), dtype=np.uint8))
-    pixels = np.asarray(low.resize((256, 256), Image.BICUBIC), np.int16)
+    pixels = np.asarray(low.resize((256, 256), Image.Resampling.BICUBIC), np.int16)
     pixels = pixels + rng.integers(-15, 16, (256, 256, 3))
     out = io.BytesIO()
     Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8)).save(out, "JPEG", quality=90)
@@ -130,6 +131,8 @@ def build(work: str, images: int, docs: int, systems: list[str]) -> None:
 def _optimize(src: str, corpus: str, out: str) -> None:
     from litdata import optimize
 
+    fn: Callable[..., Any] = _litdata_docs
+    inputs: list[Any] = sorted(os.path.join(src, name) for name in os.listdir(src))
     if corpus == "images":
         fn, inputs = (
             _litdata_image,
@@ -139,8 +142,6 @@ def _optimize(src: str, corpus: str, out: str) -> None:
                 for name in sorted(os.listdir(os.path.join(src, c)))
             ],
         )
-    else:
-        fn, inputs = _litdata_docs, sorted(os.path.join(src, name) for name in os.listdir(src))
     optimize(
         fn=fn, inputs=inputs, output_dir=out, chunk_bytes="64MB", num_workers=2, mode="overwrite"
     )
