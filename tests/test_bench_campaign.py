@@ -27,7 +27,7 @@ def test_the_scale_sizes_every_corpus_and_each_step_names_a_tool(tmp_path):
 
     assert (flag(full["read"], "--images"), flag(full["read"], "--docs")) == ("20000", "200000")
     assert (flag(tiny["peers"], "--images"), flag(tiny["peers"], "--docs")) == ("1000", "10000")
-    assert flag(full["tokens"], "--docs") == "200000" and flag(tiny["tokens"], "--repeat") == "1"
+    assert flag(full["tokens"], "--docs") == "200000" and flag(tiny["tokens"], "--docs") == "64000"
     assert (flag(full["s3"], "--mb"), flag(full["s3"], "--pack-mb")) == ("200", "240")
     # pack reads the corpus read-build made, so the corpus is generated once
     assert flag(full["pack"], "--corpus") == os.path.join(str(tmp_path), "read", "corpus")
@@ -88,6 +88,10 @@ def test_the_summary_reads_each_tools_json(tmp_path):
     runners = {
         "shardloader train": {"img_s": 900.0, "cpu_ms": 2.0},
         "plain files + torchvision decode_jpeg": {"img_s": 450.0, "cpu_ms": 4.0},
+        "bare ops: decode of the crop box + resize to 224, 1 process": {
+            "img_s": 1e3,
+            "cpu_ms": 1.6,
+        },
     }
     vision = {"load": [1.0, 1.0, 1.0], "tables": [{"size": "256x256", "runners": runners}]}
     (tmp_path / "vision.json").write_text(json.dumps(vision))
@@ -126,6 +130,7 @@ def test_the_summary_reads_each_tools_json(tmp_path):
     assert "3.00 / 4.00" in one
     assert any("2 workers" in x and "keeps 0.50" in x for x in lines if "[tokens]" in x)
     assert any(x.startswith("| [vision]") and "| 2.00 | 2.00 |" in x for x in lines)
+    assert any(x.startswith("| [vision] train CPU / bare ops") and "| 1.25 |" in x for x in lines)
     assert any(x.startswith("| [pack] pack images") and "| 1.20 | 2.00 |" in x for x in lines)
     assert "| S3 | 12.5 |" in text and "read's own table" in text and "| read | 60 | 90 |" in text
 

@@ -18,16 +18,15 @@ take their names):
   tokens       TokenBlocks 2048 x 8, default and lean, against LitData's TokensLoader, 0 / 2
   vision       the JPEG train pipeline, 2 workers, batch 64, at 256x256 and 500x375
   s3           moto S3 against local disk and LitData, 2 workers, and pack to s3:// vs local
-  s3-docs      the same epochs with document-sized samples (1.5 KB, 305 MB): bench_s3 writes
-               JPEG-like bytes only, so this stands in for the documents row
   pack         shardloader pack against MDSWriter zstd on the read corpus's images and text
 
 ``--scale`` multiplies every corpus (1: the issue's 20,000 images, 200,000 documents, 54.5 M
 tokens, 200 MB on S3, 240 MB packed to S3); ``--scale 0.05`` checks that every step runs.
 Each tool's table goes to ``OUT/STEP.md`` (its stdout), its progress to ``OUT/STEP.log``, its
 figures to ``OUT/STEP.json``; ``uptime`` is recorded before and after each step.  At the end
-``OUT/SUMMARY.md`` holds the steps (wall time, load, exit status, command), the rows of the
-issue's table taken from the JSON files, and every tool's own tables.
+``OUT/SUMMARY.md`` holds the steps (wall time, CPU, load, exit status, command), the rows of
+the issue's table taken from the JSON files, and every tool's own tables.  ``--only`` reruns
+some steps into the same ``OUT`` and keeps the others' records (at the same ``--scale``).
 """
 
 from __future__ import annotations
@@ -59,6 +58,8 @@ def steps(out: str, scale: float, repeat: int) -> dict[str, list[str]]:
         return str(max(least, round(full * scale)))
 
     images, docs = n(20000, 200), n(200000, 2000)
+    # bench_tokens reads Pss_Anon after 1,000 batches and divides by it: >= 16.4 M tokens
+    tdocs = n(200000, 64000)
     corpus = os.path.join(out, "read", "corpus")
     read = ["tools/bench_read.py", "--work", f"{out}/read", "--images", images, "--docs", docs]
     read += ["--systems", READ_SYSTEMS]
@@ -69,7 +70,8 @@ def steps(out: str, scale: float, repeat: int) -> dict[str, list[str]]:
         "peers-build": [*peers, "--repeat", "0"],
         "read": [*read, "--repeat", r, "--workers", "0,2", "--json", f"{out}/read.json"],
         "peers": [*peers, "--repeat", r, "--workers", "0,2", "--json", f"{out}/peers.json"],
-        "tokens": ["tools/bench_tokens.py", "--docs", n(200000, 2000), "--work", f"{out}/tokens"]
+        # bench_tokens reuses its packed shards whatever --docs says: a folder per size
+        "tokens": ["tools/bench_tokens.py", "--docs", tdocs, "--work", f"{out}/tokens-{tdocs}"]
         + ["--systems", "shardloader,lean,litdata", "--workers", "0,2", "--repeat", r]
         + ["--markdown", "--json", f"{out}/tokens.json"],
         "vision": ["tools/bench_vision.py", "--sizes", "256x256,500x375", "--workers", "2"]
@@ -77,11 +79,6 @@ def steps(out: str, scale: float, repeat: int) -> dict[str, list[str]]:
         "s3": ["tools/bench_s3.py", "--mb", n(200, 8), "--pack-mb", n(240, 8), "--workers", "2"]
         + ["--shard-mb", "16", "--repeat", r, "--parts", "epochs,pack"]
         + ["--json", f"{out}/s3.json"],
-        # bench_s3 writes JPEG-like samples only: documents' size and count (1.5 KB, 305 MB)
-        # stand in for the documents row until it reads real text
-        "s3-docs": ["tools/bench_s3.py", "--mb", n(305, 8), "--sample-kb", "1.5"]
-        + ["--workers", "2", "--shard-mb", "16", "--repeat", r, "--parts", "epochs"]
-        + ["--json", f"{out}/s3-docs.json"],
         "pack": ["tools/bench_pack.py", "--corpus", corpus, "--out", f"{out}/pack-out"]
         + ["--images", images, "--docs", docs, "--repeat", r, "--workers", "2"]
         + ["--skip", "litdata,webdataset", "--json", f"{out}/pack.json"],
@@ -205,7 +202,8 @@ def token_rows(data: dict[str, Any]) -> list[str]:
             f"({lit[cpu]:.0f} µs/batch) | {own['mtok_s']:.1f} default / {lean['mtok_s']:.1f} "
             f"lean ({own[cpu]:.0f} / {lean[cpu]:.0f} µs/batch){keep} | "
             f"{own['mtok_s'] / lit['mtok_s']:.2f} / {lean['mtok_s'] / lit['mtok_s']:.2f} | "
-            f"{lit[cpu] / own[cpu]:.2f} / {lit[cpu] / lean[cpu]:.2f} | see tokens.md |"
+            f"{lit[cpu] / own[cpu]:.2f} / {lit[cpu] / lean[cpu]:.2f} | "
+            f"{data.get('load', [float('nan')])[0]:.1f} at the end |"
         )
     return out
 
@@ -225,6 +223,13 @@ def vision_rows(data: dict[str, Any]) -> list[str]:
             f"| {ours['img_s'] / best['img_s']:.2f} | {best['cpu_ms'] / ours['cpu_ms']:.2f} "
             f"| {' '.join(f'{x:.1f}' for x in data.get('load', []))} |"
         )
+        floor = next((v for k, v in runners.items() if k.startswith("bare ops")), None)
+        if floor:  # the train pipeline's CPU per image over its bare operations' (goal <= 1.15)
+            out.append(
+                f"| train CPU / bare ops (crop decode + resize), {table['size']} | - "
+                f"| {ours['cpu_ms']:.2f} / {floor['cpu_ms']:.2f} ms | "
+                f"{ours['cpu_ms'] / floor['cpu_ms']:.2f} | - | |"
+            )
     return out
 
 
@@ -317,7 +322,7 @@ def summary(out: str, info: dict[str, Any], records: list[dict[str, Any]], args:
         except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError) as e:
             got = [f"| {step} | not extracted ({type(e).__name__}: {e}); see {step}.md | | | | |"]
         lines += [row.replace("| ", f"| [{tool.split('/')[1][6:-3]}] ", 1) for row in got]
-    for step in ("s3", "s3-docs"):
+    for step in ("s3",):
         path = os.path.join(out, f"{step}.json")
         if os.path.exists(path):
             lines += ["", f"### {step} rows (tools/bench_s3.py; its own tables in {step}.md)", ""]
@@ -332,6 +337,16 @@ def summary(out: str, info: dict[str, Any], records: list[dict[str, Any]], args:
             with open(os.path.join(out, f"{r['step']}.log")) as f:
                 lines += ["", "FAILED; the end of its log:", "", "```", f.read()[-3000:], "```"]
     return "\n".join(lines) + "\n"
+
+
+def earlier(out: str, scale: float) -> list[dict[str, Any]]:
+    """The steps an earlier run at the same scale recorded in ``out`` (none at another)."""
+    try:
+        with open(os.path.join(out, "steps.json")) as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return []
+    return list(data["steps"]) if data.get("scale") == scale else []
 
 
 def main() -> None:
@@ -362,7 +377,9 @@ def main() -> None:
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     info = preflight(args.python, out, env, build=not args.no_build)
     print(json.dumps(info, indent=1), flush=True)
-    records = [run_step(s, plan[s], args.python, out, env) for s in chosen if s in plan]
+    done = {r["step"]: r for r in earlier(out, args.scale)}  # a rerun of some steps keeps the rest
+    done |= {s: run_step(s, plan[s], args.python, out, env) for s in chosen if s in plan}
+    records = [done[s] for s in plan if s in done]
     with open(os.path.join(out, "steps.json"), "w") as f:
         json.dump({"preflight": info, "steps": records, "scale": args.scale}, f, indent=1)
     text = summary(out, info, records, args)
