@@ -1,4 +1,4 @@
-"""Issue 34's whole table in one campaign: every benchmark tool, fixed arguments, one folder.
+"""The speed goals' whole table in one campaign: every benchmark tool, fixed arguments, one folder.
 
     python tools/bench_campaign.py [--out bench-out/campaign] [--scale 1] [--repeat 3]
                                    [--only STEP,...] [--skip STEP,...] [--plan]
@@ -20,12 +20,12 @@ take their names):
   s3           moto S3 against local disk and LitData, 2 workers, and pack to s3:// vs local
   pack         shardloader pack against MDSWriter zstd on the read corpus's images and text
 
-``--scale`` multiplies every corpus (1: the issue's 20,000 images, 200,000 documents, 54.5 M
+``--scale`` multiplies every corpus (1: the goals' 20,000 images, 200,000 documents, 54.5 M
 tokens, 200 MB on S3, 240 MB packed to S3); ``--scale 0.05`` checks that every step runs.
 Each tool's table goes to ``OUT/STEP.md`` (its stdout), its progress to ``OUT/STEP.log``, its
 figures to ``OUT/STEP.json``; ``uptime`` is recorded before and after each step.  At the end
 ``OUT/SUMMARY.md`` holds the steps (wall time, CPU, load, exit status, command), the rows of
-the issue's table taken from the JSON files, and every tool's own tables.  ``--only`` reruns
+the goals' table taken from the JSON files, and every tool's own tables.  ``--only`` reruns
 some steps into the same ``OUT`` and keeps the others' records (at the same ``--scale``).
 """
 
@@ -47,7 +47,7 @@ from typing import Any
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH_PYTHON = "/work/main/.venv-bench/bin/python"
 BENCH_LOG = "/tmp/benchvenv.log"  # where the workplace's venv build says "done"
-# each read step's systems: LitData was the best peer of every raw row (issue 34)
+# each read step's systems: LitData was the best peer of every raw row (the last independent check)
 READ_SYSTEMS = "shardloader,shardloader-arrow,litdata"
 
 
@@ -166,7 +166,7 @@ def _load(path: str) -> dict[str, Any]:
 
 
 def raw_rows(data: dict[str, Any], tar: str, arrow: str, cpu: str) -> list[str]:
-    """Issue rows 'raw images/documents, 0/2 workers' from bench_read's or bench_peers' rows."""
+    """The goals' raw rows (images / documents, 0 / 2 workers) from bench_read or bench_peers."""
     rows = {(r["corpus"], r["workers"], r["system"]): r for r in data["rows"]}
     out = []
     for corpus in ("images", "docs"):
@@ -309,7 +309,7 @@ def summary(out: str, info: dict[str, Any], records: list[dict[str, Any]], args:
         )
     lines += [
         "",
-        "## Issue 34's rows (medians; CPU per sample of the whole process tree; "
+        "## The goals' rows (medians; CPU per sample of the whole process tree; "
         "ratios: shardloader over the peer, CPU: the peer's over shardloader's)",
         "",
         "| work | peer (CPU) | shardloader (CPU) | ratio | CPU ratio | load |",

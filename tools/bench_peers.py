@@ -1,4 +1,4 @@
-"""Raw reads, shardloader against LitData: a second harness, written from issue 34's workload.
+"""Raw reads, shardloader against LitData: a second harness, written from the goals' workload.
 
     PYTHONPATH=. python tools/bench_peers.py [--images 20000] [--docs 200000] [--repeat 3]
                                              [--workers 0,2] [--batch 32] [--json FILE]
@@ -8,7 +8,7 @@ count), so that the two agreeing means something:
 
 * corpus (generated here, once under ``--work``): ``--images`` JPEGs of 256 x 256 (~23 KB, a
   smooth random field plus grain, quality 90) in 100 class folders, and ``--docs`` JSONL
-  documents ``{"id", "text"}`` of lognormal length (~1.5 KB mean) in 8 files: the issue's
+  documents ``{"id", "text"}`` of lognormal length (~1.5 KB mean) in 8 files: the goals'
   20,000 images (470 MB) and 200,000 documents (305 MB);
 * writers, each system's documented way with its defaults: ``shardloader pack`` (tar, and
   ``--format arrow``; 2 workers), LitData ``optimize`` (2 workers, 64 MB chunks);
