@@ -37,6 +37,7 @@ import json
 import os
 import resource
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -49,6 +50,7 @@ BENCH_PYTHON = "/work/main/.venv-bench/bin/python"
 BENCH_LOG = "/tmp/benchvenv.log"  # where the workplace's venv build says "done"
 # each read step's systems: LitData was the best peer of every raw row (the last independent check)
 READ_SYSTEMS = "shardloader,shardloader-arrow,litdata"
+NEEDS_GB = 15
 
 
 def steps(out: str, scale: float, repeat: int) -> dict[str, list[str]]:
@@ -106,7 +108,8 @@ def run_step(name: str, argv: list[str], python: str, out: str, env: dict[str, s
     with open(f"{out}/{name}.md", "w") as md, open(f"{out}/{name}.log", "w") as log:
         rc = subprocess.run([python, *argv], cwd=ROOT, env=env, stdout=md, stderr=log).returncode
     record |= {"rc": rc, "wall_s": time.perf_counter() - t0, "uptime_after": uptime()}
-    record["cpu_s"] = _children_cpu() - cpu0  # the tool and every process it started, reaped
+    # the tool and every process it started that was waited for (an orphan's CPU is not here)
+    record["cpu_s"] = _children_cpu() - cpu0
     print(
         f"    {record['wall_s']:.0f} s, CPU {record['cpu_s']:.0f} s, rc {rc}; "
         f"{record['uptime_after']}",
@@ -154,6 +157,9 @@ def preflight(python: str, out: str, env: dict[str, str], build: bool) -> dict[s
     except (OSError, IndexError):
         info["bench_venv_log"] = None
     info["cores"], info["uptime"] = os.cpu_count(), uptime()
+    info["free_gb"] = shutil.disk_usage(out).free / 1e9
+    if info["free_gb"] < NEEDS_GB:  # corpora, every system's copy, the node cache
+        print(f"warning: {info['free_gb']:.0f} GB free under {out}; a full run writes ~12 GB")
     return info
 
 
@@ -294,9 +300,10 @@ def summary(out: str, info: dict[str, Any], records: list[dict[str, Any]], args:
         f"native JPEG decoder: {info.get('native_jpeg')}",
         f"- Python {info.get('python')}; {info.get('versions')}; bench venv log: "
         f"{info.get('bench_venv_log')}",
-        f"- {info.get('cores')} cores; before: {info.get('uptime')}",
+        f"- {info.get('cores')} cores; {info.get('free_gb', 0):.0f} GB free; before: "
+        f"{info.get('uptime')}",
         "",
-        "| step | wall s | CPU s, all its processes | load before (1/5/15 min) | load after | rc |",
+        "| step | wall s | CPU s, reaped processes | load before (1/5/15 min) | load after | rc |",
         "|---|---:|---:|---|---|---:|",
     ]
     for r in records:
