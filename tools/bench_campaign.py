@@ -81,6 +81,10 @@ def steps(out: str, scale: float, repeat: int) -> dict[str, list[str]]:
         "s3": ["tools/bench_s3.py", "--mb", n(200, 8), "--pack-mb", n(240, 8), "--workers", "2"]
         + ["--shard-mb", "16", "--repeat", r, "--parts", "epochs,pack"]
         + ["--json", f"{out}/s3.json"],
+        # documents: the 1.5 KB JSONL lines, reads only (pack is measured above)
+        "s3-docs": ["tools/bench_s3.py", "--mb", n(100, 4), "--sample-kb", "1.5"]
+        + ["--workers", "2", "--shard-mb", "16", "--repeat", r, "--parts", "epochs"]
+        + ["--json", f"{out}/s3-docs.json"],
         "pack": ["tools/bench_pack.py", "--corpus", corpus, "--out", f"{out}/pack-out"]
         + ["--images", images, "--docs", docs, "--repeat", r, "--workers", "2"]
         + ["--skip", "litdata,webdataset", "--json", f"{out}/pack.json"],
@@ -329,7 +333,7 @@ def summary(out: str, info: dict[str, Any], records: list[dict[str, Any]], args:
         except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError) as e:
             got = [f"| {step} | not extracted ({type(e).__name__}: {e}); see {step}.md | | | | |"]
         lines += [row.replace("| ", f"| [{tool.split('/')[1][6:-3]}] ", 1) for row in got]
-    for step in ("s3",):
+    for step in ("s3", "s3-docs"):
         path = os.path.join(out, f"{step}.json")
         if os.path.exists(path):
             lines += ["", f"### {step} rows (tools/bench_s3.py; its own tables in {step}.md)", ""]

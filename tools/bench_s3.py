@@ -421,7 +421,8 @@ def run_child(kind: str, job: dict[str, Any], tree: str | None) -> dict[str, Any
     if tree is not None:
         env["PYTHONPATH"] = tree
     out = subprocess.run(
-        [sys.executable, TOOL, "--child", kind, json.dumps(job)],
+        [sys.executable, TOOL, "--child", kind, "-"],  # the job on stdin: a list of many
+        input=json.dumps(job),  # small samples overflows the argument list
         env=env,
         cwd=tempfile.gettempdir(),  # not a checkout: pack's forkserver puts the cwd on sys.path
         capture_output=True,
@@ -434,7 +435,7 @@ def run_child(kind: str, job: dict[str, Any], tree: str | None) -> dict[str, Any
 
 
 def child_main(kind: str, job_text: str) -> None:
-    job = json.loads(job_text)
+    job = json.loads(sys.stdin.read() if job_text == "-" else job_text)
     usage = _cpu()
     result = CHILDREN[kind](job)
     result["cpu"] = _cpu() - usage
