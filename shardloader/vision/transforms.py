@@ -172,7 +172,12 @@ class RandomResizedCrop:
         src = open_lazy(img, self.backend)
         size = size_of(src)
         box, flip = self.draw(*size, generator=generator)
-        return resize_chw(crop(src, box, jpeg.request(size, box, out_hw), flip=flip), out_hw)
+        wanted = jpeg.request(size, box, out_hw)
+        if isinstance(src, Encoded) and src.native:  # one native call: decode box, resize
+            out = jpeg.decode_resized(src.data, size, box, wanted, out_hw, flip=flip)
+            if out is not None:
+                return torch.from_numpy(out)
+        return resize_chw(crop(src, box, wanted, flip=flip), out_hw)
 
 
 @dataclass(frozen=True)
