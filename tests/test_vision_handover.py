@@ -72,3 +72,14 @@ def test_only_fixed_shape_pipelines_with_the_default_collate_get_slots(packed):
     assert image_ring(_dataset(packed), 2, 4) is not None
     assert image_ring(_dataset(packed, transform=odd), 2, 4) is None
     assert image_ring(_dataset(packed, collate_fn=list), 2, 4) is None
+
+
+def test_spawned_workers_map_the_same_slots(packed):
+    import multiprocessing
+
+    want = [b["image"] for b in sl.make_loader(_dataset(packed))]
+    spawn = multiprocessing.get_context("spawn")
+    loader = sl.make_loader(_dataset(packed), num_workers=2, multiprocessing_context=spawn)
+    got = [b["image"] for b in loader]
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+    assert loader.worker_init_fn.ring.received > 0
