@@ -66,16 +66,16 @@ class SlotCollate:
         if self.worker is None:
             info = torch.utils.data.get_worker_info()
             self.worker = info.id if info is not None else -1
+        field = self.field
+        # the other fields first: a slot is taken only once nothing can fail any more
+        rest = self.inner([{k: v for k, v in s.items() if k != field} for s in samples])
         shape = (len(images), *images[0].shape)
         taken = self.ring.take(self.worker, math.prod(shape))
         if taken is None:  # the loop still holds every slot's batch: the usual way, and the
             return Collected(self.ring.id, self.inner(samples))  # slots collected on arrival
         slot, raw = taken
         torch.stack(images, out=torch.from_numpy(raw).view(shape))
-        field = self.field
-        keys = list(samples[0])
-        rest = self.inner([{k: v for k, v in s.items() if k != field} for s in samples])
-        return SlotBatch(self.ring.id, self.worker, slot, shape, field, keys, rest)
+        return SlotBatch(self.ring.id, self.worker, slot, shape, field, list(samples[0]), rest)
 
 
 def _images(samples: Sequence[Any], field: str) -> list[torch.Tensor] | None:
