@@ -394,7 +394,7 @@ def stages(sample: int = 300) -> dict[str, dict[str, float]]:
             ],
         )
         outs = [resize_chw(c, hw) for c in crops]
-        timed(table, "resize (torch AA bilinear)", lambda c=crops: [resize_chw(x, hw) for x in c])
+        timed(table, "resize (resize_chw)", lambda c=crops: [resize_chw(x, hw) for x in c])
         timed(table, "flip (separate copy)", lambda o=outs: [x.flip(-1) for x in o])
         timed(table, "contiguous CHW copy", lambda o=outs: [vision.ToImageTensor()(x) for x in o])
         t = vision.train_transform(SIZE, field=None, backend=backend)
