@@ -16,6 +16,8 @@ from shardloader import vision
 from shardloader.vision.handover import image_ring
 from shardloader.vision.transforms import image_output
 
+pytestmark = pytest.mark.slow  # DataLoader workers, a packed module fixture
+
 
 def _jpeg(seed: int) -> bytes:
     rng = np.random.default_rng(seed)
