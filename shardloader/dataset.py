@@ -144,8 +144,18 @@ class ShardedDataset(DatasetState, IterableDataset):  # type: ignore[type-arg]
     def use_transport(self, bundle: int, ring: Any) -> None:
         """Hand ``bundle`` batches over per DataLoader item, through ``ring``'s shared slots:
         set in each worker by :class:`~shardloader.deliver.loader.ShardLoader` (NOTE [bundles] in
-        :mod:`shardloader.deliver.transport`), for planners that assemble batches themselves."""
+        :mod:`shardloader.deliver.transport`), for planners that assemble batches themselves,
+        and (``bundle`` 1) for image batches of a fixed shape, stacked into the slots
+        (:mod:`shardloader.vision.handover`)."""
         self._bundle, self._ring = bundle, ring
+        if bundle == 1 and ring is not None:  # image batches (shardloader/vision/handover.py)
+            from shardloader.batching.default import torch_collate
+            from shardloader.vision.handover import SlotCollate
+            from shardloader.vision.transforms import image_output
+
+            out = image_output(self.transform)
+            if out is not None and self.collate_fn is None:
+                self.collate_fn = SlotCollate(torch_collate, ring, out[0])
 
     @property
     def plan_signature(self) -> str:

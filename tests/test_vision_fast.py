@@ -301,3 +301,36 @@ def test_damaged_jpegs_never_crash_the_native_decoder():
         assert torch.equal(a, b)
         decoded += 1
     assert decoded > 0 and failed > 0
+
+
+@needs_native
+@pytest.mark.parametrize(
+    ("h", "w", "out_h", "out_w"),
+    [(190, 170, 224, 224), (400, 300, 224, 224), (50, 700, 224, 224), (1, 1, 16, 16)]
+    + [(300, 5, 7, 64), (224, 224, 224, 224), (9, 13, 9, 13), (333, 517, 31, 17)],
+)
+def test_the_native_resize_is_pillows_filter_within_one_level(h, w, out_h, out_w):
+    """Up, down, mixed, identity and odd sizes: Pillow's antialiased bilinear within one grey
+    level (14-bit coefficients), the same result for CHW and HWC-memory input."""
+    from shardloader.vision.image import resize_chw
+
+    a = _photo(h, w, h + w)
+    want = np.asarray(Image.fromarray(a).resize((out_w, out_h), Image.BILINEAR))
+    got = resize_chw(torch.from_numpy(a).permute(2, 0, 1), (out_h, out_w))
+    assert got.shape == (3, out_h, out_w) and (got.is_contiguous() or (h, w) == (out_h, out_w))
+    assert np.abs(got.permute(1, 2, 0).numpy().astype(int) - want).max() <= 1
+    kernel = jpeg.resize(a, (out_h, out_w))  # also at equal sizes, which resize_chw skips
+    assert kernel is not None and np.abs(kernel.transpose(1, 2, 0).astype(int) - want).max() <= 1
+    chw = torch.from_numpy(np.ascontiguousarray(a.transpose(2, 0, 1)))
+    assert torch.equal(resize_chw(chw, (out_h, out_w)), got)
+
+
+def test_without_the_extension_the_resize_is_torchs(monkeypatch):
+    from shardloader.vision.image import resize_chw
+
+    a = torch.from_numpy(_photo(40, 30, 3)).permute(2, 0, 1)
+    monkeypatch.setattr(jpeg, "_RESIZE", None)
+    want = torch.nn.functional.interpolate(
+        a[None].float(), size=(20, 25), mode="bilinear", antialias=True
+    )[0]
+    assert (resize_chw(a, (20, 25)).float() - want).abs().max() <= 1

@@ -9,19 +9,23 @@ medians printed, with the CPU time per image of all processes and the machine's 
 * bare decodes in ``--workers`` processes (no loader): PIL ``Image.open().load()`` (the issue's
   limit) and libjpeg-turbo's full decode through shardloader's native decoder (stricter: PIL's
   own overhead removed);
+* the train pipeline's physical limit, in this process: the native decode of each crop box plus
+  the resize to 224 and nothing else (``bare ops``: the goal is train CPU <= 1.15x this);
 * shardloader: ``Decoder(image="raw")`` + ``vision.train_transform(224)`` (the crop decoded
   alone, see shardloader/vision/jpeg.py), the same with ``backend="pil"`` (the fallback), and
   ``vision.eval_transform(224)``;
 * peers (where installed): torchvision-style ``RandomResizedCrop(224) + RandomHorizontalFlip``
   on uint8 tensors decoded by ``torchvision.io.decode_jpeg`` (their fastest CPU pipeline;
-  measured faster than PIL decode + PIL resize), over webdataset, LitData, MosaicML and an
-  ImageFolder of files; plus ImageFolder with torchvision's default PIL loader and transforms.
+  measured faster than PIL decode + PIL resize), over webdataset, LitData, MosaicML and plain
+  files (the row "plain files + torchvision decode_jpeg + v2 RandomResizedCrop", the goal's
+  best peer: shardloader's train row should reach 2x its img/s and half its CPU); plus
+  ImageFolder with torchvision's default PIL loader and transforms.
 
 A single-process profile (CPU ms per image, per stage) comes after the table.
 
     . /work/main/.venv-bench/bin/activate   # torch + torchvision, webdataset, litdata, streaming
     PYTHONPATH=. python tools/bench_vision.py [--images 2000] [--sizes 500x375,1024x768] \\
-        [--reps 5] [--workers 2] [--only NAME,...]
+        [--reps 5] [--workers 2] [--only "NAME;NAME"]
 """
 
 from __future__ import annotations
@@ -57,6 +61,8 @@ from shardloader.vision.image import Encoded, crop, resize_chw  # noqa: E402
 _IMAGES: list[bytes] = []  # inherited by forked processes, never pickled
 BATCH = 64
 SIZE = 224
+PEER = "plain files + torchvision decode_jpeg + v2 RandomResizedCrop"  # the issue's best peer
+FLOOR = "bare ops: decode of the crop box + resize to 224, 1 process"
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -65,7 +71,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--sizes", default="500x375", help="comma-separated WxH, e.g. 500x375,1024x768")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--only", default="", help="comma-separated runner names (default: all)")
+    ap.add_argument(
+        "--only", default="", help="runner names separated by ';' (default: all; names hold commas)"
+    )
     ap.add_argument("--json", help="write the medians here")
     return ap.parse_args(argv)
 
@@ -134,6 +142,32 @@ class BareDecode:
     def close(self) -> None:
         self.pool.close()
         self.pool.join()
+
+
+class BareOps:
+    """The physical limit of the train pipeline, in this process: the native decode of each
+    image's random-resized-crop box (flipped half the time, at the draft scale) and the resize
+    of it to 224, nothing else (boxes drawn and sizes read beforehand, not timed)."""
+
+    def __init__(self) -> None:
+        rrc = vision.RandomResizedCrop(SIZE, flip=0.5)
+        g = torch.Generator().manual_seed(0)
+        self.work = []
+        for data in _IMAGES:
+            size = Encoded(data).size
+            box, flip = rrc.draw(*size, generator=g)
+            self.work.append((data, size, box, jpeg.request(size, box, (SIZE, SIZE)), flip))
+
+    def epoch(self) -> int:
+        hw = (SIZE, SIZE)
+        for data, size, box, wanted, flip in self.work:
+            x = jpeg.decode_box(data, size, box, wanted, flip=flip)
+            assert x is not None
+            resize_chw(torch.from_numpy(x).permute(2, 0, 1), hw)
+        return len(self.work)
+
+    def close(self) -> None:
+        self.work = []
 
 
 class Loader:
@@ -360,7 +394,7 @@ def stages(sample: int = 300) -> dict[str, dict[str, float]]:
             ],
         )
         outs = [resize_chw(c, hw) for c in crops]
-        timed(table, "resize (torch AA bilinear)", lambda c=crops: [resize_chw(x, hw) for x in c])
+        timed(table, "resize (resize_chw)", lambda c=crops: [resize_chw(x, hw) for x in c])
         timed(table, "flip (separate copy)", lambda o=outs: [x.flip(-1) for x in o])
         timed(table, "contiguous CHW copy", lambda o=outs: [vision.ToImageTensor()(x) for x in o])
         t = vision.train_transform(SIZE, field=None, backend=backend)
@@ -388,12 +422,11 @@ def runners_for(work: str, files: list[tuple[str, int]], w: int, peers: bool) ->
     }
     if jpeg.native_reason() is None:
         make["bare decode, libjpeg-turbo"] = _later(BareDecode, w, "native")
+        make[FLOOR] = BareOps
     if not peers:
         return make
     make["ImageFolder + torchvision (PIL)"] = _later(imagefolder_runner, folders, files, w, True)
-    make["ImageFolder + torchvision (decode_jpeg)"] = _later(
-        imagefolder_runner, folders, files, w, False
-    )
+    make[PEER] = _later(imagefolder_runner, folders, files, w, False)
     for name, module, fn in (
         ("webdataset", "webdataset", webdataset_runner),
         ("LitData", "litdata", litdata_runner),
@@ -411,7 +444,7 @@ def runners_for(work: str, files: list[tuple[str, int]], w: int, peers: bool) ->
 def measure(args: argparse.Namespace, width: int, height: int, peers: bool) -> tuple:
     _IMAGES[:] = make_jpegs(args.images, width, height, seed=0)
     kb = sum(map(len, _IMAGES)) / len(_IMAGES) / 1024
-    only = set(filter(None, args.only.split(",")))
+    only = set(filter(None, (n.strip() for n in args.only.split(";"))))
     work = tempfile.mkdtemp(prefix="bv-")
     try:
         files = write_folders(os.path.join(work, "folders"))
@@ -499,6 +532,12 @@ def report(
                 f"- train / best peer ({name}): {ours[0] / wall:.2f} (wall), "
                 f"{cpu / ours[1]:.2f} (CPU)"
             )
+    floor = best.get(FLOOR)
+    if ours and floor:
+        print(
+            "- train CPU / bare ops (decode of the box + resize, 1 process): "
+            f"{ours[1] / floor[1]:.2f}"
+        )
     ev = best.get("shardloader eval")
     if ev:
         print(f"- eval / bare decode: {ev[0] / pil[0]:.2f} (PIL), {ev[0] / nat[0]:.2f} (native)")

@@ -64,7 +64,7 @@ class WorkerInit:
 
         watch_parent()
         info = get_worker_info()
-        if info is not None and self.bundle > 1:
+        if info is not None and (self.bundle > 1 or self.ring is not None):
             info.dataset.use_transport(self.bundle, self.ring)  # type: ignore[attr-defined]
         if self.user is not None:
             self.user(worker_id)

@@ -16,3 +16,23 @@ def decode(
     flip: bool,
     /,
 ) -> bytearray: ...
+def resize(
+    data: bytes | bytearray | memoryview,
+    width: int,
+    height: int,
+    out_width: int,
+    out_height: int,
+    /,
+) -> bytearray: ...
+def decode_resize(
+    data: bytes | bytearray | memoryview,
+    num: int,
+    x0: int,
+    y0: int,
+    x1: int,
+    y1: int,
+    flip: bool,
+    out_width: int,
+    out_height: int,
+    /,
+) -> bytearray: ...

@@ -9,9 +9,11 @@ decodes that box alone.  A JPEG goes to the native decoder (:mod:`shardloader.vi
 libjpeg-turbo decodes only the rows and MCU columns of the box, at the smallest 1/2, 1/4 or 1/8
 DCT scale that still covers the output, mirrored on the way out if flipped); where it is not
 built, or declines an image, or ``backend="pil"``, PIL decodes the whole image at the same scale
-(``draft``) and the box is cut from it.  Other formats go through PIL.  torch's vectorized uint8
-antialiased bilinear kernel then resizes the box (:func:`resize_chw`; measured several times
-faster than PIL's resize).  EXIF orientation is not applied, as in most training pipelines.
+(``draft``) and the box is cut from it.  Other formats go through PIL.  The box is then resized
+with Pillow's antialiased bilinear filter in SIMD C (:func:`resize_chw`, the extension's; in the
+same call as the decode for a native random-resized crop), the same kernel on every path, so
+both decoders give the same pixels; torch's uint8 kernel where the extension is not built.
+EXIF orientation is not applied, as in most training pipelines.
 """
 
 from __future__ import annotations
@@ -234,10 +236,21 @@ def _crop_pil(
 
 
 def resize_chw(img: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:
-    """Bilinear, antialiased resize of a CHW tensor; uint8 stays uint8 (torch's vectorized
-    uint8 kernel, several times faster than PIL's resize on channels-last memory)."""
+    """Bilinear, antialiased resize of a CHW tensor; uint8 stays uint8.  Uint8 RGB on the CPU
+    goes to the native kernel (:func:`shardloader.vision.jpeg.resize`, contiguous CHW out,
+    measured faster than torch's vectorized uint8 kernel with its copy to CHW); the rest, and
+    everything where the extension is not built, to torch's."""
     if tuple(img.shape[-2:]) == hw:
         return img
+    if (
+        img.dtype == torch.uint8
+        and img.ndim == 3
+        and img.shape[0] == 3
+        and img.device.type == "cpu"
+    ):
+        out = jpeg.resize(img.permute(1, 2, 0).numpy(), hw)  # free for HWC memory
+        if out is not None:
+            return torch.from_numpy(out)
     x = img[None]
     if x.dtype == torch.uint8:
         x = x.contiguous(memory_format=torch.channels_last)

@@ -31,6 +31,8 @@ __all__ = [
     "draft_factor",
     "scaled_box",
     "decode_box",
+    "decode_resized",
+    "resize",
 ]
 
 log = logging.getLogger(__name__)
@@ -47,6 +49,9 @@ except ImportError as _err:  # built only where a C compiler and libjpeg headers
 else:
     _WHY_NOT = None
 
+# the resize, for every path alike: whether the decoder is used or not (backend="pil", files it
+# declines), the same kernel makes the same pixels from the same box
+_RESIZE = _jpeg
 BACKENDS = ("auto", "pil")  # auto: the native decoder where built and able, else PIL
 _NATIVE_SPACES = frozenset({"YCbCr", "L", "RGB"})  # what libjpeg converts to RGB itself
 _SOI = b"\xff\xd8\xff"
@@ -102,6 +107,17 @@ def scaled_box(
     return x0, y0, x1, y1
 
 
+def _scaled(
+    size: tuple[int, int], box: tuple[int, int, int, int] | None, wanted: tuple[int, int] | None
+) -> tuple[int, tuple[int, int, int, int]]:
+    """The DCT reduction and the box in its pixels (x0, y0, x1, y1)."""
+    width, height = size
+    box = box if box is not None else (0, 0, width, height)
+    factor = draft_factor(size, wanted) if wanted is not None else 1
+    scaled = (-(-width // factor), -(-height // factor))
+    return factor, scaled_box(box, factor, scaled)
+
+
 def decode_box(
     data: bytes | bytearray | memoryview,
     size: tuple[int, int],
@@ -114,14 +130,42 @@ def decode_box(
     ``flip``), decoded at the scale PIL would draft to for ``wanted`` (:func:`request`); None
     if libjpeg objects."""
     assert _jpeg is not None, "probe() first"
-    width, height = size
-    box = box if box is not None else (0, 0, width, height)
-    factor = draft_factor(size, wanted) if wanted is not None else 1
-    scaled = (-(-width // factor), -(-height // factor))
-    x0, y0, x1, y1 = scaled_box(box, factor, scaled)
+    factor, (x0, y0, x1, y1) = _scaled(size, box, wanted)
     try:
         buf = _jpeg.decode(data, 8 // factor, x0, y0, x1, y1, flip)
     except _jpeg.JpegError as err:
         log.debug("native JPEG decode declined (%s); decoding with PIL", err)
         return None
     return np.frombuffer(buf, np.uint8).reshape(y1 - y0, x1 - x0, 3)
+
+
+def decode_resized(
+    data: bytes | bytearray | memoryview,
+    size: tuple[int, int],
+    box: tuple[int, int, int, int],
+    wanted: tuple[int, int],
+    out_hw: tuple[int, int],
+    *,
+    flip: bool = False,
+) -> np.ndarray | None:
+    """What :func:`decode_box` then :func:`resize` give, in one native call (the box is
+    decoded and resized without a Python object in between): uint8 CHW, or None if libjpeg
+    objects."""
+    assert _jpeg is not None, "probe() first"
+    factor, (x0, y0, x1, y1) = _scaled(size, box, wanted)
+    try:
+        buf = _jpeg.decode_resize(data, 8 // factor, x0, y0, x1, y1, flip, out_hw[1], out_hw[0])
+    except _jpeg.JpegError as err:
+        log.debug("native JPEG decode declined (%s); decoding with PIL", err)
+        return None
+    return np.frombuffer(buf, np.uint8).reshape(3, *out_hw)
+
+
+def resize(hwc: np.ndarray, out_hw: tuple[int, int]) -> np.ndarray | None:
+    """Antialiased bilinear resize of uint8 RGB pixels (HWC) to uint8 CHW: Pillow's filter in
+    SIMD C (:mod:`shardloader.vision._jpeg`); None where the extension is not built."""
+    if _RESIZE is None:
+        return None
+    h, w = hwc.shape[:2]
+    buf = _RESIZE.resize(np.ascontiguousarray(hwc).data, w, h, out_hw[1], out_hw[0])
+    return np.frombuffer(buf, np.uint8).reshape(3, *out_hw)

@@ -24,6 +24,13 @@ NOTE [transform generators]
     Precedence: a ``generator`` given to the transform itself (a field), then the one passed in the
     call, then torch's global generator (a transform called by hand).  Transforms are plain
     top-level classes, so they pickle into workers.
+
+NOTE [output shapes]
+    Transforms whose every result has one shape say so: ``out_shape(shape_before)`` gives the
+    uint8 shape after them (None: not fixed), and :func:`image_output` reads it off a dataset's
+    ``ApplyTo`` pipeline.  A :class:`~shardloader.deliver.loader.ShardLoader` sizes the shared
+    slots its workers stack image batches into from it (:mod:`shardloader.vision.handover`); a
+    batch that turns out otherwise is collated as usual, so a wrong answer costs speed only.
 """
 
 from __future__ import annotations
@@ -67,6 +74,7 @@ __all__ = [
     "train_transform",
     "eval_transform",
     "image_field",
+    "image_output",
 ]
 
 
@@ -155,12 +163,21 @@ class RandomResizedCrop:
         g = self.generator if self.generator is not None else generator
         return box, self.flip > 0 and _uniform(g, 1)[0] < self.flip
 
+    def out_shape(self, _: tuple[int, ...] | None) -> tuple[int, ...]:
+        """The (3, height, width) of every result (NOTE [output shapes])."""
+        return (3, *hw_of(self.size, "size"))
+
     def __call__(self, img: ImageLike, *, generator: torch.Generator | None = None) -> torch.Tensor:
         out_hw = hw_of(self.size, "size")
         src = open_lazy(img, self.backend)
         size = size_of(src)
         box, flip = self.draw(*size, generator=generator)
-        return resize_chw(crop(src, box, jpeg.request(size, box, out_hw), flip=flip), out_hw)
+        wanted = jpeg.request(size, box, out_hw)
+        if isinstance(src, Encoded) and src.native:  # one native call: decode box, resize
+            out = jpeg.decode_resized(src.data, size, box, wanted, out_hw, flip=flip)
+            if out is not None:
+                return torch.from_numpy(out)
+        return resize_chw(crop(src, box, wanted, flip=flip), out_hw)
 
 
 @dataclass(frozen=True)
@@ -254,6 +271,10 @@ class ResizeCenterCrop:
             hw_of(self.resize, "resize")
         _check_backend(self.backend)
 
+    def out_shape(self, _: tuple[int, ...] | None) -> tuple[int, ...]:
+        """The (3, height, width) of every result (NOTE [output shapes])."""
+        return (3, *hw_of(self.size, "size"))
+
     def __call__(self, img: ImageLike | Encoded) -> torch.Tensor:
         out_hw = hw_of(self.size, "size")
         short = self.resize if self.resize is not None else round(min(out_hw) / 0.875)
@@ -276,6 +297,12 @@ class ToImageTensor:
 
     channels_last: bool = False
 
+    def out_shape(self, shape: tuple[int, ...] | None) -> tuple[int, ...] | None:
+        """``shape`` (CHW), as HWC with ``channels_last`` (NOTE [output shapes])."""
+        if shape is None or not self.channels_last:
+            return shape
+        return (*shape[1:], shape[0])
+
     def __call__(self, img: ImageLike) -> torch.Tensor:
         return contiguous(crop(open_lazy(img)), self.channels_last)
 
@@ -289,6 +316,15 @@ class Compose:
 
     def __init__(self, transforms: Iterable[Callable[[Any], Any]]) -> None:
         object.__setattr__(self, "transforms", tuple(transforms))
+
+    def out_shape(self, shape: tuple[int, ...] | None) -> tuple[int, ...] | None:
+        """The shape every result has, if each transform says (NOTE [output shapes])."""
+        for t in self.transforms:
+            step = getattr(t, "out_shape", None)
+            if step is None:
+                return None
+            shape = step(shape)
+        return shape
 
     def __call__(self, img: Any, *, generator: torch.Generator | None = None) -> Any:
         for t in self.transforms:
@@ -313,6 +349,16 @@ class ApplyTo:
         out = dict(sample)
         out[self.field] = _call(self.transform, sample[self.field], generator)
         return out
+
+
+def image_output(transform: Any) -> tuple[str, tuple[int, ...]] | None:
+    """(field, uint8 shape) every sample's image has after ``transform`` when it is an
+    :class:`ApplyTo` of transforms that fix it (NOTE [output shapes]), else None."""
+    if not isinstance(transform, ApplyTo):
+        return None
+    step = getattr(transform.transform, "out_shape", None)
+    shape = step(None) if step is not None else None
+    return (transform.field, shape) if shape is not None else None
 
 
 def image_field(fields: Mapping[str, Any]) -> str | None:
