@@ -18,6 +18,7 @@ take their names):
   tokens       TokenBlocks 2048 x 8, default and lean, against LitData's TokensLoader, 0 / 2
   vision       the JPEG train pipeline, 2 workers, batch 64, at 256x256 and 500x375
   s3           moto S3 against local disk and LitData, 2 workers, and pack to s3:// vs local
+  s3-docs      the same reads of 1.5 KB documents
   pack         shardloader pack against MDSWriter zstd on the read corpus's images and text
 
 ``--scale`` multiplies every corpus (1: the goals' 20,000 images, 200,000 documents, 54.5 M
