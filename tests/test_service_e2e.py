@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import signal
 import socket
 import threading
@@ -265,6 +266,16 @@ def test_open_stream_is_listed_with_its_rank(server):
     it.close()
     lines = [line for line in text.splitlines() if line.startswith("shardloader_client_lag")]
     assert lines and 'rank="1"' in lines[0] and 'world_size="2"' in lines[0]
+
+
+def test_a_remote_loader_pickles_and_the_copy_reads(server):
+    """It holds no connection (its HTTP client is the process's): a copy sent to another
+    process, pickled, reads the same batches."""
+    copy = pickle.loads(pickle.dumps(remote(server, 0, 2)))
+    a, b = iter(remote(server, 0, 2)), iter(copy)
+    assert canonical(next(b)) == canonical(next(a))
+    a.close()
+    b.close()
 
 
 def test_closing_a_pass_midway_ends_its_reader_at_once(server):

@@ -22,7 +22,8 @@ from shardloader.options import World, from_old_keywords
 from shardloader.service.failover import Failover, get_json, service_url
 from shardloader.service.passreader import PassReader
 from shardloader.service.wireframes import PROTOCOL
-from shardloader.storage.httpclient import HttpClient
+from shardloader.storage.clients import client_for
+from shardloader.storage.httpclient import HttpClient, http_client
 from shardloader.storage.retry import RetryPolicy
 from shardloader.world import resolve_world
 
@@ -111,9 +112,6 @@ class RemoteLoader:
         self.pipeline_spec: dict[str, Any] | None = None  # ... and its description
         self._token = token if token is not None else _token_from_env()
         self.retry = retry or DEFAULT_REMOTE_RETRY
-        self._http = HttpClient(
-            self.retry.connect_timeout, self.retry.read_timeout, self._headers()
-        )
         self.prefetch = prefetch
         if transport is not None:
             if transport not in ("auto", "tcp"):
@@ -247,6 +245,15 @@ class RemoteLoader:
 
     def _headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self._token}"} if self._token else {}
+
+    @property
+    def _http(self) -> HttpClient:
+        """This process's HTTP client for the loader's timeouts and token, from the storage
+        layer's per-process cache: a pickled or forked loader makes its own."""
+        client: HttpClient = client_for(
+            "shardloader-service", {"headers": self._headers()}, self.retry, http_client
+        )
+        return client
 
     def _pin(self) -> None:
         if any(v is None for v in self._expect.values()):
