@@ -149,8 +149,9 @@ class _HttpBody:
     def abort(self) -> None:
         """From another thread: shut the socket down, so a read blocked on it returns."""
         conn = self._conn
-        if conn is not None and conn.sock is not None:
-            conn.sock.shutdown(socket.SHUT_RDWR)
+        sock = conn.sock if conn is not None else None  # read once: the reader may close it
+        if sock is not None:
+            sock.shutdown(socket.SHUT_RDWR)
 
     def _release(self) -> None:
         conn, self._conn = self._conn, None
