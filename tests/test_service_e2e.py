@@ -4,7 +4,12 @@ a local loader, byte for byte; auth on every request; malformed requests answere
 from __future__ import annotations
 
 import json
+import os
+import pickle
+import signal
 import socket
+import threading
+import time
 
 import pytest
 import torch
@@ -261,6 +266,33 @@ def test_open_stream_is_listed_with_its_rank(server):
     it.close()
     lines = [line for line in text.splitlines() if line.startswith("shardloader_client_lag")]
     assert lines and 'rank="1"' in lines[0] and 'world_size="2"' in lines[0]
+
+
+def test_a_remote_loader_pickles_and_the_copy_reads(server):
+    """It holds no connection (its HTTP client is the process's): a copy sent to another
+    process, pickled, reads the same batches."""
+    copy = pickle.loads(pickle.dumps(remote(server, 0, 2)))
+    a, b = iter(remote(server, 0, 2)), iter(copy)
+    assert canonical(next(b)) == canonical(next(a))
+    a.close()
+    b.close()
+
+
+def test_closing_a_pass_midway_ends_its_reader_at_once(server):
+    """The server goes silent (SIGSTOP) with the reader blocked on its socket: the loop's
+    close() aborts that socket, so the reader ends at once, not after the read timeout."""
+    it = iter(remote(server, 3, 4, prefetch=1000))
+    next(it)
+    os.kill(server.proc.pid, signal.SIGSTOP)
+    try:
+        time.sleep(1.0)  # the reader takes what the buffers hold, then waits on the socket
+        t0 = time.monotonic()
+        it.close()
+        took = time.monotonic() - t0
+    finally:
+        os.kill(server.proc.pid, signal.SIGCONT)
+    assert took < 5
+    assert not [t for t in threading.enumerate() if t.name == "shardloader-remote-rank3"]
 
 
 # -- auth -----------------------------------------------------------------------------------------

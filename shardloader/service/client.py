@@ -19,9 +19,11 @@ from typing import Any
 
 from shardloader.errors import ResumeError, UsageError
 from shardloader.options import World, from_old_keywords
+from shardloader.service.failover import Failover, get_json, service_url
 from shardloader.service.passreader import PassReader
-from shardloader.service.transport import Endpoint, Failover, get_json
 from shardloader.service.wireframes import PROTOCOL
+from shardloader.storage.clients import client_for
+from shardloader.storage.httpclient import HttpClient, http_client
 from shardloader.storage.retry import RetryPolicy
 from shardloader.world import resolve_world
 
@@ -92,7 +94,7 @@ class RemoteLoader:
         listed = [urls] if isinstance(urls, str) else list(urls)
         if not listed:
             raise UsageError("RemoteLoader needs at least one service URL")
-        self._endpoints = [Endpoint(u) for u in listed]
+        self._endpoints = [service_url(u) for u in listed]
         spelled = zip(_OLD_WORLD, (rank, world_size, ranks_per_node, data_parallel), strict=True)
         old = {k: v for k, v in spelled if v is not None}
         r, w, per_node = resolve_world(from_old_keywords(world, None, old, "RemoteLoader")[0])
@@ -129,7 +131,7 @@ class RemoteLoader:
     # -- public state ---------------------------------------------------------------------
     @property
     def urls(self) -> list[str]:
-        return [e.url for e in self._endpoints]
+        return list(self._endpoints)
 
     @property
     def rank(self) -> int:
@@ -244,22 +246,32 @@ class RemoteLoader:
     def _headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self._token}"} if self._token else {}
 
+    @property
+    def _http(self) -> HttpClient:
+        """This process's HTTP client for the loader's timeouts and token, from the storage
+        layer's per-process cache: a pickled or forked loader makes its own."""
+        client: HttpClient = client_for(
+            "shardloader-service", {"headers": self._headers()}, self.retry, http_client
+        )
+        return client
+
     def _pin(self) -> None:
         if any(v is None for v in self._expect.values()):
             self._info(self._epoch, self._start)
 
     def _info(self, epoch: int, position: int) -> dict[str, Any]:
-        def ask(endpoint: Endpoint) -> tuple[Endpoint, dict[str, Any]]:
-            params, headers = self._params(epoch, position), self._headers()
-            return endpoint, get_json(
-                endpoint, "/v1/info", params, headers, self.retry, self.pipeline_spec
-            )
+        def ask(url: str) -> tuple[str, dict[str, Any]]:
+            params = self._params(epoch, position)
+            return url, get_json(self._http, f"{url}/v1/info", params, self.pipeline_spec)
 
         failover = Failover(self._endpoints, self._first(), self.retry, on_fault=self._fault)
-        endpoint, info = failover.call(ask, f"read /v1/info (epoch {epoch}) from the service at")
+        try:
+            url, info = failover.call(ask, f"read /v1/info (epoch {epoch}) from the service at")
+        finally:  # no idle connection outlives the request (nor the loader: streams never pool)
+            self._http.close()
         if info.get("protocol") != PROTOCOL:
             raise UsageError(
-                f"{endpoint.url} speaks protocol {info.get('protocol')!r}, this "
+                f"{url} speaks protocol {info.get('protocol')!r}, this "
                 f"client {PROTOCOL}; run matching shardloader versions"
             )
         for key in ("fingerprint", "seed", "plan", "partitions"):
@@ -269,8 +281,8 @@ class RemoteLoader:
             self.pipeline, self.pipeline_spec = info["pipeline"], info.get("pipeline_spec")
         return info
 
-    def _fault(self, endpoint: Endpoint, err: BaseException) -> None:
-        log.info("%s: %s: %s; trying the next replica", endpoint.url, type(err).__name__, err)
+    def _fault(self, url: str, err: BaseException) -> None:
+        log.info("%s: %s: %s; trying the next replica", url, type(err).__name__, err)
         self.reconnects += 1
 
     def _first(self) -> int:

@@ -19,7 +19,7 @@ same one restarted, may not repeat:
 Attempts that deliver nothing are spent by the one retry loop there is,
 :func:`~shardloader.storage.retry.call_with_retries` under the loader's
 :class:`~shardloader.storage.retry.RetryPolicy` (through
-:class:`~shardloader.service.transport.Failover`): its budget counts from the last batch
+:class:`~shardloader.service.failover.Failover`): its budget counts from the last batch
 received, so a connection that delivered batches starts it afresh.  Answers that another
 attempt cannot change (400, 401, 409: another dataset, seed, plan or pipeline, and a
 pipeline's own ShardloaderError, which every replica would raise) raise at once.
@@ -31,7 +31,6 @@ import functools
 import http.client
 import logging
 import queue
-import socket
 import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -39,13 +38,7 @@ from urllib.parse import urlencode
 
 from shardloader import errors
 from shardloader.errors import ShardloaderError
-from shardloader.service.transport import (
-    Endpoint,
-    Failover,
-    _LoopStopped,
-    check_status,
-    remote_error,
-)
+from shardloader.service.failover import Failover, _LoopStopped, check_status, remote_error
 from shardloader.service.wiredecode import decode_batches
 from shardloader.service.wireframes import read_frame
 from shardloader.storage.retry import TruncatedBodyError
@@ -74,7 +67,7 @@ class PassReader:
         self.q: queue.Queue[Any] = queue.Queue(maxsize=loader.prefetch)
         self.received = 0  # steps of the pass received (the reader thread's own)
         self.stop = threading.Event()
-        self._sock: socket.socket | None = None
+        self._body: Any = None  # the stream being read, for close() to abort
         self._thread = threading.Thread(
             target=self._run, daemon=True, name=f"shardloader-remote-rank{loader.rank}"
         )
@@ -92,10 +85,10 @@ class PassReader:
 
     def close(self) -> None:
         self.stop.set()
-        sock = self._sock
-        if sock is not None:
+        body = self._body
+        if body is not None:
             try:
-                sock.shutdown(socket.SHUT_RDWR)  # wakes a blocked read
+                body.abort()  # wakes a blocked read
             except OSError:
                 pass
         self._thread.join(timeout=10)
@@ -131,17 +124,17 @@ class PassReader:
             return
         self._put(_END)
 
-    def _fault(self, endpoint: Endpoint, err: BaseException) -> None:
+    def _fault(self, endpoint: str, err: BaseException) -> None:
         log.info(
             "stream from %s broke at step %d (%s: %s); trying the next replica",
-            endpoint.url,
+            endpoint,
             self.received,
             type(err).__name__,
             err,
         )
         self.loader.reconnects += 1
 
-    def _stream(self, failover: Failover, endpoint: Endpoint) -> bool:
+    def _stream(self, failover: Failover, endpoint: str) -> bool:
         """Read the pass from ``endpoint`` at the first step not received: True at its end,
         False when it broke after delivering batches (the next call starts a fresh budget);
         a fault before any batch raises, as the retry loop wants it."""
@@ -154,7 +147,7 @@ class PassReader:
                 if kind == "batch":
                     if frame.header["step"] != self.received:
                         raise errors.DecodeError(
-                            f"{endpoint.url} sent step {frame.header['step']} where step "
+                            f"{endpoint} sent step {frame.header['step']} where step "
                             f"{self.received} was due ({place}, epoch {self.epoch})"
                         )
                     batches = decode_batches(frame)
@@ -164,13 +157,13 @@ class PassReader:
                 elif kind == "end":
                     if frame.header.get("steps") != self.received:
                         raise errors.DecodeError(
-                            f"{endpoint.url} ended the pass at {self.received} steps but "
+                            f"{endpoint} ended the pass at {self.received} steps but "
                             f"announced {frame.header.get('steps')} ({place})"
                         )
                     return True
                 elif kind == "error":
-                    raise remote_error(endpoint.url, frame.header, self.epoch, place)
-            raise TruncatedBodyError(f"{endpoint.url} closed the stream before its end")
+                    raise remote_error(endpoint, frame.header, self.epoch, place)
+            raise TruncatedBodyError(f"{endpoint} closed the stream before its end")
         except (OSError, http.client.HTTPException) as err:
             if self.received == begun or self.stop.is_set():
                 raise
@@ -179,20 +172,17 @@ class PassReader:
             failover.advance(endpoint, err)  # progress: reconnect at once, budget afresh
             return False
 
-    def _frames(self, endpoint: Endpoint, start: int) -> Iterator[Any]:
+    def _frames(self, endpoint: str, start: int) -> Iterator[Any]:
         loader = self.loader
-        conn = endpoint.connect(loader.retry)
-        self._sock = conn.sock
+        params = {**loader._params(self.epoch, self.position), "start": start}
+        body = loader._http.get(f"{endpoint}/v1/batches?{urlencode(params)}", any_status=True)
+        self._body = body
         try:
             if self.stop.is_set():
                 return
-            params = {**loader._params(self.epoch, self.position), "start": start}
-            query = f"{endpoint.prefix}/v1/batches?{urlencode(params)}"
-            conn.request("GET", query, headers=loader._headers())
-            resp = conn.getresponse()
-            check_status(endpoint, resp, loader.pipeline_spec)
-            while (frame := read_frame(resp.readinto)) is not None:
+            check_status(endpoint, body, loader.pipeline_spec)
+            while (frame := read_frame(body.readinto)) is not None:
                 yield frame
         finally:
-            self._sock = None
-            conn.close()
+            self._body = None
+            body.close()

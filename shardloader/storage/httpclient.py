@@ -76,6 +76,8 @@ class _HttpBody:
         self._url = url
         self._guard = guard
         self._got = 0
+        self.status = resp.status  # not 200/206 only where get() was called with any_status
+        self.headers = resp.headers
         self.etag: str | None = resp.getheader("ETag")
         self.content_type: str | None = resp.getheader("Content-Type")
 
@@ -120,6 +122,36 @@ class _HttpBody:
             if self._left == 0:
                 self._release()
         return data
+
+    def readinto(self, buf: memoryview) -> int:
+        """Bytes into ``buf``, with no copy past the socket's where the body has no length
+        (a chunked stream: the service's frames); 0 at its end."""
+        if self._conn is None or self._left is not None:  # read()'s checks
+            data = self.read(len(buf))
+            buf[: len(data)] = data
+            return len(data)
+        try:
+            got = self._resp.readinto(buf)
+        except BaseException as err:
+            self._drop()
+            late = self._late()
+            if late is not None:
+                raise late from err
+            raise
+        if not got:
+            self._drop()
+            late = self._late()
+            if late is not None:
+                raise late
+        self._got += got
+        return got
+
+    def abort(self) -> None:
+        """From another thread: shut the socket down, so a read blocked on it returns."""
+        conn = self._conn
+        sock = conn.sock if conn is not None else None  # read once: the reader may close it
+        if sock is not None:
+            sock.shutdown(socket.SHUT_RDWR)
 
     def _release(self) -> None:
         conn, self._conn = self._conn, None
@@ -197,7 +229,10 @@ class HttpClient:
         stop: int | None = None,
         deadline: Deadline | None = None,
         if_match: str | None = None,
+        any_status: bool = False,
     ) -> _HttpBody:
+        """One attempt; ``any_status``: a body whatever the (non-redirect) status, for a
+        caller that reads its own error answers (the service client)."""
         headers = dict(self.headers)
         rng = range_header(start, stop)
         if rng is not None:
@@ -228,7 +263,7 @@ class HttpClient:
                     guard.cancel()
                 url, headers = next_hop(chain, location, headers)
                 continue
-            if status not in (200, 206):
+            if status not in (200, 206) and not any_status:
                 _close(conn, resp)
                 if guard is not None:
                     guard.cancel()

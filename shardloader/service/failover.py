@@ -1,7 +1,8 @@
-"""HTTP plumbing of :class:`~shardloader.service.client.RemoteLoader`: one server URL, the
-status codes worth another attempt, the wait before it, JSON requests, a server's pipeline error
-as the matching :class:`~shardloader.errors.ShardloaderError`.  Plain ``http.client``: the client
-side of the service needs no HTTP library.
+"""The service client's failover over its replicas: one server URL, the answers worth another
+attempt, the wait before it, a JSON request, a server's pipeline error as the matching
+:class:`~shardloader.errors.ShardloaderError`.  The HTTP itself (kept-alive connections,
+timeouts, streamed bodies) is the storage layer's :class:`~shardloader.storage.httpclient.
+HttpClient`: the library has one HTTP client.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ import http.client
 import json
 import logging
 import random
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -27,15 +27,10 @@ from shardloader.errors import (
 )
 from shardloader.service.fingerprint import differences
 from shardloader.storage.classify import describe
+from shardloader.storage.httpclient import HttpClient
 from shardloader.storage.retry import RetryPolicy, call_with_retries
 
-__all__ = [
-    "Endpoint",
-    "Failover",
-    "check_status",
-    "get_json",
-    "remote_error",
-]
+__all__ = ["Failover", "check_status", "get_json", "remote_error", "service_url"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -57,33 +52,18 @@ class _LoopStopped(Exception):
     """The loop stopped reading (not a storage error: it passes the retry loop unchanged)."""
 
 
-class Endpoint:
-    """One server URL: ``http(s)://host:port[/prefix]``."""
-
-    def __init__(self, url: str) -> None:
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise UsageError(f"service URL {url!r} must look like http://host:port")
-        if parts.query or parts.fragment:
-            raise UsageError(f"service URL {url!r} must not carry a query or fragment")
-        self.url = url.rstrip("/")
-        self.https = parts.scheme == "https"
-        self.host = parts.hostname
-        self.port = parts.port or (443 if self.https else 80)
-        self.prefix = parts.path.rstrip("/")
-
-    def connect(self, policy: RetryPolicy) -> http.client.HTTPConnection:
-        cls = http.client.HTTPSConnection if self.https else http.client.HTTPConnection
-        conn = cls(self.host, self.port, timeout=policy.connect_timeout)
-        conn.connect()
-        assert conn.sock is not None
-        conn.sock.settimeout(policy.read_timeout)  # seconds without a byte, not per stream
-        conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return conn
+def service_url(url: str) -> str:
+    """``url`` checked to be ``http(s)://host:port[/prefix]``, without a trailing slash."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise UsageError(f"service URL {url!r} must look like http://host:port")
+    if parts.query or parts.fragment:
+        raise UsageError(f"service URL {url!r} must not carry a query or fragment")
+    return url.rstrip("/")
 
 
 class Failover:
-    """The service client's one retry loop: ``attempt(endpoint)`` on the replicas round-robin,
+    """The service client's one retry loop: ``attempt(url)`` on the replicas round-robin,
     from ``first``, under a :class:`~shardloader.storage.retry.RetryPolicy` (through
     :func:`~shardloader.storage.retry.call_with_retries`, the storage calls' loop).
 
@@ -96,24 +76,24 @@ class Failover:
 
     def __init__(
         self,
-        endpoints: list[Endpoint],
+        endpoints: list[str],
         first: int,
         policy: RetryPolicy,
         stop: threading.Event | None = None,
-        on_fault: Callable[[Endpoint, BaseException], None] | None = None,
+        on_fault: Callable[[str, BaseException], None] | None = None,
     ) -> None:
         self.endpoints, self.index, self.policy = endpoints, first, policy
         self.stop = stop or threading.Event()
         self.on_fault = on_fault
         self._rng = random.Random()  # spreads waits in time only: never touches the data order
 
-    def advance(self, endpoint: Endpoint, err: BaseException) -> None:
+    def advance(self, endpoint: str, err: BaseException) -> None:
         """A fault on ``endpoint``: the next attempt goes to the next replica."""
         self.index = (self.index + 1) % len(self.endpoints)
         if self.on_fault is not None:
             self.on_fault(endpoint, err)
 
-    def call(self, attempt: Callable[[Endpoint], T], what: str) -> T:
+    def call(self, attempt: Callable[[str], T], what: str) -> T:
         """``attempt``'s result; :class:`StorageError` once the policy's attempts or seconds
         are spent, naming every replica, the attempts and the last cause; a ShardloaderError
         ``attempt`` raises (409, 401, a pipeline's own error) at once."""
@@ -138,83 +118,79 @@ class Failover:
                     self.advance(endpoint, err)
                     after = err.retry_after if isinstance(err, _ServerUnavailable) else 0.0
                     if not after > 0:
-                        raise _ServerUnavailable(f"{endpoint.url}: {describe(err)}") from err
+                        raise _ServerUnavailable(f"{endpoint}: {describe(err)}") from err
                     busy += 1  # busy: Retry-After spends no attempt, only time
                     if busy % len(self.endpoints):
                         continue  # another replica may have room
                     left = self.policy.max_total_seconds - (time.monotonic() - began)
                     if left <= 0:
                         raise _ServerUnavailable(
-                            f"{endpoint.url} is still busy after {busy} tries in "
+                            f"{endpoint} is still busy after {busy} tries in "
                             f"{time.monotonic() - began:.1f} s: {err}"
                         ) from err
                     self.stop.wait(min(after * self._rng.uniform(1.0, 1.25), left))
 
-        urls = ", ".join(e.url for e in self.endpoints)
-        return call_with_retries(once, url=urls, policy=self.policy, what=what)
+        return call_with_retries(once, url=", ".join(self.endpoints), policy=self.policy, what=what)
 
 
-def check_status(
-    endpoint: Endpoint, resp: http.client.HTTPResponse, pipeline: dict[str, Any] | None = None
-) -> None:
-    """Nothing for 200; else the error the status means (``pipeline``: the description of the
-    pipeline the client pinned, to say what a replica's differs in)."""
-    if resp.status == 200:
+def check_status(url: str, body: Any, pipeline: dict[str, Any] | None = None) -> None:
+    """Nothing for 200; else the error the status of ``body`` (an
+    :class:`~shardloader.storage.httpclient.HttpClient` body) means (``pipeline``: the
+    description of the pipeline the client pinned, to say what a replica's differs in)."""
+    if body.status == 200:
         return
-    raw = resp.read(1 << 20)
+    raw = body.read(1 << 20)
+    body.close()
     try:
-        body = json.loads(raw)
-        message = str(body.get("error", raw[:300]))
+        answer = json.loads(raw)
+        message = str(answer.get("error", raw[:300]))
     except (ValueError, AttributeError):
-        body, message = {}, raw[:300].decode("utf-8", "replace")
-    where = f"{endpoint.url} answered {resp.status}"
-    if resp.status in (429, 500, 502, 503, 504):
+        answer, message = {}, raw[:300].decode("utf-8", "replace")
+    where = f"{url} answered {body.status}"
+    if body.status in (429, 500, 502, 503, 504):
         try:
-            after = float(resp.getheader("retry-after") or 0)
+            after = float(body.headers.get("retry-after") or 0)
         except ValueError:
             after = 0.0
-        raise _ServerUnavailable(f"{where}: {message}", after if resp.status in (429, 503) else 0.0)
-    if resp.status == 401:
+        raise _ServerUnavailable(f"{where}: {message}", after if body.status in (429, 503) else 0.0)
+    if body.status == 401:
         raise StorageError(
             f"{where}: {message}; pass RemoteLoader(token=...) with the server's token"
         )
-    if resp.status == 409 and "pipeline_spec" in body and pipeline is not None:
-        differ = differences(pipeline, body["pipeline_spec"])
+    if body.status == 409 and "pipeline_spec" in answer and pipeline is not None:
+        differ = differences(pipeline, answer["pipeline_spec"])
         raise ResumeError(
             f"{where}: {message}; what differs (here = the pipeline this client pinned, there = "
-            f"{endpoint.url}): {'; '.join(differ) or 'nothing that can be named'}"
+            f"{url}): {'; '.join(differ) or 'nothing that can be named'}"
         )
-    if resp.status == 409:
+    if body.status == 409:
         raise ResumeError(f"{where}: {message}")
     raise UsageError(f"{where}: {message}")
 
 
 def get_json(
-    endpoint: Endpoint,
-    path: str,
+    client: HttpClient,
+    url: str,
     params: dict[str, Any],
-    headers: dict[str, str],
-    policy: RetryPolicy,
     pipeline: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """One GET of a JSON object (``pipeline``: as :func:`check_status` takes it)."""
-    conn = endpoint.connect(policy)
+    """One GET of a JSON object at ``url`` (``pipeline``: as :func:`check_status` takes it)."""
+    body = client.get(f"{url}?{urlencode(params)}", any_status=True)
     try:
-        conn.request("GET", f"{endpoint.prefix}{path}?{urlencode(params)}", headers=headers)
-        resp = conn.getresponse()
-        check_status(endpoint, resp, pipeline)
-        body = json.loads(resp.read())
+        check_status(url, body, pipeline)
+        parts = []
+        while chunk := body.read(1 << 20):
+            parts.append(chunk)
+        answer = json.loads(b"".join(parts))
     except ValueError as err:
         if isinstance(err, ShardloaderError):
             raise
-        where = f"{endpoint.url}{path}"
-        raise _ServerUnavailable(f"{where} sent a body that is not JSON: {err}") from err
+        raise _ServerUnavailable(f"{url} sent a body that is not JSON: {err}") from err
     finally:
-        conn.close()
-    if not isinstance(body, dict):
-        kind = type(body).__name__
-        raise _ServerUnavailable(f"{endpoint.url}{path} sent {kind}, not a JSON object")
-    return body
+        body.close()
+    if not isinstance(answer, dict):
+        raise _ServerUnavailable(f"{url} sent {type(answer).__name__}, not a JSON object")
+    return answer
 
 
 def remote_error(
