@@ -146,14 +146,13 @@ class ShardedDataset(DatasetState, IterableDataset):  # type: ignore[type-arg]
         set in each worker by :class:`~shardloader.deliver.loader.ShardLoader` (NOTE [bundles] in
         :mod:`shardloader.deliver.transport`), for planners that assemble batches themselves,
         and (``bundle`` 1) for image batches of a fixed shape, stacked into the slots
-        (:mod:`shardloader.vision.handover`)."""
+        (:mod:`shardloader.deliver.slotcollate`)."""
         self._bundle, self._ring = bundle, ring
-        if bundle == 1 and ring is not None:  # image batches (shardloader/vision/handover.py)
+        if bundle == 1 and ring is not None:  # image batches (deliver/slotcollate.py)
             from shardloader.batching.default import torch_collate
-            from shardloader.vision.handover import SlotCollate
-            from shardloader.vision.transforms import image_output
+            from shardloader.deliver.slotcollate import SlotCollate, fixed_output
 
-            out = image_output(self.transform)
+            out = fixed_output(self.transform)
             if out is not None and self.collate_fn is None:
                 self.collate_fn = SlotCollate(torch_collate, ring, out[0])
 

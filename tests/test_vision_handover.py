@@ -1,5 +1,5 @@
 """Image batches cross from the workers through the loader's shared slots
-(shardloader/vision/handover.py): the same batches as without workers, also while the loop holds
+(shardloader/deliver/slotcollate.py): the same batches as without workers, also while the loop holds
 more batches than there are slots, and only for pipelines whose image shape is fixed."""
 
 from __future__ import annotations
@@ -13,8 +13,7 @@ from PIL import Image
 
 import shardloader as sl
 from shardloader import vision
-from shardloader.vision.handover import image_ring
-from shardloader.vision.transforms import image_output
+from shardloader.deliver.slotcollate import fixed_output, image_ring
 
 pytestmark = pytest.mark.slow  # DataLoader workers, a packed module fixture
 
@@ -66,11 +65,11 @@ def test_batches_through_the_slots_equal_the_in_process_ones_even_when_all_are_h
 
 
 def test_only_fixed_shape_pipelines_with_the_default_collate_get_slots(packed):
-    assert image_output(vision.train_transform(24)) == ("image", (3, 24, 24))
-    assert image_output(vision.eval_transform(20, channels_last=True)) == ("image", (20, 20, 3))
-    assert image_output(vision.train_transform(24, field=None)) is None  # not a sample dict
+    assert fixed_output(vision.train_transform(24)) == ("image", (3, 24, 24))
+    assert fixed_output(vision.eval_transform(20, channels_last=True)) == ("image", (20, 20, 3))
+    assert fixed_output(vision.train_transform(24, field=None)) is None  # not a sample dict
     odd = vision.ApplyTo("image", vision.Compose([vision.RandomResizedCrop(8), lambda x: x]))
-    assert image_output(odd) is None  # a transform that does not say its shape
+    assert fixed_output(odd) is None  # a transform that does not say its shape
     assert image_ring(_dataset(packed), 2, 4) is not None
     assert image_ring(_dataset(packed, transform=odd), 2, 4) is None
     assert image_ring(_dataset(packed, collate_fn=list), 2, 4) is None

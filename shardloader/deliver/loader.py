@@ -75,8 +75,8 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
                     kwargs["prefetch_factor"] + 3,
                     bundle * batch_bytes(dataset) * 5 // 4,
                 )
-            else:  # image batches of one shape: stacked into slots (shardloader/vision/handover.py)
-                from shardloader.vision.handover import image_ring
+            else:  # image batches of one shape: stacked into slots (deliver/slotcollate.py)
+                from shardloader.deliver.slotcollate import image_ring
 
                 ring = image_ring(dataset, kwargs["num_workers"], kwargs["prefetch_factor"])
             check_workers_pickle(  # NOTE [worker start methods] in deliver/workerstart.py

@@ -27,9 +27,10 @@ NOTE [transform generators]
 
 NOTE [output shapes]
     Transforms whose every result has one shape say so: ``out_shape(shape_before)`` gives the
-    uint8 shape after them (None: not fixed), and :func:`image_output` reads it off a dataset's
-    ``ApplyTo`` pipeline.  A :class:`~shardloader.deliver.loader.ShardLoader` sizes the shared
-    slots its workers stack image batches into from it (:mod:`shardloader.vision.handover`); a
+    uint8 shape after them (None: not fixed), and :meth:`ApplyTo.fixed_output` declares the
+    field's shape of a dataset's ``ApplyTo`` pipeline.  A
+    :class:`~shardloader.deliver.loader.ShardLoader` sizes the shared slots its workers stack
+    image batches into from it (:mod:`shardloader.deliver.slotcollate`); a
     batch that turns out otherwise is collated as usual, so a wrong answer costs speed only.
 """
 
@@ -74,7 +75,6 @@ __all__ = [
     "train_transform",
     "eval_transform",
     "image_field",
-    "image_output",
 ]
 
 
@@ -350,15 +350,12 @@ class ApplyTo:
         out[self.field] = _call(self.transform, sample[self.field], generator)
         return out
 
-
-def image_output(transform: Any) -> tuple[str, tuple[int, ...]] | None:
-    """(field, uint8 shape) every sample's image has after ``transform`` when it is an
-    :class:`ApplyTo` of transforms that fix it (NOTE [output shapes]), else None."""
-    if not isinstance(transform, ApplyTo):
-        return None
-    step = getattr(transform.transform, "out_shape", None)
-    shape = step(None) if step is not None else None
-    return (transform.field, shape) if shape is not None else None
+    def fixed_output(self) -> tuple[str, tuple[int, ...]] | None:
+        """(field, uint8 shape) of every result when the transforms fix it (NOTE [output
+        shapes]), else None: read by :func:`shardloader.deliver.slotcollate.fixed_output`."""
+        step = getattr(self.transform, "out_shape", None)
+        shape = step(None) if step is not None else None
+        return (self.field, shape) if shape is not None else None
 
 
 def image_field(fields: Mapping[str, Any]) -> str | None:

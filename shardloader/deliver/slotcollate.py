@@ -1,4 +1,5 @@
-"""Image batches handed from DataLoader workers through the loader's shared slots.
+"""Batches of fixed-shape uint8 fields (images) handed from DataLoader workers through the
+loader's shared slots.
 
 Collated the usual way, a batch's image tensor is stacked into a fresh shared-memory segment
 (torch's ``default_collate`` inside a worker): created, faulted in page by page, its file
@@ -11,8 +12,10 @@ there) and sends only (ring, worker, slot); the training process rebuilds the ba
 image tensor as a view of the slot, which goes back to the worker once no tensor refers to it.
 
 A :class:`~shardloader.deliver.loader.ShardLoader` sets this up (:func:`image_ring`) only for a
-dataset with the default collate and a transform whose every image has one known shape (NOTE
-[output shapes] in :mod:`shardloader.vision.transforms`), e.g. ``train_transform(224)``.  A
+dataset with the default collate and a transform that declares the one shape of its output
+field, ``fixed_output() -> (field, shape) | None`` (:func:`fixed_output`; the vision pipelines'
+``ApplyTo`` does, NOTE [output shapes] in :mod:`shardloader.vision.transforms`), e.g.
+``train_transform(224)``.  This module knows nothing of vision: any transform may declare it.  A
 batch that does not fit (other shapes or dtypes, a short last batch is fine) or finds no free
 slot (the loop holds its batches) is collated the usual way: the same batch either way.
 """
@@ -28,19 +31,24 @@ import torch
 from shardloader.deliver.transport import _RINGS, Ring
 from shardloader.errors import ShardError
 
-__all__ = ["MAX_RING_BYTES", "SlotCollate", "image_ring"]
+__all__ = ["MAX_RING_BYTES", "SlotCollate", "fixed_output", "image_ring"]
 
 MAX_RING_BYTES = 2 << 30  # a larger ring (huge batches) is not worth its memory: no slots
+
+
+def fixed_output(transform: Any) -> tuple[str, tuple[int, ...]] | None:
+    """(field, uint8 shape) that every sample's ``field`` has after ``transform``, when the
+    transform declares it through a ``fixed_output()`` method, else None."""
+    declared = getattr(transform, "fixed_output", None)
+    return declared() if callable(declared) else None
 
 
 def image_ring(dataset: Any, workers: int, prefetch_factor: int) -> Ring | None:
     """The ring a ShardLoader's ``workers`` stack ``dataset``'s image batches into, or None
     where that does not apply (a planner, a collate of the user's, no fixed image shape)."""
-    from shardloader.vision.transforms import image_output
-
     if dataset.planner is not None or dataset.collate_fn is not None or not dataset.batch_size:
         return None
-    out = image_output(dataset.transform)
+    out = fixed_output(dataset.transform)
     if out is None:
         return None
     slot_bytes = dataset.batch_size * math.prod(out[1])
