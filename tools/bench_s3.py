@@ -303,8 +303,9 @@ def child_epoch(job: dict[str, Any]) -> dict[str, Any]:
         read=read,
         collate_fn=_count_samples,
     )
+    built = time.perf_counter() - start  # the fixed cost: client set-up and the manifest GET
     loader = sl.make_loader(ds, num_workers=job["workers"], persistent_workers=False)
-    return _drain(loader, start, job.get("limit"))
+    return {**_drain(loader, start, job.get("limit")), "construct": built}
 
 
 def child_litdata(job: dict[str, Any]) -> dict[str, Any]:
@@ -693,6 +694,7 @@ def write_json(path: str, rows: Rows, stored: int, nshards: int) -> None:
                 "vs_local": local / secs if local else None,
                 "vs_bare": stored / MB / secs / best if best else None,
                 "first_batch_s": rows.median(name, reader, "first"),
+                "construct_s": rows.median(name, reader, "construct"),
                 "requests_per_shard": shard_reqs / nshards if reqs else None,
             }
         )
@@ -716,6 +718,16 @@ def _per_mb(rows: Rows, name: str, reader: str, stored: int) -> float | None:
     return statistics.median(sums) / (stored / MB) * 1e3 if sums else None
 
 
+def _after_construction(rows: Rows, name: str, reader: str) -> float | None:
+    """The median epoch seconds less the run's own construction (None: not recorded)."""
+    rest = [
+        r["seconds"] - r["construct"]
+        for r in rows.runs.get((name, reader), [])
+        if r.get("construct") is not None
+    ]
+    return statistics.median(rest) if rest else None
+
+
 def report_epochs(
     args: argparse.Namespace,
     rows: Rows,
@@ -731,21 +743,23 @@ def report_epochs(
     )
     print(
         "\n| source | reader | MB/s | samples/s | vs local (same reader) | vs bare boto3 | "
-        "1st batch s | requests / shard | client CPU s | server CPU s | CPU ms/MB, all |"
+        "1st batch s | construct s | vs local, construction apart | requests / shard | "
+        "client CPU s | server CPU s | CPU ms/MB, all |"
     )
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for t in (2, 4):
         name = f"bare boto3 get_object x{t}"
         secs = rows.median(name, "-", "seconds")
         print(
             f"| S3 (moto) | {name} | {fmt(stored / MB / secs if secs else None, '.0f')} | - | - | "
-            f"{fmt(stored / MB / secs / bare if secs else None)} | - | 1.0 | "
+            f"{fmt(stored / MB / secs / bare if secs else None)} | - | - | - | 1.0 | "
             f"{fmt(rows.median(name, '-', 'cpu'))} | {fmt(rows.median(name, '-', 'server_cpu'))} "
             f"| {fmt(_per_mb(rows, name, '-', stored))} |"
         )
     readers = [label for label, _ in labels] + (["LitData"] if litdata else [])
     for reader in readers:
         local_secs = rows.median("local disk", reader, "seconds")
+        local_rest = _after_construction(rows, "local disk", reader)
         for name in ("local disk", "S3 (moto)", "HTTP (http.server)"):
             secs = rows.median(name, reader, "seconds")
             if secs is None:
@@ -761,12 +775,17 @@ def report_epochs(
                 f"| {name} | {reader_name} | {stored / MB / secs:.0f} | {nsamples / secs:,.0f} | "
                 f"{fmt(local_secs / secs if local_secs else None)} | "
                 f"{fmt(stored / MB / secs / bare)} | {fmt(rows.median(name, reader, 'first'))} | "
+                f"{fmt(rows.median(name, reader, 'construct'))} | "
+                f"{fmt(_over(local_rest, _after_construction(rows, name, reader)))} | "
                 f"{per_shard} | {fmt(rows.median(name, reader, 'cpu'))} | "
                 f"{fmt(rows.median(name, reader, 'server_cpu'))} | "
                 f"{fmt(_per_mb(rows, name, reader, stored))} |"
             )
     print(
-        "\nMB/s: stored MB of the shards / epoch seconds (construction included).  requests / "
+        "\nMB/s: stored MB of the shards / epoch seconds (construction included).  construct s: "
+        "the dataset's constructor (for S3: botocore's import and client, the manifest GET), "
+        "a fixed cost the epoch includes; the column after it compares the epochs without it.  "
+        "requests / "
         "shard: shard + index requests (the manifest apart) per shard per epoch, from the "
         "server's log.  LitData reads its own chunk files written by `optimize` from the same "
         "samples (its MB/s uses the shards' size for comparison)."
