@@ -61,6 +61,29 @@ def test_expanding_every_lean_batch_gives_the_default_batch(corpus, labels):
     assert flagged == 1 and padded > 2  # the repeat, padded rows and the short last batch
 
 
+@pytest.mark.parametrize("lean", [True, False])
+def test_rows_gathered_a_shard_at_a_time_land_where_the_row_by_row_copy_puts_them(
+    corpus, lean, monkeypatch
+):
+    """copy_rows gathers a big chunk's full rows by shard (NOTE [lean chunks] in
+    shardloader/read/samplepass.py); forced on for every chunk, each batch (short rows,
+    padding rows, the short last batch, a repeat) equals the row-by-row copy's."""
+    from shardloader.batching import blockchunks
+
+    path, vocab = corpus
+    want = list(loader(path, vocab, 1, 0, lean=lean))
+    monkeypatch.setattr(blockchunks, "_GATHER_ROWS", 1)
+    got = list(loader(path, vocab, 1, 0, lean=lean))
+    assert len(got) == len(want) == 18
+    for j, (a, b) in enumerate(zip(got, want, strict=True)):
+        assert sorted(a) == sorted(b), j
+        for key, value in b.items():
+            if isinstance(value, torch.Tensor):
+                assert a[key].dtype == value.dtype and torch.equal(a[key], value), (j, key)
+            else:
+                assert a[key] == value, (j, key)
+
+
 def test_lean_is_no_part_of_the_plan():
     assert signature_of(TokenBlocks(SEQ, ROWS, pad_id=9, lean=True)) == signature_of(
         TokenBlocks(SEQ, ROWS, pad_id=9)

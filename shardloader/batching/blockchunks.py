@@ -23,6 +23,7 @@ NOTE [flagged repeats]
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -63,7 +64,10 @@ class ChunkLayout:
     max_seqlen: np.ndarray
 
     def part(self, b0: int, b1: int) -> ChunkLayout:
-        """The layout of batches ``b0 .. b1 - 1`` alone."""
+        """The layout of batches ``b0 .. b1 - 1`` alone (itself when that is all of them: a
+        lean chunk is a whole span, NOTE [lean chunks], and its copies cost ~2 us a batch)."""
+        if b0 == 0 and b1 == self.k:
+            return self
         r, per = self.rows_per_batch, self.rows_per_batch * self.seq_len
         a, b = int(self.cuts[b0]), int(self.cuts[b1])
         return ChunkLayout(
@@ -150,13 +154,55 @@ def copy_rows(
 ) -> list[tuple[int, int]]:
     """Fill a chunk's ``[k, R, S]`` ids with its rows' tokens, ``fill`` past each row's real
     tokens (a lean chunk, in the shards' dtype: 0, NOTE [lean batches] in
-    :mod:`shardloader.batching.lean`); return ``(slot, real tokens)`` of each short row."""
+    :mod:`shardloader.batching.lean`); return ``(slot, real tokens)`` of each short row.
+
+    A row starts at a multiple of ``seq_len`` in its shard's stream (NOTE [what a row is]),
+    so a big chunk's full rows are gathered a shard at a time: one ``take`` from each stream
+    seen as ``[rows, seq_len]`` into a buffer in shard order, then one scatter into place
+    (measured, 512 rows of 2048 from 9 shards: 2.8 us a batch of 8 rows against 4.5 us row by
+    row; at 64 rows row by row is faster)."""
     k, rows, s = ids.shape
     flat_rows = ids.reshape(k * rows, s)
+    if k * rows < _GATHER_ROWS:
+        return _copy_each(chunk, streams, flat_rows, range(k * rows), fill)
+    full = chunk.n == s
+    every = bool(full.all())
+    slots = np.flatnonzero(full) if not every else _arange(k * rows)
+    key = chunk.shard if every else chunk.shard[slots]
+    order = np.argsort(key, kind="stable")
+    key, at = key[order], chunk.lo[slots[order]] // s
+    edges = [0, *(np.flatnonzero(key[1:] != key[:-1]) + 1).tolist(), key.size]
+    got = None
+    for a, b in zip(edges[:-1], edges[1:], strict=True):
+        stream = streams[int(key[a])]
+        if got is None:
+            got = np.empty((key.size, s), stream.dtype)
+        whole = stream[: stream.size // s * s].reshape(-1, s)
+        np.take(whole, at[a:b], axis=0, out=got[a:b], mode="clip")  # clip: not buffered
+    if got is not None:
+        flat_rows[slots[order]] = got
+    if every:
+        return []
+    short = np.flatnonzero(~full).tolist()
+    return _copy_each(chunk, streams, flat_rows, short, fill)
+
+
+_GATHER_ROWS = 256  # rows from which copy_rows gathers by shard rather than row by row
+
+
+def _copy_each(
+    chunk: ChunkLayout,
+    streams: dict[int, np.ndarray],
+    flat_rows: np.ndarray,
+    slots: Iterable[int],
+    fill: int,
+) -> list[tuple[int, int]]:
+    """:func:`copy_rows` one row at a time, for ``slots``."""
+    s = flat_rows.shape[1]
     padded = []
-    for slot, (shard, lo, n) in enumerate(
-        zip(chunk.shard.tolist(), chunk.lo.tolist(), chunk.n.tolist(), strict=True)
-    ):
+    shards, los, ns = chunk.shard.tolist(), chunk.lo.tolist(), chunk.n.tolist()
+    for slot in slots:
+        shard, lo, n = shards[slot], los[slot], ns[slot]
         if n == s:
             flat_rows[slot] = streams[shard][lo : lo + n]
             continue
