@@ -149,6 +149,32 @@ def test_arrow_offsets_outside_the_file_are_refused(tmp_path, value):
         get_format("arrow").reader(path, index, path)
 
 
+def test_tar_first_reads_one_by_one_then_derived_read_the_same(tmp_path):
+    """A shard's first rows are read one by one (no layout derived), the later ones through the
+    derived layout: small batches across the switch give every sample's fields exactly, and
+    the switch comes once the early reads reach _DERIVE_AT_LEAST rows."""
+    from shardloader.format.tar import reader as tar_reader
+
+    samples = [
+        (f"d/{i:03d}", {"bin": os.urandom(i * 7 % 300), "txt": b"t%d" % i}) for i in range(300)
+    ]
+    path, index = _tar_shard(tmp_path, samples)
+    reader = get_format("tar").reader(path, index, path)
+    order = np.random.default_rng(0).permutation(300).tolist()
+    derived_at = None
+    for lo in range(0, 300, 10):
+        chunk = order[lo : lo + 10]
+        rows = Rows(len(chunk))
+        read_rows(reader, chunk, rows, range(len(chunk)))
+        assert rows.keys == [samples[i][0] for i in chunk] and not rows.errors
+        for name in ("bin", "txt"):
+            assert [bytes(v) for v in rows.fields[name]] == [samples[i][1][name] for i in chunk]
+        if derived_at is None and reader._rows_table is not None:
+            derived_at = lo
+    assert derived_at == (tar_reader._DERIVE_AT_LEAST // 10) * 10
+    reader.close()
+
+
 def test_arrow_reader_reads_rows_in_any_order(tmp_path):
     path, index, samples = _arrow_shard(tmp_path, 20)
     reader = get_format("arrow").reader(path, index, path)

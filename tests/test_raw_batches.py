@@ -16,6 +16,7 @@ from helpers import payload, write_dataset
 
 import shardloader as sl
 from shardloader.batching.raw import ByteColumn, RawBatch, RawCollate
+from shardloader.deliver.transport import Bundle
 from shardloader.errors import ChecksumError, UsageError
 from shardloader.manifest import SampleIndex
 
@@ -275,3 +276,40 @@ def test_a_shard_closed_at_exit_closes_quietly(tmp_path, monkeypatch):
     monkeypatch.setattr(mapped, "mmap", None)  # what interpreter shutdown does to globals
     f.close()
     assert f.map.closed
+
+
+@pytest.mark.parametrize("num_workers", [1, 2, 3])
+def test_raw_bundles_keep_order_and_resume_exactly_once(data, monkeypatch, num_workers):
+    """Workers hand raw batches over in bundles (NOTE [raw bundles]): 13 steps in bundles of
+    3 (the last short) arrive in the order of a process without workers, and a checkpoint
+    inside a bundle resumes with exactly the batches not yet consumed."""
+    import shardloader.batching.raw as raw
+
+    monkeypatch.setattr(raw, "MAX_RAW_BUNDLE", 3)
+    ds = make(data, batch_size=8, shuffle=True, seed=3, collate_fn=RawCollate())
+    assert raw.raw_bundle(ds) == 3
+    whole = flat(raw_epoch(data, 0))
+    assert flat(raw_epoch(data, num_workers)) == whole
+    loader = sl.make_loader(ds, num_workers=num_workers)
+    items = list(torch.utils.data.DataLoader.__iter__(loader))  # as the workers sent them
+    assert [len(i) if isinstance(i, Bundle) else 0 for i in items] == [3, 3, 3, 3, 1]
+    loader = sl.make_loader(ds, num_workers=num_workers)
+    seen = []
+    for step, batch in enumerate(loader):
+        seen.append(batch)
+        if step == 4:  # the middle of the second bundle
+            state = loader.state_dict()
+            break
+    again = make(data, batch_size=8, shuffle=True, seed=3, collate_fn=RawCollate())
+    resumed = sl.make_loader(again, num_workers=num_workers)
+    resumed.load_state_dict(state)
+    assert flat(seen) + flat(list(resumed)) == whole
+
+
+def test_raw_bundles_only_for_small_raw_batches(data):
+    import shardloader.batching.raw as raw
+
+    kw = dict(batch_size=8, shuffle=True, seed=3)
+    assert raw.raw_bundle(make(data, collate_fn=RawCollate(), **kw)) > 1
+    assert raw.raw_bundle(make(data, collate_fn=lambda s: s, **kw)) == 1
+    assert raw.raw_bundle(make(data, collate_fn=RawCollate(), transform=lambda s: s, **kw)) == 1

@@ -28,9 +28,18 @@ import numpy as np
 
 from shardloader.errors import UsageError
 
-__all__ = ["ByteColumn", "RawBatch", "RawCollate"]
+__all__ = ["ByteColumn", "RawBatch", "RawCollate", "raw_bundle"]
 
 _SPECIAL = ("__key__", "__index__", "__pad__")
+# NOTE [raw bundles]: a DataLoader item costs about 90 us in the worker (queue feeder thread,
+# pipe write) and 100 us in the main process (receive, index bookkeeping) whatever its size:
+# for batches of 32 documents of 1.5 KB that was 3 us a sample on each side, more than
+# reading them.  So a ShardLoader's workers hand raw batches over in bundles of consecutive
+# batches (NOTE [bundles] in deliver/transport.py) of about this many bytes; batches this
+# large or larger (images) still cross one by one, and the first batch waits for at most
+# one bundle's reads.
+RAW_BUNDLE_BYTES = 1 << 20
+MAX_RAW_BUNDLE = 16  # batches
 
 
 class ByteColumn(Sequence[Any]):
@@ -217,6 +226,25 @@ def _column(data: bytes, offsets: bytes, present: bytes | None) -> ByteColumn:
         np.frombuffer(offsets, np.int64),
         None if present is None else np.frombuffer(present, bool),
     )
+
+
+def raw_bundle(dataset: Any) -> int:
+    """Batches per worker output for ``dataset`` (NOTE [raw bundles]): more than 1 only when
+    its batches are built straight from the shards as :class:`RawBatch` es (``decoder=None``,
+    ``collate_fn=RawCollate()``, ``batch_size``, no transform) and hold under
+    :data:`RAW_BUNDLE_BYTES` by the dataset's mean sample."""
+    if not (
+        isinstance(dataset.collate_fn, RawCollate)
+        and dataset.decoder is None
+        and dataset.transform is None
+        and dataset.batch_size is not None
+        and dataset.planner is None
+    ):
+        return 1
+    manifest = dataset.manifest
+    mean = sum(s.raw_bytes for s in manifest.shards) / max(manifest.num_samples, 1)
+    per_batch = max(mean * dataset.batch_size, 1.0)
+    return int(min(MAX_RAW_BUNDLE, max(1, RAW_BUNDLE_BYTES // per_batch)))
 
 
 class RawBatch(dict):  # type: ignore[type-arg]

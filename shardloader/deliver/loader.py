@@ -69,13 +69,13 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
             bundle = worker_bundle(dataset)  # NOTE [bundles] in shardloader/deliver/transport.py
             kwargs.setdefault("prefetch_factor", 2 if bundle > 1 else 4)
             ring = None
-            if bundle > 1:
+            if bundle > 1 and batch_bytes(dataset):  # raw bundles cross pickled
                 ring = Ring(  # NOTE [ring slots]: in flight, held by the loop, one spare
                     kwargs["num_workers"],
                     kwargs["prefetch_factor"] + 3,
                     bundle * batch_bytes(dataset) * 5 // 4,
                 )
-            else:  # image batches of one shape: stacked into slots (deliver/slotcollate.py)
+            elif bundle == 1:  # image batches of one shape: stacked into slots (slotcollate.py)
                 from shardloader.deliver.slotcollate import image_ring
 
                 ring = image_ring(dataset, kwargs["num_workers"], kwargs["prefetch_factor"])

@@ -336,6 +336,8 @@ def worker_bundle(dataset: Any) -> int:
     ``dataset``: 1, or for a planner whose batches have a fixed size (``batch_bytes``), as
     many as fill :data:`BUNDLE_BYTES`."""
     size = batch_bytes(dataset)
-    if not size:
-        return 1
+    if not size:  # raw batches: bundled by their mean size (NOTE [raw bundles])
+        from shardloader.batching.raw import raw_bundle
+
+        return raw_bundle(dataset)
     return min(max(1, BUNDLE_BYTES // int(size)), MAX_BUNDLE)

@@ -97,7 +97,8 @@ def iterate_samples(ds: SampleSource, plan: EpochPlan, place: Place, epoch: int)
 
     info = get_worker_info()
     worker = None if info is None else int(info.id)
-    bundle = max(ds.bundle, 1) if ds.rows is not None and worker is not None else 1
+    # bundles: of row batches, or of raw batches (NOTE [raw bundles] in batching/raw.py)
+    bundle = max(ds.bundle, 1) if worker is not None else 1
     steps = WorkerSteps(plan, place.worker, place.num_workers, bundle)  # worked out as walked
     bounds = None
     if ds.rows is not None:  # a row's shard: by the rows' bounds (batching/blocks.py)
@@ -107,7 +108,8 @@ def iterate_samples(ds: SampleSource, plan: EpochPlan, place: Place, epoch: int)
     try:
         readahead = pass_readahead(shards, plan, place, ds.read.readahead, ds.partition, shard_of)
         if ds.rows is None:
-            yield from _load_samples(ds, plan, place, epoch, steps, shards, readahead)
+            loaded = _load_samples(ds, plan, place, epoch, steps, shards, readahead)
+            yield from loaded if bundle == 1 else _bundled(loaded, bundle)
         else:
             per = bundle if worker is not None else _CHUNK
             yield from _load_rows(ds, ds.rows, plan, steps, shards, readahead, worker, per)
@@ -178,6 +180,22 @@ def _load_samples(
                 yield samples[0]
         else:
             yield _collate(ds.collate_fn, samples, shards)
+
+
+def _bundled(batches: Iterator[Any], k: int) -> Iterator[Any]:
+    """``batches`` as bundles of ``k`` (the last may hold fewer): a worker's steps come in
+    whole bundles of consecutive rank steps (WorkerSteps), so its ``k`` consecutive batches
+    are one bundle's (NOTE [bundles] in deliver/transport.py)."""
+    from shardloader.deliver.transport import Bundle
+
+    bundle = Bundle()
+    for batch in batches:
+        bundle.append(batch)
+        if len(bundle) == k:
+            yield bundle
+            bundle = Bundle()
+    if bundle:
+        yield bundle
 
 
 def _load_rows(
