@@ -101,16 +101,10 @@ class _HttpBody:
         try:
             data = self._resp.read(n)
         except BaseException as err:
-            self._drop()
-            late = self._late()
-            if late is not None:
-                raise late from err
+            self._end(err)
             raise
         if not data:
-            self._drop()
-            late = self._late()  # a shut-down socket reads as the end of the body
-            if late is not None:
-                raise late
+            self._end()  # a shut-down socket reads as the end of the body
             if self._left is not None:
                 raise TruncatedBodyError(
                     f"{self._url}: the body ended {self._left} bytes short of its Content-Length"
@@ -123,6 +117,14 @@ class _HttpBody:
                 self._release()
         return data
 
+    def _end(self, err: BaseException | None = None) -> None:
+        """The body ended (``err``: by an error): drop the connection, and raise the deadline's
+        or abort's own error where one of them ended it."""
+        self._drop()
+        late = self._late()
+        if late is not None:
+            raise late from err
+
     def readinto(self, buf: memoryview) -> int:
         """Bytes into ``buf``, with no copy past the socket's where the body has no length
         (a chunked stream: the service's frames); 0 at its end."""
@@ -133,16 +135,10 @@ class _HttpBody:
         try:
             got = self._resp.readinto(buf)
         except BaseException as err:
-            self._drop()
-            late = self._late()
-            if late is not None:
-                raise late from err
+            self._end(err)
             raise
         if not got:
-            self._drop()
-            late = self._late()
-            if late is not None:
-                raise late
+            self._end()
         self._got += got
         return got
 
