@@ -35,7 +35,6 @@ cannot be imported is left out with the reason.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
 import re
@@ -51,10 +50,10 @@ from dataclasses import dataclass, field
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from benchjson import write_figures  # noqa: E402
+from cputree import reap_orphans, subreaper  # noqa: E402
 
 SHARD = 64 << 20  # every writer's shard/chunk limit (MDS's default)
 ZSTD_LEVEL = 3
-PR_SET_CHILD_SUBREAPER = 36
 
 
 # -- inputs (what the peers read, in the same order a packer reads) ---------------------------
@@ -234,30 +233,9 @@ def peer_writer(name: str, config: str, workers: int) -> Writer:
     return Writer(name, config, command, peer=True)
 
 
-def subreaper() -> bool:
-    """Become the reaper of orphaned descendants (pack's forkserver, litdata's workers), so
-    their CPU time reaches this process's RUSAGE_CHILDREN.  Linux only."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
-    except (OSError, AttributeError):
-        return False
-
-
 def _children_cpu() -> float:
     r = resource.getrusage(resource.RUSAGE_CHILDREN)
     return r.ru_utime + r.ru_stime
-
-
-def _reap_orphans(deadline: float) -> None:
-    """Wait for descendants left behind by the run (they were re-parented to us)."""
-    while time.monotonic() < deadline:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            time.sleep(0.02)
 
 
 _PACK_TIME = re.compile(rb"^\s*time\s+([0-9.]+) s,", re.M)  # shardloader pack's report
@@ -283,7 +261,7 @@ def run_once(w: Writer, kind: str, src: str, out: str) -> tuple[float, float, fl
     )
     output, _ = proc.communicate()
     wall = time.perf_counter() - start
-    _reap_orphans(time.monotonic() + 10)
+    reap_orphans(time.monotonic() + 10)
     if proc.returncode != 0:
         raise RuntimeError(
             f"{w.name} ({w.config}) on {kind} exited {proc.returncode}:\n"

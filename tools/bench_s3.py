@@ -355,6 +355,9 @@ def child_pack(job: dict[str, Any]) -> dict[str, Any]:
     """``shardloader pack`` as a user runs it: a fresh CLI process timed from its start to its
     exit (interpreter, imports, worker start-up, lock, uploads).  Its orphans (the pool's
     forkserver) are re-parented to this process and reaped, so their CPU time is counted."""
+    sys.path.insert(0, os.path.dirname(TOOL))
+    from cputree import reap_orphans, subreaper
+
     subreaper()
     argv = [sys.executable, "-m", "shardloader", "pack", job["src"], job["out"]]
     argv += ["--workers", str(job["workers"]), "--shard-size", job["shard_size"], "-q"]
@@ -363,30 +366,10 @@ def child_pack(job: dict[str, Any]) -> dict[str, Any]:
     start = time.perf_counter()
     proc = subprocess.run(argv, capture_output=True, text=True)
     seconds = time.perf_counter() - start
-    _reap_orphans(time.monotonic() + 10)
+    reap_orphans(time.monotonic() + 10)
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(argv)} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
     return {"seconds": seconds}
-
-
-def subreaper() -> None:
-    """Become the reaper of orphaned descendants (Linux; elsewhere their CPU goes uncounted)."""
-    import ctypes
-
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
-    except (OSError, AttributeError):
-        pass
-
-
-def _reap_orphans(deadline: float) -> None:
-    while time.monotonic() < deadline:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            time.sleep(0.02)
 
 
 def child_litdata_optimize(job: dict[str, Any]) -> dict[str, Any]:
