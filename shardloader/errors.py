@@ -8,7 +8,11 @@ sample key, rank, worker) and the remedy; the CLI maps ``ShardloaderError`` to e
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 __all__ = [
+    "located",
     "ShardloaderError",
     "UsageError",
     "InputError",
@@ -32,7 +36,33 @@ __all__ = [
 
 
 class ShardloaderError(Exception):
-    """Base class of every error shardloader raises on purpose."""
+    """Base class of every error shardloader raises on purpose.
+
+    ``where`` (the file, shard or object a failure belongs to) leads the message.  Code deep in
+    a reader raises without it; the boundary that knows the place sets it once, with
+    :func:`located`, instead of a ``where`` string passed down through every call.
+    """
+
+    where: str | None = None
+
+    def __str__(self) -> str:
+        text = super().__str__()
+        return f"{self.where}: {text}" if self.where else text
+
+
+@contextmanager
+def located(where: str) -> Iterator[None]:
+    """Give every :class:`ShardloaderError` raised inside that has no place yet ``where``.
+
+    The innermost boundary wins: it knows the most precise place.  The attribute travels with
+    the error across processes (exceptions pickle their ``__dict__``).
+    """
+    try:
+        yield
+    except ShardloaderError as err:
+        if err.where is None:
+            err.where = where
+        raise
 
 
 class UsageError(ShardloaderError, ValueError):
