@@ -12,7 +12,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 __all__ = [
-    "located",
     "ShardloaderError",
     "UsageError",
     "InputError",
