@@ -17,6 +17,17 @@ a truncation, a disk emptied under it).  A reader that finds its copy damaged ca
 only if it is still that file, so when several processes find the same damage, the first
 removes it and stages it again, and the others, finding a new file, read that one instead of
 removing it once more.  Whoever finds the new copy damaged too knows the source is.
+
+NOTE [room note]: stagers keep a running count of what the root holds in ``<root>/.room``
+(bytes the root held at the last full count, plus every reservation since, and when that count
+was made), read and written only under the root's lock (NOTE [reservations]).  A reservation
+that fits the noted figure is made without listing the root; one that does not, or a note
+older than :data:`RECOUNT_SECONDS`, counts the root again and evicts as before.  Whatever
+shrinks the cache without noting it (eviction, ``cache clear``, a staged copy shorter than its
+reservation) leaves the note too high, which only brings the next count forward; what grows it
+unnoted (sample indexes staged next to their shards, other versions of shardloader) is caught
+by the next count, at most :data:`RECOUNT_SECONDS` later.  Counting every time cost an epoch
+over many small shards time quadratic in their number.
 """
 
 from __future__ import annotations
@@ -39,53 +50,29 @@ from shardloader.errors import (
     UsageError,
 )
 from shardloader.storage.cachedir import (
-    DEFAULT_DISK_FRACTION,
-    DEFAULT_MAX_BYTES,
     DIR_ENV,
     LOCK,
     MARKER,
     MAX_BYTES_ENV,
     ROOM_LOCK,
+    ROOM_NOTE,
+    cache_limit,
     cache_name,
     cache_root,
+    dataset_folders,
     is_default_root,
-    legacy_root,
     lock_file,
+    remove_entry,
     remove_quietly,
+    staged_entries,
     touch,
     write_marker,
 )
-from shardloader.storage.cacheentries import (
-    ClearReport,
-    DatasetUsage,
-    clear,
-    dataset_folders,
-    remove_entry,
-    staged_entries,
-    usage,
-)
-from shardloader.storage.cacheroom import cache_limit, note_room, noted_room
 from shardloader.storage.classify import chain
 from shardloader.storage.private import create_private, open_private, own_dir
 from shardloader.storage.streams import HashingReader
 
-__all__ = [
-    "CacheOptions",
-    "ClearReport",
-    "DatasetUsage",
-    "ShardCache",
-    "cache_limit",
-    "is_cache_full",
-    "cache_root",
-    "clear",
-    "legacy_root",
-    "usage",
-    "DEFAULT_DISK_FRACTION",
-    "DEFAULT_MAX_BYTES",
-    "DIR_ENV",
-    "MARKER",
-    "MAX_BYTES_ENV",
-]
+__all__ = ["RECOUNT_SECONDS", "CacheOptions", "ShardCache", "is_cache_full"]
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +106,7 @@ class ShardCache:
     @property
     def max_bytes(self) -> int:
         """The limit on all staged shards under the root.  The default one is worked out when
-        something is staged, not at open: it may count what the root holds (cacheroom.py)."""
+        something is staged, not at open: it may count what the root holds (cachedir.py)."""
         if self._limit is None:
             limit, source = cache_limit(self.root, self._asked)
             if 2 * self._needed > limit:
@@ -302,7 +289,7 @@ class ShardCache:
         files.  Making room and creating the (sparse, full-size) temp file happen under one
         root-wide lock, so two stagers never both count the same free space: the limit holds
         with any number of workers and ranks staging at once.  The count itself is noted for
-        the next stager (NOTE [room note] in cacheroom.py), so most reservations list nothing.
+        the next stager (NOTE [room note]), so most reservations list nothing.
         """
         lock = lock_file(os.path.join(self.root, ROOM_LOCK), True)
         assert lock is not None  # wait=True
@@ -394,3 +381,44 @@ def _no_space(err: BaseException) -> OSError | None:
 def is_cache_full(err: BaseException) -> bool:
     """Whether ``err`` is :meth:`ShardCache._full`'s: the cache's disk is full."""
     return isinstance(err, StorageError) and err.errno in _FULL
+
+
+RECOUNT_SECONDS = 10.0
+
+
+def _room_note(root: str) -> tuple[int, float] | None:
+    """(bytes, epoch seconds of the last full count) of the root's room note, if readable."""
+    try:
+        with open_private(os.path.join(root, ROOM_NOTE), os.O_RDONLY, "rb") as f:
+            used, counted = f.read(100).split()
+        return int(used), float(counted)
+    except (OSError, StorageError, ValueError):
+        return None
+
+
+def noted_room(root: str) -> int | None:
+    """The bytes the root holds by its room note, or None: no note, an unreadable one, or one
+    whose last full count is older than :data:`RECOUNT_SECONDS` (NOTE [room note])."""
+    note = _room_note(root)
+    if note is None or not 0 <= time.time() - note[1] < RECOUNT_SECONDS:
+        return None
+    return note[0]
+
+
+def note_room(root: str, used: int, counted: float | None = None) -> None:
+    """Note that the root holds ``used`` bytes, counted in full at ``counted`` (epoch seconds;
+    None: the time of the note it replaces, or never).  Under the root's lock only."""
+    if counted is None:
+        note = _room_note(root)
+        counted = 0.0 if note is None else note[1]  # 0: the next reservation counts again
+    path = os.path.join(root, ROOM_NOTE)
+    tmp = f"{path}.tmp-{uuid.uuid4().hex}"
+    try:
+        with create_private(tmp) as f:
+            f.write(f"{used} {counted!r}\n".encode())
+        os.replace(tmp, path)
+    except OSError:  # a note is only a shortcut: without it the next stager counts
+        try:
+            os.remove(tmp)
+        except OSError:
+            pass
