@@ -32,16 +32,15 @@ stream cannot deadlock, and its memory stays under ``parts_in_flight * PART_BUFF
 
 from __future__ import annotations
 
-import inspect
 import threading
 from collections import deque
-from functools import cache
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from shardloader.errors import ChecksumError, ObjectChangedError, TruncatedBodyError
 from shardloader.storage.classify import status_and_code
 from shardloader.storage.deadline import Deadline
 from shardloader.storage.retry import RetryPolicy, call_with_retries
+from shardloader.storage.streams import Passthrough, too_large
 
 if TYPE_CHECKING:
     from shardloader.storage.clients import Body, ObjectClient
@@ -74,7 +73,7 @@ class _Part:
         self.deadline: Deadline | None = None  # of the call fetching it (NOTE [deadline pauses])
 
 
-class ObjectStream:
+class ObjectStream(Passthrough):
     """``read`` the bytes of ``url`` in order (a file-like object for one pass).
 
     ``size``: the size the object must have (None: unknown, one GET, up to ``limit`` bytes).
@@ -117,18 +116,9 @@ class ObjectStream:
             self._schedule()
 
     # -- file-like ------------------------------------------------------------------------
-    def readable(self) -> bool:
-        return True
-
     @property
     def closed(self) -> bool:
         return self._closed
-
-    def __enter__(self) -> ObjectStream:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def read(self, n: int | None = -1) -> bytes:
         if n is None or n < 0:
@@ -171,12 +161,6 @@ class ObjectStream:
                     self._schedule_locked()
                     continue
                 self._cond.wait()
-
-    def readinto(self, buf: Any) -> int:
-        view = memoryview(buf).cast("B")
-        data = self.read(len(view))
-        view[: len(data)] = data
-        return len(data)
 
     def close(self) -> None:
         with self._cond:
@@ -229,16 +213,10 @@ class ObjectStream:
         if self._closed or (part.stop is not None and start >= part.stop):
             return
         if_match = self._etag
-        kwargs: dict[str, Any] = {}
-        takes = _takes(type(self._client))
-        if "deadline" in takes:  # a registered protocol's client from before may not
-            kwargs["deadline"] = part.deadline
-        if if_match is not None and "if_match" in takes:
-            kwargs["if_match"] = if_match
         try:
-            body = self._client.get(self.url, start, part.stop, **kwargs)
+            body = self._client.get(self.url, start, part.stop, part.deadline, if_match)
         except Exception as err:
-            if if_match is not None and "if_match" in kwargs and _precondition_failed(err):
+            if if_match is not None and _precondition_failed(err):
                 raise self._changed(if_match, "the store no longer holds it (412)") from err
             raise
         try:
@@ -294,10 +272,7 @@ class ObjectStream:
                     "object is damaged or was replaced; re-upload or re-pack it"
                 )
             if self.limit is not None and total > self.limit:
-                raise ChecksumError(
-                    f"{self.url}: the stored file is larger than the {self.limit:,} bytes the "
-                    "manifest allows for it; it is corrupt or was replaced"
-                )
+                raise too_large(self.url, self.limit)
         with self._cond:
             if self._ranges is None and part is self._parts[0]:
                 self._ranges = body.ranged
@@ -329,10 +304,7 @@ class ObjectStream:
             if self._closed:
                 return False
             if self.limit is not None and part.start + part.got + len(data) > self.limit:
-                raise ChecksumError(
-                    f"{self.url}: the stored file is larger than the {self.limit:,} bytes the "
-                    "manifest allows for it; it is corrupt or was replaced"
-                )
+                raise too_large(self.url, self.limit)
             part.chunks.append(data)
             part.got += len(data)
             part.buffered += len(data)
@@ -345,17 +317,6 @@ class ObjectStream:
             f"{etag}; {how}): it was replaced or re-uploaded meanwhile; read it again once "
             "the upload is complete"
         )
-
-
-@cache
-def _takes(client_type: type) -> frozenset[str]:
-    """The keyword arguments a client's ``get`` takes (``deadline``, ``if_match``: a
-    registered protocol's client from before them may take neither)."""
-    try:
-        get = getattr(client_type, "get", None)
-        return frozenset(inspect.signature(get).parameters) if get is not None else frozenset()
-    except (TypeError, ValueError):
-        return frozenset()
 
 
 def _precondition_failed(err: BaseException) -> bool:
