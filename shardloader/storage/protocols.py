@@ -42,7 +42,6 @@ from shardloader.storage.httpclient import _HttpStatusError, http_client
 __all__ = [
     "ProtocolDefaults",
     "classify",
-    "fsspec_options",
     "is_storage_error",
     "is_transient",
     "protocol_defaults",
@@ -147,57 +146,40 @@ def _types(module: str, *names: str) -> tuple[type[BaseException], ...]:
     return tuple(t for n in names if isinstance(t := getattr(mod, n, None), type))
 
 
-def _client_errors() -> tuple[type[BaseException], ...]:
-    return _types("botocore.exceptions", "ClientError")
-
-
-def _credential_types() -> tuple[type[BaseException], ...]:
-    return _types(
-        "botocore.exceptions",
-        "NoCredentialsError",
-        "PartialCredentialsError",
-        "CredentialRetrievalError",
-    )
-
-
-def _s3_transient() -> tuple[type[BaseException], ...]:
-    return _types(
-        "botocore.exceptions",
-        "HTTPClientError",
-        "ConnectionError",
-        "IncompleteReadError",
-        "ResponseStreamingError",
-    ) + _types("botocore.parsers", "ResponseParserError")  # throttles may carry bad XML (s3fs #484)
-
-
 def _http_decide(e: BaseException) -> str | None:
-    response = _types("aiohttp", "ClientResponseError")
-    transient = _types("aiohttp", "ClientPayloadError", "ClientConnectionError")
-    if isinstance(e, _HttpStatusError) or (response and isinstance(e, response)):
+    if isinstance(e, (_HttpStatusError, *_types("aiohttp", "ClientResponseError"))):
         return from_status(getattr(e, "status", None))
     if isinstance(e, http.client.HTTPException):  # a garbled or cut response (fast client)
         return TRANSIENT
-    if transient and isinstance(e, transient):
+    if isinstance(e, _types("aiohttp", "ClientPayloadError", "ClientConnectionError")):
         return TRANSIENT
     return None
 
 
+_BOTOCORE = "botocore.exceptions"
+
+
 def _s3_decide(e: BaseException) -> str | None:
-    client_errors = _client_errors()
-    if client_errors and isinstance(e, client_errors):
+    client_errors = _types(_BOTOCORE, "ClientError")
+    if isinstance(e, client_errors):
         return from_status(*status_and_code(e), _S3_CODES)
-    credential_types = _credential_types()
-    if credential_types and isinstance(e, credential_types):
-        return CREDENTIALS
-    if (
-        isinstance(e, FileNotFoundError | PermissionError)
-        and client_errors
-        and isinstance(e.__cause__, client_errors)
+    if isinstance(e, FileNotFoundError | PermissionError) and isinstance(
+        e.__cause__, client_errors
     ):  # s3fs's translation of a ClientError: its code tells NoSuchBucket or bad credentials
         return _s3_decide(e.__cause__)
-    s3_transient = _s3_transient()
-    if s3_transient and isinstance(e, s3_transient):
-        return TRANSIENT
+    credentials = ("NoCredentialsError", "PartialCredentialsError", "CredentialRetrievalError")
+    if isinstance(e, _types(_BOTOCORE, *credentials)):
+        return CREDENTIALS
+    transient = (
+        "HTTPClientError",
+        "ConnectionError",
+        "IncompleteReadError",
+        "ResponseStreamingError",
+    )
+    if isinstance(
+        e, _types(_BOTOCORE, *transient) + _types("botocore.parsers", "ResponseParserError")
+    ):
+        return TRANSIENT  # a parser error: throttles may carry bad XML (s3fs #484)
     return _http_decide(e)  # aiobotocore speaks aiohttp
 
 
@@ -278,10 +260,10 @@ def _http_options(opts: dict[str, Any], connect: float, read: float) -> None:
 
 
 def _s3_client(options: Mapping[str, Any], policy: Any) -> Any:
+    from shardloader.storage.retry import fsspec_options
     from shardloader.storage.s3client import s3_client  # botocore: imported on first use
 
-    filled = fsspec_options("s3://", options, policy.connect_timeout, policy.read_timeout)
-    return s3_client(options, filled)
+    return s3_client(options, fsspec_options("s3://", options, policy))
 
 
 # -- the table --------------------------------------------------------------------------------
@@ -339,35 +321,6 @@ def protocol_defaults(protocol: str) -> ProtocolDefaults:
             protocol,
         )
     return GENERIC
-
-
-def fsspec_options(
-    url: str,
-    storage_options: Mapping[str, Any] | None,
-    connect_timeout: float,
-    read_timeout: float,
-) -> dict[str, Any]:
-    """Options to create ``url``'s fsspec filesystem with, so the stack makes one attempt.
-
-    Starts from fsspec's config for the protocol, then the caller's ``storage_options`` (which
-    win, nested ``config_kwargs``/``client_kwargs`` merged key by key), then the protocol's
-    ``fill_options`` fill in what is still unset.
-    """
-    protocol = protocol_of(url)
-    try:
-        from fsspec.config import conf
-    except ImportError:  # pragma: no cover - fsspec is a core dependency
-        conf = {}
-    opts: dict[str, Any] = dict(conf.get(protocol, {}))
-    for key, value in (storage_options or {}).items():
-        if key in ("config_kwargs", "client_kwargs") and isinstance(value, Mapping):
-            opts[key] = {**dict(opts.get(key) or {}), **value}
-        else:
-            opts[key] = value
-    fill = protocol_defaults(protocol).fill_options
-    if fill is not None:
-        fill(opts, connect_timeout, read_timeout)
-    return opts
 
 
 # -- classification ---------------------------------------------------------------------------

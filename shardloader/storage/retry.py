@@ -235,8 +235,23 @@ def fsspec_options(
     url: str, storage_options: Mapping[str, Any] | None = None, policy: RetryPolicy | None = None
 ) -> dict[str, Any]:
     """Options to create ``url``'s fsspec filesystem with, so the stack makes one attempt per
-    request within ``policy``'s timeouts (:func:`shardloader.storage.protocols.fsspec_options`)."""
+    request within ``policy``'s timeouts.
+
+    Starts from fsspec's config for the protocol, then the caller's ``storage_options`` (which
+    win, nested ``config_kwargs``/``client_kwargs`` merged key by key), then the protocol's
+    ``fill_options`` fill in what is still unset.
+    """
+    from fsspec.config import conf
+
     policy = policy or DEFAULT_POLICY
-    return protocols.fsspec_options(
-        url, storage_options, policy.connect_timeout, policy.read_timeout
-    )
+    protocol = protocols.protocol_of(url)
+    opts: dict[str, Any] = dict(conf.get(protocol, {}))
+    for key, value in (storage_options or {}).items():
+        if key in ("config_kwargs", "client_kwargs") and isinstance(value, Mapping):
+            opts[key] = {**dict(opts.get(key) or {}), **value}
+        else:
+            opts[key] = value
+    fill = protocols.protocol_defaults(protocol).fill_options
+    if fill is not None:
+        fill(opts, policy.connect_timeout, policy.read_timeout)
+    return opts
