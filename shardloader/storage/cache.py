@@ -187,7 +187,6 @@ class ShardCache:
         where: str,
         open_stored: Callable[[], BinaryIO],
         stage: Callable[[BinaryIO, BinaryIO], int],
-        verified: bool = False,
         wait: bool = True,
         on_staged: Callable[[], None] | None = None,
     ) -> str | None:
@@ -195,10 +194,9 @@ class ShardCache:
 
         ``open_stored`` opens the stored shard; ``stage`` copies it uncompressed into a file.
         The stored bytes are hashed on the way and must match ``sha256``; a mismatch is staged
-        once more (a flaky read), then raised as :class:`ChecksumError`.  ``verified`` says
-        ``open_stored`` already checked the bytes (a verified download), so they are not
-        hashed twice.  With ``wait=False`` (read-ahead) a shard that another process is staging
-        right now returns None at once, so the caller can fetch a different one meanwhile.
+        once more (a flaky read), then raised as :class:`ChecksumError`.  With ``wait=False``
+        (read-ahead) a shard that another process is staging right now returns None at once,
+        so the caller can fetch a different one meanwhile.
         ``on_staged`` runs once the stored bytes matched, still under the shard's lock and before
         the staged copy appears under its name (what it leaves is there for every process that
         then finds the copy).
@@ -223,7 +221,7 @@ class ShardCache:
             for attempt in (1, 2):
                 try:
                     digest = self._stage_once(
-                        final, sha256, open_stored, stage, verified, on_staged, reserved
+                        final, sha256, open_stored, stage, on_staged, reserved
                     )
                 except ObjectChangedError:  # replaced mid-download: the new one may be whole
                     if attempt == 2:
@@ -245,7 +243,6 @@ class ShardCache:
         sha256: str,
         open_stored: Callable[[], BinaryIO],
         stage: Callable[[BinaryIO, BinaryIO], int],
-        verified: bool,
         on_staged: Callable[[], None] | None = None,
         reserved: str | None = None,
     ) -> str:
@@ -255,18 +252,14 @@ class ShardCache:
                 dst = open_private(tmp, os.O_RDWR, "r+b") if reserved else create_private(tmp)
                 with dst:
                     try:
-                        if verified:
-                            stage(src, dst)
-                            digest = sha256
-                        else:
-                            hashing = HashingReader(src)
-                            try:
-                                stage(hashing, dst)  # type: ignore[arg-type]
-                            except ShardError as err:
-                                if not _damaged_on_the_way(err, hashing, sha256):
-                                    raise
-                            hashing.drain()
-                            digest = hashing.hexdigest()
+                        hashing = HashingReader(src)
+                        try:
+                            stage(hashing, dst)  # type: ignore[arg-type]
+                        except ShardError as err:
+                            if not _damaged_on_the_way(err, hashing, sha256):
+                                raise
+                        hashing.drain()
+                        digest = hashing.hexdigest()
                         dst.truncate()  # a reservation longer than what was written
                     except OSError as err:
                         full = _no_space(err)

@@ -3,7 +3,7 @@
 ``Store("s3://bucket/ds", {"endpoint_url": ...}, RetryPolicy(...))`` is small, frozen and
 pickles cheaply (fsspec's "URL + options" idea): it crosses into DataLoader workers and pack
 processes as it is, and each process makes its filesystem lazily on first use
-(:mod:`shardloader.storage.remote`).  ``store.join("shard-00000.tar")`` is the store of a file
+(:meth:`Store.filesystem`).  ``store.join("shard-00000.tar")`` is the store of a file
 below it, with the same options and policy.
 
 Local paths (and ``file://`` URLs) go straight to the OS.  Remote URLs make one attempt per
@@ -22,16 +22,15 @@ from functools import partial
 from typing import Any, BinaryIO, TypeVar, cast
 
 import fsspec
+from fsspec.core import url_to_fs
 
-from shardloader.errors import (
-    UsageError,
-)
+from shardloader.errors import StorageError, UsageError
 from shardloader.storage.clients import ObjectClient, client_for
 from shardloader.storage.localfiles import open_regular
 from shardloader.storage.objectstream import PART_SIZE, PARTS_IN_FLIGHT, ObjectStream
 from shardloader.storage.protocols import protocol_defaults, protocol_of
-from shardloader.storage.remote import RetryingReader, filesystem
-from shardloader.storage.retry import DEFAULT_POLICY, RetryPolicy, call_with_retries
+from shardloader.storage.remote import RetryingReader
+from shardloader.storage.retry import DEFAULT_POLICY, RetryPolicy, call_with_retries, fsspec_options
 from shardloader.storage.streams import BoundedReader
 
 __all__ = ["SINGLE_PUT", "Store", "as_store", "join"]
@@ -85,8 +84,22 @@ class Store:
         return Store(join(self.url, *parts), self.options, self.retry)
 
     def filesystem(self) -> tuple[fsspec.AbstractFileSystem, str]:
-        """(filesystem, path), made in the calling process; one attempt per request."""
-        return filesystem(self.url, self.options, self.retry)
+        """(filesystem, path), made in the calling process (fsspec's own instance cache keeps
+        one per process and options, and clears it in a forked child; nothing holds one in a
+        global or pickles one).  It makes one attempt per request (its protocol's defaults
+        switch its own retries off and set timeouts from the policy): wrap calls on it in
+        :meth:`call`."""
+        try:
+            fs, path = url_to_fs(self.url, **fsspec_options(self.url, self.options, self.retry))
+        except (ImportError, ValueError) as err:
+            raise StorageError(
+                f"cannot open {self.url!r}: {err}; for s3:// install shardloader[s3], "
+                "for http(s):// install shardloader[http]"
+            ) from err
+        prepare = protocol_defaults(self.protocol).prepare
+        if prepare is not None:
+            prepare(fs)
+        return fs, path
 
     def call(self, fn: Callable[[], T], what: str = "read") -> T:
         """``fn()`` under this store's policy, its errors read as this protocol's."""
@@ -132,9 +145,6 @@ class Store:
         client (and options it does not understand) stream through fsspec instead.
         """
         bound = size if size is not None else limit
-        if self.is_local:
-            f = self.open_read()
-            return cast(BinaryIO, BoundedReader(f, bound, self.url)) if bound is not None else f
         client = self.client()
         if client is None:
             f = self.open_read()
