@@ -1,25 +1,15 @@
 """The node-local shard cache's root: where it lives, how its files are named, marked and
-locked, what it holds (datasets, their staged copies, how much each uses), how big it may
-grow, and how copies leave it (eviction's removal of one entry, ``shardloader cache clear``).
-Staging is cache.py.
+locked, what it holds, how big it may grow, and how copies leave it (eviction, ``shardloader
+cache clear``); staging is cache.py.
 
-Where: ``CacheOptions(dir=...)``, else ``$SHARDLOADER_CACHE_DIR``, else
-``$XDG_CACHE_HOME/shardloader`` (``~/.cache/shardloader`` when unset).  Each dataset gets a
-folder ``<root>/<manifest fingerprint>/`` marked by a ``.shardloader-cache`` file.  The cache
-is one user's (NOTE [a cache of one's own] in private.py): a root of another user's, or one
-others may write to, is refused; folders are ``0700``, files ``0600``, never opened through a
-symbolic link.  A shard's file is named by :func:`cache_name`, which no two shard paths share.
-
-How big: one limit for the whole root, over every dataset and run: ``CacheOptions(max_bytes=...)``,
-else ``$SHARDLOADER_CACHE_MAX_BYTES`` (``"50GiB"``), else the smaller of 32 GiB and half of
-what the root's disk could hold (its free space plus the cache itself), never below twice what
-the current plan keeps staged at once.  Staging a shard first evicts the least recently used
-staged shards, of any dataset, until the newcomer fits.  Counting what the root holds takes a
-``stat`` per file (about 0.3 s for a root of 10,000 small shards): so the default limit does
-not count the root when half of the free space alone reaches :data:`DEFAULT_MAX_BYTES` (the
-count could only raise the figure, which is then capped), a cache works the limit out only
-when it stages something, never to read what is staged already, and stagers keep a running
-count (NOTE [room note] in cache.py).
+Where: :func:`cache_root`.  Each dataset gets a folder ``<root>/<manifest fingerprint>/``
+marked by a ``.shardloader-cache`` file.  The cache is one user's (NOTE [a cache of one's own]
+in private.py).  A shard's file is named by :func:`cache_name`, which no two shard paths share.
+How big: one limit for the whole root, over every dataset and run (:func:`cache_limit`), never
+below twice what the current plan keeps staged at once; staging a shard first evicts the least
+recently used staged shards, of any dataset, until the newcomer fits.  Counting what the root
+holds takes a ``stat`` per file (about 0.3 s for 10,000 small shards), so it is done rarely
+(NOTE [room note] in cache.py).
 
 NOTE [eviction and clearing]: whoever removes ``X.raw`` (eviction by any process, ``cache
 clear``) first takes ``X.raw.lock`` *without waiting*; a shard whose lock is held (being staged
@@ -393,7 +383,11 @@ def _remove_folder_if_empty(folder: str) -> int:
 
 
 def cache_limit(root: str, explicit: int | None = None) -> tuple[int, str]:
-    """(limit in bytes, where it comes from) for the cache at ``root``."""
+    """(limit in bytes, where it comes from) for the cache at ``root``:
+    ``CacheOptions(max_bytes=...)``, else ``$SHARDLOADER_CACHE_MAX_BYTES`` (``"50GiB"``), else
+    the smaller of 32 GiB and half of what the root's disk could hold (its free space plus the
+    cache itself).  The root is not counted when half of the free space alone reaches
+    :data:`DEFAULT_MAX_BYTES` (the count could only raise the figure, which is then capped)."""
     if explicit is not None:
         return explicit, "CacheOptions(max_bytes=...)"
     env = os.environ.get(MAX_BYTES_ENV)

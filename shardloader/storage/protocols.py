@@ -21,7 +21,7 @@ import os
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shardloader.errors import ShardloaderError, TruncatedBodyError, UsageError
 from shardloader.storage.classify import (
@@ -39,9 +39,13 @@ from shardloader.storage.classify import (
 )
 from shardloader.storage.httpclient import _HttpStatusError, http_client
 
+if TYPE_CHECKING:
+    from shardloader.storage.retry import RetryPolicy
+
 __all__ = [
     "ProtocolDefaults",
     "classify",
+    "fsspec_options",
     "is_storage_error",
     "is_transient",
     "protocol_defaults",
@@ -259,8 +263,7 @@ def _http_options(opts: dict[str, Any], connect: float, read: float) -> None:
     opts["client_kwargs"] = client
 
 
-def _s3_client(options: Mapping[str, Any], policy: Any) -> Any:
-    from shardloader.storage.retry import fsspec_options
+def _s3_client(options: Mapping[str, Any], policy: RetryPolicy) -> Any:
     from shardloader.storage.s3client import s3_client  # botocore: imported on first use
 
     return s3_client(options, fsspec_options("s3://", options, policy))
@@ -321,6 +324,31 @@ def protocol_defaults(protocol: str) -> ProtocolDefaults:
             protocol,
         )
     return GENERIC
+
+
+def fsspec_options(
+    url: str, storage_options: Mapping[str, Any] | None, policy: RetryPolicy
+) -> dict[str, Any]:
+    """Options to create ``url``'s fsspec filesystem with, so the stack makes one attempt per
+    request within ``policy``'s timeouts.
+
+    Starts from fsspec's config for the protocol, then the caller's ``storage_options`` (which
+    win, nested ``config_kwargs``/``client_kwargs`` merged key by key), then the protocol's
+    ``fill_options`` fill in what is still unset.
+    """
+    from fsspec.config import conf
+
+    protocol = protocol_of(url)
+    opts: dict[str, Any] = dict(conf.get(protocol, {}))
+    for key, value in (storage_options or {}).items():
+        if key in ("config_kwargs", "client_kwargs") and isinstance(value, Mapping):
+            opts[key] = {**dict(opts.get(key) or {}), **value}
+        else:
+            opts[key] = value
+    fill = protocol_defaults(protocol).fill_options
+    if fill is not None:
+        fill(opts, policy.connect_timeout, policy.read_timeout)
+    return opts
 
 
 # -- classification ---------------------------------------------------------------------------

@@ -17,10 +17,10 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import tenacity
 
@@ -49,7 +49,6 @@ __all__ = [
     "classify",
     "is_transient",
     "call_with_retries",
-    "fsspec_options",
 ]
 
 logger = logging.getLogger(__name__)
@@ -139,8 +138,9 @@ def call_with_retries(
 ) -> T:
     """Call ``fn()`` under ``policy``; retry transient faults, fail fast on permanent ones.
 
-    ``fn`` makes one attempt with the stack's own retries off (see :func:`fsspec_options`);
-    its errors are read with the defaults of ``url``'s protocol.  Raises one
+    ``fn`` makes one attempt with the stack's own retries off (see
+    :func:`~shardloader.storage.protocols.fsspec_options`); its errors are read with the
+    defaults of ``url``'s protocol.  Raises one
     :class:`StorageError` naming ``url``, the attempts and the last cause when the budget is
     spent; :class:`ObjectNotFoundError` or :class:`StorageError` with a remedy at once for
     permanent errors.  Shardloader's own errors (but :class:`TruncatedBodyError`, which is
@@ -229,29 +229,3 @@ def _permanent_error(
             "the bucket policy grants them this operation on this key"
         )
     return StorageError(f"cannot {what} {url!r}: {cause} (a permanent error; not retried)")
-
-
-def fsspec_options(
-    url: str, storage_options: Mapping[str, Any] | None = None, policy: RetryPolicy | None = None
-) -> dict[str, Any]:
-    """Options to create ``url``'s fsspec filesystem with, so the stack makes one attempt per
-    request within ``policy``'s timeouts.
-
-    Starts from fsspec's config for the protocol, then the caller's ``storage_options`` (which
-    win, nested ``config_kwargs``/``client_kwargs`` merged key by key), then the protocol's
-    ``fill_options`` fill in what is still unset.
-    """
-    from fsspec.config import conf
-
-    policy = policy or DEFAULT_POLICY
-    protocol = protocols.protocol_of(url)
-    opts: dict[str, Any] = dict(conf.get(protocol, {}))
-    for key, value in (storage_options or {}).items():
-        if key in ("config_kwargs", "client_kwargs") and isinstance(value, Mapping):
-            opts[key] = {**dict(opts.get(key) or {}), **value}
-        else:
-            opts[key] = value
-    fill = protocols.protocol_defaults(protocol).fill_options
-    if fill is not None:
-        fill(opts, policy.connect_timeout, policy.read_timeout)
-    return opts

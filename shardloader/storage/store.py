@@ -28,9 +28,9 @@ from shardloader.errors import StorageError, UsageError
 from shardloader.storage.clients import ObjectClient, client_for
 from shardloader.storage.localfiles import open_regular
 from shardloader.storage.objectstream import PART_SIZE, PARTS_IN_FLIGHT, ObjectStream
-from shardloader.storage.protocols import protocol_defaults, protocol_of
+from shardloader.storage.protocols import fsspec_options, protocol_defaults, protocol_of
 from shardloader.storage.remote import RetryingReader
-from shardloader.storage.retry import DEFAULT_POLICY, RetryPolicy, call_with_retries, fsspec_options
+from shardloader.storage.retry import DEFAULT_POLICY, RetryPolicy, call_with_retries
 from shardloader.storage.streams import BoundedReader
 
 __all__ = ["SINGLE_PUT", "Store", "as_store", "join"]
