@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from shardloader.errors import ChecksumError, ObjectChangedError, TruncatedBodyError
@@ -59,18 +60,16 @@ class _HtmlPageError(ConnectionError):
     transient (classified by its built-in class, :mod:`shardloader.storage.classify`)."""
 
 
+@dataclass(slots=True, eq=False)
 class _Part:
-    __slots__ = ("buffered", "chunks", "deadline", "done", "error", "got", "start", "stop")
-
-    def __init__(self, start: int, stop: int | None) -> None:
-        self.start = start
-        self.stop = stop  # None: to the end of the object
-        self.got = 0  # bytes delivered into ``chunks`` so far (over all attempts)
-        self.chunks: deque[bytes] = deque()
-        self.buffered = 0
-        self.done = False
-        self.error: BaseException | None = None
-        self.deadline: Deadline | None = None  # of the call fetching it (NOTE [deadline pauses])
+    start: int
+    stop: int | None  # None: to the end of the object
+    got: int = 0  # bytes delivered into ``chunks`` so far (over all attempts)
+    chunks: deque[bytes] = field(default_factory=deque)
+    buffered: int = 0
+    done: bool = False
+    error: BaseException | None = None
+    deadline: Deadline | None = None  # of the call fetching it (NOTE [deadline pauses])
 
 
 class ObjectStream(Passthrough):
@@ -113,7 +112,8 @@ class ObjectStream(Passthrough):
         expected = size if size is not None else limit
         self._inline = expected is not None and expected <= INLINE_BELOW
         if not self._inline:
-            self._schedule()
+            with self._cond:
+                self._schedule_locked()
 
     # -- file-like ------------------------------------------------------------------------
     @property
@@ -174,10 +174,6 @@ class ObjectStream(Passthrough):
         self._cond.notify_all()
 
     # -- fetching -------------------------------------------------------------------------
-    def _schedule(self) -> None:
-        with self._cond:
-            self._schedule_locked()
-
     def _schedule_locked(self) -> None:
         """Start parts in order, up to ``parts_in_flight`` ahead of the reader; past the first,
         only once the server has shown it answers ranges."""
@@ -221,7 +217,11 @@ class ObjectStream(Passthrough):
             raise
         try:
             skip = self._check(body, part, start)
-            expected = self._expected(body, part, start)
+            end = body.total if body.total is not None else self.size
+            # the bytes this response must deliver after any skipped ones (None: until it ends)
+            expected = part.stop - start if part.stop is not None else None
+            if expected is None and end is not None:
+                expected = end - start
             while skip:
                 dropped = body.read(min(skip, CHUNK))
                 if not dropped:
@@ -281,13 +281,6 @@ class ObjectStream(Passthrough):
                     del self._parts[1:]
                 self._schedule_locked()
         return 0 if body.ranged else start
-
-    def _expected(self, body: Body, part: _Part, start: int) -> int | None:
-        """Bytes this response must deliver after any skipped ones (None: until it ends)."""
-        if part.stop is not None:
-            return part.stop - start
-        end = body.total if body.total is not None else self.size
-        return None if end is None else end - start
 
     def _deliver(self, part: _Part, data: bytes) -> bool:
         """Hand ``data`` to the reader; False once the stream was closed."""

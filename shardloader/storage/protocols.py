@@ -354,14 +354,14 @@ def fsspec_options(
 # -- classification ---------------------------------------------------------------------------
 
 
-def _deciders(protocol: str | None) -> list[Callable[[BaseException], str | None]]:
+def _entries(protocol: str | None) -> list[ProtocolDefaults]:
     """Without a protocol: every registered one (what any stack may raise)."""
-    entries = [protocol_defaults(protocol)] if protocol else list(_PROTOCOLS.values())
-    found = []
-    for entry in entries:
-        if entry.decide is not None and entry.decide not in found:
-            found.append(entry.decide)
-    return [*found, decide_generic]
+    return [protocol_defaults(protocol)] if protocol else list(_PROTOCOLS.values())
+
+
+def _deciders(protocol: str | None) -> list[Callable[[BaseException], str | None]]:
+    found = [entry.decide for entry in _entries(protocol) if entry.decide is not None]
+    return [*dict.fromkeys(found), decide_generic]
 
 
 def classify(err: BaseException, protocol: str | None = None) -> str:
@@ -394,8 +394,7 @@ def is_storage_error(err: BaseException, protocol: str | None = None) -> bool:
     """A failure of the store (reported with a remedy), not a bug (passed through as it is)."""
     if isinstance(err, OSError):
         return True
-    entries = [protocol_defaults(protocol)] if protocol else list(_PROTOCOLS.values())
-    modules = {m for entry in entries for m in entry.error_modules}
+    modules = {m for entry in _entries(protocol) for m in entry.error_modules}
     if type(err).__module__.split(".")[0] in modules:
         return True
     return any(decide(err) is not None for decide in _deciders(protocol)[:-1])

@@ -120,9 +120,7 @@ class Store:
 
     def client(self) -> ObjectClient | None:
         """This process's fast client for the store's protocol and options (None: fsspec)."""
-        if self.is_local:
-            return None
-        make = protocol_defaults(self.protocol).client
+        make = None if self.is_local else protocol_defaults(self.protocol).client
         if make is None:
             return None
         found: ObjectClient | None = client_for(self.protocol, self.options, self.retry, make)
@@ -285,10 +283,7 @@ def as_store(
 
 def _put_file_once(client: Any, url: str, local: str, sha256: str | None) -> None:
     with open(local, "rb") as f:
-        if sha256 is None:
-            client.put(url, f)
-        else:
-            client.put(url, f, sha256=sha256)
+        client.put(url, f, sha256=sha256)
 
 
 def _exists(fs: fsspec.AbstractFileSystem, path: str) -> bool:
