@@ -170,35 +170,27 @@ def call_with_retries(
         time.sleep(wait)
 
 
+_REMEDIES = {
+    NO_BUCKET: "bucket {bucket!r} does not exist at this endpoint ({cause}); check the bucket "
+    "name, and the endpoint (storage_options endpoint_url or AWS_ENDPOINT_URL) and region",
+    NOT_FOUND: "the object does not exist (HTTP 404: {cause}); check the URL, and that the data "
+    "was packed or uploaded there completely",
+    CREDENTIALS: "the credentials are missing or were rejected ({cause}); set "
+    "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or AWS_PROFILE, or pass "
+    "storage_options={{'key': ..., 'secret': ...}}; for a public bucket pass "
+    "storage_options={{'anon': True}}",
+    FORBIDDEN: "access denied (HTTP 403: {cause}); check which credentials are in use "
+    "(AWS_PROFILE, AWS_ACCESS_KEY_ID or storage_options key/secret) and that the bucket policy "
+    "grants them this operation on this key",
+}
+
+
 def _permanent_error(
     err: BaseException, *, url: str, what: str = "read", protocol: str | None = None
 ) -> StorageError:
     """The error to raise, with a remedy, for a failure that another attempt will not fix."""
     kind = classify(err, protocol)
-    cause = describe(err)
-    if kind == NO_BUCKET:
-        bucket = url.split("://", 1)[-1].split("/", 1)[0]
-        return ObjectNotFoundError(
-            f"cannot {what} {url!r}: bucket {bucket!r} does not exist at this endpoint ({cause}); "
-            "check the bucket name, and the endpoint (storage_options endpoint_url or "
-            "AWS_ENDPOINT_URL) and region"
-        )
-    if kind == NOT_FOUND:
-        return ObjectNotFoundError(
-            f"cannot {what} {url!r}: the object does not exist (HTTP 404: {cause}); check the URL, "
-            "and that the data was packed or uploaded there completely"
-        )
-    if kind == CREDENTIALS:
-        return StorageError(
-            f"cannot {what} {url!r}: the credentials are missing or were rejected ({cause}); set "
-            "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or AWS_PROFILE, or pass "
-            "storage_options={'key': ..., 'secret': ...}; for a public bucket pass "
-            "storage_options={'anon': True}"
-        )
-    if kind == FORBIDDEN:
-        return StorageError(
-            f"cannot {what} {url!r}: access denied (HTTP 403: {cause}); check which credentials "
-            "are in use (AWS_PROFILE, AWS_ACCESS_KEY_ID or storage_options key/secret) and that "
-            "the bucket policy grants them this operation on this key"
-        )
-    return StorageError(f"cannot {what} {url!r}: {cause} (a permanent error; not retried)")
+    remedy = _REMEDIES.get(kind, "{cause} (a permanent error; not retried)")
+    bucket = url.split("://", 1)[-1].split("/", 1)[0]
+    text = f"cannot {what} {url!r}: " + remedy.format(bucket=bucket, cause=describe(err))
+    return (ObjectNotFoundError if kind in (NO_BUCKET, NOT_FOUND) else StorageError)(text)

@@ -128,27 +128,24 @@ class S3Client:
         deadline: Deadline | None = None,
         if_match: str | None = None,
     ) -> _S3Body:
-        bucket, key = split_s3_url(url)
-        kwargs = dict(self._extra)
+        kwargs = {}
         rng = range_header(start, stop)
         if rng is not None:
             kwargs["Range"] = rng
         if if_match is not None:
             kwargs["IfMatch"] = if_match
-        response = self._client.get_object(Bucket=bucket, Key=key, **kwargs)
-        return _S3Body(response, url, deadline)
+        return _S3Body(self.call("get_object", url, **kwargs), url, deadline)
 
     def put(self, url: str, body: Any, sha256: str | None = None) -> None:
         """One PUT of ``body`` (bytes or a file opened for reading): S3 makes it visible whole
         or not at all.  ``sha256`` (hex), when the caller knows it (pack: the shard checksum
         its manifest records), goes with the request as its checksum: S3 refuses a body that
         does not match it, and botocore computes no CRC32 of its own over the body."""
-        bucket, key = split_s3_url(url)
-        extra = dict(self._extra)
+        checksum = {}
         if sha256 is not None:
-            extra["ChecksumAlgorithm"] = "SHA256"  # S3 keeps it: HEAD with ChecksumMode shows it
-            extra["ChecksumSHA256"] = base64.b64encode(bytes.fromhex(sha256)).decode()
-        self._client.put_object(Bucket=bucket, Key=key, Body=body, **extra)
+            checksum["ChecksumAlgorithm"] = "SHA256"  # S3 keeps it: HEAD with ChecksumMode shows it
+            checksum["ChecksumSHA256"] = base64.b64encode(bytes.fromhex(sha256)).decode()
+        self.call("put_object", url, Body=body, **checksum)
 
     def list(self, url: str) -> list[str]:
         """Every object below the folder ``url``, as paths relative to it, sorted, as s3fs's
