@@ -82,17 +82,9 @@ class _HttpBody:
         self.etag: str | None = resp.getheader("ETag")
         self.content_type: str | None = resp.getheader("Content-Type")
 
-    def _late(self) -> StorageError | None:
-        """The deadline error, if the watchdog cut this body off."""
-        if self._guard is not None and self._guard.fired:
-            return too_slow(self._url, self._guard.deadline, self._got)
-        return None
-
     def read(self, n: int) -> bytes:
         if self._conn is None:
-            late = self._late()
-            if late is not None:
-                raise late
+            self._end()
             return b""
         if self._left is not None:
             n = min(n, self._left)
@@ -120,11 +112,10 @@ class _HttpBody:
 
     def _end(self, err: BaseException | None = None) -> None:
         """The body ended (``err``: by an error): drop the connection, and raise the deadline's
-        or abort's own error where one of them ended it."""
+        error where the watchdog cut it off."""
         self._drop()
-        late = self._late()
-        if late is not None:
-            raise late from err
+        if self._guard is not None and self._guard.fired:
+            raise too_slow(self._url, self._guard.deadline, self._got) from err
 
     def readinto(self, buf: memoryview) -> int:
         """Bytes into ``buf``, with no copy past the socket's where the body has no length
