@@ -97,10 +97,9 @@ class ShardCache:
         self.folder = os.path.join(self.root, fingerprint)
         self._explicit = options.max_bytes is not None or bool(os.environ.get(MAX_BYTES_ENV))
         self._asked = options.max_bytes
-        self._limit: tuple[int, str] | None = None  # worked out when first needed: see max_bytes
+        # (limit, where it comes from); a default one is worked out when first needed (max_bytes)
+        self._limit = cache_limit(self.root, options.max_bytes) if self._explicit else None
         self._needed = 0  # what the plan keeps staged at once (require)
-        if self._explicit:
-            self._limit = cache_limit(self.root, options.max_bytes)
         self._ensure_folder()
 
     @property
@@ -121,12 +120,6 @@ class ShardCache:
                 limit = 2 * self._needed
             self._limit = limit, source
         return self._limit[0]
-
-    @property
-    def limit_source(self) -> str:
-        self.max_bytes  # noqa: B018 - works the limit out
-        assert self._limit is not None
-        return self._limit[1]
 
     def _ensure_folder(self) -> None:
         """The root and this dataset's folder, the user's own (NOTE [a cache of one's own])."""
@@ -172,10 +165,12 @@ class ShardCache:
             if self._limit is not None and 2 * needed > self._limit[0]:
                 self._limit = None  # worked out again, grown
             return
-        if needed > self.max_bytes:
+        assert self._limit is not None  # an explicit limit is worked out at once
+        limit, source = self._limit
+        if needed > limit:
             raise UsageError(
-                f"cache limit {self.max_bytes:,} bytes is below the {needed:,} bytes of "
-                f"staged shards this plan keeps in use at once; raise {self.limit_source} "
+                f"cache limit {limit:,} bytes is below the {needed:,} bytes of "
+                f"staged shards this plan keeps in use at once; raise {source} "
                 "or lower the shuffle block / read-ahead"
             )
 

@@ -93,12 +93,6 @@ _PID = os.getpid()
 _LOCK = threading.Lock()
 
 
-def _env_key() -> tuple[tuple[str, str], ...]:
-    """The environment a client reads when it is made (endpoint, credentials, profile): a
-    changed variable makes a new client, as a new process would."""
-    return tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_")))
-
-
 def client_for(
     protocol: str,
     options: Mapping[str, Any],
@@ -112,7 +106,10 @@ def client_for(
         opts = json.dumps(options, sort_keys=True, default=repr)
     except (TypeError, ValueError):
         opts = repr(sorted(options.items(), key=lambda kv: str(kv[0])))
-    key = (protocol, opts, policy, _env_key())
+    # The environment a client reads when it is made (endpoint, credentials, profile) is part
+    # of the key: a changed variable makes a new client, as a new process would.
+    env = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_")))
+    key = (protocol, opts, policy, env)
     with _LOCK:  # threads asking at once (read-ahead) wait for one client, not make one each
         if os.getpid() != _PID:  # a forked child: connections belong to the parent
             _CLIENTS.clear()

@@ -106,7 +106,6 @@ class ObjectStream(Passthrough):
         self._ranges: bool | None = None if len(self._parts) > 1 else False
         self._closed = False
         self._etag: str | None = None  # the version the first response was (If-Match after)
-        self.pos = 0
         # A small object is fetched by the reader itself on its first read: a thread would cost
         # more than the overlap it buys.
         expected = size if size is not None else limit
@@ -149,7 +148,6 @@ class ObjectStream(Passthrough):
                             part.chunks.popleft()
                             self._offset = 0
                     part.buffered -= len(chunk)
-                    self.pos += len(chunk)
                     self._cond.notify_all()  # room in the part's buffer
                     return chunk
                 if part.error is not None:
