@@ -31,9 +31,10 @@ __all__ = ["POOL_CONNECTIONS", "S3Client", "s3_client", "split_s3_url"]
 
 POOL_CONNECTIONS = 64  # concurrent GETs one process may have open (read-ahead x ranges)
 
-# s3fs options this client honours, and the ones that do not change how a GET is made.
-_USED = frozenset(
+# The s3fs options this client understands: any other makes the store read through s3fs.
+_UNDERSTOOD = frozenset(
     {
+        # honoured
         "key",
         "secret",
         "token",
@@ -46,10 +47,7 @@ _USED = frozenset(
         "profile",
         "requester_pays",
         "use_ssl",
-    }
-)
-_HARMLESS = frozenset(
-    {
+        # s3fs's own, which do not change how a GET is made
         "default_block_size",
         "default_fill_cache",
         "default_cache_type",
@@ -182,7 +180,7 @@ def s3_client(options: Mapping[str, Any], opts: Mapping[str, Any]) -> S3Client |
     """A client for these s3fs-style ``options``, or None when they hold something only s3fs
     understands (the store then uses s3fs).  ``opts``: the same options as the S3 defaults
     filled them in (one attempt per request, the policy's timeouts: protocols.py)."""
-    if set(options) - _USED - _HARMLESS:
+    if set(options) - _UNDERSTOOD:
         return None
     try:
         from botocore import UNSIGNED
