@@ -178,14 +178,11 @@ class Store:
         """All files below, as paths relative to this store, sorted (deterministic traversal)."""
         if self.is_local:
             root = self.local_path
-            out = []
-            for dirpath, dirnames, filenames in os.walk(root):
-                dirnames.sort()
-                for name in filenames:
-                    out.append(
-                        os.path.relpath(os.path.join(dirpath, name), root).replace(os.sep, "/")
-                    )
-            return sorted(out)
+            return sorted(
+                os.path.relpath(os.path.join(folder, name), root).replace(os.sep, "/")
+                for folder, _, names in os.walk(root)
+                for name in names
+            )
         client = self.client()
         if client is not None and hasattr(client, "list"):  # S3: no s3fs import for a listing
             listed: list[str] = self.call(partial(client.list, self.url), "list")
