@@ -22,6 +22,7 @@ from helpers import batch_ids, write_dataset
 import shardloader as sl
 from shardloader.cli import main
 from shardloader.storage import cache as sc
+from shardloader.storage import cachedir
 
 # A process that takes the exclusive flock on argv[1], says so, and holds it until told to go
 # (or, with argv[2] == "remove", removes the lock file first: what an evicting process does).
@@ -116,14 +117,14 @@ def test_root_explicit_then_env_then_xdg_then_home(monkeypatch, tmp_path):
     monkeypatch.delenv("SHARDLOADER_CACHE_DIR", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
-    assert sc.cache_root() == str(tmp_path / "home" / ".cache" / "shardloader")
+    assert cachedir.cache_root() == str(tmp_path / "home" / ".cache" / "shardloader")
     monkeypatch.setenv("XDG_CACHE_HOME", "relative/ignored")  # the spec says absolute only
-    assert sc.cache_root() == str(tmp_path / "home" / ".cache" / "shardloader")
+    assert cachedir.cache_root() == str(tmp_path / "home" / ".cache" / "shardloader")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert sc.cache_root() == str(tmp_path / "xdg" / "shardloader")
+    assert cachedir.cache_root() == str(tmp_path / "xdg" / "shardloader")
     monkeypatch.setenv("SHARDLOADER_CACHE_DIR", str(tmp_path / "env"))
-    assert sc.cache_root() == str(tmp_path / "env")
-    assert sc.cache_root(str(tmp_path / "mine")) == str(tmp_path / "mine")
+    assert cachedir.cache_root() == str(tmp_path / "env")
+    assert cachedir.cache_root(str(tmp_path / "mine")) == str(tmp_path / "mine")
 
 
 def test_a_dataset_without_options_stages_under_xdg_cache_home(monkeypatch, tmp_path):
@@ -150,14 +151,14 @@ def test_an_unwritable_root_names_the_remedy(monkeypatch, tmp_path):
 
 def test_default_limit_and_the_environment_variable(monkeypatch, tmp_path):
     root = str(tmp_path / "root")
-    limit, source = sc.cache_limit(root)
-    assert 0 < limit <= sc.DEFAULT_MAX_BYTES and source.startswith("default")
+    limit, source = cachedir.cache_limit(root)
+    assert 0 < limit <= cachedir.DEFAULT_MAX_BYTES and source.startswith("default")
     monkeypatch.setenv("SHARDLOADER_CACHE_MAX_BYTES", "3MiB")
-    assert sc.cache_limit(root) == (3 << 20, "$SHARDLOADER_CACHE_MAX_BYTES")
-    assert sc.cache_limit(root, explicit=5)[0] == 5  # CacheOptions(max_bytes=...) wins
+    assert cachedir.cache_limit(root) == (3 << 20, "$SHARDLOADER_CACHE_MAX_BYTES")
+    assert cachedir.cache_limit(root, explicit=5)[0] == 5  # CacheOptions(max_bytes=...) wins
     monkeypatch.setenv("SHARDLOADER_CACHE_MAX_BYTES", "lots")
     with pytest.raises(sl.UsageError, match="SHARDLOADER_CACHE_MAX_BYTES='lots'"):
-        sc.cache_limit(root)
+        cachedir.cache_limit(root)
 
 
 def test_an_explicit_limit_below_the_plan_fails_at_start(monkeypatch, tmp_path):
@@ -200,7 +201,7 @@ def test_a_second_run_with_the_default_limit_shares_it(monkeypatch, tmp_path):
             "for b in sl.make_loader(ds, num_workers=1)); assert n >= 180, n"
         )
         subprocess.run([sys.executable, "-c", code], check=True, timeout=300)
-    assert sorted(sc.usage(str(tmp_path / "root")), key=lambda d: d.last_used or 0)[-1].shards
+    assert sorted(cachedir.usage(str(tmp_path / "root")), key=lambda d: d.last_used or 0)[-1].shards
     assert 0 < bytes_under(tmp_path / "root") <= 4 * shard
 
 
@@ -279,7 +280,7 @@ def test_nothing_the_cache_did_not_create_is_removed(tmp_path):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
     (root / "fp" / "shard-9.raw.tmp-dead").write_bytes(b"a killed stager's leftover")
-    report = sc.clear(str(root))
+    report = cachedir.clear(str(root))
     assert report.files == 2 and report.busy == ()
     for path, data in mine.items():
         assert path.read_bytes() == data, path

@@ -1,5 +1,5 @@
 """What the node cache holds is counted rarely: never to read shards staged already, once for
-many shards staged in a row (NOTE [room note] in storage/cacheroom.py), and the one limit
+many shards staged in a row (NOTE [room note] in storage/cache.py), and the one limit
 still holds.  Counting means listing and stat-ing every file under the root, which for a root
 of many small shards took longer than a warm first batch."""
 
@@ -12,7 +12,7 @@ from helpers import batch_ids, write_dataset
 
 import shardloader as sl
 from shardloader.storage import cache as sc
-from shardloader.storage import cachedir, cacheentries, cacheroom
+from shardloader.storage import cachedir
 
 
 def _dataset(path, root, shards=(8,) * 12, max_bytes=None) -> sl.ShardedDataset:
@@ -25,13 +25,13 @@ def _dataset(path, root, shards=(8,) * 12, max_bytes=None) -> sl.ShardedDataset:
 def _counting_listings(monkeypatch) -> list[str]:
     """Every listing of a dataset folder of the cache, wherever it is made from."""
     calls: list[str] = []
-    real = cacheentries.staged_entries
+    real = cachedir.staged_entries
 
     def listing(folder):
         calls.append(folder)
         return real(folder)
 
-    monkeypatch.setattr(cacheentries, "staged_entries", listing)  # usage() and clear()
+    monkeypatch.setattr(cachedir, "staged_entries", listing)  # usage() and clear()
     monkeypatch.setattr(sc, "staged_entries", listing)  # eviction
     return calls
 
@@ -45,7 +45,7 @@ def test_a_warm_pass_lists_nothing_under_the_root(monkeypatch, tmp_path):
     _dataset(tmp_path / "other", root, shards=(4,) * 5)  # the root holds another dataset too
     assert _epoch(_dataset(tmp_path / "other", root)) == list(range(20))
     assert _epoch(_dataset(tmp_path / "ds", root)) == list(range(96))  # stages every shard
-    monkeypatch.setattr(cacheroom, "DEFAULT_MAX_BYTES", 1 << 62)  # not the free-space shortcut
+    monkeypatch.setattr(cachedir, "DEFAULT_MAX_BYTES", 1 << 62)  # not the free-space shortcut
     calls = _counting_listings(monkeypatch)
     assert _epoch(_dataset(tmp_path / "ds", root)) == list(range(96))
     assert calls == []
@@ -68,25 +68,25 @@ def test_the_limit_holds_when_the_note_says_there_is_room(tmp_path):
     cache = sc.ShardCache(sc.CacheOptions(dir=root, max_bytes=3000), "fp")
     for name in ("a", "b", "c"):
         _stage(cache, name, 1000)
-    cacheroom.note_room(root, 10**9, time.time())  # far too high: counted again, a evicted
+    sc.note_room(root, 10**9, time.time())  # far too high: counted again, a evicted
     _stage(cache, "d", 1000)
     names = sorted(f for f in os.listdir(os.path.join(root, "fp")) if f.endswith(".raw"))
     assert len(names) == 3 and "d.raw" in names
-    assert cacheroom.noted_room(root) == 3000  # the count, plus d's reservation
+    assert sc.noted_room(root) == 3000  # the count, plus d's reservation
 
 
 def test_a_note_is_read_only_while_fresh(tmp_path):
     root = str(tmp_path)
-    assert cacheroom.noted_room(root) is None
-    cacheroom.note_room(root, 1234, time.time())
-    assert cacheroom.noted_room(root) == 1234
-    cacheroom.note_room(root, 2000)  # a reservation keeps the time of the last count
-    assert cacheroom.noted_room(root) == 2000
-    cacheroom.note_room(root, 2000, time.time() - cacheroom.RECOUNT_SECONDS - 1)
-    assert cacheroom.noted_room(root) is None  # old: the next stager counts
+    assert sc.noted_room(root) is None
+    sc.note_room(root, 1234, time.time())
+    assert sc.noted_room(root) == 1234
+    sc.note_room(root, 2000)  # a reservation keeps the time of the last count
+    assert sc.noted_room(root) == 2000
+    sc.note_room(root, 2000, time.time() - sc.RECOUNT_SECONDS - 1)
+    assert sc.noted_room(root) is None  # old: the next stager counts
     with open(os.path.join(root, cachedir.ROOM_NOTE), "wb") as f:
         f.write(b"garbage")
-    assert cacheroom.noted_room(root) is None
+    assert sc.noted_room(root) is None
 
 
 def test_the_default_limit_counts_the_root_only_on_a_small_disk(monkeypatch, tmp_path):
@@ -94,11 +94,11 @@ def test_the_default_limit_counts_the_root_only_on_a_small_disk(monkeypatch, tmp
     root = str(tmp_path / "root")
     os.makedirs(os.path.join(root, "fp"))
     open(os.path.join(root, "fp", cachedir.MARKER), "w").close()
-    monkeypatch.setattr(cacheroom, "DEFAULT_MAX_BYTES", 1 << 20)  # a disk of over 2 MiB free
-    assert cacheroom.cache_limit(root)[0] == 1 << 20
+    monkeypatch.setattr(cachedir, "DEFAULT_MAX_BYTES", 1 << 20)  # a disk of over 2 MiB free
+    assert cachedir.cache_limit(root)[0] == 1 << 20
     assert calls == []
-    monkeypatch.setattr(cacheroom, "DEFAULT_MAX_BYTES", 1 << 62)  # as if the disk were small
-    limit, source = cacheroom.cache_limit(root)
+    monkeypatch.setattr(cachedir, "DEFAULT_MAX_BYTES", 1 << 62)  # as if the disk were small
+    limit, source = cachedir.cache_limit(root)
     assert len(calls) == 1 and source.startswith("default: half of the")
 
 

@@ -20,6 +20,7 @@ from helpers import write_dataset
 import shardloader as sl
 from shardloader.cli import main
 from shardloader.storage import cache as sc
+from shardloader.storage import cachedir
 
 NOBODY = 65534
 ROOT = os.geteuid() == 0
@@ -122,7 +123,7 @@ def test_a_planted_marker_link_is_never_written_through(tmp_path: Path) -> None:
     os.symlink(victim, root / "fp" / ".shardloader-cache")
     sc.ShardCache(sc.CacheOptions(dir=str(root)), "fp")
     assert not victim.exists()
-    assert sc.clear(str(root)).files == 0  # a folder marked by a link is not a cache folder
+    assert cachedir.clear(str(root)).files == 0  # a folder marked by a link is not a cache folder
 
 
 @pytest.mark.skipif(not ROOT, reason="making another user's folder takes root")
@@ -130,7 +131,7 @@ def test_cache_clear_leaves_a_legacy_root_of_another_user_alone(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the legacy root lives
-    legacy = Path(sc.legacy_root())
+    legacy = Path(cachedir.legacy_root())
     folder = legacy / "fp"
     folder.mkdir(parents=True)
     (folder / ".shardloader-cache").write_text("marker")
@@ -157,7 +158,7 @@ def test_cache_clear_leaves_a_legacy_root_that_is_a_link_alone(
     target.mkdir(parents=True)
     (target / ".shardloader-cache").write_text("marker")
     (target / "s.raw").write_bytes(b"kept")
-    os.symlink(target.parent, sc.legacy_root())
+    os.symlink(target.parent, cachedir.legacy_root())
     r = CliRunner().invoke(main, ["cache", "clear"])
     assert r.exit_code == 0 and "is a symbolic link" in r.output, r.output
     assert (target / "s.raw").read_bytes() == b"kept"

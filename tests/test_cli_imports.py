@@ -111,13 +111,13 @@ def test_option_defaults_copied_into_the_cli_agree_with_the_library():
     from shardloader.cli import options as options_cli
     from shardloader.cli import pack as pack_cli
     from shardloader.pack.layouts import registry
-    from shardloader.storage import cache
+    from shardloader.storage import cachedir
     from shardloader.storage.retry import RetryPolicy
 
     assert pack_cli.DEFAULT_SHARD_SIZE == pack.DEFAULT_SHARD_SIZE
     assert pack_cli.LAYOUTS == (registry.AUTO, *registry.BUILTIN_LAYOUTS)
     assert bench_cli.DEFAULT_TOLERANCE == bench.DEFAULT_TOLERANCE
-    assert cache_cli.DIR_ENV == cache.DIR_ENV
+    assert cache_cli.DIR_ENV == cachedir.DIR_ENV
     assert options_cli.DEFAULT_RETRIES == RetryPolicy().max_attempts - 1
     assert options_cli.DEFAULT_RETRY_SECONDS == RetryPolicy().max_total_seconds
 

@@ -15,12 +15,12 @@ from shardloader.errors import (
     StorageError,
     UsageError,
 )
+from shardloader.storage.protocols import fsspec_options
 from shardloader.storage.retry import (
     RetryPolicy,
     TruncatedBodyError,
     call_with_retries,
     classify,
-    fsspec_options,
     is_transient,
 )
 
@@ -289,7 +289,7 @@ def test_s3_options_switch_off_botocore_retries_and_set_timeouts() -> None:
         "read_timeout": 7.0,
     }
     # no endpoint is invented: botocore reads AWS_ENDPOINT_URL itself
-    assert "endpoint_url" not in fsspec_options("s3://b/k")
+    assert "endpoint_url" not in fsspec_options("s3://b/k", None, RetryPolicy())
 
 
 def test_explicit_user_options_win_key_by_key() -> None:
@@ -313,7 +313,7 @@ def test_fsspec_config_supplies_defaults(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setitem(
         fsspec.config.conf, "s3", {"config_kwargs": {"connect_timeout": 2}, "requester_pays": True}
     )
-    opts = fsspec_options("s3://b/k", {"config_kwargs": {"read_timeout": 4}})
+    opts = fsspec_options("s3://b/k", {"config_kwargs": {"read_timeout": 4}}, RetryPolicy())
     assert opts["requester_pays"] is True
     assert opts["config_kwargs"]["connect_timeout"] == 2
     assert opts["config_kwargs"]["read_timeout"] == 4
@@ -331,9 +331,11 @@ def test_http_options_set_socket_timeouts_without_a_total_limit() -> None:
     assert (timeout.total, timeout.sock_connect, timeout.sock_read) == (None, 2.0, 5.0)
     mine = aiohttp.ClientTimeout(total=1)
     assert (
-        fsspec_options("http://h/x", {"client_kwargs": {"timeout": mine}})["client_kwargs"][
-            "timeout"
-        ]
+        fsspec_options("http://h/x", {"client_kwargs": {"timeout": mine}}, RetryPolicy())[
+            "client_kwargs"
+        ]["timeout"]
         is mine
     )
-    assert fsspec_options("file:///tmp/x", {"auto_mkdir": True}) == {"auto_mkdir": True}
+    assert fsspec_options("file:///tmp/x", {"auto_mkdir": True}, RetryPolicy()) == {
+        "auto_mkdir": True
+    }

@@ -2,7 +2,7 @@
 
 Clearing is safe while training runs use the cache: a shard being staged right now is left in
 place (and reported), open copies stay readable, and a run that needs a cleared shard stages it
-again (see NOTE [eviction and clearing] in ``shardloader.storage.cache``).  Only a cache of the
+again (see NOTE [eviction and clearing] in ``shardloader.storage.cachedir``).  Only a cache of the
 user's own is cleared: the legacy root in the shared temp dir is left alone when another user
 made it, or when it is a symbolic link (NOTE [a cache of one's own] in storage/private.py).
 """
@@ -25,9 +25,9 @@ __all__ = ["cache_group", "info_command", "clear_command"]
 
 
 if TYPE_CHECKING:
-    from shardloader.storage.cache import ClearReport, DatasetUsage
+    from shardloader.storage.cachedir import ClearReport, DatasetUsage
 
-# = shardloader.storage.cache.DIR_ENV; that module is imported when a command runs (importing
+# = shardloader.storage.cachedir.DIR_ENV; that module is imported when a command runs (importing
 # shardloader.storage pulls in fsspec, too slow for --help)
 DIR_ENV = "SHARDLOADER_CACHE_DIR"
 _cache_dir = click.option(
@@ -77,8 +77,13 @@ def info_command(
     if uploads_out is not None:
         _uploads_info(uploads_out, storage_options(storage_option), as_json)
         return
-    from shardloader.storage.cache import cache_limit, cache_root, legacy_root, usage
-    from shardloader.storage.cachedir import root_problem
+    from shardloader.storage.cachedir import (
+        cache_limit,
+        cache_root,
+        legacy_root,
+        root_problem,
+        usage,
+    )
 
     root = cache_root(cache_dir)
     refused = root_problem(root)
@@ -147,7 +152,7 @@ def _dataset_dict(d: DatasetUsage) -> dict[str, object]:
 def clear_command(fingerprint: str | None, cache_dir: str | None) -> None:
     """Remove staged shards: all, or one dataset's (FINGERPRINT, or a unique prefix of it, as
     `cache info` lists them).  Safe while other processes use the cache."""
-    from shardloader.storage.cache import cache_root, clear, legacy_root, usage
+    from shardloader.storage.cachedir import cache_root, clear, legacy_root, usage
 
     root = cache_root(cache_dir)
     roots = [root]

@@ -17,6 +17,17 @@ a truncation, a disk emptied under it).  A reader that finds its copy damaged ca
 only if it is still that file, so when several processes find the same damage, the first
 removes it and stages it again, and the others, finding a new file, read that one instead of
 removing it once more.  Whoever finds the new copy damaged too knows the source is.
+
+NOTE [room note]: stagers keep a running count of what the root holds in ``<root>/.room``
+(bytes the root held at the last full count, plus every reservation since, and when that count
+was made), read and written only under the root's lock (NOTE [reservations]).  A reservation
+that fits the noted figure is made without listing the root; one that does not, or a note
+older than :data:`RECOUNT_SECONDS`, counts the root again and evicts as before.  Whatever
+shrinks the cache without noting it (eviction, ``cache clear``, a staged copy shorter than its
+reservation) leaves the note too high, which only brings the next count forward; what grows it
+unnoted (sample indexes staged next to their shards, other versions of shardloader) is caught
+by the next count, at most :data:`RECOUNT_SECONDS` later.  Counting every time cost an epoch
+over many small shards time quadratic in their number.
 """
 
 from __future__ import annotations
@@ -39,53 +50,29 @@ from shardloader.errors import (
     UsageError,
 )
 from shardloader.storage.cachedir import (
-    DEFAULT_DISK_FRACTION,
-    DEFAULT_MAX_BYTES,
     DIR_ENV,
     LOCK,
     MARKER,
     MAX_BYTES_ENV,
     ROOM_LOCK,
+    ROOM_NOTE,
+    cache_limit,
     cache_name,
     cache_root,
+    dataset_folders,
     is_default_root,
-    legacy_root,
     lock_file,
+    remove_entry,
     remove_quietly,
+    staged_entries,
     touch,
     write_marker,
 )
-from shardloader.storage.cacheentries import (
-    ClearReport,
-    DatasetUsage,
-    clear,
-    dataset_folders,
-    remove_entry,
-    staged_entries,
-    usage,
-)
-from shardloader.storage.cacheroom import cache_limit, note_room, noted_room
 from shardloader.storage.classify import chain
 from shardloader.storage.private import create_private, open_private, own_dir
 from shardloader.storage.streams import HashingReader
 
-__all__ = [
-    "CacheOptions",
-    "ClearReport",
-    "DatasetUsage",
-    "ShardCache",
-    "cache_limit",
-    "is_cache_full",
-    "cache_root",
-    "clear",
-    "legacy_root",
-    "usage",
-    "DEFAULT_DISK_FRACTION",
-    "DEFAULT_MAX_BYTES",
-    "DIR_ENV",
-    "MARKER",
-    "MAX_BYTES_ENV",
-]
+__all__ = ["RECOUNT_SECONDS", "CacheOptions", "ShardCache", "is_cache_full"]
 
 log = logging.getLogger(__name__)
 
@@ -110,16 +97,15 @@ class ShardCache:
         self.folder = os.path.join(self.root, fingerprint)
         self._explicit = options.max_bytes is not None or bool(os.environ.get(MAX_BYTES_ENV))
         self._asked = options.max_bytes
-        self._limit: tuple[int, str] | None = None  # worked out when first needed: see max_bytes
+        # (limit, where it comes from); a default one is worked out when first needed (max_bytes)
+        self._limit = cache_limit(self.root, options.max_bytes) if self._explicit else None
         self._needed = 0  # what the plan keeps staged at once (require)
-        if self._explicit:
-            self._limit = cache_limit(self.root, options.max_bytes)
         self._ensure_folder()
 
     @property
     def max_bytes(self) -> int:
         """The limit on all staged shards under the root.  The default one is worked out when
-        something is staged, not at open: it may count what the root holds (cacheroom.py)."""
+        something is staged, not at open: it may count what the root holds (cachedir.py)."""
         if self._limit is None:
             limit, source = cache_limit(self.root, self._asked)
             if 2 * self._needed > limit:
@@ -134,12 +120,6 @@ class ShardCache:
                 limit = 2 * self._needed
             self._limit = limit, source
         return self._limit[0]
-
-    @property
-    def limit_source(self) -> str:
-        self.max_bytes  # noqa: B018 - works the limit out
-        assert self._limit is not None
-        return self._limit[1]
 
     def _ensure_folder(self) -> None:
         """The root and this dataset's folder, the user's own (NOTE [a cache of one's own])."""
@@ -185,10 +165,12 @@ class ShardCache:
             if self._limit is not None and 2 * needed > self._limit[0]:
                 self._limit = None  # worked out again, grown
             return
-        if needed > self.max_bytes:
+        assert self._limit is not None  # an explicit limit is worked out at once
+        limit, source = self._limit
+        if needed > limit:
             raise UsageError(
-                f"cache limit {self.max_bytes:,} bytes is below the {needed:,} bytes of "
-                f"staged shards this plan keeps in use at once; raise {self.limit_source} "
+                f"cache limit {limit:,} bytes is below the {needed:,} bytes of "
+                f"staged shards this plan keeps in use at once; raise {source} "
                 "or lower the shuffle block / read-ahead"
             )
 
@@ -200,7 +182,6 @@ class ShardCache:
         where: str,
         open_stored: Callable[[], BinaryIO],
         stage: Callable[[BinaryIO, BinaryIO], int],
-        verified: bool = False,
         wait: bool = True,
         on_staged: Callable[[], None] | None = None,
     ) -> str | None:
@@ -208,10 +189,9 @@ class ShardCache:
 
         ``open_stored`` opens the stored shard; ``stage`` copies it uncompressed into a file.
         The stored bytes are hashed on the way and must match ``sha256``; a mismatch is staged
-        once more (a flaky read), then raised as :class:`ChecksumError`.  ``verified`` says
-        ``open_stored`` already checked the bytes (a verified download), so they are not
-        hashed twice.  With ``wait=False`` (read-ahead) a shard that another process is staging
-        right now returns None at once, so the caller can fetch a different one meanwhile.
+        once more (a flaky read), then raised as :class:`ChecksumError`.  With ``wait=False``
+        (read-ahead) a shard that another process is staging right now returns None at once,
+        so the caller can fetch a different one meanwhile.
         ``on_staged`` runs once the stored bytes matched, still under the shard's lock and before
         the staged copy appears under its name (what it leaves is there for every process that
         then finds the copy).
@@ -236,7 +216,7 @@ class ShardCache:
             for attempt in (1, 2):
                 try:
                     digest = self._stage_once(
-                        final, sha256, open_stored, stage, verified, on_staged, reserved
+                        final, sha256, open_stored, stage, on_staged, reserved
                     )
                 except ObjectChangedError:  # replaced mid-download: the new one may be whole
                     if attempt == 2:
@@ -258,7 +238,6 @@ class ShardCache:
         sha256: str,
         open_stored: Callable[[], BinaryIO],
         stage: Callable[[BinaryIO, BinaryIO], int],
-        verified: bool,
         on_staged: Callable[[], None] | None = None,
         reserved: str | None = None,
     ) -> str:
@@ -268,18 +247,14 @@ class ShardCache:
                 dst = open_private(tmp, os.O_RDWR, "r+b") if reserved else create_private(tmp)
                 with dst:
                     try:
-                        if verified:
-                            stage(src, dst)
-                            digest = sha256
-                        else:
-                            hashing = HashingReader(src)
-                            try:
-                                stage(hashing, dst)  # type: ignore[arg-type]
-                            except ShardError as err:
-                                if not _damaged_on_the_way(err, hashing, sha256):
-                                    raise
-                            hashing.drain()
-                            digest = hashing.hexdigest()
+                        hashing = HashingReader(src)
+                        try:
+                            stage(hashing, dst)  # type: ignore[arg-type]
+                        except ShardError as err:
+                            if not _damaged_on_the_way(err, hashing, sha256):
+                                raise
+                        hashing.drain()
+                        digest = hashing.hexdigest()
                         dst.truncate()  # a reservation longer than what was written
                     except OSError as err:
                         full = _no_space(err)
@@ -302,7 +277,7 @@ class ShardCache:
         files.  Making room and creating the (sparse, full-size) temp file happen under one
         root-wide lock, so two stagers never both count the same free space: the limit holds
         with any number of workers and ranks staging at once.  The count itself is noted for
-        the next stager (NOTE [room note] in cacheroom.py), so most reservations list nothing.
+        the next stager (NOTE [room note]), so most reservations list nothing.
         """
         lock = lock_file(os.path.join(self.root, ROOM_LOCK), True)
         assert lock is not None  # wait=True
@@ -394,3 +369,44 @@ def _no_space(err: BaseException) -> OSError | None:
 def is_cache_full(err: BaseException) -> bool:
     """Whether ``err`` is :meth:`ShardCache._full`'s: the cache's disk is full."""
     return isinstance(err, StorageError) and err.errno in _FULL
+
+
+RECOUNT_SECONDS = 10.0
+
+
+def _room_note(root: str) -> tuple[int, float] | None:
+    """(bytes, epoch seconds of the last full count) of the root's room note, if readable."""
+    try:
+        with open_private(os.path.join(root, ROOM_NOTE), os.O_RDONLY, "rb") as f:
+            used, counted = f.read(100).split()
+        return int(used), float(counted)
+    except (OSError, StorageError, ValueError):
+        return None
+
+
+def noted_room(root: str) -> int | None:
+    """The bytes the root holds by its room note, or None: no note, an unreadable one, or one
+    whose last full count is older than :data:`RECOUNT_SECONDS` (NOTE [room note])."""
+    note = _room_note(root)
+    if note is None or not 0 <= time.time() - note[1] < RECOUNT_SECONDS:
+        return None
+    return note[0]
+
+
+def note_room(root: str, used: int, counted: float | None = None) -> None:
+    """Note that the root holds ``used`` bytes, counted in full at ``counted`` (epoch seconds;
+    None: the time of the note it replaces, or never).  Under the root's lock only."""
+    if counted is None:
+        note = _room_note(root)
+        counted = 0.0 if note is None else note[1]  # 0: the next reservation counts again
+    path = os.path.join(root, ROOM_NOTE)
+    tmp = f"{path}.tmp-{uuid.uuid4().hex}"
+    try:
+        with create_private(tmp) as f:
+            f.write(f"{used} {counted!r}\n".encode())
+        os.replace(tmp, path)
+    except OSError:  # a note is only a shortcut: without it the next stager counts
+        try:
+            os.remove(tmp)
+        except OSError:
+            pass

@@ -13,10 +13,11 @@ import errno
 import http.client
 from collections.abc import Iterator, Mapping
 
+from fsspec.exceptions import FSTimeoutError
+
 __all__ = [
     "CREDENTIALS",
     "FORBIDDEN",
-    "KINDS",
     "NOT_FOUND",
     "NO_BUCKET",
     "PERMANENT",
@@ -36,21 +37,9 @@ NO_BUCKET = "no_bucket"
 FORBIDDEN = "forbidden"
 CREDENTIALS = "credentials"
 PERMANENT = "permanent"
-KINDS = (TRANSIENT, THROTTLED, NOT_FOUND, NO_BUCKET, FORBIDDEN, CREDENTIALS, PERMANENT)
 
 
-def _generic_transient() -> tuple[type[BaseException], ...]:
-    found: list[type[BaseException]] = [TimeoutError, ConnectionError, http.client.IncompleteRead]
-    try:
-        from fsspec.exceptions import FSTimeoutError
-
-        found.append(FSTimeoutError)
-    except ImportError:  # pragma: no cover - fsspec is a core dependency
-        pass
-    return tuple(found)
-
-
-_TRANSIENT_TYPES = _generic_transient()
+_TRANSIENT_TYPES = (TimeoutError, ConnectionError, http.client.IncompleteRead, FSTimeoutError)
 _TRANSIENT_ERRNOS = (errno.ECONNRESET, errno.ETIMEDOUT, errno.EPIPE)
 
 

@@ -89,15 +89,8 @@ def parse_content_range(value: str | None) -> int | None:
 # -- the per-process cache ----------------------------------------------------------------------
 
 _CLIENTS: dict[tuple[Any, ...], Any] = {}
-_MAKING: dict[tuple[Any, ...], threading.Lock] = {}
 _PID = os.getpid()
 _LOCK = threading.Lock()
-
-
-def _env_key() -> tuple[tuple[str, str], ...]:
-    """The environment a client reads when it is made (endpoint, credentials, profile): a
-    changed variable makes a new client, as a new process would."""
-    return tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_")))
 
 
 def client_for(
@@ -113,24 +106,17 @@ def client_for(
         opts = json.dumps(options, sort_keys=True, default=repr)
     except (TypeError, ValueError):
         opts = repr(sorted(options.items(), key=lambda kv: str(kv[0])))
-    key = (protocol, opts, policy, _env_key())
-    with _LOCK:
+    # The environment a client reads when it is made (endpoint, credentials, profile) is part
+    # of the key: a changed variable makes a new client, as a new process would.
+    env = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_")))
+    key = (protocol, opts, policy, env)
+    with _LOCK:  # threads asking at once (read-ahead) wait for one client, not make one each
         if os.getpid() != _PID:  # a forked child: connections belong to the parent
             _CLIENTS.clear()
-            _MAKING.clear()
             _PID = os.getpid()
-        found = _CLIENTS.get(key, _CLIENTS)
-        making = _MAKING.setdefault(key, threading.Lock())
-    if found is not _CLIENTS:
-        return found
-    with making:  # threads asking at once (read-ahead) wait for one client, not make one each
-        with _LOCK:
-            found = _CLIENTS.get(key, _CLIENTS)
-        if found is not _CLIENTS:
-            return found
-        client = make(options, policy)
-        with _LOCK:
-            return _CLIENTS.setdefault(key, client)
+        if key not in _CLIENTS:
+            _CLIENTS[key] = make(options, policy)
+        return _CLIENTS[key]
 
 
 def clear_clients() -> None:
@@ -138,6 +124,5 @@ def clear_clients() -> None:
     with _LOCK:
         clients = list(_CLIENTS.values())
         _CLIENTS.clear()
-        _MAKING.clear()
     for client in clients:
         getattr(client, "close", lambda: None)()

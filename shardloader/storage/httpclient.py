@@ -14,7 +14,8 @@ import http.client
 import socket
 import ssl
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
+from functools import partial
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
@@ -59,20 +60,20 @@ class _HttpBody:
         origin: tuple[str, str],
         conn: http.client.HTTPConnection,
         resp: http.client.HTTPResponse,
-        ranged: bool,
-        total: int | None,
-        length: int | None,
         url: str,
-        guard: Guard | None = None,
+        guard: Guard | None,
     ) -> None:
         self._client = client
         self._origin = origin
         self._conn: http.client.HTTPConnection | None = conn
         self._resp = resp
-        self.ranged = ranged
-        self.total = total
-        self.length = length
-        self._left = length
+        length = resp.getheader("Content-Length")
+        self.length = int(length) if length and length.isdigit() else None
+        self.ranged = resp.status == 206
+        self.total = parse_content_range(resp.getheader("Content-Range"))
+        if not self.ranged:
+            self.total = self.length
+        self._left = self.length
         self._url = url
         self._guard = guard
         self._got = 0
@@ -81,17 +82,9 @@ class _HttpBody:
         self.etag: str | None = resp.getheader("ETag")
         self.content_type: str | None = resp.getheader("Content-Type")
 
-    def _late(self) -> StorageError | None:
-        """The deadline error, if the watchdog cut this body off."""
-        if self._guard is not None and self._guard.fired:
-            return too_slow(self._url, self._guard.deadline, self._got)
-        return None
-
     def read(self, n: int) -> bytes:
         if self._conn is None:
-            late = self._late()
-            if late is not None:
-                raise late
+            self._end()
             return b""
         if self._left is not None:
             n = min(n, self._left)
@@ -119,11 +112,10 @@ class _HttpBody:
 
     def _end(self, err: BaseException | None = None) -> None:
         """The body ended (``err``: by an error): drop the connection, and raise the deadline's
-        or abort's own error where one of them ended it."""
+        error where the watchdog cut it off."""
         self._drop()
-        late = self._late()
-        if late is not None:
-            raise late from err
+        if self._guard is not None and self._guard.fired:
+            raise too_slow(self._url, self._guard.deadline, self._got) from err
 
     def readinto(self, buf: memoryview) -> int:
         """Bytes into ``buf``, with no copy past the socket's where the body has no length
@@ -253,36 +245,22 @@ class HttpClient:
                 raise
             status = resp.status
             location = resp.getheader("Location")
+            shown = url if len(chain) == 1 else f"{url} (redirects: {chain_text(chain)})"
+            encoding = resp.getheader("Content-Encoding", "identity")
             if status in REDIRECT_STATUSES and location:
-                _close(conn, resp)
-                if guard is not None:
-                    guard.cancel()
+                _close(conn, resp, guard)
                 url, headers = next_hop(chain, location, headers)
                 continue
             if status not in (200, 206) and not any_status:
-                _close(conn, resp)
-                if guard is not None:
-                    guard.cancel()
+                _close(conn, resp, guard)
                 raise _HttpStatusError(status, resp.reason, url, chain)
-            length_text = resp.getheader("Content-Length")
-            length = int(length_text) if length_text and length_text.isdigit() else None
-            ranged = status == 206
-            if ranged:
-                total = parse_content_range(resp.getheader("Content-Range"))
-            else:
-                total = length
-            if resp.getheader("Content-Encoding", "identity") not in ("identity", ""):
-                _close(conn, resp)
-                if guard is not None:
-                    guard.cancel()
+            if encoding not in ("identity", ""):
+                _close(conn, resp, guard)
                 raise StorageError(
-                    f"{url}{f' (redirects: {chain_text(chain)})' if len(chain) > 1 else ''}: "
-                    "the server sent the object with Content-Encoding "
-                    f"{resp.getheader('Content-Encoding')!r}; serve shards as they are stored"
+                    f"{shown}: the server sent the object with Content-Encoding {encoding!r}; "
+                    "serve shards as they are stored"
                 )
-            resp_any: Any = resp
-            shown = url if len(chain) == 1 else f"{url} (redirects: {chain_text(chain)})"
-            return _HttpBody(self, origin, conn, resp_any, ranged, total, length, shown, guard)
+            return _HttpBody(self, origin, conn, resp, shown, guard)
 
     def _request(
         self,
@@ -304,33 +282,31 @@ class HttpClient:
                 conn.request("GET", target, headers=headers)
                 if conn.sock is not None:
                     conn.sock.settimeout(self.read_timeout)
-                    guard = arm(deadline, _shutdown_on(conn.sock))
+                    # shutdown wakes a thread blocked in recv on the socket (close() would not)
+                    guard = arm(deadline, partial(conn.sock.shutdown, socket.SHUT_RDWR))
                 return conn, conn.getresponse(), guard
-            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
-                conn.close()
-                if guard is not None:
-                    guard.cancel()
-                if not reused or (guard is not None and guard.fired):
+            except BaseException as err:
+                _close(conn, None, guard)
+                retry = isinstance(
+                    err, http.client.RemoteDisconnected | BrokenPipeError | ConnectionResetError
+                )
+                if not retry or not reused or (guard is not None and guard.fired):
                     raise
                 reused, conn = False, None
-            except BaseException:
-                conn.close()
-                if guard is not None:
-                    guard.cancel()
-                raise
 
 
-def _shutdown_on(sock: socket.socket) -> Callable[[], None]:
-    def shutdown() -> None:  # wakes a thread blocked in recv on it (close() would not)
-        sock.shutdown(socket.SHUT_RDWR)
-
-    return shutdown
-
-
-def _close(conn: http.client.HTTPConnection, resp: http.client.HTTPResponse) -> None:
-    """Close a connection and its response (whose file keeps the socket open otherwise)."""
-    resp.close()
+def _close(
+    conn: http.client.HTTPConnection,
+    resp: http.client.HTTPResponse | None,
+    guard: Guard | None = None,
+) -> None:
+    """Close a connection and its response (whose file keeps the socket open otherwise), and
+    cancel its deadline's guard."""
+    if resp is not None:
+        resp.close()
     conn.close()
+    if guard is not None:
+        guard.cancel()
 
 
 def http_client(options: Mapping[str, Any], policy: RetryPolicy) -> HttpClient | None:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import os
 import stat
-from typing import BinaryIO
+from collections.abc import Callable
+from typing import BinaryIO, cast
 
 from shardloader.errors import ObjectNotFoundError, StorageError
 
-__all__ = ["open_regular"]
+__all__ = ["open_regular", "regular_file"]
 
 _KINDS = (
     (stat.S_ISFIFO, "a FIFO (named pipe)"),
@@ -33,16 +34,25 @@ def open_regular(path: str, url: str | None = None) -> BinaryIO:
         raise ObjectNotFoundError(f"cannot read {url!r}: no such file") from err
     except OSError as err:
         raise StorageError(f"cannot read {url!r}: {err.strerror}") from err
+    return regular_file(
+        fd,
+        "rb",
+        lambda kind: StorageError(
+            f"cannot read {url!r}: it is {kind}, not a regular file; a dataset holds "
+            "only regular files (replace it with the file it should be)"
+        ),
+    )
+
+
+def regular_file(fd: int, mode: str, refuse: Callable[[str], StorageError]) -> BinaryIO:
+    """The file object of ``fd`` (opened ``O_NONBLOCK``, so a FIFO never waits), made blocking,
+    if it is a regular file; else ``fd`` is closed and ``refuse(what it is)`` raised."""
     try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            kind = next((name for test, name in _KINDS if test(mode)), "not a file")
-            raise StorageError(
-                f"cannot read {url!r}: it is {kind}, not a regular file; a dataset holds "
-                "only regular files (replace it with the file it should be)"
-            )
+        st_mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(st_mode):
+            raise refuse(next((name for test, name in _KINDS if test(st_mode)), "not a file"))
         os.set_blocking(fd, True)
-        return os.fdopen(fd, "rb")
+        return cast(BinaryIO, os.fdopen(fd, mode))
     except BaseException:
         os.close(fd)
         raise

@@ -32,16 +32,16 @@ stream cannot deadlock, and its memory stays under ``parts_in_flight * PART_BUFF
 
 from __future__ import annotations
 
-import inspect
 import threading
 from collections import deque
-from functools import cache
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from shardloader.errors import ChecksumError, ObjectChangedError, TruncatedBodyError
 from shardloader.storage.classify import status_and_code
 from shardloader.storage.deadline import Deadline
 from shardloader.storage.retry import RetryPolicy, call_with_retries
+from shardloader.storage.streams import Passthrough, too_large
 
 if TYPE_CHECKING:
     from shardloader.storage.clients import Body, ObjectClient
@@ -60,21 +60,19 @@ class _HtmlPageError(ConnectionError):
     transient (classified by its built-in class, :mod:`shardloader.storage.classify`)."""
 
 
+@dataclass(slots=True, eq=False)
 class _Part:
-    __slots__ = ("buffered", "chunks", "deadline", "done", "error", "got", "start", "stop")
-
-    def __init__(self, start: int, stop: int | None) -> None:
-        self.start = start
-        self.stop = stop  # None: to the end of the object
-        self.got = 0  # bytes delivered into ``chunks`` so far (over all attempts)
-        self.chunks: deque[bytes] = deque()
-        self.buffered = 0
-        self.done = False
-        self.error: BaseException | None = None
-        self.deadline: Deadline | None = None  # of the call fetching it (NOTE [deadline pauses])
+    start: int
+    stop: int | None  # None: to the end of the object
+    got: int = 0  # bytes delivered into ``chunks`` so far (over all attempts)
+    chunks: deque[bytes] = field(default_factory=deque)
+    buffered: int = 0
+    done: bool = False
+    error: BaseException | None = None
+    deadline: Deadline | None = None  # of the call fetching it (NOTE [deadline pauses])
 
 
-class ObjectStream:
+class ObjectStream(Passthrough):
     """``read`` the bytes of ``url`` in order (a file-like object for one pass).
 
     ``size``: the size the object must have (None: unknown, one GET, up to ``limit`` bytes).
@@ -108,27 +106,18 @@ class ObjectStream:
         self._ranges: bool | None = None if len(self._parts) > 1 else False
         self._closed = False
         self._etag: str | None = None  # the version the first response was (If-Match after)
-        self.pos = 0
         # A small object is fetched by the reader itself on its first read: a thread would cost
         # more than the overlap it buys.
         expected = size if size is not None else limit
         self._inline = expected is not None and expected <= INLINE_BELOW
         if not self._inline:
-            self._schedule()
+            with self._cond:
+                self._schedule_locked()
 
     # -- file-like ------------------------------------------------------------------------
-    def readable(self) -> bool:
-        return True
-
     @property
     def closed(self) -> bool:
         return self._closed
-
-    def __enter__(self) -> ObjectStream:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def read(self, n: int | None = -1) -> bytes:
         if n is None or n < 0:
@@ -159,7 +148,6 @@ class ObjectStream:
                             part.chunks.popleft()
                             self._offset = 0
                     part.buffered -= len(chunk)
-                    self.pos += len(chunk)
                     self._cond.notify_all()  # room in the part's buffer
                     return chunk
                 if part.error is not None:
@@ -171,12 +159,6 @@ class ObjectStream:
                     self._schedule_locked()
                     continue
                 self._cond.wait()
-
-    def readinto(self, buf: Any) -> int:
-        view = memoryview(buf).cast("B")
-        data = self.read(len(view))
-        view[: len(data)] = data
-        return len(data)
 
     def close(self) -> None:
         with self._cond:
@@ -190,10 +172,6 @@ class ObjectStream:
         self._cond.notify_all()
 
     # -- fetching -------------------------------------------------------------------------
-    def _schedule(self) -> None:
-        with self._cond:
-            self._schedule_locked()
-
     def _schedule_locked(self) -> None:
         """Start parts in order, up to ``parts_in_flight`` ahead of the reader; past the first,
         only once the server has shown it answers ranges."""
@@ -229,21 +207,19 @@ class ObjectStream:
         if self._closed or (part.stop is not None and start >= part.stop):
             return
         if_match = self._etag
-        kwargs: dict[str, Any] = {}
-        takes = _takes(type(self._client))
-        if "deadline" in takes:  # a registered protocol's client from before may not
-            kwargs["deadline"] = part.deadline
-        if if_match is not None and "if_match" in takes:
-            kwargs["if_match"] = if_match
         try:
-            body = self._client.get(self.url, start, part.stop, **kwargs)
+            body = self._client.get(self.url, start, part.stop, part.deadline, if_match)
         except Exception as err:
-            if if_match is not None and "if_match" in kwargs and _precondition_failed(err):
+            if if_match is not None and _precondition_failed(err):
                 raise self._changed(if_match, "the store no longer holds it (412)") from err
             raise
         try:
             skip = self._check(body, part, start)
-            expected = self._expected(body, part, start)
+            end = body.total if body.total is not None else self.size
+            # the bytes this response must deliver after any skipped ones (None: until it ends)
+            expected = part.stop - start if part.stop is not None else None
+            if expected is None and end is not None:
+                expected = end - start
             while skip:
                 dropped = body.read(min(skip, CHUNK))
                 if not dropped:
@@ -294,10 +270,7 @@ class ObjectStream:
                     "object is damaged or was replaced; re-upload or re-pack it"
                 )
             if self.limit is not None and total > self.limit:
-                raise ChecksumError(
-                    f"{self.url}: the stored file is larger than the {self.limit:,} bytes the "
-                    "manifest allows for it; it is corrupt or was replaced"
-                )
+                raise too_large(self.url, self.limit)
         with self._cond:
             if self._ranges is None and part is self._parts[0]:
                 self._ranges = body.ranged
@@ -306,13 +279,6 @@ class ObjectStream:
                     del self._parts[1:]
                 self._schedule_locked()
         return 0 if body.ranged else start
-
-    def _expected(self, body: Body, part: _Part, start: int) -> int | None:
-        """Bytes this response must deliver after any skipped ones (None: until it ends)."""
-        if part.stop is not None:
-            return part.stop - start
-        end = body.total if body.total is not None else self.size
-        return None if end is None else end - start
 
     def _deliver(self, part: _Part, data: bytes) -> bool:
         """Hand ``data`` to the reader; False once the stream was closed."""
@@ -329,10 +295,7 @@ class ObjectStream:
             if self._closed:
                 return False
             if self.limit is not None and part.start + part.got + len(data) > self.limit:
-                raise ChecksumError(
-                    f"{self.url}: the stored file is larger than the {self.limit:,} bytes the "
-                    "manifest allows for it; it is corrupt or was replaced"
-                )
+                raise too_large(self.url, self.limit)
             part.chunks.append(data)
             part.got += len(data)
             part.buffered += len(data)
@@ -345,17 +308,6 @@ class ObjectStream:
             f"{etag}; {how}): it was replaced or re-uploaded meanwhile; read it again once "
             "the upload is complete"
         )
-
-
-@cache
-def _takes(client_type: type) -> frozenset[str]:
-    """The keyword arguments a client's ``get`` takes (``deadline``, ``if_match``: a
-    registered protocol's client from before them may take neither)."""
-    try:
-        get = getattr(client_type, "get", None)
-        return frozenset(inspect.signature(get).parameters) if get is not None else frozenset()
-    except (TypeError, ValueError):
-        return frozenset()
 
 
 def _precondition_failed(err: BaseException) -> bool:

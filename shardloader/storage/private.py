@@ -20,9 +20,10 @@ import errno
 import logging
 import os
 import stat
-from typing import BinaryIO, cast
+from typing import BinaryIO
 
 from shardloader.errors import StorageError
+from shardloader.storage.localfiles import regular_file
 
 __all__ = ["DIR_MODE", "FILE_MODE", "create_private", "open_private", "owner_problem", "own_dir"]
 
@@ -90,14 +91,9 @@ def open_private(path: str, flags: int, mode: str) -> BinaryIO:
                 "cache never makes one, so someone else can write to this folder: refused"
             ) from err
         raise
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise StorageError(f"{path} is not a regular file; the shard cache never makes one")
-        os.set_blocking(fd, True)
-        return cast(BinaryIO, os.fdopen(fd, mode))
-    except BaseException:
-        os.close(fd)
-        raise
+    return regular_file(
+        fd, mode, lambda kind: StorageError(f"{path} is {kind}; the shard cache never makes one")
+    )
 
 
 def create_private(path: str, mode: str = "wb") -> BinaryIO:

@@ -21,7 +21,7 @@ import os
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shardloader.errors import ShardloaderError, TruncatedBodyError, UsageError
 from shardloader.storage.classify import (
@@ -38,6 +38,9 @@ from shardloader.storage.classify import (
     status_and_code,
 )
 from shardloader.storage.httpclient import _HttpStatusError, http_client
+
+if TYPE_CHECKING:
+    from shardloader.storage.retry import RetryPolicy
 
 __all__ = [
     "ProtocolDefaults",
@@ -147,57 +150,40 @@ def _types(module: str, *names: str) -> tuple[type[BaseException], ...]:
     return tuple(t for n in names if isinstance(t := getattr(mod, n, None), type))
 
 
-def _client_errors() -> tuple[type[BaseException], ...]:
-    return _types("botocore.exceptions", "ClientError")
-
-
-def _credential_types() -> tuple[type[BaseException], ...]:
-    return _types(
-        "botocore.exceptions",
-        "NoCredentialsError",
-        "PartialCredentialsError",
-        "CredentialRetrievalError",
-    )
-
-
-def _s3_transient() -> tuple[type[BaseException], ...]:
-    return _types(
-        "botocore.exceptions",
-        "HTTPClientError",
-        "ConnectionError",
-        "IncompleteReadError",
-        "ResponseStreamingError",
-    ) + _types("botocore.parsers", "ResponseParserError")  # throttles may carry bad XML (s3fs #484)
-
-
 def _http_decide(e: BaseException) -> str | None:
-    response = _types("aiohttp", "ClientResponseError")
-    transient = _types("aiohttp", "ClientPayloadError", "ClientConnectionError")
-    if isinstance(e, _HttpStatusError) or (response and isinstance(e, response)):
+    if isinstance(e, (_HttpStatusError, *_types("aiohttp", "ClientResponseError"))):
         return from_status(getattr(e, "status", None))
     if isinstance(e, http.client.HTTPException):  # a garbled or cut response (fast client)
         return TRANSIENT
-    if transient and isinstance(e, transient):
+    if isinstance(e, _types("aiohttp", "ClientPayloadError", "ClientConnectionError")):
         return TRANSIENT
     return None
 
 
+_BOTOCORE = "botocore.exceptions"
+
+
 def _s3_decide(e: BaseException) -> str | None:
-    client_errors = _client_errors()
-    if client_errors and isinstance(e, client_errors):
+    client_errors = _types(_BOTOCORE, "ClientError")
+    if isinstance(e, client_errors):
         return from_status(*status_and_code(e), _S3_CODES)
-    credential_types = _credential_types()
-    if credential_types and isinstance(e, credential_types):
-        return CREDENTIALS
-    if (
-        isinstance(e, FileNotFoundError | PermissionError)
-        and client_errors
-        and isinstance(e.__cause__, client_errors)
+    if isinstance(e, FileNotFoundError | PermissionError) and isinstance(
+        e.__cause__, client_errors
     ):  # s3fs's translation of a ClientError: its code tells NoSuchBucket or bad credentials
         return _s3_decide(e.__cause__)
-    s3_transient = _s3_transient()
-    if s3_transient and isinstance(e, s3_transient):
-        return TRANSIENT
+    credentials = ("NoCredentialsError", "PartialCredentialsError", "CredentialRetrievalError")
+    if isinstance(e, _types(_BOTOCORE, *credentials)):
+        return CREDENTIALS
+    transient = (
+        "HTTPClientError",
+        "ConnectionError",
+        "IncompleteReadError",
+        "ResponseStreamingError",
+    )
+    if isinstance(
+        e, _types(_BOTOCORE, *transient) + _types("botocore.parsers", "ResponseParserError")
+    ):
+        return TRANSIENT  # a parser error: throttles may carry bad XML (s3fs #484)
     return _http_decide(e)  # aiobotocore speaks aiohttp
 
 
@@ -277,11 +263,10 @@ def _http_options(opts: dict[str, Any], connect: float, read: float) -> None:
     opts["client_kwargs"] = client
 
 
-def _s3_client(options: Mapping[str, Any], policy: Any) -> Any:
+def _s3_client(options: Mapping[str, Any], policy: RetryPolicy) -> Any:
     from shardloader.storage.s3client import s3_client  # botocore: imported on first use
 
-    filled = fsspec_options("s3://", options, policy.connect_timeout, policy.read_timeout)
-    return s3_client(options, filled)
+    return s3_client(options, fsspec_options("s3://", options, policy))
 
 
 # -- the table --------------------------------------------------------------------------------
@@ -342,22 +327,18 @@ def protocol_defaults(protocol: str) -> ProtocolDefaults:
 
 
 def fsspec_options(
-    url: str,
-    storage_options: Mapping[str, Any] | None,
-    connect_timeout: float,
-    read_timeout: float,
+    url: str, storage_options: Mapping[str, Any] | None, policy: RetryPolicy
 ) -> dict[str, Any]:
-    """Options to create ``url``'s fsspec filesystem with, so the stack makes one attempt.
+    """Options to create ``url``'s fsspec filesystem with, so the stack makes one attempt per
+    request within ``policy``'s timeouts.
 
     Starts from fsspec's config for the protocol, then the caller's ``storage_options`` (which
     win, nested ``config_kwargs``/``client_kwargs`` merged key by key), then the protocol's
     ``fill_options`` fill in what is still unset.
     """
+    from fsspec.config import conf
+
     protocol = protocol_of(url)
-    try:
-        from fsspec.config import conf
-    except ImportError:  # pragma: no cover - fsspec is a core dependency
-        conf = {}
     opts: dict[str, Any] = dict(conf.get(protocol, {}))
     for key, value in (storage_options or {}).items():
         if key in ("config_kwargs", "client_kwargs") and isinstance(value, Mapping):
@@ -366,21 +347,21 @@ def fsspec_options(
             opts[key] = value
     fill = protocol_defaults(protocol).fill_options
     if fill is not None:
-        fill(opts, connect_timeout, read_timeout)
+        fill(opts, policy.connect_timeout, policy.read_timeout)
     return opts
 
 
 # -- classification ---------------------------------------------------------------------------
 
 
-def _deciders(protocol: str | None) -> list[Callable[[BaseException], str | None]]:
+def _entries(protocol: str | None) -> list[ProtocolDefaults]:
     """Without a protocol: every registered one (what any stack may raise)."""
-    entries = [protocol_defaults(protocol)] if protocol else list(_PROTOCOLS.values())
-    found = []
-    for entry in entries:
-        if entry.decide is not None and entry.decide not in found:
-            found.append(entry.decide)
-    return [*found, decide_generic]
+    return [protocol_defaults(protocol)] if protocol else list(_PROTOCOLS.values())
+
+
+def _deciders(protocol: str | None) -> list[Callable[[BaseException], str | None]]:
+    found = [entry.decide for entry in _entries(protocol) if entry.decide is not None]
+    return [*dict.fromkeys(found), decide_generic]
 
 
 def classify(err: BaseException, protocol: str | None = None) -> str:
@@ -413,8 +394,7 @@ def is_storage_error(err: BaseException, protocol: str | None = None) -> bool:
     """A failure of the store (reported with a remedy), not a bug (passed through as it is)."""
     if isinstance(err, OSError):
         return True
-    entries = [protocol_defaults(protocol)] if protocol else list(_PROTOCOLS.values())
-    modules = {m for entry in entries for m in entry.error_modules}
+    modules = {m for entry in _entries(protocol) for m in entry.error_modules}
     if type(err).__module__.split(".")[0] in modules:
         return True
     return any(decide(err) is not None for decide in _deciders(protocol)[:-1])

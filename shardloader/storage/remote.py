@@ -1,49 +1,17 @@
-"""The remote side of a store: its fsspec filesystem, made in the calling process, and reads
-retried under a policy.
-
-Filesystems are created lazily in each process (fsspec's own instance cache keeps one per
-process and options, and clears it in a forked child); nothing here holds one in a global or
-pickles one.
-"""
+"""A remote file of a store read through its fsspec filesystem, every read retried under the
+store's policy (what :meth:`~shardloader.storage.store.Store.open_read` returns)."""
 
 from __future__ import annotations
 
 import io
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-import fsspec
-from fsspec.core import url_to_fs
-
 from shardloader.errors import StorageError, TruncatedBodyError
-from shardloader.storage.protocols import protocol_defaults, protocol_of
-from shardloader.storage.retry import RetryPolicy, call_with_retries, fsspec_options
+from shardloader.storage.retry import RetryPolicy, call_with_retries
 
-__all__ = ["RetryingReader", "filesystem"]
-
-
-def filesystem(
-    url: str, storage_options: Mapping[str, Any] | None = None, policy: RetryPolicy | None = None
-) -> tuple[fsspec.AbstractFileSystem, str]:
-    """Return (filesystem, path) for a URL, created in the calling process.
-
-    The filesystem makes one attempt per request (its protocol's defaults switch its own
-    retries off and set timeouts from ``policy``): wrap calls on it in
-    :func:`~shardloader.storage.retry.call_with_retries`, as :class:`~shardloader.storage.Store`
-    does.
-    """
-    try:
-        fs, path = url_to_fs(url, **fsspec_options(url, storage_options, policy))
-    except (ImportError, ValueError) as err:
-        raise StorageError(
-            f"cannot open {url!r}: {err}; for s3:// install shardloader[s3], "
-            "for http(s):// install shardloader[http]"
-        ) from err
-    prepare = protocol_defaults(protocol_of(url)).prepare
-    if prepare is not None:
-        prepare(fs)
-    return fs, path
+__all__ = ["RetryingReader"]
 
 
 class RetryingReader(io.RawIOBase):

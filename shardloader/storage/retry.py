@@ -17,12 +17,9 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
-from typing import Any, TypeVar
-
-import tenacity
+from typing import TypeVar
 
 from shardloader.errors import (
     ObjectNotFoundError,
@@ -49,7 +46,6 @@ __all__ = [
     "classify",
     "is_transient",
     "call_with_retries",
-    "fsspec_options",
 ]
 
 logger = logging.getLogger(__name__)
@@ -114,22 +110,6 @@ DEFAULT_POLICY = RetryPolicy()
 # -- the retry loop ---------------------------------------------------------------------------
 
 
-class _Backoff:
-    """tenacity wait: full jitter from a local RNG, never past the total budget."""
-
-    def __init__(self, policy: RetryPolicy, protocol: str) -> None:
-        self.policy = policy
-        self.protocol = protocol
-        self.rng = random.Random()  # unseeded on purpose: spreads requests, never orders data
-
-    def __call__(self, state: tenacity.RetryCallState) -> float:
-        err = state.outcome.exception() if state.outcome is not None else None
-        throttled = err is not None and classify(err, self.protocol) == THROTTLED
-        wait = self.policy.backoff(state.attempt_number, self.rng, throttled=throttled)
-        left = self.policy.max_total_seconds - (state.seconds_since_start or 0.0)
-        return max(0.0, min(wait, left))
-
-
 def call_with_retries(
     fn: Callable[[], T],
     *,
@@ -139,62 +119,70 @@ def call_with_retries(
 ) -> T:
     """Call ``fn()`` under ``policy``; retry transient faults, fail fast on permanent ones.
 
-    ``fn`` makes one attempt with the stack's own retries off (see :func:`fsspec_options`);
-    its errors are read with the defaults of ``url``'s protocol.  Raises one
+    ``fn`` makes one attempt with the stack's own retries off (see
+    :func:`~shardloader.storage.protocols.fsspec_options`); its errors are read with the
+    defaults of ``url``'s protocol.  Raises one
     :class:`StorageError` naming ``url``, the attempts and the last cause when the budget is
     spent; :class:`ObjectNotFoundError` or :class:`StorageError` with a remedy at once for
     permanent errors.  Shardloader's own errors (but :class:`TruncatedBodyError`, which is
-    retried) and non-storage exceptions (bugs) pass through unchanged.
+    retried) and non-storage exceptions (bugs) pass through unchanged.  Between attempts it
+    sleeps :meth:`RetryPolicy.backoff` (jitter from a local, unseeded RNG: it spreads requests
+    and never orders data), never past the total budget.
     """
     policy = policy or DEFAULT_POLICY
     protocol = protocols.protocol_of(url)
-    retrying = tenacity.Retrying(
-        stop=tenacity.stop_after_attempt(policy.max_attempts)
-        | tenacity.stop_after_delay(policy.max_total_seconds),
-        wait=_Backoff(policy, protocol),
-        retry=tenacity.retry_if_exception(partial(is_transient, protocol=protocol)),
-        before_sleep=_log_retry(url, what, policy),
-        reraise=False,
-    )
+    rng = random.Random()
     start = time.monotonic()
-    try:
-        return retrying(fn)
-    except tenacity.RetryError as gave_up:
-        last = gave_up.last_attempt.exception()
-        attempts = gave_up.last_attempt.attempt_number
+    attempt = 0
+    while True:
+        attempt += 1
+        try:
+            return fn()
+        except Exception as err:
+            if not is_transient(err, protocol):
+                if isinstance(err, ShardloaderError) or not protocols.is_storage_error(
+                    err, protocol
+                ):
+                    raise
+                raise _permanent_error(err, url=url, what=what, protocol=protocol) from err
+            last = err
         elapsed = time.monotonic() - start
-        raise StorageError(
-            f"cannot {what} {url!r}: gave up after {attempts} attempt"
-            f"{'s' if attempts != 1 else ''} in {elapsed:.1f} s (RetryPolicy(max_attempts="
-            f"{policy.max_attempts}, max_total_seconds={policy.max_total_seconds})); last "
-            f"cause: {describe(last)}; if the store is overloaded or slow, raise the policy's "
-            "limits or timeouts"
-        ) from last
-    except ShardloaderError:
-        raise
-    except Exception as err:
-        if not protocols.is_storage_error(err, protocol):
-            raise
-        raise _permanent_error(err, url=url, what=what, protocol=protocol) from err
-
-
-def _log_retry(
-    url: str, what: str, policy: RetryPolicy
-) -> Callable[[tenacity.RetryCallState], None]:
-    def log(state: tenacity.RetryCallState) -> None:
-        err = state.outcome.exception() if state.outcome is not None else None
-        sleep = state.next_action.sleep if state.next_action is not None else 0.0
+        if attempt >= policy.max_attempts or elapsed >= policy.max_total_seconds:
+            raise StorageError(
+                f"cannot {what} {url!r}: gave up after {attempt} attempt"
+                f"{'s' if attempt != 1 else ''} in {elapsed:.1f} s (RetryPolicy(max_attempts="
+                f"{policy.max_attempts}, max_total_seconds={policy.max_total_seconds})); last "
+                f"cause: {describe(last)}; if the store is overloaded or slow, raise the "
+                "policy's limits or timeouts"
+            ) from last
+        throttled = classify(last, protocol) == THROTTLED
+        wait = policy.backoff(attempt, rng, throttled=throttled)
+        wait = max(0.0, min(wait, policy.max_total_seconds - elapsed))
         logger.info(
             "%s %s: attempt %d/%d failed (%s); retrying in %.2f s",
             what,
             url,
-            state.attempt_number,
+            attempt,
             policy.max_attempts,
-            describe(err) if err is not None else "?",
-            sleep,
+            describe(last),
+            wait,
         )
+        time.sleep(wait)
 
-    return log
+
+_REMEDIES = {
+    NO_BUCKET: "bucket {bucket!r} does not exist at this endpoint ({cause}); check the bucket "
+    "name, and the endpoint (storage_options endpoint_url or AWS_ENDPOINT_URL) and region",
+    NOT_FOUND: "the object does not exist (HTTP 404: {cause}); check the URL, and that the data "
+    "was packed or uploaded there completely",
+    CREDENTIALS: "the credentials are missing or were rejected ({cause}); set "
+    "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or AWS_PROFILE, or pass "
+    "storage_options={{'key': ..., 'secret': ...}}; for a public bucket pass "
+    "storage_options={{'anon': True}}",
+    FORBIDDEN: "access denied (HTTP 403: {cause}); check which credentials are in use "
+    "(AWS_PROFILE, AWS_ACCESS_KEY_ID or storage_options key/secret) and that the bucket policy "
+    "grants them this operation on this key",
+}
 
 
 def _permanent_error(
@@ -202,41 +190,7 @@ def _permanent_error(
 ) -> StorageError:
     """The error to raise, with a remedy, for a failure that another attempt will not fix."""
     kind = classify(err, protocol)
-    cause = describe(err)
-    if kind == NO_BUCKET:
-        bucket = url.split("://", 1)[-1].split("/", 1)[0]
-        return ObjectNotFoundError(
-            f"cannot {what} {url!r}: bucket {bucket!r} does not exist at this endpoint ({cause}); "
-            "check the bucket name, and the endpoint (storage_options endpoint_url or "
-            "AWS_ENDPOINT_URL) and region"
-        )
-    if kind == NOT_FOUND:
-        return ObjectNotFoundError(
-            f"cannot {what} {url!r}: the object does not exist (HTTP 404: {cause}); check the URL, "
-            "and that the data was packed or uploaded there completely"
-        )
-    if kind == CREDENTIALS:
-        return StorageError(
-            f"cannot {what} {url!r}: the credentials are missing or were rejected ({cause}); set "
-            "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or AWS_PROFILE, or pass "
-            "storage_options={'key': ..., 'secret': ...}; for a public bucket pass "
-            "storage_options={'anon': True}"
-        )
-    if kind == FORBIDDEN:
-        return StorageError(
-            f"cannot {what} {url!r}: access denied (HTTP 403: {cause}); check which credentials "
-            "are in use (AWS_PROFILE, AWS_ACCESS_KEY_ID or storage_options key/secret) and that "
-            "the bucket policy grants them this operation on this key"
-        )
-    return StorageError(f"cannot {what} {url!r}: {cause} (a permanent error; not retried)")
-
-
-def fsspec_options(
-    url: str, storage_options: Mapping[str, Any] | None = None, policy: RetryPolicy | None = None
-) -> dict[str, Any]:
-    """Options to create ``url``'s fsspec filesystem with, so the stack makes one attempt per
-    request within ``policy``'s timeouts (:func:`shardloader.storage.protocols.fsspec_options`)."""
-    policy = policy or DEFAULT_POLICY
-    return protocols.fsspec_options(
-        url, storage_options, policy.connect_timeout, policy.read_timeout
-    )
+    remedy = _REMEDIES.get(kind, "{cause} (a permanent error; not retried)")
+    bucket = url.split("://", 1)[-1].split("/", 1)[0]
+    text = f"cannot {what} {url!r}: " + remedy.format(bucket=bucket, cause=describe(err))
+    return (ObjectNotFoundError if kind in (NO_BUCKET, NOT_FOUND) else StorageError)(text)

@@ -31,9 +31,10 @@ __all__ = ["POOL_CONNECTIONS", "S3Client", "s3_client", "split_s3_url"]
 
 POOL_CONNECTIONS = 64  # concurrent GETs one process may have open (read-ahead x ranges)
 
-# s3fs options this client honours, and the ones that do not change how a GET is made.
-_USED = frozenset(
+# The s3fs options this client understands: any other makes the store read through s3fs.
+_UNDERSTOOD = frozenset(
     {
+        # honoured
         "key",
         "secret",
         "token",
@@ -46,10 +47,7 @@ _USED = frozenset(
         "profile",
         "requester_pays",
         "use_ssl",
-    }
-)
-_HARMLESS = frozenset(
-    {
+        # s3fs's own, which do not change how a GET is made
         "default_block_size",
         "default_fill_cache",
         "default_cache_type",
@@ -128,27 +126,24 @@ class S3Client:
         deadline: Deadline | None = None,
         if_match: str | None = None,
     ) -> _S3Body:
-        bucket, key = split_s3_url(url)
-        kwargs = dict(self._extra)
+        kwargs = {}
         rng = range_header(start, stop)
         if rng is not None:
             kwargs["Range"] = rng
         if if_match is not None:
             kwargs["IfMatch"] = if_match
-        response = self._client.get_object(Bucket=bucket, Key=key, **kwargs)
-        return _S3Body(response, url, deadline)
+        return _S3Body(self.call("get_object", url, **kwargs), url, deadline)
 
     def put(self, url: str, body: Any, sha256: str | None = None) -> None:
         """One PUT of ``body`` (bytes or a file opened for reading): S3 makes it visible whole
         or not at all.  ``sha256`` (hex), when the caller knows it (pack: the shard checksum
         its manifest records), goes with the request as its checksum: S3 refuses a body that
         does not match it, and botocore computes no CRC32 of its own over the body."""
-        bucket, key = split_s3_url(url)
-        extra = dict(self._extra)
+        checksum = {}
         if sha256 is not None:
-            extra["ChecksumAlgorithm"] = "SHA256"  # S3 keeps it: HEAD with ChecksumMode shows it
-            extra["ChecksumSHA256"] = base64.b64encode(bytes.fromhex(sha256)).decode()
-        self._client.put_object(Bucket=bucket, Key=key, Body=body, **extra)
+            checksum["ChecksumAlgorithm"] = "SHA256"  # S3 keeps it: HEAD with ChecksumMode shows it
+            checksum["ChecksumSHA256"] = base64.b64encode(bytes.fromhex(sha256)).decode()
+        self.call("put_object", url, Body=body, **checksum)
 
     def list(self, url: str) -> list[str]:
         """Every object below the folder ``url``, as paths relative to it, sorted, as s3fs's
@@ -185,7 +180,7 @@ def s3_client(options: Mapping[str, Any], opts: Mapping[str, Any]) -> S3Client |
     """A client for these s3fs-style ``options``, or None when they hold something only s3fs
     understands (the store then uses s3fs).  ``opts``: the same options as the S3 defaults
     filled them in (one attempt per request, the policy's timeouts: protocols.py)."""
-    if set(options) - _USED - _HARMLESS:
+    if set(options) - _UNDERSTOOD:
         return None
     try:
         from botocore import UNSIGNED

@@ -3,7 +3,7 @@
 ``Store("s3://bucket/ds", {"endpoint_url": ...}, RetryPolicy(...))`` is small, frozen and
 pickles cheaply (fsspec's "URL + options" idea): it crosses into DataLoader workers and pack
 processes as it is, and each process makes its filesystem lazily on first use
-(:mod:`shardloader.storage.remote`).  ``store.join("shard-00000.tar")`` is the store of a file
+(:meth:`Store.filesystem`).  ``store.join("shard-00000.tar")`` is the store of a file
 below it, with the same options and policy.
 
 Local paths (and ``file://`` URLs) go straight to the OS.  Remote URLs make one attempt per
@@ -22,15 +22,14 @@ from functools import partial
 from typing import Any, BinaryIO, TypeVar, cast
 
 import fsspec
+from fsspec.core import url_to_fs
 
-from shardloader.errors import (
-    UsageError,
-)
+from shardloader.errors import StorageError, UsageError
 from shardloader.storage.clients import ObjectClient, client_for
 from shardloader.storage.localfiles import open_regular
 from shardloader.storage.objectstream import PART_SIZE, PARTS_IN_FLIGHT, ObjectStream
-from shardloader.storage.protocols import protocol_defaults, protocol_of
-from shardloader.storage.remote import RetryingReader, filesystem
+from shardloader.storage.protocols import fsspec_options, protocol_defaults, protocol_of
+from shardloader.storage.remote import RetryingReader
 from shardloader.storage.retry import DEFAULT_POLICY, RetryPolicy, call_with_retries
 from shardloader.storage.streams import BoundedReader
 
@@ -85,8 +84,22 @@ class Store:
         return Store(join(self.url, *parts), self.options, self.retry)
 
     def filesystem(self) -> tuple[fsspec.AbstractFileSystem, str]:
-        """(filesystem, path), made in the calling process; one attempt per request."""
-        return filesystem(self.url, self.options, self.retry)
+        """(filesystem, path), made in the calling process (fsspec's own instance cache keeps
+        one per process and options, and clears it in a forked child; nothing holds one in a
+        global or pickles one).  It makes one attempt per request (its protocol's defaults
+        switch its own retries off and set timeouts from the policy): wrap calls on it in
+        :meth:`call`."""
+        try:
+            fs, path = url_to_fs(self.url, **fsspec_options(self.url, self.options, self.retry))
+        except (ImportError, ValueError) as err:
+            raise StorageError(
+                f"cannot open {self.url!r}: {err}; for s3:// install shardloader[s3], "
+                "for http(s):// install shardloader[http]"
+            ) from err
+        prepare = protocol_defaults(self.protocol).prepare
+        if prepare is not None:
+            prepare(fs)
+        return fs, path
 
     def call(self, fn: Callable[[], T], what: str = "read") -> T:
         """``fn()`` under this store's policy, its errors read as this protocol's."""
@@ -107,9 +120,7 @@ class Store:
 
     def client(self) -> ObjectClient | None:
         """This process's fast client for the store's protocol and options (None: fsspec)."""
-        if self.is_local:
-            return None
-        make = protocol_defaults(self.protocol).client
+        make = None if self.is_local else protocol_defaults(self.protocol).client
         if make is None:
             return None
         found: ObjectClient | None = client_for(self.protocol, self.options, self.retry, make)
@@ -132,9 +143,6 @@ class Store:
         client (and options it does not understand) stream through fsspec instead.
         """
         bound = size if size is not None else limit
-        if self.is_local:
-            f = self.open_read()
-            return cast(BinaryIO, BoundedReader(f, bound, self.url)) if bound is not None else f
         client = self.client()
         if client is None:
             f = self.open_read()
@@ -170,14 +178,11 @@ class Store:
         """All files below, as paths relative to this store, sorted (deterministic traversal)."""
         if self.is_local:
             root = self.local_path
-            out = []
-            for dirpath, dirnames, filenames in os.walk(root):
-                dirnames.sort()
-                for name in filenames:
-                    out.append(
-                        os.path.relpath(os.path.join(dirpath, name), root).replace(os.sep, "/")
-                    )
-            return sorted(out)
+            return sorted(
+                os.path.relpath(os.path.join(folder, name), root).replace(os.sep, "/")
+                for folder, _, names in os.walk(root)
+                for name in names
+            )
         client = self.client()
         if client is not None and hasattr(client, "list"):  # S3: no s3fs import for a listing
             listed: list[str] = self.call(partial(client.list, self.url), "list")
@@ -275,10 +280,7 @@ def as_store(
 
 def _put_file_once(client: Any, url: str, local: str, sha256: str | None) -> None:
     with open(local, "rb") as f:
-        if sha256 is None:
-            client.put(url, f)
-        else:
-            client.put(url, f, sha256=sha256)
+        client.put(url, f, sha256=sha256)
 
 
 def _exists(fs: fsspec.AbstractFileSystem, path: str) -> bool:

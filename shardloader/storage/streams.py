@@ -7,11 +7,11 @@ import hashlib
 import os
 import stat
 from collections import deque
-from typing import Any
+from typing import Any, Self
 
 from shardloader.errors import ChecksumError
 
-__all__ = ["CHUNK", "BoundedReader", "HashingReader", "TailReader"]
+__all__ = ["CHUNK", "BoundedReader", "HashingReader", "Passthrough", "TailReader", "too_large"]
 
 CHUNK = 8 << 20  # the most ``BoundedReader.read()`` asks for at once
 
@@ -25,7 +25,51 @@ def _regular_size(f: Any) -> int | None:
     return st.st_size if stat.S_ISREG(st.st_mode) else None
 
 
-class BoundedReader:
+def too_large(where: str, limit: int) -> ChecksumError:
+    """The error of stored bytes past what the manifest declares for them."""
+    return ChecksumError(
+        f"{where}: the stored file is larger than the {limit:,} bytes the manifest declares; "
+        "it is corrupt or was replaced"
+    )
+
+
+class Passthrough:
+    """A file-like object for one pass over ``f``: what every reader here shares (``read``
+    passes through, ``readinto`` copies what ``read`` returns, closing closes ``f``)."""
+
+    _f: Any
+
+    def __init__(self, f: Any) -> None:
+        self._f = f
+
+    def read(self, n: int = -1) -> bytes:
+        data: bytes = self._f.read(n)
+        return data
+
+    def readinto(self, buf: Any) -> int:
+        view = memoryview(buf).cast("B")
+        data = self.read(len(view))
+        view[: len(data)] = data
+        return len(data)
+
+    def readable(self) -> bool:
+        return True
+
+    @property
+    def closed(self) -> bool:
+        return bool(self._f.closed)
+
+    def close(self) -> None:
+        self._f.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class BoundedReader(Passthrough):
     """A stored shard or sidecar read no further than the size its manifest declares.
 
     The bound is the manifest's claim, not a size to allocate: ``read()`` reads in chunks of
@@ -34,7 +78,7 @@ class BoundedReader:
     """
 
     def __init__(self, f: Any, limit: int, where: str) -> None:
-        self._f = f
+        super().__init__(f)
         self.limit = limit
         self.where = where
         self.count = 0
@@ -46,10 +90,7 @@ class BoundedReader:
     def _counted(self, n: int) -> int:
         self.count += n
         if self.count > self.limit:  # a ChecksumError: the bytes are not the manifest's
-            raise ChecksumError(
-                f"{self.where}: the stored file is larger than the {self.limit:,} bytes the "
-                "manifest declares; it is corrupt or was replaced"
-            )
+            raise too_large(self.where, self.limit)
         return n
 
     def read(self, n: int = -1) -> bytes:
@@ -68,70 +109,51 @@ class BoundedReader:
     def readinto(self, buf: Any) -> int:
         return self._counted(self._f.readinto(buf))
 
-    def readable(self) -> bool:
-        return True
 
-    def close(self) -> None:
-        self._f.close()
+class HashingReader(Passthrough):
+    """Reads through ``f``, counting (``pos``) and SHA-256-ing (``sha``) every byte it hands
+    out; ``drain`` reads the rest, so the digest covers the whole file."""
 
-    @property
-    def closed(self) -> bool:
-        return bool(self._f.closed)
-
-    def __enter__(self) -> BoundedReader:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-class HashingReader:
-    """Reads through ``f``, counting (``pos``) and, with ``hashing``, SHA-256-ing (``sha``) every
-    byte it hands out; ``drain`` reads the rest, so the digest covers the whole file."""
-
-    def __init__(self, f: Any, hashing: bool = True) -> None:
-        self._f = f
-        self.sha = hashlib.sha256() if hashing else None
+    def __init__(self, f: Any) -> None:
+        super().__init__(f)
+        self.sha = hashlib.sha256()
         self.pos = 0
 
     def read(self, n: int = -1) -> bytes:
         data: bytes = self._f.read(n)
-        if self.sha is not None:
-            self.sha.update(data)
+        self.sha.update(data)
         self.pos += len(data)
         return data
 
     def readinto(self, buf: bytearray | memoryview) -> int:
         n: int = self._f.readinto(buf)
-        if self.sha is not None:
-            self.sha.update(memoryview(buf)[:n])
+        self.sha.update(memoryview(buf)[:n])
         self.pos += n
         return n
-
-    def readable(self) -> bool:
-        return True
 
     @property
     def closed(self) -> bool:
         return False
+
+    def close(self) -> None:
+        """Nothing: the source stays open for :meth:`drain` (its opener closes it)."""
 
     def drain(self) -> None:
         while self.read(4 << 20):
             pass
 
     def hexdigest(self) -> str:
-        assert self.sha is not None, "a HashingReader made with hashing=False has no digest"
         return self.sha.hexdigest()
 
 
-class TailReader:
+class TailReader(Passthrough):
     """Reads through ``f`` and keeps references to the last chunks read, at least ``keep``
     bytes of them when there were that many (:meth:`tail`): what a stored shard carries after
     its data (its embedded sample index) is at hand once the stream has passed, without a
     second read."""
 
     def __init__(self, f: Any, keep: int) -> None:
-        self._f = f
+        super().__init__(f)
         self.keep = keep
         self._chunks: deque[bytes] = deque()
         self._held = 0
@@ -144,27 +166,6 @@ class TailReader:
             while self._chunks and self._held - len(self._chunks[0]) >= self.keep:
                 self._held -= len(self._chunks.popleft())
         return data
-
-    def readinto(self, buf: bytearray | memoryview) -> int:
-        data = self.read(len(buf))
-        memoryview(buf).cast("B")[: len(data)] = data
-        return len(data)
-
-    def readable(self) -> bool:
-        return True
-
-    @property
-    def closed(self) -> bool:
-        return bool(self._f.closed)
-
-    def close(self) -> None:
-        self._f.close()
-
-    def __enter__(self) -> TailReader:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def tail(self, n: int) -> bytes:
         """The last ``n`` bytes read (fewer if fewer were kept); joins only the chunks needed."""

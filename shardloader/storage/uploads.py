@@ -61,10 +61,8 @@ class Uploads:
 
     def _run(self, upload: Callable[[], None]) -> None:
         try:
-            with self._lock:
-                if self._failed is not None:
-                    return  # another upload failed: start nothing new
-            upload()
+            if self._failed is None:  # else another upload failed: start nothing new
+                upload()
         except BaseException as err:
             with self._lock:
                 if self._failed is None:
@@ -74,10 +72,8 @@ class Uploads:
             self._room.release()
 
     def _raise_failure(self) -> None:
-        with self._lock:
-            failed = self._failed
-        if failed is not None:
-            raise failed
+        if self._failed is not None:  # set once, under the lock; reading it needs none
+            raise self._failed
 
     def wait(self) -> None:
         """Every upload submitted so far is done; the first failure is raised."""
