@@ -19,7 +19,10 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import TypeVar
+
+import tenacity
 
 from shardloader.errors import (
     ObjectNotFoundError,
@@ -110,6 +113,22 @@ DEFAULT_POLICY = RetryPolicy()
 # -- the retry loop ---------------------------------------------------------------------------
 
 
+class _Backoff:
+    """tenacity wait: full jitter from a local RNG, never past the total budget."""
+
+    def __init__(self, policy: RetryPolicy, protocol: str) -> None:
+        self.policy = policy
+        self.protocol = protocol
+        self.rng = random.Random()  # unseeded on purpose: spreads requests, never orders data
+
+    def __call__(self, state: tenacity.RetryCallState) -> float:
+        err = state.outcome.exception() if state.outcome is not None else None
+        throttled = err is not None and classify(err, self.protocol) == THROTTLED
+        wait = self.policy.backoff(state.attempt_number, self.rng, throttled=throttled)
+        left = self.policy.max_total_seconds - (state.seconds_since_start or 0.0)
+        return max(0.0, min(wait, left))
+
+
 def call_with_retries(
     fn: Callable[[], T],
     *,
@@ -125,49 +144,57 @@ def call_with_retries(
     :class:`StorageError` naming ``url``, the attempts and the last cause when the budget is
     spent; :class:`ObjectNotFoundError` or :class:`StorageError` with a remedy at once for
     permanent errors.  Shardloader's own errors (but :class:`TruncatedBodyError`, which is
-    retried) and non-storage exceptions (bugs) pass through unchanged.  Between attempts it
-    sleeps :meth:`RetryPolicy.backoff` (jitter from a local, unseeded RNG: it spreads requests
-    and never orders data), never past the total budget.
+    retried) and non-storage exceptions (bugs) pass through unchanged.
     """
     policy = policy or DEFAULT_POLICY
     protocol = protocols.protocol_of(url)
-    rng = random.Random()
+    retrying = tenacity.Retrying(
+        stop=tenacity.stop_after_attempt(policy.max_attempts)
+        | tenacity.stop_after_delay(policy.max_total_seconds),
+        wait=_Backoff(policy, protocol),
+        retry=tenacity.retry_if_exception(partial(is_transient, protocol=protocol)),
+        before_sleep=_log_retry(url, what, policy),
+        reraise=False,
+    )
     start = time.monotonic()
-    attempt = 0
-    while True:
-        attempt += 1
-        try:
-            return fn()
-        except Exception as err:
-            if not is_transient(err, protocol):
-                if isinstance(err, ShardloaderError) or not protocols.is_storage_error(
-                    err, protocol
-                ):
-                    raise
-                raise _permanent_error(err, url=url, what=what, protocol=protocol) from err
-            last = err
+    try:
+        return retrying(fn)
+    except tenacity.RetryError as gave_up:
+        last = gave_up.last_attempt.exception()
+        attempts = gave_up.last_attempt.attempt_number
         elapsed = time.monotonic() - start
-        if attempt >= policy.max_attempts or elapsed >= policy.max_total_seconds:
-            raise StorageError(
-                f"cannot {what} {url!r}: gave up after {attempt} attempt"
-                f"{'s' if attempt != 1 else ''} in {elapsed:.1f} s (RetryPolicy(max_attempts="
-                f"{policy.max_attempts}, max_total_seconds={policy.max_total_seconds})); last "
-                f"cause: {describe(last)}; if the store is overloaded or slow, raise the "
-                "policy's limits or timeouts"
-            ) from last
-        throttled = classify(last, protocol) == THROTTLED
-        wait = policy.backoff(attempt, rng, throttled=throttled)
-        wait = max(0.0, min(wait, policy.max_total_seconds - elapsed))
+        raise StorageError(
+            f"cannot {what} {url!r}: gave up after {attempts} attempt"
+            f"{'s' if attempts != 1 else ''} in {elapsed:.1f} s (RetryPolicy(max_attempts="
+            f"{policy.max_attempts}, max_total_seconds={policy.max_total_seconds})); last "
+            f"cause: {describe(last)}; if the store is overloaded or slow, raise the policy's "
+            "limits or timeouts"
+        ) from last
+    except ShardloaderError:
+        raise
+    except Exception as err:
+        if not protocols.is_storage_error(err, protocol):
+            raise
+        raise _permanent_error(err, url=url, what=what, protocol=protocol) from err
+
+
+def _log_retry(
+    url: str, what: str, policy: RetryPolicy
+) -> Callable[[tenacity.RetryCallState], None]:
+    def log(state: tenacity.RetryCallState) -> None:
+        err = state.outcome.exception() if state.outcome is not None else None
+        sleep = state.next_action.sleep if state.next_action is not None else 0.0
         logger.info(
             "%s %s: attempt %d/%d failed (%s); retrying in %.2f s",
             what,
             url,
-            attempt,
+            state.attempt_number,
             policy.max_attempts,
-            describe(last),
-            wait,
+            describe(err) if err is not None else "?",
+            sleep,
         )
-        time.sleep(wait)
+
+    return log
 
 
 _REMEDIES = {
