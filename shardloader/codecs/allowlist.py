@@ -156,9 +156,8 @@ def _native_rgb(data: bytes) -> Any:
     """A JPEG as uint8 CHW RGB from the native decoder (libjpeg-turbo, the whole image, into
     memory the tensor then owns), or None where it is not built or declines the file: PIL then
     decodes it.  Both give the same pixels (max difference 0 on tests/test_vision_fast.py's set
-    and on JPEGs from other encoders: tests/test_native_decode.py); tensors only, since the
-    native decoder lives in ``shardloader.vision``, which imports torch."""
-    from shardloader.vision import jpeg
+    and on JPEGs from other encoders: tests/test_native_decode.py)."""
+    from shardloader.codecs import jpeg
 
     size = jpeg.probe(data)
     if size is None:

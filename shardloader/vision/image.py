@@ -5,7 +5,7 @@ grey, palette and CMYK converted, 16-bit scaled to 8 bits, transparency composit
 
 The fast path is encoded bytes in (``Decoder(image="raw")`` on the dataset): :func:`open_lazy`
 reads only the header, a transform draws its crop box from the image size, and :func:`crop`
-decodes that box alone.  A JPEG goes to the native decoder (:mod:`shardloader.vision.jpeg`:
+decodes that box alone.  A JPEG goes to the native decoder (:mod:`shardloader.codecs.jpeg`:
 libjpeg-turbo decodes only the rows and MCU columns of the box, at the smallest 1/2, 1/4 or 1/8
 DCT scale that still covers the output, mirrored on the way out if flipped); where it is not
 built, or declines an image, or ``backend="pil"``, PIL decodes the whole image at the same scale
@@ -26,9 +26,9 @@ import numpy as np
 import torch
 from PIL import Image
 
+from shardloader.codecs import jpeg
 from shardloader.codecs.imagemode import convert
 from shardloader.errors import DecodeError, UsageError
-from shardloader.vision import jpeg
 
 __all__ = ["decode_image", "open_image", "Encoded", "ImageLike", "Size"]
 
@@ -178,7 +178,7 @@ def crop(
     """The ``box`` (left, top, w, h in source pixels; default all) of ``img`` as a uint8 CHW
     tensor, mirrored left-right if ``flip``.  Encoded input decodes only what it must, JPEG at
     the reduction PIL ``draft(wanted)`` picks (``wanted``: (w, h) of the whole image, see
-    :func:`shardloader.vision.jpeg.request`); PIL/numpy input gives a tensor with HWC memory,
+    :func:`shardloader.codecs.jpeg.request`); PIL/numpy input gives a tensor with HWC memory,
     cropped before the one copy."""
     if isinstance(img, Encoded):
         if img.native:
@@ -237,7 +237,7 @@ def _crop_pil(
 
 def resize_chw(img: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:
     """Bilinear, antialiased resize of a CHW tensor; uint8 stays uint8.  Uint8 RGB on the CPU
-    goes to the native kernel (:func:`shardloader.vision.jpeg.resize`, contiguous CHW out,
+    goes to the native kernel (:func:`shardloader.codecs.jpeg.resize`, contiguous CHW out,
     measured faster than torch's vectorized uint8 kernel with its copy to CHW); the rest, and
     everything where the extension is not built, to torch's."""
     if tuple(img.shape[-2:]) == hw:

@@ -44,8 +44,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from shardloader.codecs import jpeg
 from shardloader.errors import UsageError
-from shardloader.vision import jpeg
 from shardloader.vision.image import (
     Encoded,
     ImageLike,

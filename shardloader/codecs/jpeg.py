@@ -1,7 +1,7 @@
 """Crop-aware JPEG decoding: only the crop box, at the smallest DCT scale that covers the output.
 
 A random-resized crop is drawn from the image size, which the JPEG header gives before any
-pixel is decoded.  The native decoder (:mod:`shardloader.vision._jpeg`, C over the system's
+pixel is decoded.  The native decoder (:mod:`shardloader.codecs._jpeg`, C over the system's
 libjpeg-turbo) then skips the rows above the box, never decodes the rows below it, runs the
 inverse DCT and colour conversion only for the MCU columns the box touches, at scale 1/2, 1/4 or
 1/8 when the box is that much larger than the output, and mirrors the rows while copying them
@@ -38,11 +38,11 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 try:
-    import shardloader.vision._jpeg as _jpeg
+    import shardloader.codecs._jpeg as _jpeg
 except ImportError as _err:  # built only where a C compiler and libjpeg headers were found
     _jpeg = None  # type: ignore[assignment]
     _WHY_NOT: str | None = (
-        f"shardloader.vision._jpeg is not built ({_err}); it needs a C compiler and "
+        f"shardloader.codecs._jpeg is not built ({_err}); it needs a C compiler and "
         "libjpeg-turbo's headers at install (Debian: gcc libjpeg62-turbo-dev), then reinstall "
         "shardloader (README Dependencies); JPEGs decode through PIL meanwhile"
     )
@@ -52,7 +52,7 @@ else:
     if _missing:  # an in-place build older than this source: a call would fail mid-epoch
         _jpeg = None  # type: ignore[assignment]
         _WHY_NOT = (
-            f"shardloader.vision._jpeg is an older build (lacks {', '.join(_missing)}); rebuild "
+            f"shardloader.codecs._jpeg is an older build (lacks {', '.join(_missing)}); rebuild "
             "it (pip install -e . or python setup.py build_ext --inplace); JPEGs decode through "
             "PIL meanwhile"
         )
@@ -171,7 +171,7 @@ def decode_resized(
 
 def resize(hwc: np.ndarray, out_hw: tuple[int, int]) -> np.ndarray | None:
     """Antialiased bilinear resize of uint8 RGB pixels (HWC) to uint8 CHW: Pillow's filter in
-    SIMD C (:mod:`shardloader.vision._jpeg`); None where the extension is not built."""
+    SIMD C (:mod:`shardloader.codecs._jpeg`); None where the extension is not built."""
     if _RESIZE is None:
         return None
     h, w = hwc.shape[:2]
