@@ -53,11 +53,6 @@ _SLACK = 64 << 10
 # sample index of 2**32 rows would take over 100 GB.
 MAX_SHARD_BYTES = 1 << 44
 MAX_SHARD_SAMPLES = 1 << 32
-_WHY_MOST = {
-    "bytes": "16 TiB, more than a node can stage",
-    "raw_bytes": "16 TiB, more than a node can stage",
-    "num_samples": "2**32, a sample index past 100 GB",
-}
 _INT_MAX = 2**63 - 1
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _TOKEN_DTYPES = frozenset(
@@ -281,16 +276,17 @@ def _check_shard(path: str, entry: Any, fmt: Format, compression: str) -> tuple[
     problem = fmt.entry_problem(n, size, raw, compression)
     if problem is not None:
         raise _fail(f"{name}.{problem[0]}", problem[1])
-    for key, value, most, unit in (
-        ("bytes", size, MAX_SHARD_BYTES, "bytes"),
-        ("raw_bytes", raw, MAX_SHARD_BYTES, "bytes"),
-        ("num_samples", n, MAX_SHARD_SAMPLES, "samples"),
+    too_big = "16 TiB, more than a node can stage"
+    for key, value, most, unit, why in (
+        ("bytes", size, MAX_SHARD_BYTES, "bytes", too_big),
+        ("raw_bytes", raw, MAX_SHARD_BYTES, "bytes", too_big),
+        ("num_samples", n, MAX_SHARD_SAMPLES, "samples", "2**32, a sample index past 100 GB"),
     ):
         if value > most:
             raise _fail(
                 f"{name}.{key}",
-                f"{value:,} {unit} is more than any shard can hold (at most {most:,}: "
-                f"{_WHY_MOST[key]}); the manifest is damaged or hostile",
+                f"{value:,} {unit} is more than any shard can hold (at most {most:,}: {why}); "
+                "the manifest is damaged or hostile",
             )
     return n, size, raw
 

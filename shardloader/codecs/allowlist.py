@@ -32,7 +32,6 @@ __all__ = [
     "PICKLE_EXTENSIONS",
     "codec_for_extension",
     "check_field",
-    "check_image",
     "decode_field",
     "Decoder",
 ]

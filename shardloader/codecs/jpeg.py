@@ -31,7 +31,6 @@ __all__ = [
     "draft_factor",
     "scaled_box",
     "decode_box",
-    "decode_resized",
     "resize",
 ]
 
@@ -133,40 +132,23 @@ def decode_box(
     wanted: tuple[int, int] | None,
     *,
     flip: bool = False,
+    out_hw: tuple[int, int] | None = None,
 ) -> np.ndarray | None:
     """The ``box`` (default all) of a JPEG ``probe`` accepted, as uint8 HWC RGB (mirrored if
     ``flip``), decoded at the scale PIL would draft to for ``wanted`` (:func:`request`); None
-    if libjpeg objects."""
+    if libjpeg objects.  With ``out_hw``: what :func:`resize` then gives, uint8 CHW, in the
+    same native call (no Python object in between)."""
     assert _jpeg is not None, "probe() first"
     factor, (x0, y0, x1, y1) = _scaled(size, box, wanted)
     try:
-        buf = _jpeg.decode(data, 8 // factor, x0, y0, x1, y1, flip)
-    except _jpeg.JpegError as err:
-        log.debug("native JPEG decode declined (%s); decoding with PIL", err)
-        return None
-    return np.frombuffer(buf, np.uint8).reshape(y1 - y0, x1 - x0, 3)
-
-
-def decode_resized(
-    data: bytes | bytearray | memoryview,
-    size: tuple[int, int],
-    box: tuple[int, int, int, int],
-    wanted: tuple[int, int],
-    out_hw: tuple[int, int],
-    *,
-    flip: bool = False,
-) -> np.ndarray | None:
-    """What :func:`decode_box` then :func:`resize` give, in one native call (the box is
-    decoded and resized without a Python object in between): uint8 CHW, or None if libjpeg
-    objects."""
-    assert _jpeg is not None, "probe() first"
-    factor, (x0, y0, x1, y1) = _scaled(size, box, wanted)
-    try:
+        if out_hw is None:
+            buf = _jpeg.decode(data, 8 // factor, x0, y0, x1, y1, flip)
+            return np.frombuffer(buf, np.uint8).reshape(y1 - y0, x1 - x0, 3)
         buf = _jpeg.decode_resize(data, 8 // factor, x0, y0, x1, y1, flip, out_hw[1], out_hw[0])
+        return np.frombuffer(buf, np.uint8).reshape(3, *out_hw)
     except _jpeg.JpegError as err:
         log.debug("native JPEG decode declined (%s); decoding with PIL", err)
         return None
-    return np.frombuffer(buf, np.uint8).reshape(3, *out_hw)
 
 
 def resize(hwc: np.ndarray, out_hw: tuple[int, int]) -> np.ndarray | None:
