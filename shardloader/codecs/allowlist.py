@@ -83,8 +83,10 @@ def check_field(codec: str, data: bytes, *, validate_images: bool = False) -> No
                 im.load()
         elif codec == "image":
             check_image(data)
+        elif codec == "json":
+            json.loads(data.decode("utf-8"))
         elif codec in _VALUES:
-            _VALUES[codec](data.decode("utf-8") if codec == "json" else data)
+            _VALUES[codec](data)
     except UnicodeDecodeError as err:
         raise InputError(f"invalid UTF-8 at byte {err.start}") from err
     except json.JSONDecodeError as err:
