@@ -114,17 +114,6 @@ def scaled_box(
     return x0, y0, x1, y1
 
 
-def _scaled(
-    size: tuple[int, int], box: tuple[int, int, int, int] | None, wanted: tuple[int, int] | None
-) -> tuple[int, tuple[int, int, int, int]]:
-    """The DCT reduction and the box in its pixels (x0, y0, x1, y1)."""
-    width, height = size
-    box = box if box is not None else (0, 0, width, height)
-    factor = draft_factor(size, wanted) if wanted is not None else 1
-    scaled = (-(-width // factor), -(-height // factor))
-    return factor, scaled_box(box, factor, scaled)
-
-
 def decode_box(
     data: bytes | bytearray | memoryview,
     size: tuple[int, int],
@@ -139,7 +128,10 @@ def decode_box(
     if libjpeg objects.  With ``out_hw``: what :func:`resize` then gives, uint8 CHW, in the
     same native call (no Python object in between)."""
     assert _jpeg is not None, "probe() first"
-    factor, (x0, y0, x1, y1) = _scaled(size, box, wanted)
+    width, height = size
+    factor = draft_factor(size, wanted) if wanted is not None else 1
+    scaled = (-(-width // factor), -(-height // factor))
+    x0, y0, x1, y1 = scaled_box(box or (0, 0, width, height), factor, scaled)
     try:
         if out_hw is None:
             buf = _jpeg.decode(data, 8 // factor, x0, y0, x1, y1, flip)
