@@ -232,20 +232,17 @@ class SampleIndex:
         cls, data: bytes, where: str = "sample index", limit: int | None = None
     ) -> SampleIndex:
         """Parse a sidecar; ``limit`` bounds what its (compressed) columns may expand to."""
-        with located(where):
-            if limit is not None:
-                from shardloader.format.arrow.ipc import declared_sizes
+        from shardloader.format.arrow.ipc import declared_sizes
 
-                try:
-                    declared = declared_sizes(data, where).uncompressed_bytes
-                except ShardError as err:
-                    raise ManifestError(f"not a valid shardloader sample index ({err})") from err
-                if declared > limit:
-                    raise ManifestError(
-                        f"declares {declared:,} bytes of columns, more than the {limit:,} its "
-                        "shard's manifest entry allows; the sidecar is corrupt or hostile"
-                    )
+        with located(where):
             try:
+                if limit is not None:
+                    declared = declared_sizes(data, where).uncompressed_bytes
+                    if declared > limit:
+                        raise ManifestError(
+                            f"declares {declared:,} bytes of columns, more than the {limit:,} "
+                            "its shard's manifest entry allows; the sidecar is corrupt or hostile"
+                        )
                 # malloc, not pyarrow's default pool: that one keeps the decompressed columns'
                 # pages after they are freed, about 20 MB per process over a few large sidecars
                 pool = pa.system_memory_pool()
@@ -269,7 +266,7 @@ class SampleIndex:
                     }
                     or None,
                 )
-            except (pa.ArrowException, KeyError, ManifestError) as err:
+            except (pa.ArrowException, KeyError, ManifestError, ShardError) as err:
                 raise ManifestError(f"not a valid shardloader sample index: {err}") from err
 
 
