@@ -6,9 +6,10 @@
 :mod:`~shardloader.codecs.jpeg` the native JPEG decoder (crops, scaled, whole images);
 :mod:`~shardloader.codecs.sniff` the codec some bytes imply (table cells carry no extension);
 :mod:`~shardloader.codecs.arrowcells` and :mod:`~shardloader.codecs.tableschema` what table
-columns become.  Import from those modules; this file only names :class:`Decoder` here too.
+columns become.  This file only re-exports what is used as ``codecs.NAME``.
 """
 
-from shardloader.codecs.allowlist import Decoder
+from shardloader.codecs.allowlist import Decoder, check_field
+from shardloader.codecs.imagecheck import check_image
 
-__all__ = ["Decoder"]
+__all__ = ["Decoder", "check_field", "check_image"]

@@ -47,14 +47,6 @@ except ImportError as _err:  # built only where a C compiler and libjpeg headers
     )
 else:
     _WHY_NOT = None
-    _missing = [f for f in ("header", "decode", "decode_resize", "resize") if not hasattr(_jpeg, f)]
-    if _missing:  # an in-place build older than this source: a call would fail mid-epoch
-        _jpeg = None  # type: ignore[assignment]
-        _WHY_NOT = (
-            f"shardloader.codecs._jpeg is an older build (lacks {', '.join(_missing)}); rebuild "
-            "it (pip install -e . or python setup.py build_ext --inplace); JPEGs decode through "
-            "PIL meanwhile"
-        )
 
 # the resize, for every path alike: whether the decoder is used or not (backend="pil", files it
 # declines), the same kernel makes the same pixels from the same box
