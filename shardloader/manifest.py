@@ -232,11 +232,11 @@ class SampleIndex:
         cls, data: bytes, where: str = "sample index", limit: int | None = None
     ) -> SampleIndex:
         """Parse a sidecar; ``limit`` bounds what its (compressed) columns may expand to."""
-        from shardloader.format.arrow.ipc import declared_sizes
-
         with located(where):
             try:
                 if limit is not None:
+                    from shardloader.format.arrow.ipc import declared_sizes
+
                     declared = declared_sizes(data, where).uncompressed_bytes
                     if declared > limit:
                         raise ManifestError(
