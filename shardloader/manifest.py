@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
-from shardloader.errors import ManifestError
+from shardloader.errors import ManifestError, ShardError, located
 from shardloader.format.registry import get_format, known_formats
 
 if TYPE_CHECKING:
@@ -145,24 +145,26 @@ class Manifest:
 
     @classmethod
     def from_json(cls, data: bytes, where: str = "manifest") -> Manifest:
-        """Parse and check a manifest; the first wrong value is a ManifestError with its path."""
+        """Parse and check a manifest; the first wrong value is a ManifestError naming
+        ``where`` and the value's JSON path."""
         from shardloader.schema import check_manifest_dict
 
-        try:
-            raw = json.loads(data)
-        except (UnicodeDecodeError, json.JSONDecodeError) as err:
-            raise ManifestError(f"{where} is not valid JSON: {err}") from err
-        except RecursionError as err:
-            raise ManifestError(f"{where} is nested too deeply to be a manifest") from err
-        if not isinstance(raw, dict):
-            raise ManifestError(f"{where} is not a JSON object")
-        version = raw.get("format_version")
-        if version != FORMAT_VERSION:
-            raise ManifestError(
-                f"{where} has format_version {version!r}; this shardloader reads version "
-                f"{FORMAT_VERSION}: upgrade shardloader or re-pack the data"
-            )
-        check_manifest_dict(raw, where)
+        with located(where):
+            try:
+                raw = json.loads(data)
+            except (UnicodeDecodeError, json.JSONDecodeError) as err:
+                raise ManifestError(f"not valid JSON: {err}") from err
+            except RecursionError as err:
+                raise ManifestError("nested too deeply to be a manifest") from err
+            if not isinstance(raw, dict):
+                raise ManifestError("not a JSON object")
+            version = raw.get("format_version")
+            if version != FORMAT_VERSION:
+                raise ManifestError(
+                    f"format_version {version!r}; this shardloader reads version "
+                    f"{FORMAT_VERSION}: upgrade shardloader or re-pack the data"
+                )
+            check_manifest_dict(raw)
         return cls(
             format=raw["format"],
             compression=raw["compression"],
@@ -172,13 +174,8 @@ class Manifest:
             layout=raw.get("layout", ""),
             length_field=raw.get("length_field"),
             extra=raw.get("extra", {}),
-            aliases=_read_aliases(raw.get("aliases", {})),
+            aliases={k: tuple(v) for k, v in raw.get("aliases", {}).items()},
         )
-
-
-def _read_aliases(raw: Mapping[str, list[str]]) -> dict[str, tuple[str, ...]]:
-    """The optional ``aliases`` key (already checked by the schema) as tuples."""
-    return {k: tuple(v) for k, v in raw.items()}
 
 
 def _drop_none(d: dict[str, Any]) -> dict[str, Any]:
@@ -235,45 +232,42 @@ class SampleIndex:
         cls, data: bytes, where: str = "sample index", limit: int | None = None
     ) -> SampleIndex:
         """Parse a sidecar; ``limit`` bounds what its (compressed) columns may expand to."""
-        if limit is not None:
-            from shardloader.errors import ShardError
-            from shardloader.format.arrow.ipc import declared_sizes
-
+        with located(where):
             try:
-                declared = declared_sizes(data, where).uncompressed_bytes
-            except ShardError as err:
-                raise ManifestError(
-                    f"{where} is not a valid shardloader sample index ({err})"
-                ) from err
-            if declared > limit:
-                raise ManifestError(
-                    f"{where} declares {declared:,} bytes of columns, more than the {limit:,} "
-                    "its shard's manifest entry allows; the sidecar is corrupt or hostile"
+                if limit is not None:
+                    from shardloader.format.arrow.ipc import declared_sizes
+
+                    declared = declared_sizes(data, where).uncompressed_bytes
+                    if declared > limit:
+                        raise ManifestError(
+                            f"declares {declared:,} bytes of columns, more than the {limit:,} "
+                            "its shard's manifest entry allows; the sidecar is corrupt or hostile"
+                        )
+                # malloc, not pyarrow's default pool: that one keeps the decompressed columns'
+                # pages after they are freed, about 20 MB per process over a few large sidecars
+                pool = pa.system_memory_pool()
+                table = pa.ipc.open_file(pa.py_buffer(data), memory_pool=pool).read_all()
+                names = table.column_names
+                key = table.column("key")
+                if not (pa.types.is_string(key.type) or pa.types.is_large_string(key.type)):
+                    raise ManifestError(f"column 'key' is {key.type}, not a string")
+                return cls(
+                    keys=key.to_pylist(),
+                    offsets=_ints(table.column("offset"), "offset"),
+                    sizes=_ints(table.column("size"), "size"),
+                    lengths=_ints(table.column("length"), "length") if "length" in names else None,
+                    checksums=_u64(table.column(CHECKSUM_COLUMN))
+                    if CHECKSUM_COLUMN in names
+                    else None,
+                    field_checksums={
+                        n[len(FIELD_CHECKSUM_PREFIX) :]: _u64(table.column(n), n)
+                        for n in names
+                        if n.startswith(FIELD_CHECKSUM_PREFIX)
+                    }
+                    or None,
                 )
-        try:
-            # malloc, not pyarrow's default pool: that one keeps the decompressed columns'
-            # pages after they are freed, about 20 MB per process over a few large sidecars
-            pool = pa.system_memory_pool()
-            table = pa.ipc.open_file(pa.py_buffer(data), memory_pool=pool).read_all()
-            names = table.column_names
-            key = table.column("key")
-            if not (pa.types.is_string(key.type) or pa.types.is_large_string(key.type)):
-                raise ManifestError(f"column 'key' is {key.type}, not a string")
-            return cls(
-                keys=key.to_pylist(),
-                offsets=_ints(table.column("offset"), "offset"),
-                sizes=_ints(table.column("size"), "size"),
-                lengths=_ints(table.column("length"), "length") if "length" in names else None,
-                checksums=_u64(table.column(CHECKSUM_COLUMN)) if CHECKSUM_COLUMN in names else None,
-                field_checksums={
-                    n[len(FIELD_CHECKSUM_PREFIX) :]: _u64(table.column(n), n)
-                    for n in names
-                    if n.startswith(FIELD_CHECKSUM_PREFIX)
-                }
-                or None,
-            )
-        except (pa.ArrowException, KeyError, ManifestError) as err:
-            raise ManifestError(f"{where} is not a valid shardloader sample index: {err}") from err
+            except (pa.ArrowException, KeyError, ManifestError, ShardError) as err:
+                raise ManifestError(f"not a valid shardloader sample index: {err}") from err
 
 
 def _u64(column: pa.ChunkedArray, name: str = CHECKSUM_COLUMN) -> np.ndarray:

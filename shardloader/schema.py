@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
-from shardloader.errors import ManifestError, ShardError
+from shardloader.errors import ManifestError, ShardError, located
 from shardloader.format.keys import first_unsafe_key, unsafe_key_reason
 from shardloader.format.registry import get_format, known_formats
 
@@ -42,7 +42,6 @@ __all__ = [
     "check_sample_index",
     "path_problem",
     "sidecar_bound",
-    "staged_bound",
     "unsafe_key_error",
 ]
 
@@ -54,11 +53,6 @@ _SLACK = 64 << 10
 # sample index of 2**32 rows would take over 100 GB.
 MAX_SHARD_BYTES = 1 << 44
 MAX_SHARD_SAMPLES = 1 << 32
-_WHY_MOST = {
-    "bytes": "16 TiB, more than a node can stage",
-    "raw_bytes": "16 TiB, more than a node can stage",
-    "num_samples": "2**32, a sample index past 100 GB",
-}
 _INT_MAX = 2**63 - 1
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _TOKEN_DTYPES = frozenset(
@@ -76,51 +70,53 @@ def _show(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-class _Checker:
-    def __init__(self, where: str) -> None:
-        self.where = where
+def _fail(path: str, problem: str) -> ManifestError:
+    return ManifestError(f"{path}: {problem}")
 
-    def fail(self, path: str, problem: str) -> ManifestError:
-        return ManifestError(f"{self.where}: {path}: {problem}")
 
-    def expect(self, path: str, what: str, value: Any) -> ManifestError:
-        return self.fail(path, f"expected {what}, got {_show(value)}")
+def _expect(path: str, what: str, value: Any) -> ManifestError:
+    return _fail(path, f"expected {what}, got {_show(value)}")
 
-    def count(self, path: str, value: Any) -> int:
-        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _INT_MAX:
-            raise self.expect(path, "a non-negative integer", value)
-        return value
 
-    def string(self, path: str, value: Any, *, empty: bool = True) -> str:
-        if not isinstance(value, str) or (not empty and not value):
-            raise self.expect(path, "a string" if empty else "a non-empty string", value)
-        return value
+def _count(path: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _INT_MAX:
+        raise _expect(path, "a non-negative integer", value)
+    return value
 
-    def obj(self, path: str, value: Any) -> dict[str, Any]:
-        if not isinstance(value, dict):
-            raise self.expect(path, "an object", value)
-        return value
 
-    def array(self, path: str, value: Any) -> list[Any]:
-        if not isinstance(value, list):
-            raise self.expect(path, "an array", value)
-        return value
+def _string(path: str, value: Any, *, empty: bool = True) -> str:
+    if not isinstance(value, str) or (not empty and not value):
+        raise _expect(path, "a string" if empty else "a non-empty string", value)
+    return value
 
-    def sha256(self, path: str, value: Any) -> str:
-        if not isinstance(value, str) or not _SHA256.match(value):
-            raise self.expect(path, "a sha256 (64 lower-case hex digits)", value)
-        return value
 
-    def rel_path(self, path: str, value: Any) -> str:
-        self.string(path, value, empty=False)
-        problem = path_problem(value)
-        if problem is not None:
-            raise self.fail(
-                path,
-                f"{_show(value)} {problem}; paths in a manifest are relative to its "
-                "folder and stay inside it",
-            )
-        return value
+def _obj(path: str, value: Any) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise _expect(path, "an object", value)
+    return value
+
+
+def _array(path: str, value: Any) -> list[Any]:
+    if not isinstance(value, list):
+        raise _expect(path, "an array", value)
+    return value
+
+
+def _sha256(path: str, value: Any) -> str:
+    if not isinstance(value, str) or not _SHA256.match(value):
+        raise _expect(path, "a sha256 (64 lower-case hex digits)", value)
+    return value
+
+
+def _rel_path(path: str, value: Any) -> str:
+    problem = path_problem(_string(path, value, empty=False))
+    if problem is not None:
+        raise _fail(
+            path,
+            f"{_show(value)} {problem}; paths in a manifest are relative to its folder and stay "
+            "inside it",
+        )
+    return value
 
 
 def path_problem(path: str) -> str | None:
@@ -164,44 +160,44 @@ def _param_reason(path: str) -> str | None:
     return None
 
 
-def check_manifest_dict(raw: Mapping[str, Any], where: str) -> None:
-    """Raise :class:`ManifestError` at the first value of a parsed manifest that is wrong."""
+def check_manifest_dict(raw: Mapping[str, Any]) -> None:
+    """Raise :class:`ManifestError` at the first value of a parsed manifest that is wrong,
+    named by its JSON path (the caller adds the file: :func:`~shardloader.errors.located`)."""
     from shardloader.codecs.allowlist import _CODECS
 
-    c = _Checker(where)
-    name = c.string("format", raw.get("format"))
+    name = _string("format", raw.get("format"))
     if name not in known_formats():
-        raise c.fail(
+        raise _fail(
             "format",
             f"expected one of {', '.join(known_formats())}, got "
             f"{_show(name)} (a third-party format must be registered before its "
             "datasets are read)",
         )
     fmt = get_format(name)
-    compression = c.string("compression", raw.get("compression"))
+    compression = _string("compression", raw.get("compression"))
     if compression not in fmt.compressions:
         known = ", ".join(fmt.compressions)
-        raise c.expect("compression", f"one of {known} for {name} shards", compression)
+        raise _expect("compression", f"one of {known} for {name} shards", compression)
     for key in ("layout", "checksum_algorithm"):
         if key in raw:
-            c.string(key, raw[key])
+            _string(key, raw[key])
     if raw.get("checksum_algorithm", "sha256") != "sha256":
-        raise c.expect("checksum_algorithm", '"sha256"', raw["checksum_algorithm"])
+        raise _expect("checksum_algorithm", '"sha256"', raw["checksum_algorithm"])
     if raw.get("length_field") is not None:
-        c.string("length_field", raw["length_field"], empty=False)
+        _string("length_field", raw["length_field"], empty=False)
 
-    fields = c.obj("fields", raw.get("fields"))
+    fields = _obj("fields", raw.get("fields"))
     for name, info in fields.items():
         path = f"fields[{_show(name)}]"
         if not name or "/" in name or unsafe_key_reason(name) is not None:
-            raise c.fail(path, "a field name must be a non-empty string without '/', '\\' or NUL")
-        c.obj(path, info)
+            raise _fail(path, "a field name must be a non-empty string without '/', '\\' or NUL")
+        _obj(path, info)
         for key in info:
             if key not in _FIELD_KEYS:
-                raise c.fail(f"{path}.{key}", f"unknown key (known: {', '.join(_FIELD_KEYS)})")
-        codec = c.string(f"{path}.codec", info.get("codec"))
+                raise _fail(f"{path}.{key}", f"unknown key (known: {', '.join(_FIELD_KEYS)})")
+        codec = _string(f"{path}.codec", info.get("codec"))
         if codec not in _CODECS:
-            raise c.expect(f"{path}.codec", f"one of {', '.join(_CODECS)}", codec)
+            raise _expect(f"{path}.codec", f"one of {', '.join(_CODECS)}", codec)
         dtype = info.get("dtype")
         if dtype is not None and (codec != "tokens" or dtype not in _TOKEN_DTYPES):
             what = (
@@ -209,23 +205,23 @@ def check_manifest_dict(raw: Mapping[str, Any], where: str) -> None:
                 if codec == "tokens"
                 else f"no dtype for codec {codec!r}"
             )
-            raise c.expect(f"{path}.dtype", what, dtype)
+            raise _expect(f"{path}.dtype", what, dtype)
 
-    for i, name in enumerate(c.array("classes", raw.get("classes", []))):
-        c.string(f"classes[{i}]", name)
-    _check_extra(c, c.obj("extra", raw.get("extra", {})))
+    for i, name in enumerate(_array("classes", raw.get("classes", []))):
+        _string(f"classes[{i}]", name)
+    _check_extra(_obj("extra", raw.get("extra", {})))
     if "aliases" in raw:
-        for name, exts in c.obj("aliases", raw["aliases"]).items():
+        for name, exts in _obj("aliases", raw["aliases"]).items():
             path = f"aliases[{_show(name)}]"
             if not name:
-                raise c.fail(path, "an alias name must be a non-empty string")
-            for j, ext in enumerate(c.array(path, exts)):
-                c.string(f"{path}[{j}]", ext, empty=False)
+                raise _fail(path, "an alias name must be a non-empty string")
+            for j, ext in enumerate(_array(path, exts)):
+                _string(f"{path}[{j}]", ext, empty=False)
 
-    shards = c.array("shards", raw.get("shards"))
+    shards = _array("shards", raw.get("shards"))
     total = stored = unpacked = 0
     for i, entry in enumerate(shards):
-        n, size, raw_size = _check_shard(c, f"shards[{i}]", entry, fmt, compression)
+        n, size, raw_size = _check_shard(f"shards[{i}]", entry, fmt, compression)
         total, stored, unpacked = total + n, stored + size, unpacked + raw_size
     for key, value in (
         ("num_samples", total),
@@ -235,70 +231,64 @@ def check_manifest_dict(raw: Mapping[str, Any], where: str) -> None:
     ):
         if key not in raw and key != "num_samples":
             continue
-        if c.count(key, raw.get(key)) != value:
-            raise c.fail(
+        if _count(key, raw.get(key)) != value:
+            raise _fail(
                 key,
                 f"{raw[key]} does not equal the shards' total ({value}); the "
                 "manifest was edited or damaged",
             )
 
 
-def _check_extra(c: _Checker, extra: dict[str, Any]) -> None:
+def _check_extra(extra: dict[str, Any]) -> None:
     if "skipped" in extra:
-        c.count("extra.skipped", extra["skipped"])
+        _count("extra.skipped", extra["skipped"])
     if extra.get("skip_report") is not None:
-        c.rel_path("extra.skip_report", extra["skip_report"])
+        _rel_path("extra.skip_report", extra["skip_report"])
     if extra.get("length_unit") is not None:
-        c.string("extra.length_unit", extra["length_unit"])
+        _string("extra.length_unit", extra["length_unit"])
     for key in ("tokenizer", "part"):
         if extra.get(key) is not None:
-            c.obj(f"extra.{key}", extra[key])
+            _obj(f"extra.{key}", extra[key])
 
 
-def _check_shard(
-    c: _Checker, path: str, entry: Any, fmt: Format, compression: str
-) -> tuple[int, int, int]:
-    c.obj(path, entry)
+def _check_shard(path: str, entry: Any, fmt: Format, compression: str) -> tuple[int, int, int]:
+    _obj(path, entry)
     for key in _SHARD_KEYS:
         if key not in entry:
-            raise c.fail(f"{path}.{key}", "missing")
+            raise _fail(f"{path}.{key}", "missing")
     for key in entry:
         if key not in _SHARD_KEYS:
-            raise c.fail(f"{path}.{key}", f"unknown key (known: {', '.join(_SHARD_KEYS)})")
-    c.rel_path(f"{path}.path", entry["path"])
-    c.rel_path(f"{path}.index_path", entry["index_path"])
-    c.sha256(f"{path}.sha256", entry["sha256"])
-    c.sha256(f"{path}.index_sha256", entry["index_sha256"])
-    n = c.count(f"{path}.num_samples", entry["num_samples"])
-    size = c.count(f"{path}.bytes", entry["bytes"])
-    raw = c.count(f"{path}.raw_bytes", entry["raw_bytes"])
+            raise _fail(f"{path}.{key}", f"unknown key (known: {', '.join(_SHARD_KEYS)})")
+    _rel_path(f"{path}.path", entry["path"])
+    _rel_path(f"{path}.index_path", entry["index_path"])
+    _sha256(f"{path}.sha256", entry["sha256"])
+    _sha256(f"{path}.index_sha256", entry["index_sha256"])
+    n = _count(f"{path}.num_samples", entry["num_samples"])
+    size = _count(f"{path}.bytes", entry["bytes"])
+    raw = _count(f"{path}.raw_bytes", entry["raw_bytes"])
     name = f"{path} ({entry['path']})"
     if raw > size * MAX_EXPANSION[compression] + _SLACK:
-        raise c.fail(
+        raise _fail(
             f"{name}.raw_bytes",
             f"{raw:,} uncompressed bytes cannot come from {size:,} stored "
             f"bytes of {compression} (at most {MAX_EXPANSION[compression]}x)",
         )
     problem = fmt.entry_problem(n, size, raw, compression)
     if problem is not None:
-        raise c.fail(f"{name}.{problem[0]}", problem[1])
-    for key, value, most, unit in (
-        ("bytes", size, MAX_SHARD_BYTES, "bytes"),
-        ("raw_bytes", raw, MAX_SHARD_BYTES, "bytes"),
-        ("num_samples", n, MAX_SHARD_SAMPLES, "samples"),
+        raise _fail(f"{name}.{problem[0]}", problem[1])
+    too_big = "16 TiB, more than a node can stage"
+    for key, value, most, unit, why in (
+        ("bytes", size, MAX_SHARD_BYTES, "bytes", too_big),
+        ("raw_bytes", raw, MAX_SHARD_BYTES, "bytes", too_big),
+        ("num_samples", n, MAX_SHARD_SAMPLES, "samples", "2**32, a sample index past 100 GB"),
     ):
         if value > most:
-            raise c.fail(
+            raise _fail(
                 f"{name}.{key}",
-                f"{value:,} {unit} is more than any shard can hold (at most {most:,}: "
-                f"{_WHY_MOST[key]}); the manifest is damaged or hostile",
+                f"{value:,} {unit} is more than any shard can hold (at most {most:,}: {why}); "
+                "the manifest is damaged or hostile",
             )
     return n, size, raw
-
-
-def staged_bound(fmt: str, info: ShardInfo, num_fields: int) -> int:
-    """Most bytes a staged (uncompressed) copy of this shard may take (the format says)."""
-    return get_format(fmt).staged_bound(info, num_fields)
 
 
 def sidecar_bound(info: ShardInfo) -> int:
@@ -311,32 +301,27 @@ def sidecar_bound(info: ShardInfo) -> int:
 
 
 def check_sample_index(index: SampleIndex, fmt: str, info: ShardInfo, where: str) -> None:
-    """Check a sidecar against its shard's manifest entry before any of it is used.
-
-    Count and byte ranges are :class:`ManifestError`; an unsafe key is :class:`ShardError`.
-    """
+    """Check a sidecar (at ``where``) against its shard's manifest entry before any of it is
+    used.  Count and byte ranges are :class:`ManifestError`; an unsafe key is
+    :class:`ShardError`."""
     n = len(index)
-    if n != info.num_samples:
-        raise ManifestError(
-            f"{where}: the sample index lists {n} samples, the manifest {info.num_samples}; "
-            "the sidecar does not belong to this shard: re-pack or re-index the dataset"
-        )
-    if (
-        len(index.keys) != n
-        or len(index.sizes) != n
-        or (index.lengths is not None and len(index.lengths) != n)
-        or (index.checksums is not None and len(index.checksums) != n)
-    ):
-        raise ManifestError(f"{where}: the sample index has columns of different lengths")
-    offsets, sizes = index.offsets, index.sizes
-    if n:
-        if int(offsets.min()) < 0 or int(sizes.min()) < 0:
-            raise ManifestError(f"{where}: the sample index has negative offsets or sizes")
-        if index.lengths is not None and int(index.lengths.min()) < 0:
-            raise ManifestError(f"{where}: the sample index has negative lengths")
-        problem = get_format(fmt).index_problem(index, info)
-        if problem is not None:
-            raise ManifestError(f"{where}: {problem}")
+    with located(where):
+        if n != info.num_samples:
+            raise ManifestError(
+                f"the sample index lists {n} samples, the manifest {info.num_samples}; the "
+                "sidecar does not belong to this shard: re-pack or re-index the dataset"
+            )
+        columns = (index.keys, index.sizes, index.lengths, index.checksums)
+        if any(c is not None and len(c) != n for c in columns):
+            raise ManifestError("the sample index has columns of different lengths")
+        if n:
+            if int(index.offsets.min()) < 0 or int(index.sizes.min()) < 0:
+                raise ManifestError("the sample index has negative offsets or sizes")
+            if index.lengths is not None and int(index.lengths.min()) < 0:
+                raise ManifestError("the sample index has negative lengths")
+            problem = get_format(fmt).index_problem(index, info)
+            if problem is not None:
+                raise ManifestError(problem)
     unsafe = first_unsafe_key(list(index.keys))
     if unsafe is not None:
         raise unsafe_key_error(where, *unsafe)

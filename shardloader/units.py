@@ -8,21 +8,12 @@ from shardloader.errors import UsageError
 
 __all__ = ["human_bytes", "parse_size"]
 
+# decimal k, m, g, t (with or without "b") and binary kib, mib, gib, tib
 _UNITS = {
     "": 1,
     "b": 1,
-    "k": 10**3,
-    "kb": 10**3,
-    "m": 10**6,
-    "mb": 10**6,
-    "g": 10**9,
-    "gb": 10**9,
-    "t": 10**12,
-    "tb": 10**12,
-    "kib": 2**10,
-    "mib": 2**20,
-    "gib": 2**30,
-    "tib": 2**40,
+    **{p + b: 10 ** (3 * i) for i, p in enumerate("kmgt", 1) for b in ("", "b")},
+    **{p + "ib": 2 ** (10 * i) for i, p in enumerate("kmgt", 1)},
 }
 
 

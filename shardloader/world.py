@@ -30,9 +30,8 @@ __all__ = [
 
 
 def detect_world(rank: int | None = None, world_size: int | None = None) -> tuple[int, int]:
-    """(rank, world_size): explicit values win, then torch.distributed, then RANK/WORLD_SIZE."""
-    if (rank is None) != (world_size is None):
-        raise UsageError("pass both rank and world_size, or neither")
+    """(rank, world_size): explicit values win (both given or neither: :class:`World` checks),
+    then torch.distributed, then RANK/WORLD_SIZE."""
     if rank is not None and world_size is not None:
         return rank, world_size
     import torch.distributed as dist

@@ -1,4 +1,4 @@
-"""Crop-aware JPEG decoding (issue 15): the native decoder (libjpeg-turbo, shardloader.vision._jpeg)
+"""Crop-aware JPEG decoding (issue 15): the native decoder (libjpeg-turbo, shardloader.codecs._jpeg)
 gives the PIL path's pixels, draws nothing of its own, and leaves every doubtful file to PIL.
 
 Tolerance: on a fixed set of JPEGs (4:2:0, 4:2:2, 4:4:4, grey, progressive, restart markers,

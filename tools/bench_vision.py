@@ -12,7 +12,7 @@ medians printed, with the CPU time per image of all processes and the machine's 
 * the train pipeline's physical limit, in this process: the native decode of each crop box plus
   the resize to 224 and nothing else (``bare ops``: the goal is train CPU <= 1.15x this);
 * shardloader: ``Decoder(image="raw")`` + ``vision.train_transform(224)`` (the crop decoded
-  alone, see shardloader/vision/jpeg.py), the same with ``backend="pil"`` (the fallback), and
+  alone, see shardloader/codecs/jpeg.py), the same with ``backend="pil"`` (the fallback), and
   ``vision.eval_transform(224)``;
 * peers (where installed): torchvision-style ``RandomResizedCrop(224) + RandomHorizontalFlip``
   on uint8 tensors decoded by ``torchvision.io.decode_jpeg`` (their fastest CPU pipeline;

@@ -4,7 +4,7 @@ does each spend?
     python tools/check_native_decode.py DIR [DIR ...] [--limit N]
 
 Walks the folders for ``*.jpg``/``*.jpeg``, decodes each whole image with the native decoder
-(``shardloader.vision.jpeg``, what ``Decoder()`` uses for JPEGs) and with PIL (converted to RGB
+(``shardloader.codecs.jpeg``, what ``Decoder()`` uses for JPEGs) and with PIL (converted to RGB
 as ``Decoder`` converts), and prints, per file that differs, the largest difference; then how
 many files matched, differed, or were left to PIL (CMYK, 12-bit, files libjpeg warns about),
 and the CPU ms per image of each path.  Exit status 1 if any file differs.  The JPEGs of

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime
 import decimal
+import functools
 import io
 import json
 from collections.abc import Callable, Mapping
@@ -31,7 +32,6 @@ __all__ = [
     "PICKLE_EXTENSIONS",
     "codec_for_extension",
     "check_field",
-    "check_image",
     "decode_field",
     "Decoder",
 ]
@@ -42,9 +42,16 @@ IMAGE_EXTENSIONS = frozenset(
     | {"ppm", "pgm", "pbm", "pnm", "avif", "ico", "tga", "qoi", "jp2", "j2k"}
 )
 PICKLE_EXTENSIONS = frozenset({"pkl", "pickle", "pyd", "pth", "pt", "ckpt"})
-_TEXT = frozenset({"txt", "text", "md", "html", "xml", "csv", "tsv", "caption"})
-_JSON = frozenset({"json", "jsonl"})
-_INT = frozenset({"cls", "cls2", "index", "label", "int", "id"})
+# a field's last extension -> its codec; any other is "bytes"
+_BY_EXTENSION = {
+    **dict.fromkeys(IMAGE_EXTENSIONS, "image"),
+    **dict.fromkeys(("txt", "text", "md", "html", "xml", "csv", "tsv", "caption"), "text"),
+    **dict.fromkeys(("json", "jsonl"), "json"),
+    **dict.fromkeys(("cls", "cls2", "index", "label", "int", "id"), "int"),
+    **dict.fromkeys(("tokens", "ids"), "tokens"),
+    **dict.fromkeys(PICKLE_EXTENSIONS, "opaque"),
+    "npy": "npy",
+}
 _BASE_CODECS = ("image", "text", "json", "int", "npy", "tokens", "bytes", "opaque")
 # Table cells of Arrow types without a JSON form, as their ISO-8601 / exact decimal text
 # (``codecs/arrowcells.py``); decoded to the value pyarrow gives for the cell.
@@ -59,38 +66,15 @@ _CODECS: tuple[str, ...] = (*_BASE_CODECS, *_TYPED)
 
 def codec_for_extension(ext: str) -> str:
     """Return the codec name for a field extension (``"seg.png"`` decides on ``png``)."""
-    last = ext.rsplit(".", 1)[-1].lower()
-    if last in IMAGE_EXTENSIONS:
-        return "image"
-    if last in _TEXT:
-        return "text"
-    if last in _JSON:
-        return "json"
-    if last in _INT:
-        return "int"
-    if last == "npy":
-        return "npy"
-    if last in ("tokens", "ids"):
-        return "tokens"
-    if last in PICKLE_EXTENSIONS:
-        return "opaque"
-    return "bytes"
+    return _BY_EXTENSION.get(ext.rsplit(".", 1)[-1].lower(), "bytes")
 
 
 def check_field(codec: str, data: bytes, *, validate_images: bool = False) -> None:
-    """Raise :class:`InputError` (without location; the caller adds it) if ``data`` is invalid."""
+    """Raise :class:`InputError` (without location; the caller adds it) if ``data`` is invalid:
+    a value codec's bytes are decoded as a reader decodes them (JSON from UTF-8 text only),
+    an image is checked (:func:`check_image`) or, with ``validate_images``, decoded."""
     try:
-        if codec == "text":
-            data.decode("utf-8")
-        elif codec == "json":
-            json.loads(data.decode("utf-8"))
-        elif codec == "int":
-            int(data.decode("ascii").strip())
-        elif codec == "npy":
-            _load_npy(data)
-        elif codec in _TYPED:
-            _decode_typed(codec, data)
-        elif codec == "image" and validate_images:
+        if codec == "image" and validate_images:
             from PIL import Image
 
             if not data:
@@ -99,6 +83,10 @@ def check_field(codec: str, data: bytes, *, validate_images: bool = False) -> No
                 im.load()
         elif codec == "image":
             check_image(data)
+        elif codec == "json":
+            json.loads(data.decode("utf-8"))
+        elif codec in _VALUES:
+            _VALUES[codec](data)
     except UnicodeDecodeError as err:
         raise InputError(f"invalid UTF-8 at byte {err.start}") from err
     except json.JSONDecodeError as err:
@@ -124,6 +112,20 @@ def _decode_typed(codec: str, data: bytes) -> Any:
     if codec == "decimal" and not value.is_finite():
         raise DecodeError(f"{text!r} is not a finite decimal")
     return value
+
+
+def _text(data: bytes) -> str:
+    return data.decode("utf-8")
+
+
+# The codecs whose bytes alone make the value: readers decode them, and pack checks them, so.
+_VALUES: dict[str, Callable[[bytes], Any]] = {
+    "text": _text,
+    "json": json.loads,
+    "int": int,
+    "npy": _load_npy,
+    **{codec: functools.partial(_decode_typed, codec) for codec in _TYPED},
+}
 
 
 def _decode_image(data: bytes, kind: str, mode: str | None) -> Any:
@@ -156,9 +158,8 @@ def _native_rgb(data: bytes) -> Any:
     """A JPEG as uint8 CHW RGB from the native decoder (libjpeg-turbo, the whole image, into
     memory the tensor then owns), or None where it is not built or declines the file: PIL then
     decodes it.  Both give the same pixels (max difference 0 on tests/test_vision_fast.py's set
-    and on JPEGs from other encoders: tests/test_native_decode.py); tensors only, since the
-    native decoder lives in ``shardloader.vision``, which imports torch."""
-    from shardloader.vision import jpeg
+    and on JPEGs from other encoders: tests/test_native_decode.py)."""
+    from shardloader.codecs import jpeg
 
     size = jpeg.probe(data)
     if size is None:
@@ -258,16 +259,9 @@ def decode_field(
         if decoder.image == "raw":
             return data
         return _decode_image(data, decoder.image, decoder.mode)
-    if codec == "text":
-        return data.decode("utf-8")
-    if codec == "json":
-        return json.loads(data)
-    if codec == "int":
-        return int(data)
-    if codec == "npy":
-        return _load_npy(data)
-    if codec in _TYPED:
-        return _decode_typed(codec, data)
+    value = _VALUES.get(codec)
+    if value is not None:
+        return value(data)
     if codec == "tokens":
         # a writable copy: torch warns on (and may not share) read-only buffers
         return np.frombuffer(bytearray(data), dtype=np.dtype(dtype or "uint32").newbyteorder("<"))

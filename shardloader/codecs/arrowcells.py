@@ -145,9 +145,7 @@ def _leaf(t: pa.DataType) -> pa.DataType:
 def _json_safe(t: pa.DataType) -> bool:
     """Whether JSON holds every value of ``t`` exactly (json.loads gives what to_pylist does)."""
     t = _storage(t)
-    if _is_string(t) or pa.types.is_integer(t) or pa.types.is_boolean(t) or pa.types.is_null(t):
-        return True
-    if pa.types.is_floating(t):
+    if _is_string(t) or _is_number(t) or pa.types.is_null(t):
         return True
     if _is_list(t):
         return _json_safe(t.value_type)

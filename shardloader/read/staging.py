@@ -22,7 +22,7 @@ from shardloader.errors import ChecksumError, ShardError, StorageError
 from shardloader.format.base import Format
 from shardloader.format.embedded import TAIL_KEEP
 from shardloader.manifest import Manifest, SampleIndex, ShardInfo
-from shardloader.schema import sidecar_bound, staged_bound
+from shardloader.schema import sidecar_bound
 from shardloader.storage.cache import ShardCache
 from shardloader.storage.localfiles import open_regular
 from shardloader.storage.private import create_private, open_private
@@ -83,7 +83,7 @@ class ShardFiles:
             streamed.append(stream)
             return stream
 
-        limit = staged_bound(m.format, info, len(m.fields))
+        limit = self.format.staged_bound(info, len(m.fields))
 
         def stage(src: Any, dst: Any) -> int:
             return self.format.stage(src, dst, m.compression, where, limit)

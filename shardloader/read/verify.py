@@ -27,7 +27,6 @@ from shardloader.format.registry import get_format
 from shardloader.manifest import Manifest, SampleIndex, ShardInfo, load_manifest
 from shardloader.read.fields import FieldMap
 from shardloader.read.sidecar import check_digest, parse_sidecar, read_sidecar
-from shardloader.schema import staged_bound
 from shardloader.storage.retry import RetryPolicy
 from shardloader.storage.store import Store, as_store
 from shardloader.storage.streams import BoundedReader, HashingReader
@@ -144,7 +143,7 @@ def _verify_shard(
     stored = base.join(shard.path)
     url = stored.url
     member_of = FieldMap.of_manifest(manifest).member_of  # aliases: key.png fills "image"
-    limit = staged_bound(manifest.format, shard, len(manifest.fields))
+    limit = get_format(manifest.format).staged_bound(shard, len(manifest.fields))
     # A member is never larger than the largest sample the sidecar declares (or, without a
     # usable sidecar, than the whole shard): checked from its header, before decompressing.
     biggest = int(index.sizes.max()) if index is not None and len(index) else limit

@@ -2,7 +2,8 @@
 torchvision.
 
 * :mod:`~shardloader.vision.image`: decoding only the crop, crops and the fast resize;
-* :mod:`~shardloader.vision.jpeg`: the crop-aware JPEG decoder over libjpeg-turbo;
+* ``vision.jpeg``: the crop-aware JPEG decoder over libjpeg-turbo, a codec
+  (:mod:`shardloader.codecs.jpeg`, named here too);
 * :mod:`~shardloader.vision.transforms`: :class:`RandomResizedCrop`, :func:`train_transform`,
   ... (seeded per batch by the dataset: NOTE [transform generators] there);
 * :mod:`~shardloader.vision.collate`: :class:`DetectionCollate`.
@@ -10,6 +11,7 @@ torchvision.
 This file only re-exports.
 """
 
+from shardloader.codecs import jpeg
 from shardloader.vision.collate import DetectionCollate
 from shardloader.vision.image import decode_image, open_image
 from shardloader.vision.transforms import (
@@ -47,4 +49,5 @@ __all__ = [
     "train_transform",
     "eval_transform",
     "image_field",
+    "jpeg",
 ]

@@ -5,7 +5,7 @@ grey, palette and CMYK converted, 16-bit scaled to 8 bits, transparency composit
 
 The fast path is encoded bytes in (``Decoder(image="raw")`` on the dataset): :func:`open_lazy`
 reads only the header, a transform draws its crop box from the image size, and :func:`crop`
-decodes that box alone.  A JPEG goes to the native decoder (:mod:`shardloader.vision.jpeg`:
+decodes that box alone.  A JPEG goes to the native decoder (:mod:`shardloader.codecs.jpeg`:
 libjpeg-turbo decodes only the rows and MCU columns of the box, at the smallest 1/2, 1/4 or 1/8
 DCT scale that still covers the output, mirrored on the way out if flipped); where it is not
 built, or declines an image, or ``backend="pil"``, PIL decodes the whole image at the same scale
@@ -26,9 +26,9 @@ import numpy as np
 import torch
 from PIL import Image
 
+from shardloader.codecs import jpeg
 from shardloader.codecs.imagemode import convert
 from shardloader.errors import DecodeError, UsageError
-from shardloader.vision import jpeg
 
 __all__ = ["decode_image", "open_image", "Encoded", "ImageLike", "Size"]
 
@@ -99,18 +99,8 @@ def open_image(
     (an int is the shorter side, else (height, width)); other formats decode at full size.
     Other modes convert as ``Decoder(mode="RGB")`` does
     (:func:`shardloader.codecs.imagemode.convert`)."""
-    try:
-        lazy = _open(data)
-        wanted = _request_for(lazy.size, target_size)
-        if wanted is not None and lazy.format == "JPEG":
-            lazy.draft("RGB", wanted)
-        return _rgb(lazy)
-    except (OSError, ValueError, Image.DecompressionBombError) as err:
-        raise DecodeError(f"cannot decode image ({len(data)} bytes): {err}") from err
-
-
-def _rgb(image: Image.Image) -> Image.Image:
-    return convert(image, "RGB")  # the Decoder's conversion: one rule for every path
+    lazy = _open(data)
+    return _pil_box(lazy, None, _request_for(lazy.size, target_size), False)
 
 
 def decode_image(
@@ -178,14 +168,14 @@ def crop(
     """The ``box`` (left, top, w, h in source pixels; default all) of ``img`` as a uint8 CHW
     tensor, mirrored left-right if ``flip``.  Encoded input decodes only what it must, JPEG at
     the reduction PIL ``draft(wanted)`` picks (``wanted``: (w, h) of the whole image, see
-    :func:`shardloader.vision.jpeg.request`); PIL/numpy input gives a tensor with HWC memory,
+    :func:`shardloader.codecs.jpeg.request`); PIL/numpy input gives a tensor with HWC memory,
     cropped before the one copy."""
     if isinstance(img, Encoded):
         if img.native:
             hwc = jpeg.decode_box(img.data, img.size, box, wanted, flip=flip)
             if hwc is not None:
                 return torch.from_numpy(hwc).permute(2, 0, 1)
-        return _crop_pil(img.pil(), box, wanted, flip)
+        return _chw(_pil_box(img.pil(), box, wanted, flip))
     if isinstance(img, torch.Tensor):
         if img.ndim != 3:
             raise UsageError(f"image tensors must be CHW, got shape {tuple(img.shape)}")
@@ -206,16 +196,17 @@ def crop(
         img = Image.fromarray(img)
     if not isinstance(img, Image.Image):
         raise UsageError(f"not an image: {type(img).__name__}; open bytes with open_lazy")
-    return _crop_pil(img, box, None, flip)
+    return _chw(_pil_box(img, box, None, flip))
 
 
-def _crop_pil(
+def _pil_box(
     image: Image.Image,
     box: tuple[int, int, int, int] | None,
     wanted: tuple[int, int] | None,
     flip: bool,
-) -> torch.Tensor:
-    """PIL's path: draft (an image we opened) for ``wanted``, decode, RGB, crop, mirror."""
+) -> Image.Image:
+    """PIL's path: draft (an image we opened) for ``wanted``, decode, RGB (the Decoder's
+    conversion: one rule for every path), crop, mirror."""
     factor = 1
     try:
         if wanted is not None and image.format == "JPEG":
@@ -223,21 +214,25 @@ def _crop_pil(
             drafted = image.draft("RGB", wanted)
             factor = round(width / drafted[1][2]) if drafted is not None else 1
         full = image.size  # drafted: the scaled size
-        image = _rgb(image)
+        image = convert(image, "RGB")
         if box is not None:
-            x0, y0, x1, y1 = jpeg.scaled_box(box, factor, full)
-            image = image.crop((x0, y0, x1, y1))
+            image = image.crop(jpeg.scaled_box(box, factor, full))
         if flip:
             image = image.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
     except (OSError, ValueError, Image.DecompressionBombError) as err:
         raise DecodeError(f"cannot decode image: {err}") from err
+    return image
+
+
+def _chw(image: Image.Image) -> torch.Tensor:
+    """An RGB PIL image as a uint8 CHW tensor over HWC memory (one copy)."""
     hwc = np.frombuffer(bytearray(image.tobytes()), np.uint8)
     return torch.from_numpy(hwc.reshape(image.size[1], image.size[0], 3)).permute(2, 0, 1)
 
 
 def resize_chw(img: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:
     """Bilinear, antialiased resize of a CHW tensor; uint8 stays uint8.  Uint8 RGB on the CPU
-    goes to the native kernel (:func:`shardloader.vision.jpeg.resize`, contiguous CHW out,
+    goes to the native kernel (:func:`shardloader.codecs.jpeg.resize`, contiguous CHW out,
     measured faster than torch's vectorized uint8 kernel with its copy to CHW); the rest, and
     everything where the extension is not built, to torch's."""
     if tuple(img.shape[-2:]) == hw:

@@ -44,8 +44,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from shardloader.codecs import jpeg
 from shardloader.errors import UsageError
-from shardloader.vision import jpeg
 from shardloader.vision.image import (
     Encoded,
     ImageLike,
@@ -174,7 +174,7 @@ class RandomResizedCrop:
         box, flip = self.draw(*size, generator=generator)
         wanted = jpeg.request(size, box, out_hw)
         if isinstance(src, Encoded) and src.native:  # one native call: decode box, resize
-            out = jpeg.decode_resized(src.data, size, box, wanted, out_hw, flip=flip)
+            out = jpeg.decode_box(src.data, size, box, wanted, flip=flip, out_hw=out_hw)
             if out is not None:
                 return torch.from_numpy(out)
         return resize_chw(crop(src, box, wanted, flip=flip), out_hw)
@@ -365,10 +365,6 @@ def image_field(fields: Mapping[str, Any]) -> str | None:
     return "image" if "image" in images else next(iter(images), None)
 
 
-def _maybe_field(t: Compose, field: str | None) -> Compose | ApplyTo:
-    return t if field is None else ApplyTo(field, t)
-
-
 def train_transform(
     size: Size,
     *,
@@ -388,7 +384,7 @@ def train_transform(
             ToImageTensor(channels_last),
         ]
     )
-    return _maybe_field(t, field)
+    return t if field is None else ApplyTo(field, t)
 
 
 def eval_transform(
@@ -403,4 +399,4 @@ def eval_transform(
     uint8 tensor; of the ``field`` of a sample dict, or of one image with ``field=None``.
     The crop is cut first (:class:`ResizeCenterCrop`): only it is decoded and resized."""
     t = Compose([ResizeCenterCrop(size, resize, backend), ToImageTensor(channels_last)])
-    return _maybe_field(t, field)
+    return t if field is None else ApplyTo(field, t)

@@ -6,7 +6,7 @@
  * above it; rows below are never read), are in the libjpeg API only, whose error handling needs
  * setjmp/longjmp; no pip-installable wrapper exposes them for libjpeg-turbo 2.x (Debian 12's).
  *
- * This module only decodes: the Python side (shardloader/vision/jpeg.py) draws the box,
+ * This module only decodes: the Python side (shardloader/codecs/jpeg.py) draws the box,
  * chooses the scale and falls back to PIL on any error raised here (JpegError), so a file
  * libjpeg rejects or warns about gets PIL's verdict, as on the PIL path.  Untrusted input: every
  * size comes from libjpeg after jpeg_start_decompress() and is checked against the box the caller
@@ -538,7 +538,7 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC PyInit__jpeg(void) {
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
-    JpegError = PyErr_NewException("shardloader.vision._jpeg.JpegError", NULL, NULL);
+    JpegError = PyErr_NewException("shardloader.codecs._jpeg.JpegError", NULL, NULL);
     if (JpegError == NULL || PyModule_AddObject(m, "JpegError", JpegError) < 0) {
         Py_XDECREF(JpegError);
         Py_DECREF(m);

@@ -1,7 +1,7 @@
 """Crop-aware JPEG decoding: only the crop box, at the smallest DCT scale that covers the output.
 
 A random-resized crop is drawn from the image size, which the JPEG header gives before any
-pixel is decoded.  The native decoder (:mod:`shardloader.vision._jpeg`, C over the system's
+pixel is decoded.  The native decoder (:mod:`shardloader.codecs._jpeg`, C over the system's
 libjpeg-turbo) then skips the rows above the box, never decodes the rows below it, runs the
 inverse DCT and colour conversion only for the MCU columns the box touches, at scale 1/2, 1/4 or
 1/8 when the box is that much larger than the output, and mirrors the rows while copying them
@@ -31,31 +31,22 @@ __all__ = [
     "draft_factor",
     "scaled_box",
     "decode_box",
-    "decode_resized",
     "resize",
 ]
 
 log = logging.getLogger(__name__)
 
 try:
-    import shardloader.vision._jpeg as _jpeg
+    import shardloader.codecs._jpeg as _jpeg
 except ImportError as _err:  # built only where a C compiler and libjpeg headers were found
     _jpeg = None  # type: ignore[assignment]
     _WHY_NOT: str | None = (
-        f"shardloader.vision._jpeg is not built ({_err}); it needs a C compiler and "
+        f"shardloader.codecs._jpeg is not built ({_err}); it needs a C compiler and "
         "libjpeg-turbo's headers at install (Debian: gcc libjpeg62-turbo-dev), then reinstall "
         "shardloader (README Dependencies); JPEGs decode through PIL meanwhile"
     )
 else:
     _WHY_NOT = None
-    _missing = [f for f in ("header", "decode", "decode_resize", "resize") if not hasattr(_jpeg, f)]
-    if _missing:  # an in-place build older than this source: a call would fail mid-epoch
-        _jpeg = None  # type: ignore[assignment]
-        _WHY_NOT = (
-            f"shardloader.vision._jpeg is an older build (lacks {', '.join(_missing)}); rebuild "
-            "it (pip install -e . or python setup.py build_ext --inplace); JPEGs decode through "
-            "PIL meanwhile"
-        )
 
 # the resize, for every path alike: whether the decoder is used or not (backend="pil", files it
 # declines), the same kernel makes the same pixels from the same box
@@ -115,17 +106,6 @@ def scaled_box(
     return x0, y0, x1, y1
 
 
-def _scaled(
-    size: tuple[int, int], box: tuple[int, int, int, int] | None, wanted: tuple[int, int] | None
-) -> tuple[int, tuple[int, int, int, int]]:
-    """The DCT reduction and the box in its pixels (x0, y0, x1, y1)."""
-    width, height = size
-    box = box if box is not None else (0, 0, width, height)
-    factor = draft_factor(size, wanted) if wanted is not None else 1
-    scaled = (-(-width // factor), -(-height // factor))
-    return factor, scaled_box(box, factor, scaled)
-
-
 def decode_box(
     data: bytes | bytearray | memoryview,
     size: tuple[int, int],
@@ -133,45 +113,31 @@ def decode_box(
     wanted: tuple[int, int] | None,
     *,
     flip: bool = False,
+    out_hw: tuple[int, int] | None = None,
 ) -> np.ndarray | None:
     """The ``box`` (default all) of a JPEG ``probe`` accepted, as uint8 HWC RGB (mirrored if
     ``flip``), decoded at the scale PIL would draft to for ``wanted`` (:func:`request`); None
-    if libjpeg objects."""
+    if libjpeg objects.  With ``out_hw``: what :func:`resize` then gives, uint8 CHW, in the
+    same native call (no Python object in between)."""
     assert _jpeg is not None, "probe() first"
-    factor, (x0, y0, x1, y1) = _scaled(size, box, wanted)
+    width, height = size
+    factor = draft_factor(size, wanted) if wanted is not None else 1
+    scaled = (-(-width // factor), -(-height // factor))
+    x0, y0, x1, y1 = scaled_box(box or (0, 0, width, height), factor, scaled)
     try:
-        buf = _jpeg.decode(data, 8 // factor, x0, y0, x1, y1, flip)
-    except _jpeg.JpegError as err:
-        log.debug("native JPEG decode declined (%s); decoding with PIL", err)
-        return None
-    return np.frombuffer(buf, np.uint8).reshape(y1 - y0, x1 - x0, 3)
-
-
-def decode_resized(
-    data: bytes | bytearray | memoryview,
-    size: tuple[int, int],
-    box: tuple[int, int, int, int],
-    wanted: tuple[int, int],
-    out_hw: tuple[int, int],
-    *,
-    flip: bool = False,
-) -> np.ndarray | None:
-    """What :func:`decode_box` then :func:`resize` give, in one native call (the box is
-    decoded and resized without a Python object in between): uint8 CHW, or None if libjpeg
-    objects."""
-    assert _jpeg is not None, "probe() first"
-    factor, (x0, y0, x1, y1) = _scaled(size, box, wanted)
-    try:
+        if out_hw is None:
+            buf = _jpeg.decode(data, 8 // factor, x0, y0, x1, y1, flip)
+            return np.frombuffer(buf, np.uint8).reshape(y1 - y0, x1 - x0, 3)
         buf = _jpeg.decode_resize(data, 8 // factor, x0, y0, x1, y1, flip, out_hw[1], out_hw[0])
+        return np.frombuffer(buf, np.uint8).reshape(3, *out_hw)
     except _jpeg.JpegError as err:
         log.debug("native JPEG decode declined (%s); decoding with PIL", err)
         return None
-    return np.frombuffer(buf, np.uint8).reshape(3, *out_hw)
 
 
 def resize(hwc: np.ndarray, out_hw: tuple[int, int]) -> np.ndarray | None:
     """Antialiased bilinear resize of uint8 RGB pixels (HWC) to uint8 CHW: Pillow's filter in
-    SIMD C (:mod:`shardloader.vision._jpeg`); None where the extension is not built."""
+    SIMD C (:mod:`shardloader.codecs._jpeg`); None where the extension is not built."""
     if _RESIZE is None:
         return None
     h, w = hwc.shape[:2]

@@ -1,5 +1,5 @@
-# Types of the C extension shardloader/vision/_jpeg.c (built only where libjpeg-turbo's headers
-# and a C compiler are present; shardloader/vision/jpeg.py imports it).
+# Types of the C extension shardloader/codecs/_jpeg.c (built only where libjpeg-turbo's headers
+# and a C compiler are present; shardloader/codecs/jpeg.py imports it).
 
 class JpegError(Exception): ...
 
