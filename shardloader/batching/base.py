@@ -189,9 +189,11 @@ class BatchPlanner(abc.ABC):
         lengths: np.ndarray | None,
         batches: list[np.ndarray],
         repeats: list[np.ndarray],
+        scope: np.ndarray | None = None,
     ) -> dict[str, int]:
         """Where every token goes when rows ``batches`` (each once) and ``repeats`` are
-        delivered: the EpochReport fields by name (``units == "rows"`` planners)."""
+        delivered (of the rows ``scope``, or all): the EpochReport fields by name (``units ==
+        "rows"`` planners)."""
         raise UsageError(f"{type(self).__name__} plans samples, not rows of token streams")
 
     def row_slots(self, other: BatchPlanner) -> int:

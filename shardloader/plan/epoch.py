@@ -31,6 +31,7 @@ from shardloader.plan.elastic import normalise, replan
 from shardloader.plan.lists import NodeLists, node_lists, node_order, units_of
 from shardloader.plan.order import EpochOrder
 from shardloader.plan.partition import Partition
+from shardloader.plan.rowmix import epoch_tokens
 from shardloader.plan.split import BatchSlots, FixedBatchList, common_steps, rank_slots
 
 __all__ = ["EpochReport", "EpochPlan", "EpochPlanner"]
@@ -63,7 +64,7 @@ class EpochReport:
     dropped_tokens: int | None = None
     repeated_tokens: int | None = None
     token_slots: int | None = None
-    # packed rows: per-step rank cost, balanced and not (batching/stepcost.py's RankBalance)
+    # packed rows: per-step rank cost, balanced and not (plan/cost.py's RankBalance)
     rank_balance: Any = None
 
     @property
@@ -114,14 +115,22 @@ class EpochPlan:
             mask[n - self.pad_in_last :] = True
         return mask
 
+    def kept(self) -> list[np.ndarray]:
+        """The partition's batches its steps deliver, up to those ``uneven="drop"`` leaves out."""
+        return list(self.batches[: self.num_batches - self.slots.dropped_batches])
+
+    def repeats(self) -> list[np.ndarray]:
+        """The batches repeated from the partition's start so every rank has the same number
+        of steps (``uneven="pad"``)."""
+        n = self.num_batches
+        return [self.batches[i % n] for i in range(self.slots.padded_batches)] if n else []
+
     def delivered(self) -> tuple[list[np.ndarray], int]:
-        """The batches all of the partition's steps deliver (up to those ``uneven="drop"``
-        leaves out, plus those repeated from its start under ``"pad"``) and the padded sample
-        count."""
-        s, n = self.slots, self.num_batches
-        repeats = [self.batches[i % n] for i in range(s.padded_batches)] if n else []
+        """The batches all of the partition's steps deliver (:meth:`kept`, then
+        :meth:`repeats`) and the padded sample count."""
+        repeats = self.repeats()
         padded = self.pad_in_last + sum(len(batch_ids(b)) for b in repeats)
-        return list(self.batches[: n - s.dropped_batches]) + repeats, padded
+        return self.kept() + repeats, padded
 
 
 @dataclass(frozen=True)
@@ -252,14 +261,7 @@ class EpochPlanner:
         total = int(np.sum(self.shard_sizes))
         steps = first.slots.steps_per_rank
         if self.planner is not None and self.planner.units == "rows":  # batching/blocks.py
-            kept, repeats = [], []
-            for p in plans:
-                s, n = p.slots, p.num_batches
-                repeats += [p.batches[i % n] for i in range(s.padded_batches)] if n else []
-                kept += list(p.batches[: n - s.dropped_batches])
-            counts = self.planner.report_stream(self.shard_sizes, lengths, earlier + kept, repeats)
-            for link, taken in first.earlier:  # slots of rows delivered with another shape
-                counts["token_slots"] += len(taken) * self.planner.row_slots(link.planner)
+            counts = epoch_tokens(self.planner, self.shard_sizes, lengths, plans)
             return EpochReport(epoch, total, steps, **counts)
         lazy = all(isinstance(p.batches, FixedBatchList) for p in plans) and self.planner is None
         if lazy and lengths is None and not first.earlier:  # arithmetic: nothing materialised

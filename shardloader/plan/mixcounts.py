@@ -20,7 +20,7 @@ def delivered_by_source(
     (then tokens are counted from them, lengths or not)."""
     kept, real = [], []
     for plan in plans:
-        mine = list(plan.batches[: plan.num_batches - plan.slots.dropped_batches])
+        mine = plan.kept()
         kept += mine
         if mine and mine[0].ndim == 1:
             ids = np.concatenate(mine).astype(np.int64)
