@@ -32,7 +32,7 @@ from shardloader.plan.lists import NodeLists, node_lists, node_order, units_of
 from shardloader.plan.order import EpochOrder
 from shardloader.plan.partition import Partition
 from shardloader.plan.rowmix import epoch_tokens
-from shardloader.plan.split import BatchSlots, FixedBatchList, common_steps, rank_slots
+from shardloader.plan.split import BatchSlots, common_steps, rank_slots
 
 __all__ = ["EpochReport", "EpochPlan", "EpochPlanner"]
 
@@ -167,7 +167,10 @@ class EpochPlanner:
             ids, node_of = self.order_source.partitioned(epoch, nodes)
             return [ids[node_of == n] for n in range(nodes)]
         units = units_of(self, lengths)
-        return [np.asarray(node_order(self, epoch, nodes, n, units)) for n in range(nodes)]
+        return [
+            np.asarray(node_order(self.seed, self.shuffle, epoch, nodes, n, units))
+            for n in range(nodes)
+        ]
 
     def order(self, epoch: int, lengths: np.ndarray | None = None) -> np.ndarray:
         """The epoch's sample order with one partition (what :meth:`node_orders` splits)."""
@@ -263,7 +266,7 @@ class EpochPlanner:
         if self.planner is not None and self.planner.units == "rows":  # batching/blocks.py
             counts = epoch_tokens(self.planner, self.shard_sizes, lengths, plans)
             return EpochReport(epoch, total, steps, **counts)
-        lazy = all(isinstance(p.batches, FixedBatchList) for p in plans) and self.planner is None
+        lazy = all(isinstance(p.order, EpochOrder) for p in plans) and self.planner is None
         if lazy and lengths is None and not first.earlier:  # arithmetic: nothing materialised
             return EpochReport(
                 epoch,
