@@ -308,6 +308,13 @@ def check_positive(name: str, value: int | None, *, optional: bool = False) -> N
         raise UsageError(f"{name} must be a positive integer, got {value!r}")
 
 
+def check_pad_id(value: Any, *, optional: bool = True) -> None:
+    if value is None and optional:
+        return
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
+        raise UsageError(f"pad_id must be the tokenizer's integer pad id, got {value!r}")
+
+
 def check_choice(name: str, value: str, allowed: Sequence[str]) -> None:
     if value not in allowed:
         raise UsageError(f"{name}={value!r} is not one of {', '.join(map(repr, allowed))}")

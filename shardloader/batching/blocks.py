@@ -40,6 +40,7 @@ from shardloader.batching.base import (
     TAIL_POLICIES,
     BatchPlanner,
     check_choice,
+    check_pad_id,
     check_positive,
 )
 from shardloader.errors import UsageError
@@ -159,10 +160,7 @@ class TokenBlocks(BatchPlanner):
         check_choice("repeat_labels", self.repeat_labels, ("ignore", "keep"))
         if not isinstance(self.lean, bool):
             raise UsageError(f"TokenBlocks(lean=) is True or False, got {self.lean!r}")
-        if self.pad_id is not None and (
-            not isinstance(self.pad_id, (int, np.integer)) or isinstance(self.pad_id, bool)
-        ):
-            raise UsageError(f"pad_id must be the tokenizer's integer pad id, got {self.pad_id!r}")
+        check_pad_id(self.pad_id)
         if self.pad_id is None and (self.remainder, self.tail) != ("drop", "drop"):
             raise UsageError(
                 "TokenBlocks pads a shard's last partial row (remainder='pad') and the epoch's "
