@@ -77,20 +77,10 @@ class ByteColumn(Sequence[Any]):
 
     def _join(self) -> None:
         """Make the one buffer (and offsets, presence) from the parts."""
-        values = self._parts
-        if values is None:
+        if self._parts is None:
             return
-        n = len(values)
-        offsets = np.zeros(n + 1, np.int64)
-        if values.count(None):
-            self._present = np.fromiter((v is not None for v in values), bool, n)
-            sizes = np.fromiter((0 if v is None else len(v) for v in values), np.int64, n)
-            np.cumsum(sizes, out=offsets[1:])
-            self._data = b"".join(v for v in values if v is not None)
-        else:
-            np.cumsum(np.fromiter(map(len, values), np.int64, n), out=offsets[1:])
-            self._data = b"".join(values)
-        self._offsets = offsets
+        values, self._offsets, self._present = self.pieces()
+        self._data = b"".join(values)
         self._parts = None
 
     def __len__(self) -> int:
