@@ -129,10 +129,7 @@ def _span_shards(order: object) -> np.ndarray:
     assert isinstance(order, EpochOrder)
     if not order.total:
         return np.zeros(0, np.int64)
-    first, last = order.run_of(np.array([0, order.total - 1]))
-    runs = np.arange(first, last + 1)
-    nonempty = order.run_starts[runs + 1] > order.run_starts[runs]
-    return np.asarray(order.shard_perm[runs[nonempty]], np.int64)
+    return np.asarray(order.shards_under(0, order.total), np.int64)
 
 
 def epoch_cost(

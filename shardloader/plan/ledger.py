@@ -188,13 +188,12 @@ def _padding(plan: Any, planning: Any, world: int, whose: str) -> Iterator[Ledge
                 f"repeated to fill {whose or DEFAULT_WHOSE}last batch to "
                 f"batch_size={planning.batch_size}",
             )
-    for r in range(plan.slots.padded_batches):
-        source = r % n
-        for i in batch_ids(plan.batches[source]).tolist():
+    for r, batch in enumerate(plan.repeats()):
+        for i in batch_ids(batch).tolist():
             yield LedgerEntry(
                 int(i),
                 PADDED,
-                f"{whose}global batch {n + r} repeats batch {source} so every one of {world} "
+                f"{whose}global batch {n + r} repeats batch {r % n} so every one of {world} "
                 "ranks has the same number of steps (uneven='pad')",
             )
 
