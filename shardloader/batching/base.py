@@ -54,14 +54,7 @@ from typing import Any
 
 import numpy as np
 
-from shardloader.batching.accounting import (
-    PlanReport,
-    account,
-    as_ids,
-    pad_fraction,
-    segment_counts,
-    total_tokens,
-)
+from shardloader.batching.accounting import PlanReport, account, as_ids, segment_counts
 from shardloader.errors import UsageError
 
 __all__ = [
@@ -71,12 +64,10 @@ __all__ = [
     "as_ids",
     "batch_ids",
     "check_planner",
-    "pad_fraction",
     "padded_length",
     "segment_counts",
     "signature_of",
     "stable_value",
-    "total_tokens",
 ]
 
 OVERSIZE_POLICIES = ("error", "truncate", "drop")

@@ -314,7 +314,7 @@ class RawCollate:
     columns = True  # the dataset may hand it columns instead of sample dicts
 
     def __call__(self, samples: Sequence[Mapping[str, Any]]) -> RawBatch:
-        from shardloader.batching.default import _collate_field
+        from shardloader.batching.default import _collate_dicts, _stacker
 
         if not samples:
             raise UsageError("cannot collate an empty batch")
@@ -332,7 +332,10 @@ class RawCollate:
                     "RawCollate keeps missing values only in bytes fields"
                 )
             else:
-                out[name] = _collate_field(name, values, None, "error")
+                got = _collate_dicts(
+                    [{name: v} for v in values], samples, "", {}, _stacker("error")
+                )
+                out[name] = got[name]
         return out
 
     def __repr__(self) -> str:

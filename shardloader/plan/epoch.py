@@ -16,14 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from shardloader.batching.base import (
-    PlanReport,
-    batch_ids,
-    pad_fraction,
-    signature_of,
-    stable_value,
-    total_tokens,
-)
+from shardloader.batching.accounting import TokenShares
+from shardloader.batching.base import PlanReport, batch_ids, signature_of, stable_value
 from shardloader.batching.fixed import FixedBatches, account_fixed
 from shardloader.errors import UsageError
 from shardloader.options import ShuffleOptions
@@ -38,7 +32,7 @@ __all__ = ["EpochReport", "EpochPlan", "EpochPlanner"]
 
 
 @dataclass(frozen=True)
-class EpochReport:
+class EpochReport(TokenShares):
     """What one epoch looks like for this world size: steps per rank, what was evened out, and
     where every token of the epoch goes.
 
@@ -66,16 +60,6 @@ class EpochReport:
     token_slots: int | None = None
     # packed rows: per-step rank cost, balanced and not (plan/cost.py's RankBalance)
     rank_balance: Any = None
-
-    @property
-    def total_tokens(self) -> int | None:
-        """Every token of the epoch's samples: delivered + truncated + dropped."""
-        return total_tokens(self.tokens, self.truncated_tokens, self.dropped_tokens)
-
-    @property
-    def pad_fraction(self) -> float | None:
-        """Share of the allocated token slots that is padding."""
-        return pad_fraction(self.tokens, self.repeated_tokens, self.token_slots)
 
 
 @dataclass(frozen=True)
