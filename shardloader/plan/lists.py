@@ -81,11 +81,12 @@ def cut(
     nodes: int,
 ) -> NodeList:
     """A partition's batches of ``order`` under ``planning`` (ids, or segments ``[n, 3]``);
-    fixed batches are read from the order when asked (:class:`FixedBatchList`)."""
+    fixed batches of a lazy order are read from it when asked (:class:`FixedBatchList`)."""
     planner = planning.planner
     if planner is None:
         batches = FixedBatchList(order, planning.batch_size or 1, planning.uneven)
-        return NodeList(order, batches, batches.padded, batches.dropped)
+        got = batches if isinstance(order, EpochOrder) else list(batches)
+        return NodeList(order, got, batches.padded, batches.dropped)
     rng = plan_rng(planning.seed, epoch, node, nodes)
     order = np.asarray(order)
     if order.ndim == 2:  # segments left by an earlier link (packing, after a resume)
