@@ -142,17 +142,12 @@ class ByteColumn(Sequence[Any]):
 
     @property
     def sizes(self) -> np.ndarray:
-        if self._parts is not None:
-            return np.fromiter((0 if v is None else len(v) for v in self._parts), np.int64)
-        return np.diff(self._offsets)
+        return np.diff(self.pieces()[1])
 
     @property
     def present(self) -> np.ndarray:
-        if self._parts is not None:
-            return np.fromiter((v is not None for v in self._parts), bool, len(self._parts))
-        if self._present is None:
-            return np.ones(len(self), bool)
-        return self._present.copy()
+        present = self.pieces()[2]
+        return np.ones(len(self), bool) if present is None else present.copy()
 
     def tensor(self) -> Any:
         """The buffer as a uint8 ``torch.Tensor`` (a copy, so it is writable)."""

@@ -259,15 +259,11 @@ class EpochPlanner:
                 sum(p.pad_in_last + p.slots.padded_batches * (self.batch_size or 1) for p in plans),
                 sum(p.dropped + p.slots.dropped_batches * (self.batch_size or 1) for p in plans),
             )
-        delivered, padded = [], 0
-        for p in plans:
-            got, pads = p.delivered()
-            delivered += got
-            padded += pads
-        order = self.epoch_ids(epoch, plans, lengths)
-        acc = self._account(order, earlier + delivered, lengths, collate_fn)
+        order, batches, acc = self.accounted(epoch, plans, lengths, collate_fn)
+        padded = sum(p.delivered()[1] for p in plans)
         if first.earlier and acc.padded_tokens is not None:  # slots as each link allocated
-            slots = self._account(order, delivered, lengths, collate_fn).padded_tokens or 0
+            mine = batches[len(earlier) :]
+            slots = self._account(order, mine, lengths, collate_fn).padded_tokens or 0
             for link, taken in first.earlier:
                 slots += link._account(order, taken, lengths, collate_fn).padded_tokens or 0
             acc = dataclasses.replace(acc, padded_tokens=slots)
@@ -284,6 +280,16 @@ class EpochPlanner:
             acc.repeated_tokens,
             acc.padded_tokens,
         )
+
+    def accounted(
+        self, epoch: int, plans: Sequence[EpochPlan], lengths: np.ndarray | None, collate_fn: Any
+    ) -> tuple[np.ndarray, list[np.ndarray], PlanReport]:
+        """The epoch's whole order, every batch its steps deliver (earlier links' first) and
+        their accounting: what :meth:`report` and the ledger count."""
+        batches = [b for _, taken in plans[0].earlier for b in taken]
+        batches += [b for p in plans for b in p.delivered()[0]]
+        order = self.epoch_ids(epoch, plans, lengths)
+        return order, batches, self._account(order, batches, lengths, collate_fn)
 
     def _account(
         self,

@@ -162,18 +162,15 @@ def build(
     plans = [plans] if not isinstance(plans, Sequence) else list(plans)
     if planning.planner is not None and planning.planner.units == "rows":
         return _rows_ledger(epoch, world_size, planning, plans, lengths)
-    delivered = [b for p in plans for b in p.delivered()[0]]
-    earlier = [b for _, taken in plans[0].earlier for b in taken]
     # a lazy order, whole: the ledger lists samples anyway
-    order = planning.epoch_ids(epoch, plans, lengths)
-    acc = planning._account(order, earlier + delivered, lengths, collate_fn)
+    order, batches, acc = planning.accounted(epoch, plans, lengths, collate_fn)
     entries: list[LedgerEntry] = []
     several = len(plans) > 1
     for n, plan in enumerate(plans):
         whose = f"partition {n}'s " if several else ""
         entries += _padding(plan, planning, world_size, whose)
     entries += _dropped(plans, planning, acc.dropped, lengths)
-    entries += _truncated(planning, collate_fn, order, acc.truncated, earlier + delivered, lengths)
+    entries += _truncated(planning, collate_fn, order, acc.truncated, batches, lengths)
     return Ledger(epoch, world_size, int(order.size), tuple(entries))
 
 
