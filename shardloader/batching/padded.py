@@ -10,7 +10,7 @@ collate pads by, and refuse a PadCollate whose ``pad_to_multiple_of`` or ``max_l
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -208,6 +208,16 @@ class _PadsBatches(BatchPlanner):
         )
 
 
+def _by_length(
+    ids: np.ndarray, lens: np.ndarray, window: int
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Each ``window`` consecutive ids of the order, and their lengths, sorted by length
+    (stable)."""
+    for s in range(0, ids.size, window):
+        by_len = np.argsort(lens[s : s + window], kind="stable")
+        yield ids[s : s + window][by_len], lens[s : s + window][by_len]
+
+
 def _budget_cuts(
     lens: np.ndarray, max_tokens: int, max_batch_size: int | None, m: int
 ) -> list[int]:
@@ -295,13 +305,9 @@ class TokenBudgetBatches(_PadsBatches):
         lens = lengths_of(type(self).__name__, ids, lengths)
         ids, lens = _apply_oversize(type(self).__name__, ids, lens, self.max_length, self.oversize)
         batches: list[np.ndarray] = []
-        for s in range(0, ids.size, self.window):
-            w_ids, w_lens = ids[s : s + self.window], lens[s : s + self.window]
-            by_len = np.argsort(w_lens, kind="stable")
-            w_ids, w_lens = w_ids[by_len], w_lens[by_len]
-            cuts = _budget_cuts(
-                w_lens, self.max_tokens, self.max_batch_size, self.pad_to_multiple_of
-            )
+        for w_ids, w_lens in _by_length(ids, lens, self.window):
+            m = self.pad_to_multiple_of
+            cuts = _budget_cuts(w_lens, self.max_tokens, self.max_batch_size, m)
             batches += [w_ids[a:b] for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
         return shuffled(batches, rng)
 
@@ -368,10 +374,8 @@ class BucketBatches(_PadsBatches):
         if self.drop_last:
             keep = ids.size - ids.size % bs
             ids, lens = ids[:keep], lens[:keep]
-        window = -(-self.window // bs) * bs
         batches: list[np.ndarray] = []
-        for s in range(0, ids.size, window):
-            w_ids = ids[s : s + window][np.argsort(lens[s : s + window], kind="stable")]
+        for w_ids, _ in _by_length(ids, lens, -(-self.window // bs) * bs):
             batches += [w_ids[a : a + bs] for a in range(0, w_ids.size, bs)]
         return shuffled(batches, rng)
 
