@@ -10,6 +10,7 @@ of token shards), per-sample loading :mod:`shardloader.read.loading`'s.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -191,9 +192,10 @@ class ShardedDataset(DatasetState, IterableDataset):  # type: ignore[type-arg]
         e, plans = self._epoch_plans(epoch)
         lengths = self._lengths if self._lengths is not None else self._lengths_for_report()
         report = self._planning.report(e, plans, lengths, self.collate_fn)
-        from shardloader.batching.stepcost import with_rank_balance  # packed rows' step cost
+        from shardloader.plan.cost import rank_balance  # packed rows' step cost
 
-        return with_rank_balance(report, self._planning, e, self.partition, lengths)
+        balance = rank_balance(self._planning, e, self.partition, lengths)
+        return dataclasses.replace(report, rank_balance=balance)
 
     def ledger(self, epoch: int | None = None) -> Ledger:
         """Which samples of an epoch are padded, dropped or truncated, and why: computed from
@@ -205,10 +207,6 @@ class ShardedDataset(DatasetState, IterableDataset):  # type: ignore[type-arg]
 
         e, plans = self._epoch_plans(epoch)
         lengths = self._lengths if self._lengths is not None else self._lengths_for_report()
-        if self.planner is not None and self.planner.units == "rows":  # plan/rowledger.py
-            from shardloader.plan.rowledger import build_rows
-
-            return build_rows(e, self.world_size, self._planning, plans, lengths)
         return build(e, self.world_size, self._planning, plans, lengths, self.collate_fn)
 
     def _epoch_plans(self, epoch: int | None) -> tuple[int, list[EpochPlan]]:

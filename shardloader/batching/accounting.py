@@ -14,11 +14,37 @@ import numpy as np
 
 from shardloader.errors import UsageError
 
-__all__ = ["PlanReport", "account", "as_ids", "pad_fraction", "segment_counts", "total_tokens"]
+__all__ = ["PlanReport", "TokenShares", "account", "as_ids", "segment_counts"]
+
+
+class TokenShares:
+    """What a report's token counts (None without lengths) add up to; the name of its field of
+    allocated token slots is ``SLOTS``."""
+
+    SLOTS = "token_slots"
+    tokens: int | None
+    truncated_tokens: int | None
+    dropped_tokens: int | None
+    repeated_tokens: int | None
+
+    @property
+    def total_tokens(self) -> int | None:
+        """Every token: delivered + truncated + dropped."""
+        if self.tokens is None:
+            return None
+        return self.tokens + (self.truncated_tokens or 0) + (self.dropped_tokens or 0)
+
+    @property
+    def pad_fraction(self) -> float | None:
+        """Share of the allocated token slots that is padding: neither delivered nor repeated."""
+        slots = getattr(self, self.SLOTS)
+        if self.tokens is None or not slots:
+            return None
+        return 1.0 - (self.tokens + (self.repeated_tokens or 0)) / slots
 
 
 @dataclass(frozen=True)
-class PlanReport:
+class PlanReport(TokenShares):
     """What a plan delivers and what its policies cost; computed purely by ``report()``.
 
     Token fields are ``None`` when no lengths were given; then ``tokens + truncated_tokens +
@@ -28,6 +54,7 @@ class PlanReport:
     padding).
     """
 
+    SLOTS = "padded_tokens"
     num_samples: int  # ids in the order
     num_batches: int
     # one id per occurrence in the order (NOTE [occurrences] in :func:`account`):
@@ -39,30 +66,6 @@ class PlanReport:
     dropped_tokens: int | None = None  # tokens of dropped samples
     repeated_tokens: int | None = None  # tokens delivered again (batches repeated to even ranks)
     padded_tokens: int | None = None  # token slots allocated
-
-    @property
-    def total_tokens(self) -> int | None:
-        """Every token of the order: delivered + truncated + dropped."""
-        return total_tokens(self.tokens, self.truncated_tokens, self.dropped_tokens)
-
-    @property
-    def pad_fraction(self) -> float | None:
-        """Share of allocated token slots that are padding."""
-        return pad_fraction(self.tokens, self.repeated_tokens, self.padded_tokens)
-
-
-def total_tokens(tokens: int | None, truncated: int | None, dropped: int | None) -> int | None:
-    """Every token of an order or epoch: delivered + truncated + dropped (None: no lengths)."""
-    if tokens is None:
-        return None
-    return tokens + (truncated or 0) + (dropped or 0)
-
-
-def pad_fraction(tokens: int | None, repeated: int | None, slots: int | None) -> float | None:
-    """Share of the allocated token ``slots`` that is padding: neither delivered nor repeated."""
-    if tokens is None or not slots:
-        return None
-    return 1.0 - (tokens + (repeated or 0)) / slots
 
 
 def as_ids(order: np.ndarray) -> np.ndarray:

@@ -32,7 +32,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from shardloader.batching.fit import best_fit_rows, pack_rows
+from shardloader.batching.fit import listing, unplaced, window_rows
 
 __all__ = [
     "BALANCE_POLICIES",
@@ -122,26 +122,6 @@ def _improve(
     return False
 
 
-def _rows(segs: np.ndarray, seq_len: int, fit: str) -> list[list[int]]:
-    """Rows of one window's segments (already longest first), each its items in placement
-    order, in creation order: the packing :func:`~shardloader.batching.fit.pack_window` makes."""
-    lens = segs[:, 2] - segs[:, 1]
-    first = [[item for item, _, _ in row] for row in pack_rows(lens, seq_len)]
-    if fit == "best":
-        best = best_fit_rows(lens, seq_len)
-        return best if len(best) <= len(first) else first
-    return first
-
-
-def _listing(segs: np.ndarray, rows: list[list[int]], fit: str) -> np.ndarray:
-    """A batch of these rows (creation order), listed so the collate re-derives them: in
-    placement order for first-fit, row after row for best-fit (module NOTE)."""
-    items = [i for row in rows for i in row]
-    if fit == "first":
-        items.sort()
-    return segs[np.asarray(items, np.int64)] if items else segs[:0]
-
-
 def _deal(
     segs: np.ndarray,
     rows: list[list[int]],
@@ -153,7 +133,7 @@ def _deal(
     """One step: ``rows`` (creation order) dealt onto ``batches`` balanced batches."""
     where = assign_capped(cost, batches, per_batch)
     return [
-        _listing(segs, [rows[r] for r in np.flatnonzero(where == b)], fit) for b in range(batches)
+        listing(segs, [rows[r] for r in np.flatnonzero(where == b)], fit) for b in range(batches)
     ]
 
 
@@ -168,8 +148,7 @@ def pack_window_balanced(
     keep_tail: bool,
 ) -> tuple[list[np.ndarray], np.ndarray]:
     """One window's balanced steps (module NOTE) and the segments carried to the next."""
-    segs = segs[np.argsort(segs[:, 1] - segs[:, 2], kind="stable")]  # longest first
-    rows = _rows(segs, seq_len, fit)
+    segs, rows = window_rows(segs, seq_len, fit)
     step = ranks * rows_per_batch
     full = len(rows) // step * step
     if last:  # the short step: as many batches as its rows fill (and, keeping the tail, one more)
@@ -190,10 +169,7 @@ def pack_window_balanced(
         tail = np.arange(full, full + short)
         n = math.ceil(short / rows_per_batch)
         out += _deal(segs, [kept[r] for r in tail], cost[tail], n, rows_per_batch, fit)
-    left = np.ones(len(segs), bool)
-    for row in kept:
-        left[row] = False
-    return out, segs[left] if not last else segs[:0]
+    return out, unplaced(segs, kept) if not last else segs[:0]
 
 
 def shuffled_steps(

@@ -54,14 +54,7 @@ from typing import Any
 
 import numpy as np
 
-from shardloader.batching.accounting import (
-    PlanReport,
-    account,
-    as_ids,
-    pad_fraction,
-    segment_counts,
-    total_tokens,
-)
+from shardloader.batching.accounting import PlanReport, account, as_ids, segment_counts
 from shardloader.errors import UsageError
 
 __all__ = [
@@ -71,12 +64,10 @@ __all__ = [
     "as_ids",
     "batch_ids",
     "check_planner",
-    "pad_fraction",
     "padded_length",
     "segment_counts",
     "signature_of",
     "stable_value",
-    "total_tokens",
 ]
 
 OVERSIZE_POLICIES = ("error", "truncate", "drop")
@@ -189,9 +180,11 @@ class BatchPlanner(abc.ABC):
         lengths: np.ndarray | None,
         batches: list[np.ndarray],
         repeats: list[np.ndarray],
+        scope: np.ndarray | None = None,
     ) -> dict[str, int]:
         """Where every token goes when rows ``batches`` (each once) and ``repeats`` are
-        delivered: the EpochReport fields by name (``units == "rows"`` planners)."""
+        delivered (of the rows ``scope``, or all): the EpochReport fields by name (``units ==
+        "rows"`` planners)."""
         raise UsageError(f"{type(self).__name__} plans samples, not rows of token streams")
 
     def row_slots(self, other: BatchPlanner) -> int:
@@ -304,6 +297,13 @@ def check_positive(name: str, value: int | None, *, optional: bool = False) -> N
         return
     if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
         raise UsageError(f"{name} must be a positive integer, got {value!r}")
+
+
+def check_pad_id(value: Any, *, optional: bool = True) -> None:
+    if value is None and optional:
+        return
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
+        raise UsageError(f"pad_id must be the tokenizer's integer pad id, got {value!r}")
 
 
 def check_choice(name: str, value: str, allowed: Sequence[str]) -> None:

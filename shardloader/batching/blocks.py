@@ -40,6 +40,7 @@ from shardloader.batching.base import (
     TAIL_POLICIES,
     BatchPlanner,
     check_choice,
+    check_pad_id,
     check_positive,
 )
 from shardloader.errors import UsageError
@@ -80,6 +81,31 @@ class RowLayout:
         lo = (rows - self.row_bounds[shard]) * self.seq_len
         n = np.minimum(self.seq_len, self.shard_tokens[shard] - lo)
         return shard, lo, n
+
+    def covered(self, lengths: np.ndarray, shard_sizes: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """Tokens of each document (``lengths``, ``shard_sizes`` documents a shard) inside the
+        rows ``rows`` (global row ids): numpy over documents, a shard at a time."""
+        s = self.seq_len
+        lens = np.asarray(lengths, np.int64)
+        delivered = np.zeros(self.num_rows, bool)
+        delivered[np.asarray(rows, np.int64)] = True
+        got = np.zeros(lens.size, np.int64)
+        doc = 0
+        for shard, count in enumerate(np.asarray(shard_sizes, np.int64).tolist()):
+            if not count:
+                continue
+            flags = np.zeros(int(self.rows_per_shard[shard]) + 1, bool)  # one more: past the end
+            flags[:-1] = delivered[self.row_bounds[shard] : self.row_bounds[shard + 1]]
+            full_before = np.concatenate([[0], np.cumsum(flags)])  # delivered rows before row j
+            start = np.zeros(count + 1, np.int64)
+            np.cumsum(lens[doc : doc + count], out=start[1:])
+
+            # delivered tokens of [0, x) of the shard's stream, for each document start x
+            j = np.minimum(start // s, flags.size - 1)
+            covered = s * full_before[j] + (start - j * s) * flags[j]
+            got[doc : doc + count] = np.diff(covered)
+            doc += count
+        return got
 
 
 @dataclass(frozen=True)
@@ -134,10 +160,7 @@ class TokenBlocks(BatchPlanner):
         check_choice("repeat_labels", self.repeat_labels, ("ignore", "keep"))
         if not isinstance(self.lean, bool):
             raise UsageError(f"TokenBlocks(lean=) is True or False, got {self.lean!r}")
-        if self.pad_id is not None and (
-            not isinstance(self.pad_id, (int, np.integer)) or isinstance(self.pad_id, bool)
-        ):
-            raise UsageError(f"pad_id must be the tokenizer's integer pad id, got {self.pad_id!r}")
+        check_pad_id(self.pad_id)
         if self.pad_id is None and (self.remainder, self.tail) != ("drop", "drop"):
             raise UsageError(
                 "TokenBlocks pads a shard's last partial row (remainder='pad') and the epoch's "
@@ -278,17 +301,12 @@ class TokenBlocks(BatchPlanner):
         when it holds only some (a mixture epoch, NOTE [token rows mix] in plan/rowmix.py):
         a document's tokens outside them are another epoch's, not dropped ones."""
         lay = self.layout(shard_sizes, lengths)
-        sizes = np.asarray(shard_sizes, np.int64)
         lens = np.asarray(lengths, np.int64)
         rows = np.concatenate(batches) if batches else np.zeros(0, np.int64)
-        delivered = np.zeros(lay.num_rows, bool)
-        delivered[rows] = True
         _, _, n = lay.windows(np.arange(lay.num_rows))
-        got = _covered(lay, lens, sizes, delivered)
+        got = lay.covered(lens, shard_sizes, rows)
         if scope is not None:
-            within = np.zeros(lay.num_rows, bool)
-            within[scope] = True
-            lens = _covered(lay, lens, sizes, within)
+            lens = lay.covered(lens, shard_sizes, scope)
         dropped = (got == 0) & (lens > 0)
         truncated = (got > 0) & (got < lens)
         again = np.concatenate(repeats) if repeats else np.zeros(0, np.int64)
@@ -302,27 +320,3 @@ class TokenBlocks(BatchPlanner):
             "token_slots": (len(batches) + len(repeats)) * self.rows_per_batch * self.seq_len,
             "padded_samples": int(again.size),
         }
-
-
-def _covered(
-    lay: RowLayout, lens: np.ndarray, sizes: np.ndarray, delivered: np.ndarray
-) -> np.ndarray:
-    """Tokens of each document inside delivered rows (numpy over documents, by shard)."""
-    s = lay.seq_len
-    got = np.zeros(lens.size, np.int64)
-    doc = 0
-    for shard, count in enumerate(sizes.tolist()):
-        if not count:
-            continue
-        flags = np.zeros(int(lay.rows_per_shard[shard]) + 1, bool)  # one more: past the end
-        flags[:-1] = delivered[lay.row_bounds[shard] : lay.row_bounds[shard + 1]]
-        full_before = np.concatenate([[0], np.cumsum(flags)])  # delivered rows before row j
-        start = np.zeros(count + 1, np.int64)
-        np.cumsum(lens[doc : doc + count], out=start[1:])
-
-        # delivered tokens of [0, x) of the shard's stream, for each document start x
-        j = np.minimum(start // s, flags.size - 1)
-        covered = s * full_before[j] + (start - j * s) * flags[j]
-        got[doc : doc + count] = np.diff(covered)
-        doc += count
-    return got

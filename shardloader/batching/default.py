@@ -33,7 +33,8 @@ from __future__ import annotations
 
 import numbers
 import operator
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from itertools import chain, repeat
 from typing import Any
 
@@ -89,8 +90,6 @@ def collate_samples(
     *,
     pad: Mapping[str, Any] | None = None,
     ragged: str = "error",
-    _prefix: str = "",
-    _owners: Sequence[Any] | None = None,
 ) -> dict[str, Any]:
     """Collate sample dicts with the module's default rules.
 
@@ -106,18 +105,7 @@ def collate_samples(
     for i, s in enumerate(samples):
         if not isinstance(s, Mapping):
             raise UsageError(f"sample {i} is a {type(s).__name__}, not a dict; collate dicts")
-    owners = samples if _owners is None else _owners
-    out: dict[str, Any] = {}
-    for key in _union(samples):
-        name = f"{_prefix}{key}"
-        values = [s.get(key) for s in samples]
-        if pad is not None and name in pad:
-            if any(v is None for v in values):
-                raise missing_field(name, values, owners)
-            out[key] = pad[name](name, values)
-        else:
-            out[key] = _collate_field(name, values, pad, ragged, owners)
-    return out
+    return _collate_dicts(samples, samples, "", pad or {}, _stacker(ragged))
 
 
 def _union(samples: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -128,35 +116,54 @@ def _union(samples: Sequence[Mapping[str, Any]]) -> list[str]:
     return list(dict.fromkeys(k for s in samples for k in s))
 
 
-def _collate_field(
-    name: str,
-    values: list[Any],
-    pad: Mapping[str, Any] | None,
-    ragged: str,
-    owners: Sequence[Any] = (),
-) -> Any:
-    present = [v for v in values if v is not None]
-    if present and all(isinstance(v, Mapping) for v in present):
-        nested = [{} if v is None else v for v in values]
-        return collate_samples(nested, pad=pad, ragged=ragged, _prefix=f"{name}.", _owners=owners)
-    if len(present) < len(values):
-        if present and _stacks(present):
-            raise missing_field(name, values, owners)
+def _collate_dicts(
+    dicts: Sequence[Mapping[str, Any]],
+    owners: Sequence[Any],
+    prefix: str,
+    pad: Mapping[str, Any],
+    leaf: Callable[[str, list[Any]], Any],
+) -> dict[str, Any]:
+    """The union of the dicts' fields (NOTE [missing values]), nested dicts field by field, a
+    field none of whose values is missing by ``pad[name]`` or ``leaf(name, values)``
+    (``owners``: the batch's samples, named by a missing-field error)."""
+    out: dict[str, Any] = {}
+    for key in _union(dicts):
+        name = f"{prefix}{key}"
+        values = [d.get(key) for d in dicts]
+        present = [v for v in values if v is not None]
+        if name not in pad and present and all(isinstance(v, Mapping) for v in present):
+            nested = [{} if v is None else v for v in values]
+            out[key] = _collate_dicts(nested, owners, f"{name}.", pad, leaf)
+        elif len(present) < len(values):
+            if name in pad or (present and _stacks(present)):
+                raise missing_field(name, values, owners)
+            out[key] = list(values)
+        else:
+            out[key] = pad.get(name, leaf)(name, values)
+    return out
+
+
+def _stacker(ragged: str) -> Callable[[str, list[Any]], Any]:
+    """The default rules for one field whose values are all present (module docstring)."""
+
+    def stack(name: str, values: list[Any]) -> Any:
+        if all(is_number(v) or (isinstance(v, torch.Tensor) and v.ndim == 0) for v in values):
+            return _stack_numbers(values)
+        if all(is_array(v) or is_number_list(v) for v in values) and not all(
+            isinstance(v, (list, tuple)) and not v for v in values
+        ):
+            shapes = {_shape(v) for v in values}
+            if len(shapes) == 1:
+                # torch's default_collate stacks straight into shared memory inside a
+                # DataLoader worker, saving a copy of every image batch on its way to the
+                # main process
+                return default_collate([to_tensor(v) for v in values])
+            if ragged == "list":
+                return list(values)
+            raise UsageError(_ragged_message(name, values))
         return list(values)
-    if all(is_number(v) or (isinstance(v, torch.Tensor) and v.ndim == 0) for v in values):
-        return _stack_numbers(values)
-    if all(is_array(v) or is_number_list(v) for v in values) and not all(
-        isinstance(v, (list, tuple)) and not v for v in values
-    ):
-        shapes = {_shape(v) for v in values}
-        if len(shapes) == 1:
-            # torch's default_collate stacks straight into shared memory inside a DataLoader
-            # worker, saving a copy of every image batch on its way to the main process
-            return default_collate([to_tensor(v) for v in values])
-        if ragged == "list":
-            return list(values)
-        raise UsageError(_ragged_message(name, values))
-    return list(values)
+
+    return stack
 
 
 def _stacks(present: Sequence[Any]) -> bool:
@@ -218,7 +225,7 @@ def torch_collate(samples: Sequence[Any]) -> Any:
     do."""
     samples = list(samples)
     if samples and all(isinstance(s, Mapping) for s in samples) and not _complete(samples):
-        return _collate_dicts(samples, samples, "")
+        return _collate_dicts(samples, samples, "", {}, partial(_torch_field, owners=samples))
     return _torch_field("", samples, samples)
 
 
@@ -241,24 +248,6 @@ def _complete(dicts: Sequence[Mapping[str, Any]]) -> bool:
             if not _complete(inner):
                 return False
     return True
-
-
-def _collate_dicts(dicts: Sequence[Mapping[str, Any]], owners: Sequence[Any], prefix: str) -> Any:
-    out: dict[str, Any] = {}
-    for key in _union(dicts):
-        name = f"{prefix}{key}"
-        values = [d.get(key) for d in dicts]
-        present = [v for v in values if v is not None]
-        if present and all(isinstance(v, Mapping) for v in present):
-            nested = [{} if v is None else v for v in values]
-            out[key] = _collate_dicts(nested, owners, f"{name}.")
-        elif len(present) < len(values):
-            if present and _stacks(present):
-                raise missing_field(name, values, owners)
-            out[key] = list(values)
-        else:
-            out[key] = _torch_field(name, values, owners)
-    return out
 
 
 def _torch_field(name: str, values: list[Any], owners: Sequence[Any]) -> Any:

@@ -25,7 +25,16 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["pack_rows", "Segment", "best_fit_rows", "next_fit_rows", "pack_window"]
+__all__ = [
+    "pack_rows",
+    "Segment",
+    "best_fit_rows",
+    "next_fit_rows",
+    "window_rows",
+    "listing",
+    "unplaced",
+    "pack_window",
+]
 
 Segment = tuple[int, int, int]  # (item position in the batch, token start, token stop)
 
@@ -144,45 +153,56 @@ def next_fit_rows(
     return rows
 
 
+def window_rows(segs: np.ndarray, seq_len: int, fit: str) -> tuple[np.ndarray, list[list[int]]]:
+    """One window's ``[n, 3]`` segments sorted longest first (stable), and the rows of
+    ``seq_len`` tokens ``fit`` (``"first"`` or ``"best"``) packs them into, in creation order,
+    each its items in placement order; best-fit keeps first-fit's rows where they are fewer."""
+    segs = segs[np.argsort(segs[:, 1] - segs[:, 2], kind="stable")]
+    lens = segs[:, 2] - segs[:, 1]
+    first = [[item for item, _, _ in row] for row in pack_rows(lens, seq_len)]
+    if fit == "best":
+        best = best_fit_rows(lens, seq_len)
+        return segs, best if len(best) <= len(first) else first
+    return segs, first
+
+
+def listing(segs: np.ndarray, rows: list[list[int]], fit: str) -> np.ndarray:
+    """A batch of these rows (creation order), listed so the collate re-derives them: in
+    placement order for first-fit, row after row for best-fit (NOTE [best-fit rows are
+    listed, not re-derived])."""
+    items = np.fromiter((i for row in rows for i in row), np.int64)
+    return segs[np.sort(items) if fit == "first" else items]
+
+
+def unplaced(segs: np.ndarray, rows: list[list[int]]) -> np.ndarray:
+    """The segments none of ``rows`` holds (carried into the next window)."""
+    left = np.ones(len(segs), bool)
+    for row in rows:
+        left[row] = False
+    return segs[left]
+
+
 def pack_window(
     segs: np.ndarray, seq_len: int, rows_per_batch: int, fit: str, flush: bool
 ) -> tuple[list[np.ndarray], np.ndarray]:
-    """Pack one window of ``[n, 3]`` segments into rows of ``seq_len`` tokens, longest first,
-    by ``fit`` (``"first"`` or ``"best"``, the planner's option); return its complete batches
-    of ``rows_per_batch`` rows (with ``flush`` also a short last one) and the segments left."""
-    by_len = np.argsort(segs[:, 1] - segs[:, 2], kind="stable")  # longest first
-    segs = segs[by_len]
-    lens = segs[:, 2] - segs[:, 1]
-    first = pack_rows(lens, seq_len)
+    """Pack one window of ``[n, 3]`` segments into rows of ``seq_len`` tokens
+    (:func:`window_rows`); return its complete batches of ``rows_per_batch`` rows (with
+    ``flush`` also a short last one) and the segments left."""
     if fit == "best":
-        rows = best_fit_rows(lens, seq_len)
-        if len(rows) > len(first):
-            rows = [[item for item, _, _ in row] for row in first]
-        return _emit_listed(segs, rows, rows_per_batch, flush)
+        segs, rows = window_rows(segs, seq_len, fit)
+        r = rows_per_batch
+        emit = -(-len(rows) // r) if flush else len(rows) // r
+        out = [listing(segs, rows[b * r : (b + 1) * r], fit) for b in range(emit)]
+        return out, unplaced(segs, rows[: emit * r])
+    segs = segs[np.argsort(segs[:, 1] - segs[:, 2], kind="stable")]  # longest first
+    first = pack_rows(segs[:, 2] - segs[:, 1], seq_len)
     row_of = np.empty(len(segs), np.int64)
     for r, row in enumerate(first):
         for item, _, _ in row:
             row_of[item] = r
     batch_of = row_of // rows_per_batch
-    complete = len(first) // rows_per_batch
-    emit = -(-len(first) // rows_per_batch) if flush else complete
+    emit = -(-len(first) // rows_per_batch) if flush else len(first) // rows_per_batch
     placement = np.argsort(batch_of, kind="stable")  # by batch, then placement order
     bounds = np.searchsorted(batch_of[placement], np.arange(emit + 1))
     out = [segs[placement[bounds[b] : bounds[b + 1]]] for b in range(emit)]
     return out, segs[batch_of >= emit]
-
-
-def _emit_listed(
-    segs: np.ndarray, rows: list[list[int]], r: int, flush: bool
-) -> tuple[list[np.ndarray], np.ndarray]:
-    """Batches of ``r`` rows, each listing its rows in creation order (NOTE [best-fit rows are
-    listed, not re-derived]); the segments of rows left over."""
-    emit = -(-len(rows) // r) if flush else len(rows) // r
-    out = [
-        segs[np.fromiter((i for row in rows[b * r : (b + 1) * r] for i in row), np.int64)]
-        for b in range(emit)
-    ]
-    left = np.ones(len(segs), bool)
-    for row in rows[: emit * r]:
-        left[row] = False
-    return out, segs[left]

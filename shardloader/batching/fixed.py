@@ -55,12 +55,6 @@ def account_fixed(
     :class:`FixedBatches`): a PadCollate's ``max_length`` and ``pad_to_multiple_of`` decide what
     is truncated and how many token slots each batch costs; any other collate pads nothing we
     can count."""
-    if isinstance(collate_fn, PadCollate):
-        return account(
-            order,
-            lengths,
-            batches,
-            max_length=collate_fn.max_length,
-            pad_to_multiple_of=collate_fn.pad_to_multiple_of,
-        )
-    return account(order, lengths, batches)
+    pad = collate_fn if isinstance(collate_fn, PadCollate) else PadCollate()  # pads nothing
+    m = pad.pad_to_multiple_of
+    return account(order, lengths, batches, max_length=pad.max_length, pad_to_multiple_of=m)

@@ -13,7 +13,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from shardloader.batching.base import FIT_POLICIES, LONG_DOC_POLICIES, check_choice, check_positive
+from shardloader.batching.base import (
+    FIT_POLICIES,
+    LONG_DOC_POLICIES,
+    check_choice,
+    check_pad_id,
+    check_positive,
+)
 from shardloader.batching.fit import next_fit_rows, pack_rows
 from shardloader.errors import UsageError
 
@@ -67,8 +73,7 @@ class PackCollate:
     def __post_init__(self) -> None:
         check_positive("seq_len", self.seq_len)
         check_choice("fit", self.fit, FIT_POLICIES)
-        if not isinstance(self.pad_id, (int, np.integer)) or isinstance(self.pad_id, bool):
-            raise UsageError(f"pad_id must be the tokenizer's integer pad id, got {self.pad_id!r}")
+        check_pad_id(self.pad_id, optional=False)
         check_positive("rows_per_batch", self.rows_per_batch, optional=True)
         check_choice("long_docs", self.long_docs, LONG_DOC_POLICIES)
 

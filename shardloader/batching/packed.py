@@ -28,6 +28,7 @@ from shardloader.batching.base import (
     account,
     as_ids,
     check_choice,
+    check_pad_id,
     check_positive,
     lengths_of,
     refuse_disagreement,
@@ -112,10 +113,7 @@ class PackedBatches(BatchPlanner):
                 f"ranks={self.ranks!r} is read only with balance='attention' (it says how many "
                 "ranks share a step); pass both or neither"
             )
-        if self.pad_id is not None and (
-            not isinstance(self.pad_id, (int, np.integer)) or isinstance(self.pad_id, bool)
-        ):
-            raise UsageError(f"pad_id must be the tokenizer's integer pad id, got {self.pad_id!r}")
+        check_pad_id(self.pad_id)
 
     def segments(self, order: np.ndarray, lengths: np.ndarray | None) -> np.ndarray:
         """``[n, 3]`` segments of the order's documents after ``long_docs``, in order."""
@@ -157,13 +155,8 @@ class PackedBatches(BatchPlanner):
         self, order: np.ndarray, lengths: np.ndarray | None, rng: np.random.Generator
     ) -> list[np.ndarray]:
         ids = as_ids(order)
-        lens = lengths_of(type(self).__name__, ids, lengths)
-        if self.long_docs == "drop":
-            keep = lens <= self.seq_len
-            ids, lens = ids[keep], lens[keep]
-        segs, offsets = self._segments(ids, lens)
-        bounds = offsets[np.minimum(np.arange(0, ids.size + self.window, self.window), ids.size)]
-        return self._shuffled(self._pack(segs, np.unique(bounds)), rng)
+        segs, offsets = self._segments(ids, lengths_of(type(self).__name__, ids, lengths))
+        return self._shuffled(self._pack(segs, offsets[self._windows(offsets.size - 1)]), rng)
 
     def plan_segments(self, segments: np.ndarray, rng: np.random.Generator) -> list[np.ndarray]:
         """Batches of given segments ``[n, 3]`` (each at most ``seq_len`` tokens), windows of
@@ -175,9 +168,11 @@ class PackedBatches(BatchPlanner):
                 f"a segment is longer than seq_len={self.seq_len}: the rest of an epoch can be "
                 "re-planned only with the seq_len it was cut with"
             )
-        n = len(segs)
-        bounds = np.unique(np.minimum(np.arange(0, n + self.window, self.window), n))
-        return self._shuffled(self._pack(segs, bounds), rng)
+        return self._shuffled(self._pack(segs, self._windows(len(segs))), rng)
+
+    def _windows(self, n: int) -> np.ndarray:
+        """Bounds ``0, window, 2 * window, ..., n`` of ``n`` documents (or segments)."""
+        return np.unique(np.minimum(np.arange(0, n + self.window, self.window), n))
 
     def _shuffled(self, batches: list[np.ndarray], rng: np.random.Generator) -> list[np.ndarray]:
         if self.balance is not None and self.ranks is not None:

@@ -9,7 +9,8 @@ collate pads by, and refuse a PadCollate whose ``pad_to_multiple_of`` or ``max_l
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import functools
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -73,18 +74,14 @@ class PadCollate:
     def __post_init__(self) -> None:
         object.__setattr__(self, "pad_values", dict(self.pad_values))
         m = self.pad_to_multiple_of
-        if not isinstance(m, int) or m < 1:
-            raise UsageError(f"pad_to_multiple_of must be a positive integer, got {m!r}")
-        if self.max_length is not None:
-            if not isinstance(self.max_length, int) or self.max_length < 1:
-                raise UsageError(f"max_length must be a positive integer, got {self.max_length!r}")
-            if self.max_length % m:
-                raise UsageError(
-                    f"max_length={self.max_length} is not a multiple of pad_to_multiple_of={m}"
-                )
-        for name in ("padding_side", "truncation_side"):
-            if getattr(self, name) not in PADDING_SIDES:
-                raise UsageError(f"{name}={getattr(self, name)!r} is not 'right' or 'left'")
+        check_positive("pad_to_multiple_of", m)
+        check_positive("max_length", self.max_length, optional=True)
+        if self.max_length is not None and self.max_length % m:
+            raise UsageError(
+                f"max_length={self.max_length} is not a multiple of pad_to_multiple_of={m}"
+            )
+        check_choice("padding_side", self.padding_side, PADDING_SIDES)
+        check_choice("truncation_side", self.truncation_side, PADDING_SIDES)
         for key, value in self.pad_values.items():
             if not is_number(value):
                 raise UsageError(f"pad value of {key!r} must be a number, got {value!r}")
@@ -93,7 +90,7 @@ class PadCollate:
 
     def __call__(self, samples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         lengths: dict[str, torch.Tensor] = {}
-        padders = {name: _Padder(self, lengths) for name in self.pad_values}
+        padders = {name: functools.partial(self._pad_into, lengths) for name in self.pad_values}
         out = collate_samples(samples, pad=padders)
         mask_field = self.mask_field or next((k for k in self.pad_values if k in lengths), None)
         if mask_field is not None and mask_field in lengths:
@@ -112,6 +109,13 @@ class PadCollate:
             out["attention_mask"] = mask.to(torch.int64)
             out["lengths"] = lens
         return out
+
+    def _pad_into(
+        self, lengths: dict[str, torch.Tensor], name: str, values: Sequence[Any]
+    ) -> torch.Tensor:
+        """Pad a field, recording its lengths in ``lengths`` (collate_samples' pad hook)."""
+        padded, lengths[name] = self.pad(name, values)
+        return padded
 
     def pad(self, name: str, values: Sequence[Any]) -> tuple[torch.Tensor, torch.Tensor]:
         """Pad one field's values; returns (padded [B, T, ...], lengths [B])."""
@@ -157,19 +161,6 @@ class PadCollate:
         return out, torch.tensor(lens, dtype=torch.int64)
 
 
-@dataclass(frozen=True)
-class _Padder:
-    """Picklable per-call adapter: pads a field and records its lengths."""
-
-    collate: PadCollate
-    lengths: dict[str, torch.Tensor]
-
-    def __call__(self, name: str, values: Sequence[Any]) -> torch.Tensor:
-        padded, lens = self.collate.pad(name, values)
-        self.lengths[name] = lens
-        return padded
-
-
 def _get(out: Mapping[str, Any], dotted: str) -> Any:
     value: Any = out
     for part in dotted.split("."):
@@ -181,13 +172,50 @@ def _get(out: Mapping[str, Any], dotted: str) -> Any:
 # length bucketing and token budgets
 
 
-def _padding_agrees(planner: TokenBudgetBatches | BucketBatches, collate_fn: Any) -> Any:
-    """``collate_fn``, refused if a PadCollate pads or truncates other than ``planner`` counts."""
-    if isinstance(collate_fn, PadCollate):
-        m = ("pad_to_multiple_of", planner.pad_to_multiple_of, collate_fn.pad_to_multiple_of)
-        length = ("max_length", planner.truncate_to, collate_fn.max_length)
-        refuse_disagreement(collate_fn, planner, [m, length])
-    return collate_fn
+class _PadsBatches(BatchPlanner):
+    """What the planners :class:`PadCollate` pads share: their padding and truncation
+    (``pad_to_multiple_of``, :attr:`truncate_to`) decide the report's slots and the collate."""
+
+    pad_to_multiple_of: int
+
+    def report(
+        self, order: np.ndarray, lengths: np.ndarray | None, batches: Sequence[np.ndarray]
+    ) -> PlanReport:
+        return account(
+            order,
+            lengths,
+            batches,
+            max_length=self.truncate_to,
+            pad_to_multiple_of=self.pad_to_multiple_of,
+        )
+
+    def resolve_collate(self, collate_fn: Any, field: str | None) -> Any:
+        """The dataset's collate: ``collate_fn``, refused if a PadCollate pads or truncates
+        other than this plan counts (any other callable is used as given)."""
+        if isinstance(collate_fn, PadCollate):
+            m = ("pad_to_multiple_of", self.pad_to_multiple_of, collate_fn.pad_to_multiple_of)
+            length = ("max_length", self.truncate_to, collate_fn.max_length)
+            refuse_disagreement(collate_fn, self, [m, length])
+        return collate_fn
+
+    def make_collate(self, pad_values: dict[str, int | float], **options: object) -> PadCollate:
+        """A PadCollate whose padding and truncation match this plan's arithmetic."""
+        return PadCollate(
+            pad_values,
+            pad_to_multiple_of=self.pad_to_multiple_of,
+            max_length=self.truncate_to,
+            **options,  # type: ignore[arg-type]
+        )
+
+
+def _by_length(
+    ids: np.ndarray, lens: np.ndarray, window: int
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Each ``window`` consecutive ids of the order, and their lengths, sorted by length
+    (stable)."""
+    for s in range(0, ids.size, window):
+        by_len = np.argsort(lens[s : s + window], kind="stable")
+        yield ids[s : s + window][by_len], lens[s : s + window][by_len]
 
 
 def _budget_cuts(
@@ -233,7 +261,7 @@ def _apply_oversize(
 
 
 @dataclass(frozen=True)
-class TokenBudgetBatches(BatchPlanner):
+class TokenBudgetBatches(_PadsBatches):
     """Batches sized by padded tokens: ``len(batch) * padded_longest <= max_tokens``.
 
     Within each ``window`` consecutive ids of the order, samples are sorted by length (stable),
@@ -277,26 +305,11 @@ class TokenBudgetBatches(BatchPlanner):
         lens = lengths_of(type(self).__name__, ids, lengths)
         ids, lens = _apply_oversize(type(self).__name__, ids, lens, self.max_length, self.oversize)
         batches: list[np.ndarray] = []
-        for s in range(0, ids.size, self.window):
-            w_ids, w_lens = ids[s : s + self.window], lens[s : s + self.window]
-            by_len = np.argsort(w_lens, kind="stable")
-            w_ids, w_lens = w_ids[by_len], w_lens[by_len]
-            cuts = _budget_cuts(
-                w_lens, self.max_tokens, self.max_batch_size, self.pad_to_multiple_of
-            )
+        for w_ids, w_lens in _by_length(ids, lens, self.window):
+            m = self.pad_to_multiple_of
+            cuts = _budget_cuts(w_lens, self.max_tokens, self.max_batch_size, m)
             batches += [w_ids[a:b] for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
         return shuffled(batches, rng)
-
-    def report(
-        self, order: np.ndarray, lengths: np.ndarray | None, batches: Sequence[np.ndarray]
-    ) -> PlanReport:
-        return account(
-            order,
-            lengths,
-            batches,
-            max_length=self.truncate_to,
-            pad_to_multiple_of=self.pad_to_multiple_of,
-        )
 
     @property
     def truncate_to(self) -> int | None:
@@ -310,23 +323,9 @@ class TokenBudgetBatches(BatchPlanner):
     def explain_truncated(self, total: int, kept: int) -> str:
         return f"oversize='truncate': its first {kept} of {total} tokens"
 
-    def resolve_collate(self, collate_fn: Any, field: str | None) -> Any:
-        """The dataset's collate: ``collate_fn`` if a PadCollate agrees with the budget's
-        padding and truncation (any other callable is used as given)."""
-        return _padding_agrees(self, collate_fn)
-
-    def make_collate(self, pad_values: dict[str, int | float], **options: object) -> PadCollate:
-        """A PadCollate whose padding and truncation match this plan's budget arithmetic."""
-        return PadCollate(
-            pad_values,
-            pad_to_multiple_of=self.pad_to_multiple_of,
-            max_length=self.truncate_to,
-            **options,  # type: ignore[arg-type]
-        )
-
 
 @dataclass(frozen=True)
-class BucketBatches(BatchPlanner):
+class BucketBatches(_PadsBatches):
     """Length bucketing: batches of similar lengths drawn from a bounded window of the order.
 
     Give exactly one of ``batch_size`` (fixed count) or ``max_tokens`` (a token budget, the same
@@ -375,10 +374,8 @@ class BucketBatches(BatchPlanner):
         if self.drop_last:
             keep = ids.size - ids.size % bs
             ids, lens = ids[:keep], lens[:keep]
-        window = -(-self.window // bs) * bs
         batches: list[np.ndarray] = []
-        for s in range(0, ids.size, window):
-            w_ids = ids[s : s + window][np.argsort(lens[s : s + window], kind="stable")]
+        for w_ids, _ in _by_length(ids, lens, -(-self.window // bs) * bs):
             batches += [w_ids[a : a + bs] for a in range(0, w_ids.size, bs)]
         return shuffled(batches, rng)
 
@@ -391,21 +388,4 @@ class BucketBatches(BatchPlanner):
         assert self.max_tokens is not None
         return TokenBudgetBatches(
             self.max_tokens, window=self.window, pad_to_multiple_of=self.pad_to_multiple_of
-        )
-
-    def report(
-        self, order: np.ndarray, lengths: np.ndarray | None, batches: Sequence[np.ndarray]
-    ) -> PlanReport:
-        return account(order, lengths, batches, pad_to_multiple_of=self.pad_to_multiple_of)
-
-    def resolve_collate(self, collate_fn: Any, field: str | None) -> Any:
-        """The dataset's collate: ``collate_fn`` if a PadCollate pads as this plan counts
-        (and truncates nothing the report would miss); any other callable as given."""
-        return _padding_agrees(self, collate_fn)
-
-    def make_collate(self, pad_values: dict[str, int | float], **options: object) -> PadCollate:
-        return PadCollate(
-            pad_values,
-            pad_to_multiple_of=self.pad_to_multiple_of,
-            **options,  # type: ignore[arg-type]
         )

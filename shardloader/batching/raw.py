@@ -77,20 +77,10 @@ class ByteColumn(Sequence[Any]):
 
     def _join(self) -> None:
         """Make the one buffer (and offsets, presence) from the parts."""
-        values = self._parts
-        if values is None:
+        if self._parts is None:
             return
-        n = len(values)
-        offsets = np.zeros(n + 1, np.int64)
-        if values.count(None):
-            self._present = np.fromiter((v is not None for v in values), bool, n)
-            sizes = np.fromiter((0 if v is None else len(v) for v in values), np.int64, n)
-            np.cumsum(sizes, out=offsets[1:])
-            self._data = b"".join(v for v in values if v is not None)
-        else:
-            np.cumsum(np.fromiter(map(len, values), np.int64, n), out=offsets[1:])
-            self._data = b"".join(values)
-        self._offsets = offsets
+        values, self._offsets, self._present = self.pieces()
+        self._data = b"".join(values)
         self._parts = None
 
     def __len__(self) -> int:
@@ -152,17 +142,12 @@ class ByteColumn(Sequence[Any]):
 
     @property
     def sizes(self) -> np.ndarray:
-        if self._parts is not None:
-            return np.fromiter((0 if v is None else len(v) for v in self._parts), np.int64)
-        return np.diff(self._offsets)
+        return np.diff(self.pieces()[1])
 
     @property
     def present(self) -> np.ndarray:
-        if self._parts is not None:
-            return np.fromiter((v is not None for v in self._parts), bool, len(self._parts))
-        if self._present is None:
-            return np.ones(len(self), bool)
-        return self._present.copy()
+        present = self.pieces()[2]
+        return np.ones(len(self), bool) if present is None else present.copy()
 
     def tensor(self) -> Any:
         """The buffer as a uint8 ``torch.Tensor`` (a copy, so it is writable)."""
@@ -324,7 +309,7 @@ class RawCollate:
     columns = True  # the dataset may hand it columns instead of sample dicts
 
     def __call__(self, samples: Sequence[Mapping[str, Any]]) -> RawBatch:
-        from shardloader.batching.default import _collate_field
+        from shardloader.batching.default import _collate_dicts, _stacker
 
         if not samples:
             raise UsageError("cannot collate an empty batch")
@@ -342,7 +327,10 @@ class RawCollate:
                     "RawCollate keeps missing values only in bytes fields"
                 )
             else:
-                out[name] = _collate_field(name, values, None, "error")
+                got = _collate_dicts(
+                    [{name: v} for v in values], samples, "", {}, _stacker("error")
+                )
+                out[name] = got[name]
         return out
 
     def __repr__(self) -> str:

@@ -1,5 +1,5 @@
 """``shardloader plan --balance``: the per-step rank cost of packed rows, balanced and not,
-predicted from the manifest's recorded lengths (:mod:`shardloader.batching.stepcost`)."""
+predicted from the manifest's recorded lengths (:mod:`shardloader.plan.cost`)."""
 
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ def balance_figures(
     import dataclasses
 
     from shardloader.batching.packed import PackedBatches
-    from shardloader.batching.stepcost import rank_balance
     from shardloader.errors import UsageError
+    from shardloader.plan.cost import rank_balance
     from shardloader.read.lengths import load_lengths
     from shardloader.read.shardset import ReadOptions
 

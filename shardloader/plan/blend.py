@@ -33,6 +33,7 @@ import numpy as np
 
 from shardloader.errors import UsageError
 from shardloader.options import ShuffleOptions
+from shardloader.plan.lists import node_order
 from shardloader.plan.order import epoch_order
 
 __all__ = ["MAX_PARTS", "integer_parts", "blend_period", "blend_counts", "MixOrder"]
@@ -125,22 +126,11 @@ def _source_epoch(
     if nodes == 1:
         order = epoch_order(units, seed, epoch, shuffle)
     else:
-        from shardloader.plan.lists import node_order
-
-        planning = _SourcePlanning(seed, shuffle)
         order = np.empty(int(units.sum()), np.int64)
         for n in range(nodes):
-            order[n::nodes] = np.asarray(node_order(planning, epoch, nodes, n, units))
+            order[n::nodes] = np.asarray(node_order(seed, shuffle, epoch, nodes, n, units))
     order.setflags(write=False)
     return order
-
-
-@dataclass(frozen=True)
-class _SourcePlanning:
-    """What :func:`~shardloader.plan.lists.node_order` reads of a planning: a source's own."""
-
-    seed: int
-    shuffle: ShuffleOptions
 
 
 @dataclass(frozen=True)
@@ -196,10 +186,7 @@ class MixOrder:
     def cursors(self, epoch: int) -> np.ndarray:
         """Samples each source has given before mixture epoch ``epoch`` (its stream position):
         each segment a fresh blend, counted in closed form."""
-        return self.counts_before(epoch * self.epoch_samples)
-
-    def counts_before(self, position: int) -> np.ndarray:
-        """Samples each source has given in the first ``position`` positions of the stream."""
+        position = epoch * self.epoch_samples
         used = np.zeros(len(self.shard_sizes), np.int64)
         for start, stop, parts in self.segments():
             if start >= position:

@@ -6,21 +6,35 @@ multiple of the dataset, how large a node cache must be, and how well the epoch 
 shards in a global and in a rank batch, Kendall's tau between pack order and the order the
 cluster consumes samples in).  Nothing here reads a shard: the plans are the dataset's own
 (:class:`~shardloader.plan.epoch.EpochPlanner`), so the figures are what a run does.
+What packed steps cost each rank (:class:`RankBalance`, ``ds.report().rank_balance`` and
+``shardloader plan --balance``) is predicted the same way, from the recorded lengths alone.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from shardloader.batching.balance import batch_costs, step_imbalance
+from shardloader.batching.packed import PackedBatches
 from shardloader.manifest import Manifest
 from shardloader.plan.epoch import EpochPlan, EpochPlanner
 from shardloader.plan.order import EpochOrder
 from shardloader.plan.partition import Partition
 
-__all__ = ["EpochCost", "NodeCost", "Quality", "epoch_cost", "kendall_tau", "shuffle_quality"]
+__all__ = [
+    "EpochCost",
+    "NodeCost",
+    "Quality",
+    "RankBalance",
+    "epoch_cost",
+    "kendall_tau",
+    "rank_balance",
+    "shuffle_quality",
+]
 
 
 @dataclass(frozen=True)
@@ -115,10 +129,7 @@ def _span_shards(order: object) -> np.ndarray:
     assert isinstance(order, EpochOrder)
     if not order.total:
         return np.zeros(0, np.int64)
-    first, last = order.run_of(np.array([0, order.total - 1]))
-    runs = np.arange(first, last + 1)
-    nonempty = order.run_starts[runs + 1] > order.run_starts[runs]
-    return np.asarray(order.shard_perm[runs[nonempty]], np.int64)
+    return np.asarray(order.shards_under(0, order.total), np.int64)
 
 
 def epoch_cost(
@@ -246,3 +257,62 @@ def _inversions(v: np.ndarray) -> int:
             a[lo:hi] = np.sort(np.concatenate([left, right]), kind="mergesort")
         width *= 2
     return count
+
+
+# ------------------------------------------------------------------------- rank balance
+
+
+@dataclass(frozen=True)
+class RankBalance:
+    """Per step, the dearest rank's cost over the mean rank cost, averaged over an epoch's
+    steps (``balanced``: with ``balance="attention"``; ``unbalanced``: without) and at the
+    worst step; ``ranks``: the ranks that share a step (one partition's), ``balance_c`` the
+    cost's ``c``.  ``planned_for``: the ``ranks`` the planner balanced for (None: it does not
+    balance; ``balanced`` is then what it would give), which a resume at another world size
+    keeps (those steps dealt onto this world's ranks).
+
+    A step waits for its slowest rank, and a rank's cost is its batch's ``sum(L**2) + c *
+    sum(L)`` over its segments (NOTE [balanced steps] in :mod:`shardloader.batching.balance`),
+    so 1.0 means every rank is busy the whole step."""
+
+    ranks: int
+    balance_c: float
+    steps: int
+    balanced: float
+    unbalanced: float
+    worst_balanced: float
+    worst_unbalanced: float
+    planned_for: int | None = None
+
+
+def _figures(
+    planning: EpochPlanner, epoch: int, part: Partition, lengths: np.ndarray
+) -> tuple[float, float, int]:
+    """Mean and worst dearest-over-mean rank cost of every partition's steps, and how many."""
+    c = float(planning.planner.balance_c)
+    ratios = [
+        step_imbalance(batch_costs(list(plan.batches[: plan.num_batches]), c), part.ranks)
+        for plan in planning.cluster(epoch, 0, part, lengths)
+    ]
+    got = np.concatenate(ratios)
+    return (float(got.mean()), float(got.max()), len(got)) if got.size else (1.0, 1.0, 0)
+
+
+def rank_balance(
+    planning: EpochPlanner, epoch: int, partition: Partition, lengths: np.ndarray | None
+) -> RankBalance | None:
+    """The epoch's predicted per-step imbalance, balanced and not, for a
+    :class:`~shardloader.batching.packed.PackedBatches` planning; None for other planners or
+    without lengths."""
+    planner = planning.planner
+    if not isinstance(planner, PackedBatches) or lengths is None:
+        return None
+    ranks = planner.ranks if planner.balance is not None else None
+    on = planner if ranks else dataclasses.replace(
+        planner, balance="attention", ranks=partition.ranks
+    )  # fmt: skip
+    off = dataclasses.replace(planner, balance=None, ranks=None)
+    bal = _figures(dataclasses.replace(planning, planner=on), epoch, partition, lengths)
+    unbal = _figures(dataclasses.replace(planning, planner=off), epoch, partition, lengths)
+    c = float(planner.balance_c)
+    return RankBalance(partition.ranks, c, bal[2], bal[0], unbal[0], bal[1], unbal[1], ranks)

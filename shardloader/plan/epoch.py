@@ -16,14 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from shardloader.batching.base import (
-    PlanReport,
-    batch_ids,
-    pad_fraction,
-    signature_of,
-    stable_value,
-    total_tokens,
-)
+from shardloader.batching.accounting import TokenShares
+from shardloader.batching.base import PlanReport, batch_ids, signature_of, stable_value
 from shardloader.batching.fixed import FixedBatches, account_fixed
 from shardloader.errors import UsageError
 from shardloader.options import ShuffleOptions
@@ -31,13 +25,14 @@ from shardloader.plan.elastic import normalise, replan
 from shardloader.plan.lists import NodeLists, node_lists, node_order, units_of
 from shardloader.plan.order import EpochOrder
 from shardloader.plan.partition import Partition
-from shardloader.plan.split import BatchSlots, FixedBatchList, common_steps, rank_slots
+from shardloader.plan.rowmix import epoch_tokens
+from shardloader.plan.split import BatchSlots, common_steps, rank_slots
 
 __all__ = ["EpochReport", "EpochPlan", "EpochPlanner"]
 
 
 @dataclass(frozen=True)
-class EpochReport:
+class EpochReport(TokenShares):
     """What one epoch looks like for this world size: steps per rank, what was evened out, and
     where every token of the epoch goes.
 
@@ -63,18 +58,8 @@ class EpochReport:
     dropped_tokens: int | None = None
     repeated_tokens: int | None = None
     token_slots: int | None = None
-    # packed rows: per-step rank cost, balanced and not (batching/stepcost.py's RankBalance)
+    # packed rows: per-step rank cost, balanced and not (plan/cost.py's RankBalance)
     rank_balance: Any = None
-
-    @property
-    def total_tokens(self) -> int | None:
-        """Every token of the epoch's samples: delivered + truncated + dropped."""
-        return total_tokens(self.tokens, self.truncated_tokens, self.dropped_tokens)
-
-    @property
-    def pad_fraction(self) -> float | None:
-        """Share of the allocated token slots that is padding."""
-        return pad_fraction(self.tokens, self.repeated_tokens, self.token_slots)
 
 
 @dataclass(frozen=True)
@@ -114,14 +99,22 @@ class EpochPlan:
             mask[n - self.pad_in_last :] = True
         return mask
 
+    def kept(self) -> list[np.ndarray]:
+        """The partition's batches its steps deliver, up to those ``uneven="drop"`` leaves out."""
+        return list(self.batches[: self.num_batches - self.slots.dropped_batches])
+
+    def repeats(self) -> list[np.ndarray]:
+        """The batches repeated from the partition's start so every rank has the same number
+        of steps (``uneven="pad"``)."""
+        n = self.num_batches
+        return [self.batches[i % n] for i in range(self.slots.padded_batches)] if n else []
+
     def delivered(self) -> tuple[list[np.ndarray], int]:
-        """The batches all of the partition's steps deliver (up to those ``uneven="drop"``
-        leaves out, plus those repeated from its start under ``"pad"``) and the padded sample
-        count."""
-        s, n = self.slots, self.num_batches
-        repeats = [self.batches[i % n] for i in range(s.padded_batches)] if n else []
+        """The batches all of the partition's steps deliver (:meth:`kept`, then
+        :meth:`repeats`) and the padded sample count."""
+        repeats = self.repeats()
         padded = self.pad_in_last + sum(len(batch_ids(b)) for b in repeats)
-        return list(self.batches[: n - s.dropped_batches]) + repeats, padded
+        return self.kept() + repeats, padded
 
 
 @dataclass(frozen=True)
@@ -158,7 +151,10 @@ class EpochPlanner:
             ids, node_of = self.order_source.partitioned(epoch, nodes)
             return [ids[node_of == n] for n in range(nodes)]
         units = units_of(self, lengths)
-        return [np.asarray(node_order(self, epoch, nodes, n, units)) for n in range(nodes)]
+        return [
+            np.asarray(node_order(self.seed, self.shuffle, epoch, nodes, n, units))
+            for n in range(nodes)
+        ]
 
     def order(self, epoch: int, lengths: np.ndarray | None = None) -> np.ndarray:
         """The epoch's sample order with one partition (what :meth:`node_orders` splits)."""
@@ -252,16 +248,9 @@ class EpochPlanner:
         total = int(np.sum(self.shard_sizes))
         steps = first.slots.steps_per_rank
         if self.planner is not None and self.planner.units == "rows":  # batching/blocks.py
-            kept, repeats = [], []
-            for p in plans:
-                s, n = p.slots, p.num_batches
-                repeats += [p.batches[i % n] for i in range(s.padded_batches)] if n else []
-                kept += list(p.batches[: n - s.dropped_batches])
-            counts = self.planner.report_stream(self.shard_sizes, lengths, earlier + kept, repeats)
-            for link, taken in first.earlier:  # slots of rows delivered with another shape
-                counts["token_slots"] += len(taken) * self.planner.row_slots(link.planner)
+            counts = epoch_tokens(self.planner, self.shard_sizes, lengths, plans)
             return EpochReport(epoch, total, steps, **counts)
-        lazy = all(isinstance(p.batches, FixedBatchList) for p in plans) and self.planner is None
+        lazy = all(isinstance(p.order, EpochOrder) for p in plans) and self.planner is None
         if lazy and lengths is None and not first.earlier:  # arithmetic: nothing materialised
             return EpochReport(
                 epoch,
@@ -270,15 +259,11 @@ class EpochPlanner:
                 sum(p.pad_in_last + p.slots.padded_batches * (self.batch_size or 1) for p in plans),
                 sum(p.dropped + p.slots.dropped_batches * (self.batch_size or 1) for p in plans),
             )
-        delivered, padded = [], 0
-        for p in plans:
-            got, pads = p.delivered()
-            delivered += got
-            padded += pads
-        order = self.epoch_ids(epoch, plans, lengths)
-        acc = self._account(order, earlier + delivered, lengths, collate_fn)
+        order, batches, acc = self.accounted(epoch, plans, lengths, collate_fn)
+        padded = sum(p.delivered()[1] for p in plans)
         if first.earlier and acc.padded_tokens is not None:  # slots as each link allocated
-            slots = self._account(order, delivered, lengths, collate_fn).padded_tokens or 0
+            mine = batches[len(earlier) :]
+            slots = self._account(order, mine, lengths, collate_fn).padded_tokens or 0
             for link, taken in first.earlier:
                 slots += link._account(order, taken, lengths, collate_fn).padded_tokens or 0
             acc = dataclasses.replace(acc, padded_tokens=slots)
@@ -295,6 +280,16 @@ class EpochPlanner:
             acc.repeated_tokens,
             acc.padded_tokens,
         )
+
+    def accounted(
+        self, epoch: int, plans: Sequence[EpochPlan], lengths: np.ndarray | None, collate_fn: Any
+    ) -> tuple[np.ndarray, list[np.ndarray], PlanReport]:
+        """The epoch's whole order, every batch its steps deliver (earlier links' first) and
+        their accounting: what :meth:`report` and the ledger count."""
+        batches = [b for _, taken in plans[0].earlier for b in taken]
+        batches += [b for p in plans for b in p.delivered()[0]]
+        order = self.epoch_ids(epoch, plans, lengths)
+        return order, batches, self._account(order, batches, lengths, collate_fn)
 
     def _account(
         self,

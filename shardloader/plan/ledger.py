@@ -18,6 +18,20 @@ sample repeated twice has two ``padded`` entries, and a sample the order lists m
 (a mixture draws a small source again) has a ``dropped`` or ``truncated`` entry for each of
 its occurrences that was.  Delivered samples are every occurrence of the epoch that is
 neither dropped nor skipped.
+
+NOTE [the ledger of token rows]
+    Rows of :class:`~shardloader.batching.blocks.TokenBlocks` are windows of a shard's token
+    stream, so a document may be delivered in part.  The entries add up to ``ds.report()``'s
+    token counts: a ``padded`` entry per (repeated row, document it holds) with the tokens of
+    that document the repeat delivers again (their sum is ``repeated_tokens``; NOTE [flagged
+    repeats] in :mod:`shardloader.batching.blockchunks`), and one ``dropped`` or ``truncated``
+    entry per document of which nothing, or only a part, is delivered (as
+    ``dropped_samples``/``truncated_samples``, with ``dropped_tokens`` and
+    ``truncated_tokens``).  The reason names what cut it: the shard's last partial row
+    (``remainder="drop"``), the epoch's partial last batch (``tail="drop"``) or a batch left
+    out for equal steps (``uneven="drop"``).  A mixture epoch (NOTE [token rows mix] in
+    :mod:`shardloader.plan.rowmix`) holds some of its sources' rows: a document counts only
+    its tokens in those rows, the rest belongs to other mixture epochs.
 """
 
 from __future__ import annotations
@@ -143,26 +157,20 @@ def build(
 ) -> Ledger:
     """The ledger of an epoch's plan, ``plans`` every partition's (NOTE [the ledger comes from
     the plan]): pure, the same accounting as ``EpochPlanner.report``; ``ds.ledger(epoch)``
-    calls it."""
-    if planning.planner is not None and planning.planner.units == "rows":
-        raise UsageError(
-            f"{type(planning.planner).__name__} delivers rows of token streams, not samples: "
-            "no sample is padded, and ds.report() counts the documents its remainder, tail "
-            "or uneven='drop' cut; the ledger lists samples of sample planners"
-        )
+    calls it.  Token rows: documents whose tokens are repeated, dropped or cut (NOTE [the
+    ledger of token rows])."""
     plans = [plans] if not isinstance(plans, Sequence) else list(plans)
-    delivered = [b for p in plans for b in p.delivered()[0]]
-    earlier = [b for _, taken in plans[0].earlier for b in taken]
+    if planning.planner is not None and planning.planner.units == "rows":
+        return _rows_ledger(epoch, world_size, planning, plans, lengths)
     # a lazy order, whole: the ledger lists samples anyway
-    order = planning.epoch_ids(epoch, plans, lengths)
-    acc = planning._account(order, earlier + delivered, lengths, collate_fn)
+    order, batches, acc = planning.accounted(epoch, plans, lengths, collate_fn)
     entries: list[LedgerEntry] = []
     several = len(plans) > 1
     for n, plan in enumerate(plans):
         whose = f"partition {n}'s " if several else ""
         entries += _padding(plan, planning, world_size, whose)
     entries += _dropped(plans, planning, acc.dropped, lengths)
-    entries += _truncated(planning, collate_fn, order, acc.truncated, earlier + delivered, lengths)
+    entries += _truncated(planning, collate_fn, order, acc.truncated, batches, lengths)
     return Ledger(epoch, world_size, int(order.size), tuple(entries))
 
 
@@ -177,13 +185,12 @@ def _padding(plan: Any, planning: Any, world: int, whose: str) -> Iterator[Ledge
                 f"repeated to fill {whose or DEFAULT_WHOSE}last batch to "
                 f"batch_size={planning.batch_size}",
             )
-    for r in range(plan.slots.padded_batches):
-        source = r % n
-        for i in batch_ids(plan.batches[source]).tolist():
+    for r, batch in enumerate(plan.repeats()):
+        for i in batch_ids(batch).tolist():
             yield LedgerEntry(
                 int(i),
                 PADDED,
-                f"{whose}global batch {n + r} repeats batch {source} so every one of {world} "
+                f"{whose}global batch {n + r} repeats batch {r % n} so every one of {world} "
                 "ranks has the same number of steps (uneven='pad')",
             )
 
@@ -254,6 +261,109 @@ def _truncated(
             else:
                 reason = f"{kept} of {total} tokens delivered"
             yield LedgerEntry(i, TRUNCATED, reason, total - kept)
+
+
+# ---------------------------------------------------------------------------------------------
+# token rows
+
+
+def _rows_ledger(
+    epoch: int,
+    world_size: int,
+    planning: EpochPlanner,
+    plans: Sequence[EpochPlan],
+    lengths: np.ndarray | None,
+) -> Ledger:
+    """The ledger of a token-row epoch's plans (every partition's), pure like ``report()``."""
+    if lengths is None:
+        raise UsageError(
+            f"the ledger of epoch {epoch}'s token rows needs every document's token count, "
+            "which the shards' sidecars do not record; re-pack with --tokenizer (or "
+            "--token-field for records that hold token ids)"
+        )
+    planner = planning.planner
+    sizes = np.asarray(planning.shard_sizes, np.int64)
+    lens = np.asarray(lengths, np.int64)
+    lay = planner.layout(sizes, lengths)
+    earlier = [b for _, taken in plans[0].earlier for b in taken]
+    kept, planned, repeats = list(earlier), list(earlier), []
+    for part, p in enumerate(plans):
+        n = p.num_batches
+        kept += p.kept()
+        planned += list(p.batches[:n])
+        repeats += [(part, b, n + r, r % n) for r, b in enumerate(p.repeats())]
+    got = {
+        name: lay.covered(lens, sizes, np.concatenate(b) if b else np.zeros(0, np.int64))
+        for name, b in (("kept", kept), ("planned", planned))
+    }
+    # a mixture epoch holds only its rows (plan/rowmix.py)
+    mixed = planning.order_source is not None
+    scope = planning.order_source.order(epoch) if mixed else np.arange(lay.num_rows)
+    got["rows"] = lay.covered(lens, sizes, scope)
+    # a document's tokens in a mixture epoch's rows; the rest is another mixture epoch's
+    whole = got["rows"] if mixed else lens
+    entries = list(_repeated(planner, lay, lens, repeats, world_size, len(plans) > 1))
+    entries += _cut(planner, whole, got)
+    return Ledger(epoch, world_size, int(lens.size), tuple(entries))
+
+
+def _repeated(
+    planner: Any,
+    lay: Any,
+    lens: np.ndarray,
+    repeats: list[tuple[int, np.ndarray, int, int]],
+    world: int,
+    several: bool,
+) -> Iterator[LedgerEntry]:
+    """A ``padded`` entry per (repeated row, document in it), in step order."""
+    starts = np.zeros(lens.size + 1, np.int64)
+    np.cumsum(lens, out=starts[1:])
+    for part, batch, q, source in repeats:
+        rows = np.asarray(batch, np.int64)
+        shard, lo, count = lay.windows(rows)
+        whose = f"partition {part}'s " if several else ""
+        for row, s, a, n in zip(rows.tolist(), shard, lo, count, strict=True):
+            g = int(lay.token_bases[s] + a)
+            first = int(np.searchsorted(starts, g, side="right")) - 1
+            last = int(np.searchsorted(starts, g + int(n), side="left"))
+            for doc in range(first, last):
+                tokens = min(int(starts[doc + 1]), g + int(n)) - max(int(starts[doc]), g)
+                if tokens > 0:
+                    yield LedgerEntry(
+                        doc,
+                        PADDED,
+                        f"row {row} of {whose}global batch {q} repeats batch {source} so every "
+                        f"one of {world} ranks has the same number of steps (uneven='pad'); "
+                        "flagged __pad__"
+                        + (", labels -100" if planner.repeat_labels == "ignore" else ""),
+                        tokens,
+                    )
+
+
+def _cut(planner: Any, lens: np.ndarray, got: dict[str, np.ndarray]) -> Iterator[LedgerEntry]:
+    """A ``dropped`` or ``truncated`` entry per document not delivered whole, naming why."""
+    kept = got["kept"]
+    for doc in np.flatnonzero((kept < lens) & (lens > 0)).tolist():
+        total, have = int(lens[doc]), int(kept[doc])
+        why = []
+        if got["rows"][doc] < total:
+            why.append(f"the shard's last partial row (remainder={planner.remainder!r})")
+        if got["planned"][doc] < got["rows"][doc]:
+            why.append(f"the epoch's partial last batch (tail={planner.tail!r})")
+        if kept[doc] < got["planned"][doc]:
+            why.append(
+                "batches left out so every rank has the same number of steps (uneven='drop')"
+            )
+        cause = " and ".join(why)
+        if have == 0:
+            yield LedgerEntry(doc, DROPPED, f"all {total} tokens in {cause}, left out", total)
+        else:
+            yield LedgerEntry(
+                doc,
+                TRUNCATED,
+                f"{have} of {total} tokens delivered; the rest in {cause}, left out",
+                total - have,
+            )
 
 
 # ---------------------------------------------------------------------------------------------

@@ -10,18 +10,19 @@ order on its own.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from shardloader.options import ShuffleOptions
 from shardloader.plan.order import EpochOrder, count_blocks
 from shardloader.plan.partition import spans
 from shardloader.plan.shuffle import plan_rng
-from shardloader.plan.split import FixedBatchList, cut_fixed_batches, fixed_count
+from shardloader.plan.split import FixedBatchList, fixed_count
 
-__all__ = ["NodeLists", "node_lists", "node_order", "cut", "units_of", "rows_planner"]
+__all__ = ["NodeLists", "node_lists", "node_order", "cut", "units_of"]
 
 EpochPlanner = Any  # shardloader.plan.epoch's, which imports this module
 
@@ -48,11 +49,6 @@ class NodeLists:
     earlier: tuple[tuple[Any, list[np.ndarray]], ...] = field(default=())
 
 
-def rows_planner(planning: EpochPlanner) -> bool:
-    """Whether the planner cuts rows of token streams (TokenBlocks) rather than samples."""
-    return planning.planner is not None and planning.planner.units == "rows"
-
-
 def units_of(planning: EpochPlanner, lengths: np.ndarray | None) -> np.ndarray:
     """What the epoch orders per shard: samples, or for TokenBlocks the shard's rows."""
     if planning.planner is None:
@@ -61,7 +57,7 @@ def units_of(planning: EpochPlanner, lengths: np.ndarray | None) -> np.ndarray:
 
 
 def node_order(
-    planning: EpochPlanner, epoch: int, nodes: int, node: int, units: np.ndarray
+    seed: int, shuffle: ShuffleOptions, epoch: int, nodes: int, node: int, units: np.ndarray
 ) -> EpochOrder:
     """Partition ``node``'s order of ``nodes``: its span of the epoch's stream, shuffled in
     blocks numbered after the previous spans' (NOTE [node spans] in plan/order.py); with one
@@ -69,11 +65,11 @@ def node_order(
     bounds = spans(int(np.sum(units)), nodes)
     short, extra = divmod(int(bounds[-1]), nodes)
     longer = min(node, extra)  # spans before this one that are one sample longer
-    first = longer * count_blocks(short + 1, planning.shuffle) + (node - longer) * count_blocks(
-        short, planning.shuffle
+    first = longer * count_blocks(short + 1, shuffle) + (node - longer) * count_blocks(
+        short, shuffle
     )
     span = (int(bounds[node]), int(bounds[node + 1]))
-    return EpochOrder(units, planning.seed, epoch, planning.shuffle, span=span, first_block=first)
+    return EpochOrder(units, seed, epoch, shuffle, span=span, first_block=first)
 
 
 def cut(
@@ -83,23 +79,18 @@ def cut(
     epoch: int,
     node: int,
     nodes: int,
-    *,
-    lazy: bool = False,
 ) -> NodeList:
-    """A partition's batches of ``order`` under ``planning`` (ids, or segments ``[n, 3]``)."""
+    """A partition's batches of ``order`` under ``planning`` (ids, or segments ``[n, 3]``);
+    fixed batches of a lazy order are read from it when asked (:class:`FixedBatchList`)."""
     planner = planning.planner
     if planner is None:
-        size = planning.batch_size or 1
-        if lazy:
-            batches = FixedBatchList(order, size, planning.uneven)
-            return NodeList(order, batches, batches.padded, batches.dropped)
-        got, padded, dropped = cut_fixed_batches(np.asarray(order), size, planning.uneven)
-        return NodeList(order, got, padded, dropped)
+        batches = FixedBatchList(order, planning.batch_size or 1, planning.uneven)
+        got = batches if isinstance(order, EpochOrder) else list(batches)
+        return NodeList(order, got, batches.padded, batches.dropped)
     rng = plan_rng(planning.seed, epoch, node, nodes)
     order = np.asarray(order)
     if order.ndim == 2:  # segments left by an earlier link (packing, after a resume)
-        plan_segments = planner.plan_segments
-        return NodeList(order, list(plan_segments(order, rng)))
+        return NodeList(order, list(planner.plan_segments(order, rng)))
     return NodeList(order, list(planner.plan(order, lengths, rng)))
 
 
@@ -114,48 +105,34 @@ def node_lists(
     ``only`` (or of all).  Fixed batches and token rows count by arithmetic, so a rank plans
     its own partition only; other planners plan every partition (as much work as planning
     the whole epoch once)."""
-    wanted = range(nodes) if only is None else [only]
+    planner = planning.planner
+    order_of: Callable[[int], Any]
     if planning.order_source is not None:  # a mixture's blend: each partition's positions
         ids, node_of = planning.order_source.partitioned(epoch, nodes)
         orders = [ids[node_of == n] for n in range(nodes)]
-        lazy_counts = planning.planner is None
-        lists = {
-            n: cut(planning, orders[n], lengths, epoch, n, nodes)
-            for n in (wanted if lazy_counts else range(nodes))
-        }
-        if lazy_counts:
-            size = planning.batch_size or 1
-            counts = tuple(fixed_count(len(o), size, planning.uneven) for o in orders)
-        else:
-            counts = tuple(len(lists[n].batches) for n in range(nodes))
-        return NodeLists(counts, {n: lists[n] for n in wanted})
-    units = units_of(planning, lengths)
-    bounds = spans(int(np.sum(units)), nodes)
-    sizes = np.diff(bounds).tolist()
-    lazy = planning.planner is None
-    if lazy or rows_planner(planning):
-        lists = {}
-        for n in wanted:
-            order = node_order(planning, epoch, nodes, n, units)
-            lists[n] = cut(
-                planning, order if lazy else np.asarray(order), lengths, epoch, n, nodes, lazy=lazy
-            )
-        if lazy:
-            size = planning.batch_size or 1
-            counts = tuple(fixed_count(s, size, planning.uneven) for s in sizes)
-        else:
-            counts = tuple(planning.planner.count_rows(s) for s in sizes)
-        return NodeLists(counts, lists)
-    every = {
-        n: cut(
-            planning,
-            np.asarray(node_order(planning, epoch, nodes, n, units)),
-            lengths,
-            epoch,
-            n,
-            nodes,
-        )
-        for n in range(nodes)
-    }
-    counts = tuple(len(every[n].batches) for n in range(nodes))
-    return NodeLists(counts, {n: every[n] for n in wanted})
+        sizes = [len(o) for o in orders]
+        order_of = orders.__getitem__
+    else:  # each partition's span of the shuffled stream, lazy
+        units = units_of(planning, lengths)
+        sizes = np.diff(spans(int(np.sum(units)), nodes)).tolist()
+
+        def order_of(n: int) -> Any:
+            return node_order(planning.seed, planning.shuffle, epoch, nodes, n, units)
+
+    every: dict[int, NodeList] = {}
+    if planner is None:
+        size = planning.batch_size or 1
+        counts = tuple(fixed_count(s, size, planning.uneven) for s in sizes)
+    elif planner.units == "rows":
+        counts = tuple(planner.count_rows(s) for s in sizes)
+    else:  # the planner must cut every partition to count its batches
+        every = {n: cut(planning, order_of(n), lengths, epoch, n, nodes) for n in range(nodes)}
+        counts = tuple(len(every[n].batches) for n in range(nodes))
+    wanted = range(nodes) if only is None else [only]
+    return NodeLists(
+        counts,
+        {
+            n: every[n] if n in every else cut(planning, order_of(n), lengths, epoch, n, nodes)
+            for n in wanted
+        },
+    )

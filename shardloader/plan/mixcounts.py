@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["delivered_by_source"]
+__all__ = ["delivered_by_source", "source_counts"]
 
 
 def delivered_by_source(
@@ -20,26 +20,31 @@ def delivered_by_source(
     (then tokens are counted from them, lengths or not)."""
     kept, real = [], []
     for plan in plans:
-        mine = list(plan.batches[: plan.num_batches - plan.slots.dropped_batches])
+        mine = plan.kept()
         kept += mine
         if mine and mine[0].ndim == 1:
             ids = np.concatenate(mine).astype(np.int64)
             if plan.pad_in_last and len(mine) == plan.num_batches:
                 ids = ids[: len(ids) - plan.pad_in_last]
             real.append(ids)
-    offsets = np.concatenate([[0], np.cumsum(sizes)])
-    k = len(sizes)
-    tokens = np.zeros(k, np.int64)
     flat = bool(kept) and kept[0].ndim == 2
     if flat:  # segments (id, start, stop): a document starts at 0
         seg = np.concatenate(kept)
-        seg_src = np.searchsorted(offsets, seg[:, 0], side="right") - 1
-        samples = np.bincount(seg_src[seg[:, 1] == 0], minlength=k)
-        tokens += np.bincount(seg_src, seg[:, 2] - seg[:, 1], k).astype(np.int64)
+        samples, _ = source_counts(seg[seg[:, 1] == 0, 0], sizes)
+        _, tokens = source_counts(seg[:, 0], sizes, seg[:, 2] - seg[:, 1])
     else:
         ids = np.concatenate(real or [np.zeros(0, np.int64)])
-        src = np.searchsorted(offsets, ids, side="right") - 1
-        samples = np.bincount(src, minlength=k)
-        if lengths is not None:
-            tokens += np.bincount(src, lengths[ids], k).astype(np.int64)
-    return samples, tokens, flat
+        samples, tokens = source_counts(ids, sizes, None if lengths is None else lengths[ids])
+    if tokens is None:
+        tokens = np.zeros(len(sizes))
+    return samples, tokens.astype(np.int64), flat
+
+
+def source_counts(
+    ids: np.ndarray, sizes: Sequence[int], weights: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """Per source (``sizes`` samples each, virtual ids ``offset[s] + i``): how many of ``ids``
+    are its, and the sum of their ``weights`` (None without)."""
+    src = np.searchsorted(np.cumsum(sizes), ids, side="right")
+    k = len(sizes)
+    return np.bincount(src, minlength=k), None if weights is None else np.bincount(src, weights, k)

@@ -117,7 +117,10 @@ class EpochOrder:
 
     def block_shards(self, b: int) -> np.ndarray:
         """Shard ids block ``b`` reads from (a run of the shard permutation)."""
-        lo, hi = self.block_range(b)
+        return self.shards_under(*self.block_range(b))
+
+    def shards_under(self, lo: int, hi: int) -> np.ndarray:
+        """Shard ids under positions ``[lo, hi)`` (``lo < hi``), in stream order."""
         at = [self.offset + lo, self.offset + hi - 1]
         first, last = np.searchsorted(self.run_starts, at, side="right") - 1
         runs = slice(first, last + 1)

@@ -64,20 +64,20 @@ def row_tokens(planner: Any, shard_sizes: np.ndarray, lengths: np.ndarray) -> np
 def epoch_tokens(
     planner: Any,
     shard_sizes: np.ndarray,
-    lengths: np.ndarray,
+    lengths: np.ndarray | None,
     plans: Sequence[Any],
-    rows: np.ndarray,
+    rows: np.ndarray | None = None,
 ) -> dict[str, int]:
-    """The report's token fields of a mixture epoch whose rows are ``rows`` (all partitions):
-    as a single dataset's (:meth:`~shardloader.batching.blocks.TokenBlocks.report_stream`),
-    but a document's tokens outside the epoch's rows belong to another mixture epoch."""
+    """The report's token fields of a token-row epoch (``plans``: every partition's), by
+    :meth:`~shardloader.batching.blocks.TokenBlocks.report_stream`; ``rows``: a mixture
+    epoch's rows (all partitions), a document's tokens outside them belong to another
+    mixture epoch."""
     first = plans[0]
     kept = [b for _, taken in first.earlier for b in taken]
     repeats = []
     for p in plans:
-        s, n = p.slots, p.num_batches
-        repeats += [p.batches[i % n] for i in range(s.padded_batches)] if n else []
-        kept += list(p.batches[: n - s.dropped_batches])
+        kept += p.kept()
+        repeats += p.repeats()
     counts = planner.report_stream(shard_sizes, lengths, kept, repeats, scope=rows)
     for link, taken in first.earlier:  # slots of rows delivered with another shape
         counts["token_slots"] += len(taken) * planner.row_slots(link.planner)

@@ -71,30 +71,18 @@ def cut_fixed_batches(
     A partial last batch is never emitted (it would make a 1-sample BatchNorm batch possible):
     ``pad`` fills it with samples from the start of the order, ``drop`` drops it.
     """
-    _check_policy(uneven)
-    if batch_size < 1:
-        raise UsageError(f"batch_size must be >= 1, got {batch_size}")
-    n = len(order)
-    tail = n % batch_size
-    padded = dropped = 0
-    if tail and uneven == "pad" and n:
-        fill = batch_size - tail
-        order = np.concatenate([order, np.resize(order, fill)])
-        padded = fill
-    elif tail:
-        order = order[: n - tail]
-        dropped = tail
-    return list(order.reshape(-1, batch_size)) if len(order) else [], padded, dropped
+    batches = FixedBatchList(order, batch_size, uneven)
+    return list(batches), batches.padded, batches.dropped
 
 
 class FixedBatchList(Sequence[np.ndarray]):
-    """:func:`cut_fixed_batches` without cutting: batch ``i`` is read from the order when asked.
+    """Fixed batches of an order, not cut: batch ``i`` is read from the order when asked.
 
     ``order`` is an array or a lazy :class:`~shardloader.plan.order.EpochOrder` (anything with
     ``len``, slices and array indexing), so the batches of a billion-sample epoch cost nothing
     until read (NOTE [lazy order] in plan/order.py).  Batch ``i`` is positions
     ``[i * batch_size, (i + 1) * batch_size)``; under ``pad`` the positions past the end wrap to
-    the order's start, exactly as ``cut_fixed_batches`` fills its last batch.
+    the order's start (``np.resize``'s rule).
     """
 
     def __init__(self, order: Any, batch_size: int, uneven: str) -> None:

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from shardloader.errors import ResumeError, UsageError
+from shardloader.plan.mixcounts import source_counts
 
 __all__ = ["Stages", "check_stages", "stage_positions", "stage_counts", "saved_step_size"]
 
@@ -100,17 +101,15 @@ def stage_counts(
     """Per stage: its step, epoch, stream position, positions, ``weights`` and per source
     (``sizes``: its samples, in order) documents and tokens (None without lengths) in the
     first ``epochs`` mixture epochs, from the blended ``order(epoch)`` of virtual ids."""
-    horizon, e, k = epochs * epoch_samples, epoch_samples, len(sizes)
-    bounds = np.cumsum([0, *sizes.values()])
+    horizon, e = epochs * epoch_samples, epoch_samples
     ends = [pos for _, pos in starts[1:]] + [horizon]
     out = []
     for (step, lo), hi, weight in zip(starts, ends, weights, strict=True):
         lo, hi = min(lo, horizon), min(hi, horizon)
         ids = [order(x)[max(lo - x * e, 0) : hi - x * e] for x in range(lo // e, -(-hi // e))]
         got = np.concatenate([np.zeros(0, np.int64), *ids]).astype(np.int64)
-        src = np.searchsorted(bounds, got, side="right") - 1
-        samples = np.bincount(src, minlength=k)
-        tokens = None if lengths is None else np.bincount(src, lengths[got], k)
+        of = None if lengths is None else lengths[got]
+        samples, tokens = source_counts(got, list(sizes.values()), of)
         per_source = {
             n: {"samples": int(samples[s]), "tokens": None if tokens is None else int(tokens[s])}
             for s, n in enumerate(sizes)

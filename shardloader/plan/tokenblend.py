@@ -28,6 +28,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -97,88 +98,64 @@ class TokenMixOrder(MixOrder):
 
         return length
 
-    def _segment(self, epoch: int) -> tuple[int, tuple[int, ...]]:
-        start = max(s for s, _ in self.schedule if s <= epoch)
-        return start, self.parts_at(epoch)
-
-    def _walk(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
-        """(documents given since the stream began, tokens given since the schedule segment
-        began) per source at the start of mixture epoch ``epoch``, walked once per process."""
-        start, parts = self._segment(epoch)
+    def _states(self, segs: tuple[tuple[int, tuple[int, ...]], ...], epoch: int) -> list[Any]:
+        """``(documents given since the stream began, tokens given since the segment began)``
+        per source at the start of each mixture epoch up to ``epoch`` under the blend segments
+        ``segs`` (``(stream position, parts)``: those begun by the end of ``epoch``), walked
+        once per process: a walk under fewer segments is reused up to where the next begins."""
         key = (
             self.shard_sizes, self.seeds, self.shuffles, self.epoch_samples, self.lengths_key,
-            tuple(e for e in self.schedule if e[0] <= start),
-        )  # fmt: skip
-        states = _walks.get(key)
-        if states is None:
-            k = len(parts)
-            begin = np.zeros(k, np.int64) if start == 0 else self._walk_end(start)
-            states = [(begin, np.zeros(k, np.int64))]
-            if len(_walks) >= _STATES:
-                del _walks[next(iter(_walks))]
-            _walks[key] = states
-        lengths = [self._next_length(s) for s in range(len(parts))]
-        while len(states) <= epoch - start:
-            cursors, tokens = (a.copy() for a in states[-1])
-            deadline_sources(parts, lengths, self.epoch_samples, cursors, tokens)
-            states.append((cursors, tokens))
-        return states[epoch - start]
-
-    def _walk_end(self, start: int) -> np.ndarray:
-        """Documents each source has given when the segment beginning at ``start`` begins: the
-        previous segment walked to its end."""
-        before = start - 1
-        cursors, tokens = (a.copy() for a in self._walk(before))
-        lengths = [self._next_length(s) for s in range(len(cursors))]
-        deadline_sources(self.parts_at(before), lengths, self.epoch_samples, cursors, tokens)
-        return cursors
-
-    def _staged(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
-        """Stages (NOTE [stages] in :mod:`shardloader.plan.stages`): the walk's state at the start
-        of mixture epoch ``epoch``, walked from the stream's start; a stage may begin
-        mid-epoch, and its token time starts at 0 there (a fresh walk, as a weight change)."""
-        key = (
-            self.shard_sizes, self.seeds, self.shuffles, self.epoch_samples, self.lengths_key,
-            self.stages,
+            segs,
         )  # fmt: skip
         states = _walks.get(key)
         if states is None:
             k = len(self.shard_sizes)
-            states = [(np.zeros(k, np.int64), np.zeros(k, np.int64))]
+            if len(segs) == 1:
+                states = [(np.zeros(k, np.int64), np.zeros(k, np.int64))]
+            else:  # epochs that end by the last segment's start walked as before it
+                upto = segs[-1][0] // self.epoch_samples
+                states = self._states(segs[:-1], upto)[: upto + 1]
             if len(_walks) >= _STATES:
                 del _walks[next(iter(_walks))]
             _walks[key] = states
         while len(states) <= epoch:
             cursors, tokens = (a.copy() for a in states[-1])
-            self._staged_epoch(len(states) - 1, cursors, tokens)
+            self._walk(segs, len(states) - 1, cursors, tokens)
             states.append((cursors, tokens))
-        return states[epoch]
+        return states
 
-    def _staged_epoch(self, epoch: int, cursors: np.ndarray, tokens: np.ndarray) -> np.ndarray:
-        """Sources of mixture epoch ``epoch``'s positions, stage by stage (state updated)."""
+    def _walk(
+        self,
+        segs: tuple[tuple[int, tuple[int, ...]], ...],
+        epoch: int,
+        cursors: np.ndarray,
+        tokens: np.ndarray,
+    ) -> np.ndarray:
+        """Sources of mixture epoch ``epoch``'s positions, segment by segment (state updated);
+        a segment's token time starts at 0 where it begins, mid-epoch too (a stage)."""
         first = epoch * self.epoch_samples
         end = first + self.epoch_samples
         lengths = [self._next_length(s) for s in range(len(cursors))]
+        stops = [a for a, _ in segs[1:]] + [end]
         out = []
-        for start, stop, parts in self.segments():
-            lo, hi = max(start, first), end if stop is None else min(stop, end)
+        for (start, parts), stop in zip(segs, stops, strict=True):
+            lo, hi = max(start, first), min(stop, end)
             if lo >= hi:
                 continue
             if lo == start:
-                tokens[:] = 0  # a stage's token time starts with it
+                tokens[:] = 0
             out.append(deadline_sources(parts, lengths, hi - lo, cursors, tokens))
         return np.concatenate(out)
 
+    def _begun(self, epoch: int) -> tuple[tuple[int, tuple[int, ...]], ...]:
+        """The blend segments that begin by the end of mixture epoch ``epoch``."""
+        end = (epoch + 1) * self.epoch_samples
+        return tuple((a, p) for a, _, p in self.segments() if a < end)
+
     def cursors(self, epoch: int) -> np.ndarray:
-        if self.stages:
-            return self._staged(epoch)[0].copy()
-        return self._walk(epoch)[0].copy()
+        return self._states(self._begun(epoch), epoch)[epoch][0].copy()
 
     def sources(self, epoch: int) -> np.ndarray:
-        if self.stages:
-            cursors, tokens = (a.copy() for a in self._staged(epoch))
-            return self._staged_epoch(epoch, cursors, tokens)
-        cursors, tokens = (a.copy() for a in self._walk(epoch))
-        lengths = [self._next_length(s) for s in range(len(cursors))]
-        parts = self.parts_at(epoch)
-        return deadline_sources(parts, lengths, self.epoch_samples, cursors, tokens)
+        segs = self._begun(epoch)
+        cursors, tokens = (a.copy() for a in self._states(segs, epoch)[epoch])
+        return self._walk(segs, epoch, cursors, tokens)
