@@ -1,6 +1,6 @@
 """The loader state: the few numbers that say where every rank of a job stands, written and
 checked in one place for :class:`~shardloader.deliver.loader.ShardLoader` and the dataset's own
-``state_dict`` (:mod:`shardloader.deliver.stateful`).
+``state_dict`` (:mod:`shardloader.deliver.position`).
 
 NOTE [one state for every rank]
     The state counts global batches consumed (NOTE [resume position] in
@@ -54,9 +54,7 @@ def make_state(
         "partitions": int(partitions),  # NOTE [node partitions] in shardloader/plan/partition.py
         "reshapes": [list(link) for link in reshapes],  # NOTE [reshape history] (plan/elastic.py)
     }
-    extra = getattr(ds, "extra_state", None)  # a mixture's weight schedule
-    if extra is not None:
-        state.update(extra())
+    state.update(ds.extra_state())  # a mixture's weight schedule
     return state
 
 
@@ -101,9 +99,8 @@ def read_state(ds: Any, state: Any, load_extra: bool = True) -> Resume:
             f"saved position {position} in {partitions} partition(s) is not a step "
             "boundary: state_dict() writes a multiple of the partitions"
         )
-    extra = getattr(ds, "load_extra_state", None)
-    if extra is not None and load_extra:  # position 0 there means "the epoch has not begun"
-        extra(state, epoch, position if position or not reshapes else 1)
+    if load_extra:  # position 0 there means "the epoch has not begun"
+        ds.load_extra_state(state, epoch, position if position or not reshapes else 1)
     if reshaped and (position or reshapes):  # continue with the new shape
         link = (int(reshaped), position)
         reshapes += (link if partitions == 1 else (int(reshaped), partitions, position),)

@@ -5,7 +5,7 @@ NOTE [worker start methods]
     Python 3.13, ``forkserver`` from 3.14, ``spawn`` on macOS and Windows, or the loader's
     ``multiprocessing_context``.  Every method yields the same batches (the dataset's shared
     state and the loader's ring travel by file descriptor to a worker that does not inherit
-    them: NOTE [why shared memory here] in :mod:`shardloader.deliver.control`, :class:`~shardloader.
+    them: NOTE [why shared memory here] in :mod:`shardloader.deliver.position`, :class:`~shardloader.
     transport.Ring`).  A forked worker inherits the dataset; any other gets it pickled, so a
     transform, collate or planner that cannot pickle (a lambda, a function defined inside
     another) fails only there, in torch's worker start, with a message that names no field.
