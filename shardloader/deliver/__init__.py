@@ -7,7 +7,7 @@
 * :mod:`~shardloader.deliver.loaderstate`: the loader state, written and checked;
 * :mod:`~shardloader.deliver.transport` / :mod:`~shardloader.deliver.slotcollate`: batches
   handed over as shared buffers;
-* :mod:`~shardloader.deliver.workerinit`: what every worker does first;
+* :mod:`~shardloader.deliver.workers`: how workers start, and what each does first;
 * :mod:`~shardloader.deliver.monitor`: ``monitor(loader)``, is the loop waiting for data?
 """
 

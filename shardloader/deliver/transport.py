@@ -21,7 +21,7 @@ NOTE [bundles]
     A bundle of ``k`` batches crosses as one item.  Only
     :class:`~shardloader.deliver.loader.ShardLoader` unpacks bundles (it yields their batches one
     by one and counts each as a step), so only it asks for them: its ``worker_init_fn``
-    (:class:`~shardloader.deliver.workerinit.WorkerInit`) sets the bundle size on the worker's copy
+    (:class:`~shardloader.deliver.workers.WorkerInit`) sets the bundle size on the worker's copy
     of the dataset.  A worker then serves whole bundles of the rank's steps (bundle ``c`` holds
     steps ``c*k .. c*k+k-1`` and goes to worker ``c mod K``); torch's DataLoader returns worker
     outputs round-robin, so the rank's batches still arrive in step order, the same whatever ``K``
