@@ -198,13 +198,11 @@ class Blend(Packed):
             starts = [pos for _, pos in self.stage_starts(mix)]
             stages = tuple(zip(starts, [p for _, p in self.stage_steps], strict=True))
             named = str([[st, list(p)] for st, p in self.stage_steps]).replace(" ", "")
+        args = (sizes, seeds, shuffles, self.epoch_samples, self.entries(), stages, named)
         if self.by == "tokens":  # NOTE [token deadlines] in plan/tokenblend.py
             lengths, key = self.token_lengths()
-            return TokenMixOrder(
-                sizes, seeds, shuffles, self.epoch_samples, self.entries(), stages, named,
-                lengths=lengths, lengths_key=key,
-            )  # fmt: skip
-        return MixOrder(sizes, seeds, shuffles, self.epoch_samples, self.entries(), stages, named)
+            return TokenMixOrder(*args, lengths=lengths, lengths_key=key)
+        return MixOrder(*args)
 
     def stage_starts(self, mix: Mixture) -> list[tuple[int, int]]:
         per_step, nodes = mix.samples_per_step, mix.partition.nodes

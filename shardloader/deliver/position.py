@@ -373,7 +373,7 @@ class DatasetPosition:
                 f"DataLoader worker {info.id} got a state without its 'worker' entry: a "
                 "worker resumes from the state StatefulDataLoader saved in it"
             )
-        epoch, position, reshapes, partitions = read_state(self, state, load_extra=False)
+        epoch, position, reshapes, partitions = read_state(self, state)
         if partitions is None or state.get("mixture") != self.extra_state().get("mixture"):
             raise ResumeError(
                 "a DataLoader worker resumes with the batch shape and mixture weights it saved "
