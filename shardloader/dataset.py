@@ -19,7 +19,7 @@ from torch.utils.data import IterableDataset
 
 from shardloader.batching.base import check_planner, check_positive
 from shardloader.codecs.allowlist import Decoder
-from shardloader.deliver.position import _PER_NODE, _RANK, _WORLD, DatasetPosition, integer
+from shardloader.deliver.position import DatasetPosition, integer
 from shardloader.deliver.watchdog import watched
 from shardloader.errors import UsageError
 from shardloader.manifest import read_manifest
@@ -293,8 +293,7 @@ class ShardedDataset(DatasetPosition, IterableDataset):  # type: ignore[type-arg
         (``len()`` and the pass after it plan the same pass in the same process), never
         pickled into workers."""
         planning = self._planning
-        per_node = (self._control.get()[_PER_NODE] or None) if world == self.world_size else None
-        part = self._partition_of(world, per_node)
+        part = self.partition if world == self.world_size else self._partition_of(world, None)
         key: tuple[Any, ...] = (epoch, start, rank, world, part, self.seed, planning.signature())
         # a mixture's order source carries its weights (hashable, by value)
         key += (id(self._lengths), planning.order_source, *reshapes)
@@ -309,8 +308,7 @@ class ShardedDataset(DatasetPosition, IterableDataset):  # type: ignore[type-arg
     def __iter__(self) -> Iterator[Any]:
         # the pass is recorded now, not at the first batch: a StatefulDataLoader asks for
         # the state before it (NOTE [worker states] in shardloader/deliver/position.py)
-        values = self._control.get()
-        place = detect_place(values[_RANK], values[_WORLD])
+        place = detect_place(self.rank, self.world_size)
         progress, place, epoch, start = self._begin_pass(place)
         if progress.done >= progress.steps:
             return iter(())
@@ -328,7 +326,6 @@ class ShardedDataset(DatasetPosition, IterableDataset):  # type: ignore[type-arg
     def _iterate(
         self, place: Place, epoch: int, start: int, history: tuple[Reshape, ...]
     ) -> Iterator[Any]:
-        values = self._control.get()
         seed_global_rngs(derive_seed(self.seed, epoch, place.rank, place.worker, 1 << 40))
         plan = self._plan(epoch, start, place.rank, place.world_size, history)
         rows: Any = None  # a TokenBlocks: its units are rows of token shards
@@ -349,7 +346,7 @@ class ShardedDataset(DatasetPosition, IterableDataset):  # type: ignore[type-arg
             self.on_error,
             self._lengths,
             self._skip_log,
-            self._partition_of(place.world_size, values[_PER_NODE] or None),
+            self.partition,
             rows=rows,
             bundle=self._bundle,
             ring=self._ring,
