@@ -92,12 +92,9 @@ def _images(samples: Sequence[Any], field: str) -> list[torch.Tensor] | None:
     dicts of the same keys (what the default collate stacks as it is), else None."""
     if not samples or not all(isinstance(s, Mapping) for s in samples):
         return None
-    first = samples[0].get(field)
-    if not isinstance(first, torch.Tensor) or first.dtype != torch.uint8:
-        return None
-    keys = samples[0].keys()
+    first, keys = samples[0].get(field), samples[0].keys()
     out = []
-    for s in samples:
+    for s in samples:  # the first sample is checked like the others (shape: against itself)
         x = s.get(field)
         if not isinstance(x, torch.Tensor) or x.dtype != torch.uint8 or x.shape != first.shape:
             return None
