@@ -97,7 +97,7 @@ class _Pass:
     start: int  # global batches before the pass, counted in ``partitions``
     reshapes: tuple[Reshape, ...]
     partitions: int
-    place: Place  # the process's own (the worker whose steps it reads: NOTE [worker states])
+    place: Place  # the process's own rank, world, worker and workers
     steps: int  # this process's steps of the pass
     done: int = 0
     rotation: int = 0  # worker w reads the steps of worker w - rotation (NOTE [worker states])
