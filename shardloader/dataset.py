@@ -20,8 +20,7 @@ from torch.utils.data import IterableDataset
 
 from shardloader.batching.base import check_planner, check_positive
 from shardloader.codecs.allowlist import Decoder
-from shardloader.deliver.position import _PER_NODE, _RANK, _WORLD, integer
-from shardloader.deliver.stateful import DatasetState
+from shardloader.deliver.position import DatasetPosition, integer
 from shardloader.deliver.watchdog import watched
 from shardloader.errors import UsageError
 from shardloader.manifest import read_manifest
@@ -44,12 +43,34 @@ from shardloader.read.shardset import ShardSet
 from shardloader.read.skips import SkipLog
 from shardloader.world import detect_place
 
-__all__ = ["ShardedDataset", "EpochReport"]
+__all__ = ["ShardedDataset", "EpochReport", "Packed"]
 
 _DEFAULT_DECODER = Decoder()
 
 
-class ShardedDataset(DatasetState, IterableDataset):  # type: ignore[type-arg]
+class Packed:
+    """What a dataset reads: a packed dataset's manifest, its folder and how its shards are
+    fetched (a :class:`~shardloader.mixture.Mixture` reads its blend of several instead)."""
+
+    def __init__(self, url: str, read: ReadOptions) -> None:
+        self.url, self.read = url, read
+        self.manifest, self.base = read_manifest(read.store(url))
+
+    def lengths(self, required: bool) -> np.ndarray | None:
+        """Every sample's recorded length by global id (:func:`load_lengths`)."""
+        return load_lengths(self.manifest, self.base, self.read, required=required)
+
+    def shard_set(self, where: str, working_set: int) -> Any:
+        """What a pass reads samples through, by global id."""
+        return ShardSet(self.manifest, self.base, self.read, where, working_set)
+
+    def order(self, dataset: Any) -> Any:
+        """What replaces the epoch order for ``dataset`` (``partitioned(epoch, nodes)``, see
+        :class:`~shardloader.plan.epoch.EpochPlanner`); None: the shuffle's."""
+        return None
+
+
+class ShardedDataset(DatasetPosition, IterableDataset):  # type: ignore[type-arg]
     """Stream a packed dataset (local folder or any fsspec URL) into PyTorch.
 
     ``batch_size`` forms batches inside the workers (needed for the guarantee that a rank's
@@ -69,11 +90,14 @@ class ShardedDataset(DatasetState, IterableDataset):  # type: ignore[type-arg]
     ``collate_fn`` is left out, and a PackCollate or PadCollate whose options disagree with the
     planner is refused.  Segment batches (see :mod:`shardloader.batching`) reach the collate as
     one sample per segment, the length field cut to the segment.
+
+    ``url``: a packed dataset's folder or fsspec URL, or what a dataset reads in its place (a
+    :class:`Packed`: a :class:`~shardloader.mixture.Mixture` passes its blend of sources).
     """
 
     def __init__(
         self,
-        url: str,
+        url: str | Packed,
         *,
         batch_size: int | None = None,
         planner: Any = None,
@@ -98,11 +122,10 @@ class ShardedDataset(DatasetState, IterableDataset):  # type: ignore[type-arg]
             raise UsageError("pass batch_size or planner, not both")
         if batch_size is not None:
             check_positive("batch_size", batch_size)
-        self.url = url
-        self.read_options = read
-        self.manifest, self.base = self._open(url)
+        self._source = url if isinstance(url, Packed) else Packed(url, read)
+        self.url, self.read_options, self.manifest = self._source.url, read, self._source.manifest
         if self.manifest.num_samples == 0:
-            raise UsageError(f"{url} holds no samples")
+            raise UsageError(f"{self.url} holds no samples")
         self.batch_size = batch_size
         self.planner = check_planner(planner)
         self.shuffle = shuffle if isinstance(shuffle, ShuffleOptions) else ShuffleOptions(shuffle)
@@ -118,20 +141,18 @@ class ShardedDataset(DatasetState, IterableDataset):  # type: ignore[type-arg]
         self.on_error = on_error
         # member extension → logical field: the manifest's aliases, ``aliases`` merged over
         self.field_map = FieldMap.of_manifest(self.manifest, read.aliases).only(read.fields)
+        self._init_position(world)
         self._planning.signature()  # a planner must declare its options (or fail here)
         # batches per worker output: NOTE [bundles] in shardloader/deliver/transport.py
         self._bundle = 1
         self._ring: Any = None  # the loader's shared buffers (NOTE [ring slots] there)
-        self._init_position(world)
         self._skip_log: SkipLog | None = None  # read/skips.py: where run-time skips go
         self._lengths: np.ndarray | None = None
         if self.planner is not None:  # a planner that reads the data itself checks it and
             self._lengths = self.planner.bind(self)  # loads lengths (batching/blocks.py)
             if self._lengths is None and self.planner.needs_lengths:
-                self._lengths = self._load_lengths(required=True)
-        # len() of the last (epoch, start, rank, world) asked for: the loader checks every
-        # pass against it; lengths loaded only for report(), never pickled into workers
-        self._len_cache: tuple[tuple[int, ...], int] | None = None
+                self._lengths = self._source.lengths(required=True)
+        # lengths loaded only for report(), never pickled into workers
         self._report_lengths: tuple[np.ndarray | None] | None = None
         self._plan_cache: tuple[tuple[Any, ...], EpochPlan] | None = None
 
@@ -180,17 +201,14 @@ class ShardedDataset(DatasetState, IterableDataset):  # type: ignore[type-arg]
     def plan(self, epoch: int | None = None) -> EpochPlan:
         """This rank's plan of an epoch (its partition's batches and the rank's slots in
         them), the current one as resumed, any other from its start; pure, reads no shard."""
-        current, position, history = self._where()
-        e = current if epoch is None else integer("epoch", epoch)
-        if e != current:
-            position, history = 0, ()
+        e, position, history = self._where(epoch)
         return self._plan(e, position, self.rank, self.world_size, history)
 
     def report(self, epoch: int | None = None) -> EpochReport:
         """Steps per rank, samples padded/dropped/truncated and where every token goes (all
         ranks together) for an epoch; plans the epoch, reads nothing but the sidecar lengths."""
         e, plans = self._epoch_plans(epoch)
-        lengths = self._lengths if self._lengths is not None else self._lengths_for_report()
+        lengths = self._lengths_for_report()
         report = self._planning.report(e, plans, lengths, self.collate_fn)
         from shardloader.plan.cost import rank_balance  # packed rows' step cost
 
@@ -206,19 +224,14 @@ class ShardedDataset(DatasetState, IterableDataset):  # type: ignore[type-arg]
         from shardloader.plan.ledger import build
 
         e, plans = self._epoch_plans(epoch)
-        lengths = self._lengths if self._lengths is not None else self._lengths_for_report()
+        lengths = self._lengths_for_report()
         return build(e, self.world_size, self._planning, plans, lengths, self.collate_fn)
 
     def _epoch_plans(self, epoch: int | None) -> tuple[int, list[EpochPlan]]:
         """Every partition's plan of an epoch: the current one as resumed (its position and
         reshapes), any other from its start."""
-        current, position, history = self._where()
-        e = current if epoch is None else integer("epoch", epoch)
-        if e != current:
-            position, history = 0, ()
-        part = self.partition
-        plans = self._planning.cluster(e, position, part, self._lengths, history)
-        return e, plans
+        e, position, history = self._where(epoch)
+        return e, self._planning.cluster(e, position, self.partition, self._lengths, history)
 
     def reshaped_from(self, saved_plan: str) -> int | None:
         """The batch shape a saved plan signature was made with, when it is this dataset's
@@ -238,40 +251,20 @@ class ShardedDataset(DatasetState, IterableDataset):  # type: ignore[type-arg]
         self._skip_log = None if directory is None else SkipLog(os.fspath(directory))
 
     def _lengths_for_report(self) -> np.ndarray | None:
+        """The planner's lengths, else the sidecars' (loaded once, when recorded)."""
+        if self._lengths is not None:
+            return self._lengths
         if self._report_lengths is None:
             lengths = None
             if self.manifest.length_field is not None:
-                lengths = self._load_lengths(required=False)
+                lengths = self._source.lengths(required=False)
             self._report_lengths = (lengths,)
         return self._report_lengths[0]
 
     def __len__(self) -> int:
-        """Steps (batches, or samples when unbatched) this rank yields in the current epoch."""
-        epoch, start, history = self._where()
-        values = self._control.get()
-        key = (epoch, start, *values[_RANK:], *(v for link in history for v in link))
-        cached = self._len_cache
-        if cached is None or cached[0] != key:
-            plan = self._plan(epoch, start, values[_RANK], values[_WORLD], history)
-            self._len_cache = cached = (key, plan.slots.steps_per_rank)
-        return cached[1]
-
-    # -- what a subclass may replace (shardloader.mixture.Mixture does) --------------------
-    def _open(self, url: str) -> tuple[Any, str]:
-        """The manifest and its folder."""
-        return read_manifest(self.read_options.store(url))
-
-    def _load_lengths(self, required: bool) -> np.ndarray | None:
-        """Every sample's recorded length by global id (:func:`load_lengths`)."""
-        return load_lengths(self.manifest, self.base, self.read_options, required=required)
-
-    def _order_source(self) -> Any:
-        """An object whose ``order(epoch)`` replaces the epoch order (None: the shuffle's)."""
-        return None
-
-    def _shard_set(self, where: str, working_set: int) -> Any:
-        """What a pass reads samples through, by global id."""
-        return ShardSet(self.manifest, self.base, self.read_options, where, working_set)
+        """Steps (batches, or samples when unbatched) this rank yields in the current epoch
+        (its plan is kept: the loader checks the pass it starts against it)."""
+        return self.plan().slots.steps_per_rank
 
     # -- planning (pure: shardloader.plan.epoch) -----------------------------------------------
     @property
@@ -283,7 +276,7 @@ class ShardedDataset(DatasetState, IterableDataset):  # type: ignore[type-arg]
             self.uneven,
             self.batch_size,
             self.planner,
-            self._order_source(),
+            self._source.order(self),
         )
 
     def _plan(
@@ -298,8 +291,7 @@ class ShardedDataset(DatasetState, IterableDataset):  # type: ignore[type-arg]
         (``len()`` and the pass after it plan the same pass in the same process), never
         pickled into workers."""
         planning = self._planning
-        per_node = (self._control.get()[_PER_NODE] or None) if world == self.world_size else None
-        part = self._partition_of(world, per_node)
+        part = self.partition if world == self.world_size else self._partition_of(world, None)
         key: tuple[Any, ...] = (epoch, start, rank, world, part, self.seed, planning.signature())
         # a mixture's order source carries its weights (hashable, by value)
         key += (id(self._lengths), planning.order_source, *reshapes)
@@ -313,9 +305,8 @@ class ShardedDataset(DatasetState, IterableDataset):  # type: ignore[type-arg]
     # -- iteration ------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
         # the pass is recorded now, not at the first batch: a StatefulDataLoader asks for
-        # the state before it (NOTE [worker states] in shardloader/deliver/stateful.py)
-        values = self._control.get()
-        place = detect_place(values[_RANK], values[_WORLD])
+        # the state before it (NOTE [worker states] in shardloader/deliver/position.py)
+        place = detect_place(self.rank, self.world_size)
         progress, place, epoch, start = self._begin_pass(place)
         if progress.done >= progress.steps:
             return iter(())
@@ -333,7 +324,6 @@ class ShardedDataset(DatasetState, IterableDataset):  # type: ignore[type-arg]
     def _iterate(
         self, place: Place, epoch: int, start: int, history: tuple[Reshape, ...]
     ) -> Iterator[Any]:
-        values = self._control.get()
         seed_global_rngs(derive_seed(self.seed, epoch, place.rank, place.worker, 1 << 40))
         plan = self._plan(epoch, start, place.rank, place.world_size, history)
         rows: Any = None  # a TokenBlocks: its units are rows of token shards
@@ -346,7 +336,7 @@ class ShardedDataset(DatasetState, IterableDataset):  # type: ignore[type-arg]
             self.uneven,
             self.seed,
             self.batch_size is not None or self.planner is not None,
-            self._shard_set,
+            self._source.shard_set,
             self.field_map,
             self.decoder,
             self.transform,
@@ -354,7 +344,7 @@ class ShardedDataset(DatasetState, IterableDataset):  # type: ignore[type-arg]
             self.on_error,
             self._lengths,
             self._skip_log,
-            self._partition_of(place.world_size, values[_PER_NODE] or None),
+            self.partition,
             rows=rows,
             bundle=self._bundle,
             ring=self._ring,

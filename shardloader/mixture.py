@@ -13,7 +13,7 @@ NOTE [mixture state]: the weights may change at a resume.  The plan of a mixture
 fixed by the weights in force for it, and the batches of a partly read epoch were planned with
 those, so a new weight applies from the next mixture epoch (or from the resumed one when it
 has not begun).  The schedule of ``(from_epoch, integer parts)`` lives in shared memory (like
-the dataset's epoch and position, NOTE [why shared memory here] in deliver/control.py), so
+the dataset's epoch and position, NOTE [why shared memory here] in deliver/position.py), so
 persistent DataLoader workers see a change; ``state_dict()`` records it and a resume replays it.
 
 Stages (weights changing at optimizer steps): NOTE [stages] in :mod:`shardloader.plan.stages`.
@@ -30,9 +30,8 @@ from typing import Any
 import numpy as np
 
 from shardloader.batching.base import check_planner
-from shardloader.dataset import ShardedDataset
-from shardloader.deliver.control import Control
-from shardloader.deliver.position import integer
+from shardloader.dataset import Packed, ShardedDataset
+from shardloader.deliver.position import Control, integer
 from shardloader.errors import UsageError
 from shardloader.manifest import Manifest, read_manifest
 from shardloader.options import ReadOptions, ShuffleOptions
@@ -42,18 +41,13 @@ from shardloader.plan.mixcounts import delivered_by_source
 from shardloader.plan.mixschedule import Entries, read_entries, saved_entries, write_entries
 from shardloader.plan.rowmix import epoch_tokens, row_tokens, source_rows
 from shardloader.plan.shuffle import derive_seed
-from shardloader.plan.stages import (
-    check_stages,
-    saved_step_size,
-    stage_counts,
-    stage_positions,
-)
+from shardloader.plan.stages import check_stages, saved_step_size, stage_counts, stage_positions
 from shardloader.plan.tokenblend import TokenMixOrder
 from shardloader.read.lengths import load_lengths
 from shardloader.read.mixed import MixedShards, virtual_manifest
 from shardloader.read.shardset import ShardSet
 
-__all__ = ["Source", "Mixture", "MixtureReport", "SourceCounts", "MixedShards"]
+__all__ = ["Blend", "Source", "Mixture", "MixtureReport", "SourceCounts", "MixedShards"]
 
 _MIX_SEED = 0x6D6978  # domain tag of the sources' own seeds ("mix")
 _MAX_ENTRIES = 64  # weight changes a schedule holds
@@ -103,6 +97,157 @@ class MixtureReport(EpochReport):
     sources: Mapping[str, SourceCounts] = field(default_factory=dict)
 
 
+class Blend(Packed):
+    """The sources of a mixture as what a dataset reads: one manifest over every source's
+    shards (:func:`virtual_manifest`), lengths and shards mapped back to each source, and the
+    blended epoch order under the weight schedule (NOTE [mixture state]) or the stages."""
+
+    def __init__(
+        self,
+        sources: Mapping[str, str | Source],
+        weights: Mapping[str, float] | None,
+        stages: Sequence[tuple[int, Mapping[str, float]]] | None,
+        epoch_samples: int | None,
+        by: str,
+        shuffle: ShuffleOptions,
+        seed: int,
+        read: ReadOptions,
+        options: Mapping[str, Any],
+    ) -> None:
+        planner = check_planner(options.get("planner"))
+        self.rows = planner is not None and planner.units == "rows"  # NOTE [token rows mix]
+        if self.rows and (by != "samples" or stages is not None):
+            raise UsageError(
+                f"{type(planner).__name__} mixes rows of seq_len tokens, already exact in "
+                "tokens: leave by= at its default; stages= need batch_size= (use weights=)"
+            )
+        self.names = tuple(str(n) for n in sources)
+        self.by, self.read, self.url = by, read, "mixture:" + ",".join(self.names)
+        self.by_tokens: tuple[tuple[np.ndarray, ...], int] | None = None
+        self.opened: list[tuple[Manifest, str, ReadOptions]] = []
+        shuffles, seeds = [], []
+        for name, given in sources.items():
+            src = Source(given) if isinstance(given, str) else given
+            if not isinstance(src, Source):
+                raise UsageError(f"source {name!r}: expected a URL or a Source, got {given!r}")
+            own_read = src.read or read
+            manifest, base = read_manifest(own_read.store(src.url))
+            if manifest.num_samples == 0:
+                raise UsageError(f"source {name!r} ({src.url}) holds no samples")
+            self.opened.append((manifest, base, own_read))
+            own = shuffle if src.shuffle is None else src.shuffle
+            shuffles.append(own if isinstance(own, ShuffleOptions) else ShuffleOptions(own))
+            tag = zlib.crc32(str(name).encode())
+            seeds.append(derive_seed(seed, _MIX_SEED, tag) if src.seed is None else int(src.seed))
+        self.manifest = virtual_manifest(self.names, [m for m, _, _ in self.opened])
+        sizes = tuple(tuple(int(x) for x in m.shard_sizes) for m, _, _ in self.opened)
+        self.source_lengths: list[np.ndarray] | None = None
+        if self.rows:  # positions are rows (NOTE [token rows mix] in plan/rowmix.py)
+            sizes, self.source_lengths = source_rows(planner, self.names, self.opened, load_lengths)
+        total = sum(sum(s) for s in sizes)
+        self.epoch_samples = (
+            total if epoch_samples is None else integer("epoch_samples", epoch_samples)
+        )
+        if self.epoch_samples < 1:
+            raise UsageError(f"epoch_samples must be >= 1, got {epoch_samples!r}")
+        self.static = (sizes, tuple(seeds), tuple(shuffles))
+        self.stage_steps = check_stages(  # NOTE [stages] in plan/stages.py
+            weights, stages, planner, options.get("batch_size"), _MAX_ENTRIES, self.parts_of
+        )
+        staged = self.stage_steps[0][1] if self.stage_steps else None
+        parts = staged or self.parts_of(weights or {}, "weights")
+        self.step_size = Control([0])  # NOTE [stages]: fixed by the first state saved
+        capacity = 1 + _MAX_ENTRIES * (1 + len(self.names))
+        self.schedule = Control([1, 0, *parts] + [0] * (capacity - 2 - len(parts)))
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["by_tokens"] = state["source_lengths"] = None  # loaded where needed
+        return state
+
+    def lengths(self, required: bool) -> np.ndarray | None:
+        parts: list[np.ndarray] = []
+        for name, (m, base, read) in zip(self.names, self.opened, strict=True):
+            if m.length_field is None or m.length_field != self.manifest.length_field:
+                if not required:
+                    return None
+                raise UsageError(
+                    f"the planner needs per-sample lengths but source {name!r} records "
+                    f"{m.length_field!r} and the mixture {self.manifest.length_field!r}; pack "
+                    "every source with the same text/token field"
+                )
+            own = self.source_lengths
+            got = own[len(parts)] if own else load_lengths(m, base, read, required=required)
+            if got is None:
+                return None
+            parts.append(got)
+        return np.concatenate(parts)
+
+    def shard_set(self, where: str, working_set: int) -> Any:
+        sets = [  # every error then names the source too: "(source 'web', rank 0/2, ...)"
+            ShardSet(m, base, read, f"source {name!r}, {where}", working_set)
+            for name, (m, base, read) in zip(self.names, self.opened, strict=True)
+        ]
+        return MixedShards(sets, self.names, self.read)
+
+    def order(self, mix: Mixture) -> MixOrder:  # NOTE [mixture partitions] in plan/blend.py
+        sizes, seeds, shuffles = self.static
+        stages: tuple[tuple[int, tuple[int, ...]], ...] = ()
+        named = ""
+        if self.stage_steps:  # NOTE [stages]
+            starts = [pos for _, pos in self.stage_starts(mix)]
+            stages = tuple(zip(starts, [p for _, p in self.stage_steps], strict=True))
+            named = str([[st, list(p)] for st, p in self.stage_steps]).replace(" ", "")
+        args = (sizes, seeds, shuffles, self.epoch_samples, self.entries(), stages, named)
+        if self.by == "tokens":  # NOTE [token deadlines] in plan/tokenblend.py
+            lengths, key = self.token_lengths()
+            return TokenMixOrder(*args, lengths=lengths, lengths_key=key)
+        return MixOrder(*args)
+
+    def stage_starts(self, mix: Mixture) -> list[tuple[int, int]]:
+        per_step, nodes = mix.samples_per_step, mix.partition.nodes
+        return stage_positions(self.stage_steps, per_step, self.epoch_samples, mix.uneven, nodes)
+
+    def parts_of(self, weights: Mapping[str, float], where: str) -> tuple[int, ...]:
+        if not isinstance(weights, Mapping):
+            raise UsageError(f"{where} must be a mapping {{source name: weight}}, got {weights!r}")
+        if self.by == "tokens":
+            self.token_lengths()  # checked now: every source must record lengths
+        return schedule_parts(self.names, weights, where)  # by="tokens": token parts
+
+    def token_lengths(self) -> tuple[tuple[np.ndarray, ...], int]:
+        """Per source its documents' recorded lengths, and a checksum of them all (what
+        :class:`~shardloader.plan.tokenblend.TokenMixOrder` places by); loaded once."""
+        if self.by_tokens is not None:
+            return self.by_tokens
+        found = []
+        for name, (m, base, read) in zip(self.names, self.opened, strict=True):
+            lengths = load_lengths(m, base, read, required=False) if m.length_field else None
+            if lengths is None or not lengths.sum():
+                raise UsageError(
+                    f"by='tokens' needs token counts, but source {name!r} records no lengths "
+                    "(pack it with a text or token field)"
+                )
+            found.append(np.asarray(lengths, np.int64))
+        key = zlib.crc32(b"".join(a.tobytes() for a in found))
+        self.by_tokens = (tuple(found), key)
+        return self.by_tokens
+
+    def entries(self) -> Entries:
+        return read_entries(self.schedule.get(), len(self.names))
+
+    def set_parts(self, parts: tuple[int, ...], epoch: int) -> None:
+        """Blend with ``parts`` from ``epoch`` on (a plan is cached by its order: no reset)."""
+        kept = [(e, p) for e, p in self.entries() if e < epoch]
+        if not kept or kept[-1][1] != parts:
+            kept.append((epoch, parts))
+        write_entries(self.schedule, len(self.names), kept, _MAX_ENTRIES)
+
+    def normalised(self, parts: tuple[int, ...]) -> dict[str, float]:
+        total = sum(parts)
+        return {n: p / total for n, p in zip(self.names, parts, strict=True)}
+
+
 class Mixture(ShardedDataset):
     """Blend named sources by weight into one stream (``shardloader.Mixture``).
 
@@ -121,7 +266,8 @@ class Mixture(ShardedDataset):
 
     Every other argument is :class:`ShardedDataset`'s (batch size or planner, shuffle, seed,
     uneven, transform, collate, decoder, on_error, read, world), applied to the mixed
-    stream; ``shuffle`` and ``read`` are also the sources' defaults.
+    stream; ``shuffle`` and ``read`` are also the sources' defaults.  The mixture reads its
+    sources through a :class:`Blend`.
     """
 
     def __init__(
@@ -141,188 +287,49 @@ class Mixture(ShardedDataset):
             raise UsageError("a Mixture needs sources: {name: url or Source}, at least one")
         if by not in BLEND_UNITS:
             raise UsageError(f"by={by!r} is not one of {BLEND_UNITS}")
-        planner = check_planner(options.get("planner"))
-        self._rows = planner is not None and planner.units == "rows"  # NOTE [token rows mix]
-        if self._rows and (by != "samples" or stages is not None):
-            raise UsageError(
-                f"{type(planner).__name__} mixes rows of seq_len tokens, already exact in "
-                "tokens: leave by= at its default; stages= need batch_size= (use weights=)"
-            )
         read = read or ReadOptions()
-        base_shuffle = shuffle if isinstance(shuffle, ShuffleOptions) else ShuffleOptions(shuffle)
+        shuffle = shuffle if isinstance(shuffle, ShuffleOptions) else ShuffleOptions(shuffle)
         seed = integer("seed", seed)
-        self.names = tuple(str(n) for n in sources)
-        self.by = by
-        self._by_tokens: tuple[tuple[np.ndarray, ...], int] | None = None
-        opened: list[tuple[Manifest, str, ReadOptions]] = []
-        shuffles, seeds = [], []
-        for name, given in sources.items():
-            src = Source(given) if isinstance(given, str) else given
-            if not isinstance(src, Source):
-                raise UsageError(f"source {name!r}: expected a URL or a Source, got {given!r}")
-            own_read = src.read or read
-            manifest, base = read_manifest(own_read.store(src.url))
-            if manifest.num_samples == 0:
-                raise UsageError(f"source {name!r} ({src.url}) holds no samples")
-            opened.append((manifest, base, own_read))
-            own = base_shuffle if src.shuffle is None else src.shuffle
-            shuffles.append(own if isinstance(own, ShuffleOptions) else ShuffleOptions(own))
-            tag = zlib.crc32(str(name).encode())
-            seeds.append(derive_seed(seed, _MIX_SEED, tag) if src.seed is None else int(src.seed))
-        self._opened = opened
-        sizes = tuple(tuple(int(x) for x in m.shard_sizes) for m, _, _ in opened)
-        self._source_lengths: list[np.ndarray] | None = None
-        if self._rows:  # positions are rows (NOTE [token rows mix] in plan/rowmix.py)
-            sizes, self._source_lengths = source_rows(planner, self.names, opened, load_lengths)
-        total = sum(sum(s) for s in sizes)
-        self.epoch_samples = (
-            total if epoch_samples is None else integer("epoch_samples", epoch_samples)
-        )
-        if self.epoch_samples < 1:
-            raise UsageError(f"epoch_samples must be >= 1, got {epoch_samples!r}")
-        self._static = (sizes, tuple(seeds), tuple(shuffles))
-        self._stage_steps = check_stages(  # NOTE [stages] in plan/stages.py
-            weights, stages, planner, options.get("batch_size"), _MAX_ENTRIES, self._parts_of
-        )
-        staged = self._stage_steps[0][1] if self._stage_steps else None
-        parts = staged or self._parts_of(weights or {}, "weights")
-        self._samples_per_step = Control([0])  # NOTE [stages]: fixed by the first state saved
-        capacity = 1 + _MAX_ENTRIES * (1 + len(self.names))
-        self._schedule = Control([1, 0, *parts] + [0] * (capacity - 2 - len(parts)))
-        super().__init__(
-            "mixture:" + ",".join(self.names),
-            shuffle=base_shuffle,
-            seed=seed,
-            read=read,
-            **options,
-        )
+        blend = Blend(sources, weights, stages, epoch_samples, by, shuffle, seed, read, options)
+        self.blend = blend
+        self.names, self.by, self.epoch_samples = blend.names, by, blend.epoch_samples
+        super().__init__(blend, shuffle=shuffle, seed=seed, read=read, **options)
 
     @property
     def samples_per_step(self) -> int:
         """Samples of one optimizer step that stages are counted in: ``batch_size`` x world
         size, kept from the first run by its saved state (NOTE [stages])."""
-        world = self.world_size if hasattr(self, "_control") else 1  # (during __init__)
-        return self._samples_per_step.get()[0] or int(self.batch_size or 1) * world
+        return self.blend.step_size.get()[0] or int(self.batch_size or 1) * self.world_size
 
     def stage_starts(self) -> list[tuple[int, int]]:
         """``(step, stream position)`` where each stage begins (NOTE [stages])."""
-        nodes = self.partition.nodes if hasattr(self, "_control") else 1
-        per_step, e = self.samples_per_step, self.epoch_samples
-        return stage_positions(self._stage_steps, per_step, e, self.uneven, nodes)
+        return self.blend.stage_starts(self)
 
     def stage_report(self, epochs: int) -> list[dict[str, Any]]:
         """Each stage's first step and stream position, and what it delivers per source in
         the first ``epochs`` mixture epochs (documents, and tokens where lengths are recorded;
         the last stage up to that end): what ``shardloader plan --stage`` prints."""
-        sizes = {n: m.num_samples for n, (m, _, _) in zip(self.names, self._opened, strict=True)}
-        weights = [self._normalised(p) for _, p in self._stage_steps]
-        order, lengths = self._order_source().order, self._lengths_for_report()
+        blend = self.blend
+        sizes = {n: m.num_samples for n, (m, _, _) in zip(self.names, blend.opened, strict=True)}
+        weights = [blend.normalised(p) for _, p in blend.stage_steps]
+        order, lengths = blend.order(self).order, self._lengths_for_report()
         return stage_counts(
             self.stage_starts(), weights, order, self.epoch_samples, epochs, sizes, lengths
         )
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = super().__getstate__()
-        state["_by_tokens"] = state["_source_lengths"] = None  # loaded where needed
-        return state
-
-    # -- the virtual dataset ----------------------------------------------------------------
-    def _open(self, url: str) -> tuple[Any, str]:
-        """One manifest over every source's shards (:func:`virtual_manifest`)."""
-        return virtual_manifest(self.names, [m for m, _, _ in self._opened]), url
-
-    def _load_lengths(self, required: bool) -> np.ndarray | None:
-        parts: list[np.ndarray] = []
-        for name, (m, base, read) in zip(self.names, self._opened, strict=True):
-            if m.length_field is None or m.length_field != self.manifest.length_field:
-                if not required:
-                    return None
-                raise UsageError(
-                    f"the planner needs per-sample lengths but source {name!r} records "
-                    f"{m.length_field!r} and the mixture {self.manifest.length_field!r}; pack "
-                    "every source with the same text/token field"
-                )
-            own = self._source_lengths
-            got = own[len(parts)] if own else load_lengths(m, base, read, required=required)
-            if got is None:
-                return None
-            parts.append(got)
-        return np.concatenate(parts)
-
-    def _shard_set(self, where: str, working_set: int) -> Any:
-        sets = [  # every error then names the source too: "(source 'web', rank 0/2, ...)"
-            ShardSet(m, base, read, f"source {name!r}, {where}", working_set)
-            for name, (m, base, read) in zip(self.names, self._opened, strict=True)
-        ]
-        return MixedShards(sets, self.names, self.read_options)
-
-    def _order_source(self) -> MixOrder:  # NOTE [mixture partitions] in plan/blend.py
-        sizes, seeds, shuffles = self._static
-        stages: tuple[tuple[int, tuple[int, ...]], ...] = ()
-        named = ""
-        if self._stage_steps:  # NOTE [stages]
-            starts = [pos for _, pos in self.stage_starts()]
-            stages = tuple(zip(starts, [p for _, p in self._stage_steps], strict=True))
-            named = str([[st, list(p)] for st, p in self._stage_steps]).replace(" ", "")
-        if self.by == "tokens":  # NOTE [token deadlines] in plan/tokenblend.py
-            lengths, key = self._token_lengths()
-            return TokenMixOrder(
-                sizes, seeds, shuffles, self.epoch_samples, self._entries(), stages, named,
-                lengths=lengths, lengths_key=key,
-            )  # fmt: skip
-        return MixOrder(sizes, seeds, shuffles, self.epoch_samples, self._entries(), stages, named)
 
     def order(self, epoch: int | None = None) -> np.ndarray:
         """The blended order of mixture epoch ``epoch`` (default: current), as virtual ids
         (source ``s``'s sample ``i`` is ``offsets[s] + i``); pure, reads no shard."""
         e = self.epoch if epoch is None else epoch  # in this world's partitions
-        return self._order_source().partitioned(e, self.partition.nodes)[0]
+        return self.blend.order(self).partitioned(e, self.partition.nodes)[0]
 
     @property
     def offsets(self) -> dict[str, int]:
         """Each source's first virtual id."""
-        sizes = [sum(s) for s in self._static[0]]  # rows with TokenBlocks
+        sizes = [sum(s) for s in self.blend.static[0]]  # rows with TokenBlocks
         return dict(zip(self.names, np.cumsum([0, *sizes[:-1]]).tolist(), strict=True))
 
     # -- weights and their schedule ---------------------------------------------------------
-    def _parts_of(self, weights: Mapping[str, float], where: str) -> tuple[int, ...]:
-        if not isinstance(weights, Mapping):
-            raise UsageError(f"{where} must be a mapping {{source name: weight}}, got {weights!r}")
-        if self.by == "tokens":
-            self._token_lengths()  # checked now: every source must record lengths
-        return schedule_parts(self.names, weights, where)  # by="tokens": token parts
-
-    def _token_lengths(self) -> tuple[tuple[np.ndarray, ...], int]:
-        """Per source its documents' recorded lengths, and a checksum of them all (what
-        :class:`~shardloader.plan.tokenblend.TokenMixOrder` places by); loaded once."""
-        if self._by_tokens is not None:
-            return self._by_tokens
-        found = []
-        for name, (m, base, read) in zip(self.names, self._opened, strict=True):
-            lengths = load_lengths(m, base, read, required=False) if m.length_field else None
-            if lengths is None or not lengths.sum():
-                raise UsageError(
-                    f"by='tokens' needs token counts, but source {name!r} records no lengths "
-                    "(pack it with a text or token field)"
-                )
-            found.append(np.asarray(lengths, np.int64))
-        key = zlib.crc32(b"".join(a.tobytes() for a in found))
-        self._by_tokens = (tuple(found), key)
-        return self._by_tokens
-
-    def _entries(self) -> Entries:
-        return read_entries(self._schedule.get(), len(self.names))
-
-    def _store(self, entries: list[tuple[int, tuple[int, ...]]]) -> None:
-        write_entries(self._schedule, len(self.names), entries, _MAX_ENTRIES)
-        self._plan_cache, self._len_cache = None, None
-
-    def _set_parts(self, parts: tuple[int, ...], epoch: int) -> None:
-        kept = [(e, p) for e, p in self._entries() if e < epoch]
-        if not kept or kept[-1][1] != parts:
-            kept.append((epoch, parts))
-        self._store(kept)
-
     def set_weights(self, weights: Mapping[str, float], *, epoch: int) -> None:
         """Blend with ``weights`` from mixture epoch ``epoch`` on; epochs before keep theirs
         and later changes already scheduled are replaced.  ``epoch`` is explicit: after a pass
@@ -330,64 +337,56 @@ class Mixture(ShardedDataset):
         must keep the weights they were planned with (NOTE [mixture state]).  Call it between
         passes (never during one)."""
         epoch = integer("epoch", epoch)
-        if self._stage_steps:
+        if self.blend.stage_steps:
             raise UsageError("this mixture's weights follow its stages: build it with new stages")
         if epoch < 0:
             raise UsageError(f"epoch must be >= 0, got {epoch}")
-        self._set_parts(self._parts_of(weights, "weights"), epoch)
+        self.blend.set_parts(self.blend.parts_of(weights, "weights"), epoch)
 
     @property
     def schedule(self) -> list[tuple[int, dict[str, float]]]:
         """``(from_epoch, {name: weight})`` of every weight change, weights normalised
         (the stages of a staged mixture are :attr:`stages`)."""
-        return [(e, self._normalised(p)) for e, p in self._entries()]
+        return [(e, self.blend.normalised(p)) for e, p in self.blend.entries()]
 
     @property
     def stages(self) -> list[tuple[int, dict[str, float]]]:
         """``(from_step, {name: weight})`` of each stage, weights normalised (empty: none)."""
-        return [(st, self._normalised(p)) for st, p in self._stage_steps]
+        return [(st, self.blend.normalised(p)) for st, p in self.blend.stage_steps]
 
     def weights(self, epoch: int | None = None) -> dict[str, float]:
         """The (normalised) weights in force for mixture epoch ``epoch`` (default: current)."""
-        return self._normalised(
-            self._order_source().parts_at(self.epoch if epoch is None else epoch)
-        )
-
-    def _normalised(self, parts: tuple[int, ...]) -> dict[str, float]:
-        total = sum(parts)
-        return {n: p / total for n, p in zip(self.names, parts, strict=True)}
+        parts = self.blend.order(self).parts_at(self.epoch if epoch is None else epoch)
+        return self.blend.normalised(parts)
 
     def extra_state(self) -> dict[str, Any]:
         """What the loader state adds (NOTE [mixture state]): sources and weight schedule."""
         saved: dict[str, Any] = {
             "sources": list(self.names),
             "by": self.by,
-            "schedule": [[e, list(p)] for e, p in self._entries()],
+            "schedule": [[e, list(p)] for e, p in self.blend.entries()],
         }
-        if self._stage_steps:  # NOTE [stages]: where they begin, in this run's steps
-            saved["stages"] = [[st, list(p)] for st, p in self._stage_steps]
+        if self.blend.stage_steps:  # NOTE [stages]: where they begin, in this run's steps
+            saved["stages"] = [[st, list(p)] for st, p in self.blend.stage_steps]
             saved["samples_per_step"] = self.samples_per_step
         return {"mixture": saved}
 
     def load_extra_state(self, state: Mapping[str, Any], epoch: int, position: int) -> None:
         """Replay a saved schedule; weights passed to this Mixture that differ from the ones
-        saved for the resumed epoch apply from the next epoch not yet begun."""
+        saved for the resumed epoch apply from the next epoch not yet begun.  Saved stages
+        stay at the stream positions the saved run put them (NOTE [stages]); they must be
+        this mixture's."""
         saved: Any = state.get("mixture")
         entries = saved_entries(saved, self.names)
-        if self._stage_steps or "stages" in saved:
-            self._load_stages(saved)
+        blend = self.blend
+        if blend.stage_steps or "stages" in saved:
+            blend.step_size.set(0, saved_step_size(saved, blend.stage_steps))
             return
-        mine = self._entries()[-1][1]  # the weights this Mixture was made with
-        self._store(entries)
+        mine = blend.entries()[-1][1]  # the weights this Mixture was made with
+        write_entries(blend.schedule, len(self.names), entries, _MAX_ENTRIES)
         boundary = epoch if position == 0 else epoch + 1
-        if self._order_source().parts_at(boundary) != mine:
-            self._set_parts(mine, boundary)
-
-    def _load_stages(self, saved: Any) -> None:
-        """Keep the saved stages at the stream positions the saved run put them (NOTE
-        [stages]); they must be this mixture's."""
-        self._samples_per_step.set(0, saved_step_size(saved, self._stage_steps))
-        self._plan_cache, self._len_cache = None, None
+        if blend.order(self).parts_at(boundary) != mine:
+            blend.set_parts(mine, boundary)
 
     # -- reporting --------------------------------------------------------------------------
     def report(self, epoch: int | None = None) -> MixtureReport:
@@ -395,15 +394,15 @@ class Mixture(ShardedDataset):
         base = super().report(epoch)
         e = base.epoch
         plans = self._planning.cluster(e, 0, self.partition, self._lengths)
-        lengths = self._lengths if self._lengths is not None else self._lengths_for_report()
-        sizes = [sum(s) for s in self._static[0]]
-        if self._rows and lengths is not None:  # rows and their tokens (plan/rowmix.py)
+        lengths = self._lengths_for_report()
+        sizes = [sum(s) for s in self.blend.static[0]]
+        if self.blend.rows and lengths is not None:  # rows and their tokens (plan/rowmix.py)
             lengths = row_tokens(self.planner, self.manifest.shard_sizes, lengths)
         samples, tokens, flat = delivered_by_source(plans, sizes, lengths)
-        mix = self._order_source()
+        mix = self.blend.order(self)
         planned = np.bincount(mix.sources(e), minlength=len(self.names))
         own_epoch, started = mix.source_epochs(e)
-        weights = self._normalised(mix.parts_at(e))
+        weights = self.blend.normalised(mix.parts_at(e))
         counts = {
             name: SourceCounts(
                 weights[name],
@@ -417,7 +416,7 @@ class Mixture(ShardedDataset):
         }
         values = {f.name: getattr(base, f.name) for f in dataclasses.fields(EpochReport)}
         values["num_samples"] = self.epoch_samples
-        if self._rows and self._lengths is not None:  # NOTE [token rows mix]
+        if self.blend.rows and self._lengths is not None:  # NOTE [token rows mix]
             shards, lens = self.manifest.shard_sizes, self._lengths
             values |= epoch_tokens(self.planner, shards, lens, plans, mix.order(e))
         return MixtureReport(**values, sources=counts)

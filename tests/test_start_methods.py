@@ -1,6 +1,6 @@
 """DataLoader workers started by fork, forkserver (Python 3.14's default on Linux) and spawn
 yield the same batches: transforms, collates, the shared-memory ring and the service's
-workers alike (NOTE [worker start methods] in shardloader/deliver/workerstart.py)."""
+workers alike (NOTE [worker start methods] in shardloader/deliver/workers.py)."""
 
 from __future__ import annotations
 

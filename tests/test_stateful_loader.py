@@ -1,6 +1,6 @@
 """torchdata's StatefulDataLoader around a ShardedDataset resumes exactly, through the dataset's
 own state_dict / load_state_dict that it calls in each worker (NOTE [worker states] in
-shardloader/deliver/stateful.py).  Real StatefulDataLoader, real worker processes."""
+shardloader/deliver/position.py).  Real StatefulDataLoader, real worker processes."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """ShardLoader workers whose training process was SIGKILLed exit on their own, as a plain torch
-DataLoader's do (NOTE [orphaned workers] in shardloader/deliver/workerinit.py): real
+DataLoader's do (NOTE [orphaned workers] in shardloader/deliver/workers.py): real
 DataLoader workers in a real process, killed mid-epoch while the batches they hold fill the
 result pipe."""
 

@@ -3,10 +3,11 @@
 * :mod:`~shardloader.deliver.loader`: :func:`make_loader`, a torch DataLoader with a resumable
   state;
 * :mod:`~shardloader.deliver.position`: epoch, position, world and partitions a dataset shares
-  with its workers, over :mod:`~shardloader.deliver.control`'s shared values;
-* :mod:`~shardloader.deliver.transport` / :mod:`~shardloader.deliver.slots`: batches handed
-  over as shared buffers;
-* :mod:`~shardloader.deliver.workerinit`: what every worker does first;
+  with its workers through shared values, and each worker's own state;
+* :mod:`~shardloader.deliver.loaderstate`: the loader state, written and checked;
+* :mod:`~shardloader.deliver.transport` / :mod:`~shardloader.deliver.slotcollate`: batches
+  handed over as shared buffers;
+* :mod:`~shardloader.deliver.workers`: how workers start, and what each does first;
 * :mod:`~shardloader.deliver.monitor`: ``monitor(loader)``, is the loop waiting for data?
 """
 

@@ -43,8 +43,7 @@ from shardloader.dataset import ShardedDataset
 from shardloader.deliver.loaderstate import make_state, resume
 from shardloader.deliver.transport import Ring, batch_bytes, unbundle, worker_bundle
 from shardloader.deliver.watchdog import worker_stalled
-from shardloader.deliver.workerinit import WorkerInit
-from shardloader.deliver.workerstart import check_workers_pickle
+from shardloader.deliver.workers import WorkerInit, check_workers_pickle
 from shardloader.errors import IncompleteEpochError, UsageError
 
 __all__ = ["ShardLoader", "make_loader"]
@@ -79,13 +78,13 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
                 from shardloader.deliver.slotcollate import image_ring
 
                 ring = image_ring(dataset, kwargs["num_workers"], kwargs["prefetch_factor"])
-            check_workers_pickle(  # NOTE [worker start methods] in deliver/workerstart.py
+            check_workers_pickle(  # NOTE [worker start methods] in deliver/workers.py
                 dataset,
                 kwargs.get("multiprocessing_context"),
                 collate_fn=kwargs.get("collate_fn"),
                 worker_init_fn=kwargs.get("worker_init_fn"),
             )
-            # NOTE [orphaned workers] in shardloader/deliver/workerinit.py: each worker watches us
+            # NOTE [orphaned workers] in shardloader/deliver/workers.py: each worker watches us
             kwargs["worker_init_fn"] = WorkerInit(bundle, ring, kwargs.get("worker_init_fn"))
         kwargs.setdefault("collate_fn", _already_collated)
         super().__init__(dataset, batch_size=None, **kwargs)

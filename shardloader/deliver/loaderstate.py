@@ -1,6 +1,6 @@
 """The loader state: the few numbers that say where every rank of a job stands, written and
 checked in one place for :class:`~shardloader.deliver.loader.ShardLoader` and the dataset's own
-``state_dict`` (:mod:`shardloader.deliver.stateful`).
+``state_dict`` (:mod:`shardloader.deliver.position`).
 
 NOTE [one state for every rank]
     The state counts global batches consumed (NOTE [resume position] in
@@ -54,18 +54,15 @@ def make_state(
         "partitions": int(partitions),  # NOTE [node partitions] in shardloader/plan/partition.py
         "reshapes": [list(link) for link in reshapes],  # NOTE [reshape history] (plan/elastic.py)
     }
-    extra = getattr(ds, "extra_state", None)  # a mixture's weight schedule
-    if extra is not None:
-        state.update(extra())
+    state.update(ds.extra_state())  # a mixture's weight schedule
     return state
 
 
-def read_state(ds: Any, state: Any, load_extra: bool = True) -> Resume:
+def read_state(ds: Any, state: Any) -> Resume:
     """``(epoch, position, reshapes, partitions)`` a saved state resumes ``ds`` at, checked
     against the dataset (same shards, seed and plan; only the batch shape may differ: the
     rest is then a new link, NOTE [reshape history] in :mod:`shardloader.plan.elastic`).
-    ``partitions`` None: counted in the current ones.  ``load_extra``: replay a mixture's
-    saved schedule (the main process does; a worker must not touch the shared one)."""
+    ``partitions`` None: counted in the current ones."""
     if not isinstance(state, Mapping):
         raise ResumeError(
             f"a loader state is the dict state_dict() returned, got {type(state).__name__}"
@@ -101,9 +98,6 @@ def read_state(ds: Any, state: Any, load_extra: bool = True) -> Resume:
             f"saved position {position} in {partitions} partition(s) is not a step "
             "boundary: state_dict() writes a multiple of the partitions"
         )
-    extra = getattr(ds, "load_extra_state", None)
-    if extra is not None and load_extra:  # position 0 there means "the epoch has not begun"
-        extra(state, epoch, position if position or not reshapes else 1)
     if reshaped and (position or reshapes):  # continue with the new shape
         link = (int(reshaped), position)
         reshapes += (link if partitions == 1 else (int(reshaped), partitions, position),)
@@ -112,9 +106,13 @@ def read_state(ds: Any, state: Any, load_extra: bool = True) -> Resume:
 
 
 def resume(ds: Any, state: Any) -> None:
-    """Seek ``ds`` to a saved state (:func:`read_state`); plans the rest at once, so a
-    history that does not fit fails here and leaves the dataset at its epoch's start."""
+    """Seek ``ds`` to a saved state (:func:`read_state`), replaying what it adds (a mixture's
+    schedule: the main process does, a worker must not touch the shared one); plans the rest
+    at once, so a history that does not fit fails here and leaves the dataset at its epoch's
+    start."""
     epoch, position, reshapes, partitions = read_state(ds, state)
+    # position 0 there means "the epoch has not begun"
+    ds.load_extra_state(state, epoch, position if position or not reshapes else 1)
     try:
         ds.seek(epoch, position, reshapes, partitions)
         len(ds)

@@ -79,11 +79,12 @@ class SlotCollate:
         rest = self.inner([{k: v for k, v in s.items() if k != field} for s in samples])
         shape = (len(images), *images[0].shape)
         taken = self.ring.take(self.worker, math.prod(shape))
-        if taken is None:  # the loop still holds every slot's batch: the usual way, and the
-            return Collected(self.ring.id, self.inner(samples))  # slots collected on arrival
+        if taken is None:  # the loop still holds every slot's batch: the usual way (NOTE
+            return Crossing(_collected, self.ring.id, self.inner(samples))  # [collected])
         slot, raw = taken
         torch.stack(images, out=torch.from_numpy(raw).view(shape))
-        return SlotBatch(self.ring.id, self.worker, slot, shape, field, list(samples[0]), rest)
+        keys = list(samples[0])
+        return Crossing(_arrived, self.ring.id, self.worker, slot, shape, field, keys, rest)
 
 
 def _images(samples: Sequence[Any], field: str) -> list[torch.Tensor] | None:
@@ -91,12 +92,9 @@ def _images(samples: Sequence[Any], field: str) -> list[torch.Tensor] | None:
     dicts of the same keys (what the default collate stacks as it is), else None."""
     if not samples or not all(isinstance(s, Mapping) for s in samples):
         return None
-    first = samples[0].get(field)
-    if not isinstance(first, torch.Tensor) or first.dtype != torch.uint8:
-        return None
-    keys = samples[0].keys()
+    first, keys = samples[0].get(field), samples[0].keys()
     out = []
-    for s in samples:
+    for s in samples:  # the first sample is checked like the others (shape: against itself)
         x = s.get(field)
         if not isinstance(x, torch.Tensor) or x.dtype != torch.uint8 or x.shape != first.shape:
             return None
@@ -106,39 +104,21 @@ def _images(samples: Sequence[Any], field: str) -> list[torch.Tensor] | None:
     return out
 
 
-class SlotBatch:
-    """A batch whose ``field`` was stacked into a ring slot: pickles to the slot's address and
-    the rest of the batch; unpickling in the training process gives the batch dict."""
+class Crossing:
+    """A worker's batch that pickles to ``rebuild`` and its ``args``: unpickling in the
+    training process calls ``rebuild(*args)``, which gives the batch dict."""
 
-    def __init__(
-        self,
-        ring_id: str,
-        worker: int,
-        slot: int,
-        shape: tuple[int, ...],
-        field: str,
-        keys: list[str],
-        rest: dict[str, Any],
-    ) -> None:
-        self.args = (ring_id, worker, slot, shape, field, keys, rest)
+    def __init__(self, rebuild: Callable[..., Any], *args: Any) -> None:
+        self.rebuild, self.args = rebuild, args
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return _arrived, self.args
-
-
-class Collected:
-    """A batch collated the usual way for want of a free slot: unpickling it hands back the
-    slots whose batches are gone (otherwise only a batch arriving in a slot does, and a loop
-    that once held every slot would never get one back)."""
-
-    def __init__(self, ring_id: str, batch: Any) -> None:
-        self.ring_id, self.batch = ring_id, batch
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return _collected, (self.ring_id, self.batch)
+        return self.rebuild, self.args
 
 
 def _collected(ring_id: str, batch: Any) -> Any:
+    """NOTE [collected]: a batch collated the usual way for want of a free slot hands back, on
+    arrival, the slots whose batches are gone (otherwise only a batch arriving in a slot does,
+    and a loop that once held every slot would never get one back)."""
     ring = _RINGS.get(ring_id)
     if ring is not None:
         ring.collect()
@@ -154,6 +134,7 @@ def _arrived(
     keys: list[str],
     rest: dict[str, Any],
 ) -> dict[str, Any]:
+    """A batch whose ``field`` was stacked into a ring slot: the slot's images and the rest."""
     ring = _RINGS.get(ring_id)
     if ring is None or ring.states is None:
         raise ShardError(

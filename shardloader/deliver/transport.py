@@ -21,7 +21,7 @@ NOTE [bundles]
     A bundle of ``k`` batches crosses as one item.  Only
     :class:`~shardloader.deliver.loader.ShardLoader` unpacks bundles (it yields their batches one
     by one and counts each as a step), so only it asks for them: its ``worker_init_fn``
-    (:class:`~shardloader.deliver.workerinit.WorkerInit`) sets the bundle size on the worker's copy
+    (:class:`~shardloader.deliver.workers.WorkerInit`) sets the bundle size on the worker's copy
     of the dataset.  A worker then serves whole bundles of the rank's steps (bundle ``c`` holds
     steps ``c*k .. c*k+k-1`` and goes to worker ``c mod K``); torch's DataLoader returns worker
     outputs round-robin, so the rank's batches still arrive in step order, the same whatever ``K``
@@ -41,7 +41,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from shardloader.deliver.slots import lend, take_back
 from shardloader.errors import ShardError
 
 __all__ = [
@@ -169,8 +168,6 @@ class Ring:
     inherit its mapping, and spawned ones get its file descriptor when they start.
     """
 
-    received_state = _HELD  # what receive() marks a slot (a subclass may track more states)
-
     def __init__(self, workers: int, slots: int, slot_bytes: int) -> None:
         self.id = uuid.uuid4().hex
         self.workers, self.slots, self.slot_bytes = workers, slots, slot_bytes
@@ -216,24 +213,27 @@ class Ring:
 
     # -- in the main process ----------------------------------------------------------------
     def receive(self, worker: int, slot: int, nbytes: int) -> torch.Tensor:
-        """The bytes of a bundle that arrived: marks its slot ``HELD``, frees older ones."""
+        """The bytes of a bundle that arrived: marks its slot ``HELD``, frees older ones; the
+        ring keeps only a weak reference to the view the batch tensors are built over."""
         self.collect()
         assert self.states is not None
         i = worker * self.slots + slot
-        view = lend(self.views, i, self.bufs[i][:nbytes])
-        self.states[worker, slot] = self.received_state
+        view = self.bufs[i][:nbytes]
+        self.views[i] = weakref.ref(view)
+        self.states[worker, slot] = _HELD
         self.received += 1
         return torch.from_numpy(view)
 
-    def arrived(self, worker: int, slot: int, nbytes: int, state: tuple[Any, ...]) -> Any:
-        """What unpickling a bundle written into ``slot`` gives: the batch (or
-        :class:`Bundle`) over the slot (the service's ring forwards it instead)."""
-        return _rebuild(self.receive(worker, slot, nbytes), state)
-
     def collect(self) -> None:
-        """Hand back every slot received here (``HELD``) no batch tensor refers to any more."""
-        if self.states is not None:
-            take_back(self.states.reshape(-1), self.views, self.received_state, _FREE)
+        """Hand back every slot received here (``HELD``) whose view nothing refers to any more."""
+        if self.states is None:
+            return
+        states = self.states.reshape(-1)
+        for i in np.flatnonzero(states == _HELD).tolist():
+            ref = self.views[i]
+            if ref is None or ref() is None:
+                self.views[i] = None
+                states[i] = _FREE
 
 
 _RINGS: weakref.WeakValueDictionary[str, Ring] = weakref.WeakValueDictionary()
@@ -247,7 +247,7 @@ def _from_ring(ring_id: str, worker: int, slot: int, nbytes: int, state: tuple[A
             "a token batch arrived for a DataLoader whose shared buffers are gone (the "
             "ShardLoader that started the worker no longer exists in this process)"
         )
-    return ring.arrived(worker, slot, nbytes, state)
+    return _rebuild(ring.receive(worker, slot, nbytes), state)
 
 
 class _Pool:

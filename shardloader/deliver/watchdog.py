@@ -69,7 +69,7 @@ def _watch(items: Iterator[Any], dog: _Watchdog) -> Iterator[Any]:
     dog.start()
     try:
         while True:
-            dog.busy()
+            dog.since = time.monotonic()
             try:
                 item = next(items)
             except StopIteration:
@@ -77,7 +77,8 @@ def _watch(items: Iterator[Any], dog: _Watchdog) -> Iterator[Any]:
             except _Stalled:
                 raise StallError(dog.report or "the pass stalled") from None
             finally:
-                dog.rest()
+                dog.since = None
+                dog.steps += 1
             yield item
     finally:
         dog.stop()
@@ -108,13 +109,6 @@ class _Watchdog:
             target=self._watch, name="shardloader-watchdog", daemon=True
         )
         self._watcher.start()
-
-    def busy(self) -> None:
-        self.since = time.monotonic()
-
-    def rest(self) -> None:
-        self.since = None
-        self.steps += 1
 
     def stop(self) -> None:
         self._stop.set()
