@@ -240,7 +240,7 @@ class SampleIndex:
             from shardloader.format.arrow.ipc import declared_sizes
 
             try:
-                declared = declared_sizes(data, where).uncompressed_bytes
+                declared = declared_sizes(data).uncompressed_bytes
             except ShardError as err:
                 raise ManifestError(
                     f"{where} is not a valid shardloader sample index ({err})"

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
 
-from shardloader.errors import ShardError, ShardloaderError, StorageError, UsageError
+from shardloader.errors import ShardError, ShardloaderError, StorageError, UsageError, located
 
 if TYPE_CHECKING:
     import numpy as np
@@ -39,6 +39,7 @@ __all__ = [
     "ShardWriter",
     "WrittenShard",
     "copy_fields",
+    "read_one",
     "read_rows",
 ]
 
@@ -193,6 +194,16 @@ def read_rows(
         into.add([pos], [key], {name: [value] for name, value in fields.items()})
 
 
+def read_one(reader: Any, i: int) -> Sample:
+    """Sample ``i`` of a reader that reads through its ``read_rows`` alone (Arrow, Parquet):
+    the row's error raised, its absent fields left out."""
+    rows = Rows(1)
+    reader.read_rows([i], rows, [0])
+    if rows.errors:
+        raise rows.errors[0]
+    return rows.keys[0], {n: c[0] for n, c in rows.fields.items() if c[0] is not None}
+
+
 def copy_fields(
     get: Callable[[slice], Any],
     names: Sequence[str],
@@ -234,6 +245,7 @@ class Format(abc.ABC):
     - ``min_sample_bytes``: the least a sample adds to ``raw_bytes`` (tar: one 512-byte header;
       arrow: one byte of key).  ``end_bytes``: the least a shard holds after its samples (tar:
       one zero block).  The manifest checks refuse a shard whose ``num_samples`` cannot fit.
+    - ``alignment``: samples start and end on multiples of it (tar: 512-byte blocks).
     - ``shard_overhead``: the bytes a shard pack writes holds besides its samples (tar: the
       1,024-byte end-of-archive marker): the planner adds it to each shard's estimate.
     - ``stored_is_raw``: with compression ``none`` the stored file *is* the uncompressed stream,
@@ -246,6 +258,7 @@ class Format(abc.ABC):
     index_suffixes: Mapping[str, str] = {}
     min_sample_bytes: int = 1
     end_bytes: int = 0
+    alignment: int = 1
     shard_overhead: int = 0
     stored_is_raw: bool = False
     indexable: bool = False
@@ -330,7 +343,8 @@ class Format(abc.ABC):
         """
         from shardloader.format.compress import stage_stream
 
-        return stage_stream(src, dst, compression, where, limit)
+        with located(where):
+            return stage_stream(src, dst, compression, limit)
 
     @abc.abstractmethod
     def iter_stored(
@@ -403,20 +417,24 @@ class Format(abc.ABC):
         """Why a sidecar's offsets and sizes cannot belong to this shard, or None.
 
         Default, for formats whose offsets are byte positions in the uncompressed shard: every
-        sample lies inside ``raw_bytes`` less ``end_bytes`` and takes at least
-        ``min_sample_bytes``.  Counts, negative values and keys are checked by the caller.
+        sample lies inside ``raw_bytes`` less ``end_bytes``, takes at least ``min_sample_bytes``
+        and starts and ends on ``alignment``.  Counts, negative values and keys are checked by
+        the caller.
         """
         if not len(index):
             return None
-        ends = index.offsets + index.sizes
-        limit = info.raw_bytes - self.end_bytes
-        bad = (ends > limit) | (index.sizes < self.min_sample_bytes)
+        offsets, sizes, step = index.offsets, index.sizes, self.alignment
+        ends = offsets + sizes
+        bad = (ends > info.raw_bytes - self.end_bytes) | (sizes < self.min_sample_bytes)
+        if step > 1:
+            bad |= (offsets % step != 0) | (sizes % step != 0)
         if not bad.any():
             return None
         i = int(bad.argmax())
+        off = f" or off its {step}-byte blocks" if step > 1 else ""
         return (
-            f"the sample index puts sample {index.keys[i]!r} at bytes {int(index.offsets[i])}.."
-            f"{int(ends[i])}, outside the {info.raw_bytes:,}-byte {self.name} shard; the "
+            f"the sample index puts sample {index.keys[i]!r} at bytes {int(offsets[i])}.."
+            f"{int(ends[i])}, outside the {info.raw_bytes:,}-byte {self.name} shard{off}; the "
             "sidecar does not match the shard"
         )
 

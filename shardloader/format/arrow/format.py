@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, BinaryIO
 
+from shardloader.errors import located
 from shardloader.format.arrow.reader import ArrowShardReader
 from shardloader.format.arrow.stream import iter_arrow, stage_arrow
 from shardloader.format.arrow.writer import ArrowShardWriter, row_checksum
@@ -52,7 +53,8 @@ class ArrowFormat(Format):
         where: str,
         limit: int | None = None,
     ) -> int:
-        return stage_arrow(src, dst, where, limit)
+        with located(where):
+            return stage_arrow(src, dst, limit)
 
     def iter_stored(
         self,
@@ -62,7 +64,8 @@ class ArrowFormat(Format):
         limit: int | None = None,
         max_member: int | None = None,
     ) -> Iterator[Sample]:
-        return iter_arrow(src, where, limit, max_member)
+        with located(where):
+            yield from iter_arrow(src, limit, max_member)
 
     def iter_checked(
         self,
@@ -75,7 +78,7 @@ class ArrowFormat(Format):
     ) -> Iterator[tuple[Sample, int | None]]:
         """Each row with :func:`row_checksum` of its key and fields, as the reader computes
         it."""
-        for key, fields in iter_arrow(src, where, limit, max_member):
+        for key, fields in self.iter_stored(src, compression, where, limit, max_member):
             yield (key, fields), row_checksum(key, fields)
 
     def staged_bound(self, info: ShardInfo, num_fields: int) -> int:

@@ -129,7 +129,7 @@ def _batch_sizes(buf: memoryview, offset: int, meta_len: int, body_len: int) -> 
     return compressed, total
 
 
-def declared_sizes(data: memoryview | bytes, where: str) -> BatchSizes:
+def declared_sizes(data: memoryview | bytes) -> BatchSizes:
     """Sum what every batch of an Arrow IPC file declares; ShardError if it is malformed."""
     buf = memoryview(data).cast("B")
     size = len(buf)
@@ -148,5 +148,5 @@ def declared_sizes(data: memoryview | bytes, where: str) -> BatchSizes:
                 c, t = _batch_sizes(buf, offset, meta_len, body_len)
                 compressed, total, count = compressed or c, total + t, count + 1
     except (_Bad, struct.error) as err:
-        raise ShardError(f"{where}: not a readable Arrow IPC shard ({err})") from err
+        raise ShardError(f"not a readable Arrow IPC shard ({err})") from err
     return BatchSizes(count, compressed, total)

@@ -15,8 +15,9 @@ from typing import Any, BinaryIO, cast
 import numpy as np
 import xxhash
 
-from shardloader.errors import ChecksumError, ShardError, ShardloaderError
+from shardloader.errors import ChecksumError, ShardError, located
 from shardloader.format.base import Rows, Sample, copy_fields
+from shardloader.format.compress import Bounded
 from shardloader.format.keys import key_lengths
 from shardloader.format.mapped import LARGE, MappedFile
 from shardloader.format.tar.layout import EMPTY, derive_layout
@@ -127,51 +128,36 @@ class TarShardReader:
         self._key_bytes: tuple[np.ndarray, np.ndarray | None, np.ndarray | None] | None = None
         self._names: list[str] = []  # the fields the table has columns for
 
-    def _check(self, i: int, offset: int, size: int, want: int | None) -> ShardloaderError | None:
-        """The error of sample ``i`` (byte range ``offset``, ``size``) before parsing: cut short
-        by the file's end, or not matching its checksum ``want`` (None: not checked)."""
+    def read(self, i: int) -> Sample:
+        want = None if self._sums is None else int(self._sums[i])
+        with located(self._where):
+            return self._read_one(i, int(self._offsets[i]), int(self._sizes[i]), want)
+
+    def _read_one(self, i: int, offset: int, size: int, want: int | None) -> Sample:
+        """Sample ``i`` (byte range ``offset``, ``size``) checked against its checksum ``want``
+        (None: not checked) before it is parsed: ShardError where the file's end cuts it short
+        or it does not match its checksum or its sidecar."""
+        key = self._keys[i]
         if offset + size > self._size:
-            key = self._keys[i]
-            return ShardError(f"{self._where}: truncated shard: sample {key!r} is cut short")
+            raise ShardError(f"truncated shard: sample {key!r} is cut short")
         if want is not None:
             got = self._file.digest(offset, offset + size)
             if got != want:
-                return self._checksum_error(i, offset, size, got)
-        return None
-
-    def _checksum_error(self, i: int, offset: int, size: int, got: int) -> ChecksumError:
-        assert self._sums is not None
-        return ChecksumError(
-            f"{self._where}: sample {self._keys[i]!r} (bytes {offset}..{offset + size}) has "
-            f"checksum {got:016x}, its sidecar says {int(self._sums[i]):016x}: the shard is "
-            "damaged; `shardloader verify` checks the whole dataset (ReadOptions(verify_samples="
-            "False) skips this per-sample check)"
-        )
-
-    def read(self, i: int) -> Sample:
-        offset, size = int(self._offsets[i]), int(self._sizes[i])
-        want = None if self._sums is None else int(self._sums[i])
-        problem = self._check(i, offset, size, want)
-        if problem is not None:
-            raise problem
-        return self._parse(i, offset, size)
-
-    def _parse(self, i: int, offset: int, size: int) -> Sample:
-        key = self._keys[i]
+                raise ChecksumError(
+                    f"sample {key!r} (bytes {offset}..{offset + size}) has checksum {got:016x}, "
+                    f"its sidecar says {want:016x}: the shard is damaged; `shardloader verify` "
+                    "checks the whole dataset (ReadOptions(verify_samples=False) skips this "
+                    "per-sample check)"
+                )
         fields = _fields_in(self._map, offset, offset + size, key, self._file.copy)
         if fields is not None:
             return key, fields
-        members = iter_members(
-            cast(BinaryIO, _Span(self._file, offset, size)),
-            self._where,
-            False,
-            limit=size,
-            reason="the sample index declares for this sample",
-        )
-        samples = list(iter_samples(members, self._where))
+        span = cast(BinaryIO, _Span(self._file, offset, size))
+        members = Bounded(span, size, "the sample index declares for this sample")
+        samples = list(iter_samples(iter_members(members, False)))
         if len(samples) != 1 or samples[0][0] != key:
             raise ShardError(
-                f"{self._where}: sample index says {key!r} at byte {offset}, found "
+                f"sample index says {key!r} at byte {offset}, found "
                 f"{[k for k, _ in samples]}; the shard and its .idx.arrow sidecar do not match"
             )
         return samples[0]
@@ -295,11 +281,9 @@ class TarShardReader:
         fields: dict[str, list[Any]] = {}
         for (pos, i), offset, size, want in zip(slow, offsets, sizes, sums, strict=True):
             try:
-                problem = self._check(i, offset, size, want)
-                if problem is not None:
-                    raise problem
-                key, found = self._parse(i, offset, size)
+                key, found = self._read_one(i, offset, size, want)
             except ShardError as err:
+                err.where = err.where or self._where  # as read() places it (no `with` a row)
                 into.fail(pos, err, self._keys[i])
                 continue
             for name, value in found.items():

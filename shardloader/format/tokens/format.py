@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 import numpy as np
 import xxhash
 
-from shardloader.errors import ChecksumError, ShardError
+from shardloader.errors import ChecksumError, ShardError, located
 from shardloader.format.base import Format, Sample, WrittenShard
 from shardloader.format.compress import CHUNK, CompressedSink
 from shardloader.format.mapped import MappedFile
@@ -55,7 +55,7 @@ from shardloader.format.tokens.layout import (
     stream_field,
     token_dtype,
 )
-from shardloader.format.tokens.stream import iter_checked_tokens, iter_tokens
+from shardloader.format.tokens.stream import iter_tokens
 from shardloader.manifest import SampleIndex
 
 if TYPE_CHECKING:
@@ -174,20 +174,27 @@ class TokenShardWriter:
 class TokenStream:
     """The token region of a local uncompressed token shard, memory-mapped: :attr:`tokens` is
     a read-only array of every token of the shard; :meth:`check_tokens` checks the chunks a
-    token range touches against the shard's table, each chunk once per stream."""
+    token range touches against the shard's table, each chunk once per stream.
 
-    def __init__(self, local_path: str, where: str, verify: bool = True) -> None:
+    ``num_samples`` and ``num_tokens`` (what the sidecar says; None: not checked): a shard that
+    holds another count of samples, or of tokens when it streams a field, is a ShardError.
+    """
+
+    def __init__(
+        self,
+        local_path: str,
+        where: str,
+        verify: bool = True,
+        num_samples: int | None = None,
+        num_tokens: int | None = None,
+    ) -> None:
         self.where = where
         self.file = MappedFile(local_path)  # also reads a large sample through the file
         self._map: Any = self.file.map
-        size = self.file.size
         try:
-            head = Header(bytes(self._map[:HEADER_BYTES]), where)
-            if head.total != size:
-                raise ShardError(
-                    f"{where}: truncated or padded token shard: {size:,} bytes, its header "
-                    f"says {head.total:,}"
-                )
+            with located(where):
+                head = Header(bytes(self._map[:HEADER_BYTES]))
+                _expect(head, self.file.size, num_samples, num_tokens)
         except BaseException:
             self.close()
             raise
@@ -199,22 +206,6 @@ class TokenStream:
         self.tokens = np.frombuffer(
             self._map, head.dtype, head.num_tokens, HEADER_BYTES if head.num_tokens else 0
         )
-
-    def expect(self, num_samples: int, num_tokens: int | None) -> None:
-        """ShardError unless the shard holds ``num_samples`` samples and, when it streams a
-        field, ``num_tokens`` tokens (what its sidecar says)."""
-        head = self.header
-        if head.num_samples != num_samples:
-            raise ShardError(
-                f"{self.where}: the token shard holds {head.num_samples} samples, its sidecar "
-                f"lists {num_samples}: the shard and its .idx.arrow sidecar do not match"
-            )
-        if head.field is not None and num_tokens != head.num_tokens:
-            raise ShardError(
-                f"{self.where}: the token shard holds {head.num_tokens:,} tokens, its "
-                f"sidecar's lengths add up to {num_tokens}: the shard and its .idx.arrow "
-                "sidecar do not match"
-            )
 
     def check_tokens(self, lo: np.ndarray, hi: np.ndarray) -> None:
         """Check the chunks holding tokens ``lo[i]..hi[i]`` (arrays of token ranges) against
@@ -234,9 +225,10 @@ class TokenStream:
         if not todo.size:
             return
         region = self.view[HEADER_BYTES : HEADER_BYTES + head.token_bytes]
-        for c in todo.tolist():
-            head.check_chunk(region, c, self.where)
-            self._checked[c] = True
+        with located(self.where):
+            for c in todo.tolist():
+                head.check_chunk(region, c)
+                self._checked[c] = True
         self.all_checked = bool(self._checked[: -(-head.token_bytes // head.chunk)].all())
 
     def close(self) -> None:
@@ -248,6 +240,25 @@ class TokenStream:
             file.close()
 
 
+def _expect(head: Header, size: int, num_samples: int | None, num_tokens: int | None) -> None:
+    """ShardError unless the file is as long as its header says and holds the samples and
+    tokens its sidecar says (``TokenStream``)."""
+    if head.total != size:
+        raise ShardError(
+            f"truncated or padded token shard: {size:,} bytes, its header says {head.total:,}"
+        )
+    if num_samples is not None and head.num_samples != num_samples:
+        raise ShardError(
+            f"the token shard holds {head.num_samples} samples, its sidecar lists "
+            f"{num_samples}: the shard and its .idx.arrow sidecar do not match"
+        )
+    if num_samples is not None and head.field is not None and num_tokens != head.num_tokens:
+        raise ShardError(
+            f"the token shard holds {head.num_tokens:,} tokens, its sidecar's lengths add up "
+            f"to {num_tokens}: the shard and its .idx.arrow sidecar do not match"
+        )
+
+
 class TokenShardReader:
     """Samples of a local uncompressed token shard, by sidecar entry: ``read(i)`` parses the
     record the sidecar points at and checks its checksum (``verify``)."""
@@ -256,13 +267,8 @@ class TokenShardReader:
         self, local_path: str, index: SampleIndex, where: str, verify: bool = True
     ) -> None:
         self._where = where
-        self.stream = TokenStream(local_path, where, verify)
-        try:
-            lengths = index.lengths
-            self.stream.expect(len(index), int(lengths.sum()) if lengths is not None else None)
-        except BaseException:
-            self.stream.close()
-            raise
+        tokens = None if index.lengths is None else int(index.lengths.sum())
+        self.stream = TokenStream(local_path, where, verify, len(index), tokens)
         self.header = self.stream.header
         self._view = self.stream.view
         self._index = index
@@ -280,14 +286,18 @@ class TokenShardReader:
         return self._index.keys
 
     def read(self, i: int) -> Sample:
+        with located(self._where):
+            return self._read(i)
+
+    def _read(self, i: int) -> Sample:
         head, key_of = self.header, self._index.keys[i]
         pos = self._offsets[i]
         if not head.records_at <= pos < head.total:
-            raise ShardError(f"{self._where}: sample {key_of!r}: offset {pos:,} is outside")
-        key, fields, end = parse_record(self._view, pos, head.total, head.field, self._where)
+            raise ShardError(f"sample {key_of!r}: offset {pos:,} is outside")
+        key, fields, end = parse_record(self._view, pos, head.total, head.field)
         if key != key_of:
             raise ShardError(
-                f"{self._where}: sample index says {key_of!r} at byte {pos:,}, found {key!r}; "
+                f"sample index says {key_of!r} at byte {pos:,}, found {key!r}; "
                 "the shard and its .idx.arrow sidecar do not match"
             )
         if self._token_at is None:  # token start of each sample: its lengths, summed up
@@ -303,7 +313,7 @@ class TokenShardReader:
                 digest = file.digest(HEADER_BYTES + t0, HEADER_BYTES + t1, seed=digest)
             if digest != self._sums[i]:
                 raise ChecksumError(
-                    f"{self._where}: sample {key!r} (bytes {pos}..{end}, tokens {t0}..{t1}) "
+                    f"sample {key!r} (bytes {pos}..{end}, tokens {t0}..{t1}) "
                     f"has checksum {digest:016x}, its sidecar says {self._sums[i]:016x}: the "
                     "shard is damaged; `shardloader verify` checks the whole dataset "
                     "(ReadOptions(verify_samples=False) skips this per-sample check)"
@@ -313,7 +323,7 @@ class TokenShardReader:
             if at < 0:
                 if size != t1 - t0:
                     raise ShardError(
-                        f"{self._where}: sample {key!r}: its record says {size} token bytes, "
+                        f"sample {key!r}: its record says {size} token bytes, "
                         f"its sidecar length {t1 - t0}: the shard and its sidecar do not match"
                     )
                 out[name] = file.copy(HEADER_BYTES + t0, HEADER_BYTES + t1)
@@ -357,7 +367,9 @@ class TokenFormat(Format):
         limit: int | None = None,
         max_member: int | None = None,
     ) -> Iterator[Sample]:
-        return iter_tokens(src, compression, where, limit, max_member)
+        with located(where):
+            for sample, _ in iter_tokens(src, compression, limit, max_member):
+                yield sample
 
     def iter_checked(
         self,
@@ -369,7 +381,8 @@ class TokenFormat(Format):
         max_member: int | None = None,
     ) -> Iterator[tuple[Sample, int | None]]:
         """Each sample with the XXH3-64 of its record and tokens, as the reader computes it."""
-        yield from iter_checked_tokens(src, compression, where, limit, max_member)
+        with located(where):
+            yield from iter_tokens(src, compression, limit, max_member)
 
     def entry_problem(
         self, num_samples: int, stored: int, raw: int, compression: str
