@@ -18,9 +18,10 @@ import xxhash
 from shardloader.errors import ChecksumError, ShardError, located
 from shardloader.format.arrow.ipc import declared_sizes
 from shardloader.format.arrow.stream import KEY_COLUMN, arrow_errors, open_ipc
-from shardloader.format.base import Rows, Sample, copy_fields, read_one
+from shardloader.format.arrow.writer import row_checksum
 from shardloader.format.keys import key_lengths
 from shardloader.format.mapped import LARGE, MappedFile
+from shardloader.format.rows import Rows, Sample, copy_fields, read_one
 from shardloader.manifest import SampleIndex
 
 __all__ = ["ArrowShardReader"]
@@ -63,10 +64,9 @@ class ArrowShardReader:
         # one row per sample: checksum (int64 bits), (start, stop) of its key, then of each
         # field in name order (-1 where null), so a batch costs one fancy index
         self._names = sorted(self._spans)
-        self._encoded = [n.encode() for n in self._names]
         # each field's "<name>\0<size>" as a bytes template (``%`` escaped): the checksum's
         # header of a value, made by C-level ``map`` over the sizes (see _digests)
-        self._headers = [n.replace(b"%", b"%%") + b"\0%d" for n in self._encoded]
+        self._headers = [n.encode().replace(b"%", b"%%") + b"\0%d" for n in self._names]
         sums = np.zeros(len(index), np.int64) if self._sums is None else self._sums.view(np.int64)
         table = [sums, *key_spans]
         for name in self._names:
@@ -117,11 +117,13 @@ class ArrowShardReader:
         copies in ``fields`` and the row's key bytes in the file (equal to its sidecar key:
         checked at open), chained by C-level ``map`` (no Python call per row): per row it is
         a few hash calls, which a Python function per row would double.  A column with a null
-        takes :meth:`_digest` per row (the null field is left out of its row's hash)."""
-        h, n = _XXH3, len(picked)
-        columns = [fields[name] for name in self._names]
+        takes ``row_checksum`` per row (the null field is left out of its row's hash)."""
+        h, n, names = _XXH3, len(picked), self._names
+        columns = [fields[name] for name in names]
         if any(None in column for column in columns):
-            digests = map(self._digest, keys, *columns) if columns else map(self._digest, keys)
+            rows = zip(*columns, strict=True)
+            present = ({f: v for f, v in zip(names, r, strict=True) if v is not None} for r in rows)
+            digests = map(row_checksum, keys, present)
             return np.fromiter(digests, np.uint64, n)
         spans = map(slice, picked[:, 1].tolist(), picked[:, 2].tolist())
         chained: Any = map(h, map(self._view.__getitem__, spans))  # the key's hash
@@ -129,16 +131,6 @@ class ArrowShardReader:
             heads = map(header.__mod__, map(len, column))  # b"<name>\0<size>"
             chained = map(h, column, map(h, heads, chained))  # seeded by the previous
         return np.fromiter(chained, np.uint64, n)
-
-    def _digest(self, key: str, *values: Any) -> int:
-        """:func:`~shardloader.format.arrow.writer.row_checksum` of a row, its fields in name
-        order (None: absent)."""
-        h = _XXH3
-        digest = h(key.encode("utf-8", "surrogateescape"))
-        for name, value in zip(self._encoded, values, strict=True):
-            if value is not None:
-                digest = h(value, h(b"%s\0%d" % (name, len(value)), digest))
-        return digest
 
     def close(self) -> None:
         self._file.close()

@@ -32,8 +32,8 @@ import pyarrow as pa
 
 from shardloader.errors import ChecksumError, ShardError
 from shardloader.format.arrow.writer import row_checksum
-from shardloader.format.base import Rows, Sample, read_one
 from shardloader.format.parquet.table import ParquetTable, open_parquet
+from shardloader.format.rows import Rows, Sample, read_one
 from shardloader.manifest import SampleIndex
 
 __all__ = ["ParquetShardReader"]

@@ -16,10 +16,10 @@ import numpy as np
 import xxhash
 
 from shardloader.errors import ChecksumError, ShardError, located
-from shardloader.format.base import Rows, Sample, copy_fields
 from shardloader.format.compress import Bounded
 from shardloader.format.keys import key_lengths
 from shardloader.format.mapped import LARGE, MappedFile
+from shardloader.format.rows import Rows, Sample, copy_fields
 from shardloader.format.tar.layout import EMPTY, derive_layout
 from shardloader.format.tar.stream import BLOCK, iter_members, iter_samples
 from shardloader.manifest import SampleIndex
@@ -31,17 +31,6 @@ _XXH3 = xxhash.xxh3_64_intdigest
 # then shared); fewer underived rows are parsed one by one (large samples, few per batch)
 _DERIVE_AT_LEAST = 96
 _DERIVE_CHUNK = 2048  # rows derived ahead per read (about 2 ms)
-
-
-def _key_bytes(
-    keys: Sequence[str], with_bytes: bool
-) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
-    """Each key's UTF-8 length, and (``with_bytes``) the keys' starts and bytes end to end."""
-    if with_bytes:
-        return key_lengths(keys)
-    if "".join(keys).isascii():
-        return np.fromiter(map(len, keys), np.int32, len(keys)), None, None
-    return key_lengths(keys)[0].astype(np.int32), None, None
 
 
 def _fields_in(
@@ -124,7 +113,7 @@ class TarShardReader:
         self._rows_table: np.ndarray | None = None  # see _table
         self._early = 0  # rows read one by one before the first derivation (read_rows)
         self._chunked = 0  # rows [0, _chunked) were offered to prepare() (_with_next_chunk)
-        # key lengths (and for key checks their starts and bytes): see _key_bytes
+        # key lengths (and without checksums, to compare names with, their starts and bytes)
         self._key_bytes: tuple[np.ndarray, np.ndarray | None, np.ndarray | None] | None = None
         self._names: list[str] = []  # the fields the table has columns for
 
@@ -184,9 +173,10 @@ class TarShardReader:
         todo = np.unique(wanted[table[wanted, 2] == 0])
         if todo.size == 0:
             return
-        check = self._sums is None  # compare each name's key with the sidecar's
-        if self._key_bytes is None or (check and self._key_bytes[1] is None):
-            self._key_bytes = _key_bytes(self._keys, check)
+        if self._key_bytes is None:  # the keys' bytes are kept only to compare names with
+            lengths, starts, encoded = key_lengths(self._keys)
+            keep = self._sums is None
+            self._key_bytes = (lengths, starts, encoded) if keep else (lengths, None, None)
         klen, kstart, joined = self._key_bytes
         buf = np.frombuffer(self._map, np.uint8) if self._size else np.zeros(0, np.uint8)
         try:

@@ -38,6 +38,7 @@ from shardloader.errors import ChecksumError, ShardError, located
 from shardloader.format.base import Format, Sample, WrittenShard
 from shardloader.format.compress import CHUNK, CompressedSink
 from shardloader.format.mapped import MappedFile
+from shardloader.format.recorder import IndexRecorder
 from shardloader.format.registry import register_format
 from shardloader.format.tokens.layout import (
     CHUNKS,
@@ -87,11 +88,7 @@ class TokenShardWriter:
         self._records: list[bytes] = []
         self._tokens: list[bytes] = []
         self._record_bytes = self._token_bytes = 0
-        self._keys: list[str] = []
-        self._offsets: list[int] = []  # in the records region; made absolute on close
-        self._sizes: list[int] = []
-        self._lengths: list[int] = []
-        self._sums: list[int] = []
+        self._index = IndexRecorder()  # offsets in the records region; made absolute on close
 
     def add(self, key: str, fields: Mapping[str, bytes], length: int | None = None) -> None:
         raw_key = encode(key)
@@ -122,13 +119,9 @@ class TokenShardWriter:
         if tokens:
             digest = xxhash.xxh3_64_intdigest(tokens, seed=digest)
             self._tokens.append(tokens)
-        self._keys.append(key)
-        self._offsets.append(self._record_bytes)
-        self._sizes.append(len(record) + len(tokens))
         if self._stream is not None:
             length = len(tokens) // self._dtype.itemsize
-        self._lengths.append(-1 if length is None else length)
-        self._sums.append(digest)
+        self._index.add(key, self._record_bytes, len(record) + len(tokens), length, digest)
         self._records.append(record)
         self._record_bytes += len(record)
         self._token_bytes += len(tokens)
@@ -138,7 +131,7 @@ class TokenShardWriter:
         self._tokens = []
         field = self._stream
         self._sink.write(
-            pack_header(field, self._dtype, len(self._keys), tokens, self._record_bytes)
+            pack_header(field, self._dtype, len(self._index.keys), tokens, self._record_bytes)
         )
         self._sink.write(tokens)
         del tokens
@@ -154,21 +147,8 @@ class TokenShardWriter:
         self._records = []
         self._sink.close()
         base = HEADER_BYTES + self._token_bytes
-        has_lengths = bool(self._lengths) and min(self._lengths) >= 0
-        index = SampleIndex(
-            keys=self._keys,
-            offsets=np.asarray(self._offsets, np.int64) + base,
-            sizes=np.asarray(self._sizes, np.int64),
-            lengths=np.asarray(self._lengths, np.int64) if has_lengths else None,
-            checksums=np.asarray(self._sums, np.uint64),
-        )
-        return WrittenShard(
-            num_samples=len(self._keys),
-            bytes=self._sink.stored.count,
-            raw_bytes=base + self._record_bytes,
-            sha256=self._sink.stored.sha.hexdigest(),
-            index=index,
-        )
+        index = self._index.index(base)
+        return self._index.written(self._sink.stored, base + self._record_bytes, index)
 
 
 class TokenStream:
