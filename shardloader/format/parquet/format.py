@@ -19,13 +19,7 @@ from shardloader.errors import UsageError
 from shardloader.format.base import Format, Sample
 from shardloader.format.parquet.reader import ParquetShardReader
 from shardloader.format.parquet.scan import ParquetScan, scan_parquet
-from shardloader.format.parquet.table import (
-    ParquetTable,
-    key_stem,
-    open_parquet,
-    present_cells,
-    spool,
-)
+from shardloader.format.parquet.table import ParquetTable, key_stem, open_parquet, spool
 from shardloader.format.registry import register_format
 from shardloader.manifest import SampleIndex
 
@@ -82,16 +76,7 @@ class ParquetFormat(Format):
         temporary file first: Parquet is read from its footer."""
         with tempfile.TemporaryFile(prefix="shardloader-verify-") as tmp:
             spool(src, limit, where, tmp)
-            table = ParquetTable(open_parquet(tmp, where), where)
-            stem, row = key_stem(where), 0
-            for g, n in enumerate(table.group_rows):
-                cells = table.cells(g, row)
-                for i in range(n):
-                    yield (
-                        f"{stem}/{row:09d}",
-                        present_cells(cells, i),
-                    )
-                    row += 1
+            yield from ParquetTable(open_parquet(tmp, where), where).samples()
 
     def iter_checked(
         self,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import mmap
 from collections.abc import Callable, Sequence
-from typing import Any, BinaryIO, cast
+from typing import BinaryIO, cast
 
 import numpy as np
 import xxhash
@@ -258,36 +258,17 @@ class TarShardReader:
             self._read_each(slow, into)
 
     def _read_each(self, slow: list[tuple[int, int]], into: Rows) -> None:
-        """Samples ``(position, row)`` one by one (as :meth:`read`), added together."""
-        offset_of, size_of = self._offsets.item, self._sizes.item
-        offsets = [offset_of(i) for _, i in slow]  # .item(): cheaper than numpy calls for a few
-        sizes = [size_of(i) for _, i in slow]
-        sums: list[Any] = [None] * len(slow)
-        if self._sums is not None:
-            want = self._sums.item
-            sums = [want(i) for _, i in slow]
-        where: list[int] = []
-        keys: list[str] = []
-        fields: dict[str, list[Any]] = {}
-        for (pos, i), offset, size, want in zip(slow, offsets, sizes, sums, strict=True):
+        """Samples ``(position, row)`` one by one, as :meth:`read` reads them."""
+        sums = self._sums
+        for pos, i in slow:
+            want = None if sums is None else sums.item(i)
             try:
-                key, found = self._read_one(i, offset, size, want)
+                key, found = self._read_one(i, self._offsets.item(i), self._sizes.item(i), want)
             except ShardError as err:
                 err.where = err.where or self._where  # as read() places it (no `with` a row)
                 into.fail(pos, err, self._keys[i])
                 continue
-            for name, value in found.items():
-                column = fields.get(name)
-                if column is None:
-                    column = fields[name] = [None] * len(where)
-                column.append(value)
-            where.append(pos)
-            keys.append(key)
-            for column in fields.values():
-                if len(column) < len(where):
-                    column.append(None)
-        if where:
-            into.add(where, keys, fields)
+            into.add([pos], [key], {name: [value] for name, value in found.items()})
 
     def close(self) -> None:
         self._file.close()

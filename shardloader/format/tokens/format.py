@@ -180,7 +180,6 @@ class TokenStream:
             raise
         self.header = head
         self.view = self.file.view
-        self.verify = verify
         self._checked = np.zeros(CHUNKS, bool)
         self.all_checked = not verify or not head.chunk  # every chunk checked: skip the calls
         self.tokens = np.frombuffer(
@@ -255,10 +254,6 @@ class TokenShardReader:
         self._offsets = index.offsets.tolist()
         self._sums = index.checksums.tolist() if verify and index.checksums is not None else None
         self._token_at: list[int] | None = None  # token start of each sample, made on demand
-
-    @property
-    def tokens(self) -> np.ndarray:
-        return self.stream.tokens
 
     @property
     def keys(self) -> Sequence[str]:
