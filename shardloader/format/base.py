@@ -214,7 +214,7 @@ class Format(abc.ABC):
         src: BinaryIO,
         compression: str,
         where: str,
-        index: SampleIndex,
+        index: SampleIndex | None,
         limit: int | None = None,
         max_member: int | None = None,
     ) -> Iterator[tuple[Sample, int | None]]:
@@ -289,3 +289,19 @@ class Format(abc.ABC):
 
     def __repr__(self) -> str:
         return f"<shard format {self.name!r}: {', '.join(self.suffixes)}>"
+
+
+class CheckedFormat(Format):
+    """A format whose :meth:`iter_checked` is its stream (the built-ins: each sample's checksum
+    costs little beside parsing it); :meth:`iter_stored` is that stream, checksums dropped."""
+
+    def iter_stored(
+        self,
+        src: BinaryIO,
+        compression: str,
+        where: str,
+        limit: int | None = None,
+        max_member: int | None = None,
+    ) -> Iterator[Sample]:
+        for sample, _ in self.iter_checked(src, compression, where, None, limit, max_member):
+            yield sample

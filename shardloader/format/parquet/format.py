@@ -83,7 +83,7 @@ class ParquetFormat(Format):
         src: BinaryIO,
         compression: str,
         where: str,
-        index: SampleIndex,
+        index: SampleIndex | None,
         limit: int | None = None,
         max_member: int | None = None,
     ) -> Iterator[tuple[Sample, int | None]]:
@@ -91,7 +91,11 @@ class ParquetFormat(Format):
         from shardloader.format.arrow.writer import row_checksum
 
         for n, (_, fields) in enumerate(self.iter_stored(src, compression, where, limit)):
-            key = str(index.keys[n]) if n < len(index) else f"{key_stem(where)}/{n:09d}"
+            key = (
+                str(index.keys[n])
+                if index is not None and n < len(index)
+                else f"{key_stem(where)}/{n:09d}"
+            )
             yield (key, fields), row_checksum(key, fields)
 
     def scan(

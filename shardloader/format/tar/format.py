@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, BinaryIO
 import numpy as np
 
 from shardloader.errors import located
-from shardloader.format.base import Format, Sample, ScannedShard
+from shardloader.format.base import CheckedFormat, Sample, ScannedShard
 from shardloader.format.registry import register_format
 from shardloader.format.tar.index import scan_tar
 from shardloader.format.tar.reader import TarShardReader
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 __all__ = ["BLOCK", "FORMAT", "TarFormat", "split_key"]
 
 
-class TarFormat(Format):
+class TarFormat(CheckedFormat):
     """Tar shards: byte offsets into the uncompressed tar, 512-byte blocks."""
 
     name = "tar"
@@ -79,30 +79,18 @@ class TarFormat(Format):
     ) -> TarShardReader:
         return TarShardReader(local_path, index, where, verify)
 
-    def iter_stored(
-        self,
-        src: BinaryIO,
-        compression: str,
-        where: str,
-        limit: int | None = None,
-        max_member: int | None = None,
-    ) -> Iterator[Sample]:
-        with located(where):
-            for sample, _ in iter_tar(src, compression, limit, max_member):
-                yield sample
-
     def iter_checked(
         self,
         src: BinaryIO,
         compression: str,
         where: str,
-        index: SampleIndex,
+        index: SampleIndex | None,
         limit: int | None = None,
         max_member: int | None = None,
     ) -> Iterator[tuple[Sample, int | None]]:
         """Each sample with the XXH3-64 of the bytes its sidecar span covers, as the reader
         hashes them (``stream.SpanDigests``)."""
-        spans = SpanDigests(index.offsets.tolist(), index.sizes.tolist())
+        spans = None if index is None else SpanDigests(index.offsets.tolist(), index.sizes.tolist())
         with located(where):
             yield from iter_tar(src, compression, limit, max_member, spans)
 

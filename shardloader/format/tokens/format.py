@@ -35,7 +35,7 @@ import numpy as np
 import xxhash
 
 from shardloader.errors import ChecksumError, ShardError, located
-from shardloader.format.base import Format, Sample, WrittenShard
+from shardloader.format.base import CheckedFormat, Sample, WrittenShard
 from shardloader.format.compress import CHUNK, CompressedSink
 from shardloader.format.mapped import MappedFile
 from shardloader.format.recorder import IndexRecorder
@@ -310,7 +310,7 @@ class TokenShardReader:
         self.stream.close()
 
 
-class TokenFormat(Format):
+class TokenFormat(CheckedFormat):
     """Token shards: a contiguous token region per shard plus one record per sample."""
 
     name = "tokens"
@@ -334,24 +334,12 @@ class TokenFormat(Format):
     ) -> TokenShardReader:
         return TokenShardReader(local_path, index, where, verify)
 
-    def iter_stored(
-        self,
-        src: BinaryIO,
-        compression: str,
-        where: str,
-        limit: int | None = None,
-        max_member: int | None = None,
-    ) -> Iterator[Sample]:
-        with located(where):
-            for sample, _ in iter_tokens(src, compression, limit, max_member):
-                yield sample
-
     def iter_checked(
         self,
         src: BinaryIO,
         compression: str,
         where: str,
-        index: SampleIndex,
+        index: SampleIndex | None,
         limit: int | None = None,
         max_member: int | None = None,
     ) -> Iterator[tuple[Sample, int | None]]:
