@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import BinaryIO
@@ -39,7 +40,12 @@ GZIP_LEVEL = 6
 # What a corrupt compressed stream raises while being read.  Shardloader's own errors are
 # OSErrors too (a StorageError of the source, a ShardError): callers re-raise those unchanged,
 # so a spent retry budget reaches the user as the StorageError it is (cannot_decompress).
-DECOMPRESS_ERRORS: tuple[type[BaseException], ...] = (zstandard.ZstdError, OSError, EOFError)
+DECOMPRESS_ERRORS: tuple[type[BaseException], ...] = (
+    zstandard.ZstdError,
+    zlib.error,  # a damaged gzip stream's deflate data
+    OSError,
+    EOFError,
+)
 RAW_REASON = "the manifest declares (raw_bytes)"
 
 

@@ -13,25 +13,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import BinaryIO, cast
 
-import numpy as np
 import xxhash
 
-from shardloader.errors import ShardError, ShardloaderError
+from shardloader.errors import ShardError
 from shardloader.format.base import ScannedShard
-from shardloader.format.compress import (
-    DECOMPRESS_ERRORS,
-    Bounded,
-    cannot_decompress,
-    decompressed,
-)
+from shardloader.format.compress import Bounded, decompressed, decompressing
 from shardloader.format.keys import not_utf8, unsafe_key_reason
+from shardloader.format.recorder import IndexRecorder
 from shardloader.format.tar.layout import EMPTY
 from shardloader.format.tar.stream import BLOCK, split_key, walk_members
-from shardloader.manifest import SampleIndex
 
 __all__ = ["scan_tar"]
-
-_SCAN_ERRORS: tuple[type[BaseException], ...] = (*DECOMPRESS_ERRORS, ValueError)
 
 
 class _Hashes:
@@ -74,11 +66,7 @@ def scan_tar(
 ) -> ScannedShard:
     """Index the stored tar shard ``src``; a sample's length is the size of its first member
     whose extension is in ``length_fields`` (all samples must have one, else no lengths)."""
-    keys: list[str] = []
-    offsets: list[int] = []
-    sizes: list[int] = []
-    sums: list[int] = []
-    texts: list[int | None] = []
+    recorded = IndexRecorder()
     seen: dict[str, int] = {}
     hashes = _Hashes()
     tar = Bounded(decompressed(src, compression), on_data=hashes.feed)
@@ -89,13 +77,9 @@ def scan_tar(
 
     def finish() -> None:
         assert key is not None
-        keys.append(key)
-        offsets.append(start)
-        sizes.append(end - start)
-        sums.append(run)
-        texts.append(text if has_text else None)
+        recorded.add(key, start, end - start, text if has_text else None, run)
 
-    try:
+    with decompressing():
         for name, size in walk_members(tar, True, max_member):
             parts = split_key(name)
             if parts is not None:
@@ -130,20 +114,4 @@ def scan_tar(
                     f"more than {max_member:,} bytes after the end-of-archive "
                     "marker; the shard is corrupt or hostile (a decompression bomb?)"
                 )
-    except _SCAN_ERRORS as err:
-        if isinstance(err, ShardloaderError):  # the source's StorageError keeps its class
-            raise
-        if "too much memory" in str(err):  # zstd --long: the remedy is to re-compress it
-            raise cannot_decompress(err) from err
-        raise ShardError(f"cannot read as a tar shard ({err})") from err
-    lengths = None
-    if texts and all(t is not None for t in texts):
-        lengths = np.asarray(texts, np.int64)
-    index = SampleIndex(
-        keys,
-        np.asarray(offsets, np.int64),
-        np.asarray(sizes, np.int64),
-        lengths,
-        np.asarray(sums, np.uint64),
-    )
-    return ScannedShard(index, seen, tar.pos)
+    return ScannedShard(recorded.index(), seen, tar.pos)
