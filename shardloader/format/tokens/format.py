@@ -238,18 +238,15 @@ def _expect(head: Header, size: int, num_samples: int | None, num_tokens: int | 
         )
 
 
-class TokenShardReader:
+class TokenShardReader(TokenStream):
     """Samples of a local uncompressed token shard, by sidecar entry: ``read(i)`` parses the
     record the sidecar points at and checks its checksum (``verify``)."""
 
     def __init__(
         self, local_path: str, index: SampleIndex, where: str, verify: bool = True
     ) -> None:
-        self._where = where
         tokens = None if index.lengths is None else int(index.lengths.sum())
-        self.stream = TokenStream(local_path, where, verify, len(index), tokens)
-        self.header = self.stream.header
-        self._view = self.stream.view
+        super().__init__(local_path, where, verify, len(index), tokens)
         self._index = index
         self._offsets = index.offsets.tolist()
         self._sums = index.checksums.tolist() if verify and index.checksums is not None else None
@@ -261,7 +258,7 @@ class TokenShardReader:
         return self._index.keys
 
     def read(self, i: int) -> Sample:
-        with located(self._where):
+        with located(self.where):
             return self._read(i)
 
     def _read(self, i: int) -> Sample:
@@ -269,7 +266,7 @@ class TokenShardReader:
         pos = self._offsets[i]
         if not head.records_at <= pos < head.total:
             raise ShardError(f"sample {key_of!r}: offset {pos:,} is outside")
-        key, fields, end = parse_record(self._view, pos, head.total, head.field)
+        key, fields, end = parse_record(self.view, pos, head.total, head.field)
         if key != key_of:
             raise ShardError(
                 f"sample index says {key_of!r} at byte {pos:,}, found {key!r}; "
@@ -281,7 +278,7 @@ class TokenShardReader:
                 lengths = np.zeros(len(self._index), np.int64)
             self._token_at = np.concatenate([[0], np.cumsum(lengths)]).tolist()
         t0, t1 = self._token_at[i] * head.itemsize, self._token_at[i + 1] * head.itemsize
-        file = self.stream.file
+        file = self.file
         if self._sums is not None:
             digest = file.digest(pos, end)
             if t1 > t0:
@@ -305,9 +302,6 @@ class TokenShardReader:
             else:
                 out[name] = file.copy(at, at + size)
         return key, out
-
-    def close(self) -> None:
-        self.stream.close()
 
 
 class TokenFormat(CheckedFormat):
