@@ -100,6 +100,8 @@ class Format(abc.ABC):
     - ``stored_is_raw``: with compression ``none`` the stored file *is* the uncompressed stream,
       so a manifest entry must have ``bytes == raw_bytes``.
     - ``indexable``: :meth:`scan` can index shards written by other tools in place.
+    - ``packable``: pack writes it (Parquet: only adopted in place by ``index``).
+    - ``projects``: :meth:`reader` also takes ``fields=`` and reads only those (Parquet).
     """
 
     name: str = ""
@@ -111,6 +113,8 @@ class Format(abc.ABC):
     shard_overhead: int = 0
     stored_is_raw: bool = False
     indexable: bool = False
+    packable: bool = True
+    projects: bool = False
 
     @property
     def compressions(self) -> tuple[str, ...]:

@@ -125,11 +125,11 @@ def check_pack_format(fmt: str, compression: str) -> None:
     if compression not in COMPRESSIONS:
         raise UsageError(f"--compression {compression!r}: choose one of {', '.join(COMPRESSIONS)}")
     found = get_format(fmt)
-    if not getattr(found, "packable", True):  # read in place only (parquet: ``index``)
+    if not found.packable:  # read in place only (parquet: ``index``)
         raise UsageError(
             f"--format {fmt!r}: pack does not write {fmt} shards (`shardloader index` adopts "
             f"existing ones); choose one of "
-            f"{', '.join(n for n in known_formats() if getattr(get_format(n), 'packable', True))}"
+            f"{', '.join(n for n in known_formats() if get_format(n).packable)}"
         )
     found.check_compression(compression)
 
@@ -158,6 +158,6 @@ def open_reader(
     (``ReadOptions.fields``): a format whose reader takes them (``projects``: Parquet, whose
     columns are stored apart) reads only those; others read whole samples."""
     f = get_format(fmt) if isinstance(fmt, str) else fmt
-    if fields is not None and getattr(f, "projects", False):
+    if fields is not None and f.projects:
         return f.reader(local_path, index, where, verify, fields=fields)  # type: ignore[call-arg]
     return f.reader(local_path, index, where, verify)
