@@ -258,8 +258,11 @@ class TokenShardReader(TokenStream):
         return self._index.keys
 
     def read(self, i: int) -> Sample:
-        with located(self.where):
+        try:  # errors.located's rule, without a context manager a sample (the hot path)
             return self._read(i)
+        except ShardError as err:
+            err.where = err.where or self.where
+            raise
 
     def _read(self, i: int) -> Sample:
         head, key_of = self.header, self._index.keys[i]
