@@ -214,9 +214,7 @@ class TokenStream:
         tokens = getattr(self, "tokens", None)
         if tokens is not None:
             self.tokens = np.zeros(0, tokens.dtype)
-        file = getattr(self, "file", None)
-        if file is not None:  # a token array someone still holds: the GC unmaps it
-            file.close()
+        self.file.close()  # a token array someone still holds: the GC unmaps it
 
 
 def _expect(head: Header, size: int, num_samples: int | None, num_tokens: int | None) -> None:
