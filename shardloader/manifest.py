@@ -237,7 +237,7 @@ class SampleIndex:
                 if limit is not None:
                     from shardloader.format.arrow.ipc import declared_sizes
 
-                    declared = declared_sizes(data, where).uncompressed_bytes
+                    declared = declared_sizes(data).uncompressed_bytes
                     if declared > limit:
                         raise ManifestError(
                             f"declares {declared:,} bytes of columns, more than the {limit:,} "

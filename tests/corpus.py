@@ -311,9 +311,8 @@ def read_back(out: str) -> tuple[Manifest, list[tuple[str, dict[str, bytes]]]]:
     samples = []
     for shard in manifest.shards:
         with open(os.path.join(out, shard.path), "rb") as f:
-            samples.extend(
-                shard_format.iter_stored(manifest.format, manifest.compression, f, shard.path)
-            )
+            stream = shard_format.get_format(manifest.format)
+            samples.extend(stream.iter_stored(f, manifest.compression, shard.path))
     return manifest, samples
 
 

@@ -29,9 +29,7 @@ import xxhash
 
 from shardloader.errors import ChecksumError, ShardError
 from shardloader.format import Format, WrittenShard, register_format
-from shardloader.format.compress import (
-    DECOMPRESS_ERRORS, CompressedSink, decompressed, stage_stream, too_big,
-)
+from shardloader.format.compress import DECOMPRESS_ERRORS, CompressedSink, decompressed
 from shardloader.manifest import SampleIndex
 
 
@@ -137,9 +135,6 @@ class ToyFormat(Format):
     def reader(self, local_path, index, where, verify=True):
         return Reader(local_path, index, where, verify)
 
-    def stage(self, src, dst, compression, where, limit=None):
-        return stage_stream(src, dst, compression, where, limit)
-
     def iter_stored(self, src, compression, where, limit=None, max_member=None):
         stream, pos = decompressed(src, compression), 0
         try:
@@ -150,7 +145,7 @@ class ToyFormat(Format):
                 if size < self.min_sample_bytes:
                     raise ShardError(f"{where}: corrupt toy record size {size}")
                 if limit is not None and pos + size > limit:
-                    raise too_big(where, "a record", limit, "the manifest declares")
+                    raise ShardError(f"{where}: a record goes past the {limit:,} bytes declared")
                 if max_member is not None and size > max_member + 4096:
                     raise ShardError(f"{where}: a {size:,}-byte record is over the limit")
                 body = stream.read(size - 4)

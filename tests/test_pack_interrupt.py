@@ -21,7 +21,7 @@ import pytest
 from corpus import tree
 from fault_proxy import FaultProxy
 
-from shardloader.format import iter_stored
+from shardloader.format import get_format
 from shardloader.pack import PackOptions, pack
 from shardloader.pack.write import sidecar_meta
 
@@ -104,7 +104,7 @@ def _check_final_names(out) -> list[str]:
     names = sorted(p for p in os.listdir(out) if p.startswith("shard-") and p.endswith(".tar.zst"))
     for name in names:
         with open(out / name, "rb") as f:
-            samples = list(iter_stored("tar", "zstd", f, name))  # raises if truncated
+            samples = list(get_format("tar").iter_stored(f, "zstd", name))  # raises if truncated
         assert len(samples) == 2
         index = out / name.replace(".tar.zst", ".idx.arrow")
         if index.exists():

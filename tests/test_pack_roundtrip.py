@@ -23,7 +23,7 @@ from corpus import (
 )
 
 from shardloader.errors import UsageError
-from shardloader.format import shard_suffix
+from shardloader.format import get_format
 from shardloader.pack import PackOptions, pack
 
 # webdataset leaves shard files to the garbage collector
@@ -58,7 +58,7 @@ def test_class_folders_round_trip(tmp_path, fmt, compression):
     assert [k for k, _ in samples] == sorted(k for k, _ in samples)
     assert manifest.classes == ("cat", "dog", "eel") and manifest.layout == "class-folders"
     assert [s.num_samples for s in manifest.shards] == [5, 5, 2]
-    assert all(s.path.endswith(shard_suffix(fmt, compression)) for s in manifest.shards)
+    assert all(s.path.endswith(get_format(fmt).suffix(compression)) for s in manifest.shards)
     assert report.samples == 12 and report.bytes_in == sum(len(v) for v in files.values())
 
 

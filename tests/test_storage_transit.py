@@ -74,7 +74,7 @@ def test_a_zstd_shard_damaged_in_transit_is_fetched_again(
     # The damage the proxy does makes the frame undecodable (not merely wrong bytes, which a
     # checksum mismatch caught before): the old code stopped at "cannot decompress shard".
     with pytest.raises(ShardError, match="cannot decompress"):
-        stage_stream(io.BytesIO(flipped_mid(stored)), io.BytesIO(), "zstd", "here")
+        stage_stream(io.BytesIO(flipped_mid(stored)), io.BytesIO(), "zstd")
     upload(s3_client, tmp_path / "ds", s3_bucket, "ds")
     ds = dataset(tmp_path, s3_bucket, fault_proxy.endpoint)
     fault_proxy.clear()

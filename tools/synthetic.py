@@ -13,7 +13,7 @@ import hashlib
 import os
 from collections.abc import Iterable, Mapping
 
-from shardloader.format import open_writer, shard_suffix
+from shardloader.format import get_format, open_writer
 from shardloader.manifest import FieldInfo, Manifest, ShardInfo
 
 __all__ = ["listed_again", "shard_name", "write_manifest", "write_shard"]
@@ -24,7 +24,7 @@ Sample = tuple[str, Mapping[str, bytes]] | tuple[str, Mapping[str, bytes], int |
 
 def shard_name(n: int, fmt: str = "tar", compression: str = "none") -> str:
     """``shard-00003.tar.zst``: the name pack gives shard ``n``."""
-    return f"shard-{n:05d}{shard_suffix(fmt, compression)}"
+    return f"shard-{n:05d}{get_format(fmt).suffix(compression)}"
 
 
 def write_shard(

@@ -6,7 +6,8 @@ registers it) beside its writer, reader and stream (``tar/`` also holds the nump
 batch's members and the ``index`` scan of shards other tools wrote; ``arrow/`` the bounded IPC
 reading; ``tokens/`` the token shard's layout).  What formats share: compression
 (``compress.py``), the index carried in a zstd frame (``embedded.py``), mapped shard files
-(``mapped.py``), safe sample keys (``format/keys.py``).  Adding a format is one folder and one
+(``mapped.py``), safe sample keys (``format/keys.py``), a batch's samples as readers hand them
+over (``rows.py``).  Adding a format is one folder and one
 registration.  This file only re-exports.
 """
 
@@ -21,13 +22,10 @@ from shardloader.format.base import (
 from shardloader.format.registry import (
     COMPRESSIONS,
     get_format,
-    iter_stored,
     known_formats,
     open_reader,
     open_writer,
     register_format,
-    shard_suffix,
-    stage,
     unregister_format,
 )
 
@@ -40,12 +38,9 @@ __all__ = [
     "ShardWriter",
     "WrittenShard",
     "get_format",
-    "iter_stored",
     "known_formats",
     "open_reader",
     "open_writer",
     "register_format",
-    "shard_suffix",
-    "stage",
     "unregister_format",
 ]

@@ -2,13 +2,18 @@
 
 Tar shards are compressed as a whole (``.tar.zst``, ``.tar.gz``); a format whose shards are a
 plain byte stream can reuse these pieces: :class:`CompressedSink` to write, :func:`decompressed`
-to stream back, :func:`stage_stream` to stage with a bound.
+to stream back (read through :class:`Bounded`, inside :func:`decompressing`), :func:`stage_stream`
+to stage with a bound.  Errors here do not name the shard: the format's entry point does, once
+(``shardloader.errors.located``).
 """
 
 from __future__ import annotations
 
 import gzip
 import hashlib
+import zlib
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import BinaryIO
 
 import zstandard
@@ -18,10 +23,13 @@ from shardloader.errors import ShardError, ShardloaderError, UsageError
 __all__ = [
     "CHUNK",
     "DECOMPRESS_ERRORS",
+    "RAW_REASON",
+    "Bounded",
     "CompressedSink",
     "HashingCounter",
     "cannot_decompress",
     "decompressed",
+    "decompressing",
     "stage_stream",
     "too_big",
 ]
@@ -32,7 +40,13 @@ GZIP_LEVEL = 6
 # What a corrupt compressed stream raises while being read.  Shardloader's own errors are
 # OSErrors too (a StorageError of the source, a ShardError): callers re-raise those unchanged,
 # so a spent retry budget reaches the user as the StorageError it is (cannot_decompress).
-DECOMPRESS_ERRORS: tuple[type[BaseException], ...] = (zstandard.ZstdError, OSError, EOFError)
+DECOMPRESS_ERRORS: tuple[type[BaseException], ...] = (
+    zstandard.ZstdError,
+    zlib.error,  # a damaged gzip stream's deflate data
+    OSError,
+    EOFError,
+)
+RAW_REASON = "the manifest declares (raw_bytes)"
 
 
 class HashingCounter:
@@ -107,7 +121,7 @@ def decompressed(src: BinaryIO, compression: str) -> BinaryIO:
     raise UsageError(f"unknown compression {compression!r}; choose zstd, gzip or none")
 
 
-def cannot_decompress(where: str, err: BaseException) -> ShardError:
+def cannot_decompress(err: BaseException) -> ShardError:
     """The error for a stored shard that its compression cannot read (``err``: zstd's or
     gzip's, never shardloader's own, which callers re-raise unchanged).
 
@@ -117,27 +131,100 @@ def cannot_decompress(where: str, err: BaseException) -> ShardError:
     text = str(err)
     if "too much memory" in text or "window" in text.lower():
         return ShardError(
-            f"{where}: cannot decompress shard ({text}): it was compressed with a window larger "
+            f"cannot decompress shard ({text}): it was compressed with a window larger "
             "than the 128 MiB zstd decodes by default (`zstd --long=31`?); shardloader does "
             "not read such frames: re-compress it with `zstd -d --long=31 -c FILE | zstd -o "
             "NEW`, or re-pack the source with `shardloader pack`"
         )
     return ShardError(
-        f"{where}: cannot decompress shard ({text}); `shardloader verify` tells whether the "
+        f"cannot decompress shard ({text}); `shardloader verify` tells whether the "
         "stored shard itself is damaged: if so, re-pack it or restore it from a copy"
     )
 
 
-def too_big(where: str, what: str, limit: int, reason: str) -> ShardError:
+@contextmanager
+def decompressing() -> Iterator[None]:
+    """A compressed stream's errors inside as :func:`cannot_decompress`; shardloader's own
+    (the source's StorageError, a ShardError) pass unchanged, so a spent retry budget reaches
+    the user as the StorageError it is."""
+    try:
+        yield
+    except DECOMPRESS_ERRORS as err:
+        if isinstance(err, ShardloaderError):
+            raise
+        raise cannot_decompress(err) from err
+
+
+def too_big(what: str, limit: int, reason: str = RAW_REASON) -> ShardError:
     return ShardError(
-        f"{where}: {what} goes past the {limit:,} bytes {reason}; the shard is corrupt or "
+        f"{what} goes past the {limit:,} bytes {reason}; the shard is corrupt or "
         "hostile (a decompression bomb?): re-pack it or restore it from a copy"
     )
 
 
-def stage_stream(
-    src: BinaryIO, dst: BinaryIO, compression: str, where: str, limit: int | None = None
-) -> int:
+class Bounded:
+    """A (decompressed) stream read front to back, never past ``limit`` bytes (NOTE [bounded
+    formats] in format/base.py): a read is checked against it before anything is read.
+
+    Reads come out of a buffer refilled a :data:`CHUNK` at a time, so the many small reads of
+    headers and records cost no call into the decompressor each.  ``pos`` counts the bytes
+    read; ``on_data`` (when set) sees each of them, in order (checksums).
+    """
+
+    def __init__(
+        self,
+        f: BinaryIO,
+        limit: int | None = None,
+        reason: str = RAW_REASON,
+        on_data: Callable[[bytes], object] | None = None,
+    ) -> None:
+        self._f, self.limit, self.reason, self.on_data = f, limit, reason, on_data
+        self._buf, self._at = b"", 0
+        self.pos = 0
+
+    def read(self, n: int) -> bytes:
+        """Up to ``n`` bytes: fewer only where the stream ends."""
+        parts = [self._buf[self._at : self._at + n]]
+        got = len(parts[0])
+        self._at += got
+        while got < n:
+            chunk = self._f.read(max(CHUNK, n - got))
+            if not chunk:
+                break
+            take = chunk[: n - got]
+            parts.append(take)
+            got += len(take)
+            # a chunk read whole is not kept: a large member's bytes are the caller's alone
+            self._buf, self._at = (chunk, len(take)) if len(take) < len(chunk) else (b"", 0)
+        data = parts[0] if len(parts) == 1 else b"".join(parts)
+        self.pos += got
+        if self.on_data is not None:
+            self.on_data(data)
+        return data
+
+    def reserve(self, n: int, what: str) -> None:
+        """Raise before reading ``n`` more bytes that would pass the limit."""
+        if self.limit is not None and self.pos + n > self.limit:
+            raise too_big(what, self.limit, self.reason)
+
+    def read_exact(self, n: int, what: str) -> bytes:
+        self.reserve(n, what)
+        data = self.read(n)
+        if len(data) < n:
+            raise ShardError(f"truncated shard: {what} ends {n - len(data)} bytes early")
+        return data
+
+    def skip(self, n: int, what: str) -> None:
+        """Read and drop ``n`` bytes in bounded chunks (memory stays flat)."""
+        self.reserve(n, what)
+        while n:
+            chunk = self.read(min(n, CHUNK))
+            if not chunk:
+                raise ShardError(f"truncated shard: {what} ends {n} bytes early")
+            n -= len(chunk)
+
+
+def stage_stream(src: BinaryIO, dst: BinaryIO, compression: str, limit: int | None = None) -> int:
     """Decompress a stored shard into ``dst``; return the uncompressed byte count.
 
     Stops with ShardError as soon as the output would pass ``limit`` (the manifest's
@@ -145,18 +232,10 @@ def stage_stream(
     """
     stream = decompressed(src, compression)
     total = 0
-    try:
-        while True:
-            chunk = stream.read(CHUNK)
-            if not chunk:
-                return total
+    with decompressing():
+        while chunk := stream.read(CHUNK):
             if limit is not None and total + len(chunk) > limit:
-                raise too_big(
-                    where, "the decompressed shard", limit, "the manifest declares (raw_bytes)"
-                )
+                raise too_big("the decompressed shard", limit)
             dst.write(chunk)
             total += len(chunk)
-    except DECOMPRESS_ERRORS as err:
-        if isinstance(err, ShardloaderError):  # the source's StorageError keeps its class
-            raise
-        raise cannot_decompress(where, err) from err
+    return total

@@ -11,10 +11,13 @@ import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from shardloader.errors import ShardError
+
 if TYPE_CHECKING:  # numpy is imported where keys are measured, not by every importer
     import numpy as np
 
 __all__ = [
+    "check_key",
     "unsafe_key_reason",
     "first_unsafe_key",
     "key_lengths",
@@ -81,6 +84,17 @@ def unsafe_key_reason(key: object) -> str | None:
         if not part:
             return "has an empty path component"
     return None
+
+
+def check_key(key: object) -> None:
+    """ShardError (the place is added by the caller's boundary) unless ``key`` is safe: the
+    check of every key a stored shard's stream yields."""
+    reason = unsafe_key_reason(key)
+    if reason is not None:
+        raise ShardError(
+            f"sample key {key!r} {reason}: it could escape a directory when samples are "
+            "written to disk, so shardloader refuses it; rename the sample (re-pack the data)"
+        )
 
 
 def first_unsafe_key(keys: list[str]) -> tuple[str, str] | None:

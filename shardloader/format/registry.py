@@ -13,19 +13,18 @@ ones need the module imported where the dataset is unpickled.  Pack workers impo
 themselves (``WriteSpec.format_module``).  An unknown name is an error that lists the known ones:
 nothing falls through to a default format.
 
-The small functions at the bottom (``open_writer``, ``shard_suffix``, ...) are shortcuts for
-``get_format(name).method(...)``.
+Everything else is asked of the format object: ``get_format(name).method(...)``.
 """
 
 from __future__ import annotations
 
 import importlib
 import logging
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, BinaryIO
 
 from shardloader.errors import UsageError
-from shardloader.format.base import Format, Sample, ShardReader, ShardWriter
+from shardloader.format.base import Format, ShardReader, ShardWriter
 
 if TYPE_CHECKING:
     from shardloader.manifest import FieldInfo, SampleIndex
@@ -35,13 +34,10 @@ __all__ = [
     "check_pack_format",
     "format_module",
     "get_format",
-    "iter_stored",
     "known_formats",
     "open_reader",
     "open_writer",
     "register_format",
-    "shard_suffix",
-    "stage",
     "unregister_format",
 ]
 
@@ -129,26 +125,22 @@ def check_pack_format(fmt: str, compression: str) -> None:
     if compression not in COMPRESSIONS:
         raise UsageError(f"--compression {compression!r}: choose one of {', '.join(COMPRESSIONS)}")
     found = get_format(fmt)
-    if not getattr(found, "packable", True):  # read in place only (parquet: ``index``)
+    if not found.packable:  # read in place only (parquet: ``index``)
         raise UsageError(
             f"--format {fmt!r}: pack does not write {fmt} shards (`shardloader index` adopts "
             f"existing ones); choose one of "
-            f"{', '.join(n for n in known_formats() if getattr(get_format(n), 'packable', True))}"
+            f"{', '.join(n for n in known_formats() if get_format(n).packable)}"
         )
     found.check_compression(compression)
 
 
-# -- shortcuts ------------------------------------------------------------------------------
-
-
-def shard_suffix(fmt: str, compression: str) -> str:
-    """File suffix for a shard: ``.tar.zst``, ``.tar.gz``, ``.tar`` or ``.arrow``."""
-    return get_format(fmt).suffix(compression)
+# -- opening a writer or a reader ------------------------------------------------------------
 
 
 def open_writer(
     fmt: str, fileobj: BinaryIO, compression: str, fields: Mapping[str, FieldInfo]
 ) -> ShardWriter:
+    """A writer of format ``fmt``, once ``compression`` is checked to be one it writes."""
     f = get_format(fmt)
     f.check_compression(compression)
     return f.writer(fileobj, compression, fields)
@@ -166,29 +158,6 @@ def open_reader(
     (``ReadOptions.fields``): a format whose reader takes them (``projects``: Parquet, whose
     columns are stored apart) reads only those; others read whole samples."""
     f = get_format(fmt) if isinstance(fmt, str) else fmt
-    if fields is not None and getattr(f, "projects", False):
+    if fields is not None and f.projects:
         return f.reader(local_path, index, where, verify, fields=fields)  # type: ignore[call-arg]
     return f.reader(local_path, index, where, verify)
-
-
-def stage(
-    fmt: str, compression: str, src: BinaryIO, dst: BinaryIO, where: str, limit: int | None = None
-) -> int:
-    """Copy a stored shard into ``dst`` as an uncompressed random-access file; return bytes."""
-    f = get_format(fmt)
-    f.check_compression(compression)
-    return f.stage(src, dst, compression, where, limit)
-
-
-def iter_stored(
-    fmt: str,
-    compression: str,
-    src: BinaryIO,
-    where: str,
-    limit: int | None = None,
-    max_member: int | None = None,
-) -> Iterator[Sample]:
-    """Stream every sample of a stored shard front to back, checking its structure."""
-    f = get_format(fmt)
-    f.check_compression(compression)
-    return f.iter_stored(src, compression, where, limit, max_member)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from shardloader.format.registry import get_format, shard_suffix
+from shardloader.format.registry import get_format
 from shardloader.pack.refs import LineRun, SampleRef
 
 __all__ = [
@@ -155,4 +155,4 @@ def shard_names(
 ) -> tuple[str, str]:
     """(shard file, sidecar file) names; parts name shards ``part-PPPP-shard-LLLLL``."""
     stem = f"shard-{number:05d}" if part is None else f"part-{part:04d}-shard-{local_number:05d}"
-    return stem + shard_suffix(fmt, compression), stem + ".idx.arrow"
+    return stem + get_format(fmt).suffix(compression), stem + ".idx.arrow"

@@ -179,7 +179,7 @@ def _read_lengths(
 
 def _lengths_column(data: bytes, count: int, bound: int, where: str) -> np.ndarray | None:
     try:
-        if declared_sizes(data, where).uncompressed_bytes > bound:
+        if declared_sizes(data).uncompressed_bytes > bound:
             raise ManifestError(f"{where} declares more bytes than its shard's entry allows")
     except ShardError as err:
         raise ManifestError(f"{where} is not a valid shardloader sample index: {err}") from err

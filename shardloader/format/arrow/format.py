@@ -12,10 +12,11 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, BinaryIO
 
+from shardloader.errors import located
 from shardloader.format.arrow.reader import ArrowShardReader
 from shardloader.format.arrow.stream import iter_arrow, stage_arrow
 from shardloader.format.arrow.writer import ArrowShardWriter, row_checksum
-from shardloader.format.base import Format, Sample
+from shardloader.format.base import CheckedFormat, Sample
 from shardloader.format.registry import register_format
 from shardloader.manifest import SampleIndex
 
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
 __all__ = ["FORMAT", "ArrowFormat", "row_checksum"]
 
 
-class ArrowFormat(Format):
+class ArrowFormat(CheckedFormat):
     """Arrow IPC shards: offsets are row numbers, ``raw_bytes`` counts keys and field bytes."""
 
     name = "arrow"
@@ -52,31 +53,23 @@ class ArrowFormat(Format):
         where: str,
         limit: int | None = None,
     ) -> int:
-        return stage_arrow(src, dst, where, limit)
-
-    def iter_stored(
-        self,
-        src: BinaryIO,
-        compression: str,
-        where: str,
-        limit: int | None = None,
-        max_member: int | None = None,
-    ) -> Iterator[Sample]:
-        return iter_arrow(src, where, limit, max_member)
+        with located(where):
+            return stage_arrow(src, dst, limit)
 
     def iter_checked(
         self,
         src: BinaryIO,
         compression: str,
         where: str,
-        index: SampleIndex,
+        index: SampleIndex | None,
         limit: int | None = None,
         max_member: int | None = None,
     ) -> Iterator[tuple[Sample, int | None]]:
         """Each row with :func:`row_checksum` of its key and fields, as the reader computes
         it."""
-        for key, fields in iter_arrow(src, where, limit, max_member):
-            yield (key, fields), row_checksum(key, fields)
+        with located(where):
+            for key, fields in iter_arrow(src, limit, max_member):
+                yield (key, fields), row_checksum(key, fields)
 
     def staged_bound(self, info: ShardInfo, num_fields: int) -> int:
         """``raw_bytes`` counts the field and key bytes only; an uncompressed IPC file adds

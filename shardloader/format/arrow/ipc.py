@@ -39,25 +39,26 @@ class _Flat:
     def __init__(self, buf: memoryview, base: int, end: int) -> None:
         self.buf, self.base, self.end = buf, base, end
 
-    def _unpack(self, fmt: str, pos: int) -> int:
+    def num(self, fmt: str, pos: int) -> int:
+        """The number of struct format ``fmt`` at ``pos``, inside the metadata."""
         if not self.base <= pos <= self.end - struct.calcsize(fmt):
             raise _Bad(f"offset {pos} outside the metadata")
         return int(struct.unpack_from(fmt, self.buf, pos)[0])
 
     def root(self) -> int:
-        return self.base + self._unpack("<I", self.base)
+        return self.base + self.num("<I", self.base)
 
     def field(self, table: int, index: int) -> int | None:
-        vtable = table - self._unpack("<i", table)
-        size = self._unpack("<H", vtable)
+        vtable = table - self.num("<i", table)
+        size = self.num("<H", vtable)
         slot = 4 + 2 * index
         if slot + 2 > size:
             return None
-        off = self._unpack("<H", vtable + slot)
+        off = self.num("<H", vtable + slot)
         return table + off if off else None
 
     def ref(self, pos: int) -> int:
-        return pos + self._unpack("<I", pos)
+        return pos + self.num("<I", pos)
 
     def vector(self, table: int, index: int) -> tuple[int, int]:
         """(start, length) of a vector field; (0, 0) when absent."""
@@ -65,13 +66,7 @@ class _Flat:
         if pos is None:
             return 0, 0
         start = self.ref(pos)
-        return start + 4, self._unpack("<I", start)
-
-    def i64(self, pos: int) -> int:
-        return self._unpack("<q", pos)
-
-    def u8(self, pos: int) -> int:
-        return self._unpack("<B", pos)
+        return start + 4, self.num("<I", start)
 
 
 def _blocks(flat: _Flat, footer: int, index: int) -> list[tuple[int, int, int]]:
@@ -82,7 +77,7 @@ def _blocks(flat: _Flat, footer: int, index: int) -> list[tuple[int, int, int]]:
     out = []
     for i in range(n):
         at = start + 24 * i
-        out.append((flat.i64(at), flat._unpack("<i", at + 8), flat.i64(at + 16)))
+        out.append((flat.num("<q", at), flat.num("<i", at + 8), flat.num("<q", at + 16)))
     return out
 
 
@@ -98,7 +93,7 @@ def _batch_sizes(buf: memoryview, offset: int, meta_len: int, body_len: int) -> 
     header_pos = flat.field(message, 2)
     if kind_pos is None or header_pos is None:
         raise _Bad("message without a header")
-    kind = flat.u8(kind_pos)
+    kind = flat.num("<B", kind_pos)
     header = flat.ref(header_pos)
     if kind == _DICTIONARY_BATCH:
         data = flat.field(header, 1)
@@ -114,7 +109,7 @@ def _batch_sizes(buf: memoryview, offset: int, meta_len: int, body_len: int) -> 
     body = offset + meta_len
     total = 0
     for i in range(n):
-        b_off, b_len = flat.i64(start + 16 * i), flat.i64(start + 16 * i + 8)
+        b_off, b_len = flat.num("<q", start + 16 * i), flat.num("<q", start + 16 * i + 8)
         if b_off < 0 or b_len < 0 or b_off + b_len > body_len:
             raise _Bad("buffer outside its batch body")
         if not compressed or b_len == 0:
@@ -129,7 +124,7 @@ def _batch_sizes(buf: memoryview, offset: int, meta_len: int, body_len: int) -> 
     return compressed, total
 
 
-def declared_sizes(data: memoryview | bytes, where: str) -> BatchSizes:
+def declared_sizes(data: memoryview | bytes) -> BatchSizes:
     """Sum what every batch of an Arrow IPC file declares; ShardError if it is malformed."""
     buf = memoryview(data).cast("B")
     size = len(buf)
@@ -148,5 +143,5 @@ def declared_sizes(data: memoryview | bytes, where: str) -> BatchSizes:
                 c, t = _batch_sizes(buf, offset, meta_len, body_len)
                 compressed, total, count = compressed or c, total + t, count + 1
     except (_Bad, struct.error) as err:
-        raise ShardError(f"{where}: not a readable Arrow IPC shard ({err})") from err
+        raise ShardError(f"not a readable Arrow IPC shard ({err})") from err
     return BatchSizes(count, compressed, total)

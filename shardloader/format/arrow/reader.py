@@ -15,12 +15,13 @@ import numpy as np
 import pyarrow as pa
 import xxhash
 
-from shardloader.errors import ChecksumError, ShardError
+from shardloader.errors import ChecksumError, ShardError, located
 from shardloader.format.arrow.ipc import declared_sizes
-from shardloader.format.arrow.stream import KEY_COLUMN, open_ipc
-from shardloader.format.base import Rows, Sample, copy_fields
+from shardloader.format.arrow.stream import KEY_COLUMN, arrow_errors, open_ipc
+from shardloader.format.arrow.writer import row_checksum
 from shardloader.format.keys import key_lengths
 from shardloader.format.mapped import LARGE, MappedFile
+from shardloader.format.rows import Rows, Sample, copy_fields, read_one
 from shardloader.manifest import SampleIndex
 
 __all__ = ["ArrowShardReader"]
@@ -53,19 +54,19 @@ class ArrowShardReader:
         self._file.populate()  # NOTE [populating the map] in format/mapped.py
         self._map, self._view = self._file.map, self._file.view
         try:
-            self._spans = _row_spans(self._view, len(index), where)
-            key_spans = self._spans.pop(KEY_COLUMN)
-            _check_keys(self._view, key_spans, index.keys, where)
+            with located(where):
+                self._spans = _row_spans(self._view, len(index))
+                key_spans = self._spans.pop(KEY_COLUMN)
+                _check_keys(self._view, key_spans, index.keys)
         except BaseException:
             self.close()
             raise
         # one row per sample: checksum (int64 bits), (start, stop) of its key, then of each
         # field in name order (-1 where null), so a batch costs one fancy index
         self._names = sorted(self._spans)
-        self._encoded = [n.encode() for n in self._names]
         # each field's "<name>\0<size>" as a bytes template (``%`` escaped): the checksum's
         # header of a value, made by C-level ``map`` over the sizes (see _digests)
-        self._headers = [n.replace(b"%", b"%%") + b"\0%d" for n in self._encoded]
+        self._headers = [n.encode().replace(b"%", b"%%") + b"\0%d" for n in self._names]
         sums = np.zeros(len(index), np.int64) if self._sums is None else self._sums.view(np.int64)
         table = [sums, *key_spans]
         for name in self._names:
@@ -74,12 +75,7 @@ class ArrowShardReader:
         del self._spans
 
     def read(self, i: int) -> Sample:
-        rows = Rows(1)
-        self.read_rows([i], rows, [0])
-        if rows.errors:
-            raise rows.errors[0]
-        fields = {n: bytes(col[0]) for n, col in rows.fields.items() if col[0] is not None}
-        return rows.keys[0], fields
+        return read_one(self, i)
 
     def read_rows(self, rows: Sequence[int] | np.ndarray, into: Rows, at: Sequence[int]) -> None:
         """Rows ``rows`` for positions ``at`` of ``into``, their fields copied out of the map
@@ -121,11 +117,13 @@ class ArrowShardReader:
         copies in ``fields`` and the row's key bytes in the file (equal to its sidecar key:
         checked at open), chained by C-level ``map`` (no Python call per row): per row it is
         a few hash calls, which a Python function per row would double.  A column with a null
-        takes :meth:`_digest` per row (the null field is left out of its row's hash)."""
-        h, n = _XXH3, len(picked)
-        columns = [fields[name] for name in self._names]
+        takes ``row_checksum`` per row (the null field is left out of its row's hash)."""
+        h, n, names = _XXH3, len(picked), self._names
+        columns = [fields[name] for name in names]
         if any(None in column for column in columns):
-            digests = map(self._digest, keys, *columns) if columns else map(self._digest, keys)
+            rows = zip(*columns, strict=True)
+            present = ({f: v for f, v in zip(names, r, strict=True) if v is not None} for r in rows)
+            digests = map(row_checksum, keys, present)
             return np.fromiter(digests, np.uint64, n)
         spans = map(slice, picked[:, 1].tolist(), picked[:, 2].tolist())
         chained: Any = map(h, map(self._view.__getitem__, spans))  # the key's hash
@@ -134,46 +132,32 @@ class ArrowShardReader:
             chained = map(h, column, map(h, heads, chained))  # seeded by the previous
         return np.fromiter(chained, np.uint64, n)
 
-    def _digest(self, key: str, *values: Any) -> int:
-        """:func:`~shardloader.format.arrow.writer.row_checksum` of a row, its fields in name
-        order (None: absent)."""
-        h = _XXH3
-        digest = h(key.encode("utf-8", "surrogateescape"))
-        for name, value in zip(self._encoded, values, strict=True):
-            if value is not None:
-                digest = h(value, h(b"%s\0%d" % (name, len(value)), digest))
-        return digest
-
     def close(self) -> None:
         self._file.close()
 
 
-def _row_spans(view: memoryview, n: int, where: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+def _row_spans(view: memoryview, n: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Column → (start, stop) in the file of every row's value (-1 where null), read from the
     offset buffers of an uncompressed IPC file mapped at ``view``."""
-    if declared_sizes(view, where).compressed:
+    if declared_sizes(view).compressed:
         raise ShardError(
-            f"{where}: the Arrow file has compressed buffers where an uncompressed file "
+            "the Arrow file has compressed buffers where an uncompressed file "
             "was expected (does the manifest say compression 'none' for a zstd shard?)"
         )
     whole = pa.py_buffer(view)
-    try:
-        reader = open_ipc(pa.BufferReader(whole), where)
+    reader = open_ipc(pa.BufferReader(whole))
+    with arrow_errors():
         batches = [reader.get_batch(b) for b in range(reader.num_record_batches)]
-        names = reader.schema.names
-    except (pa.ArrowInvalid, OSError) as err:
-        if isinstance(err, ShardError):
-            raise
-        raise ShardError(f"{where}: corrupt Arrow record batch ({err})") from err
+    names = reader.schema.names
     if KEY_COLUMN not in names:
-        raise ShardError(f"{where}: the Arrow file has no {KEY_COLUMN!r} column")
+        raise ShardError(f"the Arrow file has no {KEY_COLUMN!r} column")
     total = sum(b.num_rows for b in batches)
     if total != n:
-        raise ShardError(f"{where}: shard has {total} rows but its index lists {n}")
+        raise ShardError(f"shard has {total} rows but its index lists {n}")
     base, size = whole.address, whole.size
     spans: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     for c, name in enumerate(names):
-        parts = [_column_spans(b.column(c), base, size, name, where) for b in batches]
+        parts = [_column_spans(b.column(c), base, size, name) for b in batches]
         starts = np.concatenate([p[0] for p in parts]) if parts else np.zeros(0, np.int64)
         stops = np.concatenate([p[1] for p in parts]) if parts else np.zeros(0, np.int64)
         spans[name] = (starts, stops)
@@ -181,7 +165,7 @@ def _row_spans(view: memoryview, n: int, where: str) -> dict[str, tuple[np.ndarr
 
 
 def _column_spans(
-    array: pa.Array, base: int, size: int, name: str, where: str
+    array: pa.Array, base: int, size: int, name: str
 ) -> tuple[np.ndarray, np.ndarray]:
     """(start, stop) in the file of each value of a string/binary column; -1 for nulls."""
     kind = array.type
@@ -190,13 +174,13 @@ def _column_spans(
     elif pa.types.is_binary(kind) or pa.types.is_string(kind):
         width = np.dtype("<i4")
     else:
-        raise ShardError(f"{where}: column {name!r} is {kind}, not binary or string")
+        raise ShardError(f"column {name!r} is {kind}, not binary or string")
     n = len(array)
     if n == 0:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
     validity, offsets_buf, data = array.buffers()
     outside = ShardError(
-        f"{where}: column {name!r} has values outside the file (corrupt offsets, or a "
+        f"column {name!r} has values outside the file (corrupt offsets, or a "
         "buffer that is not read in place)"
     )
     if offsets_buf is None or offsets_buf.size < (array.offset + n + 1) * width.itemsize:
@@ -223,7 +207,7 @@ def _column_spans(
 
 
 def _check_keys(
-    view: memoryview, spans: tuple[np.ndarray, np.ndarray], keys: Sequence[str], where: str
+    view: memoryview, spans: tuple[np.ndarray, np.ndarray], keys: Sequence[str]
 ) -> None:
     """Every row's key equals its sidecar's, compared as bytes over runs of adjacent keys (one
     per record batch); a mismatch is then found row by row for the message."""
@@ -249,6 +233,6 @@ def _check_keys(
         key = None if a < 0 else bytes(view[a:b]).decode("utf-8", "surrogateescape")
         if key != keys[i]:
             raise ShardError(
-                f"{where}: row {i} has key {key!r}, its sidecar says {keys[i]!r}; the shard "
+                f"row {i} has key {key!r}, its sidecar says {keys[i]!r}; the shard "
                 "and its .idx.arrow sidecar do not match"
             )

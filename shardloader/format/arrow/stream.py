@@ -8,7 +8,8 @@ about the file: the key column's name, and opening an IPC file as a ShardError w
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import BinaryIO
 
 import pyarrow as pa
@@ -17,20 +18,31 @@ from shardloader.errors import ShardError
 from shardloader.format.arrow.ipc import declared_sizes
 from shardloader.format.base import Sample
 from shardloader.format.compress import too_big
-from shardloader.format.keys import unsafe_key_reason
-from shardloader.schema import unsafe_key_error
+from shardloader.format.keys import check_key
 
-__all__ = ["KEY_COLUMN", "iter_arrow", "open_ipc", "stage_arrow"]
+__all__ = ["KEY_COLUMN", "arrow_errors", "iter_arrow", "open_ipc", "stage_arrow"]
 
 KEY_COLUMN = "__key__"
+_ALLOWED = "the manifest allows for this shard"
 
 
-def open_ipc(src: BinaryIO | pa.NativeFile, where: str) -> pa.ipc.RecordBatchFileReader:
-    """The IPC file in ``src``; one pyarrow cannot open is a ShardError naming ``where``."""
+def open_ipc(src: BinaryIO | pa.NativeFile) -> pa.ipc.RecordBatchFileReader:
+    """The IPC file in ``src``; one pyarrow cannot open is a ShardError."""
     try:
         return pa.ipc.open_file(src)
     except (pa.ArrowInvalid, OSError) as err:
-        raise ShardError(f"{where}: not a readable Arrow IPC shard ({err})") from err
+        raise ShardError(f"not a readable Arrow IPC shard ({err})") from err
+
+
+@contextmanager
+def arrow_errors() -> Iterator[None]:
+    """pyarrow's errors inside as a ShardError (a corrupt record batch); shardloader's own pass."""
+    try:
+        yield
+    except (pa.ArrowInvalid, OSError) as err:
+        if isinstance(err, ShardError):
+            raise
+        raise ShardError(f"corrupt Arrow record batch ({err})") from err
 
 
 def _rows(batch: pa.RecordBatch) -> Iterator[Sample]:
@@ -46,71 +58,48 @@ def _rows(batch: pa.RecordBatch) -> Iterator[Sample]:
         yield key, fields
 
 
-def _check_declared(data: bytes | memoryview, where: str, limit: int | None) -> None:
-    """Refuse a file whose batches would decompress past ``limit``, before pyarrow does."""
-    sizes = declared_sizes(data, where)
-    if limit is not None and sizes.uncompressed_bytes > limit:
-        raise too_big(
-            where,
-            f"its batches' declared {sizes.uncompressed_bytes:,} bytes",
-            limit,
-            "the manifest allows for this shard",
-        )
+def _open_bounded(src: BinaryIO, limit: int | None) -> pa.ipc.RecordBatchFileReader:
+    """The stored IPC file in ``src``, refused first when its batches would decompress past
+    ``limit``, before pyarrow does."""
+    data = src.read()
+    declared = declared_sizes(data).uncompressed_bytes
+    if limit is not None and declared > limit:
+        raise too_big(f"its batches' declared {declared:,} bytes", limit, _ALLOWED)
+    return open_ipc(pa.BufferReader(data))
 
 
 def iter_arrow(
-    src: BinaryIO, where: str, limit: int | None = None, max_member: int | None = None
+    src: BinaryIO, limit: int | None = None, max_member: int | None = None
 ) -> Iterator[Sample]:
     """Stream the rows of a stored Arrow shard; ``limit`` bounds what its batches decompress to,
     ``max_member`` the bytes of any one field."""
-    data = src.read()
-    _check_declared(data, where, limit)
-    reader = open_ipc(pa.BufferReader(data), where)
-    try:
+    reader = _open_bounded(src, limit)
+    with arrow_errors():
         for b in range(reader.num_record_batches):
             for key, fields in _rows(reader.get_batch(b)):
-                problem = unsafe_key_reason(key)
-                if problem is not None:
-                    raise unsafe_key_error(where, key, problem)
-                if max_member is not None:
-                    _check_member(key, fields, max_member, where)
+                check_key(key)
+                for name, value in fields.items():
+                    if max_member is not None and len(value) > max_member:
+                        raise ShardError(
+                            f"field {name!r} of sample {key!r} has {len(value):,} bytes, more "
+                            f"than the {max_member:,} allowed for one sample; the shard is "
+                            "corrupt or hostile"
+                        )
                 yield key, fields
-    except (pa.ArrowInvalid, OSError) as err:
-        if isinstance(err, ShardError):
-            raise
-        raise ShardError(f"{where}: corrupt Arrow record batch ({err})") from err
 
 
-def _check_member(key: str, fields: Mapping[str, bytes], max_member: int, where: str) -> None:
-    for name, value in fields.items():
-        if len(value) > max_member:
-            raise ShardError(
-                f"{where}: field {name!r} of sample {key!r} has {len(value):,} bytes, more than "
-                f"the {max_member:,} allowed for one sample; the shard is corrupt or hostile"
-            )
-
-
-def stage_arrow(src: BinaryIO, dst: BinaryIO, where: str, limit: int | None = None) -> int:
+def stage_arrow(src: BinaryIO, dst: BinaryIO, limit: int | None = None) -> int:
     """Rewrite a (compressed) IPC shard uncompressed so it memory-maps with zero copies.
 
     The batches' declared sizes are checked against ``limit`` first, and the output after each
     batch, so neither memory nor the cache takes more than ``limit`` bytes.
     """
-    data = src.read()
-    _check_declared(data, where, limit)
-    reader = open_ipc(pa.BufferReader(data), where)
+    reader = _open_bounded(src, limit)
     sink = pa.PythonFile(dst, mode="w")
     before = dst.tell()
-    try:
-        with pa.ipc.new_file(sink, reader.schema) as writer:
-            for b in range(reader.num_record_batches):
-                writer.write_batch(reader.get_batch(b))
-                if limit is not None and dst.tell() - before > limit:
-                    raise too_big(
-                        where, "the staged shard", limit, "the manifest allows for this shard"
-                    )
-    except (pa.ArrowInvalid, OSError) as err:
-        if isinstance(err, ShardError):
-            raise
-        raise ShardError(f"{where}: corrupt Arrow record batch ({err})") from err
+    with arrow_errors(), pa.ipc.new_file(sink, reader.schema) as writer:
+        for b in range(reader.num_record_batches):
+            writer.write_batch(reader.get_batch(b))
+            if limit is not None and dst.tell() - before > limit:
+                raise too_big("the staged shard", limit, _ALLOWED)
     return dst.tell() - before

@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, BinaryIO
 
-import numpy as np
 import pyarrow as pa
 import xxhash
 
@@ -19,7 +18,7 @@ from shardloader.errors import ShardError, UsageError
 from shardloader.format.arrow.stream import KEY_COLUMN
 from shardloader.format.base import Sample, WrittenShard
 from shardloader.format.compress import HashingCounter
-from shardloader.manifest import SampleIndex
+from shardloader.format.recorder import IndexRecorder
 
 if TYPE_CHECKING:
     from shardloader.manifest import FieldInfo
@@ -62,10 +61,8 @@ class ArrowShardWriter:
         )
         self._rows: list[Sample] = []
         self._pending = 0
-        self._keys: list[str] = []
-        self._sizes: list[int] = []
-        self._lengths: list[int] = []
-        self._sums: list[int] = []
+        self._index = IndexRecorder()
+        self._raw = 0
 
     def add(self, key: str, fields: Mapping[str, bytes], length: int | None = None) -> None:
         unknown = set(fields) - set(self._columns)
@@ -73,10 +70,8 @@ class ArrowShardWriter:
             raise ShardError(f"sample {key!r} has fields {sorted(unknown)} not in the schema")
         self._rows.append((key, dict(fields)))
         size = sum(len(v) for v in fields.values())
-        self._keys.append(key)
-        self._sizes.append(size)
-        self._lengths.append(-1 if length is None else length)
-        self._sums.append(row_checksum(key, fields))
+        self._index.add(key, len(self._index.keys), size, length, row_checksum(key, fields))
+        self._raw += size + len(key)
         self._pending += size
         if len(self._rows) >= _ROWS_PER_BATCH or self._pending >= _BYTES_PER_BATCH:
             self._flush()
@@ -93,14 +88,4 @@ class ArrowShardWriter:
     def close(self) -> WrittenShard:
         self._flush()
         self._writer.close()
-        n = len(self._keys)
-        has_lengths = bool(self._lengths) and min(self._lengths) >= 0
-        index = SampleIndex(
-            keys=self._keys,
-            offsets=np.arange(n, dtype=np.int64),
-            sizes=np.asarray(self._sizes, np.int64),
-            lengths=np.asarray(self._lengths, np.int64) if has_lengths else None,
-            checksums=np.asarray(self._sums, np.uint64),
-        )
-        raw = sum(self._sizes) + sum(len(k) for k in self._keys)
-        return WrittenShard(n, self._out.count, raw, self._out.sha.hexdigest(), index)
+        return self._index.written(self._out, self._raw, self._index.index())

@@ -16,16 +16,10 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, BinaryIO, NoReturn
 
 from shardloader.errors import UsageError
-from shardloader.format.base import Format, Sample
+from shardloader.format.base import CheckedFormat, Sample
 from shardloader.format.parquet.reader import ParquetShardReader
 from shardloader.format.parquet.scan import ParquetScan, scan_parquet
-from shardloader.format.parquet.table import (
-    ParquetTable,
-    key_stem,
-    open_parquet,
-    present_cells,
-    spool,
-)
+from shardloader.format.parquet.table import ParquetTable, open_parquet, spool
 from shardloader.format.registry import register_format
 from shardloader.manifest import SampleIndex
 
@@ -35,7 +29,7 @@ if TYPE_CHECKING:
 __all__ = ["FORMAT", "ParquetFormat"]
 
 
-class ParquetFormat(Format):
+class ParquetFormat(CheckedFormat):
     """Parquet files read in place: offsets are row numbers, ``raw_bytes`` is the file."""
 
     name = "parquet"
@@ -70,44 +64,27 @@ class ParquetFormat(Format):
         """``fields``: only these columns read (NOTE [projected checksums] in reader.py)."""
         return ParquetShardReader(local_path, index, where, verify, fields)
 
-    def iter_stored(
-        self,
-        src: BinaryIO,
-        compression: str,
-        where: str,
-        limit: int | None = None,
-        max_member: int | None = None,
-    ) -> Iterator[Sample]:
-        """Every row as a sample (keys as ``index`` gives them), the file spooled to a
-        temporary file first: Parquet is read from its footer."""
-        with tempfile.TemporaryFile(prefix="shardloader-verify-") as tmp:
-            spool(src, limit, where, tmp)
-            table = ParquetTable(open_parquet(tmp, where), where)
-            stem, row = key_stem(where), 0
-            for g, n in enumerate(table.group_rows):
-                cells = table.cells(g, row)
-                for i in range(n):
-                    yield (
-                        f"{stem}/{row:09d}",
-                        present_cells(cells, i),
-                    )
-                    row += 1
-
     def iter_checked(
         self,
         src: BinaryIO,
         compression: str,
         where: str,
-        index: SampleIndex,
+        index: SampleIndex | None,
         limit: int | None = None,
         max_member: int | None = None,
     ) -> Iterator[tuple[Sample, int | None]]:
-        """Each row with the checksum the reader checks (of the sidecar's key and its cells)."""
+        """Every row as a sample (keyed as the sidecar ``index`` keys it, else as ``index``
+        gives keys) with the checksum the reader checks (of that key and its cells); the file
+        is spooled to a temporary file first: Parquet is read from its footer."""
         from shardloader.format.arrow.writer import row_checksum
 
-        for n, (_, fields) in enumerate(self.iter_stored(src, compression, where, limit)):
-            key = str(index.keys[n]) if n < len(index) else f"{key_stem(where)}/{n:09d}"
-            yield (key, fields), row_checksum(key, fields)
+        with tempfile.TemporaryFile(prefix="shardloader-verify-") as tmp:
+            spool(src, limit, where, tmp)
+            rows = ParquetTable(open_parquet(tmp, where), where).samples()
+            for n, (key, fields) in enumerate(rows):
+                if index is not None and n < len(index):
+                    key = str(index.keys[n])
+                yield (key, fields), row_checksum(key, fields)
 
     def scan(
         self,

@@ -32,8 +32,8 @@ import pyarrow as pa
 
 from shardloader.errors import ChecksumError, ShardError
 from shardloader.format.arrow.writer import row_checksum
-from shardloader.format.base import Rows, Sample
 from shardloader.format.parquet.table import ParquetTable, open_parquet
+from shardloader.format.rows import Rows, Sample, read_one
 from shardloader.manifest import SampleIndex
 
 __all__ = ["ParquetShardReader"]
@@ -101,11 +101,7 @@ class ParquetShardReader:
         return table
 
     def read(self, i: int) -> Sample:
-        rows = Rows(1)
-        self.read_rows([i], rows, [0])
-        if rows.errors:
-            raise rows.errors[0]
-        return rows.keys[0], {n: c[0] for n, c in rows.fields.items() if c[0] is not None}
+        return read_one(self, i)
 
     def read_rows(self, rows: Sequence[int] | np.ndarray, into: Rows, at: Sequence[int]) -> None:
         """Rows ``rows`` for positions ``at`` of ``into``, row group by row group."""

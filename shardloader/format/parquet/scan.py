@@ -24,13 +24,7 @@ from shardloader.codecs.sniff import codec_of
 from shardloader.errors import ShardError
 from shardloader.format.arrow.writer import row_checksum
 from shardloader.format.base import ScannedShard
-from shardloader.format.parquet.table import (
-    ParquetTable,
-    key_stem,
-    open_parquet,
-    present_cells,
-    spool,
-)
+from shardloader.format.parquet.table import ParquetTable, open_parquet, spool
 from shardloader.manifest import FieldInfo, SampleIndex
 from shardloader.storage.store import Store
 
@@ -57,34 +51,27 @@ def scan_parquet(src: BinaryIO, url: str, max_member: int | None) -> ParquetScan
             tmp = stack.enter_context(tempfile.TemporaryFile(prefix="shardloader-index-"))
             spool(src, None, url, tmp)
         table = ParquetTable(open_parquet(tmp, url), url)
-        stem = key_stem(url)
         keys: list[str] = []
         sizes: list[int] = []
         sums: list[int] = []
         per_field: dict[str, list[int]] = {n: [] for n in table.names}
         present = dict.fromkeys(table.names, 0)
         first: dict[str, bytes] = {}
-        row = 0
-        for g, n in enumerate(table.group_rows):
-            cells = table.cells(g, row)
-            for i in range(n):
-                key = f"{stem}/{row:09d}"
-                fields = present_cells(cells, i)
-                for name, value in fields.items():
-                    present[name] += 1
-                    if max_member is not None and len(value) > max_member:
-                        raise ShardError(
-                            f"{url} row {row}: column {name!r} holds {len(value):,} bytes, more "
-                            f"than the {max_member:,} allowed (--max-member-size)"
-                        )
-                    first.setdefault(name, value)
-                keys.append(key)
-                sizes.append(sum(map(len, fields.values())))
-                sums.append(row_checksum(key, fields))
-                for name, column_sums in per_field.items():
-                    cell = {name: fields[name]} if name in fields else {}
-                    column_sums.append(row_checksum(key, cell))
-                row += 1
+        for row, (key, fields) in enumerate(table.samples()):
+            for name, value in fields.items():
+                present[name] += 1
+                if max_member is not None and len(value) > max_member:
+                    raise ShardError(
+                        f"{url} row {row}: column {name!r} holds {len(value):,} bytes, more "
+                        f"than the {max_member:,} allowed (--max-member-size)"
+                    )
+                first.setdefault(name, value)
+            keys.append(key)
+            sizes.append(sum(map(len, fields.values())))
+            sums.append(row_checksum(key, fields))
+            for name, column_sums in per_field.items():
+                cell = {name: fields[name]} if name in fields else {}
+                column_sums.append(row_checksum(key, cell))
         infos = {}
         for name in table.names:
             p = table.plans[name]

@@ -10,7 +10,7 @@ field of an adopted file equals the field ``pack`` makes of the same column.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
@@ -23,8 +23,9 @@ from shardloader.codecs.arrowcells import (
 )
 from shardloader.codecs.tableschema import class_names, hf_features, plan_columns
 from shardloader.errors import ShardError
+from shardloader.format.rows import Sample
 
-__all__ = ["ParquetTable", "key_stem", "open_parquet", "present_cells", "spool"]
+__all__ = ["ParquetTable", "key_stem", "open_parquet", "spool"]
 
 
 def key_stem(url: str) -> str:
@@ -108,10 +109,16 @@ class ParquetTable:
                 ) from err
         return out
 
-    def cells(self, group: int, first_row: int) -> dict[str, Cells]:
-        """Each column's cells of row group ``group`` (whose first row is ``first_row``)."""
-        table = self.read_group(group)
-        return self.encode(table, list(range(first_row, first_row + table.num_rows)))
+    def samples(self) -> Iterator[Sample]:
+        """Every row as a sample, row group by row group: keyed ``<stem>/<row:09d>``
+        (:func:`key_stem`), its fields its cells as pack stores them, a null one left out."""
+        stem, row = key_stem(self.where), 0
+        for group, n in enumerate(self.group_rows):
+            cells = self.encode(self.read_group(group), list(range(row, row + n)))
+            for i in range(n):
+                fields = {name: v for name, c in cells.items() if (v := c[i]) is not None}
+                yield f"{stem}/{row:09d}", fields
+                row += 1
 
 
 def spool(src: Any, limit: int | None, where: str, into: Any) -> None:
@@ -125,13 +132,3 @@ def spool(src: Any, limit: int | None, where: str, into: Any) -> None:
         into.write(chunk)
     into.flush()
     into.seek(0, os.SEEK_SET)
-
-
-def present_cells(cells: Mapping[str, Cells], row: int) -> dict[str, bytes]:
-    """Row ``row``'s fields: its non-null cells (a null is a missing value)."""
-    out = {}
-    for name, column in cells.items():
-        value = column[row]
-        if value is not None:
-            out[name] = value
-    return out

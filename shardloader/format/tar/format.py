@@ -15,21 +15,22 @@ from typing import TYPE_CHECKING, BinaryIO
 
 import numpy as np
 
-from shardloader.format.base import Format, Sample, ScannedShard
+from shardloader.errors import located
+from shardloader.format.base import CheckedFormat, Sample, ScannedShard
 from shardloader.format.registry import register_format
 from shardloader.format.tar.index import scan_tar
 from shardloader.format.tar.reader import TarShardReader
-from shardloader.format.tar.stream import BLOCK, iter_checked_tar, iter_tar, split_key
+from shardloader.format.tar.stream import BLOCK, SpanDigests, iter_tar, split_key
 from shardloader.format.tar.writer import END, USTAR_MAX_SIZE, TarShardWriter, header_size
 from shardloader.manifest import SampleIndex
 
 if TYPE_CHECKING:
-    from shardloader.manifest import FieldInfo, ShardInfo
+    from shardloader.manifest import FieldInfo
 
 __all__ = ["BLOCK", "FORMAT", "TarFormat", "split_key"]
 
 
-class TarFormat(Format):
+class TarFormat(CheckedFormat):
     """Tar shards: byte offsets into the uncompressed tar, 512-byte blocks."""
 
     name = "tar"
@@ -37,6 +38,7 @@ class TarFormat(Format):
     index_suffixes = {".tgz": "gzip", ".tar.zstd": "zstd"}
     min_sample_bytes = BLOCK  # at least one member header
     end_bytes = BLOCK  # at least one zero block (GNU tar and we write two)
+    alignment = BLOCK
     shard_overhead = END
     stored_is_raw = True
     indexable = True
@@ -77,29 +79,20 @@ class TarFormat(Format):
     ) -> TarShardReader:
         return TarShardReader(local_path, index, where, verify)
 
-    def iter_stored(
-        self,
-        src: BinaryIO,
-        compression: str,
-        where: str,
-        limit: int | None = None,
-        max_member: int | None = None,
-    ) -> Iterator[Sample]:
-        return iter_tar(src, compression, where, limit, max_member)
-
     def iter_checked(
         self,
         src: BinaryIO,
         compression: str,
         where: str,
-        index: SampleIndex,
+        index: SampleIndex | None,
         limit: int | None = None,
         max_member: int | None = None,
     ) -> Iterator[tuple[Sample, int | None]]:
         """Each sample with the XXH3-64 of the bytes its sidecar span covers, as the reader
         hashes them (``stream.SpanDigests``)."""
-        offsets, sizes = index.offsets.tolist(), index.sizes.tolist()
-        return iter_checked_tar(src, compression, where, offsets, sizes, limit, max_member)
+        spans = None if index is None else SpanDigests(index.offsets.tolist(), index.sizes.tolist())
+        with located(where):
+            yield from iter_tar(src, compression, limit, max_member, spans)
 
     def scan(
         self,
@@ -109,28 +102,8 @@ class TarFormat(Format):
         max_member: int | None,
         length_fields: Sequence[str] = (),
     ) -> ScannedShard:
-        return scan_tar(src, compression, where, max_member, length_fields)
-
-    def index_problem(self, index: SampleIndex, info: ShardInfo) -> str | None:
-        """Inside the tar less its end block, and on 512-byte blocks."""
-        if not len(index):
-            return None
-        offsets, sizes = index.offsets, index.sizes
-        ends = offsets + sizes
-        bad = (
-            (ends > info.raw_bytes - BLOCK)
-            | (sizes < BLOCK)
-            | (offsets % BLOCK != 0)
-            | (sizes % BLOCK != 0)
-        )
-        if not bad.any():
-            return None
-        i = int(bad.argmax())
-        return (
-            f"the sample index puts sample {index.keys[i]!r} at bytes {int(offsets[i])}.."
-            f"{int(ends[i])}, outside the {info.raw_bytes:,}-byte tar or off its 512-byte "
-            "blocks; the sidecar does not match the shard"
-        )
+        with located(where):
+            return scan_tar(src, compression, max_member, length_fields)
 
 
 FORMAT = register_format(TarFormat())

@@ -13,24 +13,21 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import BinaryIO, cast
 
-import numpy as np
 import xxhash
 
-from shardloader.errors import ShardError, ShardloaderError
+from shardloader.errors import ShardError
 from shardloader.format.base import ScannedShard
-from shardloader.format.compress import DECOMPRESS_ERRORS, cannot_decompress, decompressed
+from shardloader.format.compress import Bounded, decompressed, decompressing
 from shardloader.format.keys import not_utf8, unsafe_key_reason
+from shardloader.format.recorder import IndexRecorder
 from shardloader.format.tar.layout import EMPTY
-from shardloader.format.tar.stream import BLOCK, TarStream, split_key, walk_members
-from shardloader.manifest import SampleIndex
+from shardloader.format.tar.stream import BLOCK, split_key, walk_members
 
 __all__ = ["scan_tar"]
 
-_SCAN_ERRORS: tuple[type[BaseException], ...] = (*DECOMPRESS_ERRORS, ValueError)
 
-
-class _HashStream(TarStream):
-    """A tar stream that keeps the checksum of the sample being scanned, both ways.
+class _Hashes:
+    """The checksum of the sample being scanned, kept both ways.
 
     A sample's byte range starts where the previous regular member ended, but whether the
     bytes after that point (folders, pax headers, the next header) begin a new sample is known
@@ -38,25 +35,24 @@ class _HashStream(TarStream):
     they continue the current sample, ``new`` as if they start the next one.
     """
 
-    def __init__(self, f: BinaryIO, where: str) -> None:
-        super().__init__(f, where)
+    def __init__(self) -> None:
         self.cont = xxhash.xxh3_64()
         self.new = xxhash.xxh3_64()
 
-    def on_data(self, data: bytes) -> None:
+    def feed(self, data: bytes) -> None:
         self.cont.update(data)
         self.new.update(data)
 
 
-def _unsafe_member(url: str, name: str, key: str, reason: str) -> ShardError:
+def _unsafe_member(name: str, key: str, reason: str) -> ShardError:
     if not_utf8(name):  # a reason of its own: nothing to do with directories
         return ShardError(
-            f"{url}: member name {name.encode('utf-8', 'surrogateescape')!r} is not UTF-8, so it "
+            f"member name {name.encode('utf-8', 'surrogateescape')!r} is not UTF-8, so it "
             "gives no sample key; rename the member, or unpack the shard and `shardloader pack` "
             "the folder (pack percent-escapes such names)"
         )
     return ShardError(
-        f"{url}: member {name!r} gives sample key {key!r}, which {reason}: it could escape a "
+        f"member {name!r} gives sample key {key!r}, which {reason}: it could escape a "
         "directory when samples are written to disk, so shardloader refuses it; rewrite the "
         "shard with relative member names (no '..', no leading '/')"
     )
@@ -65,19 +61,15 @@ def _unsafe_member(url: str, name: str, key: str, reason: str) -> ShardError:
 def scan_tar(
     src: BinaryIO,
     compression: str,
-    url: str,
     max_member: int | None,
     length_fields: Sequence[str] = (),
 ) -> ScannedShard:
     """Index the stored tar shard ``src``; a sample's length is the size of its first member
     whose extension is in ``length_fields`` (all samples must have one, else no lengths)."""
-    keys: list[str] = []
-    offsets: list[int] = []
-    sizes: list[int] = []
-    sums: list[int] = []
-    texts: list[int | None] = []
+    recorded = IndexRecorder()
     seen: dict[str, int] = {}
-    tar = _HashStream(decompressed(src, compression), url)
+    hashes = _Hashes()
+    tar = Bounded(decompressed(src, compression), on_data=hashes.feed)
     key: str | None = None
     exts: set[str] = set()
     start = end = text = run = mark = 0
@@ -85,13 +77,9 @@ def scan_tar(
 
     def finish() -> None:
         assert key is not None
-        keys.append(key)
-        offsets.append(start)
-        sizes.append(end - start)
-        sums.append(run)
-        texts.append(text if has_text else None)
+        recorded.add(key, start, end - start, text if has_text else None, run)
 
-    try:
+    with decompressing():
         for name, size in walk_members(tar, True, max_member):
             parts = split_key(name)
             if parts is not None:
@@ -101,12 +89,12 @@ def scan_tar(
                         finish()
                     problem = unsafe_key_reason(k)
                     if problem is not None:
-                        raise _unsafe_member(url, name, k, problem)
+                        raise _unsafe_member(name, k, problem)
                     key, exts, start, has_text = k, set(), mark, False
                     # this sample's bytes so far: those since `mark`
-                    tar.cont = cast(xxhash.xxh3_64, tar.new.copy())
+                    hashes.cont = cast(xxhash.xxh3_64, hashes.new.copy())
                 if ext in exts:
-                    raise ShardError(f"{url}: sample {k!r} has two {ext!r} members")
+                    raise ShardError(f"sample {k!r} has two {ext!r} members")
                 exts.add(ext)
                 if ext != EMPTY:  # the marker of a sample with no fields is no field
                     seen[ext] = seen.get(ext, 0) + 1
@@ -114,8 +102,8 @@ def scan_tar(
                     text, has_text = size, True
             tar.skip(size + (-size % BLOCK), f"member {name!r}")  # streamed, never held
             if parts is not None:
-                run, end = tar.cont.intdigest(), tar.pos
-            tar.new, mark = xxhash.xxh3_64(), tar.pos
+                run, end = hashes.cont.intdigest(), tar.pos
+            hashes.new, mark = xxhash.xxh3_64(), tar.pos
         if key is not None:
             finish()
         trailing = 0
@@ -123,23 +111,7 @@ def scan_tar(
             trailing += len(chunk)
             if max_member is not None and trailing > max_member:
                 raise ShardError(
-                    f"{url}: more than {max_member:,} bytes after the end-of-archive "
+                    f"more than {max_member:,} bytes after the end-of-archive "
                     "marker; the shard is corrupt or hostile (a decompression bomb?)"
                 )
-    except _SCAN_ERRORS as err:
-        if isinstance(err, ShardloaderError):  # the source's StorageError keeps its class
-            raise
-        if "too much memory" in str(err):  # zstd --long: the remedy is to re-compress it
-            raise cannot_decompress(url, err) from err
-        raise ShardError(f"{url}: cannot read as a tar shard ({err})") from err
-    lengths = None
-    if texts and all(t is not None for t in texts):
-        lengths = np.asarray(texts, np.int64)
-    index = SampleIndex(
-        keys,
-        np.asarray(offsets, np.int64),
-        np.asarray(sizes, np.int64),
-        lengths,
-        np.asarray(sums, np.uint64),
-    )
-    return ScannedShard(index, seen, tar.pos)
+    return ScannedShard(recorded.index(), seen, tar.pos)

@@ -15,10 +15,11 @@ from typing import Any, BinaryIO, cast
 import numpy as np
 import xxhash
 
-from shardloader.errors import ChecksumError, ShardError, ShardloaderError
-from shardloader.format.base import Rows, Sample, copy_fields
+from shardloader.errors import ChecksumError, ShardError, located
+from shardloader.format.compress import Bounded
 from shardloader.format.keys import key_lengths
 from shardloader.format.mapped import LARGE, MappedFile
+from shardloader.format.rows import Rows, Sample, copy_fields
 from shardloader.format.tar.layout import EMPTY, derive_layout
 from shardloader.format.tar.stream import BLOCK, iter_members, iter_samples
 from shardloader.manifest import SampleIndex
@@ -30,17 +31,6 @@ _XXH3 = xxhash.xxh3_64_intdigest
 # then shared); fewer underived rows are parsed one by one (large samples, few per batch)
 _DERIVE_AT_LEAST = 96
 _DERIVE_CHUNK = 2048  # rows derived ahead per read (about 2 ms)
-
-
-def _key_bytes(
-    keys: Sequence[str], with_bytes: bool
-) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
-    """Each key's UTF-8 length, and (``with_bytes``) the keys' starts and bytes end to end."""
-    if with_bytes:
-        return key_lengths(keys)
-    if "".join(keys).isascii():
-        return np.fromiter(map(len, keys), np.int32, len(keys)), None, None
-    return key_lengths(keys)[0].astype(np.int32), None, None
 
 
 def _fields_in(
@@ -123,55 +113,40 @@ class TarShardReader:
         self._rows_table: np.ndarray | None = None  # see _table
         self._early = 0  # rows read one by one before the first derivation (read_rows)
         self._chunked = 0  # rows [0, _chunked) were offered to prepare() (_with_next_chunk)
-        # key lengths (and for key checks their starts and bytes): see _key_bytes
+        # key lengths (and without checksums, to compare names with, their starts and bytes)
         self._key_bytes: tuple[np.ndarray, np.ndarray | None, np.ndarray | None] | None = None
         self._names: list[str] = []  # the fields the table has columns for
 
-    def _check(self, i: int, offset: int, size: int, want: int | None) -> ShardloaderError | None:
-        """The error of sample ``i`` (byte range ``offset``, ``size``) before parsing: cut short
-        by the file's end, or not matching its checksum ``want`` (None: not checked)."""
+    def read(self, i: int) -> Sample:
+        want = None if self._sums is None else int(self._sums[i])
+        with located(self._where):
+            return self._read_one(i, int(self._offsets[i]), int(self._sizes[i]), want)
+
+    def _read_one(self, i: int, offset: int, size: int, want: int | None) -> Sample:
+        """Sample ``i`` (byte range ``offset``, ``size``) checked against its checksum ``want``
+        (None: not checked) before it is parsed: ShardError where the file's end cuts it short
+        or it does not match its checksum or its sidecar."""
+        key = self._keys[i]
         if offset + size > self._size:
-            key = self._keys[i]
-            return ShardError(f"{self._where}: truncated shard: sample {key!r} is cut short")
+            raise ShardError(f"truncated shard: sample {key!r} is cut short")
         if want is not None:
             got = self._file.digest(offset, offset + size)
             if got != want:
-                return self._checksum_error(i, offset, size, got)
-        return None
-
-    def _checksum_error(self, i: int, offset: int, size: int, got: int) -> ChecksumError:
-        assert self._sums is not None
-        return ChecksumError(
-            f"{self._where}: sample {self._keys[i]!r} (bytes {offset}..{offset + size}) has "
-            f"checksum {got:016x}, its sidecar says {int(self._sums[i]):016x}: the shard is "
-            "damaged; `shardloader verify` checks the whole dataset (ReadOptions(verify_samples="
-            "False) skips this per-sample check)"
-        )
-
-    def read(self, i: int) -> Sample:
-        offset, size = int(self._offsets[i]), int(self._sizes[i])
-        want = None if self._sums is None else int(self._sums[i])
-        problem = self._check(i, offset, size, want)
-        if problem is not None:
-            raise problem
-        return self._parse(i, offset, size)
-
-    def _parse(self, i: int, offset: int, size: int) -> Sample:
-        key = self._keys[i]
+                raise ChecksumError(
+                    f"sample {key!r} (bytes {offset}..{offset + size}) has checksum {got:016x}, "
+                    f"its sidecar says {want:016x}: the shard is damaged; `shardloader verify` "
+                    "checks the whole dataset (ReadOptions(verify_samples=False) skips this "
+                    "per-sample check)"
+                )
         fields = _fields_in(self._map, offset, offset + size, key, self._file.copy)
         if fields is not None:
             return key, fields
-        members = iter_members(
-            cast(BinaryIO, _Span(self._file, offset, size)),
-            self._where,
-            False,
-            limit=size,
-            reason="the sample index declares for this sample",
-        )
-        samples = list(iter_samples(members, self._where))
+        span = cast(BinaryIO, _Span(self._file, offset, size))
+        members = Bounded(span, size, "the sample index declares for this sample")
+        samples = list(iter_samples(iter_members(members, False)))
         if len(samples) != 1 or samples[0][0] != key:
             raise ShardError(
-                f"{self._where}: sample index says {key!r} at byte {offset}, found "
+                f"sample index says {key!r} at byte {offset}, found "
                 f"{[k for k, _ in samples]}; the shard and its .idx.arrow sidecar do not match"
             )
         return samples[0]
@@ -198,9 +173,10 @@ class TarShardReader:
         todo = np.unique(wanted[table[wanted, 2] == 0])
         if todo.size == 0:
             return
-        check = self._sums is None  # compare each name's key with the sidecar's
-        if self._key_bytes is None or (check and self._key_bytes[1] is None):
-            self._key_bytes = _key_bytes(self._keys, check)
+        if self._key_bytes is None:  # the keys' bytes are kept only to compare names with
+            lengths, starts, encoded = key_lengths(self._keys)
+            keep = self._sums is None
+            self._key_bytes = (lengths, starts, encoded) if keep else (lengths, None, None)
         klen, kstart, joined = self._key_bytes
         buf = np.frombuffer(self._map, np.uint8) if self._size else np.zeros(0, np.uint8)
         try:
@@ -282,24 +258,19 @@ class TarShardReader:
             self._read_each(slow, into)
 
     def _read_each(self, slow: list[tuple[int, int]], into: Rows) -> None:
-        """Samples ``(position, row)`` one by one (as :meth:`read`), added together."""
+        """Samples ``(position, row)`` one by one (as :meth:`read`), added together: one part of
+        ``into`` for all of them (a part per sample costs the batch's ordering more)."""
         offset_of, size_of = self._offsets.item, self._sizes.item
-        offsets = [offset_of(i) for _, i in slow]  # .item(): cheaper than numpy calls for a few
-        sizes = [size_of(i) for _, i in slow]
-        sums: list[Any] = [None] * len(slow)
-        if self._sums is not None:
-            want = self._sums.item
-            sums = [want(i) for _, i in slow]
+        want_of = None if self._sums is None else self._sums.item
         where: list[int] = []
         keys: list[str] = []
         fields: dict[str, list[Any]] = {}
-        for (pos, i), offset, size, want in zip(slow, offsets, sizes, sums, strict=True):
+        for pos, i in slow:
+            want = None if want_of is None else want_of(i)  # .item(): cheaper than numpy calls
             try:
-                problem = self._check(i, offset, size, want)
-                if problem is not None:
-                    raise problem
-                key, found = self._parse(i, offset, size)
+                key, found = self._read_one(i, offset_of(i), size_of(i), want)
             except ShardError as err:
+                err.where = err.where or self._where  # as read() places it (no `with` a row)
                 into.fail(pos, err, self._keys[i])
                 continue
             for name, value in found.items():

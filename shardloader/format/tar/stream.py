@@ -13,24 +13,15 @@ from typing import BinaryIO
 
 import xxhash
 
-from shardloader.errors import ShardError, ShardloaderError
+from shardloader.errors import ShardError
 from shardloader.format.base import Sample
-from shardloader.format.compress import (
-    CHUNK,
-    DECOMPRESS_ERRORS,
-    cannot_decompress,
-    decompressed,
-    too_big,
-)
-from shardloader.format.keys import unsafe_key_reason
+from shardloader.format.compress import Bounded, decompressed, decompressing
+from shardloader.format.keys import check_key
 from shardloader.format.tar.layout import EMPTY
-from shardloader.schema import unsafe_key_error
 
 __all__ = [
     "BLOCK",
     "SpanDigests",
-    "TarStream",
-    "iter_checked_tar",
     "iter_members",
     "iter_samples",
     "iter_tar",
@@ -51,66 +42,7 @@ def split_key(name: str) -> tuple[str, str] | None:
     return name[:dot], name[dot + 1 :]
 
 
-class TarStream:
-    """A (decompressed) tar stream read front to back, never past ``limit`` bytes.
-
-    ``limit`` is what the manifest declares (``raw_bytes``); the walker checks each member's
-    declared size against it *before* decompressing the member, so a bomb costs nothing.
-    ``on_data`` sees every byte read (checksums), ``pos`` counts them.
-    """
-
-    def __init__(
-        self,
-        f: BinaryIO,
-        where: str,
-        limit: int | None = None,
-        reason: str = "the manifest declares (raw_bytes)",
-    ) -> None:
-        self._f = f
-        self.where = where
-        self.limit = limit
-        self.reason = reason
-        self.pos = 0
-
-    def on_data(self, data: bytes) -> None:
-        """Hook for subclasses that checksum the stream."""
-
-    def read(self, n: int) -> bytes:
-        data = self._f.read(n)
-        self.pos += len(data)
-        self.on_data(data)
-        return data
-
-    def reserve(self, n: int, what: str) -> None:
-        """Raise before reading ``n`` more bytes that would pass the limit."""
-        if self.limit is not None and self.pos + n > self.limit:
-            raise too_big(self.where, what, self.limit, self.reason)
-
-    def read_exact(self, n: int, what: str) -> bytes:
-        self.reserve(n, what)
-        chunks = []
-        remaining = n
-        while remaining:
-            chunk = self.read(remaining)
-            if not chunk:
-                raise ShardError(
-                    f"{self.where}: truncated shard: {what} ends {remaining} bytes early"
-                )
-            chunks.append(chunk)
-            remaining -= len(chunk)
-        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
-
-    def skip(self, n: int, what: str) -> None:
-        """Read and drop ``n`` bytes in bounded chunks (memory stays flat)."""
-        self.reserve(n, what)
-        while n:
-            chunk = self.read(min(n, CHUNK))
-            if not chunk:
-                raise ShardError(f"{self.where}: truncated shard: {what} ends {n} bytes early")
-            n -= len(chunk)
-
-
-def _pax_records(data: bytes, where: str) -> dict[str, str]:
+def _pax_records(data: bytes) -> dict[str, str]:
     out: dict[str, str] = {}
     pos = 0
     try:
@@ -124,7 +56,7 @@ def _pax_records(data: bytes, where: str) -> dict[str, str]:
             out[k.decode("utf-8")] = v.decode("utf-8", "surrogateescape")
             pos += length
     except (ValueError, UnicodeDecodeError) as err:
-        raise ShardError(f"{where}: corrupt pax header ({err})") from err
+        raise ShardError(f"corrupt pax header ({err})") from err
     return out
 
 
@@ -139,7 +71,7 @@ def _octal(field: bytes) -> int:
     return int(digits, 8) if digits else 0
 
 
-def _parse_header(header: bytes, where: str) -> tuple[str, int, bytes]:
+def _parse_header(header: bytes) -> tuple[str, int, bytes]:
     """(name, size, typeflag) of one 512-byte header, checksum verified.
 
     Hand-rolled because ``tarfile.TarInfo.frombuf`` costs more than reading the sample.
@@ -148,9 +80,9 @@ def _parse_header(header: bytes, where: str) -> tuple[str, int, bytes]:
         stored = _octal(header[148:156])
         size = _octal(header[124:136])
     except ValueError as err:
-        raise ShardError(f"{where}: corrupt tar header (bad number field)") from err
+        raise ShardError("corrupt tar header (bad number field)") from err
     if stored != sum(header) - sum(header[148:156]) + 256:
-        raise ShardError(f"{where}: corrupt tar header (checksum mismatch)")
+        raise ShardError("corrupt tar header (checksum mismatch)")
     name = header[:100].split(b"\0", 1)[0]
     if header[257:262] == b"ustar":
         prefix = header[345:500].split(b"\0", 1)[0]
@@ -160,7 +92,7 @@ def _parse_header(header: bytes, where: str) -> tuple[str, int, bytes]:
 
 
 def walk_members(
-    stream: TarStream, require_end: bool = True, max_member: int | None = None
+    stream: Bounded, require_end: bool = True, max_member: int | None = None
 ) -> Iterator[tuple[str, int]]:
     """Yield (name, size) of each regular file, with ``stream`` at the start of its data.
 
@@ -170,7 +102,6 @@ def walk_members(
     larger than ``max_member`` and on anything past the stream's limit.  A whole shard ends with
     a zero block; a single sample's bytes (``require_end=False``) don't.
     """
-    where = stream.where
     long_name: str | None = None
     pax: dict[str, str] = {}
     while True:
@@ -179,26 +110,26 @@ def walk_members(
             return
         if not header:
             if require_end:
-                raise ShardError(f"{where}: truncated shard: no end-of-archive marker")
+                raise ShardError("truncated shard: no end-of-archive marker")
             return
         if len(header) != BLOCK:
-            raise ShardError(f"{where}: truncated shard: partial tar header")
-        name, size, kind = _parse_header(header, where)
+            raise ShardError("truncated shard: partial tar header")
+        name, size, kind = _parse_header(header)
         if "size" in pax:
             try:
                 size = int(pax["size"])
             except ValueError as err:
-                raise ShardError(f"{where}: corrupt pax size {pax['size']!r}") from err
+                raise ShardError(f"corrupt pax size {pax['size']!r}") from err
         if size < 0:
-            raise ShardError(f"{where}: corrupt tar header (negative size)")
+            raise ShardError("corrupt tar header (negative size)")
         padded = size + (-size % BLOCK)
         if kind in _PAX_TYPES or kind == b"L":
             if size > _MAX_META:
-                raise ShardError(f"{where}: a {size:,}-byte tar metadata record; corrupt shard")
+                raise ShardError(f"a {size:,}-byte tar metadata record; corrupt shard")
             data = stream.read_exact(size, f"metadata of member {name!r}")
             stream.skip(padded - size, f"padding of member {name!r}")
             if kind == b"x":
-                pax = _pax_records(data, where)
+                pax = _pax_records(data)
             elif kind == b"L":  # GNU long name
                 long_name = data.rstrip(b"\0").decode("utf-8", "surrogateescape")
             continue
@@ -209,7 +140,7 @@ def walk_members(
             continue
         if max_member is not None and size > max_member:
             raise ShardError(
-                f"{where}: member {name!r} declares {size:,} bytes, more than the {max_member:,} "
+                f"member {name!r} declares {size:,} bytes, more than the {max_member:,} "
                 "allowed for one sample; the shard is corrupt or hostile (a decompression bomb?)"
             )
         stream.reserve(padded, f"member {name!r}")
@@ -220,25 +151,14 @@ def walk_members(
 
 
 def iter_members(
-    f: BinaryIO,
-    where: str,
-    require_end: bool = True,
-    limit: int | None = None,
-    max_member: int | None = None,
-    reason: str = "the manifest declares (raw_bytes)",
+    stream: Bounded, require_end: bool = True, max_member: int | None = None
 ) -> Iterator[tuple[str, bytes]]:
     """Yield (name, data) of regular files; each member is read whole (bounded by the caller)."""
-    yield from _members(TarStream(f, where, limit, reason), require_end, max_member)
-
-
-def _members(
-    stream: TarStream, require_end: bool, max_member: int | None
-) -> Iterator[tuple[str, bytes]]:
     for name, size in walk_members(stream, require_end, max_member):
         yield name, stream.read_exact(size, f"member {name!r}")
 
 
-def iter_samples(members: Iterator[tuple[str, bytes]], where: str) -> Iterator[Sample]:
+def iter_samples(members: Iterator[tuple[str, bytes]]) -> Iterator[Sample]:
     key: str | None = None
     fields: dict[str, bytes] = {}
     for name, data in members:
@@ -249,14 +169,12 @@ def iter_samples(members: Iterator[tuple[str, bytes]], where: str) -> Iterator[S
         if k != key:
             if key is not None:
                 yield key, fields
-            problem = unsafe_key_reason(k)
-            if problem is not None:
-                raise unsafe_key_error(where, k, problem)
+            check_key(k)
             key, fields = k, {}
         if ext == EMPTY:  # the marker of a sample with no fields (format/tar/layout.py)
             continue
         if ext in fields:
-            raise ShardError(f"{where}: sample {k!r} has two members with extension {ext!r}")
+            raise ShardError(f"sample {k!r} has two members with extension {ext!r}")
         fields[ext] = data
     if key is not None:
         yield key, fields
@@ -265,22 +183,21 @@ def iter_samples(members: Iterator[tuple[str, bytes]], where: str) -> Iterator[S
 def iter_tar(
     src: BinaryIO,
     compression: str,
-    where: str,
     limit: int | None = None,
     max_member: int | None = None,
-) -> Iterator[Sample]:
-    """Stream the samples of a stored tar shard (compressed or not).
+    spans: SpanDigests | None = None,
+) -> Iterator[tuple[Sample, int | None]]:
+    """Stream the samples of a stored tar shard (compressed or not), each with the digest of its
+    sidecar span in ``spans`` (None without): what ``verify`` compares with the sidecar.
 
     ``limit`` bounds the uncompressed bytes read (the manifest's ``raw_bytes``), ``max_member``
     the bytes of any one member; both are checked from the headers, before decompressing.
     """
-    stream = decompressed(src, compression)
-    try:
-        yield from iter_samples(iter_members(stream, where, True, limit, max_member), where)
-    except DECOMPRESS_ERRORS as err:
-        if isinstance(err, ShardloaderError):  # the source's StorageError keeps its class
-            raise
-        raise cannot_decompress(where, err) from err
+    feed = None if spans is None else spans.feed
+    stream = Bounded(decompressed(src, compression), limit, on_data=feed)
+    with decompressing():
+        for n, sample in enumerate(iter_samples(iter_members(stream, True, max_member))):
+            yield sample, None if spans is None else spans.digest(n)
 
 
 class SpanDigests:
@@ -289,9 +206,8 @@ class SpanDigests:
     computed while the stream passes.  Spans must not overlap nor go backwards, as pack and
     ``index`` write them; one that does is a ShardError."""
 
-    def __init__(self, offsets: Sequence[int], sizes: Sequence[int], where: str) -> None:
+    def __init__(self, offsets: Sequence[int], sizes: Sequence[int]) -> None:
         self._spans = [(a, a + n) for a, n in zip(offsets, sizes, strict=True)]
-        self._where = where
         self._pos = 0
         self._hash: xxhash.xxh3_64 | None = None
         self.digests: list[int] = []  # of the spans passed so far
@@ -306,7 +222,7 @@ class SpanDigests:
             if self._hash is None:
                 if a < first + at:
                     raise ShardError(
-                        f"{self._where}: the sample index puts sample {len(self.digests)} at "
+                        f"the sample index puts sample {len(self.digests)} at "
                         f"bytes {a}..{b}, before the end of the sample it lists before it; "
                         "the sidecar does not match the shard"
                     )
@@ -326,38 +242,7 @@ class SpanDigests:
         if n >= len(self.digests):
             a, b = self._spans[n] if n < len(self._spans) else (-1, -1)
             raise ShardError(
-                f"{self._where}: sample {n} of the stream ends before bytes {a}..{b}, where the "
+                f"sample {n} of the stream ends before bytes {a}..{b}, where the "
                 "sample index puts it; the sidecar does not match the shard"
             )
         return self.digests[n]
-
-
-class _SpanStream(TarStream):
-    def __init__(self, f: BinaryIO, where: str, limit: int | None, spans: SpanDigests) -> None:
-        super().__init__(f, where, limit)
-        self._spans = spans
-
-    def on_data(self, data: bytes) -> None:
-        self._spans.feed(data)
-
-
-def iter_checked_tar(
-    src: BinaryIO,
-    compression: str,
-    where: str,
-    offsets: Sequence[int],
-    sizes: Sequence[int],
-    limit: int | None = None,
-    max_member: int | None = None,
-) -> Iterator[tuple[Sample, int]]:
-    """:func:`iter_tar`, each sample with the XXH3-64 of the bytes its sidecar span
-    (``offsets[n]``, ``sizes[n]``) covers, hashed as the stream passes them (``verify``)."""
-    spans = SpanDigests(offsets, sizes, where)
-    stream = _SpanStream(decompressed(src, compression), where, limit, spans)
-    try:
-        for n, sample in enumerate(iter_samples(_members(stream, True, max_member), where)):
-            yield sample, spans.digest(n)
-    except DECOMPRESS_ERRORS as err:
-        if isinstance(err, ShardloaderError):  # the source's StorageError keeps its class
-            raise
-        raise cannot_decompress(where, err) from err

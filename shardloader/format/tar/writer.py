@@ -20,9 +20,9 @@ import xxhash
 from shardloader.format.base import WrittenShard
 from shardloader.format.compress import CompressedSink
 from shardloader.format.embedded import index_frame
+from shardloader.format.recorder import IndexRecorder
 from shardloader.format.tar.layout import EMPTY
 from shardloader.format.tar.stream import BLOCK
-from shardloader.manifest import SampleIndex
 
 __all__ = ["END", "USTAR_MAX_SIZE", "TarShardWriter", "header_size"]
 
@@ -89,11 +89,7 @@ class TarShardWriter:
         self._sink = CompressedSink(fileobj, compression)
         self._compression = compression
         self._raw = 0
-        self._keys: list[str] = []
-        self._offsets: list[int] = []
-        self._sizes: list[int] = []
-        self._lengths: list[int] = []
-        self._sums: list[int] = []
+        self._index = IndexRecorder()
 
     def add(self, key: str, fields: Mapping[str, bytes], length: int | None = None) -> None:
         """One sample; one with no fields (a row of nulls) is an empty ``<key>.__empty__``
@@ -120,12 +116,8 @@ class TarShardWriter:
                 self._sink.write(part)
                 h.update(part)
             digest = h.intdigest()
+        self._index.add(key, start, size, length, digest)
         self._raw += size
-        self._keys.append(key)
-        self._offsets.append(start)
-        self._sizes.append(size)
-        self._lengths.append(-1 if length is None else length)
-        self._sums.append(digest)
 
     def add_records(
         self,
@@ -141,12 +133,13 @@ class TarShardWriter:
         sizes = np.fromiter(map(len, values), np.int64, n)
         width = len(names[0]) if n else 0
         joined = "".join(names)
-        if not n or len(joined) != width * n or width > 100 or not joined.isascii():
-            # names of several lengths, long or not ASCII (or sizes past 8 GiB): one by one
-            for i in range(n):
-                self.add(keys[i], {ext: values[i]}, None if lengths is None else lengths[i])
-            return
-        if int(sizes.max()) >= USTAR_MAX_SIZE:
+        if (
+            not n
+            or len(joined) != width * n
+            or width > 100
+            or not joined.isascii()
+            or int(sizes.max()) >= USTAR_MAX_SIZE
+        ):  # names of several lengths, long or not ASCII, or sizes past 8 GiB: one by one
             for i in range(n):
                 self.add(keys[i], {ext: values[i]}, None if lengths is None else lengths[i])
             return
@@ -179,34 +172,22 @@ class TarShardWriter:
         ]
         view.release()
         self._sink.write(out)
-        self._keys.extend(keys)
-        self._offsets.extend((starts + self._raw).tolist())
-        self._sizes.extend(records.tolist())
-        self._lengths.extend(
+        recorded = self._index
+        recorded.keys.extend(keys)
+        recorded.offsets.extend((starts + self._raw).tolist())
+        recorded.sizes.extend(records.tolist())
+        recorded.lengths.extend(
             [-1] * n if lengths is None else [-1 if x is None else x for x in lengths]
         )
-        self._sums.extend(sums)
+        recorded.sums.extend(sums)
         self._raw += len(out)
 
     def close(self) -> WrittenShard:
         self._sink.write(b"\0" * END)
         self._raw += END
         self._sink.close()
-        has_lengths = bool(self._lengths) and min(self._lengths) >= 0
-        index = SampleIndex(
-            keys=self._keys,
-            offsets=np.asarray(self._offsets, np.int64),
-            sizes=np.asarray(self._sizes, np.int64),
-            lengths=np.asarray(self._lengths, np.int64) if has_lengths else None,
-            checksums=np.asarray(self._sums, np.uint64),
-        )
+        index = self._index.index()
         if self._compression == "zstd":  # the index rides along: one GET fetches both
             # zstd buffers, as the sidecar's: raw, the copy was ~8-16 % of a text shard
             self._sink.stored.write(index_frame(index.to_arrow_bytes("zstd")))
-        return WrittenShard(
-            num_samples=len(self._keys),
-            bytes=self._sink.stored.count,
-            raw_bytes=self._raw,
-            sha256=self._sink.stored.sha.hexdigest(),
-            index=index,
-        )
+        return self._index.written(self._sink.stored, self._raw, index)

@@ -34,10 +34,11 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 import numpy as np
 import xxhash
 
-from shardloader.errors import ChecksumError, ShardError
-from shardloader.format.base import Format, Sample, WrittenShard
+from shardloader.errors import ChecksumError, ShardError, located
+from shardloader.format.base import CheckedFormat, Sample, WrittenShard
 from shardloader.format.compress import CHUNK, CompressedSink
 from shardloader.format.mapped import MappedFile
+from shardloader.format.recorder import IndexRecorder
 from shardloader.format.registry import register_format
 from shardloader.format.tokens.layout import (
     CHUNKS,
@@ -55,7 +56,7 @@ from shardloader.format.tokens.layout import (
     stream_field,
     token_dtype,
 )
-from shardloader.format.tokens.stream import iter_checked_tokens, iter_tokens
+from shardloader.format.tokens.stream import iter_tokens
 from shardloader.manifest import SampleIndex
 
 if TYPE_CHECKING:
@@ -87,11 +88,7 @@ class TokenShardWriter:
         self._records: list[bytes] = []
         self._tokens: list[bytes] = []
         self._record_bytes = self._token_bytes = 0
-        self._keys: list[str] = []
-        self._offsets: list[int] = []  # in the records region; made absolute on close
-        self._sizes: list[int] = []
-        self._lengths: list[int] = []
-        self._sums: list[int] = []
+        self._index = IndexRecorder()  # offsets in the records region; made absolute on close
 
     def add(self, key: str, fields: Mapping[str, bytes], length: int | None = None) -> None:
         raw_key = encode(key)
@@ -122,13 +119,9 @@ class TokenShardWriter:
         if tokens:
             digest = xxhash.xxh3_64_intdigest(tokens, seed=digest)
             self._tokens.append(tokens)
-        self._keys.append(key)
-        self._offsets.append(self._record_bytes)
-        self._sizes.append(len(record) + len(tokens))
         if self._stream is not None:
             length = len(tokens) // self._dtype.itemsize
-        self._lengths.append(-1 if length is None else length)
-        self._sums.append(digest)
+        self._index.add(key, self._record_bytes, len(record) + len(tokens), length, digest)
         self._records.append(record)
         self._record_bytes += len(record)
         self._token_bytes += len(tokens)
@@ -138,7 +131,7 @@ class TokenShardWriter:
         self._tokens = []
         field = self._stream
         self._sink.write(
-            pack_header(field, self._dtype, len(self._keys), tokens, self._record_bytes)
+            pack_header(field, self._dtype, len(self._index.keys), tokens, self._record_bytes)
         )
         self._sink.write(tokens)
         del tokens
@@ -154,67 +147,44 @@ class TokenShardWriter:
         self._records = []
         self._sink.close()
         base = HEADER_BYTES + self._token_bytes
-        has_lengths = bool(self._lengths) and min(self._lengths) >= 0
-        index = SampleIndex(
-            keys=self._keys,
-            offsets=np.asarray(self._offsets, np.int64) + base,
-            sizes=np.asarray(self._sizes, np.int64),
-            lengths=np.asarray(self._lengths, np.int64) if has_lengths else None,
-            checksums=np.asarray(self._sums, np.uint64),
-        )
-        return WrittenShard(
-            num_samples=len(self._keys),
-            bytes=self._sink.stored.count,
-            raw_bytes=base + self._record_bytes,
-            sha256=self._sink.stored.sha.hexdigest(),
-            index=index,
-        )
+        index = self._index.index(base)
+        return self._index.written(self._sink.stored, base + self._record_bytes, index)
 
 
 class TokenStream:
     """The token region of a local uncompressed token shard, memory-mapped: :attr:`tokens` is
     a read-only array of every token of the shard; :meth:`check_tokens` checks the chunks a
-    token range touches against the shard's table, each chunk once per stream."""
+    token range touches against the shard's table, each chunk once per stream.
 
-    def __init__(self, local_path: str, where: str, verify: bool = True) -> None:
+    ``num_samples`` and ``num_tokens`` (what the sidecar says; None: not checked): a shard that
+    holds another count of samples, or of tokens when it streams a field, is a ShardError.
+    """
+
+    def __init__(
+        self,
+        local_path: str,
+        where: str,
+        verify: bool = True,
+        num_samples: int | None = None,
+        num_tokens: int | None = None,
+    ) -> None:
         self.where = where
         self.file = MappedFile(local_path)  # also reads a large sample through the file
         self._map: Any = self.file.map
-        size = self.file.size
         try:
-            head = Header(bytes(self._map[:HEADER_BYTES]), where)
-            if head.total != size:
-                raise ShardError(
-                    f"{where}: truncated or padded token shard: {size:,} bytes, its header "
-                    f"says {head.total:,}"
-                )
+            with located(where):
+                head = Header(bytes(self._map[:HEADER_BYTES]))
+                _expect(head, self.file.size, num_samples, num_tokens)
         except BaseException:
             self.close()
             raise
         self.header = head
         self.view = self.file.view
-        self.verify = verify
         self._checked = np.zeros(CHUNKS, bool)
         self.all_checked = not verify or not head.chunk  # every chunk checked: skip the calls
         self.tokens = np.frombuffer(
             self._map, head.dtype, head.num_tokens, HEADER_BYTES if head.num_tokens else 0
         )
-
-    def expect(self, num_samples: int, num_tokens: int | None) -> None:
-        """ShardError unless the shard holds ``num_samples`` samples and, when it streams a
-        field, ``num_tokens`` tokens (what its sidecar says)."""
-        head = self.header
-        if head.num_samples != num_samples:
-            raise ShardError(
-                f"{self.where}: the token shard holds {head.num_samples} samples, its sidecar "
-                f"lists {num_samples}: the shard and its .idx.arrow sidecar do not match"
-            )
-        if head.field is not None and num_tokens != head.num_tokens:
-            raise ShardError(
-                f"{self.where}: the token shard holds {head.num_tokens:,} tokens, its "
-                f"sidecar's lengths add up to {num_tokens}: the shard and its .idx.arrow "
-                "sidecar do not match"
-            )
 
     def check_tokens(self, lo: np.ndarray, hi: np.ndarray) -> None:
         """Check the chunks holding tokens ``lo[i]..hi[i]`` (arrays of token ranges) against
@@ -234,45 +204,51 @@ class TokenStream:
         if not todo.size:
             return
         region = self.view[HEADER_BYTES : HEADER_BYTES + head.token_bytes]
-        for c in todo.tolist():
-            head.check_chunk(region, c, self.where)
-            self._checked[c] = True
+        with located(self.where):
+            for c in todo.tolist():
+                head.check_chunk(region, c)
+                self._checked[c] = True
         self.all_checked = bool(self._checked[: -(-head.token_bytes // head.chunk)].all())
 
     def close(self) -> None:
         tokens = getattr(self, "tokens", None)
         if tokens is not None:
             self.tokens = np.zeros(0, tokens.dtype)
-        file = getattr(self, "file", None)
-        if file is not None:  # a token array someone still holds: the GC unmaps it
-            file.close()
+        self.file.close()  # a token array someone still holds: the GC unmaps it
 
 
-class TokenShardReader:
+def _expect(head: Header, size: int, num_samples: int | None, num_tokens: int | None) -> None:
+    """ShardError unless the file is as long as its header says and holds the samples and
+    tokens its sidecar says (``TokenStream``)."""
+    if head.total != size:
+        raise ShardError(
+            f"truncated or padded token shard: {size:,} bytes, its header says {head.total:,}"
+        )
+    if num_samples is not None and head.num_samples != num_samples:
+        raise ShardError(
+            f"the token shard holds {head.num_samples} samples, its sidecar lists "
+            f"{num_samples}: the shard and its .idx.arrow sidecar do not match"
+        )
+    if num_samples is not None and head.field is not None and num_tokens != head.num_tokens:
+        raise ShardError(
+            f"the token shard holds {head.num_tokens:,} tokens, its sidecar's lengths add up "
+            f"to {num_tokens}: the shard and its .idx.arrow sidecar do not match"
+        )
+
+
+class TokenShardReader(TokenStream):
     """Samples of a local uncompressed token shard, by sidecar entry: ``read(i)`` parses the
     record the sidecar points at and checks its checksum (``verify``)."""
 
     def __init__(
         self, local_path: str, index: SampleIndex, where: str, verify: bool = True
     ) -> None:
-        self._where = where
-        self.stream = TokenStream(local_path, where, verify)
-        try:
-            lengths = index.lengths
-            self.stream.expect(len(index), int(lengths.sum()) if lengths is not None else None)
-        except BaseException:
-            self.stream.close()
-            raise
-        self.header = self.stream.header
-        self._view = self.stream.view
+        tokens = None if index.lengths is None else int(index.lengths.sum())
+        super().__init__(local_path, where, verify, len(index), tokens)
         self._index = index
         self._offsets = index.offsets.tolist()
         self._sums = index.checksums.tolist() if verify and index.checksums is not None else None
         self._token_at: list[int] | None = None  # token start of each sample, made on demand
-
-    @property
-    def tokens(self) -> np.ndarray:
-        return self.stream.tokens
 
     @property
     def keys(self) -> Sequence[str]:
@@ -280,14 +256,21 @@ class TokenShardReader:
         return self._index.keys
 
     def read(self, i: int) -> Sample:
+        try:  # errors.located's rule, without a context manager a sample (the hot path)
+            return self._read(i)
+        except ShardError as err:
+            err.where = err.where or self.where
+            raise
+
+    def _read(self, i: int) -> Sample:
         head, key_of = self.header, self._index.keys[i]
         pos = self._offsets[i]
         if not head.records_at <= pos < head.total:
-            raise ShardError(f"{self._where}: sample {key_of!r}: offset {pos:,} is outside")
-        key, fields, end = parse_record(self._view, pos, head.total, head.field, self._where)
+            raise ShardError(f"sample {key_of!r}: offset {pos:,} is outside")
+        key, fields, end = parse_record(self.view, pos, head.total, head.field)
         if key != key_of:
             raise ShardError(
-                f"{self._where}: sample index says {key_of!r} at byte {pos:,}, found {key!r}; "
+                f"sample index says {key_of!r} at byte {pos:,}, found {key!r}; "
                 "the shard and its .idx.arrow sidecar do not match"
             )
         if self._token_at is None:  # token start of each sample: its lengths, summed up
@@ -296,14 +279,14 @@ class TokenShardReader:
                 lengths = np.zeros(len(self._index), np.int64)
             self._token_at = np.concatenate([[0], np.cumsum(lengths)]).tolist()
         t0, t1 = self._token_at[i] * head.itemsize, self._token_at[i + 1] * head.itemsize
-        file = self.stream.file
+        file = self.file
         if self._sums is not None:
             digest = file.digest(pos, end)
             if t1 > t0:
                 digest = file.digest(HEADER_BYTES + t0, HEADER_BYTES + t1, seed=digest)
             if digest != self._sums[i]:
                 raise ChecksumError(
-                    f"{self._where}: sample {key!r} (bytes {pos}..{end}, tokens {t0}..{t1}) "
+                    f"sample {key!r} (bytes {pos}..{end}, tokens {t0}..{t1}) "
                     f"has checksum {digest:016x}, its sidecar says {self._sums[i]:016x}: the "
                     "shard is damaged; `shardloader verify` checks the whole dataset "
                     "(ReadOptions(verify_samples=False) skips this per-sample check)"
@@ -313,7 +296,7 @@ class TokenShardReader:
             if at < 0:
                 if size != t1 - t0:
                     raise ShardError(
-                        f"{self._where}: sample {key!r}: its record says {size} token bytes, "
+                        f"sample {key!r}: its record says {size} token bytes, "
                         f"its sidecar length {t1 - t0}: the shard and its sidecar do not match"
                     )
                 out[name] = file.copy(HEADER_BYTES + t0, HEADER_BYTES + t1)
@@ -321,11 +304,8 @@ class TokenShardReader:
                 out[name] = file.copy(at, at + size)
         return key, out
 
-    def close(self) -> None:
-        self.stream.close()
 
-
-class TokenFormat(Format):
+class TokenFormat(CheckedFormat):
     """Token shards: a contiguous token region per shard plus one record per sample."""
 
     name = "tokens"
@@ -349,27 +329,18 @@ class TokenFormat(Format):
     ) -> TokenShardReader:
         return TokenShardReader(local_path, index, where, verify)
 
-    def iter_stored(
-        self,
-        src: BinaryIO,
-        compression: str,
-        where: str,
-        limit: int | None = None,
-        max_member: int | None = None,
-    ) -> Iterator[Sample]:
-        return iter_tokens(src, compression, where, limit, max_member)
-
     def iter_checked(
         self,
         src: BinaryIO,
         compression: str,
         where: str,
-        index: SampleIndex,
+        index: SampleIndex | None,
         limit: int | None = None,
         max_member: int | None = None,
     ) -> Iterator[tuple[Sample, int | None]]:
         """Each sample with the XXH3-64 of its record and tokens, as the reader computes it."""
-        yield from iter_checked_tokens(src, compression, where, limit, max_member)
+        with located(where):
+            yield from iter_tokens(src, compression, limit, max_member)
 
     def entry_problem(
         self, num_samples: int, stored: int, raw: int, compression: str

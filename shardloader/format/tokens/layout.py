@@ -103,26 +103,26 @@ def pack_header(
 class Header:
     """The parsed, checked header of a token shard."""
 
-    def __init__(self, data: bytes, where: str) -> None:
+    def __init__(self, data: bytes) -> None:
         if len(data) < HEADER_BYTES:
-            raise ShardError(f"{where}: truncated token shard ({len(data)} header bytes)")
+            raise ShardError(f"truncated token shard ({len(data)} header bytes)")
         magic, version, itemsize, signed, name_len, n, tokens, records, chunk = _HEAD.unpack_from(
             data
         )
         if magic != MAGIC:
-            raise ShardError(f"{where}: not a shardloader token shard (bad magic {magic!r})")
+            raise ShardError(f"not a shardloader token shard (bad magic {magic!r})")
         if version != VERSION:
-            raise ShardError(f"{where}: token shard version {version}, this reader knows {VERSION}")
+            raise ShardError(f"token shard version {version}, this reader knows {VERSION}")
         if (
             itemsize not in (0, 1, 2, 4, 8)
             or name_len > _NAME_BYTES
             or (itemsize == 0) != (name_len == 0)
         ):
-            raise ShardError(f"{where}: corrupt token shard header (dtype or field name)")
+            raise ShardError("corrupt token shard header (dtype or field name)")
         if itemsize and (tokens % itemsize or chunk != chunk_bytes(tokens, itemsize)):
-            raise ShardError(f"{where}: corrupt token shard header (token region {tokens:,})")
+            raise ShardError(f"corrupt token shard header (token region {tokens:,})")
         if not itemsize and tokens:
-            raise ShardError(f"{where}: corrupt token shard header (tokens without a field)")
+            raise ShardError("corrupt token shard header (tokens without a field)")
         self.num_samples, self.token_bytes, self.record_bytes = n, tokens, records
         self.itemsize, self.chunk = itemsize, chunk
         self.dtype = np.dtype(f"<{'i' if signed else 'u'}{itemsize or 1}")
@@ -136,14 +136,14 @@ class Header:
     def num_tokens(self) -> int:
         return self.token_bytes // self.itemsize if self.itemsize else 0
 
-    def check_chunk(self, region: bytes | memoryview, c: int, where: str) -> None:
+    def check_chunk(self, region: bytes | memoryview, c: int) -> None:
         """ChecksumError unless chunk ``c`` of ``region`` (the token region) matches its sum."""
         a = c * self.chunk
         got = xxhash.xxh3_64_intdigest(region[a : a + self.chunk])
         if got != self.sums[c]:
             lo, hi = a // self.itemsize, min(a + self.chunk, self.token_bytes) // self.itemsize
             raise ChecksumError(
-                f"{where}: tokens {lo:,}..{hi:,} (chunk {c} of the token region) have checksum "
+                f"tokens {lo:,}..{hi:,} (chunk {c} of the token region) have checksum "
                 f"{got:016x}, the shard's table says {self.sums[c]:016x}: the shard is damaged; "
                 "`shardloader verify` checks the whole dataset (ReadOptions(verify_samples="
                 "False) skips this check)"
@@ -151,14 +151,14 @@ class Header:
 
 
 def parse_record(
-    buf: Any, pos: int, end: int, stream: str | None, where: str
+    buf: Any, pos: int, end: int, stream: str | None
 ) -> tuple[str, list[tuple[str, int, int]], int]:
     """Parse one record at ``pos`` (not past ``end``): key, [(field, data offset or -1 for the
     token field, size)], end of the record."""
 
     def need(n: int) -> None:
         if pos + n > end:
-            raise ShardError(f"{where}: truncated record at byte {pos:,}")
+            raise ShardError(f"truncated record at byte {pos:,}")
 
     need(3)
     (key_len,) = U16.unpack_from(buf, pos)

@@ -46,13 +46,10 @@ class TokenRows:
         for old in idle[: max(len(self.open) - STREAMS + 1, 0)]:
             self._drop(old)
         path = self.shards.files.local_file(shard)
-        stream = TokenStream(path, self.shards.describe(shard), self.shards.options.verify_samples)
-        try:
-            a, b = int(self._starts[shard]), int(self._starts[shard + 1])
-            stream.expect(b - a, int(self._lengths[a:b].sum()))
-        except BaseException:
-            stream.close()
-            raise
+        a, b = int(self._starts[shard]), int(self._starts[shard + 1])
+        verify = self.shards.options.verify_samples
+        where = self.shards.describe(shard)
+        stream = TokenStream(path, where, verify, b - a, int(self._lengths[a:b].sum()))
         self.open[shard], self.tokens[shard] = stream, stream.tokens
 
     def load(self, shard: np.ndarray, lo: np.ndarray, n: np.ndarray) -> dict[int, np.ndarray]:
