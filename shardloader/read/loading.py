@@ -52,9 +52,9 @@ class SampleLoader:
     on_error: str
     length_field: str | None = None
     lengths: np.ndarray | None = None
-    # told of every sample on_error="skip" replaces: (sample id, key, place, error); the
-    # dataset passes a SkipLog's record here (shardloader/read/skips.py)
-    on_skip: Callable[[int, str, Place, BaseException], None] | None = None
+    # told of every sample on_error="skip" replaces: (place, sample id, key, error); the
+    # dataset passes its SkipLog's record of the epoch here (shardloader/read/skips.py)
+    on_skip: Callable[[Place, int, str, BaseException], None] | None = None
 
     @property
     def takes_generator(self) -> bool:
@@ -195,7 +195,7 @@ class SampleLoader:
         for pos in bad:
             log.warning("skipping sample %d (%s): %s", int(ids[pos]), place, errors[pos])
             if self.on_skip is not None:
-                self.on_skip(int(ids[pos]), str(keys[pos]), place, errors[pos])
+                self.on_skip(place, int(ids[pos]), str(keys[pos]), errors[pos])
         good = [pos for pos in range(len(ids)) if pos not in errors]
         if not good and not empty_ok:
             last = errors[bad[-1]]
