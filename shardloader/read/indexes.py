@@ -17,7 +17,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
-from shardloader.errors import ChecksumError, StorageError
+from shardloader.errors import ChecksumError, StorageError, located
 from shardloader.format.embedded import embedded_index
 from shardloader.manifest import Manifest, SampleIndex, ShardInfo
 from shardloader.read.sidecar import check_digest, parse_sidecar, read_sidecar
@@ -64,8 +64,9 @@ class SampleIndexes:
             if carried is not None:  # came inside the shard, which hashed to the manifest's sum
                 data = carried
             elif store.is_local:
-                data = read_sidecar(store, info, where)
-                check_digest(data, info, where)
+                data = read_sidecar(store, info)
+                with located(where):
+                    check_digest(data, info)
             else:  # remote: fetched once per node through the cache, like the shards
                 data = self._cached_sidecar(info, store, where)
             idx = parse_sidecar(data, store.url, self.manifest.format, info, self.describe(shard))
@@ -83,11 +84,12 @@ class SampleIndexes:
         fetched (it hashed right then) is fetched once more (NOTE [re-staging a damaged copy]
         in storage/cache.py)."""
         for attempt in (1, 2):
-            path = self._cached_copy(info, store, where)
+            path = self._cached_copy(info, store)
             inode = os.stat(path).st_ino
-            data = read_sidecar(Store(path), info, where)
+            data = read_sidecar(Store(path), info)
             try:
-                check_digest(data, info, where)
+                with located(where):
+                    check_digest(data, info)
                 return data
             except ChecksumError:
                 if attempt == 2:
@@ -96,7 +98,7 @@ class SampleIndexes:
                 self.cache().discard(info.index_path, inode)
         raise AssertionError("unreachable")
 
-    def _cached_copy(self, info: ShardInfo, store: Store, where: str) -> str:
+    def _cached_copy(self, info: ShardInfo, store: Store) -> str:
         def open_stored() -> Any:  # one GET, no HEAD: the bound stands in for the size
             return store.open_stream(limit=sidecar_bound(info))
 

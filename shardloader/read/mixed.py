@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from shardloader.errors import UsageError
-from shardloader.format.base import Rows, Sample
+from shardloader.format.base import Rows
 from shardloader.manifest import FieldInfo, Manifest
 from shardloader.read.shardset import ReadOptions, ShardSet, shard_starts
 
@@ -93,14 +93,6 @@ class MixedShards:
     def describe(self, shard: int) -> str:
         own, local = self._source_of_shard(shard)
         return own.describe(local)
-
-    def url(self, shard: int) -> str:
-        own, local = self._source_of_shard(shard)
-        return own.url(local)
-
-    def read(self, shard: int, local: int) -> Sample:
-        own, own_shard = self._source_of_shard(shard)
-        return own.read(own_shard, local)
 
     def _split(self, ids: np.ndarray) -> list[tuple[int, np.ndarray]]:
         """(source, positions in ``ids``) of each source present."""

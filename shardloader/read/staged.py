@@ -48,14 +48,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from shardloader.errors import ChecksumError, ShardChangedError, ShardError, StorageError
-from shardloader.format.base import Rows, Sample, ShardReader, read_rows
+from shardloader.format.base import Rows, ShardReader, read_rows
 from shardloader.format.mapped import changed_since
 from shardloader.format.registry import get_format, open_reader
 from shardloader.manifest import Manifest
 from shardloader.read.indexes import SampleIndexes
 from shardloader.read.staging import ShardFiles
 from shardloader.storage.cache import ShardCache, is_cache_full
-from shardloader.storage.store import Store
 
 if TYPE_CHECKING:
     from shardloader.options import ReadOptions
@@ -116,14 +115,9 @@ class ShardSet:
         shards = np.searchsorted(self.starts, ids, side="right") - 1
         return shards, ids - self.starts[shards]
 
-    def shard_store(self, shard: int) -> Store:
-        return self.store.join(self.manifest.shards[shard].path)
-
-    def url(self, shard: int) -> str:
-        return self.shard_store(shard).url
-
     def describe(self, shard: int) -> str:
-        return f"shard {self.url(shard)} ({self.where})"
+        """The shard's URL and this process's place, for error messages."""
+        return f"shard {self.store.join(self.manifest.shards[shard].path).url} ({self.where})"
 
     def cache(self) -> ShardCache:
         """The node cache (created on first use: in-place shards never need it)."""
@@ -205,24 +199,6 @@ class ShardSet:
             _, old = self._readers.popitem(last=False)
             old.close()
         return reader
-
-    def read(self, shard: int, local: int) -> Sample:
-        try:
-            reader = self.reader(shard)
-            self.check(shard)  # NOTE [no SIGBUS] in format/mapped.py
-            return reader.read(int(local))
-        except StorageError:
-            raise
-        except ShardError as err:  # a damaged staged copy is staged once more
-            if not self.restage(shard):
-                if isinstance(err, ShardChangedError):
-                    self._forget(shard)
-                if not self.in_place:
-                    raise self.damaged(shard, err) from err
-                raise
-            return self.read(shard, local)
-        except OSError as err:
-            raise ShardError(f"{self.describe(shard)}: read failed ({err})") from err
 
     def read_batch(self, ids: np.ndarray) -> Rows:
         """The samples of global ids ``ids``, in that order, read shard by shard (one pass over
