@@ -75,7 +75,7 @@ def _reopen(
     return load_lengths(manifest, base, read, required=required, hint=hint)
 
 
-def _open_shared(path: str, count: int) -> SharedLengths:
+def _open_shared(path: str, count: int, source: tuple[Any, ...]) -> SharedLengths:
     try:
         mapped = np.load(path, mmap_mode="r")
     except (OSError, ValueError) as err:
@@ -83,7 +83,7 @@ def _open_shared(path: str, count: int) -> SharedLengths:
     if mapped.dtype != np.int64 or mapped.shape != (count,):
         raise StorageError(f"the sample lengths at {path} do not hold {count} int64 values")
     out: SharedLengths = mapped.view(SharedLengths)
-    out.path = path
+    out.path, out.source = path, source
     return out
 
 
@@ -104,9 +104,7 @@ def load_lengths(
         from shardloader.storage.cache import ShardCache
 
         path = ShardCache(read.cache, manifest.fingerprint).path_for(_cache_name(manifest))
-        shared = _open_shared(path, manifest.num_samples)
-        shared.source = source
-        return shared
+        return _open_shared(path, manifest.num_samples, source)
     except StorageError:
         pass  # not built yet (or no writable cache): read the sidecars
     lengths = _read_lengths(manifest, base, read, required, hint)
@@ -116,9 +114,7 @@ def load_lengths(
     try:
         np.save(temp, lengths, allow_pickle=False)
         os.replace(temp + ".npy", path)
-        shared = _open_shared(path, manifest.num_samples)
-        shared.source = source
-        return shared
+        return _open_shared(path, manifest.num_samples, source)
     except (OSError, StorageError) as err:
         log.info("sample lengths stay in memory: cannot write %s (%s)", path, err)
         try:

@@ -84,7 +84,6 @@ class ShardSet:
         working_set: int = 0,
     ) -> None:
         self.manifest = manifest
-        self.base = base
         self.options = options
         self.where = where  # e.g. "rank 0/2, worker 1/4": goes into every error message
         self.store = options.store(base)
