@@ -76,7 +76,7 @@ class SampleLoader:
         :mod:`shardloader.vision.transforms`).
 
         The batch is read shard by shard in one pass (:meth:`ShardSet.read_batch`; ``rows``:
-        already read, by :meth:`ShardSet.read_batches`).  Under
+        already read, with the next batches: ``samplepass._read_ahead``).  Under
         ``on_error="skip"`` a bad sample is replaced by a repeat of a good one from the same
         batch, flagged ``__pad__``, so batch shapes and step counts never change.
         """

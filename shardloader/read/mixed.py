@@ -105,11 +105,6 @@ class MixedShards:
             self.sets[s].read_into(ids[at] - self.id_offsets[s], out, at.tolist())
         return out
 
-    def read_batches(self, batches: list[np.ndarray]) -> list[Rows]:
-        if len(batches) == 1:
-            return [self.read_batch(batches[0])]
-        return self.read_batch(np.concatenate(batches)).split([len(b) for b in batches])
-
     def ready(self, batches: list[np.ndarray]) -> int:
         if self.in_place:
             return len(batches)

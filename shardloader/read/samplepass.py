@@ -264,10 +264,14 @@ def _read_ahead(
     """Read step ``j``'s batch, and with it up to ``most - 1`` next steps' as far as they need
     no shard that is not open yet (so nothing is staged earlier than before): one pass over
     each shard's rows serves several batches.  The first steps read fewer at a time (1, 2, 4,
-    ...), so the first batch waits for its own samples only."""
+    ...), so the first batch waits for its own samples only.  The batches are read as one
+    (each shard's rows of all of them together share its handful of numpy calls)."""
     count = min(most, 1 << min(j, 8), len(steps) - j)
     count = 1 + shards.ready(steps[j + 1 : j + count])
-    parts = shards.read_batches(steps[j : j + count])
+    if count == 1:
+        return shards.read_batch(steps[j])
+    batches = steps[j : j + count]
+    parts = shards.read_batch(np.concatenate(batches)).split([len(b) for b in batches])
     into.update(zip(range(j + 1, j + count), parts[1:], strict=True))
     return parts[0]
 

@@ -215,14 +215,6 @@ class ShardSet:
         for shard, (rows, where) in self._by_shard(ids).items():
             self._read_rows(shard, rows, into, [at[k] for k in where])
 
-    def read_batches(self, batches: Sequence[np.ndarray]) -> list[Rows]:
-        """:meth:`read_batch` for several batches in one pass: each shard's rows of all of them
-        are read together, which shares the per-shard work (a handful of numpy calls) among
-        many batches."""
-        if len(batches) == 1:
-            return [self.read_batch(batches[0])]
-        return self.read_batch(np.concatenate(batches)).split([len(b) for b in batches])
-
     def ready(self, batches: Sequence[np.ndarray]) -> int:
         """How many of ``batches``, from the first on, read only shards that are open already
         (or read in place): batches that can be read now without staging anything."""
