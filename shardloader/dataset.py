@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Callable, Iterator
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -36,8 +37,9 @@ from shardloader.plan.shuffle import derive_seed
 from shardloader.plan.split import UNEVEN_POLICIES, Place
 from shardloader.read.fields import FieldMap
 from shardloader.read.lengths import load_lengths
+from shardloader.read.loading import SampleLoader
 from shardloader.read.openpasses import noted
-from shardloader.read.samplepass import SampleSource, iterate_samples
+from shardloader.read.samplepass import PassInputs, run_pass
 from shardloader.read.seeding import seed_global_rngs
 from shardloader.read.shardset import ShardSet
 from shardloader.read.skips import SkipLog
@@ -329,24 +331,27 @@ class ShardedDataset(DatasetPosition, IterableDataset):  # type: ignore[type-arg
         rows: Any = None  # a TokenBlocks: its units are rows of token shards
         if self.planner is not None and self.planner.units == "rows":
             rows = self.planner
-        samples = SampleSource(
+        skipped = None if self._skip_log is None else partial(self._skip_log.record, epoch)
+        inputs = PassInputs(
             self.manifest,
-            self.read_options,
-            self.shuffle,
-            self.uneven,
             self.seed,
-            self.batch_size is not None or self.planner is not None,
-            self._source.shard_set,
-            self.field_map,
-            self.decoder,
-            self.transform,
-            self.collate_fn,
-            self.on_error,
-            self._lengths,
-            self._skip_log,
+            self.read_options.readahead,
             self.partition,
+            self.shuffle,
+            self._source.shard_set,
+            SampleLoader(
+                self.field_map,
+                self.decoder,
+                self.transform,
+                self.on_error,
+                self.manifest.length_field,
+                self._lengths,
+                skipped,
+            ),
+            self.collate_fn,
+            self.batch_size is not None or self.planner is not None,
             rows=rows,
             bundle=self._bundle,
             ring=self._ring,
         )
-        yield from iterate_samples(samples, plan, place, epoch)
+        yield from run_pass(inputs, plan, place, epoch)

@@ -14,19 +14,16 @@ from typing import TYPE_CHECKING, Any, overload
 import numpy as np
 
 from shardloader.batching.base import batch_ids
-from shardloader.options import ShuffleOptions
 from shardloader.plan.order import EpochOrder
 from shardloader.plan.split import BatchSlots, FixedBatchList
 
 if TYPE_CHECKING:
-    from shardloader.manifest import Manifest
     from shardloader.plan.epoch import EpochPlan
 
 __all__ = [
     "WorkerSteps",
     "StepSeeds",
     "node_windows",
-    "pass_working_set",
     "is_lazy",
 ]
 
@@ -170,20 +167,3 @@ def node_windows(
             by_time = np.argsort(np.concatenate(times), kind="stable")
             yield np.concatenate(steps)[by_time], np.concatenate(shards)[by_time]
         lo, width = hi, min(2 * width, _WINDOW)
-
-
-def pass_working_set(
-    manifest: Manifest, shuffle: ShuffleOptions, plan: EpochPlan, readahead: int
-) -> int:
-    """``shards.working_set_bytes`` of a lazy plan: the shards under the largest shuffle block
-    (shuffled), or those two neighbouring batches can span (unshuffled), plus read-ahead."""
-    order, batches = plan.order, plan.batches
-    assert isinstance(order, EpochOrder) and isinstance(batches, FixedBatchList)
-    raw = np.fromiter((s.raw_bytes for s in manifest.shards), np.int64, len(manifest.shards))
-    if not len(batches) or raw.size == 0:
-        return 0
-    largest = int(raw.max())
-    if not shuffle.enabled:
-        per_batch = batches.batch_size // max(int(manifest.shard_sizes.min()), 1) + 2
-        return min(per_batch, len(raw)) * largest + readahead * largest
-    return order.peak_block_weight(raw) + readahead * largest

@@ -11,7 +11,7 @@ Optional fields: a sample may lack a field (a pair without its caption) or hold 
 ``null``, a Parquet null).  :func:`complete` applies ``Decoder(fill=..., required=...)`` to each
 sample as it is decoded; the collates keep what is still missing as ``None``, or say which field
 a tensor batch lacks (NOTE [missing values] in :mod:`shardloader.batching.default`), and
-:func:`placed` adds the shard to that error.
+the pass adds the shard to that error (``shardloader/read/samplepass.py``).
 """
 
 from __future__ import annotations
@@ -20,8 +20,6 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
-
-import numpy as np
 
 from shardloader.errors import ManifestError, MissingFieldError, ShardError, UsageError
 from shardloader.manifest import FieldInfo
@@ -34,7 +32,6 @@ __all__ = [
     "normalize",
     "parse_fill",
     "parse_option",
-    "placed",
     "presence",
 ]
 
@@ -237,23 +234,6 @@ def complete(
                 holder[head] = holder = {}
         holder[key] = value
     return sample
-
-
-def placed(err: MissingFieldError, shards: Any) -> MissingFieldError:
-    """``err`` (a collate's, naming the first sample that lacks the field) with that sample's
-    shard, found from its global id in ``shards`` (a ShardSet); ``err`` itself when its id is
-    unknown (a transform dropped ``__index__``)."""
-    if err.index is None:
-        return err
-    try:
-        shard = int(shards.locate(np.asarray([err.index], np.int64))[0][0])
-        where = shards.describe(shard)
-    except (IndexError, ValueError):
-        return err
-    out = MissingFieldError(
-        f"{where}: {err}", field=err.field, missing=err.missing, key=err.key, index=err.index
-    )
-    return out
 
 
 def parse_fill(values: Iterable[str]) -> dict[str, Any]:

@@ -15,9 +15,8 @@ import os
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any
 
-from shardloader.errors import ChecksumError, StorageError
+from shardloader.errors import ChecksumError, StorageError, located
 from shardloader.format.embedded import embedded_index
 from shardloader.manifest import Manifest, SampleIndex, ShardInfo
 from shardloader.read.sidecar import check_digest, parse_sidecar, read_sidecar
@@ -63,11 +62,8 @@ class SampleIndexes:
             carried = None if store.is_local else self._embedded_copy(info)
             if carried is not None:  # came inside the shard, which hashed to the manifest's sum
                 data = carried
-            elif store.is_local:
-                data = read_sidecar(store, info, where)
-                check_digest(data, info, where)
-            else:  # remote: fetched once per node through the cache, like the shards
-                data = self._cached_sidecar(info, store, where)
+            else:
+                data = self._sidecar(info, store, where)
             idx = parse_sidecar(data, store.url, self.manifest.format, info, self.describe(shard))
             self._parsed[shard] = idx
             if len(self._parsed) > _PARSED:
@@ -78,34 +74,34 @@ class SampleIndexes:
         """Drop the parsed index of ``shard``: one it carried is staged again with it."""
         self._parsed.pop(shard, None)
 
-    def _cached_sidecar(self, info: ShardInfo, store: Store, where: str) -> bytes:
-        """A remote sidecar's bytes from its node cache copy; a copy damaged since it was
-        fetched (it hashed right then) is fetched once more (NOTE [re-staging a damaged copy]
-        in storage/cache.py)."""
+    def _sidecar(self, info: ShardInfo, store: Store, where: str) -> bytes:
+        """The sidecar's hashed bytes: beside a local shard, or for a remote one its node cache
+        copy (fetched once per node, like the shards), fetched once more when that copy was
+        damaged since it hashed right (NOTE [re-staging a damaged copy] in storage/cache.py)."""
         for attempt in (1, 2):
-            path = self._cached_copy(info, store, where)
-            inode = os.stat(path).st_ino
-            data = read_sidecar(Store(path), info, where)
+            source, inode = store, None
+            if not store.is_local:
+                path = self.cache().get(
+                    info.index_path,
+                    0,
+                    info.index_sha256,
+                    store.url,
+                    lambda: store.open_stream(limit=sidecar_bound(info)),  # one GET, no HEAD
+                    lambda src, dst: dst.write(src.read()),
+                )
+                assert path is not None  # waiting calls always return the staged path
+                source, inode = Store(path), os.stat(path).st_ino
+            data = read_sidecar(source, info)
             try:
-                check_digest(data, info, where)
+                with located(where):
+                    check_digest(data, info)
                 return data
             except ChecksumError:
-                if attempt == 2:
+                if inode is None or attempt == 2:
                     raise
                 log.warning("%s: its copy in the node cache is damaged; fetching it again", where)
                 self.cache().discard(info.index_path, inode)
         raise AssertionError("unreachable")
-
-    def _cached_copy(self, info: ShardInfo, store: Store, where: str) -> str:
-        def open_stored() -> Any:  # one GET, no HEAD: the bound stands in for the size
-            return store.open_stream(limit=sidecar_bound(info))
-
-        def copy(src: Any, dst: Any) -> int:
-            return dst.write(src.read())
-
-        path = self.cache().get(info.index_path, 0, info.index_sha256, store.url, open_stored, copy)
-        assert path is not None  # waiting calls always return the staged path
-        return path
 
     def _embedded_copy(self, info: ShardInfo) -> bytes | None:
         """The sample index a staged shard carried (format/embedded.py), if it did."""

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
-from shardloader.errors import ManifestError, ShardError, StorageError, UsageError
+from shardloader.errors import ManifestError, ShardError, StorageError, UsageError, located
 from shardloader.format.arrow.ipc import declared_sizes
 from shardloader.read.sidecar import check_digest, read_sidecar
 from shardloader.schema import sidecar_bound
@@ -75,7 +75,7 @@ def _reopen(
     return load_lengths(manifest, base, read, required=required, hint=hint)
 
 
-def _open_shared(path: str, count: int) -> SharedLengths:
+def _open_shared(path: str, count: int, source: tuple[Any, ...]) -> SharedLengths:
     try:
         mapped = np.load(path, mmap_mode="r")
     except (OSError, ValueError) as err:
@@ -83,7 +83,7 @@ def _open_shared(path: str, count: int) -> SharedLengths:
     if mapped.dtype != np.int64 or mapped.shape != (count,):
         raise StorageError(f"the sample lengths at {path} do not hold {count} int64 values")
     out: SharedLengths = mapped.view(SharedLengths)
-    out.path = path
+    out.path, out.source = path, source
     return out
 
 
@@ -104,9 +104,7 @@ def load_lengths(
         from shardloader.storage.cache import ShardCache
 
         path = ShardCache(read.cache, manifest.fingerprint).path_for(_cache_name(manifest))
-        shared = _open_shared(path, manifest.num_samples)
-        shared.source = source
-        return shared
+        return _open_shared(path, manifest.num_samples, source)
     except StorageError:
         pass  # not built yet (or no writable cache): read the sidecars
     lengths = _read_lengths(manifest, base, read, required, hint)
@@ -116,9 +114,7 @@ def load_lengths(
     try:
         np.save(temp, lengths, allow_pickle=False)
         os.replace(temp + ".npy", path)
-        shared = _open_shared(path, manifest.num_samples)
-        shared.source = source
-        return shared
+        return _open_shared(path, manifest.num_samples, source)
     except (OSError, StorageError) as err:
         log.info("sample lengths stay in memory: cannot write %s (%s)", path, err)
         try:
@@ -158,17 +154,18 @@ def _read_lengths(
         if not info.num_samples:  # nothing to record (its writer may have left the column out)
             continue
         sidecar = store.join(info.index_path)
-        where = f"sample index {sidecar.url}"
-        data = read_sidecar(sidecar, info, where)
-        check_digest(data, info, where)
-        column = _lengths_column(data, info.num_samples, sidecar_bound(info), where)
+        with located(f"sample index {sidecar.url}"):
+            data = read_sidecar(sidecar, info)
+            check_digest(data, info)
+            column = _lengths_column(data, info.num_samples, sidecar_bound(info))
+            if column is not None:
+                _check_fit(data, column, unit, info, manifest.length_field)
         if column is None:
             if not required:
                 return None
             raise UsageError(
                 f"the planner needs per-sample lengths but {info.index_path} has none; {hint}"
             )
-        _check_fit(data, column, unit, info, manifest.length_field, where)
         out[at : at + len(column)] = column
         at += len(column)
     # Arrow's allocator keeps what decompressing the columns took (~6 MB); workers would
@@ -177,37 +174,37 @@ def _read_lengths(
     return out
 
 
-def _lengths_column(data: bytes, count: int, bound: int, where: str) -> np.ndarray | None:
+def _lengths_column(data: bytes, count: int, bound: int) -> np.ndarray | None:
     try:
         if declared_sizes(data).uncompressed_bytes > bound:
-            raise ManifestError(f"{where} declares more bytes than its shard's entry allows")
+            raise ManifestError("it declares more bytes than its shard's entry allows")
     except ShardError as err:
-        raise ManifestError(f"{where} is not a valid shardloader sample index: {err}") from err
-    column = _column(data, "length", where)
+        raise ManifestError(f"not a valid shardloader sample index: {err}") from err
+    column = _column(data, "length")
     if column is None:
         return None
     if not pa.types.is_integer(column.type) or column.null_count or len(column) != count:
         raise ManifestError(
-            f"{where}: its length column ({column.type}, {len(column)} values) does not give "
+            f"its length column ({column.type}, {len(column)} values) does not give "
             f"the {count} token counts of its shard"
         )
     lengths = _int64(column)
     if lengths.size and lengths.min() < 0:
-        raise ManifestError(f"{where}: the sample index has negative lengths")
+        raise ManifestError("the sample index has negative lengths")
     return lengths
 
 
 def _check_fit(
-    data: bytes, lengths: np.ndarray, unit: int, info: ShardInfo, field: str | None, where: str
+    data: bytes, lengths: np.ndarray, unit: int, info: ShardInfo, field: str | None
 ) -> None:
     """ManifestError unless every length fits its sample's ``size`` and all of them the
     shard's ``raw_bytes`` (the module docstring): read from the sidecar's size column, and
     its key column only to name a sample that does not fit."""
     need = lengths * unit
     total = int(need.sum())
-    column = _column(data, "size", where)
+    column = _column(data, "size")
     if column is None or not pa.types.is_integer(column.type) or len(column) != len(lengths):
-        raise ManifestError(f"{where}: the sample index has no size for every sample")
+        raise ManifestError("the sample index has no size for every sample")
     sizes = _int64(column)
     over = np.flatnonzero((need > sizes) | (sizes < 0))
     if not over.size and total <= info.raw_bytes:
@@ -215,7 +212,7 @@ def _check_fit(
     what = f"{field!r} " if field else ""
     if over.size:
         i = int(over[0])
-        keys = _column(data, "key", where)
+        keys = _column(data, "key")
         key = keys[i].as_py() if keys is not None and i < len(keys) else f"#{i}"
         per = f" {unit}-byte tokens" if unit > 1 else " bytes"
         problem = (
@@ -228,12 +225,12 @@ def _check_fit(
             f"{info.raw_bytes:,} raw_bytes"
         )
     raise ManifestError(
-        f"{where}: {problem}; the sidecar's length column does not match its shard, so no "
+        f"{problem}; the sidecar's length column does not match its shard, so no "
         "batch is planned from it: re-pack or re-index the dataset"
     )
 
 
-def _column(data: bytes, name: str, where: str) -> pa.Array | None:
+def _column(data: bytes, name: str) -> pa.Array | None:
     """One column of a sidecar (hashed and bounded already), or None where it has none."""
     try:
         buffer = pa.py_buffer(data)
@@ -245,7 +242,7 @@ def _column(data: bytes, name: str, where: str) -> pa.Array | None:
         table = pa.ipc.open_file(buffer, options=options, memory_pool=pool).read_all()
         return table.column(0).combine_chunks()
     except pa.ArrowException as err:
-        raise ManifestError(f"{where} is not a valid shardloader sample index: {err}") from err
+        raise ManifestError(f"not a valid shardloader sample index: {err}") from err
 
 
 def _int64(array: pa.Array) -> np.ndarray:

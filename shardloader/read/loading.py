@@ -22,7 +22,6 @@ from shardloader.batching.raw import ByteColumn, RawBatch
 from shardloader.codecs.allowlist import Decoder, decode_field
 from shardloader.errors import (
     DecodeError,
-    MissingFieldError,
     ShardError,
     ShardloaderError,
     StorageError,
@@ -53,9 +52,9 @@ class SampleLoader:
     on_error: str
     length_field: str | None = None
     lengths: np.ndarray | None = None
-    # told of every sample on_error="skip" replaces: (sample id, key, place, error); the
-    # dataset passes a SkipLog's record here (shardloader/read/skips.py)
-    on_skip: Callable[[int, str, Place, BaseException], None] | None = None
+    # told of every sample on_error="skip" replaces: (place, sample id, key, error); the
+    # dataset passes its SkipLog's record of the epoch here (shardloader/read/skips.py)
+    on_skip: Callable[[Place, int, str, BaseException], None] | None = None
 
     @property
     def takes_generator(self) -> bool:
@@ -77,17 +76,17 @@ class SampleLoader:
         :mod:`shardloader.vision.transforms`).
 
         The batch is read shard by shard in one pass (:meth:`ShardSet.read_batch`; ``rows``:
-        already read, by :meth:`ShardSet.read_batches`).  Under
+        already read, with the next batches: ``samplepass._read_ahead``).  Under
         ``on_error="skip"`` a bad sample is replaced by a repeat of a good one from the same
         batch, flagged ``__pad__``, so batch shapes and step counts never change.
         """
         if rows is None:
             rows = shards.read_batch(ids)
         out: list[dict[str, Any] | None] = []
-        last_error: ShardloaderError | None = None
+        errors = dict(rows.errors)
         columns = list(rows.fields.items())
-        for pos, (gid, pad) in enumerate(zip(ids.tolist(), pads.tolist(), strict=True)):
-            err: ShardloaderError | None = rows.errors.get(pos)
+        for pos, pad in enumerate(pads.tolist()):
+            err = errors.get(pos)
             if err is None:
                 raw = {name: bytes(col[pos]) for name, col in columns if col[pos] is not None}
                 try:
@@ -96,24 +95,16 @@ class SampleLoader:
                     )
                     continue
                 except (ShardError, DecodeError, StorageError) as failed:
-                    err = failed
+                    err = errors[pos] = failed
             if self.on_error == "raise":
                 raise err
-            log.warning("skipping sample %d (%s): %s", gid, place, err)
-            if self.on_skip is not None:
-                self.on_skip(gid, str(rows.keys[pos]), place, err)
             out.append(None)
-            last_error = err
-        good = [s for s in out if s is not None]
         substituted = np.array([s is None for s in out], bool)
-        if last_error is None:
+        good = [s for s in out if s is not None]
+        if not errors:
             return good, substituted
-        if not good:
-            if len(out) == 1:
-                return [], substituted[:0]  # unbatched: the step is skipped
-            raise ShardError(
-                f"every sample of a batch failed ({place}); last error: {last_error}"
-            ) from last_error
+        if not self._stand_in(errors, ids, rows.keys, place, len(out) == 1):
+            return [], substituted[:0]  # unbatched: the step is skipped
         return [
             s if s is not None else {**good[i % len(good)], "__pad__": True}
             for i, s in enumerate(out)
@@ -150,7 +141,14 @@ class SampleLoader:
                 columns[name] = values
         ids, pads = ids.copy(), pads.copy()
         if errors:
-            self._stand_in(keys, errors, ids, pads, columns, place)
+            if self.on_error == "raise":
+                raise errors[min(errors)]
+            good = self._stand_in(errors, ids, keys, place)
+            for pos in sorted(errors):
+                src = good[pos % len(good)]
+                keys[pos], ids[pos], pads[pos] = keys[src], ids[src], True
+                for values in columns.values():
+                    values[pos] = values[src]
         batch = RawBatch(
             __key__=keys,
             __index__=torch.from_numpy(ids),
@@ -177,40 +175,34 @@ class SampleLoader:
                 continue
             if into[pos] is not None:
                 exts = [e for e, n in self.field_map.member_of.items() if n == name]
-                err = self.field_map.clash(dict.fromkeys(exts, b""), name)
-                errors[pos] = ShardError(f"{_located_at(shards, ids, pos, keys[pos])}: {err}")
+                err = errors[pos] = self.field_map.clash(dict.fromkeys(exts, b""), name)
+                err.where = _located_at(shards, ids, pos, keys[pos])
                 into[pos] = None
                 continue
             into[pos] = value
 
     def _stand_in(
         self,
-        keys: list[str],
         errors: dict[int, ShardloaderError],
         ids: np.ndarray,
-        pads: np.ndarray,
-        columns: dict[str, list[Any]],
+        keys: list[str],
         place: Place,
-    ) -> None:
-        """``on_error``: raise the first error, or replace each bad sample by a good one."""
+        empty_ok: bool = False,
+    ) -> list[int]:
+        """``on_error="skip"``: log and record each bad sample; the positions of the good ones
+        that stand in for them (none only when ``empty_ok``: an unbatched step is skipped)."""
         bad = sorted(errors)
-        if self.on_error == "raise":
-            raise errors[bad[0]]
         for pos in bad:
             log.warning("skipping sample %d (%s): %s", int(ids[pos]), place, errors[pos])
             if self.on_skip is not None:
-                self.on_skip(int(ids[pos]), str(keys[pos]), place, errors[pos])
+                self.on_skip(place, int(ids[pos]), str(keys[pos]), errors[pos])
         good = [pos for pos in range(len(ids)) if pos not in errors]
-        if not good:
+        if not good and not empty_ok:
             last = errors[bad[-1]]
             raise ShardError(
                 f"every sample of a batch failed ({place}); last error: {last}"
             ) from last
-        for pos in bad:
-            src = good[pos % len(good)]
-            keys[pos], ids[pos], pads[pos] = keys[src], ids[src], True
-            for values in columns.values():
-                values[pos] = values[src]
+        return good
 
     def cut_segments(
         self,
@@ -253,14 +245,6 @@ class SampleLoader:
             out.append({**sample, field: tokens[start:stop], "__span__": (start, stop)})
         return out
 
-    def load_sample(
-        self, shards: ShardSet, shard: int, local: int, gid: int, pad: bool, generator: Any = None
-    ) -> dict[str, Any]:
-        """Read, decode and transform one sample (:meth:`load_batch` reads a batch at once)."""
-        key, raw = shards.read(shard, local)
-        ids = np.array([gid], np.int64)
-        return self.build_sample(shards, ids, 0, key, raw, pad, generator)
-
     def build_sample(
         self,
         shards: ShardSet,
@@ -278,44 +262,46 @@ class SampleLoader:
         ``on_error="skip"`` skips an image a transform cannot decode), anything else a
         transform raises becomes a :class:`TransformError`.
         """
-        sample: dict[str, Any] = {"__key__": key, "__index__": int(ids[pos]), "__pad__": pad}
+        try:
+            sample = self._decoded(key, int(ids[pos]), raw, pad)
+            return sample if self.transform is None else self._transformed(sample, generator)
+        except ShardloaderError as err:
+            if err.where is None:  # the place is worked out only for a sample that fails
+                err.where = _located_at(shards, ids, pos, key)
+            raise
+
+    def _decoded(self, key: str, gid: int, raw: Mapping[str, bytes], pad: bool) -> dict[str, Any]:
+        """The sample dict of raw fields ``raw``: members under their field, decoded, filled."""
+        sample: dict[str, Any] = {"__key__": key, "__index__": gid, "__pad__": pad}
         member_of = self.field_map.member_of  # aliases: key.png fills "image"
         for ext, data in raw.items():
             name = member_of.get(ext, ext) if member_of else ext
             if self.field_map.projected and name not in self.field_map.fields:
                 continue  # ReadOptions.fields leaves it out
             if member_of and name in sample:
-                err = self.field_map.clash(raw, name)
-                raise ShardError(f"{_located_at(shards, ids, pos, key)}: {err}") from err
-            if self.decoder is None:
-                sample[name] = data
-                continue
-            try:
-                sample[name] = self.decode(name, ext, data)
-            except DecodeError as err:
-                raise DecodeError(f"{_located_at(shards, ids, pos, key)}: {err}") from err
+                raise self.field_map.clash(raw, name)
+            sample[name] = data if self.decoder is None else self.decode(name, ext, data)
         for name in self.field_map.fields:  # NOTE [missing values]: every batch has each field
             if name not in sample:
                 sample[name] = None
         if self.decoder is not None and (self.decoder.fill or self.decoder.required):
-            try:
-                complete(sample, self.decoder.fill, self.decoder.required)
-            except MissingFieldError as err:
-                raise MissingFieldError(f"{_located_at(shards, ids, pos, key)}: {err}") from err
-        if self.transform is None:
-            return sample
+            complete(sample, self.decoder.fill, self.decoder.required)
+        return sample
+
+    def _transformed(self, sample: dict[str, Any], generator: Any) -> dict[str, Any]:
+        """The transform's sample; what it raises is chained to a shardloader error."""
+        assert self.transform is not None
         try:
             if generator is not None and self.takes_generator:
                 out = self.transform(sample, generator=generator)
             else:
                 out = self.transform(sample)
         except Exception as err:  # user code: anything at all
-            raise _located(err, _located_at(shards, ids, pos, key)) from err
+            raise _recast(err) from err
         if not isinstance(out, Mapping):
             raise UsageError(
-                f"{_located_at(shards, ids, pos, key)}: transform returned "
-                f"{type(out).__name__}; it must return the sample dict (filtering in a "
-                "transform would make ranks uneven)"
+                f"transform returned {type(out).__name__}; it must return the sample dict "
+                "(filtering in a transform would make ranks uneven)"
             )
         return dict(out)
 
@@ -334,24 +320,22 @@ class SampleLoader:
             raise DecodeError(f"cannot decode field {name!r}{member} as {codec}: {err}") from err
 
 
-def _where(shards: ShardSet, shard: int, key: str) -> str:
-    """Shard, sample key, rank and worker: built only when an error needs it."""
+def _located_at(shards: ShardSet, ids: np.ndarray, pos: int, key: str) -> str:
+    """Shard, sample key, rank and worker of sample ``pos`` of the batch ``ids`` (its shard
+    found from its id): built only when an error needs it."""
+    shard = int(shards.locate(ids[pos : pos + 1])[0][0])
     return f"{shards.describe(shard)}, sample {key!r}"
 
 
-def _located_at(shards: ShardSet, ids: np.ndarray, pos: int, key: str) -> str:
-    """:func:`_where` for sample ``pos`` of the batch ``ids`` (its shard found from its id)."""
-    return _where(shards, int(shards.locate(ids[pos : pos + 1])[0][0]), key)
-
-
-def _located(err: Exception, where: str) -> ShardloaderError:
-    """``err`` with the sample's place in front: its own class if it is one of ours."""
+def _recast(err: Exception) -> ShardloaderError:
+    """A transform's ``err`` as a fresh error to chain it to: its own class if it is one of
+    ours (a DecodeError stays one, so ``on_error="skip"`` skips it), else a TransformError."""
     if isinstance(err, ShardloaderError):
         try:
-            return type(err)(f"{where}: {err}")
+            return type(err)(str(err))
         except TypeError:  # a subclass with another constructor
             pass
-    return TransformError(f"{where}: transform raised {type(err).__name__}: {err}")
+    return TransformError(f"transform raised {type(err).__name__}: {err}")
 
 
 def pipeline_draws(transform: Any, decoder: Decoder | None, collate_fn: Any) -> bool:

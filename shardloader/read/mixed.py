@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from shardloader.errors import UsageError
-from shardloader.format.base import Rows, Sample
+from shardloader.format.base import Rows
 from shardloader.manifest import FieldInfo, Manifest
 from shardloader.read.shardset import ReadOptions, ShardSet, shard_starts
 
@@ -94,14 +94,6 @@ class MixedShards:
         own, local = self._source_of_shard(shard)
         return own.describe(local)
 
-    def url(self, shard: int) -> str:
-        own, local = self._source_of_shard(shard)
-        return own.url(local)
-
-    def read(self, shard: int, local: int) -> Sample:
-        own, own_shard = self._source_of_shard(shard)
-        return own.read(own_shard, local)
-
     def _split(self, ids: np.ndarray) -> list[tuple[int, np.ndarray]]:
         """(source, positions in ``ids``) of each source present."""
         source = np.searchsorted(self.id_offsets, ids, side="right") - 1
@@ -112,11 +104,6 @@ class MixedShards:
         for s, at in self._split(ids):
             self.sets[s].read_into(ids[at] - self.id_offsets[s], out, at.tolist())
         return out
-
-    def read_batches(self, batches: list[np.ndarray]) -> list[Rows]:
-        if len(batches) == 1:
-            return [self.read_batch(batches[0])]
-        return self.read_batch(np.concatenate(batches)).split([len(b) for b in batches])
 
     def ready(self, batches: list[np.ndarray]) -> int:
         if self.in_place:

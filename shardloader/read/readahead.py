@@ -79,17 +79,13 @@ def block_schedule(windows: Iterable[tuple[np.ndarray, np.ndarray]]) -> Iterator
 class ReadAhead:
     """Walks a node schedule for one worker, staging ahead through its ShardSet.
 
-    The schedule is a list or an iterator (:func:`block_schedule`), pulled only as far as the
+    The schedule (a list, or an iterator: :func:`block_schedule`) is pulled only as far as the
     worker's steps and its read-ahead depth need."""
 
     def __init__(self, shards: ShardSet, schedule: Iterable[tuple[int, int]], depth: int) -> None:
         self.shards = shards
-        self._source: Iterator[tuple[int, int]] | None = None
-        self.schedule: list[tuple[int, int]] = []
-        if isinstance(schedule, list):
-            self.schedule = schedule
-        else:
-            self._source = iter(schedule)
+        self._source: Iterator[tuple[int, int]] | None = iter(schedule)
+        self.schedule: list[tuple[int, int]] = []  # the entries pulled so far
         self.depth = depth
         self._due = 0  # entries needed by the steps reached so far
         self._late: list[int] = []  # shards due now that read-ahead had not asked for

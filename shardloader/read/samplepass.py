@@ -1,17 +1,16 @@
 """One pass in one process: the worker's steps read ahead, loaded and collated.
 
-The dataset plans the epoch (:mod:`shardloader.plan.epoch`) and hands this module the pass.  A
-plan batches *units*: samples, or for a :class:`~shardloader.batching.blocks.TokenBlocks`
-planner rows of token shards (NOTE [what a row is] there), which the token format cuts as a
-tar shard holds samples.  One pass serves both: this worker's steps
-(:class:`~shardloader.plan.steps.WorkerSteps`, worked out as walked), the node's read-ahead
-staging shards ahead (:func:`~shardloader.read.readahead.pass_readahead`), then the load stage
-of the unit:
+The dataset plans the epoch (:mod:`shardloader.plan.epoch`) and hands :func:`run_pass` the plan
+and the pass's inputs (:class:`PassInputs`).  The pass composes its stages, each taking only
+its own inputs: this worker's steps (:class:`~shardloader.plan.steps.WorkerSteps`, worked out
+as walked) → read-ahead (:func:`~shardloader.read.readahead.pass_readahead`: schedule, depth)
+→ shards (``open_shards``: store, node cache) → load and collate, by the plan's *units*:
 
 * samples: the batch is read with up to 15 more whose shards are open already
-  (:func:`_read_ahead`), loaded by :class:`~shardloader.read.loading.SampleLoader` (decode,
-  seeded transform) and collated;
-* rows: a span of batches is sliced out of the staged shards' memory maps
+  (:func:`_read_ahead`), loaded by a :class:`~shardloader.read.loading.SampleLoader` (decode,
+  seeded transform, ``on_error``) and collated;
+* rows of token shards (a :class:`~shardloader.batching.blocks.TokenBlocks` planner, NOTE [what
+  a row is] there): a span of batches is sliced out of the staged shards' memory maps
   (:class:`~shardloader.format.tokens.rows.TokenRows`, checked chunk by chunk) and assembled a
   chunk (a bundle, in a worker) at a time by TokenBlocks' collate
   (:func:`~shardloader.batching.blockchunks.build`): no sample is read, decoded or collated.
@@ -19,6 +18,7 @@ of the unit:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -26,33 +26,30 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from shardloader.batching.base import batch_ids
 from shardloader.batching.blockchunks import build, chunk_layout
 from shardloader.batching.raw import RawCollate
+from shardloader.errors import MissingFieldError
 from shardloader.format.base import Rows
 from shardloader.format.tokens.layout import stream_field, token_dtype
 from shardloader.format.tokens.rows import TokenRows
 from shardloader.plan.partition import Partition
 from shardloader.plan.shuffle import derive_seeds, transform_seeds
-from shardloader.plan.steps import StepSeeds, WorkerSteps, is_lazy, pass_working_set
+from shardloader.plan.steps import StepSeeds, WorkerSteps
 from shardloader.read.loading import SampleLoader, pipeline_draws
 from shardloader.read.readahead import pass_readahead
 from shardloader.read.seeding import generator_of, seed_global_rngs
 from shardloader.read.shardset import working_set_bytes
 
 if TYPE_CHECKING:
-    from shardloader.batching.blocks import TokenBlocks
-    from shardloader.codecs.allowlist import Decoder
+    from shardloader.batching.blocks import RowLayout, TokenBlocks
     from shardloader.manifest import Manifest
     from shardloader.plan.epoch import EpochPlan
     from shardloader.plan.shuffle import ShuffleOptions
     from shardloader.plan.split import Place
-    from shardloader.read.fields import FieldMap
     from shardloader.read.readahead import ReadAhead
-    from shardloader.read.shardset import ReadOptions, ShardSet
-    from shardloader.read.skips import SkipLog
+    from shardloader.read.shardset import ShardSet
 
-__all__ = ["SampleSource", "iterate_samples"]
+__all__ = ["PassInputs", "run_pass"]
 
 # batches a worker reads in one pass over their shards (see _read_ahead): at most this many,
 # holding at most about this many bytes of samples.  Each shard a pass touches costs a dozen
@@ -67,58 +64,54 @@ _SPAN = 64  # row batches whose rows and segments are worked out together
 
 
 @dataclass(frozen=True)
-class SampleSource:
-    """What a pass reads and how, handed over by the dataset (it keeps its state to itself)."""
+class PassInputs:
+    """What a pass takes from the dataset (which keeps its state to itself), by stage."""
 
     manifest: Manifest
-    read: ReadOptions
-    shuffle: ShuffleOptions
-    uneven: str
-    seed: int
+    seed: int  # the run's: each step's seeds derive from it
+    readahead: int  # read-ahead: shards staged ahead (ReadOptions.readahead)
+    partition: Partition  # read-ahead: how the world is cut (shardloader.plan.partition)
+    shuffle: ShuffleOptions  # shards: the working set the node cache must hold
+    open_shards: Callable[[str, int], Any]  # shards: (place, working set) -> ShardSet
+    load: SampleLoader  # load: fields, decoder, transform, on_error, the plan's lengths
+    collate_fn: Callable[[list[dict[str, Any]]], Any] | None  # collate (None: the default)
     batched: bool  # batch_size or a planner: steps are batches, else single samples
-    open_shards: Callable[[str, int], Any]  # (where, working set) -> ShardSet or MixedShards
-    field_map: FieldMap
-    decoder: Decoder | None
-    transform: Callable[..., Any] | None
-    collate_fn: Callable[[list[dict[str, Any]]], Any] | None
-    on_error: str
-    lengths: np.ndarray | None  # by global id, for cutting segment batches
-    skip_log: SkipLog | None  # where run-time skips are appended (read/skips.py)
-    partition: Partition = Partition()  # how the world is cut (shardloader.plan.partition)
     rows: TokenBlocks | None = None  # the planner, when its units are token rows
     bundle: int = 1  # row batches per worker output (NOTE [bundles] in deliver/transport.py)
     ring: Any = None  # the loader's shared buffers (NOTE [ring slots] there)
 
 
-def iterate_samples(ds: SampleSource, plan: EpochPlan, place: Place, epoch: int) -> Iterator[Any]:
-    """Yield this worker's batches (or samples, unbatched; or bundles of row batches) of the
-    planned pass of ``epoch``."""
+def run_pass(inputs: PassInputs, plan: EpochPlan, place: Place, epoch: int) -> Iterator[Any]:
+    """Yield this worker's batches (or samples, unbatched; or bundles of batches) of the
+    planned pass of ``epoch``: steps → read-ahead → shards → load → collate."""
     from torch.utils.data import get_worker_info
 
     info = get_worker_info()
     worker = None if info is None else int(info.id)
     # bundles: of row batches, or of raw batches (NOTE [raw bundles] in batching/raw.py)
-    bundle = max(ds.bundle, 1) if worker is not None else 1
+    bundle = max(inputs.bundle, 1) if worker is not None else 1
     steps = WorkerSteps(plan, place.worker, place.num_workers, bundle)  # worked out as walked
-    bounds = None
-    if ds.rows is not None:  # a row's shard: by the rows' bounds (batching/blocks.py)
-        bounds = ds.rows.layout(ds.manifest.shard_sizes, ds.lengths).row_bounds
-    shard_of = None if bounds is None else functools.partial(_shard_of, bounds)
-    shards = ds.open_shards(str(place), _working_set(ds, plan, bounds))
+    layout, shard_of = None, None
+    if inputs.rows is not None:  # a row's shard: by the rows' bounds (batching/blocks.py)
+        layout = inputs.rows.layout(inputs.manifest.shard_sizes, inputs.load.lengths)
+        shard_of = functools.partial(_shard_of, layout.row_bounds)
+    bounds = None if layout is None else layout.row_bounds
+    working = working_set_bytes(inputs.manifest, inputs.shuffle, plan, inputs.readahead, bounds)
+    shards = inputs.open_shards(str(place), working)
     try:
-        readahead = pass_readahead(shards, plan, place, ds.read.readahead, ds.partition, shard_of)
-        if ds.rows is None:
-            loaded = _load_samples(ds, plan, place, epoch, steps, shards, readahead)
-            yield from loaded if bundle == 1 else _bundled(loaded, bundle)
+        ahead = pass_readahead(shards, plan, place, inputs.readahead, inputs.partition, shard_of)
+        if layout is None:
+            batches = _load_samples(inputs, plan, place, epoch, steps, shards, ahead)
+            yield from batches if bundle == 1 else _bundled(batches, bundle)
         else:
             per = bundle if worker is not None else _CHUNK
-            yield from _load_rows(ds, ds.rows, plan, steps, shards, readahead, worker, per)
+            yield from _load_rows(inputs, layout, plan, steps, shards, ahead, worker, per)
     finally:
         shards.close()
 
 
 def _load_samples(
-    ds: SampleSource,
+    inputs: PassInputs,
     plan: EpochPlan,
     place: Place,
     epoch: int,
@@ -126,17 +119,8 @@ def _load_samples(
     shards: Any,
     readahead: ReadAhead,
 ) -> Iterator[Any]:
-    """The load stage of samples: read, decode, transform (seeded per step), collate."""
-    loader = SampleLoader(
-        ds.field_map,
-        ds.decoder,
-        ds.transform,
-        ds.on_error,
-        ds.manifest.length_field,
-        ds.lengths,
-        None if ds.skip_log is None else functools.partial(_skipped, ds.skip_log, epoch),
-    )
-    batched = ds.batched
+    """The load and collate stages of samples: read, decode, transform (seeded per step)."""
+    loader, collate_fn, seed = inputs.load, inputs.collate_fn, inputs.seed
     # NOTE [what the global seeds are for]: torch/numpy/random are seeded per batch only
     # for code that may draw from them (a transform, custom decoders, a collate that is
     # not shardloader's: pipeline_draws); shardloader's own parts never do, so a pipeline
@@ -144,19 +128,19 @@ def _load_samples(
     # steps at once (derive_seeds gives exactly derive_seed's values).
     global_seeds = None
     offset = plan.seed_offset  # after a batch-shape change: fresh numbers
-    if pipeline_draws(ds.transform, ds.decoder, ds.collate_fn):
-        global_seeds = StepSeeds(steps, lambda q: derive_seeds(ds.seed, epoch, q + offset))
+    if pipeline_draws(loader.transform, loader.decoder, collate_fn):
+        global_seeds = StepSeeds(steps, lambda q: derive_seeds(seed, epoch, q + offset))
     generator_seeds = None
     if loader.takes_generator:
-        generator_seeds = StepSeeds(steps, lambda q: transform_seeds(ds.seed, epoch, q + offset))
+        generator_seeds = StepSeeds(steps, lambda q: transform_seeds(seed, epoch, q + offset))
     raw = (
-        isinstance(ds.collate_fn, RawCollate)
-        and ds.decoder is None
-        and ds.transform is None
-        and batched
+        isinstance(collate_fn, RawCollate)
+        and loader.decoder is None
+        and loader.transform is None
+        and inputs.batched
     )
     read: dict[int, Rows] = {}  # batches read ahead (see _read_ahead)
-    most = _read_ahead_batches(ds.manifest, steps)
+    most = _read_ahead_batches(inputs.manifest, steps)
     for j, slot, seed_index in steps.walk():
         readahead.advance(j * place.num_workers + place.worker)  # this rank's step
         rows = read.pop(j, None)
@@ -175,11 +159,11 @@ def _load_samples(
         samples, substituted = loader.load_batch(shards, ids, pads, place, generator, rows)
         if batch.ndim == 2:
             samples = loader.cut_segments(batch, ids, samples, substituted, place)
-        if not batched:
+        if not inputs.batched:
             if samples:
                 yield samples[0]
         else:
-            yield _collate(ds.collate_fn, samples, shards)
+            yield _collate(collate_fn, samples, shards)
 
 
 def _bundled(batches: Iterator[Any], k: int) -> Iterator[Any]:
@@ -199,8 +183,8 @@ def _bundled(batches: Iterator[Any], k: int) -> Iterator[Any]:
 
 
 def _load_rows(
-    ds: SampleSource,
-    planner: TokenBlocks,
+    inputs: PassInputs,
+    layout: RowLayout,
     plan: EpochPlan,
     steps: WorkerSteps,
     shards: Any,
@@ -213,12 +197,12 @@ def _load_rows(
     a bundle, yielded as one item).  (Assembling the next chunk in a thread while the loop
     runs was measured and dropped: the Python between numpy calls holds the GIL, so nothing
     overlapped and the hand-over cost 15 % more time per batch.)"""
-    assert ds.lengths is not None  # TokenBlocks.bind had them loaded
-    layout = planner.layout(ds.manifest.shard_sizes, ds.lengths)
-    tokens = TokenRows(shards, ds.lengths, ds.manifest.shard_sizes)
+    planner, lengths, manifest = inputs.rows, inputs.load.lengths, inputs.manifest
+    assert planner is not None and lengths is not None  # TokenBlocks.bind had them loaded
+    tokens = TokenRows(shards, lengths, manifest.shard_sizes)
     lean, first = None, per
     if planner.lean:  # the shards' own id dtype, from the manifest
-        fields = ds.manifest.fields
+        fields = manifest.fields
         lean = token_dtype(fields.get(stream_field(fields) or ""))
         if worker is None:  # NOTE [lean chunks]
             size = planner.rows_per_batch * planner.seq_len * lean.itemsize
@@ -237,7 +221,7 @@ def _load_rows(
             for a in range(0, hi - lo, per):
                 b = min(a + per, hi - lo)
                 part = whole.part(a, b)
-                yield from build(planner, part, loaded, worker, ds.ring, repeated[a:b], lean)
+                yield from build(planner, part, loaded, worker, inputs.ring, repeated[a:b], lean)
             lo = hi
     finally:
         tokens.close()
@@ -257,34 +241,21 @@ _LEAN_CHUNK, _LEAN_BYTES = 256, 8 << 20
 def _collate(collate_fn: Callable[..., Any] | None, samples: list[Any], shards: Any) -> Any:
     """The batch; a missing value the collate cannot place gets its sample's shard named."""
     from shardloader.batching.default import torch_collate
-    from shardloader.errors import MissingFieldError
-    from shardloader.read.fields import placed
 
     try:
         return (collate_fn or torch_collate)(samples)
     except MissingFieldError as err:
-        located = placed(err, shards)
-        if located is err:
-            raise
-        raise located from err
-
-
-def _working_set(ds: SampleSource, plan: EpochPlan, bounds: np.ndarray | None) -> int:
-    """Staged bytes the pass keeps in use at once (``shards.working_set_bytes``); ``bounds``:
-    the first row of each shard, when the plan batches token rows."""
-    if is_lazy(plan):
-        return pass_working_set(ds.manifest, ds.shuffle, plan, ds.read.readahead)
-    reads = [batch_ids(b) for b in plan.batches]
-    return working_set_bytes(ds.manifest, ds.shuffle, reads, ds.read.readahead, bounds)
+        # the first sample lacking the field, by its id (None: a transform dropped __index__)
+        if err.index is not None and err.where is None:
+            with contextlib.suppress(IndexError, ValueError):
+                shard = shards.locate(np.asarray([err.index], np.int64))[0][0]
+                err.where = shards.describe(int(shard))
+        raise
 
 
 def _shard_of(bounds: np.ndarray, units: np.ndarray) -> np.ndarray:
     """The shard of each unit (by the shards' first units, ``bounds``)."""
     return np.searchsorted(bounds, units, side="right") - 1
-
-
-def _skipped(log: SkipLog, epoch: int, sample: int, key: str, place: Place, err: Any) -> None:
-    log.record(epoch, place, sample, key, err)
 
 
 def _read_ahead(
@@ -293,10 +264,14 @@ def _read_ahead(
     """Read step ``j``'s batch, and with it up to ``most - 1`` next steps' as far as they need
     no shard that is not open yet (so nothing is staged earlier than before): one pass over
     each shard's rows serves several batches.  The first steps read fewer at a time (1, 2, 4,
-    ...), so the first batch waits for its own samples only."""
+    ...), so the first batch waits for its own samples only.  The batches are read as one
+    (each shard's rows of all of them together share its handful of numpy calls)."""
     count = min(most, 1 << min(j, 8), len(steps) - j)
     count = 1 + shards.ready(steps[j + 1 : j + count])
-    parts = shards.read_batches(steps[j : j + count])
+    if count == 1:
+        return shards.read_batch(steps[j])
+    batches = steps[j : j + count]
+    parts = shards.read_batch(np.concatenate(batches)).split([len(b) for b in batches])
     into.update(zip(range(j + 1, j + count), parts[1:], strict=True))
     return parts[0]
 

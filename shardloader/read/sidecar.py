@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 
-from shardloader.errors import ChecksumError
+from shardloader.errors import ChecksumError, located
 from shardloader.manifest import SampleIndex, ShardInfo
 from shardloader.schema import check_sample_index, sidecar_bound
 from shardloader.storage.store import Store
@@ -17,19 +17,19 @@ from shardloader.storage.streams import BoundedReader
 __all__ = ["check_digest", "load_sidecar", "parse_sidecar", "read_sidecar"]
 
 
-def read_sidecar(store: Store, info: ShardInfo, where: str | None = None) -> bytes:
+def read_sidecar(store: Store, info: ShardInfo) -> bytes:
     """The sidecar's bytes, read no further than :func:`~shardloader.schema.sidecar_bound`."""
-    where = where or f"sample index {store.url}"
-    with BoundedReader(store.open_read(), sidecar_bound(info), where) as f:
+    with BoundedReader(store.open_read(), sidecar_bound(info), f"sample index {store.url}") as f:
         return f.read()
 
 
-def check_digest(data: bytes, info: ShardInfo, where: str) -> None:
-    """ChecksumError unless the sidecar's bytes hash to the manifest's ``index_sha256``."""
+def check_digest(data: bytes, info: ShardInfo) -> None:
+    """ChecksumError unless the sidecar's bytes hash to the manifest's ``index_sha256`` (the
+    caller names the sidecar: :func:`~shardloader.errors.located`)."""
     digest = hashlib.sha256(data).hexdigest()
     if digest != info.index_sha256:
         raise ChecksumError(
-            f"{where} hashes to {digest}, the manifest says {info.index_sha256}; re-pack or "
+            f"hashes to {digest}, the manifest says {info.index_sha256}; re-pack or "
             "re-index the dataset"
         )
 
@@ -44,6 +44,7 @@ def parse_sidecar(data: bytes, url: str, fmt: str, info: ShardInfo, where: str) 
 def load_sidecar(store: Store, fmt: str, info: ShardInfo) -> SampleIndex:
     """Read, hash-check and parse the sidecar at ``store`` (its manifest entry ``info``)."""
     where = f"sample index {store.url}"
-    data = read_sidecar(store, info, where)
-    check_digest(data, info, where)
+    data = read_sidecar(store, info)
+    with located(where):
+        check_digest(data, info)
     return parse_sidecar(data, store.url, fmt, info, where)

@@ -48,14 +48,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from shardloader.errors import ChecksumError, ShardChangedError, ShardError, StorageError
-from shardloader.format.base import Rows, Sample, ShardReader, read_rows
+from shardloader.format.base import Rows, ShardReader, read_rows
 from shardloader.format.mapped import changed_since
 from shardloader.format.registry import get_format, open_reader
 from shardloader.manifest import Manifest
 from shardloader.read.indexes import SampleIndexes
 from shardloader.read.staging import ShardFiles
 from shardloader.storage.cache import ShardCache, is_cache_full
-from shardloader.storage.store import Store
 
 if TYPE_CHECKING:
     from shardloader.options import ReadOptions
@@ -85,7 +84,6 @@ class ShardSet:
         working_set: int = 0,
     ) -> None:
         self.manifest = manifest
-        self.base = base
         self.options = options
         self.where = where  # e.g. "rank 0/2, worker 1/4": goes into every error message
         self.store = options.store(base)
@@ -116,14 +114,9 @@ class ShardSet:
         shards = np.searchsorted(self.starts, ids, side="right") - 1
         return shards, ids - self.starts[shards]
 
-    def shard_store(self, shard: int) -> Store:
-        return self.store.join(self.manifest.shards[shard].path)
-
-    def url(self, shard: int) -> str:
-        return self.shard_store(shard).url
-
     def describe(self, shard: int) -> str:
-        return f"shard {self.url(shard)} ({self.where})"
+        """The shard's URL and this process's place, for error messages."""
+        return f"shard {self.store.join(self.manifest.shards[shard].path).url} ({self.where})"
 
     def cache(self) -> ShardCache:
         """The node cache (created on first use: in-place shards never need it)."""
@@ -206,24 +199,6 @@ class ShardSet:
             old.close()
         return reader
 
-    def read(self, shard: int, local: int) -> Sample:
-        try:
-            reader = self.reader(shard)
-            self.check(shard)  # NOTE [no SIGBUS] in format/mapped.py
-            return reader.read(int(local))
-        except StorageError:
-            raise
-        except ShardError as err:  # a damaged staged copy is staged once more
-            if not self.restage(shard):
-                if isinstance(err, ShardChangedError):
-                    self._forget(shard)
-                if not self.in_place:
-                    raise self.damaged(shard, err) from err
-                raise
-            return self.read(shard, local)
-        except OSError as err:
-            raise ShardError(f"{self.describe(shard)}: read failed ({err})") from err
-
     def read_batch(self, ids: np.ndarray) -> Rows:
         """The samples of global ids ``ids``, in that order, read shard by shard (one pass over
         each shard's rows, :func:`~shardloader.format.base.read_rows`).  A sample that cannot
@@ -239,14 +214,6 @@ class ShardSet:
         several datasets fill: :class:`shardloader.read.mixed.MixedShards`)."""
         for shard, (rows, where) in self._by_shard(ids).items():
             self._read_rows(shard, rows, into, [at[k] for k in where])
-
-    def read_batches(self, batches: Sequence[np.ndarray]) -> list[Rows]:
-        """:meth:`read_batch` for several batches in one pass: each shard's rows of all of them
-        are read together, which shares the per-shard work (a handful of numpy calls) among
-        many batches."""
-        if len(batches) == 1:
-            return [self.read_batch(batches[0])]
-        return self.read_batch(np.concatenate(batches)).split([len(b) for b in batches])
 
     def ready(self, batches: Sequence[np.ndarray]) -> int:
         """How many of ``batches``, from the first on, read only shards that are open already

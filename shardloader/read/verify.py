@@ -131,9 +131,9 @@ def _verify_shard(
     sidecar = base.join(shard.index_path)
     where = f"sample index {sidecar.url}"
     try:
-        data = read_sidecar(sidecar, shard, where)
+        data = read_sidecar(sidecar, shard)
         try:
-            check_digest(data, shard, where)
+            check_digest(data, shard)
         except ShardloaderError:
             reasons.add(f"sidecar {shard.index_path} does not match its sha256 in the manifest")
         index = parse_sidecar(data, sidecar.url, manifest.format, shard, where)
