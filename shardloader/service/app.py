@@ -23,7 +23,7 @@ from shardloader.service.options import ServeOptions
 from shardloader.service.passes import steps_of_pass
 from shardloader.service.response import Receive, Scope, Send
 from shardloader.service.stream import Request, Stream
-from shardloader.service.wireframes import PROTOCOL
+from shardloader.service.wire import PROTOCOL
 
 __all__ = ["Service", "create_app"]
 

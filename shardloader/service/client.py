@@ -21,7 +21,7 @@ from shardloader.errors import ResumeError, UsageError
 from shardloader.options import World, from_old_keywords
 from shardloader.service.failover import Failover, get_json, service_url
 from shardloader.service.passreader import PassReader
-from shardloader.service.wireframes import PROTOCOL
+from shardloader.service.wire import PROTOCOL
 from shardloader.storage.clients import client_for
 from shardloader.storage.httpclient import HttpClient, http_client
 from shardloader.storage.retry import RetryPolicy

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shardloader.service.metrics import Metrics
-from shardloader.service.wireframes import frame_size
+from shardloader.service.wire import frame_size
 
 __all__ = ["Frame", "Handoff"]
 

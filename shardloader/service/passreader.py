@@ -39,8 +39,7 @@ from urllib.parse import urlencode
 from shardloader import errors
 from shardloader.errors import ShardloaderError
 from shardloader.service.failover import Failover, _LoopStopped, check_status, remote_error
-from shardloader.service.wiredecode import decode_batches
-from shardloader.service.wireframes import read_frame
+from shardloader.service.wire import decode_batches, read_frame
 from shardloader.storage.retry import TruncatedBodyError
 
 if TYPE_CHECKING:

@@ -11,8 +11,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 from shardloader.service.handoff import Handoff
-from shardloader.service.wireencode import encode_control
-from shardloader.service.wireframes import PROTOCOL
+from shardloader.service.wire import PROTOCOL, encode_control
 
 __all__ = ["Receive", "Scope", "Send", "stream_response"]
 

@@ -35,8 +35,7 @@ from shardloader.service.metrics import Metrics
 from shardloader.service.options import ServeOptions
 from shardloader.service.passes import SERIAL_PIPELINE, needs_serial_pipeline, pass_dataset
 from shardloader.service.response import Receive, Scope, Send, stream_response
-from shardloader.service.wireencode import encode_batches, encode_control
-from shardloader.service.wireframes import frame_size
+from shardloader.service.wire import encode_batches, encode_control, frame_size
 
 __all__ = ["Request", "Stream"]
 
