@@ -8,10 +8,10 @@ beyond ``max_clients`` get 503 with Retry-After.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hmac
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from shardloader.dataset import ShardedDataset
@@ -33,18 +33,6 @@ _MAX_INT = 1 << 62
 # what /v1/info and /v1/batches both take: the pass asked for, and what the client pinned
 _PASS_PARAMS: tuple[str, ...] = ("epoch", "rank", "world_size", "position", "ranks_per_node")
 _PASS_PARAMS += ("fingerprint", "seed", "plan", "partitions", "pipeline")
-
-
-@dataclass(frozen=True)
-class _Asked:
-    """What a request asks for: a pass of one rank, in its world's partitions."""
-
-    epoch: int
-    rank: int
-    world: int
-    position: int
-    per_node: int | None  # ranks per node, as the client detected them (None: unknown)
-    partitions: int
 
 
 class _ServiceError(Exception):
@@ -134,7 +122,7 @@ class Service:
             self.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8"
         )
 
-    def _read_request(self, params: dict[str, str]) -> _Asked:
+    def _read_request(self, params: dict[str, str]) -> Request:
         epoch = _int(params, "epoch", 0)
         world = _int(params, "world_size", 1, lo=1)
         rank = _int(params, "rank", 0)
@@ -182,17 +170,17 @@ class Service:
                 "the same pipeline and options",
                 extra={"pipeline": self.pipeline, "pipeline_spec": self.pipeline_spec},
             )
-        return _Asked(epoch, rank, world, position, per_node, partitions)
+        return Request(epoch, rank, world, position, per_node, partitions)
 
-    async def _pass_steps(self, a: _Asked) -> int:
-        key = (a.epoch, a.position, a.world, a.per_node)
+    async def _pass_steps(self, a: Request) -> int:
+        key = (a.epoch, a.position, a.world_size, a.ranks_per_node)
         steps = self._steps.get(key)
         if steps is None:
             from starlette.concurrency import run_in_threadpool
 
             try:
                 steps = await run_in_threadpool(
-                    steps_of_pass, self.dataset, a.epoch, a.position, a.world, a.per_node
+                    steps_of_pass, self.dataset, a.epoch, a.position, a.world_size, a.ranks_per_node
                 )
             except UsageError as err:
                 raise _ServiceError(400, str(err)) from None
@@ -219,7 +207,7 @@ class Service:
                 "batch_size": ds.batch_size,
                 "epoch": a.epoch,
                 "rank": a.rank,
-                "world_size": a.world,
+                "world_size": a.world_size,
                 "position": a.position,
                 "partitions": a.partitions,
                 "steps": await self._pass_steps(a),
@@ -233,14 +221,13 @@ class Service:
         allowed = {**dict.fromkeys((*_PASS_PARAMS, "start"), False), **required}
         params = _params(request.query_params, allowed)
         a = self._read_request(params)
-        epoch, rank, world, position = a.epoch, a.rank, a.world, a.position
         start = _int(params, "start", 0)
         steps = await self._pass_steps(a)
         if start > steps:
             raise _ServiceError(
                 400,
-                f"start={start} is past the {steps} steps rank {rank} has "
-                f"in epoch {epoch} from position {position}",
+                f"start={start} is past the {steps} steps rank {a.rank} has "
+                f"in epoch {a.epoch} from position {a.position}",
             )
         if len(self.metrics.active) >= self.options.max_clients:
             raise _ServiceError(
@@ -251,40 +238,12 @@ class Service:
             )
         client = request.client
         name = f"{client.host}:{client.port}" if client else "?"
+        req = dataclasses.replace(a, start=start, steps=steps)
         stream = Stream(
-            self.dataset,
-            Request(epoch, rank, world, position, start, steps, a.per_node),
-            self.options,
-            self.metrics,
-            name,
-            asyncio.get_running_loop(),
+            self.dataset, req, self.options, self.metrics, name, asyncio.get_running_loop()
         )
-        with self.metrics.lock:
-            self.metrics.active[stream.id] = stream
-            self.metrics.streams += 1
-        stream.start()
-        log.info(
-            "stream %d: %s epoch %d rank %d/%d position %d from step %d of %d",
-            stream.id,
-            name,
-            epoch,
-            rank,
-            world,
-            position,
-            start,
-            steps,
-        )
-        return _StreamResponse(stream)
-
-
-class _StreamResponse:
-    """An ASGI response that runs a stream (starlette calls it like any Response)."""
-
-    def __init__(self, stream: Stream) -> None:
-        self.stream = stream
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await self.stream.respond(scope, receive, send)
+        log.info("stream %d: %s %s", stream.id, name, req)
+        return stream  # an ASGI response: it writes the stream's frames
 
 
 class _Auth:

@@ -42,25 +42,28 @@ __all__ = ["Request", "Stream"]
 log = logging.getLogger(__name__)
 
 
-# -- one stream: producer thread → bounded slots → event loop ---------------------------------
-
-
 @dataclass(frozen=True)
 class Request:
+    """What a request asks for: rank ``rank``'s steps ``start..steps`` of the pass of ``epoch``
+    after ``position`` global batches, in its world's ``partitions``."""
+
     epoch: int
     rank: int
     world_size: int
     position: int
-    start: int
-    steps: int
-    ranks_per_node: int | None = None  # as the client detected them (NOTE [node partitions])
+    ranks_per_node: int | None  # as the client detected them (NOTE [node partitions])
+    partitions: int
+    start: int = 0
+    steps: int = 0
 
 
 _END = object()  # what ``_next`` returns once the pipeline has no more items
 
 
 class Stream:
-    """One client's batch stream: a producer thread and the frames it hands to the event loop."""
+    """One client's batch stream: a producer thread and the frames it hands to the event loop;
+    an ASGI response (starlette calls it like any Response) that writes them.  It counts as
+    active in ``metrics`` and produces from its creation until it is closed."""
 
     _ids = itertools.count(1)
 
@@ -88,9 +91,12 @@ class Stream:
         self._busy = self._idle = 0.0
         self._busy_since: float | None = None  # the producer waits on the pipeline
         self._idle_since: float | None = None  # the producer waits on the client
-        self._thread = threading.Thread(
+        with metrics.lock:
+            metrics.active[self.id] = self
+            metrics.streams += 1
+        threading.Thread(
             target=self._produce, name=f"shardloader-stream-{self.id}", daemon=True
-        )
+        ).start()
 
     def labels(self) -> dict[str, Any]:
         r = self.req
@@ -101,21 +107,6 @@ class Stream:
             "rank": r.rank,
             "world_size": r.world_size,
         }
-
-    @property
-    def lag(self) -> int:
-        """Batches ready here that the client has not taken (at most ``max_inflight``)."""
-        return self.handoff.lag
-
-    @property
-    def sent(self) -> int:
-        """Batch frames written to the client."""
-        return self.handoff.sent
-
-    @property
-    def next_step(self) -> int:
-        """The first step the client has not been sent."""
-        return self.handoff.next_step
 
     def times(self) -> tuple[float, float]:
         """(seconds waiting on the pipeline, seconds waiting on the client), ongoing waits in."""
@@ -130,9 +121,6 @@ class Stream:
         busy, idle = self.times()
         return busy / (busy + idle) if busy + idle > 0 else 0.0
 
-    def start(self) -> None:
-        self._thread.start()
-
     def close(self) -> None:
         """Stop producing (the client left or the stream ended); the thread exits on its own."""
         self.stop.set()
@@ -143,10 +131,11 @@ class Stream:
                 self.metrics.streams_done += 1
 
     # -- producer thread ------------------------------------------------------------------
-    def _put(self, chunks: list[Any], last: bool, count: int = 0, permits: int = 1) -> bool:
-        """Queue a frame for the event loop once ``permits`` of the ``max_inflight`` are free
-        (a frame of ``count`` batches takes as many); the event loop gives them back once the
-        frame is sent (False: the stream stopped)."""
+    def _put(self, chunks: list[Any], last: bool, count: int = 0) -> bool:
+        """Queue a frame of ``count`` batches for the event loop once as many of the
+        ``max_inflight`` permits are free (one for a control frame); the event loop gives them
+        back once the frame is sent (False: the stream stopped)."""
+        permits = max(count, 1)
         self._idle_since = t0 = time.monotonic()
         try:
             if not self.handoff.reserve(permits, self.stop):
@@ -245,18 +234,7 @@ class Stream:
         )
 
     def _flush(self) -> bool:
-        """Queue the batches gathered so far as one frame (False: the stream stopped)."""
-        if not self._group:
-            return True
-        if not self._send(self._step, self._group):
-            return False
-        self._step += len(self._group)
-        self._group = []
-        return True
-
-    def _send(self, step: int, group: list[Any]) -> bool:
-        """Encode ``group`` (steps ``step..``) as one frame and queue it (False: the stream
-        stopped).
+        """Queue the batches gathered so far as one frame (False: the stream stopped).
 
         NOTE [frames of several batches]: a frame carries consecutive batches, as many as
         fill about :data:`~shardloader.deliver.transport.BUNDLE_BYTES` (judged by the stream's first
@@ -265,8 +243,13 @@ class Stream:
         of microseconds, more than a token batch takes to make.  The client
         counts every batch of a frame as a step, so resuming works as with one per frame.
         """
-        chunks = encode_batches(step, group)
-        return self._put(chunks, False, len(group), len(group))
+        if not self._group:
+            return True
+        if not self._put(encode_batches(self._step, self._group), False, len(self._group)):
+            return False
+        self._step += len(self._group)
+        self._group = []
+        return True
 
     def _fail(self, step: int, err: Exception) -> None:
         """Tell the client the pass failed at ``step``.
@@ -277,15 +260,11 @@ class Stream:
         way from the workers; memory) is this process's: the frame says ``transient`` and
         the client goes on at ``step`` on another replica, or here once restarted (NOTE
         [faults] in :mod:`shardloader.service.passreader`)."""
-        r = self.req
         transient = not isinstance(err, ShardloaderError) or isinstance(err, IncompleteEpochError)
         log.warning(
-            "stream %d (%s, epoch %d, rank %d/%d) failed at step %d%s: %s",
+            "stream %d %s failed at step %d%s: %s",
             self.id,
-            self.client,
-            r.epoch,
-            r.rank,
-            r.world_size,
+            self.labels(),
             step,
             " (not the data's fault: the client tries again)" if transient else "",
             err,
@@ -301,7 +280,7 @@ class Stream:
         self._put([encode_control("error", step, **fields)], True)
 
     # -- event loop -----------------------------------------------------------------------
-    async def respond(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """The ASGI response: frames as they come, pings while none do, until end or
         disconnect; the stream closes with it."""
         try:
