@@ -152,23 +152,18 @@ def serve(
     127.0.0.1 unless --host says otherwise; then --token-file is required and every request but
     /health is authenticated.
     """
+    from shardloader.service.options import ServeOptions
     from shardloader.service.pipeline import (
         declared_options,
         is_factory,
         load_pipeline,
         read_token,
     )
-    from shardloader.service.server import ServeOptions, is_loopback
     from shardloader.service.server import serve as run_server
 
     token = read_token(token_file) if token_file else None
     if port_file and not os.path.isdir(os.path.dirname(os.path.abspath(port_file))):
         raise UsageError(f"--port-file {port_file}: its folder does not exist")
-    if not is_loopback(host) and token is None:
-        raise UsageError(
-            f"--host {host} is not a loopback address: pass --token-file so every "
-            "request is authenticated"
-        )
     options = ServeOptions(
         workers=workers,
         max_inflight=max_inflight,

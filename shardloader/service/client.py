@@ -11,7 +11,6 @@ that reads a pass.
 
 from __future__ import annotations
 
-import logging
 import os
 import warnings
 from collections.abc import Iterator, Sequence
@@ -29,7 +28,6 @@ from shardloader.world import resolve_world
 
 __all__ = ["RemoteLoader", "DEFAULT_REMOTE_RETRY"]
 
-log = logging.getLogger(__name__)
 
 _STATE_VERSION = 1  # the local loader's state format (shardloader.deliver.loader)
 _PARTITIONED_VERSION = 3  # ... counted in several partitions
@@ -264,7 +262,7 @@ class RemoteLoader:
             params = self._params(epoch, position)
             return url, get_json(self._http, f"{url}/v1/info", params, self.pipeline_spec)
 
-        failover = Failover(self._endpoints, self._first(), self.retry, on_fault=self._fault)
+        failover = Failover(self)
         try:
             url, info = failover.call(ask, f"read /v1/info (epoch {epoch}) from the service at")
         finally:  # no idle connection outlives the request (nor the loader: streams never pool)
@@ -280,13 +278,6 @@ class RemoteLoader:
         if self.pipeline is None and isinstance(info.get("pipeline"), str):
             self.pipeline, self.pipeline_spec = info["pipeline"], info.get("pipeline_spec")
         return info
-
-    def _fault(self, url: str, err: BaseException) -> None:
-        log.info("%s: %s: %s; trying the next replica", url, type(err).__name__, err)
-        self.reconnects += 1
-
-    def _first(self) -> int:
-        return self._rank % len(self._endpoints)
 
 
 def _token_from_env() -> str | None:
