@@ -12,7 +12,7 @@ import dataclasses
 import hmac
 import logging
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 from shardloader.dataset import ShardedDataset
 from shardloader.errors import UsageError
@@ -36,6 +36,8 @@ _PASS_PARAMS += ("fingerprint", "seed", "plan", "partitions", "pipeline")
 
 
 class _ServiceError(Exception):
+    """An answer with an error status; its JSON body holds ``message`` and ``extra``."""
+
     def __init__(
         self,
         status: int,
@@ -44,8 +46,13 @@ class _ServiceError(Exception):
         extra: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(message)
-        self.status, self.message, self.headers = status, message, headers or {}
-        self.extra = extra or {}  # more fields of the JSON body
+        self.status, self.headers = status, headers or {}
+        self.body = {**(extra or {}), "error": message, "status": status}
+
+    def response(self) -> Any:
+        from starlette.responses import JSONResponse
+
+        return JSONResponse(self.body, status_code=self.status, headers=self.headers)
 
 
 def _params(query: Any, allowed: dict[str, bool]) -> dict[str, str]:
@@ -144,24 +151,23 @@ class Service:
             ("fingerprint", ds.manifest.fingerprint),
             ("seed", str(ds.seed)),
             ("plan", ds.plan_signature),
-            ("partitions", str(partitions)),
         ):
-            if name == "partitions" and name in params and params[name] != mine:
-                raise _ServiceError(
-                    409,
-                    f"the client's position was counted in {params[name][:20]!r} partitions, "
-                    f"but a world of {world} ranks ({per_node or 'unknown'} a node) reads in "
-                    f"{partitions} here: resume with the same world and ranks per node, or on a "
-                    "local loader (make_loader), which re-plans the rest for the new partitions",
-                )
-            if name in params and params[name] != mine:
+            if params.get(name, mine) != mine:
                 raise _ServiceError(
                     409,
                     f"the client expects {name} {params[name][:200]!r} but this server "
                     f"serves {mine!r}: client and server must read the same dataset with the "
                     "same seed and plan (check the URL list and the loader state)",
                 )
-        if "pipeline" in params and params["pipeline"] != self.pipeline:
+        if params.get("partitions", str(partitions)) != str(partitions):
+            raise _ServiceError(
+                409,
+                f"the client's position was counted in {params['partitions'][:20]!r} partitions, "
+                f"but a world of {world} ranks ({per_node or 'unknown'} a node) reads in "
+                f"{partitions} here: resume with the same world and ranks per node, or on a "
+                "local loader (make_loader), which re-plans the rest for the new partitions",
+            )
+        if params.get("pipeline", self.pipeline) != self.pipeline:
             raise _ServiceError(
                 409,
                 f"the client reads pipeline {params['pipeline'][:40]!r} but this server runs "
@@ -260,22 +266,9 @@ class _Auth:
                 self.service.check_token(Headers(scope=scope))
             except _ServiceError as err:
                 self.service.metrics.reject(err.status)
-                response = _error_response(err.status, err.message, err.headers, err.extra)
-                await response(scope, receive, send)
+                await err.response()(scope, receive, send)
                 return
         await self.app(scope, receive, send)
-
-
-def _error_response(
-    status: int,
-    message: str,
-    headers: dict[str, str] | None = None,
-    extra: dict[str, Any] | None = None,
-) -> Any:
-    from starlette.responses import JSONResponse
-
-    body = {**(extra or {}), "error": message, "status": status}
-    return JSONResponse(body, status_code=status, headers=headers)
 
 
 def create_app(
@@ -295,20 +288,17 @@ def create_app(
     service = Service(dataset, options or ServeOptions(), declared)
 
     async def on_error(request: Any, exc: Exception) -> Any:
-        extra: dict[str, Any] = {}
-        if isinstance(exc, _ServiceError):
-            status, message, headers, extra = exc.status, exc.message, exc.headers, exc.extra
-        elif isinstance(exc, HTTPException):
-            status, message, headers = exc.status_code, exc.detail, dict(exc.headers or {})
-            if status == 404:
+        if isinstance(exc, HTTPException):  # starlette's own: 404, 405
+            message = exc.detail
+            if exc.status_code == 404:
                 message = (
                     f"no such endpoint {request.url.path!r}; see /v1/info, /v1/batches, "
                     "/metrics, /health"
                 )
-        else:  # pragma: no cover - registered for the two types above only
-            raise exc
-        service.metrics.reject(status)
-        return _error_response(status, message, headers, extra)
+            exc = _ServiceError(exc.status_code, message, dict(exc.headers or {}))
+        err = cast(_ServiceError, exc)  # the two types it is registered for
+        service.metrics.reject(err.status)
+        return err.response()
 
     app = Starlette(
         routes=[

@@ -228,28 +228,24 @@ class RemoteLoader:
 
     # -- requests -------------------------------------------------------------------------
     def _params(self, epoch: int, position: int) -> dict[str, Any]:
-        params: dict[str, Any] = {
+        params = {
             "epoch": epoch,
             "rank": self._rank,
             "world_size": self._world,
             "position": position,
+            "ranks_per_node": self._per_node,
+            **self._expect,
+            "pipeline": self.pipeline,
         }
-        if self._per_node is not None:
-            params["ranks_per_node"] = self._per_node
-        params.update({k: v for k, v in self._expect.items() if v is not None})
-        if self.pipeline is not None:
-            params["pipeline"] = self.pipeline
-        return params
-
-    def _headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self._token}"} if self._token else {}
+        return {k: v for k, v in params.items() if v is not None}
 
     @property
     def _http(self) -> HttpClient:
         """This process's HTTP client for the loader's timeouts and token, from the storage
         layer's per-process cache: a pickled or forked loader makes its own."""
+        headers = {"Authorization": f"Bearer {self._token}"} if self._token else {}
         client: HttpClient = client_for(
-            "shardloader-service", {"headers": self._headers()}, self.retry, http_client
+            "shardloader-service", {"headers": headers}, self.retry, http_client
         )
         return client
 
