@@ -28,7 +28,8 @@ class _Group(click.Group):
             sys.exit(1)
 
 
-@click.group(cls=_Group)
+# every option shows its default in --help (one that has none shows nothing)
+@click.group(cls=_Group, context_settings={"show_default": True})
 # the package's own version (no installed metadata needed: a checkout on PYTHONPATH has none),
 # and one name whichever way it was started (`shardloader` or `python -m shardloader`)
 @click.version_option(__version__, prog_name="shardloader", message="%(prog)s %(version)s")

@@ -163,21 +163,18 @@ def dataset_options(*, batch_size: int | None, transform: str) -> Callable[[F], 
         click.option(
             "--shuffle/--no-shuffle",
             default=False,
-            show_default=True,
             help="Shuffle shards and samples (seeded by --seed).",
         ),
         click.option(
             "--seed",
             type=int,
             default=0,
-            show_default=True,
             help="Seed of the shuffle and of the transform's random draws.",
         ),
         click.option(
             "--transform",
             type=click.Choice(TRANSFORMS),
             default=transform,
-            show_default=True,
             help="Built-in image transform to --image-size "
             "(shardloader.vision): train (random resized crop + flip), eval (resize + "
             "centre crop), auto (train when the dataset has an image field) or none.",
@@ -186,7 +183,6 @@ def dataset_options(*, batch_size: int | None, transform: str) -> Callable[[F], 
             "--image-size",
             type=click.IntRange(min=1),
             default=224,
-            show_default=True,
             help="Output side of the image transform.",
         ),
         click.option(
