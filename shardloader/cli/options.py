@@ -215,14 +215,8 @@ def dataset_preset(flags: dict[str, Any], **extra: Any) -> DatasetPreset:
 
     f = {name: flags.pop(name) for name in DATASET_FLAGS}
     return DatasetPreset(
-        batch_size=f["batch_size"],
-        shuffle=f["shuffle"],
-        seed=f["seed"],
-        transform=f["transform"],
-        image_size=f["image_size"],
-        image_field=f["image_field"],
-        cache_dir=f["cache_dir"],
-        storage_options=storage_options(f["storage_option"]),
-        retry=retry_policy(f["retries"], f["retry_seconds"]),
+        storage_options=storage_options(f.pop("storage_option")),
+        retry=retry_policy(f.pop("retries"), f.pop("retry_seconds")),
+        **f,
         **extra,
     )

@@ -58,9 +58,7 @@ class Metrics:
         self.lock = threading.Lock()
         self.batches = 0
         self.bytes = 0
-        self.frame_hint = 0  # the largest one-batch payload a stream began with (bytes)
         self.streams = 0
-        self.streams_done = 0
         self.rejected: dict[str, int] = {}
         self.pipeline_errors = 0
         self.busy_seconds = 0.0  # producers waiting on the pipeline for a batch

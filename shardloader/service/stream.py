@@ -128,7 +128,6 @@ class Stream:
             if self.metrics.active.pop(self.id, None) is not None:
                 self.metrics.busy_seconds += self._busy
                 self.metrics.idle_seconds += self._idle
-                self.metrics.streams_done += 1
 
     # -- producer thread ------------------------------------------------------------------
     def _put(self, chunks: list[Any], last: bool, count: int = 0) -> bool:
@@ -203,12 +202,9 @@ class Stream:
     def _batches(self, batch: Any) -> bool:
         """Gather ``batch`` into a frame of ``_per_frame`` (the pass's last may be short) and
         queue the frame once full (False: the stream stopped)."""
-        r = self.req
         self._group.append(batch)
-        if len(self._group) < self._per_frame and self._step + len(self._group) < r.steps:
+        if len(self._group) < self._per_frame and self._step + len(self._group) < self.req.steps:
             return True
-        if self._step == r.start:
-            self._size_frames()
         return self._flush()
 
     def _next(self, items: Iterator[Any], serial: bool) -> Any:
@@ -223,16 +219,6 @@ class Stream:
             self._busy_since = None
             self._busy += time.monotonic() - t0
 
-    def _size_frames(self) -> None:
-        """Judge frames by the pass's first batch, which goes alone (NOTE [frames of several
-        batches]): how many batches a frame carries."""
-        one = frame_size(encode_batches(self._step, self._group))
-        with self.metrics.lock:
-            self.metrics.frame_hint = max(self.metrics.frame_hint, one)
-        self._per_frame = min(
-            max(1, BUNDLE_BYTES // max(one, 1)), MAX_BUNDLE, self.options.max_inflight
-        )
-
     def _flush(self) -> bool:
         """Queue the batches gathered so far as one frame (False: the stream stopped).
 
@@ -245,7 +231,11 @@ class Stream:
         """
         if not self._group:
             return True
-        if not self._put(encode_batches(self._step, self._group), False, len(self._group)):
+        chunks = encode_batches(self._step, self._group)
+        if self._step == self.req.start:  # the pass's first batch, alone: it sizes the frames
+            one = max(frame_size(chunks), 1)
+            self._per_frame = min(BUNDLE_BYTES // one or 1, MAX_BUNDLE, self.options.max_inflight)
+        if not self._put(chunks, False, len(self._group)):
             return False
         self._step += len(self._group)
         self._group = []

@@ -72,22 +72,9 @@ _SMALL = 64 << 10  # pieces below this are copied together: one write instead of
 TORCH_DTYPES: dict[str, torch.dtype] = {
     name: getattr(torch, name)
     for name in (
-        "bool",
-        "uint8",
-        "int8",
-        "int16",
-        "int32",
-        "int64",
-        "uint16",
-        "uint32",
-        "uint64",
-        "float16",
-        "bfloat16",
-        "float32",
-        "float64",
-        "complex64",
-        "complex128",
-    )
+        "bool uint8 int8 int16 int32 int64 uint16 uint32 uint64 float16 bfloat16 float32 float64 "
+        "complex64 complex128"
+    ).split()
     if hasattr(torch, name)
 }
 NUMPY_KINDS = frozenset("biufc")  # bool, int, uint, float, complex: plain bytes, nothing else
