@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import hmac
 import logging
 from collections.abc import Mapping
@@ -98,7 +99,8 @@ class Service:
         self.pipeline_spec = pipeline_spec(dataset, declared)
         self.pipeline = fingerprint(self.pipeline_spec)
         self._token = options.token.encode() if options.token else None
-        self._steps: dict[tuple[int, int, int, int | None], int] = {}
+        # planning a pass walks its epoch: once per pass asked for (a client asks twice)
+        self._steps_of = functools.lru_cache(maxsize=256)(functools.partial(steps_of_pass, dataset))
 
     def check_token(self, headers: Any) -> None:
         if self._token is None:
@@ -179,21 +181,14 @@ class Service:
         return Request(epoch, rank, world, position, per_node, partitions)
 
     async def _pass_steps(self, a: Request) -> int:
-        key = (a.epoch, a.position, a.world_size, a.ranks_per_node)
-        steps = self._steps.get(key)
-        if steps is None:
-            from starlette.concurrency import run_in_threadpool
+        from starlette.concurrency import run_in_threadpool
 
-            try:
-                steps = await run_in_threadpool(
-                    steps_of_pass, self.dataset, a.epoch, a.position, a.world_size, a.ranks_per_node
-                )
-            except UsageError as err:
-                raise _ServiceError(400, str(err)) from None
-            if len(self._steps) > 256:
-                self._steps.clear()
-            self._steps[key] = steps
-        return steps
+        try:
+            return await run_in_threadpool(
+                self._steps_of, a.epoch, a.position, a.world_size, a.ranks_per_node
+            )
+        except UsageError as err:
+            raise _ServiceError(400, str(err)) from None
 
     async def info(self, request: Any) -> Any:
         from starlette.responses import JSONResponse

@@ -173,9 +173,7 @@ class RemoteLoader:
             "version": _PARTITIONED_VERSION if partitions > 1 else _STATE_VERSION,
             "epoch": epoch,
             "position": position,
-            "seed": self._expect["seed"],
-            "fingerprint": self._expect["fingerprint"],
-            "plan": self._expect["plan"],
+            **self._expect,
             "partitions": partitions,
             "reshapes": [],
         }

@@ -105,26 +105,18 @@ def is_scalar(v: Any) -> bool:
 def frame_chunks(
     header: dict[str, Any], payload: list[Any], spans: list[list[int]], size: int
 ) -> list[Any]:
-    """A frame's chunks (bytes / memoryviews) to write in order: prefix, ``header`` and
-    the ``payload`` buffers at their ``spans`` (offset, nbytes), ``size`` bytes in all; small
-    pieces are copied together, large ones go out without a copy."""
+    """A frame's chunks (bytes / memoryviews) to write in order: prefix and ``header``, then
+    the ``payload`` buffers at their ``spans`` (offset, nbytes), ``size`` bytes in all, with
+    the alignment padding between them.  Nothing is copied: the response
+    (:mod:`shardloader.service.response`) joins small chunks into one write."""
     head = json.dumps(header, separators=(",", ":")).encode()
-    chunks: list[Any] = []
-    small = bytearray(_PREFIX.pack(MAGIC, len(head), size) + head)
+    chunks: list[Any] = [_PREFIX.pack(MAGIC, len(head), size) + head]
     pos = 0
     for raws, (offset, nbytes) in zip(payload, spans, strict=True):
-        small += bytes(offset - pos)  # alignment padding
-        for raw in raws if isinstance(raws, list) else (raws,):
-            if raw.nbytes >= _SMALL:
-                if small:
-                    chunks.append(bytes(small))
-                chunks.append(raw)  # large values go out without a copy
-                small = bytearray()
-            else:
-                small += raw
+        if offset > pos:
+            chunks.append(bytes(offset - pos))  # alignment padding
+        chunks += raws if isinstance(raws, list) else [raws]
         pos = offset + nbytes
-    if small:
-        chunks.append(bytes(small))
     return chunks
 
 
