@@ -20,12 +20,9 @@ class _Group(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except UsageError as err:
-            click.echo(f"error: {in_cli_terms(str(err))}", err=True)
-            sys.exit(2)
         except ShardloaderError as err:
             click.echo(f"error: {in_cli_terms(str(err))}", err=True)
-            sys.exit(1)
+            sys.exit(2 if isinstance(err, UsageError) else 1)
 
 
 # every option shows its default in --help (one that has none shows nothing)

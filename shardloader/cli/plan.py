@@ -172,14 +172,11 @@ def _labels(manifest: Any, base: Any) -> Any:
 
 def _epoch_dict(cost: Any, quality: Any, repeat: bool) -> dict[str, Any]:
     per = cost.nodes
-    shards = [n.shards for n in per]
+    shards, stored = [n.shards for n in per], [n.stored_bytes for n in per]
     out: dict[str, Any] = {
         "epoch": cost.epoch,
         "shards_per_node": {"min": min(shards), "max": max(shards)},
-        "stored_bytes_per_node": {
-            "min": min(n.stored_bytes for n in per),
-            "max": max(n.stored_bytes for n in per),
-        },
+        "stored_bytes_per_node": {"min": min(stored), "max": max(stored)},
         "gets": cost.gets,
         "cluster_bytes": cost.cluster_bytes,
         "cluster_multiple": round(cost.multiple, 4),

@@ -97,14 +97,19 @@ class Metrics:
             metric("connections_closed_total", _labelled("reason", self.connections_closed))
             metric("pipeline_errors_total", self.pipeline_errors)
             metric("pipeline_busy_seconds_total", busy)
-            metric("pipeline_busy_share", busy / (busy + idle) if busy + idle > 0 else 0.0)
+            metric("pipeline_busy_share", _share(busy, idle))
             rows = [(s.labels(), s) for s in streams]
             metric("client_lag_batches", [(lab, s.handoff.lag) for lab, s in rows])
             metric("client_next_step", [(lab, s.handoff.next_step) for lab, s in rows])
             metric("client_batches_total", [(lab, s.handoff.sent) for lab, s in rows])
             metric("client_blocked_seconds_total", [(lab, s.times()[1]) for lab, s in rows])
-            metric("client_pipeline_busy_share", [(lab, s.busy_share()) for lab, s in rows])
+            metric("client_pipeline_busy_share", [(lab, _share(*s.times())) for lab, s in rows])
         return "\n".join(out) + "\n"
+
+
+def _share(busy: float, idle: float) -> float:
+    """The share of a producer's time spent waiting on the pipeline (0 before any wait)."""
+    return busy / (busy + idle) if busy + idle > 0 else 0.0
 
 
 def _labelled(label: str, counts: dict[str, int]) -> list[tuple[dict[str, Any], float]]:

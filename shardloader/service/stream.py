@@ -117,10 +117,6 @@ class Stream:
             self._idle + (now - idle_since if idle_since is not None else 0.0),
         )
 
-    def busy_share(self) -> float:
-        busy, idle = self.times()
-        return busy / (busy + idle) if busy + idle > 0 else 0.0
-
     def close(self) -> None:
         """Stop producing (the client left or the stream ended); the thread exits on its own."""
         self.stop.set()
