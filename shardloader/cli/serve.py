@@ -142,12 +142,7 @@ def serve(
     /health is authenticated.
     """
     from shardloader.service.options import ServeOptions
-    from shardloader.service.pipeline import (
-        declared_options,
-        is_factory,
-        load_pipeline,
-        read_token,
-    )
+    from shardloader.service.pipeline import declared_options, is_factory, load_pipeline, read_token
     from shardloader.service.server import serve as run_server
 
     token = read_token(token_file) if token_file else None

@@ -207,9 +207,6 @@ class RemoteLoader:
 
     # -- iteration ------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
-        return self._iterate()
-
-    def _iterate(self) -> Iterator[Any]:
         epoch, start = self._epoch, self._start
         planned = len(self)  # also pins seed, fingerprint and plan
         self._position, self._steps_left = start, planned
