@@ -206,11 +206,7 @@ class Service:
                 "pipeline_spec": self.pipeline_spec,
                 "num_samples": ds.manifest.num_samples,
                 "batch_size": ds.batch_size,
-                "epoch": a.epoch,
-                "rank": a.rank,
-                "world_size": a.world_size,
-                "position": a.position,
-                "partitions": a.partitions,
+                **dataclasses.asdict(a),  # the pass asked for (epoch, rank, ...), as read here
                 "steps": await self._pass_steps(a),
             }
         )

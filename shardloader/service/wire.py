@@ -296,12 +296,8 @@ def encode_batches(step: int, batches: list[Any]) -> list[Any]:
     """
     enc = _Encoder()
     trees = [enc.node(b, f"batch (step {step + i})", 0) for i, b in enumerate(batches)]
-    header: dict[str, Any] = {"kind": "batch", "step": int(step)}
-    if len(trees) == 1:
-        header["tree"] = trees[0]
-    else:
-        header["trees"] = trees
-    header["buffers"] = enc.spans
+    key, value = ("tree", trees[0]) if len(trees) == 1 else ("trees", trees)
+    header = {"kind": "batch", "step": int(step), key: value, "buffers": enc.spans}
     return frame_chunks(header, enc.buffers, enc.spans, enc.size)
 
 
