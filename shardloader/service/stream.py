@@ -127,20 +127,15 @@ class Stream:
 
     # -- producer thread ------------------------------------------------------------------
     def _put(self, chunks: list[Any], last: bool, count: int = 0) -> bool:
-        """Queue a frame of ``count`` batches for the event loop once as many of the
-        ``max_inflight`` permits are free (one for a control frame); the event loop gives them
-        back once the frame is sent (False: the stream stopped)."""
-        permits = max(count, 1)
+        """Queue a frame of ``count`` batches (0: a control frame) for the event loop once its
+        permits are free (NOTE [frame hand-off]), the wait counted as idle (False: the stream
+        stopped)."""
         self._idle_since = t0 = time.monotonic()
         try:
-            if not self.handoff.reserve(permits, self.stop):
-                return False
+            return self.handoff.put(Frame(chunks, last, count), self.stop)
         finally:
             self._idle_since = None
             self._idle += time.monotonic() - t0
-        if self.stop.is_set():
-            return False
-        return self.handoff.push(Frame(chunks, last, count, permits))
 
     def _produce(self) -> None:
         """The producer thread: the pass's frames, then its end (or the error that ended it)."""
