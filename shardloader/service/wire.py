@@ -67,7 +67,7 @@ MAX_HEADER = 64 << 20  # a header this large means a broken or hostile stream
 MAX_PAYLOAD = 1 << 36
 MAX_DEPTH = 64
 KINDS = ("batch", "end", "error", "ping")
-_SMALL = 64 << 10  # pieces below this are copied together: one write instead of many
+_SMALL = 64 << 10  # smaller pieces are copied together (encode) or into a bytearray (read)
 
 TORCH_DTYPES: dict[str, torch.dtype] = {
     name: getattr(torch, name)
@@ -102,22 +102,12 @@ def is_scalar(v: Any) -> bool:
     return v is None or (isinstance(v, bool | int | float | str) and not isinstance(v, np.generic))
 
 
-def frame_chunks(
-    header: dict[str, Any], payload: list[Any], spans: list[list[int]], size: int
-) -> list[Any]:
-    """A frame's chunks (bytes / memoryviews) to write in order: prefix and ``header``, then
-    the ``payload`` buffers at their ``spans`` (offset, nbytes), ``size`` bytes in all, with
-    the alignment padding between them.  Nothing is copied: the response
+def frame_chunks(header: dict[str, Any], body: list[Any], size: int) -> list[Any]:
+    """A frame's chunks (bytes / memoryviews) to write in order: the prefix and ``header``,
+    then ``body`` (``size`` bytes of payload); the response
     (:mod:`shardloader.service.response`) joins small chunks into one write."""
     head = json.dumps(header, separators=(",", ":")).encode()
-    chunks: list[Any] = [_PREFIX.pack(MAGIC, len(head), size) + head]
-    pos = 0
-    for raws, (offset, nbytes) in zip(payload, spans, strict=True):
-        if offset > pos:
-            chunks.append(bytes(offset - pos))  # alignment padding
-        chunks += raws if isinstance(raws, list) else [raws]
-        pos = offset + nbytes
-    return chunks
+    return [_PREFIX.pack(MAGIC, len(head), size) + head, *body]
 
 
 ReadInto = Callable[[memoryview], int]
@@ -186,7 +176,8 @@ _TORCH_NAMES = {dtype: name for name, dtype in TORCH_DTYPES.items()}
 
 class _Encoder:
     def __init__(self) -> None:
-        self.buffers: list[memoryview | list[memoryview]] = []
+        self.chunks: list[Any] = []  # the payload so far: small pieces joined, large ones not
+        self.small = bytearray()  # the small pieces since the last large one
         self.spans: list[list[int]] = []
         self.size = 0
 
@@ -194,10 +185,20 @@ class _Encoder:
         """A buffer (or several, end to end: one span) of the payload; its index."""
         offset = -(-self.size // _ALIGN) * _ALIGN
         nbytes = raw.nbytes if isinstance(raw, memoryview) else sum(p.nbytes for p in raw)
-        self.buffers.append(raw)
+        self.small += bytes(offset - self.size)  # alignment padding
+        for part in raw if isinstance(raw, list) else (raw,):
+            if part.nbytes < _SMALL:
+                self.small += part
+            else:  # large values go out without a copy
+                self.chunks += [bytes(self.small), part] if self.small else [part]
+                self.small = bytearray()
         self.spans.append([offset, nbytes])
         self.size = offset + nbytes
         return len(self.spans) - 1
+
+    def body(self) -> list[Any]:
+        """The payload's chunks."""
+        return [*self.chunks, bytes(self.small)] if self.small else self.chunks
 
     def node(self, value: Any, where: str, depth: int) -> list[Any]:
         if depth > MAX_DEPTH:
@@ -298,14 +299,14 @@ def encode_batches(step: int, batches: list[Any]) -> list[Any]:
     trees = [enc.node(b, f"batch (step {step + i})", 0) for i, b in enumerate(batches)]
     key, value = ("tree", trees[0]) if len(trees) == 1 else ("trees", trees)
     header = {"kind": "batch", "step": int(step), key: value, "buffers": enc.spans}
-    return frame_chunks(header, enc.buffers, enc.spans, enc.size)
+    return frame_chunks(header, enc.body(), enc.size)
 
 
 def encode_control(kind: str, step: int, **fields: Any) -> bytes:
     """An ``end`` / ``error`` / ``ping`` frame (no payload)."""
     if kind not in KINDS or kind == "batch":
         raise UsageError(f"control frame kind {kind!r} is not one of end, error, ping")
-    return b"".join(frame_chunks({"kind": kind, "step": int(step), **fields}, [], [], 0))
+    return b"".join(frame_chunks({"kind": kind, "step": int(step), **fields}, [], 0))
 
 
 # -- frames back into batches: the receiving side ---------------------------------------------
