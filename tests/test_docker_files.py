@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from shardloader.cli import main
-from shardloader.service.server import is_loopback
+from shardloader.service.options import is_loopback
 
 try:
     import tomllib

@@ -11,8 +11,8 @@ from helpers import write_dataset
 from shardloader.cli import main
 from shardloader.errors import UsageError
 from shardloader.presets import DatasetPreset
+from shardloader.service.options import ServeOptions, is_loopback
 from shardloader.service.pipeline import load_pipeline, read_token
-from shardloader.service.server import ServeOptions, is_loopback
 
 TOKEN = "a-token-that-is-long-enough-123"
 

@@ -14,7 +14,7 @@ import time
 from shardloader.service import response, stream
 from shardloader.service.handoff import Frame, Handoff
 from shardloader.service.metrics import Metrics
-from shardloader.service.wireframes import frame_size
+from shardloader.service.wire import frame_size
 
 
 def test_permits_bound_the_frames_until_they_are_written():
@@ -23,22 +23,23 @@ def test_permits_bound_the_frames_until_they_are_written():
         metrics = Metrics()
         handoff = Handoff(loop, metrics, max_inflight=3, ping_interval=1.0, start=5)
         go_on = threading.Event()
-        assert handoff.reserve(3, go_on)
-        frame = Frame([b"header", b"payload"], False, 3, 3)
-        assert handoff.push(frame) and handoff.lag == 3
+        frame = Frame([b"header", b"payload"], False, 3)
+        assert handoff.put(frame, go_on) and handoff.lag == 3
         stop = threading.Timer(0.3, go_on.set)
         began = time.monotonic()
         stop.start()
-        assert not handoff.reserve(1, go_on)  # every permit is out: only the stop ends the wait
+        # every permit is out: only the stop ends the wait
+        assert not handoff.put(Frame([b"more"], False, 1), go_on)
         stop.join()
         assert time.monotonic() - began >= 0.25
         handoff.written(handoff.pending.popleft())
         assert (handoff.sent, handoff.next_step, handoff.lag) == (3, 8, 0)
         assert (metrics.batches, metrics.bytes) == (3, frame_size(frame.chunks))
-        assert handoff.reserve(3, threading.Event())  # all three came back
-        end = Frame([b"end"], True, 0, 1)
+        assert handoff.put(Frame([b"next"], False, 3), threading.Event())  # all three came back
+        handoff.written(handoff.pending.popleft())
+        end = Frame([b"end"], True, 0)
         handoff.written(end)  # the last frame: no batches, the step stays
-        assert (handoff.sent, handoff.next_step, metrics.batches) == (3, 8, 3)
+        assert (handoff.sent, handoff.next_step, metrics.batches) == (6, 11, 6)
     finally:
         loop.close()
 
@@ -48,11 +49,13 @@ def test_the_response_is_woken_only_while_it_sleeps():
     try:
         handoff = Handoff(loop, Metrics(), max_inflight=2, ping_interval=1.0, start=0)
         wake = handoff.wake = asyncio.Event()
-        assert handoff.push(Frame([b"a"], False, 1, 1))  # awake: no call into the loop
+        assert handoff.put(Frame([b"a"], False, 1), threading.Event())  # awake: no loop call
         loop.run_until_complete(asyncio.sleep(0.05))
         assert not wake.is_set()
         handoff.waiting = True
-        pusher = threading.Thread(target=handoff.push, args=(Frame([b"b"], False, 1, 1),))
+        pusher = threading.Thread(
+            target=handoff.put, args=(Frame([b"b"], False, 1), threading.Event())
+        )
         pusher.start()
         loop.run_until_complete(asyncio.wait_for(wake.wait(), 10))  # woken from the thread
         pusher.join()

@@ -11,7 +11,7 @@ from helpers import write_dataset
 from test_service_support import UNEVEN, Noise, digest
 
 import shardloader as sl
-from shardloader.service.server import pass_dataset, steps_of_pass
+from shardloader.service.passes import pass_dataset, steps_of_pass
 
 
 @pytest.fixture(scope="module")

@@ -357,7 +357,9 @@ class InProcessServer:
     """``serve()`` in a daemon thread of this process: cheap, for tests that need no process."""
 
     def __init__(self, dataset: Any, **options: Any) -> None:
-        from shardloader.service.server import ServeOptions, create_app, uvicorn_server
+        from shardloader.service.app import create_app
+        from shardloader.service.options import ServeOptions
+        from shardloader.service.server import uvicorn_server
 
         serve_options = ServeOptions(**options)
         self.app = create_app(dataset, serve_options)

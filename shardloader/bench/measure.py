@@ -132,19 +132,15 @@ class _TreeMemory:
         self._thread.join()
 
     def pss(self) -> int | None:
-        """Proportional set size of the tree now (shared pages split between sharers)."""
+        """Proportional set size of the tree now (shared pages split between sharers); None
+        where the system does not tell it (not Linux)."""
         total = 0
         for p in self._tree():
             try:
-                with open(f"/proc/{p.pid}/smaps_rollup", "rb") as f:
-                    for line in f:
-                        if line.startswith(b"Pss:"):
-                            total += int(line.split()[1]) * 1024
-                            break
-            except FileNotFoundError:
-                if p.pid == self._root.pid:
-                    return None  # no smaps_rollup here (not Linux >= 4.14)
-            except (OSError, ValueError):
+                total += p.memory_full_info().pss
+            except AttributeError:
+                return None
+            except self._psutil.Error:  # a worker that just exited
                 pass
         return total
 

@@ -64,33 +64,23 @@ def plot(results: Sequence[BenchResult], rec: Recommendation | None, path: str) 
 
     fig, (top, bottom) = plt.subplots(2, 1, sharex=True, figsize=(7, 6))
     try:
-        series: dict[tuple[bool, int | None], list[BenchResult]] = {}
-        for r in results:
-            series.setdefault((r.decode, r.prefetch_factor), []).append(r)
-        zero = {
-            d: [r for r in results if r.decode == d and r.num_workers == 0] for d in (True, False)
-        }
+        # one line per (decode, prefetch); num_workers=0 points (no prefetch) start each of
+        # their mode's lines, or make the mode's only line
+        lines: dict[tuple[bool, int | None], list[BenchResult]] = {}
+        for r in sorted(results, key=lambda r: r.num_workers):
+            factors: Sequence[int | None] = sorted(
+                {p.prefetch_factor or 0 for p in results if p.decode == r.decode and p.num_workers}
+            )
+            for pf in [r.prefetch_factor] if r.num_workers else factors or [None]:
+                lines.setdefault((r.decode, pf), []).append(r)
         for (decoded, pf), points in sorted(
-            series.items(), key=lambda kv: (not kv[0][0], kv[0][1] or 0)
+            lines.items(), key=lambda kv: (not kv[0][0], kv[0][1] or 0)
         ):
-            if pf is None:
-                continue  # num_workers=0 points start every prefetch line instead
-            points = sorted(zero[decoded] + points, key=lambda r: r.num_workers)
-            label = f"{'decoded' if decoded else 'raw bytes'}, prefetch {pf}"
+            label = ("decoded" if decoded else "raw bytes") + (f", prefetch {pf}" if pf else "")
             xs = [r.num_workers for r in points]
             style = "-o" if decoded else "--s"
             top.plot(xs, [r.samples_per_s for r in points], style, label=label)
             bottom.plot(xs, [r.memory_mb for r in points], style, label=label)
-        if not any(pf is not None for _, pf in series):  # only num_workers=0 measured
-            for decoded, points in zero.items():
-                if points:
-                    top.plot(
-                        [0],
-                        [points[0].samples_per_s],
-                        "o",
-                        label="decoded" if decoded else "raw bytes",
-                    )
-                    bottom.plot([0], [points[0].memory_mb], "o")
         if rec is not None:
             for ax in (top, bottom):
                 ax.axvline(rec.num_workers, color="grey", linestyle=":", label="knee")

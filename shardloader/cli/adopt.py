@@ -63,7 +63,6 @@ def merge_command(
 @click.option(
     "--max-member-size",
     default="1GiB",
-    show_default=True,
     help="Refuse a shard with a larger member (one field of one sample); 0: no limit.",
 )
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")

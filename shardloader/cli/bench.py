@@ -50,13 +50,11 @@ def _memory_limit_mb() -> float | None:
 @click.option(
     "--prefetch",
     default="2,4",
-    show_default=True,
     help="prefetch_factor values (used with num_workers > 0)",
 )
 @click.option(
     "--batches",
     default=50,
-    show_default=True,
     type=click.IntRange(min=1),
     help="batches timed per point, after the first",
 )
@@ -68,7 +66,6 @@ def _memory_limit_mb() -> float | None:
 @click.option(
     "--tolerance",
     default=DEFAULT_TOLERANCE,
-    show_default=True,
     type=click.FloatRange(0, 1, max_open=True),
     help="throughput within this fraction of the best counts as as fast",
 )

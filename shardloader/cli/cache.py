@@ -9,6 +9,7 @@ made it, or when it is a symbolic link (NOTE [a cache of one's own] in storage/p
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -135,15 +136,9 @@ def info_command(
 
 
 def _dataset_dict(d: DatasetUsage) -> dict[str, object]:
-    return {
-        "fingerprint": d.fingerprint,
-        "folder": d.folder,
-        "shards": d.shards,
-        "other_files": d.other,
-        "sources": list(d.sources),
-        "bytes": d.bytes,
-        "last_used": d.last_used,
-    }
+    out = dataclasses.asdict(d)
+    out["other_files"] = out.pop("other")
+    return out
 
 
 @cache_group.command("clear")

@@ -20,15 +20,13 @@ class _Group(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except UsageError as err:
-            click.echo(f"error: {in_cli_terms(str(err))}", err=True)
-            sys.exit(2)
         except ShardloaderError as err:
             click.echo(f"error: {in_cli_terms(str(err))}", err=True)
-            sys.exit(1)
+            sys.exit(2 if isinstance(err, UsageError) else 1)
 
 
-@click.group(cls=_Group)
+# every option shows its default in --help (one that has none shows nothing)
+@click.group(cls=_Group, context_settings={"show_default": True})
 # the package's own version (no installed metadata needed: a checkout on PYTHONPATH has none),
 # and one name whichever way it was started (`shardloader` or `python -m shardloader`)
 @click.version_option(__version__, prog_name="shardloader", message="%(prog)s %(version)s")

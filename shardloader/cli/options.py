@@ -163,21 +163,18 @@ def dataset_options(*, batch_size: int | None, transform: str) -> Callable[[F], 
         click.option(
             "--shuffle/--no-shuffle",
             default=False,
-            show_default=True,
             help="Shuffle shards and samples (seeded by --seed).",
         ),
         click.option(
             "--seed",
             type=int,
             default=0,
-            show_default=True,
             help="Seed of the shuffle and of the transform's random draws.",
         ),
         click.option(
             "--transform",
             type=click.Choice(TRANSFORMS),
             default=transform,
-            show_default=True,
             help="Built-in image transform to --image-size "
             "(shardloader.vision): train (random resized crop + flip), eval (resize + "
             "centre crop), auto (train when the dataset has an image field) or none.",
@@ -186,7 +183,6 @@ def dataset_options(*, batch_size: int | None, transform: str) -> Callable[[F], 
             "--image-size",
             type=click.IntRange(min=1),
             default=224,
-            show_default=True,
             help="Output side of the image transform.",
         ),
         click.option(
@@ -219,14 +215,8 @@ def dataset_preset(flags: dict[str, Any], **extra: Any) -> DatasetPreset:
 
     f = {name: flags.pop(name) for name in DATASET_FLAGS}
     return DatasetPreset(
-        batch_size=f["batch_size"],
-        shuffle=f["shuffle"],
-        seed=f["seed"],
-        transform=f["transform"],
-        image_size=f["image_size"],
-        image_field=f["image_field"],
-        cache_dir=f["cache_dir"],
-        storage_options=storage_options(f["storage_option"]),
-        retry=retry_policy(f["retries"], f["retry_seconds"]),
+        storage_options=storage_options(f.pop("storage_option")),
+        retry=retry_policy(f.pop("retries"), f.pop("retry_seconds")),
+        **f,
         **extra,
     )

@@ -21,26 +21,25 @@ __all__ = ["plan_command"]
 
 @main.command("plan")
 @click.argument("dataset")
-@click.option("--nodes", type=click.IntRange(min=1), default=1, show_default=True)
-@click.option("--ranks-per-node", type=click.IntRange(min=1), default=8, show_default=True)
+@click.option("--nodes", type=click.IntRange(min=1), default=1)
+@click.option("--ranks-per-node", type=click.IntRange(min=1), default=8)
 @click.option(
     "--partition",
     type=click.Choice(["node", "rank", "global"]),
     default="node",
-    show_default=True,
     help="node: a span of the shuffled shards per node (the default); rank: a span per rank; "
     "global: every node reads every shard.",
 )
-@click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True)
-@click.option("--epochs", type=click.IntRange(min=1), default=1, show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--batch-size", type=click.IntRange(min=1), default=32)
+@click.option("--epochs", type=click.IntRange(min=1), default=1)
+@click.option("--seed", type=int, default=0)
 @click.option(
     "--block",
     type=click.IntRange(min=1),
     default=None,
     help="Shuffle block in samples (default the dataset's, 65,536).",
 )
-@click.option("--uneven", type=click.Choice(["pad", "drop"]), default="pad", show_default=True)
+@click.option("--uneven", type=click.Choice(["pad", "drop"]), default="pad")
 @click.option(
     "--classes",
     is_flag=True,
@@ -53,9 +52,9 @@ __all__ = ["plan_command"]
     help="Also predict the per-step rank cost of packed rows (--seq-len, --rows a rank), "
     "with and without PackedBatches(balance='attention') (needs recorded lengths).",
 )
-@click.option("--seq-len", type=click.IntRange(min=1), default=8192, show_default=True)
-@click.option("--rows", type=click.IntRange(min=1), default=1, show_default=True)
-@click.option("--balance-c", type=click.FloatRange(min=0), default=0.0, show_default=True)
+@click.option("--seq-len", type=click.IntRange(min=1), default=8192)
+@click.option("--rows", type=click.IntRange(min=1), default=1)
+@click.option("--balance-c", type=click.FloatRange(min=0), default=0.0)
 @click.option(
     "--stage",
     "stages",
@@ -173,14 +172,11 @@ def _labels(manifest: Any, base: Any) -> Any:
 
 def _epoch_dict(cost: Any, quality: Any, repeat: bool) -> dict[str, Any]:
     per = cost.nodes
-    shards = [n.shards for n in per]
+    shards, stored = [n.shards for n in per], [n.stored_bytes for n in per]
     out: dict[str, Any] = {
         "epoch": cost.epoch,
         "shards_per_node": {"min": min(shards), "max": max(shards)},
-        "stored_bytes_per_node": {
-            "min": min(n.stored_bytes for n in per),
-            "max": max(n.stored_bytes for n in per),
-        },
+        "stored_bytes_per_node": {"min": min(stored), "max": max(stored)},
         "gets": cost.gets,
         "cluster_bytes": cost.cluster_bytes,
         "cluster_multiple": round(cost.multiple, 4),

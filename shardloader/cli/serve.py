@@ -30,14 +30,12 @@ __all__ = ["serve"]
 @click.option(
     "--host",
     default="127.0.0.1",
-    show_default=True,
     help="Address to listen on; any non-loopback address needs --token-file.",
 )
 @click.option(
     "--port",
     type=click.IntRange(0, 65535),
     default=8470,
-    show_default=True,
     help="Port to listen on; 0 picks a free one (see --port-file).",
 )
 @click.option(
@@ -53,42 +51,36 @@ __all__ = ["serve"]
     "--workers",
     type=click.IntRange(0),
     default=2,
-    show_default=True,
     help="DataLoader worker processes per stream.",
 )
 @click.option(
     "--max-inflight",
     type=click.IntRange(1),
     default=4,
-    show_default=True,
     help="Finished batches buffered per stream (backpressure).",
 )
 @click.option(
     "--max-clients",
     type=click.IntRange(1),
     default=8,
-    show_default=True,
     help="Concurrent streams; more are answered 503 with Retry-After.",
 )
 @click.option(
     "--header-timeout",
     type=click.FloatRange(min=0, min_open=True),
     default=10.0,
-    show_default=True,
     help="Seconds a new connection has to send its whole request head; then it is closed.",
 )
 @click.option(
     "--idle-timeout",
     type=click.FloatRange(min=0, min_open=True),
     default=30.0,
-    show_default=True,
     help="Seconds a connection may wait between requests.",
 )
 @click.option(
     "--write-timeout",
     type=click.FloatRange(min=0, min_open=True),
     default=30.0,
-    show_default=True,
     help="Seconds a client may read nothing of a response; then its stream (and its "
     "--max-clients slot) ends and the client resumes on a new connection.",
 )
@@ -97,14 +89,12 @@ __all__ = ["serve"]
     "--uneven",
     type=click.Choice(["pad", "drop"]),
     default="pad",
-    show_default=True,
     help="Even out the ranks' steps by repeating samples, or by dropping them.",
 )
 @click.option(
     "--decode",
     type=click.Choice(IMAGE_DECODES),
     default="tensor",
-    show_default=True,
     help="How image fields decode without a --transform.",
 )
 @click.option(
@@ -125,7 +115,6 @@ __all__ = ["serve"]
     "--log-level",
     type=click.Choice(["debug", "info", "warning", "error"]),
     default="info",
-    show_default=True,
 )
 @click.pass_context
 def serve(
@@ -152,23 +141,13 @@ def serve(
     127.0.0.1 unless --host says otherwise; then --token-file is required and every request but
     /health is authenticated.
     """
-    from shardloader.service.pipeline import (
-        declared_options,
-        is_factory,
-        load_pipeline,
-        read_token,
-    )
-    from shardloader.service.server import ServeOptions, is_loopback
+    from shardloader.service.options import ServeOptions
+    from shardloader.service.pipeline import declared_options, is_factory, load_pipeline, read_token
     from shardloader.service.server import serve as run_server
 
     token = read_token(token_file) if token_file else None
     if port_file and not os.path.isdir(os.path.dirname(os.path.abspath(port_file))):
         raise UsageError(f"--port-file {port_file}: its folder does not exist")
-    if not is_loopback(host) and token is None:
-        raise UsageError(
-            f"--host {host} is not a loopback address: pass --token-file so every "
-            "request is authenticated"
-        )
     options = ServeOptions(
         workers=workers,
         max_inflight=max_inflight,

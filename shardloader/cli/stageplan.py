@@ -15,18 +15,26 @@ from shardloader.errors import UsageError
 __all__ = ["parse_sources", "parse_stage", "stage_figures", "stage_text"]
 
 
-def parse_sources(text: str) -> dict[str, str]:
-    """``web=packed-text/,code=s3://b/code/`` as ``{name: url}``."""
+def _pairs(text: str) -> dict[str, str]:
+    """``a=x,b=y`` as ``{"a": "x", "b": "y"}``; ValueError naming the bad item."""
     out: dict[str, str] = {}
     for item in text.split(","):
-        name, eq, url = item.partition("=")
-        if not eq or not name.strip() or not url.strip() or name.strip() in out:
-            raise UsageError(
-                f"with --stage, DATASET names the mixture's sources once each as "
-                f"name=url,name=url; got {text!r} (at {item!r})"
-            )
-        out[name.strip()] = url.strip()
+        name, eq, value = (part.strip() for part in item.partition("="))
+        if not eq or not name or not value or name in out:
+            raise ValueError(item)
+        out[name] = value
     return out
+
+
+def parse_sources(text: str) -> dict[str, str]:
+    """``web=packed-text/,code=s3://b/code/`` as ``{name: url}``."""
+    try:
+        return _pairs(text)
+    except ValueError as err:
+        raise UsageError(
+            f"with --stage, DATASET names the mixture's sources once each as "
+            f"name=url,name=url; got {text!r} (at {str(err)!r})"
+        ) from None
 
 
 def parse_stage(text: str) -> tuple[int, dict[str, float]]:
@@ -35,13 +43,7 @@ def parse_stage(text: str) -> tuple[int, dict[str, float]]:
     try:
         if not colon:
             raise ValueError(text)
-        weights = {}
-        for item in rest.split(","):
-            name, eq, value = item.partition("=")
-            if not eq:
-                raise ValueError(item)
-            weights[name.strip()] = float(value)
-        return int(step), weights
+        return int(step), {name: float(value) for name, value in _pairs(rest).items()}
     except ValueError as err:
         raise UsageError(
             f"--stage {text!r} is not STEP:name=weight,name=weight (e.g. 0:web=0.9,code=0.1)"

@@ -8,11 +8,12 @@ beyond ``max_clients`` get 503 with Retry-After.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import functools
 import hmac
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from shardloader.dataset import ShardedDataset
 from shardloader.errors import UsageError
@@ -23,7 +24,7 @@ from shardloader.service.options import ServeOptions
 from shardloader.service.passes import steps_of_pass
 from shardloader.service.response import Receive, Scope, Send
 from shardloader.service.stream import Request, Stream
-from shardloader.service.wireframes import PROTOCOL
+from shardloader.service.wire import PROTOCOL
 
 __all__ = ["Service", "create_app"]
 
@@ -35,19 +36,9 @@ _PASS_PARAMS: tuple[str, ...] = ("epoch", "rank", "world_size", "position", "ran
 _PASS_PARAMS += ("fingerprint", "seed", "plan", "partitions", "pipeline")
 
 
-@dataclass(frozen=True)
-class _Asked:
-    """What a request asks for: a pass of one rank, in its world's partitions."""
-
-    epoch: int
-    rank: int
-    world: int
-    position: int
-    per_node: int | None  # ranks per node, as the client detected them (None: unknown)
-    partitions: int
-
-
 class _ServiceError(Exception):
+    """An answer with an error status; its JSON body holds ``message`` and ``extra``."""
+
     def __init__(
         self,
         status: int,
@@ -56,8 +47,13 @@ class _ServiceError(Exception):
         extra: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(message)
-        self.status, self.message, self.headers = status, message, headers or {}
-        self.extra = extra or {}  # more fields of the JSON body
+        self.status, self.headers = status, headers or {}
+        self.body = {**(extra or {}), "error": message, "status": status}
+
+    def response(self) -> Any:
+        from starlette.responses import JSONResponse
+
+        return JSONResponse(self.body, status_code=self.status, headers=self.headers)
 
 
 def _params(query: Any, allowed: dict[str, bool]) -> dict[str, str]:
@@ -103,7 +99,8 @@ class Service:
         self.pipeline_spec = pipeline_spec(dataset, declared)
         self.pipeline = fingerprint(self.pipeline_spec)
         self._token = options.token.encode() if options.token else None
-        self._steps: dict[tuple[int, int, int, int | None], int] = {}
+        # planning a pass walks its epoch: once per pass asked for (a client asks twice)
+        self._steps_of = functools.lru_cache(maxsize=256)(functools.partial(steps_of_pass, dataset))
 
     def check_token(self, headers: Any) -> None:
         if self._token is None:
@@ -134,7 +131,7 @@ class Service:
             self.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8"
         )
 
-    def _read_request(self, params: dict[str, str]) -> _Asked:
+    def _read_request(self, params: dict[str, str]) -> Request:
         epoch = _int(params, "epoch", 0)
         world = _int(params, "world_size", 1, lo=1)
         rank = _int(params, "rank", 0)
@@ -156,24 +153,23 @@ class Service:
             ("fingerprint", ds.manifest.fingerprint),
             ("seed", str(ds.seed)),
             ("plan", ds.plan_signature),
-            ("partitions", str(partitions)),
         ):
-            if name == "partitions" and name in params and params[name] != mine:
-                raise _ServiceError(
-                    409,
-                    f"the client's position was counted in {params[name][:20]!r} partitions, "
-                    f"but a world of {world} ranks ({per_node or 'unknown'} a node) reads in "
-                    f"{partitions} here: resume with the same world and ranks per node, or on a "
-                    "local loader (make_loader), which re-plans the rest for the new partitions",
-                )
-            if name in params and params[name] != mine:
+            if params.get(name, mine) != mine:
                 raise _ServiceError(
                     409,
                     f"the client expects {name} {params[name][:200]!r} but this server "
                     f"serves {mine!r}: client and server must read the same dataset with the "
                     "same seed and plan (check the URL list and the loader state)",
                 )
-        if "pipeline" in params and params["pipeline"] != self.pipeline:
+        if params.get("partitions", str(partitions)) != str(partitions):
+            raise _ServiceError(
+                409,
+                f"the client's position was counted in {params['partitions'][:20]!r} partitions, "
+                f"but a world of {world} ranks ({per_node or 'unknown'} a node) reads in "
+                f"{partitions} here: resume with the same world and ranks per node, or on a "
+                "local loader (make_loader), which re-plans the rest for the new partitions",
+            )
+        if params.get("pipeline", self.pipeline) != self.pipeline:
             raise _ServiceError(
                 409,
                 f"the client reads pipeline {params['pipeline'][:40]!r} but this server runs "
@@ -182,24 +178,17 @@ class Service:
                 "the same pipeline and options",
                 extra={"pipeline": self.pipeline, "pipeline_spec": self.pipeline_spec},
             )
-        return _Asked(epoch, rank, world, position, per_node, partitions)
+        return Request(epoch, rank, world, position, per_node, partitions)
 
-    async def _pass_steps(self, a: _Asked) -> int:
-        key = (a.epoch, a.position, a.world, a.per_node)
-        steps = self._steps.get(key)
-        if steps is None:
-            from starlette.concurrency import run_in_threadpool
+    async def _pass_steps(self, a: Request) -> int:
+        from starlette.concurrency import run_in_threadpool
 
-            try:
-                steps = await run_in_threadpool(
-                    steps_of_pass, self.dataset, a.epoch, a.position, a.world, a.per_node
-                )
-            except UsageError as err:
-                raise _ServiceError(400, str(err)) from None
-            if len(self._steps) > 256:
-                self._steps.clear()
-            self._steps[key] = steps
-        return steps
+        try:
+            return await run_in_threadpool(
+                self._steps_of, a.epoch, a.position, a.world_size, a.ranks_per_node
+            )
+        except UsageError as err:
+            raise _ServiceError(400, str(err)) from None
 
     async def info(self, request: Any) -> Any:
         from starlette.responses import JSONResponse
@@ -217,11 +206,7 @@ class Service:
                 "pipeline_spec": self.pipeline_spec,
                 "num_samples": ds.manifest.num_samples,
                 "batch_size": ds.batch_size,
-                "epoch": a.epoch,
-                "rank": a.rank,
-                "world_size": a.world,
-                "position": a.position,
-                "partitions": a.partitions,
+                **dataclasses.asdict(a),  # the pass asked for (epoch, rank, ...), as read here
                 "steps": await self._pass_steps(a),
             }
         )
@@ -233,14 +218,13 @@ class Service:
         allowed = {**dict.fromkeys((*_PASS_PARAMS, "start"), False), **required}
         params = _params(request.query_params, allowed)
         a = self._read_request(params)
-        epoch, rank, world, position = a.epoch, a.rank, a.world, a.position
         start = _int(params, "start", 0)
         steps = await self._pass_steps(a)
         if start > steps:
             raise _ServiceError(
                 400,
-                f"start={start} is past the {steps} steps rank {rank} has "
-                f"in epoch {epoch} from position {position}",
+                f"start={start} is past the {steps} steps rank {a.rank} has "
+                f"in epoch {a.epoch} from position {a.position}",
             )
         if len(self.metrics.active) >= self.options.max_clients:
             raise _ServiceError(
@@ -251,40 +235,12 @@ class Service:
             )
         client = request.client
         name = f"{client.host}:{client.port}" if client else "?"
+        req = dataclasses.replace(a, start=start, steps=steps)
         stream = Stream(
-            self.dataset,
-            Request(epoch, rank, world, position, start, steps, a.per_node),
-            self.options,
-            self.metrics,
-            name,
-            asyncio.get_running_loop(),
+            self.dataset, req, self.options, self.metrics, name, asyncio.get_running_loop()
         )
-        with self.metrics.lock:
-            self.metrics.active[stream.id] = stream
-            self.metrics.streams += 1
-        stream.start()
-        log.info(
-            "stream %d: %s epoch %d rank %d/%d position %d from step %d of %d",
-            stream.id,
-            name,
-            epoch,
-            rank,
-            world,
-            position,
-            start,
-            steps,
-        )
-        return _StreamResponse(stream)
-
-
-class _StreamResponse:
-    """An ASGI response that runs a stream (starlette calls it like any Response)."""
-
-    def __init__(self, stream: Stream) -> None:
-        self.stream = stream
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await self.stream.respond(scope, receive, send)
+        log.info("stream %d: %s %s", stream.id, name, req)
+        return stream  # an ASGI response: it writes the stream's frames
 
 
 class _Auth:
@@ -301,22 +257,9 @@ class _Auth:
                 self.service.check_token(Headers(scope=scope))
             except _ServiceError as err:
                 self.service.metrics.reject(err.status)
-                response = _error_response(err.status, err.message, err.headers, err.extra)
-                await response(scope, receive, send)
+                await err.response()(scope, receive, send)
                 return
         await self.app(scope, receive, send)
-
-
-def _error_response(
-    status: int,
-    message: str,
-    headers: dict[str, str] | None = None,
-    extra: dict[str, Any] | None = None,
-) -> Any:
-    from starlette.responses import JSONResponse
-
-    body = {**(extra or {}), "error": message, "status": status}
-    return JSONResponse(body, status_code=status, headers=headers)
 
 
 def create_app(
@@ -336,20 +279,17 @@ def create_app(
     service = Service(dataset, options or ServeOptions(), declared)
 
     async def on_error(request: Any, exc: Exception) -> Any:
-        extra: dict[str, Any] = {}
-        if isinstance(exc, _ServiceError):
-            status, message, headers, extra = exc.status, exc.message, exc.headers, exc.extra
-        elif isinstance(exc, HTTPException):
-            status, message, headers = exc.status_code, exc.detail, dict(exc.headers or {})
-            if status == 404:
+        if isinstance(exc, HTTPException):  # starlette's own: 404, 405
+            message = exc.detail
+            if exc.status_code == 404:
                 message = (
                     f"no such endpoint {request.url.path!r}; see /v1/info, /v1/batches, "
                     "/metrics, /health"
                 )
-        else:  # pragma: no cover - registered for the two types above only
-            raise exc
-        service.metrics.reject(status)
-        return _error_response(status, message, headers, extra)
+            exc = _ServiceError(exc.status_code, message, dict(exc.headers or {}))
+        err = cast(_ServiceError, exc)  # the two types it is registered for
+        service.metrics.reject(err.status)
+        return err.response()
 
     app = Starlette(
         routes=[

@@ -11,7 +11,6 @@ that reads a pass.
 
 from __future__ import annotations
 
-import logging
 import os
 import warnings
 from collections.abc import Iterator, Sequence
@@ -21,7 +20,7 @@ from shardloader.errors import ResumeError, UsageError
 from shardloader.options import World, from_old_keywords
 from shardloader.service.failover import Failover, get_json, service_url
 from shardloader.service.passreader import PassReader
-from shardloader.service.wireframes import PROTOCOL
+from shardloader.service.wire import PROTOCOL
 from shardloader.storage.clients import client_for
 from shardloader.storage.httpclient import HttpClient, http_client
 from shardloader.storage.retry import RetryPolicy
@@ -29,7 +28,6 @@ from shardloader.world import resolve_world
 
 __all__ = ["RemoteLoader", "DEFAULT_REMOTE_RETRY"]
 
-log = logging.getLogger(__name__)
 
 _STATE_VERSION = 1  # the local loader's state format (shardloader.deliver.loader)
 _PARTITIONED_VERSION = 3  # ... counted in several partitions
@@ -175,9 +173,7 @@ class RemoteLoader:
             "version": _PARTITIONED_VERSION if partitions > 1 else _STATE_VERSION,
             "epoch": epoch,
             "position": position,
-            "seed": self._expect["seed"],
-            "fingerprint": self._expect["fingerprint"],
-            "plan": self._expect["plan"],
+            **self._expect,
             "partitions": partitions,
             "reshapes": [],
         }
@@ -211,9 +207,6 @@ class RemoteLoader:
 
     # -- iteration ------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
-        return self._iterate()
-
-    def _iterate(self) -> Iterator[Any]:
         epoch, start = self._epoch, self._start
         planned = len(self)  # also pins seed, fingerprint and plan
         self._position, self._steps_left = start, planned
@@ -230,28 +223,24 @@ class RemoteLoader:
 
     # -- requests -------------------------------------------------------------------------
     def _params(self, epoch: int, position: int) -> dict[str, Any]:
-        params: dict[str, Any] = {
+        params = {
             "epoch": epoch,
             "rank": self._rank,
             "world_size": self._world,
             "position": position,
+            "ranks_per_node": self._per_node,
+            **self._expect,
+            "pipeline": self.pipeline,
         }
-        if self._per_node is not None:
-            params["ranks_per_node"] = self._per_node
-        params.update({k: v for k, v in self._expect.items() if v is not None})
-        if self.pipeline is not None:
-            params["pipeline"] = self.pipeline
-        return params
-
-    def _headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self._token}"} if self._token else {}
+        return {k: v for k, v in params.items() if v is not None}
 
     @property
     def _http(self) -> HttpClient:
         """This process's HTTP client for the loader's timeouts and token, from the storage
         layer's per-process cache: a pickled or forked loader makes its own."""
+        headers = {"Authorization": f"Bearer {self._token}"} if self._token else {}
         client: HttpClient = client_for(
-            "shardloader-service", {"headers": self._headers()}, self.retry, http_client
+            "shardloader-service", {"headers": headers}, self.retry, http_client
         )
         return client
 
@@ -264,7 +253,7 @@ class RemoteLoader:
             params = self._params(epoch, position)
             return url, get_json(self._http, f"{url}/v1/info", params, self.pipeline_spec)
 
-        failover = Failover(self._endpoints, self._first(), self.retry, on_fault=self._fault)
+        failover = Failover(self)
         try:
             url, info = failover.call(ask, f"read /v1/info (epoch {epoch}) from the service at")
         finally:  # no idle connection outlives the request (nor the loader: streams never pool)
@@ -280,13 +269,6 @@ class RemoteLoader:
         if self.pipeline is None and isinstance(info.get("pipeline"), str):
             self.pipeline, self.pipeline_spec = info["pipeline"], info.get("pipeline_spec")
         return info
-
-    def _fault(self, url: str, err: BaseException) -> None:
-        log.info("%s: %s: %s; trying the next replica", url, type(err).__name__, err)
-        self.reconnects += 1
-
-    def _first(self) -> int:
-        return self._rank % len(self._endpoints)
 
 
 def _token_from_env() -> str | None:

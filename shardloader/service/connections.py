@@ -37,6 +37,7 @@ from typing import Any
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from shardloader.service.metrics import Metrics
+from shardloader.service.options import ServeOptions
 
 __all__ = ["ConnectionRules", "guarded_protocol", "waiting_cap"]
 
@@ -45,17 +46,9 @@ class ConnectionRules:
     """The timeouts and cap of NOTE [connection rules], and the connections waiting now (one
     event loop's)."""
 
-    def __init__(
-        self,
-        header_timeout: float,
-        idle_timeout: float,
-        write_timeout: float,
-        max_waiting: int,
-        metrics: Metrics,
-    ) -> None:
-        self.header_timeout, self.idle_timeout = header_timeout, idle_timeout
-        self.write_timeout, self.max_waiting = write_timeout, max_waiting
-        self.metrics = metrics
+    def __init__(self, options: ServeOptions, metrics: Metrics) -> None:
+        self.options, self.metrics = options, metrics
+        self.max_waiting = waiting_cap()
         self.waiting: collections.OrderedDict[Any, None] = collections.OrderedDict()
 
     def wait(self, conn: Any) -> None:
@@ -94,7 +87,7 @@ class _Guarded(H11Protocol):
         self._stalled: asyncio.TimerHandle | None = None
         self._buffered = 0
         self._lost = False
-        self._wait(self.rules.header_timeout, "header_timeout")
+        self._wait(self.rules.options.header_timeout, "header_timeout")
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._lost = True
@@ -112,7 +105,7 @@ class _Guarded(H11Protocol):
 
     def on_response_complete(self) -> None:
         if not self.transport.is_closing():  # before super(): a pipelined request may follow
-            self._wait(self.rules.idle_timeout, "idle_timeout")
+            self._wait(self.rules.options.idle_timeout, "idle_timeout")
         super().on_response_complete()
 
     # -- rule 1 and 2 -------------------------------------------------------------------
@@ -139,7 +132,7 @@ class _Guarded(H11Protocol):
         super().pause_writing()
         self._buffered = self.transport.get_write_buffer_size()
         self._cancel_stalled()
-        self._stalled = self.loop.call_later(self.rules.write_timeout, self._check_writes)
+        self._stalled = self.loop.call_later(self.rules.options.write_timeout, self._check_writes)
 
     def resume_writing(self) -> None:
         self._cancel_stalled()
@@ -152,7 +145,7 @@ class _Guarded(H11Protocol):
             self.drop("write_timeout")
             return
         self._buffered = now
-        self._stalled = self.loop.call_later(self.rules.write_timeout, self._check_writes)
+        self._stalled = self.loop.call_later(self.rules.options.write_timeout, self._check_writes)
 
     def _cancel_stalled(self) -> None:
         if self._stalled is not None:
@@ -160,6 +153,7 @@ class _Guarded(H11Protocol):
             self._stalled = None
 
 
-def guarded_protocol(rules: ConnectionRules) -> type[H11Protocol]:
+def guarded_protocol(options: ServeOptions, metrics: Metrics) -> type[H11Protocol]:
     """The protocol class to give ``uvicorn.Config(http=...)`` for one server."""
+    rules = ConnectionRules(options, metrics)
     return type("GuardedH11Protocol", (_Guarded,), {"rules": rules})

@@ -14,7 +14,7 @@ import random
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlencode, urlsplit
 
 from shardloader import errors
@@ -29,6 +29,9 @@ from shardloader.service.fingerprint import differences
 from shardloader.storage.classify import describe
 from shardloader.storage.httpclient import HttpClient
 from shardloader.storage.retry import RetryPolicy, call_with_retries
+
+if TYPE_CHECKING:
+    from shardloader.service.client import RemoteLoader
 
 __all__ = ["Failover", "check_status", "get_json", "remote_error", "service_url"]
 
@@ -63,35 +66,30 @@ def service_url(url: str) -> str:
 
 
 class Failover:
-    """The service client's one retry loop: ``attempt(url)`` on the replicas round-robin,
-    from ``first``, under a :class:`~shardloader.storage.retry.RetryPolicy` (through
+    """The service client's one retry loop: ``attempt(url)`` on ``loader``'s replicas
+    round-robin, from the rank's own, under the loader's
+    :class:`~shardloader.storage.retry.RetryPolicy` (through
     :func:`~shardloader.storage.retry.call_with_retries`, the storage calls' loop).
 
-    Each fault moves to the next replica.  A 503 with Retry-After is not an attempt: once
-    every replica has said busy, it waits what the last one asked (a little more, spread so
-    that turned-away clients do not return at once), within the policy's time budget.
-    ``stop`` ends waits and attempts with :class:`_LoopStopped`; ``on_fault(endpoint, err)`` is
-    told of each fault.
+    Each fault moves to the next replica (logged, and counted in ``loader.reconnects``).  A 503
+    with Retry-After is not an attempt: once every replica has said busy, it waits what the
+    last one asked (a little more, spread so that turned-away clients do not return at once),
+    within the policy's time budget.  ``stop`` ends waits and attempts with
+    :class:`_LoopStopped`.
     """
 
-    def __init__(
-        self,
-        endpoints: list[str],
-        first: int,
-        policy: RetryPolicy,
-        stop: threading.Event | None = None,
-        on_fault: Callable[[str, BaseException], None] | None = None,
-    ) -> None:
-        self.endpoints, self.index, self.policy = endpoints, first, policy
+    def __init__(self, loader: RemoteLoader, stop: threading.Event | None = None) -> None:
+        self.loader, self.endpoints = loader, loader.urls
+        self.index = loader.rank % len(self.endpoints)
+        self.policy: RetryPolicy = loader.retry
         self.stop = stop or threading.Event()
-        self.on_fault = on_fault
         self._rng = random.Random()  # spreads waits in time only: never touches the data order
 
     def advance(self, endpoint: str, err: BaseException) -> None:
         """A fault on ``endpoint``: the next attempt goes to the next replica."""
         self.index = (self.index + 1) % len(self.endpoints)
-        if self.on_fault is not None:
-            self.on_fault(endpoint, err)
+        log.info("%s: %s: %s; trying the next replica", endpoint, type(err).__name__, err)
+        self.loader.reconnects += 1
 
     def call(self, attempt: Callable[[str], T], what: str) -> T:
         """``attempt``'s result; :class:`StorageError` once the policy's attempts or seconds

@@ -25,6 +25,9 @@ import types
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
+import torch
+
 __all__ = ["describe", "differences", "fingerprint", "pipeline_spec"]
 
 _DEPTH = 8  # pipeline objects nest (Compose of crops of ...); deeper values are named by type
@@ -156,22 +159,12 @@ def _name(obj: Any) -> str:
 
 def _array(value: Any) -> dict[str, Any] | None:
     """A tensor or ndarray by dtype, shape and content hash (None: neither)."""
-    module = type(value).__module__.split(".")[0]
-    if module not in ("torch", "numpy"):
-        return None
     try:
-        import numpy as np
-
-        if module == "torch":
-            import torch
-
-            if not isinstance(value, torch.Tensor):
-                return None
+        if isinstance(value, torch.Tensor):
             data = value.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
             dtype, shape = str(value.dtype), list(value.shape)
         elif isinstance(value, np.ndarray):
-            data = np.ascontiguousarray(value)
-            dtype, shape = value.dtype.str, list(value.shape)
+            data, dtype, shape = np.ascontiguousarray(value), value.dtype.str, list(value.shape)
         else:
             return None
     except (RuntimeError, TypeError, ValueError):  # an array that cannot be read as bytes

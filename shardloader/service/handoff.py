@@ -1,7 +1,7 @@
 """What one stream's producer thread and the event loop share: the frames the producer has ready,
 the ``max_inflight`` permits that bound them, and how far the client has been sent.
 
-The producer (:class:`shardloader.service.stream.Stream`) reserves permits and pushes frames;
+The producer (:class:`shardloader.service.stream.Stream`) puts frames as permits allow;
 the response (:mod:`shardloader.service.response`) takes them, writes them and gives the
 permits back.  Neither reads the other's state: this object is all they share.
 
@@ -21,20 +21,24 @@ from dataclasses import dataclass
 from typing import Any
 
 from shardloader.service.metrics import Metrics
-from shardloader.service.wireframes import frame_size
+from shardloader.service.wire import frame_size
 
 __all__ = ["Frame", "Handoff"]
 
 
 @dataclass(frozen=True)
 class Frame:
-    """One frame's chunks; ``count`` batches (0: a control frame), ``permits`` of
-    ``max_inflight`` held until it is written; after a ``last`` one the response ends."""
+    """One frame's chunks and its ``count`` batches (0: a control frame); it holds as many of
+    the ``max_inflight`` permits (a control frame one) until it is written; after a ``last``
+    one the response ends."""
 
     chunks: list[Any]
     last: bool
     count: int
-    permits: int
+
+    @property
+    def permits(self) -> int:
+        return max(self.count, 1)
 
 
 class Handoff:
@@ -63,18 +67,16 @@ class Handoff:
         return max(self.produced - self.sent, 0)
 
     # -- producer thread ------------------------------------------------------------------
-    def reserve(self, permits: int, stop: threading.Event) -> bool:
-        """Wait until ``permits`` of the ``max_inflight`` are free and take them (False: ``stop``
-        was set while waiting)."""
-        for _ in range(permits):
+    def put(self, frame: Frame, stop: threading.Event) -> bool:
+        """Queue ``frame`` once its permits are free, and wake the response if it sleeps
+        (False: ``stop`` was set while waiting, or the event loop is gone: the server is
+        shutting down)."""
+        for _ in range(frame.permits):
             while not self.slots.acquire(timeout=0.2):
                 if stop.is_set():
                     return False
-        return True
-
-    def push(self, frame: Frame) -> bool:
-        """Queue ``frame`` (its permits reserved) and wake the response if it sleeps (False:
-        the event loop is gone, the server is shutting down)."""
+        if stop.is_set():
+            return False
         self.pending.append(frame)
         if self.waiting:  # NOTE [frame hand-off]: wake the response only when it sleeps
             try:

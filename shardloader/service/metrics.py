@@ -3,28 +3,51 @@
 from __future__ import annotations
 
 import threading
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["Metrics", "StreamStats"]
+if TYPE_CHECKING:
+    from shardloader.service.stream import Stream
 
+__all__ = ["Metrics"]
 
-class StreamStats(Protocol):
-    """What ``/metrics`` reads of an open stream (:class:`shardloader.service.stream.Stream`)."""
-
-    @property
-    def sent(self) -> int: ...
-
-    @property
-    def next_step(self) -> int: ...
-
-    @property
-    def lag(self) -> int: ...
-
-    def labels(self) -> dict[str, Any]: ...
-
-    def times(self) -> tuple[float, float]: ...
-
-    def busy_share(self) -> float: ...
+# name (after "shardloader_") -> (kind, help)
+_HELP = {
+    "batches_served_total": ("counter", "Batches sent to clients."),
+    "bytes_served_total": ("counter", "Frame bytes sent to clients."),
+    "streams_total": ("counter", "Batch streams accepted."),
+    "streams_active": ("gauge", "Batch streams open now."),
+    "requests_rejected_total": ("counter", "Requests answered with an error status."),
+    "connections_closed_total": (
+        "counter",
+        "Connections the server aborted: no request head in time (header_timeout, idle_timeout), "
+        "pushed out by newer ones waiting (evicted), or a client that took nothing of a "
+        "response (write_timeout).",
+    ),
+    "pipeline_errors_total": ("counter", "Streams ended by an error in the pipeline."),
+    "pipeline_busy_seconds_total": (
+        "counter",
+        "Producer time spent waiting for the pipeline to finish a batch.",
+    ),
+    "pipeline_busy_share": (
+        "gauge",
+        "Share of producer time the pipeline was the bottleneck (1: clients wait on the "
+        "pipeline; 0: the pipeline waits on clients).",
+    ),
+    "client_lag_batches": (
+        "gauge",
+        "Batches ready on the server that the client has not taken yet.",
+    ),
+    "client_next_step": ("gauge", "Next step the stream will send."),
+    "client_batches_total": ("counter", "Batches sent on this stream."),
+    "client_blocked_seconds_total": (
+        "counter",
+        "Producer time blocked because this client did not take batches.",
+    ),
+    "client_pipeline_busy_share": (
+        "gauge",
+        "Share of this stream's producer time spent waiting for the pipeline.",
+    ),
+}
 
 
 class Metrics:
@@ -35,14 +58,12 @@ class Metrics:
         self.lock = threading.Lock()
         self.batches = 0
         self.bytes = 0
-        self.frame_hint = 0  # the largest one-batch payload a stream began with (bytes)
         self.streams = 0
-        self.streams_done = 0
         self.rejected: dict[str, int] = {}
         self.pipeline_errors = 0
         self.busy_seconds = 0.0  # producers waiting on the pipeline for a batch
         self.idle_seconds = 0.0  # producers blocked because their client had not taken batches
-        self.active: dict[int, StreamStats] = {}
+        self.active: dict[int, Stream] = {}
         # connections aborted by NOTE [connection rules], by reason (the event loop writes)
         self.connections_closed: dict[str, int] = {}
 
@@ -53,12 +74,11 @@ class Metrics:
     def render(self) -> str:
         out: list[str] = []
 
-        def metric(
-            name: str, kind: str, help_: str, rows: list[tuple[dict[str, Any], float]]
-        ) -> None:
-            out.append(f"# HELP {name} {help_}")
-            out.append(f"# TYPE {name} {kind}")
-            for labels, value in rows:
+        def metric(name: str, rows: float | list[tuple[dict[str, Any], float]]) -> None:
+            kind, help_ = _HELP[name]
+            name = f"shardloader_{name}"
+            out.extend((f"# HELP {name} {help_}", f"# TYPE {name} {kind}"))
+            for labels, value in rows if isinstance(rows, list) else [({}, rows)]:
                 text = ",".join(f'{k}="{_escape(str(v))}"' for k, v in labels.items())
                 labelled = f"{name}{{{text}}}" if text else name
                 out.append(f"{labelled} {_number(value)}")
@@ -69,95 +89,31 @@ class Metrics:
             for s in streams:
                 b, i = s.times()
                 busy, idle = busy + b, idle + i
-            metric(
-                "shardloader_batches_served_total",
-                "counter",
-                "Batches sent to clients.",
-                [({}, self.batches)],
-            )
-            metric(
-                "shardloader_bytes_served_total",
-                "counter",
-                "Frame bytes sent to clients.",
-                [({}, self.bytes)],
-            )
-            metric(
-                "shardloader_streams_total",
-                "counter",
-                "Batch streams accepted.",
-                [({}, self.streams)],
-            )
-            metric(
-                "shardloader_streams_active",
-                "gauge",
-                "Batch streams open now.",
-                [({}, len(streams))],
-            )
-            metric(
-                "shardloader_requests_rejected_total",
-                "counter",
-                "Requests answered with an error status.",
-                [({"status": k}, v) for k, v in sorted(self.rejected.items())],
-            )
-            metric(
-                "shardloader_connections_closed_total",
-                "counter",
-                "Connections the server aborted: no request head in time (header_timeout, "
-                "idle_timeout), pushed out by newer ones waiting (evicted), or a client that "
-                "took nothing of a response (write_timeout).",
-                [({"reason": k}, v) for k, v in sorted(self.connections_closed.items())],
-            )
-            metric(
-                "shardloader_pipeline_errors_total",
-                "counter",
-                "Streams ended by an error in the pipeline.",
-                [({}, self.pipeline_errors)],
-            )
-            metric(
-                "shardloader_pipeline_busy_seconds_total",
-                "counter",
-                "Producer time spent waiting for the pipeline to finish a batch.",
-                [({}, busy)],
-            )
-            metric(
-                "shardloader_pipeline_busy_share",
-                "gauge",
-                "Share of producer time the pipeline was the bottleneck (1: clients wait on "
-                "the pipeline; 0: the pipeline waits on clients).",
-                [({}, busy / (busy + idle) if busy + idle > 0 else 0.0)],
-            )
+            metric("batches_served_total", self.batches)
+            metric("bytes_served_total", self.bytes)
+            metric("streams_total", self.streams)
+            metric("streams_active", len(streams))
+            metric("requests_rejected_total", _labelled("status", self.rejected))
+            metric("connections_closed_total", _labelled("reason", self.connections_closed))
+            metric("pipeline_errors_total", self.pipeline_errors)
+            metric("pipeline_busy_seconds_total", busy)
+            metric("pipeline_busy_share", _share(busy, idle))
             rows = [(s.labels(), s) for s in streams]
-            metric(
-                "shardloader_client_lag_batches",
-                "gauge",
-                "Batches ready on the server that the client has not taken yet.",
-                [(lab, s.lag) for lab, s in rows],
-            )
-            metric(
-                "shardloader_client_next_step",
-                "gauge",
-                "Next step the stream will send.",
-                [(lab, s.next_step) for lab, s in rows],
-            )
-            metric(
-                "shardloader_client_batches_total",
-                "counter",
-                "Batches sent on this stream.",
-                [(lab, s.sent) for lab, s in rows],
-            )
-            metric(
-                "shardloader_client_blocked_seconds_total",
-                "counter",
-                "Producer time blocked because this client did not take batches.",
-                [(lab, s.times()[1]) for lab, s in rows],
-            )
-            metric(
-                "shardloader_client_pipeline_busy_share",
-                "gauge",
-                "Share of this stream's producer time spent waiting for the pipeline.",
-                [(lab, s.busy_share()) for lab, s in rows],
-            )
+            metric("client_lag_batches", [(lab, s.handoff.lag) for lab, s in rows])
+            metric("client_next_step", [(lab, s.handoff.next_step) for lab, s in rows])
+            metric("client_batches_total", [(lab, s.handoff.sent) for lab, s in rows])
+            metric("client_blocked_seconds_total", [(lab, s.times()[1]) for lab, s in rows])
+            metric("client_pipeline_busy_share", [(lab, _share(*s.times())) for lab, s in rows])
         return "\n".join(out) + "\n"
+
+
+def _share(busy: float, idle: float) -> float:
+    """The share of a producer's time spent waiting on the pipeline (0 before any wait)."""
+    return busy / (busy + idle) if busy + idle > 0 else 0.0
+
+
+def _labelled(label: str, counts: dict[str, int]) -> list[tuple[dict[str, Any], float]]:
+    return [({label: k}, v) for k, v in sorted(counts.items())]
 
 
 def _escape(value: str) -> str:

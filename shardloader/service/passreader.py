@@ -27,9 +27,9 @@ pipeline's own ShardloaderError, which every replica would raise) raise at once.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import http.client
-import logging
 import queue
 import threading
 from collections.abc import Iterator
@@ -39,8 +39,7 @@ from urllib.parse import urlencode
 from shardloader import errors
 from shardloader.errors import ShardloaderError
 from shardloader.service.failover import Failover, _LoopStopped, check_status, remote_error
-from shardloader.service.wiredecode import decode_batches
-from shardloader.service.wireframes import read_frame
+from shardloader.service.wire import decode_batches, read_frame
 from shardloader.storage.retry import TruncatedBodyError
 
 if TYPE_CHECKING:
@@ -48,7 +47,6 @@ if TYPE_CHECKING:
 
 __all__ = ["PassReader"]
 
-log = logging.getLogger(__name__)
 
 _END = object()
 
@@ -66,6 +64,7 @@ class PassReader:
         self.loader, self.epoch, self.position = loader, epoch, position
         self.q: queue.Queue[Any] = queue.Queue(maxsize=loader.prefetch)
         self.received = 0  # steps of the pass received (the reader thread's own)
+        self.place = f"rank {loader.rank}/{loader.world_size}"
         self.stop = threading.Event()
         self._body: Any = None  # the stream being read, for close() to abort
         self._thread = threading.Thread(
@@ -95,51 +94,31 @@ class PassReader:
 
     def _put(self, item: Any) -> bool:
         while not self.stop.is_set():
-            try:
+            with contextlib.suppress(queue.Full):
                 self.q.put(item, timeout=0.2)
                 return True
-            except queue.Full:
-                continue
         return False
 
     def _run(self) -> None:
-        try:
-            self._read_pass()
-        except BaseException as err:  # a bug must reach the loop, not hang it
-            self._put(err)
-
-    def _read_pass(self) -> None:
-        loader = self.loader
-        endpoints = loader._endpoints
-        failover = Failover(endpoints, loader._first(), loader.retry, self.stop, self._fault)
-        place = f"rank {loader.rank}/{loader.world_size}"
+        failover = Failover(self.loader, self.stop)
         try:
             # each call: the attempts until one delivers a batch (NOTE [faults])
             while not failover.call(
                 functools.partial(self._stream, failover),
-                f"read epoch {self.epoch} step {self.received} ({place}) from the service at",
+                f"read epoch {self.epoch} step {self.received} ({self.place}) from the service at",
             ):
                 pass
+            self._put(_END)
         except _LoopStopped:
-            return
-        self._put(_END)
-
-    def _fault(self, endpoint: str, err: BaseException) -> None:
-        log.info(
-            "stream from %s broke at step %d (%s: %s); trying the next replica",
-            endpoint,
-            self.received,
-            type(err).__name__,
-            err,
-        )
-        self.loader.reconnects += 1
+            pass
+        except BaseException as err:  # a bug must reach the loop, not hang it
+            self._put(err)
 
     def _stream(self, failover: Failover, endpoint: str) -> bool:
         """Read the pass from ``endpoint`` at the first step not received: True at its end,
         False when it broke after delivering batches (the next call starts a fresh budget);
         a fault before any batch raises, as the retry loop wants it."""
-        loader = self.loader
-        place = f"rank {loader.rank}/{loader.world_size}"
+        place = self.place
         begun = self.received
         try:
             for frame in self._frames(endpoint, self.received):

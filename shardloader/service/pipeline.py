@@ -79,20 +79,18 @@ def load_pipeline(pipeline: str, preset: DatasetPreset | None = None) -> Sharded
             f"PIPELINE {pipeline} is a factory that configures its own dataset; "
             "dataset options apply to a dataset path"
         )
-    import importlib
+    import pkgutil
 
     module_name, _, attr = pipeline.partition(":")
     try:
-        target: Any = importlib.import_module(module_name)
+        target: Any = pkgutil.resolve_name(pipeline)
     except ImportError as err:
         raise UsageError(
             f"PIPELINE {pipeline}: cannot import {module_name} ({err}); is it "
             "installed or on PYTHONPATH on this machine?"
         ) from err
-    for part in attr.split("."):
-        if not hasattr(target, part):
-            raise UsageError(f"PIPELINE {pipeline}: {module_name} has no {attr!r}")
-        target = getattr(target, part)
+    except AttributeError as err:
+        raise UsageError(f"PIPELINE {pipeline}: {module_name} has no {attr!r} ({err})") from err
     dataset = target
     if callable(target) and not isinstance(target, ShardedDataset):
         import inspect

@@ -11,8 +11,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 from shardloader.service.handoff import Handoff
-from shardloader.service.wireencode import encode_control
-from shardloader.service.wireframes import PROTOCOL
+from shardloader.service.wire import PROTOCOL, encode_control
 
 __all__ = ["Receive", "Scope", "Send", "stream_response"]
 
@@ -25,6 +24,10 @@ async def stream_response(handoff: Handoff, scope: Scope, receive: Receive, send
     """The ASGI response of a stream: the frames ``handoff`` gets as they come, pings while none
     do, until the last frame or a disconnect."""
     left = asyncio.ensure_future(_disconnected(receive))
+
+    async def body(data: Any) -> None:
+        await send({"type": "http.response.body", "body": data, "more_body": True})
+
     try:
         await send(
             {
@@ -53,13 +56,7 @@ async def stream_response(handoff: Handoff, scope: Scope, receive: Receive, send
                     if left in done:
                         return
                     if not done and not handoff.pending:
-                        await send(
-                            {
-                                "type": "http.response.body",
-                                "more_body": True,
-                                "body": encode_control("ping", handoff.next_step),
-                            }
-                        )
+                        await body(encode_control("ping", handoff.next_step))
                 handoff.waiting = False
                 wake.clear()
                 continue
@@ -73,19 +70,13 @@ async def stream_response(handoff: Handoff, scope: Scope, receive: Receive, send
                         small += chunk
                         continue
                     if small:
-                        await send(
-                            {
-                                "type": "http.response.body",
-                                "body": bytes(small),
-                                "more_body": True,
-                            }
-                        )
+                        await body(bytes(small))
                         small = bytearray()
                     for piece in _pieces(chunk):
-                        await send({"type": "http.response.body", "body": piece, "more_body": True})
+                        await body(piece)
                 handoff.written(frame)
             if small:
-                await send({"type": "http.response.body", "body": bytes(small), "more_body": True})
+                await body(bytes(small))
             if last:
                 break
         await send({"type": "http.response.body", "body": b"", "more_body": False})
@@ -106,11 +97,7 @@ def _pieces(chunk: Any) -> Iterator[Any]:
     buffer are mostly taken at once and stay below the allocator's mmap threshold, which on
     9.6 MB image batches halves the server's CPU per batch.
     """
-    view = memoryview(chunk)
-    if view.nbytes <= _PIECE:
-        yield chunk
-        return
-    view = view.cast("B")
+    view = memoryview(chunk).cast("B")
     for start in range(0, view.nbytes, _PIECE):
         yield view[start : start + _PIECE]
 

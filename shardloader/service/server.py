@@ -10,7 +10,6 @@ with Retry-After.  Counters: :mod:`shardloader.service.metrics`.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -18,20 +17,9 @@ from shardloader.dataset import ShardedDataset
 from shardloader.errors import UsageError
 from shardloader.service.app import create_app
 from shardloader.service.options import ServeOptions, is_loopback
-from shardloader.service.passes import pass_dataset, steps_of_pass, warm_up
+from shardloader.service.passes import warm_up
 
-log = logging.getLogger(__name__)
-
-__all__ = [
-    "ServeOptions",
-    "create_app",
-    "is_loopback",
-    "pass_dataset",
-    "serve",
-    "steps_of_pass",
-    "uvicorn_server",
-    "warm_up",
-]
+__all__ = ["serve", "uvicorn_server"]
 
 
 def serve(
@@ -84,21 +72,14 @@ def uvicorn_server(app: Any, options: ServeOptions, log_level: str = "warning") 
     connections that have sent no request."""
     import uvicorn
 
-    from shardloader.service.connections import ConnectionRules, guarded_protocol, waiting_cap
+    from shardloader.service.connections import guarded_protocol
 
-    rules = ConnectionRules(
-        options.header_timeout,
-        options.idle_timeout,
-        options.write_timeout,
-        waiting_cap(),
-        app.state.service.metrics,
-    )
     config = uvicorn.Config(
         app,
         log_level=log_level,
         access_log=False,
         lifespan="off",
-        http=guarded_protocol(rules),
+        http=guarded_protocol(options, app.state.service.metrics),
         loop="asyncio",
         timeout_graceful_shutdown=3,
         timeout_keep_alive=int(options.idle_timeout) + 1,  # ours (rule 1) comes first

@@ -35,33 +35,35 @@ from shardloader.service.metrics import Metrics
 from shardloader.service.options import ServeOptions
 from shardloader.service.passes import SERIAL_PIPELINE, needs_serial_pipeline, pass_dataset
 from shardloader.service.response import Receive, Scope, Send, stream_response
-from shardloader.service.wireencode import encode_batches, encode_control
-from shardloader.service.wireframes import frame_size
+from shardloader.service.wire import encode_batches, encode_control, frame_size
 
 __all__ = ["Request", "Stream"]
 
 log = logging.getLogger(__name__)
 
 
-# -- one stream: producer thread → bounded slots → event loop ---------------------------------
-
-
 @dataclass(frozen=True)
 class Request:
+    """What a request asks for: rank ``rank``'s steps ``start..steps`` of the pass of ``epoch``
+    after ``position`` global batches, in its world's ``partitions``."""
+
     epoch: int
     rank: int
     world_size: int
     position: int
-    start: int
-    steps: int
-    ranks_per_node: int | None = None  # as the client detected them (NOTE [node partitions])
+    ranks_per_node: int | None  # as the client detected them (NOTE [node partitions])
+    partitions: int
+    start: int = 0
+    steps: int = 0
 
 
 _END = object()  # what ``_next`` returns once the pipeline has no more items
 
 
 class Stream:
-    """One client's batch stream: a producer thread and the frames it hands to the event loop."""
+    """One client's batch stream: a producer thread and the frames it hands to the event loop;
+    an ASGI response (starlette calls it like any Response) that writes them.  It counts as
+    active in ``metrics`` and produces from its creation until it is closed."""
 
     _ids = itertools.count(1)
 
@@ -89,9 +91,12 @@ class Stream:
         self._busy = self._idle = 0.0
         self._busy_since: float | None = None  # the producer waits on the pipeline
         self._idle_since: float | None = None  # the producer waits on the client
-        self._thread = threading.Thread(
+        with metrics.lock:
+            metrics.active[self.id] = self
+            metrics.streams += 1
+        threading.Thread(
             target=self._produce, name=f"shardloader-stream-{self.id}", daemon=True
-        )
+        ).start()
 
     def labels(self) -> dict[str, Any]:
         r = self.req
@@ -103,21 +108,6 @@ class Stream:
             "world_size": r.world_size,
         }
 
-    @property
-    def lag(self) -> int:
-        """Batches ready here that the client has not taken (at most ``max_inflight``)."""
-        return self.handoff.lag
-
-    @property
-    def sent(self) -> int:
-        """Batch frames written to the client."""
-        return self.handoff.sent
-
-    @property
-    def next_step(self) -> int:
-        """The first step the client has not been sent."""
-        return self.handoff.next_step
-
     def times(self) -> tuple[float, float]:
         """(seconds waiting on the pipeline, seconds waiting on the client), ongoing waits in."""
         now = time.monotonic()
@@ -127,13 +117,6 @@ class Stream:
             self._idle + (now - idle_since if idle_since is not None else 0.0),
         )
 
-    def busy_share(self) -> float:
-        busy, idle = self.times()
-        return busy / (busy + idle) if busy + idle > 0 else 0.0
-
-    def start(self) -> None:
-        self._thread.start()
-
     def close(self) -> None:
         """Stop producing (the client left or the stream ended); the thread exits on its own."""
         self.stop.set()
@@ -141,23 +124,18 @@ class Stream:
             if self.metrics.active.pop(self.id, None) is not None:
                 self.metrics.busy_seconds += self._busy
                 self.metrics.idle_seconds += self._idle
-                self.metrics.streams_done += 1
 
     # -- producer thread ------------------------------------------------------------------
-    def _put(self, chunks: list[Any], last: bool, count: int = 0, permits: int = 1) -> bool:
-        """Queue a frame for the event loop once ``permits`` of the ``max_inflight`` are free
-        (a frame of ``count`` batches takes as many); the event loop gives them back once the
-        frame is sent (False: the stream stopped)."""
+    def _put(self, chunks: list[Any], last: bool, count: int = 0) -> bool:
+        """Queue a frame of ``count`` batches (0: a control frame) for the event loop once its
+        permits are free (NOTE [frame hand-off]), the wait counted as idle (False: the stream
+        stopped)."""
         self._idle_since = t0 = time.monotonic()
         try:
-            if not self.handoff.reserve(permits, self.stop):
-                return False
+            return self.handoff.put(Frame(chunks, last, count), self.stop)
         finally:
             self._idle_since = None
             self._idle += time.monotonic() - t0
-        if self.stop.is_set():
-            return False
-        return self.handoff.push(Frame(chunks, last, count, permits))
 
     def _produce(self) -> None:
         """The producer thread: the pass's frames, then its end (or the error that ended it)."""
@@ -215,12 +193,9 @@ class Stream:
     def _batches(self, batch: Any) -> bool:
         """Gather ``batch`` into a frame of ``_per_frame`` (the pass's last may be short) and
         queue the frame once full (False: the stream stopped)."""
-        r = self.req
         self._group.append(batch)
-        if len(self._group) < self._per_frame and self._step + len(self._group) < r.steps:
+        if len(self._group) < self._per_frame and self._step + len(self._group) < self.req.steps:
             return True
-        if self._step == r.start:
-            self._size_frames()
         return self._flush()
 
     def _next(self, items: Iterator[Any], serial: bool) -> Any:
@@ -235,29 +210,8 @@ class Stream:
             self._busy_since = None
             self._busy += time.monotonic() - t0
 
-    def _size_frames(self) -> None:
-        """Judge frames by the pass's first batch, which goes alone (NOTE [frames of several
-        batches]): how many batches a frame carries."""
-        one = frame_size(encode_batches(self._step, self._group))
-        with self.metrics.lock:
-            self.metrics.frame_hint = max(self.metrics.frame_hint, one)
-        self._per_frame = min(
-            max(1, BUNDLE_BYTES // max(one, 1)), MAX_BUNDLE, self.options.max_inflight
-        )
-
     def _flush(self) -> bool:
-        """Queue the batches gathered so far as one frame (False: the stream stopped)."""
-        if not self._group:
-            return True
-        if not self._send(self._step, self._group):
-            return False
-        self._step += len(self._group)
-        self._group = []
-        return True
-
-    def _send(self, step: int, group: list[Any]) -> bool:
-        """Encode ``group`` (steps ``step..``) as one frame and queue it (False: the stream
-        stopped).
+        """Queue the batches gathered so far as one frame (False: the stream stopped).
 
         NOTE [frames of several batches]: a frame carries consecutive batches, as many as
         fill about :data:`~shardloader.deliver.transport.BUNDLE_BYTES` (judged by the stream's first
@@ -266,8 +220,17 @@ class Stream:
         of microseconds, more than a token batch takes to make.  The client
         counts every batch of a frame as a step, so resuming works as with one per frame.
         """
-        chunks = encode_batches(step, group)
-        return self._put(chunks, False, len(group), len(group))
+        if not self._group:
+            return True
+        chunks = encode_batches(self._step, self._group)
+        if self._step == self.req.start:  # the pass's first batch, alone: it sizes the frames
+            one = max(frame_size(chunks), 1)
+            self._per_frame = min(BUNDLE_BYTES // one or 1, MAX_BUNDLE, self.options.max_inflight)
+        if not self._put(chunks, False, len(self._group)):
+            return False
+        self._step += len(self._group)
+        self._group = []
+        return True
 
     def _fail(self, step: int, err: Exception) -> None:
         """Tell the client the pass failed at ``step``.
@@ -278,15 +241,11 @@ class Stream:
         way from the workers; memory) is this process's: the frame says ``transient`` and
         the client goes on at ``step`` on another replica, or here once restarted (NOTE
         [faults] in :mod:`shardloader.service.passreader`)."""
-        r = self.req
         transient = not isinstance(err, ShardloaderError) or isinstance(err, IncompleteEpochError)
         log.warning(
-            "stream %d (%s, epoch %d, rank %d/%d) failed at step %d%s: %s",
+            "stream %d %s failed at step %d%s: %s",
             self.id,
-            self.client,
-            r.epoch,
-            r.rank,
-            r.world_size,
+            self.labels(),
             step,
             " (not the data's fault: the client tries again)" if transient else "",
             err,
@@ -302,7 +261,7 @@ class Stream:
         self._put([encode_control("error", step, **fields)], True)
 
     # -- event loop -----------------------------------------------------------------------
-    async def respond(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """The ASGI response: frames as they come, pings while none do, until end or
         disconnect; the stream closes with it."""
         try:

@@ -23,39 +23,432 @@ indices; ``offsets`` int64 ``n + 1``, ``present`` bool ``n`` or null when every 
 field); a batch frame may carry ``trees`` (consecutive steps ``step, step + 1, ...``, one node
 each, sharing the buffers) instead of ``tree``.
 
-The protocol lives in three modules: :mod:`~shardloader.service.wireframes` (the prefix, limits
-and allowlists; reading frames), :mod:`~shardloader.service.wireencode` (batches into frames)
-and :mod:`~shardloader.service.wiredecode` (frames into batches).  This module is their one
-documented face.
+Only the types the layout names are encoded: anything else is a
+:class:`~shardloader.errors.UsageError` on the sending side, before a byte is sent; the
+receiving side builds values only from the layout's tags and allowlisted dtypes, and anything
+else is a :class:`~shardloader.errors.DecodeError`.
 """
 
 from __future__ import annotations
 
-from shardloader.service.wiredecode import decode_batch, decode_batches
-from shardloader.service.wireencode import (
-    encode_batch,
-    encode_batches,
-    encode_control,
-)
-from shardloader.service.wireframes import (
-    MAGIC,
-    PROTOCOL,
-    Frame,
-    frame_size,
-    iter_frames,
-    read_frame,
-)
+import io
+import json
+import math
+import struct
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from shardloader.batching.raw import ByteColumn, RawBatch
+from shardloader.errors import DecodeError, UsageError
+from shardloader.storage.retry import TruncatedBodyError
 
 __all__ = [
     "MAGIC",
     "PROTOCOL",
     "Frame",
-    "encode_batch",
-    "encode_control",
     "decode_batch",
     "decode_batches",
+    "encode_batch",
     "encode_batches",
-    "read_frame",
-    "iter_frames",
+    "encode_control",
     "frame_size",
+    "iter_frames",
+    "read_frame",
 ]
+
+MAGIC = b"SLF1"
+PROTOCOL = 2
+_PREFIX = struct.Struct("<4sIQ")
+MAX_HEADER = 64 << 20  # a header this large means a broken or hostile stream
+MAX_PAYLOAD = 1 << 36
+MAX_DEPTH = 64
+KINDS = ("batch", "end", "error", "ping")
+_SMALL = 64 << 10  # smaller pieces are copied together (encode) or into a bytearray (read)
+
+TORCH_DTYPES: dict[str, torch.dtype] = {
+    name: getattr(torch, name)
+    for name in (
+        "bool uint8 int8 int16 int32 int64 uint16 uint32 uint64 float16 bfloat16 float32 float64 "
+        "complex64 complex128"
+    ).split()
+    if hasattr(torch, name)
+}
+NUMPY_KINDS = frozenset("biufc")  # bool, int, uint, float, complex: plain bytes, nothing else
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One decoded frame: its header (JSON) and its raw payload."""
+
+    header: dict[str, Any]
+    payload: memoryview  # writable bytes; decoded tensors and arrays share it
+
+    @property
+    def kind(self) -> str:
+        return str(self.header["kind"])
+
+
+def frame_size(chunks: list[Any]) -> int:
+    """Bytes on the wire of an encoded frame (the sum of its chunks)."""
+    return sum(memoryview(c).nbytes for c in chunks)
+
+
+def is_scalar(v: Any) -> bool:
+    """Whether a ``j``/``J`` node may hold ``v`` as plain JSON (a numpy scalar is a ``g`` node)."""
+    return v is None or (isinstance(v, bool | int | float | str) and not isinstance(v, np.generic))
+
+
+def frame_chunks(header: dict[str, Any], body: list[Any], size: int) -> list[Any]:
+    """A frame's chunks (bytes / memoryviews) to write in order: the prefix and ``header``,
+    then ``body`` (``size`` bytes of payload); the response
+    (:mod:`shardloader.service.response`) joins small chunks into one write."""
+    head = json.dumps(header, separators=(",", ":")).encode()
+    return [_PREFIX.pack(MAGIC, len(head), size) + head, *body]
+
+
+ReadInto = Callable[[memoryview], int]
+
+
+def _fill(readinto: ReadInto, view: memoryview) -> int:
+    """Read into ``view`` until it is full or the stream ends; the bytes read."""
+    got = 0
+    while got < len(view) and (k := readinto(view[got:])):
+        got += k
+    return got
+
+
+def _read_exact(readinto: ReadInto, n: int, what: str) -> memoryview:
+    # numpy's empty: no zero-filling pass over a buffer the socket is about to fill
+    try:
+        view = np.empty(n, np.uint8).data if n >= _SMALL else memoryview(bytearray(n))
+    except MemoryError as err:
+        raise DecodeError(f"a frame announces a {what} of {n} bytes; cannot hold it") from err
+    if (got := _fill(readinto, view)) < n:
+        raise TruncatedBodyError(f"stream ended inside a frame's {what} ({got} of {n} bytes)")
+    return view
+
+
+def read_frame(readinto: ReadInto) -> Frame | None:
+    """Read one frame with ``readinto`` (file-like ``readinto``); None at a clean end of stream.
+
+    A stream cut inside a frame raises ``TruncatedBodyError`` (a ``ConnectionError``: worth a
+    reconnect); a malformed frame raises :class:`DecodeError`.
+    """
+    first = memoryview(bytearray(_PREFIX.size))
+    got = _fill(readinto, first)
+    if got == 0:
+        return None
+    if got < len(first):
+        raise TruncatedBodyError(f"stream ended inside a frame prefix ({got} bytes)")
+    magic, head_len, size = _PREFIX.unpack(first)
+    if magic != MAGIC:
+        raise DecodeError(f"not a shardloader frame (magic {bytes(magic)!r}, want {MAGIC!r})")
+    if head_len > MAX_HEADER or size > MAX_PAYLOAD:
+        raise DecodeError(f"frame header {head_len} B / payload {size} B exceed the limits")
+    try:
+        header = json.loads(bytes(_read_exact(readinto, head_len, "header")))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise DecodeError(f"frame header is not JSON: {err}") from err
+    if not isinstance(header, dict) or header.get("kind") not in KINDS:
+        raise DecodeError(f"frame header has no known kind: {str(header)[:200]}")
+    if not isinstance(header.get("step"), int):
+        raise DecodeError(f"frame header has no integer step: {str(header)[:200]}")
+    return Frame(header, _read_exact(readinto, size, "payload"))
+
+
+def iter_frames(data: bytes | bytearray) -> Iterator[Frame]:
+    """Frames of a complete byte string (tests, tools)."""
+    readinto = io.BytesIO(data).readinto
+    while (frame := read_frame(readinto)) is not None:
+        yield frame
+
+
+# -- batches into frames: the sending side ----------------------------------------------------
+
+_ALIGN = 64
+_JOIN = 32  # a column of more values than this is joined before it is copied
+_TORCH_NAMES = {dtype: name for name, dtype in TORCH_DTYPES.items()}
+
+
+class _Encoder:
+    def __init__(self) -> None:
+        self.chunks: list[Any] = []  # the payload so far: small pieces joined, large ones not
+        self.small = bytearray()  # the small pieces since the last large one
+        self.spans: list[list[int]] = []
+        self.size = 0
+
+    def add(self, raw: memoryview | list[memoryview]) -> int:
+        """A buffer (or several, end to end: one span) of the payload; its index."""
+        offset = -(-self.size // _ALIGN) * _ALIGN
+        nbytes = raw.nbytes if isinstance(raw, memoryview) else sum(p.nbytes for p in raw)
+        self.small += bytes(offset - self.size)  # alignment padding
+        for part in raw if isinstance(raw, list) else (raw,):
+            if part.nbytes < _SMALL:
+                self.small += part
+            else:  # large values go out without a copy
+                self.chunks += [bytes(self.small), part] if self.small else [part]
+                self.small = bytearray()
+        self.spans.append([offset, nbytes])
+        self.size = offset + nbytes
+        return len(self.spans) - 1
+
+    def body(self) -> list[Any]:
+        """The payload's chunks."""
+        return [*self.chunks, bytes(self.small)] if self.small else self.chunks
+
+    def node(self, value: Any, where: str, depth: int) -> list[Any]:
+        if depth > MAX_DEPTH:
+            raise UsageError(f"batch value at {where} is nested deeper than {MAX_DEPTH} levels")
+        if isinstance(value, np.generic):  # before float: np.float64 subclasses float
+            dtype = _numpy_dtype_name(value.dtype, where)
+            return ["g", self.add(_raw(np.asarray(value))), dtype]
+        if value is None or isinstance(value, bool | int | float | str):
+            return ["j", value]  # JSON keeps floats exactly (repr round-trips), NaN/inf included
+        if isinstance(value, torch.Tensor):
+            return self.tensor(value, where)
+        if isinstance(value, np.ndarray):
+            dtype = _numpy_dtype_name(value.dtype, where)
+            arr = value if value.flags.c_contiguous else value.copy(order="C")  # keeps 0-d
+            return ["n", self.add(_raw(arr)), dtype, list(arr.shape)]
+        if isinstance(value, bytes):
+            return ["b", self.add(memoryview(value))]
+        if isinstance(value, list | tuple):
+            if isinstance(value, list) and all(is_scalar(v) for v in value):
+                return ["J", list(value)]
+            items = [self.node(v, f"{where}[{i}]", depth + 1) for i, v in enumerate(value)]
+            return ["l" if isinstance(value, list) else "u", items]
+        if isinstance(value, ByteColumn):
+            parts, offsets, present = value.pieces()  # not joined: copied once, below
+            if len(parts) > _JOIN:  # many small values: one C-level join beats a Python loop
+                data: memoryview | list[memoryview] = memoryview(b"".join(parts))
+            else:
+                data = [memoryview(p).cast("B") for p in parts]
+            return [
+                "c",
+                self.add(data),
+                self.add(_raw(np.ascontiguousarray(offsets, dtype="<i8"))),
+                None if present is None or present.all() else self.add(_raw(present)),
+            ]
+        if isinstance(value, dict):
+            out = {}
+            for key, v in value.items():
+                if not isinstance(key, str):
+                    raise UsageError(
+                        f"batch dict at {where} has a {type(key).__name__} key {key!r}; only str "
+                        "keys can be sent (convert the key in the collate function)"
+                    )
+                out[key] = self.node(v, f"{where}[{key!r}]", depth + 1)
+            return ["r" if isinstance(value, RawBatch) else "d", out]
+        raise UsageError(
+            f"batch value at {where} is a {type(value).__module__}.{type(value).__qualname__}, "
+            "which shardloader serve cannot send: batches may hold tensors, numpy arrays, bytes, "
+            "str/int/float/bool/None and lists, tuples and str-keyed dicts of them (nothing is "
+            "pickled); convert it in the transform or collate function"
+        )
+
+    def tensor(self, t: torch.Tensor, where: str) -> list[Any]:
+        name = _TORCH_NAMES.get(t.dtype)
+        if name is None or t.layout != torch.strided or t.device.type != "cpu" or t.is_quantized:
+            raise UsageError(
+                f"batch tensor at {where} ({t.dtype}, {t.layout}, {t.device}) cannot be sent: "
+                f"only dense CPU tensors of {', '.join(TORCH_DTYPES)}"
+            )
+        t = t.detach()
+        layout = "c"
+        if (
+            t.dim() == 4
+            and not t.is_contiguous()
+            and t.is_contiguous(memory_format=torch.channels_last)
+        ):
+            t, layout = t.permute(0, 2, 3, 1), "cl"  # NHWC order: a contiguous view, no copy
+        shape = list(t.shape) if layout == "c" else [t.shape[0], t.shape[3], t.shape[1], t.shape[2]]
+        t = t.contiguous()
+        raw = t.reshape(-1).view(torch.uint8).numpy().data if t.numel() else memoryview(b"")
+        return ["t", self.add(raw), name, shape, layout]
+
+
+def _raw(arr: np.ndarray) -> memoryview:
+    return arr.reshape(-1).view(np.uint8).data if arr.size else memoryview(b"")
+
+
+def _numpy_dtype_name(dtype: np.dtype, where: str) -> str:
+    if dtype.kind not in NUMPY_KINDS or dtype.byteorder == ">" or dtype.fields is not None:
+        raise UsageError(
+            f"numpy value at {where} has dtype {dtype}; only little-endian bool/int/uint/float/"
+            "complex arrays can be sent"
+        )
+    return dtype.newbyteorder("<").str if dtype.itemsize > 1 else dtype.str
+
+
+def encode_batch(step: int, batch: Any) -> list[Any]:
+    """Encode one batch as a frame (:func:`encode_batches` of one)."""
+    return encode_batches(step, [batch])
+
+
+def encode_batches(step: int, batches: list[Any]) -> list[Any]:
+    """Encode consecutive batches (steps ``step, step + 1, ...``) as one frame.
+
+    The chunks alias the batches' tensors (no copy); keep the batches alive until they are
+    sent.
+    """
+    enc = _Encoder()
+    trees = [enc.node(b, f"batch (step {step + i})", 0) for i, b in enumerate(batches)]
+    key, value = ("tree", trees[0]) if len(trees) == 1 else ("trees", trees)
+    header = {"kind": "batch", "step": int(step), key: value, "buffers": enc.spans}
+    return frame_chunks(header, enc.body(), enc.size)
+
+
+def encode_control(kind: str, step: int, **fields: Any) -> bytes:
+    """An ``end`` / ``error`` / ``ping`` frame (no payload)."""
+    if kind not in KINDS or kind == "batch":
+        raise UsageError(f"control frame kind {kind!r} is not one of end, error, ping")
+    return b"".join(frame_chunks({"kind": kind, "step": int(step), **fields}, [], 0))
+
+
+# -- frames back into batches: the receiving side ---------------------------------------------
+
+
+class _Decoder:
+    def __init__(self, frame: Frame) -> None:
+        # every tensor and array is a view of one tensor over the payload (a plain numpy slice
+        # would keep only the payload's base alive)
+        self.payload = np.frombuffer(frame.payload, np.uint8)
+        self.base = torch.from_numpy(self.payload)
+        spans = frame.header.get("buffers", [])
+        if not isinstance(spans, list):
+            raise DecodeError("frame buffers is not a list")
+        self.spans: list[tuple[int, int]] = []
+        for span in spans:
+            if (
+                not isinstance(span, list)
+                or len(span) != 2
+                or not all(isinstance(x, int) and x >= 0 for x in span)
+                or span[0] + span[1] > len(self.payload)
+            ):
+                raise DecodeError(
+                    f"frame buffer {span!r} lies outside the {len(self.payload)} B payload"
+                )
+            self.spans.append((span[0], span[1]))
+
+    def span(self, index: Any) -> tuple[int, int]:
+        if not isinstance(index, int) or not 0 <= index < len(self.spans):
+            raise DecodeError(f"frame refers to buffer {index!r} of {len(self.spans)}")
+        return self.spans[index]
+
+    def node(self, node: Any, depth: int) -> Any:
+        if depth > MAX_DEPTH or not isinstance(node, list) or not node:
+            raise DecodeError(f"malformed frame node {str(node)[:80]}")
+        tag, args = node[0], node[1:]
+        if tag == "j" and len(args) == 1 and is_scalar(args[0]):
+            return args[0]
+        if tag == "J" and len(args) == 1 and isinstance(args[0], list):
+            if not all(is_scalar(v) for v in args[0]):
+                raise DecodeError("a J node holds a non-scalar")
+            return list(args[0])
+        if tag in ("l", "u") and len(args) == 1 and isinstance(args[0], list):
+            items = [self.node(v, depth + 1) for v in args[0]]
+            return items if tag == "l" else tuple(items)
+        if tag in ("d", "r") and len(args) == 1 and isinstance(args[0], dict):
+            fields = {k: self.node(v, depth + 1) for k, v in args[0].items()}
+            return fields if tag == "d" else RawBatch(fields)
+        if tag == "b" and len(args) == 1:
+            off, n = self.span(args[0])
+            return self.payload[off : off + n].tobytes()
+        if tag == "c" and len(args) == 3:
+            return self.column(*args)
+        if tag == "t" and len(args) == 4:
+            return self.tensor(*args)
+        if tag in ("n", "g") and len(args) == (3 if tag == "n" else 2):
+            arr = self.array(args[0], args[1], args[2] if tag == "n" else [])
+            return arr if tag == "n" else arr[()]
+        raise DecodeError(f"malformed frame node {str(node)[:80]}")
+
+    def values(self, index: Any, dims: list[int], itemsize: int, what: str) -> torch.Tensor:
+        """Buffer ``index`` as bytes, checked to hold ``dims`` values of ``itemsize`` bytes
+        each, aligned to them (``what`` names the value in errors)."""
+        off, n = self.span(index)
+        if math.prod(dims) * itemsize != n:
+            raise DecodeError(f"frame {what} {dims} does not fill its {n} B buffer")
+        if off % itemsize:
+            raise DecodeError(f"frame {what} buffer at {off} is not aligned to its dtype")
+        return self.base[off : off + n]
+
+    def tensor(self, index: Any, dtype_name: Any, shape: Any, layout: Any) -> torch.Tensor:
+        dtype = TORCH_DTYPES.get(dtype_name) if isinstance(dtype_name, str) else None
+        if dtype is None:
+            raise DecodeError(f"frame tensor has dtype {dtype_name!r}, not one of the allowlist")
+        dims = _shape(shape)
+        if layout not in ("c", "cl") or (layout == "cl" and len(dims) != 4):
+            raise DecodeError(f"frame tensor layout {layout!r} does not fit shape {shape!r}")
+        what = f"tensor of {dtype_name}"
+        flat = self.values(index, dims, dtype.itemsize, what).view(dtype)
+        if layout == "cl":
+            b, c, h, w = dims
+            return flat.view(b, h, w, c).permute(0, 3, 1, 2)
+        return flat.view(dims)
+
+    def array(self, index: Any, dtype_name: Any, shape: Any) -> np.ndarray:
+        try:
+            dtype = np.dtype(dtype_name) if isinstance(dtype_name, str) else None
+        except TypeError:
+            dtype = None
+        if dtype is None or dtype.kind not in NUMPY_KINDS or dtype.fields is not None:
+            raise DecodeError(f"frame array has dtype {dtype_name!r}, not one of the allowlist")
+        dims = _shape(shape)
+        raw = self.values(index, dims, dtype.itemsize, f"array of {dtype_name}")
+        return raw.numpy().view(dtype).reshape(dims)
+
+    def column(self, data: Any, offsets: Any, present: Any) -> ByteColumn:
+        """A ByteColumn over the payload (its values come out as bytes when read)."""
+        d_off, d_n = self.span(data)
+        raw = self.base[d_off : d_off + d_n].numpy().data.toreadonly()
+        off, n = self.span(offsets)
+        if n % 8 or n == 0:
+            raise DecodeError(f"frame column offsets fill {n} B, not a whole int64 array")
+        at = np.frombuffer(self.payload[off : off + n].tobytes(), "<i8").astype(np.int64)
+        if at[0] != 0 or at[-1] != len(raw) or (len(at) > 1 and np.any(np.diff(at) < 0)):
+            raise DecodeError("frame column offsets do not cut its buffer in order")
+        there = None
+        if present is not None:
+            p_off, p_n = self.span(present)
+            if p_n != len(at) - 1:
+                raise DecodeError(f"frame column presence has {p_n} values for {len(at) - 1}")
+            there = self.payload[p_off : p_off + p_n].astype(bool)
+        return ByteColumn(raw, at, there)
+
+
+def _shape(shape: Any) -> list[int]:
+    if (
+        not isinstance(shape, list)
+        or len(shape) > 32
+        or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
+    ):
+        raise DecodeError(f"malformed frame shape {shape!r}")
+    return shape
+
+
+def decode_batch(frame: Frame) -> Any:
+    """The batch a one-batch frame carries; its tensors share the frame's payload buffer."""
+    batches = decode_batches(frame)
+    if len(batches) != 1:
+        raise DecodeError(f"a frame of {len(batches)} batches where one was expected")
+    return batches[0]
+
+
+def decode_batches(frame: Frame) -> list[Any]:
+    """The batches (consecutive steps from the header's ``step``) a ``batch`` frame carries;
+    their tensors share the frame's payload."""
+    header = frame.header
+    if frame.kind != "batch" or ("tree" in header) == ("trees" in header):
+        raise DecodeError(f"a {frame.kind!r} frame carries no batch")
+    if "shm" in header or "ring" in header:  # shared memory this client never asks for
+        raise DecodeError("a frame's payload is not where its header says")
+    trees = [header["tree"]] if "tree" in header else header["trees"]
+    if not isinstance(trees, list) or not trees:
+        raise DecodeError("a batch frame's trees are not a non-empty list")
+    decoder = _Decoder(frame)
+    return [decoder.node(tree, 0) for tree in trees]
