@@ -15,11 +15,11 @@ from collections.abc import Mapping
 
 from shardloader.errors import UsageError
 from shardloader.manifest import FieldInfo
-from shardloader.pack.labels import Labelled, attach_labels, labels_rel, read_labels
+from shardloader.pack.labels import Labelled, attach_labels, read_labels
 from shardloader.pack.layouts.base import Inputs, Layout, OnSkip, Source
 from shardloader.pack.layouts.records import record_kind
 from shardloader.pack.layouts.registry import AUTO, get_layout, layout_names, registered_layouts
-from shardloader.pack.listing import Listing, list_inputs, scan_inputs
+from shardloader.pack.listing import Listing, below, scan_inputs
 from shardloader.pack.refs import FileRef, InputFile, SampleRef, TextRule
 from shardloader.read.fields import Aliases, merge, normalize
 from shardloader.storage.store import Store, as_store
@@ -33,7 +33,6 @@ __all__ = [
     "Source",
     "detect",
     "discover",
-    "list_inputs",
     "scan_inputs",
     "Listing",
     "record_kind",  # index_existing refuses record files with it
@@ -105,8 +104,8 @@ def discover(
     src = store.url
     listing = scan_inputs(store)
     labels_store = None if labels is None else Store(labels, store.options, store.retry)
-    inside = None if labels_store is None else labels_rel(store, labels_store)
-    if inside is not None:  # the labels file lies in SRC: it is no input
+    inside = None if labels_store is None else below(labels_store, store)
+    if inside:  # the labels file lies in SRC: it is no input
         listing = Listing(
             tuple(f for f in listing.files if f.rel != inside),
             tuple(sorted((*listing.ignored, (inside, "the --labels file")))),

@@ -35,7 +35,8 @@ from shardloader.format.base import Format
 from shardloader.format.parquet.scan import ParquetScan
 from shardloader.format.registry import get_format, known_formats
 from shardloader.manifest import MANIFEST_NAME, FieldInfo, Manifest, SampleIndex, ShardInfo
-from shardloader.pack.discover import list_inputs, record_kind
+from shardloader.pack.discover import record_kind
+from shardloader.pack.listing import below, scan_inputs
 from shardloader.pack.lock import holding_out_lock
 from shardloader.pack.outdir import list_out, remove_temps
 from shardloader.schema import sidecar_bound
@@ -48,7 +49,6 @@ __all__ = [
     "IndexReport",
     "index_shards",
     "shard_kind",
-    "tar_compression",
 ]
 
 log = logging.getLogger(__name__)
@@ -70,18 +70,6 @@ class IndexReport:
     splits: Mapping[str, Manifest] = field(default_factory=dict)
 
 
-def split_of(url: str) -> str | None:
-    """The Hub split a Parquet file's name gives (``train-00000-of-00002.parquet``), or None."""
-    found = _SPLIT_FILE.match(url.rstrip("/").rsplit("/", 1)[-1])
-    return found.group("split") if found else None
-
-
-def split_manifest_name(split: str) -> str:
-    """Where a split's manifest goes in OUT: ``index.train.json`` (``manifest_url`` takes any
-    URL ending in ``.json``; its shards' paths stay relative to OUT)."""
-    return f"index.{split}.json"
-
-
 def _indexable() -> list[Format]:
     return [f for f in map(get_format, known_formats()) if f.indexable]
 
@@ -93,11 +81,6 @@ def shard_kind(url: str) -> tuple[Format, str, str] | None:
         if found is not None:
             return fmt, found[0], found[1]
     return None
-
-
-def tar_compression(url: str) -> tuple[str, str] | None:
-    """(compression, name without the suffix) of a tar shard URL, or None."""
-    return get_format("tar").parse_name(url)
 
 
 def _kinds() -> str:
@@ -136,11 +119,8 @@ def _expand(shards: Sequence[str], store: Store) -> list[str]:
     out: list[str] = []
     for s in shards:
         if Store(s).is_local and os.path.isdir(Store(s).local_path):
-            found = [
-                f.url
-                for f in list_inputs(Store(s, store.options, store.retry))
-                if shard_kind(f.rel)
-            ]
+            listed = scan_inputs(Store(s, store.options, store.retry)).files
+            found = [f.url for f in listed if shard_kind(f.rel)]
             if not found:
                 raise UsageError(f"{s}: no {_kinds()} in this folder")
             out.extend(found)
@@ -152,21 +132,15 @@ def _expand(shards: Sequence[str], store: Store) -> list[str]:
     return out
 
 
-def _relative(url: str, out: str) -> str:
+def _relative(url: str, out: Store) -> str:
     """``url`` relative to OUT; a manifest's paths never leave its folder (see schema.py)."""
-    if Store(url).is_local and Store(out).is_local:
-        rel = os.path.relpath(
-            os.path.abspath(Store(url).local_path), os.path.abspath(Store(out).local_path)
-        ).replace(os.sep, "/")
-        if rel != ".." and not rel.startswith("../"):
-            return rel
-    else:
-        o = out.rstrip("/") + "/"
-        if url.startswith(o):
-            return url[len(o) :]
+    rel = below(Store(url), out)
+    if rel:
+        return rel
     raise UsageError(
-        f"{url} is not below {out}: a manifest only points at shards inside its own folder; "
-        "index into the shards' folder or one above it (OUT may be the shards' folder itself)"
+        f"{url} is not below {out.url}: a manifest only points at shards inside its own "
+        "folder; index into the shards' folder or one above it (OUT may be the shards' folder "
+        "itself)"
     )
 
 
@@ -223,7 +197,8 @@ def index_shards(
         )
     compression = compressions.pop()
     splits = _splits(urls)
-    names = [split_manifest_name(k) for k in splits] or [MANIFEST_NAME]
+    # a split's manifest: index.train.json (its shards' paths stay relative to OUT)
+    names = [f"index.{k}.json" for k in splits] or [MANIFEST_NAME]
     existing = list_out(store)
     taken = [n for n in names if n in existing]
     if taken and not overwrite:
@@ -237,7 +212,7 @@ def index_shards(
     if progress is not None:  # the total at once, before the first (maybe large) shard
         progress(0, len(urls))
     for i, url in enumerate(urls):
-        rel = _relative(url, out)
+        rel = _relative(url, store)
         stem = fmt.parse_name(rel)[1]  # type: ignore[index]
         index_path = f"{stem}.idx.arrow"
         if index_path in sidecar_names:
@@ -273,10 +248,10 @@ def _splits(urls: Sequence[str]) -> dict[str, list[int]]:
     """Split → positions of its files, when the files name several Hub splits; else {}."""
     found: dict[str, list[int]] = {}
     for i, u in enumerate(urls):
-        split = split_of(u)
+        split = _SPLIT_FILE.match(u.rstrip("/").rsplit("/", 1)[-1])  # train-00000-of-00002
         if split is None:
             return {}
-        found.setdefault(split, []).append(i)
+        found.setdefault(split.group("split"), []).append(i)
     return found if len(found) > 1 else {}
 
 
@@ -327,12 +302,6 @@ def _write(
     found: _Described,
 ) -> Manifest:
     """Write the sidecars of ``scans`` and return their manifest (written by the caller)."""
-    fields, infos, classes, row_groups = (
-        found.fields,
-        found.infos,
-        found.classes,
-        found.row_groups,
-    )
     all_text = all(scanned.index.lengths is not None for _, _, scanned in scans)
     shard_infos = []
     for rel, index_path, scanned in scans:
@@ -361,22 +330,24 @@ def _write(
     extra: dict[str, Any] = {"skipped": 0}
     if all_text:
         extra["length_unit"] = "bytes"
-    extra["field_samples"] = dict(sorted(fields.items()))  # samples holding each field
+    extra["field_samples"] = dict(sorted(found.fields.items()))  # samples holding each field
     if split:
         extra["split"] = split
-    if row_groups:  # per file: [first byte, bytes, rows] of each row group
-        extra["parquet"] = {"row_groups": row_groups}
+    if found.row_groups:  # per file: [first byte, bytes, rows] of each row group
+        extra["parquet"] = {"row_groups": found.row_groups}
     return Manifest(
         format=fmt.name,
         compression=compression,
         fields=(
-            dict(sorted(infos.items()))
-            if infos
-            else {ext: FieldInfo(codec_for_extension(ext)) for ext in sorted(fields)}
+            dict(sorted(found.infos.items()))
+            if found.infos
+            else {ext: FieldInfo(codec_for_extension(ext)) for ext in sorted(found.fields)}
         ),
         shards=shard_infos,
-        classes=classes,
+        classes=found.classes,
         layout="indexed",
-        length_field=next((t for t in _TEXT_FIELDS if t in fields), None) if all_text else None,
+        length_field=(
+            next((t for t in _TEXT_FIELDS if t in found.fields), None) if all_text else None
+        ),
         extra=extra,
     )

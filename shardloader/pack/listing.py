@@ -23,7 +23,7 @@ from shardloader.format.keys import escape_name
 from shardloader.pack.refs import InputFile
 from shardloader.storage.store import Store, as_store, join
 
-__all__ = ["SYSTEM_FILES", "SYSTEM_FOLDERS", "Listing", "list_inputs", "scan_inputs"]
+__all__ = ["SYSTEM_FILES", "SYSTEM_FOLDERS", "Listing", "below", "scan_inputs"]
 
 log = logging.getLogger(__name__)
 
@@ -51,9 +51,19 @@ def _left_out(name: str, is_dir: bool) -> str | None:
     return None
 
 
-def list_inputs(src: str | Store) -> list[InputFile]:
-    """Every file below ``src`` (see :func:`scan_inputs`), sorted."""
-    return list(scan_inputs(src).files)
+def below(child: Store, parent: Store, *, real: bool = False) -> str | None:
+    """``child``'s path relative to ``parent`` ("" when they are one) when it lies within
+    ``parent``, else None; ``real``: local symlinks resolved first.  What keeps OUT out of SRC,
+    a manifest's paths inside its folder, and a labels file out of the inputs."""
+    if child.is_local and parent.is_local:
+        norm = os.path.realpath if real else os.path.abspath
+        c, p, sep = norm(child.local_path), norm(parent.local_path), os.sep
+    else:
+        c, p, sep = child.url.rstrip("/"), parent.url.rstrip("/"), "/"
+    if c == p:
+        return ""
+    base = p if p.endswith(sep) else p + sep
+    return c[len(base) :].replace(os.sep, "/") if c.startswith(base) else None
 
 
 def scan_inputs(src: str | Store) -> Listing:

@@ -29,19 +29,11 @@ from shardloader.errors import ShardError, UsageError
 from shardloader.manifest import FORMAT_VERSION, MANIFEST_NAME, FieldInfo, Manifest, ShardInfo
 from shardloader.pack.discover import Source, discover
 from shardloader.pack.fill import every_sample_skipped
+from shardloader.pack.listing import below
 from shardloader.pack.lock import OutLock, out_lock
 from shardloader.pack.notes import after_notes, shard_size_for
 from shardloader.pack.options import PACKER_VERSION, PackOptions, PackProgress, PackReport
-from shardloader.pack.outdir import (
-    SKIP_REPORT,
-    check_writable,
-    list_out,
-    old_manifest_paths,
-    remove_stale,
-    remove_temps,
-    shard_pattern,
-    write_skip_report,
-)
+from shardloader.pack.outdir import SKIP_REPORT, note_skips, open_out, remove_stale, remove_temps
 from shardloader.pack.plan import Planner, part_of, shard_names
 from shardloader.pack.pool import Executor, make_executor
 from shardloader.pack.replace import (
@@ -55,7 +47,7 @@ from shardloader.pack.tokenizer import manifest_entry, token_source
 from shardloader.pack.write import place_shard, write_and_place, write_shard, writing
 from shardloader.read.fields import FieldMap
 from shardloader.storage.store import Store
-from shardloader.storage.uploads import Uploads, abort_recorded
+from shardloader.storage.uploads import Uploads
 
 __all__ = ["pack"]
 
@@ -81,25 +73,13 @@ def _options_digest(
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()
 
 
-def _build_extra(skipped: int, length_unit: str | None) -> dict[str, Any]:
-    """The manifest's ``extra`` (``merge`` rebuilds the per-part keys the same way)."""
-    extra: dict[str, Any] = {"skipped": skipped}
-    if skipped:
-        extra["skip_report"] = SKIP_REPORT
-    if length_unit:
-        extra["length_unit"] = length_unit
-    return extra
-
-
 def _check_not_inside(source: Store, target: Store) -> None:
-    src, out = source.url, target.url
-    if source.is_local and target.is_local:
-        s = os.path.realpath(source.local_path)
-        o = os.path.realpath(target.local_path)
-        if os.path.isdir(s) and (o == s or o.startswith(s + os.sep)):
-            raise UsageError(f"output {out!r} is inside the source {src!r}; pick another OUT")
-    elif src.rstrip("/") == out.rstrip("/") or out.startswith(src.rstrip("/") + "/"):
-        raise UsageError(f"output {out!r} is inside the source {src!r}; pick another OUT")
+    if source.is_local and not os.path.isdir(source.local_path):
+        return  # a single file
+    if below(target, source, real=True) is not None:
+        raise UsageError(
+            f"output {target.url!r} is inside the source {source.url!r}; pick another OUT"
+        )
 
 
 def pack(
@@ -136,10 +116,7 @@ def _pack(
     lock: OutLock,
 ) -> PackReport:
     source_store, out_store = options.store(src), options.store(out)
-    existing = list_out(out_store)
-    if abort_recorded(out_store, existing):  # NOTE [multipart journal] in storage/uploads.py
-        existing = list_out(out_store)
-    check_writable(out_store, existing, overwrite=options.overwrite, resume=options.resume)
+    existing, old = open_out(out_store, overwrite=options.overwrite, resume=options.resume)
     source = discover(
         source_store,
         options.layout,
@@ -152,18 +129,15 @@ def _pack(
     source, fields, tok_meta = token_source(src, source, options)  # pack/tokenizer.py
 
     parted = options.num_parts > 1
-    old: set[str] = set()
     finished = finished_manifest(out_store) if existing else None
     if existing:  # NOTE [replacing a dataset] in pack/replace.py
         if options.overwrite:
-            old = old_manifest_paths(out_store)
             if finished is not None and executor.remote and not out_store.is_local:
                 refuse_remote_replace(out_store)
         else:  # resume: shards are kept or replaced in place, so the manifest goes first
             if finished is not None:
                 check_resume(out_store, finished, source)
             out_store.join(MANIFEST_NAME).remove()
-        remove_temps(out_store, existing)
     local_out = out_store.is_local
     staging = out_store.local_path if local_out else tempfile.mkdtemp(prefix="shardloader-pack-")
     os.makedirs(staging, exist_ok=True)
@@ -224,9 +198,10 @@ def _pack(
         skips = sorted(run.skips, key=lambda s: s["shard"])
         if skips and not shards:  # nothing packed is a failure, not an empty dataset
             raise every_sample_skipped(skips)
-        if skips:
-            write_skip_report(out_store, skips)
-        extra = _build_extra(len(skips), _length_unit(source, options))
+        extra: dict[str, Any] = {}
+        note_skips(out_store, skips, extra)
+        if source.text is not None:
+            extra["length_unit"] = "tokens" if options.tokenizer or options.token_field else "bytes"
         if run.field_samples is not None:  # samples holding each member extension
             extra["field_samples"] = dict(sorted(run.field_samples.items()))
         if tok_meta:
@@ -263,12 +238,7 @@ def _pack(
         if not local_out:
             shutil.rmtree(staging, ignore_errors=True)
     if existing:
-        keep = {s.path for s in shards} | {s.index_path for s in shards}
-        if skips:
-            keep.add(SKIP_REPORT)
-        remove_stale(
-            out_store, existing, keep, shard_pattern(options.part if parted else None), old
-        )
+        remove_stale(out_store, existing, manifest, options.part if parted else None, old)
     return PackReport(
         out=out,
         manifest=manifest,
@@ -284,12 +254,6 @@ def _pack(
         ignored=source.ignored,
         notes=(*source.notes, *notes, *after_notes(options, manifest, run.bytes_in)),
     )
-
-
-def _length_unit(source: Source, options: PackOptions) -> str | None:
-    if source.text is None:
-        return None
-    return "tokens" if options.tokenizer or options.token_field else "bytes"
 
 
 class _Run:
