@@ -37,7 +37,7 @@ from shardloader.format.registry import get_format, known_formats
 from shardloader.manifest import MANIFEST_NAME, FieldInfo, Manifest, SampleIndex, ShardInfo
 from shardloader.pack.discover import record_kind
 from shardloader.pack.listing import below, scan_inputs
-from shardloader.pack.lock import holding_out_lock
+from shardloader.pack.lock import out_lock
 from shardloader.pack.outdir import list_out, remove_temps
 from shardloader.schema import sidecar_bound
 from shardloader.storage.retry import RetryPolicy
@@ -144,7 +144,6 @@ def _relative(url: str, out: Store) -> str:
     )
 
 
-@holding_out_lock("index")  # NOTE [the OUT lock] in pack/lock.py
 def index_shards(
     shards: Sequence[str],
     out: str | Store,
@@ -163,10 +162,21 @@ def index_shards(
     (with ``storage_options`` and ``retry``, the policy of every remote call, also for reading
     the shards) or a Store carrying them.
     """
+    store = as_store(out, storage_options, retry)
+    with out_lock(store, "index"):  # NOTE [the OUT lock] in pack/lock.py
+        return _index(shards, store, overwrite, progress, max_member_bytes)
+
+
+def _index(
+    shards: Sequence[str],
+    store: Store,
+    overwrite: bool,
+    progress: Callable[[int, int], None] | None,
+    max_member_bytes: int | None,
+) -> IndexReport:
     if max_member_bytes is not None and max_member_bytes < 0:
         raise UsageError(f"max_member_bytes {max_member_bytes} must be >= 0 (0: no limit)")
     max_member = max_member_bytes or None
-    store = as_store(out, storage_options, retry)
     out = store.url
     urls = _expand(shards, store)
     if not urls:

@@ -27,42 +27,127 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import json
 import logging
 import os
 import socket
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from functools import wraps
-from inspect import signature
-from typing import Any, TypeVar
+from dataclasses import asdict, dataclass
 
-from shardloader.errors import StorageError, UsageError
-from shardloader.pack.lockrecord import (
-    DEFAULT_LEASE,
-    LEASE_ENV,
-    LOCK_NAME,
-    Holder,
-    OutLock,
-    lease_seconds,
-    refused,
-)
-from shardloader.pack.remotelock import remote_lock
-from shardloader.storage.store import Store, as_store
+from shardloader.errors import OutputLockedError, StorageError, UsageError
+from shardloader.storage.store import Store
 
-__all__ = [
-    "DEFAULT_LEASE",
-    "LEASE_ENV",
-    "LOCK_NAME",
-    "Holder",
-    "OutLock",
-    "holding_out_lock",
-    "out_lock",
-]
+__all__ = ["DEFAULT_LEASE", "LEASE_ENV", "LOCK_NAME", "Holder", "OutLock", "alive", "out_lock"]
 
 log = logging.getLogger(__name__)
-F = TypeVar("F", bound=Callable[..., Any])
+
+LOCK_NAME = ".shardloader-lock"
+DEFAULT_LEASE = 60.0
+LEASE_ENV = "SHARDLOADER_LOCK_LEASE"
+
+
+@dataclass(frozen=True)
+class Holder:
+    """Who holds the lock: the record the lock file or object carries."""
+
+    command: str
+    host: str
+    pid: int
+    started: float  # wall clock, seconds since the epoch
+    run_id: str
+    expires: float | None = None  # object stores only: the lease's end (wall clock)
+
+    def describe(self) -> str:
+        when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.started))
+        lease = ""
+        if self.expires is not None:
+            left = self.expires - time.time()
+            lease = (
+                f", lease expires in {left:.0f} s"
+                if left > 0
+                else f", lease expired {-left:.0f} s ago"
+            )
+        return (
+            f"`{self.command}` on host {self.host}, pid {self.pid}, started {when} "
+            f"(run {self.run_id}{lease})"
+        )
+
+    def to_json(self) -> bytes:
+        return json.dumps(asdict(self), sort_keys=True).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> Holder | None:
+        try:
+            d = json.loads(data)
+            return cls(
+                str(d["command"]),
+                str(d["host"]),
+                int(d["pid"]),
+                float(d["started"]),
+                str(d["run_id"]),
+                None if d.get("expires") is None else float(d["expires"]),
+            )
+        except (ValueError, KeyError, TypeError):
+            return None
+
+
+def lease_seconds(lease: float | None = None) -> float:
+    """The lease: ``lease``, else ``$SHARDLOADER_LOCK_LEASE``, else :data:`DEFAULT_LEASE`."""
+    if lease is None:
+        raw = os.environ.get(LEASE_ENV)
+        try:
+            lease = float(raw) if raw else DEFAULT_LEASE
+        except ValueError as err:
+            raise UsageError(f"${LEASE_ENV}={raw!r}: give the lease in seconds") from err
+    if not lease > 0:
+        raise UsageError(f"lock lease {lease!r} must be > 0 seconds")
+    return lease
+
+
+def refused(out: Store, holder: Holder | None) -> OutputLockedError:
+    who = holder.describe() if holder is not None else "another run (not yet recorded)"
+    return OutputLockedError(
+        f"output {out.url!r} is locked by {who}; two runs must not write one OUT at once: wait "
+        "for it to finish, or pick another OUT"
+    )
+
+
+class OutLock:
+    """The lock a run holds; ``run_id`` names the run (multipart uploads record it)."""
+
+    def __init__(self, out: Store, holder: Holder) -> None:
+        self.out = out
+        self.holder = holder
+        self.run_id = holder.run_id
+        self._lost: str | None = None
+
+    def check(self) -> None:
+        """Raise if the lock was lost (an object store's lease taken over): call before the
+        manifest is written."""
+        if self._lost is not None:
+            raise OutputLockedError(
+                f"output {self.out.url!r}: this run lost its lock ({self._lost}); its manifest "
+                "is not written. Make sure one run at a time writes OUT, then re-run with --resume"
+            )
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` of this host still runs (a zombie, killed but not yet reaped,
+    does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[-1].split()[0] != b"Z"
+    except OSError:  # no procfs (macOS): the kill() probe has to do
+        return True
 
 
 @contextmanager
@@ -73,6 +158,8 @@ def out_lock(out: Store, command: str, *, lease: float | None = None) -> Iterato
         with _local_lock(out, holder) as lock:
             yield lock
     elif out.protocol in ("s3", "s3a"):
+        from shardloader.pack.remotelock import remote_lock
+
         with remote_lock(out, holder, lease_seconds(lease)) as lock:
             yield lock
     else:  # no conditional create through fsspec's generic interface
@@ -83,26 +170,6 @@ def out_lock(out: Store, command: str, *, lease: float | None = None) -> Iterato
             out.protocol,
         )
         yield OutLock(out, holder)
-
-
-def holding_out_lock(command: str) -> Callable[[F], F]:
-    """Run the decorated writer (``index_shards``, ``merge``: arguments ``out``,
-    ``storage_options``, ``retry``) holding the lock on its ``out``."""
-
-    def decorate(fn: F) -> F:
-        sig = signature(fn)
-
-        @wraps(fn)
-        def run(*args: Any, **kwargs: Any) -> Any:
-            bound = sig.bind(*args, **kwargs)
-            get = bound.arguments.get
-            store = as_store(bound.arguments["out"], get("storage_options"), get("retry"))
-            with out_lock(store, command):
-                return fn(*args, **kwargs)
-
-        return run  # type: ignore[return-value]
-
-    return decorate
 
 
 # -- local: flock -----------------------------------------------------------------------------

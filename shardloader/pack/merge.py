@@ -26,7 +26,7 @@ from typing import Any
 from shardloader.errors import ChecksumError, ManifestError, UsageError
 from shardloader.manifest import MANIFEST_NAME, Manifest, ShardInfo, load_manifest
 from shardloader.pack.listing import below
-from shardloader.pack.lock import holding_out_lock
+from shardloader.pack.lock import out_lock
 from shardloader.pack.outdir import note_skips, open_out, remove_stale
 from shardloader.pack.plan import shard_names
 from shardloader.storage.retry import RetryPolicy
@@ -125,7 +125,6 @@ def _copy_verified(src: Store, dst: Store, sha256: str, staging: str, run_id: st
     return n
 
 
-@holding_out_lock("merge")  # NOTE [the OUT lock] in pack/lock.py
 def merge(
     part_dirs: Sequence[str],
     out: str | Store,
@@ -140,11 +139,16 @@ def merge(
     ``out``: a URL (with ``storage_options`` and ``retry``, the policy of every remote call)
     or a Store carrying them; the part folders are read with the same options and policy.
     """
+    store = as_store(out, storage_options, retry)
+    with out_lock(store, "merge"):  # NOTE [the OUT lock] in pack/lock.py
+        return _merge(part_dirs, store, mode, overwrite)
+
+
+def _merge(part_dirs: Sequence[str], store: Store, mode: str, overwrite: bool) -> MergeReport:
     if mode not in ("auto", "copy", "reference"):
         raise UsageError(f"merge mode {mode!r}: choose 'auto', 'copy' or 'reference'")
     if not part_dirs:
         raise UsageError("merge needs at least one part folder")
-    store = as_store(out, storage_options, retry)
     out = store.url
     loaded = _load_parts(part_dirs, store)
     inside = [below(base, store, real=True) or None for _, _, base, _ in loaded]

@@ -5,7 +5,6 @@ thread (NOTE [the OUT lock] in :mod:`shardloader.pack.lock`, whose ``out_lock`` 
 from __future__ import annotations
 
 import logging
-import os
 import socket
 import sys
 import threading
@@ -19,7 +18,7 @@ from typing import Any
 from fsspec.asyn import sync
 
 from shardloader.errors import StorageError
-from shardloader.pack.lockrecord import LOCK_NAME, Holder, OutLock, refused
+from shardloader.pack.lock import LOCK_NAME, Holder, OutLock, alive, refused
 from shardloader.storage.classify import chain, status_and_code
 from shardloader.storage.s3client import S3Client
 from shardloader.storage.store import Store
@@ -122,19 +121,6 @@ class _Remote:
         self.call("delete_object", "unlock", IfMatch=etag)
 
 
-def _gone(holder: Holder) -> bool:
-    """Whether ``holder`` ran on this host and its process no longer exists."""
-    if holder.host != socket.gethostname():
-        return False
-    try:
-        os.kill(holder.pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
-
-
 def _acquire(remote: _Remote, out: Store, holder: Holder, lease: float) -> tuple[Holder, str]:
     for _ in range(5):  # each round ends in a decision unless the object changes under us
         mine = Holder(**{**asdict(holder), "expires": time.time() + lease})
@@ -148,7 +134,8 @@ def _acquire(remote: _Remote, out: Store, holder: Holder, lease: float) -> tuple
         if other is not None and other.run_id == holder.run_id:
             return other, other_etag  # our own PUT, whose answer was lost and retried
         expired = other is None or other.expires is None or other.expires < time.time()
-        if not (expired or _gone(other)):  # type: ignore[arg-type]
+        gone = other is not None and other.host == socket.gethostname() and not alive(other.pid)
+        if not (expired or gone):
             raise refused(out, other)
         etag = remote.replace(mine.to_json(), other_etag)
         if etag is not None:

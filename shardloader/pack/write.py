@@ -31,6 +31,7 @@ from shardloader.format.registry import get_format
 from shardloader.manifest import SampleIndex
 from shardloader.pack.fill import fill_shard
 from shardloader.pack.layouts.lines import read_run
+from shardloader.pack.lock import alive
 from shardloader.pack.refs import LineRun
 from shardloader.pack.resume import plan_digest, sidecar_bytes, sidecar_meta
 from shardloader.pack.task import ShardResult, ShardTask, WriteSpec, temp_name
@@ -81,21 +82,6 @@ def writing(what: str) -> Iterator[None]:
 # -- worker process -------------------------------------------------------------------------
 
 
-def _alive(pid: int) -> bool:
-    """Whether process ``pid`` still runs (a zombie, killed but not yet reaped, does not)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[-1].split()[0] != b"Z"
-    except OSError:  # no procfs (macOS): the kill() probe has to do
-        return True
-
-
 def worker_init(main_pid: int) -> None:
     """Pool initializer: leave Ctrl-C to the main process, and die with it.
 
@@ -111,7 +97,7 @@ def worker_init(main_pid: int) -> None:
     def watch() -> None:
         while True:
             time.sleep(0.5)
-            if not _alive(main_pid):
+            if not alive(main_pid):
                 os._exit(1)
 
     threading.Thread(target=watch, name="shardloader-main-watch", daemon=True).start()
