@@ -44,21 +44,17 @@ def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is not None:
         value = getattr(importlib.import_module(module), name)
-    elif name.isidentifier() and not name.startswith("__") and _found(f"{__name__}.{name}"):
-        value = importlib.import_module(f"{__name__}.{name}")  # shardloader.pack.layouts
+    elif name.isidentifier() and not name.startswith("__"):
+        try:  # a submodule: shardloader.pack.layouts
+            value = importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as err:
+            if err.name != f"{__name__}.{name}":
+                raise
+            raise AttributeError(f"module 'shardloader.pack' has no attribute {name!r}") from None
     else:
         raise AttributeError(f"module 'shardloader.pack' has no attribute {name!r}")
     globals()[name] = value
     return value
-
-
-def _found(module: str) -> bool:
-    import importlib.util
-
-    try:
-        return importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):
-        return False
 
 
 def __dir__() -> list[str]:

@@ -36,14 +36,9 @@ from shardloader.pack.options import PACKER_VERSION, PackOptions, PackProgress, 
 from shardloader.pack.outdir import SKIP_REPORT, note_skips, open_out, remove_stale, remove_temps
 from shardloader.pack.plan import Planner, part_of, shard_names
 from shardloader.pack.pool import Executor, make_executor
-from shardloader.pack.replace import (
-    check_resume,
-    finished_manifest,
-    must_remove_first,
-    refuse_remote_replace,
-)
+from shardloader.pack.replace import check_resume, finished_manifest
 from shardloader.pack.task import ShardResult, ShardTask, WriteSpec
-from shardloader.pack.tokenizer import manifest_entry, token_source
+from shardloader.pack.tokenizer import token_source
 from shardloader.pack.write import place_shard, write_and_place, write_shard, writing
 from shardloader.read.fields import FieldMap
 from shardloader.storage.store import Store
@@ -133,7 +128,13 @@ def _pack(
     if existing:  # NOTE [replacing a dataset] in pack/replace.py
         if options.overwrite:
             if finished is not None and executor.remote and not out_store.is_local:
-                refuse_remote_replace(out_store)
+                # Ray tasks place their shards as they finish: the old ones would go first
+                raise UsageError(
+                    f"--overwrite with --executor ray: {out_store.url!r} holds a finished pack, and Ray "
+                    "tasks would replace its shards one by one before the new pack is whole; "
+                    "pack into a fresh OUT (then point readers at it), or remove the old "
+                    "dataset first"
+                )
         else:  # resume: shards are kept or replaced in place, so the manifest goes first
             if finished is not None:
                 check_resume(out_store, finished, source)
@@ -204,8 +205,8 @@ def _pack(
             extra["length_unit"] = "tokens" if options.tokenizer or options.token_field else "bytes"
         if run.field_samples is not None:  # samples holding each member extension
             extra["field_samples"] = dict(sorted(run.field_samples.items()))
-        if tok_meta:
-            extra["tokenizer"] = manifest_entry(tok_meta)
+        if tok_meta:  # the tokenizer's sha256, or the --token-field; and the vocabulary size
+            extra["tokenizer"] = {k: v for k, v in tok_meta.items() if k != "path" and v}
         if parted:
             extra["part"] = {
                 "index": options.part,
@@ -310,7 +311,7 @@ class _Run:
         if not self.deferred:
             return
         names = {n for r in self.deferred for n in (r.name, r.index_name)}
-        if must_remove_first(old, names):
+        if not names.isdisjoint(old):  # the old manifest lists one of them
             self.spec.out.join(MANIFEST_NAME).remove()
         for r in self.deferred:
             if self.spec.out.is_local:

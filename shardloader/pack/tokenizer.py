@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from shardloader.pack.layouts.base import Source
     from shardloader.pack.options import PackOptions
 
-__all__ = ["add_tokens", "manifest_entry", "pretokenized", "token_source", "tokenizer_info"]
+__all__ = ["add_tokens", "pretokenized", "token_source", "tokenizer_info"]
 
 
 def tokenizer_info(path: str) -> tuple[str, int]:
@@ -124,11 +124,3 @@ def pretokenized(
         source, impl=TokenRecords(rule), fields=fields, text=rule.text_rule()
     )
     return source, {"sha256": None, "vocab_size": vocab, "path": None, "token_field": name}
-
-
-def manifest_entry(meta: dict[str, Any]) -> dict[str, Any]:
-    """What ``index.json`` records under ``extra["tokenizer"]``: the tokenizer file's sha256
-    and vocabulary size, or the pre-tokenized field and its vocabulary size."""
-    if meta.get("token_field") is not None:
-        return {"token_field": meta["token_field"], "vocab_size": meta["vocab_size"]}
-    return {k: meta[k] for k in ("sha256", "vocab_size")}

@@ -82,12 +82,9 @@ class Inputs:
     def url(self) -> str:
         return self.store.url
 
-    def open(self, f: InputFile) -> Store:
+    def open(self, f: InputFile | LineRun) -> Store:
         """The store of listed file ``f``: its URL with the source's options and policy."""
-        return self.open_url(f.url)
-
-    def open_url(self, url: str) -> Store:
-        return Store(url, self.store.options, self.store.retry)
+        return Store(f.url, self.store.options, self.store.retry)
 
 
 @dataclass(frozen=True)
@@ -186,11 +183,6 @@ class Source:
         return self.inputs.ignored
 
     @property
-    def store(self) -> Store:
-        """The source's store (URL, storage options, retry policy)."""
-        return self.inputs.store
-
-    @property
     def field_map(self) -> FieldMap:
         return FieldMap.build(self.fields, self.aliases, "--alias")
 
@@ -210,7 +202,7 @@ class Source:
 
         for item in self.items(on_skip):
             if isinstance(item, LineRun):
-                yield from run_samples(item, read_run(item, self.inputs.open_url(item.url)))
+                yield from run_samples(item, read_run(item, self.inputs.open(item)))
             else:
                 yield item
 
