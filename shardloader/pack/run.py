@@ -130,10 +130,10 @@ def _pack(
             if finished is not None and executor.remote and not out_store.is_local:
                 # Ray tasks place their shards as they finish: the old ones would go first
                 raise UsageError(
-                    f"--overwrite with --executor ray: {out_store.url!r} holds a finished pack, and Ray "
-                    "tasks would replace its shards one by one before the new pack is whole; "
-                    "pack into a fresh OUT (then point readers at it), or remove the old "
-                    "dataset first"
+                    f"--overwrite with --executor ray: {out_store.url!r} holds a finished "
+                    "pack, and Ray tasks would replace its shards one by one before the new "
+                    "pack is whole; pack into a fresh OUT (then point readers at it), or "
+                    "remove the old dataset first"
                 )
         else:  # resume: shards are kept or replaced in place, so the manifest goes first
             if finished is not None:

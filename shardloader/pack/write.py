@@ -140,19 +140,24 @@ def _try_keep(spec: WriteSpec, task: ShardTask, digest: str) -> ShardResult | No
     ):
         log.warning("%s: checksum does not match its sidecar; packing it again", shard_url)
         return None
+    return _result(task, meta, sidecar, kept=True)
+
+
+def _result(task: ShardTask, meta: Mapping[str, Any], data: bytes, **more: Any) -> ShardResult:
+    """A shard's figures, from the resume record its sidecar ``data`` holds (NOTE [resume])."""
     return ShardResult(
         task.plan.number,
         task.name,
         task.index_name,
-        len(index),
-        size,
+        int(meta["num_samples"]),
+        int(meta["bytes"]),
         int(meta["raw_bytes"]),
-        sha,
-        hashlib.sha256(sidecar).hexdigest(),
+        str(meta["sha256"]),
+        hashlib.sha256(data).hexdigest(),
         int(meta.get("bytes_in", 0)),
         tuple(meta.get("skips", ())),
-        kept=True,
         field_samples=meta.get("field_samples"),
+        **more,
     )
 
 
@@ -190,24 +195,10 @@ def write_shard(spec: WriteSpec, task: ShardTask) -> ShardResult:
         "num_samples": written.num_samples,
         "bytes_in": bytes_in,
         "skips": skips,
-        "field_samples": (counts := dict(sorted(writer.counts.items()))),
+        "field_samples": dict(sorted(writer.counts.items())),
     }
     sidecar = sidecar_bytes(written.index, meta)
-    return ShardResult(
-        plan.number,
-        task.name,
-        task.index_name,
-        written.num_samples,
-        written.bytes,
-        written.raw_bytes,
-        written.sha256,
-        hashlib.sha256(sidecar).hexdigest(),
-        bytes_in,
-        tuple(skips),
-        temp=tmp,
-        sidecar=sidecar,
-        field_samples=counts,
-    )
+    return _result(task, meta, sidecar, temp=tmp, sidecar=sidecar)
 
 
 class _Counting:

@@ -14,7 +14,7 @@ worker opens), so a layout needs no registration in the worker and may import wh
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -70,8 +70,9 @@ def mixed(what: str, mine: str, other: str) -> Verdict:
 
 @dataclass(frozen=True)
 class Inputs:
-    """What discovery listed: the source's store (URL, options, retry policy) and its files
-    (sorted); :meth:`open` is the store of one of them."""
+    """What discovery listed (:func:`shardloader.pack.listing.scan_inputs`): the source's store
+    (URL, options, retry policy) and its files (sorted); :meth:`open` is the store of one of
+    them."""
 
     store: Store
     files: tuple[InputFile, ...]
@@ -81,6 +82,16 @@ class Inputs:
     @property
     def url(self) -> str:
         return self.store.url
+
+    def without(self, left_out: Iterable[tuple[str, str]]) -> Inputs:
+        """These inputs but ``left_out`` (``(path relative to SRC, why)``), which are reported
+        with what the listing left out."""
+        left_out = tuple(left_out)
+        if not left_out:
+            return self
+        drop = {rel for rel, _ in left_out}
+        kept = tuple(f for f in self.files if f.rel not in drop)
+        return Inputs(self.store, kept, tuple(sorted((*self.ignored, *left_out))))
 
     def open(self, f: InputFile | LineRun) -> Store:
         """The store of listed file ``f``: its URL with the source's options and policy."""
