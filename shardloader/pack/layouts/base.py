@@ -13,11 +13,13 @@ worker opens), so a layout needs no registration in the worker and may import wh
 
 from __future__ import annotations
 
+import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from shardloader.errors import InputError
 from shardloader.manifest import FieldInfo
 from shardloader.pack.refs import InputFile, LineRun, SampleRef, TextRule
 from shardloader.read.fields import Aliases, FieldMap
@@ -33,9 +35,12 @@ __all__ = [
     "Description",
     "Source",
     "OnSkip",
+    "each_file",
     "text_rule",
     "extension",
 ]
+
+log = logging.getLogger(__name__)
 
 OnSkip = Callable[[str, str, str], None]  # (file relative to SRC, where in it, reason)
 
@@ -229,6 +234,31 @@ def _labelled(
             fields["cls"] = labels[item.key]
             item = item._replace(fields=tuple(sorted(fields.items())))
         yield item
+
+
+def each_file(
+    source: Source,
+    on_skip: OnSkip | None,
+    errors: tuple[type[BaseException], ...],
+    items: Callable[[InputFile], Iterator[SampleRef | LineRun]],
+) -> Iterator[SampleRef | LineRun]:
+    """The ``items`` of every file of ``source`` in turn.  A file that fails mid-way (one of
+    ``errors``) fails the pack naming it or, with ``on_skip``, has the rest of it skipped."""
+    for f in source.files:
+        last = ""
+        try:
+            for item in items(f):
+                last = f"line {int(item.numbers[-1])}" if isinstance(item, LineRun) else item.where
+                yield item
+        except errors as err:
+            after = f" after {last}" if last else ""
+            reason = f"cannot read{after} ({err})"
+            if on_skip is None:
+                raise InputError(
+                    f"{f.url}: {reason}; fix or remove the file, or pass --on-error skip"
+                ) from err
+            log.warning("%s: %s; skipping the rest of the file", f.url, reason)
+            on_skip(f.rel, last, reason)
 
 
 def extension(rel: str) -> str:

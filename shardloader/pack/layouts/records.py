@@ -15,7 +15,6 @@ next to its image) is a field of a key group, not a record file.
 from __future__ import annotations
 
 import itertools
-import logging
 from collections.abc import Iterator
 
 import numpy as np
@@ -33,6 +32,7 @@ from shardloader.pack.layouts.base import (
     OnSkip,
     Source,
     Verdict,
+    each_file,
     mixed,
 )
 from shardloader.pack.refs import InputFile, LineRun, SampleRef
@@ -40,8 +40,6 @@ from shardloader.pack.token_ids import IdsRule
 from shardloader.storage.store import Store
 
 __all__ = ["Records", "TokenRecords", "record_kind"]
-
-log = logging.getLogger(__name__)
 
 
 def record_kind(rel: str) -> tuple[str, str] | None:
@@ -138,24 +136,12 @@ class Records(Layout):
         import pyarrow as pa
         import zstandard
 
-        for f in source.files:
+        def items(f: InputFile) -> Iterator[SampleRef | LineRun]:
             kind, stem = record_kind(f.rel)  # type: ignore[misc]
-            last = ""
-            try:
-                for item in self._file_items(f, kind, stem, source.inputs.open(f), on_skip):
-                    last = (
-                        f"line {int(item.numbers[-1])}" if isinstance(item, LineRun) else item.where
-                    )
-                    yield item
-            except (OSError, EOFError, zstandard.ZstdError, pa.ArrowInvalid, StorageError) as err:
-                after = f" after {last}" if last else ""
-                reason = f"cannot read{after} ({err})"
-                if on_skip is None:
-                    raise InputError(
-                        f"{f.url}: {reason}; fix or remove the file, or pass --on-error skip"
-                    ) from err
-                log.warning("%s: %s; skipping the rest of the file", f.url, reason)
-                on_skip(f.rel, last, reason)
+            return self._file_items(f, kind, stem, source.inputs.open(f), on_skip)
+
+        errors = (OSError, EOFError, zstandard.ZstdError, pa.ArrowInvalid, StorageError)
+        return each_file(source, on_skip, errors, items)
 
     def _file_items(
         self, f: InputFile, kind: str, stem: str, store: Store, on_skip: OnSkip | None
