@@ -84,7 +84,7 @@ def check_text_field(source: Source, text_field: str, insisted: bool) -> Source:
             if kind == "json":
                 counts.append(_json_count(f.rel, f.url, store, json_key))
             elif kind != "txt":
-                counts.append(_table_count(f, kind, store, columns))
+                counts.append(table_columns(f, kind, store, columns))
         except (OSError, EOFError, InputError, StorageError, ValueError, ZstdError) as err:
             # unreadable (pyarrow's errors are ValueErrors): the pack itself
             # refuses the file, or skips it with --on-error skip, naming where it failed
@@ -141,12 +141,3 @@ def _probe(key: str) -> msgspec.json.Decoder:
         )
         decoder = _PROBES[key] = msgspec.json.Decoder(struct)
     return decoder
-
-
-def _table_count(f: object, kind: str, store: object, columns: list[str]) -> FileCount:
-    """Rows of a table, and those where none of ``columns`` holds a value."""
-    names, rows, present = table_columns(f, kind, store, columns)  # type: ignore[arg-type]
-    count = FileCount(f.rel, f.url)  # type: ignore[attr-defined]
-    count.records, count.missing = rows, rows - present
-    count.saw(names)
-    return count

@@ -100,14 +100,11 @@ class _Remote:
     def call(self, name: str, what: str, **kwargs: Any) -> Any:
         return self.store.call(partial(self._call, name, **kwargs), what)
 
-    def create(self, body: bytes) -> str | None:
-        """ETag of the new lock object; None if one exists."""
-        found = self.call("put_object", "lock", Body=body, IfNoneMatch="*")
-        return None if found is None else str(found["ETag"])
-
-    def replace(self, body: bytes, etag: str) -> str | None:
-        """ETag of the replaced lock object; None if it is no longer ``etag``."""
-        found = self.call("put_object", "lock", Body=body, IfMatch=etag)
+    def put(self, body: bytes, etag: str | None = None) -> str | None:
+        """ETag of the lock object written: created (``etag`` None), or replacing the one
+        whose ETag is ``etag``; None when that condition fails."""
+        cond = {"IfNoneMatch": "*"} if etag is None else {"IfMatch": etag}
+        found = self.call("put_object", "lock", Body=body, **cond)
         return None if found is None else str(found["ETag"])
 
     def read(self) -> tuple[Holder | None, str] | None:
@@ -124,7 +121,7 @@ class _Remote:
 def _acquire(remote: _Remote, out: Store, holder: Holder, lease: float) -> tuple[Holder, str]:
     for _ in range(5):  # each round ends in a decision unless the object changes under us
         mine = Holder(**{**asdict(holder), "expires": time.time() + lease})
-        etag = remote.create(mine.to_json())
+        etag = remote.put(mine.to_json())
         if etag is not None:
             return mine, etag
         found = remote.read()
@@ -137,7 +134,7 @@ def _acquire(remote: _Remote, out: Store, holder: Holder, lease: float) -> tuple
         gone = other is not None and other.host == socket.gethostname() and not alive(other.pid)
         if not (expired or gone):
             raise refused(out, other)
-        etag = remote.replace(mine.to_json(), other_etag)
+        etag = remote.put(mine.to_json(), other_etag)
         if etag is not None:
             log.warning(
                 "%s: took over the lock of %s",
@@ -160,7 +157,7 @@ class _Renewer(threading.Thread):
         while not self.stopped.wait(self.lease / 3):
             mine = Holder(**{**asdict(self.lock.holder), "expires": time.time() + self.lease})
             try:
-                etag = self.remote.replace(mine.to_json(), self.etag)
+                etag = self.remote.put(mine.to_json(), self.etag)
             except (StorageError, OSError) as err:  # the next round may get through
                 log.warning("%s: could not renew the lock (%s)", self.lock.out.url, err)
                 continue

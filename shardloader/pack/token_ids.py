@@ -234,37 +234,34 @@ def scan_ids(f: InputFile, kind: str, store: Store, name: str, vocab_size: int |
             count.missing += int(nulls.sum())
             row += len(column)
         if not found:
-            names, count.records, _ = table_columns(f, kind, store, ())
-            count.missing = count.records
-            count.saw(names)
-        else:
-            count.saw([name])
+            return table_columns(f, kind, store, ())
+        count.saw([name])
     except (OSError, pa.ArrowInvalid, StorageError) as err:
         raise InputError(f"{f.url}: cannot read ({err}); fix or remove the file") from err
     return count
 
 
-def table_columns(
-    f: InputFile, kind: str, store: Store, columns: Sequence[str]
-) -> tuple[list[str], int, int]:
-    """(column names, rows, rows where one of ``columns`` holds a value) of table file ``f``:
-    only those columns are read."""
+def table_columns(f: InputFile, kind: str, store: Store, columns: Sequence[str]) -> FileCount:
+    """The rows of table file ``f``, and those where none of ``columns`` holds a value: only
+    those columns are read."""
     import pyarrow as pa
 
     table = open_table(f, kind, store)
+    count = FileCount(f.rel, f.url)
     try:
         names = list(schema_of(table, kind).names)
+        count.saw(names)
         wanted = [c for c in columns if c in names]
         if not wanted:
-            return names, _num_rows_of(table, kind), 0
-        rows = present = 0
+            count.records = count.missing = _num_rows_of(table, kind)
+            return count
         for batch in batches(table, wanted, _BATCH * 4):
             valid = np.zeros(batch.num_rows, bool)
             for c in wanted:
                 valid |= batch.column(c).is_valid().to_numpy(zero_copy_only=False)
-            rows += batch.num_rows
-            present += int(valid.sum())
-        return names, rows, present
+            count.records += batch.num_rows
+            count.missing += batch.num_rows - int(valid.sum())
+        return count
     except pa.ArrowInvalid as err:
         raise InputError(f"{f.url}: cannot read ({err}); fix or remove the file") from err
     finally:

@@ -26,11 +26,19 @@ if TYPE_CHECKING:
     from shardloader.pack.layouts.base import Source
     from shardloader.pack.options import PackOptions
 
-__all__ = ["add_tokens", "pretokenized", "token_source", "tokenizer_info"]
+__all__ = ["add_tokens", "pretokenized", "token_source"]
 
 
-def tokenizer_info(path: str) -> tuple[str, int]:
-    """(sha256 of the file, vocabulary size) of a local tokenizers JSON file."""
+def add_tokens(src: str, path: str | None, fields: dict[str, FieldInfo]) -> dict | None:
+    """Add the ``tokens`` field for ``--tokenizer`` (a local tokenizers JSON file, loaded once
+    here to check it); return what the manifest records of it: its sha256 and vocabulary
+    size (and where it is, for the pack workers)."""
+    from shardloader.pack.token_ids import ids_dtype
+
+    if path is None:
+        return None
+    if "tokens" in fields:
+        raise UsageError(f"{src} already has a 'tokens' field; --tokenizer would replace it")
     where = Store(path)
     if not where.is_local:
         raise UsageError(f"--tokenizer {path!r}: give a local tokenizer.json file")
@@ -46,22 +54,10 @@ def tokenizer_info(path: str) -> tuple[str, int]:
         ) from err
     except Exception as err:  # OSError, bad UTF-8, and tokenizers' own untyped errors
         raise UsageError(f"--tokenizer {path!r}: cannot load ({err})") from err
-    return hashlib.sha256(data).hexdigest(), int(tok.get_vocab_size(with_added_tokens=True))
-
-
-def add_tokens(src: str, tokenizer: str | None, fields: dict[str, FieldInfo]) -> dict | None:
-    """Add the ``tokens`` field for ``--tokenizer``; return what the manifest records of it."""
-    if tokenizer is None:
-        return None
-    if "tokens" in fields:
-        raise UsageError(f"{src} already has a 'tokens' field; --tokenizer would replace it")
-    sha, vocab = tokenizer_info(tokenizer)
-    fields["tokens"] = FieldInfo("tokens", "uint16" if vocab <= 1 << 16 else "uint32")
-    return {
-        "sha256": sha,
-        "vocab_size": vocab,
-        "path": os.path.abspath(Store(tokenizer).local_path),
-    }
+    vocab = int(tok.get_vocab_size(with_added_tokens=True))
+    fields["tokens"] = FieldInfo("tokens", ids_dtype(vocab))
+    sha = hashlib.sha256(data).hexdigest()
+    return {"sha256": sha, "vocab_size": vocab, "path": os.path.abspath(where.local_path)}
 
 
 def token_source(
