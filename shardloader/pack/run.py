@@ -158,7 +158,7 @@ def _pack(
         resume=options.resume,
         max_sample_size=options.max_sample_size,
     )
-    run = _Run(spec, options, progress, start, None if parted else source.total_bytes)
+    run = _Run(spec, progress, start, None if parted else source.total_bytes)
     run.defer = finished is not None and options.overwrite  # placed once every shard is written
     shard_size, notes = shard_size_for(options, source)
     planner = Planner(options.format, shard_size, options.max_samples)
@@ -263,7 +263,6 @@ class _Run:
     def __init__(
         self,
         spec: WriteSpec,
-        options: PackOptions,
         progress: Callable[[PackProgress], None] | None,
         start: float,
         total_bytes: int | None,
@@ -310,26 +309,31 @@ class _Run:
         first out of the way when one of them is a name it lists."""
         if not self.deferred:
             return
-        names = {n for r in self.deferred for n in (r.name, r.index_name)}
+        names = {n for r in self.deferred for n in (r.info.path, r.info.index_path)}
         if not names.isdisjoint(old):  # the old manifest lists one of them
             self.spec.out.join(MANIFEST_NAME).remove()
         for r in self.deferred:
-            if self.spec.out.is_local:
-                self._place(r)
-            else:
-                self.uploads.submit(partial(self._place, r))
+            self._put(r)
         self.deferred = []
+
+    def _put(self, r: ShardResult) -> None:
+        """Place ``r`` now (a rename, or placed by its task already), else upload it in the
+        background: NOTE [background uploads] in storage/uploads.py (overlaps the next shards)."""
+        if r.temp is None or self.spec.out.is_local:
+            self._place(r)
+        else:
+            self.uploads.submit(partial(self._place, r))
 
     def _place(self, r: ShardResult) -> None:
         """The shard to its final name (rename or upload), then its sidecar."""
         place_shard(self.spec, r)
         assert r.sidecar is not None
-        sidecar = self.spec.out.join(r.index_name)
+        sidecar = self.spec.out.join(r.info.index_path)
         with writing(f"sidecar {sidecar.url}"):
             sidecar.write_bytes_atomic(r.sidecar)
 
     def _finish(self, r: ShardResult) -> None:
-        if r.num_samples == 0:  # every sample skipped: no shard
+        if r.info.num_samples == 0:  # every sample skipped: no shard
             place_shard(self.spec, r)  # drops the temporary file
             self.skips.extend(r.skips)
             return
@@ -337,28 +341,18 @@ class _Run:
             self.kept += 1
         elif self.defer:  # NOTE [replacing a dataset]: placed when every shard is written
             self.deferred.append(r)
-        elif r.temp is None or self.spec.out.is_local:  # placed by the task, or a rename
-            self._place(r)
-        else:  # NOTE [background uploads] in storage/uploads.py: overlaps the next shards
-            self.uploads.submit(partial(self._place, r))
-        self.infos[r.number] = ShardInfo(
-            r.name,
-            r.num_samples,
-            r.stored_bytes,
-            r.raw_bytes,
-            r.sha256,
-            r.index_name,
-            r.index_sha256,
-        )
+        else:
+            self._put(r)
+        self.infos[r.number] = r.info
         self.skips.extend(r.skips)
         if r.field_samples is None or self.field_samples is None:
             self.field_samples = None
         else:
             for ext, n in r.field_samples.items():
                 self.field_samples[ext] = self.field_samples.get(ext, 0) + n
-        self.samples += r.num_samples
+        self.samples += r.info.num_samples
         self.bytes_in += r.bytes_in
-        self.bytes_out += r.stored_bytes
+        self.bytes_out += r.info.bytes
         if self.progress is not None:
             self.progress(
                 PackProgress(

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shardloader.format.registry import format_module
-from shardloader.manifest import FieldInfo
+from shardloader.manifest import FieldInfo, ShardInfo
 from shardloader.pack.discover import TextRule
 from shardloader.pack.plan import ShardPlan
 from shardloader.storage.store import Store
@@ -62,13 +62,7 @@ class ShardTask:
 @dataclass(frozen=True)
 class ShardResult:
     number: int
-    name: str
-    index_name: str
-    num_samples: int
-    stored_bytes: int
-    raw_bytes: int
-    sha256: str
-    index_sha256: str
+    info: ShardInfo  # the manifest's entry
     bytes_in: int
     skips: tuple[dict[str, Any], ...]
     temp: str | None = None  # local temporary shard to move into place; None when kept

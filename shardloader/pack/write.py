@@ -28,7 +28,7 @@ from typing import Any
 from shardloader.errors import ShardloaderError, StorageError
 from shardloader.format.base import WrittenShard
 from shardloader.format.registry import get_format
-from shardloader.manifest import SampleIndex
+from shardloader.manifest import SampleIndex, ShardInfo
 from shardloader.pack.fill import fill_shard
 from shardloader.pack.layouts.lines import read_run
 from shardloader.pack.lock import alive
@@ -145,15 +145,18 @@ def _try_keep(spec: WriteSpec, task: ShardTask, digest: str) -> ShardResult | No
 
 def _result(task: ShardTask, meta: Mapping[str, Any], data: bytes, **more: Any) -> ShardResult:
     """A shard's figures, from the resume record its sidecar ``data`` holds (NOTE [resume])."""
-    return ShardResult(
-        task.plan.number,
+    info = ShardInfo(
         task.name,
-        task.index_name,
         int(meta["num_samples"]),
         int(meta["bytes"]),
         int(meta["raw_bytes"]),
         str(meta["sha256"]),
+        task.index_name,
         hashlib.sha256(data).hexdigest(),
+    )
+    return ShardResult(
+        task.plan.number,
+        info,
         int(meta.get("bytes_in", 0)),
         tuple(meta.get("skips", ())),
         field_samples=meta.get("field_samples"),
@@ -230,10 +233,10 @@ def place_shard(spec: WriteSpec, r: ShardResult) -> ShardResult:
     drop it when every sample was skipped.  A kept or already placed shard is left alone."""
     if r.temp is None:
         return r
-    if r.num_samples:
-        with writing(f"shard {spec.out.join(r.name).url}"):
+    if r.info.num_samples:
+        with writing(f"shard {spec.out.join(r.info.path).url}"):
             # storage/uploads.py; S3 checks the upload against the manifest's sha256
-            put_file_recorded(spec.out, r.name, r.temp, spec.run_id, r.sha256)
+            put_file_recorded(spec.out, r.info.path, r.temp, spec.run_id, r.info.sha256)
     if os.path.exists(r.temp):  # uploaded (remote OUT), or empty: drop the local copy
         os.remove(r.temp)
     return replace(r, temp=None)
