@@ -13,7 +13,6 @@ plan.py), so merging restores the single-machine order exactly.  Two ways to pla
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -31,6 +30,7 @@ from shardloader.pack.outdir import note_skips, open_out, remove_stale
 from shardloader.pack.plan import shard_names
 from shardloader.storage.retry import RetryPolicy
 from shardloader.storage.store import Store, as_store
+from shardloader.storage.streams import HashingReader
 from shardloader.storage.uploads import put_file_recorded
 
 __all__ = ["MergeReport", "merge"]
@@ -102,19 +102,16 @@ def _copy_verified(src: Store, dst: Store, sha256: str, staging: str, run_id: st
     """Copy ``src`` to ``dst`` through a temporary file, checking its sha256."""
     name = dst.url.rsplit("/", 1)[-1]
     tmp = os.path.join(staging, f".{name}.tmp-{uuid.uuid4().hex}")
-    h = hashlib.sha256()
-    n = 0
     try:
         with src.open_read() as fin, open(tmp, "wb") as fout:
-            while chunk := fin.read(4 << 20):
-                h.update(chunk)
+            read = HashingReader(fin)
+            while chunk := read.read(4 << 20):
                 fout.write(chunk)
-                n += len(chunk)
             fout.flush()
             os.fsync(fout.fileno())
-        if h.hexdigest() != sha256:
+        if read.hexdigest() != sha256:
             raise ChecksumError(
-                f"{src.url}: sha256 {h.hexdigest()} does not match its manifest ({sha256}); "
+                f"{src.url}: sha256 {read.hexdigest()} does not match its manifest ({sha256}); "
                 "re-pack this part"
             )
         parent, _, name = dst.url.rpartition("/")  # recorded if it goes up in parts
@@ -122,7 +119,7 @@ def _copy_verified(src: Store, dst: Store, sha256: str, staging: str, run_id: st
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
-    return n
+    return read.pos
 
 
 def merge(

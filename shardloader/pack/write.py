@@ -35,7 +35,7 @@ from shardloader.pack.lock import alive
 from shardloader.pack.refs import LineRun
 from shardloader.pack.resume import plan_digest, sidecar_bytes, sidecar_meta
 from shardloader.pack.task import ShardResult, ShardTask, WriteSpec, temp_name
-from shardloader.storage.store import Store
+from shardloader.storage.streams import HashingReader
 from shardloader.storage.uploads import put_file_recorded
 
 __all__ = [
@@ -50,9 +50,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-_HASH_CHUNK = 4 << 20
-
 
 _FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
@@ -106,16 +103,6 @@ def worker_init(main_pid: int) -> None:
 # -- one shard ------------------------------------------------------------------------------
 
 
-def _hash_stored(store: Store) -> tuple[str, int]:
-    h = hashlib.sha256()
-    n = 0
-    with store.open_read() as f:
-        while chunk := f.read(_HASH_CHUNK):
-            h.update(chunk)
-            n += len(chunk)
-    return h.hexdigest(), n
-
-
 def _try_keep(spec: WriteSpec, task: ShardTask, digest: str) -> ShardResult | None:
     """A finished shard from an earlier run, if it is intact and was planned the same way."""
     shard, index_store = spec.out.join(task.name), spec.out.join(task.index_name)
@@ -128,7 +115,10 @@ def _try_keep(spec: WriteSpec, task: ShardTask, digest: str) -> ShardResult | No
         if meta.get("plan_digest") != digest:
             log.info("%s: planned differently; packing it again", shard_url)
             return None
-        sha, size = _hash_stored(shard)
+        with shard.open_read() as f:
+            stored = HashingReader(f)
+            stored.drain()
+        sha, size = stored.hexdigest(), stored.pos
         index = SampleIndex.from_arrow_bytes(sidecar, index_url)
     except ShardloaderError as err:
         log.warning("%s: cannot reuse (%s); packing it again", shard_url, err)

@@ -111,7 +111,7 @@ class Tars(Layout):
     def describe(self, inputs: Inputs) -> Description:
         """Reads every tar once to learn its fields (a tar has no table of contents)."""
         fields: dict[str, FieldInfo] = {}
-        samples: list[dict[str, str]] = []
+        samples: list[tuple[str, ...]] = []
         for f in inputs.files:
             if not is_tar_shard(f.rel):
                 raise UsageError(
@@ -122,7 +122,7 @@ class Tars(Layout):
                 for _, found in _samples(inputs, f):
                     for ext in found:
                         fields.setdefault(ext, FieldInfo(codec_for_extension(ext)))
-                    samples.append(dict.fromkeys(found, ""))
+                    samples.append(tuple(found))  # its fields, not their bytes
             except _READ_ERRORS as err:  # enumerate refuses or skips it, naming it
                 log.warning("%s: cannot read (%s)", f.url, err)
         aliases, notes = image_alias(fields, samples)
