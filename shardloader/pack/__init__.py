@@ -8,8 +8,9 @@ Input layouts are in :mod:`.layouts` (one module each, one registry:
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from shardloader._lazy import on_demand
 
 if TYPE_CHECKING:
     from shardloader.pack.options import (
@@ -39,22 +40,7 @@ __all__ = [
     "pack",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is not None:
-        value = getattr(importlib.import_module(module), name)
-    elif name.isidentifier() and not name.startswith("__"):
-        try:  # a submodule: shardloader.pack.layouts
-            value = importlib.import_module(f"{__name__}.{name}")
-        except ModuleNotFoundError as err:
-            if err.name != f"{__name__}.{name}":
-                raise
-            raise AttributeError(f"module 'shardloader.pack' has no attribute {name!r}") from None
-    else:
-        raise AttributeError(f"module 'shardloader.pack' has no attribute {name!r}")
-    globals()[name] = value
-    return value
+__getattr__ = on_demand(__name__, globals(), _EXPORTS)
 
 
 def __dir__() -> list[str]:

@@ -27,7 +27,7 @@ from shardloader.pack.refs import FileRef, LineRun, SampleRef
 from shardloader.pack.task import WriteSpec
 from shardloader.pack.token_ids import ids_length
 
-__all__ = ["fill_shard", "every_sample_skipped"]
+__all__ = ["fill_shard", "every_sample_skipped", "skip_record"]
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +56,11 @@ def fill_shard(
         writer.add(sample.key, fields, length)
         bytes_in += _input_size(sample)
     return bytes_in
+
+
+def skip_record(shard: int, file: str, where: str, reason: str, key: str = "") -> dict[str, Any]:
+    """An entry of the skip report: paths relative to SRC, so reports are reproducible."""
+    return {"shard": shard, "key": key, "file": file, "where": where, "reason": reason}
 
 
 def every_sample_skipped(skips: Sequence[Mapping[str, Any]]) -> InputError:
@@ -280,8 +285,7 @@ def _add_records(
 def _refuse_or_skip(
     spec: WriteSpec, bad: _Bad, sample: SampleRef, number: int, skips: list[dict]
 ) -> None:
-    """Fail on ``sample`` of shard ``number``, naming it, or record it in ``skips`` (the skip
-    report's entry: paths relative to SRC, so reports are reproducible)."""
+    """Fail on ``sample`` of shard ``number``, naming it, or record it in ``skips``."""
     key, ref = sample.key, bad.ref
     if ref is not None:
         message = f"{ref.url} (key {key!r}): {bad.reason}"
@@ -293,9 +297,7 @@ def _refuse_or_skip(
         raise InputError(f"{message}; fix or remove it, or pass --on-error skip") from None
     log.warning("skipping %s", message)
     file = ref.rel if ref is not None else sample.file
-    skips.append(
-        {"shard": number, "key": key, "file": file, "where": sample.where, "reason": bad.reason}
-    )
+    skips.append(skip_record(number, file, sample.where, bad.reason, key))
 
 
 def _input_size(sample: SampleRef) -> int:

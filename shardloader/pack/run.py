@@ -28,7 +28,7 @@ from typing import Any
 from shardloader.errors import ShardError, UsageError
 from shardloader.manifest import FORMAT_VERSION, MANIFEST_NAME, FieldInfo, Manifest, ShardInfo
 from shardloader.pack.discover import Source, discover
-from shardloader.pack.fill import every_sample_skipped
+from shardloader.pack.fill import every_sample_skipped, skip_record
 from shardloader.pack.listing import below
 from shardloader.pack.lock import OutLock, out_lock
 from shardloader.pack.notes import after_notes, shard_size_for
@@ -165,18 +165,9 @@ def _pack(
 
     def on_skip(file: str, where: str, reason: str) -> None:
         if part_of(planner.current, options.num_parts) == options.part:
-            run.skips.append(
-                {
-                    "shard": planner.current,
-                    "key": "",
-                    "file": file,
-                    "where": where,
-                    "reason": reason,
-                }
-            )
+            run.skips.append(skip_record(planner.current, file, where, reason))
 
-    if progress is not None:
-        progress(PackProgress(0, 0, 0, 0, run.total_bytes, time.monotonic() - start))
+    run.tick()
     local_number = 0
     try:
         items = source.items(on_skip if options.on_error == "skip" else None)
@@ -353,6 +344,10 @@ class _Run:
         self.samples += r.info.num_samples
         self.bytes_in += r.bytes_in
         self.bytes_out += r.info.bytes
+        self.tick()
+
+    def tick(self) -> None:
+        """Report the running totals, if anyone listens."""
         if self.progress is not None:
             self.progress(
                 PackProgress(

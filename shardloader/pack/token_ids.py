@@ -42,7 +42,7 @@ __all__ = [
 ]
 
 MAX_VOCAB = 1 << 32  # uint32 ids
-_OBJECT = msgspec.json.Decoder(dict[str, msgspec.Raw])
+JSON_OBJECT = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _IDS = msgspec.json.Decoder(list[int])
 _ENCODE = msgspec.json.Encoder()
 _BATCH = 4096  # table rows read at a time
@@ -116,7 +116,7 @@ def json_ids(line: bytes, name: str, where: str) -> tuple[np.ndarray | None, dic
     """The ids under key ``name`` of JSON record ``line`` (None: key absent or null) and the
     record's other keys (raw JSON values, for the ``json`` field)."""
     try:
-        record = _OBJECT.decode(line)
+        record = JSON_OBJECT.decode(line)
     except msgspec.ValidationError as err:
         raise InputError(f"{where}: not a JSON object ({err})") from err
     except msgspec.DecodeError as err:

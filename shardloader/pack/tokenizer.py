@@ -95,7 +95,7 @@ def pretokenized(
         kind = record_kind(f.rel)[0]  # type: ignore[index]
         kinds.add(kind)
         counts.append(scan_ids(f, kind, source.inputs.open(f), name, vocab_size))
-    if not check_presence(source, counts, name, "--token-field", insisted=True):
+    if not check_presence(counts, name, "--token-field", insisted=True):
         raise UsageError(f"--token-field {name!r}: {src} holds no records")
     largest = max(c.hi for c in counts)
     vocab = vocab_size if vocab_size is not None else max(largest + 1, 1)
