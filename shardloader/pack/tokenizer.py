@@ -90,24 +90,19 @@ def pretokenized(
             f"--token-field reads token ids from record files (JSONL, Parquet, Arrow), but "
             f"{src} is laid out as {source.layout}; pass --layout records if they are records"
         )
-    counts, kinds = [], set()
+    counts, kinds, keep_json = [], set(), False
     for f in source.files:
         kind = record_kind(f.rel)[0]  # type: ignore[index]
         kinds.add(kind)
         counts.append(scan_ids(f, kind, source.inputs.open(f), name, vocab_size))
+        keep_json |= kind == "json" and bool(counts[-1].fields)  # other keys beside the ids
     if not check_presence(counts, name, "--token-field", insisted=True):
         raise UsageError(f"--token-field {name!r}: {src} holds no records")
-    largest = max(c.hi for c in counts)
-    vocab = vocab_size if vocab_size is not None else max(largest + 1, 1)
+    vocab = vocab_size if vocab_size is not None else max(max(c.hi for c in counts) + 1, 1)
     if vocab > MAX_VOCAB:  # only a given --vocab-size can be (ids past it are refused)
         raise UsageError(f"--vocab-size {vocab}: token ids are stored as uint32, at most 2**32")
     dtype = ids_dtype(vocab)
     fields = {k: v for k, v in source.fields.items() if k != name}
-    keep_json = any(
-        c.fields
-        for c, f in zip(counts, source.files, strict=True)
-        if record_kind(f.rel)[0] == "json"  # type: ignore[index]
-    )
     if kinds == {"json"} and not keep_json:
         fields.pop("json", None)  # the records held nothing but their ids
     if "tokens" in fields:
