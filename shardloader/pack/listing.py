@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 
 # What operating systems, file managers and archivers leave in folders: never data.  Matched
 # case-insensitively on the name alone; hidden names (a leading dot: .DS_Store, ._x, .git/)
-# are left out too.  Both are reported (Listing.ignored), never dropped silently.
+# are left out too.  Both are reported (Inputs.ignored), never dropped silently.
 SYSTEM_FILES = frozenset({"thumbs.db", "ehthumbs.db", "ehthumbs_vista.db", "desktop.ini"})
 SYSTEM_FOLDERS = frozenset({"__macosx", "$recycle.bin", "system volume information"})
 

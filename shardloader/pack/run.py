@@ -202,7 +202,7 @@ def _pack(
             extra["part"] = {
                 "index": options.part,
                 "count": options.num_parts,
-                "planned_shards": planner.planned,
+                "planned_shards": planner.current,  # the stream is exhausted: all of them
                 "shard_numbers": sorted(run.infos),
             }
         logical = FieldMap.build(fields, source.aliases, "--alias")  # members → manifest fields

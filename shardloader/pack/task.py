@@ -8,7 +8,6 @@ Both sides import them: the orchestrator (pack/run.py) and the worker that write
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -19,7 +18,7 @@ from shardloader.pack.discover import TextRule
 from shardloader.pack.plan import ShardPlan
 from shardloader.storage.store import Store
 
-__all__ = ["ShardResult", "ShardTask", "WriteSpec", "temp_name"]
+__all__ = ["ShardResult", "ShardTask", "WriteSpec"]
 
 
 @dataclass(frozen=True)
@@ -70,8 +69,3 @@ class ShardResult:
     kept: bool = False
     # samples holding each member extension; None: not recorded (kept from an older pack)
     field_samples: Mapping[str, int] | None = None
-
-
-def temp_name(spec: WriteSpec, name: str) -> str:
-    """Where a worker writes shard ``name`` until the orchestrator moves it into place."""
-    return os.path.join(spec.staging, f".{name}.tmp-{spec.run_id}")

@@ -34,7 +34,7 @@ from shardloader.pack.layouts.lines import read_run
 from shardloader.pack.lock import alive
 from shardloader.pack.refs import LineRun
 from shardloader.pack.resume import plan_digest, sidecar_bytes, sidecar_meta
-from shardloader.pack.task import ShardResult, ShardTask, WriteSpec, temp_name
+from shardloader.pack.task import ShardResult, ShardTask, WriteSpec
 from shardloader.storage.streams import HashingReader
 from shardloader.storage.uploads import put_file_recorded
 
@@ -165,7 +165,7 @@ def write_shard(spec: WriteSpec, task: ShardTask) -> ShardResult:
         kept = _try_keep(spec, task, digest)
         if kept is not None:
             return kept
-    tmp = temp_name(spec, task.name)
+    tmp = os.path.join(spec.staging, f".{task.name}.tmp-{spec.run_id}")  # until it is placed
     skips: list[dict[str, Any]] = []
     try:
         with writing(f"shard {spec.out.join(task.name).url} (writing {tmp})"), open(tmp, "wb") as f:
