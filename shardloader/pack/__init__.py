@@ -8,8 +8,9 @@ Input layouts are in :mod:`.layouts` (one module each, one registry:
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from shardloader._lazy import on_demand
 
 if TYPE_CHECKING:
     from shardloader.pack.options import (
@@ -39,26 +40,7 @@ __all__ = [
     "pack",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is not None:
-        value = getattr(importlib.import_module(module), name)
-    elif name.isidentifier() and not name.startswith("__") and _found(f"{__name__}.{name}"):
-        value = importlib.import_module(f"{__name__}.{name}")  # shardloader.pack.layouts
-    else:
-        raise AttributeError(f"module 'shardloader.pack' has no attribute {name!r}")
-    globals()[name] = value
-    return value
-
-
-def _found(module: str) -> bool:
-    import importlib.util
-
-    try:
-        return importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):
-        return False
+__getattr__ = on_demand(__name__, globals(), _EXPORTS)
 
 
 def __dir__() -> list[str]:

@@ -15,11 +15,11 @@ from collections.abc import Mapping
 
 from shardloader.errors import UsageError
 from shardloader.manifest import FieldInfo
-from shardloader.pack.labels import Labelled, attach_labels, labels_rel, read_labels
+from shardloader.pack.labels import Labelled, attach_labels, read_labels
 from shardloader.pack.layouts.base import Inputs, Layout, OnSkip, Source
 from shardloader.pack.layouts.records import record_kind
 from shardloader.pack.layouts.registry import AUTO, get_layout, layout_names, registered_layouts
-from shardloader.pack.listing import Listing, list_inputs, scan_inputs
+from shardloader.pack.listing import below, scan_inputs
 from shardloader.pack.refs import FileRef, InputFile, SampleRef, TextRule
 from shardloader.read.fields import Aliases, merge, normalize
 from shardloader.storage.store import Store, as_store
@@ -33,9 +33,7 @@ __all__ = [
     "Source",
     "detect",
     "discover",
-    "list_inputs",
     "scan_inputs",
-    "Listing",
     "record_kind",  # index_existing refuses record files with it
 ]
 
@@ -103,54 +101,32 @@ def discover(
     impl = None if layout == AUTO else get_layout(layout)
     store = as_store(src)
     src = store.url
-    listing = scan_inputs(store)
+    inputs = scan_inputs(store)
     labels_store = None if labels is None else Store(labels, store.options, store.retry)
-    inside = None if labels_store is None else labels_rel(store, labels_store)
-    if inside is not None:  # the labels file lies in SRC: it is no input
-        listing = Listing(
-            tuple(f for f in listing.files if f.rel != inside),
-            tuple(sorted((*listing.ignored, (inside, "the --labels file")))),
-        )
-    files = listing.files
-    if listing.ignored:
+    inside = None if labels_store is None else below(labels_store, store)
+    if inside:  # the labels file lies in SRC: it is no input
+        inputs = inputs.without([(inside, "the --labels file")])
+    ignored = inputs.ignored
+    if ignored:
         log.info(
-            "%s: left out %d hidden or system files (e.g. %r)",
-            src,
-            len(listing.ignored),
-            listing.ignored[0][0],
+            "%s: left out %d hidden or system files (e.g. %r)", src, len(ignored), ignored[0][0]
         )
-    if not files:
-        only = (
-            f" (only hidden or system files, e.g. {listing.ignored[0][0]!r})"
-            if listing.ignored
-            else ""
-        )
+    if not inputs.files:
+        only = f" (only hidden or system files, e.g. {ignored[0][0]!r})" if ignored else ""
         raise UsageError(f"{src}: no input files (empty source{only}); nothing to pack")
     if impl is None:
-        impl = detect(src, files)
-        log.info("%s: detected layout %s (%d files)", src, impl.name, len(files))
-    inputs = Inputs(store, files, listing.ignored)
+        impl = detect(src, inputs.files)
+        log.info("%s: detected layout %s (%d files)", src, impl.name, len(inputs.files))
     found = impl.describe(inputs)
     if found.left_out:  # junk the layout recognised: reported as the listing's leftovers are
-        drop = {rel for rel, _ in found.left_out}
-        inputs = Inputs(
-            store,
-            tuple(f for f in files if f.rel not in drop),
-            tuple(sorted((*listing.ignored, *found.left_out))),
-        )
-        log.info("%s: left out %d files that are no sample's", src, len(drop))
+        inputs = inputs.without(found.left_out)
+        log.info("%s: left out %d files that are no sample's", src, len(found.left_out))
     fields = dict(found.fields)
     classes = found.classes
     labelled = None
     if labels_store is not None:
         labelled = _labels(src, impl, inputs, fields, labels_store, on_error == "skip")
-        if labelled.left_out:
-            drop = {rel for rel, _ in labelled.left_out}
-            inputs = Inputs(
-                store,
-                tuple(f for f in inputs.files if f.rel not in drop),
-                tuple(sorted((*inputs.ignored, *labelled.left_out))),
-            )
+        inputs = inputs.without(labelled.left_out)
         fields["cls"] = FieldInfo("int")
         classes = labelled.classes
     text = impl.text_rule(fields, text_field, tokenize)

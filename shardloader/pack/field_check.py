@@ -18,19 +18,17 @@ from zstandard import ZstdError
 
 from shardloader.errors import InputError, StorageError, UsageError
 from shardloader.pack.layouts.base import Source
-from shardloader.pack.token_ids import FileCount, table_columns
+from shardloader.pack.token_ids import JSON_OBJECT, FileCount, table_columns
 from shardloader.storage.store import Store
 
 __all__ = ["check_presence", "check_text_field"]
 
 log = logging.getLogger(__name__)
 
-_OBJECT = msgspec.json.Decoder(dict[str, msgspec.Raw])
 DEFAULT_TEXT_FIELD = "text"  # PackOptions.text_field's default: the text is not insisted on
 
 
 def check_presence(
-    source: Source,
     counts: Sequence[FileCount],
     name: str,
     option: str,
@@ -84,7 +82,7 @@ def check_text_field(source: Source, text_field: str, insisted: bool) -> Source:
             if kind == "json":
                 counts.append(_json_count(f.rel, f.url, store, json_key))
             elif kind != "txt":
-                counts.append(_table_count(f, kind, store, columns))
+                counts.append(table_columns(f, kind, store, columns))
         except (OSError, EOFError, InputError, StorageError, ValueError, ZstdError) as err:
             # unreadable (pyarrow's errors are ValueErrors): the pack itself
             # refuses the file, or skips it with --on-error skip, naming where it failed
@@ -92,7 +90,7 @@ def check_text_field(source: Source, text_field: str, insisted: bool) -> Source:
     if not any(c.records for c in counts):  # only text files, or empty ones
         return source
     note = ", or holds no string" if json_key is not None else ""
-    if check_presence(source, counts, text_field, "--text-field", insisted, note):
+    if check_presence(counts, text_field, "--text-field", insisted, note):
         return source
     log.warning(
         "no record has a %r key or column: sample lengths are not recorded; pass --text-field "
@@ -119,7 +117,7 @@ def _json_count(rel: str, url: str, store: Store, key: str | None) -> FileCount:
         try:
             found = probe.decode(line)
             if count.records < _NAMED:
-                count.saw(_OBJECT.decode(line))
+                count.saw(JSON_OBJECT.decode(line))
         except (msgspec.ValidationError, msgspec.DecodeError):
             continue
         count.records += 1
@@ -141,12 +139,3 @@ def _probe(key: str) -> msgspec.json.Decoder:
         )
         decoder = _PROBES[key] = msgspec.json.Decoder(struct)
     return decoder
-
-
-def _table_count(f: object, kind: str, store: object, columns: list[str]) -> FileCount:
-    """Rows of a table, and those where none of ``columns`` holds a value."""
-    names, rows, present = table_columns(f, kind, store, columns)  # type: ignore[arg-type]
-    count = FileCount(f.rel, f.url)  # type: ignore[attr-defined]
-    count.records, count.missing = rows, rows - present
-    count.saw(names)
-    return count

@@ -27,7 +27,7 @@ from shardloader.pack.refs import FileRef, LineRun, SampleRef
 from shardloader.pack.task import WriteSpec
 from shardloader.pack.token_ids import ids_length
 
-__all__ = ["fill_shard", "every_sample_skipped"]
+__all__ = ["fill_shard", "every_sample_skipped", "skip_record"]
 
 log = logging.getLogger(__name__)
 
@@ -51,11 +51,16 @@ def fill_shard(
         try:
             fields, length = _load(spec, sample)
         except _Bad as bad:
-            _refuse_or_skip(spec, bad, plan.number, skips)
+            _refuse_or_skip(spec, bad, sample, plan.number, skips)
             continue
         writer.add(sample.key, fields, length)
         bytes_in += _input_size(sample)
     return bytes_in
+
+
+def skip_record(shard: int, file: str, where: str, reason: str, key: str = "") -> dict[str, Any]:
+    """An entry of the skip report: paths relative to SRC, so reports are reproducible."""
+    return {"shard": shard, "key": key, "file": file, "where": where, "reason": reason}
 
 
 def every_sample_skipped(skips: Sequence[Mapping[str, Any]]) -> InputError:
@@ -82,45 +87,24 @@ def _tokenizer(path: str) -> Any:
 
 
 class _Bad(Exception):
-    """A sample cannot be packed; becomes an InputError (fail) or a skip record (skip)."""
+    """A sample cannot be packed (``ref``: the file of it to blame); the caller, who knows the
+    sample, makes it an InputError (fail) or a skip record (skip): :func:`_refuse_or_skip`."""
 
-    def __init__(self, sample: SampleRef, reason: str, ref: FileRef | None = None) -> None:
+    def __init__(self, reason: str, ref: FileRef | None = None) -> None:
         super().__init__(reason)
-        self.sample, self.reason, self.ref = sample, reason, ref
-
-    def message(self, spec: WriteSpec) -> str:
-        key = self.sample.key
-        if self.ref is not None:
-            return f"{self.ref.url} (key {key!r}): {self.reason}"
-        if self.sample.file:
-            return (
-                f"{spec.src.join(self.sample.file).url} {self.sample.where} (key {key!r}): "
-                f"{self.reason}"
-            )
-        return f"sample {key!r}: {self.reason}"
-
-    def record(self, number: int) -> dict[str, Any]:
-        """The skip report entry: paths relative to SRC, so reports are reproducible."""
-        return {
-            "shard": number,
-            "key": self.sample.key,
-            "file": self.ref.rel if self.ref is not None else self.sample.file,
-            "where": self.sample.where,
-            "reason": self.reason,
-        }
+        self.reason, self.ref = reason, ref
 
 
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
 
-def _read(spec: WriteSpec, sample: SampleRef, ref: FileRef) -> bytes:
+def _read(spec: WriteSpec, ref: FileRef) -> bytes:
     try:
         data = spec.input(ref.url).read_bytes()
     except (OSError, StorageError) as err:
-        raise _Bad(sample, f"unreadable ({err})", ref) from err
+        raise _Bad(f"unreadable ({err})", ref) from err
     if len(data) != ref.size:
         raise _Bad(
-            sample,
             f"has {len(data)} bytes but had {ref.size} when the pack started; do not change "
             "the input while packing, then re-run",
             ref,
@@ -169,19 +153,19 @@ def _load(spec: WriteSpec, sample: SampleRef) -> tuple[dict[str, bytes], int | N
     """Read and check a sample's fields; add derived fields; return (fields, length)."""
     problem = unsafe_key_reason(sample.key)
     if problem is not None:  # readers refuse such keys: never write one
-        raise _Bad(sample, _key_reason(problem))
+        raise _Bad(_key_reason(problem))
     cap = spec.max_sample_size
     if cap is not None:  # before any of it is read
         size = sum(v.size if isinstance(v, FileRef) else len(v) for _, v in sample.fields)
         if size > cap:
             refs = [v for _, v in sample.fields if isinstance(v, FileRef)]
             biggest = max(refs, key=lambda r: r.size) if refs else None  # named in the error
-            raise _Bad(sample, _too_large(size, cap), biggest)
+            raise _Bad(_too_large(size, cap), biggest)
     fields: dict[str, bytes] = {}
     parsed: dict[str, Any] = {}
     for ext, value in sample.fields:
         ref = value if isinstance(value, FileRef) else None
-        data: bytes = value if ref is None else _read(spec, sample, ref)  # type: ignore[assignment]
+        data: bytes = value if ref is None else _read(spec, ref)  # type: ignore[assignment]
         codec = spec.fields[ext].codec
         try:
             if codec == "json":  # parse once: the text rule may need the value
@@ -190,9 +174,9 @@ def _load(spec: WriteSpec, sample: SampleRef) -> tuple[dict[str, bytes], int | N
                 check_field(codec, data, validate_images=spec.validate)
         except InputError as err:
             reason = _ADDRESS.sub("", str(err))  # PIL names object addresses: not reproducible
-            raise _Bad(sample, f"field {ext!r}: {reason}", ref) from err
+            raise _Bad(f"field {ext!r}: {reason}", ref) from err
         fields[ext] = data
-    return fields, _measure(spec, sample, fields, parsed.get("json"))
+    return fields, _measure(spec, fields, parsed.get("json"))
 
 
 def _too_large(size: int, cap: int) -> str:
@@ -203,13 +187,8 @@ def _key_reason(problem: str) -> str:
     return f"sample key {problem}; it could escape a directory when written out"
 
 
-def _measure(
-    spec: WriteSpec, sample: SampleRef | None, fields: dict[str, bytes], value: Any
-) -> int | None:
-    """The sample's length (text bytes or tokens; adds ``tokens`` when tokenizing).
-
-    ``sample`` names it in errors (None: build it from ``fields``' one line, see
-    :func:`_write_run`, which passes it on a failure only)."""
+def _measure(spec: WriteSpec, fields: dict[str, bytes], value: Any) -> int | None:
+    """The sample's length (text bytes or tokens; adds ``tokens`` when tokenizing)."""
     if spec.text is None:
         return None
     ids = ids_length(spec.text, spec.fields, fields)  # --token-field (pack/token_ids.py)
@@ -224,20 +203,17 @@ def _measure(
         try:
             return len(text.encode("utf-8"))
         except UnicodeEncodeError as err:  # a lone surrogate from a "\ud800" escape
-            raise _Bad(sample or _NO_SAMPLE, f"{what} is not valid Unicode ({err.reason})") from err
+            raise _Bad(f"{what} is not valid Unicode ({err.reason})") from err
     if text is None:
-        raise _Bad(sample or _NO_SAMPLE, f"no text to tokenize ({what} is missing or not a string)")
+        raise _Bad(f"no text to tokenize ({what} is missing or not a string)")
     try:
         as_str = text if isinstance(text, str) else text.decode("utf-8")
         ids = _tokenizer(spec.tokenizer).encode(as_str).ids
     except UnicodeError as err:
-        raise _Bad(sample or _NO_SAMPLE, f"{what} is not valid Unicode ({err})") from err
+        raise _Bad(f"{what} is not valid Unicode ({err})") from err
     dtype = np.dtype(spec.fields["tokens"].dtype or "uint32").newbyteorder("<")
     fields["tokens"] = np.asarray(ids, dtype=dtype).tobytes()
     return len(ids)
-
-
-_NO_SAMPLE = SampleRef("", ())  # replaced by the caller that knows the sample
 
 
 def _write_run(
@@ -264,21 +240,21 @@ def _write_run(
         line = b""  # sliced once it is known to fit
         try:
             if problem is not None:
-                raise _Bad(_NO_SAMPLE, _key_reason(problem))
+                raise _Bad(_key_reason(problem))
             if cap is not None and k > cap:
-                raise _Bad(_NO_SAMPLE, _too_large(k, cap))
+                raise _Bad(_too_large(k, cap))
             line = data[s - first : s - first + k]
             try:
                 value = _parse_json(line) if is_json else None
                 if not is_json:
                     check_field(codec, line)
             except InputError as err:
-                raise _Bad(_NO_SAMPLE, f"field {kind!r}: {err}") from err
+                raise _Bad(f"field {kind!r}: {err}") from err
             fields = {kind: line}
-            length = _measure(spec, None, fields, value)
+            length = _measure(spec, fields, value)
         except _Bad as bad:
-            bad.sample = SampleRef(key, ((kind, line),), run.rel, f"line {n}")
-            _refuse_or_skip(spec, bad, number, skips)
+            sample = SampleRef(key, ((kind, line),), run.rel, f"line {n}")
+            _refuse_or_skip(spec, bad, sample, number, skips)
             continue
         bytes_in += k
         if len(fields) > 1:  # a derived field (tokens): this sample goes on its own
@@ -306,13 +282,22 @@ def _add_records(
         writer.add(key, {ext: value}, length)
 
 
-def _refuse_or_skip(spec: WriteSpec, bad: _Bad, number: int, skips: list[dict]) -> None:
+def _refuse_or_skip(
+    spec: WriteSpec, bad: _Bad, sample: SampleRef, number: int, skips: list[dict]
+) -> None:
+    """Fail on ``sample`` of shard ``number``, naming it, or record it in ``skips``."""
+    key, ref = sample.key, bad.ref
+    if ref is not None:
+        message = f"{ref.url} (key {key!r}): {bad.reason}"
+    elif sample.file:
+        message = f"{spec.src.join(sample.file).url} {sample.where} (key {key!r}): {bad.reason}"
+    else:
+        message = f"sample {key!r}: {bad.reason}"
     if spec.on_error == "fail":
-        raise InputError(
-            f"{bad.message(spec)}; fix or remove it, or pass --on-error skip"
-        ) from None
-    log.warning("skipping %s", bad.message(spec))
-    skips.append(bad.record(number))
+        raise InputError(f"{message}; fix or remove it, or pass --on-error skip") from None
+    log.warning("skipping %s", message)
+    file = ref.rel if ref is not None else sample.file
+    skips.append(skip_record(number, file, sample.where, bad.reason, key))
 
 
 def _input_size(sample: SampleRef) -> int:

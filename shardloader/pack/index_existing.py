@@ -31,12 +31,13 @@ from typing import Any, BinaryIO, cast
 
 from shardloader.codecs.allowlist import codec_for_extension
 from shardloader.errors import OutputExistsError, ShardError, StorageError, UsageError
-from shardloader.format.base import Format
+from shardloader.format.base import Format, ScannedShard
 from shardloader.format.parquet.scan import ParquetScan
 from shardloader.format.registry import get_format, known_formats
-from shardloader.manifest import MANIFEST_NAME, FieldInfo, Manifest, SampleIndex, ShardInfo
-from shardloader.pack.discover import list_inputs, record_kind
-from shardloader.pack.lock import holding_out_lock
+from shardloader.manifest import MANIFEST_NAME, FieldInfo, Manifest, ShardInfo
+from shardloader.pack.discover import record_kind
+from shardloader.pack.listing import below, scan_inputs
+from shardloader.pack.lock import out_lock
 from shardloader.pack.outdir import list_out, remove_temps
 from shardloader.schema import sidecar_bound
 from shardloader.storage.retry import RetryPolicy
@@ -48,7 +49,6 @@ __all__ = [
     "IndexReport",
     "index_shards",
     "shard_kind",
-    "tar_compression",
 ]
 
 log = logging.getLogger(__name__)
@@ -70,18 +70,6 @@ class IndexReport:
     splits: Mapping[str, Manifest] = field(default_factory=dict)
 
 
-def split_of(url: str) -> str | None:
-    """The Hub split a Parquet file's name gives (``train-00000-of-00002.parquet``), or None."""
-    found = _SPLIT_FILE.match(url.rstrip("/").rsplit("/", 1)[-1])
-    return found.group("split") if found else None
-
-
-def split_manifest_name(split: str) -> str:
-    """Where a split's manifest goes in OUT: ``index.train.json`` (``manifest_url`` takes any
-    URL ending in ``.json``; its shards' paths stay relative to OUT)."""
-    return f"index.{split}.json"
-
-
 def _indexable() -> list[Format]:
     return [f for f in map(get_format, known_formats()) if f.indexable]
 
@@ -95,11 +83,6 @@ def shard_kind(url: str) -> tuple[Format, str, str] | None:
     return None
 
 
-def tar_compression(url: str) -> tuple[str, str] | None:
-    """(compression, name without the suffix) of a tar shard URL, or None."""
-    return get_format("tar").parse_name(url)
-
-
 def _kinds() -> str:
     """``tar shard or parquet file (.tar, .tgz, ...)``: what index can adopt, for messages."""
     names, found = [], []
@@ -110,25 +93,21 @@ def _kinds() -> str:
     return f"{' or '.join(names)} ({suffixes})"
 
 
-@dataclass
-class _Scanned:
-    index: SampleIndex
-    fields: dict[str, int]  # extension → number of samples that have it
-    stored: int
-    raw: int
-    sha256: str
-    table: ParquetScan | None = None  # what a Parquet file adds: codecs, classes, row groups
+_Scanned = tuple[ShardInfo, ScannedShard]  # the shard's entry (but its sidecar's sha256)
 
 
-def _scan(shard: Store, fmt: Format, compression: str, max_member: int | None) -> _Scanned:
+def _scan(
+    shard: Store, rel: str, index_path: str, fmt: Format, compression: str, max_member: int | None
+) -> _Scanned:
+    """Stream the stored shard once: its samples indexed by its format, its bytes hashed."""
     with shard.open_read() as raw:
         stored = HashingReader(raw)
         found = fmt.scan(cast(BinaryIO, stored), compression, shard.url, max_member, _TEXT_FIELDS)
         stored.drain()
-    table = found if isinstance(found, ParquetScan) else None
-    return _Scanned(
-        found.index, found.fields, stored.pos, found.raw_bytes, stored.hexdigest(), table
+    entry = ShardInfo(
+        rel, len(found.index), stored.pos, found.raw_bytes, stored.hexdigest(), index_path, ""
     )
+    return entry, found
 
 
 def _expand(shards: Sequence[str], store: Store) -> list[str]:
@@ -136,11 +115,8 @@ def _expand(shards: Sequence[str], store: Store) -> list[str]:
     out: list[str] = []
     for s in shards:
         if Store(s).is_local and os.path.isdir(Store(s).local_path):
-            found = [
-                f.url
-                for f in list_inputs(Store(s, store.options, store.retry))
-                if shard_kind(f.rel)
-            ]
+            listed = scan_inputs(Store(s, store.options, store.retry)).files
+            found = [f.url for f in listed if shard_kind(f.rel)]
             if not found:
                 raise UsageError(f"{s}: no {_kinds()} in this folder")
             out.extend(found)
@@ -152,25 +128,18 @@ def _expand(shards: Sequence[str], store: Store) -> list[str]:
     return out
 
 
-def _relative(url: str, out: str) -> str:
+def _relative(url: str, out: Store) -> str:
     """``url`` relative to OUT; a manifest's paths never leave its folder (see schema.py)."""
-    if Store(url).is_local and Store(out).is_local:
-        rel = os.path.relpath(
-            os.path.abspath(Store(url).local_path), os.path.abspath(Store(out).local_path)
-        ).replace(os.sep, "/")
-        if rel != ".." and not rel.startswith("../"):
-            return rel
-    else:
-        o = out.rstrip("/") + "/"
-        if url.startswith(o):
-            return url[len(o) :]
+    rel = below(Store(url), out)
+    if rel:
+        return rel
     raise UsageError(
-        f"{url} is not below {out}: a manifest only points at shards inside its own folder; "
-        "index into the shards' folder or one above it (OUT may be the shards' folder itself)"
+        f"{url} is not below {out.url}: a manifest only points at shards inside its own "
+        "folder; index into the shards' folder or one above it (OUT may be the shards' folder "
+        "itself)"
     )
 
 
-@holding_out_lock("index")  # NOTE [the OUT lock] in pack/lock.py
 def index_shards(
     shards: Sequence[str],
     out: str | Store,
@@ -189,10 +158,21 @@ def index_shards(
     (with ``storage_options`` and ``retry``, the policy of every remote call, also for reading
     the shards) or a Store carrying them.
     """
+    store = as_store(out, storage_options, retry)
+    with out_lock(store, "index"):  # NOTE [the OUT lock] in pack/lock.py
+        return _index(shards, store, overwrite, progress, max_member_bytes)
+
+
+def _index(
+    shards: Sequence[str],
+    store: Store,
+    overwrite: bool,
+    progress: Callable[[int, int], None] | None,
+    max_member_bytes: int | None,
+) -> IndexReport:
     if max_member_bytes is not None and max_member_bytes < 0:
         raise UsageError(f"max_member_bytes {max_member_bytes} must be >= 0 (0: no limit)")
     max_member = max_member_bytes or None
-    store = as_store(out, storage_options, retry)
     out = store.url
     urls = _expand(shards, store)
     if not urls:
@@ -223,7 +203,8 @@ def index_shards(
         )
     compression = compressions.pop()
     splits = _splits(urls)
-    names = [split_manifest_name(k) for k in splits] or [MANIFEST_NAME]
+    # a split's manifest: index.train.json (its shards' paths stay relative to OUT)
+    names = [f"index.{k}.json" for k in splits] or [MANIFEST_NAME]
     existing = list_out(store)
     taken = [n for n in names if n in existing]
     if taken and not overwrite:
@@ -233,11 +214,11 @@ def index_shards(
     remove_temps(store, existing)
 
     sidecar_names: dict[str, str] = {}
-    scans: list[tuple[str, str, _Scanned]] = []
+    scans: list[_Scanned] = []
     if progress is not None:  # the total at once, before the first (maybe large) shard
         progress(0, len(urls))
     for i, url in enumerate(urls):
-        rel = _relative(url, out)
+        rel = _relative(url, store)
         stem = fmt.parse_name(rel)[1]  # type: ignore[index]
         index_path = f"{stem}.idx.arrow"
         if index_path in sidecar_names:
@@ -246,23 +227,22 @@ def index_shards(
                 "index them into separate OUT folders"
             )
         sidecar_names[index_path] = url
+        shard = Store(url, store.options, store.retry)
         try:
-            scanned = _scan(Store(url, store.options, store.retry), fmt, compression, max_member)
+            scans.append(_scan(shard, rel, index_path, fmt, compression, max_member))
         except StorageError as err:
             raise ShardError(f"{url}: cannot read ({err})") from err
-        scans.append((rel, index_path, scanned))
         if progress is not None:
             progress(i + 1, len(urls))
     groups = {k: [scans[i] for i in v] for k, v in splits.items()} or {"": scans}
-    described = {split: _describe(part) for split, part in groups.items()}  # may refuse
+    described = {  # may refuse
+        split: _describe(part, fmt.name, compression, split) for split, part in groups.items()
+    }
     # NOTE [replacing a dataset] (pack/replace.py): every shard is scanned, so the new index
     # is whole; the old manifests go only now, before the sidecars they may name are rewritten.
     for name in taken:
         store.join(name).remove()
-    manifests = {
-        split: _write(store, fmt, compression, part, split, described[split])
-        for split, part in groups.items()
-    }
+    manifests = {split: _write(store, groups[split], m) for split, m in described.items()}
     for manifest, name in zip(manifests.values(), names, strict=True):
         store.join(name).write_bytes_atomic(manifest.to_json())
     first = next(iter(manifests.values()))
@@ -273,110 +253,75 @@ def _splits(urls: Sequence[str]) -> dict[str, list[int]]:
     """Split → positions of its files, when the files name several Hub splits; else {}."""
     found: dict[str, list[int]] = {}
     for i, u in enumerate(urls):
-        split = split_of(u)
+        split = _SPLIT_FILE.match(u.rstrip("/").rsplit("/", 1)[-1])  # train-00000-of-00002
         if split is None:
             return {}
-        found.setdefault(split, []).append(i)
+        found.setdefault(split.group("split"), []).append(i)
     return found if len(found) > 1 else {}
 
 
-@dataclass(frozen=True)
-class _Described:
-    """What one manifest's shards say together: fields and their counts, codecs, classes."""
-
-    fields: dict[str, int]  # field → samples that have it
-    infos: dict[str, FieldInfo]  # codecs the format read from the files (Parquet), else {}
-    classes: tuple[str, ...]
-    row_groups: dict[str, list[list[int]]]  # Parquet: file → [first byte, bytes, rows] each
-
-
-def _describe(scans: Sequence[tuple[str, str, _Scanned]]) -> _Described:
-    """The fields of ``scans`` together; files whose fields or classes disagree: UsageError."""
-    fields: dict[str, int] = {}
-    infos: dict[str, FieldInfo] = {}
+def _describe(scans: Sequence[_Scanned], fmt: str, compression: str, split: str) -> Manifest:
+    """The manifest of ``scans`` but their shard entries: their fields together, codecs,
+    classes; files whose fields or classes disagree: UsageError."""
+    fields: dict[str, int] = {}  # field → samples that have it
+    infos: dict[str, FieldInfo] = {}  # codecs the format read from the files (Parquet)
     classes: tuple[str, ...] = ()
-    row_groups: dict[str, list[list[int]]] = {}
-    for rel, _, scanned in scans:
-        for ext, n in scanned.fields.items():
+    row_groups: dict[str, list[list[int]]] = {}  # Parquet: file → [first byte, bytes, rows]
+    for entry, found in scans:
+        for ext, n in found.fields.items():
             fields[ext] = fields.get(ext, 0) + n
-        if scanned.table is not None:
-            t = scanned.table
-            for name, info in t.infos.items():
+        if isinstance(found, ParquetScan):
+            for name, info in found.infos.items():
                 if infos.setdefault(name, info) != info:
                     raise UsageError(
-                        f"{rel}: column {name!r} reads as {info.codec} but as "
+                        f"{entry.path}: column {name!r} reads as {info.codec} but as "
                         f"{infos[name].codec} in the files before it; one manifest has one "
                         "codec a field: index files of one schema together"
                     )
-            if classes and t.classes and t.classes != classes:
+            if classes and found.classes and found.classes != classes:
                 raise UsageError(
-                    f"{rel}: its ClassLabel names {list(t.classes)[:5]} differ from those of "
-                    f"the files before it {list(classes)[:5]}; make them agree"
+                    f"{entry.path}: its ClassLabel names {list(found.classes)[:5]} differ from "
+                    f"those of the files before it {list(classes)[:5]}; make them agree"
                 )
-            classes = classes or t.classes
-            row_groups[rel] = t.row_groups
-    return _Described(fields, infos, classes, row_groups)
-
-
-def _write(
-    store: Store,
-    fmt: Format,
-    compression: str,
-    scans: Sequence[tuple[str, str, _Scanned]],
-    split: str,
-    found: _Described,
-) -> Manifest:
-    """Write the sidecars of ``scans`` and return their manifest (written by the caller)."""
-    fields, infos, classes, row_groups = (
-        found.fields,
-        found.infos,
-        found.classes,
-        found.row_groups,
-    )
-    all_text = all(scanned.index.lengths is not None for _, _, scanned in scans)
-    shard_infos = []
-    for rel, index_path, scanned in scans:
-        index = (
-            scanned.index
-            if all_text
-            else SampleIndex(
-                scanned.index.keys,
-                scanned.index.offsets,
-                scanned.index.sizes,
-                checksums=scanned.index.checksums,
-                field_checksums=scanned.index.field_checksums,
-            )
-        )
-        data = index.to_arrow_bytes()
-        entry = ShardInfo(
-            rel, len(index), scanned.stored, scanned.raw, scanned.sha256, index_path, ""
-        )
-        if index.field_checksums and len(data) > sidecar_bound(entry):
-            # per-column checksums (8 bytes a cell) would outgrow the bound readers hold the
-            # sidecar to (many small, well-compressed columns): this file is read whole rows
-            index = SampleIndex(index.keys, index.offsets, index.sizes, checksums=index.checksums)
-            data = index.to_arrow_bytes()
-        store.join(index_path).write_bytes_atomic(data)
-        shard_infos.append(replace(entry, index_sha256=hashlib.sha256(data).hexdigest()))
-    extra: dict[str, Any] = {"skipped": 0}
+            classes = classes or found.classes
+            row_groups[entry.path] = found.row_groups
+    all_text = all(found.index.lengths is not None for _, found in scans)
+    extra: dict[str, Any] = {"skipped": 0, "field_samples": dict(sorted(fields.items()))}
     if all_text:
         extra["length_unit"] = "bytes"
-    extra["field_samples"] = dict(sorted(fields.items()))  # samples holding each field
     if split:
         extra["split"] = split
     if row_groups:  # per file: [first byte, bytes, rows] of each row group
         extra["parquet"] = {"row_groups": row_groups}
     return Manifest(
-        format=fmt.name,
+        format=fmt,
         compression=compression,
         fields=(
             dict(sorted(infos.items()))
             if infos
             else {ext: FieldInfo(codec_for_extension(ext)) for ext in sorted(fields)}
         ),
-        shards=shard_infos,
+        shards=[],
         classes=classes,
         layout="indexed",
         length_field=next((t for t in _TEXT_FIELDS if t in fields), None) if all_text else None,
         extra=extra,
     )
+
+
+def _write(store: Store, scans: Sequence[_Scanned], manifest: Manifest) -> Manifest:
+    """Write the sidecars of ``scans``; ``manifest`` with their entries (written by the
+    caller)."""
+    shards = []
+    for entry, found in scans:
+        index = found.index
+        if manifest.length_field is None:
+            index = replace(index, lengths=None)
+        data = index.to_arrow_bytes()
+        if index.field_checksums and len(data) > sidecar_bound(entry):
+            # per-column checksums (8 bytes a cell) would outgrow the bound readers hold the
+            # sidecar to (many small, well-compressed columns): this file is read whole rows
+            data = replace(index, field_checksums=None).to_arrow_bytes()
+        store.join(entry.index_path).write_bytes_atomic(data)
+        shards.append(replace(entry, index_sha256=hashlib.sha256(data).hexdigest()))
+    return replace(manifest, shards=shards)

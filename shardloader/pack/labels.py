@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import csv
 import io
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -25,7 +24,7 @@ from shardloader.errors import InputError, StorageError, UsageError
 from shardloader.pack.refs import InputFile
 from shardloader.storage.store import Store
 
-__all__ = ["Labelled", "read_labels", "attach_labels", "labels_rel"]
+__all__ = ["Labelled", "read_labels", "attach_labels"]
 
 _MAX_LABELS_BYTES = 256 << 20  # ImageNet val's CSV is 2 MB; anything this big is no labels file
 
@@ -38,15 +37,6 @@ class Labelled:
     labels: Mapping[str, bytes]
     classes: tuple[str, ...]
     left_out: tuple[tuple[str, str], ...]
-
-
-def labels_rel(src: Store, labels: Store) -> str | None:
-    """The labels file's path relative to SRC when it lies inside SRC (it is then no input)."""
-    if src.is_local and labels.is_local:
-        rel = os.path.relpath(os.path.abspath(labels.local_path), os.path.abspath(src.local_path))
-        return None if rel == ".." or rel.startswith("../") else rel.replace(os.sep, "/")
-    prefix = src.url.rstrip("/") + "/"
-    return labels.url[len(prefix) :] if labels.url.startswith(prefix) else None
 
 
 def read_labels(store: Store) -> list[tuple[int, str | None, str]]:

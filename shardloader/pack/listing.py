@@ -16,31 +16,22 @@ from __future__ import annotations
 import logging
 import os
 import re
-from dataclasses import dataclass
 
 from shardloader.errors import StorageError, UsageError
 from shardloader.format.keys import escape_name
+from shardloader.pack.layouts.base import Inputs
 from shardloader.pack.refs import InputFile
 from shardloader.storage.store import Store, as_store, join
 
-__all__ = ["SYSTEM_FILES", "SYSTEM_FOLDERS", "Listing", "list_inputs", "scan_inputs"]
+__all__ = ["SYSTEM_FILES", "SYSTEM_FOLDERS", "below", "scan_inputs"]
 
 log = logging.getLogger(__name__)
 
 # What operating systems, file managers and archivers leave in folders: never data.  Matched
 # case-insensitively on the name alone; hidden names (a leading dot: .DS_Store, ._x, .git/)
-# are left out too.  Both are reported (Listing.ignored), never dropped silently.
+# are left out too.  Both are reported (Inputs.ignored), never dropped silently.
 SYSTEM_FILES = frozenset({"thumbs.db", "ehthumbs.db", "ehthumbs_vista.db", "desktop.ini"})
 SYSTEM_FOLDERS = frozenset({"__macosx", "$recycle.bin", "system volume information"})
-
-
-@dataclass(frozen=True)
-class Listing:
-    """The files of a source, and what the listing left out: ``(path relative to SRC, why)``,
-    a folder's path ending in ``/``."""
-
-    files: tuple[InputFile, ...]
-    ignored: tuple[tuple[str, str], ...] = ()
 
 
 def _left_out(name: str, is_dir: bool) -> str | None:
@@ -51,12 +42,22 @@ def _left_out(name: str, is_dir: bool) -> str | None:
     return None
 
 
-def list_inputs(src: str | Store) -> list[InputFile]:
-    """Every file below ``src`` (see :func:`scan_inputs`), sorted."""
-    return list(scan_inputs(src).files)
+def below(child: Store, parent: Store, *, real: bool = False) -> str | None:
+    """``child``'s path relative to ``parent`` ("" when they are one) when it lies within
+    ``parent``, else None; ``real``: local symlinks resolved first.  What keeps OUT out of SRC,
+    a manifest's paths inside its folder, and a labels file out of the inputs."""
+    if child.is_local and parent.is_local:
+        norm = os.path.realpath if real else os.path.abspath
+        c, p, sep = norm(child.local_path), norm(parent.local_path), os.sep
+    else:
+        c, p, sep = child.url.rstrip("/"), parent.url.rstrip("/"), "/"
+    if c == p:
+        return ""
+    base = p if p.endswith(sep) else p + sep
+    return c[len(base) :].replace(os.sep, "/") if c.startswith(base) else None
 
 
-def scan_inputs(src: str | Store) -> Listing:
+def scan_inputs(src: str | Store) -> Inputs:
     """Every data file below ``src`` (a URL, or a Store with its options and retry policy), or
     ``src`` itself if it is a file, sorted; hidden and system files are left out and listed.
 
@@ -69,16 +70,16 @@ def scan_inputs(src: str | Store) -> Listing:
     if store.is_local:
         root = os.path.abspath(store.local_path)
         if os.path.isfile(root) or (os.path.exists(root) and not os.path.isdir(root)):
-            return Listing((InputFile(os.path.basename(root), root, os.stat(root).st_size),))
+            return Inputs(store, (InputFile(os.path.basename(root), root, os.stat(root).st_size),))
         if not os.path.isdir(root):
             raise UsageError(f"source {store.url!r} does not exist")
         files: list[InputFile] = []
         ignored: list[tuple[str, str]] = []
         _walk(root, "", (_identity(root),), files, ignored)
-        return _without_side_files(
-            Listing(tuple(sorted(files, key=lambda f: f.rel)), tuple(sorted(ignored))), store.url
-        )
-    return _without_side_files(_list_remote(store), store.url)
+        listed = Inputs(store, tuple(sorted(files, key=lambda f: f.rel)), tuple(sorted(ignored)))
+    else:
+        listed = _list_remote(store)
+    return _without_side_files(_without_saved_side(listed))
 
 
 _TARS = (".tar", ".tar.gz", ".tgz", ".tar.zst", ".tar.zstd")
@@ -95,40 +96,26 @@ _SAVED_DATA = re.compile(r"^data-\d{5}-of-\d{5}\.arrow$")
 _SAVED_SIDE = ("state.json", "dataset_info.json")
 
 
-def _without_side_files(listing: Listing, src: str) -> Listing:
-    """Leave out the files other tools write beside their data (:func:`_without_saved_side`
-    for ``datasets``), and those img2dataset writes beside each of its shards:
+def _without_side_files(listing: Inputs) -> Inputs:
+    """Leave out the files img2dataset writes beside each of its shards:
     ``00000.parquet`` (one row per URL tried) and ``00000_stats.json`` next to a folder
     ``00000/`` of pairs (``000000000.jpg``, ``.txt``, ``.json``) or a tar ``00000.tar``.  They
     describe the shard, they are no sample of it; only beside such a folder or tar are they
     recognised."""
-    listing = _without_saved_side(listing, src)
     if not any(f.rel.endswith(suffix) for f in listing.files for suffix, _ in _SIDE_FILES):
         return listing  # the common case: nothing to look for
     folders = {f.rel.rsplit("/", 1)[0] for f in listing.files if "/" in f.rel}
     tars = {f.rel[: -len(t)] for f in listing.files for t in _TARS if f.rel.endswith(t)}
-    kept: list[InputFile] = []
-    side: list[tuple[str, str]] = []
-    for f in listing.files:
-        why = next(
-            (
-                what
-                for suffix, what in _SIDE_FILES
-                if f.rel.endswith(suffix)
-                and ((shard := f.rel[: -len(suffix)]) in folders or shard in tars)
-            ),
-            None,
-        )
-        if why is None:
-            kept.append(f)
-        else:
-            side.append((f.rel, why))
-    if not side:
-        return listing
-    return Listing(tuple(kept), tuple(sorted((*listing.ignored, *side))))
+    side = [
+        (f.rel, what)
+        for f in listing.files
+        for suffix, what in _SIDE_FILES
+        if f.rel.endswith(suffix) and ((shard := f.rel[: -len(suffix)]) in folders or shard in tars)
+    ]
+    return listing.without(side)
 
 
-def _without_saved_side(listing: Listing, src: str) -> Listing:
+def _without_saved_side(listing: Inputs) -> Inputs:
     """Leave out ``state.json`` and ``dataset_info.json`` of a ``save_to_disk`` folder (its
     features ride in the Arrow files' schema, and :mod:`.layouts.tables` reads the info file
     when they do not); a ``DatasetDict`` is refused naming its splits, one of which to pack.
@@ -147,7 +134,7 @@ def _without_saved_side(listing: Listing, src: str) -> Listing:
     for folder, there in names.items():
         splits = sorted(s.rpartition("/")[2] for s in saved if s.rpartition("/")[0] == folder)
         if "dataset_dict.json" in there and splits:
-            where = join(src, folder) if folder else src
+            where = join(listing.url, folder) if folder else listing.url
             raise UsageError(
                 f"{where}: a datasets DatasetDict (save_to_disk) of splits {', '.join(splits)}; "
                 "pack one split at a time: shardloader pack "
@@ -158,11 +145,7 @@ def _without_saved_side(listing: Listing, src: str) -> Listing:
         for f in listing.files
         if (parts := f.rel.rpartition("/"))[0] in saved and parts[2] in _SAVED_SIDE
     ]
-    drop = {rel for rel, _ in side}
-    return Listing(
-        tuple(f for f in listing.files if f.rel not in drop),
-        tuple(sorted((*listing.ignored, *side))),
-    )
+    return listing.without(side)
 
 
 def _identity(path: str) -> tuple[int, int]:
@@ -220,13 +203,13 @@ def _walk(
         files.append(InputFile(child, entry.path, size))
 
 
-def _list_remote(store: Store) -> Listing:
+def _list_remote(store: Store) -> Inputs:
     fs, path = store.filesystem()
     path = path.rstrip("/")
     src = store.url
     try:
         if fs.isfile(path):
-            return Listing((InputFile(path.rsplit("/", 1)[-1], src, int(fs.size(path))),))
+            return Inputs(store, (InputFile(path.rsplit("/", 1)[-1], src, int(fs.size(path))),))
         found = fs.find(path, detail=True)
     except OSError as err:
         raise StorageError(f"cannot list {src!r}: {err}") from err
@@ -254,4 +237,4 @@ def _list_remote(store: Store) -> Listing:
             )
             continue
         out.append(InputFile(rel, join(src, rel), int(info.get("size") or 0)))
-    return Listing(tuple(sorted(out, key=lambda f: f.rel)), tuple(sorted(ignored.items())))
+    return Inputs(store, tuple(sorted(out, key=lambda f: f.rel)), tuple(sorted(ignored.items())))

@@ -13,33 +13,25 @@ plan.py), so merging restores the single-machine order exactly.  Two ways to pla
 
 from __future__ import annotations
 
-import hashlib
+import json
 import logging
 import os
 import tempfile
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from shardloader.errors import ChecksumError, ManifestError, UsageError
 from shardloader.manifest import MANIFEST_NAME, Manifest, ShardInfo, load_manifest
-from shardloader.pack.lock import holding_out_lock
-from shardloader.pack.outdir import (
-    SKIP_REPORT,
-    check_writable,
-    list_out,
-    old_manifest_paths,
-    read_skip_report,
-    remove_stale,
-    remove_temps,
-    shard_pattern,
-    write_skip_report,
-)
+from shardloader.pack.listing import below
+from shardloader.pack.lock import out_lock
+from shardloader.pack.outdir import note_skips, open_out, remove_stale
 from shardloader.pack.plan import shard_names
 from shardloader.storage.retry import RetryPolicy
 from shardloader.storage.store import Store, as_store
-from shardloader.storage.uploads import abort_recorded, put_file_recorded
+from shardloader.storage.streams import HashingReader
+from shardloader.storage.uploads import put_file_recorded
 
 __all__ = ["MergeReport", "merge"]
 
@@ -56,18 +48,6 @@ class MergeReport:
     mode: str  # "copy" | "reference"
     parts: int
     bytes_copied: int
-
-
-def _inside(child: Store, parent: Store) -> str | None:
-    """``child`` relative to ``parent`` if it lies strictly inside it, else None."""
-    if child.is_local and parent.is_local:
-        c = os.path.realpath(child.local_path)
-        p = os.path.realpath(parent.local_path)
-        if c.startswith(p + os.sep):
-            return os.path.relpath(c, p).replace(os.sep, "/")
-        return None
-    c, p = child.url.rstrip("/"), parent.url.rstrip("/")
-    return c[len(p) + 1 :] if c.startswith(p + "/") else None
 
 
 def _load_parts(
@@ -122,19 +102,16 @@ def _copy_verified(src: Store, dst: Store, sha256: str, staging: str, run_id: st
     """Copy ``src`` to ``dst`` through a temporary file, checking its sha256."""
     name = dst.url.rsplit("/", 1)[-1]
     tmp = os.path.join(staging, f".{name}.tmp-{uuid.uuid4().hex}")
-    h = hashlib.sha256()
-    n = 0
     try:
         with src.open_read() as fin, open(tmp, "wb") as fout:
-            while chunk := fin.read(4 << 20):
-                h.update(chunk)
+            read = HashingReader(fin)
+            while chunk := read.read(4 << 20):
                 fout.write(chunk)
-                n += len(chunk)
             fout.flush()
             os.fsync(fout.fileno())
-        if h.hexdigest() != sha256:
+        if read.hexdigest() != sha256:
             raise ChecksumError(
-                f"{src.url}: sha256 {h.hexdigest()} does not match its manifest ({sha256}); "
+                f"{src.url}: sha256 {read.hexdigest()} does not match its manifest ({sha256}); "
                 "re-pack this part"
             )
         parent, _, name = dst.url.rpartition("/")  # recorded if it goes up in parts
@@ -142,10 +119,9 @@ def _copy_verified(src: Store, dst: Store, sha256: str, staging: str, run_id: st
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
-    return n
+    return read.pos
 
 
-@holding_out_lock("merge")  # NOTE [the OUT lock] in pack/lock.py
 def merge(
     part_dirs: Sequence[str],
     out: str | Store,
@@ -160,28 +136,26 @@ def merge(
     ``out``: a URL (with ``storage_options`` and ``retry``, the policy of every remote call)
     or a Store carrying them; the part folders are read with the same options and policy.
     """
+    store = as_store(out, storage_options, retry)
+    with out_lock(store, "merge"):  # NOTE [the OUT lock] in pack/lock.py
+        return _merge(part_dirs, store, mode, overwrite)
+
+
+def _merge(part_dirs: Sequence[str], store: Store, mode: str, overwrite: bool) -> MergeReport:
     if mode not in ("auto", "copy", "reference"):
         raise UsageError(f"merge mode {mode!r}: choose 'auto', 'copy' or 'reference'")
     if not part_dirs:
         raise UsageError("merge needs at least one part folder")
-    store = as_store(out, storage_options, retry)
     out = store.url
     loaded = _load_parts(part_dirs, store)
-    inside = [_inside(base, store) for _, _, base, _ in loaded]
+    inside = [below(base, store, real=True) or None for _, _, base, _ in loaded]
     if mode == "reference" and None in inside:
         bad = loaded[inside.index(None)][0]
         raise UsageError(f"--reference needs every part inside OUT; {bad} is not in {out}")
     if mode == "auto":
         mode = "reference" if None not in inside else "copy"
-    existing = list_out(store)
-    if abort_recorded(store, existing):  # NOTE [multipart journal] in storage/uploads.py
-        existing = list_out(store)
     allowed = [p for p in inside if p is not None] if mode == "reference" else []
-    check_writable(store, existing, overwrite=overwrite, allowed=allowed)
-    old: set[str] = set()
-    if existing:
-        old = old_manifest_paths(store) if overwrite else set()
-        remove_temps(store, existing)
+    existing, old = open_out(store, overwrite=overwrite, allowed=allowed)
 
     first = loaded[0][1]
     planned = int(loaded[0][3]["planned_shards"])
@@ -196,7 +170,8 @@ def merge(
                 raise ManifestError(f"{d}: shard number {number} is repeated or out of range")
             by_number[number] = (shard, base, rel)
         if m.extra.get("skip_report"):
-            skips.extend(read_skip_report(base.join(str(m.extra["skip_report"]))))
+            report = base.join(str(m.extra["skip_report"])).read_bytes().decode()
+            skips.extend(json.loads(line) for line in report.splitlines() if line.strip())
 
     # The parts are read and checked: only now does an old manifest go (NOTE [replacing a
     # dataset] in pack/replace.py), before shards it may name are copied over.
@@ -210,46 +185,20 @@ def merge(
     for number in sorted(by_number):
         shard, base, rel = by_number[number]
         if mode == "reference":
-            shards.append(
-                ShardInfo(
-                    f"{rel}/{shard.path}",
-                    shard.num_samples,
-                    shard.bytes,
-                    shard.raw_bytes,
-                    shard.sha256,
-                    f"{rel}/{shard.index_path}",
-                    shard.index_sha256,
-                )
-            )
-            continue
-        name, index_name = shard_names(number, first.format, first.compression)
-        copied += _copy_verified(
-            base.join(shard.path), store.join(name), shard.sha256, staging, run_id
-        )
-        copied += _copy_verified(
-            base.join(shard.index_path), store.join(index_name), shard.index_sha256, staging, run_id
-        )
-        shards.append(
-            ShardInfo(
-                name,
-                shard.num_samples,
-                shard.bytes,
-                shard.raw_bytes,
-                shard.sha256,
-                index_name,
-                shard.index_sha256,
-            )
-        )
+            name, index_name = f"{rel}/{shard.path}", f"{rel}/{shard.index_path}"
+        else:
+            name, index_name = shard_names(number, first.format, first.compression)
+            for path, to, sha in (
+                (shard.path, name, shard.sha256),
+                (shard.index_path, index_name, shard.index_sha256),
+            ):
+                copied += _copy_verified(base.join(path), store.join(to), sha, staging, run_id)
+        shards.append(replace(shard, path=name, index_path=index_name))
     if not store.is_local:
         os.rmdir(staging)
 
-    skips.sort(key=lambda s: s["shard"])
-    if skips:
-        write_skip_report(store, skips)
     extra = _shared_extra(first)
-    extra["skipped"] = len(skips)
-    if skips:
-        extra["skip_report"] = SKIP_REPORT
+    note_skips(store, skips, extra)
     counts = [m.extra.get("field_samples") for _, m, _, _ in loaded]
     if all(isinstance(c, dict) for c in counts):  # samples holding each extension, summed
         total: dict[str, int] = {}
@@ -270,9 +219,6 @@ def merge(
     )
     store.join(MANIFEST_NAME).write_bytes_atomic(manifest.to_json())
     if existing:
-        keep = {s.path for s in shards} | {s.index_path for s in shards}
-        if skips:
-            keep.add(SKIP_REPORT)
-        remove_stale(store, existing, keep, shard_pattern(None), old)
+        remove_stale(store, existing, manifest, None, old)
     log.info("merged %d parts into %s (%s)", len(loaded), out, mode)
     return MergeReport(out, manifest, mode, len(loaded), copied)

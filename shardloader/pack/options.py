@@ -77,54 +77,53 @@ class PackOptions:
     retry: RetryPolicy = field(default_factory=RetryPolicy)
 
     def __post_init__(self) -> None:
-        def bad(msg: str) -> UsageError:
-            return UsageError(msg)
-
         check_pack_format(self.format, self.compression)  # the format registry knows
         if self.shard_size is not None and self.shard_size < 0:
-            raise bad(f"--shard-size {self.shard_size} must be >= 0 (0: no limit)")
+            raise UsageError(f"--shard-size {self.shard_size} must be >= 0 (0: no limit)")
         if self.max_samples is not None and self.max_samples < 1:
-            raise bad(f"--max-samples {self.max_samples} must be >= 1")
+            raise UsageError(f"--max-samples {self.max_samples} must be >= 1")
         if self.max_sample_size is not None and self.max_sample_size < 1:
-            raise bad(f"--max-sample-size {self.max_sample_size} must be >= 1 byte")
+            raise UsageError(f"--max-sample-size {self.max_sample_size} must be >= 1 byte")
         if self.layout not in layout_names(auto=True):
-            raise bad(
+            raise UsageError(
                 f"--layout {self.layout!r}: choose one of {', '.join(layout_names(auto=True))}"
             )
         if self.on_error not in ("fail", "skip"):
-            raise bad(f"--on-error {self.on_error!r}: choose 'fail' or 'skip'")
+            raise UsageError(f"--on-error {self.on_error!r}: choose 'fail' or 'skip'")
         if self.workers < 1:
-            raise bad(f"--workers {self.workers} must be >= 1")
+            raise UsageError(f"--workers {self.workers} must be >= 1")
         if self.executor not in ("local", "ray"):
-            raise bad(f"--executor {self.executor!r}: choose 'local' or 'ray'")
+            raise UsageError(f"--executor {self.executor!r}: choose 'local' or 'ray'")
         if self.address is not None and self.executor != "ray":
-            raise bad("--address names a Ray cluster: it goes with --executor ray")
+            raise UsageError("--address names a Ray cluster: it goes with --executor ray")
         if self.num_parts < 1 or not 0 <= self.part < self.num_parts:
-            raise bad(
+            raise UsageError(
                 f"--part {self.part} --num-parts {self.num_parts}: need 0 <= part < num_parts"
             )
         if self.resume and self.overwrite:
-            raise bad("--resume keeps finished shards and --overwrite discards them: pick one")
+            raise UsageError(
+                "--resume keeps finished shards and --overwrite discards them: pick one"
+            )
         if not self.text_field:
-            raise bad("--text-field must not be empty")
+            raise UsageError("--text-field must not be empty")
         if self.token_field is not None:
             if not self.token_field:
-                raise bad("--token-field must not be empty")
+                raise UsageError("--token-field must not be empty")
             if self.tokenizer is not None:
-                raise bad(
+                raise UsageError(
                     "--token-field takes token ids the input already holds and --tokenizer "
                     "makes them from text: pass one of them"
                 )
         if self.vocab_size is not None:
             if self.token_field is None:
-                raise bad(
+                raise UsageError(
                     "--vocab-size goes with --token-field (a tokenizer file knows its own "
                     "vocabulary size)"
                 )
             if isinstance(self.vocab_size, bool) or not 1 <= self.vocab_size <= 1 << 32:
-                raise bad(f"--vocab-size {self.vocab_size} must be between 1 and 2**32")
+                raise UsageError(f"--vocab-size {self.vocab_size} must be between 1 and 2**32")
         if not isinstance(self.retry, RetryPolicy):
-            raise bad(f"PackOptions.retry must be a RetryPolicy, got {self.retry!r}")
+            raise UsageError(f"PackOptions.retry must be a RetryPolicy, got {self.retry!r}")
 
     def store(self, url: str) -> Store:
         """The :class:`~shardloader.storage.Store` of ``url`` (SRC, OUT) with these storage

@@ -11,7 +11,7 @@ import json
 import logging
 import os
 import re
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable
 from typing import Any
 
 from shardloader.errors import ManifestError, OutputExistsError, StorageError, UsageError
@@ -19,18 +19,15 @@ from shardloader.format.registry import get_format, known_formats
 from shardloader.manifest import MANIFEST_NAME, Manifest
 from shardloader.pack.lock import LOCK_NAME
 from shardloader.storage.store import Store
-from shardloader.storage.uploads import JOURNAL
+from shardloader.storage.uploads import JOURNAL, abort_recorded
 
 __all__ = [
     "SKIP_REPORT",
     "list_out",
-    "check_writable",
-    "old_manifest_paths",
+    "note_skips",
+    "open_out",
     "remove_stale",
     "remove_temps",
-    "shard_pattern",
-    "write_skip_report",
-    "read_skip_report",
 ]
 
 log = logging.getLogger(__name__)
@@ -55,46 +52,36 @@ def _temp() -> re.Pattern[str]:
     )
 
 
-def shard_pattern(part: int | None) -> re.Pattern[str]:
-    """Names of shards and sidecars a (part) run writes: ``shard-00001.tar.zst`` etc."""
-    stem = r"shard-\d{5,}" if part is None else rf"part-{part:04d}-shard-\d{{5,}}"
-    return re.compile(rf"^{stem}{_suffix()}$")
-
-
 def list_out(store: Store) -> list[str]:
     """Files below ``store`` (relative paths); [] if it does not exist.  The OUT lock (NOTE
     [the OUT lock] in pack/lock.py) is not among them."""
-    return [p for p in _list_out(store) if p != LOCK_NAME]
-
-
-def _list_out(store: Store) -> list[str]:
-    if store.is_local:
-        path = store.local_path
-        if os.path.exists(path) and not os.path.isdir(path):
-            raise UsageError(f"output {store.url!r} exists and is not a folder")
-        if not os.path.isdir(path):
+    if not store.is_local:
+        try:
+            return [p for p in store.list_files() if p != LOCK_NAME]
+        except (FileNotFoundError, StorageError):
             return []
-        found = []
-        for dirpath, _, filenames in os.walk(path):
-            for name in filenames:
-                rel = os.path.relpath(os.path.join(dirpath, name), path)
-                found.append(rel.replace(os.sep, "/"))
-        return sorted(found)
-    try:
-        return store.list_files()
-    except (FileNotFoundError, StorageError):
-        return []
+    path = store.local_path
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise UsageError(f"output {store.url!r} exists and is not a folder")
+    found = []
+    for dirpath, _, filenames in os.walk(path):  # nothing when OUT does not exist
+        for name in filenames:
+            rel = os.path.relpath(os.path.join(dirpath, name), path).replace(os.sep, "/")
+            if rel != LOCK_NAME:
+                found.append(rel)
+    return sorted(found)
 
 
-def check_writable(
-    out: Store,
-    existing: Collection[str],
-    *,
-    overwrite: bool,
-    resume: bool = False,
-    allowed: Iterable[str] = (),
-) -> None:
-    """Refuse a non-empty ``out`` unless overwriting or resuming."""
+def open_out(
+    out: Store, *, overwrite: bool, resume: bool = False, allowed: Iterable[str] = ()
+) -> tuple[list[str], set[str]]:
+    """What ``out`` holds, once the uploads killed runs left are aborted (NOTE [multipart
+    journal] in storage/uploads.py) and their temporary files removed, and with
+    ``overwrite`` the paths its old manifest lists.  A non-empty ``out`` (but for ``allowed``
+    folders) is refused unless overwriting or resuming."""
+    existing = list_out(out)
+    if abort_recorded(out, existing):
+        existing = list_out(out)
     allowed = (*allowed, JOURNAL)  # records of uploads killed runs left: swept, not data
     blocking = [p for p in existing if not any(p == a or p.startswith(a + "/") for a in allowed)]
     if blocking and not (overwrite or resume):
@@ -105,11 +92,11 @@ def check_writable(
         raise OutputExistsError(
             f"output {out.url!r} is not empty (holds {blocking[0]!r}{more}); {remedy}"
         )
+    remove_temps(out, existing)
+    return existing, _old_manifest_paths(out) if existing and overwrite else set()
 
 
-def old_manifest_paths(
-    out: Store,
-) -> set[str]:
+def _old_manifest_paths(out: Store) -> set[str]:
     """Shard and sidecar paths listed by an existing manifest in ``out`` (none if unreadable)."""
     store = out.join(MANIFEST_NAME)
     url = store.url
@@ -131,53 +118,46 @@ def old_manifest_paths(
     return paths
 
 
+def note_skips(out: Store, skips: list[dict[str, Any]], extra: dict[str, Any]) -> None:
+    """Put ``skips`` in plan order, write the skip report when there are any (one JSON object
+    a line: reproducible bytes), and say so in the manifest's ``extra``."""
+    skips.sort(key=lambda s: s["shard"])
+    extra["skipped"] = len(skips)
+    if skips:
+        lines = [json.dumps(s, sort_keys=True, ensure_ascii=False) + "\n" for s in skips]
+        out.join(SKIP_REPORT).write_bytes_atomic("".join(lines).encode())
+        extra["skip_report"] = SKIP_REPORT
+
+
 def remove_stale(
     store: Store,
     existing: Iterable[str],
-    keep: Collection[str],
-    pattern: re.Pattern[str] | None,
+    manifest: Manifest,
+    part: int | None,
     old: Collection[str] = (),
-) -> list[str]:
-    """Delete our temporaries, our shard/sidecar names not in ``keep``, and ``old`` paths."""
-    temp = _temp()
-    removed = []
-    for rel in existing:
-        top = "/" not in rel
-        ours = top and (
-            bool(temp.match(rel))
-            or (pattern is not None and bool(pattern.match(rel)))
-            or rel == SKIP_REPORT
-        )
-        if (ours or rel in old) and rel not in keep:
-            store.join(rel).remove()
-            removed.append(rel)
-    if removed:
-        log.info("%s: removed %d stale files", store.url, len(removed))
-    return removed
-
-
-def remove_temps(
-    store: Store,
-    existing: Iterable[str],
 ) -> None:
+    """Delete our temporaries, the shard and sidecar names a (``part``) run writes that
+    ``manifest`` does not list, an unlisted skip report, and ``old`` paths."""
+    stem = r"shard-\d{5,}" if part is None else rf"part-{part:04d}-shard-\d{{5,}}"
+    ours = re.compile(rf"^{stem}{_suffix()}$")
+    keep = {p for s in manifest.shards for p in (s.path, s.index_path)}
+    keep.add(str(manifest.extra.get("skip_report", "")))
+    temp = _temp()
+    removed = 0
+    for rel in existing:
+        mine = "/" not in rel and (
+            bool(temp.match(rel)) or bool(ours.match(rel)) or rel == SKIP_REPORT
+        )
+        if (mine or rel in old) and rel not in keep:
+            store.join(rel).remove()
+            removed += 1
+    if removed:
+        log.info("%s: removed %d stale files", store.url, removed)
+
+
+def remove_temps(store: Store, existing: Iterable[str]) -> None:
     """Delete temporary files that killed runs left behind (never final names)."""
     temp = _temp()
     for rel in existing:
         if "/" not in rel and temp.match(rel):
             store.join(rel).remove()
-
-
-def write_skip_report(
-    out: Store,
-    skips: Iterable[Mapping[str, Any]],
-) -> None:
-    """One JSON object per skipped sample or file, in plan order (reproducible bytes)."""
-    lines = [json.dumps(dict(s), sort_keys=True, ensure_ascii=False) + "\n" for s in skips]
-    out.join(SKIP_REPORT).write_bytes_atomic("".join(lines).encode())
-
-
-def read_skip_report(
-    store: Store,
-) -> list[dict[str, Any]]:
-    data = store.read_bytes()
-    return [json.loads(line) for line in data.decode().splitlines() if line.strip()]

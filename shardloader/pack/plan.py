@@ -139,11 +139,6 @@ class Planner:
             self._size += int(ends[hi - 1]) - before
             lo = hi  # a shard closes when the next sample does not fit: as for single ones
 
-    @property
-    def planned(self) -> int:
-        """Shards planned so far (all of them once :meth:`shards` is exhausted)."""
-        return self.current
-
 
 def part_of(number: int, num_parts: int) -> int:
     """Which part packs shard ``number`` (round robin: balanced, needs no total up front)."""

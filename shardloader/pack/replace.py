@@ -16,15 +16,13 @@ instead of replacing that dataset shard by shard.
 
 from __future__ import annotations
 
-from collections.abc import Collection
-
-from shardloader.errors import ManifestError, OutputExistsError, StorageError, UsageError
+from shardloader.errors import ManifestError, OutputExistsError, StorageError
 from shardloader.manifest import MANIFEST_NAME, Manifest, SampleIndex
 from shardloader.pack.layouts.base import Source
 from shardloader.pack.refs import LineRun
 from shardloader.storage.store import Store
 
-__all__ = ["finished_manifest", "check_resume", "must_remove_first", "refuse_remote_replace"]
+__all__ = ["finished_manifest", "check_resume"]
 
 
 def finished_manifest(out: Store) -> Manifest | None:
@@ -78,20 +76,4 @@ def check_resume(out: Store, old: Manifest, source: Source) -> None:
         f"{source.url!r} gives layout {source.layout!r}, first sample {new_key!r}. --resume "
         "finishes an interrupted pack of the same source: pass --overwrite to replace that "
         "dataset, or pick another OUT"
-    )
-
-
-def must_remove_first(old_paths: Collection[str], new_names: Collection[str]) -> bool:
-    """Whether placing ``new_names`` would replace a file the old manifest lists (NOTE
-    [replacing a dataset])."""
-    return not set(old_paths).isdisjoint(new_names)
-
-
-def refuse_remote_replace(out: Store) -> None:
-    """Ray tasks move their shards into a remote OUT themselves, as they finish: over a
-    finished pack that would replace its shards before the new pack is whole."""
-    raise UsageError(
-        f"--overwrite with --executor ray: {out.url!r} holds a finished pack, and Ray tasks "
-        "would replace its shards one by one before the new pack is whole; pack into a fresh "
-        "OUT (then point readers at it), or remove the old dataset first"
     )

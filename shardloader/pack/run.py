@@ -28,34 +28,21 @@ from typing import Any
 from shardloader.errors import ShardError, UsageError
 from shardloader.manifest import FORMAT_VERSION, MANIFEST_NAME, FieldInfo, Manifest, ShardInfo
 from shardloader.pack.discover import Source, discover
-from shardloader.pack.fill import every_sample_skipped
+from shardloader.pack.fill import every_sample_skipped, skip_record
+from shardloader.pack.listing import below
 from shardloader.pack.lock import OutLock, out_lock
 from shardloader.pack.notes import after_notes, shard_size_for
 from shardloader.pack.options import PACKER_VERSION, PackOptions, PackProgress, PackReport
-from shardloader.pack.outdir import (
-    SKIP_REPORT,
-    check_writable,
-    list_out,
-    old_manifest_paths,
-    remove_stale,
-    remove_temps,
-    shard_pattern,
-    write_skip_report,
-)
+from shardloader.pack.outdir import SKIP_REPORT, note_skips, open_out, remove_stale, remove_temps
 from shardloader.pack.plan import Planner, part_of, shard_names
 from shardloader.pack.pool import Executor, make_executor
-from shardloader.pack.replace import (
-    check_resume,
-    finished_manifest,
-    must_remove_first,
-    refuse_remote_replace,
-)
+from shardloader.pack.replace import check_resume, finished_manifest
 from shardloader.pack.task import ShardResult, ShardTask, WriteSpec
-from shardloader.pack.tokenizer import manifest_entry, token_source
+from shardloader.pack.tokenizer import token_source
 from shardloader.pack.write import place_shard, write_and_place, write_shard, writing
 from shardloader.read.fields import FieldMap
 from shardloader.storage.store import Store
-from shardloader.storage.uploads import Uploads, abort_recorded
+from shardloader.storage.uploads import Uploads
 
 __all__ = ["pack"]
 
@@ -81,25 +68,13 @@ def _options_digest(
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()
 
 
-def _build_extra(skipped: int, length_unit: str | None) -> dict[str, Any]:
-    """The manifest's ``extra`` (``merge`` rebuilds the per-part keys the same way)."""
-    extra: dict[str, Any] = {"skipped": skipped}
-    if skipped:
-        extra["skip_report"] = SKIP_REPORT
-    if length_unit:
-        extra["length_unit"] = length_unit
-    return extra
-
-
 def _check_not_inside(source: Store, target: Store) -> None:
-    src, out = source.url, target.url
-    if source.is_local and target.is_local:
-        s = os.path.realpath(source.local_path)
-        o = os.path.realpath(target.local_path)
-        if os.path.isdir(s) and (o == s or o.startswith(s + os.sep)):
-            raise UsageError(f"output {out!r} is inside the source {src!r}; pick another OUT")
-    elif src.rstrip("/") == out.rstrip("/") or out.startswith(src.rstrip("/") + "/"):
-        raise UsageError(f"output {out!r} is inside the source {src!r}; pick another OUT")
+    if source.is_local and not os.path.isdir(source.local_path):
+        return  # a single file
+    if below(target, source, real=True) is not None:
+        raise UsageError(
+            f"output {target.url!r} is inside the source {source.url!r}; pick another OUT"
+        )
 
 
 def pack(
@@ -136,10 +111,7 @@ def _pack(
     lock: OutLock,
 ) -> PackReport:
     source_store, out_store = options.store(src), options.store(out)
-    existing = list_out(out_store)
-    if abort_recorded(out_store, existing):  # NOTE [multipart journal] in storage/uploads.py
-        existing = list_out(out_store)
-    check_writable(out_store, existing, overwrite=options.overwrite, resume=options.resume)
+    existing, old = open_out(out_store, overwrite=options.overwrite, resume=options.resume)
     source = discover(
         source_store,
         options.layout,
@@ -152,18 +124,21 @@ def _pack(
     source, fields, tok_meta = token_source(src, source, options)  # pack/tokenizer.py
 
     parted = options.num_parts > 1
-    old: set[str] = set()
     finished = finished_manifest(out_store) if existing else None
     if existing:  # NOTE [replacing a dataset] in pack/replace.py
         if options.overwrite:
-            old = old_manifest_paths(out_store)
             if finished is not None and executor.remote and not out_store.is_local:
-                refuse_remote_replace(out_store)
+                # Ray tasks place their shards as they finish: the old ones would go first
+                raise UsageError(
+                    f"--overwrite with --executor ray: {out_store.url!r} holds a finished "
+                    "pack, and Ray tasks would replace its shards one by one before the new "
+                    "pack is whole; pack into a fresh OUT (then point readers at it), or "
+                    "remove the old dataset first"
+                )
         else:  # resume: shards are kept or replaced in place, so the manifest goes first
             if finished is not None:
                 check_resume(out_store, finished, source)
             out_store.join(MANIFEST_NAME).remove()
-        remove_temps(out_store, existing)
     local_out = out_store.is_local
     staging = out_store.local_path if local_out else tempfile.mkdtemp(prefix="shardloader-pack-")
     os.makedirs(staging, exist_ok=True)
@@ -183,25 +158,16 @@ def _pack(
         resume=options.resume,
         max_sample_size=options.max_sample_size,
     )
-    run = _Run(spec, options, progress, start, None if parted else source.total_bytes)
+    run = _Run(spec, progress, start, None if parted else source.total_bytes)
     run.defer = finished is not None and options.overwrite  # placed once every shard is written
     shard_size, notes = shard_size_for(options, source)
     planner = Planner(options.format, shard_size, options.max_samples)
 
     def on_skip(file: str, where: str, reason: str) -> None:
         if part_of(planner.current, options.num_parts) == options.part:
-            run.skips.append(
-                {
-                    "shard": planner.current,
-                    "key": "",
-                    "file": file,
-                    "where": where,
-                    "reason": reason,
-                }
-            )
+            run.skips.append(skip_record(planner.current, file, where, reason))
 
-    if progress is not None:
-        progress(PackProgress(0, 0, 0, 0, run.total_bytes, time.monotonic() - start))
+    run.tick()
     local_number = 0
     try:
         items = source.items(on_skip if options.on_error == "skip" else None)
@@ -224,18 +190,19 @@ def _pack(
         skips = sorted(run.skips, key=lambda s: s["shard"])
         if skips and not shards:  # nothing packed is a failure, not an empty dataset
             raise every_sample_skipped(skips)
-        if skips:
-            write_skip_report(out_store, skips)
-        extra = _build_extra(len(skips), _length_unit(source, options))
+        extra: dict[str, Any] = {}
+        note_skips(out_store, skips, extra)
+        if source.text is not None:
+            extra["length_unit"] = "tokens" if options.tokenizer or options.token_field else "bytes"
         if run.field_samples is not None:  # samples holding each member extension
             extra["field_samples"] = dict(sorted(run.field_samples.items()))
-        if tok_meta:
-            extra["tokenizer"] = manifest_entry(tok_meta)
+        if tok_meta:  # the tokenizer's sha256, or the --token-field; and the vocabulary size
+            extra["tokenizer"] = {k: v for k, v in tok_meta.items() if k != "path" and v}
         if parted:
             extra["part"] = {
                 "index": options.part,
                 "count": options.num_parts,
-                "planned_shards": planner.planned,
+                "planned_shards": planner.current,  # the stream is exhausted: all of them
                 "shard_numbers": sorted(run.infos),
             }
         logical = FieldMap.build(fields, source.aliases, "--alias")  # members → manifest fields
@@ -263,12 +230,7 @@ def _pack(
         if not local_out:
             shutil.rmtree(staging, ignore_errors=True)
     if existing:
-        keep = {s.path for s in shards} | {s.index_path for s in shards}
-        if skips:
-            keep.add(SKIP_REPORT)
-        remove_stale(
-            out_store, existing, keep, shard_pattern(options.part if parted else None), old
-        )
+        remove_stale(out_store, existing, manifest, options.part if parted else None, old)
     return PackReport(
         out=out,
         manifest=manifest,
@@ -286,19 +248,12 @@ def _pack(
     )
 
 
-def _length_unit(source: Source, options: PackOptions) -> str | None:
-    if source.text is None:
-        return None
-    return "tokens" if options.tokenizer or options.token_field else "bytes"
-
-
 class _Run:
     """Bookkeeping of one pack run: in-flight shards, finished shards, totals."""
 
     def __init__(
         self,
         spec: WriteSpec,
-        options: PackOptions,
         progress: Callable[[PackProgress], None] | None,
         start: float,
         total_bytes: int | None,
@@ -345,26 +300,31 @@ class _Run:
         first out of the way when one of them is a name it lists."""
         if not self.deferred:
             return
-        names = {n for r in self.deferred for n in (r.name, r.index_name)}
-        if must_remove_first(old, names):
+        names = {n for r in self.deferred for n in (r.info.path, r.info.index_path)}
+        if not names.isdisjoint(old):  # the old manifest lists one of them
             self.spec.out.join(MANIFEST_NAME).remove()
         for r in self.deferred:
-            if self.spec.out.is_local:
-                self._place(r)
-            else:
-                self.uploads.submit(partial(self._place, r))
+            self._put(r)
         self.deferred = []
+
+    def _put(self, r: ShardResult) -> None:
+        """Place ``r`` now (a rename, or placed by its task already), else upload it in the
+        background: NOTE [background uploads] in storage/uploads.py (overlaps the next shards)."""
+        if r.temp is None or self.spec.out.is_local:
+            self._place(r)
+        else:
+            self.uploads.submit(partial(self._place, r))
 
     def _place(self, r: ShardResult) -> None:
         """The shard to its final name (rename or upload), then its sidecar."""
         place_shard(self.spec, r)
         assert r.sidecar is not None
-        sidecar = self.spec.out.join(r.index_name)
+        sidecar = self.spec.out.join(r.info.index_path)
         with writing(f"sidecar {sidecar.url}"):
             sidecar.write_bytes_atomic(r.sidecar)
 
     def _finish(self, r: ShardResult) -> None:
-        if r.num_samples == 0:  # every sample skipped: no shard
+        if r.info.num_samples == 0:  # every sample skipped: no shard
             place_shard(self.spec, r)  # drops the temporary file
             self.skips.extend(r.skips)
             return
@@ -372,28 +332,22 @@ class _Run:
             self.kept += 1
         elif self.defer:  # NOTE [replacing a dataset]: placed when every shard is written
             self.deferred.append(r)
-        elif r.temp is None or self.spec.out.is_local:  # placed by the task, or a rename
-            self._place(r)
-        else:  # NOTE [background uploads] in storage/uploads.py: overlaps the next shards
-            self.uploads.submit(partial(self._place, r))
-        self.infos[r.number] = ShardInfo(
-            r.name,
-            r.num_samples,
-            r.stored_bytes,
-            r.raw_bytes,
-            r.sha256,
-            r.index_name,
-            r.index_sha256,
-        )
+        else:
+            self._put(r)
+        self.infos[r.number] = r.info
         self.skips.extend(r.skips)
         if r.field_samples is None or self.field_samples is None:
             self.field_samples = None
         else:
             for ext, n in r.field_samples.items():
                 self.field_samples[ext] = self.field_samples.get(ext, 0) + n
-        self.samples += r.num_samples
+        self.samples += r.info.num_samples
         self.bytes_in += r.bytes_in
-        self.bytes_out += r.stored_bytes
+        self.bytes_out += r.info.bytes
+        self.tick()
+
+    def tick(self) -> None:
+        """Report the running totals, if anyone listens."""
         if self.progress is not None:
             self.progress(
                 PackProgress(

@@ -11,7 +11,7 @@ import threading
 from multiprocessing import get_all_start_methods, get_context
 from multiprocessing.context import BaseContext
 
-__all__ = ["PRELOAD", "context", "server_context"]
+__all__ = ["PRELOAD", "context"]
 
 PRELOAD = "shardloader.pack._preload"  # what the forkserver imports once (never torch)
 
@@ -34,16 +34,8 @@ def context() -> BaseContext:
         and threading.current_thread() is threading.main_thread()
     ):
         return get_context("fork")
-    return server_context()
-
-
-def server_context() -> BaseContext:
-    """Workers start from a *forkserver* that has imported the writer once.
-
-    Not ``fork``: the main process may have imported torch and started threads.  Not plain
-    ``spawn``: every worker would import shardloader (and torch with it) again, seconds each.
-    The server is a fresh single-threaded process that has imported nothing but the writer.
-    """
+    # The forkserver: a fresh single-threaded process that imported the writer once.  Not
+    # plain spawn: every worker would import shardloader (and torch with it) again, seconds each.
     if "forkserver" not in get_all_start_methods():
         return get_context("spawn")
     ctx = get_context("forkserver")

@@ -8,18 +8,17 @@ Both sides import them: the orchestrator (pack/run.py) and the worker that write
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from shardloader.format.registry import format_module
-from shardloader.manifest import FieldInfo
+from shardloader.manifest import FieldInfo, ShardInfo
 from shardloader.pack.discover import TextRule
 from shardloader.pack.plan import ShardPlan
 from shardloader.storage.store import Store
 
-__all__ = ["ShardResult", "ShardTask", "WriteSpec", "temp_name"]
+__all__ = ["ShardResult", "ShardTask", "WriteSpec"]
 
 
 @dataclass(frozen=True)
@@ -62,13 +61,7 @@ class ShardTask:
 @dataclass(frozen=True)
 class ShardResult:
     number: int
-    name: str
-    index_name: str
-    num_samples: int
-    stored_bytes: int
-    raw_bytes: int
-    sha256: str
-    index_sha256: str
+    info: ShardInfo  # the manifest's entry
     bytes_in: int
     skips: tuple[dict[str, Any], ...]
     temp: str | None = None  # local temporary shard to move into place; None when kept
@@ -76,8 +69,3 @@ class ShardResult:
     kept: bool = False
     # samples holding each member extension; None: not recorded (kept from an older pack)
     field_samples: Mapping[str, int] | None = None
-
-
-def temp_name(spec: WriteSpec, name: str) -> str:
-    """Where a worker writes shard ``name`` until the orchestrator moves it into place."""
-    return os.path.join(spec.staging, f".{name}.tmp-{spec.run_id}")

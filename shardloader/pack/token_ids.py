@@ -23,7 +23,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from shardloader.errors import InputError, StorageError, UsageError
+from shardloader.errors import InputError, StorageError, UsageError, located
 from shardloader.manifest import FieldInfo
 from shardloader.pack.layouts.tables import batches, open_table, schema_of
 from shardloader.pack.refs import InputFile, TextRule
@@ -42,7 +42,7 @@ __all__ = [
 ]
 
 MAX_VOCAB = 1 << 32  # uint32 ids
-_OBJECT = msgspec.json.Decoder(dict[str, msgspec.Raw])
+JSON_OBJECT = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _IDS = msgspec.json.Decoder(list[int])
 _ENCODE = msgspec.json.Encoder()
 _BATCH = 4096  # table rows read at a time
@@ -94,42 +94,41 @@ def ids_length(
     return len(data) // np.dtype(fields["tokens"].dtype or "uint32").itemsize
 
 
-def check_ids(ids: np.ndarray, vocab_size: int | None, name: str, where: str) -> None:
-    """InputError unless every id is ``0 <= id < vocab_size`` (``where``: file and record)."""
-    if not ids.size:
+def check_ids(ids: np.ndarray | None, vocab_size: int | None, name: str) -> None:
+    """InputError unless every id is ``0 <= id < vocab_size`` (the caller names the record:
+    :func:`~shardloader.errors.located`)."""
+    if ids is None or not ids.size:
         return
     lo, hi = int(ids.min()), int(ids.max())
     if lo < 0:
-        raise InputError(
-            f"{where}: {name!r} holds the negative token id {lo}; token ids count from 0"
-        )
+        raise InputError(f"{name!r} holds the negative token id {lo}; token ids count from 0")
     limit = MAX_VOCAB if vocab_size is None else vocab_size
     if hi >= limit:
         what = f"--vocab-size {vocab_size}" if vocab_size is not None else "2**32 (uint32)"
         raise InputError(
-            f"{where}: {name!r} holds token id {hi}, not below {what}; pass the tokenizer's "
+            f"{name!r} holds token id {hi}, not below {what}; pass the tokenizer's "
             "vocabulary size as --vocab-size (or fix the ids)"
         )
 
 
-def json_ids(line: bytes, name: str, where: str) -> tuple[np.ndarray | None, dict | None]:
+def json_ids(line: bytes, name: str) -> tuple[np.ndarray | None, dict | None]:
     """The ids under key ``name`` of JSON record ``line`` (None: key absent or null) and the
     record's other keys (raw JSON values, for the ``json`` field)."""
     try:
-        record = _OBJECT.decode(line)
+        record = JSON_OBJECT.decode(line)
     except msgspec.ValidationError as err:
-        raise InputError(f"{where}: not a JSON object ({err})") from err
+        raise InputError(f"not a JSON object ({err})") from err
     except msgspec.DecodeError as err:
-        raise InputError(f"{where}: invalid JSON ({err})") from err
+        raise InputError(f"invalid JSON ({err})") from err
     raw = record.pop(name, None)
     if raw is None or bytes(raw).strip() == b"null":
         return None, record
     try:
         ids = np.array(_IDS.decode(raw), np.int64)
     except (msgspec.ValidationError, msgspec.DecodeError) as err:
-        raise InputError(f"{where}: {name!r} is not a list of integer token ids ({err})") from err
+        raise InputError(f"{name!r} is not a list of integer token ids ({err})") from err
     except OverflowError as err:
-        raise InputError(f"{where}: {name!r} holds a token id past int64 ({err})") from err
+        raise InputError(f"{name!r} holds a token id past int64 ({err})") from err
     return ids, record
 
 
@@ -195,15 +194,14 @@ def scan_ids(f: InputFile, kind: str, store: Store, name: str, vocab_size: int |
     try:
         if kind == "json":
             for sample in lines.samples(f, kind, "", store):
-                where = f"{f.url} {sample.where}"
-                ids, rest = json_ids(sample.fields[0][1], name, where)  # type: ignore[arg-type]
+                with located(f"{f.url} {sample.where}"):
+                    ids, rest = json_ids(sample.fields[0][1], name)  # type: ignore[arg-type]
+                    check_ids(ids, vocab_size, name)
                 count.records += 1
                 count.saw(rest or ())
                 if ids is None:
                     count.missing += 1
-                    continue
-                check_ids(ids, vocab_size, name, where)
-                if ids.size:
+                elif ids.size:
                     count.hi = max(count.hi, int(ids.max()))
             return count
         if kind == "txt":
@@ -215,56 +213,47 @@ def scan_ids(f: InputFile, kind: str, store: Store, name: str, vocab_size: int |
         found = False
         for column in table_ids(f, kind, store, name):
             found = True
-            try:
+            with located(f.url):
                 ids, offsets, nulls = batch_rows(column)
-            except InputError as err:
-                raise InputError(f"{f.url}: {err}") from None
             if ids.size:
                 bad = (ids < 0) | (ids >= (MAX_VOCAB if vocab_size is None else vocab_size))
                 if bad.any():
                     at = int(np.searchsorted(offsets, np.flatnonzero(bad)[0], "right")) - 1
-                    check_ids(
-                        ids[offsets[at] : offsets[at + 1]],
-                        vocab_size,
-                        name,
-                        f"{f.url} row {row + at}",
-                    )
+                    with located(f"{f.url} row {row + at}"):
+                        check_ids(ids[offsets[at] : offsets[at + 1]], vocab_size, name)
                 count.hi = max(count.hi, int(ids.max()))
             count.records += len(column)
             count.missing += int(nulls.sum())
             row += len(column)
         if not found:
-            names, count.records, _ = table_columns(f, kind, store, ())
-            count.missing = count.records
-            count.saw(names)
-        else:
-            count.saw([name])
+            return table_columns(f, kind, store, ())
+        count.saw([name])
     except (OSError, pa.ArrowInvalid, StorageError) as err:
         raise InputError(f"{f.url}: cannot read ({err}); fix or remove the file") from err
     return count
 
 
-def table_columns(
-    f: InputFile, kind: str, store: Store, columns: Sequence[str]
-) -> tuple[list[str], int, int]:
-    """(column names, rows, rows where one of ``columns`` holds a value) of table file ``f``:
-    only those columns are read."""
+def table_columns(f: InputFile, kind: str, store: Store, columns: Sequence[str]) -> FileCount:
+    """The rows of table file ``f``, and those where none of ``columns`` holds a value: only
+    those columns are read."""
     import pyarrow as pa
 
     table = open_table(f, kind, store)
+    count = FileCount(f.rel, f.url)
     try:
         names = list(schema_of(table, kind).names)
+        count.saw(names)
         wanted = [c for c in columns if c in names]
         if not wanted:
-            return names, _num_rows_of(table, kind), 0
-        rows = present = 0
+            count.records = count.missing = _num_rows_of(table, kind)
+            return count
         for batch in batches(table, wanted, _BATCH * 4):
             valid = np.zeros(batch.num_rows, bool)
             for c in wanted:
                 valid |= batch.column(c).is_valid().to_numpy(zero_copy_only=False)
-            rows += batch.num_rows
-            present += int(valid.sum())
-        return names, rows, present
+            count.records += batch.num_rows
+            count.missing += batch.num_rows - int(valid.sum())
+        return count
     except pa.ArrowInvalid as err:
         raise InputError(f"{f.url}: cannot read ({err}); fix or remove the file") from err
     finally:

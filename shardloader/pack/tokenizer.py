@@ -26,11 +26,19 @@ if TYPE_CHECKING:
     from shardloader.pack.layouts.base import Source
     from shardloader.pack.options import PackOptions
 
-__all__ = ["add_tokens", "manifest_entry", "pretokenized", "token_source", "tokenizer_info"]
+__all__ = ["add_tokens", "pretokenized", "token_source"]
 
 
-def tokenizer_info(path: str) -> tuple[str, int]:
-    """(sha256 of the file, vocabulary size) of a local tokenizers JSON file."""
+def add_tokens(src: str, path: str | None, fields: dict[str, FieldInfo]) -> dict | None:
+    """Add the ``tokens`` field for ``--tokenizer`` (a local tokenizers JSON file, loaded once
+    here to check it); return what the manifest records of it: its sha256 and vocabulary
+    size (and where it is, for the pack workers)."""
+    from shardloader.pack.token_ids import ids_dtype
+
+    if path is None:
+        return None
+    if "tokens" in fields:
+        raise UsageError(f"{src} already has a 'tokens' field; --tokenizer would replace it")
     where = Store(path)
     if not where.is_local:
         raise UsageError(f"--tokenizer {path!r}: give a local tokenizer.json file")
@@ -46,22 +54,10 @@ def tokenizer_info(path: str) -> tuple[str, int]:
         ) from err
     except Exception as err:  # OSError, bad UTF-8, and tokenizers' own untyped errors
         raise UsageError(f"--tokenizer {path!r}: cannot load ({err})") from err
-    return hashlib.sha256(data).hexdigest(), int(tok.get_vocab_size(with_added_tokens=True))
-
-
-def add_tokens(src: str, tokenizer: str | None, fields: dict[str, FieldInfo]) -> dict | None:
-    """Add the ``tokens`` field for ``--tokenizer``; return what the manifest records of it."""
-    if tokenizer is None:
-        return None
-    if "tokens" in fields:
-        raise UsageError(f"{src} already has a 'tokens' field; --tokenizer would replace it")
-    sha, vocab = tokenizer_info(tokenizer)
-    fields["tokens"] = FieldInfo("tokens", "uint16" if vocab <= 1 << 16 else "uint32")
-    return {
-        "sha256": sha,
-        "vocab_size": vocab,
-        "path": os.path.abspath(Store(tokenizer).local_path),
-    }
+    vocab = int(tok.get_vocab_size(with_added_tokens=True))
+    fields["tokens"] = FieldInfo("tokens", ids_dtype(vocab))
+    sha = hashlib.sha256(data).hexdigest()
+    return {"sha256": sha, "vocab_size": vocab, "path": os.path.abspath(where.local_path)}
 
 
 def token_source(
@@ -94,24 +90,19 @@ def pretokenized(
             f"--token-field reads token ids from record files (JSONL, Parquet, Arrow), but "
             f"{src} is laid out as {source.layout}; pass --layout records if they are records"
         )
-    counts, kinds = [], set()
+    counts, kinds, keep_json = [], set(), False
     for f in source.files:
         kind = record_kind(f.rel)[0]  # type: ignore[index]
         kinds.add(kind)
         counts.append(scan_ids(f, kind, source.inputs.open(f), name, vocab_size))
-    if not check_presence(source, counts, name, "--token-field", insisted=True):
+        keep_json |= kind == "json" and bool(counts[-1].fields)  # other keys beside the ids
+    if not check_presence(counts, name, "--token-field", insisted=True):
         raise UsageError(f"--token-field {name!r}: {src} holds no records")
-    largest = max(c.hi for c in counts)
-    vocab = vocab_size if vocab_size is not None else max(largest + 1, 1)
+    vocab = vocab_size if vocab_size is not None else max(max(c.hi for c in counts) + 1, 1)
     if vocab > MAX_VOCAB:  # only a given --vocab-size can be (ids past it are refused)
         raise UsageError(f"--vocab-size {vocab}: token ids are stored as uint32, at most 2**32")
     dtype = ids_dtype(vocab)
     fields = {k: v for k, v in source.fields.items() if k != name}
-    keep_json = any(
-        c.fields
-        for c, f in zip(counts, source.files, strict=True)
-        if record_kind(f.rel)[0] == "json"  # type: ignore[index]
-    )
     if kinds == {"json"} and not keep_json:
         fields.pop("json", None)  # the records held nothing but their ids
     if "tokens" in fields:
@@ -124,11 +115,3 @@ def pretokenized(
         source, impl=TokenRecords(rule), fields=fields, text=rule.text_rule()
     )
     return source, {"sha256": None, "vocab_size": vocab, "path": None, "token_field": name}
-
-
-def manifest_entry(meta: dict[str, Any]) -> dict[str, Any]:
-    """What ``index.json`` records under ``extra["tokenizer"]``: the tokenizer file's sha256
-    and vocabulary size, or the pre-tokenized field and its vocabulary size."""
-    if meta.get("token_field") is not None:
-        return {"token_field": meta["token_field"], "vocab_size": meta["vocab_size"]}
-    return {k: meta[k] for k in ("sha256", "vocab_size")}

@@ -28,13 +28,14 @@ from typing import Any
 from shardloader.errors import ShardloaderError, StorageError
 from shardloader.format.base import WrittenShard
 from shardloader.format.registry import get_format
-from shardloader.manifest import SampleIndex
+from shardloader.manifest import SampleIndex, ShardInfo
 from shardloader.pack.fill import fill_shard
 from shardloader.pack.layouts.lines import read_run
+from shardloader.pack.lock import alive
 from shardloader.pack.refs import LineRun
 from shardloader.pack.resume import plan_digest, sidecar_bytes, sidecar_meta
-from shardloader.pack.task import ShardResult, ShardTask, WriteSpec, temp_name
-from shardloader.storage.store import Store
+from shardloader.pack.task import ShardResult, ShardTask, WriteSpec
+from shardloader.storage.streams import HashingReader
 from shardloader.storage.uploads import put_file_recorded
 
 __all__ = [
@@ -49,9 +50,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-_HASH_CHUNK = 4 << 20
-
 
 _FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
@@ -81,21 +79,6 @@ def writing(what: str) -> Iterator[None]:
 # -- worker process -------------------------------------------------------------------------
 
 
-def _alive(pid: int) -> bool:
-    """Whether process ``pid`` still runs (a zombie, killed but not yet reaped, does not)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[-1].split()[0] != b"Z"
-    except OSError:  # no procfs (macOS): the kill() probe has to do
-        return True
-
-
 def worker_init(main_pid: int) -> None:
     """Pool initializer: leave Ctrl-C to the main process, and die with it.
 
@@ -111,23 +94,13 @@ def worker_init(main_pid: int) -> None:
     def watch() -> None:
         while True:
             time.sleep(0.5)
-            if not _alive(main_pid):
+            if not alive(main_pid):
                 os._exit(1)
 
     threading.Thread(target=watch, name="shardloader-main-watch", daemon=True).start()
 
 
 # -- one shard ------------------------------------------------------------------------------
-
-
-def _hash_stored(store: Store) -> tuple[str, int]:
-    h = hashlib.sha256()
-    n = 0
-    with store.open_read() as f:
-        while chunk := f.read(_HASH_CHUNK):
-            h.update(chunk)
-            n += len(chunk)
-    return h.hexdigest(), n
 
 
 def _try_keep(spec: WriteSpec, task: ShardTask, digest: str) -> ShardResult | None:
@@ -142,7 +115,10 @@ def _try_keep(spec: WriteSpec, task: ShardTask, digest: str) -> ShardResult | No
         if meta.get("plan_digest") != digest:
             log.info("%s: planned differently; packing it again", shard_url)
             return None
-        sha, size = _hash_stored(shard)
+        with shard.open_read() as f:
+            stored = HashingReader(f)
+            stored.drain()
+        sha, size = stored.hexdigest(), stored.pos
         index = SampleIndex.from_arrow_bytes(sidecar, index_url)
     except ShardloaderError as err:
         log.warning("%s: cannot reuse (%s); packing it again", shard_url, err)
@@ -154,19 +130,27 @@ def _try_keep(spec: WriteSpec, task: ShardTask, digest: str) -> ShardResult | No
     ):
         log.warning("%s: checksum does not match its sidecar; packing it again", shard_url)
         return None
+    return _result(task, meta, sidecar, kept=True)
+
+
+def _result(task: ShardTask, meta: Mapping[str, Any], data: bytes, **more: Any) -> ShardResult:
+    """A shard's figures, from the resume record its sidecar ``data`` holds (NOTE [resume])."""
+    info = ShardInfo(
+        task.name,
+        int(meta["num_samples"]),
+        int(meta["bytes"]),
+        int(meta["raw_bytes"]),
+        str(meta["sha256"]),
+        task.index_name,
+        hashlib.sha256(data).hexdigest(),
+    )
     return ShardResult(
         task.plan.number,
-        task.name,
-        task.index_name,
-        len(index),
-        size,
-        int(meta["raw_bytes"]),
-        sha,
-        hashlib.sha256(sidecar).hexdigest(),
+        info,
         int(meta.get("bytes_in", 0)),
         tuple(meta.get("skips", ())),
-        kept=True,
         field_samples=meta.get("field_samples"),
+        **more,
     )
 
 
@@ -181,7 +165,7 @@ def write_shard(spec: WriteSpec, task: ShardTask) -> ShardResult:
         kept = _try_keep(spec, task, digest)
         if kept is not None:
             return kept
-    tmp = temp_name(spec, task.name)
+    tmp = os.path.join(spec.staging, f".{task.name}.tmp-{spec.run_id}")  # until it is placed
     skips: list[dict[str, Any]] = []
     try:
         with writing(f"shard {spec.out.join(task.name).url} (writing {tmp})"), open(tmp, "wb") as f:
@@ -204,24 +188,10 @@ def write_shard(spec: WriteSpec, task: ShardTask) -> ShardResult:
         "num_samples": written.num_samples,
         "bytes_in": bytes_in,
         "skips": skips,
-        "field_samples": (counts := dict(sorted(writer.counts.items()))),
+        "field_samples": dict(sorted(writer.counts.items())),
     }
     sidecar = sidecar_bytes(written.index, meta)
-    return ShardResult(
-        plan.number,
-        task.name,
-        task.index_name,
-        written.num_samples,
-        written.bytes,
-        written.raw_bytes,
-        written.sha256,
-        hashlib.sha256(sidecar).hexdigest(),
-        bytes_in,
-        tuple(skips),
-        temp=tmp,
-        sidecar=sidecar,
-        field_samples=counts,
-    )
+    return _result(task, meta, sidecar, temp=tmp, sidecar=sidecar)
 
 
 class _Counting:
@@ -253,10 +223,10 @@ def place_shard(spec: WriteSpec, r: ShardResult) -> ShardResult:
     drop it when every sample was skipped.  A kept or already placed shard is left alone."""
     if r.temp is None:
         return r
-    if r.num_samples:
-        with writing(f"shard {spec.out.join(r.name).url}"):
+    if r.info.num_samples:
+        with writing(f"shard {spec.out.join(r.info.path).url}"):
             # storage/uploads.py; S3 checks the upload against the manifest's sha256
-            put_file_recorded(spec.out, r.name, r.temp, spec.run_id, r.sha256)
+            put_file_recorded(spec.out, r.info.path, r.temp, spec.run_id, r.info.sha256)
     if os.path.exists(r.temp):  # uploaded (remote OUT), or empty: drop the local copy
         os.remove(r.temp)
     return replace(r, temp=None)

@@ -13,11 +13,13 @@ worker opens), so a layout needs no registration in the worker and may import wh
 
 from __future__ import annotations
 
+import logging
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from shardloader.errors import InputError
 from shardloader.manifest import FieldInfo
 from shardloader.pack.refs import InputFile, LineRun, SampleRef, TextRule
 from shardloader.read.fields import Aliases, FieldMap
@@ -33,9 +35,12 @@ __all__ = [
     "Description",
     "Source",
     "OnSkip",
+    "each_file",
     "text_rule",
     "extension",
 ]
+
+log = logging.getLogger(__name__)
 
 OnSkip = Callable[[str, str, str], None]  # (file relative to SRC, where in it, reason)
 
@@ -70,8 +75,9 @@ def mixed(what: str, mine: str, other: str) -> Verdict:
 
 @dataclass(frozen=True)
 class Inputs:
-    """What discovery listed: the source's store (URL, options, retry policy) and its files
-    (sorted); :meth:`open` is the store of one of them."""
+    """What discovery listed (:func:`shardloader.pack.listing.scan_inputs`): the source's store
+    (URL, options, retry policy) and its files (sorted); :meth:`open` is the store of one of
+    them."""
 
     store: Store
     files: tuple[InputFile, ...]
@@ -82,12 +88,19 @@ class Inputs:
     def url(self) -> str:
         return self.store.url
 
-    def open(self, f: InputFile) -> Store:
-        """The store of listed file ``f``: its URL with the source's options and policy."""
-        return self.open_url(f.url)
+    def without(self, left_out: Iterable[tuple[str, str]]) -> Inputs:
+        """These inputs but ``left_out`` (``(path relative to SRC, why)``), which are reported
+        with what the listing left out."""
+        left_out = tuple(left_out)
+        if not left_out:
+            return self
+        drop = {rel for rel, _ in left_out}
+        kept = tuple(f for f in self.files if f.rel not in drop)
+        return Inputs(self.store, kept, tuple(sorted((*self.ignored, *left_out))))
 
-    def open_url(self, url: str) -> Store:
-        return Store(url, self.store.options, self.store.retry)
+    def open(self, f: InputFile | LineRun) -> Store:
+        """The store of listed file ``f``: its URL with the source's options and policy."""
+        return Store(f.url, self.store.options, self.store.retry)
 
 
 @dataclass(frozen=True)
@@ -186,11 +199,6 @@ class Source:
         return self.inputs.ignored
 
     @property
-    def store(self) -> Store:
-        """The source's store (URL, storage options, retry policy)."""
-        return self.inputs.store
-
-    @property
     def field_map(self) -> FieldMap:
         return FieldMap.build(self.fields, self.aliases, "--alias")
 
@@ -210,7 +218,7 @@ class Source:
 
         for item in self.items(on_skip):
             if isinstance(item, LineRun):
-                yield from run_samples(item, read_run(item, self.inputs.open_url(item.url)))
+                yield from run_samples(item, read_run(item, self.inputs.open(item)))
             else:
                 yield item
 
@@ -226,6 +234,31 @@ def _labelled(
             fields["cls"] = labels[item.key]
             item = item._replace(fields=tuple(sorted(fields.items())))
         yield item
+
+
+def each_file(
+    source: Source,
+    on_skip: OnSkip | None,
+    errors: tuple[type[BaseException], ...],
+    items: Callable[[InputFile], Iterator[SampleRef | LineRun]],
+) -> Iterator[SampleRef | LineRun]:
+    """The ``items`` of every file of ``source`` in turn.  A file that fails mid-way (one of
+    ``errors``) fails the pack naming it or, with ``on_skip``, has the rest of it skipped."""
+    for f in source.files:
+        last = ""
+        try:
+            for item in items(f):
+                last = f"line {int(item.numbers[-1])}" if isinstance(item, LineRun) else item.where
+                yield item
+        except errors as err:
+            after = f" after {last}" if last else ""
+            reason = f"cannot read{after} ({err})"
+            if on_skip is None:
+                raise InputError(
+                    f"{f.url}: {reason}; fix or remove the file, or pass --on-error skip"
+                ) from err
+            log.warning("%s: %s; skipping the rest of the file", f.url, reason)
+            on_skip(f.rel, last, reason)
 
 
 def extension(rel: str) -> str:

@@ -22,7 +22,7 @@ a set of samples with a thousand fields.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator, Sequence
 
 from shardloader.codecs.allowlist import IMAGE_EXTENSIONS, codec_for_extension
 from shardloader.errors import UsageError
@@ -121,31 +121,21 @@ class KeyGroups(Layout):
         return Verdict(True, rank=10, reading=f"{samples:,} sample{plural} with fields {shown}")
 
     def describe(self, inputs: Inputs) -> Description:
-        from shardloader.format.tar.format import split_key
-
-        samples: dict[str, dict[str, str]] = {}  # key: {extension: file}
-        for f in inputs.files:
-            parts = split_key(f.rel)
-            if parts is None or not parts[1]:
-                raise UsageError(
-                    f"{inputs.url}: unknown layout: {f.rel!r} has no extension, so it cannot be a "
-                    "field of a sample (key groups need <key>.<ext> names); pass --layout or "
-                    "remove it"
-                )
-            ext = parts[1].lower()
-            if ext in _TAR_SHARDS:
-                raise UsageError(
-                    f"{inputs.url}: {f.rel!r} is a tar shard, not a field of a sample: pack "
-                    "webdataset (img2dataset) tars with --layout tars, or adopt them in place "
-                    f"with `shardloader index {inputs.url} OUT`"
-                )
-            samples.setdefault(parts[0], {})[ext] = f.rel
+        samples = _groups(inputs)
+        for group in samples.values():
+            for ext, f in group.items():
+                if ext in _TAR_SHARDS:
+                    raise UsageError(
+                        f"{inputs.url}: {f.rel!r} is a tar shard, not a field of a sample: pack "
+                        "webdataset (img2dataset) tars with --layout tars, or adopt them in "
+                        f"place with `shardloader index {inputs.url} OUT`"
+                    )
         bad, common = junk({k: set(v) for k, v in samples.items()})
         left_out = tuple(
             sorted(
-                (rel, f"junk: shares no field with most samples ({', '.join(common)})")
+                (f.rel, f"junk: shares no field with most samples ({', '.join(common)})")
                 for k in bad
-                for rel in samples[k].values()
+                for f in samples[k].values()
             )
         )
         fields: dict[str, FieldInfo] = {}
@@ -158,34 +148,48 @@ class KeyGroups(Layout):
 
     def enumerate(self, source: Source, on_skip: OnSkip | None) -> Iterator[SampleRef]:
         """Checked whole before the first sample: one field may hold one file per sample."""
-        from shardloader.format.tar.format import split_key
-
         member_of = source.field_map.member_of
-        groups: dict[str, dict[str, FileRef]] = {}
-        for f in source.files:
-            parts = split_key(f.rel)
-            if parts is None:
-                raise UsageError(f"{source.url}: {f.rel!r} has no extension")
-            key, ext = parts[0], parts[1].lower()
-            group = groups.setdefault(key, {})
-            if ext in group:
-                raise UsageError(
-                    f"{source.url}: {group[ext].rel!r} and {f.rel!r} are both field {ext!r} of "
-                    f"sample {key!r} (extensions are compared without case); rename one of them"
-                )
-            name = member_of.get(ext)
-            same = next((r for e, r in group.items() if name and member_of.get(e) == name), None)
-            if same is not None:
-                raise UsageError(
-                    f"{source.url}: {same.rel!r} and {f.rel!r} both fill field {name!r} of "
-                    f"sample {key!r} (--alias); a sample may hold only one of them"
-                )
-            group[ext] = FileRef(f.url, f.rel, f.size)
+        groups = _groups(source.inputs)
+        for key, group in groups.items():
+            filled: dict[str, FileRef] = {}
+            for ext, f in group.items():
+                name = member_of.get(ext)
+                if name and name in filled:
+                    raise UsageError(
+                        f"{source.url}: {filled[name].rel!r} and {f.rel!r} both fill field "
+                        f"{name!r} of sample {key!r} (--alias); a sample may hold only one of them"
+                    )
+                filled[name or ""] = f
         return iter([SampleRef(key, tuple(sorted(groups[key].items()))) for key in sorted(groups)])
 
 
+def _groups(inputs: Inputs) -> dict[str, dict[str, FileRef]]:
+    """``{key: {extension: file}}``: files sharing a key, in listing order; a file without an
+    extension, or two that give one sample the same field, is a UsageError naming them."""
+    from shardloader.format.tar.format import split_key
+
+    groups: dict[str, dict[str, FileRef]] = {}
+    for f in inputs.files:
+        parts = split_key(f.rel)
+        if parts is None or not parts[1]:
+            raise UsageError(
+                f"{inputs.url}: unknown layout: {f.rel!r} has no extension, so it cannot be a "
+                "field of a sample (key groups need <key>.<ext> names); pass --layout or "
+                "remove it"
+            )
+        key, ext = parts[0], parts[1].lower()
+        group = groups.setdefault(key, {})
+        if ext in group:
+            raise UsageError(
+                f"{inputs.url}: {group[ext].rel!r} and {f.rel!r} are both field {ext!r} of "
+                f"sample {key!r} (extensions are compared without case); rename one of them"
+            )
+        group[ext] = FileRef(f.url, f.rel, f.size)
+    return groups
+
+
 def image_alias(
-    fields: dict[str, FieldInfo], samples: list[dict[str, str]]
+    fields: dict[str, FieldInfo], samples: Sequence[Collection[str]]
 ) -> tuple[dict[str, tuple[str, ...]], tuple[str, ...]]:
     """``{"image": image extensions}`` and the note saying so, as class folders have it;
     nothing when a sample holds two images (``0001.jpg`` and its mask ``0001.png``) or a

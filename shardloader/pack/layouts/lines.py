@@ -75,12 +75,6 @@ def _decompressed(stream: BinaryIO, rel: str) -> BinaryIO:
     return stream
 
 
-def _iter_lines(stream: BinaryIO) -> Iterator[bytes]:
-    """Lines without their terminator, read in big chunks (a leading BOM dropped)."""
-    read = getattr(stream, "read1", stream.read)  # read1: keep what decoded before an error
-    return _split_lines(iter(lambda: read(_READ_CHUNK), b""), bom=True)
-
-
 def _split_lines(chunks: Iterable[bytes], bom: bool) -> Iterator[bytes]:
     """The lines of ``chunks`` (consecutive bytes) as universal newlines split them, without
     their terminators; ``bom``: the chunks start the file, so a UTF-8 BOM there is dropped."""
@@ -111,15 +105,16 @@ def _split_lines(chunks: Iterable[bytes], bom: bool) -> Iterator[bytes]:
 
 def samples(f: InputFile, kind: str, stem: str, store: Store) -> Iterator[SampleRef]:
     """The samples of line file ``f``, read through ``store`` (the file's own)."""
-    with store.open_read() as raw:
-        stream = _decompressed(raw, f.rel)
-        yield from _numbered(f, kind, stem, _iter_lines(stream), 0)
+    yield from _numbered(f, kind, stem, iter_lines(f, store), 0)
 
 
 def iter_lines(f: InputFile, store: Store) -> Iterator[bytes]:
-    """Every line of line file ``f`` (blank ones too), as :func:`samples` splits them."""
+    """Every line of line file ``f`` (blank ones too) without its terminator, read in big
+    chunks (a leading BOM dropped)."""
     with store.open_read() as raw:
-        yield from _iter_lines(_decompressed(raw, f.rel))
+        stream = _decompressed(raw, f.rel)
+        read = getattr(stream, "read1", stream.read)  # read1: keep what decoded before an error
+        yield from _split_lines(iter(lambda: read(_READ_CHUNK), b""), bom=True)
 
 
 def _numbered(
@@ -308,16 +303,14 @@ def read_run(run: LineRun, store: Store) -> bytes:
     """
     first, end = run.span
     try:
-        if store.is_local:
-            with open(store.local_path, "rb") as fh:
+        with open(store.local_path, "rb") if store.is_local else store.open_read() as fh:
+            if store.is_local:
                 size = os.fstat(fh.fileno()).st_size
-                data = _pread_all(fh.fileno(), end - first, first)
-        else:
-            with store.open_read() as fh:
+            else:
                 known = getattr(fh, "size", None)
                 size = run.size if known is None else int(known)
-                fh.seek(first)
-                data = _read_all(fh, end - first)
+            fh.seek(first)
+            data = _read_all(fh, end - first)
     except OSError as err:
         raise InputError(f"{run.url}: cannot read lines {int(run.numbers[0])}.. ({err})") from err
     if size != run.size or len(data) != end - first:
@@ -348,18 +341,6 @@ def run_samples(run: LineRun, data: bytes) -> Iterator[SampleRef]:
     ):
         o = s - first
         yield SampleRef(f"{run.stem}/{n:09d}", ((run.kind, data[o : o + k]),), run.rel, f"line {n}")
-
-
-def _pread_all(fd: int, n: int, offset: int) -> bytes:
-    parts = []
-    while n > 0:
-        got = os.pread(fd, min(n, 1 << 30), offset)
-        if not got:
-            break
-        parts.append(got)
-        n -= len(got)
-        offset += len(got)
-    return parts[0] if len(parts) == 1 else b"".join(parts)  # [] -> b""
 
 
 def _read_all(fh: BinaryIO, n: int) -> bytes:

@@ -15,7 +15,6 @@ next to its image) is a field of a key group, not a record file.
 from __future__ import annotations
 
 import itertools
-import logging
 from collections.abc import Iterator
 
 import numpy as np
@@ -23,7 +22,7 @@ import numpy as np
 import shardloader.pack.layouts.lines as lines
 import shardloader.pack.layouts.tables as tables
 import shardloader.pack.token_ids as token_ids
-from shardloader.errors import InputError, StorageError, UsageError
+from shardloader.errors import StorageError, UsageError, located
 from shardloader.manifest import FieldInfo
 from shardloader.pack.layouts.base import (
     NO_FIT,
@@ -33,6 +32,7 @@ from shardloader.pack.layouts.base import (
     OnSkip,
     Source,
     Verdict,
+    each_file,
     mixed,
 )
 from shardloader.pack.refs import InputFile, LineRun, SampleRef
@@ -40,8 +40,6 @@ from shardloader.pack.token_ids import IdsRule
 from shardloader.storage.store import Store
 
 __all__ = ["Records", "TokenRecords", "record_kind"]
-
-log = logging.getLogger(__name__)
 
 
 def record_kind(rel: str) -> tuple[str, str] | None:
@@ -138,24 +136,12 @@ class Records(Layout):
         import pyarrow as pa
         import zstandard
 
-        for f in source.files:
+        def items(f: InputFile) -> Iterator[SampleRef | LineRun]:
             kind, stem = record_kind(f.rel)  # type: ignore[misc]
-            last = ""
-            try:
-                for item in self._file_items(f, kind, stem, source.inputs.open(f), on_skip):
-                    last = (
-                        f"line {int(item.numbers[-1])}" if isinstance(item, LineRun) else item.where
-                    )
-                    yield item
-            except (OSError, EOFError, zstandard.ZstdError, pa.ArrowInvalid, StorageError) as err:
-                after = f" after {last}" if last else ""
-                reason = f"cannot read{after} ({err})"
-                if on_skip is None:
-                    raise InputError(
-                        f"{f.url}: {reason}; fix or remove the file, or pass --on-error skip"
-                    ) from err
-                log.warning("%s: %s; skipping the rest of the file", f.url, reason)
-                on_skip(f.rel, last, reason)
+            return self._file_items(f, kind, stem, source.inputs.open(f), on_skip)
+
+        errors = (OSError, EOFError, zstandard.ZstdError, pa.ArrowInvalid, StorageError)
+        return each_file(source, on_skip, errors, items)
 
     def _file_items(
         self, f: InputFile, kind: str, stem: str, store: Store, on_skip: OnSkip | None
@@ -184,17 +170,17 @@ class TokenRecords(Records):
             return (self._json_sample(f, s) for s in lines.samples(f, kind, stem, store))
         return self._table_samples(f, kind, stem, store, on_skip)
 
-    def _tokens(self, ids: np.ndarray | None, where: str) -> bytes:
+    def _tokens(self, ids: np.ndarray | None) -> bytes:
+        token_ids.check_ids(ids, self.rule.vocab_size, self.rule.field)
         if ids is None:
             return b""
-        token_ids.check_ids(ids, self.rule.vocab_size, self.rule.field, where)
         return ids.astype(np.dtype(self.rule.dtype).newbyteorder("<")).tobytes()
 
     def _json_sample(self, f: InputFile, sample: SampleRef) -> SampleRef:
-        where = f"{f.url} {sample.where}"
         line = sample.fields[0][1]
-        ids, rest = token_ids.json_ids(line, self.rule.field, where)  # type: ignore[arg-type]
-        fields: tuple[tuple[str, bytes], ...] = (("tokens", self._tokens(ids, where)),)
+        with located(f"{f.url} {sample.where}"):
+            ids, rest = token_ids.json_ids(line, self.rule.field)  # type: ignore[arg-type]
+            fields: tuple[tuple[str, bytes], ...] = (("tokens", self._tokens(ids)),)
         if self.rule.keep_json:
             fields = (("json", token_ids.json_rest(rest or {})), *fields)
         return sample._replace(fields=fields)
@@ -205,20 +191,17 @@ class TokenRecords(Records):
         name = self.rule.field
         rows = enumerate(self._row_ids(f, kind, store))
         for sample in tables.samples(f, kind, stem, store, on_skip, leave_out=name):
-            where = f"{f.url} {sample.where}"
             row = int(sample.key.rsplit("/", 1)[1])  # rows skipped before it: passed over
             ids = next(ids for at, ids in rows if at == row)
-            tokens = self._tokens(ids, where)
-            fields = [*sample.fields, ("tokens", tokens)]
+            with located(f"{f.url} {sample.where}"):
+                fields = [*sample.fields, ("tokens", self._tokens(ids))]
             yield sample._replace(fields=tuple(sorted(fields, key=lambda nv: nv[0])))
 
     def _row_ids(self, f: InputFile, kind: str, store: Store) -> Iterator[np.ndarray | None]:
         """Each row's ids (None: null, or no such column in this file), then None forever."""
         for column in token_ids.table_ids(f, kind, store, self.rule.field):
-            try:
+            with located(f.url):
                 ids, offsets, nulls = token_ids.batch_rows(column)
-            except InputError as err:
-                raise InputError(f"{f.url}: {err}") from None
             for i in range(len(offsets) - 1):
                 yield None if nulls[i] else ids[offsets[i] : offsets[i + 1]]
         yield from itertools.repeat(None)

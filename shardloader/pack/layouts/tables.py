@@ -43,7 +43,6 @@ __all__ = [
     "Table",
     "batches",
     "describe",
-    "fields",
     "open_table",
     "samples",
     "same_classes",
@@ -184,11 +183,6 @@ def same_classes(seen: Classes, table: Table, f: InputFile, src: str) -> Classes
             f"{seen[0]!r} names {list(seen[1])[:5]}; make the ClassLabel names agree"
         )
     return seen
-
-
-def fields(f: InputFile, kind: str, store: Store) -> dict[str, FieldInfo]:
-    """One field per column (see :func:`describe`)."""
-    return describe(f, kind, store).fields
 
 
 def _sniffed(

@@ -30,10 +30,11 @@ from shardloader.pack.layouts.base import (
     OnSkip,
     Source,
     Verdict,
+    each_file,
     mixed,
 )
 from shardloader.pack.layouts.key_groups import image_alias
-from shardloader.pack.refs import InputFile, SampleRef
+from shardloader.pack.refs import InputFile, LineRun, SampleRef
 
 __all__ = ["Tars", "is_tar_shard"]
 
@@ -110,7 +111,7 @@ class Tars(Layout):
     def describe(self, inputs: Inputs) -> Description:
         """Reads every tar once to learn its fields (a tar has no table of contents)."""
         fields: dict[str, FieldInfo] = {}
-        samples: list[dict[str, str]] = []
+        samples: list[tuple[str, ...]] = []
         for f in inputs.files:
             if not is_tar_shard(f.rel):
                 raise UsageError(
@@ -121,34 +122,25 @@ class Tars(Layout):
                 for _, found in _samples(inputs, f):
                     for ext in found:
                         fields.setdefault(ext, FieldInfo(codec_for_extension(ext)))
-                    samples.append(dict.fromkeys(found, ""))
+                    samples.append(tuple(found))  # its fields, not their bytes
             except _READ_ERRORS as err:  # enumerate refuses or skips it, naming it
                 log.warning("%s: cannot read (%s)", f.url, err)
         aliases, notes = image_alias(fields, samples)
         return Description(dict(sorted(fields.items())), (), aliases, (), notes)
 
-    def enumerate(self, source: Source, on_skip: OnSkip | None) -> Iterator[SampleRef]:
+    def enumerate(self, source: Source, on_skip: OnSkip | None) -> Iterator[SampleRef | LineRun]:
         """Tar after tar, sample after sample; a tar that fails mid-way fails the pack or, with
         ``on_skip``, has the rest of it skipped."""
         seen: dict[str, str] = {}
-        for f in source.files:
-            last = ""
-            try:
-                for key, fields in _samples(source.inputs, f):
-                    if key in seen:
-                        raise UsageError(
-                            f"{source.url}: sample {key!r} is in both {seen[key]!r} and "
-                            f"{f.rel!r}; keys must be unique across the tars"
-                        )
-                    seen[key] = f.rel
-                    last = f"sample {key!r}"
-                    yield SampleRef(key, tuple(sorted(fields.items())), f.rel, last)
-            except _READ_ERRORS as err:
-                after = f" after {last}" if last else ""
-                reason = f"cannot read{after} ({err})"
-                if on_skip is None:
-                    raise InputError(
-                        f"{f.url}: {reason}; fix or remove the file, or pass --on-error skip"
-                    ) from err
-                log.warning("%s: %s; skipping the rest of the file", f.url, reason)
-                on_skip(f.rel, last, reason)
+
+        def items(f: InputFile) -> Iterator[SampleRef | LineRun]:
+            for key, fields in _samples(source.inputs, f):
+                if key in seen:
+                    raise UsageError(
+                        f"{source.url}: sample {key!r} is in both {seen[key]!r} and "
+                        f"{f.rel!r}; keys must be unique across the tars"
+                    )
+                seen[key] = f.rel
+                yield SampleRef(key, tuple(sorted(fields.items())), f.rel, f"sample {key!r}")
+
+        return each_file(source, on_skip, _READ_ERRORS, items)
