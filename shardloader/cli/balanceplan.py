@@ -9,34 +9,27 @@ __all__ = ["balance_figures", "balance_text"]
 
 
 def balance_figures(
-    manifest: Any,
-    base: Any,
-    planning: Any,
-    part: Any,
-    epochs: int,
-    seq_len: int,
-    rows: int,
-    c: float,
-    storage: dict[str, Any],
+    manifest: Any, base: Any, planning: Any, part: Any, flags: dict[str, Any]
 ) -> list[dict[str, Any]]:
-    """Per epoch: mean and worst per-step max/mean rank cost with and without balance."""
+    """Per epoch: mean and worst per-step max/mean rank cost with and without balance
+    (``flags``: the plan command's options)."""
     import dataclasses
 
     from shardloader.batching.packed import PackedBatches
-    from shardloader.errors import UsageError
+    from shardloader.cli.options import storage_options
     from shardloader.plan.cost import rank_balance
     from shardloader.read.lengths import load_lengths
     from shardloader.read.shardset import ReadOptions
 
-    url = getattr(base, "url", base)  # the shards' folder, a Store or its URL
-    lengths = load_lengths(manifest, url, ReadOptions(storage_options=storage))
+    storage = storage_options(flags["storage_option"])
+    lengths = load_lengths(manifest, base.url, ReadOptions(storage_options=storage))
+    seq_len, rows, c = flags["seq_len"], flags["rows"], flags["balance_c"]
     planner = PackedBatches(seq_len, rows, balance_c=c)
     packed = dataclasses.replace(planning, planner=planner, batch_size=None)
     out = []
-    for epoch in range(epochs):
+    for epoch in range(flags["epochs"]):
         got = rank_balance(packed, epoch, part, lengths)
-        if got is None:  # cannot happen: PackedBatches, lengths required above
-            raise UsageError("--balance needs the manifest's recorded lengths")
+        assert got is not None  # a PackedBatches planning; load_lengths raised without lengths
         out.append(
             {
                 "epoch": epoch,

@@ -100,13 +100,11 @@ def plan_command(
     from shardloader.plan.shuffle import ShuffleOptions
     from shardloader.storage.store import as_store
 
+    flags = click.get_current_context().params  # every option, for the figures' modules
     if stages:  # a staged mixture: cli/stageplan.py
         from shardloader.cli.stageplan import stage_figures, stage_text
 
-        figures = stage_figures(
-            dataset, stages, batch_size, nodes, ranks_per_node, partition, epoch_samples,
-            epochs, seed, uneven, storage_options(storage_option),
-        )  # fmt: skip
+        figures = stage_figures(dataset, flags)
         head = f"{dataset}: {nodes} node(s) x {ranks_per_node} ranks, batch {batch_size} a rank"
         click.echo(
             json.dumps(figures, indent=1) if as_json else "\n".join([head, *stage_text(figures)])
@@ -142,10 +140,7 @@ def plan_command(
     if balance:
         from shardloader.cli.balanceplan import balance_figures
 
-        out["balance"] = balance_figures(
-            manifest, base, planning, part, epochs, seq_len, rows, balance_c,
-            storage_options(storage_option),
-        )  # fmt: skip
+        out["balance"] = balance_figures(manifest, base, planning, part, flags)
     if as_json:
         click.echo(json.dumps(out, indent=1))
         return

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from shardloader.cli.options import storage_options
 from shardloader.errors import UsageError
 
 __all__ = ["parse_sources", "parse_stage", "stage_figures", "stage_text"]
@@ -50,42 +51,33 @@ def parse_stage(text: str) -> tuple[int, dict[str, float]]:
         ) from err
 
 
-def stage_figures(
-    sources: str,
-    stages: tuple[str, ...],
-    batch_size: int,
-    nodes: int,
-    ranks_per_node: int,
-    partition: str,
-    epoch_samples: int | None,
-    epochs: int,
-    seed: int,
-    uneven: str,
-    storage: dict[str, str],
-) -> dict[str, Any]:
+def stage_figures(sources: str, flags: dict[str, Any]) -> dict[str, Any]:
     """The stages of the mixture a run of ``nodes x ranks_per_node`` ranks x ``batch_size``
-    would read (several node partitions are refused, as the run refuses them)."""
+    would read (``flags``: the plan command's options; several node partitions are refused,
+    as the run refuses them)."""
     from shardloader.mixture import Mixture
     from shardloader.options import ReadOptions, World
 
+    storage = storage_options(flags["storage_option"])
+    nodes, per_node = flags["nodes"], flags["ranks_per_node"]
     mix = Mixture(
         parse_sources(sources),
-        stages=[parse_stage(s) for s in stages],
-        batch_size=batch_size,
-        epoch_samples=epoch_samples,
+        stages=[parse_stage(s) for s in flags["stages"]],
+        batch_size=flags["batch_size"],
+        epoch_samples=flags["epoch_samples"],
         shuffle=True,
-        seed=seed,
-        uneven=uneven,
+        seed=flags["seed"],
+        uneven=flags["uneven"],
         read=ReadOptions(storage_options=storage) if storage else None,
-        world=World(partition=partition),
-    ).for_rank(0, nodes * ranks_per_node, ranks_per_node)
+        world=World(partition=flags["partition"]),
+    ).for_rank(0, nodes * per_node, per_node)
     mix.stage_starts()  # several node partitions: refused here, as in the run
     return {
         "sources": list(mix.names),
         "epoch_samples": mix.epoch_samples,
         "samples_per_step": mix.samples_per_step,
-        "epochs": epochs,
-        "stages": mix.stage_report(epochs),
+        "epochs": flags["epochs"],
+        "stages": mix.stage_report(flags["epochs"]),
     }
 
 
