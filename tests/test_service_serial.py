@@ -17,7 +17,7 @@ from test_service_support import InProcessServer, Noise, digest
 
 import shardloader as sl
 from shardloader.collate import PadCollate, collate_samples
-from shardloader.service.passes import needs_serial_pipeline
+from shardloader.read.loading import pipeline_draws
 
 
 class SlowNoise:
@@ -75,6 +75,11 @@ def test_concurrent_streams_equal_local_batches(data, tmp_path, transform):
     assert not errors, errors
     assert all(len(want[r]) == 4 for r in range(world))
     assert got == want
+
+
+def needs_serial_pipeline(ds: sl.ShardedDataset) -> bool:
+    """The rule a stream takes the lock by (shardloader/service/stream.py)."""
+    return pipeline_draws(ds.transform, ds.decoder, ds.collate_fn)
 
 
 def test_only_pipelines_with_code_that_may_draw_from_global_rngs_run_serially(data):

@@ -92,8 +92,7 @@ class _Guarded(H11Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._lost = True
         self.rules.served(self)
-        self._cancel()
-        self._cancel_stalled()
+        _cancel(self._timer, self._stalled)
         super().connection_lost(exc)
 
     def handle_events(self) -> None:
@@ -101,7 +100,7 @@ class _Guarded(H11Protocol):
         super().handle_events()
         if self.cycle is not cycle:  # a request head arrived: it is being served
             self.rules.served(self)
-            self._cancel()
+            _cancel(self._timer)
 
     def on_response_complete(self) -> None:
         if not self.transport.is_closing():  # before super(): a pipelined request may follow
@@ -110,19 +109,14 @@ class _Guarded(H11Protocol):
 
     # -- rule 1 and 2 -------------------------------------------------------------------
     def _wait(self, seconds: float, reason: str) -> None:
-        self._cancel()
+        _cancel(self._timer)
         self._timer = self.loop.call_later(seconds, self.drop, reason)
         self.rules.wait(self)
-
-    def _cancel(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
 
     def drop(self, reason: str) -> None:
         """Abort the connection (``reason`` counted in ``/metrics``)."""
         self.rules.served(self)
-        self._cancel()
+        _cancel(self._timer)
         if not self._lost:
             self.rules.count(reason)
             self.transport.abort()
@@ -131,26 +125,27 @@ class _Guarded(H11Protocol):
     def pause_writing(self) -> None:
         super().pause_writing()
         self._buffered = self.transport.get_write_buffer_size()
-        self._cancel_stalled()
+        _cancel(self._stalled)
         self._stalled = self.loop.call_later(self.rules.options.write_timeout, self._check_writes)
 
     def resume_writing(self) -> None:
-        self._cancel_stalled()
+        _cancel(self._stalled)
         super().resume_writing()
 
     def _check_writes(self) -> None:
         now = self.transport.get_write_buffer_size()
         if now >= self._buffered:  # the client took nothing in write_timeout seconds
-            self._stalled = None
             self.drop("write_timeout")
             return
         self._buffered = now
         self._stalled = self.loop.call_later(self.rules.options.write_timeout, self._check_writes)
 
-    def _cancel_stalled(self) -> None:
-        if self._stalled is not None:
-            self._stalled.cancel()
-            self._stalled = None
+
+def _cancel(*timers: asyncio.TimerHandle | None) -> None:
+    """Cancel the timers that are set (cancelling a spent one does nothing)."""
+    for timer in timers:
+        if timer is not None:
+            timer.cancel()
 
 
 def guarded_protocol(options: ServeOptions, metrics: Metrics) -> type[H11Protocol]:

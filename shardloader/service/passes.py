@@ -13,11 +13,9 @@ import threading
 
 from shardloader.dataset import ShardedDataset
 from shardloader.deliver.loader import make_loader
-from shardloader.read.loading import pipeline_draws
 
 __all__ = [
     "SERIAL_PIPELINE",
-    "needs_serial_pipeline",
     "pass_dataset",
     "steps_of_pass",
     "warm_up",
@@ -30,7 +28,7 @@ __all__ = [
 # draws changes that stream's batch, which then differs from a local loader's.  Such pipelines
 # take one batch at a time (seed, load, transform, collate under this lock; the loader's first
 # step, which draws its base seed from torch's global generator, included).  Pipelines whose
-# code draws nothing from the global generators (needs_serial_pipeline) run streams in
+# code draws nothing from the global generators (read.loading.pipeline_draws) run streams in
 # parallel; with workers > 0 each stream's pipeline runs in its own worker processes, and
 # nothing is shared.  tests/test_service_serial.py runs concurrent streams both ways.
 SERIAL_PIPELINE = threading.Lock()
@@ -71,14 +69,6 @@ def warm_up(dataset: ShardedDataset) -> None:
         next(batches)
     finally:
         batches.close()  # type: ignore[attr-defined]
-
-
-def needs_serial_pipeline(dataset: ShardedDataset) -> bool:
-    """Whether ``dataset`` runs code that may draw from the global RNGs, so that its streams
-    must take turns when they share a process (NOTE [serial pipeline]): a transform, custom
-    decoders, or a collate that is not shardloader's own (:func:`shardloader.read.loading.
-    pipeline_draws`, the rule the dataset seeds by)."""
-    return pipeline_draws(dataset.transform, dataset.decoder, dataset.collate_fn)
 
 
 def steps_of_pass(

@@ -30,10 +30,11 @@ from shardloader.dataset import ShardedDataset
 from shardloader.deliver.loader import make_loader
 from shardloader.deliver.transport import BUNDLE_BYTES, MAX_BUNDLE
 from shardloader.errors import IncompleteEpochError, ShardloaderError
+from shardloader.read.loading import pipeline_draws
 from shardloader.service.handoff import Frame, Handoff
 from shardloader.service.metrics import Metrics
 from shardloader.service.options import ServeOptions
-from shardloader.service.passes import SERIAL_PIPELINE, needs_serial_pipeline, pass_dataset
+from shardloader.service.passes import SERIAL_PIPELINE, pass_dataset
 from shardloader.service.response import Receive, Scope, Send, stream_response
 from shardloader.service.wire import encode_batches, encode_control, frame_size
 
@@ -170,7 +171,9 @@ class Stream:
         if self.options.workers:
             extra["prefetch_factor"] = self.options.prefetch_factor
         loader = make_loader(view, num_workers=self.options.workers, **extra)
-        serial = not self.options.workers and needs_serial_pipeline(view)
+        serial = not self.options.workers and pipeline_draws(
+            view.transform, view.decoder, view.collate_fn
+        )  # NOTE [serial pipeline]
         items: Iterator[Any] = iter(loader)
         try:
             return self._drain(items, serial)
