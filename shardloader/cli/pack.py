@@ -45,7 +45,6 @@ LAYOUTS = ("auto", "class-folders", "key-groups", "records", "tars")
 @click.argument("out")
 @click.option(
     "--format",
-    "fmt",
     type=click.Choice(["tar", "arrow", "tokens"]),
     default="tar",
     show_default=True,
@@ -173,35 +172,7 @@ LAYOUTS = ("auto", "class-folders", "key-groups", "records", "tars")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary.")
 @storage_option
 @retry_options
-def pack_command(
-    src: str,
-    out: str,
-    fmt: str,
-    compression: str,
-    shard_size: str,
-    max_samples: int | None,
-    max_sample_size: str | None,
-    layout: str,
-    workers: int,
-    executor: str,
-    address: str | None,
-    num_parts: int,
-    part: int | None,
-    on_error: str,
-    validate: bool,
-    tokenizer: str | None,
-    text_field: str,
-    token_field: str | None,
-    vocab_size: int | None,
-    resume: bool,
-    overwrite: bool,
-    quiet: bool,
-    alias: tuple[str, ...],
-    labels: str | None,
-    storage_option: tuple[str, ...],
-    retries: int | None,
-    retry_seconds: float | None,
-) -> None:
+def pack_command(src: str, out: str, quiet: bool, **flags: Any) -> None:
     """Pack the raw files in SRC into shards + index.json in OUT.
 
     SRC (a folder, a file or an fsspec URL) holds class folders (SRC/<class>/<image>), key
@@ -209,40 +180,25 @@ def pack_command(
     tables (.parquet, .arrow) or webdataset tars (img2dataset's output).  The manifest is
     written last.
     """
-    if fmt == "tokens" and tokenizer is None and token_field is None:  # refused now, not
-        raise UsageError(  # when the shards are read
+    if flags["format"] == "tokens" and flags["tokenizer"] is None and flags["token_field"] is None:
+        raise UsageError(  # refused now, not when the shards are read
             "--format tokens lays out token ids: pass --tokenizer tokenizer.json (a Hugging Face "
             "tokenizers file) to make them from the text, or --token-field NAME for ids the "
             "records already hold (e.g. input_ids), or pick --format tar or arrow"
         )
     from shardloader.pack import PackOptions, pack
 
-    retry = retry_policy(retries, retry_seconds)
-    extra: dict[str, Any] = {} if retry is None else {"retry": retry}
+    # the other flags are PackOptions' fields by name; these are given in the command's terms
+    if (retry := retry_policy(flags.pop("retries"), flags.pop("retry_seconds"))) is not None:
+        flags["retry"] = retry
+    shard_size, max_size = flags.pop("shard_size"), flags.pop("max_sample_size")
     options = PackOptions(
-        format=fmt,
-        compression=compression,
         shard_size=None if shard_size == "auto" else parse_size(shard_size),
-        max_samples=max_samples,
-        max_sample_size=None if max_sample_size is None else parse_size(max_sample_size),
-        layout=layout,
-        on_error=on_error,
-        validate=validate,
-        tokenizer=tokenizer,
-        text_field=text_field,
-        token_field=token_field,
-        vocab_size=vocab_size,
-        workers=workers,
-        executor=executor,
-        address=address,
-        num_parts=num_parts,
-        part=part_index(part),
-        resume=resume,
-        overwrite=overwrite,
-        storage_options=storage_options(storage_option),
-        aliases=_aliases(alias),
-        labels=labels,
-        **extra,
+        max_sample_size=None if max_size is None else parse_size(max_size),
+        part=part_index(flags.pop("part")),
+        storage_options=storage_options(flags.pop("storage_option")),
+        aliases=_aliases(flags.pop("alias")),
+        **flags,
     )
 
     def on_progress(p: PackProgress) -> None:
