@@ -8,6 +8,7 @@ ever run.  Imports of the library happen inside the command, so ``--help`` stays
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import sys
@@ -124,14 +125,8 @@ def serve(
     port: int,
     port_file: str | None,
     token_file: str | None,
-    workers: int,
-    max_inflight: int,
-    max_clients: int,
-    header_timeout: float,
-    idle_timeout: float,
-    write_timeout: float,
     log_level: str,
-    **dataset_flags: Any,
+    **flags: Any,
 ) -> None:
     """Serve PIPELINE's batches to RemoteLoader clients (GET /v1/batches, /v1/info, /metrics,
     /health).
@@ -148,14 +143,9 @@ def serve(
     token = read_token(token_file) if token_file else None
     if port_file and not os.path.isdir(os.path.dirname(os.path.abspath(port_file))):
         raise UsageError(f"--port-file {port_file}: its folder does not exist")
-    options = ServeOptions(
-        workers=workers,
-        max_inflight=max_inflight,
-        max_clients=max_clients,
+    options = ServeOptions(  # the stream flags are ServeOptions' fields by name
         token=token,
-        header_timeout=header_timeout,
-        idle_timeout=idle_timeout,
-        write_timeout=write_timeout,
+        **{f.name: flags.pop(f.name) for f in dataclasses.fields(ServeOptions) if f.name in flags},
     )
     preset = None
     if is_factory(pipeline):
@@ -173,11 +163,11 @@ def serve(
         from shardloader.read.fields import parse_fill
 
         preset = dataset_preset(
-            dataset_flags,
-            uneven=dataset_flags.pop("uneven"),
-            decode=dataset_flags.pop("decode"),
-            fill=parse_fill(dataset_flags.pop("fill")),
-            required=tuple(dataset_flags.pop("require")),
+            flags,
+            uneven=flags.pop("uneven"),
+            decode=flags.pop("decode"),
+            fill=parse_fill(flags.pop("fill")),
+            required=tuple(flags.pop("require")),
         )
     logging.basicConfig(
         level=log_level.upper(),
@@ -195,7 +185,7 @@ def serve(
         shown = f"[{bound_host}]" if ":" in bound_host else bound_host
         click.echo(
             f"serving {pipeline} on http://{shown}:{bound_port} "
-            f"({dataset.manifest.num_samples} samples, {workers} workers per stream)"
+            f"({dataset.manifest.num_samples} samples, {options.workers} workers per stream)"
         )
         sys.stdout.flush()
 
