@@ -21,7 +21,6 @@ from shardloader.errors import UsageError
 if TYPE_CHECKING:
     from shardloader.codecs.allowlist import Decoder
     from shardloader.dataset import ShardedDataset
-    from shardloader.manifest import Manifest
     from shardloader.read.shardset import ReadOptions
     from shardloader.storage.retry import RetryPolicy
 
@@ -78,27 +77,21 @@ class DatasetPreset:
         )
         return read if self.retry is None else replace(read, retry=self.retry)
 
-    def pipeline(
-        self, url: str, manifest: Manifest | None = None
-    ) -> tuple[Decoder, Transform | None]:
-        """The (decoder, transform) for the dataset at ``url`` (its manifest is read unless
-        given; only a transform needs it, to find the image field), with ``fill`` and
-        ``required`` on the decoder."""
+    def pipeline(self, url: str) -> tuple[Decoder, Transform | None]:
+        """The (decoder, transform) for the dataset at ``url`` (its manifest is read only for a
+        transform, to find the image field), with ``fill`` and ``required`` on the decoder."""
         from shardloader.codecs.allowlist import Decoder
 
-        transform = None if self.transform == "none" else self._transform(url, manifest)
+        transform = None if self.transform == "none" else self._transform(url)
         image = self.decode if transform is None else "raw"
         return Decoder(image=image, fill=dict(self.fill), required=self.required), transform
 
-    def _transform(self, url: str, manifest: Manifest | None) -> Transform | None:
+    def _transform(self, url: str) -> Transform | None:
         """The image transform (None: ``auto`` on a dataset without an image field)."""
         from shardloader import vision
+        from shardloader.manifest import read_manifest
 
-        if manifest is None:
-            from shardloader.manifest import read_manifest
-
-            read = self.read_options()
-            manifest, _ = read_manifest(read.store(url))
+        manifest, _ = read_manifest(self.read_options().store(url))
         name = self.image_field or vision.image_field(manifest.fields)
         if name is None or name not in manifest.fields:
             if self.transform == "auto" and self.image_field is None:

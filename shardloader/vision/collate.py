@@ -71,18 +71,16 @@ class DetectionCollate:
         extra = "batch_index" if self.mode == "concat" else "num_items"
         if extra in out:
             raise UsageError(f"samples already have a field {extra!r}; rename it")
+        concat = self.mode == "concat"
         for name in present:
             arrays = [to_tensor(as_array(name, s[name])) for s in samples]
-            if self.mode == "concat":
+            if concat:
                 out[name] = torch.cat(arrays)
             else:
                 out[name] = PadCollate({name: self.pad_values[name]}).pad(name, arrays)[0]
         if present:
             n = torch.tensor(counts, dtype=torch.int64)
-            if self.mode == "concat":
-                out[extra] = torch.repeat_interleave(torch.arange(len(samples)), n)
-            else:
-                out[extra] = n
+            out[extra] = torch.repeat_interleave(torch.arange(len(samples)), n) if concat else n
         return out
 
     @staticmethod

@@ -87,6 +87,12 @@ def _check_backend(backend: str) -> None:
         raise UsageError(f"backend={backend!r} is not one of {', '.join(jpeg.BACKENDS)}")
 
 
+def _check_probability(name: str, p: float) -> None:
+    _numbers(name, (p,), 1)
+    if not 0 <= p <= 1:
+        raise UsageError(f"{name} must be a probability in [0, 1], got {p!r}")
+
+
 def _call(t: Callable[..., Any], x: Any, generator: torch.Generator | None) -> Any:
     """``t(x)``, handing ``generator`` on where ``t`` declares ``takes_generator``."""
     if generator is not None and getattr(t, "takes_generator", False):
@@ -119,9 +125,7 @@ class RandomResizedCrop:
 
     def __post_init__(self) -> None:
         hw_of(self.size, "size")
-        _numbers("flip", (self.flip,), 1)
-        if not 0 <= self.flip <= 1:
-            raise UsageError(f"flip must be a probability in [0, 1], got {self.flip!r}")
+        _check_probability("flip", self.flip)
         _check_backend(self.backend)
         lo, hi = _numbers("scale", self.scale, 2)
         _numbers("ratio", self.ratio, 2)
@@ -189,9 +193,7 @@ class RandomHorizontalFlip:
     takes_generator = True  # NOTE [transform generators]
 
     def __post_init__(self) -> None:
-        _numbers("p", (self.p,), 1)
-        if not 0 <= self.p <= 1:
-            raise UsageError(f"p must be in [0, 1], got {self.p!r}")
+        _check_probability("p", self.p)
 
     def __call__(self, img: ImageLike, *, generator: torch.Generator | None = None) -> torch.Tensor:
         flip = _uniform(self.generator if self.generator is not None else generator, 1)[0] < self.p
