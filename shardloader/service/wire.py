@@ -31,11 +31,10 @@ else is a :class:`~shardloader.errors.DecodeError`.
 
 from __future__ import annotations
 
-import io
 import json
 import math
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,13 +49,10 @@ __all__ = [
     "MAGIC",
     "PROTOCOL",
     "Frame",
-    "decode_batch",
     "decode_batches",
-    "encode_batch",
     "encode_batches",
     "encode_control",
     "frame_size",
-    "iter_frames",
     "read_frame",
 ]
 
@@ -158,13 +154,6 @@ def read_frame(readinto: ReadInto) -> Frame | None:
     if not isinstance(header.get("step"), int):
         raise DecodeError(f"frame header has no integer step: {str(header)[:200]}")
     return Frame(header, _read_exact(readinto, size, "payload"))
-
-
-def iter_frames(data: bytes | bytearray) -> Iterator[Frame]:
-    """Frames of a complete byte string (tests, tools)."""
-    readinto = io.BytesIO(data).readinto
-    while (frame := read_frame(readinto)) is not None:
-        yield frame
 
 
 # -- batches into frames: the sending side ----------------------------------------------------
@@ -282,11 +271,6 @@ def _numpy_dtype_name(dtype: np.dtype, where: str) -> str:
             "complex arrays can be sent"
         )
     return dtype.newbyteorder("<").str if dtype.itemsize > 1 else dtype.str
-
-
-def encode_batch(step: int, batch: Any) -> list[Any]:
-    """Encode one batch as a frame (:func:`encode_batches` of one)."""
-    return encode_batches(step, [batch])
 
 
 def encode_batches(step: int, batches: list[Any]) -> list[Any]:
@@ -429,14 +413,6 @@ def _shape(shape: Any) -> list[int]:
     ):
         raise DecodeError(f"malformed frame shape {shape!r}")
     return shape
-
-
-def decode_batch(frame: Frame) -> Any:
-    """The batch a one-batch frame carries; its tensors share the frame's payload buffer."""
-    batches = decode_batches(frame)
-    if len(batches) != 1:
-        raise DecodeError(f"a frame of {len(batches)} batches where one was expected")
-    return batches[0]
 
 
 def decode_batches(frame: Frame) -> list[Any]:
