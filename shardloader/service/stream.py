@@ -18,6 +18,7 @@ planned in :mod:`shardloader.service.passes`, what the producer hands the event 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import threading
@@ -205,10 +206,8 @@ class Stream:
         """The pipeline's next item (``_END`` after the last), the wait counted as busy."""
         self._busy_since = t0 = time.monotonic()
         try:
-            if serial:
-                with SERIAL_PIPELINE:
-                    return next(items, _END)
-            return next(items, _END)
+            with SERIAL_PIPELINE if serial else contextlib.nullcontext():
+                return next(items, _END)
         finally:
             self._busy_since = None
             self._busy += time.monotonic() - t0
