@@ -11,6 +11,7 @@ larger than memory, read cold, can be slower in training than here.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import os
@@ -103,15 +104,16 @@ class _TreeMemory:
         except self._psutil.Error:
             return [self._root]
 
-    def sample(self, procs: Iterable[Any]) -> int:
+    def _total(self, procs: Iterable[Any], read: Callable[[Any], int]) -> int:
+        """``read(process)`` summed over ``procs`` (a worker that just exited counts 0)."""
         total = 0
         for p in procs:
-            try:
-                total += p.memory_info().rss
-            except self._psutil.Error:  # a worker that just exited
-                pass
-        self.peak = max(self.peak, total)
+            with contextlib.suppress(self._psutil.Error):
+                total += read(p)
         return total
+
+    def sample(self, procs: Iterable[Any]) -> None:
+        self.peak = max(self.peak, self._total(procs, lambda p: p.memory_info().rss))
 
     def _run(self) -> None:
         procs, listed = self._tree(), time.monotonic()
@@ -134,15 +136,10 @@ class _TreeMemory:
     def pss(self) -> int | None:
         """Proportional set size of the tree now (shared pages split between sharers); None
         where the system does not tell it (not Linux)."""
-        total = 0
-        for p in self._tree():
-            try:
-                total += p.memory_full_info().pss
-            except AttributeError:
-                return None
-            except self._psutil.Error:  # a worker that just exited
-                pass
-        return total
+        try:
+            return self._total(self._tree(), lambda p: p.memory_full_info().pss)
+        except AttributeError:
+            return None
 
 
 def _count(batch: Any, default: int) -> int:
