@@ -21,12 +21,11 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from shardloader.codecs.allowlist import Decoder
 from shardloader.collate import collate_samples
 from shardloader.dataset import ShardedDataset
 from shardloader.deliver.loader import make_loader
 from shardloader.errors import UsageError
-from shardloader.read.shardset import ReadOptions
+from shardloader.presets import DatasetPreset
 
 __all__ = ["BenchResult", "default_workers", "measure", "require_psutil", "sweep"]
 
@@ -227,30 +226,27 @@ def default_workers(cpu_count: int | None = None) -> tuple[int, ...]:
 
 def sweep(
     url: str,
+    preset: DatasetPreset | None = None,
     *,
     workers: Sequence[int] | None = None,
     prefetch: Sequence[int] = (2, 4),
-    batch_size: int | None = 32,
-    shuffle: bool = False,
-    seed: int = 0,
     batches: int = 50,
     decode: Sequence[bool] = (True, False),
-    transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
-    decoder: Decoder | None = None,
-    read: ReadOptions | None = None,
     warmup: bool = True,
     progress: Callable[[BenchResult], None] | None = None,
 ) -> list[BenchResult]:
-    """Measure every (decode, num_workers, prefetch_factor) point on the dataset at ``url``.
+    """Measure every (decode, num_workers, prefetch_factor) point on the dataset at ``url``,
+    read as ``preset`` describes it (batch size, shuffle and seed, transform, storage, cache;
+    default ``DatasetPreset(batch_size=32, transform="none")``), as ``shardloader bench`` reads
+    it from the same flags.
 
-    ``decode=True`` decodes with ``decoder`` (default ``Decoder()``) and runs ``transform``;
-    ``decode=False`` reads raw bytes (no decoding, no ``transform``): comparing the two tells
-    reading from decoding.  Fields of unequal shapes are collated as lists, so a dataset of
-    images of many sizes can be measured without a transform (one tensor per image then
-    crosses from the worker: a resizing transform, as in training, is cheaper to move).
-    Each point reads the same first batches of epoch 0 (in stored order, or shuffled by
-    ``seed``); ``warmup`` reads them once, unrecorded, so staging shards is not charged to the
-    first point.
+    ``decode=True`` decodes with the preset's decoder and runs its transform; ``decode=False``
+    reads raw bytes (no decoding, no transform): comparing the two tells reading from
+    decoding.  Fields of unequal shapes are collated as lists, so a dataset of images of many
+    sizes can be measured without a transform (one tensor per image then crosses from the
+    worker: a resizing transform, as in training, is cheaper to move).  Each point reads the
+    same first batches of epoch 0 (in stored order, or shuffled by the seed); ``warmup`` reads
+    them once, unrecorded, so staging shards is not charged to the first point.
     """
     require_psutil()
     workers = tuple(default_workers() if workers is None else workers)
@@ -258,17 +254,15 @@ def sweep(
         raise UsageError("give at least one num_workers value and one decode mode")
     if any(w > 0 for w in workers) and not prefetch:
         raise UsageError("give at least one prefetch_factor value for num_workers > 0")
+    preset = preset or DatasetPreset(batch_size=32, transform="none")
+    decoder, transform = preset.pipeline(url)
     collate = functools.partial(collate_samples, ragged="list")
 
     def dataset(decoded: bool) -> ShardedDataset:
-        return ShardedDataset(
+        return preset.dataset(
             url,
-            batch_size=batch_size,
-            shuffle=shuffle,
-            seed=seed,
             collate_fn=collate,
-            read=read,
-            decoder=(decoder or Decoder()) if decoded else None,
+            decoder=decoder if decoded else None,
             transform=transform if decoded else None,
         )
 

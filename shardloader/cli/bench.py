@@ -111,7 +111,6 @@ def bench_command(
         except ImportError as err:  # fail before minutes of measuring, not after
             raise UsageError("--plot needs matplotlib: pip install 'shardloader[plot]'") from err
     modes = (True, False) if decode is None else (decode,)
-    decoder, transform_fn = preset.pipeline(dataset)
 
     def progress(r: bench.BenchResult) -> None:
         pf = "-" if r.prefetch_factor is None else r.prefetch_factor
@@ -123,16 +122,11 @@ def bench_command(
 
     results = bench.sweep(
         dataset,
+        preset,
         workers=worker_counts,
         prefetch=prefetch_counts,
-        batch_size=preset.batch_size,
-        shuffle=preset.shuffle,
-        seed=preset.seed,
         batches=batches,
         decode=modes,
-        transform=transform_fn,
-        decoder=decoder,
-        read=preset.read_options(),
         progress=progress,
     )
     rec = bench.recommend(
