@@ -71,26 +71,7 @@ __all__ = ["plan_command"]
 )
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @storage_option
-def plan_command(
-    dataset: str,
-    nodes: int,
-    ranks_per_node: int,
-    partition: str,
-    batch_size: int,
-    epochs: int,
-    seed: int,
-    block: int | None,
-    uneven: str,
-    classes: bool,
-    balance: bool,
-    seq_len: int,
-    rows: int,
-    balance_c: float,
-    stages: tuple[str, ...],
-    epoch_samples: int | None,
-    as_json: bool,
-    storage_option: tuple[str, ...],
-) -> None:
+def plan_command(dataset: str, **flags: Any) -> None:
     """Per node: the shards and bytes an epoch stages, its GETs, the cluster's bytes as a
     multiple of the dataset, the node cache a node needs, and how well the epoch mixes."""
     from shardloader.manifest import load_manifest
@@ -100,28 +81,32 @@ def plan_command(
     from shardloader.plan.shuffle import ShuffleOptions
     from shardloader.storage.store import as_store
 
-    flags = click.get_current_context().params  # every option, for the figures' modules
-    if stages:  # a staged mixture: cli/stageplan.py
+    nodes, per_node, batch_size = flags["nodes"], flags["ranks_per_node"], flags["batch_size"]
+    as_json = flags["as_json"]
+    if flags["stages"]:  # a staged mixture: cli/stageplan.py
         from shardloader.cli.stageplan import stage_figures, stage_text
 
         figures = stage_figures(dataset, flags)
-        head = f"{dataset}: {nodes} node(s) x {ranks_per_node} ranks, batch {batch_size} a rank"
+        head = f"{dataset}: {nodes} node(s) x {per_node} ranks, batch {batch_size} a rank"
         click.echo(
             json.dumps(figures, indent=1) if as_json else "\n".join([head, *stage_text(figures)])
         )
         return
-    manifest, base = load_manifest(as_store(dataset, storage_options(storage_option), None))
+    storage = storage_options(flags["storage_option"])
+    manifest, base = load_manifest(as_store(dataset, storage, None))
     if manifest.num_samples == 0:
         raise UsageError(f"{dataset} holds no samples")
+    block = flags["block"]
     shuffle = ShuffleOptions(True) if block is None else ShuffleOptions(True, block=block)
-    planning = EpochPlanner(manifest.shard_sizes, seed, shuffle, uneven, batch_size)
-    world = nodes * ranks_per_node
-    part = choose_partition(partition, world, ranks_per_node, manifest.num_samples)
-    labels = _labels(manifest, base) if classes else None
+    planning = EpochPlanner(
+        manifest.shard_sizes, flags["seed"], shuffle, flags["uneven"], batch_size
+    )
+    part = choose_partition(flags["partition"], nodes * per_node, per_node, manifest.num_samples)
+    labels = _labels(manifest, base) if flags["classes"] else None
     epochs_out: list[dict[str, Any]] = []
     previous = None
-    for epoch in range(epochs):
-        cost, previous = epoch_cost(manifest, planning, epoch, part, ranks_per_node, previous)
+    for epoch in range(flags["epochs"]):
+        cost, previous = epoch_cost(manifest, planning, epoch, part, per_node, previous)
         quality = shuffle_quality(planning, epoch, part, labels)
         epochs_out.append(_epoch_dict(cost, quality, epoch > 0))
     out = {
@@ -130,14 +115,14 @@ def plan_command(
         "samples": manifest.num_samples,
         "stored_bytes": sum(s.bytes for s in manifest.shards),
         "nodes": nodes,
-        "ranks_per_node": ranks_per_node,
-        "partition": partition,
+        "ranks_per_node": per_node,
+        "partition": flags["partition"],
         "partitions": part.nodes,
         "batch_size": batch_size,
         "shuffle_block": shuffle.block,
         "epochs": epochs_out,
     }
-    if balance:
+    if flags["balance"]:
         from shardloader.cli.balanceplan import balance_figures
 
         out["balance"] = balance_figures(manifest, base, planning, part, flags)
