@@ -163,7 +163,8 @@ class RemoteLoader:
     def state_dict(self) -> dict[str, Any]:
         """The local loader's state: enough to continue here or on a local loader (after a
         pass's last step: the next epoch, as ``shardloader.deliver.loader`` explains)."""
-        self._pin()
+        if any(v is None for v in self._expect.values()):  # pin what the servers serve
+            self._info(self._epoch, self._start)
         epoch, position = self._epoch, self._position
         if self._steps_left == 0:  # the pass is over: continue with the next epoch
             epoch, position = epoch + 1, 0
@@ -243,10 +244,6 @@ class RemoteLoader:
             "shardloader-service", {"headers": headers}, self.retry, http_client
         )
         return client
-
-    def _pin(self) -> None:
-        if any(v is None for v in self._expect.values()):
-            self._info(self._epoch, self._start)
 
     def _info(self, epoch: int, position: int) -> dict[str, Any]:
         def ask(url: str) -> tuple[str, dict[str, Any]]:

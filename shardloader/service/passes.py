@@ -79,6 +79,4 @@ def steps_of_pass(
     ranks_per_node: int | None = None,
 ) -> int:
     """Steps per rank of the pass of ``epoch`` that begins after ``position`` global batches."""
-    view = dataset.for_rank(0, world_size, ranks_per_node)
-    view.seek(epoch, position)
-    return len(view)
+    return len(pass_dataset(dataset, epoch, position, 0, world_size, 0, ranks_per_node))
