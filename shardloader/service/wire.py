@@ -13,9 +13,7 @@ ambiguous): ``["j", scalar]`` (None, bool, int, float, str), ``["J", [scalar, ..
 of scalars), ``["l", [node...]]``, ``["u", [node...]]`` (tuple), ``["d", {str: node}]``,
 ``["t", buffer, dtype, shape, layout]`` (torch tensor; layout ``"c"`` contiguous or ``"cl"``
 channels-last), ``["n", buffer, dtype, shape]`` (numpy array), ``["g", buffer, dtype]`` (numpy
-scalar), ``["b", buffer]`` (bytes).  dtypes come from an allowlist; the decoder builds values
-only from these tags, so a stream can never make the receiver run code.  Anything else in a
-batch (objects, sets, non-string dict keys) is a :class:`UsageError` on the sending side.
+scalar), ``["b", buffer]`` (bytes).
 
 Protocol 2 adds: ``["r", {str: node}]`` (a :class:`~shardloader.batching.raw.RawBatch`),
 ``["c", data, offsets, present]`` (a :class:`~shardloader.batching.raw.ByteColumn`: buffer
@@ -23,10 +21,10 @@ indices; ``offsets`` int64 ``n + 1``, ``present`` bool ``n`` or null when every 
 field); a batch frame may carry ``trees`` (consecutive steps ``step, step + 1, ...``, one node
 each, sharing the buffers) instead of ``tree``.
 
-Only the types the layout names are encoded: anything else is a
-:class:`~shardloader.errors.UsageError` on the sending side, before a byte is sent; the
-receiving side builds values only from the layout's tags and allowlisted dtypes, and anything
-else is a :class:`~shardloader.errors.DecodeError`.
+Only the types the layout names are encoded: anything else (objects, sets, non-string dict
+keys) is a :class:`~shardloader.errors.UsageError` on the sending side, before a byte is sent.
+The receiving side builds values only from the layout's tags and allowlisted dtypes, so a
+stream can never make it run code; anything else is a :class:`~shardloader.errors.DecodeError`.
 """
 
 from __future__ import annotations
@@ -99,9 +97,8 @@ def is_scalar(v: Any) -> bool:
 
 
 def frame_chunks(header: dict[str, Any], body: list[Any], size: int) -> list[Any]:
-    """A frame's chunks (bytes / memoryviews) to write in order: the prefix and ``header``,
-    then ``body`` (``size`` bytes of payload); the response
-    (:mod:`shardloader.service.response`) joins small chunks into one write."""
+    """A frame's chunks to write in order: prefix and ``header``, then ``body`` (``size`` bytes
+    of payload); :mod:`shardloader.service.response` joins small chunks into one write."""
     head = json.dumps(header, separators=(",", ":")).encode()
     return [_PREFIX.pack(MAGIC, len(head), size) + head, *body]
 
@@ -421,8 +418,6 @@ def decode_batches(frame: Frame) -> list[Any]:
     header = frame.header
     if frame.kind != "batch" or ("tree" in header) == ("trees" in header):
         raise DecodeError(f"a {frame.kind!r} frame carries no batch")
-    if "shm" in header or "ring" in header:  # shared memory this client never asks for
-        raise DecodeError("a frame's payload is not where its header says")
     trees = [header["tree"]] if "tree" in header else header["trees"]
     if not isinstance(trees, list) or not trees:
         raise DecodeError("a batch frame's trees are not a non-empty list")
