@@ -120,7 +120,7 @@ def check_index_agrees(tmp: str, fmt: str, compression: str) -> None:
     assert index.lengths is not None and index.lengths.tolist() == [
         len(fields["txt"]) for _, fields in w.samples
     ]
-    check_sample_index(index, fmt, w.info, w.path)
+    check_sample_index(index, fmt, w.info)
     back = SampleIndex.from_arrow_bytes(index.to_arrow_bytes())
     assert list(back.keys) == list(index.keys)
     for name in ("offsets", "sizes", "lengths", "checksums"):

@@ -90,16 +90,8 @@ class ShardSet:
         self.format = get_format(manifest.format)
         self.working_set = working_set  # staged bytes the plan keeps in use at once
         self._cache: ShardCache | None = None
-        self.indexes = SampleIndexes(manifest, self.store, where, self.cache, self.describe)
-        self.files = ShardFiles(
-            manifest,
-            self.store,
-            options,
-            self.format,
-            self.cache,
-            self.describe,
-            self.indexes.keep_embedded,
-        )
+        self.indexes = SampleIndexes(self)
+        self.files = ShardFiles(self)
         self.in_place = self.files.in_place  # shards read where they are, never staged
         self._inodes: dict[int, int] = {}  # the staged copy each open reader reads
         self._opened: dict[int, tuple[str, int, int]] = {}  # path, inode, size of each reader
