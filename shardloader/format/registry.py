@@ -19,6 +19,7 @@ Everything else is asked of the format object: ``get_format(name).method(...)``.
 from __future__ import annotations
 
 import importlib
+import inspect
 import logging
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, BinaryIO
@@ -71,6 +72,11 @@ def register_format(fmt: Format, *, replace: bool = False) -> Format:
         raise UsageError(
             f"shard format {name!r}: suffixes must map some of {', '.join(COMPRESSIONS)} to "
             f"file suffixes, got {dict(fmt.suffixes)!r}"
+        )
+    if "where" in inspect.signature(fmt.reader).parameters:
+        raise UsageError(
+            f"shard format {name!r}: reader() and stage() no longer take `where` (the caller "
+            "names the shard in their errors); drop that argument"
         )
     old = _FORMATS.get(name)
     if old is not None and old is not fmt and not replace:
@@ -150,7 +156,6 @@ def open_reader(
     fmt: str | Format,
     local_path: str,
     index: SampleIndex,
-    where: str,
     verify: bool = True,
     fields: Sequence[str] | None = None,
 ) -> ShardReader:
@@ -159,5 +164,5 @@ def open_reader(
     columns are stored apart) reads only those; others read whole samples."""
     f = get_format(fmt) if isinstance(fmt, str) else fmt
     if fields is not None and f.projects:
-        return f.reader(local_path, index, where, verify, fields=fields)  # type: ignore[call-arg]
-    return f.reader(local_path, index, where, verify)
+        return f.reader(local_path, index, verify, fields=fields)  # type: ignore[call-arg]
+    return f.reader(local_path, index, verify)

@@ -47,7 +47,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from shardloader.errors import ChecksumError, ShardChangedError, ShardError, StorageError
+from shardloader.errors import (
+    ChecksumError,
+    ShardChangedError,
+    ShardError,
+    ShardloaderError,
+    StorageError,
+    located,
+)
 from shardloader.format.base import Rows, ShardReader, read_rows
 from shardloader.format.mapped import changed_since
 from shardloader.format.registry import get_format, open_reader
@@ -146,14 +153,10 @@ class ShardSet:
             self.files.first_use(shard, path, index)
             try:
                 st = os.stat(path)
-                reader = open_reader(
-                    self.format,
-                    path,
-                    index,
-                    self.describe(shard),
-                    self.options.verify_samples,
-                    self.options.fields,
-                )
+                with located(self.describe(shard)):
+                    reader = open_reader(
+                        self.format, path, index, self.options.verify_samples, self.options.fields
+                    )
             except FileNotFoundError:  # evicted by another process between stage and open
                 if attempt == 2:
                     raise
@@ -254,7 +257,16 @@ class ShardSet:
         try:
             reader = self.reader(shard)
             self.check(shard)  # NOTE [no SIGBUS] in format/mapped.py
-            read_rows(reader, rows, into, at)
+            try:  # readers raise without the place: it is named here, a shard a batch
+                read_rows(reader, rows, into, at)
+            except ShardloaderError as err:
+                err.where = err.where or self.describe(shard)
+                raise
+            if into.errors:  # rows of this shard that failed
+                for pos in at:
+                    failed = into.errors.get(pos)
+                    if failed is not None and failed.where is None:
+                        failed.where = self.describe(shard)
         except (ShardError, StorageError) as err:
             if is_cache_full(err):  # not one bad sample: every read would fail the same way
                 raise

@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from shardloader.errors import ChecksumError, ShardError, StorageError
+from shardloader.errors import ChecksumError, ShardError, StorageError, located
 from shardloader.format.embedded import TAIL_KEEP
 from shardloader.manifest import SampleIndex, ShardInfo
 from shardloader.schema import sidecar_bound
@@ -73,7 +73,8 @@ class ShardFiles:
         limit = self.format.staged_bound(info, len(m.fields))
 
         def stage(src: Any, dst: Any) -> int:
-            return self.format.stage(src, dst, m.compression, where, limit)
+            with located(where):
+                return self.format.stage(src, dst, m.compression, limit)
 
         def staged() -> None:
             if streamed:
