@@ -43,7 +43,7 @@ import logging
 import os
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -57,7 +57,7 @@ from shardloader.errors import (
 )
 from shardloader.format.base import Rows, ShardReader, read_rows
 from shardloader.format.mapped import changed_since
-from shardloader.format.registry import get_format, open_reader
+from shardloader.format.registry import get_format
 from shardloader.manifest import Manifest
 from shardloader.read.indexes import SampleIndexes
 from shardloader.read.staging import ShardFiles
@@ -95,6 +95,10 @@ class ShardSet:
         self.where = where  # e.g. "rank 0/2, worker 1/4": goes into every error message
         self.store = options.store(base)
         self.format = get_format(manifest.format)
+        # ReadOptions.fields: a format whose reader ``projects`` (Parquet, whose columns are
+        # stored apart) reads only those; others read whole samples
+        fields = options.fields if self.format.projects else None
+        self._projection: dict[str, Any] = {} if fields is None else {"fields": fields}
         self.working_set = working_set  # staged bytes the plan keeps in use at once
         self._cache: ShardCache | None = None
         self.indexes = SampleIndexes(self)
@@ -154,8 +158,8 @@ class ShardSet:
             try:
                 st = os.stat(path)
                 with located(self.describe(shard)):
-                    reader = open_reader(
-                        self.format, path, index, self.options.verify_samples, self.options.fields
+                    reader = self.format.reader(
+                        path, index, self.options.verify_samples, **self._projection
                     )
             except FileNotFoundError:  # evicted by another process between stage and open
                 if attempt == 2:
