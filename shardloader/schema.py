@@ -26,8 +26,8 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
-from shardloader.errors import ManifestError, ShardError, located
-from shardloader.format.keys import first_unsafe_key, unsafe_key_reason
+from shardloader.errors import ManifestError
+from shardloader.format.keys import check_key, first_unsafe_key, unsafe_key_reason
 from shardloader.format.registry import get_format, known_formats
 
 if TYPE_CHECKING:
@@ -42,7 +42,6 @@ __all__ = [
     "check_sample_index",
     "path_problem",
     "sidecar_bound",
-    "unsafe_key_error",
 ]
 
 # Largest uncompressed/stored ratio a codec can produce (plus a little for headers).
@@ -300,35 +299,27 @@ def sidecar_bound(info: ShardInfo) -> int:
     return info.raw_bytes + 48 * info.num_samples + (1 << 20)
 
 
-def check_sample_index(index: SampleIndex, fmt: str, info: ShardInfo, where: str) -> None:
-    """Check a sidecar (at ``where``) against its shard's manifest entry before any of it is
-    used.  Count and byte ranges are :class:`ManifestError`; an unsafe key is
-    :class:`ShardError`."""
+def check_sample_index(index: SampleIndex, fmt: str, info: ShardInfo) -> None:
+    """Check a sidecar against its shard's manifest entry before any of it is used (the caller
+    names the sidecar: :func:`~shardloader.errors.located`).  Count and byte ranges are
+    :class:`ManifestError`; an unsafe key is :class:`ShardError`."""
     n = len(index)
-    with located(where):
-        if n != info.num_samples:
-            raise ManifestError(
-                f"the sample index lists {n} samples, the manifest {info.num_samples}; the "
-                "sidecar does not belong to this shard: re-pack or re-index the dataset"
-            )
-        columns = (index.keys, index.sizes, index.lengths, index.checksums)
-        if any(c is not None and len(c) != n for c in columns):
-            raise ManifestError("the sample index has columns of different lengths")
-        if n:
-            if int(index.offsets.min()) < 0 or int(index.sizes.min()) < 0:
-                raise ManifestError("the sample index has negative offsets or sizes")
-            if index.lengths is not None and int(index.lengths.min()) < 0:
-                raise ManifestError("the sample index has negative lengths")
-            problem = get_format(fmt).index_problem(index, info)
-            if problem is not None:
-                raise ManifestError(problem)
+    if n != info.num_samples:
+        raise ManifestError(
+            f"the sample index lists {n} samples, the manifest {info.num_samples}; the "
+            "sidecar does not belong to this shard: re-pack or re-index the dataset"
+        )
+    columns = (index.keys, index.sizes, index.lengths, index.checksums)
+    if any(c is not None and len(c) != n for c in columns):
+        raise ManifestError("the sample index has columns of different lengths")
+    if n:
+        if int(index.offsets.min()) < 0 or int(index.sizes.min()) < 0:
+            raise ManifestError("the sample index has negative offsets or sizes")
+        if index.lengths is not None and int(index.lengths.min()) < 0:
+            raise ManifestError("the sample index has negative lengths")
+        problem = get_format(fmt).index_problem(index, info)
+        if problem is not None:
+            raise ManifestError(problem)
     unsafe = first_unsafe_key(list(index.keys))
     if unsafe is not None:
-        raise unsafe_key_error(where, *unsafe)
-
-
-def unsafe_key_error(where: str, key: object, reason: str) -> ShardError:
-    return ShardError(
-        f"{where}: sample key {key!r} {reason}: it could escape a directory when samples are "
-        "written to disk, so shardloader refuses it; rename the sample (re-pack the data)"
-    )
+        check_key(unsafe[0])

@@ -69,13 +69,13 @@ def stage(tmp: str, fmt: str, compression: str, w: Written, name: str = "staged"
     f = get_format(fmt)
     dst = os.path.join(tmp, f"{name}-{fmt}-{compression}.raw")
     with open(w.path, "rb") as src, open(dst, "wb") as out:
-        n = f.stage(src, out, compression, w.path, f.staged_bound(w.info, len(FIELDS)))
+        n = f.stage(src, out, compression, f.staged_bound(w.info, len(FIELDS)))
     assert n == os.path.getsize(dst)
     return dst
 
 
 def read_all(fmt: str, path: str, index: SampleIndex, verify: bool = True) -> list:
-    reader = get_format(fmt).reader(path, index, path, verify)
+    reader = get_format(fmt).reader(path, index, verify)
     try:
         return [reader.read(i) for i in range(len(index))]
     finally:
@@ -99,7 +99,7 @@ def check_round_trip(tmp: str, fmt: str, compression: str) -> None:
     assert planned == w.shard.raw_bytes  # NOTE [shard boundaries] in pack/plan.py
     staged = stage(tmp, fmt, compression, w)
     assert read_all(fmt, staged, w.shard.index) == w.samples
-    reader = f.reader(staged, w.shard.index, staged)
+    reader = f.reader(staged, w.shard.index)
     for i in (7, 0, 11, 5, 5):  # random access, repeated
         assert reader.read(i) == w.samples[i]
     reader.close()
@@ -120,7 +120,7 @@ def check_index_agrees(tmp: str, fmt: str, compression: str) -> None:
     assert index.lengths is not None and index.lengths.tolist() == [
         len(fields["txt"]) for _, fields in w.samples
     ]
-    check_sample_index(index, fmt, w.info, w.path)
+    check_sample_index(index, fmt, w.info)
     back = SampleIndex.from_arrow_bytes(index.to_arrow_bytes())
     assert list(back.keys) == list(index.keys)
     for name in ("offsets", "sizes", "lengths", "checksums"):
@@ -151,7 +151,7 @@ def check_checksums(tmp: str, fmt: str, compression: str) -> None:
         at = data.index(b"MARK0003") + 20
         f.seek(at)
         f.write(bytes([data[at] ^ 0xFF]))
-    reader = get_format(fmt).reader(staged, index, staged, True)
+    reader = get_format(fmt).reader(staged, index, True)
     with pytest.raises(ChecksumError, match="s/0003"):
         reader.read(3)
     assert reader.read(4) == w.samples[4]
@@ -195,7 +195,7 @@ def check_read_rows(tmp: str, fmt: str, compression: str) -> None:
     parts = [[7, 0, 11], [5, 5, 3], [2, 9, 1, 4, 6, 8, 10]]
     order = [i for p in parts for i in p]
     for verify in (True, False):
-        reader = f.reader(staged, w.shard.index, staged, verify)
+        reader = f.reader(staged, w.shard.index, verify)
         rows = _rows_read(reader, parts)
         assert not rows.errors
         assert rows.keys == [w.samples[i][0] for i in order]
@@ -208,7 +208,7 @@ def check_read_rows(tmp: str, fmt: str, compression: str) -> None:
         at = data.index(b"MARK0003") + 20
         out.seek(at)
         out.write(bytes([data[at] ^ 0xFF]))
-    reader = f.reader(staged, w.shard.index, staged, True)
+    reader = f.reader(staged, w.shard.index, True)
     rows = _rows_read(reader, parts)
     assert sorted(rows.errors) == [order.index(3)]
     assert isinstance(rows.errors[order.index(3)], ChecksumError)
@@ -228,7 +228,7 @@ def check_bounded(tmp: str, fmt: str, compression: str) -> None:
     limit = w.shard.raw_bytes // 3
     dst = os.path.join(tmp, f"bounded-{fmt}-{compression}.raw")
     with open(w.path, "rb") as src, open(dst, "wb") as out, pytest.raises(ShardError):
-        f.stage(src, out, compression, w.path, limit)
+        f.stage(src, out, compression, limit)
     assert os.path.getsize(dst) <= limit
     with pytest.raises(ShardError):
         list(f.iter_stored(io.BytesIO(w.stored), compression, w.path, limit))
@@ -250,7 +250,7 @@ def check_corrupt_input(tmp: str, fmt: str, compression: str) -> None:
         dst = os.path.join(tmp, f"corrupt-{fmt}-{compression}.raw")
         try:
             with open(dst, "wb") as out:
-                f.stage(io.BytesIO(bad), out, compression, w.path, w.shard.raw_bytes)
+                f.stage(io.BytesIO(bad), out, compression, w.shard.raw_bytes)
         except ShardError:
             continue
         # staged without complaint (a plain copy): reading it must then fail cleanly

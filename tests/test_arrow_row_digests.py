@@ -41,7 +41,7 @@ def test_rows_read_whole_with_and_without_nulls(tmp_path: Path, nulls: bool) -> 
     if not nulls:
         rows = [(k, {**f, "txt": f.get("txt", b"")}) for k, f in rows]
     path, index = _write(tmp_path, rows)
-    reader = ArrowShardReader(path, index, "shard.arrow")  # type: ignore[arg-type]
+    reader = ArrowShardReader(path, index)  # type: ignore[arg-type]
     try:
         picked = [5, 0, 23, 7, 7, 12]
         into = Rows(len(picked))
@@ -65,7 +65,7 @@ def test_a_damaged_value_fails_its_row_only(tmp_path: Path, nulls: bool) -> None
     assert at > 0
     data[at + 4] ^= 1  # "row 5" -> "row 4": same size, another value
     Path(path).write_bytes(bytes(data))
-    reader = ArrowShardReader(path, index, "shard.arrow")  # type: ignore[arg-type]
+    reader = ArrowShardReader(path, index)  # type: ignore[arg-type]
     try:
         into = Rows(3)
         reader.read_rows([3, 5, 6], into, [0, 1, 2])

@@ -73,7 +73,7 @@ def test_layout_leaves_odd_samples_to_the_parser(tmp_path):
     assert _layout(path, index, False).regular.tolist() == [True, False, True]
     other = type(index)(["a/0", long_key, "a/9"], index.offsets, index.sizes)
     assert _layout(path, other, True).regular.tolist() == [True, False, False]
-    reader = get_format("tar").reader(path, index, path)
+    reader = get_format("tar").reader(path, index)
     rows = Rows(3)
     read_rows(reader, [2, 1, 0], rows, range(3))
     assert rows.keys == ["a/2", long_key, "a/0"] and not rows.errors
@@ -83,7 +83,7 @@ def test_layout_leaves_odd_samples_to_the_parser(tmp_path):
         data = f.read()
     with open(path, "wb") as f:
         f.write(data[: int(index.offsets[2]) + 100])  # the last sample cut short
-    reader = get_format("tar").reader(path, index, path)
+    reader = get_format("tar").reader(path, index)
     rows = Rows(3)
     read_rows(reader, [0, 1, 2], rows, range(3))
     assert list(rows.errors) == [2] and "truncated" in str(rows.errors[2])
@@ -107,7 +107,7 @@ def test_tar_written_by_tarfile_reads_the_same(tmp_path):
     fmt = get_format("tar")
     with open(path, "rb") as f:
         scanned = fmt.scan(f, "none", path, None)
-    reader = fmt.reader(path, scanned.index, path)
+    reader = fmt.reader(path, scanned.index)
     rows = Rows(3)
     read_rows(reader, [2, 0, 1], rows, range(3))
     want = [reader.read(i) for i in (2, 0, 1)]
@@ -146,7 +146,7 @@ def test_arrow_offsets_outside_the_file_are_refused(tmp_path, value):
         f.seek(at)
         f.write(np.array([value], "<i8").tobytes())
     with pytest.raises(ShardError, match="'bin' has values outside the file"):
-        get_format("arrow").reader(path, index, path)
+        get_format("arrow").reader(path, index)
 
 
 def test_tar_first_reads_one_by_one_then_derived_read_the_same(tmp_path):
@@ -159,7 +159,7 @@ def test_tar_first_reads_one_by_one_then_derived_read_the_same(tmp_path):
         (f"d/{i:03d}", {"bin": os.urandom(i * 7 % 300), "txt": b"t%d" % i}) for i in range(300)
     ]
     path, index = _tar_shard(tmp_path, samples)
-    reader = get_format("tar").reader(path, index, path)
+    reader = get_format("tar").reader(path, index)
     order = np.random.default_rng(0).permutation(300).tolist()
     derived_at = None
     for lo in range(0, 300, 10):
@@ -177,7 +177,7 @@ def test_tar_first_reads_one_by_one_then_derived_read_the_same(tmp_path):
 
 def test_arrow_reader_reads_rows_in_any_order(tmp_path):
     path, index, samples = _arrow_shard(tmp_path, 20)
-    reader = get_format("arrow").reader(path, index, path)
+    reader = get_format("arrow").reader(path, index)
     order = [19, 0, 7, 7, 3]
     rows = Rows(len(order))
     read_rows(reader, order, rows, range(len(order)))

@@ -98,8 +98,8 @@ def test_registration_refuses_clashes_and_non_formats():
         def sample_raw_size(self, key, sizes):
             return 0  # type: ignore[override]  # noqa: E704
 
-        def reader(self, local_path, index, where, verify=True): ...  # type: ignore[override]
-        def stage(self, src, dst, compression, where, limit=None):
+        def reader(self, local_path, index, verify=True): ...  # type: ignore[override]
+        def stage(self, src, dst, compression, limit=None):
             return 0  # noqa: E704
 
         def iter_stored(self, src, compression, where, limit=None, max_member=None):  # type: ignore[override]

@@ -13,7 +13,8 @@ from corpus import key_groups
 from format_contract import CONTRACT
 
 import shardloader as sl
-from shardloader.format import get_format, known_formats, unregister_format
+from shardloader.errors import UsageError
+from shardloader.format import get_format, known_formats, register_format, unregister_format
 from shardloader.pack import PackOptions, pack
 from shardloader.read.verify import verify_dataset
 
@@ -27,7 +28,7 @@ import struct
 import numpy as np
 import xxhash
 
-from shardloader.errors import ChecksumError, ShardError
+from shardloader.errors import ChecksumError, ShardError, located
 from shardloader.format import Format, WrittenShard, register_format
 from shardloader.format.compress import DECOMPRESS_ERRORS, CompressedSink, decompressed
 from shardloader.manifest import SampleIndex
@@ -44,7 +45,7 @@ def encode(key, fields):
     return struct.pack("<I", 4 + len(body)) + body
 
 
-def decode(record, where):
+def decode(record):
     try:
         (klen,) = struct.unpack_from("<H", record, 4)
         key = bytes(record[6 : 6 + klen]).decode()
@@ -62,9 +63,9 @@ def decode(record, where):
             fields[name] = bytes(record[start : start + size])
             pos = start + size
     except (struct.error, ValueError, UnicodeDecodeError) as err:
-        raise ShardError(f"{where}: corrupt toy record ({err})") from err
+        raise ShardError(f"corrupt toy record ({err})") from err
     if pos != len(record):
-        raise ShardError(f"{where}: corrupt toy record (trailing bytes)")
+        raise ShardError(f"corrupt toy record (trailing bytes)")
     return key, fields
 
 
@@ -95,24 +96,24 @@ class Writer:
         return WrittenShard(len(self.keys), stored.count, self.raw, stored.sha.hexdigest(), index)
 
 
-class Reader:
-    def __init__(self, path, index, where, verify):
+class Reader:  # its errors need not name the shard: the caller does
+    def __init__(self, path, index, verify):
         self.f = open(path, "rb")
         self.map = mmap.mmap(self.f.fileno(), 0, access=mmap.ACCESS_READ)
-        self.index, self.where, self.verify = index, where, verify
+        self.index, self.verify = index, verify
 
     def read(self, i):
         idx = self.index
         start, size, key = int(idx.offsets[i]), int(idx.sizes[i]), idx.keys[i]
         if start + size > len(self.map):
-            raise ShardError(f"{self.where}: truncated shard: sample {key!r} is cut short")
+            raise ShardError(f"truncated shard: sample {key!r} is cut short")
         record = self.map[start : start + size]
         if self.verify and idx.checksums is not None:
             if xxhash.xxh3_64_intdigest(record) != int(idx.checksums[i]):
-                raise ChecksumError(f"{self.where}: sample {key!r} fails its checksum")
-        got, fields = decode(record, self.where)
+                raise ChecksumError(f"sample {key!r} fails its checksum")
+        got, fields = decode(record)
         if got != key:
-            raise ShardError(f"{self.where}: record {i} is {got!r}, the sidecar says {key!r}")
+            raise ShardError(f"record {i} is {got!r}, the sidecar says {key!r}")
         return got, fields
 
     def close(self):
@@ -132,8 +133,8 @@ class ToyFormat(Format):
     def sample_raw_size(self, key, sizes):
         return 8 + len(key.encode()) + sum(6 + len(n.encode()) + s for n, s in sizes)
 
-    def reader(self, local_path, index, where, verify=True):
-        return Reader(local_path, index, where, verify)
+    def reader(self, local_path, index, verify=True):
+        return Reader(local_path, index, verify)
 
     def iter_stored(self, src, compression, where, limit=None, max_member=None):
         stream, pos = decompressed(src, compression), 0
@@ -152,7 +153,8 @@ class ToyFormat(Format):
                 if len(body) < size - 4:
                     raise ShardError(f"{where}: truncated shard (record body)")
                 pos += size
-                key, fields = decode(head + body, where)
+                with located(where):
+                    key, fields = decode(head + body)
                 biggest = max(map(len, fields.values()), default=0)
                 if max_member is not None and biggest > max_member:
                     raise ShardError(f"{where}: a field of {key!r} is over the limit")
@@ -211,6 +213,21 @@ def test_a_third_party_format_packs_and_reads_through_the_dataset(
     # key groups fill `image` from the photos' extension, as class folders do
     want = {name.replace(".jpg", ".image"): data for name, data in files.items()}
     assert got == want  # every member of every sample, once, byte for byte
+
+
+def test_a_format_written_to_the_old_contract_is_refused_by_name(toy):
+    """reader() took a ``where`` before the caller named the shard: such a format is refused
+    when it registers, with the remedy, not when its first shard is read."""
+
+    class OldToy(type(toy.FORMAT)):  # type: ignore[misc]
+        name = "oldtoy"
+
+        def reader(self, local_path, index, where, verify=True):
+            return toy.Reader(local_path, index, verify)
+
+    with pytest.raises(UsageError, match="'oldtoy': reader.* no longer take `where`"):
+        register_format(OldToy())
+    assert "oldtoy" not in known_formats()
 
 
 @pytest.mark.parametrize("check", CONTRACT, ids=lambda c: c.__name__)

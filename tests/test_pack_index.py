@@ -60,7 +60,7 @@ def test_index_webdataset_shards_in_place(tmp_path, suffix):
         (tmp_path / "staged.tar").write_bytes(gzip.decompress(raw.read_bytes()))
         raw = tmp_path / "staged.tar"
     index = sidecar(str(folder), first.index_path)
-    reader = TarShardReader(str(raw), index, first.path)
+    reader = TarShardReader(str(raw), index)
     key, fields = reader.read(2)
     reader.close()
     assert key == "s00006" and fields["jpg"] == samples[6]["jpg"]
@@ -126,7 +126,7 @@ def test_index_handles_long_names_and_directories(tmp_path):
     m = index_shards([str(path)], str(tmp_path)).manifest
     index = sidecar(str(tmp_path), m.shards[0].index_path)
     assert index.keys == [long_key, "x/1"]
-    reader = TarShardReader(str(path), index, "odd.tar")
+    reader = TarShardReader(str(path), index)
     assert reader.read(0) == (long_key, {"txt": b"long"})
     assert reader.read(1) == ("x/1", {"txt": b"one", "json": b"{}"})
     reader.close()

@@ -237,7 +237,7 @@ def test_what_index_and_pack_refuse_says_what_to_do(tmp_path):
     )
     pq.write_table(pa.table({"image": image}), root / "a.parquet")
     with pytest.raises(
-        Exception, match=r"a\.parquet row 0: column 'image'.*embed the files' bytes"
+        Exception, match=r"a\.parquet: row 0: column 'image'.*embed the files' bytes"
     ):
         index_shards([str(root / "a.parquet")], str(root))
     assert not (root / "index.json").exists()

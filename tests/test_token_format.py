@@ -15,7 +15,7 @@ from corpus import docs, jsonl, train_tokenizer
 
 import shardloader as sl
 from shardloader.cli import main
-from shardloader.errors import ChecksumError, ShardError
+from shardloader.errors import ChecksumError, ShardError, located
 from shardloader.format import get_format
 from shardloader.format.tokens.format import HEADER_BYTES, TokenShardReader, TokenStream
 from shardloader.manifest import FieldInfo, SampleIndex
@@ -60,11 +60,11 @@ def test_tokens_lie_end_to_end_and_samples_read_back(tmp_path):
     assert planned == shard.raw_bytes == os.path.getsize(path)  # sizes stay exact and additive
     lengths = [len(f.get("tokens", b"")) // 2 for _, f in data]
     assert shard.index.lengths.tolist() == lengths  # token counts, whatever length= said
-    stream = TokenStream(path, path)
+    stream = TokenStream(path)
     want = np.frombuffer(b"".join(f.get("tokens", b"") for _, f in data), "<u2")
     assert stream.header.field == "tokens" and stream.tokens.tolist() == want.tolist()
     stream.close()
-    reader = TokenShardReader(path, shard.index, path)
+    reader = TokenShardReader(path, shard.index)
     assert [reader.read(i) for i in (8, 0, 4, 2, 5)] == [data[i] for i in (8, 0, 4, 2, 5)]
     reader.close()
     with open(path, "rb") as f:
@@ -80,11 +80,12 @@ def test_a_damaged_token_chunk_is_named_by_reader_stream_and_verify(tmp_path):
         byte = f.read(1)
         f.seek(HEADER_BYTES + 1000)
         f.write(bytes([byte[0] ^ 1]))
-    stream = TokenStream(path, "shard X")
+    stream = TokenStream(path)
     with pytest.raises(ChecksumError, match=r"shard X: tokens \d+\.\.\d+ \(chunk \d+"):
-        stream.check_tokens(np.array([0]), np.array([stream.tokens.size]))
+        with located("shard X"):  # the caller names the shard (TokenRows: its ShardSet's name)
+            stream.check_tokens(np.array([0]), np.array([stream.tokens.size]))
     stream.close()
-    reader = TokenShardReader(path, shard.index, "shard X")
+    reader = TokenShardReader(path, shard.index)
     with pytest.raises(ChecksumError, match=r"sample 'd/000'"):
         reader.read(0)  # byte 1000 is in the first document's tokens
     reader.close()
@@ -111,7 +112,7 @@ def test_a_damaged_header_or_tail_is_a_shard_error(tmp_path, where, what):
     with open(bad, "wb") as f:
         f.write(raw)
     with pytest.raises(ShardError):
-        TokenShardReader(bad, shard.index, bad).read(0)
+        TokenShardReader(bad, shard.index).read(0)
 
 
 def test_streams_are_bounded(tmp_path):
@@ -136,7 +137,7 @@ def test_a_sidecar_that_disagrees_with_the_shard_is_refused(tmp_path):
     lengths[0] += 1
     other = SampleIndex(index.keys, index.offsets, index.sizes, lengths, index.checksums)
     with pytest.raises(ShardError, match="lengths add up to"):
-        TokenShardReader(path, other, path)
+        TokenShardReader(path, other)
     odd = {"tokens": b"\x01\x02\x03"}
     with open(str(tmp_path / "odd.tok"), "wb") as f:
         writer = get_format("tokens").writer(f, "none", FIELDS)

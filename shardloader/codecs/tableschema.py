@@ -36,19 +36,20 @@ _LABEL_NAMES = ("label", "labels", "cls", "class")  # preferred when several Cla
 
 
 def plan_columns(
-    schema: Any, features: Mapping[str, Any], where: str, unsupported: Callable[[str], Exception]
+    schema: Any, features: Mapping[str, Any], unsupported: Callable[[str], Exception]
 ) -> dict[str, ColumnPlan]:
     """Each column's plan, sorted by name (pack and ``index`` convert cells alike); a column no
-    plan keeps faithfully raises ``unsupported(message)``, two columns of one name UsageError."""
+    plan keeps faithfully raises ``unsupported(message)``, two columns of one name UsageError
+    (the caller names the file: :func:`~shardloader.errors.located`)."""
     out: dict[str, ColumnPlan] = {}
     for column in schema:
         if column.name in out:
-            raise UsageError(f"{where}: two columns are named {column.name!r}; rename one")
+            raise UsageError(f"two columns are named {column.name!r}; rename one")
         feature = features.get(column.name)
         found = plan(column.name, column.type, feature if isinstance(feature, dict) else None)
         if found is None:
             raise unsupported(
-                f"{where}: column {column.name!r} has Arrow type {column.type}, which "
+                f"column {column.name!r} has Arrow type {column.type}, which "
                 "shardloader cannot store faithfully"
             )
         out[column.name] = found

@@ -23,7 +23,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, BinaryIO, Protocol
 
-from shardloader.errors import UsageError, located
+from shardloader.errors import UsageError
 from shardloader.format.rows import Rows, Sample, copy_fields, read_one, read_rows
 
 if TYPE_CHECKING:
@@ -174,30 +174,24 @@ class Format(abc.ABC):
 
     # -- reading ---------------------------------------------------------------------------
     @abc.abstractmethod
-    def reader(
-        self, local_path: str, index: SampleIndex, where: str, verify: bool = True
-    ) -> ShardReader:
+    def reader(self, local_path: str, index: SampleIndex, verify: bool = True) -> ShardReader:
         """Random access to a local *uncompressed* shard (staged, or stored without
-        compression); ``verify`` checks each sample against the sidecar's checksum."""
+        compression); ``verify`` checks each sample against the sidecar's checksum.  Its errors
+        need not name the shard: the caller does (:func:`~shardloader.errors.located`)."""
 
     def stage(
-        self,
-        src: BinaryIO,
-        dst: BinaryIO,
-        compression: str,
-        where: str,
-        limit: int | None = None,
+        self, src: BinaryIO, dst: BinaryIO, compression: str, limit: int | None = None
     ) -> int:
         """Copy a stored shard into ``dst`` as the file :meth:`reader` opens; return its bytes.
 
         ``limit`` (from the manifest): the most bytes the copy may take; past it, ShardError.
         The default undoes whole-stream compression (what tar and token shards use); a format
-        whose compression lives inside the file (Arrow's buffers) rewrites it instead.
+        whose compression lives inside the file (Arrow's buffers) rewrites it instead.  Its
+        errors need not name the shard: the caller does.
         """
         from shardloader.format.compress import stage_stream
 
-        with located(where):
-            return stage_stream(src, dst, compression, limit)
+        return stage_stream(src, dst, compression, limit)
 
     @abc.abstractmethod
     def iter_stored(

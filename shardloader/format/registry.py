@@ -19,15 +19,16 @@ Everything else is asked of the format object: ``get_format(name).method(...)``.
 from __future__ import annotations
 
 import importlib
+import inspect
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, BinaryIO
 
 from shardloader.errors import UsageError
-from shardloader.format.base import Format, ShardReader, ShardWriter
+from shardloader.format.base import Format, ShardWriter
 
 if TYPE_CHECKING:
-    from shardloader.manifest import FieldInfo, SampleIndex
+    from shardloader.manifest import FieldInfo
 
 __all__ = [
     "COMPRESSIONS",
@@ -35,7 +36,6 @@ __all__ = [
     "format_module",
     "get_format",
     "known_formats",
-    "open_reader",
     "open_writer",
     "register_format",
     "unregister_format",
@@ -71,6 +71,11 @@ def register_format(fmt: Format, *, replace: bool = False) -> Format:
         raise UsageError(
             f"shard format {name!r}: suffixes must map some of {', '.join(COMPRESSIONS)} to "
             f"file suffixes, got {dict(fmt.suffixes)!r}"
+        )
+    if "where" in inspect.signature(fmt.reader).parameters:
+        raise UsageError(
+            f"shard format {name!r}: reader() and stage() no longer take `where` (the caller "
+            "names the shard in their errors); drop that argument"
         )
     old = _FORMATS.get(name)
     if old is not None and old is not fmt and not replace:
@@ -134,7 +139,7 @@ def check_pack_format(fmt: str, compression: str) -> None:
     found.check_compression(compression)
 
 
-# -- opening a writer or a reader ------------------------------------------------------------
+# -- opening a writer ------------------------------------------------------------
 
 
 def open_writer(
@@ -144,20 +149,3 @@ def open_writer(
     f = get_format(fmt)
     f.check_compression(compression)
     return f.writer(fileobj, compression, fields)
-
-
-def open_reader(
-    fmt: str | Format,
-    local_path: str,
-    index: SampleIndex,
-    where: str,
-    verify: bool = True,
-    fields: Sequence[str] | None = None,
-) -> ShardReader:
-    """Open a local *uncompressed* shard (staged, or stored without compression).  ``fields``
-    (``ReadOptions.fields``): a format whose reader takes them (``projects``: Parquet, whose
-    columns are stored apart) reads only those; others read whole samples."""
-    f = get_format(fmt) if isinstance(fmt, str) else fmt
-    if fields is not None and f.projects:
-        return f.reader(local_path, index, where, verify, fields=fields)  # type: ignore[call-arg]
-    return f.reader(local_path, index, where, verify)

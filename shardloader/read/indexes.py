@@ -14,17 +14,19 @@ import logging
 import os
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from shardloader.errors import ChecksumError, StorageError, located
 from shardloader.format.embedded import embedded_index
-from shardloader.manifest import Manifest, SampleIndex, ShardInfo
+from shardloader.manifest import SampleIndex, ShardInfo
 from shardloader.read.sidecar import check_digest, parse_sidecar, read_sidecar
 from shardloader.schema import sidecar_bound
-from shardloader.storage.cache import ShardCache
 from shardloader.storage.private import create_private, open_private
 from shardloader.storage.store import Store
 from shardloader.storage.streams import TailReader
+
+if TYPE_CHECKING:
+    from shardloader.read.staged import ShardSet
 
 __all__ = ["SampleIndexes"]
 
@@ -37,19 +39,9 @@ _PARSED = 64  # parsed sample indexes kept (the least recently parsed goes)
 class SampleIndexes:
     """The checked sample index of each shard of one dataset, for one process (one pass)."""
 
-    def __init__(
-        self,
-        manifest: Manifest,
-        store: Store,
-        where: str,
-        cache: Callable[[], ShardCache],
-        describe: Callable[[int], str],
-    ) -> None:
-        self.manifest = manifest
-        self.store = store  # the dataset's folder
-        self.where = where  # e.g. "rank 0/2, worker 1/4": goes into every error message
-        self.cache = cache  # the node cache, created on first use
-        self.describe = describe  # "shard <url> (<where>)"
+    def __init__(self, shards: ShardSet) -> None:
+        self.shards = shards  # its manifest, store, place, node cache and shard names
+        self.manifest = shards.manifest
         self._parsed: OrderedDict[int, SampleIndex] = OrderedDict()
 
     def of(self, shard: int) -> SampleIndex:
@@ -57,14 +49,14 @@ class SampleIndexes:
         idx = self._parsed.get(shard)
         if idx is None:
             info = self.manifest.shards[shard]
-            store = self.store.join(info.index_path)
-            where = f"sample index {store.url} ({self.where})"
+            store = self.shards.store.join(info.index_path)
             carried = None if store.is_local else self._embedded_copy(info)
             if carried is not None:  # came inside the shard, which hashed to the manifest's sum
                 data = carried
             else:
-                data = self._sidecar(info, store, where)
-            idx = parse_sidecar(data, store.url, self.manifest.format, info, self.describe(shard))
+                data = self._sidecar(info, store, f"sample index {store.url} ({self.shards.where})")
+            with located(self.shards.describe(shard)):
+                idx = parse_sidecar(data, store.url, self.manifest.format, info)
             self._parsed[shard] = idx
             if len(self._parsed) > _PARSED:
                 self._parsed.popitem(last=False)
@@ -81,7 +73,7 @@ class SampleIndexes:
         for attempt in (1, 2):
             source, inode = store, None
             if not store.is_local:
-                path = self.cache().get(
+                path = self.shards.cache().get(
                     info.index_path,
                     0,
                     info.index_sha256,
@@ -100,13 +92,13 @@ class SampleIndexes:
                 if inode is None or attempt == 2:
                     raise
                 log.warning("%s: its copy in the node cache is damaged; fetching it again", where)
-                self.cache().discard(info.index_path, inode)
+                self.shards.cache().discard(info.index_path, inode)
         raise AssertionError("unreachable")
 
     def _embedded_copy(self, info: ShardInfo) -> bytes | None:
         """The sample index a staged shard carried (format/embedded.py), if it did."""
         try:
-            path = self.cache().path_for(info.index_path + _CARRIED)
+            path = self.shards.cache().path_for(info.index_path + _CARRIED)
             with open_private(path, os.O_RDONLY, "rb") as f:
                 if os.fstat(f.fileno()).st_size > sidecar_bound(info):
                     return None  # never written so (see keep_embedded): not ours to trust
@@ -122,14 +114,16 @@ class SampleIndexes:
         data = embedded_index(stored.tail)
         if data is None or len(data) > sidecar_bound(info):
             return
-        final = self.cache().path_for(info.index_path + _CARRIED)
+        final = self.shards.cache().path_for(info.index_path + _CARRIED)
         tmp = f"{final}.tmp-{uuid.uuid4().hex}"
         try:
             with create_private(tmp) as f:
                 f.write(data)
             os.replace(tmp, final)
         except OSError as err:  # only costs a GET of the sidecar later
-            log.debug("%s: cannot keep the embedded sample index (%s)", self.describe(shard), err)
+            log.debug(
+                "%s: cannot keep the embedded sample index (%s)", self.shards.describe(shard), err
+            )
         finally:
             if os.path.exists(tmp):
                 os.remove(tmp)

@@ -46,14 +46,8 @@ def node_schedule(
     shard = np.concatenate([np.asarray(s, np.int64) for s in batch_shards])
     step = np.concatenate([np.asarray(t, np.int64) for t in steps])
     local = np.concatenate([np.full(len(s), i, np.int64) for i, s in enumerate(batch_shards)])
-    if not len(shard):
-        return []
-    time = step * ranks + local
-    order = np.argsort(time, kind="stable")
-    shard, step = shard[order], step[order]
-    _, first = np.unique(shard, return_index=True)
-    first.sort()
-    return list(zip(step[first].tolist(), shard[first].tolist(), strict=True))
+    order = np.argsort(step * ranks + local, kind="stable")  # steps in order, ranks in turn
+    return list(block_schedule([(step[order], shard[order])]))  # the whole plan: one window
 
 
 def block_schedule(windows: Iterable[tuple[np.ndarray, np.ndarray]]) -> Iterator[tuple[int, int]]:

@@ -34,17 +34,17 @@ def check_digest(data: bytes, info: ShardInfo) -> None:
         )
 
 
-def parse_sidecar(data: bytes, url: str, fmt: str, info: ShardInfo, where: str) -> SampleIndex:
-    """Parse (bounded by what the entry allows) and check against the manifest entry."""
+def parse_sidecar(data: bytes, url: str, fmt: str, info: ShardInfo) -> SampleIndex:
+    """Parse (bounded by what the entry allows) and check against the manifest entry (the
+    caller names the sidecar or its shard: :func:`~shardloader.errors.located`)."""
     index = SampleIndex.from_arrow_bytes(data, url, limit=sidecar_bound(info))
-    check_sample_index(index, fmt, info, where)
+    check_sample_index(index, fmt, info)
     return index
 
 
 def load_sidecar(store: Store, fmt: str, info: ShardInfo) -> SampleIndex:
     """Read, hash-check and parse the sidecar at ``store`` (its manifest entry ``info``)."""
-    where = f"sample index {store.url}"
     data = read_sidecar(store, info)
-    with located(where):
+    with located(f"sample index {store.url}"):
         check_digest(data, info)
-    return parse_sidecar(data, store.url, fmt, info, where)
+        return parse_sidecar(data, store.url, fmt, info)

@@ -43,14 +43,21 @@ import logging
 import os
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from shardloader.errors import ChecksumError, ShardChangedError, ShardError, StorageError
+from shardloader.errors import (
+    ChecksumError,
+    ShardChangedError,
+    ShardError,
+    ShardloaderError,
+    StorageError,
+    located,
+)
 from shardloader.format.base import Rows, ShardReader, read_rows
 from shardloader.format.mapped import changed_since
-from shardloader.format.registry import get_format, open_reader
+from shardloader.format.registry import get_format
 from shardloader.manifest import Manifest
 from shardloader.read.indexes import SampleIndexes
 from shardloader.read.staging import ShardFiles
@@ -88,18 +95,14 @@ class ShardSet:
         self.where = where  # e.g. "rank 0/2, worker 1/4": goes into every error message
         self.store = options.store(base)
         self.format = get_format(manifest.format)
+        # ReadOptions.fields: a format whose reader ``projects`` (Parquet, whose columns are
+        # stored apart) reads only those; others read whole samples
+        fields = options.fields if self.format.projects else None
+        self._projection: dict[str, Any] = {} if fields is None else {"fields": fields}
         self.working_set = working_set  # staged bytes the plan keeps in use at once
         self._cache: ShardCache | None = None
-        self.indexes = SampleIndexes(manifest, self.store, where, self.cache, self.describe)
-        self.files = ShardFiles(
-            manifest,
-            self.store,
-            options,
-            self.format,
-            self.cache,
-            self.describe,
-            self.indexes.keep_embedded,
-        )
+        self.indexes = SampleIndexes(self)
+        self.files = ShardFiles(self)
         self.in_place = self.files.in_place  # shards read where they are, never staged
         self._inodes: dict[int, int] = {}  # the staged copy each open reader reads
         self._opened: dict[int, tuple[str, int, int]] = {}  # path, inode, size of each reader
@@ -154,14 +157,10 @@ class ShardSet:
             self.files.first_use(shard, path, index)
             try:
                 st = os.stat(path)
-                reader = open_reader(
-                    self.format,
-                    path,
-                    index,
-                    self.describe(shard),
-                    self.options.verify_samples,
-                    self.options.fields,
-                )
+                with located(self.describe(shard)):
+                    reader = self.format.reader(
+                        path, index, self.options.verify_samples, **self._projection
+                    )
             except FileNotFoundError:  # evicted by another process between stage and open
                 if attempt == 2:
                     raise
@@ -262,7 +261,16 @@ class ShardSet:
         try:
             reader = self.reader(shard)
             self.check(shard)  # NOTE [no SIGBUS] in format/mapped.py
-            read_rows(reader, rows, into, at)
+            try:  # readers raise without the place: it is named here, a shard a batch
+                read_rows(reader, rows, into, at)
+            except ShardloaderError as err:
+                err.where = err.where or self.describe(shard)
+                raise
+            if into.errors:  # rows of this shard that failed
+                for pos in at:
+                    failed = into.errors.get(pos)
+                    if failed is not None and failed.where is None:
+                        failed.where = self.describe(shard)
         except (ShardError, StorageError) as err:
             if is_cache_full(err):  # not one bad sample: every read would fail the same way
                 raise

@@ -14,23 +14,21 @@ import fcntl
 import hashlib
 import os
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from shardloader.errors import ChecksumError, ShardError, StorageError
-from shardloader.format.base import Format
+from shardloader.errors import ChecksumError, ShardError, StorageError, located
 from shardloader.format.embedded import TAIL_KEEP
-from shardloader.manifest import Manifest, SampleIndex, ShardInfo
+from shardloader.manifest import SampleIndex, ShardInfo
 from shardloader.schema import sidecar_bound
 from shardloader.storage.cache import ShardCache
 from shardloader.storage.localfiles import open_regular
 from shardloader.storage.private import create_private, open_private
-from shardloader.storage.store import Store
 from shardloader.storage.streams import BoundedReader, TailReader
 
 if TYPE_CHECKING:
-    from shardloader.options import ReadOptions
+    from shardloader.read.staged import ShardSet
 
 __all__ = ["ShardFiles"]
 
@@ -40,24 +38,13 @@ _STAGING_THREADS = 16  # shards one process stages at once (read-ahead and a bat
 class ShardFiles:
     """The local file of each shard of one dataset, for one process (one pass)."""
 
-    def __init__(
-        self,
-        manifest: Manifest,
-        store: Store,
-        options: ReadOptions,
-        fmt: Format,
-        cache: Callable[[], ShardCache],
-        describe: Callable[[int], str],
-        carried: Callable[[int, TailReader], None],
-    ) -> None:
-        self.manifest = manifest
-        self.store = store  # the dataset's folder
-        self.options = options
-        self.format = fmt
-        self.cache = cache  # the node cache, created on first use
-        self.describe = describe  # "shard <url> (<where>)"
-        self.carried = carried  # keeps the sample index a staged shard carried
-        self.in_place = store.is_local and fmt.reads_in_place(manifest.compression)
+    def __init__(self, shards: ShardSet) -> None:
+        self.shards = shards  # its node cache, shard names and sample indexes
+        self.manifest, self.store, self.options = shards.manifest, shards.store, shards.options
+        self.format = shards.format
+        self.in_place = self.store.is_local and self.format.reads_in_place(
+            self.manifest.compression
+        )
         self._pool: ThreadPoolExecutor | None = None
         self._ahead: dict[int, Future[str | None]] = {}
         self._hashed: set[int] = set()  # in-place shards whose first-use hash was checked
@@ -68,7 +55,7 @@ class ShardFiles:
         info = self.manifest.shards[shard]
         store = self.store.join(info.path)
         m = self.manifest
-        where = self.describe(shard)
+        where = self.shards.describe(shard)
         streamed: list[TailReader] = []
 
         def open_stored() -> Any:
@@ -86,13 +73,14 @@ class ShardFiles:
         limit = self.format.staged_bound(info, len(m.fields))
 
         def stage(src: Any, dst: Any) -> int:
-            return self.format.stage(src, dst, m.compression, where, limit)
+            with located(where):
+                return self.format.stage(src, dst, m.compression, limit)
 
         def staged() -> None:
             if streamed:
-                self.carried(shard, streamed[-1])
+                self.shards.indexes.keep_embedded(shard, streamed[-1])
 
-        return self.cache().get(
+        return self.shards.cache().get(
             info.path,
             info.raw_bytes,
             info.sha256,
@@ -112,12 +100,12 @@ class ShardFiles:
                 with open_regular(here, store.url) as f:  # not a FIFO, not a device
                     size = os.fstat(f.fileno()).st_size
             except StorageError as err:
-                raise ShardError(f"{self.describe(shard)}: {err}") from err
+                raise ShardError(f"{self.shards.describe(shard)}: {err}") from err
             expected = self.manifest.shards[shard].bytes
             if size != expected:
                 raise ShardError(
-                    f"{self.describe(shard)}: truncated or replaced: {size:,} bytes on disk, "
-                    f"{expected:,} in the manifest"
+                    f"{self.shards.describe(shard)}: truncated or replaced: {size:,} bytes on "
+                    f"disk, {expected:,} in the manifest"
                 )
             return here
         future = self._ahead.pop(shard, None)
@@ -134,7 +122,7 @@ class ShardFiles:
             return
         if shard not in self._hashed:
             notes = ShardCache(self.options.cache, self.manifest.fingerprint).folder
-            _hash_once(path, self.manifest.shards[shard], notes, self.describe(shard))
+            _hash_once(path, self.manifest.shards[shard], notes, self.shards.describe(shard))
             self._hashed.add(shard)
 
     def prefetch(self, shards: Iterable[int]) -> None:
@@ -158,7 +146,7 @@ class ShardFiles:
 
     def discard(self, shard: int, inode: int | None) -> None:
         """Drop the staged copy of ``shard`` (found damaged): the next use stages it again."""
-        self.cache().discard(self.manifest.shards[shard].path, inode)
+        self.shards.cache().discard(self.manifest.shards[shard].path, inode)
         self._ahead.pop(shard, None)
 
     def close(self) -> None:

@@ -21,7 +21,7 @@ from typing import Any, BinaryIO, cast
 import numpy as np
 
 from shardloader.codecs.allowlist import check_field
-from shardloader.errors import InputError, ShardloaderError
+from shardloader.errors import InputError, ShardloaderError, located
 from shardloader.format.base import Sample
 from shardloader.format.registry import get_format
 from shardloader.manifest import Manifest, SampleIndex, ShardInfo, load_manifest
@@ -129,14 +129,14 @@ def _verify_shard(
     reasons = _Reasons()
     index: SampleIndex | None = None
     sidecar = base.join(shard.index_path)
-    where = f"sample index {sidecar.url}"
     try:
         data = read_sidecar(sidecar, shard)
         try:
             check_digest(data, shard)
         except ShardloaderError:
             reasons.add(f"sidecar {shard.index_path} does not match its sha256 in the manifest")
-        index = parse_sidecar(data, sidecar.url, manifest.format, shard, where)
+        with located(f"sample index {sidecar.url}"):
+            index = parse_sidecar(data, sidecar.url, manifest.format, shard)
     except (ShardloaderError, OSError) as err:
         reasons.add(f"sidecar {shard.index_path}: {err}")
         index = None

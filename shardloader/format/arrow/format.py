@@ -40,21 +40,13 @@ class ArrowFormat(CheckedFormat):
     def sample_raw_size(self, key: str, sizes: Sequence[tuple[str, int]]) -> int:
         return len(key) + sum(size for _, size in sizes)
 
-    def reader(
-        self, local_path: str, index: SampleIndex, where: str, verify: bool = True
-    ) -> ArrowShardReader:
-        return ArrowShardReader(local_path, index, where, verify)
+    def reader(self, local_path: str, index: SampleIndex, verify: bool = True) -> ArrowShardReader:
+        return ArrowShardReader(local_path, index, verify)
 
     def stage(
-        self,
-        src: BinaryIO,
-        dst: BinaryIO,
-        compression: str,
-        where: str,
-        limit: int | None = None,
+        self, src: BinaryIO, dst: BinaryIO, compression: str, limit: int | None = None
     ) -> int:
-        with located(where):
-            return stage_arrow(src, dst, limit)
+        return stage_arrow(src, dst, limit)
 
     def iter_checked(
         self,

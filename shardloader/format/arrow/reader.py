@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 import xxhash
 
-from shardloader.errors import ChecksumError, ShardError, located
+from shardloader.errors import ChecksumError, ShardError
 from shardloader.format.arrow.ipc import declared_sizes
 from shardloader.format.arrow.stream import KEY_COLUMN, arrow_errors, open_ipc
 from shardloader.format.arrow.writer import row_checksum
@@ -43,10 +43,7 @@ class ArrowShardReader:
     slice of the map (:meth:`read_rows`), with no per-row pyarrow calls.
     """
 
-    def __init__(
-        self, local_path: str, index: SampleIndex, where: str, verify: bool = True
-    ) -> None:
-        self._where = where
+    def __init__(self, local_path: str, index: SampleIndex, verify: bool = True) -> None:
         self._keys = index.keys
         sums = index.checksums if verify else None
         self._sums = None if sums is None else np.asarray(sums, np.uint64)
@@ -54,10 +51,9 @@ class ArrowShardReader:
         self._file.populate()  # NOTE [populating the map] in format/mapped.py
         self._map, self._view = self._file.map, self._file.view
         try:
-            with located(where):
-                self._spans = _row_spans(self._view, len(index))
-                key_spans = self._spans.pop(KEY_COLUMN)
-                _check_keys(self._view, key_spans, index.keys)
+            self._spans = _row_spans(self._view, len(index))
+            key_spans = self._spans.pop(KEY_COLUMN)
+            _check_keys(self._view, key_spans, index.keys)
         except BaseException:
             self.close()
             raise
@@ -96,7 +92,7 @@ class ArrowShardReader:
                     into.fail(
                         at[k],
                         ChecksumError(
-                            f"{self._where}: sample {keys[k]!r} does not match its checksum in "
+                            f"sample {keys[k]!r} does not match its checksum in "
                             "the sidecar: the shard is damaged; `shardloader verify` checks the "
                             "whole dataset (ReadOptions(verify_samples=False) skips this "
                             "per-sample check)"

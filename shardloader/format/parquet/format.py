@@ -15,7 +15,7 @@ import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, BinaryIO, NoReturn
 
-from shardloader.errors import UsageError
+from shardloader.errors import UsageError, located
 from shardloader.format.base import CheckedFormat, Sample
 from shardloader.format.parquet.reader import ParquetShardReader
 from shardloader.format.parquet.scan import ParquetScan, scan_parquet
@@ -37,7 +37,7 @@ class ParquetFormat(CheckedFormat):
     stored_is_raw = True
     indexable = True
     packable = False  # registry.check_pack_format: pack writes tar, arrow or tokens shards
-    projects = True  # reader(..., fields=) reads only those columns (registry.open_reader)
+    projects = True  # reader(..., fields=) reads only those columns (read/staged.py ShardSet)
 
     def _not_packed(self) -> NoReturn:
         raise UsageError(
@@ -57,12 +57,11 @@ class ParquetFormat(CheckedFormat):
         self,
         local_path: str,
         index: SampleIndex,
-        where: str,
         verify: bool = True,
         fields: Sequence[str] | None = None,
     ) -> ParquetShardReader:
         """``fields``: only these columns read (NOTE [projected checksums] in reader.py)."""
-        return ParquetShardReader(local_path, index, where, verify, fields)
+        return ParquetShardReader(local_path, index, verify, fields)
 
     def iter_checked(
         self,
@@ -78,9 +77,9 @@ class ParquetFormat(CheckedFormat):
         is spooled to a temporary file first: Parquet is read from its footer."""
         from shardloader.format.arrow.writer import row_checksum
 
-        with tempfile.TemporaryFile(prefix="shardloader-verify-") as tmp:
-            spool(src, limit, where, tmp)
-            rows = ParquetTable(open_parquet(tmp, where), where).samples()
+        with located(where), tempfile.TemporaryFile(prefix="shardloader-verify-") as tmp:
+            spool(src, limit, tmp)
+            rows = ParquetTable(open_parquet(tmp), where).samples()
             for n, (key, fields) in enumerate(rows):
                 if index is not None and n < len(index):
                     key = str(index.keys[n])
@@ -94,7 +93,8 @@ class ParquetFormat(CheckedFormat):
         max_member: int | None,
         length_fields: Sequence[str] = (),
     ) -> ParquetScan:
-        return scan_parquet(src, where, max_member)
+        with located(where):
+            return scan_parquet(src, where, max_member)
 
     def entry_problem(
         self, num_samples: int, stored: int, raw: int, compression: str

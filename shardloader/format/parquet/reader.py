@@ -49,15 +49,13 @@ class ParquetShardReader:
         self,
         local_path: str,
         index: SampleIndex,
-        where: str,
         verify: bool = True,
         fields: Sequence[str] | None = None,
     ) -> None:
-        self._where = where
         self._keys = index.keys
         self._sums = None if not verify or index.checksums is None else index.checksums
         self._field_sums: dict[str, np.ndarray] | None = None
-        self._table = ParquetTable(open_parquet(local_path, where), where)
+        self._table = ParquetTable(open_parquet(local_path), local_path)
         names = self._table.names
         # the columns delivered, and those read (all of them to check a whole row's checksum);
         # a field that is no column (an alias's logical name) reads every column
@@ -76,7 +74,7 @@ class ParquetShardReader:
         if self._table.num_rows != len(index):
             self.close()
             raise ShardError(
-                f"{where}: the file has {self._table.num_rows:,} rows but its sample index "
+                f"the file has {self._table.num_rows:,} rows but its sample index "
                 f"lists {len(index):,}; the file changed since it was indexed: run "
                 "`shardloader index` again"
             )
@@ -112,7 +110,7 @@ class ParquetShardReader:
         fields: dict[str, list[bytes | None]] = {n: [] for n in names}
         inside = [k for k, row in enumerate(listed) if 0 <= row < len(self._keys)]
         for k in sorted(set(range(len(listed))) - set(inside)):
-            into.fail(at[k], ShardError(f"{self._where}: no row {listed[k]}"))
+            into.fail(at[k], ShardError(f"no row {listed[k]}"))
         groups = np.searchsorted(self._starts, [listed[k] for k in inside], side="right") - 1
         by_group: dict[int, list[int]] = {}
         for k, g in zip(inside, groups.tolist(), strict=True):
@@ -153,7 +151,7 @@ class ParquetShardReader:
     def _damaged(self, key: str, row: int, column: str | None = None) -> ChecksumError:
         what = "its checksum" if column is None else f"the checksum of its column {column!r}"
         return ChecksumError(
-            f"{self._where}: sample {key!r} (row {row}) does not match {what} in the "
+            f"sample {key!r} (row {row}) does not match {what} in the "
             "sidecar: the file changed since it was indexed; run `shardloader index` again"
         )
 

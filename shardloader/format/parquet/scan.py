@@ -49,8 +49,8 @@ def scan_parquet(src: BinaryIO, url: str, max_member: int | None) -> ParquetScan
             tmp: Any = stack.enter_context(open(Store(url).local_path, "rb"))
         else:
             tmp = stack.enter_context(tempfile.TemporaryFile(prefix="shardloader-index-"))
-            spool(src, None, url, tmp)
-        table = ParquetTable(open_parquet(tmp, url), url)
+            spool(src, None, tmp)
+        table = ParquetTable(open_parquet(tmp), url)
         keys: list[str] = []
         sizes: list[int] = []
         sums: list[int] = []
@@ -62,7 +62,7 @@ def scan_parquet(src: BinaryIO, url: str, max_member: int | None) -> ParquetScan
                 present[name] += 1
                 if max_member is not None and len(value) > max_member:
                     raise ShardError(
-                        f"{url} row {row}: column {name!r} holds {len(value):,} bytes, more "
+                        f"row {row}: column {name!r} holds {len(value):,} bytes, more "
                         f"than the {max_member:,} allowed (--max-member-size)"
                     )
                 first.setdefault(name, value)

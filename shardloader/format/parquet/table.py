@@ -34,12 +34,14 @@ def key_stem(url: str) -> str:
     return base[: -len(".parquet")] if base.lower().endswith(".parquet") else base
 
 
-def open_parquet(source: Any, where: str) -> pq.ParquetFile:
-    """A ParquetFile over a path or a seekable file; a file that is not Parquet: ShardError."""
+def open_parquet(source: Any) -> pq.ParquetFile:
+    """A ParquetFile over a path or a seekable file; a file that is not Parquet: ShardError
+    (the caller names the file: :func:`~shardloader.errors.located`, as for every error
+    here)."""
     try:
         return pq.ParquetFile(source)
     except (pa.ArrowInvalid, OSError) as err:
-        raise ShardError(f"{where}: not a readable Parquet file ({err})") from err
+        raise ShardError(f"not a readable Parquet file ({err})") from err
 
 
 def _unreadable(message: str) -> ShardError:
@@ -53,14 +55,14 @@ def _no_path(path: str) -> bytes:
 class ParquetTable:
     """The columns of one Parquet file as fields: their plans (pack's), classes, row groups."""
 
-    def __init__(self, pf: pq.ParquetFile, where: str) -> None:
-        self.pf, self.where = pf, where
+    def __init__(self, pf: pq.ParquetFile, url: str) -> None:
+        self.pf, self.url = pf, url  # the file's URL: its keys' stem
         schema = pf.schema_arrow
         features = hf_features(schema)
-        self.plans: dict[str, ColumnPlan] = plan_columns(schema, features, where, _unreadable)
+        self.plans: dict[str, ColumnPlan] = plan_columns(schema, features, _unreadable)
         self.names = sorted(self.plans)
         self.types = {c.name: c.type for c in schema}
-        self.classes = class_names(features, where)
+        self.classes = class_names(features, url)
         md = pf.metadata
         self.group_rows = [md.row_group(g).num_rows for g in range(md.num_row_groups)]
         self.num_rows = sum(self.group_rows)
@@ -91,7 +93,7 @@ class ParquetTable:
                 group, columns=self.names if names is None else names, use_threads=False
             )
         except (pa.ArrowInvalid, OSError) as err:
-            raise ShardError(f"{self.where}: row group {group} cannot be read ({err})") from err
+            raise ShardError(f"row group {group} cannot be read ({err})") from err
 
     def encode(self, table: pa.Table, rows: list[int]) -> dict[str, Cells]:
         """Each column's cells of ``table``, a row group's rows ``rows`` (file row numbers,
@@ -104,15 +106,14 @@ class ParquetTable:
                 out[name] = self.plans[name].encode(array, _no_path)
             except _CellError as err:
                 raise ShardError(
-                    f"{self.where} row {rows[err.row]}: column {name!r} "
-                    f"({self.types[name]}): {err.reason}"
+                    f"row {rows[err.row]}: column {name!r} ({self.types[name]}): {err.reason}"
                 ) from err
         return out
 
     def samples(self) -> Iterator[Sample]:
         """Every row as a sample, row group by row group: keyed ``<stem>/<row:09d>``
         (:func:`key_stem`), its fields its cells as pack stores them, a null one left out."""
-        stem, row = key_stem(self.where), 0
+        stem, row = key_stem(self.url), 0
         for group, n in enumerate(self.group_rows):
             cells = self.encode(self.read_group(group), list(range(row, row + n)))
             for i in range(n):
@@ -121,14 +122,14 @@ class ParquetTable:
                 row += 1
 
 
-def spool(src: Any, limit: int | None, where: str, into: Any) -> None:
+def spool(src: Any, limit: int | None, into: Any) -> None:
     """Copy a stored stream into the seekable file ``into`` (Parquet is read from its end),
     at most ``limit`` bytes."""
     total = 0
     while chunk := src.read(1 << 20):
         total += len(chunk)
         if limit is not None and total > limit:
-            raise ShardError(f"{where}: more than the {limit:,} bytes the manifest declares")
+            raise ShardError(f"more than the {limit:,} bytes the manifest declares")
         into.write(chunk)
     into.flush()
     into.seek(0, os.SEEK_SET)

@@ -74,10 +74,8 @@ class TarFormat(CheckedFormat):
         sizes = sizes.astype(np.int64)
         return BLOCK + sizes + (-sizes % BLOCK)
 
-    def reader(
-        self, local_path: str, index: SampleIndex, where: str, verify: bool = True
-    ) -> TarShardReader:
-        return TarShardReader(local_path, index, where, verify)
+    def reader(self, local_path: str, index: SampleIndex, verify: bool = True) -> TarShardReader:
+        return TarShardReader(local_path, index, verify)
 
     def iter_checked(
         self,

@@ -15,7 +15,7 @@ from typing import Any, BinaryIO, cast
 import numpy as np
 import xxhash
 
-from shardloader.errors import ChecksumError, ShardError, located
+from shardloader.errors import ChecksumError, ShardError
 from shardloader.format.compress import Bounded
 from shardloader.format.keys import key_lengths
 from shardloader.format.mapped import LARGE, MappedFile
@@ -98,9 +98,7 @@ class TarShardReader:
     batches with few underived samples, take the per-sample parser (:meth:`read`'s).
     """
 
-    def __init__(
-        self, local_path: str, index: SampleIndex, where: str, verify: bool = True
-    ) -> None:
+    def __init__(self, local_path: str, index: SampleIndex, verify: bool = True) -> None:
         self._file = MappedFile(local_path)
         self._file.populate()  # NOTE [populating the map] in format/mapped.py
         self._map, self._view, self._size = self._file.map, self._file.view, self._file.size
@@ -109,7 +107,6 @@ class TarShardReader:
         sums = index.checksums if verify else None
         self._sums = None if sums is None else np.asarray(sums, np.uint64)
         self._keys = index.keys
-        self._where = where
         self._rows_table: np.ndarray | None = None  # see _table
         self._early = 0  # rows read one by one before the first derivation (read_rows)
         self._chunked = 0  # rows [0, _chunked) were offered to prepare() (_with_next_chunk)
@@ -119,8 +116,7 @@ class TarShardReader:
 
     def read(self, i: int) -> Sample:
         want = None if self._sums is None else int(self._sums[i])
-        with located(self._where):
-            return self._read_one(i, int(self._offsets[i]), int(self._sizes[i]), want)
+        return self._read_one(i, int(self._offsets[i]), int(self._sizes[i]), want)
 
     def _read_one(self, i: int, offset: int, size: int, want: int | None) -> Sample:
         """Sample ``i`` (byte range ``offset``, ``size``) checked against its checksum ``want``
@@ -270,7 +266,6 @@ class TarShardReader:
             try:
                 key, found = self._read_one(i, offset_of(i), size_of(i), want)
             except ShardError as err:
-                err.where = err.where or self._where  # as read() places it (no `with` a row)
                 into.fail(pos, err, self._keys[i])
                 continue
             for name, value in found.items():

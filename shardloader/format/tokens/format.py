@@ -163,18 +163,15 @@ class TokenStream:
     def __init__(
         self,
         local_path: str,
-        where: str,
         verify: bool = True,
         num_samples: int | None = None,
         num_tokens: int | None = None,
     ) -> None:
-        self.where = where
         self.file = MappedFile(local_path)  # also reads a large sample through the file
         self._map: Any = self.file.map
         try:
-            with located(where):
-                head = Header(bytes(self._map[:HEADER_BYTES]))
-                _expect(head, self.file.size, num_samples, num_tokens)
+            head = Header(bytes(self._map[:HEADER_BYTES]))
+            _expect(head, self.file.size, num_samples, num_tokens)
         except BaseException:
             self.close()
             raise
@@ -204,10 +201,9 @@ class TokenStream:
         if not todo.size:
             return
         region = self.view[HEADER_BYTES : HEADER_BYTES + head.token_bytes]
-        with located(self.where):
-            for c in todo.tolist():
-                head.check_chunk(region, c)
-                self._checked[c] = True
+        for c in todo.tolist():
+            head.check_chunk(region, c)
+            self._checked[c] = True
         self.all_checked = bool(self._checked[: -(-head.token_bytes // head.chunk)].all())
 
     def close(self) -> None:
@@ -240,11 +236,9 @@ class TokenShardReader(TokenStream):
     """Samples of a local uncompressed token shard, by sidecar entry: ``read(i)`` parses the
     record the sidecar points at and checks its checksum (``verify``)."""
 
-    def __init__(
-        self, local_path: str, index: SampleIndex, where: str, verify: bool = True
-    ) -> None:
+    def __init__(self, local_path: str, index: SampleIndex, verify: bool = True) -> None:
         tokens = None if index.lengths is None else int(index.lengths.sum())
-        super().__init__(local_path, where, verify, len(index), tokens)
+        super().__init__(local_path, verify, len(index), tokens)
         self._index = index
         self._offsets = index.offsets.tolist()
         self._sums = index.checksums.tolist() if verify and index.checksums is not None else None
@@ -256,13 +250,6 @@ class TokenShardReader(TokenStream):
         return self._index.keys
 
     def read(self, i: int) -> Sample:
-        try:  # errors.located's rule, without a context manager a sample (the hot path)
-            return self._read(i)
-        except ShardError as err:
-            err.where = err.where or self.where
-            raise
-
-    def _read(self, i: int) -> Sample:
         head, key_of = self.header, self._index.keys[i]
         pos = self._offsets[i]
         if not head.records_at <= pos < head.total:
@@ -324,10 +311,8 @@ class TokenFormat(CheckedFormat):
         framing = sum(1 + len(ext.encode()) + 8 for ext, _ in sizes)
         return 3 + len(encode(key)) + framing + sum(size for _, size in sizes)
 
-    def reader(
-        self, local_path: str, index: SampleIndex, where: str, verify: bool = True
-    ) -> TokenShardReader:
-        return TokenShardReader(local_path, index, where, verify)
+    def reader(self, local_path: str, index: SampleIndex, verify: bool = True) -> TokenShardReader:
+        return TokenShardReader(local_path, index, verify)
 
     def iter_checked(
         self,

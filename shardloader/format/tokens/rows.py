@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from shardloader.errors import ShardChangedError
+from shardloader.errors import ShardChangedError, located
 from shardloader.format.tokens.format import TokenStream
 
 __all__ = ["TokenRows"]
@@ -48,8 +48,7 @@ class TokenRows:
         path = self.shards.files.local_file(shard)
         a, b = int(self._starts[shard]), int(self._starts[shard + 1])
         verify = self.shards.options.verify_samples
-        where = self.shards.describe(shard)
-        stream = TokenStream(path, where, verify, b - a, int(self._lengths[a:b].sum()))
+        stream = TokenStream(path, verify, b - a, int(self._lengths[a:b].sum()))
         self.open[shard], self.tokens[shard] = stream, stream.tokens
 
     def load(self, shard: np.ndarray, lo: np.ndarray, n: np.ndarray) -> dict[int, np.ndarray]:
@@ -65,11 +64,12 @@ class TokenRows:
                 if not self.shards.restage(s):  # a staged copy: opened again below
                     raise ShardChangedError(f"{self.shards.describe(s)}: {change}")
         for s in shards - self.checked:
-            if s not in self.open:
-                self._open(s, shards)
-            stream = self.open[s]
-            mine = shard == s
-            stream.check_tokens(lo[mine], lo[mine] + n[mine])
+            with located(self.shards.describe(s)):  # a shard a batch, until all is checked
+                if s not in self.open:
+                    self._open(s, shards)
+                stream = self.open[s]
+                mine = shard == s
+                stream.check_tokens(lo[mine], lo[mine] + n[mine])
             if stream.all_checked:
                 self.checked.add(s)
         return self.tokens

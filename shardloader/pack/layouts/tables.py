@@ -30,7 +30,7 @@ from shardloader.codecs.arrowcells import (
 )
 from shardloader.codecs.sniff import codec_of
 from shardloader.codecs.tableschema import class_names, hf_features, plan_columns
-from shardloader.errors import InputError, StorageError, UsageError
+from shardloader.errors import InputError, StorageError, UsageError, located
 from shardloader.format.tar.layout import EMPTY
 from shardloader.manifest import FieldInfo
 from shardloader.pack.layouts.base import OnSkip
@@ -143,7 +143,8 @@ def _plans(f: InputFile, schema: Any, features: Mapping[str, Any]) -> dict[str, 
             "of those, or drop the column before packing"
         )
 
-    return plan_columns(schema, features, f.url, unsupported)
+    with located(f.url):
+        return plan_columns(schema, features, unsupported)
 
 
 def describe(f: InputFile, kind: str, store: Store) -> Table:
