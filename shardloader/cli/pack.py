@@ -45,7 +45,6 @@ LAYOUTS = ("auto", "class-folders", "key-groups", "records", "tars")
 @click.argument("out")
 @click.option(
     "--format",
-    "fmt",
     type=click.Choice(["tar", "arrow", "tokens"]),
     default="tar",
     show_default=True,
@@ -176,31 +175,15 @@ LAYOUTS = ("auto", "class-folders", "key-groups", "records", "tars")
 def pack_command(
     src: str,
     out: str,
-    fmt: str,
-    compression: str,
     shard_size: str,
-    max_samples: int | None,
     max_sample_size: str | None,
-    layout: str,
-    workers: int,
-    executor: str,
-    address: str | None,
-    num_parts: int,
     part: int | None,
-    on_error: str,
-    validate: bool,
-    tokenizer: str | None,
-    text_field: str,
-    token_field: str | None,
-    vocab_size: int | None,
-    resume: bool,
-    overwrite: bool,
     quiet: bool,
     alias: tuple[str, ...],
-    labels: str | None,
     storage_option: tuple[str, ...],
     retries: int | None,
     retry_seconds: float | None,
+    **given: Any,
 ) -> None:
     """Pack the raw files in SRC into shards + index.json in OUT.
 
@@ -209,8 +192,8 @@ def pack_command(
     tables (.parquet, .arrow) or webdataset tars (img2dataset's output).  The manifest is
     written last.
     """
-    if fmt == "tokens" and tokenizer is None and token_field is None:  # refused now, not
-        raise UsageError(  # when the shards are read
+    if given["format"] == "tokens" and not (given["tokenizer"] or given["token_field"]):
+        raise UsageError(  # refused now, not when the shards are read
             "--format tokens lays out token ids: pass --tokenizer tokenizer.json (a Hugging Face "
             "tokenizers file) to make them from the text, or --token-field NAME for ids the "
             "records already hold (e.g. input_ids), or pick --format tar or arrow"
@@ -219,29 +202,13 @@ def pack_command(
 
     retry = retry_policy(retries, retry_seconds)
     extra: dict[str, Any] = {} if retry is None else {"retry": retry}
-    options = PackOptions(
-        format=fmt,
-        compression=compression,
+    options = PackOptions(  # the other options are PackOptions' fields by name
         shard_size=None if shard_size == "auto" else parse_size(shard_size),
-        max_samples=max_samples,
         max_sample_size=None if max_sample_size is None else parse_size(max_sample_size),
-        layout=layout,
-        on_error=on_error,
-        validate=validate,
-        tokenizer=tokenizer,
-        text_field=text_field,
-        token_field=token_field,
-        vocab_size=vocab_size,
-        workers=workers,
-        executor=executor,
-        address=address,
-        num_parts=num_parts,
         part=part_index(part),
-        resume=resume,
-        overwrite=overwrite,
         storage_options=storage_options(storage_option),
         aliases=_aliases(alias),
-        labels=labels,
+        **given,
         **extra,
     )
 
