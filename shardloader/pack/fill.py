@@ -2,8 +2,9 @@
 
 Why a module of its own: what goes into a shard (input files read and checked against the size
 the plan saw, fields checked by their codec, JSON parsed once, lengths measured or text
-tokenized, runs of lines added in one call, bad samples refused or skipped) is apart from the
-shard's life as a file (pack/write.py: temporary name, fsync, sidecar, resume, placing it).
+tokenized, lines of a run checked without a sample object each, bad samples refused or
+skipped) is apart from the shard's life as a file (pack/write.py: temporary name, fsync,
+sidecar, resume, placing it).
 """
 
 from __future__ import annotations
@@ -166,17 +167,22 @@ def _load(spec: WriteSpec, sample: SampleRef) -> tuple[dict[str, bytes], int | N
     for ext, value in sample.fields:
         ref = value if isinstance(value, FileRef) else None
         data: bytes = value if ref is None else _read(spec, ref)  # type: ignore[assignment]
-        codec = spec.fields[ext].codec
-        try:
-            if codec == "json":  # parse once: the text rule may need the value
-                parsed[ext] = _parse_json(data)
-            else:
-                check_field(codec, data, validate_images=spec.validate)
-        except InputError as err:
-            reason = _ADDRESS.sub("", str(err))  # PIL names object addresses: not reproducible
-            raise _Bad(f"field {ext!r}: {reason}", ref) from err
+        parsed[ext] = _checked(spec.fields[ext].codec, ext, data, spec.validate, ref)
         fields[ext] = data
     return fields, _measure(spec, fields, parsed.get("json"))
+
+
+def _checked(codec: str, ext: str, data: bytes, validate: bool, ref: FileRef | None) -> Any:
+    """Check field ``ext`` by its codec; a JSON field is parsed (once: the text rule may need
+    the value), and its value returned (None for other codecs)."""
+    try:
+        if codec == "json":
+            return _parse_json(data)
+        check_field(codec, data, validate_images=validate)
+        return None
+    except InputError as err:
+        reason = _ADDRESS.sub("", str(err))  # PIL names object addresses: not reproducible
+        raise _Bad(f"field {ext!r}: {reason}", ref) from err
 
 
 def _too_large(size: int, cap: int) -> str:
@@ -217,21 +223,17 @@ def _measure(spec: WriteSpec, fields: dict[str, bytes], value: Any) -> int | Non
 
 
 def _write_run(
-    spec: WriteSpec, run: LineRun, data: bytes, writer: Any, number: int, skips: list[dict]
+    spec: WriteSpec, run: LineRun, data: bytes, writer: ShardWriter, number: int, skips: list[dict]
 ) -> int:
     """Check and add the lines of ``run`` (``data``: its byte range); return input bytes.
 
     The per-line path of :func:`_load` for one-field record samples, without building a
-    :class:`SampleRef` per line (one is built for a bad line, to name it).  A writer with
-    ``add_records`` (tar) takes the good lines in one call."""
+    :class:`SampleRef` per line (one is built for a bad line, to name it): this is the hot
+    loop of a text pack."""
     kind, stem, first = run.kind, run.stem, int(run.starts[0])
     cap = spec.max_sample_size
     codec = spec.fields[kind].codec
     problem = unsafe_key_reason(run.key(0))  # the same for every line: only digits differ
-    is_json = codec == "json"
-    keys: list[str] = []
-    values: list[bytes] = []
-    lengths: list[int | None] = []
     bytes_in = 0
     for n, s, k in zip(
         run.numbers.tolist(), run.starts.tolist(), run.lengths.tolist(), strict=True
@@ -244,42 +246,15 @@ def _write_run(
             if cap is not None and k > cap:
                 raise _Bad(_too_large(k, cap))
             line = data[s - first : s - first + k]
-            try:
-                value = _parse_json(line) if is_json else None
-                if not is_json:
-                    check_field(codec, line)
-            except InputError as err:
-                raise _Bad(f"field {kind!r}: {err}") from err
             fields = {kind: line}
-            length = _measure(spec, fields, value)
+            length = _measure(spec, fields, _checked(codec, kind, line, spec.validate, None))
         except _Bad as bad:
             sample = SampleRef(key, ((kind, line),), run.rel, f"line {n}")
             _refuse_or_skip(spec, bad, sample, number, skips)
             continue
         bytes_in += k
-        if len(fields) > 1:  # a derived field (tokens): this sample goes on its own
-            _add_records(writer, keys, kind, values, lengths)
-            keys, values, lengths = [], [], []
-            writer.add(key, fields, length)
-        else:
-            keys.append(key)
-            values.append(line)
-            lengths.append(length)
-    _add_records(writer, keys, kind, values, lengths)
+        writer.add(key, fields, length)
     return bytes_in
-
-
-def _add_records(
-    writer: Any, keys: list[str], ext: str, values: list[bytes], lengths: list[int | None]
-) -> None:
-    if not keys:
-        return
-    add_records = getattr(writer, "add_records", None)
-    if add_records is not None:
-        add_records(keys, ext, values, lengths)
-        return
-    for key, value, length in zip(keys, values, lengths, strict=True):
-        writer.add(key, {ext: value}, length)
 
 
 def _refuse_or_skip(
