@@ -41,6 +41,8 @@ from dataclasses import asdict, dataclass
 from functools import partial
 from typing import Any
 
+import msgspec
+
 from shardloader.errors import OutputLockedError, StorageError, UsageError
 from shardloader.storage.classify import chain, status_and_code
 from shardloader.storage.s3client import S3Client
@@ -86,17 +88,10 @@ class Holder:
 
     @classmethod
     def from_json(cls, data: bytes) -> Holder | None:
+        """The record, its fields' types checked; None when it is not one."""
         try:
-            d = json.loads(data)
-            return cls(
-                str(d["command"]),
-                str(d["host"]),
-                int(d["pid"]),
-                float(d["started"]),
-                str(d["run_id"]),
-                None if d.get("expires") is None else float(d["expires"]),
-            )
-        except (ValueError, KeyError, TypeError):
+            return msgspec.json.decode(data, type=cls)
+        except msgspec.MsgspecError:
             return None
 
 

@@ -21,7 +21,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import replace
 from typing import Any
 
@@ -178,7 +178,8 @@ def write_shard(spec: WriteSpec, task: ShardTask) -> ShardResult:
             if spec.out.is_local:  # a remote OUT's temporary is only read back to upload it:
                 os.fsync(f.fileno())  # durability is the store's, and a crash loses it anyway
     except BaseException:
-        _remove(tmp)
+        with suppress(FileNotFoundError):
+            os.remove(tmp)
         raise
     meta = {
         "plan_digest": digest,
@@ -209,13 +210,6 @@ class _Counting:
 
     def close(self) -> WrittenShard:
         return self.writer.close()  # type: ignore[no-any-return]
-
-
-def _remove(path: str) -> None:
-    try:
-        os.remove(path)
-    except FileNotFoundError:
-        pass
 
 
 def place_shard(spec: WriteSpec, r: ShardResult) -> ShardResult:
