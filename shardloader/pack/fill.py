@@ -42,7 +42,7 @@ def fill_shard(
 ) -> int:
     """Add the samples of ``plan`` to ``writer``, each read and checked first (``run_bytes``:
     each line run's byte range, None for other samples); a bad sample fails the shard or is
-    recorded in ``skips`` (``spec.on_error``).  Returns the input bytes of those added."""
+    recorded in ``skips`` (``spec.options.on_error``).  Returns the input bytes of those added."""
     bytes_in = 0
     for sample, data in zip(plan.samples, run_bytes, strict=True):
         if data is not None:
@@ -155,7 +155,7 @@ def _load(spec: WriteSpec, sample: SampleRef) -> tuple[dict[str, bytes], int | N
     problem = unsafe_key_reason(sample.key)
     if problem is not None:  # readers refuse such keys: never write one
         raise _Bad(_key_reason(problem))
-    cap = spec.max_sample_size
+    cap = spec.options.max_sample_size
     if cap is not None:  # before any of it is read
         size = sum(v.size if isinstance(v, FileRef) else len(v) for _, v in sample.fields)
         if size > cap:
@@ -167,7 +167,7 @@ def _load(spec: WriteSpec, sample: SampleRef) -> tuple[dict[str, bytes], int | N
     for ext, value in sample.fields:
         ref = value if isinstance(value, FileRef) else None
         data: bytes = value if ref is None else _read(spec, ref)  # type: ignore[assignment]
-        parsed[ext] = _checked(spec.fields[ext].codec, ext, data, spec.validate, ref)
+        parsed[ext] = _checked(spec.fields[ext].codec, ext, data, spec.options.validate, ref)
         fields[ext] = data
     return fields, _measure(spec, fields, parsed.get("json"))
 
@@ -231,7 +231,7 @@ def _write_run(
     :class:`SampleRef` per line (one is built for a bad line, to name it): this is the hot
     loop of a text pack."""
     kind, stem, first = run.kind, run.stem, int(run.starts[0])
-    cap = spec.max_sample_size
+    cap, validate = spec.options.max_sample_size, spec.options.validate
     codec = spec.fields[kind].codec
     problem = unsafe_key_reason(run.key(0))  # the same for every line: only digits differ
     bytes_in = 0
@@ -247,7 +247,7 @@ def _write_run(
                 raise _Bad(_too_large(k, cap))
             line = data[s - first : s - first + k]
             fields = {kind: line}
-            length = _measure(spec, fields, _checked(codec, kind, line, spec.validate, None))
+            length = _measure(spec, fields, _checked(codec, kind, line, validate, None))
         except _Bad as bad:
             sample = SampleRef(key, ((kind, line),), run.rel, f"line {n}")
             _refuse_or_skip(spec, bad, sample, number, skips)
@@ -268,7 +268,7 @@ def _refuse_or_skip(
         message = f"{spec.src.join(sample.file).url} {sample.where} (key {key!r}): {bad.reason}"
     else:
         message = f"sample {key!r}: {bad.reason}"
-    if spec.on_error == "fail":
+    if spec.options.on_error == "fail":
         raise InputError(f"{message}; fix or remove it, or pass --on-error skip") from None
     log.warning("skipping %s", message)
     file = ref.rel if ref is not None else sample.file

@@ -147,16 +147,11 @@ def _pack(
         out=out_store,
         staging=staging,
         run_id=lock.run_id,
-        fmt=options.format,
-        compression=options.compression,
+        options=options,
         fields=fields,
         options_digest=_options_digest(options, source, fields, tok_meta),
-        validate=options.validate,
-        on_error=options.on_error,
         text=source.text,
         tokenizer=tok_meta["path"] if tok_meta else None,
-        resume=options.resume,
-        max_sample_size=options.max_sample_size,
     )
     run = _Run(spec, progress, start, None if parted else source.total_bytes)
     run.defer = finished is not None and options.overwrite  # placed once every shard is written

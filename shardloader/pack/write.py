@@ -161,7 +161,7 @@ def write_shard(spec: WriteSpec, task: ShardTask) -> ShardResult:
         read_run(p, spec.input(p.url)) if isinstance(p, LineRun) else None for p in plan.samples
     ]
     digest = plan_digest(spec.options_digest, plan, run_bytes)
-    if spec.resume:
+    if spec.options.resume:
         kept = _try_keep(spec, task, digest)
         if kept is not None:
             return kept
@@ -170,7 +170,9 @@ def write_shard(spec: WriteSpec, task: ShardTask) -> ShardResult:
     try:
         with writing(f"shard {spec.out.join(task.name).url} (writing {tmp})"), open(tmp, "wb") as f:
             writer = _Counting(
-                get_format(spec.fmt, spec.format_module).writer(f, spec.compression, spec.fields)
+                get_format(spec.options.format, spec.format_module).writer(
+                    f, spec.options.compression, spec.fields
+                )
             )
             bytes_in = fill_shard(spec, plan, run_bytes, writer, skips)
             written: WrittenShard = writer.close()
