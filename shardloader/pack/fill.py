@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import msgspec
@@ -20,7 +20,6 @@ import numpy as np
 
 from shardloader.codecs.allowlist import check_field
 from shardloader.errors import InputError, StorageError
-from shardloader.format.base import ShardWriter
 from shardloader.format.keys import unsafe_key_reason
 from shardloader.pack.discover import TextRule
 from shardloader.pack.plan import ShardPlan
@@ -32,21 +31,24 @@ __all__ = ["fill_shard", "every_sample_skipped", "skip_record"]
 
 log = logging.getLogger(__name__)
 
+Add = Callable[[str, Mapping[str, bytes], int | None], None]  # a sample to the shard
+
 
 def fill_shard(
     spec: WriteSpec,
     plan: ShardPlan,
     run_bytes: Sequence[bytes | None],
-    writer: ShardWriter,
+    add: Add,
     skips: list[dict[str, Any]],
 ) -> int:
-    """Add the samples of ``plan`` to ``writer``, each read and checked first (``run_bytes``:
-    each line run's byte range, None for other samples); a bad sample fails the shard or is
-    recorded in ``skips`` (``spec.options.on_error``).  Returns the input bytes of those added."""
+    """Add the samples of ``plan`` through ``add`` (to the shard's writer), each read and
+    checked first (``run_bytes``: each line run's byte range, None for other samples); a bad
+    sample fails the shard or is recorded in ``skips`` (``spec.options.on_error``).  Returns
+    the input bytes of those added."""
     bytes_in = 0
     for sample, data in zip(plan.samples, run_bytes, strict=True):
         if data is not None:
-            bytes_in += _write_run(spec, sample, data, writer, plan.number, skips)  # type: ignore[arg-type]
+            bytes_in += _write_run(spec, sample, data, add, plan.number, skips)  # type: ignore[arg-type]
             continue
         assert isinstance(sample, SampleRef)
         try:
@@ -54,7 +56,7 @@ def fill_shard(
         except _Bad as bad:
             _refuse_or_skip(spec, bad, sample, plan.number, skips)
             continue
-        writer.add(sample.key, fields, length)
+        add(sample.key, fields, length)
         bytes_in += _input_size(sample)
     return bytes_in
 
@@ -223,7 +225,7 @@ def _measure(spec: WriteSpec, fields: dict[str, bytes], value: Any) -> int | Non
 
 
 def _write_run(
-    spec: WriteSpec, run: LineRun, data: bytes, writer: ShardWriter, number: int, skips: list[dict]
+    spec: WriteSpec, run: LineRun, data: bytes, add: Add, number: int, skips: list[dict]
 ) -> int:
     """Check and add the lines of ``run`` (``data``: its byte range); return input bytes.
 
@@ -253,7 +255,7 @@ def _write_run(
             _refuse_or_skip(spec, bad, sample, number, skips)
             continue
         bytes_in += k
-        writer.add(key, fields, length)
+        add(key, fields, length)
     return bytes_in
 
 
