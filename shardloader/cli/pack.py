@@ -199,6 +199,7 @@ def pack_command(
             "records already hold (e.g. input_ids), or pick --format tar or arrow"
         )
     from shardloader.pack import PackOptions, pack
+    from shardloader.read.fields import parse_option
 
     retry = retry_policy(retries, retry_seconds)
     extra: dict[str, Any] = {} if retry is None else {"retry": retry}
@@ -207,7 +208,7 @@ def pack_command(
         max_sample_size=None if max_sample_size is None else parse_size(max_sample_size),
         part=part_index(part),
         storage_options=storage_options(storage_option),
-        aliases=_aliases(alias),
+        aliases=parse_option(alias),  # --alias FIELD=EXT,...
         **given,
         **extra,
     )
@@ -298,10 +299,3 @@ def part_index(part: int | None) -> int:
         raise UsageError(
             f"JOB_COMPLETION_INDEX={env!r} is not a part number; pass --part"
         ) from None
-
-
-def _aliases(pairs: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
-    """``--alias FIELD=EXT,...`` options; imported here so ``--help`` stays light."""
-    from shardloader.read.fields import parse_option
-
-    return parse_option(pairs)
