@@ -7,9 +7,10 @@ import tarfile
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shardloader.format.tar.writer import _member_header
+from shardloader.format.registry import get_format
+from shardloader.format.tar.writer import _member_header, header_size
 from shardloader.pack.discover import FileRef, SampleRef
-from shardloader.pack.plan import Planner, part_of, sample_raw_size, shard_names, tar_header_size
+from shardloader.pack.plan import Planner, part_of, shard_names
 
 
 def _tarfile_header(name: str, size: int) -> bytes:
@@ -31,7 +32,13 @@ def _tarfile_header(name: str, size: int) -> bytes:
 def test_member_headers_are_tarfiles_bytes_and_planned_sizes_exact(name, size):
     expected = _tarfile_header(name, size)
     assert _member_header(name, size) == expected  # fast ustar path included
-    assert tar_header_size(name, size) == len(expected)
+    assert header_size(name, size) == len(expected)
+
+
+def _raw_size(sample: SampleRef) -> int:
+    """Uncompressed bytes the sample adds to a tar shard."""
+    sizes = [(ext, ref.size) for ext, ref in sample.fields]
+    return get_format("tar").sample_raw_size(sample.key, sizes)
 
 
 def _samples(sizes: list[int]) -> list[SampleRef]:
@@ -52,13 +59,13 @@ def test_planner_cuts_by_size_and_count(sizes, limit, max_samples):
     assert [s for p in plans for s in p.samples] == samples
     assert [p.number for p in plans] == list(range(len(plans)))
     for p, nxt in zip(plans, [*plans[1:], None], strict=False):
-        assert p.raw_bytes == 1024 + sum(sample_raw_size("tar", s) for s in p.samples)
+        assert p.raw_bytes == 1024 + sum(_raw_size(s) for s in p.samples)
         if max_samples is not None:
             assert len(p.samples) <= max_samples
         if limit and len(p.samples) > 1:
             assert p.raw_bytes <= limit
         if nxt is not None and limit and (max_samples is None or len(p.samples) < max_samples):
-            assert p.raw_bytes + sample_raw_size("tar", nxt.samples[0]) > limit  # it was full
+            assert p.raw_bytes + _raw_size(nxt.samples[0]) > limit  # it was full
 
 
 def test_parts_and_names():

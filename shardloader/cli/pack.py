@@ -172,7 +172,19 @@ LAYOUTS = ("auto", "class-folders", "key-groups", "records", "tars")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary.")
 @storage_option
 @retry_options
-def pack_command(src: str, out: str, quiet: bool, **flags: Any) -> None:
+def pack_command(
+    src: str,
+    out: str,
+    shard_size: str,
+    max_sample_size: str | None,
+    part: int | None,
+    quiet: bool,
+    alias: tuple[str, ...],
+    storage_option: tuple[str, ...],
+    retries: int | None,
+    retry_seconds: float | None,
+    **given: Any,
+) -> None:
     """Pack the raw files in SRC into shards + index.json in OUT.
 
     SRC (a folder, a file or an fsspec URL) holds class folders (SRC/<class>/<image>), key
@@ -180,25 +192,25 @@ def pack_command(src: str, out: str, quiet: bool, **flags: Any) -> None:
     tables (.parquet, .arrow) or webdataset tars (img2dataset's output).  The manifest is
     written last.
     """
-    if flags["format"] == "tokens" and flags["tokenizer"] is None and flags["token_field"] is None:
+    if given["format"] == "tokens" and not (given["tokenizer"] or given["token_field"]):
         raise UsageError(  # refused now, not when the shards are read
             "--format tokens lays out token ids: pass --tokenizer tokenizer.json (a Hugging Face "
             "tokenizers file) to make them from the text, or --token-field NAME for ids the "
             "records already hold (e.g. input_ids), or pick --format tar or arrow"
         )
     from shardloader.pack import PackOptions, pack
+    from shardloader.read.fields import parse_option
 
-    # the other flags are PackOptions' fields by name; these are given in the command's terms
-    if (retry := retry_policy(flags.pop("retries"), flags.pop("retry_seconds"))) is not None:
-        flags["retry"] = retry
-    shard_size, max_size = flags.pop("shard_size"), flags.pop("max_sample_size")
-    options = PackOptions(
+    retry = retry_policy(retries, retry_seconds)
+    extra: dict[str, Any] = {} if retry is None else {"retry": retry}
+    options = PackOptions(  # the other options are PackOptions' fields by name
         shard_size=None if shard_size == "auto" else parse_size(shard_size),
-        max_sample_size=None if max_size is None else parse_size(max_size),
-        part=part_index(flags.pop("part")),
-        storage_options=storage_options(flags.pop("storage_option")),
-        aliases=_aliases(flags.pop("alias")),
-        **flags,
+        max_sample_size=None if max_sample_size is None else parse_size(max_sample_size),
+        part=part_index(part),
+        storage_options=storage_options(storage_option),
+        aliases=parse_option(alias),  # --alias FIELD=EXT,...
+        **given,
+        **extra,
     )
 
     def on_progress(p: PackProgress) -> None:
@@ -287,10 +299,3 @@ def part_index(part: int | None) -> int:
         raise UsageError(
             f"JOB_COMPLETION_INDEX={env!r} is not a part number; pass --part"
         ) from None
-
-
-def _aliases(pairs: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
-    """``--alias FIELD=EXT,...`` options; imported here so ``--help`` stays light."""
-    from shardloader.read.fields import parse_option
-
-    return parse_option(pairs)

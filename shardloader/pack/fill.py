@@ -2,8 +2,9 @@
 
 Why a module of its own: what goes into a shard (input files read and checked against the size
 the plan saw, fields checked by their codec, JSON parsed once, lengths measured or text
-tokenized, runs of lines added in one call, bad samples refused or skipped) is apart from the
-shard's life as a file (pack/write.py: temporary name, fsync, sidecar, resume, placing it).
+tokenized, lines of a run checked without a sample object each, bad samples refused or
+skipped) is apart from the shard's life as a file (pack/write.py: temporary name, fsync,
+sidecar, resume, placing it).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import msgspec
@@ -19,7 +20,6 @@ import numpy as np
 
 from shardloader.codecs.allowlist import check_field
 from shardloader.errors import InputError, StorageError
-from shardloader.format.base import ShardWriter
 from shardloader.format.keys import unsafe_key_reason
 from shardloader.pack.discover import TextRule
 from shardloader.pack.plan import ShardPlan
@@ -31,21 +31,24 @@ __all__ = ["fill_shard", "every_sample_skipped", "skip_record"]
 
 log = logging.getLogger(__name__)
 
+Add = Callable[[str, Mapping[str, bytes], int | None], None]  # a sample to the shard
+
 
 def fill_shard(
     spec: WriteSpec,
     plan: ShardPlan,
     run_bytes: Sequence[bytes | None],
-    writer: ShardWriter,
+    add: Add,
     skips: list[dict[str, Any]],
 ) -> int:
-    """Add the samples of ``plan`` to ``writer``, each read and checked first (``run_bytes``:
-    each line run's byte range, None for other samples); a bad sample fails the shard or is
-    recorded in ``skips`` (``spec.on_error``).  Returns the input bytes of those added."""
+    """Add the samples of ``plan`` through ``add`` (to the shard's writer), each read and
+    checked first (``run_bytes``: each line run's byte range, None for other samples); a bad
+    sample fails the shard or is recorded in ``skips`` (``spec.options.on_error``).  Returns
+    the input bytes of those added."""
     bytes_in = 0
     for sample, data in zip(plan.samples, run_bytes, strict=True):
         if data is not None:
-            bytes_in += _write_run(spec, sample, data, writer, plan.number, skips)  # type: ignore[arg-type]
+            bytes_in += _write_run(spec, sample, data, add, plan.number, skips)  # type: ignore[arg-type]
             continue
         assert isinstance(sample, SampleRef)
         try:
@@ -53,7 +56,7 @@ def fill_shard(
         except _Bad as bad:
             _refuse_or_skip(spec, bad, sample, plan.number, skips)
             continue
-        writer.add(sample.key, fields, length)
+        add(sample.key, fields, length)
         bytes_in += _input_size(sample)
     return bytes_in
 
@@ -154,7 +157,7 @@ def _load(spec: WriteSpec, sample: SampleRef) -> tuple[dict[str, bytes], int | N
     problem = unsafe_key_reason(sample.key)
     if problem is not None:  # readers refuse such keys: never write one
         raise _Bad(_key_reason(problem))
-    cap = spec.max_sample_size
+    cap = spec.options.max_sample_size
     if cap is not None:  # before any of it is read
         size = sum(v.size if isinstance(v, FileRef) else len(v) for _, v in sample.fields)
         if size > cap:
@@ -166,17 +169,22 @@ def _load(spec: WriteSpec, sample: SampleRef) -> tuple[dict[str, bytes], int | N
     for ext, value in sample.fields:
         ref = value if isinstance(value, FileRef) else None
         data: bytes = value if ref is None else _read(spec, ref)  # type: ignore[assignment]
-        codec = spec.fields[ext].codec
-        try:
-            if codec == "json":  # parse once: the text rule may need the value
-                parsed[ext] = _parse_json(data)
-            else:
-                check_field(codec, data, validate_images=spec.validate)
-        except InputError as err:
-            reason = _ADDRESS.sub("", str(err))  # PIL names object addresses: not reproducible
-            raise _Bad(f"field {ext!r}: {reason}", ref) from err
+        parsed[ext] = _checked(spec.fields[ext].codec, ext, data, spec.options.validate, ref)
         fields[ext] = data
     return fields, _measure(spec, fields, parsed.get("json"))
+
+
+def _checked(codec: str, ext: str, data: bytes, validate: bool, ref: FileRef | None) -> Any:
+    """Check field ``ext`` by its codec; a JSON field is parsed (once: the text rule may need
+    the value), and its value returned (None for other codecs)."""
+    try:
+        if codec == "json":
+            return _parse_json(data)
+        check_field(codec, data, validate_images=validate)
+        return None
+    except InputError as err:
+        reason = _ADDRESS.sub("", str(err))  # PIL names object addresses: not reproducible
+        raise _Bad(f"field {ext!r}: {reason}", ref) from err
 
 
 def _too_large(size: int, cap: int) -> str:
@@ -217,21 +225,17 @@ def _measure(spec: WriteSpec, fields: dict[str, bytes], value: Any) -> int | Non
 
 
 def _write_run(
-    spec: WriteSpec, run: LineRun, data: bytes, writer: Any, number: int, skips: list[dict]
+    spec: WriteSpec, run: LineRun, data: bytes, add: Add, number: int, skips: list[dict]
 ) -> int:
     """Check and add the lines of ``run`` (``data``: its byte range); return input bytes.
 
     The per-line path of :func:`_load` for one-field record samples, without building a
-    :class:`SampleRef` per line (one is built for a bad line, to name it).  A writer with
-    ``add_records`` (tar) takes the good lines in one call."""
+    :class:`SampleRef` per line (one is built for a bad line, to name it): this is the hot
+    loop of a text pack."""
     kind, stem, first = run.kind, run.stem, int(run.starts[0])
-    cap = spec.max_sample_size
+    cap, validate = spec.options.max_sample_size, spec.options.validate
     codec = spec.fields[kind].codec
     problem = unsafe_key_reason(run.key(0))  # the same for every line: only digits differ
-    is_json = codec == "json"
-    keys: list[str] = []
-    values: list[bytes] = []
-    lengths: list[int | None] = []
     bytes_in = 0
     for n, s, k in zip(
         run.numbers.tolist(), run.starts.tolist(), run.lengths.tolist(), strict=True
@@ -244,42 +248,15 @@ def _write_run(
             if cap is not None and k > cap:
                 raise _Bad(_too_large(k, cap))
             line = data[s - first : s - first + k]
-            try:
-                value = _parse_json(line) if is_json else None
-                if not is_json:
-                    check_field(codec, line)
-            except InputError as err:
-                raise _Bad(f"field {kind!r}: {err}") from err
             fields = {kind: line}
-            length = _measure(spec, fields, value)
+            length = _measure(spec, fields, _checked(codec, kind, line, validate, None))
         except _Bad as bad:
             sample = SampleRef(key, ((kind, line),), run.rel, f"line {n}")
             _refuse_or_skip(spec, bad, sample, number, skips)
             continue
         bytes_in += k
-        if len(fields) > 1:  # a derived field (tokens): this sample goes on its own
-            _add_records(writer, keys, kind, values, lengths)
-            keys, values, lengths = [], [], []
-            writer.add(key, fields, length)
-        else:
-            keys.append(key)
-            values.append(line)
-            lengths.append(length)
-    _add_records(writer, keys, kind, values, lengths)
+        add(key, fields, length)
     return bytes_in
-
-
-def _add_records(
-    writer: Any, keys: list[str], ext: str, values: list[bytes], lengths: list[int | None]
-) -> None:
-    if not keys:
-        return
-    add_records = getattr(writer, "add_records", None)
-    if add_records is not None:
-        add_records(keys, ext, values, lengths)
-        return
-    for key, value, length in zip(keys, values, lengths, strict=True):
-        writer.add(key, {ext: value}, length)
 
 
 def _refuse_or_skip(
@@ -293,7 +270,7 @@ def _refuse_or_skip(
         message = f"{spec.src.join(sample.file).url} {sample.where} (key {key!r}): {bad.reason}"
     else:
         message = f"sample {key!r}: {bad.reason}"
-    if spec.on_error == "fail":
+    if spec.options.on_error == "fail":
         raise InputError(f"{message}; fix or remove it, or pass --on-error skip") from None
     log.warning("skipping %s", message)
     file = ref.rel if ref is not None else sample.file

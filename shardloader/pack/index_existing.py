@@ -177,8 +177,7 @@ def _index(
     urls = _expand(shards, store)
     if not urls:
         raise UsageError("index needs at least one shard")
-    compressions = set()
-    formats: dict[str, Format] = {}
+    kinds: dict[tuple[str, str], Format] = {}  # (format, compression) of each shard
     for u in urls:
         found = shard_kind(u)
         if found is None and record_kind(u):
@@ -188,20 +187,15 @@ def _index(
             )
         if found is None:
             raise UsageError(f"{u}: not a {_kinds()}")
-        formats[found[0].name] = found[0]
-        compressions.add(found[1])
-    if len(formats) > 1:
-        raise UsageError(
-            f"shards mix formats {sorted(formats)}; one manifest has one format: index each "
-            "kind into its own OUT"
-        )
-    [fmt] = formats.values()
-    if len(compressions) > 1:
-        raise UsageError(
-            f"shards mix compressions {sorted(compressions)}; one manifest has one compression: "
-            "index each kind into its own OUT"
-        )
-    compression = compressions.pop()
+        kinds[found[0].name, found[1]] = found[0]
+    for i, what in enumerate(("format", "compression")):
+        seen = sorted({kind[i] for kind in kinds})
+        if len(seen) > 1:
+            raise UsageError(
+                f"shards mix {what}s {seen}; one manifest has one {what}: index each kind into "
+                "its own OUT"
+            )
+    [((_, compression), fmt)] = kinds.items()
     splits = _splits(urls)
     # a split's manifest: index.train.json (its shards' paths stay relative to OUT)
     names = [f"index.{k}.json" for k in splits] or [MANIFEST_NAME]

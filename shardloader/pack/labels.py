@@ -122,13 +122,10 @@ def attach_labels(
     left_out = [(f.rel, f"no label in {where}") for f in files if keys[f.rel] in gone] + extra
     if not by_key:
         raise InputError(f"--labels {where}: no file of SRC has a label in it")
-    values = list(by_key.values())
-    if all(_is_int(v) for v in values):
-        labels = {k: str(int(v)).encode("ascii") for k, v in by_key.items()}
-        return Labelled(labels, (), tuple(left_out))
-    classes = tuple(sorted(set(values)))
+    values = set(by_key.values())  # integers are the labels, else names of classes
+    classes = () if all(map(_is_int, values)) else tuple(sorted(values))
     index = {c: i for i, c in enumerate(classes)}
-    labels = {k: str(index[v]).encode("ascii") for k, v in by_key.items()}
+    labels = {k: str(index[v] if classes else int(v)).encode("ascii") for k, v in by_key.items()}
     return Labelled(labels, classes, tuple(left_out))
 
 

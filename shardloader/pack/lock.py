@@ -41,6 +41,8 @@ from dataclasses import asdict, dataclass
 from functools import partial
 from typing import Any
 
+import msgspec
+
 from shardloader.errors import OutputLockedError, StorageError, UsageError
 from shardloader.storage.classify import chain, status_and_code
 from shardloader.storage.s3client import S3Client
@@ -86,17 +88,10 @@ class Holder:
 
     @classmethod
     def from_json(cls, data: bytes) -> Holder | None:
+        """The record, its fields' types checked; None when it is not one."""
         try:
-            d = json.loads(data)
-            return cls(
-                str(d["command"]),
-                str(d["host"]),
-                int(d["pid"]),
-                float(d["started"]),
-                str(d["run_id"]),
-                None if d.get("expires") is None else float(d["expires"]),
-            )
-        except (ValueError, KeyError, TypeError):
+            return msgspec.json.decode(data, type=cls)
+        except msgspec.MsgspecError:
             return None
 
 
@@ -235,13 +230,7 @@ def _local_lock(out: Store, holder: Holder) -> Iterator[OutLock]:
 # -- object stores: a conditional PUT with a lease, renewed by a thread ------------------------
 
 
-def _code(err: BaseException) -> str | None:
-    """The S3 error code behind an s3fs-translated error (``PreconditionFailed``, ...)."""
-    codes = (status_and_code(seen)[1] for seen in chain(err))
-    return next((code for code in codes if code), None)
-
-
-_CONFLICT = ("PreconditionFailed", "412", "ConditionalRequestConflict", "409")
+_CONFLICT = {"PreconditionFailed", "412", "ConditionalRequestConflict", "409"}
 
 
 class _Remote:
@@ -270,32 +259,20 @@ class _Remote:
     def _call(self, name: str, **kwargs: Any) -> Any:
         """One S3 call; a failed precondition comes back as None instead of an error, a
         missing object as {}."""
-        if self.client is not None:
-            return self._call_client(self.client, name, **kwargs)
         try:
-            if name == "get_object":
+            if self.client is None and name == "get_object":
                 from fsspec.asyn import sync
 
                 return sync(self.fs.loop, self._get)
-            return self.fs.call_s3(name, Bucket=self.bucket, Key=self.key, **kwargs)
-        except OSError as err:
-            if _code(err) in _CONFLICT:
+            if self.client is None:
+                return self.fs.call_s3(name, Bucket=self.bucket, Key=self.key, **kwargs)
+            found = self.client.call(name, self.store.url, **kwargs)
+        except Exception as err:  # botocore's errors carry the S3 code, s3fs's their causes
+            codes = {str(c) for seen in chain(err) for c in status_and_code(seen) if c}
+            if codes & _CONFLICT:
                 return None
-            if name in ("get_object", "delete_object") and isinstance(err, FileNotFoundError):
-                return {}
-            raise
-
-    def _call_client(self, client: S3Client, name: str, **kwargs: Any) -> Any:
-        """:meth:`_call` through botocore, whose errors carry the S3 code themselves."""
-        try:
-            found = client.call(name, self.store.url, **kwargs)
-        except Exception as err:
-            status, code = status_and_code(err)
-            if code in _CONFLICT or str(status) in _CONFLICT:
-                return None
-            if name in ("get_object", "delete_object") and (
-                code in ("NoSuchKey", "404") or status == 404
-            ):
+            missing = isinstance(err, FileNotFoundError) or codes & {"NoSuchKey", "404"}
+            if name in ("get_object", "delete_object") and missing:
                 return {}
             raise
         if name == "get_object":

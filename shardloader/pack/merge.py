@@ -17,7 +17,7 @@ import json
 import logging
 import os
 import tempfile
-import uuid
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -101,7 +101,7 @@ def _shared_extra(m: Manifest) -> dict[str, Any]:
 def _copy_verified(src: Store, dst: Store, sha256: str, staging: str, run_id: str) -> int:
     """Copy ``src`` to ``dst`` through a temporary file, checking its sha256."""
     name = dst.url.rsplit("/", 1)[-1]
-    tmp = os.path.join(staging, f".{name}.tmp-{uuid.uuid4().hex}")
+    tmp = os.path.join(staging, f".{name}.tmp-{run_id}")
     try:
         with src.open_read() as fin, open(tmp, "wb") as fout:
             read = HashingReader(fin)
@@ -137,11 +137,13 @@ def merge(
     or a Store carrying them; the part folders are read with the same options and policy.
     """
     store = as_store(out, storage_options, retry)
-    with out_lock(store, "merge"):  # NOTE [the OUT lock] in pack/lock.py
-        return _merge(part_dirs, store, mode, overwrite)
+    with out_lock(store, "merge") as lock:  # NOTE [the OUT lock] in pack/lock.py
+        return _merge(part_dirs, store, mode, overwrite, lock.run_id)
 
 
-def _merge(part_dirs: Sequence[str], store: Store, mode: str, overwrite: bool) -> MergeReport:
+def _merge(
+    part_dirs: Sequence[str], store: Store, mode: str, overwrite: bool, run_id: str
+) -> MergeReport:
     if mode not in ("auto", "copy", "reference"):
         raise UsageError(f"merge mode {mode!r}: choose 'auto', 'copy' or 'reference'")
     if not part_dirs:
@@ -181,7 +183,6 @@ def _merge(part_dirs: Sequence[str], store: Store, mode: str, overwrite: bool) -
     os.makedirs(staging, exist_ok=True)
     shards = []
     copied = 0
-    run_id = uuid.uuid4().hex
     for number in sorted(by_number):
         shard, base, rel = by_number[number]
         if mode == "reference":
@@ -201,22 +202,9 @@ def _merge(part_dirs: Sequence[str], store: Store, mode: str, overwrite: bool) -
     note_skips(store, skips, extra)
     counts = [m.extra.get("field_samples") for _, m, _, _ in loaded]
     if all(isinstance(c, dict) for c in counts):  # samples holding each extension, summed
-        total: dict[str, int] = {}
-        for c in counts:
-            for ext, n in c.items():  # type: ignore[union-attr]
-                total[ext] = total.get(ext, 0) + int(n)
+        total: Counter[str] = sum(map(Counter, counts), Counter())
         extra["field_samples"] = dict(sorted(total.items()))
-    manifest = Manifest(
-        format=first.format,
-        compression=first.compression,
-        fields=first.fields,
-        shards=shards,
-        classes=first.classes,
-        layout=first.layout,
-        length_field=first.length_field,
-        extra=extra,
-        aliases=first.aliases,
-    )
+    manifest = replace(first, shards=shards, extra=extra)  # the rest is the same in every part
     store.join(MANIFEST_NAME).write_bytes_atomic(manifest.to_json())
     if existing:
         remove_stale(store, existing, manifest, None, old)

@@ -14,10 +14,11 @@ import re
 from collections.abc import Collection, Iterable
 from typing import Any
 
-from shardloader.errors import ManifestError, OutputExistsError, StorageError, UsageError
+from shardloader.errors import OutputExistsError, StorageError, UsageError
 from shardloader.format.registry import get_format, known_formats
 from shardloader.manifest import MANIFEST_NAME, Manifest
 from shardloader.pack.lock import LOCK_NAME
+from shardloader.pack.replace import finished_manifest
 from shardloader.storage.store import Store
 from shardloader.storage.uploads import JOURNAL, abort_recorded
 
@@ -98,14 +99,8 @@ def open_out(
 
 def _old_manifest_paths(out: Store) -> set[str]:
     """Shard and sidecar paths listed by an existing manifest in ``out`` (none if unreadable)."""
-    store = out.join(MANIFEST_NAME)
-    url = store.url
-    if not store.exists():
-        return set()
-    try:
-        manifest = Manifest.from_json(store.read_bytes(), url)
-    except (ManifestError, StorageError) as err:
-        log.warning("%s: ignoring unreadable old manifest (%s)", url, err)
+    manifest = finished_manifest(out)
+    if manifest is None:
         return set()
     paths = set()
     for s in manifest.shards:

@@ -27,9 +27,6 @@ __all__ = [
     "Piece",
     "ShardPlan",
     "Planner",
-    "field_size",
-    "sample_raw_size",
-    "tar_header_size",
     "shard_names",
     "part_of",
 ]
@@ -52,24 +49,6 @@ class ShardPlan:
         return sum(p.num_lines if isinstance(p, LineRun) else 1 for p in self.samples)
 
 
-def tar_header_size(name: str, size: int) -> int:
-    """Bytes of the pax/ustar header(s) format/tar/writer.py writes for a member, exactly."""
-    from shardloader.format.tar.writer import header_size
-
-    return header_size(name, size)
-
-
-def field_size(value: object) -> int:
-    return len(value) if isinstance(value, bytes) else value.size  # type: ignore[attr-defined]
-
-
-def sample_raw_size(fmt: str, sample: SampleRef) -> int:
-    """Uncompressed bytes the sample adds to a shard of format ``fmt``."""
-    return get_format(fmt).sample_raw_size(
-        sample.key, [(ext, field_size(v)) for ext, v in sample.fields]
-    )
-
-
 class Planner:
     """Groups samples into :class:`ShardPlan` s; ``current`` is the shard being filled.
 
@@ -79,7 +58,6 @@ class Planner:
     """
 
     def __init__(self, fmt: str, shard_size: int, max_samples: int | None) -> None:
-        self.fmt = fmt
         self.format = get_format(fmt)
         self.shard_size = shard_size
         self.max_samples = max_samples

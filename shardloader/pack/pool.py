@@ -26,9 +26,7 @@ from shardloader.pack.write import worker_init
 if TYPE_CHECKING:
     from shardloader.pack.options import PackOptions
 
-__all__ = ["EXECUTORS", "Executor", "Inline", "Pool", "PRELOAD", "make_executor"]
-
-EXECUTORS = ("local", "ray")
+__all__ = ["Executor", "Inline", "Pool", "PRELOAD", "make_executor"]
 
 
 class Executor(Protocol):

@@ -18,6 +18,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -93,7 +94,7 @@ def pack(
     executor = make_executor(options)
     try:
         with out_lock(out_store, "pack") as lock:  # NOTE [the OUT lock] in pack/lock.py
-            return _pack(src, out, options, progress, start, executor, lock)
+            return _pack(source_store, out_store, options, progress, start, executor, lock)
     except BaseException:
         executor.abort()
         raise
@@ -102,15 +103,14 @@ def pack(
 
 
 def _pack(
-    src: str,
-    out: str,
+    source_store: Store,
+    out_store: Store,
     options: PackOptions,
     progress: Callable[[PackProgress], None] | None,
     start: float,
     executor: Executor,
     lock: OutLock,
 ) -> PackReport:
-    source_store, out_store = options.store(src), options.store(out)
     existing, old = open_out(out_store, overwrite=options.overwrite, resume=options.resume)
     source = discover(
         source_store,
@@ -121,7 +121,7 @@ def _pack(
         labels=options.labels,
         on_error=options.on_error,
     )
-    source, fields, tok_meta = token_source(src, source, options)  # pack/tokenizer.py
+    source, fields, tok_meta = token_source(source_store.url, source, options)  # pack/tokenizer.py
 
     parted = options.num_parts > 1
     finished = finished_manifest(out_store) if existing else None
@@ -147,16 +147,11 @@ def _pack(
         out=out_store,
         staging=staging,
         run_id=lock.run_id,
-        fmt=options.format,
-        compression=options.compression,
+        options=options,
         fields=fields,
         options_digest=_options_digest(options, source, fields, tok_meta),
-        validate=options.validate,
-        on_error=options.on_error,
         text=source.text,
         tokenizer=tok_meta["path"] if tok_meta else None,
-        resume=options.resume,
-        max_sample_size=options.max_sample_size,
     )
     run = _Run(spec, progress, start, None if parted else source.total_bytes)
     run.defer = finished is not None and options.overwrite  # placed once every shard is written
@@ -232,7 +227,7 @@ def _pack(
     if existing:
         remove_stale(out_store, existing, manifest, options.part if parted else None, old)
     return PackReport(
-        out=out,
+        out=out_store.url,
         manifest=manifest,
         samples=manifest.num_samples,
         shards=len(shards),
@@ -266,7 +261,7 @@ class _Run:
         self.infos: dict[int, ShardInfo] = {}
         self.skips: list[dict[str, Any]] = []
         self.samples = self.bytes_in = self.bytes_out = self.kept = 0
-        self.field_samples: dict[str, int] | None = {}  # None once a shard has no count
+        self.field_samples: Counter[str] | None = Counter()  # None once a shard has no count
         self.uploads = Uploads()
         self.defer = False  # hold finished shards under temporary names until all are written
         self.deferred: list[ShardResult] = []
@@ -339,8 +334,7 @@ class _Run:
         if r.field_samples is None or self.field_samples is None:
             self.field_samples = None
         else:
-            for ext, n in r.field_samples.items():
-                self.field_samples[ext] = self.field_samples.get(ext, 0) + n
+            self.field_samples.update(r.field_samples)
         self.samples += r.info.num_samples
         self.bytes_in += r.bytes_in
         self.bytes_out += r.info.bytes

@@ -15,6 +15,7 @@ from typing import Any
 from shardloader.format.registry import format_module
 from shardloader.manifest import FieldInfo, ShardInfo
 from shardloader.pack.discover import TextRule
+from shardloader.pack.options import PackOptions
 from shardloader.pack.plan import ShardPlan
 from shardloader.storage.store import Store
 
@@ -29,22 +30,18 @@ class WriteSpec:
     out: Store  # final location; shards are checked there on resume
     staging: str  # local folder for temporary shards (OUT itself when OUT is local)
     run_id: str
-    fmt: str
-    compression: str
+    # the run's options: format, compression, validate, on_error, resume, max_sample_size
+    options: PackOptions
     fields: Mapping[str, FieldInfo]
     options_digest: str
-    validate: bool = False
-    on_error: str = "fail"
     text: TextRule | None = None
     tokenizer: str | None = None  # local path of a Hugging Face tokenizers JSON file
-    resume: bool = False
-    max_sample_size: int | None = None  # PackOptions.max_sample_size
     # where the format is defined: a worker process imports it (a third-party format)
     format_module: str = ""
 
     def __post_init__(self) -> None:
         if not self.format_module:
-            object.__setattr__(self, "format_module", format_module(self.fmt))
+            object.__setattr__(self, "format_module", format_module(self.options.format))
 
     def input(self, url: str) -> Store:
         """The store of an input file's URL, with the source's options and policy."""

@@ -244,8 +244,9 @@ def table_columns(f: InputFile, kind: str, store: Store, columns: Sequence[str])
         names = list(schema_of(table, kind).names)
         count.saw(names)
         wanted = [c for c in columns if c in names]
-        if not wanted:
-            count.records = count.missing = _num_rows_of(table, kind)
+        if not wanted:  # a Parquet file says; an Arrow one is counted
+            rows = table.metadata.num_rows if kind == "parquet" else sum(map(len, batches(table)))
+            count.records = count.missing = int(rows)
             return count
         for batch in batches(table, wanted, _BATCH * 4):
             valid = np.zeros(batch.num_rows, bool)
@@ -259,11 +260,3 @@ def table_columns(f: InputFile, kind: str, store: Store, columns: Sequence[str])
     finally:
         if kind == "parquet":
             table.close(force=True)
-
-
-def _num_rows_of(table: Any, kind: str) -> int:
-    if kind == "parquet":
-        return int(table.metadata.num_rows)
-    if hasattr(table, "num_record_batches"):
-        return sum(table.get_batch(i).num_rows for i in range(table.num_record_batches))
-    return sum(batch.num_rows for batch in table)

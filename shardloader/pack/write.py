@@ -21,7 +21,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import replace
 from typing import Any
 
@@ -161,7 +161,7 @@ def write_shard(spec: WriteSpec, task: ShardTask) -> ShardResult:
         read_run(p, spec.input(p.url)) if isinstance(p, LineRun) else None for p in plan.samples
     ]
     digest = plan_digest(spec.options_digest, plan, run_bytes)
-    if spec.resume:
+    if spec.options.resume:
         kept = _try_keep(spec, task, digest)
         if kept is not None:
             return kept
@@ -169,16 +169,26 @@ def write_shard(spec: WriteSpec, task: ShardTask) -> ShardResult:
     skips: list[dict[str, Any]] = []
     try:
         with writing(f"shard {spec.out.join(task.name).url} (writing {tmp})"), open(tmp, "wb") as f:
-            writer = _Counting(
-                get_format(spec.fmt, spec.format_module).writer(f, spec.compression, spec.fields)
+            writer = get_format(spec.options.format, spec.format_module).writer(
+                f, spec.options.compression, spec.fields
             )
-            bytes_in = fill_shard(spec, plan, run_bytes, writer, skips)
+            # samples holding each field (absent is not 0 bytes): ``inspect`` and the pack
+            # summary say "txt in 432 of 480 samples" from these counts
+            counts: dict[str, int] = {}
+
+            def add(key: str, fields: Mapping[str, bytes], length: int | None) -> None:
+                writer.add(key, fields, length)
+                for ext in fields:  # a loop: Counter.update costs more a sample
+                    counts[ext] = counts.get(ext, 0) + 1
+
+            bytes_in = fill_shard(spec, plan, run_bytes, add, skips)
             written: WrittenShard = writer.close()
             f.flush()
             if spec.out.is_local:  # a remote OUT's temporary is only read back to upload it:
                 os.fsync(f.fileno())  # durability is the store's, and a crash loses it anyway
     except BaseException:
-        _remove(tmp)
+        with suppress(FileNotFoundError):
+            os.remove(tmp)
         raise
     meta = {
         "plan_digest": digest,
@@ -188,34 +198,10 @@ def write_shard(spec: WriteSpec, task: ShardTask) -> ShardResult:
         "num_samples": written.num_samples,
         "bytes_in": bytes_in,
         "skips": skips,
-        "field_samples": dict(sorted(writer.counts.items())),
+        "field_samples": dict(sorted(counts.items())),
     }
     sidecar = sidecar_bytes(written.index, meta)
     return _result(task, meta, sidecar, temp=tmp, sidecar=sidecar)
-
-
-class _Counting:
-    """A shard writer that counts the samples holding each field (absent is not 0 bytes):
-    ``inspect`` and the pack summary say "txt in 432 of 480 samples" from these counts."""
-
-    def __init__(self, writer: Any) -> None:
-        self.writer = writer
-        self.counts: dict[str, int] = {}
-
-    def add(self, key: str, fields: Mapping[str, bytes], length: int | None = None) -> None:
-        self.writer.add(key, fields, length)
-        for ext in fields:
-            self.counts[ext] = self.counts.get(ext, 0) + 1
-
-    def close(self) -> WrittenShard:
-        return self.writer.close()  # type: ignore[no-any-return]
-
-
-def _remove(path: str) -> None:
-    try:
-        os.remove(path)
-    except FileNotFoundError:
-        pass
 
 
 def place_shard(spec: WriteSpec, r: ShardResult) -> ShardResult:

@@ -22,6 +22,7 @@ a set of samples with a thousand fields.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Collection, Iterator, Sequence
 
 from shardloader.codecs.allowlist import IMAGE_EXTENSIONS, codec_for_extension
@@ -51,13 +52,10 @@ def junk(samples: dict[str, set[str]]) -> tuple[set[str], tuple[str, ...]]:
     kind (its set of fields) is rare, held by one sample or by under 5 % of them: a
     ``val_labels.csv`` among images, not the ``.flac`` half of a folder of ``.wav`` and
     ``.flac`` files.  Nothing is junk when no field is that common."""
-    counts: dict[str, int] = {}
-    kinds: dict[frozenset[str], int] = {}
-    for exts in samples.values():
-        families = frozenset(_family(e) for e in exts)
-        kinds[families] = kinds.get(families, 0) + 1
-        for family in families:
-            counts[family] = counts.get(family, 0) + 1
+    kinds = Counter(frozenset(map(_family, exts)) for exts in samples.values())
+    counts: Counter[str] = Counter()  # samples holding each family
+    for families, n in kinds.items():
+        counts.update(dict.fromkeys(families, n))
     common = tuple(sorted(f for f, n in counts.items() if 2 * n > len(samples)))
     if not common:
         return set(), common

@@ -171,11 +171,6 @@ def _lone_cr(chunk: bytes | mmap.mmap, start: int, after_cr: bool) -> bool:
     return False
 
 
-def _slices(chunk: bytes | mmap.mmap, start: int) -> Iterator[bytes]:
-    for a in range(start, len(chunk), _READ_CHUNK):
-        yield chunk[a : a + _READ_CHUNK]
-
-
 def _scan(
     f: InputFile, kind: str, stem: str, chunks: Iterable[bytes | mmap.mmap]
 ) -> Iterator[LineRun | SampleRef]:
@@ -196,7 +191,8 @@ def _scan(
         if _lone_cr(chunk, start, after_cr):
             rest = [b"".join(pending)] if pending else []
             more = (bytes(c) for c in chunks)
-            lines = _split_lines(itertools.chain(rest, _slices(chunk, start), more), bom=False)
+            here = (chunk[a : a + _READ_CHUNK] for a in range(start, len(chunk), _READ_CHUNK))
+            lines = _split_lines(itertools.chain(rest, here, more), bom=False)
             yield from _numbered(f, kind, stem, lines, number)
             return
         after_cr = chunk[-1:] == b"\r"
