@@ -50,6 +50,7 @@ from shardloader.errors import (
     UsageError,
 )
 from shardloader.storage.cachedir import (
+    DEFAULT_SOURCES,
     DIR_ENV,
     LOCK,
     MARKER,
@@ -60,7 +61,6 @@ from shardloader.storage.cachedir import (
     cache_name,
     cache_root,
     dataset_folders,
-    is_default_root,
     lock_file,
     remove_entry,
     remove_quietly,
@@ -92,8 +92,8 @@ class ShardCache:
 
     def __init__(self, options: CacheOptions, fingerprint: str, source: str = "") -> None:
         self.source = source  # the dataset's URL, noted in the folder's marker for cache info
-        self.root = cache_root(options.dir)
-        self._default_root = is_default_root(options.dir)
+        self.root, root_source = cache_root(options.dir)
+        self._default_root = root_source in DEFAULT_SOURCES
         self.folder = os.path.join(self.root, fingerprint)
         self._explicit = options.max_bytes is not None or bool(os.environ.get(MAX_BYTES_ENV))
         self._asked = options.max_bytes

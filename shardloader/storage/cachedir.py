@@ -62,26 +62,25 @@ LOCK = ".lock"
 TEMP_MARKS = (".tmp-", ".download-")
 ROOM_NOTE = ".room"  # at the root: what it holds, as last counted (NOTE [room note])
 ROOM_LOCK = ".room.lock"  # at the root: held while a stager makes room (NOTE [reservations])
+DIR_SOURCE = "dir"  # a root given by the caller (CacheOptions(dir=...), --cache-dir)
+DEFAULT_SOURCES = ("$XDG_CACHE_HOME/shardloader", "default")  # shardloader's own folder
 
 log = logging.getLogger(__name__)
 
 
-def cache_root(dir: str | None = None) -> str:
-    """The cache root: ``dir``, else ``$SHARDLOADER_CACHE_DIR``, else
-    ``$XDG_CACHE_HOME/shardloader``, else ``~/.cache/shardloader``."""
+def cache_root(dir: str | None = None) -> tuple[str, str]:
+    """(the cache root, where it comes from): ``dir``, else ``$SHARDLOADER_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/shardloader``, else ``~/.cache/shardloader`` (the last two are
+    shardloader's own folder: :data:`DEFAULT_SOURCES`)."""
     if dir:
-        return os.path.abspath(os.path.expanduser(dir))
+        return os.path.abspath(os.path.expanduser(dir)), DIR_SOURCE
     env = os.environ.get(DIR_ENV)
     if env:
-        return os.path.abspath(os.path.expanduser(env))
+        return os.path.abspath(os.path.expanduser(env)), f"${DIR_ENV}"
     xdg = os.environ.get("XDG_CACHE_HOME", "")
-    base = xdg if os.path.isabs(xdg) else os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "shardloader")
-
-
-def is_default_root(dir: str | None = None) -> bool:
-    """Whether :func:`cache_root` (of ``dir``) is the default one, shardloader's own folder."""
-    return not dir and not os.environ.get(DIR_ENV)
+    if os.path.isabs(xdg):
+        return os.path.join(xdg, "shardloader"), DEFAULT_SOURCES[0]
+    return os.path.join(os.path.expanduser("~"), ".cache", "shardloader"), DEFAULT_SOURCES[1]
 
 
 def cache_name(name: str) -> str:
