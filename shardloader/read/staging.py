@@ -24,8 +24,7 @@ from shardloader.format.embedded import TAIL_KEEP
 from shardloader.manifest import Manifest, SampleIndex, ShardInfo
 from shardloader.schema import sidecar_bound
 from shardloader.storage.cache import ShardCache
-from shardloader.storage.localfiles import open_regular
-from shardloader.storage.private import create_private, open_private
+from shardloader.storage.private import create_private, open_private, open_regular
 from shardloader.storage.store import Store
 from shardloader.storage.streams import BoundedReader, TailReader
 
