@@ -197,8 +197,7 @@ class ShardCache:
         then finds the copy).
         """
         final = self.path_for(name)
-        if os.path.exists(final):
-            touch(final)
+        if touch(final):
             return final
         self._ensure_folder()  # `cache clear` may have removed it since
         try:
@@ -209,8 +208,7 @@ class ShardCache:
         if lock is None:
             return None
         with lock:
-            if os.path.exists(final):
-                touch(final)
+            if touch(final):
                 return final
             reserved: str | None = self._reserve(raw_bytes, final)
             for attempt in (1, 2):

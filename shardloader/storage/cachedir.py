@@ -165,12 +165,13 @@ def marker_sources(marker: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(x[len(_SOURCE) :] for x in lines if x.startswith(_SOURCE)))
 
 
-def touch(path: str) -> None:
-    """Mark a staged copy as used now: eviction goes by last use."""
+def touch(path: str) -> bool:
+    """Mark a staged copy as used now (eviction goes by last use); False: there is none."""
     try:
         os.utime(path, follow_symlinks=False)
     except FileNotFoundError:
-        pass
+        return False
+    return os.path.exists(path)  # a dangling link is no copy
 
 
 def remove_quietly(path: str) -> None:

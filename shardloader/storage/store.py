@@ -120,10 +120,7 @@ class Store:
     def client(self) -> ObjectClient | None:
         """This process's fast client for the store's protocol and options (None: fsspec)."""
         make = None if self.is_local else protocol_defaults(self.protocol).client
-        if make is None:
-            return None
-        found: ObjectClient | None = client_for(self.protocol, self.options, self.retry, make)
-        return found
+        return None if make is None else client_for(self.protocol, self.options, self.retry, make)
 
     def open_stream(
         self,
