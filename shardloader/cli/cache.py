@@ -26,7 +26,7 @@ __all__ = ["cache_group", "info_command", "clear_command"]
 
 
 if TYPE_CHECKING:
-    from shardloader.storage.cachedir import ClearReport, DatasetUsage
+    from shardloader.storage.cachedir import ClearReport
 
 # = shardloader.storage.cachedir.DIR_ENV; that module is imported when a command runs (importing
 # shardloader.storage pulls in fsspec, too slow for --help)
@@ -97,7 +97,7 @@ def info_command(
                     "limit": limit,
                     "limit_source": limit_source,
                     "bytes": total,
-                    "datasets": [_dataset_dict(d) for d in datasets],
+                    "datasets": [dataclasses.asdict(d) for d in datasets],
                     "legacy": None if legacy is None else {"root": legacy[0], "bytes": legacy[1]},
                 },
                 indent=1,
@@ -112,7 +112,7 @@ def info_command(
         f"{'' if len(datasets) == 1 else 's'}",
     ]
     for d in datasets:
-        other = f" (+{d.other} sample indexes/lengths)" if d.other else ""
+        other = f" (+{d.other_files} sample indexes/lengths)" if d.other_files else ""
         lines.append(
             f"    {d.fingerprint}  {d.shards:>5} shards{other}  {human_bytes(d.bytes):>9}  "
             f"last used {_when(d.last_used)}"
@@ -125,12 +125,6 @@ def info_command(
             f"{human_bytes(legacy[1])}: `shardloader cache clear` removes it"
         )
     click.echo("\n".join(lines))
-
-
-def _dataset_dict(d: DatasetUsage) -> dict[str, object]:
-    out = dataclasses.asdict(d)
-    out["other_files"] = out.pop("other")
-    return out
 
 
 @cache_group.command("clear")

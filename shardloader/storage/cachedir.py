@@ -197,10 +197,10 @@ class DatasetUsage:
 
     fingerprint: str
     folder: str
-    shards: int  # staged shards (sample indexes and lengths are counted apart, in other)
+    shards: int  # staged shards (sample indexes and lengths are counted apart, in other_files)
     bytes: int
     last_used: float | None
-    other: int = 0  # staged sample indexes (sidecars) and the lengths file
+    other_files: int = 0  # staged sample indexes (sidecars) and the lengths file
     sources: tuple[str, ...] = ()  # the dataset URLs read through this folder
 
 
