@@ -32,6 +32,7 @@ over many small shards time quadratic in their number.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -149,11 +150,9 @@ class ShardCache:
             return
         assert lock is not None  # wait=True
         with lock:
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 if inode is None or os.stat(final, follow_symlinks=False).st_ino == inode:
                     os.remove(final)
-            except FileNotFoundError:
-                pass
 
     def require(self, needed: int) -> None:
         """Fail at start, not with a throughput cliff, when an explicit limit cannot hold what
@@ -404,7 +403,5 @@ def note_room(root: str, used: int, counted: float | None = None) -> None:
             f.write(f"{used} {counted!r}\n".encode())
         os.replace(tmp, path)
     except OSError:  # a note is only a shortcut: without it the next stager counts
-        try:
+        with contextlib.suppress(OSError):
             os.remove(tmp)
-        except OSError:
-            pass

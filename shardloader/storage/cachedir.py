@@ -23,6 +23,7 @@ through that process's open file (POSIX unlink semantics); its space returns whe
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import logging
@@ -175,10 +176,8 @@ def touch(path: str) -> bool:
 
 
 def remove_quietly(path: str) -> None:
-    try:
+    with contextlib.suppress(FileNotFoundError):
         os.remove(path)
-    except FileNotFoundError:
-        pass
 
 
 @dataclass(frozen=True)
@@ -306,12 +305,10 @@ def remove_entry(entry: Entry) -> int | None:
     freed = 0
     try:
         for path in [*entry.files, entry.base]:
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 size = os.stat(path, follow_symlinks=False).st_size
                 os.remove(path)
                 freed += size
-            except FileNotFoundError:
-                pass
         os.remove(lock_path)  # still ours: nobody else can hold it now (NOTE above)
     except FileNotFoundError:
         pass

@@ -14,6 +14,7 @@ reading through fsspec is a :class:`RetryingReader`.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import uuid
@@ -247,10 +248,8 @@ class Store:
     def remove(self) -> None:
         """Delete the object; a missing one is fine."""
         if self.is_local:
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 os.remove(self.local_path)
-            except FileNotFoundError:
-                pass
             return
         fs, path = self.filesystem()
         self.call(partial(_remove, fs, path), "delete")
@@ -393,7 +392,5 @@ def _find(fs: fsspec.AbstractFileSystem, path: str) -> list[str]:
 
 
 def _remove(fs: fsspec.AbstractFileSystem, path: str) -> None:
-    try:
+    with contextlib.suppress(FileNotFoundError):
         fs.rm_file(path)
-    except FileNotFoundError:
-        pass
