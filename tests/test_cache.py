@@ -117,14 +117,16 @@ def test_root_explicit_then_env_then_xdg_then_home(monkeypatch, tmp_path):
     monkeypatch.delenv("SHARDLOADER_CACHE_DIR", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
-    assert cachedir.cache_root() == str(tmp_path / "home" / ".cache" / "shardloader")
+    home = str(tmp_path / "home" / ".cache" / "shardloader")
+    assert cachedir.cache_root() == (home, "default")
     monkeypatch.setenv("XDG_CACHE_HOME", "relative/ignored")  # the spec says absolute only
-    assert cachedir.cache_root() == str(tmp_path / "home" / ".cache" / "shardloader")
+    assert cachedir.cache_root() == (home, "default")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert cachedir.cache_root() == str(tmp_path / "xdg" / "shardloader")
+    xdg = str(tmp_path / "xdg" / "shardloader")
+    assert cachedir.cache_root() == (xdg, "$XDG_CACHE_HOME/shardloader")
     monkeypatch.setenv("SHARDLOADER_CACHE_DIR", str(tmp_path / "env"))
-    assert cachedir.cache_root() == str(tmp_path / "env")
-    assert cachedir.cache_root(str(tmp_path / "mine")) == str(tmp_path / "mine")
+    assert cachedir.cache_root() == (str(tmp_path / "env"), "$SHARDLOADER_CACHE_DIR")
+    assert cachedir.cache_root(str(tmp_path / "mine")) == (str(tmp_path / "mine"), "dir")
 
 
 def test_a_dataset_without_options_stages_under_xdg_cache_home(monkeypatch, tmp_path):

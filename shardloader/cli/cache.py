@@ -26,7 +26,7 @@ __all__ = ["cache_group", "info_command", "clear_command"]
 
 
 if TYPE_CHECKING:
-    from shardloader.storage.cachedir import ClearReport, DatasetUsage
+    from shardloader.storage.cachedir import ClearReport
 
 # = shardloader.storage.cachedir.DIR_ENV; that module is imported when a command runs (importing
 # shardloader.storage pulls in fsspec, too slow for --help)
@@ -45,14 +45,12 @@ def cache_group() -> None:
     """Inspect or empty the node-local cache of staged shards."""
 
 
-def _root_source(cache_dir: str | None) -> str:
-    if cache_dir:
-        return "--cache-dir"
-    if os.environ.get(DIR_ENV):
-        return f"${DIR_ENV}"
-    if os.path.isabs(os.environ.get("XDG_CACHE_HOME", "")):
-        return "$XDG_CACHE_HOME/shardloader"
-    return "default"
+def _root(cache_dir: str | None) -> tuple[str, str]:
+    """(the cache root, where it comes from, as this command's user names it)."""
+    from shardloader.storage.cachedir import DIR_SOURCE, cache_root
+
+    root, source = cache_root(cache_dir)
+    return root, "--cache-dir" if source == DIR_SOURCE else source
 
 
 def _when(t: float | None) -> str:
@@ -78,15 +76,9 @@ def info_command(
     if uploads_out is not None:
         _uploads_info(uploads_out, storage_options(storage_option), as_json)
         return
-    from shardloader.storage.cachedir import (
-        cache_limit,
-        cache_root,
-        legacy_root,
-        root_problem,
-        usage,
-    )
+    from shardloader.storage.cachedir import cache_limit, legacy_root, root_problem, usage
 
-    root = cache_root(cache_dir)
+    root, root_source = _root(cache_dir)
     refused = root_problem(root)
     datasets = sorted(usage(root), key=lambda d: d.last_used or 0.0, reverse=True)
     limit, limit_source = cache_limit(root)
@@ -100,12 +92,12 @@ def info_command(
             json.dumps(
                 {
                     "root": root,
-                    "root_source": _root_source(cache_dir),
+                    "root_source": root_source,
                     "refused": refused,
                     "limit": limit,
                     "limit_source": limit_source,
                     "bytes": total,
-                    "datasets": [_dataset_dict(d) for d in datasets],
+                    "datasets": [dataclasses.asdict(d) for d in datasets],
                     "legacy": None if legacy is None else {"root": legacy[0], "bytes": legacy[1]},
                 },
                 indent=1,
@@ -113,14 +105,14 @@ def info_command(
         )
         return
     lines = [
-        f"cache root {root}  ({_root_source(cache_dir)})",
+        f"cache root {root}  ({root_source})",
         *([f"  refused  it {refused}: runs and `cache clear` will not use it"] if refused else []),
         f"  limit    {human_bytes(limit)}  ({limit_source})",
         f"  total    {human_bytes(total)} in {len(datasets)} dataset"
         f"{'' if len(datasets) == 1 else 's'}",
     ]
     for d in datasets:
-        other = f" (+{d.other} sample indexes/lengths)" if d.other else ""
+        other = f" (+{d.other_files} sample indexes/lengths)" if d.other_files else ""
         lines.append(
             f"    {d.fingerprint}  {d.shards:>5} shards{other}  {human_bytes(d.bytes):>9}  "
             f"last used {_when(d.last_used)}"
@@ -135,21 +127,15 @@ def info_command(
     click.echo("\n".join(lines))
 
 
-def _dataset_dict(d: DatasetUsage) -> dict[str, object]:
-    out = dataclasses.asdict(d)
-    out["other_files"] = out.pop("other")
-    return out
-
-
 @cache_group.command("clear")
 @click.argument("fingerprint", required=False)
 @_cache_dir
 def clear_command(fingerprint: str | None, cache_dir: str | None) -> None:
     """Remove staged shards: all, or one dataset's (FINGERPRINT, or a unique prefix of it, as
     `cache info` lists them).  Safe while other processes use the cache."""
-    from shardloader.storage.cachedir import cache_root, clear, legacy_root, usage
+    from shardloader.storage.cachedir import clear, legacy_root, usage
 
-    root = cache_root(cache_dir)
+    root = _root(cache_dir)[0]
     roots = [root]
     if fingerprint is not None:
         known = [d.fingerprint for d in usage(root)]

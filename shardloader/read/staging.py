@@ -23,8 +23,7 @@ from shardloader.format.embedded import TAIL_KEEP
 from shardloader.manifest import SampleIndex, ShardInfo
 from shardloader.schema import sidecar_bound
 from shardloader.storage.cache import ShardCache
-from shardloader.storage.localfiles import open_regular
-from shardloader.storage.private import create_private, open_private
+from shardloader.storage.private import create_private, open_private, open_regular
 from shardloader.storage.streams import BoundedReader, TailReader
 
 if TYPE_CHECKING:

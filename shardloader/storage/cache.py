@@ -32,6 +32,7 @@ over many small shards time quadratic in their number.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -50,6 +51,7 @@ from shardloader.errors import (
     UsageError,
 )
 from shardloader.storage.cachedir import (
+    DEFAULT_SOURCES,
     DIR_ENV,
     LOCK,
     MARKER,
@@ -60,7 +62,6 @@ from shardloader.storage.cachedir import (
     cache_name,
     cache_root,
     dataset_folders,
-    is_default_root,
     lock_file,
     remove_entry,
     remove_quietly,
@@ -92,8 +93,8 @@ class ShardCache:
 
     def __init__(self, options: CacheOptions, fingerprint: str, source: str = "") -> None:
         self.source = source  # the dataset's URL, noted in the folder's marker for cache info
-        self.root = cache_root(options.dir)
-        self._default_root = is_default_root(options.dir)
+        self.root, root_source = cache_root(options.dir)
+        self._default_root = root_source in DEFAULT_SOURCES
         self.folder = os.path.join(self.root, fingerprint)
         self._explicit = options.max_bytes is not None or bool(os.environ.get(MAX_BYTES_ENV))
         self._asked = options.max_bytes
@@ -149,11 +150,9 @@ class ShardCache:
             return
         assert lock is not None  # wait=True
         with lock:
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 if inode is None or os.stat(final, follow_symlinks=False).st_ino == inode:
                     os.remove(final)
-            except FileNotFoundError:
-                pass
 
     def require(self, needed: int) -> None:
         """Fail at start, not with a throughput cliff, when an explicit limit cannot hold what
@@ -197,8 +196,7 @@ class ShardCache:
         then finds the copy).
         """
         final = self.path_for(name)
-        if os.path.exists(final):
-            touch(final)
+        if touch(final):
             return final
         self._ensure_folder()  # `cache clear` may have removed it since
         try:
@@ -209,8 +207,7 @@ class ShardCache:
         if lock is None:
             return None
         with lock:
-            if os.path.exists(final):
-                touch(final)
+            if touch(final):
                 return final
             reserved: str | None = self._reserve(raw_bytes, final)
             for attempt in (1, 2):
@@ -406,7 +403,5 @@ def note_room(root: str, used: int, counted: float | None = None) -> None:
             f.write(f"{used} {counted!r}\n".encode())
         os.replace(tmp, path)
     except OSError:  # a note is only a shortcut: without it the next stager counts
-        try:
+        with contextlib.suppress(OSError):
             os.remove(tmp)
-        except OSError:
-            pass

@@ -23,6 +23,7 @@ through that process's open file (POSIX unlink semantics); its space returns whe
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import logging
@@ -62,26 +63,25 @@ LOCK = ".lock"
 TEMP_MARKS = (".tmp-", ".download-")
 ROOM_NOTE = ".room"  # at the root: what it holds, as last counted (NOTE [room note])
 ROOM_LOCK = ".room.lock"  # at the root: held while a stager makes room (NOTE [reservations])
+DIR_SOURCE = "dir"  # a root given by the caller (CacheOptions(dir=...), --cache-dir)
+DEFAULT_SOURCES = ("$XDG_CACHE_HOME/shardloader", "default")  # shardloader's own folder
 
 log = logging.getLogger(__name__)
 
 
-def cache_root(dir: str | None = None) -> str:
-    """The cache root: ``dir``, else ``$SHARDLOADER_CACHE_DIR``, else
-    ``$XDG_CACHE_HOME/shardloader``, else ``~/.cache/shardloader``."""
+def cache_root(dir: str | None = None) -> tuple[str, str]:
+    """(the cache root, where it comes from): ``dir``, else ``$SHARDLOADER_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/shardloader``, else ``~/.cache/shardloader`` (the last two are
+    shardloader's own folder: :data:`DEFAULT_SOURCES`)."""
     if dir:
-        return os.path.abspath(os.path.expanduser(dir))
+        return os.path.abspath(os.path.expanduser(dir)), DIR_SOURCE
     env = os.environ.get(DIR_ENV)
     if env:
-        return os.path.abspath(os.path.expanduser(env))
+        return os.path.abspath(os.path.expanduser(env)), f"${DIR_ENV}"
     xdg = os.environ.get("XDG_CACHE_HOME", "")
-    base = xdg if os.path.isabs(xdg) else os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "shardloader")
-
-
-def is_default_root(dir: str | None = None) -> bool:
-    """Whether :func:`cache_root` (of ``dir``) is the default one, shardloader's own folder."""
-    return not dir and not os.environ.get(DIR_ENV)
+    if os.path.isabs(xdg):
+        return os.path.join(xdg, "shardloader"), DEFAULT_SOURCES[0]
+    return os.path.join(os.path.expanduser("~"), ".cache", "shardloader"), DEFAULT_SOURCES[1]
 
 
 def cache_name(name: str) -> str:
@@ -166,19 +166,18 @@ def marker_sources(marker: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(x[len(_SOURCE) :] for x in lines if x.startswith(_SOURCE)))
 
 
-def touch(path: str) -> None:
-    """Mark a staged copy as used now: eviction goes by last use."""
+def touch(path: str) -> bool:
+    """Mark a staged copy as used now (eviction goes by last use); False: there is none."""
     try:
         os.utime(path, follow_symlinks=False)
     except FileNotFoundError:
-        pass
+        return False
+    return os.path.exists(path)  # a dangling link is no copy
 
 
 def remove_quietly(path: str) -> None:
-    try:
+    with contextlib.suppress(FileNotFoundError):
         os.remove(path)
-    except FileNotFoundError:
-        pass
 
 
 @dataclass(frozen=True)
@@ -197,10 +196,10 @@ class DatasetUsage:
 
     fingerprint: str
     folder: str
-    shards: int  # staged shards (sample indexes and lengths are counted apart, in other)
+    shards: int  # staged shards (sample indexes and lengths are counted apart, in other_files)
     bytes: int
     last_used: float | None
-    other: int = 0  # staged sample indexes (sidecars) and the lengths file
+    other_files: int = 0  # staged sample indexes (sidecars) and the lengths file
     sources: tuple[str, ...] = ()  # the dataset URLs read through this folder
 
 
@@ -306,12 +305,10 @@ def remove_entry(entry: Entry) -> int | None:
     freed = 0
     try:
         for path in [*entry.files, entry.base]:
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 size = os.stat(path, follow_symlinks=False).st_size
                 os.remove(path)
                 freed += size
-            except FileNotFoundError:
-                pass
         os.remove(lock_path)  # still ours: nobody else can hold it now (NOTE above)
     except FileNotFoundError:
         pass

@@ -253,24 +253,23 @@ class ObjectStream(Passthrough):
                 self._etag = etag
             elif etag is not None and etag != self._etag:  # the store ignored If-Match
                 raise self._changed(self._etag, f"a later response is version {etag}")
-        if total is not None:
-            wrong = (self.size is not None and total != self.size) or (
-                self.limit is not None and total > self.limit
+        wrong = None
+        if total is not None and self.size is not None and total != self.size:
+            wrong = ChecksumError(
+                f"{self.url} is {total:,} bytes, the manifest says {self.size:,}: the stored "
+                "object is damaged or was replaced; re-upload or re-pack it"
             )
+        elif total is not None and self.limit is not None and total > self.limit:
+            wrong = too_large(self.url, self.limit)
+        if wrong is not None:
             content_type = getattr(body, "content_type", None) or ""
-            if wrong and content_type.lower().startswith("text/html"):
+            if content_type.lower().startswith("text/html"):
                 raise _HtmlPageError(
                     f"{self.url}: the server answered with an HTML page ({total:,} bytes, "
                     f"Content-Type {content_type}) instead of the object: an error page of a "
                     "proxy or gateway on the way"
                 )
-            if self.size is not None and total != self.size:
-                raise ChecksumError(
-                    f"{self.url} is {total:,} bytes, the manifest says {self.size:,}: the stored "
-                    "object is damaged or was replaced; re-upload or re-pack it"
-                )
-            if self.limit is not None and total > self.limit:
-                raise too_large(self.url, self.limit)
+            raise wrong
         with self._cond:
             if self._ranges is None and part is self._parts[0]:
                 self._ranges = body.ranged

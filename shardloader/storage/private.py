@@ -1,4 +1,6 @@
-"""Folders and files that only their user can reach: what the node cache is made of.
+"""Folders and files that only their user can reach (what the node cache is made of), and a
+dataset's local files opened as untrusted input (:func:`open_regular`): both regular files
+only, never waited on.
 
 NOTE [a cache of one's own]: staged copies are decompressed datasets, and the cache's lock files
 are opened, created and removed by every run, ``shardloader cache clear`` included, which may
@@ -20,12 +22,21 @@ import errno
 import logging
 import os
 import stat
-from typing import BinaryIO
+from collections.abc import Callable
+from typing import BinaryIO, cast
 
-from shardloader.errors import StorageError
-from shardloader.storage.localfiles import regular_file
+from shardloader.errors import ObjectNotFoundError, StorageError
 
-__all__ = ["DIR_MODE", "FILE_MODE", "create_private", "open_private", "owner_problem", "own_dir"]
+__all__ = [
+    "DIR_MODE",
+    "FILE_MODE",
+    "create_private",
+    "open_private",
+    "open_regular",
+    "own_dir",
+    "owner_problem",
+    "regular_file",
+]
 
 log = logging.getLogger(__name__)
 
@@ -100,3 +111,50 @@ def create_private(path: str, mode: str = "wb") -> BinaryIO:
     """A new file at ``path`` (it must not exist: ``O_EXCL``), ``0600``, for writing."""
     flags = os.O_CREAT | os.O_EXCL | (os.O_RDWR if "+" in mode else os.O_WRONLY)
     return open_private(path, flags, mode)
+
+
+_KINDS = (
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISDIR, "a folder"),
+)
+
+
+def open_regular(path: str, url: str | None = None) -> BinaryIO:
+    """``path`` opened for reading, if it is a regular file (after symlinks).
+
+    A dataset is untrusted, and an extracted archive can hold a FIFO (whose ``open`` waits for
+    a writer forever) or a link to ``/dev/zero`` (endless): the file is opened without
+    blocking and checked with ``fstat`` (no window between check and open) before any read.
+    """
+    url = url or path
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError as err:
+        raise ObjectNotFoundError(f"cannot read {url!r}: no such file") from err
+    except OSError as err:
+        raise StorageError(f"cannot read {url!r}: {err.strerror}") from err
+    return regular_file(
+        fd,
+        "rb",
+        lambda kind: StorageError(
+            f"cannot read {url!r}: it is {kind}, not a regular file; a dataset holds "
+            "only regular files (replace it with the file it should be)"
+        ),
+    )
+
+
+def regular_file(fd: int, mode: str, refuse: Callable[[str], StorageError]) -> BinaryIO:
+    """The file object of ``fd`` (opened ``O_NONBLOCK``, so a FIFO never waits), made blocking,
+    if it is a regular file; else ``fd`` is closed and ``refuse(what it is)`` raised."""
+    try:
+        st_mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(st_mode):
+            raise refuse(next((name for test, name in _KINDS if test(st_mode)), "not a file"))
+        os.set_blocking(fd, True)
+        return cast(BinaryIO, os.fdopen(fd, mode))
+    except BaseException:
+        os.close(fd)
+        raise

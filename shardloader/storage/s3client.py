@@ -20,7 +20,7 @@ costs tens of milliseconds, not the time a fresh service model takes to load; th
 from __future__ import annotations
 
 import base64
-import threading
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -61,9 +61,6 @@ _UNDERSTOOD = frozenset(
         "local_expiry_check",
     }
 )
-
-_SESSIONS: dict[Any, Any] = {}
-_SESSION_LOCK = threading.Lock()
 
 
 def split_s3_url(url: str) -> tuple[str, str]:
@@ -165,15 +162,12 @@ class S3Client:
         return getattr(self._client, operation)(Bucket=bucket, Key=key, **kwargs, **self._extra)
 
 
+@functools.cache
 def _session(profile: str | None) -> Any:
+    """The botocore session of ``profile``, kept for the life of the process."""
     import botocore.session
 
-    with _SESSION_LOCK:
-        found = _SESSIONS.get(profile)
-        if found is None:
-            found = botocore.session.Session(profile=profile)
-            _SESSIONS[profile] = found
-        return found
+    return botocore.session.Session(profile=profile)
 
 
 def s3_client(options: Mapping[str, Any], opts: Mapping[str, Any]) -> S3Client | None:

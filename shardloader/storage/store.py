@@ -8,12 +8,14 @@ below it, with the same options and policy.
 
 Local paths (and ``file://`` URLs) go straight to the OS.  Remote URLs make one attempt per
 request and every call is retried as a whole under the policy (their protocol's defaults in
-:mod:`shardloader.storage.protocols` say which errors are worth it).
+:mod:`shardloader.storage.protocols` say which errors are worth it); a remote file opened for
+reading through fsspec is a :class:`RetryingReader`.
 """
 
 from __future__ import annotations
 
-import logging
+import contextlib
+import io
 import os
 import uuid
 from collections.abc import Callable, Mapping
@@ -24,18 +26,16 @@ from typing import Any, BinaryIO, TypeVar, cast
 import fsspec
 from fsspec.core import url_to_fs
 
-from shardloader.errors import StorageError, UsageError
+from shardloader.errors import StorageError, TruncatedBodyError, UsageError
 from shardloader.storage.clients import ObjectClient, client_for
-from shardloader.storage.localfiles import open_regular
 from shardloader.storage.objectstream import PART_SIZE, PARTS_IN_FLIGHT, ObjectStream
+from shardloader.storage.private import open_regular
 from shardloader.storage.protocols import fsspec_options, protocol_defaults, protocol_of
-from shardloader.storage.remote import RetryingReader
 from shardloader.storage.retry import DEFAULT_POLICY, RetryPolicy, call_with_retries
 from shardloader.storage.streams import BoundedReader
 
 __all__ = ["SINGLE_PUT", "Store", "as_store", "join"]
 
-log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 SINGLE_PUT = 50 * 2**20  # files up to this go up in one PUT (s3fs's default block size)
@@ -121,10 +121,7 @@ class Store:
     def client(self) -> ObjectClient | None:
         """This process's fast client for the store's protocol and options (None: fsspec)."""
         make = None if self.is_local else protocol_defaults(self.protocol).client
-        if make is None:
-            return None
-        found: ObjectClient | None = client_for(self.protocol, self.options, self.retry, make)
-        return found
+        return None if make is None else client_for(self.protocol, self.options, self.retry, make)
 
     def open_stream(
         self,
@@ -251,15 +248,112 @@ class Store:
     def remove(self) -> None:
         """Delete the object; a missing one is fine."""
         if self.is_local:
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 os.remove(self.local_path)
-            except FileNotFoundError:
-                pass
             return
         fs, path = self.filesystem()
         self.call(partial(_remove, fs, path), "delete")
 
-    # -- verified download ----------------------------------------------------------------
+
+class RetryingReader(io.RawIOBase):
+    """A remote file whose reads are retried under a policy.
+
+    The position is kept here; after a fault the underlying fsspec file is dropped and the next
+    attempt reopens it and seeks back, so a read never returns bytes twice or skips any.
+    """
+
+    def __init__(
+        self, url: str, opener: Callable[[], Any], policy: RetryPolicy | None = None
+    ) -> None:
+        super().__init__()
+        self.url = url
+        self._opener = opener
+        self._policy = policy
+        self._pos = 0
+        self._f: Any = None
+        self._f = call_with_retries(opener, url=url, policy=policy, what="open")
+        size = getattr(self._f, "size", None)
+        self.size: int | None = int(size) if size is not None else None
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return self._f is None or bool(self._f.seekable())
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        if whence == io.SEEK_SET:
+            pos = offset
+        elif whence == io.SEEK_CUR:
+            pos = self._pos + offset
+        elif whence == io.SEEK_END and self.size is not None:
+            pos = self.size + offset
+        else:
+            raise io.UnsupportedOperation(f"{self.url}: cannot seek with whence={whence}")
+        if pos < 0:
+            raise ValueError(f"{self.url}: negative seek position {pos}")
+        if self._f is not None:
+            self._f.seek(pos)
+        self._pos = pos
+        return pos
+
+    def read(self, size: int | None = -1) -> bytes:
+        n = -1 if size is None else size
+        data: bytes = call_with_retries(
+            partial(self._read_once, n), url=self.url, policy=self._policy, what="read"
+        )
+        self._pos += len(data)
+        return data
+
+    def readall(self) -> bytes:
+        return self.read(-1)
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        data = self.read(len(view))
+        view[: len(data)] = data
+        return len(data)
+
+    def _read_once(self, n: int) -> bytes:
+        if self._f is None:
+            f = self._opener()
+            if self._pos:
+                if not f.seekable():
+                    f.close()
+                    raise StorageError(
+                        f"cannot resume reading {self.url!r} at offset {self._pos}: the server "
+                        "does not support ranged reads; fetch the whole object instead"
+                    )
+                f.seek(self._pos)
+            self._f = f
+        try:
+            data = bytes(self._f.read(n))
+            if self.size is not None:
+                left = max(0, self.size - self._pos)
+                want = left if n < 0 else min(n, left)
+                if len(data) < want:
+                    raise TruncatedBodyError(
+                        f"{self.url}: got {len(data)} of {want} bytes at offset {self._pos}"
+                    )
+        except BaseException:
+            self._drop()
+            raise
+        return data
+
+    def _drop(self) -> None:
+        f, self._f = self._f, None
+        if f is not None:
+            try:
+                f.close()
+            except Exception:  # noqa: BLE001 - the file already failed; its close may too
+                pass
+
+    def close(self) -> None:
+        self._drop()
+        super().close()
 
 
 def as_store(
@@ -298,7 +392,5 @@ def _find(fs: fsspec.AbstractFileSystem, path: str) -> list[str]:
 
 
 def _remove(fs: fsspec.AbstractFileSystem, path: str) -> None:
-    try:
+    with contextlib.suppress(FileNotFoundError):
         fs.rm_file(path)
-    except FileNotFoundError:
-        pass
