@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from functools import partial
 from typing import Any
 
@@ -26,11 +26,7 @@ from shardloader.deliver.watchdog import watched
 from shardloader.errors import UsageError
 from shardloader.manifest import read_manifest
 from shardloader.options import ReadOptions, ShuffleOptions, World, from_old_keywords
-from shardloader.plan.elastic import (
-    Reshape,
-    elastic_field,
-    saved_shape,
-)
+from shardloader.plan.elastic import Reshape, elastic_field
 from shardloader.plan.epoch import EpochPlan, EpochPlanner, EpochReport
 from shardloader.plan.ledger import Ledger
 from shardloader.plan.shuffle import derive_seed
@@ -70,6 +66,19 @@ class Packed:
         """What replaces the epoch order for ``dataset`` (``partitioned(epoch, nodes)``, see
         :class:`~shardloader.plan.epoch.EpochPlanner`); None: the shuffle's."""
         return None
+
+    def extra_state(self, dataset: Any) -> dict[str, Any]:
+        """What ``dataset``'s loader state adds to its position (a blend: the weights)."""
+        return {}
+
+    def load_extra_state(
+        self, dataset: Any, state: Mapping[str, Any], epoch: int, position: int
+    ) -> None:
+        """Replay what :meth:`extra_state` saved in a state resumed at ``epoch``, ``position``."""
+
+    def report(self, dataset: Any, report: EpochReport) -> EpochReport:
+        """``dataset``'s epoch report as this source gives it (a blend adds its sources)."""
+        return report
 
 
 class ShardedDataset(DatasetPosition, IterableDataset):  # type: ignore[type-arg]
@@ -165,13 +174,6 @@ class ShardedDataset(DatasetPosition, IterableDataset):  # type: ignore[type-arg
         state["_progress"] = state["_pending"] = None  # per process (NOTE [worker states])
         return state
 
-    def raw_bundle(self) -> int:
-        """Raw batches per worker output (NOTE [raw bundles] in
-        :mod:`shardloader.batching.raw`): asked by the loader, which knows no collate."""
-        from shardloader.batching.raw import raw_bundle
-
-        return raw_bundle(self)
-
     def use_transport(self, bundle: int, ring: Any) -> None:
         """Hand ``bundle`` batches over per DataLoader item, through ``ring``'s shared slots:
         set in each worker by :class:`~shardloader.deliver.loader.ShardLoader` (NOTE [bundles] in
@@ -215,7 +217,7 @@ class ShardedDataset(DatasetPosition, IterableDataset):  # type: ignore[type-arg
         from shardloader.plan.cost import rank_balance  # packed rows' step cost
 
         balance = rank_balance(self._planning, e, self.partition, lengths)
-        return dataclasses.replace(report, rank_balance=balance)
+        return self._source.report(self, dataclasses.replace(report, rank_balance=balance))
 
     def ledger(self, epoch: int | None = None) -> Ledger:
         """Which samples of an epoch are padded, dropped or truncated, and why: computed from
@@ -234,11 +236,6 @@ class ShardedDataset(DatasetPosition, IterableDataset):  # type: ignore[type-arg
         reshapes), any other from its start."""
         e, position, history = self._where(epoch)
         return e, self._planning.cluster(e, position, self.partition, self._lengths, history)
-
-    def reshaped_from(self, saved_plan: str) -> int | None:
-        """The batch shape a saved plan signature was made with, when it is this dataset's
-        plan with only the elastic option changed (else None): what a resume may re-cut."""
-        return saved_shape(self._planning, saved_plan)
 
     @property
     def elastic_option(self) -> str | None:

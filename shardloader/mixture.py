@@ -109,11 +109,16 @@ class Blend(Packed):
         stages: Sequence[tuple[int, Mapping[str, float]]] | None,
         epoch_samples: int | None,
         by: str,
-        shuffle: ShuffleOptions,
+        shuffle: bool | ShuffleOptions,
         seed: int,
         read: ReadOptions,
         options: Mapping[str, Any],
     ) -> None:
+        if not isinstance(sources, Mapping) or not sources:
+            raise UsageError("a Mixture needs sources: {name: url or Source}, at least one")
+        if by not in BLEND_UNITS:
+            raise UsageError(f"by={by!r} is not one of {BLEND_UNITS}")
+        seed = integer("seed", seed)
         planner = check_planner(options.get("planner"))
         self.rows = planner is not None and planner.units == "rows"  # NOTE [token rows mix]
         if self.rows and (by != "samples" or stages is not None):
@@ -247,6 +252,67 @@ class Blend(Packed):
         total = sum(parts)
         return {n: p / total for n, p in zip(self.names, parts, strict=True)}
 
+    def extra_state(self, mix: Mixture) -> dict[str, Any]:
+        """What the loader state adds (NOTE [mixture state]): sources and weight schedule."""
+        saved: dict[str, Any] = {
+            "sources": list(self.names),
+            "by": self.by,
+            "schedule": [[e, list(p)] for e, p in self.entries()],
+        }
+        if self.stage_steps:  # NOTE [stages]: where they begin, in this run's steps
+            saved["stages"] = [[st, list(p)] for st, p in self.stage_steps]
+            saved["samples_per_step"] = mix.samples_per_step
+        return {"mixture": saved}
+
+    def load_extra_state(
+        self, mix: Mixture, state: Mapping[str, Any], epoch: int, position: int
+    ) -> None:
+        """Replay a saved schedule; weights passed to this Mixture that differ from the ones
+        saved for the resumed epoch apply from the next epoch not yet begun.  Saved stages
+        stay at the stream positions the saved run put them (NOTE [stages]); they must be
+        this mixture's."""
+        saved: Any = state.get("mixture")
+        entries = saved_entries(saved, self.names)
+        if self.stage_steps or "stages" in saved:
+            self.step_size.set(0, saved_step_size(saved, self.stage_steps))
+            return
+        mine = self.entries()[-1][1]  # the weights this Mixture was made with
+        write_entries(self.schedule, len(self.names), entries, _MAX_ENTRIES)
+        boundary = epoch if position == 0 else epoch + 1
+        if self.order(mix).parts_at(boundary) != mine:
+            self.set_parts(mine, boundary)
+
+    def report(self, mix: Mixture, base: EpochReport) -> MixtureReport:
+        """``mix``'s report of the mixed stream (``base``) plus per source counts."""
+        e = base.epoch
+        plans = mix._planning.cluster(e, 0, mix.partition, mix._lengths)
+        lengths = mix._lengths_for_report()
+        sizes = [sum(s) for s in self.static[0]]
+        if self.rows and lengths is not None:  # rows and their tokens (plan/rowmix.py)
+            lengths = row_tokens(mix.planner, self.manifest.shard_sizes, lengths)
+        samples, tokens, flat = delivered_by_source(plans, sizes, lengths)
+        order = self.order(mix)
+        planned = np.bincount(order.sources(e), minlength=len(self.names))
+        own_epoch, started = order.source_epochs(e)
+        weights = self.normalised(order.parts_at(e))
+        counts = {
+            name: SourceCounts(
+                weights[name],
+                int(planned[s]),
+                int(samples[s]),
+                None if lengths is None and not flat else int(tokens[s]),
+                int(own_epoch[s]),
+                int(started[s]),
+            )
+            for s, name in enumerate(self.names)
+        }
+        values = {f.name: getattr(base, f.name) for f in dataclasses.fields(EpochReport)}
+        values["num_samples"] = self.epoch_samples
+        if self.rows and mix._lengths is not None:  # NOTE [token rows mix]
+            shards, lens = self.manifest.shard_sizes, mix._lengths
+            values |= epoch_tokens(mix.planner, shards, lens, plans, order.order(e))
+        return MixtureReport(**values, sources=counts)
+
 
 class Mixture(ShardedDataset):
     """Blend named sources by weight into one stream (``shardloader.Mixture``).
@@ -283,13 +349,7 @@ class Mixture(ShardedDataset):
         read: ReadOptions | None = None,
         **options: Any,
     ) -> None:
-        if not isinstance(sources, Mapping) or not sources:
-            raise UsageError("a Mixture needs sources: {name: url or Source}, at least one")
-        if by not in BLEND_UNITS:
-            raise UsageError(f"by={by!r} is not one of {BLEND_UNITS}")
         read = read or ReadOptions()
-        shuffle = shuffle if isinstance(shuffle, ShuffleOptions) else ShuffleOptions(shuffle)
-        seed = integer("seed", seed)
         blend = Blend(sources, weights, stages, epoch_samples, by, shuffle, seed, read, options)
         self.blend = blend
         self.names, self.by, self.epoch_samples = blend.names, by, blend.epoch_samples
@@ -358,65 +418,3 @@ class Mixture(ShardedDataset):
         """The (normalised) weights in force for mixture epoch ``epoch`` (default: current)."""
         parts = self.blend.order(self).parts_at(self.epoch if epoch is None else epoch)
         return self.blend.normalised(parts)
-
-    def extra_state(self) -> dict[str, Any]:
-        """What the loader state adds (NOTE [mixture state]): sources and weight schedule."""
-        saved: dict[str, Any] = {
-            "sources": list(self.names),
-            "by": self.by,
-            "schedule": [[e, list(p)] for e, p in self.blend.entries()],
-        }
-        if self.blend.stage_steps:  # NOTE [stages]: where they begin, in this run's steps
-            saved["stages"] = [[st, list(p)] for st, p in self.blend.stage_steps]
-            saved["samples_per_step"] = self.samples_per_step
-        return {"mixture": saved}
-
-    def load_extra_state(self, state: Mapping[str, Any], epoch: int, position: int) -> None:
-        """Replay a saved schedule; weights passed to this Mixture that differ from the ones
-        saved for the resumed epoch apply from the next epoch not yet begun.  Saved stages
-        stay at the stream positions the saved run put them (NOTE [stages]); they must be
-        this mixture's."""
-        saved: Any = state.get("mixture")
-        entries = saved_entries(saved, self.names)
-        blend = self.blend
-        if blend.stage_steps or "stages" in saved:
-            blend.step_size.set(0, saved_step_size(saved, blend.stage_steps))
-            return
-        mine = blend.entries()[-1][1]  # the weights this Mixture was made with
-        write_entries(blend.schedule, len(self.names), entries, _MAX_ENTRIES)
-        boundary = epoch if position == 0 else epoch + 1
-        if blend.order(self).parts_at(boundary) != mine:
-            blend.set_parts(mine, boundary)
-
-    # -- reporting --------------------------------------------------------------------------
-    def report(self, epoch: int | None = None) -> MixtureReport:
-        """:meth:`ShardedDataset.report` of the mixed stream plus per source counts."""
-        base = super().report(epoch)
-        e = base.epoch
-        plans = self._planning.cluster(e, 0, self.partition, self._lengths)
-        lengths = self._lengths_for_report()
-        sizes = [sum(s) for s in self.blend.static[0]]
-        if self.blend.rows and lengths is not None:  # rows and their tokens (plan/rowmix.py)
-            lengths = row_tokens(self.planner, self.manifest.shard_sizes, lengths)
-        samples, tokens, flat = delivered_by_source(plans, sizes, lengths)
-        mix = self.blend.order(self)
-        planned = np.bincount(mix.sources(e), minlength=len(self.names))
-        own_epoch, started = mix.source_epochs(e)
-        weights = self.blend.normalised(mix.parts_at(e))
-        counts = {
-            name: SourceCounts(
-                weights[name],
-                int(planned[s]),
-                int(samples[s]),
-                None if lengths is None and not flat else int(tokens[s]),
-                int(own_epoch[s]),
-                int(started[s]),
-            )
-            for s, name in enumerate(self.names)
-        }
-        values = {f.name: getattr(base, f.name) for f in dataclasses.fields(EpochReport)}
-        values["num_samples"] = self.epoch_samples
-        if self.blend.rows and self._lengths is not None:  # NOTE [token rows mix]
-            shards, lens = self.manifest.shard_sizes, self._lengths
-            values |= epoch_tokens(self.planner, shards, lens, plans, mix.order(e))
-        return MixtureReport(**values, sources=counts)

@@ -112,6 +112,7 @@ class DatasetPosition:
     manifest: Any
     _planning: Any
     _plan: Any  # ShardedDataset's: the plan of a pass
+    _source: Any  # ShardedDataset's: what it reads (its extra state)
     _progress: _Pass | None = None  # the pass this process walks
     _pending: _Pass | None = None  # a worker's loaded state, for its next pass
 
@@ -396,11 +397,8 @@ class DatasetPosition:
         self._pending = _Pass(epoch, position, reshapes, partitions, place, 0, done, rotation)
 
     def extra_state(self) -> dict[str, Any]:
-        """What the state adds to the position (a mixture: its weight schedule)."""
-        return {}
-
-    def load_extra_state(self, state: Mapping[str, Any], epoch: int, position: int) -> None:
-        """Replay what :meth:`extra_state` saved (nothing for a single dataset)."""
+        """What the state adds to the position: its source's (a mixture: its weights)."""
+        return self._source.extra_state(self)  # type: ignore[no-any-return]
 
 
 def integer(name: str, value: Any) -> int:
