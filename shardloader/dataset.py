@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Callable, Iterator, Mapping
-from functools import partial
+from functools import cached_property, partial
 from typing import Any
 
 import numpy as np
@@ -163,13 +163,11 @@ class ShardedDataset(DatasetPosition, IterableDataset):  # type: ignore[type-arg
             self._lengths = self.planner.bind(self)  # loads lengths (batching/blocks.py)
             if self._lengths is None and self.planner.needs_lengths:
                 self._lengths = self._source.lengths(required=True)
-        # lengths loaded only for report(), never pickled into workers
-        self._report_lengths: tuple[np.ndarray | None] | None = None
         self._plan_cache: tuple[tuple[Any, ...], EpochPlan] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state["_report_lengths"] = None
+        state.pop("_lengths_for_report", None)  # loaded only for report(), never in workers
         state["_plan_cache"] = None
         state["_progress"] = state["_pending"] = None  # per process (NOTE [worker states])
         return state
@@ -212,7 +210,7 @@ class ShardedDataset(DatasetPosition, IterableDataset):  # type: ignore[type-arg
         """Steps per rank, samples padded/dropped/truncated and where every token goes (all
         ranks together) for an epoch; plans the epoch, reads nothing but the sidecar lengths."""
         e, plans = self._epoch_plans(epoch)
-        lengths = self._lengths_for_report()
+        lengths = self._lengths_for_report
         report = self._planning.report(e, plans, lengths, self.collate_fn)
         from shardloader.plan.cost import rank_balance  # packed rows' step cost
 
@@ -228,7 +226,7 @@ class ShardedDataset(DatasetPosition, IterableDataset):  # type: ignore[type-arg
         from shardloader.plan.ledger import build
 
         e, plans = self._epoch_plans(epoch)
-        lengths = self._lengths_for_report()
+        lengths = self._lengths_for_report
         return build(e, self.world_size, self._planning, plans, lengths, self.collate_fn)
 
     def _epoch_plans(self, epoch: int | None) -> tuple[int, list[EpochPlan]]:
@@ -249,16 +247,12 @@ class ShardedDataset(DatasetPosition, IterableDataset):  # type: ignore[type-arg
         iterating: workers take the setting when they start."""
         self._skip_log = None if directory is None else SkipLog(os.fspath(directory))
 
+    @cached_property
     def _lengths_for_report(self) -> np.ndarray | None:
         """The planner's lengths, else the sidecars' (loaded once, when recorded)."""
-        if self._lengths is not None:
+        if self._lengths is not None or self.manifest.length_field is None:
             return self._lengths
-        if self._report_lengths is None:
-            lengths = None
-            if self.manifest.length_field is not None:
-                lengths = self._source.lengths(required=False)
-            self._report_lengths = (lengths,)
-        return self._report_lengths[0]
+        return self._source.lengths(required=False)
 
     def __len__(self) -> int:
         """Steps (batches, or samples when unbatched) this rank yields in the current epoch

@@ -200,7 +200,7 @@ class Blend(Packed):
         stages: tuple[tuple[int, tuple[int, ...]], ...] = ()
         named = ""
         if self.stage_steps:  # NOTE [stages]
-            starts = [pos for _, pos in self.stage_starts(mix)]
+            starts = [pos for _, pos in mix.stage_starts()]
             stages = tuple(zip(starts, [p for _, p in self.stage_steps], strict=True))
             named = str([[st, list(p)] for st, p in self.stage_steps]).replace(" ", "")
         args = (sizes, seeds, shuffles, self.epoch_samples, self.entries(), stages, named)
@@ -208,10 +208,6 @@ class Blend(Packed):
             lengths, key = self.token_lengths()
             return TokenMixOrder(*args, lengths=lengths, lengths_key=key)
         return MixOrder(*args)
-
-    def stage_starts(self, mix: Mixture) -> list[tuple[int, int]]:
-        per_step, nodes = mix.samples_per_step, mix.partition.nodes
-        return stage_positions(self.stage_steps, per_step, self.epoch_samples, mix.uneven, nodes)
 
     def parts_of(self, weights: Mapping[str, float], where: str) -> tuple[int, ...]:
         if not isinstance(weights, Mapping):
@@ -274,7 +270,7 @@ class Blend(Packed):
         saved: Any = state.get("mixture")
         entries = saved_entries(saved, self.names)
         if self.stage_steps or "stages" in saved:
-            self.step_size.set(0, saved_step_size(saved, self.stage_steps))
+            self.step_size.update({0: saved_step_size(saved, self.stage_steps)})
             return
         mine = self.entries()[-1][1]  # the weights this Mixture was made with
         write_entries(self.schedule, len(self.names), entries, _MAX_ENTRIES)
@@ -286,7 +282,7 @@ class Blend(Packed):
         """``mix``'s report of the mixed stream (``base``) plus per source counts."""
         e = base.epoch
         plans = mix._planning.cluster(e, 0, mix.partition, mix._lengths)
-        lengths = mix._lengths_for_report()
+        lengths = mix._lengths_for_report
         sizes = [sum(s) for s in self.static[0]]
         if self.rows and lengths is not None:  # rows and their tokens (plan/rowmix.py)
             lengths = row_tokens(mix.planner, self.manifest.shard_sizes, lengths)
@@ -363,7 +359,9 @@ class Mixture(ShardedDataset):
 
     def stage_starts(self) -> list[tuple[int, int]]:
         """``(step, stream position)`` where each stage begins (NOTE [stages])."""
-        return self.blend.stage_starts(self)
+        per_step, steps = self.samples_per_step, self.blend.stage_steps
+        nodes = self.partition.nodes
+        return stage_positions(steps, per_step, self.epoch_samples, self.uneven, nodes)
 
     def stage_report(self, epochs: int) -> list[dict[str, Any]]:
         """Each stage's first step and stream position, and what it delivers per source in
@@ -372,7 +370,7 @@ class Mixture(ShardedDataset):
         blend = self.blend
         sizes = {n: m.num_samples for n, (m, _, _) in zip(self.names, blend.opened, strict=True)}
         weights = [blend.normalised(p) for _, p in blend.stage_steps]
-        order, lengths = blend.order(self).order, self._lengths_for_report()
+        order, lengths = blend.order(self).order, self._lengths_for_report
         return stage_counts(
             self.stage_starts(), weights, order, self.epoch_samples, epochs, sizes, lengths
         )

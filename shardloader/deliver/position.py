@@ -69,9 +69,6 @@ class Control:
     def get(self) -> list[int]:
         return list(self.array)
 
-    def set(self, index: int, value: int) -> None:
-        self.array[index] = value
-
     def update(self, values: Mapping[int, int]) -> None:
         """Set several values at once: ``{index: value}``."""
         for index, value in values.items():
@@ -210,7 +207,7 @@ class DatasetPosition:
             self._progress = None  # the last pass's progress no longer applies
             self._control.update({_START: 0, _START_NODES: 0})
             self._set_reshapes(())
-        self._control.set(_EPOCH, epoch)
+        self._control.update({_EPOCH: epoch})
 
     def seek(
         self,
@@ -271,9 +268,9 @@ class DatasetPosition:
         make_loader does); a position counted in other partitions is re-planned.  A place
         taken from a data-parallel group stays as it was read."""
         if self._world is not None:
-            r, w, per_node = resolve_world(self._world)
-            self._control.update({_RANK: r, _WORLD: w, _PER_NODE: per_node or 0})
-        self._settle()
+            self.set_world(self._world)
+        else:
+            self._settle()
 
     # -- the pass this process walks: its state_dict (NOTE [worker states]) ------------------
     def _begin_pass(self, place: Place) -> tuple[_Pass, Place, int, int]:
