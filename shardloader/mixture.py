@@ -25,7 +25,7 @@ import dataclasses
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -416,3 +416,8 @@ class Mixture(ShardedDataset):
         """The (normalised) weights in force for mixture epoch ``epoch`` (default: current)."""
         parts = self.blend.order(self).parts_at(self.epoch if epoch is None else epoch)
         return self.blend.normalised(parts)
+
+    def report(self, epoch: int | None = None) -> MixtureReport:
+        """:meth:`ShardedDataset.report` of the mixed stream plus per source counts (its
+        blend adds them: :meth:`Blend.report`); typed as what it gives."""
+        return cast(MixtureReport, super().report(epoch))
