@@ -172,6 +172,13 @@ class ShardedDataset(DatasetPosition, IterableDataset):  # type: ignore[type-arg
         state["_progress"] = state["_pending"] = None  # per process (NOTE [worker states])
         return state
 
+    def raw_bundle(self) -> int:
+        """Raw batches per worker output (NOTE [raw bundles] in
+        :mod:`shardloader.batching.raw`): asked by the loader, which knows no collate."""
+        from shardloader.batching.raw import raw_bundle
+
+        return raw_bundle(self)
+
     def use_transport(self, bundle: int, ring: Any) -> None:
         """Hand ``bundle`` batches over per DataLoader item, through ``ring``'s shared slots:
         set in each worker by :class:`~shardloader.deliver.loader.ShardLoader` (NOTE [bundles] in

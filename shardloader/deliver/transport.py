@@ -337,7 +337,5 @@ def worker_bundle(dataset: Any) -> int:
     many as fill :data:`BUNDLE_BYTES`."""
     size = batch_bytes(dataset)
     if not size:  # raw batches: bundled by their mean size (NOTE [raw bundles])
-        from shardloader.batching.raw import raw_bundle
-
-        return raw_bundle(dataset)
+        return int(dataset.raw_bundle())
     return min(max(1, BUNDLE_BYTES // int(size)), MAX_BUNDLE)
