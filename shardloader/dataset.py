@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable, Iterator
-from functools import partial
+from collections.abc import Callable, Iterator, Mapping
+from functools import cached_property, partial
 from typing import Any
 
 import numpy as np
@@ -26,11 +26,7 @@ from shardloader.deliver.watchdog import watched
 from shardloader.errors import UsageError
 from shardloader.manifest import read_manifest
 from shardloader.options import ReadOptions, ShuffleOptions, World, from_old_keywords
-from shardloader.plan.elastic import (
-    Reshape,
-    elastic_field,
-    saved_shape,
-)
+from shardloader.plan.elastic import Reshape, elastic_field
 from shardloader.plan.epoch import EpochPlan, EpochPlanner, EpochReport
 from shardloader.plan.ledger import Ledger
 from shardloader.plan.shuffle import derive_seed
@@ -70,6 +66,19 @@ class Packed:
         """What replaces the epoch order for ``dataset`` (``partitioned(epoch, nodes)``, see
         :class:`~shardloader.plan.epoch.EpochPlanner`); None: the shuffle's."""
         return None
+
+    def extra_state(self, dataset: Any) -> dict[str, Any]:
+        """What ``dataset``'s loader state adds to its position (a blend: the weights)."""
+        return {}
+
+    def load_extra_state(
+        self, dataset: Any, state: Mapping[str, Any], epoch: int, position: int
+    ) -> None:
+        """Replay what :meth:`extra_state` saved in a state resumed at ``epoch``, ``position``."""
+
+    def report(self, dataset: Any, report: EpochReport) -> EpochReport:
+        """``dataset``'s epoch report as this source gives it (a blend adds its sources)."""
+        return report
 
 
 class ShardedDataset(DatasetPosition, IterableDataset):  # type: ignore[type-arg]
@@ -154,13 +163,11 @@ class ShardedDataset(DatasetPosition, IterableDataset):  # type: ignore[type-arg
             self._lengths = self.planner.bind(self)  # loads lengths (batching/blocks.py)
             if self._lengths is None and self.planner.needs_lengths:
                 self._lengths = self._source.lengths(required=True)
-        # lengths loaded only for report(), never pickled into workers
-        self._report_lengths: tuple[np.ndarray | None] | None = None
         self._plan_cache: tuple[tuple[Any, ...], EpochPlan] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state["_report_lengths"] = None
+        state.pop("_lengths_for_report", None)  # loaded only for report(), never in workers
         state["_plan_cache"] = None
         state["_progress"] = state["_pending"] = None  # per process (NOTE [worker states])
         return state
@@ -210,12 +217,12 @@ class ShardedDataset(DatasetPosition, IterableDataset):  # type: ignore[type-arg
         """Steps per rank, samples padded/dropped/truncated and where every token goes (all
         ranks together) for an epoch; plans the epoch, reads nothing but the sidecar lengths."""
         e, plans = self._epoch_plans(epoch)
-        lengths = self._lengths_for_report()
+        lengths = self._lengths_for_report
         report = self._planning.report(e, plans, lengths, self.collate_fn)
         from shardloader.plan.cost import rank_balance  # packed rows' step cost
 
         balance = rank_balance(self._planning, e, self.partition, lengths)
-        return dataclasses.replace(report, rank_balance=balance)
+        return self._source.report(self, dataclasses.replace(report, rank_balance=balance))
 
     def ledger(self, epoch: int | None = None) -> Ledger:
         """Which samples of an epoch are padded, dropped or truncated, and why: computed from
@@ -226,7 +233,7 @@ class ShardedDataset(DatasetPosition, IterableDataset):  # type: ignore[type-arg
         from shardloader.plan.ledger import build
 
         e, plans = self._epoch_plans(epoch)
-        lengths = self._lengths_for_report()
+        lengths = self._lengths_for_report
         return build(e, self.world_size, self._planning, plans, lengths, self.collate_fn)
 
     def _epoch_plans(self, epoch: int | None) -> tuple[int, list[EpochPlan]]:
@@ -234,11 +241,6 @@ class ShardedDataset(DatasetPosition, IterableDataset):  # type: ignore[type-arg
         reshapes), any other from its start."""
         e, position, history = self._where(epoch)
         return e, self._planning.cluster(e, position, self.partition, self._lengths, history)
-
-    def reshaped_from(self, saved_plan: str) -> int | None:
-        """The batch shape a saved plan signature was made with, when it is this dataset's
-        plan with only the elastic option changed (else None): what a resume may re-cut."""
-        return saved_shape(self._planning, saved_plan)
 
     @property
     def elastic_option(self) -> str | None:
@@ -252,16 +254,12 @@ class ShardedDataset(DatasetPosition, IterableDataset):  # type: ignore[type-arg
         iterating: workers take the setting when they start."""
         self._skip_log = None if directory is None else SkipLog(os.fspath(directory))
 
+    @cached_property
     def _lengths_for_report(self) -> np.ndarray | None:
         """The planner's lengths, else the sidecars' (loaded once, when recorded)."""
-        if self._lengths is not None:
+        if self._lengths is not None or self.manifest.length_field is None:
             return self._lengths
-        if self._report_lengths is None:
-            lengths = None
-            if self.manifest.length_field is not None:
-                lengths = self._source.lengths(required=False)
-            self._report_lengths = (lengths,)
-        return self._report_lengths[0]
+        return self._source.lengths(required=False)
 
     def __len__(self) -> int:
         """Steps (batches, or samples when unbatched) this rank yields in the current epoch

@@ -25,7 +25,7 @@ import dataclasses
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -109,11 +109,16 @@ class Blend(Packed):
         stages: Sequence[tuple[int, Mapping[str, float]]] | None,
         epoch_samples: int | None,
         by: str,
-        shuffle: ShuffleOptions,
+        shuffle: bool | ShuffleOptions,
         seed: int,
         read: ReadOptions,
         options: Mapping[str, Any],
     ) -> None:
+        if not isinstance(sources, Mapping) or not sources:
+            raise UsageError("a Mixture needs sources: {name: url or Source}, at least one")
+        if by not in BLEND_UNITS:
+            raise UsageError(f"by={by!r} is not one of {BLEND_UNITS}")
+        seed = integer("seed", seed)
         planner = check_planner(options.get("planner"))
         self.rows = planner is not None and planner.units == "rows"  # NOTE [token rows mix]
         if self.rows and (by != "samples" or stages is not None):
@@ -195,7 +200,7 @@ class Blend(Packed):
         stages: tuple[tuple[int, tuple[int, ...]], ...] = ()
         named = ""
         if self.stage_steps:  # NOTE [stages]
-            starts = [pos for _, pos in self.stage_starts(mix)]
+            starts = [pos for _, pos in mix.stage_starts()]
             stages = tuple(zip(starts, [p for _, p in self.stage_steps], strict=True))
             named = str([[st, list(p)] for st, p in self.stage_steps]).replace(" ", "")
         args = (sizes, seeds, shuffles, self.epoch_samples, self.entries(), stages, named)
@@ -203,10 +208,6 @@ class Blend(Packed):
             lengths, key = self.token_lengths()
             return TokenMixOrder(*args, lengths=lengths, lengths_key=key)
         return MixOrder(*args)
-
-    def stage_starts(self, mix: Mixture) -> list[tuple[int, int]]:
-        per_step, nodes = mix.samples_per_step, mix.partition.nodes
-        return stage_positions(self.stage_steps, per_step, self.epoch_samples, mix.uneven, nodes)
 
     def parts_of(self, weights: Mapping[str, float], where: str) -> tuple[int, ...]:
         if not isinstance(weights, Mapping):
@@ -247,6 +248,67 @@ class Blend(Packed):
         total = sum(parts)
         return {n: p / total for n, p in zip(self.names, parts, strict=True)}
 
+    def extra_state(self, mix: Mixture) -> dict[str, Any]:
+        """What the loader state adds (NOTE [mixture state]): sources and weight schedule."""
+        saved: dict[str, Any] = {
+            "sources": list(self.names),
+            "by": self.by,
+            "schedule": [[e, list(p)] for e, p in self.entries()],
+        }
+        if self.stage_steps:  # NOTE [stages]: where they begin, in this run's steps
+            saved["stages"] = [[st, list(p)] for st, p in self.stage_steps]
+            saved["samples_per_step"] = mix.samples_per_step
+        return {"mixture": saved}
+
+    def load_extra_state(
+        self, mix: Mixture, state: Mapping[str, Any], epoch: int, position: int
+    ) -> None:
+        """Replay a saved schedule; weights passed to this Mixture that differ from the ones
+        saved for the resumed epoch apply from the next epoch not yet begun.  Saved stages
+        stay at the stream positions the saved run put them (NOTE [stages]); they must be
+        this mixture's."""
+        saved: Any = state.get("mixture")
+        entries = saved_entries(saved, self.names)
+        if self.stage_steps or "stages" in saved:
+            self.step_size.update({0: saved_step_size(saved, self.stage_steps)})
+            return
+        mine = self.entries()[-1][1]  # the weights this Mixture was made with
+        write_entries(self.schedule, len(self.names), entries, _MAX_ENTRIES)
+        boundary = epoch if position == 0 else epoch + 1
+        if self.order(mix).parts_at(boundary) != mine:
+            self.set_parts(mine, boundary)
+
+    def report(self, mix: Mixture, base: EpochReport) -> MixtureReport:
+        """``mix``'s report of the mixed stream (``base``) plus per source counts."""
+        e = base.epoch
+        plans = mix._planning.cluster(e, 0, mix.partition, mix._lengths)
+        lengths = mix._lengths_for_report
+        sizes = [sum(s) for s in self.static[0]]
+        if self.rows and lengths is not None:  # rows and their tokens (plan/rowmix.py)
+            lengths = row_tokens(mix.planner, self.manifest.shard_sizes, lengths)
+        samples, tokens, flat = delivered_by_source(plans, sizes, lengths)
+        order = self.order(mix)
+        planned = np.bincount(order.sources(e), minlength=len(self.names))
+        own_epoch, started = order.source_epochs(e)
+        weights = self.normalised(order.parts_at(e))
+        counts = {
+            name: SourceCounts(
+                weights[name],
+                int(planned[s]),
+                int(samples[s]),
+                None if lengths is None and not flat else int(tokens[s]),
+                int(own_epoch[s]),
+                int(started[s]),
+            )
+            for s, name in enumerate(self.names)
+        }
+        values = {f.name: getattr(base, f.name) for f in dataclasses.fields(EpochReport)}
+        values["num_samples"] = self.epoch_samples
+        if self.rows and mix._lengths is not None:  # NOTE [token rows mix]
+            shards, lens = self.manifest.shard_sizes, mix._lengths
+            values |= epoch_tokens(mix.planner, shards, lens, plans, order.order(e))
+        return MixtureReport(**values, sources=counts)
+
 
 class Mixture(ShardedDataset):
     """Blend named sources by weight into one stream (``shardloader.Mixture``).
@@ -283,13 +345,7 @@ class Mixture(ShardedDataset):
         read: ReadOptions | None = None,
         **options: Any,
     ) -> None:
-        if not isinstance(sources, Mapping) or not sources:
-            raise UsageError("a Mixture needs sources: {name: url or Source}, at least one")
-        if by not in BLEND_UNITS:
-            raise UsageError(f"by={by!r} is not one of {BLEND_UNITS}")
         read = read or ReadOptions()
-        shuffle = shuffle if isinstance(shuffle, ShuffleOptions) else ShuffleOptions(shuffle)
-        seed = integer("seed", seed)
         blend = Blend(sources, weights, stages, epoch_samples, by, shuffle, seed, read, options)
         self.blend = blend
         self.names, self.by, self.epoch_samples = blend.names, by, blend.epoch_samples
@@ -303,7 +359,9 @@ class Mixture(ShardedDataset):
 
     def stage_starts(self) -> list[tuple[int, int]]:
         """``(step, stream position)`` where each stage begins (NOTE [stages])."""
-        return self.blend.stage_starts(self)
+        per_step, steps = self.samples_per_step, self.blend.stage_steps
+        nodes = self.partition.nodes
+        return stage_positions(steps, per_step, self.epoch_samples, self.uneven, nodes)
 
     def stage_report(self, epochs: int) -> list[dict[str, Any]]:
         """Each stage's first step and stream position, and what it delivers per source in
@@ -312,7 +370,7 @@ class Mixture(ShardedDataset):
         blend = self.blend
         sizes = {n: m.num_samples for n, (m, _, _) in zip(self.names, blend.opened, strict=True)}
         weights = [blend.normalised(p) for _, p in blend.stage_steps]
-        order, lengths = blend.order(self).order, self._lengths_for_report()
+        order, lengths = blend.order(self).order, self._lengths_for_report
         return stage_counts(
             self.stage_starts(), weights, order, self.epoch_samples, epochs, sizes, lengths
         )
@@ -359,64 +417,7 @@ class Mixture(ShardedDataset):
         parts = self.blend.order(self).parts_at(self.epoch if epoch is None else epoch)
         return self.blend.normalised(parts)
 
-    def extra_state(self) -> dict[str, Any]:
-        """What the loader state adds (NOTE [mixture state]): sources and weight schedule."""
-        saved: dict[str, Any] = {
-            "sources": list(self.names),
-            "by": self.by,
-            "schedule": [[e, list(p)] for e, p in self.blend.entries()],
-        }
-        if self.blend.stage_steps:  # NOTE [stages]: where they begin, in this run's steps
-            saved["stages"] = [[st, list(p)] for st, p in self.blend.stage_steps]
-            saved["samples_per_step"] = self.samples_per_step
-        return {"mixture": saved}
-
-    def load_extra_state(self, state: Mapping[str, Any], epoch: int, position: int) -> None:
-        """Replay a saved schedule; weights passed to this Mixture that differ from the ones
-        saved for the resumed epoch apply from the next epoch not yet begun.  Saved stages
-        stay at the stream positions the saved run put them (NOTE [stages]); they must be
-        this mixture's."""
-        saved: Any = state.get("mixture")
-        entries = saved_entries(saved, self.names)
-        blend = self.blend
-        if blend.stage_steps or "stages" in saved:
-            blend.step_size.set(0, saved_step_size(saved, blend.stage_steps))
-            return
-        mine = blend.entries()[-1][1]  # the weights this Mixture was made with
-        write_entries(blend.schedule, len(self.names), entries, _MAX_ENTRIES)
-        boundary = epoch if position == 0 else epoch + 1
-        if blend.order(self).parts_at(boundary) != mine:
-            blend.set_parts(mine, boundary)
-
-    # -- reporting --------------------------------------------------------------------------
     def report(self, epoch: int | None = None) -> MixtureReport:
-        """:meth:`ShardedDataset.report` of the mixed stream plus per source counts."""
-        base = super().report(epoch)
-        e = base.epoch
-        plans = self._planning.cluster(e, 0, self.partition, self._lengths)
-        lengths = self._lengths_for_report()
-        sizes = [sum(s) for s in self.blend.static[0]]
-        if self.blend.rows and lengths is not None:  # rows and their tokens (plan/rowmix.py)
-            lengths = row_tokens(self.planner, self.manifest.shard_sizes, lengths)
-        samples, tokens, flat = delivered_by_source(plans, sizes, lengths)
-        mix = self.blend.order(self)
-        planned = np.bincount(mix.sources(e), minlength=len(self.names))
-        own_epoch, started = mix.source_epochs(e)
-        weights = self.blend.normalised(mix.parts_at(e))
-        counts = {
-            name: SourceCounts(
-                weights[name],
-                int(planned[s]),
-                int(samples[s]),
-                None if lengths is None and not flat else int(tokens[s]),
-                int(own_epoch[s]),
-                int(started[s]),
-            )
-            for s, name in enumerate(self.names)
-        }
-        values = {f.name: getattr(base, f.name) for f in dataclasses.fields(EpochReport)}
-        values["num_samples"] = self.epoch_samples
-        if self.blend.rows and self._lengths is not None:  # NOTE [token rows mix]
-            shards, lens = self.manifest.shard_sizes, self._lengths
-            values |= epoch_tokens(self.planner, shards, lens, plans, mix.order(e))
-        return MixtureReport(**values, sources=counts)
+        """:meth:`ShardedDataset.report` of the mixed stream plus per source counts (its
+        blend adds them: :meth:`Blend.report`); typed as what it gives."""
+        return cast(MixtureReport, super().report(epoch))

@@ -69,9 +69,6 @@ class Control:
     def get(self) -> list[int]:
         return list(self.array)
 
-    def set(self, index: int, value: int) -> None:
-        self.array[index] = value
-
     def update(self, values: Mapping[int, int]) -> None:
         """Set several values at once: ``{index: value}``."""
         for index, value in values.items():
@@ -112,6 +109,7 @@ class DatasetPosition:
     manifest: Any
     _planning: Any
     _plan: Any  # ShardedDataset's: the plan of a pass
+    _source: Any  # ShardedDataset's: what it reads (its extra state)
     _progress: _Pass | None = None  # the pass this process walks
     _pending: _Pass | None = None  # a worker's loaded state, for its next pass
 
@@ -209,7 +207,7 @@ class DatasetPosition:
             self._progress = None  # the last pass's progress no longer applies
             self._control.update({_START: 0, _START_NODES: 0})
             self._set_reshapes(())
-        self._control.set(_EPOCH, epoch)
+        self._control.update({_EPOCH: epoch})
 
     def seek(
         self,
@@ -270,9 +268,9 @@ class DatasetPosition:
         make_loader does); a position counted in other partitions is re-planned.  A place
         taken from a data-parallel group stays as it was read."""
         if self._world is not None:
-            r, w, per_node = resolve_world(self._world)
-            self._control.update({_RANK: r, _WORLD: w, _PER_NODE: per_node or 0})
-        self._settle()
+            self.set_world(self._world)
+        else:
+            self._settle()
 
     # -- the pass this process walks: its state_dict (NOTE [worker states]) ------------------
     def _begin_pass(self, place: Place) -> tuple[_Pass, Place, int, int]:
@@ -396,11 +394,8 @@ class DatasetPosition:
         self._pending = _Pass(epoch, position, reshapes, partitions, place, 0, done, rotation)
 
     def extra_state(self) -> dict[str, Any]:
-        """What the state adds to the position (a mixture: its weight schedule)."""
-        return {}
-
-    def load_extra_state(self, state: Mapping[str, Any], epoch: int, position: int) -> None:
-        """Replay what :meth:`extra_state` saved (nothing for a single dataset)."""
+        """What the state adds to the position: its source's (a mixture: its weights)."""
+        return self._source.extra_state(self)  # type: ignore[no-any-return]
 
 
 def integer(name: str, value: Any) -> int:

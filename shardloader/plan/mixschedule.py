@@ -31,10 +31,8 @@ def write_entries(
         raise UsageError(f"a mixture holds at most {most} weight changes")
     for e, (start, parts) in enumerate(entries):
         at = 1 + e * (1 + k)
-        control.set(at, start)
-        for s, p in enumerate(parts):
-            control.set(at + 1 + s, p)
-    control.set(0, len(entries))
+        control.update({at: start} | {at + 1 + s: p for s, p in enumerate(parts)})
+    control.update({0: len(entries)})
 
 
 def saved_entries(saved: Any, names: Sequence[str]) -> list[tuple[int, tuple[int, ...]]]:
