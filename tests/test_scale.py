@@ -305,7 +305,7 @@ def test_lengths_are_mapped_once_per_node_and_pickle_as_a_path(tmp_path: Path) -
     # worker started after the clear) builds it again from the sidecars
     for name, data in saved.items():
         (tmp_path / "ds" / name).write_bytes(data)
-    report = sl.storage.cache.clear(str(tmp_path / "cache"))
+    report = sl.storage.cachedir.clear(str(tmp_path / "cache"))
     assert report.files >= 1 and not cached.exists()
     assert np.array_equal(pickle.loads(wire), lengths) and cached.exists()
 
