@@ -79,10 +79,6 @@ class EpochCost:
         return max((n.raw_bytes for n in self.nodes), default=0)
 
 
-def _physical(world: int, ranks_per_node: int) -> int:
-    return max(world // ranks_per_node, 1)
-
-
 def node_shards(
     planning: EpochPlanner,
     epoch: int,
@@ -94,7 +90,7 @@ def node_shards(
     each), else by walking every shuffle block of the order (the global order over several
     nodes)."""
     sizes = np.asarray(planning.shard_sizes, np.int64)
-    nodes = _physical(partition.world_size, ranks_per_node)
+    nodes = max(partition.world_size // ranks_per_node, 1)
     plans = planning.cluster(epoch, 0, partition, None)
     if partition.ranks <= ranks_per_node:  # a node holds whole partitions: their spans
         per = max(ranks_per_node // partition.ranks, 1)
