@@ -21,7 +21,7 @@ import numpy as np
 from shardloader.batching.balance import batch_costs, step_imbalance
 from shardloader.batching.packed import PackedBatches
 from shardloader.manifest import Manifest
-from shardloader.plan.epoch import EpochPlan, EpochPlanner
+from shardloader.plan.epoch import EpochPlanner
 from shardloader.plan.order import EpochOrder
 from shardloader.plan.partition import Partition
 
@@ -174,16 +174,6 @@ class Quality:
     classes_per_rank_batch: float | None = None
 
 
-def step_batches(plans: Sequence[EpochPlan], step: int) -> list[np.ndarray]:
-    """Every rank's batch of one step, ranks in order (``plans``: every partition's)."""
-    out = []
-    for plan in plans:
-        for local in range(plan.slots.world_size):
-            slots = plan.slots.of_rank(local)
-            out.append(np.asarray(plan.batches[slots.slot_of(step)], np.int64))
-    return out
-
-
 def shuffle_quality(
     planning: EpochPlanner,
     epoch: int,
@@ -202,7 +192,11 @@ def shuffle_quality(
     starts = np.concatenate([[0], np.cumsum(planning.shard_sizes)])
     per_global, per_rank, cls_global, cls_rank, consumed = [], [], [], [], []
     for t in picked.tolist():
-        batches = step_batches(plans, t)
+        batches = [  # every rank's batch of step t, ranks in order
+            np.asarray(plan.batches[plan.slots.of_rank(local).slot_of(t)], np.int64)
+            for plan in plans
+            for local in range(plan.slots.world_size)
+        ]
         shards = [np.searchsorted(starts, b, side="right") - 1 for b in batches]
         per_rank += [len(np.unique(s)) for s in shards]
         per_global.append(len(np.unique(np.concatenate(shards))))
