@@ -280,7 +280,7 @@ def check_history(saved: Any) -> tuple[Reshape, ...]:
         raise ResumeError(f"saved reshapes {saved!r}: each link is [shape, (partitions,) batches]")
     if any(link[0] < 1 or link[-1] < 0 or (len(link) == 3 and link[1] < 1) for link in links):
         raise ResumeError(f"saved reshapes {saved!r} hold a shape < 1 or a negative count")
-    return tuple(link if len(link) == 3 else (link[0], link[1]) for link in links)
+    return links
 
 
 __all__ += ["history_of", "encode_history", "check_history", "with_shape", "normalise", "regroup"]
