@@ -177,8 +177,7 @@ def listing(segs: np.ndarray, rows: list[list[int]], fit: str) -> np.ndarray:
 def unplaced(segs: np.ndarray, rows: list[list[int]]) -> np.ndarray:
     """The segments none of ``rows`` holds (carried into the next window)."""
     left = np.ones(len(segs), bool)
-    for row in rows:
-        left[row] = False
+    left[np.fromiter((i for row in rows for i in row), np.int64)] = False
     return segs[left]
 
 
@@ -188,21 +187,8 @@ def pack_window(
     """Pack one window of ``[n, 3]`` segments into rows of ``seq_len`` tokens
     (:func:`window_rows`); return its complete batches of ``rows_per_batch`` rows (with
     ``flush`` also a short last one) and the segments left."""
-    if fit == "best":
-        segs, rows = window_rows(segs, seq_len, fit)
-        r = rows_per_batch
-        emit = -(-len(rows) // r) if flush else len(rows) // r
-        out = [listing(segs, rows[b * r : (b + 1) * r], fit) for b in range(emit)]
-        return out, unplaced(segs, rows[: emit * r])
-    segs = segs[np.argsort(segs[:, 1] - segs[:, 2], kind="stable")]  # longest first
-    first = pack_rows(segs[:, 2] - segs[:, 1], seq_len)
-    row_of = np.empty(len(segs), np.int64)
-    for r, row in enumerate(first):
-        for item, _, _ in row:
-            row_of[item] = r
-    batch_of = row_of // rows_per_batch
-    emit = -(-len(first) // rows_per_batch) if flush else len(first) // rows_per_batch
-    placement = np.argsort(batch_of, kind="stable")  # by batch, then placement order
-    bounds = np.searchsorted(batch_of[placement], np.arange(emit + 1))
-    out = [segs[placement[bounds[b] : bounds[b + 1]]] for b in range(emit)]
-    return out, segs[batch_of >= emit]
+    segs, rows = window_rows(segs, seq_len, fit)
+    r = rows_per_batch
+    emit = -(-len(rows) // r) if flush else len(rows) // r
+    out = [listing(segs, rows[b * r : (b + 1) * r], fit) for b in range(emit)]
+    return out, unplaced(segs, rows[: emit * r])

@@ -140,25 +140,20 @@ class PadCollate:
         width = -(-max(lens) // m) * m
         shape = (len(arrays), width, *trailing.pop())
         right = self.padding_side == "right"
-        if not any(isinstance(a, torch.Tensor) for a in arrays):
-            # numpy fills and casts (uint16 → int64) far cheaper than torch indexing
-            np_out = np.full(shape, value, dtype=torch.empty(0, dtype=dtype).numpy().dtype)
-            for i, (a, n) in enumerate(zip(arrays, lens, strict=True)):
-                if n:
-                    if right:
-                        np_out[i, :n] = a
-                    else:
-                        np_out[i, width - n :] = a
-            return torch.from_numpy(np_out), torch.tensor(lens, dtype=torch.int64)
-        out = torch.full(shape, value, dtype=dtype)
+        # numpy fills and casts (uint16 → int64) far cheaper than torch indexing
+        on_numpy = not any(isinstance(a, torch.Tensor) for a in arrays)
+        out: Any = (
+            np.full(shape, value, dtype=torch.empty(0, dtype=dtype).numpy().dtype)
+            if on_numpy
+            else torch.full(shape, value, dtype=dtype)
+        )
         for i, (a, n) in enumerate(zip(arrays, lens, strict=True)):
             if n:
-                t = to_tensor(np.asarray(a, dtype=np.int64) if dtype == torch.int64 else a)
-                if right:
-                    out[i, :n] = t
-                else:
-                    out[i, width - n :] = t
-        return out, torch.tensor(lens, dtype=torch.int64)
+                if not on_numpy:
+                    a = to_tensor(np.asarray(a, dtype=np.int64) if dtype == torch.int64 else a)
+                out[i, slice(0, n) if right else slice(width - n, width)] = a
+        padded = torch.from_numpy(out) if on_numpy else out
+        return padded, torch.tensor(lens, dtype=torch.int64)
 
 
 def _get(out: Mapping[str, Any], dotted: str) -> Any:

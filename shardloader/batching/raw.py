@@ -114,16 +114,10 @@ class ByteColumn(Sequence[Any]):
             for value in self._parts:
                 yield None if value is None else bytes(value)
             return
-        data, offsets = self._data, self._offsets.tolist()
-        if type(data) is not bytes:  # a view of shared memory (the service's client)
+        if type(self._data) is bytes:
+            yield from _iter_views(self)
+        else:  # a view of shared memory (the service's client)
             yield from (None if v is None else bytes(v) for v in _iter_views(self))
-            return
-        if self._present is None:
-            for a, b in zip(offsets, offsets[1:]):  # noqa: B905 - one longer by design
-                yield data[a:b]
-            return
-        for a, b, there in zip(offsets, offsets[1:], self._present.tolist()):  # noqa: B905
-            yield data[a:b] if there else None
 
     def tolist(self) -> list[bytes | None]:
         return list(self)
@@ -196,10 +190,15 @@ class ByteColumn(Sequence[Any]):
 
 
 def _iter_views(column: ByteColumn) -> Iterator[Any]:
+    """Each sample's slice of the joined buffer (None where the field is missing)."""
     data, offsets = column._data, column._offsets.tolist()
-    present = column._present.tolist() if column._present is not None else None
-    for i, (a, b) in enumerate(zip(offsets, offsets[1:])):  # noqa: B905 - one longer by design
-        yield data[a:b] if present is None or present[i] else None
+    spans = zip(offsets, offsets[1:])  # noqa: B905 - one longer by design
+    if column._present is None:
+        return (data[a:b] for a, b in spans)
+    return (
+        data[a:b] if there else None
+        for (a, b), there in zip(spans, column._present.tolist(), strict=True)
+    )
 
 
 _NO_OFFSETS = np.zeros(1, np.int64)

@@ -21,7 +21,7 @@ import numpy as np
 from shardloader.batching.balance import batch_costs, step_imbalance
 from shardloader.batching.packed import PackedBatches
 from shardloader.manifest import Manifest
-from shardloader.plan.epoch import EpochPlan, EpochPlanner
+from shardloader.plan.epoch import EpochPlanner
 from shardloader.plan.order import EpochOrder
 from shardloader.plan.partition import Partition
 
@@ -79,10 +79,6 @@ class EpochCost:
         return max((n.raw_bytes for n in self.nodes), default=0)
 
 
-def _physical(world: int, ranks_per_node: int) -> int:
-    return max(world // ranks_per_node, 1)
-
-
 def node_shards(
     planning: EpochPlanner,
     epoch: int,
@@ -94,7 +90,7 @@ def node_shards(
     each), else by walking every shuffle block of the order (the global order over several
     nodes)."""
     sizes = np.asarray(planning.shard_sizes, np.int64)
-    nodes = _physical(partition.world_size, ranks_per_node)
+    nodes = max(partition.world_size // ranks_per_node, 1)
     plans = planning.cluster(epoch, 0, partition, None)
     if partition.ranks <= ranks_per_node:  # a node holds whole partitions: their spans
         per = max(ranks_per_node // partition.ranks, 1)
@@ -178,16 +174,6 @@ class Quality:
     classes_per_rank_batch: float | None = None
 
 
-def step_batches(plans: Sequence[EpochPlan], step: int) -> list[np.ndarray]:
-    """Every rank's batch of one step, ranks in order (``plans``: every partition's)."""
-    out = []
-    for plan in plans:
-        for local in range(plan.slots.world_size):
-            slots = plan.slots.of_rank(local)
-            out.append(np.asarray(plan.batches[slots.slot_of(step)], np.int64))
-    return out
-
-
 def shuffle_quality(
     planning: EpochPlanner,
     epoch: int,
@@ -206,7 +192,11 @@ def shuffle_quality(
     starts = np.concatenate([[0], np.cumsum(planning.shard_sizes)])
     per_global, per_rank, cls_global, cls_rank, consumed = [], [], [], [], []
     for t in picked.tolist():
-        batches = step_batches(plans, t)
+        batches = [  # every rank's batch of step t, ranks in order
+            np.asarray(plan.batches[plan.slots.of_rank(local).slot_of(t)], np.int64)
+            for plan in plans
+            for local in range(plan.slots.world_size)
+        ]
         shards = [np.searchsorted(starts, b, side="right") - 1 for b in batches]
         per_rank += [len(np.unique(s)) for s in shards]
         per_global.append(len(np.unique(np.concatenate(shards))))

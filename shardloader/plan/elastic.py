@@ -238,15 +238,23 @@ def replan(
     return NodeLists(sizes, final, tuple(earlier))
 
 
+def read_table(values: Sequence[int], width: int) -> list[tuple[int, ...]]:
+    """Rows of ``width`` integers from a shared control block laid out as their count, then
+    the rows one after another (the reshape history here, a mixture's weight schedule)."""
+    at = range(1, 1 + int(values[0]) * width, width)
+    return [tuple(int(v) for v in values[a : a + width]) for a in at]
+
+
+def flat_table(rows: Sequence[Sequence[int]], width: int, most: int) -> list[int]:
+    """``rows`` (at most ``most``) in :func:`read_table`'s layout, zeros up to its capacity."""
+    flat = [len(rows), *(int(v) for row in rows for v in row)]
+    return flat + [0] * (1 + most * width - len(flat))
+
+
 def history_of(values: Sequence[int]) -> tuple[Reshape, ...]:
-    """Decode the dataset's control block: ``[n, shape0, partitions0, consumed0, ...]``; a
-    link read in one partition comes back as the pair ``(shape, consumed)``."""
-    n = int(values[0])
-    out: list[Reshape] = []
-    for i in range(n):
-        shape, parts, consumed = (int(v) for v in values[1 + 3 * i : 4 + 3 * i])
-        out.append((shape, consumed) if parts == 1 else (shape, parts, consumed))
-    return tuple(out)
+    """Decode the dataset's control block: links ``(shape, partitions, consumed)``; a link
+    read in one partition comes back as the pair ``(shape, consumed)``."""
+    return tuple((s, c) if p == 1 else (s, p, c) for s, p, c in read_table(values, 3))
 
 
 def encode_history(history: Sequence[Reshape]) -> list[int]:
@@ -256,10 +264,7 @@ def encode_history(history: Sequence[Reshape]) -> list[int]:
             f"{MAX_RESHAPES} are kept: resume with the saved shape, or from the start of the "
             "next epoch"
         )
-    flat = [len(history)]
-    for link in normalise(history):
-        flat += list(link)
-    return flat + [0] * (1 + 3 * MAX_RESHAPES - len(flat))
+    return flat_table(normalise(history), 3, MAX_RESHAPES)
 
 
 def check_history(saved: Any) -> tuple[Reshape, ...]:
@@ -275,7 +280,7 @@ def check_history(saved: Any) -> tuple[Reshape, ...]:
         raise ResumeError(f"saved reshapes {saved!r}: each link is [shape, (partitions,) batches]")
     if any(link[0] < 1 or link[-1] < 0 or (len(link) == 3 and link[1] < 1) for link in links):
         raise ResumeError(f"saved reshapes {saved!r} hold a shape < 1 or a negative count")
-    return tuple(link if len(link) == 3 else (link[0], link[1]) for link in links)
+    return links
 
 
 __all__ += ["history_of", "encode_history", "check_history", "with_shape", "normalise", "regroup"]

@@ -108,8 +108,7 @@ def node_lists(
     planner = planning.planner
     order_of: Callable[[int], Any]
     if planning.order_source is not None:  # a mixture's blend: each partition's positions
-        ids, node_of = planning.order_source.partitioned(epoch, nodes)
-        orders = [ids[node_of == n] for n in range(nodes)]
+        orders = planning.node_orders(epoch, nodes, lengths)
         sizes = [len(o) for o in orders]
         order_of = orders.__getitem__
     else:  # each partition's span of the shuffled stream, lazy

@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from shardloader.errors import ResumeError, UsageError
+from shardloader.plan.elastic import flat_table, read_table
 
 __all__ = ["Entries", "read_entries", "write_entries", "saved_entries"]
 
@@ -16,11 +17,7 @@ Entries = tuple[tuple[int, tuple[int, ...]], ...]  # (from epoch, integer parts)
 def read_entries(values: Sequence[int], k: int) -> Entries:
     """The schedule of ``k`` sources from the shared array's ``values``: a count, then per
     entry its first epoch and ``k`` parts."""
-    out = []
-    for e in range(values[0]):
-        at = 1 + e * (1 + k)
-        out.append((int(values[at]), tuple(int(v) for v in values[at + 1 : at + 1 + k])))
-    return tuple(out)
+    return tuple((row[0], row[1:]) for row in read_table(values, 1 + k))
 
 
 def write_entries(
@@ -29,10 +26,10 @@ def write_entries(
     """Write ``entries`` into the shared array ``control`` (:func:`read_entries`' layout)."""
     if len(entries) > most:
         raise UsageError(f"a mixture holds at most {most} weight changes")
-    for e, (start, parts) in enumerate(entries):
-        at = 1 + e * (1 + k)
-        control.update({at: start} | {at + 1 + s: p for s, p in enumerate(parts)})
-    control.update({0: len(entries)})
+    rows = [(start, *parts) for start, parts in entries]
+    flat = flat_table(rows, 1 + k, most)
+    # the count last: a worker reading meanwhile sees the old schedule or the whole new one
+    control.update(dict(enumerate(flat[1:], start=1)) | {0: flat[0]})
 
 
 def saved_entries(saved: Any, names: Sequence[str]) -> list[tuple[int, tuple[int, ...]]]:
