@@ -38,7 +38,8 @@ from shardloader.batching import (
 )
 from shardloader.collate import IGNORE_INDEX, PadCollate
 from shardloader.manifest import SampleIndex, read_manifest
-from shardloader.storage import join, read_bytes
+from shardloader.storage import Store
+from shardloader.storage.store import join
 
 PAD_ID = 0
 
@@ -101,7 +102,7 @@ def dataset_lengths(url: str) -> np.ndarray:
     manifest, base = read_manifest(url)
     parts = []
     for info in manifest.shards:
-        idx = SampleIndex.from_arrow_bytes(read_bytes(join(base, info.index_path)))
+        idx = SampleIndex.from_arrow_bytes(Store(join(base, info.index_path)).read_bytes())
         if idx.lengths is None:
             raise SystemExit(f"{url}: {info.index_path} records no lengths; pack with --tokenizer")
         parts.append(np.asarray(idx.lengths, np.int64))
