@@ -26,7 +26,7 @@ from shardloader.deliver.watchdog import watched
 from shardloader.errors import UsageError
 from shardloader.manifest import read_manifest
 from shardloader.options import ReadOptions, ShuffleOptions, World, from_old_keywords
-from shardloader.plan.elastic import Reshape, elastic_field
+from shardloader.plan.elastic import Reshape, elastic_field, saved_shape
 from shardloader.plan.epoch import EpochPlan, EpochPlanner, EpochReport
 from shardloader.plan.ledger import Ledger
 from shardloader.plan.shuffle import derive_seed
@@ -75,10 +75,6 @@ class Packed:
         self, dataset: Any, state: Mapping[str, Any], epoch: int, position: int
     ) -> None:
         """Replay what :meth:`extra_state` saved in a state resumed at ``epoch``, ``position``."""
-
-    def report(self, dataset: Any, report: EpochReport) -> EpochReport:
-        """``dataset``'s epoch report as this source gives it (a blend adds its sources)."""
-        return report
 
 
 class ShardedDataset(DatasetPosition, IterableDataset):  # type: ignore[type-arg]
@@ -222,7 +218,7 @@ class ShardedDataset(DatasetPosition, IterableDataset):  # type: ignore[type-arg
         from shardloader.plan.cost import rank_balance  # packed rows' step cost
 
         balance = rank_balance(self._planning, e, self.partition, lengths)
-        return self._source.report(self, dataclasses.replace(report, rank_balance=balance))
+        return dataclasses.replace(report, rank_balance=balance)
 
     def ledger(self, epoch: int | None = None) -> Ledger:
         """Which samples of an epoch are padded, dropped or truncated, and why: computed from
@@ -241,6 +237,11 @@ class ShardedDataset(DatasetPosition, IterableDataset):  # type: ignore[type-arg
         reshapes), any other from its start."""
         e, position, history = self._where(epoch)
         return e, self._planning.cluster(e, position, self.partition, self._lengths, history)
+
+    def reshaped_from(self, saved_plan: str) -> int | None:
+        """The batch shape a saved plan signature was made with, when it is this dataset's
+        plan with only the elastic option changed (else None): what a resume may re-cut."""
+        return saved_shape(self._planning, saved_plan)
 
     @property
     def elastic_option(self) -> str | None:

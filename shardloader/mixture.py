@@ -25,7 +25,7 @@ import dataclasses
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 
@@ -278,37 +278,6 @@ class Blend(Packed):
         if self.order(mix).parts_at(boundary) != mine:
             self.set_parts(mine, boundary)
 
-    def report(self, mix: Mixture, base: EpochReport) -> MixtureReport:
-        """``mix``'s report of the mixed stream (``base``) plus per source counts."""
-        e = base.epoch
-        plans = mix._planning.cluster(e, 0, mix.partition, mix._lengths)
-        lengths = mix._lengths_for_report
-        sizes = [sum(s) for s in self.static[0]]
-        if self.rows and lengths is not None:  # rows and their tokens (plan/rowmix.py)
-            lengths = row_tokens(mix.planner, self.manifest.shard_sizes, lengths)
-        samples, tokens, flat = delivered_by_source(plans, sizes, lengths)
-        order = self.order(mix)
-        planned = np.bincount(order.sources(e), minlength=len(self.names))
-        own_epoch, started = order.source_epochs(e)
-        weights = self.normalised(order.parts_at(e))
-        counts = {
-            name: SourceCounts(
-                weights[name],
-                int(planned[s]),
-                int(samples[s]),
-                None if lengths is None and not flat else int(tokens[s]),
-                int(own_epoch[s]),
-                int(started[s]),
-            )
-            for s, name in enumerate(self.names)
-        }
-        values = {f.name: getattr(base, f.name) for f in dataclasses.fields(EpochReport)}
-        values["num_samples"] = self.epoch_samples
-        if self.rows and mix._lengths is not None:  # NOTE [token rows mix]
-            shards, lens = self.manifest.shard_sizes, mix._lengths
-            values |= epoch_tokens(mix.planner, shards, lens, plans, order.order(e))
-        return MixtureReport(**values, sources=counts)
-
 
 class Mixture(ShardedDataset):
     """Blend named sources by weight into one stream (``shardloader.Mixture``).
@@ -418,6 +387,33 @@ class Mixture(ShardedDataset):
         return self.blend.normalised(parts)
 
     def report(self, epoch: int | None = None) -> MixtureReport:
-        """:meth:`ShardedDataset.report` of the mixed stream plus per source counts (its
-        blend adds them: :meth:`Blend.report`); typed as what it gives."""
-        return cast(MixtureReport, super().report(epoch))
+        """:meth:`ShardedDataset.report` of the mixed stream plus per source counts."""
+        base, blend = super().report(epoch), self.blend
+        e = base.epoch
+        plans = self._planning.cluster(e, 0, self.partition, self._lengths)
+        counted = self._lengths_for_report
+        sizes = [sum(s) for s in blend.static[0]]
+        if blend.rows and counted is not None:  # rows and their tokens (plan/rowmix.py)
+            counted = row_tokens(self.planner, blend.manifest.shard_sizes, counted)
+        samples, tokens, flat = delivered_by_source(plans, sizes, counted)
+        order = blend.order(self)
+        planned = np.bincount(order.sources(e), minlength=len(blend.names))
+        own_epoch, started = order.source_epochs(e)
+        weights = blend.normalised(order.parts_at(e))
+        counts = {
+            name: SourceCounts(
+                weights[name],
+                int(planned[s]),
+                int(samples[s]),
+                None if counted is None and not flat else int(tokens[s]),
+                int(own_epoch[s]),
+                int(started[s]),
+            )
+            for s, name in enumerate(blend.names)
+        }
+        values = {f.name: getattr(base, f.name) for f in dataclasses.fields(EpochReport)}
+        values["num_samples"] = blend.epoch_samples
+        if blend.rows and self._lengths is not None:  # NOTE [token rows mix]
+            shards, lens = blend.manifest.shard_sizes, self._lengths
+            values |= epoch_tokens(self.planner, shards, lens, plans, order.order(e))
+        return MixtureReport(**values, sources=counts)

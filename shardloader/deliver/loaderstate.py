@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from shardloader.errors import ResumeError
-from shardloader.plan.elastic import Reshape, check_history, saved_shape
+from shardloader.plan.elastic import Reshape, check_history
 
 __all__ = ["STATE_VERSIONS", "make_state", "read_state", "resume"]
 
@@ -73,7 +73,7 @@ def read_state(ds: Any, state: Any) -> Resume:
         )
     reshapes = check_history(state.get("reshapes") or ())
     saved_plan = state.get("plan")
-    reshaped = saved_plan != ds.plan_signature and saved_shape(ds._planning, str(saved_plan))
+    reshaped = saved_plan != ds.plan_signature and ds.reshaped_from(str(saved_plan))
     checks = (
         ("fingerprint", ds.manifest.fingerprint, "the dataset's shards changed"),
         ("seed", ds.seed, "pass the same seed= to ShardedDataset"),
@@ -112,7 +112,7 @@ def resume(ds: Any, state: Any) -> None:
     start."""
     epoch, position, reshapes, partitions = read_state(ds, state)
     # position 0 there means "the epoch has not begun"
-    ds._source.load_extra_state(ds, state, epoch, position if position or not reshapes else 1)
+    ds.load_extra_state(state, epoch, position if position or not reshapes else 1)
     try:
         ds.seek(epoch, position, reshapes, partitions)
         len(ds)

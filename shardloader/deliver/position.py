@@ -397,6 +397,10 @@ class DatasetPosition:
         """What the state adds to the position: its source's (a mixture: its weights)."""
         return self._source.extra_state(self)  # type: ignore[no-any-return]
 
+    def load_extra_state(self, state: Mapping[str, Any], epoch: int, position: int) -> None:
+        """Replay what :meth:`extra_state` saved, in a state resumed at ``epoch``, ``position``."""
+        self._source.load_extra_state(self, state, epoch, position)
+
 
 def integer(name: str, value: Any) -> int:
     """``int(value)`` as before, but a value that is no integer is a UsageError naming it."""
