@@ -247,6 +247,9 @@ class SampleIndex:
                 # pages after they are freed, about 20 MB per process over a few large sidecars
                 pool = pa.system_memory_pool()
                 table = pa.ipc.open_file(pa.py_buffer(data), memory_pool=pool).read_all()
+                # pyarrow trusts the file's offsets: reading through corrupt ones crashes the
+                # process, so every offset, length and string is checked once first
+                table.validate(full=True)
                 names = table.column_names
                 key = table.column("key")
                 if not (pa.types.is_string(key.type) or pa.types.is_large_string(key.type)):
@@ -266,7 +269,14 @@ class SampleIndex:
                     }
                     or None,
                 )
-            except (pa.ArrowException, KeyError, ManifestError, ShardError) as err:
+            except (
+                pa.ArrowException,
+                OSError,
+                UnicodeDecodeError,
+                KeyError,
+                ManifestError,
+                ShardError,
+            ) as err:
                 raise ManifestError(f"not a valid shardloader sample index: {err}") from err
 
 

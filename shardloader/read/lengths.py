@@ -240,8 +240,9 @@ def _column(data: bytes, name: str) -> pa.Array | None:
             return None
         options = pa.ipc.IpcReadOptions(included_fields=[at], use_threads=False)
         table = pa.ipc.open_file(buffer, options=options, memory_pool=pool).read_all()
+        table.validate(full=True)  # corrupt offsets would crash pyarrow's reads, not raise
         return table.column(0).combine_chunks()
-    except pa.ArrowException as err:
+    except (pa.ArrowException, OSError, UnicodeDecodeError) as err:
         raise ManifestError(f"not a valid shardloader sample index: {err}") from err
 
 

@@ -20,7 +20,7 @@ from shardloader.format.base import Sample
 from shardloader.format.compress import too_big
 from shardloader.format.keys import check_key
 
-__all__ = ["KEY_COLUMN", "arrow_errors", "iter_arrow", "open_ipc", "stage_arrow"]
+__all__ = ["KEY_COLUMN", "arrow_errors", "checked_batch", "iter_arrow", "open_ipc", "stage_arrow"]
 
 KEY_COLUMN = "__key__"
 _ALLOWED = "the manifest allows for this shard"
@@ -39,10 +39,26 @@ def arrow_errors() -> Iterator[None]:
     """pyarrow's errors inside as a ShardError (a corrupt record batch); shardloader's own pass."""
     try:
         yield
-    except (pa.ArrowInvalid, OSError) as err:
+    except (pa.ArrowException, OSError, UnicodeDecodeError) as err:
         if isinstance(err, ShardError):
             raise
         raise ShardError(f"corrupt Arrow record batch ({err})") from err
+
+
+def checked_batch(reader: pa.ipc.RecordBatchFileReader, b: int) -> pa.RecordBatch:
+    """Batch ``b`` of ``reader``, fully validated before anything reads it.
+
+    pyarrow trusts an IPC file's offsets and lengths: reading a value through corrupt ones
+    crashes the process (a segfault, or an abort on a huge allocation) instead of raising, and a
+    string that is not UTF-8 raises a bare UnicodeDecodeError.  ``validate(full=True)`` checks
+    every offset, length and string once per batch, in C++, so a damaged or hostile shard whose
+    checksum was rewritten is a ShardError like any other."""
+    batch = reader.get_batch(b)
+    try:
+        batch.validate(full=True)
+    except pa.ArrowInvalid as err:
+        raise ShardError(f"corrupt Arrow record batch {b} ({err})") from err
+    return batch
 
 
 def _rows(batch: pa.RecordBatch) -> Iterator[Sample]:
@@ -76,7 +92,7 @@ def iter_arrow(
     reader = _open_bounded(src, limit)
     with arrow_errors():
         for b in range(reader.num_record_batches):
-            for key, fields in _rows(reader.get_batch(b)):
+            for key, fields in _rows(checked_batch(reader, b)):
                 check_key(key)
                 for name, value in fields.items():
                     if max_member is not None and len(value) > max_member:
@@ -99,7 +115,7 @@ def stage_arrow(src: BinaryIO, dst: BinaryIO, limit: int | None = None) -> int:
     before = dst.tell()
     with arrow_errors(), pa.ipc.new_file(sink, reader.schema) as writer:
         for b in range(reader.num_record_batches):
-            writer.write_batch(reader.get_batch(b))
+            writer.write_batch(checked_batch(reader, b))
             if limit is not None and dst.tell() - before > limit:
                 raise too_big("the staged shard", limit, _ALLOWED)
     return dst.tell() - before
