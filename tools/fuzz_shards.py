@@ -1,0 +1,289 @@
+"""Fuzz tar and token shards: damage a packed shard, then verify, inspect and read it.
+
+Each case copies a small packed dataset, mutates one shard (random bytes, a cut, both; sometimes
+its ``.idx.arrow`` sidecar too) and, unless ``--keep-checksums``, writes the damaged files'
+sha256 and sizes into index.json, as a buggy or hostile producer would, so the manifest's check
+passes and the shard's own structure and per-sample checksums must catch the damage.
+
+The checks run in a child process (a crash ends the child, not the fuzzer): ``shardloader
+verify``, ``shardloader inspect`` (the CLI, in process) and a read of every sample with
+:class:`shardloader.ShardedDataset`.  A case is bad when a check crashes or ends in a traceback,
+when an error does not name the damaged shard, or when verify or the read succeed with samples
+that differ from the undamaged dataset's (a change only to bytes no reader looks at, such as tar
+padding, passes with identical samples: that is fine).
+
+    PYTHONPATH=$PWD python tools/fuzz_shards.py --runs 200 --work /tmp/fz
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import io
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import traceback
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+COMBOS = [
+    (fmt, comp) for fmt in ("tar", "tokens") for comp in ("none", "zstd", "gzip")
+]  # every compression a tar or token shard can have
+
+
+def make_source(path: str, n: int = 40, seed: int = 0) -> str:
+    """A JSONL of ``n`` records with text and pre-tokenized ``input_ids``."""
+    rng = random.Random(seed)
+    os.makedirs(path, exist_ok=True)
+    src = os.path.join(path, "docs.jsonl")
+    with open(src, "w") as f:
+        for _ in range(n):
+            text = "".join(rng.choice("abcdefgh ") for _ in range(rng.randint(1, 300)))
+            ids = [rng.randint(0, 60000) for _ in range(rng.randint(1, 200))]
+            f.write(json.dumps({"text": text, "input_ids": ids}) + "\n")
+    return src
+
+
+def pack_template(src: str, out: str, fmt: str, comp: str) -> None:
+    from shardloader.pack import PackOptions, pack
+
+    extra: dict[str, Any] = {"token_field": "input_ids"} if fmt == "tokens" else {}
+    pack(src, out, PackOptions(format=fmt, compression=comp, max_samples=16, **extra))
+
+
+def read_samples(out: str, cache: str) -> list[list[Any]]:
+    """Every sample of ``out`` as [key, sorted (field, bytes)] (JSON-friendly: hex)."""
+    import shardloader as sl
+
+    opts = sl.ReadOptions(cache=sl.CacheOptions(dir=cache))
+    samples = []
+    for s in sl.ShardedDataset(out, decoder=None, read=opts):
+        fields = sorted([k, v.hex()] for k, v in s.items() if not k.startswith("__"))
+        samples.append([s["__key__"], fields])
+    return samples
+
+
+def mutate(case: str, rng: random.Random, fix: bool, sidecars: float = 0.25) -> dict[str, Any]:
+    """Damage one shard of the dataset copied to ``case`` (and its sidecar, a ``sidecars``
+    share of the time); return what was done."""
+    with open(os.path.join(case, "index.json")) as f:
+        manifest = json.load(f)
+    i = rng.randrange(len(manifest["shards"]))
+    entry = manifest["shards"][i]
+    targets = [entry["path"]]
+    if rng.random() < sidecars:
+        targets.append(entry["index_path"])
+    done = {"shard": entry["path"], "edits": []}
+    for name in targets:
+        path = os.path.join(case, name)
+        with open(path, "rb") as f:
+            data = bytearray(f.read())
+        how = rng.choice(["bytes", "cut", "both"])
+        if how in ("bytes", "both") and data:
+            for _ in range(rng.choice([1, 1, 2, 4, 16])):
+                at = rng.randrange(len(data))
+                data[at] = rng.randrange(256)
+        if how in ("cut", "both") and data:
+            cut = rng.randrange(len(data))
+            # a compressed stream cut short must fail where it is read, even where what is
+            # lost is no sample's (a zstd tar's index frame): unless it is cut between frames
+            if name == entry["path"] and not name.endswith((".tar", ".tok")):
+                done["cut_stream"] = cut not in _frame_ends(bytes(data))
+            del data[cut:]
+        with open(path, "wb") as f:
+            f.write(data)
+        done["edits"].append([name, how, len(data)])
+        if fix:
+            digest = hashlib.sha256(bytes(data)).hexdigest()
+            if name == entry["path"]:
+                entry["sha256"], entry["bytes"] = digest, len(data)
+            else:
+                entry["index_sha256"] = digest
+    if fix:
+        manifest["bytes"] = sum(s["bytes"] for s in manifest["shards"])
+        with open(os.path.join(case, "index.json"), "w") as f:
+            json.dump(manifest, f)
+    return done
+
+
+def _frame_ends(data: bytes) -> set[int]:
+    """Where a zstd shard may end whole: its end, and the start of its index frame (a
+    skippable frame at the end, format/embedded.py)."""
+    from shardloader.format.embedded import MAGIC
+
+    at = data.rfind(MAGIC.to_bytes(4, "little"))
+    whole = at >= 0 and at + 8 + int.from_bytes(data[at + 4 : at + 8], "little") == len(data)
+    return {len(data), at} if whole else {len(data)}
+
+
+def _cli(args: Sequence[str]) -> tuple[int, str]:
+    """Run the shardloader CLI in process: (exit code, stderr); a traceback raises."""
+    from shardloader.cli import main
+
+    err = io.StringIO()
+    code = 0
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            main(list(args), standalone_mode=False)
+        except SystemExit as exit_:
+            code = exit_.code if isinstance(exit_.code, int) else 1
+    return code, err.getvalue()
+
+
+def check(case: str, cache: str) -> dict[str, Any]:
+    """verify, inspect and read ``case``: each an outcome ``ok``/``error``/``traceback``."""
+    from shardloader.errors import ShardloaderError
+
+    result: dict[str, Any] = {}
+    for name in ("verify", "inspect"):
+        try:
+            code, err = _cli([name, case])
+            result[name] = ["ok" if code == 0 else "error", err.strip()[:600]]
+        except Exception:
+            result[name] = ["traceback", traceback.format_exc()[-1500:]]
+    try:
+        result["read"] = ["ok", read_samples(case, cache)]
+    except ShardloaderError as err:
+        result["read"] = ["error", str(err)[:400]]
+    except Exception:
+        result["read"] = ["traceback", traceback.format_exc()[-1500:]]
+    return result
+
+
+def run_child(cases: Sequence[str]) -> None:
+    """The child: check each case, one JSON line each, a START line before it."""
+    for case in cases:
+        print("START", case, flush=True)
+        with tempfile.TemporaryDirectory() as cache:
+            os.environ["SHARDLOADER_CACHE_DIR"] = cache
+            print("RESULT", json.dumps(check(case, os.path.join(cache, "c"))), flush=True)
+
+
+def run_cases(cases: Sequence[str], timeout: float = 600) -> dict[str, dict[str, Any]]:
+    """Check ``cases`` in child processes; a child that dies marks its case ``crash`` and a
+    new child goes on with the rest."""
+    results: dict[str, dict[str, Any]] = {}
+    todo = list(cases)
+    while todo:
+        proc = subprocess.run(
+            [sys.executable, __file__, "--child", *todo],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},  # this shardloader
+        )
+        current = None
+        for line in proc.stdout.splitlines():
+            if line.startswith("START "):
+                current = line[6:]
+            elif line.startswith("RESULT ") and current is not None:
+                results[current] = json.loads(line[7:])
+                current = None
+        if current is not None:  # died inside this case
+            results[current] = {"crash": [proc.returncode, proc.stderr[-1500:]]}
+        elif proc.returncode != 0 and not all(c in results for c in todo):
+            raise RuntimeError(f"fuzz child failed outside a case: {proc.stderr[-2000:]}")
+        todo = [c for c in todo if c not in results]
+    return results
+
+
+def judge(result: dict[str, Any], done: dict[str, Any], reference: list[Any]) -> list[str]:
+    """What is wrong with a case's outcome ([] when nothing)."""
+    shard, fixed = done["shard"], done["fixed"]
+    if "crash" in result:
+        return [f"crash (rc {result['crash'][0]}): {result['crash'][1][-300:]}"]
+    bad = []
+    stem = shard.split(".")[0]
+    for name in ("verify", "inspect", "read"):
+        outcome, detail = result[name]
+        if outcome == "traceback":
+            bad.append(f"{name} traceback: {detail.strip().splitlines()[-1]}")
+        elif outcome == "error" and stem not in detail:
+            bad.append(f"{name} error does not name {shard}: {detail}")
+    read_ok = result["read"][0] == "ok"
+    if read_ok and result["read"][1] != reference:
+        bad.append("read passed with changed samples")
+    if result["verify"][0] == "ok" and not (read_ok and result["read"][1] == reference):
+        bad.append(
+            f"verify passed, but the read: {result['read'][0]} {str(result['read'][1])[:200]}"
+        )
+    if done.get("cut_stream"):
+        bad += [
+            f"{name} passed a cut stream" for name in ("verify", "read") if result[name][0] == "ok"
+        ]
+    if not fixed and result["verify"][0] == "ok" and not read_ok:
+        bad.append("verify passed a shard whose checksum no longer matches")
+    return bad
+
+
+def templates(work: str, combos: Sequence[tuple[str, str]]) -> dict[str, list[Any]]:
+    """Pack each combo once under ``work``; its samples, read undamaged, by combo name."""
+    src = make_source(os.path.join(work, "src"))
+    refs = {}
+    for fmt, comp in combos:
+        out = os.path.join(work, f"{fmt}-{comp}")
+        if not os.path.exists(os.path.join(out, "index.json")):
+            shutil.rmtree(out, ignore_errors=True)
+            pack_template(src, out, fmt, comp)
+        refs[f"{fmt}-{comp}"] = read_samples(out, os.path.join(work, "refcache", f"{fmt}-{comp}"))
+    return refs
+
+
+def fuzz(
+    work: str,
+    runs: int,
+    seed: int,
+    combos: Sequence[tuple[str, str]],
+    fix_share: float = 0.8,
+    sidecars: float = 0.25,
+) -> Iterator[tuple[str, dict[str, Any], list[str]]]:
+    """``runs`` cases per combo: (case, what was done, what went wrong)."""
+    refs = templates(work, combos)
+    rng = random.Random(seed)
+    plan = []
+    for fmt, comp in combos:
+        name = f"{fmt}-{comp}"
+        for r in range(runs):
+            case = os.path.join(work, "cases", f"{name}-{r:04d}")
+            shutil.rmtree(case, ignore_errors=True)
+            shutil.copytree(os.path.join(work, name), case)
+            fixed = rng.random() < fix_share
+            done = mutate(case, rng, fixed, sidecars)
+            done["fixed"] = fixed
+            plan.append((case, name, done))
+    results = run_cases([case for case, _, _ in plan])
+    for case, name, done in plan:
+        yield case, done, judge(results[case], done, refs[name])
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        run_child(sys.argv[2:])
+        return
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "fuzz-shards"))
+    ap.add_argument("--runs", type=int, default=30, help="cases per format and compression")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--only", default=None, help="e.g. tar-zstd")
+    ap.add_argument("--keep-checksums", action="store_true", help="leave index.json as is")
+    ap.add_argument("--sidecars", type=float, default=0.25, help="share of sidecars damaged too")
+    args = ap.parse_args()
+    combos = [c for c in COMBOS if args.only in (None, f"{c[0]}-{c[1]}")]
+    failures = 0
+    share = 0.0 if args.keep_checksums else 0.8
+    for case, done, bad in fuzz(args.work, args.runs, args.seed, combos, share, args.sidecars):
+        if bad:
+            failures += 1
+            print(os.path.basename(case), json.dumps(done), *bad, sep="\n  ")
+    print(f"{failures} bad of {args.runs * len(combos)} cases")
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()
