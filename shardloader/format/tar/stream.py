@@ -156,14 +156,16 @@ def walk_members(
 def _read_trailer(stream: Bounded, max_member: int | None) -> None:
     """Read what follows the end-of-archive marker (more zero blocks: GNU tar pads to 10 KiB
     records) to the stream's end, so a stored stream cut short fails here as anywhere else
-    (``compress.decompressed``); bounded by ``max_member`` and the stream's limit."""
+    (``compress.decompressed``); bounded by the stream's limit (the manifest's ``raw_bytes``),
+    or without one (``index``) by ``max_member``."""
     trailing = 0
+    bound = max_member if stream.limit is None else None
     while chunk := stream.read(CHUNK):
         trailing += len(chunk)
         stream.reserve(0, "the data after the end-of-archive marker")
-        if max_member is not None and trailing > max_member:
+        if bound is not None and trailing > bound:
             raise ShardError(
-                f"more than {max_member:,} bytes after the end-of-archive "
+                f"more than {bound:,} bytes after the end-of-archive "
                 "marker; the shard is corrupt or hostile (a decompression bomb?)"
             )
 
