@@ -84,7 +84,14 @@ def mutate(case: str, rng: random.Random, fix: bool, sidecars: float = 0.25) -> 
         path = os.path.join(case, name)
         with open(path, "rb") as f:
             data = bytearray(f.read())
-        how = rng.choice(["bytes", "cut", "both"])
+        how = rng.choice(["bytes", "cut", "both", "inner", "inner", "insert"])
+        if how == "inner" and name != entry["path"]:
+            how = "bytes"  # a sidecar is damaged as it is stored
+        if how == "inner":
+            data = _mutate_inner(name, bytes(data), rng)
+        elif how == "insert":
+            at = rng.randrange(len(data) + 1)
+            data[at:at] = rng.randbytes(rng.choice([1, 7, 512, 4096]))
         if how in ("bytes", "both") and data:
             for _ in range(rng.choice([1, 1, 2, 4, 16])):
                 at = rng.randrange(len(data))
@@ -110,6 +117,57 @@ def mutate(case: str, rng: random.Random, fix: bool, sidecars: float = 0.25) -> 
         with open(os.path.join(case, "index.json"), "w") as f:
             json.dump(manifest, f)
     return done
+
+
+def _compression(name: str) -> str:
+    return "zstd" if name.endswith(".zst") else "gzip" if name.endswith(".gz") else "none"
+
+
+def _places(raw: bytes, name: str) -> list[int]:
+    """Offsets in an uncompressed shard where damage tells most: tar headers' name, size,
+    checksum and type fields; a token shard's header and records."""
+    if ".tar" in name:
+        heads = [b for b in range(0, len(raw) - 511, 512) if raw[b + 257 : b + 262] == b"ustar"]
+        fields = [*range(0, 100), *range(124, 136), *range(148, 157), 345]
+        return [h + f for h in heads for f in fields]
+    from shardloader.format.tokens.layout import HEADER_BYTES, Header
+
+    head = Header(raw[:HEADER_BYTES])
+    return [*range(0, 128), *range(head.records_at, len(raw))]
+
+
+def _mutate_inner(name: str, data: bytes, rng: random.Random) -> bytearray:
+    """Damage the uncompressed shard where it has structure and compress it again (the
+    compressed stream is whole, its content hostile); a zstd shard keeps its index frame."""
+    import gzip
+
+    import zstandard
+
+    comp = _compression(name)
+    frame = b""
+    if comp == "zstd":
+        ends = sorted(_frame_ends(data))
+        if len(ends) > 1:
+            data, frame = data[: ends[0]], data[ends[0] :]
+        raw = bytearray(zstandard.ZstdDecompressor().stream_reader(data).read())
+    else:
+        raw = bytearray(gzip.decompress(data) if comp == "gzip" else data)
+    places = _places(bytes(raw), name)
+    for _ in range(rng.choice([1, 1, 2, 3])):
+        if not raw:
+            break
+        at = rng.choice(places) if places and rng.random() < 0.8 else rng.randrange(len(raw))
+        at = min(at, len(raw) - 1)  # an earlier cut shortened it
+        kind = rng.random()
+        if kind < 0.6:
+            raw[at] = rng.choice([0, 0x30 + rng.randrange(10), 0xFF, rng.randrange(256)])
+        elif kind < 0.8:
+            del raw[at : at + rng.choice([1, 512, 4096])]
+        else:
+            raw[at:at] = rng.randbytes(rng.choice([1, 512]))
+    if comp == "zstd":
+        return bytearray(zstandard.ZstdCompressor(level=3).compress(bytes(raw)) + frame)
+    return bytearray(gzip.compress(bytes(raw), mtime=0) if comp == "gzip" else raw)
 
 
 def _frame_ends(data: bytes) -> set[int]:
