@@ -69,6 +69,22 @@ def read_samples(out: str, cache: str) -> list[list[Any]]:
     return samples
 
 
+def read_blocks(out: str, cache: str) -> list[str] | None:
+    """A token dataset's rows as ``TokenBlocks`` cuts them (each batch's ids, hex); None for
+    another format."""
+    import shardloader as sl
+    from shardloader.batching import TokenBlocks
+
+    manifest, _ = sl.read_manifest(out)
+    if manifest.format != "tokens":
+        return None
+    vocab = manifest.extra["tokenizer"]["vocab_size"]
+    planner = TokenBlocks(seq_len=64, rows_per_batch=4, pad_id=vocab)
+    opts = sl.ReadOptions(cache=sl.CacheOptions(dir=cache))
+    ds = sl.ShardedDataset(out, planner=planner, read=opts)
+    return [batch["input_ids"].numpy().tobytes().hex() for batch in ds]
+
+
 def mutate(case: str, rng: random.Random, fix: bool, sidecars: float = 0.25) -> dict[str, Any]:
     """Damage one shard of the dataset copied to ``case`` (and its sidecar, a ``sidecars``
     share of the time); return what was done."""
@@ -84,6 +100,7 @@ def mutate(case: str, rng: random.Random, fix: bool, sidecars: float = 0.25) -> 
         path = os.path.join(case, name)
         with open(path, "rb") as f:
             data = bytearray(f.read())
+        original = bytes(data)
         how = rng.choice(["bytes", "cut", "both", "inner", "inner", "insert"])
         if how == "inner" and name != entry["path"]:
             how = "bytes"  # a sidecar is damaged as it is stored
@@ -105,6 +122,7 @@ def mutate(case: str, rng: random.Random, fix: bool, sidecars: float = 0.25) -> 
             del data[cut:]
         with open(path, "wb") as f:
             f.write(data)
+        done["changed"] = done.get("changed", False) or data != original
         done["edits"].append([name, how, len(data)])
         if fix:
             digest = hashlib.sha256(bytes(data)).hexdigest()
@@ -205,12 +223,13 @@ def check(case: str, cache: str) -> dict[str, Any]:
             result[name] = ["ok" if code == 0 else "error", err.strip()[:600]]
         except Exception:
             result[name] = ["traceback", traceback.format_exc()[-1500:]]
-    try:
-        result["read"] = ["ok", read_samples(case, cache)]
-    except ShardloaderError as err:
-        result["read"] = ["error", str(err)[:400]]
-    except Exception:
-        result["read"] = ["traceback", traceback.format_exc()[-1500:]]
+    for name, read in (("read", read_samples), ("blocks", read_blocks)):
+        try:
+            result[name] = ["ok", read(case, f"{cache}-{name}")]
+        except ShardloaderError as err:
+            result[name] = ["error", str(err)[:400]]
+        except Exception:
+            result[name] = ["traceback", traceback.format_exc()[-1500:]]
     return result
 
 
@@ -251,37 +270,37 @@ def run_cases(cases: Sequence[str], timeout: float = 600) -> dict[str, dict[str,
     return results
 
 
-def judge(result: dict[str, Any], done: dict[str, Any], reference: list[Any]) -> list[str]:
-    """What is wrong with a case's outcome ([] when nothing)."""
+def judge(result: dict[str, Any], done: dict[str, Any], reference: dict[str, Any]) -> list[str]:
+    """What is wrong with a case's outcome ([] when nothing); ``reference``: the undamaged
+    dataset's ``read`` and ``blocks``."""
     shard, fixed = done["shard"], done["fixed"]
     if "crash" in result:
         return [f"crash (rc {result['crash'][0]}): {result['crash'][1][-300:]}"]
     bad = []
     stem = shard.split(".")[0]
-    for name in ("verify", "inspect", "read"):
-        outcome, detail = result[name]
+    for name, (outcome, detail) in result.items():
         if outcome == "traceback":
             bad.append(f"{name} traceback: {detail.strip().splitlines()[-1]}")
         elif outcome == "error" and stem not in detail:
             bad.append(f"{name} error does not name {shard}: {detail}")
-    read_ok = result["read"][0] == "ok"
-    if read_ok and result["read"][1] != reference:
-        bad.append("read passed with changed samples")
-    if result["verify"][0] == "ok" and not (read_ok and result["read"][1] == reference):
-        bad.append(
-            f"verify passed, but the read: {result['read'][0]} {str(result['read'][1])[:200]}"
-        )
+    same = {name: result[name] == ["ok", reference[name]] for name in reference}
+    for name in reference:
+        if result[name][0] == "ok" and not same[name]:
+            bad.append(f"{name} passed with changed samples")
+    if result["verify"][0] == "ok" and not all(same.values()):
+        bad.append(f"verify passed, but: {str({n: result[n] for n in reference})[:300]}")
     if done.get("cut_stream"):
         bad += [
             f"{name} passed a cut stream" for name in ("verify", "read") if result[name][0] == "ok"
         ]
-    if not fixed and result["verify"][0] == "ok" and not read_ok:
+    if not fixed and done["changed"] and result["verify"][0] == "ok":
         bad.append("verify passed a shard whose checksum no longer matches")
     return bad
 
 
-def templates(work: str, combos: Sequence[tuple[str, str]]) -> dict[str, list[Any]]:
-    """Pack each combo once under ``work``; its samples, read undamaged, by combo name."""
+def templates(work: str, combos: Sequence[tuple[str, str]]) -> dict[str, dict[str, Any]]:
+    """Pack each combo once under ``work``; its samples and blocks, read undamaged, by combo
+    name."""
     src = make_source(os.path.join(work, "src"))
     refs = {}
     for fmt, comp in combos:
@@ -289,7 +308,11 @@ def templates(work: str, combos: Sequence[tuple[str, str]]) -> dict[str, list[An
         if not os.path.exists(os.path.join(out, "index.json")):
             shutil.rmtree(out, ignore_errors=True)
             pack_template(src, out, fmt, comp)
-        refs[f"{fmt}-{comp}"] = read_samples(out, os.path.join(work, "refcache", f"{fmt}-{comp}"))
+        cache = os.path.join(work, "refcache", f"{fmt}-{comp}")
+        refs[f"{fmt}-{comp}"] = {
+            "read": read_samples(out, cache + "-read"),
+            "blocks": read_blocks(out, cache + "-blocks"),
+        }
     return refs
 
 
@@ -301,7 +324,7 @@ def fuzz(
     fix_share: float = 0.8,
     sidecars: float = 0.25,
 ) -> Iterator[tuple[str, dict[str, Any], list[str]]]:
-    """``runs`` cases per combo: (case, what was done, what went wrong)."""
+    """``runs`` cases per combo: (case, what was done, what went wrong, the outcomes)."""
     refs = templates(work, combos)
     rng = random.Random(seed)
     plan = []
@@ -317,7 +340,7 @@ def fuzz(
             plan.append((case, name, done))
     results = run_cases([case for case, _, _ in plan])
     for case, name, done in plan:
-        yield case, done, judge(results[case], done, refs[name])
+        yield case, done, judge(results[case], done, refs[name]), results[case]
 
 
 def main() -> None:
@@ -335,10 +358,17 @@ def main() -> None:
     combos = [c for c in COMBOS if args.only in (None, f"{c[0]}-{c[1]}")]
     failures = 0
     share = 0.0 if args.keep_checksums else 0.8
-    for case, done, bad in fuzz(args.work, args.runs, args.seed, combos, share, args.sidecars):
+    outcomes: dict[str, int] = {}
+    for case, done, bad, result in fuzz(
+        args.work, args.runs, args.seed, combos, share, args.sidecars
+    ):
         if bad:
             failures += 1
             print(os.path.basename(case), json.dumps(done), *bad, sep="\n  ")
+        seen = " ".join(f"{k}:{v[0]}" for k, v in result.items() if k != "inspect")
+        outcomes[seen] = outcomes.get(seen, 0) + 1
+    for seen, count in sorted(outcomes.items(), key=lambda x: -x[1]):
+        print(f"{count:6d}  {seen}")
     print(f"{failures} bad of {args.runs * len(combos)} cases")
     sys.exit(1 if failures else 0)
 
