@@ -115,7 +115,7 @@ _SKIPPABLE = 0x184D2A50  # to 0x184D2A5F: a skippable frame (the tar index rides
 class _ZstdFrames:
     """The compressed stream on its way into zstd's reader, its frames followed from their
     headers (a few per 128 KiB block): zstd's reader ends quietly where its source ends, even
-    inside a frame, so :meth:`whole` tells a stream cut short from a complete one."""
+    inside a frame, so this source raises there instead."""
 
     def __init__(self, src: BinaryIO) -> None:
         self._src = src
@@ -123,10 +123,12 @@ class _ZstdFrames:
         self._need = 4  # bytes that header takes
         self._state = "magic"
         self._skip = 0  # bytes of block data (or a skippable frame) still to pass
-        self._last = self._checksum = False
+        self._checksum = False
 
     def read(self, n: int) -> bytes:
         data = self._src.read(n)
+        if not data and (self._state != "magic" or self._head or self._skip):
+            raise ShardError("truncated shard: the zstd stream ends inside a frame")
         at, size = 0, len(data)
         while at < size:
             if self._skip:
@@ -164,35 +166,16 @@ class _ZstdFrames:
                 self._skip += 4 * self._checksum
                 self._state, self._need = "magic", 4
 
-    def whole(self) -> bool:
-        """Whether the stream read so far ends where a frame ends."""
-        return self._state == "magic" and not self._head and not self._skip
-
-
-class _Zstd:
-    """zstd's reader of ``src``, which raises where the stream ends inside a frame."""
-
-    def __init__(self, src: BinaryIO) -> None:
-        self._frames = _ZstdFrames(src)
-        # reads the source a CHUNK at a time: what stores hand out
-        self._reader = zstandard.ZstdDecompressor().stream_reader(
-            self._frames,  # type: ignore[arg-type]
-            read_size=CHUNK,
-            read_across_frames=True,
-        )
-
-    def read(self, n: int = -1) -> bytes:
-        data = self._reader.read(n)
-        if not data and n and not self._frames.whole():
-            raise ShardError("truncated shard: the zstd stream ends inside a frame")
-        return data
-
 
 def decompressed(src: BinaryIO, compression: str) -> BinaryIO:
     """``src`` (a stored shard) read through its compression; a stream cut short raises
     (ShardError, or gzip's EOFError: :func:`decompressing`) where it ends."""
-    if compression == "zstd":
-        return _Zstd(src)  # type: ignore[return-value]
+    if compression == "zstd":  # reads the source a CHUNK at a time: what stores hand out
+        return zstandard.ZstdDecompressor().stream_reader(  # type: ignore[return-value]
+            _ZstdFrames(src),  # type: ignore[arg-type]
+            read_size=CHUNK,
+            read_across_frames=True,
+        )
     if compression == "gzip":
         return gzip.GzipFile(fileobj=src, mode="rb")  # type: ignore[return-value]
     if compression == "none":
