@@ -108,7 +108,6 @@ class CompressedSink:
         self.stored.flush()
 
 
-_ZSTD_MAGIC = 0xFD2FB528
 _SKIPPABLE = 0x184D2A50  # to 0x184D2A5F: a skippable frame (the tar index rides in one)
 
 
