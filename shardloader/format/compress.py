@@ -108,11 +108,72 @@ class CompressedSink:
         self.stored.flush()
 
 
+_SKIPPABLE = 0x184D2A50  # to 0x184D2A5F: a skippable frame (the tar index rides in one)
+
+
+class _ZstdFrames:
+    """The compressed stream on its way into zstd's reader, its frames followed from their
+    headers (a few per 128 KiB block): zstd's reader ends quietly where its source ends, even
+    inside a frame, so this source raises there instead."""
+
+    def __init__(self, src: BinaryIO) -> None:
+        self._src = src
+        self._head = b""  # the bytes of the header being read
+        self._need = 4  # bytes that header takes
+        self._state = "magic"
+        self._skip = 0  # bytes of block data (or a skippable frame) still to pass
+        self._checksum = False
+
+    def read(self, n: int) -> bytes:
+        data = self._src.read(n)
+        if not data and (self._state != "magic" or self._head or self._skip):
+            raise ShardError("truncated shard: the zstd stream ends inside a frame")
+        at, size = 0, len(data)
+        while at < size:
+            if self._skip:
+                step = min(self._skip, size - at)
+                self._skip -= step
+                at += step
+                continue
+            step = min(self._need - len(self._head), size - at)
+            self._head += bytes(data[at : at + step])
+            at += step
+            if len(self._head) == self._need:
+                self._parse(self._head)
+        return data
+
+    def _parse(self, head: bytes) -> None:
+        """Take the header ``head`` of the current state; set the next state."""
+        value = int.from_bytes(head, "little")
+        state, self._head, self._need = self._state, b"", 3
+        if state == "magic" and value & ~0xF == _SKIPPABLE:
+            self._state, self._need = "skippable", 4
+        elif state == "magic":  # zstd's reader refuses anything but a frame itself
+            self._state, self._need = "descriptor", 1
+        elif state == "skippable":
+            self._state, self._need, self._skip = "magic", 4, value
+        elif state == "descriptor":  # window, dictionary id and content size fields
+            single, dict_flag, size_flag = value >> 5 & 1, value & 3, value >> 6
+            self._checksum = bool(value & 4)
+            self._skip = (1 - single) + (0, 1, 2, 4)[dict_flag]
+            self._skip += (single, 2, 4, 8)[size_flag]
+            self._state = "block"
+        elif state == "block":  # last-block bit, type, size: RLE blocks store one byte
+            kind, size = value >> 1 & 3, value >> 3
+            self._skip = 1 if kind == 1 else size
+            if value & 1:  # the frame's last block, then its checksum, if it has one
+                self._skip += 4 * self._checksum
+                self._state, self._need = "magic", 4
+
+
 def decompressed(src: BinaryIO, compression: str) -> BinaryIO:
-    """``src`` (a stored shard) read through its compression."""
+    """``src`` (a stored shard) read through its compression; a stream cut short raises
+    (ShardError, or gzip's EOFError: :func:`decompressing`) where it ends."""
     if compression == "zstd":  # reads the source a CHUNK at a time: what stores hand out
         return zstandard.ZstdDecompressor().stream_reader(  # type: ignore[return-value]
-            src, read_size=CHUNK, read_across_frames=True
+            _ZstdFrames(src),  # type: ignore[arg-type]
+            read_size=CHUNK,
+            read_across_frames=True,
         )
     if compression == "gzip":
         return gzip.GzipFile(fileobj=src, mode="rb")  # type: ignore[return-value]

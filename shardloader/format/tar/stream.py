@@ -15,7 +15,7 @@ import xxhash
 
 from shardloader.errors import ShardError
 from shardloader.format.base import Sample
-from shardloader.format.compress import Bounded, decompressed, decompressing
+from shardloader.format.compress import CHUNK, Bounded, decompressed, decompressing
 from shardloader.format.keys import check_key
 from shardloader.format.tar.layout import EMPTY
 
@@ -100,13 +100,16 @@ def walk_members(
     skipped in bounded chunks when it asks for the next member, so no member is ever held
     whole unless the consumer reads it.  Raise ShardError on any malformation, on a member
     larger than ``max_member`` and on anything past the stream's limit.  A whole shard ends with
-    a zero block; a single sample's bytes (``require_end=False``) don't.
+    a zero block, and is read to its end; a single sample's bytes (``require_end=False``)
+    don't.
     """
     long_name: str | None = None
     pax: dict[str, str] = {}
     while True:
         header = stream.read(BLOCK)
         if header == _ZERO_BLOCK:
+            if require_end:
+                _read_trailer(stream, max_member)
             return
         if not header:
             if require_end:
@@ -148,6 +151,23 @@ def walk_members(
         yield name, size
         consumed = stream.pos - start
         stream.skip(padded - consumed, f"member {name!r}")
+
+
+def _read_trailer(stream: Bounded, max_member: int | None) -> None:
+    """Read what follows the end-of-archive marker (more zero blocks: GNU tar pads to 10 KiB
+    records) to the stream's end, so a stored stream cut short fails here as anywhere else
+    (``compress.decompressed``); bounded by the stream's limit (the manifest's ``raw_bytes``),
+    or without one (``index``) by ``max_member``."""
+    trailing = 0
+    bound = max_member if stream.limit is None else None
+    while chunk := stream.read(CHUNK):
+        trailing += len(chunk)
+        stream.reserve(0, "the data after the end-of-archive marker")
+        if bound is not None and trailing > bound:
+            raise ShardError(
+                f"more than {bound:,} bytes after the end-of-archive "
+                "marker; the shard is corrupt or hostile (a decompression bomb?)"
+            )
 
 
 def iter_members(

@@ -1,0 +1,110 @@
+"""Damaged tar and token shards end in a clear error naming the shard, never a crash, a
+traceback or a silent pass (the promise: "Bad input gets a clear error and loses nothing").
+
+A hostile or buggy producer can write a damaged shard *and* its matching sha256 into
+index.json; then only the shard's own structure and per-sample checksums stand between the
+damage and the user.  The fuzz (tools/fuzz_shards.py, fixed seeds) runs ``verify``, ``inspect``
+and a full read of each damaged copy in a child process, so a crash fails this test instead of
+ending pytest.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import random
+
+import fuzz_shards
+import pytest
+import zstandard
+
+import shardloader as sl
+from shardloader.errors import ShardError
+from shardloader.format.compress import decompressed, decompressing
+from shardloader.format.embedded import MAGIC
+from shardloader.format.registry import get_format
+from shardloader.read.verify import verify_dataset
+
+RUNS = 20  # cases per format and compression
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return str(tmp_path_factory.mktemp("fuzz"))
+
+
+@pytest.mark.parametrize("fmt", ["tar", "tokens"])
+def test_damaged_shards_fail_naming_the_shard_or_read_the_same(work: str, fmt: str) -> None:
+    combos = [(fmt, comp) for comp in ("none", "zstd", "gzip")]
+    outcomes = list(fuzz_shards.fuzz(work, RUNS, 12, combos, fix_share=0.8, sidecars=0.0))
+    bad = [(os.path.basename(case), done, wrong) for case, done, wrong, _ in outcomes if wrong]
+    assert not bad, "\n".join(map(str, bad))
+    assert len(outcomes) == 3 * RUNS
+    caught = sum(result["verify"][0] == "error" for *_, result in outcomes)
+    assert caught > RUNS  # the damage mostly tells: the fuzz is not a no-op
+
+
+def _cut_zstd_tar(tmp_path, at) -> tuple[str, str]:
+    """A packed zstd tar dataset whose first shard is cut at ``at(shard bytes)``, with the
+    manifest's sha256 and sizes made to match (a producer that wrote them after the damage)."""
+    src = fuzz_shards.make_source(str(tmp_path / "src"), n=20)
+    out = str(tmp_path / "out")
+    fuzz_shards.pack_template(src, out, "tar", "zstd")
+    with open(os.path.join(out, "index.json")) as f:
+        manifest = json.load(f)
+    entry = manifest["shards"][0]
+    path = os.path.join(out, entry["path"])
+    with open(path, "rb") as f:
+        data = f.read()
+    data = data[: at(data)]
+    with open(path, "wb") as f:
+        f.write(data)
+    entry["bytes"] = len(data)
+    entry["sha256"] = fuzz_shards.hashlib.sha256(data).hexdigest()
+    manifest["bytes"] = sum(s["bytes"] for s in manifest["shards"])
+    with open(os.path.join(out, "index.json"), "w") as f:
+        json.dump(manifest, f)
+    return out, path
+
+
+def _index_frame_start(data: bytes) -> int:
+    return data.rindex(MAGIC.to_bytes(4, "little"))  # the skippable frame the index rides in
+
+
+@pytest.mark.parametrize(
+    "at",
+    [
+        lambda d: len(d) - 3,
+        lambda d: _index_frame_start(d) - 2,
+        lambda d: _index_frame_start(d) + 5,
+    ],
+    ids=["in-the-index-frame", "in-the-tar-frame", "in-the-frame-header"],
+)
+def test_a_zstd_tar_cut_mid_stream_fails_where_it_is_read(tmp_path, at) -> None:
+    out, path = _cut_zstd_tar(tmp_path, at)
+    with open(path, "rb") as f, pytest.raises(ShardError, match="truncated shard"):
+        for _ in get_format("tar").iter_stored(f, "zstd", "the shard"):
+            pass
+    report = verify_dataset(out)
+    assert [p.path for p in report.bad] == [os.path.basename(path)]
+    assert "truncated" in "; ".join(report.bad[0].reasons)
+    opts = sl.ReadOptions(cache=sl.CacheOptions(dir=str(tmp_path / "cache")))
+    with pytest.raises(ShardError, match=os.path.basename(path)):
+        list(sl.ShardedDataset(out, decoder=None, read=opts))
+
+
+def test_a_zstd_stream_is_whole_only_at_a_frame_end() -> None:
+    data = random.Random(1).randbytes(1000) + b"a" * 300_000
+    frames = [zstandard.ZstdCompressor(level=3, write_checksum=c).compress(data) for c in (0, 1)]
+    stream = frames[0] + frames[1] + b"\x50\x2a\x4d\x18" + (5).to_bytes(4, "little") + b"hello"
+    ends = {len(frames[0]), len(frames[0]) + len(frames[1]), len(stream)}
+    for cut in sorted(ends | set(random.Random(2).sample(range(len(stream)), 60))):
+        reader = decompressed(io.BytesIO(stream[:cut]), "zstd")
+        if cut in ends:
+            while reader.read(1 << 16):
+                pass
+            continue
+        with pytest.raises(ShardError), decompressing():  # zstd's own error or the cut's
+            while reader.read(1 << 16):
+                pass
