@@ -84,6 +84,12 @@ class EpochPlan:
     earlier: tuple[tuple[Any, list[np.ndarray]], ...] = ()
 
     @property
+    def delivered_before(self) -> list[np.ndarray]:
+        """Every batch the earlier links of the reshape history delivered, in link order (a new
+        list)."""
+        return [b for _, taken in self.earlier for b in taken]
+
+    @property
     def seed_offset(self) -> int:
         """Added to the step numbers that seed augmentation: after a batch-shape change the
         rest's steps count from 0 again, and must not draw what earlier batches drew."""
@@ -155,17 +161,6 @@ class EpochPlanner:
             np.asarray(node_order(self.seed, self.shuffle, epoch, nodes, n, units))
             for n in range(nodes)
         ]
-
-    def order(self, epoch: int, lengths: np.ndarray | None = None) -> np.ndarray:
-        """The epoch's sample order with one partition (what :meth:`node_orders` splits)."""
-        return self.node_orders(epoch, 1, lengths)[0]
-
-    def epoch_ids(self, epoch: int, plans: Sequence[EpochPlan], lengths: Any) -> np.ndarray:
-        """Every sample id of the epoch, for the accounting: the partitions' orders together
-        (after a resume they hold only the rest, and the epoch's whole order is planned)."""
-        if plans[0].earlier:
-            return self.order(epoch, lengths)
-        return np.concatenate([np.asarray(p.order) for p in plans])
 
     def lists(
         self,
@@ -244,7 +239,6 @@ class EpochPlanner:
         partition's, :meth:`cluster`)."""
         plans = [plans] if isinstance(plans, EpochPlan) else list(plans)
         first = plans[0]
-        earlier = [b for _, taken in first.earlier for b in taken]
         total = int(np.sum(self.shard_sizes))
         steps = first.slots.steps_per_rank
         if self.planner is not None and self.planner.units == "rows":  # batching/blocks.py
@@ -262,7 +256,7 @@ class EpochPlanner:
         order, batches, acc = self.accounted(epoch, plans, lengths, collate_fn)
         padded = sum(p.delivered()[1] for p in plans)
         if first.earlier and acc.padded_tokens is not None:  # slots as each link allocated
-            mine = batches[len(earlier) :]
+            mine = batches[len(first.delivered_before) :]
             slots = self._account(order, mine, lengths, collate_fn).padded_tokens or 0
             for link, taken in first.earlier:
                 slots += link._account(order, taken, lengths, collate_fn).padded_tokens or 0
@@ -286,9 +280,12 @@ class EpochPlanner:
     ) -> tuple[np.ndarray, list[np.ndarray], PlanReport]:
         """The epoch's whole order, every batch its steps deliver (earlier links' first) and
         their accounting: what :meth:`report` and the ledger count."""
-        batches = [b for _, taken in plans[0].earlier for b in taken]
-        batches += [b for p in plans for b in p.delivered()[0]]
-        order = self.epoch_ids(epoch, plans, lengths)
+        first = plans[0]
+        batches = first.delivered_before + [b for p in plans for b in p.delivered()[0]]
+        if first.earlier:  # the plans hold only the rest: the epoch's whole order, planned
+            order = self.node_orders(epoch, 1, lengths)[0]
+        else:
+            order = np.concatenate([np.asarray(p.order) for p in plans])
         return order, batches, self._account(order, batches, lengths, collate_fn)
 
     def _account(

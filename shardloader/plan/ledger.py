@@ -285,8 +285,7 @@ def _rows_ledger(
     sizes = np.asarray(planning.shard_sizes, np.int64)
     lens = np.asarray(lengths, np.int64)
     lay = planner.layout(sizes, lengths)
-    earlier = [b for _, taken in plans[0].earlier for b in taken]
-    kept, planned, repeats = list(earlier), list(earlier), []
+    kept, planned, repeats = plans[0].delivered_before, plans[0].delivered_before, []
     for part, p in enumerate(plans):
         n = p.num_batches
         kept += p.kept()
