@@ -28,7 +28,6 @@ __all__ = [
     "FixedBatchList",
     "cut_fixed_batches",
     "common_steps",
-    "fixed_count",
     "rank_slots",
 ]
 
@@ -118,14 +117,6 @@ class FixedBatchList(Sequence[np.ndarray]):
         head = np.asarray(self.order[lo : self.total], np.int64)
         wrap = np.arange(hi - self.total, dtype=np.int64) % self.total  # np.resize's rule
         return np.concatenate([head, np.asarray(self.order[wrap], np.int64)])
-
-
-def fixed_count(total: int, batch_size: int, uneven: str) -> int:
-    """Batches :class:`FixedBatchList` cuts from an order of ``total`` samples (arithmetic)."""
-    tail = total % batch_size
-    if tail and uneven == "pad" and total:
-        return total // batch_size + 1
-    return total // batch_size
 
 
 @dataclass(frozen=True)
