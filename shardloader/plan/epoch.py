@@ -22,7 +22,7 @@ from shardloader.batching.fixed import FixedBatches, account_fixed
 from shardloader.errors import UsageError
 from shardloader.options import ShuffleOptions
 from shardloader.plan.elastic import normalise, replan
-from shardloader.plan.lists import NodeLists, node_lists, node_order, units_of
+from shardloader.plan.lists import node_lists, node_order, units_of
 from shardloader.plan.order import EpochOrder
 from shardloader.plan.partition import Partition
 from shardloader.plan.rowmix import epoch_tokens
@@ -162,20 +162,6 @@ class EpochPlanner:
             for n in range(nodes)
         ]
 
-    def lists(
-        self,
-        epoch: int,
-        partition: Partition,
-        lengths: np.ndarray | None,
-        history: Sequence[Any] = (),
-        only: int | None = None,
-    ) -> NodeLists:
-        """Every partition's batch count and lists (of ``only``, or all): after batch-shape or
-        partition changes, the chain's rest (:func:`~shardloader.plan.elastic.replan`)."""
-        if history:
-            return replan(self, epoch, lengths, normalise(history), partition.nodes)
-        return node_lists(self, epoch, partition.nodes, lengths, only)
-
     def plan(
         self,
         epoch: int,
@@ -192,9 +178,7 @@ class EpochPlanner:
         part = partition or Partition(1, world)
         if part.world_size != world:
             raise UsageError(f"{part} does not make a world of {world} ranks")
-        node = part.node_of(rank)
-        lists = self.lists(epoch, part, lengths, history, only=node)
-        return self._rank_plan(lists, node, part.local_rank(rank), part, start)
+        return self.cluster(epoch, start, part, lengths, history, rank)[0]
 
     def cluster(
         self,
@@ -203,30 +187,38 @@ class EpochPlanner:
         partition: Partition,
         lengths: np.ndarray | None,
         history: Sequence[Any] = (),
+        rank: int | None = None,
     ) -> list[EpochPlan]:
-        """Every partition's plan (as read by its first rank): what the report and the
-        ledger count."""
-        lists = self.lists(epoch, partition, lengths, history)
-        return [self._rank_plan(lists, n, 0, partition, start) for n in range(partition.nodes)]
-
-    def _rank_plan(
-        self, lists: NodeLists, node: int, local: int, part: Partition, start: int
-    ) -> EpochPlan:
-        if start % part.nodes:
+        """Every partition's plan as its first rank reads it (what the report and the ledger
+        count), or only ``rank``'s (its partition's batches alone are cut where they can be);
+        after batch-shape or partition changes, the chain's rest
+        (:func:`~shardloader.plan.elastic.replan`)."""
+        if start % partition.nodes:
             raise UsageError(
-                f"position {start} is not a step boundary of {part}: a position counts the "
-                f"global batches of whole steps, a multiple of the {part.world_size} ranks"
+                f"position {start} is not a step boundary of {partition}: a position counts the "
+                f"global batches of whole steps, a multiple of the {partition.world_size} ranks"
             )
-        k0 = start // part.nodes  # each partition's batches consumed
-        steps = common_steps(lists.counts, k0, part.ranks, self.uneven)
-        got = lists.lists[node]
-        n = lists.counts[node]
-        slots = rank_slots(
-            n, k0, local, part.ranks, self.uneven, steps=steps, node=node, nodes=part.nodes
-        )
-        return EpochPlan(
-            got.order, got.batches, slots, got.pad_in_last, got.dropped, n, k0, lists.earlier
-        )
+        nodes, ranks = partition.nodes, partition.ranks
+        only = None if rank is None else partition.node_of(rank)
+        if history:
+            lists = replan(self, epoch, lengths, normalise(history), nodes)
+        else:
+            lists = node_lists(self, epoch, nodes, lengths, only)
+        k0 = start // nodes  # each partition's batches consumed
+        steps = common_steps(lists.counts, k0, ranks, self.uneven)
+        local, earlier = 0 if rank is None else partition.local_rank(rank), lists.earlier
+        plans = []
+        for node in range(nodes) if only is None else [only]:
+            got, n = lists.lists[node], lists.counts[node]
+            slots = rank_slots(
+                n, k0, local, ranks, self.uneven, steps=steps, node=node, nodes=nodes
+            )
+            plans.append(
+                EpochPlan(
+                    got.order, got.batches, slots, got.pad_in_last, got.dropped, n, k0, earlier
+                )
+            )
+        return plans
 
     def report(
         self,
