@@ -126,7 +126,7 @@ class BatchSlots:
     The batches are its partition's (NOTE [node partitions] in :mod:`shardloader.plan.partition`:
     with one partition, the epoch's): the rank's ``j``-th step is slot ``q = start + j *
     world_size + rank``, ``world_size`` and ``rank`` counted inside the partition.  ``slots[j]``
-    is the index of the batch it reads (``q``, or for padding ``q - M mod M``) and
+    is the index of the batch it reads (``q mod M``: ``q``, or for padding one from the start) and
     ``seeds[j] = q * nodes + node`` a number no other step of the job has, which seeds
     augmentation (``q`` itself with one partition).  :meth:`steps` gives both for any steps;
     the ``slots``/``seeds`` properties build them for the whole pass.
@@ -145,11 +145,8 @@ class BatchSlots:
     def steps(self, js: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(slots, seeds)`` of this rank's steps ``js``."""
         q = self.start + np.asarray(js, np.int64) * self.world_size + self.rank
-        batches = q.copy()
-        past = q >= self.num_batches
-        if self.num_batches and past.any():
-            batches[past] = (q[past] - self.num_batches) % self.num_batches
-        return batches, (q * self.nodes + self.node if self.nodes > 1 else q)
+        slots = q % self.num_batches if self.num_batches else q  # past the end: from the start
+        return slots, (q * self.nodes + self.node if self.nodes > 1 else q)
 
     def repeats(self, seed: int) -> bool:
         """Whether the step of seed number ``seed`` repeats a batch to even out the ranks."""
@@ -158,11 +155,7 @@ class BatchSlots:
     def slot_of(self, j: int) -> int:
         """``steps([j])[0][0]`` as a plain int (one step, no arrays)."""
         q = self.start + j * self.world_size + self.rank
-        return (
-            q
-            if q < self.num_batches or not self.num_batches
-            else (q - self.num_batches) % self.num_batches
-        )
+        return q % self.num_batches if self.num_batches else q
 
     def worker_steps(self, worker: int, num_workers: int) -> range:
         """The rank steps DataLoader worker ``worker`` of ``num_workers`` reads (``j mod K``)."""
@@ -211,7 +204,7 @@ def rank_slots(
     """Assign batches ``start..num_batches-1`` to ``rank`` of ``world_size``.
 
     Slot ``q`` (counted from the epoch's start) holds batch ``q``; slots past the end, which even
-    out the ranks under ``pad``, repeat the epoch's batches from its beginning: ``q - M mod M``.
+    out the ranks under ``pad``, repeat the epoch's batches from its beginning: ``q mod M``.
     Padding therefore depends only on the slot, so a run resumed at ``start`` sees exactly the
     batches an uninterrupted run would.  A ``start`` past the last batch leaves nothing to do.
     ``steps`` (:func:`common_steps` over every partition, for partition ``node`` of ``nodes``)
