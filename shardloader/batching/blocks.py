@@ -31,7 +31,7 @@ Python.  The pass (:mod:`shardloader.read.samplepass`) loads rows through the to
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -253,9 +253,7 @@ class TokenBlocks(BatchPlanner):
         g = token_bases[shard] + lo
         inside = np.searchsorted(bounds, g, side="right")
         inside_end = np.searchsorted(bounds, g + n, side="left")
-        return RowLayout(
-            self.seq_len, shard_tokens, token_bases, row_bounds, bounds, inside, inside_end
-        )
+        return replace(lay, inside=inside, inside_end=inside_end)
 
     def plan(
         self, order: np.ndarray, lengths: np.ndarray | None, rng: np.random.Generator

@@ -136,8 +136,7 @@ class PadCollate:
             else:
                 arrays = [a[max(len(a) - keep, 0) :] for a in arrays]
             lens = [min(n, keep) for n in lens]
-        m = self.pad_to_multiple_of
-        width = -(-max(lens) // m) * m
+        width = padded_length(max(lens), self.pad_to_multiple_of)
         shape = (len(arrays), width, *trailing.pop())
         right = self.padding_side == "right"
         # numpy fills and casts (uint16 → int64) far cheaper than torch indexing
@@ -360,8 +359,11 @@ class BucketBatches(_PadsBatches):
     def plan(
         self, order: np.ndarray, lengths: np.ndarray | None, rng: np.random.Generator
     ) -> list[np.ndarray]:
-        if self.max_tokens is not None:
-            return self._budget.plan(order, lengths, rng)
+        if self.max_tokens is not None:  # TokenBudgetBatches' cut, oversize="error"
+            budget = TokenBudgetBatches(
+                self.max_tokens, window=self.window, pad_to_multiple_of=self.pad_to_multiple_of
+            )
+            return budget.plan(order, lengths, rng)
         ids = as_ids(order)
         lens = lengths_of(type(self).__name__, ids, lengths)
         bs = self.batch_size
@@ -377,10 +379,3 @@ class BucketBatches(_PadsBatches):
     def explain_dropped(self, tokens: int | None) -> str:
         """Why the plan left a sample out (for the ledger): only ``drop_last`` does."""
         return f"drop_last=True: at the end of the order, short of batch_size={self.batch_size}"
-
-    @property
-    def _budget(self) -> TokenBudgetBatches:
-        assert self.max_tokens is not None
-        return TokenBudgetBatches(
-            self.max_tokens, window=self.window, pad_to_multiple_of=self.pad_to_multiple_of
-        )

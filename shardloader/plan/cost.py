@@ -114,7 +114,7 @@ def node_shards(
             shard = np.searchsorted(starts, ids[keep], side="right") - 1
             seen[rank // ranks_per_node, shard] = True
         for q in range(plan.num_batches, read):  # repeats that even out the ranks
-            ids = np.asarray(plan.batches[(q - plan.num_batches) % plan.num_batches])
+            ids = np.asarray(plan.batches[q % plan.num_batches])
             shard = np.searchsorted(starts, ids, side="right") - 1
             seen[(n * partition.ranks + q % partition.ranks) // ranks_per_node, shard] = True
     return [np.flatnonzero(row) for row in seen]

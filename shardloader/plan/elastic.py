@@ -189,7 +189,7 @@ def _taken(batches: Sequence[np.ndarray], count: int, consumed: int) -> list[np.
     repeat from its start, as ``split.rank_slots`` deals them)."""
     if not count:
         return []
-    return [batches[q if q < count else (q - count) % count] for q in range(consumed)]
+    return [batches[q % count] for q in range(consumed)]
 
 
 def replan(

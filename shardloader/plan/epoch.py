@@ -22,7 +22,7 @@ from shardloader.batching.fixed import FixedBatches, account_fixed
 from shardloader.errors import UsageError
 from shardloader.options import ShuffleOptions
 from shardloader.plan.elastic import normalise, replan
-from shardloader.plan.lists import NodeLists, node_lists, node_order, units_of
+from shardloader.plan.lists import node_lists, node_order, units_of
 from shardloader.plan.order import EpochOrder
 from shardloader.plan.partition import Partition
 from shardloader.plan.rowmix import epoch_tokens
@@ -82,6 +82,12 @@ class EpochPlan:
     # after batch-shape or partition changes: (planning, batches it delivered, every
     # partition's) per earlier link (NOTE [reshape history] in shardloader/plan/elastic.py)
     earlier: tuple[tuple[Any, list[np.ndarray]], ...] = ()
+
+    @property
+    def delivered_before(self) -> list[np.ndarray]:
+        """Every batch the earlier links of the reshape history delivered, in link order (a new
+        list)."""
+        return [b for _, taken in self.earlier for b in taken]
 
     @property
     def seed_offset(self) -> int:
@@ -156,31 +162,6 @@ class EpochPlanner:
             for n in range(nodes)
         ]
 
-    def order(self, epoch: int, lengths: np.ndarray | None = None) -> np.ndarray:
-        """The epoch's sample order with one partition (what :meth:`node_orders` splits)."""
-        return self.node_orders(epoch, 1, lengths)[0]
-
-    def epoch_ids(self, epoch: int, plans: Sequence[EpochPlan], lengths: Any) -> np.ndarray:
-        """Every sample id of the epoch, for the accounting: the partitions' orders together
-        (after a resume they hold only the rest, and the epoch's whole order is planned)."""
-        if plans[0].earlier:
-            return self.order(epoch, lengths)
-        return np.concatenate([np.asarray(p.order) for p in plans])
-
-    def lists(
-        self,
-        epoch: int,
-        partition: Partition,
-        lengths: np.ndarray | None,
-        history: Sequence[Any] = (),
-        only: int | None = None,
-    ) -> NodeLists:
-        """Every partition's batch count and lists (of ``only``, or all): after batch-shape or
-        partition changes, the chain's rest (:func:`~shardloader.plan.elastic.replan`)."""
-        if history:
-            return replan(self, epoch, lengths, normalise(history), partition.nodes)
-        return node_lists(self, epoch, partition.nodes, lengths, only)
-
     def plan(
         self,
         epoch: int,
@@ -197,9 +178,7 @@ class EpochPlanner:
         part = partition or Partition(1, world)
         if part.world_size != world:
             raise UsageError(f"{part} does not make a world of {world} ranks")
-        node = part.node_of(rank)
-        lists = self.lists(epoch, part, lengths, history, only=node)
-        return self._rank_plan(lists, node, part.local_rank(rank), part, start)
+        return self.cluster(epoch, start, part, lengths, history, rank)[0]
 
     def cluster(
         self,
@@ -208,30 +187,38 @@ class EpochPlanner:
         partition: Partition,
         lengths: np.ndarray | None,
         history: Sequence[Any] = (),
+        rank: int | None = None,
     ) -> list[EpochPlan]:
-        """Every partition's plan (as read by its first rank): what the report and the
-        ledger count."""
-        lists = self.lists(epoch, partition, lengths, history)
-        return [self._rank_plan(lists, n, 0, partition, start) for n in range(partition.nodes)]
-
-    def _rank_plan(
-        self, lists: NodeLists, node: int, local: int, part: Partition, start: int
-    ) -> EpochPlan:
-        if start % part.nodes:
+        """Every partition's plan as its first rank reads it (what the report and the ledger
+        count), or only ``rank``'s (its partition's batches alone are cut where they can be);
+        after batch-shape or partition changes, the chain's rest
+        (:func:`~shardloader.plan.elastic.replan`)."""
+        if start % partition.nodes:
             raise UsageError(
-                f"position {start} is not a step boundary of {part}: a position counts the "
-                f"global batches of whole steps, a multiple of the {part.world_size} ranks"
+                f"position {start} is not a step boundary of {partition}: a position counts the "
+                f"global batches of whole steps, a multiple of the {partition.world_size} ranks"
             )
-        k0 = start // part.nodes  # each partition's batches consumed
-        steps = common_steps(lists.counts, k0, part.ranks, self.uneven)
-        got = lists.lists[node]
-        n = lists.counts[node]
-        slots = rank_slots(
-            n, k0, local, part.ranks, self.uneven, steps=steps, node=node, nodes=part.nodes
-        )
-        return EpochPlan(
-            got.order, got.batches, slots, got.pad_in_last, got.dropped, n, k0, lists.earlier
-        )
+        nodes, ranks = partition.nodes, partition.ranks
+        only = None if rank is None else partition.node_of(rank)
+        if history:
+            lists = replan(self, epoch, lengths, normalise(history), nodes)
+        else:
+            lists = node_lists(self, epoch, nodes, lengths, only)
+        k0 = start // nodes  # each partition's batches consumed
+        steps = common_steps(lists.counts, k0, ranks, self.uneven)
+        local, earlier = 0 if rank is None else partition.local_rank(rank), lists.earlier
+        plans = []
+        for node in range(nodes) if only is None else [only]:
+            got, n = lists.lists[node], lists.counts[node]
+            slots = rank_slots(
+                n, k0, local, ranks, self.uneven, steps=steps, node=node, nodes=nodes
+            )
+            plans.append(
+                EpochPlan(
+                    got.order, got.batches, slots, got.pad_in_last, got.dropped, n, k0, earlier
+                )
+            )
+        return plans
 
     def report(
         self,
@@ -244,7 +231,6 @@ class EpochPlanner:
         partition's, :meth:`cluster`)."""
         plans = [plans] if isinstance(plans, EpochPlan) else list(plans)
         first = plans[0]
-        earlier = [b for _, taken in first.earlier for b in taken]
         total = int(np.sum(self.shard_sizes))
         steps = first.slots.steps_per_rank
         if self.planner is not None and self.planner.units == "rows":  # batching/blocks.py
@@ -262,7 +248,7 @@ class EpochPlanner:
         order, batches, acc = self.accounted(epoch, plans, lengths, collate_fn)
         padded = sum(p.delivered()[1] for p in plans)
         if first.earlier and acc.padded_tokens is not None:  # slots as each link allocated
-            mine = batches[len(earlier) :]
+            mine = batches[len(first.delivered_before) :]
             slots = self._account(order, mine, lengths, collate_fn).padded_tokens or 0
             for link, taken in first.earlier:
                 slots += link._account(order, taken, lengths, collate_fn).padded_tokens or 0
@@ -286,9 +272,12 @@ class EpochPlanner:
     ) -> tuple[np.ndarray, list[np.ndarray], PlanReport]:
         """The epoch's whole order, every batch its steps deliver (earlier links' first) and
         their accounting: what :meth:`report` and the ledger count."""
-        batches = [b for _, taken in plans[0].earlier for b in taken]
-        batches += [b for p in plans for b in p.delivered()[0]]
-        order = self.epoch_ids(epoch, plans, lengths)
+        first = plans[0]
+        batches = first.delivered_before + [b for p in plans for b in p.delivered()[0]]
+        if first.earlier:  # the plans hold only the rest: the epoch's whole order, planned
+            order = self.node_orders(epoch, 1, lengths)[0]
+        else:
+            order = np.concatenate([np.asarray(p.order) for p in plans])
         return order, batches, self._account(order, batches, lengths, collate_fn)
 
     def _account(

@@ -151,7 +151,7 @@ def build(
     epoch: int,
     world_size: int,
     planning: EpochPlanner,
-    plans: EpochPlan | Sequence[EpochPlan],
+    plans: Sequence[EpochPlan],
     lengths: np.ndarray | None,
     collate_fn: Any,
 ) -> Ledger:
@@ -159,7 +159,6 @@ def build(
     the plan]): pure, the same accounting as ``EpochPlanner.report``; ``ds.ledger(epoch)``
     calls it.  Token rows: documents whose tokens are repeated, dropped or cut (NOTE [the
     ledger of token rows])."""
-    plans = [plans] if not isinstance(plans, Sequence) else list(plans)
     if planning.planner is not None and planning.planner.units == "rows":
         return _rows_ledger(epoch, world_size, planning, plans, lengths)
     # a lazy order, whole: the ledger lists samples anyway
@@ -285,8 +284,7 @@ def _rows_ledger(
     sizes = np.asarray(planning.shard_sizes, np.int64)
     lens = np.asarray(lengths, np.int64)
     lay = planner.layout(sizes, lengths)
-    earlier = [b for _, taken in plans[0].earlier for b in taken]
-    kept, planned, repeats = list(earlier), list(earlier), []
+    kept, planned, repeats = plans[0].delivered_before, plans[0].delivered_before, []
     for part, p in enumerate(plans):
         n = p.num_batches
         kept += p.kept()

@@ -20,7 +20,7 @@ from shardloader.options import ShuffleOptions
 from shardloader.plan.order import EpochOrder, count_blocks
 from shardloader.plan.partition import spans
 from shardloader.plan.shuffle import plan_rng
-from shardloader.plan.split import FixedBatchList, fixed_count
+from shardloader.plan.split import FixedBatchList
 
 __all__ = ["NodeLists", "node_lists", "node_order", "cut", "units_of"]
 
@@ -121,7 +121,7 @@ def node_lists(
     every: dict[int, NodeList] = {}
     if planner is None:
         size = planning.batch_size or 1
-        counts = tuple(fixed_count(s, size, planning.uneven) for s in sizes)
+        counts = tuple(len(FixedBatchList(range(s), size, planning.uneven)) for s in sizes)
     elif planner.units == "rows":
         counts = tuple(planner.count_rows(s) for s in sizes)
     else:  # the planner must cut every partition to count its batches

@@ -63,9 +63,7 @@ class EpochOrder:
     # -- blocks --------------------------------------------------------------------------
     @property
     def num_blocks(self) -> int:
-        if not self.total:
-            return 0
-        return int(self.block_of(np.array([self.total - 1]))[0]) + 1
+        return count_blocks(self.total, self.options)
 
     def block_of(self, positions: np.ndarray) -> np.ndarray:
         """Shuffle block of each position (arithmetic, nothing generated)."""

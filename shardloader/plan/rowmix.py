@@ -73,7 +73,7 @@ def epoch_tokens(
     epoch's rows (all partitions), a document's tokens outside them belong to another
     mixture epoch."""
     first = plans[0]
-    kept = [b for _, taken in first.earlier for b in taken]
+    kept = first.delivered_before
     repeats = []
     for p in plans:
         kept += p.kept()

@@ -28,7 +28,6 @@ __all__ = [
     "FixedBatchList",
     "cut_fixed_batches",
     "common_steps",
-    "fixed_count",
     "rank_slots",
 ]
 
@@ -120,14 +119,6 @@ class FixedBatchList(Sequence[np.ndarray]):
         return np.concatenate([head, np.asarray(self.order[wrap], np.int64)])
 
 
-def fixed_count(total: int, batch_size: int, uneven: str) -> int:
-    """Batches :class:`FixedBatchList` cuts from an order of ``total`` samples (arithmetic)."""
-    tail = total % batch_size
-    if tail and uneven == "pad" and total:
-        return total // batch_size + 1
-    return total // batch_size
-
-
 @dataclass(frozen=True)
 class BatchSlots:
     """A rank's share of the remaining batches of an epoch, as arithmetic (nothing per step).
@@ -135,7 +126,7 @@ class BatchSlots:
     The batches are its partition's (NOTE [node partitions] in :mod:`shardloader.plan.partition`:
     with one partition, the epoch's): the rank's ``j``-th step is slot ``q = start + j *
     world_size + rank``, ``world_size`` and ``rank`` counted inside the partition.  ``slots[j]``
-    is the index of the batch it reads (``q``, or for padding ``q - M mod M``) and
+    is the index of the batch it reads (``q mod M``: ``q``, or for padding one from the start) and
     ``seeds[j] = q * nodes + node`` a number no other step of the job has, which seeds
     augmentation (``q`` itself with one partition).  :meth:`steps` gives both for any steps;
     the ``slots``/``seeds`` properties build them for the whole pass.
@@ -154,11 +145,8 @@ class BatchSlots:
     def steps(self, js: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(slots, seeds)`` of this rank's steps ``js``."""
         q = self.start + np.asarray(js, np.int64) * self.world_size + self.rank
-        batches = q.copy()
-        past = q >= self.num_batches
-        if self.num_batches and past.any():
-            batches[past] = (q[past] - self.num_batches) % self.num_batches
-        return batches, (q * self.nodes + self.node if self.nodes > 1 else q)
+        slots = q % self.num_batches if self.num_batches else q  # past the end: from the start
+        return slots, (q * self.nodes + self.node if self.nodes > 1 else q)
 
     def repeats(self, seed: int) -> bool:
         """Whether the step of seed number ``seed`` repeats a batch to even out the ranks."""
@@ -167,11 +155,7 @@ class BatchSlots:
     def slot_of(self, j: int) -> int:
         """``steps([j])[0][0]`` as a plain int (one step, no arrays)."""
         q = self.start + j * self.world_size + self.rank
-        return (
-            q
-            if q < self.num_batches or not self.num_batches
-            else (q - self.num_batches) % self.num_batches
-        )
+        return q % self.num_batches if self.num_batches else q
 
     def worker_steps(self, worker: int, num_workers: int) -> range:
         """The rank steps DataLoader worker ``worker`` of ``num_workers`` reads (``j mod K``)."""
@@ -220,7 +204,7 @@ def rank_slots(
     """Assign batches ``start..num_batches-1`` to ``rank`` of ``world_size``.
 
     Slot ``q`` (counted from the epoch's start) holds batch ``q``; slots past the end, which even
-    out the ranks under ``pad``, repeat the epoch's batches from its beginning: ``q - M mod M``.
+    out the ranks under ``pad``, repeat the epoch's batches from its beginning: ``q mod M``.
     Padding therefore depends only on the slot, so a run resumed at ``start`` sees exactly the
     batches an uninterrupted run would.  A ``start`` past the last batch leaves nothing to do.
     ``steps`` (:func:`common_steps` over every partition, for partition ``node`` of ``nodes``)
