@@ -230,22 +230,39 @@ def _s3_put_once(fs: Any, local: str, path: str) -> None:
 
 
 def _abort_uploads(fs: Any, path: str) -> None:
-    bucket, key, _ = fs.split_path(path)
+    key = fs.split_path(path)[1]
     try:
-        listing = fs.call_s3("list_multipart_uploads", Bucket=bucket, Prefix=key)
-        for upload in listing.get("Uploads", []):
+        for upload in s3_multipart_uploads(fs, path):
             if upload.get("Key") == key:
-                fs.call_s3(
-                    "abort_multipart_upload", Bucket=bucket, Key=key, UploadId=upload["UploadId"]
-                )
+                s3_abort_upload(fs, path, upload["UploadId"])
     except Exception as err:  # noqa: BLE001 - best effort; the upload's own error matters more
         log.warning(
-            "could not abort incomplete multipart uploads of s3://%s/%s (%s); a bucket lifecycle "
+            "could not abort incomplete multipart uploads of s3://%s (%s); a bucket lifecycle "
             "rule AbortIncompleteMultipartUpload removes them",
-            bucket,
-            key,
+            path,
             err,
         )
+
+
+def s3_multipart_uploads(fs: Any, path: str) -> list[dict[str, Any]]:
+    """The incomplete multipart uploads (S3's ``Uploads`` entries) of every key that starts
+    with ``path``'s (s3fs ``fs``), all pages of the listing."""
+    bucket, prefix, _ = fs.split_path(path)
+    kwargs: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix}
+    found: list[dict[str, Any]] = []
+    while True:
+        page = fs.call_s3("list_multipart_uploads", **kwargs)
+        found.extend(page.get("Uploads", []))
+        if not page.get("IsTruncated"):
+            return found
+        kwargs["KeyMarker"] = page.get("NextKeyMarker")
+        kwargs["UploadIdMarker"] = page.get("NextUploadIdMarker")
+
+
+def s3_abort_upload(fs: Any, path: str, upload_id: str) -> None:
+    """Abort the incomplete multipart upload ``upload_id`` of the key at ``path``."""
+    bucket, key, _ = fs.split_path(path)
+    fs.call_s3("abort_multipart_upload", Bucket=bucket, Key=key, UploadId=upload_id)
 
 
 # -- http(s) ----------------------------------------------------------------------------------
