@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from shardloader.errors import StorageError, TruncatedBodyError
-from shardloader.storage.clients import parse_content_range, range_header
+from shardloader.storage.clients import parse_content_range, request_headers
 from shardloader.storage.deadline import Deadline, Guard, arm, too_slow
 from shardloader.storage.redirects import REDIRECT_STATUSES, chain_text, next_hop, request_target
 
@@ -221,12 +221,7 @@ class HttpClient:
     ) -> _HttpBody:
         """One attempt; ``any_status``: a body whatever the (non-redirect) status, for a
         caller that reads its own error answers (the service client)."""
-        headers = dict(self.headers)
-        rng = range_header(start, stop)
-        if rng is not None:
-            headers["Range"] = rng
-        if if_match is not None:
-            headers["If-Match"] = if_match
+        headers = {**self.headers, **request_headers(start, stop, if_match)}
         chain = [url]
         while True:
             parts = urlsplit(url)
