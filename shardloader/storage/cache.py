@@ -198,10 +198,9 @@ class ShardCache:
         final = self.path_for(name)
         if touch(final):
             return final
-        self._ensure_folder()  # `cache clear` may have removed it since
         try:
             lock = lock_file(final + LOCK, wait)
-        except FileNotFoundError:  # cleared between the two lines above
+        except FileNotFoundError:  # `cache clear` removed the folder since
             self._ensure_folder()
             lock = lock_file(final + LOCK, wait)
         if lock is None:
@@ -279,11 +278,11 @@ class ShardCache:
         lock = lock_file(os.path.join(self.root, ROOM_LOCK), True)
         assert lock is not None  # wait=True
         with lock:
-            used = noted_room(self.root)
-            counted = None  # the note's own time
-            if used is None or used + incoming > self.max_bytes:
+            note = noted_room(self.root)
+            if note is None or note[0] + incoming > self.max_bytes:
                 counted = time.time()
-                used = self._make_room(incoming, staging)
+                note = self._make_room(incoming, staging), counted
+            used, counted = note  # a reservation keeps the time of the last count
             tmp = f"{staging}.tmp-{uuid.uuid4().hex}"
             with create_private(tmp) as f:
                 f.truncate(incoming)
@@ -371,31 +370,22 @@ def is_cache_full(err: BaseException) -> bool:
 RECOUNT_SECONDS = 10.0
 
 
-def _room_note(root: str) -> tuple[int, float] | None:
-    """(bytes, epoch seconds of the last full count) of the root's room note, if readable."""
+def noted_room(root: str) -> tuple[int, float] | None:
+    """(bytes, epoch seconds of the last full count) the root holds by its room note, or None:
+    no note, an unreadable one, or one whose last full count is older than
+    :data:`RECOUNT_SECONDS` (NOTE [room note])."""
     try:
         with open_private(os.path.join(root, ROOM_NOTE), os.O_RDONLY, "rb") as f:
             used, counted = f.read(100).split()
-        return int(used), float(counted)
+        note = int(used), float(counted)
     except (OSError, StorageError, ValueError):
         return None
+    return note if 0 <= time.time() - note[1] < RECOUNT_SECONDS else None
 
 
-def noted_room(root: str) -> int | None:
-    """The bytes the root holds by its room note, or None: no note, an unreadable one, or one
-    whose last full count is older than :data:`RECOUNT_SECONDS` (NOTE [room note])."""
-    note = _room_note(root)
-    if note is None or not 0 <= time.time() - note[1] < RECOUNT_SECONDS:
-        return None
-    return note[0]
-
-
-def note_room(root: str, used: int, counted: float | None = None) -> None:
-    """Note that the root holds ``used`` bytes, counted in full at ``counted`` (epoch seconds;
-    None: the time of the note it replaces, or never).  Under the root's lock only."""
-    if counted is None:
-        note = _room_note(root)
-        counted = 0.0 if note is None else note[1]  # 0: the next reservation counts again
+def note_room(root: str, used: int, counted: float) -> None:
+    """Note that the root holds ``used`` bytes, counted in full at ``counted`` (epoch
+    seconds).  Under the root's lock only."""
     path = os.path.join(root, ROOM_NOTE)
     tmp = f"{path}.tmp-{uuid.uuid4().hex}"
     try:
