@@ -20,7 +20,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 
-from shardloader.storage.protocols import s3_abort_upload, s3_multipart_uploads
+from shardloader.storage.protocols import S3, s3_abort_upload, s3_multipart_uploads
 from shardloader.storage.store import Store, join
 
 __all__ = [
@@ -133,7 +133,7 @@ def _records(existing: Iterable[str]) -> dict[str, str]:
 
 def incomplete_uploads(out: Store, existing: Iterable[str] | None = None) -> list[Incomplete]:
     """Every incomplete multipart upload under ``out`` (S3), each named ours or not."""
-    if out.is_local or out.protocol not in ("s3", "s3a"):
+    if out.protocol not in S3.names:
         return []
     if existing is None:
         existing = out.list_files()
