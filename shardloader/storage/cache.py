@@ -97,7 +97,6 @@ class ShardCache:
         self._default_root = root_source in DEFAULT_SOURCES
         self.folder = os.path.join(self.root, fingerprint)
         self._explicit = options.max_bytes is not None or bool(os.environ.get(MAX_BYTES_ENV))
-        self._asked = options.max_bytes
         # (limit, where it comes from); a default one is worked out when first needed (max_bytes)
         self._limit = cache_limit(self.root, options.max_bytes) if self._explicit else None
         self._needed = 0  # what the plan keeps staged at once (require)
@@ -108,7 +107,7 @@ class ShardCache:
         """The limit on all staged shards under the root.  The default one is worked out when
         something is staged, not at open: it may count what the root holds (cachedir.py)."""
         if self._limit is None:
-            limit, source = cache_limit(self.root, self._asked)
+            limit, source = cache_limit(self.root)  # an explicit one was worked out at open
             if 2 * self._needed > limit:
                 log.info(
                     "shard cache %s: the plan keeps %d bytes staged at once; the limit grows "
