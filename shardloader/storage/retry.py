@@ -171,7 +171,7 @@ def call_with_retries(
     except Exception as err:
         if not protocols.is_storage_error(err, protocol):
             raise
-        raise _permanent_error(err, url=url, what=what, protocol=protocol) from err
+        raise _permanent_error(err, url, what, protocol) from err
 
 
 def _log_retry(url: str, what: str, policy: RetryPolicy, state: tenacity.RetryCallState) -> None:
@@ -203,9 +203,7 @@ _REMEDIES = {
 }
 
 
-def _permanent_error(
-    err: BaseException, *, url: str, what: str = "read", protocol: str | None = None
-) -> StorageError:
+def _permanent_error(err: BaseException, url: str, what: str, protocol: str) -> StorageError:
     """The error to raise, with a remedy, for a failure that another attempt will not fix."""
     kind = classify(err, protocol)
     remedy = _REMEDIES.get(kind, "{cause} (a permanent error; not retried)")

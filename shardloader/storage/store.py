@@ -271,9 +271,7 @@ class RetryingReader(io.RawIOBase):
     attempt reopens it and seeks back, so a read never returns bytes twice or skips any.
     """
 
-    def __init__(
-        self, url: str, opener: Callable[[], Any], policy: RetryPolicy | None = None
-    ) -> None:
+    def __init__(self, url: str, opener: Callable[[], Any], policy: RetryPolicy) -> None:
         super().__init__()
         self.url = url
         self._opener = opener
