@@ -371,17 +371,12 @@ def fsspec_options(
 # -- classification ---------------------------------------------------------------------------
 
 
-def _entries(protocol: str | None) -> list[ProtocolDefaults]:
-    """Without a protocol: every registered one (what any stack may raise)."""
-    return [protocol_defaults(protocol)] if protocol else list(_PROTOCOLS.values())
+def _deciders(protocol: str) -> list[Callable[[BaseException], str | None]]:
+    decide = protocol_defaults(protocol).decide
+    return [decide_generic] if decide is None else [decide, decide_generic]
 
 
-def _deciders(protocol: str | None) -> list[Callable[[BaseException], str | None]]:
-    found = [entry.decide for entry in _entries(protocol) if entry.decide is not None]
-    return [*dict.fromkeys(found), decide_generic]
-
-
-def classify(err: BaseException, protocol: str | None = None) -> str:
+def classify(err: BaseException, protocol: str) -> str:
     """What kind of failure ``err`` is: ``transient``, ``throttled``, ``not_found``,
     ``no_bucket``, ``forbidden``, ``credentials`` or ``permanent``.
 
@@ -398,7 +393,7 @@ def classify(err: BaseException, protocol: str | None = None) -> str:
     return PERMANENT
 
 
-def is_transient(err: BaseException, protocol: str | None = None) -> bool:
+def is_transient(err: BaseException, protocol: str) -> bool:
     """True when another attempt may succeed (5xx, 429/SlowDown, reset, truncation, timeout)."""
     if isinstance(err, TruncatedBodyError):
         return True
@@ -407,11 +402,11 @@ def is_transient(err: BaseException, protocol: str | None = None) -> bool:
     return classify(err, protocol) in (TRANSIENT, THROTTLED)
 
 
-def is_storage_error(err: BaseException, protocol: str | None = None) -> bool:
+def is_storage_error(err: BaseException, protocol: str) -> bool:
     """A failure of the store (reported with a remedy), not a bug (passed through as it is)."""
     if isinstance(err, OSError):
         return True
-    modules = {m for entry in _entries(protocol) for m in entry.error_modules}
-    if type(err).__module__.split(".")[0] in modules:
+    entry = protocol_defaults(protocol)
+    if type(err).__module__.split(".")[0] in entry.error_modules:
         return True
-    return any(decide(err) is not None for decide in _deciders(protocol)[:-1])
+    return entry.decide is not None and entry.decide(err) is not None
