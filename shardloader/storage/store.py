@@ -223,11 +223,11 @@ class Store:
         sha256: str | None = None,
         before_parts: Callable[[], None] | None = None,
     ) -> bool:
-        """Move a finished local file here (atomic rename locally, one upload remotely);
-        whether it went in parts (S3 past ``SINGLE_PUT`` bytes, or the ``default_block_size``
-        option), after ``before_parts()`` (NOTE [multipart journal] in uploads.py).
-        ``sha256``: the file's checksum (hex) when the caller has it, sent with a single S3 PUT
-        so the store checks the bytes it received against it.
+        """Move a finished local file here (atomic rename locally, one upload remotely) and
+        say whether it went in parts (S3 past ``SINGLE_PUT`` bytes, or the
+        ``default_block_size`` option); ``before_parts()`` runs first when it does (NOTE
+        [multipart journal] in uploads.py).  ``sha256``: the file's checksum (hex) when the
+        caller has it, sent with a single S3 PUT so the store checks the bytes it received.
 
         Each attempt is a whole upload; the protocol may do it its own way (S3: one PUT
         through the fast client, larger files in parts through s3fs, leaving no incomplete
