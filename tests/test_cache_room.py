@@ -72,16 +72,18 @@ def test_the_limit_holds_when_the_note_says_there_is_room(tmp_path):
     _stage(cache, "d", 1000)
     names = sorted(f for f in os.listdir(os.path.join(root, "fp")) if f.endswith(".raw"))
     assert len(names) == 3 and "d.raw" in names
-    assert sc.noted_room(root) == 3000  # the count, plus d's reservation
+    assert sc.noted_room(root)[0] == 3000  # the count, plus d's reservation
 
 
 def test_a_note_is_read_only_while_fresh(tmp_path):
     root = str(tmp_path)
     assert sc.noted_room(root) is None
-    sc.note_room(root, 1234, time.time())
-    assert sc.noted_room(root) == 1234
-    sc.note_room(root, 2000)  # a reservation keeps the time of the last count
-    assert sc.noted_room(root) == 2000
+    counted = time.time()
+    sc.note_room(root, 1234, counted)
+    assert sc.noted_room(root) == (1234, counted)
+    cache = sc.ShardCache(sc.CacheOptions(dir=root, max_bytes=3000), "fp")
+    _stage(cache, "e", 100)  # fits the note: a reservation keeps the time of the last count
+    assert sc.noted_room(root) == (1334, counted)
     sc.note_room(root, 2000, time.time() - sc.RECOUNT_SECONDS - 1)
     assert sc.noted_room(root) is None  # old: the next stager counts
     with open(os.path.join(root, cachedir.ROOM_NOTE), "wb") as f:

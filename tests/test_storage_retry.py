@@ -153,7 +153,7 @@ def test_jitter_never_touches_the_global_rng() -> None:
     ],
 )
 def test_classify(err: Exception, kind: str) -> None:
-    assert classify(err) == kind
+    assert classify(err, "s3") == kind
 
 
 def test_classify_stack_exception_types() -> None:
@@ -161,22 +161,22 @@ def test_classify_stack_exception_types() -> None:
     import botocore.exceptions as bx
     from fsspec.exceptions import FSTimeoutError
 
-    assert is_transient(aiohttp.ClientPayloadError("Response payload is not completed"))
-    assert is_transient(bx.EndpointConnectionError(endpoint_url="http://127.0.0.1:1"))
-    assert is_transient(bx.ReadTimeoutError(endpoint_url="http://127.0.0.1:1"))
-    assert is_transient(FSTimeoutError())
-    assert classify(bx.NoCredentialsError()) == "credentials"
+    assert is_transient(aiohttp.ClientPayloadError("Response payload is not completed"), "http")
+    assert is_transient(bx.EndpointConnectionError(endpoint_url="http://127.0.0.1:1"), "s3")
+    assert is_transient(bx.ReadTimeoutError(endpoint_url="http://127.0.0.1:1"), "s3")
+    assert is_transient(FSTimeoutError(), "memory")  # any protocol
+    assert classify(bx.NoCredentialsError(), "s3") == "credentials"
     info = aiohttp.RequestInfo(
         aiohttp.client.URL("http://127.0.0.1/x"),
         "GET",
         {},
         aiohttp.client.URL("http://127.0.0.1/x"),
     )  # type: ignore[arg-type]
-    assert classify(aiohttp.ClientResponseError(info, (), status=503)) == "transient"
-    assert classify(aiohttp.ClientResponseError(info, (), status=403)) == "forbidden"
+    assert classify(aiohttp.ClientResponseError(info, (), status=503), "https") == "transient"
+    assert classify(aiohttp.ClientResponseError(info, (), status=403), "s3") == "forbidden"
     # our own errors are final; a checksum mismatch is handled by the caller, not retried here
-    assert not is_transient(ChecksumError("bad"))
-    assert not is_transient(StorageError("gave up"))
+    assert not is_transient(ChecksumError("bad"), "s3")
+    assert not is_transient(StorageError("gave up"), "s3")
 
 
 def test_truncated_body_is_in_the_tree_and_the_one_transient_error_of_ours() -> None:
@@ -186,7 +186,7 @@ def test_truncated_body_is_in_the_tree_and_the_one_transient_error_of_ours() -> 
     assert TruncatedBodyError is errors.TruncatedBodyError is shardloader.TruncatedBodyError
     err = TruncatedBodyError("got 10 of 20 bytes")
     assert isinstance(err, ShardloaderError) and isinstance(err, ConnectionError)
-    assert is_transient(err)
+    assert is_transient(err, "s3")
 
 
 # -- the loop ----------------------------------------------------------------------------------

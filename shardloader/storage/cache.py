@@ -97,7 +97,6 @@ class ShardCache:
         self._default_root = root_source in DEFAULT_SOURCES
         self.folder = os.path.join(self.root, fingerprint)
         self._explicit = options.max_bytes is not None or bool(os.environ.get(MAX_BYTES_ENV))
-        self._asked = options.max_bytes
         # (limit, where it comes from); a default one is worked out when first needed (max_bytes)
         self._limit = cache_limit(self.root, options.max_bytes) if self._explicit else None
         self._needed = 0  # what the plan keeps staged at once (require)
@@ -108,7 +107,7 @@ class ShardCache:
         """The limit on all staged shards under the root.  The default one is worked out when
         something is staged, not at open: it may count what the root holds (cachedir.py)."""
         if self._limit is None:
-            limit, source = cache_limit(self.root, self._asked)
+            limit, source = cache_limit(self.root)  # an explicit one was worked out at open
             if 2 * self._needed > limit:
                 log.info(
                     "shard cache %s: the plan keeps %d bytes staged at once; the limit grows "
@@ -198,10 +197,9 @@ class ShardCache:
         final = self.path_for(name)
         if touch(final):
             return final
-        self._ensure_folder()  # `cache clear` may have removed it since
         try:
             lock = lock_file(final + LOCK, wait)
-        except FileNotFoundError:  # cleared between the two lines above
+        except FileNotFoundError:  # `cache clear` removed the folder since
             self._ensure_folder()
             lock = lock_file(final + LOCK, wait)
         if lock is None:
@@ -279,11 +277,11 @@ class ShardCache:
         lock = lock_file(os.path.join(self.root, ROOM_LOCK), True)
         assert lock is not None  # wait=True
         with lock:
-            used = noted_room(self.root)
-            counted = None  # the note's own time
-            if used is None or used + incoming > self.max_bytes:
+            note = noted_room(self.root)
+            if note is None or note[0] + incoming > self.max_bytes:
                 counted = time.time()
-                used = self._make_room(incoming, staging)
+                note = self._make_room(incoming, staging), counted
+            used, counted = note  # a reservation keeps the time of the last count
             tmp = f"{staging}.tmp-{uuid.uuid4().hex}"
             with create_private(tmp) as f:
                 f.truncate(incoming)
@@ -371,31 +369,22 @@ def is_cache_full(err: BaseException) -> bool:
 RECOUNT_SECONDS = 10.0
 
 
-def _room_note(root: str) -> tuple[int, float] | None:
-    """(bytes, epoch seconds of the last full count) of the root's room note, if readable."""
+def noted_room(root: str) -> tuple[int, float] | None:
+    """(bytes, epoch seconds of the last full count) the root holds by its room note, or None:
+    no note, an unreadable one, or one whose last full count is older than
+    :data:`RECOUNT_SECONDS` (NOTE [room note])."""
     try:
         with open_private(os.path.join(root, ROOM_NOTE), os.O_RDONLY, "rb") as f:
             used, counted = f.read(100).split()
-        return int(used), float(counted)
+        note = int(used), float(counted)
     except (OSError, StorageError, ValueError):
         return None
+    return note if 0 <= time.time() - note[1] < RECOUNT_SECONDS else None
 
 
-def noted_room(root: str) -> int | None:
-    """The bytes the root holds by its room note, or None: no note, an unreadable one, or one
-    whose last full count is older than :data:`RECOUNT_SECONDS` (NOTE [room note])."""
-    note = _room_note(root)
-    if note is None or not 0 <= time.time() - note[1] < RECOUNT_SECONDS:
-        return None
-    return note[0]
-
-
-def note_room(root: str, used: int, counted: float | None = None) -> None:
-    """Note that the root holds ``used`` bytes, counted in full at ``counted`` (epoch seconds;
-    None: the time of the note it replaces, or never).  Under the root's lock only."""
-    if counted is None:
-        note = _room_note(root)
-        counted = 0.0 if note is None else note[1]  # 0: the next reservation counts again
+def note_room(root: str, used: int, counted: float) -> None:
+    """Note that the root holds ``used`` bytes, counted in full at ``counted`` (epoch
+    seconds).  Under the root's lock only."""
     path = os.path.join(root, ROOM_NOTE)
     tmp = f"{path}.tmp-{uuid.uuid4().hex}"
     try:

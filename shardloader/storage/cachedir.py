@@ -404,12 +404,8 @@ def cache_limit(root: str, explicit: int | None = None) -> tuple[int, str]:
     held = sum(d.bytes for d in usage(root))
     by_disk = int(DEFAULT_DISK_FRACTION * (free + held))
     if by_disk < DEFAULT_MAX_BYTES:
-        return by_disk, f"default: half of the {_gb(free + held)} its disk could hold"
+        return by_disk, f"default: half of the {(free + held) / 1e9:.1f} GB its disk could hold"
     return capped
-
-
-def _gb(n: int) -> str:
-    return f"{n / 1e9:.1f} GB"
 
 
 def _existing_parent(path: str) -> str:

@@ -5,7 +5,7 @@ protocols); a protocol offers a client through its defaults
 client does not understand falls back to fsspec.
 
 This module holds what every client shares: the interface (:class:`ObjectClient`, which
-returns a :class:`Body`), the Range header and its answer, and the per-process cache of
+returns a :class:`Body`), the request's headers and the Range answer, and the per-process cache of
 clients.  The clients themselves: HTTP(S) in :mod:`shardloader.storage.httpclient`, S3 in
 :mod:`shardloader.storage.s3client`.
 
@@ -35,7 +35,7 @@ from shardloader.storage.deadline import Deadline
 if TYPE_CHECKING:
     from shardloader.storage.retry import RetryPolicy
 
-__all__ = ["Body", "ObjectClient", "client_for", "range_header"]
+__all__ = ["Body", "ObjectClient", "client_for", "request_headers"]
 
 
 class Body(Protocol):
@@ -71,11 +71,15 @@ class ObjectClient(Protocol):
         ...
 
 
-def range_header(start: int, stop: int | None) -> str | None:
-    """``bytes=start-(stop-1)``, or None for the whole object."""
-    if start == 0 and stop is None:
-        return None
-    return f"bytes={start}-" if stop is None else f"bytes={start}-{stop - 1}"
+def request_headers(start: int, stop: int | None, if_match: str | None) -> dict[str, str]:
+    """The ``Range`` (``bytes=start-(stop-1)``; none for the whole object) and ``If-Match``
+    headers of :meth:`ObjectClient.get`'s request."""
+    headers = {}
+    if start or stop is not None:
+        headers["Range"] = f"bytes={start}-" if stop is None else f"bytes={start}-{stop - 1}"
+    if if_match is not None:
+        headers["If-Match"] = if_match
+    return headers
 
 
 def parse_content_range(value: str | None) -> int | None:

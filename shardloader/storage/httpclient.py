@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from shardloader.errors import StorageError, TruncatedBodyError
-from shardloader.storage.clients import parse_content_range, range_header
+from shardloader.storage.clients import parse_content_range, request_headers
 from shardloader.storage.deadline import Deadline, Guard, arm, too_slow
 from shardloader.storage.redirects import REDIRECT_STATUSES, chain_text, next_hop, request_target
 
@@ -35,9 +35,8 @@ class _HttpStatusError(OSError):
     (private: :func:`~shardloader.storage.retry.call_with_retries` turns it into a
     :class:`~shardloader.errors.StorageError`)."""
 
-    def __init__(self, status: int, reason: str, url: str, chain: list[str] | None = None) -> None:
-        hops = f" (redirects: {chain_text(chain)})" if chain and len(chain) > 1 else ""
-        super().__init__(f"HTTP {status} {reason} for {url}{hops}")
+    def __init__(self, status: int, reason: str, shown: str) -> None:
+        super().__init__(f"HTTP {status} {reason} for {shown}")
         self.status = status
 
 
@@ -221,31 +220,22 @@ class HttpClient:
     ) -> _HttpBody:
         """One attempt; ``any_status``: a body whatever the (non-redirect) status, for a
         caller that reads its own error answers (the service client)."""
-        headers = dict(self.headers)
-        rng = range_header(start, stop)
-        if rng is not None:
-            headers["Range"] = rng
-        if if_match is not None:
-            headers["If-Match"] = if_match
+        headers = {**self.headers, **request_headers(start, stop, if_match)}
         chain = [url]
         while True:
-            parts = urlsplit(url)
+            parts = urlsplit(url)  # http(s): the store's protocol, and next_hop's rule
             origin = (parts.scheme.lower(), parts.netloc)
-            if origin[0] not in ("http", "https"):  # only a redirect can get here
-                raise StorageError(f"cannot read {chain[0]!r}: {url!r} is not an http(s) URL")
+            shown = url if len(chain) == 1 else f"{url} (redirects: {chain_text(chain)})"
             try:
                 conn, resp, guard = self._request(origin, request_target(url), headers, deadline)
             except (OSError, http.client.HTTPException) as err:
                 if deadline is not None and deadline.left() <= 0:
                     raise too_slow(url, deadline) from err
                 if len(chain) > 1:
-                    raise _HopError(
-                        f"{type(err).__name__}: {err} at {url} (redirects: {chain_text(chain)})"
-                    ) from err
+                    raise _HopError(f"{type(err).__name__}: {err} at {shown}") from err
                 raise
             status = resp.status
             location = resp.getheader("Location")
-            shown = url if len(chain) == 1 else f"{url} (redirects: {chain_text(chain)})"
             encoding = resp.getheader("Content-Encoding", "identity")
             if status in REDIRECT_STATUSES and location:
                 _close(conn, resp, guard)
@@ -253,7 +243,7 @@ class HttpClient:
                 continue
             if status not in (200, 206) and not any_status:
                 _close(conn, resp, guard)
-                raise _HttpStatusError(status, resp.reason, url, chain)
+                raise _HttpStatusError(status, resp.reason, shown)
             if encoding not in ("identity", ""):
                 _close(conn, resp, guard)
                 raise StorageError(

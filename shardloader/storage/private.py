@@ -122,14 +122,14 @@ _KINDS = (
 )
 
 
-def open_regular(path: str, url: str | None = None) -> BinaryIO:
-    """``path`` opened for reading, if it is a regular file (after symlinks).
+def open_regular(path: str, url: str) -> BinaryIO:
+    """``path`` (the file of ``url``) opened for reading, if it is a regular file (after
+    symlinks).
 
     A dataset is untrusted, and an extracted archive can hold a FIFO (whose ``open`` waits for
     a writer forever) or a link to ``/dev/zero`` (endless): the file is opened without
     blocking and checked with ``fstat`` (no window between check and open) before any read.
     """
-    url = url or path
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError as err:

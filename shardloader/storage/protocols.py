@@ -230,22 +230,39 @@ def _s3_put_once(fs: Any, local: str, path: str) -> None:
 
 
 def _abort_uploads(fs: Any, path: str) -> None:
-    bucket, key, _ = fs.split_path(path)
+    key = fs.split_path(path)[1]
     try:
-        listing = fs.call_s3("list_multipart_uploads", Bucket=bucket, Prefix=key)
-        for upload in listing.get("Uploads", []):
+        for upload in s3_multipart_uploads(fs, path):
             if upload.get("Key") == key:
-                fs.call_s3(
-                    "abort_multipart_upload", Bucket=bucket, Key=key, UploadId=upload["UploadId"]
-                )
+                s3_abort_upload(fs, path, upload["UploadId"])
     except Exception as err:  # noqa: BLE001 - best effort; the upload's own error matters more
         log.warning(
-            "could not abort incomplete multipart uploads of s3://%s/%s (%s); a bucket lifecycle "
+            "could not abort incomplete multipart uploads of s3://%s (%s); a bucket lifecycle "
             "rule AbortIncompleteMultipartUpload removes them",
-            bucket,
-            key,
+            path,
             err,
         )
+
+
+def s3_multipart_uploads(fs: Any, path: str) -> list[dict[str, Any]]:
+    """The incomplete multipart uploads (S3's ``Uploads`` entries) of every key that starts
+    with ``path``'s (s3fs ``fs``), all pages of the listing."""
+    bucket, prefix, _ = fs.split_path(path)
+    kwargs: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix}
+    found: list[dict[str, Any]] = []
+    while True:
+        page = fs.call_s3("list_multipart_uploads", **kwargs)
+        found.extend(page.get("Uploads", []))
+        if not page.get("IsTruncated"):
+            return found
+        kwargs["KeyMarker"] = page.get("NextKeyMarker")
+        kwargs["UploadIdMarker"] = page.get("NextUploadIdMarker")
+
+
+def s3_abort_upload(fs: Any, path: str, upload_id: str) -> None:
+    """Abort the incomplete multipart upload ``upload_id`` of the key at ``path``."""
+    bucket, key, _ = fs.split_path(path)
+    fs.call_s3("abort_multipart_upload", Bucket=bucket, Key=key, UploadId=upload_id)
 
 
 # -- http(s) ----------------------------------------------------------------------------------
@@ -354,17 +371,12 @@ def fsspec_options(
 # -- classification ---------------------------------------------------------------------------
 
 
-def _entries(protocol: str | None) -> list[ProtocolDefaults]:
-    """Without a protocol: every registered one (what any stack may raise)."""
-    return [protocol_defaults(protocol)] if protocol else list(_PROTOCOLS.values())
+def _deciders(protocol: str) -> list[Callable[[BaseException], str | None]]:
+    decide = protocol_defaults(protocol).decide
+    return [decide_generic] if decide is None else [decide, decide_generic]
 
 
-def _deciders(protocol: str | None) -> list[Callable[[BaseException], str | None]]:
-    found = [entry.decide for entry in _entries(protocol) if entry.decide is not None]
-    return [*dict.fromkeys(found), decide_generic]
-
-
-def classify(err: BaseException, protocol: str | None = None) -> str:
+def classify(err: BaseException, protocol: str) -> str:
     """What kind of failure ``err`` is: ``transient``, ``throttled``, ``not_found``,
     ``no_bucket``, ``forbidden``, ``credentials`` or ``permanent``.
 
@@ -381,7 +393,7 @@ def classify(err: BaseException, protocol: str | None = None) -> str:
     return PERMANENT
 
 
-def is_transient(err: BaseException, protocol: str | None = None) -> bool:
+def is_transient(err: BaseException, protocol: str) -> bool:
     """True when another attempt may succeed (5xx, 429/SlowDown, reset, truncation, timeout)."""
     if isinstance(err, TruncatedBodyError):
         return True
@@ -390,11 +402,11 @@ def is_transient(err: BaseException, protocol: str | None = None) -> bool:
     return classify(err, protocol) in (TRANSIENT, THROTTLED)
 
 
-def is_storage_error(err: BaseException, protocol: str | None = None) -> bool:
+def is_storage_error(err: BaseException, protocol: str) -> bool:
     """A failure of the store (reported with a remedy), not a bug (passed through as it is)."""
     if isinstance(err, OSError):
         return True
-    modules = {m for entry in _entries(protocol) for m in entry.error_modules}
-    if type(err).__module__.split(".")[0] in modules:
+    entry = protocol_defaults(protocol)
+    if type(err).__module__.split(".")[0] in entry.error_modules:
         return True
-    return any(decide(err) is not None for decide in _deciders(protocol)[:-1])
+    return entry.decide is not None and entry.decide(err) is not None

@@ -113,20 +113,15 @@ DEFAULT_POLICY = RetryPolicy()
 # -- the retry loop ---------------------------------------------------------------------------
 
 
-class _Backoff:
-    """tenacity wait: full jitter from a local RNG, never past the total budget."""
-
-    def __init__(self, policy: RetryPolicy, protocol: str) -> None:
-        self.policy = policy
-        self.protocol = protocol
-        self.rng = random.Random()  # unseeded on purpose: spreads requests, never orders data
-
-    def __call__(self, state: tenacity.RetryCallState) -> float:
-        err = state.outcome.exception() if state.outcome is not None else None
-        throttled = err is not None and classify(err, self.protocol) == THROTTLED
-        wait = self.policy.backoff(state.attempt_number, self.rng, throttled=throttled)
-        left = self.policy.max_total_seconds - (state.seconds_since_start or 0.0)
-        return max(0.0, min(wait, left))
+def _backoff(
+    policy: RetryPolicy, protocol: str, rng: random.Random, state: tenacity.RetryCallState
+) -> float:
+    """tenacity wait: full jitter from ``rng``, never past the total budget."""
+    err = state.outcome.exception() if state.outcome is not None else None
+    throttled = err is not None and classify(err, protocol) == THROTTLED
+    wait = policy.backoff(state.attempt_number, rng, throttled=throttled)
+    left = policy.max_total_seconds - (state.seconds_since_start or 0.0)
+    return max(0.0, min(wait, left))
 
 
 def call_with_retries(
@@ -151,9 +146,10 @@ def call_with_retries(
     retrying = tenacity.Retrying(
         stop=tenacity.stop_after_attempt(policy.max_attempts)
         | tenacity.stop_after_delay(policy.max_total_seconds),
-        wait=_Backoff(policy, protocol),
+        # a local, unseeded RNG on purpose: it spreads requests, never orders data
+        wait=partial(_backoff, policy, protocol, random.Random()),
         retry=tenacity.retry_if_exception(partial(is_transient, protocol=protocol)),
-        before_sleep=_log_retry(url, what, policy),
+        before_sleep=partial(_log_retry, url, what, policy),
         reraise=False,
     )
     start = time.monotonic()
@@ -175,26 +171,21 @@ def call_with_retries(
     except Exception as err:
         if not protocols.is_storage_error(err, protocol):
             raise
-        raise _permanent_error(err, url=url, what=what, protocol=protocol) from err
+        raise _permanent_error(err, url, what, protocol) from err
 
 
-def _log_retry(
-    url: str, what: str, policy: RetryPolicy
-) -> Callable[[tenacity.RetryCallState], None]:
-    def log(state: tenacity.RetryCallState) -> None:
-        err = state.outcome.exception() if state.outcome is not None else None
-        sleep = state.next_action.sleep if state.next_action is not None else 0.0
-        logger.info(
-            "%s %s: attempt %d/%d failed (%s); retrying in %.2f s",
-            what,
-            url,
-            state.attempt_number,
-            policy.max_attempts,
-            describe(err) if err is not None else "?",
-            sleep,
-        )
-
-    return log
+def _log_retry(url: str, what: str, policy: RetryPolicy, state: tenacity.RetryCallState) -> None:
+    err = state.outcome.exception() if state.outcome is not None else None
+    sleep = state.next_action.sleep if state.next_action is not None else 0.0
+    logger.info(
+        "%s %s: attempt %d/%d failed (%s); retrying in %.2f s",
+        what,
+        url,
+        state.attempt_number,
+        policy.max_attempts,
+        describe(err) if err is not None else "?",
+        sleep,
+    )
 
 
 _REMEDIES = {
@@ -212,9 +203,7 @@ _REMEDIES = {
 }
 
 
-def _permanent_error(
-    err: BaseException, *, url: str, what: str = "read", protocol: str | None = None
-) -> StorageError:
+def _permanent_error(err: BaseException, url: str, what: str, protocol: str) -> StorageError:
     """The error to raise, with a remedy, for a failure that another attempt will not fix."""
     kind = classify(err, protocol)
     remedy = _REMEDIES.get(kind, "{cause} (a permanent error; not retried)")

@@ -24,7 +24,7 @@ import functools
 from collections.abc import Mapping
 from typing import Any
 
-from shardloader.storage.clients import parse_content_range, range_header
+from shardloader.storage.clients import parse_content_range, request_headers
 from shardloader.storage.deadline import Deadline, Guard, arm, too_slow
 
 __all__ = ["POOL_CONNECTIONS", "S3Client", "s3_client", "split_s3_url"]
@@ -123,12 +123,9 @@ class S3Client:
         deadline: Deadline | None = None,
         if_match: str | None = None,
     ) -> _S3Body:
-        kwargs = {}
-        rng = range_header(start, stop)
-        if rng is not None:
-            kwargs["Range"] = rng
-        if if_match is not None:
-            kwargs["IfMatch"] = if_match
+        # botocore's parameters are the headers' names without the hyphen: Range, IfMatch
+        headers = request_headers(start, stop, if_match)
+        kwargs = {name.replace("-", ""): value for name, value in headers.items()}
         return _S3Body(self.call("get_object", url, **kwargs), url, deadline)
 
     def put(self, url: str, body: Any, sha256: str | None = None) -> None:

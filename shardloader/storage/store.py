@@ -30,7 +30,7 @@ from shardloader.errors import StorageError, TruncatedBodyError, UsageError
 from shardloader.storage.clients import ObjectClient, client_for
 from shardloader.storage.objectstream import PART_SIZE, PARTS_IN_FLIGHT, ObjectStream
 from shardloader.storage.private import open_regular
-from shardloader.storage.protocols import fsspec_options, protocol_defaults, protocol_of
+from shardloader.storage.protocols import S3, fsspec_options, protocol_defaults, protocol_of
 from shardloader.storage.retry import DEFAULT_POLICY, RetryPolicy, call_with_retries
 from shardloader.storage.streams import BoundedReader
 
@@ -217,33 +217,42 @@ class Store:
         fs, path = self.filesystem()
         self.call(partial(fs.pipe_file, path, data), "write")
 
-    def put_file(self, local: str, sha256: str | None = None) -> None:
-        """Move a finished local file here (atomic rename locally, one upload remotely).
-        ``sha256``: the file's checksum (hex) when the caller has it, sent with a single S3 PUT
-        so the store checks the bytes it received against it.
+    def put_file(
+        self,
+        local: str,
+        sha256: str | None = None,
+        before_parts: Callable[[], None] | None = None,
+    ) -> bool:
+        """Move a finished local file here (atomic rename locally, one upload remotely) and
+        say whether it went in parts (S3 past ``SINGLE_PUT`` bytes, or the
+        ``default_block_size`` option); ``before_parts()`` runs first when it does (NOTE
+        [multipart journal] in uploads.py).  ``sha256``: the file's checksum (hex) when the
+        caller has it, sent with a single S3 PUT so the store checks the bytes it received.
 
         Each attempt is a whole upload; the protocol may do it its own way (S3: one PUT
-        through the fast client up to ``SINGLE_PUT`` bytes, or the ``default_block_size``
-        option; larger files in parts through s3fs, leaving no incomplete multipart upload
-        behind when an attempt fails).
+        through the fast client, larger files in parts through s3fs, leaving no incomplete
+        multipart upload behind when an attempt fails).
         """
         if self.is_local:
             dst = self.local_path
             os.makedirs(os.path.dirname(dst) or ".", exist_ok=True)
             os.replace(local, dst)
-            return
+            return False
+        block = int(self.options.get("default_block_size") or SINGLE_PUT)
+        parts = self.protocol in S3.names and os.path.getsize(local) > block
         client = self.client()
-        if client is not None and hasattr(client, "put"):
-            block = int(self.options.get("default_block_size") or SINGLE_PUT)
-            if os.path.getsize(local) <= block:  # one PUT, as s3fs does below its block size
-                self.call(partial(_put_file_once, client, self.url, local, sha256), "upload")
-                return
+        if not parts and client is not None and hasattr(client, "put"):
+            self.call(partial(_put_file_once, client, self.url, local, sha256), "upload")
+            return False
+        if parts and before_parts is not None:
+            before_parts()
         fs, path = self.filesystem()
         put = protocol_defaults(self.protocol).put_file
         upload = (
             partial(put, fs, local, path) if put is not None else partial(fs.put_file, local, path)
         )
         self.call(upload, "upload")
+        return parts
 
     def remove(self) -> None:
         """Delete the object; a missing one is fine."""
@@ -262,9 +271,7 @@ class RetryingReader(io.RawIOBase):
     attempt reopens it and seeks back, so a read never returns bytes twice or skips any.
     """
 
-    def __init__(
-        self, url: str, opener: Callable[[], Any], policy: RetryPolicy | None = None
-    ) -> None:
+    def __init__(self, url: str, opener: Callable[[], Any], policy: RetryPolicy) -> None:
         super().__init__()
         self.url = url
         self._opener = opener

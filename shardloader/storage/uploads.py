@@ -14,15 +14,14 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
 
-from shardloader.storage.store import SINGLE_PUT, Store
+from shardloader.storage.protocols import S3, s3_abort_upload, s3_multipart_uploads
+from shardloader.storage.store import Store, join
 
 __all__ = [
     "JOURNAL",
@@ -30,7 +29,6 @@ __all__ = [
     "Uploads",
     "abort_recorded",
     "incomplete_uploads",
-    "is_multipart",
     "put_file_recorded",
 ]
 
@@ -101,27 +99,15 @@ class Uploads:
 JOURNAL = ".shardloader-uploads"
 
 
-def is_multipart(store: Store, local: str) -> bool:
-    """Whether :meth:`Store.put_file` sends ``local`` to ``store`` in parts (S3 past one PUT)."""
-    if store.is_local or store.protocol not in ("s3", "s3a"):
-        return False
-    block = int(store.options.get("default_block_size") or SINGLE_PUT)
-    return os.path.getsize(local) > block
-
-
 def put_file_recorded(
     out: Store, name: str, local: str, run_id: str, sha256: str | None = None
 ) -> None:
     """``out.join(name).put_file(local, sha256)``, recorded while it runs when it goes in
     parts (NOTE [multipart journal])."""
-    target = out.join(name)
-    if not is_multipart(target, local):
-        target.put_file(local, sha256)
-        return
     record = out.join(JOURNAL, run_id, name)
-    record.write_bytes_atomic(json.dumps({"key": name, "run": run_id}).encode())
-    target.put_file(local, sha256)  # on failure the record stays: the next run sweeps the key again
-    record.remove()
+    note = json.dumps({"key": name, "run": run_id}).encode()
+    if out.join(name).put_file(local, sha256, partial(record.write_bytes_atomic, note)):
+        record.remove()  # on failure the record stays: the next run sweeps the key again
 
 
 @dataclass(frozen=True)
@@ -147,24 +133,19 @@ def _records(existing: Iterable[str]) -> dict[str, str]:
 
 def incomplete_uploads(out: Store, existing: Iterable[str] | None = None) -> list[Incomplete]:
     """Every incomplete multipart upload under ``out`` (S3), each named ours or not."""
-    if out.is_local or out.protocol not in ("s3", "s3a"):
+    if out.protocol not in S3.names:
         return []
     if existing is None:
         existing = out.list_files()
     records = _records(existing)
     fs, path = out.filesystem()
-    bucket, prefix, _ = fs.split_path(path.rstrip("/") + "/")
+    path = path.rstrip("/") + "/"
+    prefix = fs.split_path(path)[1]
     found = []
-    kwargs: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix}
-    while True:
-        page = out.call(partial(fs.call_s3, "list_multipart_uploads", **kwargs), "list")
-        for u in page.get("Uploads", []):
-            rel = str(u["Key"])[len(prefix) :]
-            found.append(Incomplete(rel, u["UploadId"], str(u.get("Initiated")), records.get(rel)))
-        if not page.get("IsTruncated"):
-            return found
-        kwargs["KeyMarker"] = page.get("NextKeyMarker")
-        kwargs["UploadIdMarker"] = page.get("NextUploadIdMarker")
+    for u in out.call(partial(s3_multipart_uploads, fs, path), "list"):
+        rel = str(u["Key"])[len(prefix) :]
+        found.append(Incomplete(rel, u["UploadId"], str(u.get("Initiated")), records.get(rel)))
+    return found
 
 
 def abort_recorded(out: Store, existing: Iterable[str]) -> list[Incomplete]:
@@ -177,15 +158,8 @@ def abort_recorded(out: Store, existing: Iterable[str]) -> list[Incomplete]:
     aborted = [u for u in incomplete_uploads(out, existing) if u.run is not None]
     if aborted:
         fs, path = out.filesystem()
-        bucket, prefix, _ = fs.split_path(path.rstrip("/") + "/")
         for u in aborted:
-            abort = partial(
-                fs.call_s3,
-                "abort_multipart_upload",
-                Bucket=bucket,
-                Key=prefix + u.key,
-                UploadId=u.upload_id,
-            )
+            abort = partial(s3_abort_upload, fs, join(path, u.key), u.upload_id)
             out.call(abort, "abort an incomplete upload")
         log.info(
             "%s: aborted %d incomplete multipart uploads of killed runs", out.url, len(aborted)
