@@ -45,6 +45,29 @@ def test_damaged_shards_fail_naming_the_shard_or_read_the_same(work: str, fmt: s
     assert caught > RUNS  # the damage mostly tells: the fuzz is not a no-op
 
 
+def _no_bad(outcomes: list[tuple[str, dict, list[str], dict]]) -> None:
+    bad = [(os.path.basename(case), done, wrong) for case, done, wrong, _ in outcomes if wrong]
+    assert not bad, "\n".join(map(str, bad))
+
+
+def test_arrow_shards_damaged_where_pyarrow_trusts_them_fail_naming_the_shard(work: str) -> None:
+    # offsets, message metadata and footer, with the checksum rewritten: pyarrow reads values
+    # through them unchecked (a segfault or an abort, before each batch was validated)
+    combos = [("arrow", "none")]
+    _no_bad(list(fuzz_shards.fuzz(work, RUNS, 5, combos, 1.0, sidecars=0.0, hows=["inner"])))
+    combos = [("arrow", "zstd")]
+    _no_bad(list(fuzz_shards.fuzz(work, RUNS, 6, combos, fix_share=0.8, sidecars=0.0)))
+
+
+def test_damaged_sidecars_fail_naming_the_shard(work: str) -> None:
+    # the sidecar alone, its index_sha256 rewritten: its Arrow table is read before any sample
+    combos = [("tar", "none"), ("arrow", "none"), ("tokens", "none")]
+    hows = ["bytes", "bytes", "cut", "insert"]
+    outcomes = list(fuzz_shards.fuzz(work, RUNS, 7, combos, 1.0, 1.0, hows, shard=False))
+    _no_bad(outcomes)
+    assert sum(result["verify"][0] == "error" for *_, result in outcomes) > RUNS
+
+
 def _cut_zstd_tar(tmp_path, at) -> tuple[str, str]:
     """A packed zstd tar dataset whose first shard is cut at ``at(shard bytes)``, with the
     manifest's sha256 and sizes made to match (a producer that wrote them after the damage)."""

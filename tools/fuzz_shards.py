@@ -1,4 +1,4 @@
-"""Fuzz tar and token shards: damage a packed shard, then verify, inspect and read it.
+"""Fuzz tar, token and Arrow shards: damage a packed shard, then verify, inspect and read it.
 
 Each case copies a small packed dataset, mutates one shard (random bytes, a cut, both; sometimes
 its ``.idx.arrow`` sidecar too) and, unless ``--keep-checksums``, writes the damaged files'
@@ -32,9 +32,11 @@ import traceback
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-COMBOS = [
-    (fmt, comp) for fmt in ("tar", "tokens") for comp in ("none", "zstd", "gzip")
-]  # every compression a tar or token shard can have
+# every compression each format can have (an Arrow shard compresses its buffers inside)
+COMBOS = [(fmt, comp) for fmt in ("tar", "tokens") for comp in ("none", "zstd", "gzip")] + [
+    ("arrow", "none"),
+    ("arrow", "zstd"),
+]
 
 
 def make_source(path: str, n: int = 40, seed: int = 0) -> str:
@@ -85,14 +87,24 @@ def read_blocks(out: str, cache: str) -> list[str] | None:
     return [batch["input_ids"].numpy().tobytes().hex() for batch in ds]
 
 
-def mutate(case: str, rng: random.Random, fix: bool, sidecars: float = 0.25) -> dict[str, Any]:
-    """Damage one shard of the dataset copied to ``case`` (and its sidecar, a ``sidecars``
-    share of the time); return what was done."""
+HOWS = ("bytes", "cut", "both", "inner", "inner", "insert")  # "inner": aimed at structure
+
+
+def mutate(
+    case: str,
+    rng: random.Random,
+    fix: bool,
+    sidecars: float = 0.25,
+    hows: Sequence[str] = HOWS,
+    shard: bool = True,
+) -> dict[str, Any]:
+    """Damage one shard of the dataset copied to ``case`` (unless not ``shard``) and its
+    sidecar, a ``sidecars`` share of the time, each in one of ``hows``; return what was done."""
     with open(os.path.join(case, "index.json")) as f:
         manifest = json.load(f)
     i = rng.randrange(len(manifest["shards"]))
     entry = manifest["shards"][i]
-    targets = [entry["path"]]
+    targets = [entry["path"]] if shard else []
     if rng.random() < sidecars:
         targets.append(entry["index_path"])
     done = {"shard": entry["path"], "edits": []}
@@ -101,7 +113,7 @@ def mutate(case: str, rng: random.Random, fix: bool, sidecars: float = 0.25) -> 
         with open(path, "rb") as f:
             data = bytearray(f.read())
         original = bytes(data)
-        how = rng.choice(["bytes", "cut", "both", "inner", "inner", "insert"])
+        how = rng.choice(hows)
         if how == "inner" and name != entry["path"]:
             how = "bytes"  # a sidecar is damaged as it is stored
         if how == "inner":
@@ -144,6 +156,8 @@ def _compression(name: str) -> str:
 def _places(raw: bytes, name: str) -> list[int]:
     """Offsets in an uncompressed shard where damage tells most: tar headers' name, size,
     checksum and type fields; a token shard's header and records."""
+    if name.endswith(".arrow"):
+        return _arrow_places(raw)
     if ".tar" in name:
         heads = [b for b in range(0, len(raw) - 511, 512) if raw[b + 257 : b + 262] == b"ustar"]
         fields = [*range(0, 100), *range(124, 136), *range(148, 157), 345]
@@ -152,6 +166,30 @@ def _places(raw: bytes, name: str) -> list[int]:
 
     head = Header(raw[:HEADER_BYTES])
     return [*range(0, 128), *range(head.records_at, len(raw))]
+
+
+def _arrow_places(raw: bytes) -> list[int]:
+    """An uncompressed Arrow file's offset buffers and everything that is not a value buffer
+    (footer, message metadata, validity): what pyarrow trusts.  A file whose buffers are
+    compressed (not read in place) gets none: random places."""
+    import pyarrow as pa
+
+    whole = pa.py_buffer(raw)
+    reader = pa.ipc.open_file(whole)
+    places: list[int] = []
+    values = bytearray(len(raw))  # 1 where a value buffer lies
+    for b in range(reader.num_record_batches):
+        for column in reader.get_batch(b).columns:
+            _, offsets, data = column.buffers()[:3]
+            for buf, into_values in ((offsets, False), (data, True)):
+                at = None if buf is None else buf.address - whole.address
+                if at is None or not 0 <= at <= len(raw) - buf.size:
+                    return []
+                if into_values:
+                    values[at : at + buf.size] = bytes([1]) * buf.size
+                else:
+                    places += range(at, at + buf.size)
+    return places + [i for i, v in enumerate(values) if not v]
 
 
 def _mutate_inner(name: str, data: bytes, rng: random.Random) -> bytearray:
@@ -323,6 +361,8 @@ def fuzz(
     combos: Sequence[tuple[str, str]],
     fix_share: float = 0.8,
     sidecars: float = 0.25,
+    hows: Sequence[str] = HOWS,
+    shard: bool = True,
 ) -> Iterator[tuple[str, dict[str, Any], list[str]]]:
     """``runs`` cases per combo: (case, what was done, what went wrong, the outcomes)."""
     refs = templates(work, combos)
@@ -335,7 +375,7 @@ def fuzz(
             shutil.rmtree(case, ignore_errors=True)
             shutil.copytree(os.path.join(work, name), case)
             fixed = rng.random() < fix_share
-            done = mutate(case, rng, fixed, sidecars)
+            done = mutate(case, rng, fixed, sidecars, hows, shard)
             done["fixed"] = fixed
             plan.append((case, name, done))
     results = run_cases([case for case, _, _ in plan])

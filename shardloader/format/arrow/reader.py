@@ -145,8 +145,6 @@ def _row_spans(view: memoryview, n: int) -> dict[str, tuple[np.ndarray, np.ndarr
     with arrow_errors():
         batches = [reader.get_batch(b) for b in range(reader.num_record_batches)]
     names = reader.schema.names
-    if KEY_COLUMN not in names:
-        raise ShardError(f"the Arrow file has no {KEY_COLUMN!r} column")
     total = sum(b.num_rows for b in batches)
     if total != n:
         raise ShardError(f"shard has {total} rows but its index lists {n}")

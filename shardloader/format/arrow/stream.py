@@ -27,11 +27,15 @@ _ALLOWED = "the manifest allows for this shard"
 
 
 def open_ipc(src: BinaryIO | pa.NativeFile) -> pa.ipc.RecordBatchFileReader:
-    """The IPC file in ``src``; one pyarrow cannot open is a ShardError."""
+    """The IPC file in ``src``, with a key column; one pyarrow cannot open is a ShardError."""
     try:
-        return pa.ipc.open_file(src)
-    except (pa.ArrowInvalid, OSError) as err:
+        reader = pa.ipc.open_file(src)
+        names = reader.schema.names  # not UTF-8 in a damaged file: a UnicodeDecodeError
+    except (pa.ArrowException, OSError, UnicodeDecodeError) as err:
         raise ShardError(f"not a readable Arrow IPC shard ({err})") from err
+    if KEY_COLUMN not in names:
+        raise ShardError(f"the Arrow file has no {KEY_COLUMN!r} column")
+    return reader
 
 
 @contextmanager
