@@ -210,37 +210,3 @@ def test_a_line_file_changed_after_the_scan_is_refused(tmp_path):
         fh.write(b"{}\n")
     with pytest.raises(InputError, match="has 31 bytes but had 28"):
         lines.read_run(run, Store(path))
-
-
-@settings(max_examples=80, deadline=None)
-@given(
-    keys=st.one_of(
-        st.integers(0, 30).map(lambda n: [f"docs/p/{i:09d}" for i in range(n)]),
-        st.lists(st.text(st.characters(blacklist_categories=("Cs",)), min_size=1), max_size=8),
-    ),
-    ext=st.sampled_from(["json", "txt", "e" * 95]),
-    data=st.data(),
-)
-def test_tar_add_records_writes_what_add_writes(keys, ext, data):
-    """The numpy header path for runs of lines gives byte-identical shards and indexes."""
-    import io
-
-    from shardloader.format.tar.writer import TarShardWriter
-
-    values = [data.draw(st.binary(max_size=1100)) for _ in keys]
-    lengths = [data.draw(st.one_of(st.none(), st.integers(0, 99))) for _ in keys]
-    one, many = io.BytesIO(), io.BytesIO()
-    w1, w2 = TarShardWriter(one, "zstd"), TarShardWriter(many, "zstd")
-    for k, v, n in zip(keys, values, lengths, strict=True):
-        w1.add(k, {ext: v}, n)
-    w2.add_records(keys, ext, values, lengths)
-    a, b = w1.close(), w2.close()
-    assert one.getvalue() == many.getvalue()
-    assert (a.sha256, a.raw_bytes, list(a.index.keys)) == (
-        b.sha256,
-        b.raw_bytes,
-        list(b.index.keys),
-    )
-    for name in ("offsets", "sizes", "lengths", "checksums"):
-        x, y = getattr(a.index, name), getattr(b.index, name)
-        assert (x is None and y is None) or np.array_equal(x, y)

@@ -11,10 +11,9 @@ and size in the *uncompressed* tar, so a staged copy can be read by seeking.
 from __future__ import annotations
 
 import tarfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import BinaryIO
 
-import numpy as np
 import xxhash
 
 from shardloader.format.base import WrittenShard
@@ -57,7 +56,6 @@ def _template() -> tuple[bytearray, int]:
 
 
 _USTAR, _USTAR_SUM = _template()
-_USTAR_ARRAY = np.frombuffer(bytes(_USTAR), np.uint8)
 
 
 def _ustar_header(name: str, size: int) -> bytes:
@@ -118,69 +116,6 @@ class TarShardWriter:
             digest = h.intdigest()
         self._index.add(key, start, size, length, digest)
         self._raw += size
-
-    def add_records(
-        self,
-        keys: Sequence[str],
-        ext: str,
-        values: Sequence[bytes],
-        lengths: Sequence[int] | None = None,
-    ) -> None:
-        """Many one-field samples at once (runs of lines): the bytes :meth:`add` writes for
-        each, with the plain ustar headers built by numpy rather than one by one."""
-        n = len(keys)
-        names = [f"{k}.{ext}" for k in keys]
-        sizes = np.fromiter(map(len, values), np.int64, n)
-        width = len(names[0]) if n else 0
-        joined = "".join(names)
-        if (
-            not n
-            or len(joined) != width * n
-            or width > 100
-            or not joined.isascii()
-            or int(sizes.max()) >= USTAR_MAX_SIZE
-        ):  # names of several lengths, long or not ASCII, or sizes past 8 GiB: one by one
-            for i in range(n):
-                self.add(keys[i], {ext: values[i]}, None if lengths is None else lengths[i])
-            return
-        records = BLOCK + sizes + (-sizes % BLOCK)
-        starts = np.zeros(n, np.int64)
-        np.cumsum(records[:-1], out=starts[1:])
-        heads = np.empty((n, BLOCK), np.uint8)
-        heads[:] = _USTAR_ARRAY
-        name_bytes = np.frombuffer(joined.encode("ascii"), np.uint8).reshape(n, width)
-        heads[:, :width] = name_bytes
-        total = np.full(n, _USTAR_SUM, np.int64) + name_bytes.sum(axis=1, dtype=np.int64)
-        for j in range(11):  # size: "%011o\0"
-            digit = 48 + ((sizes >> (3 * (10 - j))) & 7)
-            heads[:, 124 + j] = digit
-            total += digit
-        heads[:, 135] = 0
-        for j in range(6):  # checksum: "%06o\0", then the template's space
-            heads[:, 148 + j] = 48 + ((total >> (3 * (5 - j))) & 7)
-        heads[:, 154] = 0
-        out = bytearray(int(records.sum()))
-        blocks = np.frombuffer(out, np.uint8).reshape(-1, BLOCK)
-        blocks[starts // BLOCK] = heads
-        del blocks  # a bytearray with an exported view cannot be written as a whole
-        for start, size, value in zip(starts.tolist(), sizes.tolist(), values, strict=True):
-            out[start + BLOCK : start + BLOCK + size] = value
-        view = memoryview(out)
-        sums = [
-            xxhash.xxh3_64_intdigest(view[a : a + r])
-            for a, r in zip(starts.tolist(), records.tolist(), strict=True)
-        ]
-        view.release()
-        self._sink.write(out)
-        recorded = self._index
-        recorded.keys.extend(keys)
-        recorded.offsets.extend((starts + self._raw).tolist())
-        recorded.sizes.extend(records.tolist())
-        recorded.lengths.extend(
-            [-1] * n if lengths is None else [-1 if x is None else x for x in lengths]
-        )
-        recorded.sums.extend(sums)
-        self._raw += len(out)
 
     def close(self) -> WrittenShard:
         self._sink.write(b"\0" * END)
