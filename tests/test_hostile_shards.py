@@ -1,5 +1,5 @@
-"""Damaged tar and token shards end in a clear error naming the shard, never a crash, a
-traceback or a silent pass (the promise: "Bad input gets a clear error and loses nothing").
+"""Damaged tar, token, Arrow and Parquet shards end in a clear error naming the shard, never a
+crash, a traceback or a silent pass (the promise: "Bad input gets a clear error and loses nothing").
 
 A hostile or buggy producer can write a damaged shard *and* its matching sha256 into
 index.json; then only the shard's own structure and per-sample checksums stand between the
@@ -131,3 +131,38 @@ def test_a_zstd_stream_is_whole_only_at_a_frame_end() -> None:
         with pytest.raises(ShardError), decompressing():  # zstd's own error or the cut's
             while reader.read(1 << 16):
                 pass
+
+
+def test_damaged_parquet_files_fail_naming_the_file(work: str) -> None:
+    # Parquet files adopted by `index`: footer (Thrift metadata), page headers and pages
+    # damaged with the checksum and sizes rewritten; a column name that is not UTF-8 in the
+    # footer (seed 6) and a text cell that is not (a plain page) were tracebacks before
+    combos = [("parquet", "none")]
+    outcomes = list(fuzz_shards.fuzz(work, 30, 6, combos, 1.0, sidecars=0.0, hows=["inner"]))
+    outcomes += fuzz_shards.fuzz(work, RUNS, 8, combos, fix_share=0.8, sidecars=0.25)
+    _no_bad(outcomes)
+    assert sum(result["verify"][0] == "error" for *_, result in outcomes) > RUNS
+
+
+def test_a_parquet_text_cell_that_is_not_utf8_fails_naming_the_file(tmp_path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from shardloader.pack.index_existing import index_shards
+
+    path = tmp_path / "t.parquet"
+    plain = {"compression": "none", "use_dictionary": False, "write_statistics": False}
+    pq.write_table(pa.table({"text": ["caption one", "caption two"]}), path, **plain)
+    index_shards([str(path)], str(tmp_path))
+    # one byte of a cell's text, its row checksum left as indexed: what checks the cell fails
+    data = path.read_bytes().replace(b"caption two", b"caption tw\xff")
+    path.write_bytes(data)
+    manifest = json.loads((tmp_path / "index.json").read_text())
+    manifest["shards"][0]["sha256"] = fuzz_shards.hashlib.sha256(data).hexdigest()
+    (tmp_path / "index.json").write_text(json.dumps(manifest))
+    report = verify_dataset(str(tmp_path))
+    assert [p.path for p in report.bad] == ["t.parquet"]
+    assert "cannot be read" in "; ".join(report.bad[0].reasons)
+    opts = sl.ReadOptions(cache=sl.CacheOptions(dir=str(tmp_path / "cache")))
+    with pytest.raises(ShardError, match=r"t\.parquet.*row group 0 cannot be read"):
+        list(sl.ShardedDataset(str(tmp_path), decoder=None, read=opts))

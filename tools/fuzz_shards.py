@@ -1,7 +1,8 @@
-"""Fuzz tar, token and Arrow shards: damage a packed shard, then verify, inspect and read it.
+"""Fuzz tar, token, Arrow and Parquet shards: damage a shard, then verify, inspect and read it.
 
-Each case copies a small packed dataset, mutates one shard (random bytes, a cut, both; sometimes
-its ``.idx.arrow`` sidecar too) and, unless ``--keep-checksums``, writes the damaged files'
+Each case copies a small packed dataset (Parquet files: adopted by ``shardloader index``),
+mutates one shard (random bytes, a cut, both, damage aimed at its structure; sometimes its
+``.idx.arrow`` sidecar too) and, unless ``--keep-checksums``, writes the damaged files'
 sha256 and sizes into index.json, as a buggy or hostile producer would, so the manifest's check
 passes and the shard's own structure and per-sample checksums must catch the damage.
 
@@ -36,6 +37,7 @@ from typing import Any
 COMBOS = [(fmt, comp) for fmt in ("tar", "tokens") for comp in ("none", "zstd", "gzip")] + [
     ("arrow", "none"),
     ("arrow", "zstd"),
+    ("parquet", "none"),  # Parquet files adopted by `shardloader index`, not packed
 ]
 
 
@@ -55,8 +57,42 @@ def make_source(path: str, n: int = 40, seed: int = 0) -> str:
 def pack_template(src: str, out: str, fmt: str, comp: str) -> None:
     from shardloader.pack import PackOptions, pack
 
+    if fmt == "parquet":
+        index_template(src, out)
+        return
     extra: dict[str, Any] = {"token_field": "input_ids"} if fmt == "tokens" else {}
     pack(src, out, PackOptions(format=fmt, compression=comp, max_samples=16, **extra))
+
+
+def index_template(src: str, out: str) -> None:
+    """``src``'s records as three Parquet files in ``out`` (plain; dictionary and snappy; zstd
+    with statistics; row groups of 5 rows), adopted there by ``shardloader index``."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from shardloader.pack.index_existing import index_shards
+
+    with open(src) as f:
+        records = [json.loads(line) for line in f]
+    os.makedirs(out, exist_ok=True)
+    settings: list[dict[str, Any]] = [
+        {"compression": "none", "use_dictionary": False, "write_statistics": False},
+        {"compression": "snappy", "use_dictionary": True},
+        {"compression": "zstd", "use_dictionary": False, "data_page_version": "2.0"},
+    ]
+    per = -(-len(records) // len(settings))
+    for k, options in enumerate(settings):
+        rows = records[k * per : (k + 1) * per]
+        table = pa.table(
+            {
+                "text": [r["text"] for r in rows],
+                "input_ids": pa.array([r["input_ids"] for r in rows], pa.list_(pa.int32())),
+                "blob": pa.array([r["text"].encode()[:40] for r in rows], pa.binary()),
+                "n": pa.array([len(r["input_ids"]) for r in rows], pa.int64()),
+            }
+        )
+        pq.write_table(table, os.path.join(out, f"part{k}.parquet"), row_group_size=5, **options)
+    index_shards([out], out)
 
 
 def read_samples(out: str, cache: str) -> list[list[Any]]:
@@ -140,10 +176,13 @@ def mutate(
             digest = hashlib.sha256(bytes(data)).hexdigest()
             if name == entry["path"]:
                 entry["sha256"], entry["bytes"] = digest, len(data)
+                if name.endswith(".parquet"):  # its raw bytes are its stored bytes
+                    entry["raw_bytes"] = len(data)
             else:
                 entry["index_sha256"] = digest
     if fix:
-        manifest["bytes"] = sum(s["bytes"] for s in manifest["shards"])
+        for total in ("bytes", "raw_bytes"):
+            manifest[total] = sum(s[total] for s in manifest["shards"])
         with open(os.path.join(case, "index.json"), "w") as f:
             json.dump(manifest, f)
     return done
@@ -158,6 +197,8 @@ def _places(raw: bytes, name: str) -> list[int]:
     checksum and type fields; a token shard's header and records."""
     if name.endswith(".arrow"):
         return _arrow_places(raw)
+    if name.endswith(".parquet"):
+        return _parquet_places(raw)
     if ".tar" in name:
         heads = [b for b in range(0, len(raw) - 511, 512) if raw[b + 257 : b + 262] == b"ustar"]
         fields = [*range(0, 100), *range(124, 136), *range(148, 157), 345]
@@ -190,6 +231,24 @@ def _arrow_places(raw: bytes) -> list[int]:
                 else:
                     places += range(at, at + buf.size)
     return places + [i for i, v in enumerate(values) if not v]
+
+
+def _parquet_places(raw: bytes) -> list[int]:
+    """A Parquet file's magic, page headers (the first bytes of each column chunk's pages) and
+    footer (its Thrift metadata, length and magic): what the reader parses before values."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    footer = int.from_bytes(raw[-8:-4], "little") + 8
+    places = [*range(4), *range(max(0, len(raw) - footer), len(raw))]
+    md = pq.ParquetFile(pa.py_buffer(raw)).metadata
+    for g in range(md.num_row_groups):
+        for c in range(md.num_columns):
+            col = md.row_group(g).column(c)
+            for at in (col.dictionary_page_offset, col.data_page_offset):
+                if at is not None:
+                    places += range(at, min(at + 40, len(raw)))
+    return places
 
 
 def _mutate_inner(name: str, data: bytes, rng: random.Random) -> bytearray:
