@@ -22,7 +22,7 @@ import zstandard
 import shardloader as sl
 from shardloader.errors import ShardError
 from shardloader.format.compress import decompressed, decompressing
-from shardloader.format.embedded import MAGIC
+from shardloader.format.embedded import MAGIC, embedded_index, index_frame
 from shardloader.format.registry import get_format
 from shardloader.read.verify import verify_dataset
 
@@ -166,3 +166,27 @@ def test_a_parquet_text_cell_that_is_not_utf8_fails_naming_the_file(tmp_path) ->
     opts = sl.ReadOptions(cache=sl.CacheOptions(dir=str(tmp_path / "cache")))
     with pytest.raises(ShardError, match=r"t\.parquet.*row group 0 cannot be read"):
         list(sl.ShardedDataset(str(tmp_path), decoder=None, read=opts))
+
+
+def test_a_damaged_embedded_index_is_passed_over_for_the_sidecar(work: str) -> None:
+    # a zstd tar's embedded sample index (its frame's magic, lengths or Arrow bytes) damaged,
+    # the shard's checksum rewritten: a remote read (memory://), which takes the index from
+    # the shard, reads what verify and a local read do (it failed on the index before, or on
+    # a sample's checksum the damage changed, where verify passed)
+    combos = [("tar", "zstd")]
+    outcomes = list(fuzz_shards.fuzz(work, 2 * RUNS, 3, combos, 1.0, sidecars=0.0, hows=["frame"]))
+    _no_bad(outcomes)
+    assert sum(result["remote"][0] == "ok" for *_, result in outcomes) > RUNS // 2
+
+
+def test_an_embedded_index_is_taken_only_whole() -> None:
+    frame = index_frame(b"index bytes")
+    assert embedded_index(b"zstd data" + frame) == b"index bytes"
+    for at in range(8, len(frame) - 8):  # any byte of the index or its digest
+        damaged = bytearray(frame)
+        damaged[at] ^= 1
+        assert embedded_index(b"zstd data" + bytes(damaged)) is None
+    # a frame written before the digest (SLI1) is still read
+    legacy = b"index bytes" + (11).to_bytes(4, "little") + b"SLI1"
+    legacy = MAGIC.to_bytes(4, "little") + len(legacy).to_bytes(4, "little") + legacy
+    assert embedded_index(b"zstd data" + legacy) == b"index bytes"

@@ -123,7 +123,31 @@ def read_blocks(out: str, cache: str) -> list[str] | None:
     return [batch["input_ids"].numpy().tobytes().hex() for batch in ds]
 
 
-HOWS = ("bytes", "cut", "both", "inner", "inner", "insert")  # "inner": aimed at structure
+def read_remote(out: str, cache: str) -> list[list[Any]] | None:
+    """A zstd tar dataset's samples read from an object store (fsspec's memory://, this
+    process's), so each shard's sample index comes inside it (format/embedded.py); None for
+    another format."""
+    import uuid
+
+    import fsspec
+
+    import shardloader as sl
+
+    manifest, _ = sl.read_manifest(out)
+    if (manifest.format, manifest.compression) != ("tar", "zstd"):
+        return None
+    fs, root = fsspec.filesystem("memory"), f"/fuzz-{uuid.uuid4().hex}"
+    for name in os.listdir(out):
+        with open(os.path.join(out, name), "rb") as f:
+            fs.pipe_file(f"{root}/{name}", f.read())
+    try:
+        return read_samples(f"memory://{root}", cache)
+    finally:
+        fs.rm(root, recursive=True)
+
+
+# "inner": aimed at structure; "frame" (a zstd tar's): at its embedded sample index
+HOWS = ("bytes", "cut", "both", "inner", "inner", "insert")
 
 
 def mutate(
@@ -150,10 +174,15 @@ def mutate(
             data = bytearray(f.read())
         original = bytes(data)
         how = rng.choice(hows)
-        if how == "inner" and name != entry["path"]:
+        if how in ("inner", "frame") and name != entry["path"]:
             how = "bytes"  # a sidecar is damaged as it is stored
+        frame = min(_frame_ends(bytes(data)))  # the embedded index's start, or the end
+        if how == "frame" and frame == len(data):
+            how = "bytes"  # no embedded index
         if how == "inner":
             data = _mutate_inner(name, bytes(data), rng)
+        elif how == "frame":
+            _mutate_frame(data, frame, rng)
         elif how == "insert":
             at = rng.randrange(len(data) + 1)
             data[at:at] = rng.randbytes(rng.choice([1, 7, 512, 4096]))
@@ -285,6 +314,20 @@ def _mutate_inner(name: str, data: bytes, rng: random.Random) -> bytearray:
     return bytearray(gzip.compress(bytes(raw), mtime=0) if comp == "gzip" else raw)
 
 
+def _mutate_frame(data: bytearray, at: int, rng: random.Random) -> None:
+    """Damage a zstd shard's embedded sample index frame, which starts at ``at``: its magic
+    or lengths (8 bytes each end), or its Arrow index."""
+    for _ in range(rng.choice([1, 1, 2, 4])):
+        where = rng.random()
+        if where < 0.3:
+            i = at + rng.randrange(8)
+        elif where < 0.5:
+            i = len(data) - 1 - rng.randrange(8)
+        else:
+            i = rng.randrange(at + 8, len(data) - 8)
+        data[i] = rng.choice([0, 0xFF, data[i] ^ (1 << rng.randrange(8)), rng.randrange(256)])
+
+
 def _frame_ends(data: bytes) -> set[int]:
     """Where a zstd shard may end whole: its end, and the start of its index frame (a
     skippable frame at the end, format/embedded.py)."""
@@ -320,7 +363,7 @@ def check(case: str, cache: str) -> dict[str, Any]:
             result[name] = ["ok" if code == 0 else "error", err.strip()[:600]]
         except Exception:
             result[name] = ["traceback", traceback.format_exc()[-1500:]]
-    for name, read in (("read", read_samples), ("blocks", read_blocks)):
+    for name, read in (("read", read_samples), ("blocks", read_blocks), ("remote", read_remote)):
         try:
             result[name] = ["ok", read(case, f"{cache}-{name}")]
         except ShardloaderError as err:
@@ -409,6 +452,7 @@ def templates(work: str, combos: Sequence[tuple[str, str]]) -> dict[str, dict[st
         refs[f"{fmt}-{comp}"] = {
             "read": read_samples(out, cache + "-read"),
             "blocks": read_blocks(out, cache + "-blocks"),
+            "remote": read_remote(out, cache + "-remote"),
         }
     return refs
 
