@@ -1,5 +1,5 @@
-"""Damaged tar and token shards end in a clear error naming the shard, never a crash, a
-traceback or a silent pass (the promise: "Bad input gets a clear error and loses nothing").
+"""Damaged tar, token, Arrow and Parquet shards end in a clear error naming the shard, never a
+crash, a traceback or a silent pass (the promise: "Bad input gets a clear error and loses nothing").
 
 A hostile or buggy producer can write a damaged shard *and* its matching sha256 into
 index.json; then only the shard's own structure and per-sample checksums stand between the
@@ -22,7 +22,7 @@ import zstandard
 import shardloader as sl
 from shardloader.errors import ShardError
 from shardloader.format.compress import decompressed, decompressing
-from shardloader.format.embedded import MAGIC
+from shardloader.format.embedded import MAGIC, embedded_index, index_frame
 from shardloader.format.registry import get_format
 from shardloader.read.verify import verify_dataset
 
@@ -131,3 +131,62 @@ def test_a_zstd_stream_is_whole_only_at_a_frame_end() -> None:
         with pytest.raises(ShardError), decompressing():  # zstd's own error or the cut's
             while reader.read(1 << 16):
                 pass
+
+
+def test_damaged_parquet_files_fail_naming_the_file(work: str) -> None:
+    # Parquet files adopted by `index`: footer (Thrift metadata), page headers and pages
+    # damaged with the checksum and sizes rewritten; a column name that is not UTF-8 in the
+    # footer (seed 6) and a text cell that is not (a plain page) were tracebacks before
+    combos = [("parquet", "none")]
+    outcomes = list(fuzz_shards.fuzz(work, 30, 6, combos, 1.0, sidecars=0.0, hows=["inner"]))
+    outcomes += fuzz_shards.fuzz(work, RUNS, 8, combos, fix_share=0.8, sidecars=0.25)
+    _no_bad(outcomes)
+    assert sum(result["verify"][0] == "error" for *_, result in outcomes) > RUNS
+
+
+def test_a_parquet_text_cell_that_is_not_utf8_fails_naming_the_file(tmp_path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from shardloader.pack.index_existing import index_shards
+
+    path = tmp_path / "t.parquet"
+    plain = {"compression": "none", "use_dictionary": False, "write_statistics": False}
+    pq.write_table(pa.table({"text": ["caption one", "caption two"]}), path, **plain)
+    index_shards([str(path)], str(tmp_path))
+    # one byte of a cell's text, its row checksum left as indexed: what checks the cell fails
+    data = path.read_bytes().replace(b"caption two", b"caption tw\xff")
+    path.write_bytes(data)
+    manifest = json.loads((tmp_path / "index.json").read_text())
+    manifest["shards"][0]["sha256"] = fuzz_shards.hashlib.sha256(data).hexdigest()
+    (tmp_path / "index.json").write_text(json.dumps(manifest))
+    report = verify_dataset(str(tmp_path))
+    assert [p.path for p in report.bad] == ["t.parquet"]
+    assert "cannot be read" in "; ".join(report.bad[0].reasons)
+    opts = sl.ReadOptions(cache=sl.CacheOptions(dir=str(tmp_path / "cache")))
+    with pytest.raises(ShardError, match=r"t\.parquet.*row group 0 cannot be read"):
+        list(sl.ShardedDataset(str(tmp_path), decoder=None, read=opts))
+
+
+def test_a_damaged_embedded_index_is_passed_over_for_the_sidecar(work: str) -> None:
+    # a zstd tar's embedded sample index (its frame's magic, lengths or Arrow bytes) damaged,
+    # the shard's checksum rewritten: a remote read (memory://), which takes the index from
+    # the shard, reads what verify and a local read do (it failed on the index before, or on
+    # a sample's checksum the damage changed, where verify passed)
+    combos = [("tar", "zstd")]
+    outcomes = list(fuzz_shards.fuzz(work, 2 * RUNS, 3, combos, 1.0, sidecars=0.0, hows=["frame"]))
+    _no_bad(outcomes)
+    assert sum(result["remote"][0] == "ok" for *_, result in outcomes) > RUNS // 2
+
+
+def test_an_embedded_index_is_taken_only_whole() -> None:
+    frame = index_frame(b"index bytes")
+    assert embedded_index(b"zstd data" + frame) == b"index bytes"
+    for at in range(8, len(frame) - 8):  # any byte of the index or its digest
+        damaged = bytearray(frame)
+        damaged[at] ^= 1
+        assert embedded_index(b"zstd data" + bytes(damaged)) is None
+    # a frame written before the digest (SLI1) is still read
+    legacy = b"index bytes" + (11).to_bytes(4, "little") + b"SLI1"
+    legacy = MAGIC.to_bytes(4, "little") + len(legacy).to_bytes(4, "little") + legacy
+    assert embedded_index(b"zstd data" + legacy) == b"index bytes"

@@ -1,7 +1,8 @@
-"""Fuzz tar, token and Arrow shards: damage a packed shard, then verify, inspect and read it.
+"""Fuzz tar, token, Arrow and Parquet shards: damage a shard, then verify, inspect and read it.
 
-Each case copies a small packed dataset, mutates one shard (random bytes, a cut, both; sometimes
-its ``.idx.arrow`` sidecar too) and, unless ``--keep-checksums``, writes the damaged files'
+Each case copies a small packed dataset (Parquet files: adopted by ``shardloader index``),
+mutates one shard (random bytes, a cut, both, damage aimed at its structure; sometimes its
+``.idx.arrow`` sidecar too) and, unless ``--keep-checksums``, writes the damaged files'
 sha256 and sizes into index.json, as a buggy or hostile producer would, so the manifest's check
 passes and the shard's own structure and per-sample checksums must catch the damage.
 
@@ -36,6 +37,7 @@ from typing import Any
 COMBOS = [(fmt, comp) for fmt in ("tar", "tokens") for comp in ("none", "zstd", "gzip")] + [
     ("arrow", "none"),
     ("arrow", "zstd"),
+    ("parquet", "none"),  # Parquet files adopted by `shardloader index`, not packed
 ]
 
 
@@ -55,8 +57,42 @@ def make_source(path: str, n: int = 40, seed: int = 0) -> str:
 def pack_template(src: str, out: str, fmt: str, comp: str) -> None:
     from shardloader.pack import PackOptions, pack
 
+    if fmt == "parquet":
+        index_template(src, out)
+        return
     extra: dict[str, Any] = {"token_field": "input_ids"} if fmt == "tokens" else {}
     pack(src, out, PackOptions(format=fmt, compression=comp, max_samples=16, **extra))
+
+
+def index_template(src: str, out: str) -> None:
+    """``src``'s records as three Parquet files in ``out`` (plain; dictionary and snappy; zstd
+    with statistics; row groups of 5 rows), adopted there by ``shardloader index``."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from shardloader.pack.index_existing import index_shards
+
+    with open(src) as f:
+        records = [json.loads(line) for line in f]
+    os.makedirs(out, exist_ok=True)
+    settings: list[dict[str, Any]] = [
+        {"compression": "none", "use_dictionary": False, "write_statistics": False},
+        {"compression": "snappy", "use_dictionary": True},
+        {"compression": "zstd", "use_dictionary": False, "data_page_version": "2.0"},
+    ]
+    per = -(-len(records) // len(settings))
+    for k, options in enumerate(settings):
+        rows = records[k * per : (k + 1) * per]
+        table = pa.table(
+            {
+                "text": [r["text"] for r in rows],
+                "input_ids": pa.array([r["input_ids"] for r in rows], pa.list_(pa.int32())),
+                "blob": pa.array([r["text"].encode()[:40] for r in rows], pa.binary()),
+                "n": pa.array([len(r["input_ids"]) for r in rows], pa.int64()),
+            }
+        )
+        pq.write_table(table, os.path.join(out, f"part{k}.parquet"), row_group_size=5, **options)
+    index_shards([out], out)
 
 
 def read_samples(out: str, cache: str) -> list[list[Any]]:
@@ -87,7 +123,31 @@ def read_blocks(out: str, cache: str) -> list[str] | None:
     return [batch["input_ids"].numpy().tobytes().hex() for batch in ds]
 
 
-HOWS = ("bytes", "cut", "both", "inner", "inner", "insert")  # "inner": aimed at structure
+def read_remote(out: str, cache: str) -> list[list[Any]] | None:
+    """A zstd tar dataset's samples read from an object store (fsspec's memory://, this
+    process's), so each shard's sample index comes inside it (format/embedded.py); None for
+    another format."""
+    import uuid
+
+    import fsspec
+
+    import shardloader as sl
+
+    manifest, _ = sl.read_manifest(out)
+    if (manifest.format, manifest.compression) != ("tar", "zstd"):
+        return None
+    fs, root = fsspec.filesystem("memory"), f"/fuzz-{uuid.uuid4().hex}"
+    for name in os.listdir(out):
+        with open(os.path.join(out, name), "rb") as f:
+            fs.pipe_file(f"{root}/{name}", f.read())
+    try:
+        return read_samples(f"memory://{root}", cache)
+    finally:
+        fs.rm(root, recursive=True)
+
+
+# "inner": aimed at structure; "frame" (a zstd tar's): at its embedded sample index
+HOWS = ("bytes", "cut", "both", "inner", "inner", "insert")
 
 
 def mutate(
@@ -114,10 +174,15 @@ def mutate(
             data = bytearray(f.read())
         original = bytes(data)
         how = rng.choice(hows)
-        if how == "inner" and name != entry["path"]:
+        if how in ("inner", "frame") and name != entry["path"]:
             how = "bytes"  # a sidecar is damaged as it is stored
+        frame = min(_frame_ends(bytes(data)))  # the embedded index's start, or the end
+        if how == "frame" and frame == len(data):
+            how = "bytes"  # no embedded index
         if how == "inner":
             data = _mutate_inner(name, bytes(data), rng)
+        elif how == "frame":
+            _mutate_frame(data, frame, rng)
         elif how == "insert":
             at = rng.randrange(len(data) + 1)
             data[at:at] = rng.randbytes(rng.choice([1, 7, 512, 4096]))
@@ -140,10 +205,13 @@ def mutate(
             digest = hashlib.sha256(bytes(data)).hexdigest()
             if name == entry["path"]:
                 entry["sha256"], entry["bytes"] = digest, len(data)
+                if name.endswith(".parquet"):  # its raw bytes are its stored bytes
+                    entry["raw_bytes"] = len(data)
             else:
                 entry["index_sha256"] = digest
     if fix:
-        manifest["bytes"] = sum(s["bytes"] for s in manifest["shards"])
+        for total in ("bytes", "raw_bytes"):
+            manifest[total] = sum(s[total] for s in manifest["shards"])
         with open(os.path.join(case, "index.json"), "w") as f:
             json.dump(manifest, f)
     return done
@@ -158,6 +226,8 @@ def _places(raw: bytes, name: str) -> list[int]:
     checksum and type fields; a token shard's header and records."""
     if name.endswith(".arrow"):
         return _arrow_places(raw)
+    if name.endswith(".parquet"):
+        return _parquet_places(raw)
     if ".tar" in name:
         heads = [b for b in range(0, len(raw) - 511, 512) if raw[b + 257 : b + 262] == b"ustar"]
         fields = [*range(0, 100), *range(124, 136), *range(148, 157), 345]
@@ -192,6 +262,24 @@ def _arrow_places(raw: bytes) -> list[int]:
     return places + [i for i, v in enumerate(values) if not v]
 
 
+def _parquet_places(raw: bytes) -> list[int]:
+    """A Parquet file's magic, page headers (the first bytes of each column chunk's pages) and
+    footer (its Thrift metadata, length and magic): what the reader parses before values."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    footer = int.from_bytes(raw[-8:-4], "little") + 8
+    places = [*range(4), *range(max(0, len(raw) - footer), len(raw))]
+    md = pq.ParquetFile(pa.py_buffer(raw)).metadata
+    for g in range(md.num_row_groups):
+        for c in range(md.num_columns):
+            col = md.row_group(g).column(c)
+            for at in (col.dictionary_page_offset, col.data_page_offset):
+                if at is not None:
+                    places += range(at, min(at + 40, len(raw)))
+    return places
+
+
 def _mutate_inner(name: str, data: bytes, rng: random.Random) -> bytearray:
     """Damage the uncompressed shard where it has structure and compress it again (the
     compressed stream is whole, its content hostile); a zstd shard keeps its index frame."""
@@ -224,6 +312,20 @@ def _mutate_inner(name: str, data: bytes, rng: random.Random) -> bytearray:
     if comp == "zstd":
         return bytearray(zstandard.ZstdCompressor(level=3).compress(bytes(raw)) + frame)
     return bytearray(gzip.compress(bytes(raw), mtime=0) if comp == "gzip" else raw)
+
+
+def _mutate_frame(data: bytearray, at: int, rng: random.Random) -> None:
+    """Damage a zstd shard's embedded sample index frame, which starts at ``at``: its magic
+    or lengths (8 bytes each end), or its Arrow index."""
+    for _ in range(rng.choice([1, 1, 2, 4])):
+        where = rng.random()
+        if where < 0.3:
+            i = at + rng.randrange(8)
+        elif where < 0.5:
+            i = len(data) - 1 - rng.randrange(8)
+        else:
+            i = rng.randrange(at + 8, len(data) - 8)
+        data[i] = rng.choice([0, 0xFF, data[i] ^ (1 << rng.randrange(8)), rng.randrange(256)])
 
 
 def _frame_ends(data: bytes) -> set[int]:
@@ -261,7 +363,7 @@ def check(case: str, cache: str) -> dict[str, Any]:
             result[name] = ["ok" if code == 0 else "error", err.strip()[:600]]
         except Exception:
             result[name] = ["traceback", traceback.format_exc()[-1500:]]
-    for name, read in (("read", read_samples), ("blocks", read_blocks)):
+    for name, read in (("read", read_samples), ("blocks", read_blocks), ("remote", read_remote)):
         try:
             result[name] = ["ok", read(case, f"{cache}-{name}")]
         except ShardloaderError as err:
@@ -350,6 +452,7 @@ def templates(work: str, combos: Sequence[tuple[str, str]]) -> dict[str, dict[st
         refs[f"{fmt}-{comp}"] = {
             "read": read_samples(out, cache + "-read"),
             "blocks": read_blocks(out, cache + "-blocks"),
+            "remote": read_remote(out, cache + "-remote"),
         }
     return refs
 

@@ -4,10 +4,14 @@ A zstd-compressed shard may end with a *skippable frame* (RFC 8878, section 3.1.
 decoder (``zstd -d``, python-zstandard, webdataset through a ``zstd -d`` pipe) passes over it,
 so the decompressed tar is unchanged and older shardloader versions read such shards as
 before.  Its content is the sample index as Arrow IPC bytes (zstd buffers, as the sidecar's),
-then a footer (its length and ``SLI1``), so a reader finds it from the last bytes of the stored
-object alone:
+then its SHA-256 and a footer (its length and ``SLI2``), so a reader finds it from the last
+bytes of the stored object alone:
 
-    <u32 LE 0x184D2A5B> <u32 LE n>  <Arrow IPC index: n - 8 bytes> <u32 LE n - 8> b"SLI1"
+    <u32 LE 0x184D2A5B> <u32 LE n>  <Arrow IPC index: m bytes> <SHA-256 of it> <u32 LE m> b"SLI2"
+
+The digest tells a damaged copy (in a shard whose producer hashed it after the damage) from a
+whole one, so a reader takes its sidecar instead of failing on it or, worse, trusting changed
+offsets or checksums; frames written before it (``SLI1``: no digest) are still read.
 
 The sidecar (``*.idx.arrow``) is still written and stays the reference: the manifest's
 ``index_sha256`` is the sidecar's, whose schema metadata also holds pack's resume record (which
@@ -18,13 +22,15 @@ manifest entry like a sidecar before use.
 
 from __future__ import annotations
 
+import hashlib
 import struct
 from collections.abc import Callable
 
 __all__ = ["FOOTER", "MAGIC", "TAIL_KEEP", "embedded_index", "index_frame"]
 
 MAGIC = 0x184D2A5B  # one of the 16 skippable-frame magic numbers (0x184D2A50..5F)
-FOOTER = b"SLI1"
+FOOTER = b"SLI2"
+_DIGEST = {FOOTER: 32, b"SLI1": 0}  # the bytes of the index's SHA-256 before the footer
 TAIL_KEEP = 8 << 20  # the last bytes a stager keeps to find an embedded index in
 _HEAD = struct.Struct("<II")
 _FOOT = struct.Struct("<I4s")
@@ -32,25 +38,30 @@ _FOOT = struct.Struct("<I4s")
 
 def index_frame(index: bytes) -> bytes:
     """The skippable frame that carries ``index`` (Arrow IPC bytes of a SampleIndex)."""
-    content = index + _FOOT.pack(len(index), FOOTER)
+    content = index + hashlib.sha256(index).digest() + _FOOT.pack(len(index), FOOTER)
     return _HEAD.pack(MAGIC, len(content)) + content
 
 
 def embedded_index(tail: Callable[[int], bytes] | bytes) -> bytes | None:
-    """The index bytes if the stored shard ends with our frame, else None.
+    """The index bytes if the stored shard ends with our frame, whole, else None.
 
     ``tail`` is the shard's last bytes, or a function giving its last ``n`` bytes (fewer when
     it has fewer): the footer is read first, then only as much as the frame takes.
     """
     last = tail if callable(tail) else (lambda n, data=tail: data[-n:])
     foot = last(_FOOT.size)
-    if len(foot) < _FOOT.size or foot[-4:] != FOOTER:
+    if len(foot) < _FOOT.size or foot[-4:] not in _DIGEST:
         return None
-    (length, _) = _FOOT.unpack(foot)
-    frame = last(_HEAD.size + length + _FOOT.size)
-    if len(frame) < _HEAD.size + length + _FOOT.size:
+    (length, tag) = _FOOT.unpack(foot)
+    content = length + _DIGEST[tag] + _FOOT.size
+    frame = last(_HEAD.size + content)
+    if len(frame) < _HEAD.size + content:
         return None  # longer than what the stager kept
     magic, size = _HEAD.unpack_from(frame, 0)
-    if magic != MAGIC or size != length + _FOOT.size:
+    if magic != MAGIC or size != content:
         return None
-    return frame[_HEAD.size : _HEAD.size + length]
+    index = frame[_HEAD.size : _HEAD.size + length]
+    digest = frame[_HEAD.size + length : _HEAD.size + length + _DIGEST[tag]]
+    if digest and hashlib.sha256(index).digest() != digest:
+        return None  # damaged: the sidecar is read instead
+    return index

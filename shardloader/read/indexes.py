@@ -50,13 +50,13 @@ class SampleIndexes:
         if idx is None:
             info = self.manifest.shards[shard]
             store = self.shards.store.join(info.index_path)
-            carried = None if store.is_local else self._embedded_copy(info)
-            if carried is not None:  # came inside the shard, which hashed to the manifest's sum
-                data = carried
-            else:
-                data = self._sidecar(info, store, f"sample index {store.url} ({self.shards.where})")
+            data = None if store.is_local else self._embedded_copy(info)
+            url = f"the sample index carried in {self.shards.describe(shard)}"
+            if data is None:  # else it came inside the shard, which hashed to the manifest's sum
+                url = store.url
+                data = self._sidecar(info, store, f"sample index {url} ({self.shards.where})")
             with located(self.shards.describe(shard)):
-                idx = parse_sidecar(data, store.url, self.manifest.format, info)
+                idx = parse_sidecar(data, url, self.manifest.format, info)
             self._parsed[shard] = idx
             if len(self._parsed) > _PARSED:
                 self._parsed.popitem(last=False)

@@ -34,13 +34,20 @@ def key_stem(url: str) -> str:
     return base[: -len(".parquet")] if base.lower().endswith(".parquet") else base
 
 
+# what pyarrow raises on a damaged file: its own errors (an unknown encoding or codec is
+# ArrowNotImplementedError), OSError, and a name or text in its metadata that is not UTF-8
+_UNREADABLE = (pa.ArrowException, OSError, UnicodeDecodeError)
+
+
 def open_parquet(source: Any) -> pq.ParquetFile:
     """A ParquetFile over a path or a seekable file; a file that is not Parquet: ShardError
     (the caller names the file: :func:`~shardloader.errors.located`, as for every error
     here)."""
     try:
-        return pq.ParquetFile(source)
-    except (pa.ArrowInvalid, OSError) as err:
+        pf = pq.ParquetFile(source)
+        pf.schema_arrow  # noqa: B018 - parsed now: a damaged schema fails here, not later
+        return pf
+    except _UNREADABLE as err:
         raise ShardError(f"not a readable Parquet file ({err})") from err
 
 
@@ -87,12 +94,15 @@ class ParquetTable:
 
     def read_group(self, group: int, names: list[str] | None = None) -> pa.Table:
         """Row group ``group`` as Arrow, its columns ``names`` (default: all), one byte range
-        per column chunk, no conversion."""
+        per column chunk, no conversion, validated: Parquet's reader checks neither text's
+        UTF-8 nor every offset, and a damaged page must not reach the cells' conversion."""
         try:
-            return self.pf.read_row_group(
+            table = self.pf.read_row_group(
                 group, columns=self.names if names is None else names, use_threads=False
             )
-        except (pa.ArrowInvalid, OSError) as err:
+            table.validate(full=True)
+            return table
+        except _UNREADABLE as err:
             raise ShardError(f"row group {group} cannot be read ({err})") from err
 
     def encode(self, table: pa.Table, rows: list[int]) -> dict[str, Cells]:
