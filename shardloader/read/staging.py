@@ -13,7 +13,6 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
-import uuid
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
@@ -23,7 +22,7 @@ from shardloader.format.embedded import TAIL_KEEP
 from shardloader.manifest import SampleIndex, ShardInfo
 from shardloader.schema import sidecar_bound
 from shardloader.storage.cache import ShardCache
-from shardloader.storage.private import create_private, open_private, open_regular
+from shardloader.storage.private import open_private, open_regular, write_private
 from shardloader.storage.streams import BoundedReader, TailReader
 
 if TYPE_CHECKING:
@@ -186,9 +185,6 @@ def _hash_once(path: str, info: ShardInfo, folder: str, where: str) -> None:
                     f"{info.sha256}: the shard is damaged or was replaced; re-pack it or restore "
                     "it from a copy (`shardloader verify` lists every bad shard)"
                 )
-            tmp = f"{note}.tmp-{uuid.uuid4().hex}"
-            with create_private(tmp) as f:
-                f.write(f"{path}\n{info.sha256}\n".encode())
-            os.replace(tmp, note)
+            write_private(note, f"{path}\n{info.sha256}\n".encode())
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
