@@ -23,7 +23,7 @@ from shardloader.manifest import SampleIndex, ShardInfo
 from shardloader.schema import sidecar_bound
 from shardloader.storage.cache import ShardCache
 from shardloader.storage.private import open_private, open_regular, write_private
-from shardloader.storage.streams import BoundedReader, TailReader
+from shardloader.storage.streams import TailReader
 
 if TYPE_CHECKING:
     from shardloader.read.staged import ShardSet
@@ -57,16 +57,15 @@ class ShardFiles:
         streamed: list[TailReader] = []
 
         def open_stored() -> Any:
+            # One pass: the stored bytes stream through the hash (the cache's) and the
+            # decompressor into the staged file; a remote fault mid-body resumes where it broke
+            # off.  A remote shard's tail is kept for the sample index it may carry.
+            stream = store.open_stream(info.bytes, part_size=self.options.part_size)
             if store.is_local:
-                return BoundedReader(store.open_read(), info.bytes, where)
-            # Remote: one pass.  The GET body streams through the hash (the cache's) and the
-            # decompressor into the staged file; a fault mid-body resumes where it broke off.
-            keep = min(TAIL_KEEP, sidecar_bound(info) + 64)
-            stream = TailReader(
-                store.open_stream(info.bytes, part_size=self.options.part_size), keep
-            )
-            streamed.append(stream)
-            return stream
+                return stream
+            tail = TailReader(stream, min(TAIL_KEEP, sidecar_bound(info) + 64))
+            streamed.append(tail)
+            return tail
 
         limit = self.format.staged_bound(info, len(m.fields))
 

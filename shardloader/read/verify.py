@@ -29,7 +29,7 @@ from shardloader.read.fields import FieldMap
 from shardloader.read.sidecar import check_digest, parse_sidecar, read_sidecar
 from shardloader.storage.retry import RetryPolicy
 from shardloader.storage.store import Store, as_store
-from shardloader.storage.streams import BoundedReader, HashingReader
+from shardloader.storage.streams import HashingReader
 
 __all__ = ["ShardProblem", "VerifyReport", "verify_dataset"]
 
@@ -149,7 +149,7 @@ def _verify_shard(
     biggest = int(index.sizes.max()) if index is not None and len(index) else limit
     n = 0
     try:
-        with BoundedReader(stored.open_read(), shard.bytes, url) as raw:
+        with stored.open_stream(shard.bytes) as raw:
             tap = HashingReader(raw)
             fmt = get_format(manifest.format)
             src, compression = cast(BinaryIO, tap), manifest.compression
