@@ -23,7 +23,7 @@ from shardloader.manifest import SampleIndex, ShardInfo
 from shardloader.schema import sidecar_bound
 from shardloader.storage.cache import ShardCache
 from shardloader.storage.private import open_private, open_regular, write_private
-from shardloader.storage.streams import TailReader
+from shardloader.storage.streams import HashingReader, TailReader
 
 if TYPE_CHECKING:
     from shardloader.read.staged import ShardSet
@@ -174,13 +174,12 @@ def _hash_once(path: str, info: ShardInfo, folder: str, where: str) -> None:
         try:
             if os.path.exists(note):
                 return
-            digest = hashlib.sha256()
             with open(path, "rb") as f:
-                while chunk := f.read(4 << 20):
-                    digest.update(chunk)
-            if digest.hexdigest() != info.sha256:
+                whole = HashingReader(f)
+                whole.drain()
+            if whole.hexdigest() != info.sha256:
                 raise ChecksumError(
-                    f"{where}: hashes to sha256 {digest.hexdigest()}, the manifest says "
+                    f"{where}: hashes to sha256 {whole.hexdigest()}, the manifest says "
                     f"{info.sha256}: the shard is damaged or was replaced; re-pack it or restore "
                     "it from a copy (`shardloader verify` lists every bad shard)"
                 )
