@@ -12,15 +12,13 @@ from shardloader.errors import ChecksumError, located
 from shardloader.manifest import SampleIndex, ShardInfo
 from shardloader.schema import check_sample_index, sidecar_bound
 from shardloader.storage.store import Store
-from shardloader.storage.streams import BoundedReader
 
 __all__ = ["check_digest", "load_sidecar", "parse_sidecar", "read_sidecar"]
 
 
 def read_sidecar(store: Store, info: ShardInfo) -> bytes:
     """The sidecar's bytes, read no further than :func:`~shardloader.schema.sidecar_bound`."""
-    with BoundedReader(store.open_read(), sidecar_bound(info), f"sample index {store.url}") as f:
-        return f.read()
+    return store.read_bytes(limit=sidecar_bound(info))
 
 
 def check_digest(data: bytes, info: ShardInfo) -> None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
-import uuid
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
@@ -23,8 +22,8 @@ from shardloader.format.embedded import TAIL_KEEP
 from shardloader.manifest import SampleIndex, ShardInfo
 from shardloader.schema import sidecar_bound
 from shardloader.storage.cache import ShardCache
-from shardloader.storage.private import create_private, open_private, open_regular
-from shardloader.storage.streams import BoundedReader, TailReader
+from shardloader.storage.private import open_private, open_regular, write_private
+from shardloader.storage.streams import HashingReader, TailReader
 
 if TYPE_CHECKING:
     from shardloader.read.staged import ShardSet
@@ -58,16 +57,15 @@ class ShardFiles:
         streamed: list[TailReader] = []
 
         def open_stored() -> Any:
+            # One pass: the stored bytes stream through the hash (the cache's) and the
+            # decompressor into the staged file; a remote fault mid-body resumes where it broke
+            # off.  A remote shard's tail is kept for the sample index it may carry.
+            stream = store.open_stream(info.bytes, part_size=self.options.part_size)
             if store.is_local:
-                return BoundedReader(store.open_read(), info.bytes, where)
-            # Remote: one pass.  The GET body streams through the hash (the cache's) and the
-            # decompressor into the staged file; a fault mid-body resumes where it broke off.
-            keep = min(TAIL_KEEP, sidecar_bound(info) + 64)
-            stream = TailReader(
-                store.open_stream(info.bytes, part_size=self.options.part_size), keep
-            )
-            streamed.append(stream)
-            return stream
+                return stream
+            tail = TailReader(stream, min(TAIL_KEEP, sidecar_bound(info) + 64))
+            streamed.append(tail)
+            return tail
 
         limit = self.format.staged_bound(info, len(m.fields))
 
@@ -176,19 +174,15 @@ def _hash_once(path: str, info: ShardInfo, folder: str, where: str) -> None:
         try:
             if os.path.exists(note):
                 return
-            digest = hashlib.sha256()
             with open(path, "rb") as f:
-                while chunk := f.read(4 << 20):
-                    digest.update(chunk)
-            if digest.hexdigest() != info.sha256:
+                whole = HashingReader(f)
+                whole.drain()
+            if whole.hexdigest() != info.sha256:
                 raise ChecksumError(
-                    f"{where}: hashes to sha256 {digest.hexdigest()}, the manifest says "
+                    f"{where}: hashes to sha256 {whole.hexdigest()}, the manifest says "
                     f"{info.sha256}: the shard is damaged or was replaced; re-pack it or restore "
                     "it from a copy (`shardloader verify` lists every bad shard)"
                 )
-            tmp = f"{note}.tmp-{uuid.uuid4().hex}"
-            with create_private(tmp) as f:
-                f.write(f"{path}\n{info.sha256}\n".encode())
-            os.replace(tmp, note)
+            write_private(note, f"{path}\n{info.sha256}\n".encode())
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)

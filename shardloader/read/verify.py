@@ -29,7 +29,7 @@ from shardloader.read.fields import FieldMap
 from shardloader.read.sidecar import check_digest, parse_sidecar, read_sidecar
 from shardloader.storage.retry import RetryPolicy
 from shardloader.storage.store import Store, as_store
-from shardloader.storage.streams import BoundedReader, HashingReader
+from shardloader.storage.streams import HashingReader
 
 __all__ = ["ShardProblem", "VerifyReport", "verify_dataset"]
 
@@ -143,15 +143,15 @@ def _verify_shard(
     stored = base.join(shard.path)
     url = stored.url
     member_of = FieldMap.of_manifest(manifest).member_of  # aliases: key.png fills "image"
-    limit = get_format(manifest.format).staged_bound(shard, len(manifest.fields))
+    fmt = get_format(manifest.format)
+    limit = fmt.staged_bound(shard, len(manifest.fields))
     # A member is never larger than the largest sample the sidecar declares (or, without a
     # usable sidecar, than the whole shard): checked from its header, before decompressing.
     biggest = int(index.sizes.max()) if index is not None and len(index) else limit
     n = 0
     try:
-        with BoundedReader(stored.open_read(), shard.bytes, url) as raw:
+        with stored.open_stream(shard.bytes) as raw:
             tap = HashingReader(raw)
-            fmt = get_format(manifest.format)
             src, compression = cast(BinaryIO, tap), manifest.compression
             stream: Iterator[tuple[Sample, int | None]]
             if index is not None and index.checksums is not None:

@@ -70,7 +70,7 @@ from shardloader.storage.cachedir import (
     write_marker,
 )
 from shardloader.storage.classify import chain
-from shardloader.storage.private import create_private, open_private, own_dir
+from shardloader.storage.private import create_private, open_private, own_dir, write_private
 from shardloader.storage.streams import HashingReader
 
 __all__ = ["RECOUNT_SECONDS", "CacheOptions", "ShardCache", "is_cache_full"]
@@ -385,12 +385,5 @@ def noted_room(root: str) -> tuple[int, float] | None:
 def note_room(root: str, used: int, counted: float) -> None:
     """Note that the root holds ``used`` bytes, counted in full at ``counted`` (epoch
     seconds).  Under the root's lock only."""
-    path = os.path.join(root, ROOM_NOTE)
-    tmp = f"{path}.tmp-{uuid.uuid4().hex}"
-    try:
-        with create_private(tmp) as f:
-            f.write(f"{used} {counted!r}\n".encode())
-        os.replace(tmp, path)
-    except OSError:  # a note is only a shortcut: without it the next stager counts
-        with contextlib.suppress(OSError):
-            os.remove(tmp)
+    with contextlib.suppress(OSError):  # a note is only a shortcut: without it the next counts
+        write_private(os.path.join(root, ROOM_NOTE), f"{used} {counted!r}\n".encode())

@@ -37,7 +37,7 @@ from typing import BinaryIO
 from urllib.parse import quote
 
 from shardloader.errors import StorageError, UsageError
-from shardloader.storage.private import open_private, owner_problem
+from shardloader.storage.private import create_private, open_private, owner_problem
 from shardloader.units import parse_size
 
 __all__ = [
@@ -141,16 +141,12 @@ def write_marker(marker: str, source: str = "") -> None:
     """Mark a dataset folder (never through a link: NOTE [a cache of one's own]); ``source``
     (the dataset's URL) is added once, for ``cache info``."""
     if not os.path.lexists(marker):
-        try:
-            f = open_private(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, "wb")
-        except FileExistsError:  # another process wrote it meanwhile
-            pass
-        else:
-            with f:
-                f.write(
-                    b"staged shards of one shardloader dataset; `shardloader cache clear` "
-                    b"removes them safely\n"
-                )
+        # FileExistsError: another process made it meanwhile
+        with contextlib.suppress(FileExistsError), create_private(marker) as f:
+            f.write(
+                b"staged shards of one shardloader dataset; `shardloader cache clear` "
+                b"removes them safely\n"
+            )
     if source and source not in marker_sources(marker):
         with open_private(marker, os.O_WRONLY | os.O_APPEND, "ab") as f:  # one line, whole
             f.write(f"{_SOURCE}{source}\n".encode())

@@ -22,6 +22,7 @@ import errno
 import logging
 import os
 import stat
+import uuid
 from collections.abc import Callable
 from typing import BinaryIO, cast
 
@@ -36,6 +37,7 @@ __all__ = [
     "own_dir",
     "owner_problem",
     "regular_file",
+    "write_private",
 ]
 
 log = logging.getLogger(__name__)
@@ -111,6 +113,20 @@ def create_private(path: str, mode: str = "wb") -> BinaryIO:
     """A new file at ``path`` (it must not exist: ``O_EXCL``), ``0600``, for writing."""
     flags = os.O_CREAT | os.O_EXCL | (os.O_RDWR if "+" in mode else os.O_WRONLY)
     return open_private(path, flags, mode)
+
+
+def write_private(path: str, data: bytes) -> None:
+    """Replace ``path`` with a private file holding ``data`` (a temp file, then a rename):
+    another process reads the old file or the new one, never half of one.  The temp file is
+    removed if anything fails; the OSError is the caller's (a note it may do without)."""
+    tmp = f"{path}.tmp-{uuid.uuid4().hex}"  # a temp name the cache's eviction recognises
+    try:
+        with create_private(tmp) as f:
+            f.write(data)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
 
 
 _KINDS = (
