@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import os
-import uuid
 from collections import OrderedDict
 from typing import TYPE_CHECKING
 
@@ -21,7 +20,7 @@ from shardloader.format.embedded import embedded_index
 from shardloader.manifest import SampleIndex, ShardInfo
 from shardloader.read.sidecar import check_digest, parse_sidecar, read_sidecar
 from shardloader.schema import sidecar_bound
-from shardloader.storage.private import create_private, open_private
+from shardloader.storage.private import open_private, write_private
 from shardloader.storage.store import Store
 from shardloader.storage.streams import TailReader
 
@@ -114,16 +113,9 @@ class SampleIndexes:
         data = embedded_index(stored.tail)
         if data is None or len(data) > sidecar_bound(info):
             return
-        final = self.shards.cache().path_for(info.index_path + _CARRIED)
-        tmp = f"{final}.tmp-{uuid.uuid4().hex}"
         try:
-            with create_private(tmp) as f:
-                f.write(data)
-            os.replace(tmp, final)
+            write_private(self.shards.cache().path_for(info.index_path + _CARRIED), data)
         except OSError as err:  # only costs a GET of the sidecar later
             log.debug(
                 "%s: cannot keep the embedded sample index (%s)", self.shards.describe(shard), err
             )
-        finally:
-            if os.path.exists(tmp):
-                os.remove(tmp)
