@@ -144,6 +144,43 @@ def test_damaged_parquet_files_fail_naming_the_file(work: str) -> None:
     assert sum(result["verify"][0] == "error" for *_, result in outcomes) > RUNS
 
 
+def test_damaged_hugging_face_parquet_files_fail_naming_the_file_or_read_the_same(
+    work: str,
+) -> None:
+    # files written by `datasets` (Image structs, ClassLabel, Sequence, string), their
+    # `huggingface` features JSON damaged where pyarrow reads it (seed 1: a ClassLabel's names
+    # became `1`, a TypeError traceback in verify and read before), then any damage
+    combos = [("hf-parquet", "none")]
+    outcomes = list(fuzz_shards.fuzz(work, 100, 1, combos, 1.0, sidecars=0.0, hows=["meta"]))
+    assert sum(result["read"][0] == "ok" for *_, result in outcomes) > 50  # rows intact: read
+    outcomes += fuzz_shards.fuzz(work, RUNS, 9, combos, fix_share=0.8, sidecars=0.25)
+    _no_bad(outcomes)
+    assert sum(result["verify"][0] == "error" for *_, result in outcomes) > RUNS
+
+
+@pytest.mark.parametrize(
+    "metadata",
+    [
+        b'{"info": {"features": {"label": {"_type": "Class',
+        b'{"info": ["features"]}',
+        b'{"info": {"features": {"label": {"names": 1, "_type": "ClassLabel"}}}}',
+    ],
+    ids=["not-json", "not-a-mapping", "names-not-a-list"],
+)
+def test_index_refuses_damaged_hugging_face_metadata_naming_the_file(tmp_path, metadata) -> None:
+    # the features give the classes and codecs: index names the file, never drops them unsaid
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from shardloader.errors import InputError
+    from shardloader.pack.index_existing import index_shards
+
+    table = pa.table({"label": [0, 1]}).replace_schema_metadata({"huggingface": metadata})
+    pq.write_table(table, tmp_path / "t.parquet")
+    with pytest.raises(InputError, match=r"t\.parquet: its 'huggingface' schema metadata"):
+        index_shards([str(tmp_path / "t.parquet")], str(tmp_path))
+
+
 def test_a_parquet_text_cell_that_is_not_utf8_fails_naming_the_file(tmp_path) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq

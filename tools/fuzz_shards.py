@@ -38,6 +38,7 @@ COMBOS = [(fmt, comp) for fmt in ("tar", "tokens") for comp in ("none", "zstd", 
     ("arrow", "none"),
     ("arrow", "zstd"),
     ("parquet", "none"),  # Parquet files adopted by `shardloader index`, not packed
+    ("hf-parquet", "none"),  # the same, written by Hugging Face `datasets` (its features)
 ]
 
 
@@ -59,6 +60,9 @@ def pack_template(src: str, out: str, fmt: str, comp: str) -> None:
 
     if fmt == "parquet":
         index_template(src, out)
+        return
+    if fmt == "hf-parquet":
+        hf_template(src, out)
         return
     extra: dict[str, Any] = {"token_field": "input_ids"} if fmt == "tokens" else {}
     pack(src, out, PackOptions(format=fmt, compression=comp, max_samples=16, **extra))
@@ -92,6 +96,51 @@ def index_template(src: str, out: str) -> None:
             }
         )
         pq.write_table(table, os.path.join(out, f"part{k}.parquet"), row_group_size=5, **options)
+    index_shards([out], out)
+
+
+def _picture(i: int) -> bytes:
+    """A small PNG or JPEG (every other one), its size and colour varying with ``i``."""
+    from PIL import Image
+
+    buf = io.BytesIO()
+    pixels = bytes((i * 37 + k) % 256 for k in range(3 * (4 + i % 5) * 6))
+    Image.frombytes("RGB", (6, 4 + i % 5), pixels).save(buf, "PNG" if i % 2 else "JPEG")
+    return buf.getvalue()
+
+
+def hf_template(src: str, out: str) -> None:
+    """``src``'s records as three Parquet files written by Hugging Face ``datasets``
+    (``Dataset.from_dict(...).cast(features).to_parquet``, row groups of 5 rows): an ``Image``
+    struct of PNG or JPEG bytes, a ``ClassLabel``, a ``Sequence`` of int32 and a string, the
+    features in the schema's ``huggingface`` metadata; adopted by ``shardloader index``."""
+    import datasets
+
+    from shardloader.pack.index_existing import index_shards
+
+    with open(src) as f:
+        records = [json.loads(line) for line in f]
+    os.makedirs(out, exist_ok=True)
+    features = datasets.Features(
+        {
+            "image": datasets.Image(),
+            "label": datasets.ClassLabel(names=["cat", "dog", "bird"]),
+            "input_ids": datasets.Sequence(datasets.Value("int32")),
+            "text": datasets.Value("string"),
+        }
+    )
+    per = -(-len(records) // 3)
+    datasets.disable_progress_bars()
+    for k in range(3):
+        rows = list(range(k * per, min((k + 1) * per, len(records))))
+        table = {
+            "image": [{"bytes": _picture(i), "path": None} for i in rows],
+            "label": [i % 3 for i in rows],
+            "input_ids": [records[i]["input_ids"] for i in rows],
+            "text": [records[i]["text"] for i in rows],
+        }
+        ds = datasets.Dataset.from_dict(table).cast(features)
+        ds.to_parquet(os.path.join(out, f"train-{k:05d}-of-00003.parquet"), batch_size=5)
     index_shards([out], out)
 
 
@@ -174,8 +223,10 @@ def mutate(
             data = bytearray(f.read())
         original = bytes(data)
         how = rng.choice(hows)
-        if how in ("inner", "frame") and name != entry["path"]:
+        if how in ("inner", "frame", "meta") and name != entry["path"]:
             how = "bytes"  # a sidecar is damaged as it is stored
+        if how == "inner" and b"huggingface" in data and rng.random() < 0.5:
+            how = "meta"  # a `datasets` Parquet file: its features, half the time
         frame = min(_frame_ends(bytes(data)))  # the embedded index's start, or the end
         if how == "frame" and frame == len(data):
             how = "bytes"  # no embedded index
@@ -183,6 +234,8 @@ def mutate(
             data = _mutate_inner(name, bytes(data), rng)
         elif how == "frame":
             _mutate_frame(data, frame, rng)
+        elif how == "meta":
+            data = _mutate_hf_meta(bytes(data), rng)
         elif how == "insert":
             at = rng.randrange(len(data) + 1)
             data[at:at] = rng.randbytes(rng.choice([1, 7, 512, 4096]))
@@ -312,6 +365,61 @@ def _mutate_inner(name: str, data: bytes, rng: random.Random) -> bytearray:
     if comp == "zstd":
         return bytearray(zstandard.ZstdCompressor(level=3).compress(bytes(raw)) + frame)
     return bytearray(gzip.compress(bytes(raw), mtime=0) if comp == "gzip" else raw)
+
+
+def _mutate_hf_meta(data: bytes, rng: random.Random) -> bytearray:
+    """Damage a ``datasets`` Parquet file's ``huggingface`` features JSON where pyarrow reads
+    it (inside the footer's base64 ``ARROW:schema``), or its plain copy in the footer's
+    key-value metadata, or the base64 text itself, keeping every length (the Thrift footer
+    stays whole): a byte, a letter of a name, or a ``[...]``/``{...}`` replaced by another JSON
+    value of the same length (``1``, ``null``, ``"x"``, ``{}``, ``[[]]``, padded)."""
+    import base64
+    import re
+
+    out = bytearray(data)
+    footer = len(data) - 8 - int.from_bytes(data[-8:-4], "little")
+    found = re.search(rb"ARROW:schema.{1,6}?([A-Za-z0-9+/]{64,}={0,2})", data[footer:], re.S)
+    where = rng.random()
+    if found is not None and where < 0.15:  # the base64 text: a flatbuffer pyarrow decodes
+        at = footer + found.start(1) + rng.randrange(len(found.group(1)))
+        out[at] = rng.choice(b"AZaz09+/=\x00")
+        return out
+    if found is not None and where < 0.8:
+        start, end = footer + found.start(1), footer + found.end(1)
+        schema = bytearray(base64.b64decode(data[start:end]))
+        _mutate_json(schema, rng)
+        out[start:end] = base64.b64encode(bytes(schema))
+        return out
+    _mutate_json(out, rng)
+    return out
+
+
+def _mutate_json(data: bytearray, rng: random.Random) -> None:
+    """Damage the ``{"info": ...}`` JSON inside ``data`` in place, its length kept."""
+    start = data.find(b'{"info"')
+    if start < 0:
+        data[rng.randrange(len(data))] ^= 0xFF
+        return
+    end = start + json.JSONDecoder().raw_decode(data[start:].decode("utf-8", "replace"))[1]
+    kind = rng.random()
+    if kind < 0.3:  # any byte
+        at = rng.randrange(start, end)
+        data[at] = rng.choice(b'"[]{},:0 x\xff\x00')
+    elif kind < 0.5:  # a letter of a name or a type ("Image", "ClassLabel", "cat")
+        letters = [i for i in range(start, end) if chr(data[i]).isalpha()]
+        data[rng.choice(letters)] ^= 0x01
+    else:  # a list or object replaced by a value of another shape, or of the same
+        opens = [i for i in range(start + 1, end) if data[i] in b"[{"]
+        at = rng.choice(opens)
+        depth, close = 0, at
+        for close in range(at, end):
+            depth += (data[close] in b"[{") - (data[close] in b"]}")
+            if depth == 0:
+                break
+        size = close + 1 - at
+        value = rng.choice([b"1", b"null", b'"x"', b"{}", b"[]", b"[[]]", b"[1]", b'{"a": 1}'])
+        if len(value) <= size:
+            data[at : close + 1] = value + b" " * (size - len(value))
 
 
 def _mutate_frame(data: bytearray, at: int, rng: random.Random) -> None:

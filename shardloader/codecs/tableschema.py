@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from shardloader.codecs.arrowcells import ColumnPlan, plan
-from shardloader.errors import UsageError
+from shardloader.errors import InputError, UsageError
 
 __all__ = ["class_names", "hf_features", "plan_columns"]
 
@@ -20,16 +20,30 @@ log = logging.getLogger(__name__)
 
 
 def hf_features(schema: Any) -> dict[str, Any]:
-    """The Hugging Face features of a table (``{column: feature}``), {} when it has none."""
+    """The Hugging Face features of a table (``{column: feature}``), {} when it has none.
+
+    Metadata that is not the JSON ``datasets`` writes is an InputError (the caller names the
+    file): the features choose the columns' codecs and the class names, which would otherwise
+    be lost without a word."""
     raw = (schema.metadata or {}).get(b"huggingface")
     if raw is None:
         return {}
     try:
-        features = json.loads(raw)["info"]["features"]
-    except (ValueError, KeyError, TypeError):
-        log.warning("ignoring unreadable 'huggingface' schema metadata")
-        return {}
-    return features if isinstance(features, dict) else {}
+        doc = json.loads(raw)
+    except ValueError as err:  # UnicodeDecodeError too
+        raise _damaged(f"is not valid JSON ({err})") from err
+    info = doc.get("info", {}) if isinstance(doc, dict) else None
+    features = info.get("features", {}) if isinstance(info, dict) else None
+    if not isinstance(features, dict):
+        raise _damaged("has no mapping of columns to features at info.features")
+    return features
+
+
+def _damaged(what: str) -> InputError:
+    return InputError(
+        f"its 'huggingface' schema metadata {what}; write the file again with `datasets`, or "
+        "without that metadata"
+    )
 
 
 _LABEL_NAMES = ("label", "labels", "cls", "class")  # preferred when several ClassLabel columns
@@ -57,12 +71,15 @@ def plan_columns(
 
 
 def class_names(features: Mapping[str, Any], where: str) -> tuple[str, ...]:
-    """The names of a table's ClassLabel column (``label`` first when there are several)."""
-    labels = {
-        name: tuple(str(n) for n in feature.get("names") or ())
-        for name, feature in features.items()
-        if isinstance(feature, dict) and feature.get("_type") == "ClassLabel"
-    }
+    """The names of a table's ClassLabel column (``label`` first when there are several); names
+    that are no list of strings: InputError, as for :func:`hf_features`."""
+    labels = {}
+    for column, feature in features.items():
+        if isinstance(feature, dict) and feature.get("_type") == "ClassLabel":
+            names = feature.get("names") or []
+            if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+                raise _damaged(f"gives ClassLabel {column!r} names that are no list of strings")
+            labels[column] = tuple(names)
     if not labels:
         return ()
     name = next((n for n in _LABEL_NAMES if n in labels), next(iter(labels)))

@@ -21,6 +21,7 @@ import numpy as np
 
 from shardloader.codecs.arrowcells import is_bytes_path
 from shardloader.codecs.sniff import codec_of
+from shardloader.codecs.tableschema import class_names, hf_features
 from shardloader.errors import ShardError
 from shardloader.format.arrow.writer import row_checksum
 from shardloader.format.base import ScannedShard
@@ -50,7 +51,10 @@ def scan_parquet(src: BinaryIO, url: str, max_member: int | None) -> ParquetScan
         else:
             tmp = stack.enter_context(tempfile.TemporaryFile(prefix="shardloader-index-"))
             spool(src, None, tmp)
-        table = ParquetTable(open_parquet(tmp), url)
+        pf = open_parquet(tmp)
+        features = hf_features(pf.schema_arrow)
+        classes = class_names(features, url)  # a damaged ClassLabel fails before any row
+        table = ParquetTable(pf, url, features)
         keys: list[str] = []
         sizes: list[int] = []
         sums: list[int] = []
@@ -95,6 +99,6 @@ def scan_parquet(src: BinaryIO, url: str, max_member: int | None) -> ParquetScan
         {n: c for n, c in present.items()},
         size,
         infos=infos,
-        classes=table.classes,
+        classes=classes,
         row_groups=ranges,
     )

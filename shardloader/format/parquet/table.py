@@ -10,7 +10,7 @@ field of an adopted file equals the field ``pack`` makes of the same column.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import pyarrow as pa
@@ -21,7 +21,7 @@ from shardloader.codecs.arrowcells import (
     ColumnPlan,
     _CellError,
 )
-from shardloader.codecs.tableschema import class_names, hf_features, plan_columns
+from shardloader.codecs.tableschema import plan_columns
 from shardloader.errors import ShardError
 from shardloader.format.rows import Sample
 
@@ -60,16 +60,21 @@ def _no_path(path: str) -> bytes:
 
 
 class ParquetTable:
-    """The columns of one Parquet file as fields: their plans (pack's), classes, row groups."""
+    """The columns of one Parquet file as fields: their plans (pack's), row groups.
 
-    def __init__(self, pf: pq.ParquetFile, url: str) -> None:
+    ``features``: the file's Hugging Face features (``hf_features``), which ``index`` needs for
+    the fields' codecs.  A column's cells do not depend on them (an ``Image`` struct's bytes are
+    its bytes either way), so the reader and ``verify`` pass none: the manifest holds what the
+    metadata said since ``index``, and damage to it cannot break a read."""
+
+    def __init__(
+        self, pf: pq.ParquetFile, url: str, features: Mapping[str, Any] | None = None
+    ) -> None:
         self.pf, self.url = pf, url  # the file's URL: its keys' stem
         schema = pf.schema_arrow
-        features = hf_features(schema)
-        self.plans: dict[str, ColumnPlan] = plan_columns(schema, features, _unreadable)
+        self.plans: dict[str, ColumnPlan] = plan_columns(schema, features or {}, _unreadable)
         self.names = sorted(self.plans)
         self.types = {c.name: c.type for c in schema}
-        self.classes = class_names(features, url)
         md = pf.metadata
         self.group_rows = [md.row_group(g).num_rows for g in range(md.num_row_groups)]
         self.num_rows = sum(self.group_rows)
