@@ -11,7 +11,9 @@ bytes of the stored object alone:
 
 The digest tells a damaged copy (in a shard whose producer hashed it after the damage) from a
 whole one, so a reader takes its sidecar instead of failing on it or, worse, trusting changed
-offsets or checksums; frames written before it (``SLI1``: no digest) are still read.
+offsets or checksums; frames written before it (``SLI1``: no digest) are still read, and a copy
+that fails its manifest entry is passed over the same way (read/indexes.py).  ``verify`` also
+compares the copy with the sidecar.
 
 The sidecar (``*.idx.arrow``) is still written and stays the reference: the manifest's
 ``index_sha256`` is the sidecar's, whose schema metadata also holds pack's resume record (which

@@ -5,7 +5,8 @@ node cache, like the shards, and fetched once more when its copy there turns out
 shard that carries its sample index (format/embedded.py) brings it along when it is staged:
 :meth:`SampleIndexes.keep_embedded` saves it next to the staged copy, and it is used instead of
 a GET of the sidecar.  Every index is checked against its manifest entry
-(:mod:`shardloader.read.sidecar`) before use; the last 64 parsed are kept.
+(:mod:`shardloader.read.sidecar`) before use; a carried copy that is damaged or fails that check
+is passed over for the sidecar, with a warning.  The last 64 parsed are kept.
 """
 
 from __future__ import annotations

@@ -3,7 +3,9 @@
 It streams every shard once: re-hashes the stored bytes, parses every sample with the format's
 reader, compares keys, counts and each sample's checksum with the sidecar (the XXH3-64 that
 reading checks, computed by the format's ``iter_checked`` as the stream passes), and runs each
-field's codec check (images are decoded).  It returns data; ``shardloader verify`` prints it.
+field's codec check (images are decoded).  The sample index a zstd tar carries
+(format/embedded.py) is checked too: whole, true to its manifest entry and equal to the sidecar.
+It returns data; ``shardloader verify`` prints it.
 
 The dataset is untrusted: files are read no further than the manifest's sizes, sidecars are
 checked against their manifest entries, and the format's stream refuses any member whose header
