@@ -206,10 +206,10 @@ def _check_carried(
         reasons.add(f"{err}; {passed_over}")
         return
     differ = [] if sidecar is None else _differing(index, sidecar)
-    if differ:
+    if differ:  # either may be the damaged one: remote readers use this, local ones the sidecar
         reasons.add(
-            f"{damaged}: its {', '.join(differ)} differ from the sidecar's, and remote readers "
-            "use it instead of the sidecar; re-pack or re-index the dataset"
+            f"the sample index it carries differs from its sidecar ({', '.join(differ)}), and "
+            "remote readers use it instead of the sidecar; re-pack or re-index the dataset"
         )
 
 
