@@ -7,22 +7,28 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import io
+import logging
 import shutil
 import subprocess
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import fsspec
 import numpy as np
 import pytest
 import zstandard
+from click.testing import CliRunner
 from helpers import batch_ids, write_dataset
 
 import shardloader as sl
-from shardloader.errors import ManifestError
+from shardloader.cli import main
 from shardloader.format.arrow.ipc import declared_sizes
 from shardloader.format.embedded import FOOTER, MAGIC, embedded_index, index_frame
 from shardloader.manifest import Manifest, SampleIndex
 from shardloader.read.sidecar import load_sidecar
+from shardloader.read.verify import verify_dataset
 from shardloader.storage.store import Store
 
 
@@ -63,6 +69,16 @@ def test_the_frame_parser_takes_only_a_whole_frame_of_ours() -> None:
     assert embedded_index(b"") is None
 
 
+def _ids(ds: sl.ShardedDataset) -> list[int]:
+    """The ids of the samples a pass over ``ds`` delivers (padding left out)."""
+    return [
+        i
+        for batch in sl.make_loader(ds, num_workers=0)
+        for i, pad in zip(batch_ids(batch), batch["__pad__"].tolist(), strict=True)
+        if not pad
+    ]
+
+
 def _rewrite_manifest(folder: Path, m: Manifest, shard: int, stored: bytes) -> None:
     (folder / m.shards[shard].path).write_bytes(stored)
     shards = list(m.shards)
@@ -74,10 +90,11 @@ def _rewrite_manifest(folder: Path, m: Manifest, shard: int, stored: bytes) -> N
 
 @pytest.mark.subprocess
 def test_a_carried_index_is_checked_like_a_sidecar(
-    s3_bucket: str, s3_client: Any, s3_server: str, tmp_path: Path
+    s3_bucket: str, s3_client: Any, s3_server: str, tmp_path: Path, caplog: Any
 ) -> None:
     """A shard (whose manifest entry matches it) carrying another shard's index: the index
-    comes from the shard, not the sidecar, and is refused against the manifest entry."""
+    comes from the shard, is refused against the manifest entry, and the sidecar read instead
+    (a warning names the shard)."""
     folder = tmp_path / "ds"
     m = write_dataset(str(folder), [5, 6], compression="zstd")
     first = (folder / m.shards[0].path).read_bytes()
@@ -94,9 +111,12 @@ def test_a_carried_index_is_checked_like_a_sidecar(
         readahead=0,
     )
     ds = sl.ShardedDataset(f"s3://{s3_bucket}/ds", batch_size=5, read=read)
-    with pytest.raises(ManifestError, match="lists 6 samples, the manifest 5") as info:
-        next(iter(ds))
-    assert "shard-00000" in str(info.value)
+    with caplog.at_level(logging.WARNING, logger="shardloader"):
+        assert sorted(_ids(ds)) == list(range(11))  # shard 0's samples, by its sidecar
+    (warned,) = [r.getMessage() for r in caplog.records if "carried" in r.getMessage()]
+    assert "shard-00000" in warned and "lists 6 samples, the manifest 5" in warned
+    assert "damaged" in warned and "sidecar" in warned
+    assert any((tmp_path / "cache").rglob("shard-00000.idx.arrow.raw"))  # fetched
 
 
 @pytest.mark.subprocess
@@ -119,13 +139,7 @@ def test_shards_without_a_carried_index_read_their_sidecar(
         cache=sl.CacheOptions(dir=str(tmp_path / "cache")),
     )
     ds = sl.ShardedDataset(f"s3://{s3_bucket}/ds", batch_size=4, read=read)
-    ids = [
-        i
-        for batch in sl.make_loader(ds, num_workers=0)
-        for i, pad in zip(batch_ids(batch), batch["__pad__"].tolist(), strict=True)
-        if not pad
-    ]
-    assert sorted(ids) == list(range(11))
+    assert sorted(_ids(ds)) == list(range(11))
     cached = sorted(p.name for p in (tmp_path / "cache").rglob("*.raw"))
     assert cached == [
         "shard-00000.idx.arrow.raw",
@@ -133,3 +147,111 @@ def test_shards_without_a_carried_index_read_their_sidecar(
         "shard-00001.idx.arrow.raw",
         "shard-00001.tar.zst.raw",
     ]  # the sidecars were fetched; nothing was carried
+
+
+def _sli1_frame(index: bytes) -> bytes:
+    """A frame as written before it carried the index's SHA-256 (footer ``SLI1``)."""
+    content = index + len(index).to_bytes(4, "little") + b"SLI1"
+    return MAGIC.to_bytes(4, "little") + len(content).to_bytes(4, "little") + content
+
+
+def _carrying(folder: Path, m: Manifest, frame: Any) -> None:
+    """Shard 0 of ``m`` carrying ``frame(its own index bytes)`` instead of its frame; the
+    manifest entry rewritten to match the stored bytes (its producer hashed the damage)."""
+    stored = (folder / m.shards[0].path).read_bytes()
+    own = embedded_index(stored)
+    assert own is not None
+    _rewrite_manifest(folder, m, 0, stored[: len(stored) - len(index_frame(own))] + frame(own))
+
+
+def _other_checksum(index: bytes) -> bytes:
+    """``index`` (Arrow bytes) with its first sample's checksum changed: it still matches its
+    manifest entry (count, byte ranges, keys), not its sidecar."""
+    parsed = SampleIndex.from_arrow_bytes(index)
+    assert parsed.checksums is not None
+    checksums = parsed.checksums.copy()
+    checksums[0] ^= 1
+    return dataclasses.replace(parsed, checksums=checksums).to_arrow_bytes("zstd")
+
+
+def _damaged_digest(index: bytes) -> bytes:
+    frame = bytearray(index_frame(index))
+    frame[8 + len(index) // 2] ^= 1  # a byte inside the index: its SHA-256 no longer matches
+    return bytes(frame)
+
+
+def _read_remote(folder: Path, cache: Path, passes: int) -> Iterator[list[int]]:
+    """The ids each of ``passes`` passes reads from ``folder`` copied to an object store
+    (fsspec's memory://), so shard 0's sample index comes inside it."""
+    fs, root = fsspec.filesystem("memory"), f"/emb-{uuid.uuid4().hex}"
+    for path in folder.iterdir():
+        fs.pipe_file(f"{root}/{path.name}", path.read_bytes())
+    try:
+        read = sl.ReadOptions(cache=sl.CacheOptions(dir=str(cache)))
+        for _ in range(passes):
+            yield _ids(sl.ShardedDataset(f"memory://{root}", batch_size=4, read=read))
+    finally:
+        fs.rm(root, recursive=True)
+
+
+@pytest.mark.parametrize(
+    "frame, expect",
+    [
+        (_damaged_digest, "is damaged (not the SHA-256 its frame carries)"),
+        (lambda own: index_frame(_other_checksum(own)), "differs from its sidecar (checksums)"),
+        (lambda own: _sli1_frame(_other_checksum(own)), "differs from its sidecar (checksums)"),
+        (lambda own: _sli1_frame(b"\0" * len(own)), "is damaged: not a valid"),
+    ],
+    ids=["sli2-damaged", "sli2-differs", "sli1-differs", "sli1-unreadable"],
+)
+def test_verify_checks_the_carried_index(tmp_path: Path, frame: Any, expect: str) -> None:
+    """A carried index that is damaged, or differs from the sidecar, is a problem of its shard
+    (the shard itself hashes to its manifest entry)."""
+    old = tmp_path / "old"  # a whole SLI1 frame passes
+    _carrying(old, write_dataset(str(old), [5, 6], compression="zstd"), _sli1_frame)
+    assert verify_dataset(str(old)).ok
+    folder = tmp_path / "ds"
+    m = write_dataset(str(folder), [5, 6], compression="zstd")
+    _carrying(folder, m, frame)
+    report = verify_dataset(str(folder))
+    (bad,) = report.bad
+    assert bad.path == m.shards[0].path and report.samples == 11
+    (reason,) = bad.reasons
+    assert "the sample index it carries" in reason and expect in reason
+    assert "re-pack or re-index" in reason
+    result = CliRunner().invoke(main, ["verify", str(folder)])
+    assert result.exit_code == 1 and "shard-00000" in result.output
+
+
+@pytest.mark.parametrize(
+    "frame, expect",
+    [
+        (_damaged_digest, "does not match the SHA-256 its frame carries"),
+        (lambda own: _sli1_frame(b"\0" * len(own)), "shard-00000"),
+        (lambda own: _sli1_frame(own[: len(own) // 2]), "shard-00000"),
+    ],
+    ids=["sli2-damaged", "sli1-unreadable", "sli1-cut-index"],
+)
+def test_a_remote_read_passes_a_damaged_carried_index_over_for_the_sidecar(
+    tmp_path: Path, caplog: Any, frame: Any, expect: str
+) -> None:
+    """Once, with a warning naming the shard: the next pass (same node cache) reads the
+    sidecar it fetched, without a word."""
+    folder = tmp_path / "ds"
+    m = write_dataset(str(folder), [5, 6], compression="zstd")
+    _carrying(folder, m, frame)
+
+    def carried() -> list[logging.LogRecord]:
+        return [r for r in caplog.records if "carried" in r.getMessage()]
+
+    passes = _read_remote(folder, tmp_path / "cache", 2)
+    with caplog.at_level(logging.WARNING, logger="shardloader"):
+        assert sorted(next(passes)) == list(range(11))
+        (warned,) = carried()
+        assert warned.levelno == logging.WARNING
+        assert "shard-00000" in warned.getMessage() and expect in warned.getMessage()
+        assert "damaged" in warned.getMessage() and "sidecar" in warned.getMessage()
+        caplog.clear()
+        assert sorted(next(passes)) == list(range(11))
+        assert not carried()
+    passes.close()

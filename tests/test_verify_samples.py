@@ -56,8 +56,9 @@ def test_verify_finds_the_sample_whose_checksum_reading_refuses(tmp_path, fmt, c
     assert not report.ok and report.samples == 9
     (bad,) = report.bad
     assert bad.path.startswith("shard-00001")
-    (reason,) = bad.reasons
+    reason, *carried = bad.reasons  # a zstd tar's carried index now differs from its sidecar
     assert repr(key) in reason and "checksum" in reason
+    assert [r for r in carried if "the sample index it carries differs" not in r] == []
     result = CliRunner().invoke(main, ["verify", out])
     assert result.exit_code == 1 and key in result.output
 

@@ -11,7 +11,9 @@ bytes of the stored object alone:
 
 The digest tells a damaged copy (in a shard whose producer hashed it after the damage) from a
 whole one, so a reader takes its sidecar instead of failing on it or, worse, trusting changed
-offsets or checksums; frames written before it (``SLI1``: no digest) are still read.
+offsets or checksums; frames written before it (``SLI1``: no digest) are still read, and a copy
+that fails its manifest entry is passed over the same way (read/indexes.py).  ``verify`` also
+compares the copy with the sidecar.
 
 The sidecar (``*.idx.arrow``) is still written and stays the reference: the manifest's
 ``index_sha256`` is the sidecar's, whose schema metadata also holds pack's resume record (which
@@ -25,8 +27,17 @@ from __future__ import annotations
 import hashlib
 import struct
 from collections.abc import Callable
+from typing import NamedTuple
 
-__all__ = ["FOOTER", "MAGIC", "TAIL_KEEP", "embedded_index", "index_frame"]
+__all__ = [
+    "FOOTER",
+    "MAGIC",
+    "TAIL_KEEP",
+    "Carried",
+    "carried_index",
+    "embedded_index",
+    "index_frame",
+]
 
 MAGIC = 0x184D2A5B  # one of the 16 skippable-frame magic numbers (0x184D2A50..5F)
 FOOTER = b"SLI2"
@@ -42,8 +53,18 @@ def index_frame(index: bytes) -> bytes:
     return _HEAD.pack(MAGIC, len(content)) + content
 
 
-def embedded_index(tail: Callable[[int], bytes] | bytes) -> bytes | None:
-    """The index bytes if the stored shard ends with our frame, whole, else None.
+class Carried(NamedTuple):
+    """The index bytes of a shard's frame, and whether they hash to the SHA-256 the frame
+    carries (an ``SLI1`` frame carries none: True): readers and ``verify`` tell a damaged copy
+    from none."""
+
+    data: bytes
+    whole: bool
+
+
+def carried_index(tail: Callable[[int], bytes] | bytes) -> Carried | None:
+    """The index in the frame the stored shard ends with, or None when it ends with no whole
+    frame of ours.
 
     ``tail`` is the shard's last bytes, or a function giving its last ``n`` bytes (fewer when
     it has fewer): the footer is read first, then only as much as the frame takes.
@@ -62,6 +83,11 @@ def embedded_index(tail: Callable[[int], bytes] | bytes) -> bytes | None:
         return None
     index = frame[_HEAD.size : _HEAD.size + length]
     digest = frame[_HEAD.size + length : _HEAD.size + length + _DIGEST[tag]]
-    if digest and hashlib.sha256(index).digest() != digest:
-        return None  # damaged: the sidecar is read instead
-    return index
+    return Carried(index, not digest or hashlib.sha256(index).digest() == digest)
+
+
+def embedded_index(tail: Callable[[int], bytes] | bytes) -> bytes | None:
+    """The index bytes if the stored shard ends with our frame, whole, else None (a damaged
+    copy too: the sidecar is read instead)."""
+    found = carried_index(tail)
+    return found.data if found is not None and found.whole else None

@@ -5,18 +5,20 @@ node cache, like the shards, and fetched once more when its copy there turns out
 shard that carries its sample index (format/embedded.py) brings it along when it is staged:
 :meth:`SampleIndexes.keep_embedded` saves it next to the staged copy, and it is used instead of
 a GET of the sidecar.  Every index is checked against its manifest entry
-(:mod:`shardloader.read.sidecar`) before use; the last 64 parsed are kept.
+(:mod:`shardloader.read.sidecar`) before use; a carried copy that is damaged or fails that check
+is passed over for the sidecar, with a warning.  The last 64 parsed are kept.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections import OrderedDict
 from typing import TYPE_CHECKING
 
-from shardloader.errors import ChecksumError, StorageError, located
-from shardloader.format.embedded import embedded_index
+from shardloader.errors import ChecksumError, ShardloaderError, StorageError, located
+from shardloader.format.embedded import carried_index
 from shardloader.manifest import SampleIndex, ShardInfo
 from shardloader.read.sidecar import check_digest, parse_sidecar, read_sidecar
 from shardloader.schema import sidecar_bound
@@ -49,13 +51,11 @@ class SampleIndexes:
         if idx is None:
             info = self.manifest.shards[shard]
             store = self.shards.store.join(info.index_path)
-            data = None if store.is_local else self._embedded_copy(info)
-            url = f"the sample index carried in {self.shards.describe(shard)}"
-            if data is None:  # else it came inside the shard, which hashed to the manifest's sum
-                url = store.url
-                data = self._sidecar(info, store, f"sample index {url} ({self.shards.where})")
-            with located(self.shards.describe(shard)):
-                idx = parse_sidecar(data, url, self.manifest.format, info)
+            idx = None if store.is_local else self._carried(shard, info)
+            if idx is None:
+                data = self._sidecar(info, store, f"sample index {store.url} ({self.shards.where})")
+                with located(self.shards.describe(shard)):
+                    idx = parse_sidecar(data, store.url, self.manifest.format, info)
             self._parsed[shard] = idx
             if len(self._parsed) > _PARSED:
                 self._parsed.popitem(last=False)
@@ -94,15 +94,27 @@ class SampleIndexes:
                 self.shards.cache().discard(info.index_path, inode)
         raise AssertionError("unreachable")
 
-    def _embedded_copy(self, info: ShardInfo) -> bytes | None:
-        """The sample index a staged shard carried (format/embedded.py), if it did."""
+    def _carried(self, shard: int, info: ShardInfo) -> SampleIndex | None:
+        """The sample index a staged shard carried (format/embedded.py), checked against its
+        manifest entry; None when it carried none, or one that fails the check: that copy is
+        logged once, removed, and the sidecar read instead (it came inside a shard that hashed
+        to the manifest's sum, but the sidecar is the reference)."""
         try:
             path = self.shards.cache().path_for(info.index_path + _CARRIED)
             with open_private(path, os.O_RDONLY, "rb") as f:
                 if os.fstat(f.fileno()).st_size > sidecar_bound(info):
                     return None  # never written so (see keep_embedded): not ours to trust
-                return f.read()
+                data = f.read()
         except (FileNotFoundError, StorageError):
+            return None
+        carried = f"the sample index carried in {self.shards.describe(shard)}"
+        try:
+            with located(carried):
+                return parse_sidecar(data, carried, self.manifest.format, info)
+        except ShardloaderError as err:
+            log.warning("%s; that copy is damaged, reading the shard's sidecar instead", err)
+            with contextlib.suppress(OSError):
+                os.remove(path)
             return None
 
     def keep_embedded(self, shard: int, stored: TailReader) -> None:
@@ -110,11 +122,18 @@ class SampleIndexes:
         shard's cache lock, after its stored bytes hashed to the manifest's SHA-256: the copy
         is as trustworthy as the shard; it is still checked like a sidecar when parsed)."""
         info = self.manifest.shards[shard]
-        data = embedded_index(stored.tail)
-        if data is None or len(data) > sidecar_bound(info):
+        carried = carried_index(stored.tail)
+        if carried is None or len(carried.data) > sidecar_bound(info):
+            return
+        if not carried.whole:
+            log.warning(
+                "the sample index carried in %s does not match the SHA-256 its frame carries; "
+                "that copy is damaged, reading the shard's sidecar instead",
+                self.shards.describe(shard),
+            )
             return
         try:
-            write_private(self.shards.cache().path_for(info.index_path + _CARRIED), data)
+            write_private(self.shards.cache().path_for(info.index_path + _CARRIED), carried.data)
         except OSError as err:  # only costs a GET of the sidecar later
             log.debug(
                 "%s: cannot keep the embedded sample index (%s)", self.shards.describe(shard), err

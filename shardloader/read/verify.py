@@ -3,7 +3,9 @@
 It streams every shard once: re-hashes the stored bytes, parses every sample with the format's
 reader, compares keys, counts and each sample's checksum with the sidecar (the XXH3-64 that
 reading checks, computed by the format's ``iter_checked`` as the stream passes), and runs each
-field's codec check (images are decoded).  It returns data; ``shardloader verify`` prints it.
+field's codec check (images are decoded).  The sample index a zstd tar carries
+(format/embedded.py) is checked too: whole, true to its manifest entry and equal to the sidecar.
+It returns data; ``shardloader verify`` prints it.
 
 The dataset is untrusted: files are read no further than the manifest's sizes, sidecars are
 checked against their manifest entries, and the format's stream refuses any member whose header
@@ -23,13 +25,15 @@ import numpy as np
 from shardloader.codecs.allowlist import check_field
 from shardloader.errors import InputError, ShardloaderError, located
 from shardloader.format.base import Sample
+from shardloader.format.embedded import TAIL_KEEP, carried_index
 from shardloader.format.registry import get_format
 from shardloader.manifest import Manifest, SampleIndex, ShardInfo, load_manifest
 from shardloader.read.fields import FieldMap
 from shardloader.read.sidecar import check_digest, parse_sidecar, read_sidecar
+from shardloader.schema import sidecar_bound
 from shardloader.storage.retry import RetryPolicy
 from shardloader.storage.store import Store, as_store
-from shardloader.storage.streams import HashingReader
+from shardloader.storage.streams import HashingReader, TailReader
 
 __all__ = ["ShardProblem", "VerifyReport", "verify_dataset"]
 
@@ -151,7 +155,8 @@ def _verify_shard(
     n = 0
     try:
         with stored.open_stream(shard.bytes) as raw:
-            tap = HashingReader(raw)
+            kept = TailReader(raw, min(TAIL_KEEP, sidecar_bound(shard) + 64))
+            tap = HashingReader(kept)
             src, compression = cast(BinaryIO, tap), manifest.compression
             stream: Iterator[tuple[Sample, int | None]]
             if index is not None and index.checksums is not None:
@@ -173,7 +178,51 @@ def _verify_shard(
         reasons.add(f"{n} samples, the manifest says {shard.num_samples}")
     if index is not None and len(index) != n:
         reasons.add(f"{n} samples, the sidecar lists {len(index)}")
+    _check_carried(manifest, shard, kept, index, reasons)
     return n, reasons
+
+
+def _check_carried(
+    manifest: Manifest,
+    shard: ShardInfo,
+    stored: TailReader,
+    sidecar: SampleIndex | None,
+    reasons: _Reasons,
+) -> None:
+    """The sample index the shard carries (format/embedded.py), if it does: whole (its frame's
+    SHA-256), true to the manifest entry and equal to the sidecar's."""
+    carried = carried_index(stored.tail)
+    if carried is None:
+        return
+    damaged = "the sample index it carries is damaged"
+    passed_over = "readers pass it over for the sidecar; re-pack or re-index the dataset"
+    if not carried.whole:
+        reasons.add(f"{damaged} (not the SHA-256 its frame carries); {passed_over}")
+        return
+    try:
+        with located(damaged):
+            index = parse_sidecar(carried.data, damaged, manifest.format, shard)
+    except ShardloaderError as err:
+        reasons.add(f"{err}; {passed_over}")
+        return
+    differ = [] if sidecar is None else _differing(index, sidecar)
+    if differ:  # either may be the damaged one: remote readers use this, local ones the sidecar
+        reasons.add(
+            f"the sample index it carries differs from its sidecar ({', '.join(differ)}), and "
+            "remote readers use it instead of the sidecar; re-pack or re-index the dataset"
+        )
+
+
+def _differing(index: SampleIndex, sidecar: SampleIndex) -> list[str]:
+    """The columns of ``index`` that are not the sidecar's."""
+    differ = [] if list(index.keys) == list(sidecar.keys) else ["keys"]
+    for column in ("offsets", "sizes", "lengths", "checksums"):
+        ours, theirs = getattr(index, column), getattr(sidecar, column)
+        if (ours is None) != (theirs is None) or (
+            ours is not None and not np.array_equal(ours, theirs)
+        ):
+            differ.append(column)
+    return differ
 
 
 def verify_dataset(
