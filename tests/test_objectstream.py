@@ -52,7 +52,7 @@ def test_ranges_arrive_in_order_exactly_once_through_faults(
     url, data = big
     store = Store(url, {"endpoint_url": fault_proxy.endpoint}, POLICY)
     fault_proxy.inject(fault, method="GET", every=2, times=2)  # hits two of the parts
-    with store.open_stream(len(data), part_size=MiB) as f:
+    with store.open_stream(len(data), part_size=MiB, parts_in_flight=2) as f:
         assert read_all(f) == data
     gets = fault_proxy.count("GET")
     assert gets == 4 + 2  # one GET per range, and one more for each fault
@@ -89,7 +89,7 @@ def test_a_stream_closed_early_stops_its_fetches(
 ) -> None:
     url, data = big
     store = Store(url, {"endpoint_url": fault_proxy.endpoint}, PATIENT)
-    with store.open_stream(len(data), part_size=MiB) as f:
+    with store.open_stream(len(data), part_size=MiB, parts_in_flight=1) as f:
         assert f.read(1000) == data[:1000]
     with pytest.raises(ValueError, match="closed"):
         f.read(1)

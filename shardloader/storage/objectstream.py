@@ -2,7 +2,7 @@
 caller (hashing, decompression, the cache file) and is never written whole anywhere first.
 
 An object up to ``part_size`` is one GET.  A larger one is fetched as byte ranges of
-``part_size``, up to ``PARTS_IN_FLIGHT`` at once, and handed to the reader in order.  Each part
+``part_size``, up to ``parts_in_flight`` at once, and handed to the reader in order.  Each part
 arrives in a background thread, so the network overlaps the caller's work; an object of at most
 ``INLINE_BELOW`` bytes is fetched whole by the reader's first ``read`` instead.
 
@@ -27,7 +27,7 @@ together from two versions; the node cache fetches it once more from the start.
 NOTE [part buffers]: a part holds at most ``PART_BUFFER`` unread bytes; past that its thread
 waits (its connection stalls, which TCP handles) until the reader catches up.  Parts start in
 order and the reader consumes them in order, so the part being read never waits for room: the
-stream cannot deadlock, and its memory stays under ``PARTS_IN_FLIGHT * PART_BUFFER``.
+stream cannot deadlock, and its memory stays under ``parts_in_flight * PART_BUFFER``.
 """
 
 from __future__ import annotations
@@ -87,12 +87,14 @@ class ObjectStream(Passthrough):
         *,
         limit: int | None = None,
         part_size: int = PART_SIZE,
+        parts_in_flight: int = PARTS_IN_FLIGHT,
     ) -> None:
         self.url = url
         self.size = size
         self.limit = limit
         self._client = client
         self._policy = policy
+        self._in_flight = max(1, parts_in_flight)
         if size is not None and size > part_size > 0:
             self._parts = [_Part(lo, min(lo + part_size, size)) for lo in range(0, size, part_size)]
         else:
@@ -171,12 +173,12 @@ class ObjectStream(Passthrough):
 
     # -- fetching -------------------------------------------------------------------------
     def _schedule_locked(self) -> None:
-        """Start parts in order, up to ``PARTS_IN_FLIGHT`` ahead of the reader; past the first,
+        """Start parts in order, up to ``parts_in_flight`` ahead of the reader; past the first,
         only once the server has shown it answers ranges."""
         while (
             not self._closed
             and self._started < len(self._parts)
-            and self._started < self._current + PARTS_IN_FLIGHT
+            and self._started < self._current + self._in_flight
             and (self._started == 0 or self._ranges)
         ):
             part = self._parts[self._started]

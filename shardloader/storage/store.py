@@ -28,7 +28,7 @@ from fsspec.core import url_to_fs
 
 from shardloader.errors import StorageError, TruncatedBodyError, UsageError
 from shardloader.storage.clients import ObjectClient, client_for
-from shardloader.storage.objectstream import PART_SIZE, ObjectStream
+from shardloader.storage.objectstream import PART_SIZE, PARTS_IN_FLIGHT, ObjectStream
 from shardloader.storage.private import open_regular
 from shardloader.storage.protocols import S3, fsspec_options, protocol_defaults, protocol_of
 from shardloader.storage.retry import DEFAULT_POLICY, RetryPolicy, call_with_retries
@@ -129,6 +129,7 @@ class Store:
         *,
         limit: int | None = None,
         part_size: int = PART_SIZE,
+        parts_in_flight: int = PARTS_IN_FLIGHT,
     ) -> BinaryIO:
         """Open for one front-to-back pass, the way shard bytes should travel: one GET per
         object (concurrent byte ranges past ``part_size``), no HEAD first, every byte handed
@@ -143,7 +144,15 @@ class Store:
         if client is None:
             f = self.open_read()
             return cast(BinaryIO, BoundedReader(f, bound, self.url)) if bound is not None else f
-        stream = ObjectStream(client, self.url, self.retry, size, limit=limit, part_size=part_size)
+        stream = ObjectStream(
+            client,
+            self.url,
+            self.retry,
+            size,
+            limit=limit,
+            part_size=part_size,
+            parts_in_flight=parts_in_flight,
+        )
         return cast(BinaryIO, stream)
 
     def read_bytes(self, limit: int | None = None) -> bytes:
