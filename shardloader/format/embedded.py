@@ -37,6 +37,7 @@ __all__ = [
     "carried_index",
     "embedded_index",
     "index_frame",
+    "tail_to_keep",
 ]
 
 MAGIC = 0x184D2A5B  # one of the 16 skippable-frame magic numbers (0x184D2A50..5F)
@@ -45,6 +46,12 @@ _DIGEST = {FOOTER: 32, b"SLI1": 0}  # the bytes of the index's SHA-256 before th
 TAIL_KEEP = 8 << 20  # the last bytes a stager keeps to find an embedded index in
 _HEAD = struct.Struct("<II")
 _FOOT = struct.Struct("<I4s")
+
+
+def tail_to_keep(index_bound: int) -> int:
+    """The last bytes of a stored shard to keep to find a carried index of at most
+    ``index_bound`` bytes (its frame adds 48), never more than :data:`TAIL_KEEP`."""
+    return min(TAIL_KEEP, index_bound + 64)
 
 
 def index_frame(index: bytes) -> bytes:

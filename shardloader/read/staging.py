@@ -18,7 +18,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from shardloader.errors import ChecksumError, ShardError, StorageError, located
-from shardloader.format.embedded import TAIL_KEEP
+from shardloader.format.embedded import tail_to_keep
 from shardloader.manifest import SampleIndex, ShardInfo
 from shardloader.schema import sidecar_bound
 from shardloader.storage.cache import ShardCache
@@ -63,7 +63,7 @@ class ShardFiles:
             stream = store.open_stream(info.bytes, part_size=self.options.part_size)
             if store.is_local:
                 return stream
-            tail = TailReader(stream, min(TAIL_KEEP, sidecar_bound(info) + 64))
+            tail = TailReader(stream, tail_to_keep(sidecar_bound(info)))
             streamed.append(tail)
             return tail
 

@@ -25,7 +25,7 @@ import numpy as np
 from shardloader.codecs.allowlist import check_field
 from shardloader.errors import InputError, ShardloaderError, located
 from shardloader.format.base import Sample
-from shardloader.format.embedded import TAIL_KEEP, carried_index
+from shardloader.format.embedded import carried_index, tail_to_keep
 from shardloader.format.registry import get_format
 from shardloader.manifest import Manifest, SampleIndex, ShardInfo, load_manifest
 from shardloader.read.fields import FieldMap
@@ -155,7 +155,7 @@ def _verify_shard(
     n = 0
     try:
         with stored.open_stream(shard.bytes) as raw:
-            kept = TailReader(raw, min(TAIL_KEEP, sidecar_bound(shard) + 64))
+            kept = TailReader(raw, tail_to_keep(sidecar_bound(shard)))
             tap = HashingReader(kept)
             src, compression = cast(BinaryIO, tap), manifest.compression
             stream: Iterator[tuple[Sample, int | None]]
