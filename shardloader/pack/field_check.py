@@ -10,6 +10,7 @@ most records of a file, a warning with the counts.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from collections.abc import Sequence
 
@@ -127,15 +128,12 @@ def _json_count(rel: str, url: str, store: Store, key: str | None) -> FileCount:
 
 
 _NAMED = 32  # records whose keys an error lists
-_PROBES: dict[str, msgspec.json.Decoder] = {}
 
 
+@functools.cache
 def _probe(key: str) -> msgspec.json.Decoder:
     """A decoder of JSON objects that keeps only ``key``, raw (empty when absent)."""
-    decoder = _PROBES.get(key)
-    if decoder is None:
-        struct = msgspec.defstruct(
-            "Probe", [("value", msgspec.Raw, msgspec.Raw())], rename={"value": key}
-        )
-        decoder = _PROBES[key] = msgspec.json.Decoder(struct)
-    return decoder
+    struct = msgspec.defstruct(
+        "Probe", [("value", msgspec.Raw, msgspec.Raw())], rename={"value": key}
+    )
+    return msgspec.json.Decoder(struct)

@@ -9,6 +9,7 @@ sidecar, resume, placing it).
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import re
@@ -77,16 +78,11 @@ def every_sample_skipped(skips: Sequence[Mapping[str, Any]]) -> InputError:
     )
 
 
-_TOKENIZERS: dict[str, Any] = {}
-
-
+@functools.cache
 def _tokenizer(path: str) -> Any:
-    tok = _TOKENIZERS.get(path)
-    if tok is None:
-        from tokenizers import Tokenizer
+    from tokenizers import Tokenizer
 
-        tok = _TOKENIZERS[path] = Tokenizer.from_file(path)
-    return tok
+    return Tokenizer.from_file(path)
 
 
 class _Bad(Exception):
