@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import json
 import logging
 import os
 import socket
@@ -36,8 +35,8 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
@@ -84,7 +83,7 @@ class Holder:
         )
 
     def to_json(self) -> bytes:
-        return json.dumps(asdict(self), sort_keys=True).encode()
+        return msgspec.json.encode(self)
 
     @classmethod
     def from_json(cls, data: bytes) -> Holder | None:
@@ -215,16 +214,12 @@ def _local_lock(out: Store, holder: Holder) -> Iterator[OutLock]:
         os.pwrite(fd, holder.to_json(), 0)
         yield OutLock(out, holder)
     finally:
-        try:
-            os.remove(path)  # while locked: a taker that opened it finds it gone and retries
-        except FileNotFoundError:
-            pass
+        with suppress(FileNotFoundError):  # while locked: a taker finds it gone and retries
+            os.remove(path)
         os.close(fd)
         if created:  # a run that wrote nothing leaves no empty OUT behind
-            try:
+            with suppress(OSError):
                 os.rmdir(folder)
-            except OSError:
-                pass
 
 
 # -- object stores: a conditional PUT with a lease, renewed by a thread ------------------------
@@ -243,9 +238,8 @@ class _Remote:
         client = self.store.client()
         self.client = client if isinstance(client, S3Client) else None
         if self.client is None:
-            fs, path = self.store.filesystem()
-            self.fs = fs
-            self.bucket, self.key, _ = fs.split_path(path)
+            self.fs, path = self.store.filesystem()
+            self.bucket, self.key, _ = self.fs.split_path(path)
 
     async def _get(self) -> dict[str, Any]:
         found = await self.fs._call_s3("get_object", Bucket=self.bucket, Key=self.key)
@@ -306,7 +300,7 @@ class _Remote:
 
 def _acquire(remote: _Remote, out: Store, holder: Holder, lease: float) -> tuple[Holder, str]:
     for _ in range(5):  # each round ends in a decision unless the object changes under us
-        mine = Holder(**{**asdict(holder), "expires": time.time() + lease})
+        mine = replace(holder, expires=time.time() + lease)
         etag = remote.put(mine.to_json())
         if etag is not None:
             return mine, etag
@@ -341,7 +335,7 @@ class _Renewer(threading.Thread):
 
     def run(self) -> None:
         while not self.stopped.wait(self.lease / 3):
-            mine = Holder(**{**asdict(self.lock.holder), "expires": time.time() + self.lease})
+            mine = replace(self.lock.holder, expires=time.time() + self.lease)
             try:
                 etag = self.remote.put(mine.to_json(), self.etag)
             except (StorageError, OSError) as err:  # the next round may get through
