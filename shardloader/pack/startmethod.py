@@ -36,8 +36,7 @@ def context() -> BaseContext:
         return get_context("fork")
     # The forkserver: a fresh single-threaded process that imported the writer once.  Not
     # plain spawn: every worker would import shardloader (and torch with it) again, seconds each.
-    if "forkserver" not in get_all_start_methods():
-        return get_context("spawn")
+    # (Every platform pack runs on has one: the OUT lock needs POSIX flock, pack/lock.py.)
     ctx = get_context("forkserver")
     ctx.set_forkserver_preload([PRELOAD])
     return ctx
