@@ -14,7 +14,7 @@ import re
 from collections.abc import Collection, Iterable
 from typing import Any
 
-from shardloader.errors import OutputExistsError, StorageError, UsageError
+from shardloader.errors import OutputExistsError, StorageError
 from shardloader.format.registry import get_format, known_formats
 from shardloader.manifest import MANIFEST_NAME, Manifest
 from shardloader.pack.lock import LOCK_NAME
@@ -45,25 +45,15 @@ def _suffix() -> str:
     return "(?:" + "|".join(re.escape(s) for s in sorted(found | {".idx.arrow"})) + ")"
 
 
-def _temp() -> re.Pattern[str]:
-    return re.compile(
-        rf"^(?:\.{_STEM}{_suffix()}\.tmp-{_HEX}"
-        rf"|(?:{re.escape(MANIFEST_NAME)}|{re.escape(SKIP_REPORT)}|{_STEM}\.idx\.arrow)"
-        rf"\.tmp-{_HEX})$"
-    )
-
-
 def list_out(store: Store) -> list[str]:
     """Files below ``store`` (relative paths); [] if it does not exist.  The OUT lock (NOTE
-    [the OUT lock] in pack/lock.py) is not among them."""
+    [the OUT lock] in pack/lock.py) is not among them; taking it refused an OUT that is a file."""
     if not store.is_local:
         try:
             return [p for p in store.list_files() if p != LOCK_NAME]
         except (FileNotFoundError, StorageError):
             return []
     path = store.local_path
-    if os.path.exists(path) and not os.path.isdir(path):
-        raise UsageError(f"output {store.url!r} exists and is not a folder")
     found = []
     for dirpath, _, filenames in os.walk(path):  # nothing when OUT does not exist
         for name in filenames:
@@ -131,18 +121,16 @@ def remove_stale(
     part: int | None,
     old: Collection[str] = (),
 ) -> None:
-    """Delete our temporaries, the shard and sidecar names a (``part``) run writes that
-    ``manifest`` does not list, an unlisted skip report, and ``old`` paths."""
+    """Delete the shard and sidecar names a (``part``) run writes that ``manifest`` does not
+    list, an unlisted skip report, and ``old`` paths (:func:`open_out` removed the temporaries
+    of ``existing``)."""
     stem = r"shard-\d{5,}" if part is None else rf"part-{part:04d}-shard-\d{{5,}}"
     ours = re.compile(rf"^{stem}{_suffix()}$")
     keep = {p for s in manifest.shards for p in (s.path, s.index_path)}
     keep.add(str(manifest.extra.get("skip_report", "")))
-    temp = _temp()
     removed = 0
     for rel in existing:
-        mine = "/" not in rel and (
-            bool(temp.match(rel)) or bool(ours.match(rel)) or rel == SKIP_REPORT
-        )
+        mine = "/" not in rel and (bool(ours.match(rel)) or rel == SKIP_REPORT)
         if (mine or rel in old) and rel not in keep:
             store.join(rel).remove()
             removed += 1
@@ -152,7 +140,11 @@ def remove_stale(
 
 def remove_temps(store: Store, existing: Iterable[str]) -> None:
     """Delete temporary files that killed runs left behind (never final names)."""
-    temp = _temp()
+    temp = re.compile(
+        rf"^(?:\.{_STEM}{_suffix()}\.tmp-{_HEX}"
+        rf"|(?:{re.escape(MANIFEST_NAME)}|{re.escape(SKIP_REPORT)}|{_STEM}\.idx\.arrow)"
+        rf"\.tmp-{_HEX})$"
+    )
     for rel in existing:
         if "/" not in rel and temp.match(rel):
             store.join(rel).remove()
