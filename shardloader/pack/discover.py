@@ -123,12 +123,12 @@ def discover(
         log.info("%s: left out %d files that are no sample's", src, len(found.left_out))
     fields = dict(found.fields)
     classes = found.classes
-    labelled = None
+    key_labels: Mapping[str, bytes] = {}
     if labels_store is not None:
         labelled = _labels(src, impl, inputs, fields, labels_store, on_error == "skip")
         inputs = inputs.without(labelled.left_out)
         fields["cls"] = FieldInfo("int")
-        classes = labelled.classes
+        classes, key_labels = labelled.classes, labelled.labels
     text = impl.text_rule(fields, text_field, tokenize)
     if tokenize and text is None:
         raise UsageError(
@@ -138,16 +138,7 @@ def discover(
     groups = _aliases(src, fields, found.aliases, normalize(_lower(aliases), "--alias"))
     # the layout's notes say what its own aliases did: moot once --alias took those over
     notes = found.notes if all(name in groups for name in found.aliases) else ()
-    source = Source(
-        inputs,
-        impl,
-        fields,
-        classes,
-        text,
-        groups,
-        notes,
-        labelled.labels if labelled is not None else {},
-    )
+    source = Source(inputs, impl, fields, classes, text, groups, notes, key_labels)
     source.field_map  # noqa: B018 - checks the aliases now, before anything is read
     return source
 

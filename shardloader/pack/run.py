@@ -125,20 +125,19 @@ def _pack(
 
     parted = options.num_parts > 1
     finished = finished_manifest(out_store) if existing else None
-    if existing:  # NOTE [replacing a dataset] in pack/replace.py
-        if options.overwrite:
-            if finished is not None and executor.remote and not out_store.is_local:
-                # Ray tasks place their shards as they finish: the old ones would go first
-                raise UsageError(
-                    f"--overwrite with --executor ray: {out_store.url!r} holds a finished "
-                    "pack, and Ray tasks would replace its shards one by one before the new "
-                    "pack is whole; pack into a fresh OUT (then point readers at it), or "
-                    "remove the old dataset first"
-                )
-        else:  # resume: shards are kept or replaced in place, so the manifest goes first
-            if finished is not None:
-                check_resume(out_store, finished, source)
-            out_store.join(MANIFEST_NAME).remove()
+    # NOTE [replacing a dataset] in pack/replace.py
+    if finished is not None and options.overwrite and executor.remote and not out_store.is_local:
+        # Ray tasks place their shards as they finish: the old ones would go first
+        raise UsageError(
+            f"--overwrite with --executor ray: {out_store.url!r} holds a finished "
+            "pack, and Ray tasks would replace its shards one by one before the new "
+            "pack is whole; pack into a fresh OUT (then point readers at it), or "
+            "remove the old dataset first"
+        )
+    if existing and options.resume:  # shards are kept or replaced in place: manifest first
+        if finished is not None:
+            check_resume(out_store, finished, source)
+        out_store.join(MANIFEST_NAME).remove()
     local_out = out_store.is_local
     staging = out_store.local_path if local_out else tempfile.mkdtemp(prefix="shardloader-pack-")
     os.makedirs(staging, exist_ok=True)
