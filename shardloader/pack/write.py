@@ -15,7 +15,6 @@ import errno
 import hashlib
 import logging
 import os
-import shutil
 import signal
 import tempfile
 import threading
@@ -225,9 +224,6 @@ def write_and_place(spec: WriteSpec, task: ShardTask) -> ShardResult:
     folder exists here (OUT itself, when local and shared), else to a fresh local folder."""
     if os.path.isdir(spec.staging):
         return place_shard(spec, write_shard(spec, task))
-    staging = tempfile.mkdtemp(prefix="shardloader-pack-")
-    try:
-        local = replace(spec, staging=staging)
+    with tempfile.TemporaryDirectory(prefix="shardloader-pack-", ignore_cleanup_errors=True) as tmp:
+        local = replace(spec, staging=tmp)
         return place_shard(local, write_shard(local, task))
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
