@@ -103,10 +103,8 @@ class ClassFolders(Layout):
                     "folder (use --layout key-groups for other trees)"
                 )
         classes = tuple(sorted({f.rel.split("/", 1)[0] for f in inputs.files}))
-        fields = {"cls": FieldInfo("int")}
-        for f in inputs.files:
-            fields.setdefault(extension(f.rel), FieldInfo("image"))
-        images = tuple(sorted(e for e, i in fields.items() if i.codec == "image"))
+        images = tuple(sorted({extension(f.rel) for f in inputs.files}))
+        fields = {"cls": FieldInfo("int"), **{ext: FieldInfo("image") for ext in images}}
         return Description(fields, classes, {"image": images})
 
     def enumerate(self, source: Source, on_skip: OnSkip | None) -> Iterator[SampleRef]:

@@ -136,13 +136,11 @@ class KeyGroups(Layout):
                 for f in samples[k].values()
             )
         )
-        fields: dict[str, FieldInfo] = {}
-        for k, exts in samples.items():
-            if k not in bad:
-                for ext in exts:
-                    fields.setdefault(ext, FieldInfo(codec_for_extension(ext)))
-        aliases, notes = image_alias(fields, [exts for k, exts in samples.items() if k not in bad])
-        return Description(dict(sorted(fields.items())), (), aliases, left_out, notes)
+        kept = [exts for k, exts in samples.items() if k not in bad]
+        names = sorted({ext for exts in kept for ext in exts})
+        fields = {ext: FieldInfo(codec_for_extension(ext)) for ext in names}
+        aliases, notes = image_alias(fields, kept)
+        return Description(fields, (), aliases, left_out, notes)
 
     def enumerate(self, source: Source, on_skip: OnSkip | None) -> Iterator[SampleRef]:
         """Checked whole before the first sample: one field may hold one file per sample."""

@@ -216,12 +216,9 @@ def _sniffed(
         raise InputError(f"{f.url}: cannot read the table ({err})") from err
     out = {}
     for name in names:
-        data, path = first.get(name, (None, None))
-        codec = codec_of(data, path)
-        if codec != "bytes" or is_bytes_path(schema.field(name).type):
-            out[name] = FieldInfo(codec)
-        else:
-            out[name] = fields[name]
+        codec = codec_of(*first.get(name, (None, None)))
+        plain = codec == "bytes" and not is_bytes_path(schema.field(name).type)
+        out[name] = fields[name] if plain else FieldInfo(codec)
     return out
 
 
