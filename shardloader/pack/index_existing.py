@@ -209,8 +209,8 @@ def _index(
 
     sidecar_names: dict[str, str] = {}
     scans: list[_Scanned] = []
-    if progress is not None:  # the total at once, before the first (maybe large) shard
-        progress(0, len(urls))
+    tell = progress or (lambda done, total: None)
+    tell(0, len(urls))  # the total at once, before the first (maybe large) shard
     for i, url in enumerate(urls):
         rel = _relative(url, store)
         stem = fmt.parse_name(rel)[1]  # type: ignore[index]
@@ -226,8 +226,7 @@ def _index(
             scans.append(_scan(shard, rel, index_path, fmt, compression, max_member))
         except StorageError as err:
             raise ShardError(f"{url}: cannot read ({err})") from err
-        if progress is not None:
-            progress(i + 1, len(urls))
+        tell(i + 1, len(urls))
     groups = {k: [scans[i] for i in v] for k, v in splits.items()} or {"": scans}
     described = {  # may refuse
         split: _describe(part, fmt.name, compression, split) for split, part in groups.items()

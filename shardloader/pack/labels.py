@@ -108,7 +108,8 @@ def attach_labels(
     if (missing or extra) and not skip:
         said = []
         if missing:
-            said.append(f"{_files(len(missing))} no label (e.g. {missing[0]!r})")
+            have = "file has" if len(missing) == 1 else "files have"
+            said.append(f"{len(missing):,} {have} no label (e.g. {missing[0]!r})")
         if extra:
             said.append(
                 f"{len(extra):,} label{'s name' if len(extra) != 1 else ' names'} no file "
@@ -127,10 +128,6 @@ def attach_labels(
     index = {c: i for i, c in enumerate(classes)}
     labels = {k: str(index[v] if classes else int(v)).encode("ascii") for k, v in by_key.items()}
     return Labelled(labels, classes, tuple(left_out))
-
-
-def _files(n: int) -> str:
-    return f"{n:,} file has" if n == 1 else f"{n:,} files have"
 
 
 def _is_int(value: str) -> bool:

@@ -83,7 +83,7 @@ def pretokenized(
     field (in place of ``name``) with the dtype the vocabulary needs."""
     from shardloader.pack.field_check import check_presence
     from shardloader.pack.layouts.records import TokenRecords, record_kind
-    from shardloader.pack.token_ids import MAX_VOCAB, IdsRule, ids_dtype, scan_ids
+    from shardloader.pack.token_ids import IdsRule, ids_dtype, scan_ids
 
     if source.layout != "records":
         raise UsageError(
@@ -98,9 +98,8 @@ def pretokenized(
         keep_json |= kind == "json" and bool(counts[-1].fields)  # other keys beside the ids
     if not check_presence(counts, name, "--token-field", insisted=True):
         raise UsageError(f"--token-field {name!r}: {src} holds no records")
+    # at most 2**32 either way: PackOptions refuses a larger --vocab-size, scan_ids larger ids
     vocab = vocab_size if vocab_size is not None else max(max(c.hi for c in counts) + 1, 1)
-    if vocab > MAX_VOCAB:  # only a given --vocab-size can be (ids past it are refused)
-        raise UsageError(f"--vocab-size {vocab}: token ids are stored as uint32, at most 2**32")
     dtype = ids_dtype(vocab)
     fields = {k: v for k, v in source.fields.items() if k != name}
     if kinds == {"json"} and not keep_json:
