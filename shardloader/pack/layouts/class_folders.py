@@ -13,7 +13,7 @@ text is measured.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 
 from shardloader.codecs.allowlist import IMAGE_EXTENSIONS
 from shardloader.errors import UsageError
@@ -29,7 +29,7 @@ from shardloader.pack.layouts.base import (
     extension,
     mixed,
 )
-from shardloader.pack.refs import FileRef, InputFile, SampleRef, TextRule
+from shardloader.pack.refs import FileRef, InputFile, SampleRef
 
 __all__ = ["ClassFolders", "class_keys"]
 
@@ -124,8 +124,3 @@ class ClassFolders(Layout):
             }
             out.append(SampleRef(key, tuple(sorted(fields.items()))))
         return iter(out)
-
-    def text_rule(
-        self, fields: Mapping[str, FieldInfo], text_field: str, tokenize: bool
-    ) -> TextRule | None:
-        return None
