@@ -74,19 +74,14 @@ class Planner:
                 continue
             sizes = [(e, len(v) if isinstance(v, bytes) else v.size) for e, v in sample.fields]
             add = raw_size(sample.key, sizes)
-            if self._count and not self._fits(add, 1):
+            too_big = self.shard_size > 0 and self._size + add > self.shard_size
+            if self._count and (too_big or self._count == self.max_samples):  # full
                 yield self._close()
             self._pieces.append(sample)
             self._count += 1
             self._size += add
         if self._count:
             yield self._close()
-
-    def _fits(self, add: int, count: int) -> bool:
-        """Whether ``count`` more samples of ``add`` bytes in all join the open shard."""
-        if self.shard_size > 0 and self._size + add > self.shard_size:
-            return False
-        return self.max_samples is None or self._count + count <= self.max_samples
 
     def _close(self) -> ShardPlan:
         plan = ShardPlan(self.current, tuple(self._pieces), self._size)
