@@ -65,23 +65,21 @@ class SampleLoader:
         self,
         shards: ShardSet,
         ids: np.ndarray,
+        rows: Rows,
         pads: np.ndarray,
         place: Place,
         generator: Any = None,
-        rows: Rows | None = None,
     ) -> tuple[list[dict[str, Any]], np.ndarray]:
         """Read, decode and transform one batch's samples, in planned order; also say which
         samples stand in for bad ones.  ``generator`` (the batch's ``torch.Generator``) goes
         to a transform that declares ``takes_generator`` (NOTE [transform generators] in
         :mod:`shardloader.vision.transforms`).
 
-        The batch is read shard by shard in one pass (:meth:`ShardSet.read_batch`; ``rows``:
-        already read, with the next batches: ``samplepass._read_ahead``).  Under
+        ``rows``: the batch as read, shard by shard in one pass, with the next batches
+        (:meth:`ShardSet.read_batch` in ``samplepass._read_ahead``).  Under
         ``on_error="skip"`` a bad sample is replaced by a repeat of a good one from the same
         batch, flagged ``__pad__``, so batch shapes and step counts never change.
         """
-        if rows is None:
-            rows = shards.read_batch(ids)
         out: list[dict[str, Any] | None] = []
         errors = dict(rows.errors)
         columns = list(rows.fields.items())
@@ -114,9 +112,9 @@ class SampleLoader:
         self,
         shards: ShardSet,
         ids: np.ndarray,
+        rows: Rows,
         pads: np.ndarray,
         place: Place,
-        rows: Rows | None = None,
     ) -> RawBatch:
         """One batch of raw samples (``decoder=None``, no transform) as a :class:`RawBatch`,
         straight from the shards: no per-sample dict or bytes object is made.
@@ -126,8 +124,6 @@ class SampleLoader:
         """
         import torch
 
-        if rows is None:
-            rows = shards.read_batch(ids)
         keys, errors = rows.keys, dict(rows.errors)
         columns: dict[str, list[Any]] = {}
         member_of = self.field_map.member_of
