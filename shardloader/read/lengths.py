@@ -31,6 +31,7 @@ lengths stay an in-memory array.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -60,22 +61,18 @@ class SharedLengths(np.ndarray):
     read like any array; pickles as its path, so workers map it rather than copy it."""
 
     path: str
-    source: tuple[Any, ...]  # (manifest, base, read, required, hint): to build it again
+    reopen: functools.partial[np.ndarray | None]  # the load_lengths call that maps it again
 
     def __reduce__(self) -> Any:
-        source = getattr(self, "source", None)  # a slice or arithmetic result has none: a copy
-        if source is None:
+        reopen = getattr(self, "reopen", None)  # a slice or arithmetic result has none: a copy
+        if reopen is None:
             return np.array(self, np.int64).__reduce__()
-        return (_reopen, source)
+        return (reopen, ())
 
 
-def _reopen(
-    manifest: Manifest, base: str, read: ReadOptions, required: bool, hint: str
-) -> np.ndarray | None:
-    return load_lengths(manifest, base, read, required=required, hint=hint)
-
-
-def _open_shared(path: str, count: int, source: tuple[Any, ...]) -> SharedLengths:
+def _open_shared(
+    path: str, count: int, reopen: functools.partial[np.ndarray | None]
+) -> SharedLengths:
     try:
         mapped = np.load(path, mmap_mode="r")
     except (OSError, ValueError) as err:
@@ -83,7 +80,7 @@ def _open_shared(path: str, count: int, source: tuple[Any, ...]) -> SharedLength
     if mapped.dtype != np.int64 or mapped.shape != (count,):
         raise StorageError(f"the sample lengths at {path} do not hold {count} int64 values")
     out: SharedLengths = mapped.view(SharedLengths)
-    out.path, out.source = path, source
+    out.path, out.reopen = path, reopen
     return out
 
 
@@ -99,12 +96,12 @@ def load_lengths(
     built from the sidecars' ``length`` columns on first use (NOTE [shared lengths]).
     ``None`` if a shard records none and not ``required`` (else a UsageError naming it)."""
     path = None
-    source = (manifest, base, read, required, hint)
+    reopen = functools.partial(load_lengths, manifest, base, read, required=required, hint=hint)
     try:
         from shardloader.storage.cache import ShardCache
 
         path = ShardCache(read.cache, manifest.fingerprint).path_for(_cache_name(manifest))
-        return _open_shared(path, manifest.num_samples, source)
+        return _open_shared(path, manifest.num_samples, reopen)
     except StorageError:
         pass  # not built yet (or no writable cache): read the sidecars
     lengths = _read_lengths(manifest, base, read, required, hint)
@@ -114,7 +111,7 @@ def load_lengths(
     try:
         np.save(temp, lengths, allow_pickle=False)
         os.replace(temp + ".npy", path)
-        return _open_shared(path, manifest.num_samples, source)
+        return _open_shared(path, manifest.num_samples, reopen)
     except (OSError, StorageError) as err:
         log.info("sample lengths stay in memory: cannot write %s (%s)", path, err)
         try:
