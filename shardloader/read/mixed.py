@@ -19,7 +19,7 @@ import numpy as np
 from shardloader.errors import UsageError
 from shardloader.format.base import Rows
 from shardloader.manifest import FieldInfo, Manifest
-from shardloader.read.shardset import ReadOptions, ShardSet, shard_starts
+from shardloader.read.shardset import ReadOptions, ShardSet
 
 __all__ = ["MixedShards", "virtual_manifest"]
 
@@ -67,13 +67,8 @@ class MixedShards:
         self.id_offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         counts = [len(s.manifest.shards) for s in sets]
         self.shard_offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-        self.starts = np.concatenate(
-            [
-                shard_starts(s.manifest)[:-1] + off
-                for s, off in zip(sets, self.id_offsets, strict=False)
-            ]
-            + [self.id_offsets[-1:]]
-        ).astype(np.int64)
+        shard_sizes = np.concatenate([s.manifest.shard_sizes for s in sets])
+        self.starts = np.concatenate([[0], np.cumsum(shard_sizes)]).astype(np.int64)
         self.in_place = all(s.in_place for s in sets)
         self.files = _MixedFiles(self)  # token rows (format/tokens/rows.py) stage shards by number
 
@@ -85,10 +80,7 @@ class MixedShards:
         s = int(np.searchsorted(self.shard_offsets, shard, side="right") - 1)
         return self.sets[s], int(shard - self.shard_offsets[s])
 
-    def locate(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(virtual shard number, index inside the shard) of each virtual id."""
-        shards = np.searchsorted(self.starts, ids, side="right") - 1
-        return shards, ids - self.starts[shards]
+    locate = ShardSet.locate  # (virtual shard number, index inside it) of each virtual id
 
     def describe(self, shard: int) -> str:
         own, local = self._source_of_shard(shard)
