@@ -300,7 +300,11 @@ class ShardSet:
         outright), every row not yet read gets that error."""
         try:
             reader = self.reader(shard)
-            self.check(shard)  # NOTE [no SIGBUS] in format/mapped.py
+            # the file its reader maps shrank or grew since it was opened: reading the map now
+            # could kill the process (NOTE [no SIGBUS] in format/mapped.py)
+            change = changed_since(*self._opened[shard])
+            if change is not None:
+                raise ShardChangedError(f"{self.describe(shard)}: {change}")
             try:  # readers raise without the place: it is named here, a shard a batch
                 read_rows(reader, rows, into, at)
             except ShardloaderError as err:
@@ -350,17 +354,6 @@ class ShardSet:
         for pos in again:
             del into.errors[pos]
         self._read_rows(shard, [rows[k] for k in bad], into, again)
-
-    def check(self, shard: int) -> None:
-        """ShardChangedError when the file an open reader of ``shard`` maps shrank or grew since it
-        was opened: reading the map now could kill the process (NOTE [no SIGBUS] in
-        format/mapped.py).  Called before each batch read from it."""
-        opened = self._opened.get(shard)
-        if opened is None:
-            return
-        change = changed_since(*opened)
-        if change is not None:
-            raise ShardChangedError(f"{self.describe(shard)}: {change}")
 
     # -- damaged staged copies (NOTE [re-staging a damaged copy] in storage/cache.py) ------
     def restage(self, shard: int) -> bool:
