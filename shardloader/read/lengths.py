@@ -44,6 +44,7 @@ import pyarrow as pa
 
 from shardloader.errors import ManifestError, ShardError, StorageError, UsageError, located
 from shardloader.format.arrow.ipc import declared_sizes
+from shardloader.manifest import _ints
 from shardloader.read.sidecar import check_digest, read_sidecar
 from shardloader.schema import sidecar_bound
 
@@ -180,12 +181,12 @@ def _lengths_column(data: bytes, count: int, bound: int) -> np.ndarray | None:
     column = _column(data, "length")
     if column is None:
         return None
-    if not pa.types.is_integer(column.type) or column.null_count or len(column) != count:
+    if len(column) != count:
         raise ManifestError(
-            f"its length column ({column.type}, {len(column)} values) does not give "
-            f"the {count} token counts of its shard"
+            f"its length column ({len(column)} values) does not give the {count} token counts "
+            "of its shard"
         )
-    lengths = _int64(column)
+    lengths = _ints(column, "length")  # integers without nulls, or a ManifestError
     if lengths.size and lengths.min() < 0:
         raise ManifestError("the sample index has negative lengths")
     return lengths
@@ -200,9 +201,9 @@ def _check_fit(
     need = lengths * unit
     total = int(need.sum())
     column = _column(data, "size")
-    if column is None or not pa.types.is_integer(column.type) or len(column) != len(lengths):
+    if column is None or len(column) != len(lengths):
         raise ManifestError("the sample index has no size for every sample")
-    sizes = _int64(column)
+    sizes = _ints(column, "size")
     over = np.flatnonzero((need > sizes) | (sizes < 0))
     if not over.size and total <= info.raw_bytes:
         return
@@ -227,7 +228,7 @@ def _check_fit(
     )
 
 
-def _column(data: bytes, name: str) -> pa.Array | None:
+def _column(data: bytes, name: str) -> pa.ChunkedArray | None:
     """One column of a sidecar (hashed and bounded already), or None where it has none."""
     try:
         buffer = pa.py_buffer(data)
@@ -238,18 +239,6 @@ def _column(data: bytes, name: str) -> pa.Array | None:
         options = pa.ipc.IpcReadOptions(included_fields=[at], use_threads=False)
         table = pa.ipc.open_file(buffer, options=options, memory_pool=pool).read_all()
         table.validate(full=True)  # corrupt offsets would crash pyarrow's reads, not raise
-        return table.column(0).combine_chunks()
+        return table.column(0)
     except (pa.ArrowException, OSError, UnicodeDecodeError) as err:
         raise ManifestError(f"not a valid shardloader sample index: {err}") from err
-
-
-def _int64(array: pa.Array) -> np.ndarray:
-    """An integer column without nulls as int64 (a uint64 past 2**63 turns negative, which
-    the callers refuse)."""
-    if array.null_count:
-        raise ManifestError("an integer column of the sample index has nulls")
-    width = array.type.bit_width // 8
-    kind = "i" if pa.types.is_signed_integer(array.type) else "u"
-    return np.frombuffer(  # not to_numpy(): that imports pandas (a second, in every process)
-        array.buffers()[1], np.dtype(f"<{kind}{width}"), len(array), array.offset * width
-    ).astype(np.int64)
