@@ -106,19 +106,19 @@ class MixedShards:
                     return k
         return len(batches)
 
-    def _by_source(self, shards: Any) -> dict[int, list[int]]:
-        groups: dict[int, list[int]] = {}
+    def _by_source(self, shards: Any) -> dict[ShardSet, list[int]]:
+        groups: dict[ShardSet, list[int]] = {}
         for shard in shards:
-            s = int(np.searchsorted(self.shard_offsets, shard, side="right") - 1)
-            groups.setdefault(s, []).append(int(shard - self.shard_offsets[s]))
+            own, local = self._source_of_shard(shard)
+            groups.setdefault(own, []).append(local)
         return groups
 
     def prefetch(self, shards: Any) -> None:
-        for s, own in self._by_source(shards).items():
-            self.sets[s].prefetch(own)
+        for own, local in self._by_source(shards).items():
+            own.prefetch(local)
 
     def staging(self, shards: Any) -> bool:
-        return any(self.sets[s].staging(own) for s, own in self._by_source(shards).items())
+        return any(own.staging(local) for own, local in self._by_source(shards).items())
 
     def close(self) -> None:
         for s in self.sets:

@@ -137,7 +137,6 @@ def _verify_shard(
             index = parse_sidecar(data, sidecar.url, manifest.format, shard)
     except (ShardloaderError, OSError) as err:
         reasons.add(f"sidecar {shard.index_path}: {err}")
-        index = None
     stored = base.join(shard.path)
     url = stored.url
     member_of = FieldMap.of_manifest(manifest).member_of  # aliases: key.png fills "image"
