@@ -59,10 +59,10 @@ def virtual_manifest(names: Sequence[str], manifests: Sequence[Manifest]) -> Man
 
 class MixedShards:
     """Reads virtual ids through one :class:`ShardSet` per source (the interface a pass and
-    its read-ahead use: locate, read, read_batch(es), ready, prefetch, staging, close)."""
+    its read-ahead use: locate, read_batch, ready, prefetch, staging, local_file, close)."""
 
-    def __init__(self, sets: list[ShardSet], names: tuple[str, ...], options: ReadOptions) -> None:
-        self.sets, self.names, self.options = sets, names, options
+    def __init__(self, sets: list[ShardSet], options: ReadOptions) -> None:
+        self.sets, self.options = sets, options
         sizes = [s.manifest.num_samples for s in sets]
         self.id_offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         counts = [len(s.manifest.shards) for s in sets]
@@ -70,7 +70,6 @@ class MixedShards:
         shard_sizes = np.concatenate([s.manifest.shard_sizes for s in sets])
         self.starts = np.concatenate([[0], np.cumsum(shard_sizes)]).astype(np.int64)
         self.in_place = all(s.in_place for s in sets)
-        self.files = _MixedFiles(self)  # token rows (format/tokens/rows.py) stage shards by number
 
     def restage(self, shard: int) -> bool:
         own, local = self._source_of_shard(shard)
@@ -85,6 +84,10 @@ class MixedShards:
     def describe(self, shard: int) -> str:
         own, local = self._source_of_shard(shard)
         return own.describe(local)
+
+    def local_file(self, shard: int) -> str:
+        own, local = self._source_of_shard(shard)
+        return own.local_file(local)
 
     def _split(self, ids: np.ndarray) -> list[tuple[int, np.ndarray]]:
         """(source, positions in ``ids``) of each source present."""
@@ -123,14 +126,3 @@ class MixedShards:
     def close(self) -> None:
         for s in self.sets:
             s.close()
-
-
-class _MixedFiles:
-    """``local_file`` of a virtual shard, through its source's own staged files."""
-
-    def __init__(self, shards: MixedShards) -> None:
-        self.shards = shards
-
-    def local_file(self, shard: int) -> str:
-        own, local = self.shards._source_of_shard(shard)
-        return own.files.local_file(local)

@@ -182,6 +182,10 @@ class ShardSet:
         return self.files.staging(shards)
 
     # -- opening ---------------------------------------------------------------------------
+    def local_file(self, shard: int) -> str:
+        """A local uncompressed file of ``shard``: the shard itself, or its staged copy."""
+        return self.files.local_file(shard)
+
     def open_reader(self, shard: int) -> ShardReader:
         """A new format reader of ``shard``: staged (or in place), its sample index checked."""
         # Local: the sidecar first (a bad one is refused before the shard is staged).  Remote:
