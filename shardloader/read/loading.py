@@ -131,10 +131,21 @@ class SampleLoader:
             name = member_of.get(ext, ext) if member_of else ext
             if self.field_map.projected and name not in self.field_map.fields:
                 continue  # ReadOptions.fields leaves it out
-            if name in columns:  # aliases: key.jpg and key.png both fill "image"
-                self._merge_members(shards, ids, keys, errors, columns[name], values, name)
-            else:
+            if name not in columns:
                 columns[name] = values
+                continue
+            into = columns[name]  # aliases: key.jpg and key.png both fill "image"
+            for pos, value in enumerate(values):
+                if value is None or pos in errors:
+                    continue
+                if into[pos] is None:
+                    into[pos] = value
+                    continue
+                # a sample with both is an error (as in build_sample)
+                exts = [e for e, n in member_of.items() if n == name]
+                err = errors[pos] = self.field_map.clash(dict.fromkeys(exts, b""), name)
+                err.where = _located_at(shards, ids, pos, keys[pos])
+                into[pos] = None
         ids, pads = ids.copy(), pads.copy()
         if errors:
             if self.on_error == "raise":
@@ -153,29 +164,6 @@ class SampleLoader:
         for name, values in columns.items():
             batch[name] = ByteColumn.of(values)
         return batch
-
-    def _merge_members(
-        self,
-        shards: ShardSet,
-        ids: np.ndarray,
-        keys: list[str],
-        errors: dict[int, ShardloaderError],
-        into: list[Any],
-        values: list[Any],
-        name: str,
-    ) -> None:
-        """Fill the logical field ``name`` from one more member extension; a sample with both
-        is an error (as in :meth:`build_sample`)."""
-        for pos, value in enumerate(values):
-            if value is None or pos in errors:
-                continue
-            if into[pos] is not None:
-                exts = [e for e, n in self.field_map.member_of.items() if n == name]
-                err = errors[pos] = self.field_map.clash(dict.fromkeys(exts, b""), name)
-                err.where = _located_at(shards, ids, pos, keys[pos])
-                into[pos] = None
-                continue
-            into[pos] = value
 
     def _stand_in(
         self,
