@@ -31,6 +31,7 @@ lengths stay an in-memory array.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -115,10 +116,8 @@ def load_lengths(
         return _open_shared(path, manifest.num_samples, reopen)
     except (OSError, StorageError) as err:
         log.info("sample lengths stay in memory: cannot write %s (%s)", path, err)
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(temp + ".npy")
-        except OSError:
-            pass
         return lengths
 
 
