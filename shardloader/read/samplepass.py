@@ -154,9 +154,7 @@ def _load_samples(
         if raw and batch.ndim == 1:
             yield loader.load_raw(shards, ids, rows, pads, place)
             continue
-        generator = None
-        if generator_seeds is not None:
-            generator = generator_of(generator_seeds[j])
+        generator = None if generator_seeds is None else generator_of(generator_seeds[j])
         samples, substituted = loader.load_batch(shards, ids, rows, pads, place, generator)
         if batch.ndim == 2:
             samples = loader.cut_segments(batch, ids, samples, substituted, place)
