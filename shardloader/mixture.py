@@ -193,7 +193,7 @@ class Blend(Packed):
             ShardSet(m, base, read, f"source {name!r}, {where}", working_set)
             for name, (m, base, read) in zip(self.names, self.opened, strict=True)
         ]
-        return MixedShards(sets, self.names, self.read)
+        return MixedShards(sets, self.read)
 
     def order(self, mix: Mixture) -> MixOrder:  # NOTE [mixture partitions] in plan/blend.py
         sizes, seeds, shuffles = self.static

@@ -1,9 +1,7 @@
 """Reading: getting a shard here and reading a pass of samples out of it.
 
-* :mod:`~shardloader.read.shardset`: how a pass reads shards (:class:`ReadOptions`), and
-  its working set;
-* :mod:`~shardloader.read.staged`: a pass's shards (:class:`ShardSet`): opened, their
-  samples read by global id shard by shard;
+* :mod:`~shardloader.read.shardset`: a pass's shards (:class:`ShardSet`): opened, their
+  samples read by global id shard by shard, and its working set;
 * :mod:`~shardloader.read.staging`: those shards as local files, in place or staged through
   the node cache, ahead in the background;
 * :mod:`~shardloader.read.indexes`: their sample indexes, fetched, checked, kept parsed;

@@ -144,13 +144,10 @@ class FieldMap:
             if len(infos) > 1:
                 codecs = ", ".join(f"{e}: {members[e].codec}" for e in present)
                 raise UsageError(f"{where}: {name!r} joins fields of different codecs ({codecs})")
-            for e in exts:
-                member_of[e] = name
+            member_of.update(dict.fromkeys(exts, name))
             if infos:
                 fields[name] = infos.pop()
-        for ext, info in members.items():
-            if ext not in member_of:
-                fields[ext] = info
+        fields.update({ext: info for ext, info in members.items() if ext not in member_of})
         return cls(dict(sorted(fields.items())), member_of)
 
     @classmethod

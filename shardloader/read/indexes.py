@@ -27,7 +27,7 @@ from shardloader.storage.store import Store
 from shardloader.storage.streams import TailReader
 
 if TYPE_CHECKING:
-    from shardloader.read.staged import ShardSet
+    from shardloader.read.shardset import ShardSet
 
 __all__ = ["SampleIndexes"]
 

@@ -31,6 +31,8 @@ lengths stay an in-memory array.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -43,6 +45,7 @@ import pyarrow as pa
 
 from shardloader.errors import ManifestError, ShardError, StorageError, UsageError, located
 from shardloader.format.arrow.ipc import declared_sizes
+from shardloader.manifest import _ints
 from shardloader.read.sidecar import check_digest, read_sidecar
 from shardloader.schema import sidecar_bound
 
@@ -60,22 +63,18 @@ class SharedLengths(np.ndarray):
     read like any array; pickles as its path, so workers map it rather than copy it."""
 
     path: str
-    source: tuple[Any, ...]  # (manifest, base, read, required, hint): to build it again
+    reopen: functools.partial[np.ndarray | None]  # the load_lengths call that maps it again
 
     def __reduce__(self) -> Any:
-        source = getattr(self, "source", None)  # a slice or arithmetic result has none: a copy
-        if source is None:
+        reopen = getattr(self, "reopen", None)  # a slice or arithmetic result has none: a copy
+        if reopen is None:
             return np.array(self, np.int64).__reduce__()
-        return (_reopen, source)
+        return (reopen, ())
 
 
-def _reopen(
-    manifest: Manifest, base: str, read: ReadOptions, required: bool, hint: str
-) -> np.ndarray | None:
-    return load_lengths(manifest, base, read, required=required, hint=hint)
-
-
-def _open_shared(path: str, count: int, source: tuple[Any, ...]) -> SharedLengths:
+def _open_shared(
+    path: str, count: int, reopen: functools.partial[np.ndarray | None]
+) -> SharedLengths:
     try:
         mapped = np.load(path, mmap_mode="r")
     except (OSError, ValueError) as err:
@@ -83,7 +82,7 @@ def _open_shared(path: str, count: int, source: tuple[Any, ...]) -> SharedLength
     if mapped.dtype != np.int64 or mapped.shape != (count,):
         raise StorageError(f"the sample lengths at {path} do not hold {count} int64 values")
     out: SharedLengths = mapped.view(SharedLengths)
-    out.path, out.source = path, source
+    out.path, out.reopen = path, reopen
     return out
 
 
@@ -99,12 +98,12 @@ def load_lengths(
     built from the sidecars' ``length`` columns on first use (NOTE [shared lengths]).
     ``None`` if a shard records none and not ``required`` (else a UsageError naming it)."""
     path = None
-    source = (manifest, base, read, required, hint)
+    reopen = functools.partial(load_lengths, manifest, base, read, required=required, hint=hint)
     try:
         from shardloader.storage.cache import ShardCache
 
         path = ShardCache(read.cache, manifest.fingerprint).path_for(_cache_name(manifest))
-        return _open_shared(path, manifest.num_samples, source)
+        return _open_shared(path, manifest.num_samples, reopen)
     except StorageError:
         pass  # not built yet (or no writable cache): read the sidecars
     lengths = _read_lengths(manifest, base, read, required, hint)
@@ -114,13 +113,11 @@ def load_lengths(
     try:
         np.save(temp, lengths, allow_pickle=False)
         os.replace(temp + ".npy", path)
-        return _open_shared(path, manifest.num_samples, source)
+        return _open_shared(path, manifest.num_samples, reopen)
     except (OSError, StorageError) as err:
         log.info("sample lengths stay in memory: cannot write %s (%s)", path, err)
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(temp + ".npy")
-        except OSError:
-            pass
         return lengths
 
 
@@ -183,12 +180,12 @@ def _lengths_column(data: bytes, count: int, bound: int) -> np.ndarray | None:
     column = _column(data, "length")
     if column is None:
         return None
-    if not pa.types.is_integer(column.type) or column.null_count or len(column) != count:
+    if len(column) != count:
         raise ManifestError(
-            f"its length column ({column.type}, {len(column)} values) does not give "
-            f"the {count} token counts of its shard"
+            f"its length column ({len(column)} values) does not give the {count} token counts "
+            "of its shard"
         )
-    lengths = _int64(column)
+    lengths = _ints(column, "length")  # integers without nulls, or a ManifestError
     if lengths.size and lengths.min() < 0:
         raise ManifestError("the sample index has negative lengths")
     return lengths
@@ -203,9 +200,9 @@ def _check_fit(
     need = lengths * unit
     total = int(need.sum())
     column = _column(data, "size")
-    if column is None or not pa.types.is_integer(column.type) or len(column) != len(lengths):
+    if column is None or len(column) != len(lengths):
         raise ManifestError("the sample index has no size for every sample")
-    sizes = _int64(column)
+    sizes = _ints(column, "size")
     over = np.flatnonzero((need > sizes) | (sizes < 0))
     if not over.size and total <= info.raw_bytes:
         return
@@ -230,7 +227,7 @@ def _check_fit(
     )
 
 
-def _column(data: bytes, name: str) -> pa.Array | None:
+def _column(data: bytes, name: str) -> pa.ChunkedArray | None:
     """One column of a sidecar (hashed and bounded already), or None where it has none."""
     try:
         buffer = pa.py_buffer(data)
@@ -241,18 +238,6 @@ def _column(data: bytes, name: str) -> pa.Array | None:
         options = pa.ipc.IpcReadOptions(included_fields=[at], use_threads=False)
         table = pa.ipc.open_file(buffer, options=options, memory_pool=pool).read_all()
         table.validate(full=True)  # corrupt offsets would crash pyarrow's reads, not raise
-        return table.column(0).combine_chunks()
+        return table.column(0)
     except (pa.ArrowException, OSError, UnicodeDecodeError) as err:
         raise ManifestError(f"not a valid shardloader sample index: {err}") from err
-
-
-def _int64(array: pa.Array) -> np.ndarray:
-    """An integer column without nulls as int64 (a uint64 past 2**63 turns negative, which
-    the callers refuse)."""
-    if array.null_count:
-        raise ManifestError("an integer column of the sample index has nulls")
-    width = array.type.bit_width // 8
-    kind = "i" if pa.types.is_signed_integer(array.type) else "u"
-    return np.frombuffer(  # not to_numpy(): that imports pandas (a second, in every process)
-        array.buffers()[1], np.dtype(f"<{kind}{width}"), len(array), array.offset * width
-    ).astype(np.int64)

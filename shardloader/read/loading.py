@@ -65,23 +65,21 @@ class SampleLoader:
         self,
         shards: ShardSet,
         ids: np.ndarray,
+        rows: Rows,
         pads: np.ndarray,
         place: Place,
         generator: Any = None,
-        rows: Rows | None = None,
     ) -> tuple[list[dict[str, Any]], np.ndarray]:
         """Read, decode and transform one batch's samples, in planned order; also say which
         samples stand in for bad ones.  ``generator`` (the batch's ``torch.Generator``) goes
         to a transform that declares ``takes_generator`` (NOTE [transform generators] in
         :mod:`shardloader.vision.transforms`).
 
-        The batch is read shard by shard in one pass (:meth:`ShardSet.read_batch`; ``rows``:
-        already read, with the next batches: ``samplepass._read_ahead``).  Under
+        ``rows``: the batch as read, shard by shard in one pass, with the next batches
+        (:meth:`ShardSet.read_batch` in ``samplepass._read_ahead``).  Under
         ``on_error="skip"`` a bad sample is replaced by a repeat of a good one from the same
         batch, flagged ``__pad__``, so batch shapes and step counts never change.
         """
-        if rows is None:
-            rows = shards.read_batch(ids)
         out: list[dict[str, Any] | None] = []
         errors = dict(rows.errors)
         columns = list(rows.fields.items())
@@ -114,9 +112,9 @@ class SampleLoader:
         self,
         shards: ShardSet,
         ids: np.ndarray,
+        rows: Rows,
         pads: np.ndarray,
         place: Place,
-        rows: Rows | None = None,
     ) -> RawBatch:
         """One batch of raw samples (``decoder=None``, no transform) as a :class:`RawBatch`,
         straight from the shards: no per-sample dict or bytes object is made.
@@ -126,8 +124,6 @@ class SampleLoader:
         """
         import torch
 
-        if rows is None:
-            rows = shards.read_batch(ids)
         keys, errors = rows.keys, dict(rows.errors)
         columns: dict[str, list[Any]] = {}
         member_of = self.field_map.member_of
@@ -135,10 +131,21 @@ class SampleLoader:
             name = member_of.get(ext, ext) if member_of else ext
             if self.field_map.projected and name not in self.field_map.fields:
                 continue  # ReadOptions.fields leaves it out
-            if name in columns:  # aliases: key.jpg and key.png both fill "image"
-                self._merge_members(shards, ids, keys, errors, columns[name], values, name)
-            else:
+            if name not in columns:
                 columns[name] = values
+                continue
+            into = columns[name]  # aliases: key.jpg and key.png both fill "image"
+            for pos, value in enumerate(values):
+                if value is None or pos in errors:
+                    continue
+                if into[pos] is None:
+                    into[pos] = value
+                    continue
+                # a sample with both is an error (as in build_sample)
+                exts = [e for e, n in member_of.items() if n == name]
+                err = errors[pos] = self.field_map.clash(dict.fromkeys(exts, b""), name)
+                err.where = _located_at(shards, ids, pos, keys[pos])
+                into[pos] = None
         ids, pads = ids.copy(), pads.copy()
         if errors:
             if self.on_error == "raise":
@@ -157,29 +164,6 @@ class SampleLoader:
         for name, values in columns.items():
             batch[name] = ByteColumn.of(values)
         return batch
-
-    def _merge_members(
-        self,
-        shards: ShardSet,
-        ids: np.ndarray,
-        keys: list[str],
-        errors: dict[int, ShardloaderError],
-        into: list[Any],
-        values: list[Any],
-        name: str,
-    ) -> None:
-        """Fill the logical field ``name`` from one more member extension; a sample with both
-        is an error (as in :meth:`build_sample`)."""
-        for pos, value in enumerate(values):
-            if value is None or pos in errors:
-                continue
-            if into[pos] is not None:
-                exts = [e for e, n in self.field_map.member_of.items() if n == name]
-                err = errors[pos] = self.field_map.clash(dict.fromkeys(exts, b""), name)
-                err.where = _located_at(shards, ids, pos, keys[pos])
-                into[pos] = None
-                continue
-            into[pos] = value
 
     def _stand_in(
         self,

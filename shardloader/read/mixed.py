@@ -19,7 +19,7 @@ import numpy as np
 from shardloader.errors import UsageError
 from shardloader.format.base import Rows
 from shardloader.manifest import FieldInfo, Manifest
-from shardloader.read.shardset import ReadOptions, ShardSet, shard_starts
+from shardloader.read.shardset import ReadOptions, ShardSet
 
 __all__ = ["MixedShards", "virtual_manifest"]
 
@@ -59,23 +59,17 @@ def virtual_manifest(names: Sequence[str], manifests: Sequence[Manifest]) -> Man
 
 class MixedShards:
     """Reads virtual ids through one :class:`ShardSet` per source (the interface a pass and
-    its read-ahead use: locate, read, read_batch(es), ready, prefetch, staging, close)."""
+    its read-ahead use: locate, read_batch, ready, prefetch, staging, local_file, close)."""
 
-    def __init__(self, sets: list[ShardSet], names: tuple[str, ...], options: ReadOptions) -> None:
-        self.sets, self.names, self.options = sets, names, options
+    def __init__(self, sets: list[ShardSet], options: ReadOptions) -> None:
+        self.sets, self.options = sets, options
         sizes = [s.manifest.num_samples for s in sets]
         self.id_offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         counts = [len(s.manifest.shards) for s in sets]
         self.shard_offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-        self.starts = np.concatenate(
-            [
-                shard_starts(s.manifest)[:-1] + off
-                for s, off in zip(sets, self.id_offsets, strict=False)
-            ]
-            + [self.id_offsets[-1:]]
-        ).astype(np.int64)
+        shard_sizes = np.concatenate([s.manifest.shard_sizes for s in sets])
+        self.starts = np.concatenate([[0], np.cumsum(shard_sizes)]).astype(np.int64)
         self.in_place = all(s.in_place for s in sets)
-        self.files = _MixedFiles(self)  # token rows (format/tokens/rows.py) stage shards by number
 
     def restage(self, shard: int) -> bool:
         own, local = self._source_of_shard(shard)
@@ -85,14 +79,15 @@ class MixedShards:
         s = int(np.searchsorted(self.shard_offsets, shard, side="right") - 1)
         return self.sets[s], int(shard - self.shard_offsets[s])
 
-    def locate(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(virtual shard number, index inside the shard) of each virtual id."""
-        shards = np.searchsorted(self.starts, ids, side="right") - 1
-        return shards, ids - self.starts[shards]
+    locate = ShardSet.locate  # (virtual shard number, index inside it) of each virtual id
 
     def describe(self, shard: int) -> str:
         own, local = self._source_of_shard(shard)
         return own.describe(local)
+
+    def local_file(self, shard: int) -> str:
+        own, local = self._source_of_shard(shard)
+        return own.local_file(local)
 
     def _split(self, ids: np.ndarray) -> list[tuple[int, np.ndarray]]:
         """(source, positions in ``ids``) of each source present."""
@@ -114,31 +109,20 @@ class MixedShards:
                     return k
         return len(batches)
 
-    def _by_source(self, shards: Any) -> dict[int, list[int]]:
-        groups: dict[int, list[int]] = {}
+    def _by_source(self, shards: Any) -> dict[ShardSet, list[int]]:
+        groups: dict[ShardSet, list[int]] = {}
         for shard in shards:
-            s = int(np.searchsorted(self.shard_offsets, shard, side="right") - 1)
-            groups.setdefault(s, []).append(int(shard - self.shard_offsets[s]))
+            own, local = self._source_of_shard(shard)
+            groups.setdefault(own, []).append(local)
         return groups
 
     def prefetch(self, shards: Any) -> None:
-        for s, own in self._by_source(shards).items():
-            self.sets[s].prefetch(own)
+        for own, local in self._by_source(shards).items():
+            own.prefetch(local)
 
     def staging(self, shards: Any) -> bool:
-        return any(self.sets[s].staging(own) for s, own in self._by_source(shards).items())
+        return any(own.staging(local) for own, local in self._by_source(shards).items())
 
     def close(self) -> None:
         for s in self.sets:
             s.close()
-
-
-class _MixedFiles:
-    """``local_file`` of a virtual shard, through its source's own staged files."""
-
-    def __init__(self, shards: MixedShards) -> None:
-        self.shards = shards
-
-    def local_file(self, shard: int) -> str:
-        own, local = self.shards._source_of_shard(shard)
-        return own.files.local_file(local)

@@ -87,8 +87,6 @@ class ReadAhead:
 
     def advance(self, step: int) -> None:
         """The worker reached rank step ``step``: stage what is due, and ``depth`` more."""
-        if self.shards.in_place or self.shards.options.readahead <= 0:
-            return
         self._pull(lambda: bool(self.schedule) and self.schedule[-1][0] > step)
         while self._due < len(self.schedule) and self.schedule[self._due][0] <= step:
             self._due += 1

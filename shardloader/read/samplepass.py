@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -151,12 +152,10 @@ def _load_samples(
             seed_global_rngs(global_seeds[j])
         pads = plan.pad_mask(slot, seed_index, len(ids))
         if raw and batch.ndim == 1:
-            yield loader.load_raw(shards, ids, pads, place, rows)
+            yield loader.load_raw(shards, ids, rows, pads, place)
             continue
-        generator = None
-        if generator_seeds is not None:
-            generator = generator_of(generator_seeds[j])
-        samples, substituted = loader.load_batch(shards, ids, pads, place, generator, rows)
+        generator = None if generator_seeds is None else generator_of(generator_seeds[j])
+        samples, substituted = loader.load_batch(shards, ids, rows, pads, place, generator)
         if batch.ndim == 2:
             samples = loader.cut_segments(batch, ids, samples, substituted, place)
         if not inputs.batched:
@@ -172,13 +171,7 @@ def _bundled(batches: Iterator[Any], k: int) -> Iterator[Any]:
     are one bundle's (NOTE [bundles] in deliver/transport.py)."""
     from shardloader.deliver.transport import Bundle
 
-    bundle = Bundle()
-    for batch in batches:
-        bundle.append(batch)
-        if len(bundle) == k:
-            yield bundle
-            bundle = Bundle()
-    if bundle:
+    while bundle := Bundle(itertools.islice(batches, k)):
         yield bundle
 
 

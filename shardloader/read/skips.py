@@ -58,7 +58,7 @@ class SkipLog:
 def merge_skips(directory: str, epoch: int | None = None) -> list[SkipRecord]:
     """Every rank's run-time skips under ``directory`` (of ``epoch``, or all), one per
     (epoch, sample), sorted by epoch then sample id: the same list whichever rank reads it."""
-    seen: dict[tuple[int, int], SkipRecord] = {}
+    records: list[SkipRecord] = []
     for path in sorted(glob.glob(os.path.join(directory, "skips-rank*.jsonl"))):
         with open(path, encoding="utf-8") as f:
             for number, line in enumerate(f, 1):
@@ -69,11 +69,8 @@ def merge_skips(directory: str, epoch: int | None = None) -> list[SkipRecord]:
                 except (TypeError, ValueError) as err:
                     raise UsageError(f"{path}:{number}: not a skip record ({err})") from err
                 if epoch is None or record.epoch == epoch:
-                    key = (record.epoch, record.sample)
-                    if key not in seen or _before(record, seen[key]):
-                        seen[key] = record
-    return [seen[k] for k in sorted(seen)]
-
-
-def _before(a: SkipRecord, b: SkipRecord) -> bool:
-    return (a.rank, a.worker) < (b.rank, b.worker)
+                    records.append(record)
+    seen: dict[tuple[int, int], SkipRecord] = {}  # the first rank and worker's of each
+    for record in sorted(records, key=lambda r: (r.epoch, r.sample, r.rank, r.worker)):
+        seen.setdefault((record.epoch, record.sample), record)
+    return list(seen.values())

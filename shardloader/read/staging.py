@@ -26,7 +26,7 @@ from shardloader.storage.private import open_private, open_regular, write_privat
 from shardloader.storage.streams import HashingReader, TailReader
 
 if TYPE_CHECKING:
-    from shardloader.read.staged import ShardSet
+    from shardloader.read.shardset import ShardSet
 
 __all__ = ["ShardFiles"]
 

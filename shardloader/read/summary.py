@@ -7,6 +7,7 @@ no further than their bounds and checked against their manifest entries
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -97,7 +98,7 @@ def inspect_dataset(
     store = as_store(url, storage_options, retry)
     manifest, base = load_manifest(store)
     sizes, lengths = [], []
-    counts: dict[str, int] = {}
+    counts: Counter[str] = Counter()
     has_lengths = manifest.length_field is not None
     for shard in manifest.shards:
         index = load_sidecar(base.join(shard.index_path), manifest.format, shard)
@@ -107,9 +108,7 @@ def inspect_dataset(
         elif has_lengths:
             lengths.append(np.asarray(index.lengths))
         if manifest.layout == "class-folders":
-            for key in index.keys:
-                name = key.split("/", 1)[0]
-                counts[name] = counts.get(name, 0) + 1
+            counts.update(key.split("/", 1)[0] for key in index.keys)
     classes = tuple(
         (c, counts.get(c, 0) if manifest.layout == "class-folders" else None)
         for c in manifest.classes

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, BinaryIO, cast
 
 import numpy as np
@@ -60,13 +60,7 @@ class VerifyReport:
         return not self.bad
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "url": self.url,
-            "ok": self.ok,
-            "shards": self.shards,
-            "samples": self.samples,
-            "bad": [{"path": b.path, "reasons": list(b.reasons)} for b in self.bad],
-        }
+        return {**asdict(self), "ok": self.ok}
 
 
 class _Reasons(list[str]):
@@ -143,7 +137,6 @@ def _verify_shard(
             index = parse_sidecar(data, sidecar.url, manifest.format, shard)
     except (ShardloaderError, OSError) as err:
         reasons.add(f"sidecar {shard.index_path}: {err}")
-        index = None
     stored = base.join(shard.path)
     url = stored.url
     member_of = FieldMap.of_manifest(manifest).member_of  # aliases: key.png fills "image"

@@ -37,7 +37,7 @@ class ParquetFormat(CheckedFormat):
     stored_is_raw = True
     indexable = True
     packable = False  # registry.check_pack_format: pack writes tar, arrow or tokens shards
-    projects = True  # reader(..., fields=) reads only those columns (read/staged.py ShardSet)
+    projects = True  # reader(..., fields=) reads only those columns (read/shardset.py ShardSet)
 
     def _not_packed(self) -> NoReturn:
         raise UsageError(

@@ -45,7 +45,7 @@ class TokenRows:
         idle = [s for s in self.open if s not in needed]
         for old in idle[: max(len(self.open) - STREAMS + 1, 0)]:
             self._drop(old)
-        path = self.shards.files.local_file(shard)
+        path = self.shards.local_file(shard)
         a, b = int(self._starts[shard]), int(self._starts[shard + 1])
         verify = self.shards.options.verify_samples
         stream = TokenStream(path, verify, b - a, int(self._lengths[a:b].sum()))
