@@ -38,6 +38,7 @@ __all__ = [
     "MAX_EXPANSION",
     "MAX_SHARD_BYTES",
     "MAX_SHARD_SAMPLES",
+    "check_format",
     "check_manifest_dict",
     "check_sample_index",
     "path_problem",
@@ -159,27 +160,33 @@ def _param_reason(path: str) -> str | None:
     return None
 
 
+def check_format(name: str, compression: str) -> Format:
+    """The registered format ``name``, if ``compression`` is one of its; else a
+    :class:`ManifestError` naming the manifest key (``format``, ``compression``)."""
+    if name not in known_formats():
+        raise _fail(
+            "format",
+            f"unknown shard format {name!r}; known: {', '.join(known_formats())} (a "
+            "third-party format must be registered before its datasets are read)",
+        )
+    fmt = get_format(name)
+    if compression not in fmt.compressions:
+        raise _fail(
+            "compression",
+            f"{compression!r} is not one of {', '.join(fmt.compressions)} for {name} shards",
+        )
+    return fmt
+
+
 def check_manifest_dict(raw: Mapping[str, Any]) -> None:
     """Raise :class:`ManifestError` at the first value of a parsed manifest that is wrong,
     named by its JSON path (the caller adds the file: :func:`~shardloader.errors.located`)."""
     from shardloader.codecs.allowlist import _CODECS
 
-    name = _string("format", raw.get("format"))
-    if name not in known_formats():
-        raise _fail(
-            "format",
-            f"expected one of {', '.join(known_formats())}, got "
-            f"{_show(name)} (a third-party format must be registered before its "
-            "datasets are read)",
-        )
-    fmt = get_format(name)
     compression = _string("compression", raw.get("compression"))
-    if compression not in fmt.compressions:
-        known = ", ".join(fmt.compressions)
-        raise _expect("compression", f"one of {known} for {name} shards", compression)
-    for key in ("layout", "checksum_algorithm"):
-        if key in raw:
-            _string(key, raw[key])
+    fmt = check_format(_string("format", raw.get("format")), compression)
+    if "layout" in raw:
+        _string("layout", raw["layout"])
     if raw.get("checksum_algorithm", "sha256") != "sha256":
         raise _expect("checksum_algorithm", '"sha256"', raw["checksum_algorithm"])
     if raw.get("length_field") is not None:
