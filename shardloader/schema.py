@@ -216,13 +216,12 @@ def check_manifest_dict(raw: Mapping[str, Any]) -> None:
     for i, name in enumerate(_array("classes", raw.get("classes", []))):
         _string(f"classes[{i}]", name)
     _check_extra(_obj("extra", raw.get("extra", {})))
-    if "aliases" in raw:
-        for name, exts in _obj("aliases", raw["aliases"]).items():
-            path = f"aliases[{_show(name)}]"
-            if not name:
-                raise _fail(path, "an alias name must be a non-empty string")
-            for j, ext in enumerate(_array(path, exts)):
-                _string(f"{path}[{j}]", ext, empty=False)
+    for name, exts in _obj("aliases", raw.get("aliases", {})).items():
+        path = f"aliases[{_show(name)}]"
+        if not name:
+            raise _fail(path, "an alias name must be a non-empty string")
+        for j, ext in enumerate(_array(path, exts)):
+            _string(f"{path}[{j}]", ext, empty=False)
 
     shards = _array("shards", raw.get("shards"))
     total = stored = unpacked = 0
@@ -248,13 +247,10 @@ def check_manifest_dict(raw: Mapping[str, Any]) -> None:
 def _check_extra(extra: dict[str, Any]) -> None:
     if "skipped" in extra:
         _count("extra.skipped", extra["skipped"])
-    if extra.get("skip_report") is not None:
-        _rel_path("extra.skip_report", extra["skip_report"])
-    if extra.get("length_unit") is not None:
-        _string("extra.length_unit", extra["length_unit"])
-    for key in ("tokenizer", "part"):
+    checks = {"skip_report": _rel_path, "length_unit": _string, "tokenizer": _obj, "part": _obj}
+    for key, check in checks.items():
         if extra.get(key) is not None:
-            _obj(f"extra.{key}", extra[key])
+            check(f"extra.{key}", extra[key])
 
 
 def _check_shard(path: str, entry: Any, fmt: Format, compression: str) -> tuple[int, int, int]:
