@@ -371,6 +371,5 @@ def read_manifest(
     """
     from shardloader.storage.store import as_store
 
-    store = as_store(url, storage_options, policy)
-    manifest, base = load_manifest(store)
+    manifest, base = load_manifest(as_store(url, storage_options, policy))
     return manifest, base.url
