@@ -115,5 +115,6 @@ def __dir__() -> list[str]:
     """Globals, public names and the public submodules (each reachable as an attribute)."""
     import pkgutil
 
-    modules = {m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_")}
+    found = pkgutil.iter_modules(__path__)  # noqa: F405 (the package's own, not a star import's)
+    modules = {m.name for m in found if not m.name.startswith("_")}
     return sorted(set(globals()) | set(__all__) | modules)
