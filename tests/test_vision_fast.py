@@ -329,7 +329,7 @@ def test_without_the_extension_the_resize_is_torchs(monkeypatch):
     from shardloader.vision.image import resize_chw
 
     a = torch.from_numpy(_photo(40, 30, 3)).permute(2, 0, 1)
-    monkeypatch.setattr(jpeg, "_jpeg", None)
+    monkeypatch.setattr(jpeg, "_RESIZE", None)
     want = torch.nn.functional.interpolate(
         a[None].float(), size=(20, 25), mode="bilinear", antialias=True
     )[0]

@@ -48,6 +48,9 @@ except ImportError as _err:  # built only where a C compiler and libjpeg headers
 else:
     _WHY_NOT = None
 
+# the resize, for every path alike: whether the decoder is used or not (backend="pil", files it
+# declines), the same kernel makes the same pixels from the same box
+_RESIZE = _jpeg
 BACKENDS = ("auto", "pil")  # auto: the native decoder where built and able, else PIL
 _NATIVE_SPACES = frozenset({"YCbCr", "L", "RGB"})  # what libjpeg converts to RGB itself
 _SOI = b"\xff\xd8\xff"
@@ -134,11 +137,9 @@ def decode_box(
 
 def resize(hwc: np.ndarray, out_hw: tuple[int, int]) -> np.ndarray | None:
     """Antialiased bilinear resize of uint8 RGB pixels (HWC) to uint8 CHW: Pillow's filter in
-    SIMD C (:mod:`shardloader.codecs._jpeg`); None where the extension is not built.  Every
-    path uses it alike, whether the decoder took the file or not (``backend="pil"``, files it
-    declines): the same kernel makes the same pixels from the same box."""
-    if _jpeg is None:
+    SIMD C (:mod:`shardloader.codecs._jpeg`); None where the extension is not built."""
+    if _RESIZE is None:
         return None
     h, w = hwc.shape[:2]
-    buf = _jpeg.resize(np.ascontiguousarray(hwc).data, w, h, out_hw[1], out_hw[0])
+    buf = _RESIZE.resize(np.ascontiguousarray(hwc).data, w, h, out_hw[1], out_hw[0])
     return np.frombuffer(buf, np.uint8).reshape(3, *out_hw)
