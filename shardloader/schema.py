@@ -183,8 +183,9 @@ def check_manifest_dict(raw: Mapping[str, Any]) -> None:
     named by its JSON path (the caller adds the file: :func:`~shardloader.errors.located`)."""
     from shardloader.codecs.allowlist import _CODECS
 
+    name = _string("format", raw.get("format"))
     compression = _string("compression", raw.get("compression"))
-    fmt = check_format(_string("format", raw.get("format")), compression)
+    fmt = check_format(name, compression)
     if "layout" in raw:
         _string("layout", raw["layout"])
     if raw.get("checksum_algorithm", "sha256") != "sha256":
