@@ -102,6 +102,12 @@ def _array(path: str, value: Any) -> list[Any]:
     return value
 
 
+def _known_keys(path: str, entry: dict[str, Any], known: tuple[str, ...]) -> None:
+    for key in entry:
+        if key not in known:
+            raise _fail(f"{path}.{key}", f"unknown key (known: {', '.join(known)})")
+
+
 def _sha256(path: str, value: Any) -> str:
     if not isinstance(value, str) or not _SHA256.match(value):
         raise _expect(path, "a sha256 (64 lower-case hex digits)", value)
@@ -198,10 +204,7 @@ def check_manifest_dict(raw: Mapping[str, Any]) -> None:
         path = f"fields[{_show(name)}]"
         if not name or "/" in name or unsafe_key_reason(name) is not None:
             raise _fail(path, "a field name must be a non-empty string without '/', '\\' or NUL")
-        _obj(path, info)
-        for key in info:
-            if key not in _FIELD_KEYS:
-                raise _fail(f"{path}.{key}", f"unknown key (known: {', '.join(_FIELD_KEYS)})")
+        _known_keys(path, _obj(path, info), _FIELD_KEYS)
         codec = _string(f"{path}.codec", info.get("codec"))
         if codec not in _CODECS:
             raise _expect(f"{path}.codec", f"one of {', '.join(_CODECS)}", codec)
@@ -259,9 +262,7 @@ def _check_shard(path: str, entry: Any, fmt: Format, compression: str) -> tuple[
     for key in _SHARD_KEYS:
         if key not in entry:
             raise _fail(f"{path}.{key}", "missing")
-    for key in entry:
-        if key not in _SHARD_KEYS:
-            raise _fail(f"{path}.{key}", f"unknown key (known: {', '.join(_SHARD_KEYS)})")
+    _known_keys(path, entry, _SHARD_KEYS)
     _rel_path(f"{path}.path", entry["path"])
     _rel_path(f"{path}.index_path", entry["index_path"])
     _sha256(f"{path}.sha256", entry["sha256"])
