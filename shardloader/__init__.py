@@ -20,49 +20,25 @@ if _typing.TYPE_CHECKING:
     from shardloader.batching.fixed import FixedBatches as FixedBatches
     from shardloader.batching.packcollate import PackCollate as PackCollate
     from shardloader.batching.packed import PackedBatches as PackedBatches
-    from shardloader.batching.padded import (
-        BucketBatches as BucketBatches,
-    )
-    from shardloader.batching.padded import (
-        PadCollate as PadCollate,
-    )
-    from shardloader.batching.padded import (
-        TokenBudgetBatches as TokenBudgetBatches,
-    )
-    from shardloader.batching.raw import (
-        ByteColumn as ByteColumn,
-    )
-    from shardloader.batching.raw import (
-        RawBatch as RawBatch,
-    )
-    from shardloader.batching.raw import (
-        RawCollate as RawCollate,
-    )
+    from shardloader.batching.padded import BucketBatches as BucketBatches
+    from shardloader.batching.padded import PadCollate as PadCollate
+    from shardloader.batching.padded import TokenBudgetBatches as TokenBudgetBatches
+    from shardloader.batching.raw import ByteColumn as ByteColumn
+    from shardloader.batching.raw import RawBatch as RawBatch
+    from shardloader.batching.raw import RawCollate as RawCollate
     from shardloader.codecs.allowlist import Decoder as Decoder
     from shardloader.dataset import ShardedDataset as ShardedDataset
     from shardloader.deliver.loader import ShardLoader as ShardLoader
     from shardloader.deliver.loader import make_loader as make_loader
-    from shardloader.deliver.monitor import (
-        Monitor as Monitor,
-    )
-    from shardloader.deliver.monitor import (
-        MonitorStats as MonitorStats,
-    )
-    from shardloader.deliver.monitor import (
-        monitor as monitor,
-    )
+    from shardloader.deliver.monitor import Monitor as Monitor
+    from shardloader.deliver.monitor import MonitorStats as MonitorStats
+    from shardloader.deliver.monitor import monitor as monitor
     from shardloader.manifest import Manifest as Manifest
     from shardloader.manifest import read_manifest as read_manifest
     from shardloader.mixture import Mixture as Mixture
-    from shardloader.options import (
-        ReadOptions as ReadOptions,
-    )
-    from shardloader.options import (
-        ShuffleOptions as ShuffleOptions,
-    )
-    from shardloader.options import (
-        World as World,
-    )
+    from shardloader.options import ReadOptions as ReadOptions
+    from shardloader.options import ShuffleOptions as ShuffleOptions
+    from shardloader.options import World as World
     from shardloader.plan.epoch import EpochReport as EpochReport
     from shardloader.plan.partition import Partition as Partition
     from shardloader.service.client import RemoteLoader as RemoteLoader
