@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 
 from shardloader.errors import ManifestError, ShardError, located
-from shardloader.format.registry import get_format, known_formats
+from shardloader.schema import check_format, check_manifest_dict
 
 if TYPE_CHECKING:
     from shardloader.storage.retry import RetryPolicy
@@ -87,17 +87,7 @@ class Manifest:
     aliases: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.format not in known_formats():
-            raise ManifestError(
-                f"unknown shard format {self.format!r}; known: {', '.join(known_formats())} "
-                "(a third-party format must be registered before its datasets are read)"
-            )
-        compressions = get_format(self.format).compressions
-        if self.compression not in compressions:
-            raise ManifestError(
-                f"compression {self.compression!r} is not one of {', '.join(compressions)} "
-                f"for {self.format} shards"
-            )
+        check_format(self.format, self.compression)
 
     @property
     def num_samples(self) -> int:
@@ -147,8 +137,6 @@ class Manifest:
     def from_json(cls, data: bytes, where: str = "manifest") -> Manifest:
         """Parse and check a manifest; the first wrong value is a ManifestError naming
         ``where`` and the value's JSON path."""
-        from shardloader.schema import check_manifest_dict
-
         with located(where):
             try:
                 raw = json.loads(data)
@@ -383,6 +371,5 @@ def read_manifest(
     """
     from shardloader.storage.store import as_store
 
-    store = as_store(url, storage_options, policy)
-    manifest, base = load_manifest(store)
+    manifest, base = load_manifest(as_store(url, storage_options, policy))
     return manifest, base.url

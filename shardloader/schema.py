@@ -38,6 +38,7 @@ __all__ = [
     "MAX_EXPANSION",
     "MAX_SHARD_BYTES",
     "MAX_SHARD_SAMPLES",
+    "check_format",
     "check_manifest_dict",
     "check_sample_index",
     "path_problem",
@@ -101,6 +102,12 @@ def _array(path: str, value: Any) -> list[Any]:
     return value
 
 
+def _known_keys(path: str, entry: dict[str, Any], known: tuple[str, ...]) -> None:
+    for key in entry:
+        if key not in known:
+            raise _fail(f"{path}.{key}", f"unknown key (known: {', '.join(known)})")
+
+
 def _sha256(path: str, value: Any) -> str:
     if not isinstance(value, str) or not _SHA256.match(value):
         raise _expect(path, "a sha256 (64 lower-case hex digits)", value)
@@ -159,27 +166,34 @@ def _param_reason(path: str) -> str | None:
     return None
 
 
+def check_format(name: str, compression: str) -> Format:
+    """The registered format ``name``, if ``compression`` is one of its; else a
+    :class:`ManifestError` naming the manifest key (``format``, ``compression``)."""
+    if name not in known_formats():
+        raise _fail(
+            "format",
+            f"unknown shard format {name!r}; known: {', '.join(known_formats())} (a "
+            "third-party format must be registered before its datasets are read)",
+        )
+    fmt = get_format(name)
+    if compression not in fmt.compressions:
+        raise _fail(
+            "compression",
+            f"{compression!r} is not one of {', '.join(fmt.compressions)} for {name} shards",
+        )
+    return fmt
+
+
 def check_manifest_dict(raw: Mapping[str, Any]) -> None:
     """Raise :class:`ManifestError` at the first value of a parsed manifest that is wrong,
     named by its JSON path (the caller adds the file: :func:`~shardloader.errors.located`)."""
     from shardloader.codecs.allowlist import _CODECS
 
     name = _string("format", raw.get("format"))
-    if name not in known_formats():
-        raise _fail(
-            "format",
-            f"expected one of {', '.join(known_formats())}, got "
-            f"{_show(name)} (a third-party format must be registered before its "
-            "datasets are read)",
-        )
-    fmt = get_format(name)
     compression = _string("compression", raw.get("compression"))
-    if compression not in fmt.compressions:
-        known = ", ".join(fmt.compressions)
-        raise _expect("compression", f"one of {known} for {name} shards", compression)
-    for key in ("layout", "checksum_algorithm"):
-        if key in raw:
-            _string(key, raw[key])
+    fmt = check_format(name, compression)
+    if "layout" in raw:
+        _string("layout", raw["layout"])
     if raw.get("checksum_algorithm", "sha256") != "sha256":
         raise _expect("checksum_algorithm", '"sha256"', raw["checksum_algorithm"])
     if raw.get("length_field") is not None:
@@ -190,10 +204,7 @@ def check_manifest_dict(raw: Mapping[str, Any]) -> None:
         path = f"fields[{_show(name)}]"
         if not name or "/" in name or unsafe_key_reason(name) is not None:
             raise _fail(path, "a field name must be a non-empty string without '/', '\\' or NUL")
-        _obj(path, info)
-        for key in info:
-            if key not in _FIELD_KEYS:
-                raise _fail(f"{path}.{key}", f"unknown key (known: {', '.join(_FIELD_KEYS)})")
+        _known_keys(path, _obj(path, info), _FIELD_KEYS)
         codec = _string(f"{path}.codec", info.get("codec"))
         if codec not in _CODECS:
             raise _expect(f"{path}.codec", f"one of {', '.join(_CODECS)}", codec)
@@ -209,13 +220,12 @@ def check_manifest_dict(raw: Mapping[str, Any]) -> None:
     for i, name in enumerate(_array("classes", raw.get("classes", []))):
         _string(f"classes[{i}]", name)
     _check_extra(_obj("extra", raw.get("extra", {})))
-    if "aliases" in raw:
-        for name, exts in _obj("aliases", raw["aliases"]).items():
-            path = f"aliases[{_show(name)}]"
-            if not name:
-                raise _fail(path, "an alias name must be a non-empty string")
-            for j, ext in enumerate(_array(path, exts)):
-                _string(f"{path}[{j}]", ext, empty=False)
+    for name, exts in _obj("aliases", raw.get("aliases", {})).items():
+        path = f"aliases[{_show(name)}]"
+        if not name:
+            raise _fail(path, "an alias name must be a non-empty string")
+        for j, ext in enumerate(_array(path, exts)):
+            _string(f"{path}[{j}]", ext, empty=False)
 
     shards = _array("shards", raw.get("shards"))
     total = stored = unpacked = 0
@@ -241,13 +251,10 @@ def check_manifest_dict(raw: Mapping[str, Any]) -> None:
 def _check_extra(extra: dict[str, Any]) -> None:
     if "skipped" in extra:
         _count("extra.skipped", extra["skipped"])
-    if extra.get("skip_report") is not None:
-        _rel_path("extra.skip_report", extra["skip_report"])
-    if extra.get("length_unit") is not None:
-        _string("extra.length_unit", extra["length_unit"])
-    for key in ("tokenizer", "part"):
+    checks = {"skip_report": _rel_path, "length_unit": _string, "tokenizer": _obj, "part": _obj}
+    for key, check in checks.items():
         if extra.get(key) is not None:
-            _obj(f"extra.{key}", extra[key])
+            check(f"extra.{key}", extra[key])
 
 
 def _check_shard(path: str, entry: Any, fmt: Format, compression: str) -> tuple[int, int, int]:
@@ -255,9 +262,7 @@ def _check_shard(path: str, entry: Any, fmt: Format, compression: str) -> tuple[
     for key in _SHARD_KEYS:
         if key not in entry:
             raise _fail(f"{path}.{key}", "missing")
-    for key in entry:
-        if key not in _SHARD_KEYS:
-            raise _fail(f"{path}.{key}", f"unknown key (known: {', '.join(_SHARD_KEYS)})")
+    _known_keys(path, entry, _SHARD_KEYS)
     _rel_path(f"{path}.path", entry["path"])
     _rel_path(f"{path}.index_path", entry["index_path"])
     _sha256(f"{path}.sha256", entry["sha256"])

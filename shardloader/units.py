@@ -28,8 +28,8 @@ def parse_size(text: str) -> int:
 
 def human_bytes(n: float) -> str:
     """``1234567`` → ``"1.2 MB"`` (decimal units, as ``du -h --si`` prints them)."""
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(n) < 1000:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1000
     return f"{n:.1f} TB"

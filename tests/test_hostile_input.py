@@ -90,7 +90,7 @@ SCHEMA_CASES = [
     ("extra.skipped", "3", 'extra.skipped: expected a non-negative integer, got "3"'),
     ("aliases", {"image": "jpg"}, 'aliases["image"]: expected an array, got "jpg"'),
     ("length_field", 3, "length_field: expected a non-empty string, got 3"),
-    ("format", "zip", 'format: expected one of tar, arrow, tokens, parquet, got "zip"'),
+    ("format", "zip", "format: unknown shard format 'zip'; known: tar, arrow, tokens, parquet"),
     ("num_shards", 5, "num_shards: 5 does not equal the shards' total (2)"),
     ("num_samples", 7, "num_samples: 7 does not equal the shards' total (6)"),
 ]

@@ -129,47 +129,36 @@ _VALUES: dict[str, Callable[[bytes], Any]] = {
 
 
 def _decode_image(data: bytes, kind: str, mode: str | None) -> Any:
-    if kind == "tensor" and mode == "RGB":
-        native = _native_rgb(data)
-        if native is not None:
-            return native
-    from PIL import Image
-
-    image: Image.Image = Image.open(io.BytesIO(data))
-    if mode is not None:
-        image = convert(image, mode)
-    else:
-        image.load()
-    if kind == "pil":
-        return image
-    array = np.asarray(image)
-    if array.ndim == 2:  # one band (L, P, I;16... kept with mode=None): HW1
-        array = array[:, :, None]
-    if not array.dtype.isnative:
-        array = array.astype(array.dtype.newbyteorder("="))
-    if kind == "numpy":
-        return array
-    import torch
-
-    return torch.from_numpy(array.copy()).permute(2, 0, 1)  # CHW
-
-
-def _native_rgb(data: bytes) -> Any:
-    """A JPEG as uint8 CHW RGB from the native decoder (libjpeg-turbo, the whole image, into
-    memory the tensor then owns), or None where it is not built or declines the file: PIL then
-    decodes it.  Both give the same pixels (max difference 0 on tests/test_vision_fast.py's set
-    and on JPEGs from other encoders: tests/test_native_decode.py)."""
+    """An image as ``kind``.  An RGB tensor of a JPEG comes from the native decoder
+    (libjpeg-turbo, the whole image, into memory the tensor then owns) where it is built and
+    takes the file, else from PIL: both give the same pixels (max difference 0 on
+    tests/test_vision_fast.py's set and on JPEGs from other encoders:
+    tests/test_native_decode.py)."""
     from shardloader.codecs import jpeg
 
-    size = jpeg.probe(data)
-    if size is None:
-        return None
-    hwc = jpeg.decode_box(data, size, None, None)
+    size = jpeg.probe(data) if kind == "tensor" and mode == "RGB" else None
+    hwc = None if size is None else jpeg.decode_box(data, size, None, None)
     if hwc is None:
-        return None
+        from PIL import Image
+
+        image: Image.Image = Image.open(io.BytesIO(data))
+        if mode is not None:
+            image = convert(image, mode)
+        else:
+            image.load()
+        if kind == "pil":
+            return image
+        hwc = np.asarray(image)
+        if hwc.ndim == 2:  # one band (L, P, I;16... kept with mode=None): HW1
+            hwc = hwc[:, :, None]
+        if not hwc.dtype.isnative:
+            hwc = hwc.astype(hwc.dtype.newbyteorder("="))
+        if kind == "numpy":
+            return hwc
+        hwc = hwc.copy()
     import torch
 
-    return torch.from_numpy(hwc).permute(2, 0, 1)  # CHW over HWC memory, as PIL's path gives
+    return torch.from_numpy(hwc).permute(2, 0, 1)  # CHW over HWC memory
 
 
 @dataclass(frozen=True)
@@ -182,7 +171,7 @@ class Decoder:
     ``"RGBA"``), CMYK and palette images converted (:mod:`shardloader.codecs.imagemode`).  ``None``
     keeps each image's stored mode (e.g. palette indices of segmentation masks; 16-bit stays
     uint16), so shapes and dtypes may then differ between images.  RGB tensors of JPEGs come
-    from the native decoder where it is built (:func:`_native_rgb`: PIL's pixels, half its CPU).
+    from the native decoder where it is built (:func:`_decode_image`: PIL's pixels, half its CPU).
     ``custom`` maps a field (or member extension) to a function of the bytes; it is the only
     way to read an opaque (pickled) field, and the choice of trusting that data is then the
     caller's.
