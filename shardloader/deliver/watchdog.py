@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import ctypes
 import faulthandler
+import glob
 import logging
 import os
 import signal
@@ -229,12 +230,8 @@ def worker_stalled(err: BaseException) -> StallError | None:
     if not isinstance(err, RuntimeError) or "exited unexpectedly" not in str(err):
         return None
     reports = []
-    folder = tempfile.gettempdir()
-    prefix = f"shardloader-stall-{os.getpid()}-"
-    for name in sorted(os.listdir(folder)):
-        if not name.startswith(prefix):
-            continue
-        path = os.path.join(folder, name)
+    names = f"shardloader-stall-{os.getpid()}-*"  # what _leave_report writes
+    for path in sorted(glob.glob(os.path.join(glob.escape(tempfile.gettempdir()), names))):
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
             with os.fdopen(fd, encoding="utf-8") as f:
