@@ -196,17 +196,14 @@ class DatasetPosition:
     def _settle(self) -> None:
         """Write :meth:`_where` back, counted in the current partitions."""
         epoch, start, history = self._where()
-        self._set_reshapes(history)
-        self._control.update({_START: start, _START_NODES: self.partition.nodes})
+        nodes = self.partition.nodes
+        self._control.update({_START: start, _START_NODES: nodes, **_history(history)})
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch (reshuffles); keeps a loaded resume position for that same epoch."""
         epoch = integer("epoch", epoch)
-        if epoch != self.epoch:
-            self._progress = None  # the last pass's progress no longer applies
-            self._control.update({_START: 0, _START_NODES: 0})
-            self._set_reshapes(())
-        self._control.update({_EPOCH: epoch})
+        if epoch != self.epoch:  # the last pass's progress no longer applies
+            self.seek(epoch, 0)
 
     def seek(
         self,
@@ -228,10 +225,10 @@ class DatasetPosition:
         epoch, position = integer("epoch", epoch), integer("position", position)
         if position < 0:
             raise UsageError(f"position must be >= 0, got {position}")
-        self._set_reshapes(reshapes)
-        self._progress = None
         nodes = 0 if partitions is None else integer("partitions", partitions)
-        self._control.update({_EPOCH: epoch, _START: position, _START_NODES: nodes})
+        history = _history(reshapes)
+        self._progress = None
+        self._control.update({_EPOCH: epoch, _START: position, _START_NODES: nodes, **history})
 
     @property
     def reshapes(self) -> tuple[Reshape, ...]:
@@ -245,9 +242,6 @@ class DatasetPosition:
         """The value of the option a resume may change (``batch_size``, the planner's
         ``elastic`` option), or None for a planner that cannot change shape."""
         return shape_of(self._planning)
-
-    def _set_reshapes(self, reshapes: Sequence[Reshape]) -> None:
-        self._control.update(dict(enumerate(encode_history(reshapes), _HISTORY)))
 
     def for_rank(self, rank: int, world_size: int, ranks_per_node: int | None = None) -> Any:
         """A copy of this dataset (same manifest, seed, plan) that reads as ``rank`` of
@@ -327,8 +321,7 @@ class DatasetPosition:
 
         progress, info = self._progress, get_worker_info()
         if progress is None:
-            epoch, position, reshapes = self._where()
-            return make_state(self, epoch, position, reshapes, self.partition.nodes)
+            return make_state(self, *self._where(), self.partition.nodes)
         place = progress.place
         if info is None:
             position = progress.start + progress.done * place.world_size
@@ -400,6 +393,11 @@ class DatasetPosition:
     def load_extra_state(self, state: Mapping[str, Any], epoch: int, position: int) -> None:
         """Replay what :meth:`extra_state` saved, in a state resumed at ``epoch``, ``position``."""
         self._source.load_extra_state(self, state, epoch, position)
+
+
+def _history(reshapes: Sequence[Reshape]) -> dict[int, int]:
+    """The control block's values that hold the epoch's reshape history ``reshapes``."""
+    return dict(enumerate(encode_history(reshapes), _HISTORY))
 
 
 def integer(name: str, value: Any) -> int:
