@@ -67,12 +67,11 @@ class ShardLoader(DataLoader):  # type: ignore[type-arg]
             kwargs.setdefault("persistent_workers", True)
             bundle = worker_bundle(dataset)  # NOTE [bundles] in shardloader/deliver/transport.py
             kwargs.setdefault("prefetch_factor", 2 if bundle > 1 else 4)
-            ring = None
-            if bundle > 1 and batch_bytes(dataset):  # raw bundles cross pickled
-                ring = Ring(  # NOTE [ring slots]: in flight, held by the loop, one spare
-                    kwargs["num_workers"],
-                    kwargs["prefetch_factor"] + 3,
-                    bundle * batch_bytes(dataset) * 5 // 4,
+            ring, size = None, batch_bytes(dataset)
+            if bundle > 1 and size:  # raw bundles cross pickled
+                # NOTE [ring slots]: in flight, held by the loop, one spare
+                ring = Ring(
+                    kwargs["num_workers"], kwargs["prefetch_factor"] + 3, bundle * size * 5 // 4
                 )
             elif bundle == 1:  # image batches of one shape: stacked into slots (slotcollate.py)
                 from shardloader.deliver.slotcollate import image_ring

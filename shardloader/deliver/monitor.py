@@ -219,34 +219,20 @@ class Monitor(Generic[T]):
 
     def _timed_pass(self) -> Iterator[T]:
         # NOTE: the hot loop is kept to two clock reads, three additions and a countdown
-        # per batch; tools/bench_monitor.py measures it.
+        # per batch (and a test of the first batch); tools/bench_monitor.py measures it.
         clock = _clock
         interval = self.interval
-        left = -1  # batches until the next report; below 0 counts down forever: no reports
-        started = clock()
-        it = iter(self.loader)  # starts the workers of a non-persistent DataLoader: data time
-        for batch in it:
+        # batches until the next report (one every ``interval`` batches handed out in all);
+        # below 0 it counts down forever: no reports
+        left = interval - self.stats().batches % interval if interval else -1
+        asked = clock()
+        for batch in iter(self.loader):  # starts a non-persistent DataLoader's workers: data time
             handed = clock()
             if self._first is None:
-                self._first = handed - started
+                self._first = handed - asked
             else:  # a later pass: its first wait is steady-state data time
-                self._wait += handed - started
+                self._wait += handed - asked
                 self._timed += 1
-            if interval:
-                done = self._timed + 1
-                left = interval - done % interval
-                if left == interval:
-                    self._report()
-            yield batch
-            asked = clock()
-            self._step += asked - handed
-            break
-        else:
-            return
-        for batch in it:
-            handed = clock()
-            self._wait += handed - asked
-            self._timed += 1
             left -= 1
             if not left:
                 left = interval

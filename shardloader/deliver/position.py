@@ -54,9 +54,10 @@ from shardloader.world import detect_ranks_per_node, resolve_world
 
 __all__ = ["Control", "DatasetPosition", "integer"]
 
-# the shared control block: epoch, position, rank, world size, ranks per node (0: unknown), and
-# the partitions the position was counted in (0: the current ones)
-_EPOCH, _START, _RANK, _WORLD, _PER_NODE, _START_NODES = range(6)
+# the shared control block: epoch, position, rank, world size, ranks per node (0: unknown), the
+# partitions the position was counted in (0: the current ones), then the epoch's reshape history
+# (NOTE [reshape history] in shardloader/plan/elastic.py)
+_EPOCH, _START, _RANK, _WORLD, _PER_NODE, _START_NODES, _HISTORY = range(7)
 
 
 class Control:
@@ -114,8 +115,7 @@ class DatasetPosition:
     _pending: _Pass | None = None  # a worker's loaded state, for its next pass
 
     def _init_position(self, world: World) -> None:
-        self._control = Control([0, 0, 0, 1, 0, 0])
-        self._reshapes = Control(encode_history(()))  # NOTE [reshape history] (plan/elastic.py)
+        self._control = Control([0, 0, 0, 1, 0, 0, *encode_history(())])
         self.set_world(world, settle=False)
 
     def set_world(self, world: World, *, settle: bool = True) -> None:
@@ -173,8 +173,7 @@ class DatasetPosition:
 
     def resume_point(self) -> tuple[int, int]:
         """``(epoch, position)`` read together: where the next pass starts."""
-        epoch, position, _ = self._where()
-        return epoch, position
+        return self._where()[:2]
 
     def _where(self, epoch: int | None = None) -> tuple[int, int, tuple[Reshape, ...]]:
         """``(epoch, position, reshapes)`` of the next pass in the current partitions: a
@@ -186,7 +185,7 @@ class DatasetPosition:
         current, start, counted = values[_EPOCH], values[_START], values[_START_NODES]
         if epoch is not None and integer("epoch", epoch) != current:
             return int(epoch), 0, ()
-        history = history_of(self._reshapes.get())
+        history = history_of(values[_HISTORY:])
         nodes = self._partition_of(values[_WORLD], values[_PER_NODE] or None).nodes
         if start and counted and counted != nodes:
             shape = shape_of(self._planning) or 0
@@ -197,17 +196,14 @@ class DatasetPosition:
     def _settle(self) -> None:
         """Write :meth:`_where` back, counted in the current partitions."""
         epoch, start, history = self._where()
-        self._set_reshapes(history)
-        self._control.update({_START: start, _START_NODES: self.partition.nodes})
+        nodes = self.partition.nodes
+        self._control.update({_START: start, _START_NODES: nodes, **_history(history)})
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch (reshuffles); keeps a loaded resume position for that same epoch."""
         epoch = integer("epoch", epoch)
-        if epoch != self.epoch:
-            self._progress = None  # the last pass's progress no longer applies
-            self._control.update({_START: 0, _START_NODES: 0})
-            self._set_reshapes(())
-        self._control.update({_EPOCH: epoch})
+        if epoch != self.epoch:  # the last pass's progress no longer applies
+            self.seek(epoch, 0)
 
     def seek(
         self,
@@ -229,10 +225,10 @@ class DatasetPosition:
         epoch, position = integer("epoch", epoch), integer("position", position)
         if position < 0:
             raise UsageError(f"position must be >= 0, got {position}")
-        self._set_reshapes(reshapes)
-        self._progress = None
         nodes = 0 if partitions is None else integer("partitions", partitions)
-        self._control.update({_EPOCH: epoch, _START: position, _START_NODES: nodes})
+        history = _history(reshapes)
+        self._progress = None
+        self._control.update({_EPOCH: epoch, _START: position, _START_NODES: nodes, **history})
 
     @property
     def reshapes(self) -> tuple[Reshape, ...]:
@@ -247,9 +243,6 @@ class DatasetPosition:
         ``elastic`` option), or None for a planner that cannot change shape."""
         return shape_of(self._planning)
 
-    def _set_reshapes(self, reshapes: Sequence[Reshape]) -> None:
-        self._reshapes.update(dict(enumerate(encode_history(reshapes))))
-
     def for_rank(self, rank: int, world_size: int, ranks_per_node: int | None = None) -> Any:
         """A copy of this dataset (same manifest, seed, plan) that reads as ``rank`` of
         ``world_size`` (``ranks_per_node`` on each node: unknown, a partition per rank)."""
@@ -259,8 +252,9 @@ class DatasetPosition:
         )
         clone = copy.copy(self)
         clone._world = World(rank, world_size, ranks_per_node, self.partition_mode)
-        clone._control = Control([self.epoch, 0, rank, world_size, per_node or 0, 0])
-        clone._reshapes = Control(encode_history(()))
+        clone._control = Control(
+            [self.epoch, 0, rank, world_size, per_node or 0, 0, *encode_history(())]
+        )
         return clone
 
     def refresh_world(self) -> None:
@@ -327,8 +321,7 @@ class DatasetPosition:
 
         progress, info = self._progress, get_worker_info()
         if progress is None:
-            epoch, position, reshapes = self._where()
-            return make_state(self, epoch, position, reshapes, self.partition.nodes)
+            return make_state(self, *self._where(), self.partition.nodes)
         place = progress.place
         if info is None:
             position = progress.start + progress.done * place.world_size
@@ -400,6 +393,11 @@ class DatasetPosition:
     def load_extra_state(self, state: Mapping[str, Any], epoch: int, position: int) -> None:
         """Replay what :meth:`extra_state` saved, in a state resumed at ``epoch``, ``position``."""
         self._source.load_extra_state(self, state, epoch, position)
+
+
+def _history(reshapes: Sequence[Reshape]) -> dict[int, int]:
+    """The control block's values that hold the epoch's reshape history ``reshapes``."""
+    return dict(enumerate(encode_history(reshapes), _HISTORY))
 
 
 def integer(name: str, value: Any) -> int:

@@ -28,8 +28,7 @@ from typing import Any
 
 import torch
 
-from shardloader.deliver.transport import _RINGS, Ring
-from shardloader.errors import ShardError
+from shardloader.deliver.transport import _RINGS, Ring, slot_view
 
 __all__ = ["MAX_RING_BYTES", "SlotCollate", "fixed_output", "image_ring"]
 
@@ -135,11 +134,5 @@ def _arrived(
     rest: dict[str, Any],
 ) -> dict[str, Any]:
     """A batch whose ``field`` was stacked into a ring slot: the slot's images and the rest."""
-    ring = _RINGS.get(ring_id)
-    if ring is None or ring.states is None:
-        raise ShardError(
-            "an image batch arrived for a DataLoader whose shared buffers are gone (the "
-            "ShardLoader that started the worker no longer exists in this process)"
-        )
-    images = ring.receive(worker, slot, math.prod(shape)).view(shape)
+    images = slot_view(ring_id, worker, slot, math.prod(shape)).view(shape)
     return {k: images if k == field else rest[k] for k in keys}

@@ -239,15 +239,21 @@ class Ring:
 _RINGS: weakref.WeakValueDictionary[str, Ring] = weakref.WeakValueDictionary()
 
 
-def _from_ring(ring_id: str, worker: int, slot: int, nbytes: int, state: tuple[Any, ...]) -> Any:
-    """Unpickling a :class:`TokenBatches` written into a ring slot, in the main process."""
+def slot_view(ring_id: str, worker: int, slot: int, nbytes: int) -> torch.Tensor:
+    """The bytes of a batch a worker wrote into slot ``slot`` of ring ``ring_id``, in the main
+    process (:meth:`Ring.receive`)."""
     ring = _RINGS.get(ring_id)
     if ring is None or ring.states is None:
         raise ShardError(
-            "a token batch arrived for a DataLoader whose shared buffers are gone (the "
+            "a batch arrived for a DataLoader whose shared buffers are gone (the "
             "ShardLoader that started the worker no longer exists in this process)"
         )
-    return _rebuild(ring.receive(worker, slot, nbytes), state)
+    return ring.receive(worker, slot, nbytes)
+
+
+def _from_ring(ring_id: str, worker: int, slot: int, nbytes: int, state: tuple[Any, ...]) -> Any:
+    """Unpickling a :class:`TokenBatches` written into a ring slot, in the main process."""
+    return _rebuild(slot_view(ring_id, worker, slot, nbytes), state)
 
 
 class _Pool:
@@ -257,13 +263,12 @@ class _Pool:
     assembly itself.  Each use hands out a fresh numpy view of a buffer, which the batches'
     tensors keep alive (``torch.from_numpy`` holds the array it was given); the pool keeps a
     weak reference to it, so the buffer is free again exactly when the last batch is gone.
-    At most ``keep`` buffers are kept.
+    At most :data:`_KEEP` buffers are kept.
     """
 
-    def __init__(self, keep: int = 3) -> None:  # the chunk being read, its last batch, slack
-        self.keep = keep
+    def __init__(self) -> None:
         self.buffers: list[tuple[np.ndarray, Any]] = []  # (buffer, weak ref to its view)
-        self.allocated = self.reused = 0
+        self.reused = 0
 
     def take(self, nbytes: int) -> np.ndarray:
         for i, (buf, ref) in enumerate(self.buffers):
@@ -274,13 +279,13 @@ class _Pool:
                 return view
         size = (nbytes // _ROUND + 1) * _ROUND  # room for the next chunk's cu_seqlens too
         buf = np.empty(size, np.uint8)
-        self.allocated += 1
         view = buf[:nbytes]
-        self.buffers = [*self.buffers, (buf, weakref.ref(view))][-self.keep :]
+        self.buffers = [*self.buffers, (buf, weakref.ref(view))][-_KEEP:]
         return view
 
 
 _ROUND = 256 << 10
+_KEEP = 3  # the chunk being read, its last batch, slack
 _POOL = _Pool()
 
 

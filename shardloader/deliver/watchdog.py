@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import ctypes
 import faulthandler
+import glob
 import logging
 import os
 import signal
@@ -100,19 +101,18 @@ class _Watchdog:
         self._thread = threading.current_thread()
         self._main = self._thread is threading.main_thread()
         self._old_handler: Any = None
-        self._watcher: threading.Thread | None = None
+        self._watcher = threading.Thread(
+            target=self._watch, name="shardloader-watchdog", daemon=True
+        )
 
     def start(self) -> None:
         if self._main and _SIGNAL is not None:
             self._old_handler = signal.signal(_SIGNAL, self._interrupted)
-        self._watcher = threading.Thread(
-            target=self._watch, name="shardloader-watchdog", daemon=True
-        )
         self._watcher.start()
 
     def stop(self) -> None:
         self._stop.set()
-        if self._watcher is not None and self._watcher is not threading.current_thread():
+        if self._watcher is not threading.current_thread():
             self._watcher.join()
         if (
             self._old_handler is not None
@@ -133,10 +133,13 @@ class _Watchdog:
             self._interrupt()
             if self._stop.wait(self.seconds):
                 return
-            if _in_worker():  # the thread did not come back: do not hang the job
+            from torch.utils.data import get_worker_info
+
+            info = get_worker_info()
+            if info is not None:  # the thread did not come back: do not hang the job
                 sys.stderr.write(f"{self.report}\n(the stuck worker exits)\n")
                 sys.stderr.flush()
-                _leave_report(self.report)
+                _leave_report(self.report, info.id)
                 os._exit(70)
             return
 
@@ -206,13 +209,11 @@ def _stack(ident: int) -> str:
     return (mine[0] if mine else text).strip()
 
 
-def _leave_report(report: str) -> None:
-    """Leave the report where the main process looks when torch says the worker exited
-    (:func:`worker_stalled`): a file of this user's only, never one that was there."""
-    from torch.utils.data import get_worker_info
-
-    info = get_worker_info()
-    name = f"shardloader-stall-{os.getppid()}-{info.id if info is not None else 0}.txt"
+def _leave_report(report: str, worker: int) -> None:
+    """Leave the report of DataLoader worker ``worker`` where the main process looks when torch
+    says the worker exited (:func:`worker_stalled`): a file of this user's only, never one that
+    was there."""
+    name = f"shardloader-stall-{os.getppid()}-{worker}.txt"
     path = os.path.join(tempfile.gettempdir(), name)
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
@@ -229,12 +230,8 @@ def worker_stalled(err: BaseException) -> StallError | None:
     if not isinstance(err, RuntimeError) or "exited unexpectedly" not in str(err):
         return None
     reports = []
-    folder = tempfile.gettempdir()
-    prefix = f"shardloader-stall-{os.getpid()}-"
-    for name in sorted(os.listdir(folder)):
-        if not name.startswith(prefix):
-            continue
-        path = os.path.join(folder, name)
+    names = f"shardloader-stall-{os.getpid()}-*"  # what _leave_report writes
+    for path in sorted(glob.glob(os.path.join(glob.escape(tempfile.gettempdir()), names))):
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
             with os.fdopen(fd, encoding="utf-8") as f:
@@ -250,9 +247,3 @@ def worker_stalled(err: BaseException) -> StallError | None:
     return StallError(
         f"{reports[0]}\n(the stuck thread could not be interrupted, so the worker exited: {err})"
     )
-
-
-def _in_worker() -> bool:
-    from torch.utils.data import get_worker_info
-
-    return get_worker_info() is not None
