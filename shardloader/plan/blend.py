@@ -47,9 +47,8 @@ def integer_parts(weights: Sequence[float]) -> tuple[int, ...]:
     (largest remainder, every positive weight keeps at least one part)."""
     fracs = []
     for w in weights:
-        if isinstance(w, bool) or not isinstance(w, (int, float, np.integer, np.floating)):
-            raise UsageError(f"a weight must be a number >= 0, got {w!r}")
-        if not math.isfinite(float(w)) or w < 0:
+        number = isinstance(w, (int, float, np.integer, np.floating)) and not isinstance(w, bool)
+        if not number or not math.isfinite(float(w)) or w < 0:
             raise UsageError(f"a weight must be a finite number >= 0, got {w!r}")
         fracs.append(
             Fraction(repr(float(w))) if isinstance(w, (float, np.floating)) else Fraction(int(w))
@@ -86,11 +85,8 @@ def blend_period(parts: tuple[int, ...]) -> np.ndarray:
     out = np.empty(total, np.int32)
     # pick j of source s (1-based) is released at ceil(((j-1)Q + 1) / q_s) and due at
     # floor((jQ - 1) / q_s) + 1: B = 1 - 1/Q in integers
-    releases: list[tuple[int, int, int]] = []  # (release, source, j)
-    for s, q in enumerate(parts):
-        if q:
-            releases.append((1, s, 1))  # pick 1: released at ceil(1 / q_s) = 1
-    heapq.heapify(releases)
+    # (release, source, j): pick 1 is released at ceil(1 / q_s) = 1 (a sorted list is a heap)
+    releases = [(1, s, 1) for s, q in enumerate(parts) if q]
     ready: list[tuple[int, int, int]] = []  # (deadline, source, j)
     for n in range(1, total + 1):
         while releases and releases[0][0] <= n:
@@ -101,8 +97,7 @@ def blend_period(parts: tuple[int, ...]) -> np.ndarray:
             raise AssertionError(f"blend of {parts} missed a deadline at position {n}")
         out[n - 1] = s
         if j < parts[s]:
-            nxt = j + 1
-            heapq.heappush(releases, (-(-((nxt - 1) * total + 1) // parts[s]), s, nxt))
+            heapq.heappush(releases, (-(-(j * total + 1) // parts[s]), s, j + 1))
     out.setflags(write=False)
     return out
 
@@ -166,7 +161,7 @@ class MixOrder:
     @property
     def offsets(self) -> np.ndarray:
         sizes = self.sizes
-        return np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+        return np.cumsum(sizes) - sizes
 
     def signature(self) -> str:
         """What fixes sample identity and order apart from the weights (which may change at a
