@@ -94,11 +94,12 @@ def node_shards(
     plans = planning.cluster(epoch, 0, partition, None)
     if partition.ranks <= ranks_per_node:  # a node holds whole partitions: their spans
         per = max(ranks_per_node // partition.ranks, 1)
-        out = []
-        for p in range(nodes):
-            parts = [_span_shards(plans[n].order) for n in range(p * per, (p + 1) * per)]
-            out.append(np.unique(np.concatenate(parts)) if parts else np.zeros(0, np.int64))
-        return out
+        under = []  # every sample of a partition's span is read
+        for plan in plans:
+            assert isinstance(plan.order, EpochOrder)
+            total = plan.order.total
+            under.append(plan.order.shards_under(0, total) if total else np.zeros(0, np.int64))
+        return [np.unique(np.concatenate(under[p * per : (p + 1) * per])) for p in range(nodes)]
     seen = np.zeros((nodes, len(sizes)), bool)
     starts = np.concatenate([[0], np.cumsum(sizes)])
     for n, plan in enumerate(plans):
@@ -120,14 +121,6 @@ def node_shards(
     return [np.flatnonzero(row) for row in seen]
 
 
-def _span_shards(order: object) -> np.ndarray:
-    """Shards under a partition's span (every sample of it is read)."""
-    assert isinstance(order, EpochOrder)
-    if not order.total:
-        return np.zeros(0, np.int64)
-    return np.asarray(order.shards_under(0, order.total), np.int64)
-
-
 def epoch_cost(
     manifest: Manifest,
     planning: EpochPlanner,
@@ -147,13 +140,13 @@ def epoch_cost(
         costs.append(
             NodeCost(p, int(mine.size), int(stored[mine].sum()), int(raw[mine].sum()), kept)
         )
-    working = 0  # the shards under a partition's largest block, staged at once
-    for plan in planning.cluster(epoch, 0, partition, None):
-        assert isinstance(plan.order, EpochOrder)
-        working = max(working, plan.order.peak_block_weight(raw))
-    if not planning.shuffle.enabled:
-        working = int(np.sort(raw)[-2:].sum())  # two neighbouring shards
-    cost = EpochCost(epoch, partition, tuple(costs), int(stored.sum()), int(working))
+    working = int(np.sort(raw)[-2:].sum())  # unshuffled: two neighbouring shards
+    if planning.shuffle.enabled:  # the shards under a partition's largest block, at once
+        working = 0
+        for plan in planning.cluster(epoch, 0, partition, None):
+            assert isinstance(plan.order, EpochOrder)
+            working = max(working, plan.order.peak_block_weight(raw))
+    cost = EpochCost(epoch, partition, tuple(costs), int(stored.sum()), working)
     return cost, shards
 
 
