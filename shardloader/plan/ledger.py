@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -105,10 +106,8 @@ class Ledger:
 
     def counts(self) -> dict[str, int]:
         """Entries per status (padded counts repeats, as ``report().padded_samples`` does)."""
-        out = dict.fromkeys((PADDED, DROPPED, TRUNCATED, SKIPPED), 0)
-        for e in self.entries:
-            out[e.status] += 1
-        return out
+        none = dict.fromkeys((PADDED, DROPPED, TRUNCATED, SKIPPED), 0)
+        return none | Counter(e.status for e in self.entries)
 
     def with_skips(self, records: Iterable[SkipRecord]) -> Ledger:
         """This ledger plus the run-time skips of its epoch (from
@@ -241,6 +240,7 @@ def _truncated(
     limit = None if planner is None else planner.truncate_to
     if limit is None:
         limit = getattr(collate_fn, "max_length", None)
+    cut_to = "" if limit is None else f"cut to max_length={limit}: "
     ids, times = np.unique(np.asarray(truncated, np.int64), return_counts=True)
     for i, r in zip(ids.tolist(), times.tolist(), strict=True):
         total = int(lengths[i])
@@ -253,12 +253,7 @@ def _truncated(
             kept_each = [total if limit is None else min(total, int(limit))] * r
         for kept in kept_each:
             own = None if planner is None else planner.explain_truncated(total, kept)
-            if own is not None:
-                reason = own
-            elif limit is not None:
-                reason = f"cut to max_length={limit}: {kept} of {total} tokens delivered"
-            else:
-                reason = f"{kept} of {total} tokens delivered"
+            reason = own or f"{cut_to}{kept} of {total} tokens delivered"
             yield LedgerEntry(i, TRUNCATED, reason, total - kept)
 
 
