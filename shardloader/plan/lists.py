@@ -118,20 +118,15 @@ def node_lists(
         def order_of(n: int) -> Any:
             return node_order(planning.seed, planning.shuffle, epoch, nodes, n, units)
 
-    every: dict[int, NodeList] = {}
+    # other planners must cut every partition to count its batches
+    counted = planner is None or planner.units == "rows"
+    wanted = [only] if counted and only is not None else range(nodes)
+    lists = {n: cut(planning, order_of(n), lengths, epoch, n, nodes) for n in wanted}
     if planner is None:
         size = planning.batch_size or 1
         counts = tuple(len(FixedBatchList(range(s), size, planning.uneven)) for s in sizes)
     elif planner.units == "rows":
         counts = tuple(planner.count_rows(s) for s in sizes)
-    else:  # the planner must cut every partition to count its batches
-        every = {n: cut(planning, order_of(n), lengths, epoch, n, nodes) for n in range(nodes)}
-        counts = tuple(len(every[n].batches) for n in range(nodes))
-    wanted = range(nodes) if only is None else [only]
-    return NodeLists(
-        counts,
-        {
-            n: every[n] if n in every else cut(planning, order_of(n), lengths, epoch, n, nodes)
-            for n in wanted
-        },
-    )
+    else:
+        counts = tuple(len(lists[n].batches) for n in range(nodes))
+    return NodeLists(counts, lists)
