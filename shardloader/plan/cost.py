@@ -13,7 +13,7 @@ What packed steps cost each rank (:class:`RankBalance`, ``ds.report().rank_balan
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -183,30 +183,27 @@ def shuffle_quality(
         return Quality(0.0, 0.0, 0.0)
     picked = np.unique(np.linspace(0, total - 1, min(steps, total)).astype(np.int64))
     starts = np.concatenate([[0], np.cumsum(planning.shard_sizes)])
-    per_global, per_rank, cls_global, cls_rank, consumed = [], [], [], [], []
-    for t in picked.tolist():
-        batches = [  # every rank's batch of step t, ranks in order
+    batches = [  # every rank's batch of each picked step, ranks in order
+        [
             np.asarray(plan.batches[plan.slots.of_rank(local).slot_of(t)], np.int64)
             for plan in plans
             for local in range(plan.slots.world_size)
         ]
-        shards = [np.searchsorted(starts, b, side="right") - 1 for b in batches]
-        per_rank += [len(np.unique(s)) for s in shards]
-        per_global.append(len(np.unique(np.concatenate(shards))))
-        if labels is not None:
-            cls_rank += [len(np.unique(labels[b])) for b in batches]
-            cls_global.append(len(np.unique(labels[np.concatenate(batches)])))
-        consumed.append(np.concatenate(batches))
-    seq = np.concatenate(consumed)
+        for t in picked.tolist()
+    ]
+
+    def distinct(key: Callable[[np.ndarray], np.ndarray]) -> tuple[float, float]:
+        """Mean distinct ``key(ids)`` in a global batch and in a rank batch."""
+        per_global = [len(np.unique(key(np.concatenate(step)))) for step in batches]
+        per_rank = [len(np.unique(key(b))) for step in batches for b in step]
+        return float(np.mean(per_global)), float(np.mean(per_rank))
+
+    seq = np.concatenate([b for step in batches for b in step])
     if seq.size > tau_samples:
         seq = seq[np.linspace(0, seq.size - 1, tau_samples).astype(np.int64)]
-    return Quality(
-        float(np.mean(per_global)),
-        float(np.mean(per_rank)),
-        kendall_tau(seq),
-        float(np.mean(cls_global)) if labels is not None else None,
-        float(np.mean(cls_rank)) if labels is not None else None,
-    )
+    shards = distinct(lambda ids: np.searchsorted(starts, ids, side="right") - 1)
+    classes = (None, None) if labels is None else distinct(labels.__getitem__)
+    return Quality(*shards, kendall_tau(seq), *classes)
 
 
 def kendall_tau(values: np.ndarray) -> float:
