@@ -34,7 +34,6 @@ import numpy as np
 from shardloader.errors import UsageError
 from shardloader.options import ShuffleOptions
 from shardloader.plan.lists import node_order
-from shardloader.plan.order import epoch_order
 
 __all__ = ["MAX_PARTS", "integer_parts", "blend_period", "blend_counts", "MixOrder"]
 
@@ -116,14 +115,12 @@ def _source_epoch(
     sizes: tuple[int, ...], seed: int, epoch: int, shuffle: ShuffleOptions, nodes: int = 1
 ) -> np.ndarray:
     """A source's own epoch order; with several partitions their orders dealt in turn
-    (position ``c`` from partition ``c mod nodes``: NOTE [mixture partitions] in MixOrder)."""
+    (position ``c`` from partition ``c mod nodes``: NOTE [mixture partitions] in MixOrder);
+    one partition's order is the epoch order."""
     units = np.asarray(sizes, np.int64)
-    if nodes == 1:
-        order = epoch_order(units, seed, epoch, shuffle)
-    else:
-        order = np.empty(int(units.sum()), np.int64)
-        for n in range(nodes):
-            order[n::nodes] = np.asarray(node_order(seed, shuffle, epoch, nodes, n, units))
+    order = np.empty(int(units.sum()), np.int64)
+    for n in range(nodes):
+        order[n::nodes] = np.asarray(node_order(seed, shuffle, epoch, nodes, n, units))
     order.setflags(write=False)
     return order
 

@@ -81,8 +81,7 @@ class TokenMixOrder(MixOrder):
         return super().signature().replace("mix(", "mix(by=tokens;", 1)
 
     def _next_length(self, s: int) -> object:
-        sizes, lens = self.sizes, self.lengths[s]
-        size = int(sizes[s])
+        size, lens = int(self.sizes[s]), self.lengths[s]
 
         memo: dict[int, np.ndarray] = {}  # the source epoch being walked
 
