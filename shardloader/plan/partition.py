@@ -89,6 +89,5 @@ def spans(total: int, nodes: int) -> np.ndarray:
     """Bounds ``[0, ..., total]`` of ``nodes`` contiguous spans, the first ``total % nodes``
     one sample longer (int64, ``nodes + 1`` entries)."""
     base, extra = divmod(int(total), int(nodes))
-    sizes = np.full(nodes, base, np.int64)
-    sizes[:extra] += 1
-    return np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    k = np.arange(nodes + 1, dtype=np.int64)  # bound k: k spans of base, min(k, extra) longer
+    return k * base + np.minimum(k, extra)
