@@ -82,9 +82,7 @@ def saved_shape(planning: EpochPlanner, saved_plan: str) -> int | None:
         return None
     pattern = r"^fixed\((\d+)\);" if planning.planner is None else rf"\b{name}=(\d+)\b"
     found = re.search(pattern, saved_plan)
-    if found is None:
-        return None
-    value = int(found.group(1))
+    value = int(found.group(1)) if found else 0
     if value < 1:
         return None
     try:
