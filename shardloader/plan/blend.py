@@ -63,12 +63,11 @@ def integer_parts(weights: Sequence[float]) -> tuple[int, ...]:
         return tuple(parts)
     exact = [f / total * MAX_PARTS for f in fracs]
     rounded = [max(int(e), 1) if e > 0 else 0 for e in exact]
-    by_remainder = sorted(range(len(exact)), key=lambda i: (-(exact[i] - int(exact[i])), i))
-    k = 0
-    while sum(rounded) < MAX_PARTS:
-        if exact[by_remainder[k % len(exact)]] > 0:
-            rounded[by_remainder[k % len(exact)]] += 1
-        k += 1
+    positive = [i for i, e in enumerate(exact) if e > 0]
+    by_remainder = sorted(positive, key=lambda i: (-(exact[i] - int(exact[i])), i))
+    # floors lose less than one part each: fewer parts are missing than there are weights
+    for i in by_remainder[: max(MAX_PARTS - sum(rounded), 0)]:
+        rounded[i] += 1
     while sum(rounded) > MAX_PARTS:  # minimums pushed it over: take from the largest
         rounded[rounded.index(max(rounded))] -= 1
     g = math.gcd(*rounded)
