@@ -230,11 +230,8 @@ def count_blocks(total: int, options: ShuffleOptions) -> int:
     """Shuffle blocks of an order of ``total`` samples (:attr:`EpochOrder.num_blocks`)."""
     if total <= 0:
         return 0
-    ramp = _ramp(total, options)
-    end = int(ramp[-1])
-    if total <= end:
-        return int(np.searchsorted(ramp, total - 1, side="right"))
-    return len(ramp) - 1 + -(-(total - end) // options.block)
+    ramp = _ramp(total, options)  # its blocks all start before total, then full blocks
+    return len(ramp) - 1 + max(-(-(total - int(ramp[-1])) // options.block), 0)
 
 
 def epoch_order(
