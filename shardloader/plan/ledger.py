@@ -176,21 +176,17 @@ def _padding(plan: Any, planning: Any, world: int, whose: str) -> Iterator[Ledge
     n = plan.num_batches
     if plan.pad_in_last and n:
         last = batch_ids(plan.batches[n - 1])
+        size = planning.batch_size
+        why = f"repeated to fill {whose or DEFAULT_WHOSE}last batch to batch_size={size}"
         for i in last[last.size - plan.pad_in_last :].tolist():
-            yield LedgerEntry(
-                int(i),
-                PADDED,
-                f"repeated to fill {whose or DEFAULT_WHOSE}last batch to "
-                f"batch_size={planning.batch_size}",
-            )
+            yield LedgerEntry(i, PADDED, why)
     for r, batch in enumerate(plan.repeats()):
+        why = (
+            f"{whose}global batch {n + r} repeats batch {r % n} so every one of {world} "
+            "ranks has the same number of steps (uneven='pad')"
+        )
         for i in batch_ids(batch).tolist():
-            yield LedgerEntry(
-                int(i),
-                PADDED,
-                f"{whose}global batch {n + r} repeats batch {r % n} so every one of {world} "
-                "ranks has the same number of steps (uneven='pad')",
-            )
+            yield LedgerEntry(i, PADDED, why)
 
 
 def _dropped(
@@ -311,26 +307,23 @@ def _repeated(
     """A ``padded`` entry per (repeated row, document in it), in step order."""
     starts = np.zeros(lens.size + 1, np.int64)
     np.cumsum(lens, out=starts[1:])
+    flags = "flagged __pad__" + (", labels -100" if planner.repeat_labels == "ignore" else "")
     for part, batch, q, source in repeats:
         rows = np.asarray(batch, np.int64)
         shard, lo, count = lay.windows(rows)
         whose = f"partition {part}'s " if several else ""
         for row, s, a, n in zip(rows.tolist(), shard, lo, count, strict=True):
+            why = (
+                f"row {row} of {whose}global batch {q} repeats batch {source} so every one of "
+                f"{world} ranks has the same number of steps (uneven='pad'); {flags}"
+            )
             g = int(lay.token_bases[s] + a)
             first = int(np.searchsorted(starts, g, side="right")) - 1
             last = int(np.searchsorted(starts, g + int(n), side="left"))
             for doc in range(first, last):
                 tokens = min(int(starts[doc + 1]), g + int(n)) - max(int(starts[doc]), g)
                 if tokens > 0:
-                    yield LedgerEntry(
-                        doc,
-                        PADDED,
-                        f"row {row} of {whose}global batch {q} repeats batch {source} so every "
-                        f"one of {world} ranks has the same number of steps (uneven='pad'); "
-                        "flagged __pad__"
-                        + (", labels -100" if planner.repeat_labels == "ignore" else ""),
-                        tokens,
-                    )
+                    yield LedgerEntry(doc, PADDED, why, tokens)
 
 
 def _cut(planner: Any, lens: np.ndarray, got: dict[str, np.ndarray]) -> Iterator[LedgerEntry]:
