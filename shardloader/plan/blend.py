@@ -229,16 +229,13 @@ class MixOrder:
                 )
                 where = at[lo - first : hi - first]
                 out[where] = offsets[s] + order[lo - e * size : hi - e * size]
-                if nodes > 1:
-                    node_of[where] = np.arange(lo - e * size, hi - e * size) % nodes
+                node_of[where] = np.arange(lo - e * size, hi - e * size) % nodes
         return out, node_of
 
     def source_epochs(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
         """Per source: its own epoch at the end of mixture epoch ``epoch`` and how many of its
         epochs have started by then."""
-        used = self.cursors(epoch + 1)
-        sizes = self.sizes
-        started = -(-used // sizes)
+        started = -(-self.cursors(epoch + 1) // self.sizes)  # samples given, in source epochs
         return np.maximum(started - 1, 0), started
 
 
