@@ -180,13 +180,11 @@ def replan(
     """An epoch after reshapes (NOTE [reshape history]): every partition's batches of what
     the links of ``history`` left, cut with the current shape in ``nodes`` partitions, and
     what each link delivered."""
-    orders: list[np.ndarray] = []
     earlier: list[tuple[EpochPlanner, list[np.ndarray]]] = []
-    before = 0  # partitions of the previous link
+    before = history[0][1]  # partitions of the previous link
+    orders = planning.node_orders(epoch, before, lengths)
     for k, (value, parts, consumed) in enumerate(history):
-        if k == 0:
-            orders = planning.node_orders(epoch, parts, lengths)
-        elif parts != before:
+        if parts != before:
             orders = regroup(planning, epoch, k, orders, parts, lengths)
         link = with_shape(planning, value)
         lists = [cut(link, o, lengths, epoch, n, parts) for n, o in enumerate(orders)]
