@@ -72,17 +72,13 @@ def choose_partition(
     """
     if mode not in PARTITIONS:
         raise UsageError(f"partition={mode!r} is not one of {PARTITIONS}")
-    if mode == "global" or world_size == 1:
-        return Partition(1, world_size)
     if mode == "rank":
         chosen = Partition(world_size, 1)
-    elif ranks_per_node is not None and world_size % ranks_per_node == 0:
+    elif mode == "node" and ranks_per_node is not None and world_size % ranks_per_node == 0:
         chosen = Partition(world_size // ranks_per_node, ranks_per_node)
-    else:
+    else:  # "global", or the layout unknown
         return Partition(1, world_size)
-    if chosen.nodes > num_samples:
-        return Partition(1, world_size)
-    return chosen
+    return chosen if chosen.nodes <= num_samples else Partition(1, world_size)
 
 
 def spans(total: int, nodes: int) -> np.ndarray:
