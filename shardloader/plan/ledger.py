@@ -342,14 +342,10 @@ def _cut(planner: Any, lens: np.ndarray, got: dict[str, np.ndarray]) -> Iterator
             )
         cause = " and ".join(why)
         if have == 0:
-            yield LedgerEntry(doc, DROPPED, f"all {total} tokens in {cause}, left out", total)
+            status, what = DROPPED, f"all {total} tokens"
         else:
-            yield LedgerEntry(
-                doc,
-                TRUNCATED,
-                f"{have} of {total} tokens delivered; the rest in {cause}, left out",
-                total - have,
-            )
+            status, what = TRUNCATED, f"{have} of {total} tokens delivered; the rest"
+        yield LedgerEntry(doc, status, f"{what} in {cause}, left out", total - have)
 
 
 # ---------------------------------------------------------------------------------------------
