@@ -89,7 +89,6 @@ def node_shards(
     epoch with fixed batches: by arithmetic when a node's ranks read whole partitions (a span
     each), else by walking every shuffle block of the order (the global order over several
     nodes)."""
-    sizes = np.asarray(planning.shard_sizes, np.int64)
     nodes = max(partition.world_size // ranks_per_node, 1)
     plans = planning.cluster(epoch, 0, partition, None)
     if partition.ranks <= ranks_per_node:  # a node holds whole partitions: their spans
@@ -100,11 +99,11 @@ def node_shards(
             total = plan.order.total
             under.append(plan.order.shards_under(0, total) if total else np.zeros(0, np.int64))
         return [np.unique(np.concatenate(under[p * per : (p + 1) * per])) for p in range(nodes)]
-    seen = np.zeros((nodes, len(sizes)), bool)
-    starts = np.concatenate([[0], np.cumsum(sizes)])
+    seen = np.zeros((nodes, len(planning.shard_sizes)), bool)
     for n, plan in enumerate(plans):
         order, size = plan.order, planning.batch_size or 1
         assert isinstance(order, EpochOrder)
+        starts = order.starts  # each shard's first sample id
         read = plan.slots.steps_per_rank * partition.ranks  # slots read, repeats included
         for b in range(order.num_blocks):
             lo, hi = order.block_range(b)
