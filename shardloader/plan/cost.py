@@ -216,9 +216,8 @@ def kendall_tau(values: np.ndarray) -> float:
     pairs = n * (n - 1) // 2
     _, counts = np.unique(v, return_counts=True)
     tied = int((counts * (counts - 1) // 2).sum())
-    inversions = _inversions(v)
-    concordant = pairs - tied - inversions
-    return float((concordant - inversions) / pairs)
+    discordant = _inversions(v)
+    return float((pairs - tied - 2 * discordant) / pairs)  # (concordant - discordant) / pairs
 
 
 def _inversions(v: np.ndarray) -> int:
