@@ -137,8 +137,7 @@ class Ledger:
             lines = [json.loads(line) for line in f if line.strip()]
         if not lines or "epoch" not in lines[0]:
             raise UsageError(f"{path} is not a ledger written by Ledger.write")
-        head = lines[0]
-        entries = tuple(LedgerEntry(**e) for e in lines[1:])
+        head, entries = lines[0], tuple(LedgerEntry(**e) for e in lines[1:])
         return cls(head["epoch"], head["world_size"], head["num_samples"], entries)
 
 
