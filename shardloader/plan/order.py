@@ -174,8 +174,7 @@ class EpochOrder:
         parts = []
         for b in range(self.block_at(lo), self.block_at(hi - 1) + 1):
             blo, bhi = self.block_range(b)
-            ids = self.block(b)
-            parts.append(ids[max(lo, blo) - blo : min(hi, bhi) - blo])
+            parts.append(self.block(b)[max(lo, blo) - blo : min(hi, bhi) - blo])
         return parts[0].copy() if len(parts) == 1 else np.concatenate(parts)
 
     def take(self, positions: np.ndarray) -> np.ndarray:
