@@ -104,7 +104,7 @@ def node_lists(
     """Every partition's batch count for the epoch's first link, with the lists of partition
     ``only`` (or of all).  Fixed batches and token rows count by arithmetic, so a rank plans
     its own partition only; other planners plan every partition (as much work as planning
-    the whole epoch once)."""
+    the whole epoch once) and every partition's lists come back."""
     planner = planning.planner
     order_of: Callable[[int], Any]
     if planning.order_source is not None:  # a mixture's blend: each partition's positions
