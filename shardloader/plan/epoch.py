@@ -236,13 +236,10 @@ class EpochPlanner:
             return EpochReport(epoch, total, steps, **counts)
         lazy = all(isinstance(p.order, EpochOrder) for p in plans) and self.planner is None
         if lazy and lengths is None and not first.earlier:  # arithmetic: nothing materialised
-            return EpochReport(
-                epoch,
-                total,
-                steps,
-                sum(p.pad_in_last + p.slots.padded_batches * (self.batch_size or 1) for p in plans),
-                sum(p.dropped + p.slots.dropped_batches * (self.batch_size or 1) for p in plans),
-            )
+            size = self.batch_size or 1
+            padded = sum(p.pad_in_last + p.slots.padded_batches * size for p in plans)
+            dropped = sum(p.dropped + p.slots.dropped_batches * size for p in plans)
+            return EpochReport(epoch, total, steps, padded, dropped)
         order, batches, acc = self.accounted(epoch, plans, lengths, collate_fn)
         padded = sum(p.delivered()[1] for p in plans)
         if first.earlier and acc.padded_tokens is not None:  # slots as each link allocated
