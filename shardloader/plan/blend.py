@@ -188,8 +188,7 @@ class MixOrder:
 
     def sources(self, epoch: int) -> np.ndarray:
         """Source index of each position of mixture epoch ``epoch``."""
-        first = epoch * self.epoch_samples
-        at = first + np.arange(self.epoch_samples, dtype=np.int64)
+        at = epoch * self.epoch_samples + np.arange(self.epoch_samples, dtype=np.int64)
         out = np.empty(self.epoch_samples, np.int32)
         for start, stop, parts in self.segments():
             mine = (at >= start) & (at < (stop if stop is not None else at[-1] + 1))

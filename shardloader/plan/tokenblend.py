@@ -132,8 +132,7 @@ class TokenMixOrder(MixOrder):
     ) -> np.ndarray:
         """Sources of mixture epoch ``epoch``'s positions, segment by segment (state updated);
         a segment's token time starts at 0 where it begins, mid-epoch too (a stage)."""
-        first = epoch * self.epoch_samples
-        end = first + self.epoch_samples
+        first, end = epoch * self.epoch_samples, (epoch + 1) * self.epoch_samples
         lengths = [self._next_length(s) for s in range(len(cursors))]
         stops = [a for a, _ in segs[1:]] + [end]
         out = []
