@@ -34,7 +34,6 @@ import numpy as np
 from shardloader.errors import UsageError
 from shardloader.options import ShuffleOptions
 from shardloader.plan.lists import node_order
-from shardloader.plan.order import epoch_order
 
 __all__ = ["MAX_PARTS", "integer_parts", "blend_period", "blend_counts", "MixOrder"]
 
@@ -47,9 +46,8 @@ def integer_parts(weights: Sequence[float]) -> tuple[int, ...]:
     (largest remainder, every positive weight keeps at least one part)."""
     fracs = []
     for w in weights:
-        if isinstance(w, bool) or not isinstance(w, (int, float, np.integer, np.floating)):
-            raise UsageError(f"a weight must be a number >= 0, got {w!r}")
-        if not math.isfinite(float(w)) or w < 0:
+        number = isinstance(w, (int, float, np.integer, np.floating)) and not isinstance(w, bool)
+        if not number or not math.isfinite(float(w)) or w < 0:
             raise UsageError(f"a weight must be a finite number >= 0, got {w!r}")
         fracs.append(
             Fraction(repr(float(w))) if isinstance(w, (float, np.floating)) else Fraction(int(w))
@@ -65,12 +63,11 @@ def integer_parts(weights: Sequence[float]) -> tuple[int, ...]:
         return tuple(parts)
     exact = [f / total * MAX_PARTS for f in fracs]
     rounded = [max(int(e), 1) if e > 0 else 0 for e in exact]
-    by_remainder = sorted(range(len(exact)), key=lambda i: (-(exact[i] - int(exact[i])), i))
-    k = 0
-    while sum(rounded) < MAX_PARTS:
-        if exact[by_remainder[k % len(exact)]] > 0:
-            rounded[by_remainder[k % len(exact)]] += 1
-        k += 1
+    positive = [i for i, e in enumerate(exact) if e > 0]
+    by_remainder = sorted(positive, key=lambda i: (-(exact[i] - int(exact[i])), i))
+    # floors lose less than one part each: fewer parts are missing than there are weights
+    for i in by_remainder[: max(MAX_PARTS - sum(rounded), 0)]:
+        rounded[i] += 1
     while sum(rounded) > MAX_PARTS:  # minimums pushed it over: take from the largest
         rounded[rounded.index(max(rounded))] -= 1
     g = math.gcd(*rounded)
@@ -86,11 +83,8 @@ def blend_period(parts: tuple[int, ...]) -> np.ndarray:
     out = np.empty(total, np.int32)
     # pick j of source s (1-based) is released at ceil(((j-1)Q + 1) / q_s) and due at
     # floor((jQ - 1) / q_s) + 1: B = 1 - 1/Q in integers
-    releases: list[tuple[int, int, int]] = []  # (release, source, j)
-    for s, q in enumerate(parts):
-        if q:
-            releases.append((1, s, 1))  # pick 1: released at ceil(1 / q_s) = 1
-    heapq.heapify(releases)
+    # (release, source, j): pick 1 is released at ceil(1 / q_s) = 1 (a sorted list is a heap)
+    releases = [(1, s, 1) for s, q in enumerate(parts) if q]
     ready: list[tuple[int, int, int]] = []  # (deadline, source, j)
     for n in range(1, total + 1):
         while releases and releases[0][0] <= n:
@@ -101,8 +95,7 @@ def blend_period(parts: tuple[int, ...]) -> np.ndarray:
             raise AssertionError(f"blend of {parts} missed a deadline at position {n}")
         out[n - 1] = s
         if j < parts[s]:
-            nxt = j + 1
-            heapq.heappush(releases, (-(-((nxt - 1) * total + 1) // parts[s]), s, nxt))
+            heapq.heappush(releases, (-(-(j * total + 1) // parts[s]), s, j + 1))
     out.setflags(write=False)
     return out
 
@@ -121,14 +114,12 @@ def _source_epoch(
     sizes: tuple[int, ...], seed: int, epoch: int, shuffle: ShuffleOptions, nodes: int = 1
 ) -> np.ndarray:
     """A source's own epoch order; with several partitions their orders dealt in turn
-    (position ``c`` from partition ``c mod nodes``: NOTE [mixture partitions] in MixOrder)."""
+    (position ``c`` from partition ``c mod nodes``: NOTE [mixture partitions] in MixOrder);
+    one partition's order is the epoch order."""
     units = np.asarray(sizes, np.int64)
-    if nodes == 1:
-        order = epoch_order(units, seed, epoch, shuffle)
-    else:
-        order = np.empty(int(units.sum()), np.int64)
-        for n in range(nodes):
-            order[n::nodes] = np.asarray(node_order(seed, shuffle, epoch, nodes, n, units))
+    order = np.empty(int(units.sum()), np.int64)
+    for n in range(nodes):
+        order[n::nodes] = np.asarray(node_order(seed, shuffle, epoch, nodes, n, units))
     order.setflags(write=False)
     return order
 
@@ -166,7 +157,7 @@ class MixOrder:
     @property
     def offsets(self) -> np.ndarray:
         sizes = self.sizes
-        return np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+        return np.cumsum(sizes) - sizes
 
     def signature(self) -> str:
         """What fixes sample identity and order apart from the weights (which may change at a
@@ -197,8 +188,7 @@ class MixOrder:
 
     def sources(self, epoch: int) -> np.ndarray:
         """Source index of each position of mixture epoch ``epoch``."""
-        first = epoch * self.epoch_samples
-        at = first + np.arange(self.epoch_samples, dtype=np.int64)
+        at = epoch * self.epoch_samples + np.arange(self.epoch_samples, dtype=np.int64)
         out = np.empty(self.epoch_samples, np.int32)
         for start, stop, parts in self.segments():
             mine = (at >= start) & (at < (stop if stop is not None else at[-1] + 1))
@@ -238,16 +228,13 @@ class MixOrder:
                 )
                 where = at[lo - first : hi - first]
                 out[where] = offsets[s] + order[lo - e * size : hi - e * size]
-                if nodes > 1:
-                    node_of[where] = np.arange(lo - e * size, hi - e * size) % nodes
+                node_of[where] = np.arange(lo - e * size, hi - e * size) % nodes
         return out, node_of
 
     def source_epochs(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
         """Per source: its own epoch at the end of mixture epoch ``epoch`` and how many of its
         epochs have started by then."""
-        used = self.cursors(epoch + 1)
-        sizes = self.sizes
-        started = -(-used // sizes)
+        started = -(-self.cursors(epoch + 1) // self.sizes)  # samples given, in source epochs
         return np.maximum(started - 1, 0), started
 
 

@@ -13,7 +13,7 @@ What packed steps cost each rank (:class:`RankBalance`, ``ds.report().rank_balan
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -89,21 +89,21 @@ def node_shards(
     epoch with fixed batches: by arithmetic when a node's ranks read whole partitions (a span
     each), else by walking every shuffle block of the order (the global order over several
     nodes)."""
-    sizes = np.asarray(planning.shard_sizes, np.int64)
     nodes = max(partition.world_size // ranks_per_node, 1)
     plans = planning.cluster(epoch, 0, partition, None)
     if partition.ranks <= ranks_per_node:  # a node holds whole partitions: their spans
         per = max(ranks_per_node // partition.ranks, 1)
-        out = []
-        for p in range(nodes):
-            parts = [_span_shards(plans[n].order) for n in range(p * per, (p + 1) * per)]
-            out.append(np.unique(np.concatenate(parts)) if parts else np.zeros(0, np.int64))
-        return out
-    seen = np.zeros((nodes, len(sizes)), bool)
-    starts = np.concatenate([[0], np.cumsum(sizes)])
+        under = []  # every sample of a partition's span is read
+        for plan in plans:
+            assert isinstance(plan.order, EpochOrder)
+            total = plan.order.total
+            under.append(plan.order.shards_under(0, total) if total else np.zeros(0, np.int64))
+        return [np.unique(np.concatenate(under[p * per : (p + 1) * per])) for p in range(nodes)]
+    seen = np.zeros((nodes, len(planning.shard_sizes)), bool)
     for n, plan in enumerate(plans):
         order, size = plan.order, planning.batch_size or 1
         assert isinstance(order, EpochOrder)
+        starts = order.starts  # each shard's first sample id
         read = plan.slots.steps_per_rank * partition.ranks  # slots read, repeats included
         for b in range(order.num_blocks):
             lo, hi = order.block_range(b)
@@ -118,14 +118,6 @@ def node_shards(
             shard = np.searchsorted(starts, ids, side="right") - 1
             seen[(n * partition.ranks + q % partition.ranks) // ranks_per_node, shard] = True
     return [np.flatnonzero(row) for row in seen]
-
-
-def _span_shards(order: object) -> np.ndarray:
-    """Shards under a partition's span (every sample of it is read)."""
-    assert isinstance(order, EpochOrder)
-    if not order.total:
-        return np.zeros(0, np.int64)
-    return np.asarray(order.shards_under(0, order.total), np.int64)
 
 
 def epoch_cost(
@@ -147,13 +139,13 @@ def epoch_cost(
         costs.append(
             NodeCost(p, int(mine.size), int(stored[mine].sum()), int(raw[mine].sum()), kept)
         )
-    working = 0  # the shards under a partition's largest block, staged at once
-    for plan in planning.cluster(epoch, 0, partition, None):
-        assert isinstance(plan.order, EpochOrder)
-        working = max(working, plan.order.peak_block_weight(raw))
-    if not planning.shuffle.enabled:
-        working = int(np.sort(raw)[-2:].sum())  # two neighbouring shards
-    cost = EpochCost(epoch, partition, tuple(costs), int(stored.sum()), int(working))
+    working = int(np.sort(raw)[-2:].sum())  # unshuffled: two neighbouring shards
+    if planning.shuffle.enabled:  # the shards under a partition's largest block, at once
+        working = 0
+        for plan in planning.cluster(epoch, 0, partition, None):
+            assert isinstance(plan.order, EpochOrder)
+            working = max(working, plan.order.peak_block_weight(raw))
+    cost = EpochCost(epoch, partition, tuple(costs), int(stored.sum()), working)
     return cost, shards
 
 
@@ -190,30 +182,27 @@ def shuffle_quality(
         return Quality(0.0, 0.0, 0.0)
     picked = np.unique(np.linspace(0, total - 1, min(steps, total)).astype(np.int64))
     starts = np.concatenate([[0], np.cumsum(planning.shard_sizes)])
-    per_global, per_rank, cls_global, cls_rank, consumed = [], [], [], [], []
-    for t in picked.tolist():
-        batches = [  # every rank's batch of step t, ranks in order
+    batches = [  # every rank's batch of each picked step, ranks in order
+        [
             np.asarray(plan.batches[plan.slots.of_rank(local).slot_of(t)], np.int64)
             for plan in plans
             for local in range(plan.slots.world_size)
         ]
-        shards = [np.searchsorted(starts, b, side="right") - 1 for b in batches]
-        per_rank += [len(np.unique(s)) for s in shards]
-        per_global.append(len(np.unique(np.concatenate(shards))))
-        if labels is not None:
-            cls_rank += [len(np.unique(labels[b])) for b in batches]
-            cls_global.append(len(np.unique(labels[np.concatenate(batches)])))
-        consumed.append(np.concatenate(batches))
-    seq = np.concatenate(consumed)
+        for t in picked.tolist()
+    ]
+
+    def distinct(key: Callable[[np.ndarray], np.ndarray]) -> tuple[float, float]:
+        """Mean distinct ``key(ids)`` in a global batch and in a rank batch."""
+        per_global = [len(np.unique(key(np.concatenate(step)))) for step in batches]
+        per_rank = [len(np.unique(key(b))) for step in batches for b in step]
+        return float(np.mean(per_global)), float(np.mean(per_rank))
+
+    seq = np.concatenate([b for step in batches for b in step])
     if seq.size > tau_samples:
         seq = seq[np.linspace(0, seq.size - 1, tau_samples).astype(np.int64)]
-    return Quality(
-        float(np.mean(per_global)),
-        float(np.mean(per_rank)),
-        kendall_tau(seq),
-        float(np.mean(cls_global)) if labels is not None else None,
-        float(np.mean(cls_rank)) if labels is not None else None,
-    )
+    shards = distinct(lambda ids: np.searchsorted(starts, ids, side="right") - 1)
+    classes = (None, None) if labels is None else distinct(labels.__getitem__)
+    return Quality(*shards, kendall_tau(seq), *classes)
 
 
 def kendall_tau(values: np.ndarray) -> float:
@@ -227,9 +216,8 @@ def kendall_tau(values: np.ndarray) -> float:
     pairs = n * (n - 1) // 2
     _, counts = np.unique(v, return_counts=True)
     tied = int((counts * (counts - 1) // 2).sum())
-    inversions = _inversions(v)
-    concordant = pairs - tied - inversions
-    return float((concordant - inversions) / pairs)
+    discordant = _inversions(v)
+    return float((pairs - tied - 2 * discordant) / pairs)  # (concordant - discordant) / pairs
 
 
 def _inversions(v: np.ndarray) -> int:

@@ -107,9 +107,7 @@ def replica_place(
     ``ranks_per_node``: the launcher's global ranks per node, or None (unknown).
     ``explicit_per_node``: replicas per node given by the user; wins.
     """
-    grid = np.asarray(mesh, dtype=np.int64)
-    if grid.ndim == 0:
-        grid = grid.reshape(1)
+    grid = np.atleast_1d(np.asarray(mesh, dtype=np.int64))
     inner = [d for d in range(grid.ndim) if d not in dims]
     size = int(np.prod([grid.shape[d] for d in dims]))
     groups = np.transpose(grid, (*inner, *dims)).reshape(-1, size)  # a row per replica group
@@ -130,8 +128,7 @@ def replica_place(
     if ranks_per_node is None:
         return ReplicaPlace(rank, size, None)
     counts = {replicas_per_node(g, ranks_per_node) for g in groups.tolist()}
-    per_node = counts.pop() if len(counts) == 1 else None
-    return ReplicaPlace(rank, size, per_node)
+    return ReplicaPlace(rank, size, counts.pop() if len(counts) == 1 else None)
 
 
 def replicas_per_node(group: Sequence[int], ranks_per_node: int) -> int | None:

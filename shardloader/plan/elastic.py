@@ -55,10 +55,8 @@ def elastic_field(planning: EpochPlanner) -> str | None:
 def shape_of(planning: EpochPlanner) -> int | None:
     """The current value of :func:`elastic_field`."""
     name = elastic_field(planning)
-    if name is None:
-        return None
     owner = planning if planning.planner is None else planning.planner
-    return int(getattr(owner, name))
+    return None if name is None else int(getattr(owner, name))
 
 
 def with_shape(planning: EpochPlanner, value: int) -> EpochPlanner:
@@ -84,9 +82,7 @@ def saved_shape(planning: EpochPlanner, saved_plan: str) -> int | None:
         return None
     pattern = r"^fixed\((\d+)\);" if planning.planner is None else rf"\b{name}=(\d+)\b"
     found = re.search(pattern, saved_plan)
-    if found is None:
-        return None
-    value = int(found.group(1))
+    value = int(found.group(1)) if found else 0
     if value < 1:
         return None
     try:
@@ -94,10 +90,6 @@ def saved_shape(planning: EpochPlanner, saved_plan: str) -> int | None:
     except Exception:  # options the planner refuses: not this plan
         return None
     return value if candidate.signature() == saved_plan else None
-
-
-def _segment_keys(segs: np.ndarray, span: int) -> np.ndarray:
-    return segs[:, 0] * span + segs[:, 1]
 
 
 def _remove(rest: np.ndarray, taken: Sequence[np.ndarray]) -> np.ndarray:
@@ -109,8 +101,9 @@ def _remove(rest: np.ndarray, taken: Sequence[np.ndarray]) -> np.ndarray:
     done = np.concatenate(taken)
     if rest.ndim == 1:
         return rest[_keep(rest, done)]
+    # a segment (id, start, stop) is known by its id and start
     span = int(max(rest[:, 1].max(initial=0), done[:, 1].max(initial=0))) + 1
-    return rest[_keep(_segment_keys(rest, span), _segment_keys(done, span))]
+    return rest[_keep(rest[:, 0] * span + rest[:, 1], done[:, 0] * span + done[:, 1])]
 
 
 def _keep(keys: np.ndarray, done: np.ndarray) -> np.ndarray:
@@ -159,15 +152,13 @@ def regroup(
     out = []
     for n in range(nodes):
         mine = rest[bounds[n] : bounds[n + 1]]
-        if planning.shuffle.enabled:
+        if planning.shuffle.enabled and len(mine):
             block = planning.shuffle.block
-            parts = []
-            for b, lo in enumerate(range(0, len(mine), block)):
-                part = mine[lo : lo + block]
-                parts.append(
-                    part[regroup_rng(planning.seed, epoch, link, n, b).permutation(len(part))]
-                )
-            mine = np.concatenate(parts) if parts else mine
+            parts = [mine[lo : lo + block] for lo in range(0, len(mine), block)]
+            draws = [regroup_rng(planning.seed, epoch, link, n, b) for b in range(len(parts))]
+            mine = np.concatenate(
+                [p[r.permutation(len(p))] for p, r in zip(parts, draws, strict=True)]
+            )
         out.append(mine)
     return out
 
@@ -175,21 +166,8 @@ def regroup(
 def normalise(history: Sequence[Sequence[int]]) -> tuple[Link, ...]:
     """Links as ``(shape, partitions, consumed)``: a saved pair ``(shape, consumed)`` was read
     in one partition."""
-    out = []
-    for link in history:
-        if len(link) == 2:
-            out.append((int(link[0]), 1, int(link[1])))
-        else:
-            out.append((int(link[0]), int(link[1]), int(link[2])))
-    return tuple(out)
-
-
-def _taken(batches: Sequence[np.ndarray], count: int, consumed: int) -> list[np.ndarray]:
-    """The first ``consumed`` slots of a partition's batches (slots past its ``count`` batches
-    repeat from its start, as ``split.rank_slots`` deals them)."""
-    if not count:
-        return []
-    return [batches[q % count] for q in range(consumed)]
+    full = [(link[0], 1, link[1]) if len(link) == 2 else link for link in history]
+    return tuple((int(s), int(p), int(c)) for s, p, c in full)
 
 
 def replan(
@@ -202,13 +180,11 @@ def replan(
     """An epoch after reshapes (NOTE [reshape history]): every partition's batches of what
     the links of ``history`` left, cut with the current shape in ``nodes`` partitions, and
     what each link delivered."""
-    orders: list[np.ndarray] = []
     earlier: list[tuple[EpochPlanner, list[np.ndarray]]] = []
-    before = 0  # partitions of the previous link
+    before = history[0][1]  # partitions of the previous link
+    orders = planning.node_orders(epoch, before, lengths)
     for k, (value, parts, consumed) in enumerate(history):
-        if k == 0:
-            orders = planning.node_orders(epoch, parts, lengths)
-        elif parts != before:
+        if parts != before:
             orders = regroup(planning, epoch, k, orders, parts, lengths)
         link = with_shape(planning, value)
         lists = [cut(link, o, lengths, epoch, n, parts) for n, o in enumerate(orders)]
@@ -221,8 +197,11 @@ def replan(
                 f"{elastic_field(planning)}={value} in {parts} partition(s), but that plan has "
                 f"{counts} batches a partition in epoch {epoch}"
             )
+        # each partition's first consumed slots (past its batches: repeats from its start,
+        # as split.rank_slots deals them)
         taken = [
-            _taken(got.batches, c, consumed // parts) for got, c in zip(lists, counts, strict=True)
+            [got.batches[q % c] for q in range(consumed // parts)] if c else []
+            for got, c in zip(lists, counts, strict=True)
         ]
         earlier.append((link, [b for mine in taken for b in mine]))
         rests = []

@@ -144,10 +144,8 @@ class EpochPlanner:
             plan = signature_of(self.planner)
         else:
             plan = f"fixed({stable_value(self.batch_size)})"
-        text = f"{plan};shuffle={self.shuffle.signature()};uneven={self.uneven}"
-        if self.order_source is not None:
-            text += f";{self.order_source.signature()}"
-        return text
+        mix = "" if self.order_source is None else f";{self.order_source.signature()}"
+        return f"{plan};shuffle={self.shuffle.signature()};uneven={self.uneven}{mix}"
 
     def node_orders(self, epoch: int, nodes: int, lengths: np.ndarray | None) -> list[np.ndarray]:
         """Every partition's order of the epoch, materialised (a mixture's blend split by
@@ -238,20 +236,17 @@ class EpochPlanner:
             return EpochReport(epoch, total, steps, **counts)
         lazy = all(isinstance(p.order, EpochOrder) for p in plans) and self.planner is None
         if lazy and lengths is None and not first.earlier:  # arithmetic: nothing materialised
-            return EpochReport(
-                epoch,
-                total,
-                steps,
-                sum(p.pad_in_last + p.slots.padded_batches * (self.batch_size or 1) for p in plans),
-                sum(p.dropped + p.slots.dropped_batches * (self.batch_size or 1) for p in plans),
-            )
+            size = self.batch_size or 1
+            padded = sum(p.pad_in_last + p.slots.padded_batches * size for p in plans)
+            dropped = sum(p.dropped + p.slots.dropped_batches * size for p in plans)
+            return EpochReport(epoch, total, steps, padded, dropped)
         order, batches, acc = self.accounted(epoch, plans, lengths, collate_fn)
         padded = sum(p.delivered()[1] for p in plans)
         if first.earlier and acc.padded_tokens is not None:  # slots as each link allocated
-            mine = batches[len(first.delivered_before) :]
-            slots = self._account(order, mine, lengths, collate_fn).padded_tokens or 0
-            for link, taken in first.earlier:
-                slots += link._account(order, taken, lengths, collate_fn).padded_tokens or 0
+            links = [*first.earlier, (self, batches[len(first.delivered_before) :])]
+            slots = sum(
+                p._account(order, b, lengths, collate_fn).padded_tokens or 0 for p, b in links
+            )
             acc = dataclasses.replace(acc, padded_tokens=slots)
         return EpochReport(
             epoch,

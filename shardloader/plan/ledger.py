@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -105,10 +106,8 @@ class Ledger:
 
     def counts(self) -> dict[str, int]:
         """Entries per status (padded counts repeats, as ``report().padded_samples`` does)."""
-        out = dict.fromkeys((PADDED, DROPPED, TRUNCATED, SKIPPED), 0)
-        for e in self.entries:
-            out[e.status] += 1
-        return out
+        none = dict.fromkeys((PADDED, DROPPED, TRUNCATED, SKIPPED), 0)
+        return none | Counter(e.status for e in self.entries)
 
     def with_skips(self, records: Iterable[SkipRecord]) -> Ledger:
         """This ledger plus the run-time skips of its epoch (from
@@ -138,8 +137,7 @@ class Ledger:
             lines = [json.loads(line) for line in f if line.strip()]
         if not lines or "epoch" not in lines[0]:
             raise UsageError(f"{path} is not a ledger written by Ledger.write")
-        head = lines[0]
-        entries = tuple(LedgerEntry(**e) for e in lines[1:])
+        head, entries = lines[0], tuple(LedgerEntry(**e) for e in lines[1:])
         return cls(head["epoch"], head["world_size"], head["num_samples"], entries)
 
 
@@ -177,21 +175,17 @@ def _padding(plan: Any, planning: Any, world: int, whose: str) -> Iterator[Ledge
     n = plan.num_batches
     if plan.pad_in_last and n:
         last = batch_ids(plan.batches[n - 1])
+        size = planning.batch_size
+        why = f"repeated to fill {whose or DEFAULT_WHOSE}last batch to batch_size={size}"
         for i in last[last.size - plan.pad_in_last :].tolist():
-            yield LedgerEntry(
-                int(i),
-                PADDED,
-                f"repeated to fill {whose or DEFAULT_WHOSE}last batch to "
-                f"batch_size={planning.batch_size}",
-            )
+            yield LedgerEntry(i, PADDED, why)
     for r, batch in enumerate(plan.repeats()):
+        why = (
+            f"{whose}global batch {n + r} repeats batch {r % n} so every one of {world} "
+            "ranks has the same number of steps (uneven='pad')"
+        )
         for i in batch_ids(batch).tolist():
-            yield LedgerEntry(
-                int(i),
-                PADDED,
-                f"{whose}global batch {n + r} repeats batch {r % n} so every one of {world} "
-                "ranks has the same number of steps (uneven='pad')",
-            )
+            yield LedgerEntry(i, PADDED, why)
 
 
 def _dropped(
@@ -241,6 +235,7 @@ def _truncated(
     limit = None if planner is None else planner.truncate_to
     if limit is None:
         limit = getattr(collate_fn, "max_length", None)
+    cut_to = "" if limit is None else f"cut to max_length={limit}: "
     ids, times = np.unique(np.asarray(truncated, np.int64), return_counts=True)
     for i, r in zip(ids.tolist(), times.tolist(), strict=True):
         total = int(lengths[i])
@@ -253,12 +248,7 @@ def _truncated(
             kept_each = [total if limit is None else min(total, int(limit))] * r
         for kept in kept_each:
             own = None if planner is None else planner.explain_truncated(total, kept)
-            if own is not None:
-                reason = own
-            elif limit is not None:
-                reason = f"cut to max_length={limit}: {kept} of {total} tokens delivered"
-            else:
-                reason = f"{kept} of {total} tokens delivered"
+            reason = own or f"{cut_to}{kept} of {total} tokens delivered"
             yield LedgerEntry(i, TRUNCATED, reason, total - kept)
 
 
@@ -316,26 +306,23 @@ def _repeated(
     """A ``padded`` entry per (repeated row, document in it), in step order."""
     starts = np.zeros(lens.size + 1, np.int64)
     np.cumsum(lens, out=starts[1:])
+    flags = "flagged __pad__" + (", labels -100" if planner.repeat_labels == "ignore" else "")
     for part, batch, q, source in repeats:
         rows = np.asarray(batch, np.int64)
         shard, lo, count = lay.windows(rows)
         whose = f"partition {part}'s " if several else ""
         for row, s, a, n in zip(rows.tolist(), shard, lo, count, strict=True):
+            why = (
+                f"row {row} of {whose}global batch {q} repeats batch {source} so every one of "
+                f"{world} ranks has the same number of steps (uneven='pad'); {flags}"
+            )
             g = int(lay.token_bases[s] + a)
             first = int(np.searchsorted(starts, g, side="right")) - 1
             last = int(np.searchsorted(starts, g + int(n), side="left"))
             for doc in range(first, last):
                 tokens = min(int(starts[doc + 1]), g + int(n)) - max(int(starts[doc]), g)
                 if tokens > 0:
-                    yield LedgerEntry(
-                        doc,
-                        PADDED,
-                        f"row {row} of {whose}global batch {q} repeats batch {source} so every "
-                        f"one of {world} ranks has the same number of steps (uneven='pad'); "
-                        "flagged __pad__"
-                        + (", labels -100" if planner.repeat_labels == "ignore" else ""),
-                        tokens,
-                    )
+                    yield LedgerEntry(doc, PADDED, why, tokens)
 
 
 def _cut(planner: Any, lens: np.ndarray, got: dict[str, np.ndarray]) -> Iterator[LedgerEntry]:
@@ -354,14 +341,10 @@ def _cut(planner: Any, lens: np.ndarray, got: dict[str, np.ndarray]) -> Iterator
             )
         cause = " and ".join(why)
         if have == 0:
-            yield LedgerEntry(doc, DROPPED, f"all {total} tokens in {cause}, left out", total)
+            status, what = DROPPED, f"all {total} tokens"
         else:
-            yield LedgerEntry(
-                doc,
-                TRUNCATED,
-                f"{have} of {total} tokens delivered; the rest in {cause}, left out",
-                total - have,
-            )
+            status, what = TRUNCATED, f"{have} of {total} tokens delivered; the rest"
+        yield LedgerEntry(doc, status, f"{what} in {cause}, left out", total - have)
 
 
 # ---------------------------------------------------------------------------------------------

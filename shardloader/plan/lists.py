@@ -104,7 +104,7 @@ def node_lists(
     """Every partition's batch count for the epoch's first link, with the lists of partition
     ``only`` (or of all).  Fixed batches and token rows count by arithmetic, so a rank plans
     its own partition only; other planners plan every partition (as much work as planning
-    the whole epoch once)."""
+    the whole epoch once) and every partition's lists come back."""
     planner = planning.planner
     order_of: Callable[[int], Any]
     if planning.order_source is not None:  # a mixture's blend: each partition's positions
@@ -118,20 +118,15 @@ def node_lists(
         def order_of(n: int) -> Any:
             return node_order(planning.seed, planning.shuffle, epoch, nodes, n, units)
 
-    every: dict[int, NodeList] = {}
+    # other planners must cut every partition to count its batches
+    counted = planner is None or planner.units == "rows"
+    wanted = [only] if counted and only is not None else range(nodes)
+    lists = {n: cut(planning, order_of(n), lengths, epoch, n, nodes) for n in wanted}
     if planner is None:
         size = planning.batch_size or 1
         counts = tuple(len(FixedBatchList(range(s), size, planning.uneven)) for s in sizes)
     elif planner.units == "rows":
         counts = tuple(planner.count_rows(s) for s in sizes)
-    else:  # the planner must cut every partition to count its batches
-        every = {n: cut(planning, order_of(n), lengths, epoch, n, nodes) for n in range(nodes)}
-        counts = tuple(len(every[n].batches) for n in range(nodes))
-    wanted = range(nodes) if only is None else [only]
-    return NodeLists(
-        counts,
-        {
-            n: every[n] if n in every else cut(planning, order_of(n), lengths, epoch, n, nodes)
-            for n in wanted
-        },
-    )
+    else:
+        counts = tuple(len(lists[n].batches) for n in range(nodes))
+    return NodeLists(counts, lists)

@@ -26,8 +26,7 @@ def write_entries(
     """Write ``entries`` into the shared array ``control`` (:func:`read_entries`' layout)."""
     if len(entries) > most:
         raise UsageError(f"a mixture holds at most {most} weight changes")
-    rows = [(start, *parts) for start, parts in entries]
-    flat = flat_table(rows, 1 + k, most)
+    flat = flat_table([(start, *parts) for start, parts in entries], 1 + k, most)
     # the count last: a worker reading meanwhile sees the old schedule or the whole new one
     control.update(dict(enumerate(flat[1:], start=1)) | {0: flat[0]})
 

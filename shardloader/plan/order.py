@@ -55,6 +55,7 @@ class EpochOrder:
         lo, hi = (0, int(self.starts[-1])) if span is None else (int(span[0]), int(span[1]))
         self.offset, self.total, self.first_block = lo, hi - lo, int(first_block)
         self._ramp = _ramp(self.total, options)  # starts of the ramp's blocks, then its end
+        self._ramp_blocks, self._ramp_end = len(self._ramp) - 1, int(self._ramp[-1])
         self._kept: dict[int, np.ndarray] = {}
 
     def __len__(self) -> int:
@@ -68,27 +69,24 @@ class EpochOrder:
     def block_of(self, positions: np.ndarray) -> np.ndarray:
         """Shuffle block of each position (arithmetic, nothing generated)."""
         pos = np.asarray(positions, np.int64)
-        ramp_blocks, ramp_end = len(self._ramp) - 1, int(self._ramp[-1])
-        out = ramp_blocks + (pos - ramp_end) // self.options.block
-        early = pos < ramp_end
+        out = self._ramp_blocks + (pos - self._ramp_end) // self.options.block
+        early = pos < self._ramp_end
         if early.any():
             out[early] = np.searchsorted(self._ramp, pos[early], side="right") - 1
         return out
 
     def block_at(self, p: int) -> int:
         """:meth:`block_of` one position, without numpy's per-call cost."""
-        ramp_blocks, ramp_end = len(self._ramp) - 1, int(self._ramp[-1])
-        if p >= ramp_end:
-            return ramp_blocks + (p - ramp_end) // self.options.block
+        if p >= self._ramp_end:
+            return self._ramp_blocks + (p - self._ramp_end) // self.options.block
         return int(np.searchsorted(self._ramp, p, side="right")) - 1
 
     def block_range(self, b: int) -> tuple[int, int]:
         """``(lo, hi)`` positions of block ``b`` (as :meth:`ShuffleOptions.blocks` lists)."""
-        ramp_blocks = len(self._ramp) - 1
-        if b < ramp_blocks:
+        if b < self._ramp_blocks:
             lo, hi = int(self._ramp[b]), int(self._ramp[b + 1])
         else:
-            lo = int(self._ramp[-1]) + (b - ramp_blocks) * self.options.block
+            lo = self._ramp_end + (b - self._ramp_blocks) * self.options.block
             hi = lo + self.options.block
         return lo, min(hi, self.total)
 
@@ -151,10 +149,8 @@ class EpochOrder:
         return peak
 
     def _block_starts(self, bs: np.ndarray) -> np.ndarray:
-        ramp_blocks = len(self._ramp) - 1
-        clipped = np.minimum(bs, ramp_blocks)
-        late = np.maximum(bs - ramp_blocks, 0) * self.options.block
-        return np.asarray(self._ramp[clipped] + late, np.int64)
+        late = np.maximum(bs - self._ramp_blocks, 0) * self.options.block
+        return np.asarray(self._ramp[np.minimum(bs, self._ramp_blocks)] + late, np.int64)
 
     # -- reading -------------------------------------------------------------------------
     def __getitem__(self, key: int | slice | np.ndarray) -> Any:
@@ -178,8 +174,7 @@ class EpochOrder:
         parts = []
         for b in range(self.block_at(lo), self.block_at(hi - 1) + 1):
             blo, bhi = self.block_range(b)
-            ids = self.block(b)
-            parts.append(ids[max(lo, blo) - blo : min(hi, bhi) - blo])
+            parts.append(self.block(b)[max(lo, blo) - blo : min(hi, bhi) - blo])
         return parts[0].copy() if len(parts) == 1 else np.concatenate(parts)
 
     def take(self, positions: np.ndarray) -> np.ndarray:
@@ -203,10 +198,10 @@ class EpochOrder:
         first, last = np.searchsorted(self.run_starts, [self.offset, self.offset + self.total])
         first = max(int(first) - 1, 0)
         shift = (self.starts[self.shard_perm] - self.run_starts[:-1]).tolist()
-        bounds = np.clip(self.run_starts, self.offset, self.offset + self.total) - self.offset
-        bounds_list = bounds.tolist()
+        end = self.offset + self.total
+        bounds = (np.clip(self.run_starts, self.offset, end) - self.offset).tolist()
         for k in range(first, min(int(last) + 1, len(shift))):  # each shard's run, in place
-            out[bounds_list[k] : bounds_list[k + 1]] += shift[k]
+            out[bounds[k] : bounds[k + 1]] += shift[k]
         if self.options.enabled:
             for b in range(self.num_blocks):
                 lo, hi = self.block_range(b)
@@ -234,11 +229,8 @@ def count_blocks(total: int, options: ShuffleOptions) -> int:
     """Shuffle blocks of an order of ``total`` samples (:attr:`EpochOrder.num_blocks`)."""
     if total <= 0:
         return 0
-    ramp = _ramp(total, options)
-    end = int(ramp[-1])
-    if total <= end:
-        return int(np.searchsorted(ramp, total - 1, side="right"))
-    return len(ramp) - 1 + -(-(total - end) // options.block)
+    ramp = _ramp(total, options)  # its blocks all start before total, then full blocks
+    return len(ramp) - 1 + max(-(-(total - int(ramp[-1])) // options.block), 0)
 
 
 def epoch_order(

@@ -72,23 +72,18 @@ def choose_partition(
     """
     if mode not in PARTITIONS:
         raise UsageError(f"partition={mode!r} is not one of {PARTITIONS}")
-    if mode == "global" or world_size == 1:
-        return Partition(1, world_size)
     if mode == "rank":
         chosen = Partition(world_size, 1)
-    elif ranks_per_node is not None and world_size % ranks_per_node == 0:
+    elif mode == "node" and ranks_per_node is not None and world_size % ranks_per_node == 0:
         chosen = Partition(world_size // ranks_per_node, ranks_per_node)
-    else:
+    else:  # "global", or the layout unknown
         return Partition(1, world_size)
-    if chosen.nodes > num_samples:
-        return Partition(1, world_size)
-    return chosen
+    return chosen if chosen.nodes <= num_samples else Partition(1, world_size)
 
 
 def spans(total: int, nodes: int) -> np.ndarray:
     """Bounds ``[0, ..., total]`` of ``nodes`` contiguous spans, the first ``total % nodes``
     one sample longer (int64, ``nodes + 1`` entries)."""
     base, extra = divmod(int(total), int(nodes))
-    sizes = np.full(nodes, base, np.int64)
-    sizes[:extra] += 1
-    return np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    k = np.arange(nodes + 1, dtype=np.int64)  # bound k: k spans of base, min(k, extra) longer
+    return k * base + np.minimum(k, extra)

@@ -72,13 +72,9 @@ def epoch_tokens(
     :meth:`~shardloader.batching.blocks.TokenBlocks.report_stream`; ``rows``: a mixture
     epoch's rows (all partitions), a document's tokens outside them belong to another
     mixture epoch."""
-    first = plans[0]
-    kept = first.delivered_before
-    repeats = []
-    for p in plans:
-        kept += p.kept()
-        repeats += p.repeats()
+    kept = plans[0].delivered_before + [b for p in plans for b in p.kept()]
+    repeats = [b for p in plans for b in p.repeats()]
     counts = planner.report_stream(shard_sizes, lengths, kept, repeats, scope=rows)
-    for link, taken in first.earlier:  # slots of rows delivered with another shape
+    for link, taken in plans[0].earlier:  # slots of rows delivered with another shape
         counts["token_slots"] += len(taken) * planner.row_slots(link.planner)
     return counts

@@ -10,6 +10,8 @@ how many shards must be staged at once (the node's cache working set) while mixi
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from shardloader.options import ShuffleOptions
@@ -63,21 +65,11 @@ def derive_seeds(*parts: int | np.ndarray) -> np.ndarray:
     for k, part in enumerate(parts):
         if k == at:
             words.append(values.astype(np.uint32))
-            continue
-        p = int(part) & 0xFFFFFFFFFFFFFFFF  # type: ignore[arg-type]
-        while True:  # numpy's _int_to_uint32_array: little-endian 32-bit words, 0 → [0]
-            words.append(np.full(n, p & _MASK32, np.uint32))
-            p >>= 32
-            if not p:
-                break
-    const = _INIT_A
-
-    def hashmix(value: np.ndarray) -> np.ndarray:
-        nonlocal const
-        value = value ^ np.uint32(const)
-        const = (const * _MULT_A) & _MASK32
-        value = value * np.uint32(const)
-        return value ^ (value >> np.uint32(16))  # type: ignore[no-any-return]
+        else:  # numpy's _int_to_uint32_array: little-endian 32-bit words, 0 → [0]
+            p = int(part) & 0xFFFFFFFFFFFFFFFF  # type: ignore[arg-type]
+            low, high = p & _MASK32, p >> 32
+            words += [np.full(n, w, np.uint32) for w in ((low, high) if high else (low,))]
+    hashmix = _hasher(_INIT_A, _MULT_A)
 
     def mix(x: np.ndarray, y: np.ndarray) -> np.ndarray:
         result = np.uint32(_MIX_L) * x - np.uint32(_MIX_R) * y
@@ -92,14 +84,22 @@ def derive_seeds(*parts: int | np.ndarray) -> np.ndarray:
     for src in range(_POOL, len(words)):
         for dst in range(_POOL):
             pool[dst] = mix(pool[dst], hashmix(words[src]))
-    const = _INIT_B
-    state = []
-    for word in pool[:2]:  # generate_state(2, uint32)
-        value = word ^ np.uint32(const)
-        const = (const * _MULT_B) & _MASK32
-        value = value * np.uint32(const)
-        state.append((value ^ (value >> np.uint32(16))).astype(np.uint64))
+    output = _hasher(_INIT_B, _MULT_B)
+    state = [output(word).astype(np.uint64) for word in pool[:2]]  # generate_state(2, uint32)
     return ((state[0] | (state[1] << np.uint64(32))) >> np.uint64(1)).astype(np.int64)
+
+
+def _hasher(const: int, mult: int) -> Callable[[np.ndarray], np.ndarray]:
+    """SeedSequence's hash of a word, its constant advanced by ``mult`` on every call."""
+
+    def hashed(value: np.ndarray) -> np.ndarray:
+        nonlocal const
+        value = value ^ np.uint32(const)
+        const = (const * mult) & _MASK32
+        value = value * np.uint32(const)
+        return value ^ (value >> np.uint32(16))  # type: ignore[no-any-return]
+
+    return hashed
 
 
 def rng_for(*parts: int) -> np.random.Generator:

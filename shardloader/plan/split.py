@@ -110,8 +110,7 @@ class FixedBatchList(Sequence[np.ndarray]):
         k = int(i) + (self.num_batches if i < 0 else 0)
         if not 0 <= k < self.num_batches:
             raise IndexError(f"batch {i} is outside the epoch's {self.num_batches} batches")
-        lo = k * self.batch_size
-        hi = lo + self.batch_size
+        lo, hi = k * self.batch_size, (k + 1) * self.batch_size
         if hi <= self.total:
             return np.asarray(self.order[lo:hi], np.int64)
         head = np.asarray(self.order[lo : self.total], np.int64)
@@ -146,7 +145,7 @@ class BatchSlots:
         """``(slots, seeds)`` of this rank's steps ``js``."""
         q = self.start + np.asarray(js, np.int64) * self.world_size + self.rank
         slots = q % self.num_batches if self.num_batches else q  # past the end: from the start
-        return slots, (q * self.nodes + self.node if self.nodes > 1 else q)
+        return slots, q * self.nodes + self.node  # q itself with one partition
 
     def repeats(self, seed: int) -> bool:
         """Whether the step of seed number ``seed`` repeats a batch to even out the ranks."""

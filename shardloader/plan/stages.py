@@ -81,12 +81,8 @@ def stage_positions(
             "node reads every source's shards), or weights= with set_weights at epochs"
         )
     e = epoch_samples
-    per_epoch = e // per_step if uneven == "drop" else -(-e // per_step)
-    out = []
-    for step, _ in stages:
-        epoch, rest = divmod(step, max(per_epoch, 1))
-        out.append((step, epoch * e + min(rest * per_step, e)))
-    return out
+    per_epoch = max(e // per_step if uneven == "drop" else -(-e // per_step), 1)
+    return [(st, st // per_epoch * e + min(st % per_epoch * per_step, e)) for st, _ in stages]
 
 
 def stage_counts(

@@ -81,8 +81,7 @@ class TokenMixOrder(MixOrder):
         return super().signature().replace("mix(", "mix(by=tokens;", 1)
 
     def _next_length(self, s: int) -> object:
-        sizes, lens = self.sizes, self.lengths[s]
-        size = int(sizes[s])
+        size, lens = int(self.sizes[s]), self.lengths[s]
 
         memo: dict[int, np.ndarray] = {}  # the source epoch being walked
 
@@ -133,8 +132,7 @@ class TokenMixOrder(MixOrder):
     ) -> np.ndarray:
         """Sources of mixture epoch ``epoch``'s positions, segment by segment (state updated);
         a segment's token time starts at 0 where it begins, mid-epoch too (a stage)."""
-        first = epoch * self.epoch_samples
-        end = first + self.epoch_samples
+        first, end = epoch * self.epoch_samples, (epoch + 1) * self.epoch_samples
         lengths = [self._next_length(s) for s in range(len(cursors))]
         stops = [a for a, _ in segs[1:]] + [end]
         out = []
