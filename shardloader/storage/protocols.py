@@ -371,11 +371,6 @@ def fsspec_options(
 # -- classification ---------------------------------------------------------------------------
 
 
-def _deciders(protocol: str) -> list[Callable[[BaseException], str | None]]:
-    decide = protocol_defaults(protocol).decide
-    return [decide_generic] if decide is None else [decide, decide_generic]
-
-
 def classify(err: BaseException, protocol: str) -> str:
     """What kind of failure ``err`` is: ``transient``, ``throttled``, ``not_found``,
     ``no_bucket``, ``forbidden``, ``credentials`` or ``permanent``.
@@ -384,11 +379,11 @@ def classify(err: BaseException, protocol: str) -> str:
     cause it is; botocore wraps aiohttp's), so the cause chain is read outermost first and the
     first exception that says something decides.
     """
-    deciders = _deciders(protocol)
+    decide = protocol_defaults(protocol).decide
+    rules = [decide_generic] if decide is None else [decide, decide_generic]
     for e in chain(err):
-        for decide in deciders:
-            kind = decide(e)
-            if kind is not None:
+        for rule in rules:
+            if (kind := rule(e)) is not None:
                 return kind
     return PERMANENT
 
