@@ -300,17 +300,13 @@ def remove_entry(entry: Entry) -> int | None:
     if lock is None:
         return None
     freed = 0
-    try:
+    with lock:
         for path in [*entry.files, entry.base]:
             with contextlib.suppress(FileNotFoundError):
                 size = os.stat(path, follow_symlinks=False).st_size
                 os.remove(path)
                 freed += size
-        os.remove(lock_path)  # still ours: nobody else can hold it now (NOTE above)
-    except FileNotFoundError:
-        pass
-    finally:
-        lock.close()
+        remove_quietly(lock_path)  # still ours: nobody else can hold it now (NOTE above)
     return freed
 
 
