@@ -85,6 +85,8 @@ class ProtocolDefaults:
 
 # -- s3 ---------------------------------------------------------------------------------------
 
+# S3's error codes by kind.  An error without a body has its HTTP status as its code (botocore's
+# parser): from_status reads that status itself.
 _S3_CODES = {
     **dict.fromkeys(
         (
@@ -99,7 +101,6 @@ _S3_CODES = {
             "RequestThrottledException",
             "ProvisionedThroughputExceededException",
             "BandwidthLimitExceeded",
-            "429",
         ),
         THROTTLED,
     ),
@@ -127,11 +128,10 @@ _S3_CODES = {
             "InvalidClientTokenId",
             "UnrecognizedClientException",
             "AuthorizationHeaderMalformed",
-            "401",
         ),
         CREDENTIALS,
     ),
-    **dict.fromkeys(("NoSuchKey", "NotFound", "404", "NoSuchVersion"), NOT_FOUND),
+    **dict.fromkeys(("NoSuchKey", "NotFound", "NoSuchVersion"), NOT_FOUND),
     "NoSuchBucket": NO_BUCKET,
     "AccessDenied": FORBIDDEN,
 }
