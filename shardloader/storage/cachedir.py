@@ -33,6 +33,7 @@ import stat
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import BinaryIO
 from urllib.parse import quote
 
@@ -299,17 +300,13 @@ def remove_entry(entry: Entry) -> int | None:
     if lock is None:
         return None
     freed = 0
-    try:
+    with lock:
         for path in [*entry.files, entry.base]:
             with contextlib.suppress(FileNotFoundError):
                 size = os.stat(path, follow_symlinks=False).st_size
                 os.remove(path)
                 freed += size
-        os.remove(lock_path)  # still ours: nobody else can hold it now (NOTE above)
-    except FileNotFoundError:
-        pass
-    finally:
-        lock.close()
+        remove_quietly(lock_path)  # still ours: nobody else can hold it now (NOTE above)
     return freed
 
 
@@ -389,7 +386,8 @@ def cache_limit(root: str, explicit: int | None = None) -> tuple[int, str]:
             return parse_size(env), f"${MAX_BYTES_ENV}"
         except UsageError as err:
             raise UsageError(f"${MAX_BYTES_ENV}={env!r}: {err}") from err
-    disk = _existing_parent(root)
+    # the root's disk: the nearest folder that exists (the root may not yet)
+    disk = next((p for p in (Path(root), *Path(root).parents) if p.exists()), root)
     try:
         free = shutil.disk_usage(disk).free
     except OSError:
@@ -402,12 +400,3 @@ def cache_limit(root: str, explicit: int | None = None) -> tuple[int, str]:
     if by_disk < DEFAULT_MAX_BYTES:
         return by_disk, f"default: half of the {(free + held) / 1e9:.1f} GB its disk could hold"
     return capped
-
-
-def _existing_parent(path: str) -> str:
-    while not os.path.exists(path):
-        parent = os.path.dirname(path)
-        if parent == path:
-            break
-        path = parent
-    return path

@@ -69,9 +69,9 @@ class _HttpBody:
         length = resp.getheader("Content-Length")
         self.length = int(length) if length and length.isdigit() else None
         self.ranged = resp.status == 206
-        self.total = parse_content_range(resp.getheader("Content-Range"))
-        if not self.ranged:
-            self.total = self.length
+        self.total = (
+            parse_content_range(resp.getheader("Content-Range")) if self.ranged else self.length
+        )
         self._left = self.length
         self._url = url
         self._guard = guard
@@ -88,7 +88,7 @@ class _HttpBody:
         if self._left is not None:
             n = min(n, self._left)
             if n == 0:
-                self._release()
+                self._finish(reuse=True)
                 return b""
         try:
             data = self._resp.read(n)
@@ -106,13 +106,13 @@ class _HttpBody:
         if self._left is not None:
             self._left -= len(data)
             if self._left == 0:
-                self._release()
+                self._finish(reuse=True)
         return data
 
     def _end(self, err: BaseException | None = None) -> None:
         """The body ended (``err``: by an error): drop the connection, and raise the deadline's
         error where the watchdog cut it off."""
-        self._drop()
+        self._finish()
         if self._guard is not None and self._guard.fired:
             raise too_slow(self._url, self._guard.deadline, self._got) from err
 
@@ -140,29 +140,20 @@ class _HttpBody:
         if sock is not None:
             sock.shutdown(socket.SHUT_RDWR)
 
-    def _release(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is None:
-            return
-        if self._guard is not None:
-            self._guard.cancel()
-            if self._guard.fired:  # shut down by the watchdog: it cannot carry another request
-                _close(conn, self._resp)
-                return
-        self._client._put(self._origin, conn)
-
-    def _drop(self) -> None:
+    def _finish(self, reuse: bool = False) -> None:
+        """Done with the connection: back to the pool when ``reuse`` (the body was read to its
+        end), else closed (unread bytes, an error, or shut down by the deadline)."""
         conn, self._conn = self._conn, None
         if self._guard is not None:
             self._guard.cancel()
-        if conn is not None:
+            reuse = reuse and not self._guard.fired
+        if conn is not None and reuse:
+            self._client._put(self._origin, conn)
+        elif conn is not None:
             _close(conn, self._resp)
 
     def close(self) -> None:
-        if self._left == 0:
-            self._release()
-        else:
-            self._drop()  # unread bytes: the connection cannot carry another request
+        self._finish(reuse=self._left == 0)
 
 
 class HttpClient:

@@ -215,11 +215,10 @@ class ObjectStream(Passthrough):
             raise
         try:
             skip = self._check(body, part, start)
-            end = body.total if body.total is not None else self.size
-            # the bytes this response must deliver after any skipped ones (None: until it ends)
-            expected = part.stop - start if part.stop is not None else None
-            if expected is None and end is not None:
-                expected = end - start
+            # where this response ends (the part's stop, else the object's end) and the bytes
+            # it must deliver after any skipped ones (None: until it ends)
+            end = next((x for x in (part.stop, body.total, self.size) if x is not None), None)
+            expected = None if end is None else end - start
             while skip:
                 dropped = body.read(min(skip, CHUNK))
                 if not dropped:

@@ -85,6 +85,8 @@ class ProtocolDefaults:
 
 # -- s3 ---------------------------------------------------------------------------------------
 
+# S3's error codes by kind.  An error without a body has its HTTP status as its code (botocore's
+# parser): from_status reads that status itself.
 _S3_CODES = {
     **dict.fromkeys(
         (
@@ -99,7 +101,6 @@ _S3_CODES = {
             "RequestThrottledException",
             "ProvisionedThroughputExceededException",
             "BandwidthLimitExceeded",
-            "429",
         ),
         THROTTLED,
     ),
@@ -127,11 +128,10 @@ _S3_CODES = {
             "InvalidClientTokenId",
             "UnrecognizedClientException",
             "AuthorizationHeaderMalformed",
-            "401",
         ),
         CREDENTIALS,
     ),
-    **dict.fromkeys(("NoSuchKey", "NotFound", "404", "NoSuchVersion"), NOT_FOUND),
+    **dict.fromkeys(("NoSuchKey", "NotFound", "NoSuchVersion"), NOT_FOUND),
     "NoSuchBucket": NO_BUCKET,
     "AccessDenied": FORBIDDEN,
 }
@@ -371,11 +371,6 @@ def fsspec_options(
 # -- classification ---------------------------------------------------------------------------
 
 
-def _deciders(protocol: str) -> list[Callable[[BaseException], str | None]]:
-    decide = protocol_defaults(protocol).decide
-    return [decide_generic] if decide is None else [decide, decide_generic]
-
-
 def classify(err: BaseException, protocol: str) -> str:
     """What kind of failure ``err`` is: ``transient``, ``throttled``, ``not_found``,
     ``no_bucket``, ``forbidden``, ``credentials`` or ``permanent``.
@@ -384,11 +379,11 @@ def classify(err: BaseException, protocol: str) -> str:
     cause it is; botocore wraps aiohttp's), so the cause chain is read outermost first and the
     first exception that says something decides.
     """
-    deciders = _deciders(protocol)
+    decide = protocol_defaults(protocol).decide
+    rules = [decide_generic] if decide is None else [decide, decide_generic]
     for e in chain(err):
-        for decide in deciders:
-            kind = decide(e)
-            if kind is not None:
+        for rule in rules:
+            if (kind := rule(e)) is not None:
                 return kind
     return PERMANENT
 

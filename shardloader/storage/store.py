@@ -292,14 +292,10 @@ class RetryingReader(io.RawIOBase):
         return self._pos
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        if whence == io.SEEK_SET:
-            pos = offset
-        elif whence == io.SEEK_CUR:
-            pos = self._pos + offset
-        elif whence == io.SEEK_END and self.size is not None:
-            pos = self.size + offset
-        else:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self.size}.get(whence)
+        if base is None:  # an unknown whence, or SEEK_END of a file of unknown size
             raise io.UnsupportedOperation(f"{self.url}: cannot seek with whence={whence}")
+        pos = base + offset
         if pos < 0:
             raise ValueError(f"{self.url}: negative seek position {pos}")
         if self._f is not None:
