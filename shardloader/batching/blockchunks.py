@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from shardloader.batching.blocks import FIELDS, RowLayout
-from shardloader.batching.packed import IGNORE_INDEX
+from shardloader.batching.packcollate import IGNORE_INDEX, arange, fill_fields
 from shardloader.deliver.transport import TokenBatches
 
 if TYPE_CHECKING:
@@ -133,20 +133,8 @@ def assemble(
 ) -> None:
     """Fill ``block`` (int64 ``[4, k, R, S]``: :data:`FIELDS` in order) for a chunk;
     ``streams[shard]`` is the shard's token array."""
-    ids, labels, pos, mask = block
-    _, k, rows, s = block.shape
-    padded = copy_rows(chunk, streams, ids, pad_id)
-    starts = chunk.starts
-    size = k * rows * s
-    seg = np.diff(starts, append=size)
-    np.subtract(_arange(size), np.repeat(starts, seg), out=pos.reshape(-1))
-    np.copyto(labels, ids)
-    labels.reshape(-1)[starts] = IGNORE_INDEX
-    mask.fill(1)
-    for array, value in ((labels, IGNORE_INDEX), (mask, 0)) if padded else ():
-        view = array.reshape(k * rows, s)
-        for slot, n in padded:
-            view[slot, n:] = value
+    padded = copy_rows(chunk, streams, block[0], pad_id)
+    fill_fields(block, chunk.starts, padded)
 
 
 def copy_rows(
@@ -167,7 +155,7 @@ def copy_rows(
         return _copy_each(chunk, streams, flat_rows, range(k * rows), fill)
     full = chunk.n == s
     every = bool(full.all())
-    slots = np.flatnonzero(full) if not every else _arange(k * rows)
+    slots = np.flatnonzero(full) if not every else arange(k * rows)
     key = chunk.shard if every else chunk.shard[slots]
     order = np.argsort(key, kind="stable")
     key, at = key[order], chunk.lo[slots[order]] // s
@@ -264,14 +252,3 @@ def flag_rows(
         pad[repeated] = True
         if mode == "ignore" and labels is not None:
             labels[repeated] = IGNORE_INDEX
-
-
-_ARANGE = np.arange(0, dtype=np.int64)
-
-
-def _arange(n: int) -> np.ndarray:
-    """``arange(n)`` from a cached array (every chunk needs one)."""
-    global _ARANGE
-    if _ARANGE.size < n:
-        _ARANGE = np.arange(n, dtype=np.int64)
-    return _ARANGE[:n]
