@@ -9,7 +9,6 @@ collate pads by, and refuse a PadCollate whose ``pad_to_multiple_of`` or ``max_l
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -90,8 +89,12 @@ class PadCollate:
 
     def __call__(self, samples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         lengths: dict[str, torch.Tensor] = {}
-        padders = {name: functools.partial(self._pad_into, lengths) for name in self.pad_values}
-        out = collate_samples(samples, pad=padders)
+
+        def pad_into(name: str, values: Sequence[Any]) -> torch.Tensor:
+            padded, lengths[name] = self.pad(name, values)  # recorded for the mask
+            return padded
+
+        out = collate_samples(samples, pad=dict.fromkeys(self.pad_values, pad_into))
         mask_field = self.mask_field or next((k for k in self.pad_values if k in lengths), None)
         if mask_field is not None and mask_field in lengths:
             for key in ("attention_mask", "lengths"):
@@ -109,13 +112,6 @@ class PadCollate:
             out["attention_mask"] = mask.to(torch.int64)
             out["lengths"] = lens
         return out
-
-    def _pad_into(
-        self, lengths: dict[str, torch.Tensor], name: str, values: Sequence[Any]
-    ) -> torch.Tensor:
-        """Pad a field, recording its lengths in ``lengths`` (collate_samples' pad hook)."""
-        padded, lengths[name] = self.pad(name, values)
-        return padded
 
     def pad(self, name: str, values: Sequence[Any]) -> tuple[torch.Tensor, torch.Tensor]:
         """Pad one field's values; returns (padded [B, T, ...], lengths [B])."""
