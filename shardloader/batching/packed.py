@@ -229,8 +229,8 @@ class PackedBatches(BatchPlanner):
         pad = self.pad_id if pad_id is None else pad_id
         if pad is None:
             raise UsageError(
-                "PackedBatches.make_collate needs the tokenizer's pad id: pass pad_id= here or "
-                "to PackedBatches"
+                "PackedBatches needs the tokenizer's pad id to build its collate: pass "
+                "PackedBatches(..., pad_id=...) or collate_fn=planner.make_collate(pad_id)"
             )
         return PackCollate(
             self.seq_len,
@@ -255,12 +255,7 @@ class PackedBatches(BatchPlanner):
                 "hold token ids with --token-field input_ids"
             )
         if collate_fn is None:
-            if self.pad_id is None:
-                raise UsageError(
-                    "PackedBatches needs the tokenizer's pad id to build its collate: pass "
-                    "PackedBatches(..., pad_id=...) (or collate_fn=planner.make_collate(pad_id))"
-                )
-            return self.make_collate(field=field)
+            return self.make_collate(field=field)  # needs pad_id
         if isinstance(collate_fn, PackCollate):
             if collate_fn.field != field:
                 raise UsageError(
