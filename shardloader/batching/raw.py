@@ -249,7 +249,7 @@ class RawBatch(dict):  # type: ignore[type-arg]
             if name == "__key__" and _joinable(value):
                 parts[name] = "\0".join(value)
             elif name in ("__index__", "__pad__") and _plain_tensor(value):
-                parts[name] = (str(value.dtype), value.numpy().tobytes())
+                parts[name] = (value.numpy().dtype.str, value.numpy().tobytes())
             else:
                 other[name] = value
         return _batch, (parts, other, list(self))
@@ -285,12 +285,7 @@ def _batch(parts: dict[str, Any], other: dict[str, Any], order: list[str]) -> Ra
             values[name] = part.split("\0")
         else:
             dtype, data = part
-            kind = torch.int64 if dtype == "torch.int64" else torch.bool
-            values[name] = (
-                torch.frombuffer(bytearray(data), dtype=kind)
-                if data
-                else (torch.zeros(0, dtype=kind))
-            )
+            values[name] = torch.from_numpy(np.frombuffer(data, dtype).copy())
     return RawBatch((name, values[name]) for name in order)
 
 
