@@ -162,7 +162,7 @@ class PackCollate:
 
 
 def fill_fields(
-    block: Sequence[np.ndarray], starts: np.ndarray, padded: list[tuple[int, int]]
+    block: Sequence[np.ndarray] | np.ndarray, starts: np.ndarray, padded: list[tuple[int, int]]
 ) -> None:
     """Make ``labels``, ``position_ids`` and ``attention_mask`` of packed rows from their
     ``input_ids``: ``block`` is the four int64 ``[..., S]`` arrays in that order, ids filled;

@@ -175,14 +175,13 @@ class PackedBatches(BatchPlanner):
         return np.unique(np.minimum(np.arange(0, n + self.window, self.window), n))
 
     def _shuffled(self, batches: list[np.ndarray], rng: np.random.Generator) -> list[np.ndarray]:
-        if self.balance is not None and self.ranks is not None:
+        if self.ranks is not None:  # balance="attention" (ranks is given exactly then)
             return shuffled_steps(batches, self.ranks, rng)  # a step's batches stay together
         return shuffled(batches, rng)
 
     def _pack(self, segs: np.ndarray, bounds: np.ndarray) -> list[np.ndarray]:
         """Pack ``segs[bounds[i]:bounds[i + 1]]`` window by window, carrying what does not
         fill a batch into the next one."""
-        balanced = self.balance is not None and self.ranks is not None  # NOTE [balanced steps]
         n, rows = self.seq_len, self.rows_per_batch
         c, keep = float(self.balance_c), self.tail == "keep"
         batches: list[np.ndarray] = []
@@ -190,9 +189,9 @@ class PackedBatches(BatchPlanner):
         last = len(bounds) - 2
         for w in range(last + 1):
             window = np.concatenate([carry, segs[bounds[w] : bounds[w + 1]]])
-            if balanced:
+            if self.ranks is not None:  # balance="attention": NOTE [balanced steps]
                 full, carry = pack_window_balanced(
-                    window, n, rows, self.ranks or 1, self.fit, c, w == last, keep
+                    window, n, rows, self.ranks, self.fit, c, w == last, keep
                 )
             else:
                 full, carry = pack_window(window, n, rows, self.fit, w == last and keep)

@@ -124,14 +124,10 @@ class PadCollate:
             )
         value = self.pad_values[name]
         dtype = result_dtype(name, arrays, value)
+        keep = self.max_length
+        if keep is not None:
+            arrays = [a[:keep] if self.truncation_side == "right" else a[-keep:] for a in arrays]
         lens = [int(a.shape[0]) for a in arrays]
-        if self.max_length is not None:
-            keep = self.max_length
-            if self.truncation_side == "right":
-                arrays = [a[:keep] for a in arrays]
-            else:
-                arrays = [a[max(len(a) - keep, 0) :] for a in arrays]
-            lens = [min(n, keep) for n in lens]
         width = padded_length(max(lens), self.pad_to_multiple_of)
         shape = (len(arrays), width, *trailing.pop())
         right = self.padding_side == "right"
