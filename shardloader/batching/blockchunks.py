@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from shardloader.batching.blocks import FIELDS, RowLayout
-from shardloader.batching.packcollate import IGNORE_INDEX, arange, fill_fields
+from shardloader.batching.packcollate import IGNORE_INDEX, fill_fields
 from shardloader.deliver.transport import TokenBatches
 
 if TYPE_CHECKING:
@@ -154,25 +154,18 @@ def copy_rows(
     if k * rows < _GATHER_ROWS:
         return _copy_each(chunk, streams, flat_rows, range(k * rows), fill)
     full = chunk.n == s
-    every = bool(full.all())
-    slots = np.flatnonzero(full) if not every else arange(k * rows)
-    key = chunk.shard if every else chunk.shard[slots]
-    order = np.argsort(key, kind="stable")
-    key, at = key[order], chunk.lo[slots[order]] // s
-    edges = [0, *(np.flatnonzero(key[1:] != key[:-1]) + 1).tolist(), key.size]
-    got = None
-    for a, b in zip(edges[:-1], edges[1:], strict=True):
-        stream = streams[int(key[a])]
-        if got is None:
-            got = np.empty((key.size, s), stream.dtype)
-        whole = stream[: stream.size // s * s].reshape(-1, s)
-        np.take(whole, at[a:b], axis=0, out=got[a:b], mode="clip")  # clip: not buffered
-    if got is not None:
-        flat_rows[slots[order]] = got
-    if every:
-        return []
-    short = np.flatnonzero(~full).tolist()
-    return _copy_each(chunk, streams, flat_rows, short, fill)
+    slots = np.flatnonzero(full)
+    slots = slots[np.argsort(chunk.shard[slots], kind="stable")]  # by shard
+    key, at = chunk.shard[slots], chunk.lo[slots] // s
+    if key.size:
+        got = np.empty((key.size, s), streams[int(key[0])].dtype)
+        edges = [0, *(np.flatnonzero(key[1:] != key[:-1]) + 1).tolist(), key.size]
+        for a, b in zip(edges[:-1], edges[1:], strict=True):
+            stream = streams[int(key[a])]
+            whole = stream[: stream.size // s * s].reshape(-1, s)
+            np.take(whole, at[a:b], axis=0, out=got[a:b], mode="clip")  # clip: not buffered
+        flat_rows[slots] = got
+    return _copy_each(chunk, streams, flat_rows, np.flatnonzero(~full).tolist(), fill)
 
 
 _GATHER_ROWS = 256  # rows from which copy_rows gathers by shard rather than row by row

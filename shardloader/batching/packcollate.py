@@ -174,7 +174,7 @@ def fill_fields(
     s = ids.shape[-1]
     size = ids.size
     seg = np.diff(starts, append=size)
-    np.subtract(arange(size), np.repeat(starts, seg), out=pos.reshape(-1))
+    np.subtract(_arange(size), np.repeat(starts, seg), out=pos.reshape(-1))
     np.copyto(labels, ids)
     labels.reshape(-1)[starts] = IGNORE_INDEX
     mask.fill(1)
@@ -187,7 +187,7 @@ def fill_fields(
 _ARANGE = np.arange(0, dtype=np.int64)
 
 
-def arange(n: int) -> np.ndarray:
+def _arange(n: int) -> np.ndarray:
     """``arange(n)`` int64 from a cached array (every batch needs one)."""
     global _ARANGE
     if _ARANGE.size < n:
