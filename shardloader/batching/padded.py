@@ -88,22 +88,22 @@ class PadCollate:
             raise UsageError(f"mask_field {self.mask_field!r} has no entry in pad_values")
 
     def __call__(self, samples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-        lengths: dict[str, torch.Tensor] = {}
+        padded: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # kept for the mask
 
         def pad_into(name: str, values: Sequence[Any]) -> torch.Tensor:
-            padded, lengths[name] = self.pad(name, values)  # recorded for the mask
-            return padded
+            padded[name] = self.pad(name, values)
+            return padded[name][0]
 
         out = collate_samples(samples, pad=dict.fromkeys(self.pad_values, pad_into))
-        mask_field = self.mask_field or next((k for k in self.pad_values if k in lengths), None)
-        if mask_field is not None and mask_field in lengths:
+        mask_field = self.mask_field or next((k for k in self.pad_values if k in padded), None)
+        if mask_field in padded:
             for key in ("attention_mask", "lengths"):
                 if key in out:
                     raise UsageError(
                         f"samples already have a field {key!r}, which PadCollate emits; rename it"
                     )
-            lens = lengths[mask_field]
-            width = _get(out, mask_field).shape[1]
+            values, lens = padded[mask_field]
+            width = values.shape[1]
             pos = torch.arange(width)
             if self.padding_side == "right":
                 mask = pos[None, :] < lens[:, None]
@@ -145,13 +145,6 @@ class PadCollate:
                 out[i, slice(0, n) if right else slice(width - n, width)] = a
         padded = torch.from_numpy(out) if on_numpy else out
         return padded, torch.tensor(lens, dtype=torch.int64)
-
-
-def _get(out: Mapping[str, Any], dotted: str) -> Any:
-    value: Any = out
-    for part in dotted.split("."):
-        value = value[part]
-    return value
 
 
 # ---------------------------------------------------------------------------------------------
