@@ -142,14 +142,11 @@ class PackedBatches(BatchPlanner):
     def signature(self) -> str:
         """NOTE [plan signature]: ``fit`` is written only when it is not the default, so states
         saved before it existed still load."""
-        names = ("seq_len", "rows_per_batch", "window", "long_docs", "tail", "pad_id")
-        fields = [f"{n}={stable_value(getattr(self, n))}" for n in names]
-        if self.fit != "first":
-            fields.append(f"fit={stable_value(self.fit)}")
-        if self.balance is not None:
-            for n in ("balance", "ranks", "balance_c"):
-                fields.append(f"{n}={stable_value(getattr(self, n))}")
-        return f"{type(self).__name__}({', '.join(fields)})"
+        names = ["seq_len", "rows_per_batch", "window", "long_docs", "tail", "pad_id"]
+        names += ["fit"] if self.fit != "first" else []
+        names += ["balance", "ranks", "balance_c"] if self.balance is not None else []
+        fields = ", ".join(f"{n}={stable_value(getattr(self, n))}" for n in names)
+        return f"{type(self).__name__}({fields})"
 
     def plan(
         self, order: np.ndarray, lengths: np.ndarray | None, rng: np.random.Generator
