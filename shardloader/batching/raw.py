@@ -151,8 +151,6 @@ class ByteColumn(Sequence[Any]):
         return torch.frombuffer(bytearray(self._data), dtype=torch.uint8)
 
     def __eq__(self, other: object) -> bool:
-        if isinstance(other, ByteColumn):
-            return self.tolist() == other.tolist()
         if isinstance(other, Sequence) and not isinstance(other, (str, bytes)):
             return self.tolist() == list(other)
         return NotImplemented
