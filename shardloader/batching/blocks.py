@@ -92,13 +92,10 @@ class RowLayout:
         got = np.zeros(lens.size, np.int64)
         doc = 0
         for shard, count in enumerate(np.asarray(shard_sizes, np.int64).tolist()):
-            if not count:
-                continue
-            flags = np.zeros(int(self.rows_per_shard[shard]) + 1, bool)  # one more: past the end
-            flags[:-1] = delivered[self.row_bounds[shard] : self.row_bounds[shard + 1]]
+            mine = delivered[self.row_bounds[shard] : self.row_bounds[shard + 1]]
+            flags = np.append(mine, False)  # one more: past the end
             full_before = np.concatenate([[0], np.cumsum(flags)])  # delivered rows before row j
-            start = np.zeros(count + 1, np.int64)
-            np.cumsum(lens[doc : doc + count], out=start[1:])
+            start = np.concatenate([[0], np.cumsum(lens[doc : doc + count])])
 
             # delivered tokens of [0, x) of the shard's stream, for each document start x
             j = np.minimum(start // s, flags.size - 1)
