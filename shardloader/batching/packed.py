@@ -132,8 +132,7 @@ class PackedBatches(BatchPlanner):
         else:
             pieces = np.ones(lens.size, np.int64)
             lens = np.minimum(lens, s)
-        offsets = np.zeros(ids.size + 1, np.int64)
-        np.cumsum(pieces, out=offsets[1:])
+        offsets = np.concatenate([[0], np.cumsum(pieces)])
         doc = np.repeat(np.arange(ids.size), pieces)
         start = (np.arange(doc.size) - offsets[doc]) * s
         stop = np.minimum(start + s, lens[doc])
