@@ -115,10 +115,17 @@ class ByteColumn(Sequence[Any]):
             for value in self._parts:
                 yield None if value is None else bytes(value)
             return
-        if type(self._data) is bytes:
-            yield from _iter_views(self)
+        data, offsets = self._data, self._offsets.tolist()
+        spans = zip(offsets, offsets[1:])  # noqa: B905 - one longer by design
+        if self._present is None:
+            views: Iterator[Any] = (data[a:b] for a, b in spans)
+        else:
+            there = self._present.tolist()
+            views = (data[a:b] if t else None for (a, b), t in zip(spans, there, strict=True))
+        if type(data) is bytes:
+            yield from views
         else:  # a view of shared memory (the service's client)
-            yield from (None if v is None else bytes(v) for v in _iter_views(self))
+            yield from (None if v is None else bytes(v) for v in views)
 
     def tolist(self) -> list[bytes | None]:
         return list(self)
@@ -186,18 +193,6 @@ class ByteColumn(Sequence[Any]):
             return [v for v in parts if v is not None], offsets, present
         np.cumsum(np.fromiter(map(len, parts), np.int64, n), out=offsets[1:])
         return parts, offsets, None
-
-
-def _iter_views(column: ByteColumn) -> Iterator[Any]:
-    """Each sample's slice of the joined buffer (None where the field is missing)."""
-    data, offsets = column._data, column._offsets.tolist()
-    spans = zip(offsets, offsets[1:])  # noqa: B905 - one longer by design
-    if column._present is None:
-        return (data[a:b] for a, b in spans)
-    return (
-        data[a:b] if there else None
-        for (a, b), there in zip(spans, column._present.tolist(), strict=True)
-    )
 
 
 _NO_OFFSETS = np.zeros(1, np.int64)
