@@ -5,6 +5,8 @@ module turns a chunk of those batches into the four ``[k, rows, seq_len]`` field
 ``cu_seqlens`` without a Python loop per document, into the buffer that crosses to the main
 process (:func:`build`: TokenBlocks' collate).  The pass (:mod:`shardloader.read.samplepass`)
 calls it with the rows the token format loaded (:mod:`shardloader.format.tokens.rows`).
+Labels, positions and the mask follow from the ids and the segment starts by the rule
+PackCollate's rows follow too (:func:`~shardloader.batching.packcollate.fill_fields`).
 
 NOTE [flagged repeats]
     Under ``uneven="pad"`` a rank whose partition has run out of batches repeats batches from

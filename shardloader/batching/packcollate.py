@@ -1,7 +1,8 @@
 """The collate of sequence packing: :class:`PackCollate` rebuilds the rows that
 :class:`~shardloader.batching.packed.PackedBatches` planned, from the batch alone, with the same
 placement rule (:func:`~shardloader.batching.fit.pack_rows`; NOTE [planner and collate agree
-without talking] in :mod:`shardloader.batching.base`).
+without talking] in :mod:`shardloader.batching.base`).  :func:`fill_fields`, which makes a
+row's labels, positions and mask from its ids, is TokenBlocks' rule as well.
 """
 
 from __future__ import annotations
