@@ -152,7 +152,7 @@ class PackedBatches(BatchPlanner):
     ) -> list[np.ndarray]:
         ids = as_ids(order)
         segs, offsets = self._segments(ids, lengths_of(type(self).__name__, ids, lengths))
-        return self._shuffled(self._pack(segs, offsets[self._windows(offsets.size - 1)]), rng)
+        return self._pack(segs, offsets[self._windows(offsets.size - 1)], rng)
 
     def plan_segments(self, segments: np.ndarray, rng: np.random.Generator) -> list[np.ndarray]:
         """Batches of given segments ``[n, 3]`` (each at most ``seq_len`` tokens), windows of
@@ -164,20 +164,17 @@ class PackedBatches(BatchPlanner):
                 f"a segment is longer than seq_len={self.seq_len}: the rest of an epoch can be "
                 "re-planned only with the seq_len it was cut with"
             )
-        return self._shuffled(self._pack(segs, self._windows(len(segs))), rng)
+        return self._pack(segs, self._windows(len(segs)), rng)
 
     def _windows(self, n: int) -> np.ndarray:
         """Bounds ``0, window, 2 * window, ..., n`` of ``n`` documents (or segments)."""
         return np.unique(np.minimum(np.arange(0, n + self.window, self.window), n))
 
-    def _shuffled(self, batches: list[np.ndarray], rng: np.random.Generator) -> list[np.ndarray]:
-        if self.ranks is not None:  # balance="attention" (ranks is given exactly then)
-            return shuffled_steps(batches, self.ranks, rng)  # a step's batches stay together
-        return shuffled(batches, rng)
-
-    def _pack(self, segs: np.ndarray, bounds: np.ndarray) -> list[np.ndarray]:
+    def _pack(
+        self, segs: np.ndarray, bounds: np.ndarray, rng: np.random.Generator
+    ) -> list[np.ndarray]:
         """Pack ``segs[bounds[i]:bounds[i + 1]]`` window by window, carrying what does not
-        fill a batch into the next one."""
+        fill a batch into the next one; the batches shuffled (a balanced step's together)."""
         n, rows = self.seq_len, self.rows_per_batch
         c, keep = float(self.balance_c), self.tail == "keep"
         batches: list[np.ndarray] = []
@@ -185,14 +182,16 @@ class PackedBatches(BatchPlanner):
         last = len(bounds) - 2
         for w in range(last + 1):
             window = np.concatenate([carry, segs[bounds[w] : bounds[w + 1]]])
-            if self.ranks is not None:  # balance="attention": NOTE [balanced steps]
+            if self.ranks is not None:  # balance="attention" (ranks is given exactly then)
                 full, carry = pack_window_balanced(
                     window, n, rows, self.ranks, self.fit, c, w == last, keep
                 )
             else:
                 full, carry = pack_window(window, n, rows, self.fit, w == last and keep)
             batches += full  # what is still carried after the last window is the dropped tail
-        return batches
+        if self.ranks is not None:  # NOTE [balanced steps]
+            return shuffled_steps(batches, self.ranks, rng)
+        return shuffled(batches, rng)
 
     def explain_dropped(self, tokens: int | None) -> str:
         """Why the plan left a document of ``tokens`` out (for the ledger)."""
