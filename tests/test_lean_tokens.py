@@ -84,6 +84,26 @@ def test_rows_gathered_a_shard_at_a_time_land_where_the_row_by_row_copy_puts_the
                 assert a[key] == value, (j, key)
 
 
+def test_a_big_chunk_without_a_full_row_is_copied_row_by_row(monkeypatch):
+    """Every row short (shards shorter than seq_len, padding rows): the gather by shard has
+    nothing to take, and each row is copied and padded as the row-by-row copy does it."""
+    from shardloader.batching import blockchunks
+
+    n = np.array([3, 2, 1, 0])
+    chunk = blockchunks.ChunkLayout(
+        2, 2, 4, np.array([0, 1, 0, -1]), np.array([0, 0, 4, 0]), n, *([np.zeros(0)] * 4)
+    )
+    streams = {0: np.arange(1, 6, dtype=np.uint16), 1: np.arange(1, 3, dtype=np.uint16)}
+    got = {}
+    for gather in (1, 10**6):
+        monkeypatch.setattr(blockchunks, "_GATHER_ROWS", gather)
+        ids = np.full((2, 2, 4), 7, np.uint16)
+        got[gather] = blockchunks.copy_rows(chunk, streams, ids), ids
+    assert got[1][0] == got[10**6][0] == list(enumerate(n.tolist()))
+    assert np.array_equal(got[1][1], got[10**6][1])
+    assert got[1][1].reshape(4, 4).tolist() == [[1, 2, 3, 0], [1, 2, 0, 0], [5, 0, 0, 0], [0] * 4]
+
+
 def test_lean_is_no_part_of_the_plan():
     assert signature_of(TokenBlocks(SEQ, ROWS, pad_id=9, lean=True)) == signature_of(
         TokenBlocks(SEQ, ROWS, pad_id=9)

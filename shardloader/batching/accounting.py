@@ -116,11 +116,8 @@ def account(
     flat = [b for b in batches if b.ndim == 1 and b.size]
     segs = [b for b in batches if b.ndim == 2 and b.size]
     flat_ids = np.concatenate(flat) if flat else np.zeros(0, np.int64)
-    size = max([int(ids.max()) + 1 if ids.size else 0, int(flat_ids.max()) + 1 if flat else 0])
-    if lengths is not None:
-        size = max(size, int(np.asarray(lengths).size))
-    if segs:
-        size = max(size, max(int(b[:, 0].max()) for b in segs) + 1)
+    tops = [int(a.max()) + 1 for a in (ids, flat_ids, *(b[:, 0] for b in segs)) if a.size]
+    size = max([*tops, 0 if lengths is None else int(np.asarray(lengths).size)])
     want = np.bincount(ids, minlength=size)  # occurrences of each sample in the order
     got = np.zeros(size, np.int64)  # occurrences delivered at all (at most ``want``)
     whole = np.zeros(size, np.int64)  # occurrences delivered whole

@@ -27,7 +27,6 @@ NOTE [balanced steps]
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -122,21 +121,6 @@ def _improve(
     return False
 
 
-def _deal(
-    segs: np.ndarray,
-    rows: list[list[int]],
-    cost: np.ndarray,
-    batches: int,
-    per_batch: int,
-    fit: str,
-) -> list[np.ndarray]:
-    """One step: ``rows`` (creation order) dealt onto ``batches`` balanced batches."""
-    where = assign_capped(cost, batches, per_batch)
-    return [
-        listing(segs, [rows[r] for r in np.flatnonzero(where == b)], fit) for b in range(batches)
-    ]
-
-
 def pack_window_balanced(
     segs: np.ndarray,
     seq_len: int,
@@ -161,14 +145,14 @@ def pack_window_balanced(
     seg_cost = segment_cost(lens, c)
     cost = np.fromiter((float(seg_cost[row].sum()) for row in kept), np.float64, len(kept))
     by_cost = np.argsort(-cost[:full], kind="stable")
-    out: list[np.ndarray] = []
-    for s in range(0, full, step):
-        chosen = np.sort(by_cost[s : s + step])  # creation order inside the step
-        out += _deal(segs, [kept[r] for r in chosen], cost[chosen], ranks, rows_per_batch, fit)
+    steps = [np.sort(by_cost[s : s + step]) for s in range(0, full, step)]  # creation order
     if short:
-        tail = np.arange(full, full + short)
-        n = math.ceil(short / rows_per_batch)
-        out += _deal(segs, [kept[r] for r in tail], cost[tail], n, rows_per_batch, fit)
+        steps.append(np.arange(full, full + short))
+    out: list[np.ndarray] = []
+    for chosen in steps:  # each dealt onto balanced batches
+        batches = -(-chosen.size // rows_per_batch)
+        where = assign_capped(cost[chosen], batches, rows_per_batch)
+        out += [listing(segs, [kept[r] for r in chosen[where == b]], fit) for b in range(batches)]
     return out, unplaced(segs, kept) if not last else segs[:0]
 
 

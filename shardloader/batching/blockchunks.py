@@ -5,6 +5,8 @@ module turns a chunk of those batches into the four ``[k, rows, seq_len]`` field
 ``cu_seqlens`` without a Python loop per document, into the buffer that crosses to the main
 process (:func:`build`: TokenBlocks' collate).  The pass (:mod:`shardloader.read.samplepass`)
 calls it with the rows the token format loaded (:mod:`shardloader.format.tokens.rows`).
+Labels, positions and the mask follow from the ids and the segment starts by the rule
+PackCollate's rows follow too (:func:`~shardloader.batching.packcollate.fill_fields`).
 
 NOTE [flagged repeats]
     Under ``uneven="pad"`` a rank whose partition has run out of batches repeats batches from
@@ -30,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from shardloader.batching.blocks import FIELDS, RowLayout
-from shardloader.batching.packed import IGNORE_INDEX
+from shardloader.batching.packcollate import IGNORE_INDEX, fill_fields
 from shardloader.deliver.transport import TokenBatches
 
 if TYPE_CHECKING:
@@ -133,20 +135,8 @@ def assemble(
 ) -> None:
     """Fill ``block`` (int64 ``[4, k, R, S]``: :data:`FIELDS` in order) for a chunk;
     ``streams[shard]`` is the shard's token array."""
-    ids, labels, pos, mask = block
-    _, k, rows, s = block.shape
-    padded = copy_rows(chunk, streams, ids, pad_id)
-    starts = chunk.starts
-    size = k * rows * s
-    seg = np.diff(starts, append=size)
-    np.subtract(_arange(size), np.repeat(starts, seg), out=pos.reshape(-1))
-    np.copyto(labels, ids)
-    labels.reshape(-1)[starts] = IGNORE_INDEX
-    mask.fill(1)
-    for array, value in ((labels, IGNORE_INDEX), (mask, 0)) if padded else ():
-        view = array.reshape(k * rows, s)
-        for slot, n in padded:
-            view[slot, n:] = value
+    padded = copy_rows(chunk, streams, block[0], pad_id)
+    fill_fields(block, chunk.starts, padded)
 
 
 def copy_rows(
@@ -166,25 +156,18 @@ def copy_rows(
     if k * rows < _GATHER_ROWS:
         return _copy_each(chunk, streams, flat_rows, range(k * rows), fill)
     full = chunk.n == s
-    every = bool(full.all())
-    slots = np.flatnonzero(full) if not every else _arange(k * rows)
-    key = chunk.shard if every else chunk.shard[slots]
-    order = np.argsort(key, kind="stable")
-    key, at = key[order], chunk.lo[slots[order]] // s
-    edges = [0, *(np.flatnonzero(key[1:] != key[:-1]) + 1).tolist(), key.size]
-    got = None
-    for a, b in zip(edges[:-1], edges[1:], strict=True):
-        stream = streams[int(key[a])]
-        if got is None:
-            got = np.empty((key.size, s), stream.dtype)
-        whole = stream[: stream.size // s * s].reshape(-1, s)
-        np.take(whole, at[a:b], axis=0, out=got[a:b], mode="clip")  # clip: not buffered
-    if got is not None:
-        flat_rows[slots[order]] = got
-    if every:
-        return []
-    short = np.flatnonzero(~full).tolist()
-    return _copy_each(chunk, streams, flat_rows, short, fill)
+    slots = np.flatnonzero(full)
+    slots = slots[np.argsort(chunk.shard[slots], kind="stable")]  # by shard
+    key, at = chunk.shard[slots], chunk.lo[slots] // s
+    if key.size:
+        got = np.empty((key.size, s), streams[int(key[0])].dtype)
+        edges = [0, *(np.flatnonzero(key[1:] != key[:-1]) + 1).tolist(), key.size]
+        for a, b in zip(edges[:-1], edges[1:], strict=True):
+            stream = streams[int(key[a])]
+            whole = stream[: stream.size // s * s].reshape(-1, s)
+            np.take(whole, at[a:b], axis=0, out=got[a:b], mode="clip")  # clip: not buffered
+        flat_rows[slots] = got
+    return _copy_each(chunk, streams, flat_rows, np.flatnonzero(~full).tolist(), fill)
 
 
 _GATHER_ROWS = 256  # rows from which copy_rows gathers by shard rather than row by row
@@ -264,14 +247,3 @@ def flag_rows(
         pad[repeated] = True
         if mode == "ignore" and labels is not None:
             labels[repeated] = IGNORE_INDEX
-
-
-_ARANGE = np.arange(0, dtype=np.int64)
-
-
-def _arange(n: int) -> np.ndarray:
-    """``arange(n)`` from a cached array (every chunk needs one)."""
-    global _ARANGE
-    if _ARANGE.size < n:
-        _ARANGE = np.arange(n, dtype=np.int64)
-    return _ARANGE[:n]

@@ -92,13 +92,10 @@ class RowLayout:
         got = np.zeros(lens.size, np.int64)
         doc = 0
         for shard, count in enumerate(np.asarray(shard_sizes, np.int64).tolist()):
-            if not count:
-                continue
-            flags = np.zeros(int(self.rows_per_shard[shard]) + 1, bool)  # one more: past the end
-            flags[:-1] = delivered[self.row_bounds[shard] : self.row_bounds[shard + 1]]
+            mine = delivered[self.row_bounds[shard] : self.row_bounds[shard + 1]]
+            flags = np.append(mine, False)  # one more: past the end
             full_before = np.concatenate([[0], np.cumsum(flags)])  # delivered rows before row j
-            start = np.zeros(count + 1, np.int64)
-            np.cumsum(lens[doc : doc + count], out=start[1:])
+            start = np.concatenate([[0], np.cumsum(lens[doc : doc + count])])
 
             # delivered tokens of [0, x) of the shard's stream, for each document start x
             j = np.minimum(start // s, flags.size - 1)
@@ -222,38 +219,30 @@ class TokenBlocks(BatchPlanner):
         sizes = np.asarray(shard_sizes, np.int64)
         if cached is not None and cached[0]() is lengths and np.array_equal(cached[1], sizes):
             return cached[2]
-        lay = self._layout(sizes, lengths)
-        if lengths is not None:
-            if len(_LAYOUTS) >= 8:
-                _LAYOUTS.pop(next(iter(_LAYOUTS)))
-            _LAYOUTS[key] = (weakref.ref(lengths), sizes, lay)
-        return lay
-
-    def _layout(self, shard_sizes: np.ndarray, lengths: np.ndarray | None) -> RowLayout:
         if lengths is None:
             raise UsageError("TokenBlocks needs the sidecars' token counts (a length field)")
-        sizes = np.asarray(shard_sizes, np.int64)
         lens = np.asarray(lengths, np.int64)
         if lens.size != int(sizes.sum()):
             raise UsageError(f"{lens.size} lengths for {int(sizes.sum())} documents")
-        cum = np.zeros(lens.size + 1, np.int64)
-        np.cumsum(lens, out=cum[1:])
-        doc_bounds = np.zeros(sizes.size + 1, np.int64)
-        np.cumsum(sizes, out=doc_bounds[1:])
+        cum = np.concatenate([[0], np.cumsum(lens)])
+        doc_bounds = np.concatenate([[0], np.cumsum(sizes)])
         token_bases = cum[doc_bounds]
         shard_tokens = np.diff(token_bases)
         rows = shard_tokens // self.seq_len
         if self.remainder == "pad":
             rows += shard_tokens % self.seq_len > 0
-        row_bounds = np.zeros(sizes.size + 1, np.int64)
-        np.cumsum(rows, out=row_bounds[1:])
+        row_bounds = np.concatenate([[0], np.cumsum(rows)])
         bounds = cum[:-1][lens > 0]
         lay = RowLayout(self.seq_len, shard_tokens, token_bases, row_bounds, bounds, bounds, bounds)
         shard, lo, n = lay.windows(np.arange(lay.num_rows, dtype=np.int64))
         g = token_bases[shard] + lo
         inside = np.searchsorted(bounds, g, side="right")
         inside_end = np.searchsorted(bounds, g + n, side="left")
-        return replace(lay, inside=inside, inside_end=inside_end)
+        lay = replace(lay, inside=inside, inside_end=inside_end)
+        if len(_LAYOUTS) >= 8:
+            _LAYOUTS.pop(next(iter(_LAYOUTS)))
+        _LAYOUTS[key] = (weakref.ref(lengths), sizes, lay)
+        return lay
 
     def plan(
         self, order: np.ndarray, lengths: np.ndarray | None, rng: np.random.Generator

@@ -256,10 +256,7 @@ def _torch_field(name: str, values: list[Any], owners: Sequence[Any]) -> Any:
     try:
         return default_collate(values)
     except (RuntimeError, TypeError) as err:
-        if name:
-            found = _unequal_field([{name: v} for v in values])
-        else:
-            found = _unequal_field(values)
+        found = _unequal_field([{name: v} for v in values] if name else values)
         if found is None:
             raise
         field, (i, a), (j, b) = found

@@ -63,13 +63,11 @@ def pack_rows(lengths: Sequence[int] | np.ndarray, seq_len: int) -> list[list[Se
     open_row: list[int] = []  # rows with room left, in creation order
     open_room = np.empty(max(int(lens.size), 1), np.int64)  # their free tokens (a prefix)
     for item, length in enumerate(lens.tolist()):
-        if length > seq_len:
-            full = length // seq_len
-            rows.extend([(item, p * seq_len, (p + 1) * seq_len)] for p in range(full))
-            if length > full * seq_len:
-                open_room[len(open_row)] = (full + 1) * seq_len - length
-                open_row.append(len(rows))
-                rows.append([(item, full * seq_len, length)])
+        if length > seq_len:  # a row per piece; the remainder's has room for later items
+            rows.extend([(item, a, min(a + seq_len, length))] for a in range(0, length, seq_len))
+            if length % seq_len:
+                open_room[len(open_row)] = -length % seq_len
+                open_row.append(len(rows) - 1)
             continue
         if length == 0 and rows:
             rows[0].append((item, 0, 0))
@@ -136,13 +134,9 @@ def next_fit_rows(
     rows: list[list[tuple[int, int, int]]] = []
     room = 0
     for item, length in enumerate(np.asarray(lengths, dtype=np.int64).tolist()):
-        if length > seq_len:
-            full = length // seq_len
-            rows.extend([(item, p * seq_len, (p + 1) * seq_len)] for p in range(full))
-            room = 0
-            if length > full * seq_len:
-                rows.append([(item, full * seq_len, length)])
-                room = (full + 1) * seq_len - length
+        if length > seq_len:  # a row per piece, the remainder's the current one
+            rows.extend([(item, a, min(a + seq_len, length))] for a in range(0, length, seq_len))
+            room = -length % seq_len
             continue
         if rows and length <= room:
             rows[-1].append((item, 0, length))

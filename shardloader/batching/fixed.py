@@ -27,7 +27,6 @@ class FixedBatches(BatchPlanner):
 
     batch_size: int
     drop_last: bool = False
-    needs_lengths = False
     elastic = "batch_size"  # what a resume may change (shardloader/plan/elastic.py)
 
     def __post_init__(self) -> None:

@@ -1,7 +1,8 @@
 """The collate of sequence packing: :class:`PackCollate` rebuilds the rows that
 :class:`~shardloader.batching.packed.PackedBatches` planned, from the batch alone, with the same
 placement rule (:func:`~shardloader.batching.fit.pack_rows`; NOTE [planner and collate agree
-without talking] in :mod:`shardloader.batching.base`).
+without talking] in :mod:`shardloader.batching.base`).  :func:`fill_fields`, which makes a
+row's labels, positions and mask from its ids, is TokenBlocks' rule as well.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from shardloader.batching.base import (
 from shardloader.batching.fit import next_fit_rows, pack_rows
 from shardloader.errors import UsageError
 
-__all__ = ["IGNORE_INDEX", "PackCollate"]
+__all__ = ["IGNORE_INDEX", "PackCollate", "fill_fields"]
 
 IGNORE_INDEX = -100  # label value torch's cross_entropy ignores by default
 
@@ -134,26 +135,21 @@ class PackCollate:
             n_rows = self.rows_per_batch
         s = self.seq_len
         ids = np.full((n_rows, s), self.pad_id, np.int64)
-        labels = np.full((n_rows, s), IGNORE_INDEX, np.int64)
-        pos = np.zeros((n_rows, s), np.int64)
-        mask = np.zeros((n_rows, s), np.int64)
-        bounds = [0]
+        flat = ids.reshape(-1)
+        starts, padded = [], []
         for r in range(n_rows):
-            col = 0
+            col = r * s
             for doc, start, stop in rows[r] if r < len(rows) else ():
-                n = stop - start
-                if not n:
-                    continue
-                ids[r, col : col + n] = docs[doc][start:stop]
-                labels[r, col + 1 : col + n] = ids[r, col + 1 : col + n]
-                pos[r, col : col + n] = np.arange(n)
-                mask[r, col : col + n] = 1
-                col += n
-                bounds.append(r * s + col)
-            if col < s:
-                pos[r, col:] = np.arange(s - col)
-                bounds.append((r + 1) * s)
-        cu = np.asarray(bounds, np.int32)
+                if stop > start:
+                    starts.append(col)
+                    flat[col : col + stop - start] = docs[doc][start:stop]
+                    col += stop - start
+            if col < (r + 1) * s:
+                starts.append(col)
+                padded.append((r, col - r * s))
+        labels, pos, mask = (np.empty_like(ids) for _ in range(3))
+        fill_fields((ids, labels, pos, mask), np.asarray(starts, np.int64), padded)
+        cu = np.asarray([*starts, n_rows * s], np.int32)
         out: dict[str, Any] = dict(rest)
         out.update(
             input_ids=torch.from_numpy(ids),
@@ -164,3 +160,37 @@ class PackCollate:
             max_seqlen=int(np.diff(cu).max()) if cu.size > 1 else 0,
         )
         return out
+
+
+def fill_fields(
+    block: Sequence[np.ndarray] | np.ndarray, starts: np.ndarray, padded: list[tuple[int, int]]
+) -> None:
+    """Make ``labels``, ``position_ids`` and ``attention_mask`` of packed rows from their
+    ``input_ids``: ``block`` is the four int64 ``[..., S]`` arrays in that order, ids filled;
+    ``starts`` every segment start in the flattened rows, sorted (each row's start and its
+    padding's start included); ``padded``: ``(row, real tokens)`` of each row with padding.
+    Positions restart at every start; labels are the ids with -100 at every start and on
+    padding; the mask is 0 on padding.  PackCollate and TokenBlocks both build their rows so."""
+    ids, labels, pos, mask = block
+    s = ids.shape[-1]
+    size = ids.size
+    seg = np.diff(starts, append=size)
+    np.subtract(_arange(size), np.repeat(starts, seg), out=pos.reshape(-1))
+    np.copyto(labels, ids)
+    labels.reshape(-1)[starts] = IGNORE_INDEX
+    mask.fill(1)
+    for array, value in ((labels, IGNORE_INDEX), (mask, 0)) if padded else ():
+        view = array.reshape(-1, s)
+        for row, n in padded:
+            view[row, n:] = value
+
+
+_ARANGE = np.arange(0, dtype=np.int64)
+
+
+def _arange(n: int) -> np.ndarray:
+    """``arange(n)`` int64 from a cached array (every batch needs one)."""
+    global _ARANGE
+    if _ARANGE.size < n:
+        _ARANGE = np.arange(n, dtype=np.int64)
+    return _ARANGE[:n]

@@ -132,8 +132,7 @@ class PackedBatches(BatchPlanner):
         else:
             pieces = np.ones(lens.size, np.int64)
             lens = np.minimum(lens, s)
-        offsets = np.zeros(ids.size + 1, np.int64)
-        np.cumsum(pieces, out=offsets[1:])
+        offsets = np.concatenate([[0], np.cumsum(pieces)])
         doc = np.repeat(np.arange(ids.size), pieces)
         start = (np.arange(doc.size) - offsets[doc]) * s
         stop = np.minimum(start + s, lens[doc])
@@ -142,21 +141,18 @@ class PackedBatches(BatchPlanner):
     def signature(self) -> str:
         """NOTE [plan signature]: ``fit`` is written only when it is not the default, so states
         saved before it existed still load."""
-        names = ("seq_len", "rows_per_batch", "window", "long_docs", "tail", "pad_id")
-        fields = [f"{n}={stable_value(getattr(self, n))}" for n in names]
-        if self.fit != "first":
-            fields.append(f"fit={stable_value(self.fit)}")
-        if self.balance is not None:
-            for n in ("balance", "ranks", "balance_c"):
-                fields.append(f"{n}={stable_value(getattr(self, n))}")
-        return f"{type(self).__name__}({', '.join(fields)})"
+        names = ["seq_len", "rows_per_batch", "window", "long_docs", "tail", "pad_id"]
+        names += ["fit"] if self.fit != "first" else []
+        names += ["balance", "ranks", "balance_c"] if self.balance is not None else []
+        fields = ", ".join(f"{n}={stable_value(getattr(self, n))}" for n in names)
+        return f"{type(self).__name__}({fields})"
 
     def plan(
         self, order: np.ndarray, lengths: np.ndarray | None, rng: np.random.Generator
     ) -> list[np.ndarray]:
         ids = as_ids(order)
         segs, offsets = self._segments(ids, lengths_of(type(self).__name__, ids, lengths))
-        return self._shuffled(self._pack(segs, offsets[self._windows(offsets.size - 1)]), rng)
+        return self._pack(segs, offsets[self._windows(offsets.size - 1)], rng)
 
     def plan_segments(self, segments: np.ndarray, rng: np.random.Generator) -> list[np.ndarray]:
         """Batches of given segments ``[n, 3]`` (each at most ``seq_len`` tokens), windows of
@@ -168,21 +164,17 @@ class PackedBatches(BatchPlanner):
                 f"a segment is longer than seq_len={self.seq_len}: the rest of an epoch can be "
                 "re-planned only with the seq_len it was cut with"
             )
-        return self._shuffled(self._pack(segs, self._windows(len(segs))), rng)
+        return self._pack(segs, self._windows(len(segs)), rng)
 
     def _windows(self, n: int) -> np.ndarray:
         """Bounds ``0, window, 2 * window, ..., n`` of ``n`` documents (or segments)."""
         return np.unique(np.minimum(np.arange(0, n + self.window, self.window), n))
 
-    def _shuffled(self, batches: list[np.ndarray], rng: np.random.Generator) -> list[np.ndarray]:
-        if self.balance is not None and self.ranks is not None:
-            return shuffled_steps(batches, self.ranks, rng)  # a step's batches stay together
-        return shuffled(batches, rng)
-
-    def _pack(self, segs: np.ndarray, bounds: np.ndarray) -> list[np.ndarray]:
+    def _pack(
+        self, segs: np.ndarray, bounds: np.ndarray, rng: np.random.Generator
+    ) -> list[np.ndarray]:
         """Pack ``segs[bounds[i]:bounds[i + 1]]`` window by window, carrying what does not
-        fill a batch into the next one."""
-        balanced = self.balance is not None and self.ranks is not None  # NOTE [balanced steps]
+        fill a batch into the next one; the batches shuffled (a balanced step's together)."""
         n, rows = self.seq_len, self.rows_per_batch
         c, keep = float(self.balance_c), self.tail == "keep"
         batches: list[np.ndarray] = []
@@ -190,14 +182,16 @@ class PackedBatches(BatchPlanner):
         last = len(bounds) - 2
         for w in range(last + 1):
             window = np.concatenate([carry, segs[bounds[w] : bounds[w + 1]]])
-            if balanced:
+            if self.ranks is not None:  # balance="attention" (ranks is given exactly then)
                 full, carry = pack_window_balanced(
-                    window, n, rows, self.ranks or 1, self.fit, c, w == last, keep
+                    window, n, rows, self.ranks, self.fit, c, w == last, keep
                 )
             else:
                 full, carry = pack_window(window, n, rows, self.fit, w == last and keep)
             batches += full  # what is still carried after the last window is the dropped tail
-        return batches
+        if self.ranks is not None:  # NOTE [balanced steps]
+            return shuffled_steps(batches, self.ranks, rng)
+        return shuffled(batches, rng)
 
     def explain_dropped(self, tokens: int | None) -> str:
         """Why the plan left a document of ``tokens`` out (for the ledger)."""
@@ -229,8 +223,8 @@ class PackedBatches(BatchPlanner):
         pad = self.pad_id if pad_id is None else pad_id
         if pad is None:
             raise UsageError(
-                "PackedBatches.make_collate needs the tokenizer's pad id: pass pad_id= here or "
-                "to PackedBatches"
+                "PackedBatches needs the tokenizer's pad id to build its collate: pass "
+                "PackedBatches(..., pad_id=...) or collate_fn=planner.make_collate(pad_id)"
             )
         return PackCollate(
             self.seq_len,
@@ -255,12 +249,7 @@ class PackedBatches(BatchPlanner):
                 "hold token ids with --token-field input_ids"
             )
         if collate_fn is None:
-            if self.pad_id is None:
-                raise UsageError(
-                    "PackedBatches needs the tokenizer's pad id to build its collate: pass "
-                    "PackedBatches(..., pad_id=...) (or collate_fn=planner.make_collate(pad_id))"
-                )
-            return self.make_collate(field=field)
+            return self.make_collate(field=field)  # needs pad_id
         if isinstance(collate_fn, PackCollate):
             if collate_fn.field != field:
                 raise UsageError(

@@ -9,7 +9,6 @@ collate pads by, and refuse a PadCollate whose ``pad_to_multiple_of`` or ``max_l
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -89,18 +88,22 @@ class PadCollate:
             raise UsageError(f"mask_field {self.mask_field!r} has no entry in pad_values")
 
     def __call__(self, samples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-        lengths: dict[str, torch.Tensor] = {}
-        padders = {name: functools.partial(self._pad_into, lengths) for name in self.pad_values}
-        out = collate_samples(samples, pad=padders)
-        mask_field = self.mask_field or next((k for k in self.pad_values if k in lengths), None)
-        if mask_field is not None and mask_field in lengths:
+        padded: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # kept for the mask
+
+        def pad_into(name: str, values: Sequence[Any]) -> torch.Tensor:
+            padded[name] = self.pad(name, values)
+            return padded[name][0]
+
+        out = collate_samples(samples, pad=dict.fromkeys(self.pad_values, pad_into))
+        mask_field = self.mask_field or next((k for k in self.pad_values if k in padded), None)
+        if mask_field in padded:
             for key in ("attention_mask", "lengths"):
                 if key in out:
                     raise UsageError(
                         f"samples already have a field {key!r}, which PadCollate emits; rename it"
                     )
-            lens = lengths[mask_field]
-            width = _get(out, mask_field).shape[1]
+            values, lens = padded[mask_field]
+            width = values.shape[1]
             pos = torch.arange(width)
             if self.padding_side == "right":
                 mask = pos[None, :] < lens[:, None]
@@ -109,13 +112,6 @@ class PadCollate:
             out["attention_mask"] = mask.to(torch.int64)
             out["lengths"] = lens
         return out
-
-    def _pad_into(
-        self, lengths: dict[str, torch.Tensor], name: str, values: Sequence[Any]
-    ) -> torch.Tensor:
-        """Pad a field, recording its lengths in ``lengths`` (collate_samples' pad hook)."""
-        padded, lengths[name] = self.pad(name, values)
-        return padded
 
     def pad(self, name: str, values: Sequence[Any]) -> tuple[torch.Tensor, torch.Tensor]:
         """Pad one field's values; returns (padded [B, T, ...], lengths [B])."""
@@ -128,14 +124,10 @@ class PadCollate:
             )
         value = self.pad_values[name]
         dtype = result_dtype(name, arrays, value)
+        keep = self.max_length
+        if keep is not None:
+            arrays = [a[:keep] if self.truncation_side == "right" else a[-keep:] for a in arrays]
         lens = [int(a.shape[0]) for a in arrays]
-        if self.max_length is not None:
-            keep = self.max_length
-            if self.truncation_side == "right":
-                arrays = [a[:keep] for a in arrays]
-            else:
-                arrays = [a[max(len(a) - keep, 0) :] for a in arrays]
-            lens = [min(n, keep) for n in lens]
         width = padded_length(max(lens), self.pad_to_multiple_of)
         shape = (len(arrays), width, *trailing.pop())
         right = self.padding_side == "right"
@@ -153,13 +145,6 @@ class PadCollate:
                 out[i, slice(0, n) if right else slice(width - n, width)] = a
         padded = torch.from_numpy(out) if on_numpy else out
         return padded, torch.tensor(lens, dtype=torch.int64)
-
-
-def _get(out: Mapping[str, Any], dotted: str) -> Any:
-    value: Any = out
-    for part in dotted.split("."):
-        value = value[part]
-    return value
 
 
 # ---------------------------------------------------------------------------------------------

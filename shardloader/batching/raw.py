@@ -22,6 +22,7 @@ crossed about 15 % faster as its samples' bytes (measured with two workers).
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, overload
 
 import numpy as np
@@ -114,10 +115,17 @@ class ByteColumn(Sequence[Any]):
             for value in self._parts:
                 yield None if value is None else bytes(value)
             return
-        if type(self._data) is bytes:
-            yield from _iter_views(self)
+        data, offsets = self._data, self._offsets.tolist()
+        spans = zip(offsets, offsets[1:])  # noqa: B905 - one longer by design
+        if self._present is None:
+            views: Iterator[Any] = (data[a:b] for a, b in spans)
+        else:
+            there = self._present.tolist()
+            views = (data[a:b] if t else None for (a, b), t in zip(spans, there, strict=True))
+        if type(data) is bytes:
+            yield from views
         else:  # a view of shared memory (the service's client)
-            yield from (None if v is None else bytes(v) for v in _iter_views(self))
+            yield from (None if v is None else bytes(v) for v in views)
 
     def tolist(self) -> list[bytes | None]:
         return list(self)
@@ -151,8 +159,6 @@ class ByteColumn(Sequence[Any]):
         return torch.frombuffer(bytearray(self._data), dtype=torch.uint8)
 
     def __eq__(self, other: object) -> bool:
-        if isinstance(other, ByteColumn):
-            return self.tolist() == other.tolist()
         if isinstance(other, Sequence) and not isinstance(other, (str, bytes)):
             return self.tolist() == list(other)
         return NotImplemented
@@ -187,18 +193,6 @@ class ByteColumn(Sequence[Any]):
             return [v for v in parts if v is not None], offsets, present
         np.cumsum(np.fromiter(map(len, parts), np.int64, n), out=offsets[1:])
         return parts, offsets, None
-
-
-def _iter_views(column: ByteColumn) -> Iterator[Any]:
-    """Each sample's slice of the joined buffer (None where the field is missing)."""
-    data, offsets = column._data, column._offsets.tolist()
-    spans = zip(offsets, offsets[1:])  # noqa: B905 - one longer by design
-    if column._present is None:
-        return (data[a:b] for a, b in spans)
-    return (
-        data[a:b] if there else None
-        for (a, b), there in zip(spans, column._present.tolist(), strict=True)
-    )
 
 
 _NO_OFFSETS = np.zeros(1, np.int64)
@@ -249,7 +243,7 @@ class RawBatch(dict):  # type: ignore[type-arg]
             if name == "__key__" and _joinable(value):
                 parts[name] = "\0".join(value)
             elif name in ("__index__", "__pad__") and _plain_tensor(value):
-                parts[name] = (str(value.dtype), value.numpy().tobytes())
+                parts[name] = (value.numpy().dtype.str, value.numpy().tobytes())
             else:
                 other[name] = value
         return _batch, (parts, other, list(self))
@@ -285,15 +279,11 @@ def _batch(parts: dict[str, Any], other: dict[str, Any], order: list[str]) -> Ra
             values[name] = part.split("\0")
         else:
             dtype, data = part
-            kind = torch.int64 if dtype == "torch.int64" else torch.bool
-            values[name] = (
-                torch.frombuffer(bytearray(data), dtype=kind)
-                if data
-                else (torch.zeros(0, dtype=kind))
-            )
+            values[name] = torch.from_numpy(np.frombuffer(data, dtype).copy())
     return RawBatch((name, values[name]) for name in order)
 
 
+@dataclass(frozen=True)
 class RawCollate:
     """``collate_fn`` for raw bytes: each batch a :class:`RawBatch` (one buffer per field).
 
@@ -331,12 +321,3 @@ class RawCollate:
                 )
                 out[name] = got[name]
         return out
-
-    def __repr__(self) -> str:
-        return "RawCollate()"
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, RawCollate)
-
-    def __hash__(self) -> int:
-        return hash(RawCollate)
