@@ -17,7 +17,7 @@ import pyarrow as pa
 from shardloader.errors import ShardError
 from shardloader.format.arrow.ipc import declared_sizes
 from shardloader.format.base import Sample
-from shardloader.format.compress import too_big
+from shardloader.format.compress import check_size, too_big
 from shardloader.format.keys import check_key
 
 __all__ = ["KEY_COLUMN", "arrow_errors", "checked_batch", "iter_arrow", "open_ipc", "stage_arrow"]
@@ -88,12 +88,7 @@ def iter_arrow(
                 fields = {name: value for name, value in row.items() if value is not None}
                 check_key(key)
                 for name, value in fields.items():
-                    if max_member is not None and len(value) > max_member:
-                        raise ShardError(
-                            f"field {name!r} of sample {key!r} has {len(value):,} bytes, more "
-                            f"than the {max_member:,} allowed for one sample; the shard is "
-                            "corrupt or hostile"
-                        )
+                    check_size(f"field {name!r} of sample {key!r}", len(value), max_member)
                 yield key, fields
 
 
