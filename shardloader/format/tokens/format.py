@@ -242,7 +242,9 @@ class TokenShardReader(TokenStream):
         self._index = index
         self._offsets = index.offsets.tolist()
         self._sums = index.checksums.tolist() if verify and index.checksums is not None else None
-        self._token_at: list[int] | None = None  # token start of each sample, made on demand
+        lengths = index.lengths if index.lengths is not None and self.header.field else None
+        starts = np.cumsum(lengths) if lengths is not None else np.zeros(len(index), np.int64)
+        self._token_at = [0, *starts.tolist()]  # token start of each sample
 
     @property
     def keys(self) -> Sequence[str]:
@@ -260,11 +262,6 @@ class TokenShardReader(TokenStream):
                 f"sample index says {key_of!r} at byte {pos:,}, found {key!r}; "
                 "the shard and its .idx.arrow sidecar do not match"
             )
-        if self._token_at is None:  # token start of each sample: its lengths, summed up
-            lengths = self._index.lengths
-            if lengths is None or head.field is None:
-                lengths = np.zeros(len(self._index), np.int64)
-            self._token_at = np.concatenate([[0], np.cumsum(lengths)]).tolist()
         t0, t1 = self._token_at[i] * head.itemsize, self._token_at[i + 1] * head.itemsize
         file = self.file
         if self._sums is not None:
