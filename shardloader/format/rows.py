@@ -9,14 +9,14 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from shardloader.errors import ShardError, ShardloaderError, StorageError
+from shardloader.errors import ChecksumError, ShardError, ShardloaderError, StorageError
 
 if TYPE_CHECKING:
     import numpy as np
 
     from shardloader.format.base import ShardReader
 
-__all__ = ["Rows", "Sample", "copy_fields", "read_each", "read_one", "read_rows"]
+__all__ = ["Rows", "Sample", "copy_fields", "damaged", "read_each", "read_one", "read_rows"]
 
 Sample = tuple[str, dict[str, bytes]]  # (key, {extension: raw bytes})
 
@@ -150,6 +150,15 @@ def read_each(
             [key for _, (key, _) in got],
             {name: [fields.get(name) for _, (_, fields) in got] for name in names},
         )
+
+
+def damaged(sample: str) -> ChecksumError:
+    """The error of a sample that does not match its sidecar checksum (``sample`` names it and
+    says how), with the remedy every format's reader gives."""
+    return ChecksumError(
+        f"{sample}: the shard is damaged; `shardloader verify` checks the whole dataset "
+        "(ReadOptions(verify_samples=False) skips this per-sample check)"
+    )
 
 
 def read_one(reader: Any, i: int) -> Sample:

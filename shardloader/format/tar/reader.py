@@ -15,11 +15,11 @@ from typing import BinaryIO, cast
 import numpy as np
 import xxhash
 
-from shardloader.errors import ChecksumError, ShardError
+from shardloader.errors import ShardError
 from shardloader.format.compress import Bounded
 from shardloader.format.keys import key_lengths
 from shardloader.format.mapped import LARGE, MappedFile
-from shardloader.format.rows import Rows, Sample, copy_fields, read_each
+from shardloader.format.rows import Rows, Sample, copy_fields, damaged, read_each
 from shardloader.format.tar.layout import EMPTY, derive_layout
 from shardloader.format.tar.stream import BLOCK, iter_members, iter_samples
 from shardloader.manifest import SampleIndex
@@ -127,11 +127,9 @@ class TarShardReader:
         if want is not None:
             got = self._file.digest(offset, offset + size)
             if got != want:
-                raise ChecksumError(
+                raise damaged(
                     f"sample {key!r} (bytes {offset}..{offset + size}) has checksum {got:016x}, "
-                    f"its sidecar says {want:016x}: the shard is damaged; `shardloader verify` "
-                    "checks the whole dataset (ReadOptions(verify_samples=False) skips this "
-                    "per-sample check)"
+                    f"its sidecar says {want:016x}"
                 )
         fields = _fields_in(self._map, offset, offset + size, key, self._file.copy)
         if fields is not None:

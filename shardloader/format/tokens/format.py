@@ -34,12 +34,13 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 import numpy as np
 import xxhash
 
-from shardloader.errors import ChecksumError, ShardError, located
+from shardloader.errors import ShardError, located
 from shardloader.format.base import CheckedFormat, Sample, WrittenShard
 from shardloader.format.compress import CHUNK, CompressedSink
 from shardloader.format.mapped import MappedFile
 from shardloader.format.recorder import IndexRecorder
 from shardloader.format.registry import register_format
+from shardloader.format.rows import damaged
 from shardloader.format.tokens.layout import (
     CHUNKS,
     HEADER_BYTES,
@@ -269,11 +270,9 @@ class TokenShardReader(TokenStream):
             if t1 > t0:
                 digest = file.digest(HEADER_BYTES + t0, HEADER_BYTES + t1, seed=digest)
             if digest != self._sums[i]:
-                raise ChecksumError(
+                raise damaged(
                     f"sample {key!r} (bytes {pos}..{end}, tokens {t0}..{t1}) "
-                    f"has checksum {digest:016x}, its sidecar says {self._sums[i]:016x}: the "
-                    "shard is damaged; `shardloader verify` checks the whole dataset "
-                    "(ReadOptions(verify_samples=False) skips this per-sample check)"
+                    f"has checksum {digest:016x}, its sidecar says {self._sums[i]:016x}"
                 )
         out: dict[str, bytes] = {}
         for name, at, size in fields:
