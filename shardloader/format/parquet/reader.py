@@ -104,53 +104,52 @@ class ParquetShardReader:
     def read_rows(self, rows: Sequence[int] | np.ndarray, into: Rows, at: Sequence[int]) -> None:
         """Rows ``rows`` for positions ``at`` of ``into``, row group by row group."""
         listed = [int(r) for r in rows]
-        groups = np.searchsorted(self._starts, listed, side="right") - 1
-        by_group: dict[int, list[tuple[int, int]]] = {}
-        for pos, row, g in zip(at, listed, groups.tolist(), strict=True):
-            if 0 <= row < len(self._keys):
-                by_group.setdefault(g, []).append((pos, row))
-            else:
-                into.fail(pos, ShardError(f"no row {row}"))
-        good_at: list[int] = []
+        names = self._names
         keys: list[str] = []
-        fields: dict[str, list[bytes | None]] = {n: [] for n in self._names}
-        for g, wanted in by_group.items():
+        good_at: list[int] = []
+        fields: dict[str, list[bytes | None]] = {n: [] for n in names}
+        inside = [k for k, row in enumerate(listed) if 0 <= row < len(self._keys)]
+        for k in sorted(set(range(len(listed))) - set(inside)):
+            into.fail(at[k], ShardError(f"no row {listed[k]}"))
+        groups = np.searchsorted(self._starts, [listed[k] for k in inside], side="right") - 1
+        by_group: dict[int, list[int]] = {}
+        for k, g in zip(inside, groups.tolist(), strict=True):
+            by_group.setdefault(g, []).append(k)
+        for g, ks in by_group.items():
             first = int(self._starts[g])
-            table = self._group(g).take(pa.array([row - first for _, row in wanted], pa.int64()))
-            cells = self._table.encode(table, [row for _, row in wanted])
-            for j, (pos, row) in enumerate(wanted):
+            wanted = [listed[k] for k in ks]
+            table = self._group(g).take(pa.array([r - first for r in wanted], pa.int64()))
+            cells = self._table.encode(table, wanted)
+            for j, k in enumerate(ks):
+                row, pos = listed[k], at[k]
                 key = str(self._keys[row])
-                damage = self._damage(key, row, {n: column[j] for n, column in cells.items()})
-                if damage is not None:
-                    into.fail(pos, damage, key)
-                    continue
-                good_at.append(pos)
+                if self._sums is not None:
+                    present = {n: v for n in self._read if (v := cells[n][j]) is not None}
+                    if row_checksum(key, present) != int(self._sums[row]):
+                        into.fail(pos, self._damaged(key, row), key)
+                        continue
+                elif self._field_sums is not None:
+                    ok = self._cell_ok
+                    bad = next((n for n in names if not ok(key, row, n, cells[n][j])), None)
+                    if bad is not None:
+                        into.fail(pos, self._damaged(key, row, bad), key)
+                        continue
                 keys.append(key)
-                for n, column in fields.items():
-                    column.append(cells[n][j])
+                good_at.append(pos)
+                for n in names:
+                    fields[n].append(cells[n][j])
         if keys:
-            into.add(good_at, keys, fields)
+            into.add(good_at, keys, dict(fields))
 
-    def _damage(self, key: str, row: int, cells: dict[str, bytes | None]) -> ChecksumError | None:
-        """The error of a row whose cells (those read) do not match the sidecar's checksum of the
-        row, or of a column (NOTE [projected checksums]); None when they do or are not checked."""
-        if self._sums is not None:
-            present = {n: v for n, v in cells.items() if v is not None}
-            if row_checksum(key, present) == int(self._sums[row]):
-                return None
-            what = "its checksum"
-        elif self._field_sums is not None:
-            sums = self._field_sums
-            bad = [
-                n
-                for n, v in cells.items()
-                if row_checksum(key, {} if v is None else {n: v}) != int(sums[n][row])
-            ]
-            if not bad:
-                return None
-            what = f"the checksum of its column {bad[0]!r}"
-        else:
-            return None
+    def _cell_ok(self, key: str, row: int, name: str, value: bytes | None) -> bool:
+        """Whether column ``name``'s cell ``value`` of ``row`` matches its own checksum (NOTE
+        [projected checksums])."""
+        assert self._field_sums is not None
+        got = row_checksum(key, {} if value is None else {name: value})
+        return got == int(self._field_sums[name][row])
+
+    def _damaged(self, key: str, row: int, column: str | None = None) -> ChecksumError:
+        what = "its checksum" if column is None else f"the checksum of its column {column!r}"
         return ChecksumError(
             f"sample {key!r} (row {row}) does not match {what} in the "
             "sidecar: the file changed since it was indexed; run `shardloader index` again"
