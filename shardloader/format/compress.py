@@ -28,6 +28,7 @@ __all__ = [
     "CompressedSink",
     "HashingCounter",
     "cannot_decompress",
+    "check_size",
     "decompressed",
     "decompressing",
     "stage_stream",
@@ -221,6 +222,16 @@ def too_big(what: str, limit: int, reason: str = RAW_REASON) -> ShardError:
         f"{what} goes past the {limit:,} bytes {reason}; the shard is corrupt or "
         "hostile (a decompression bomb?): re-pack it or restore it from a copy"
     )
+
+
+def check_size(what: str, size: int, max_member: int | None) -> None:
+    """ShardError when ``what`` (a member, a field) of ``size`` bytes passes ``max_member``,
+    the most one sample's field may take (``--max-member-size``)."""
+    if max_member is not None and size > max_member:
+        raise ShardError(
+            f"{what} declares {size:,} bytes, more than the {max_member:,} allowed for one "
+            "sample; the shard is corrupt or hostile (a decompression bomb?)"
+        )
 
 
 class Bounded:

@@ -46,5 +46,4 @@ class IndexRecorder:
 
     def written(self, stored: HashingCounter, raw_bytes: int, index: SampleIndex) -> WrittenShard:
         """What the writer reports: ``stored`` counted and hashed the shard's stored bytes."""
-        count, sha = stored.count, stored.sha.hexdigest()
-        return WrittenShard(len(self.keys), count, raw_bytes, sha, index)
+        return WrittenShard(len(self.keys), stored.count, raw_bytes, stored.sha.hexdigest(), index)

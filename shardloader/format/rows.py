@@ -6,17 +6,17 @@ a format is); the readers, the shard set and the pass all pass a batch's :class:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from shardloader.errors import ShardError, ShardloaderError, StorageError
+from shardloader.errors import ChecksumError, ShardError, ShardloaderError, StorageError
 
 if TYPE_CHECKING:
     import numpy as np
 
     from shardloader.format.base import ShardReader
 
-__all__ = ["Rows", "Sample", "copy_fields", "read_one", "read_rows"]
+__all__ = ["Rows", "Sample", "copy_fields", "damaged", "read_each", "read_one", "read_rows"]
 
 Sample = tuple[str, dict[str, bytes]]  # (key, {extension: raw bytes})
 
@@ -124,13 +124,41 @@ def read_rows(
         fast(rows, into, at)
         return
     keys = getattr(reader, "keys", None)
-    for pos, i in zip(at, rows, strict=True):
+    read_each(reader.read, zip(at, map(int, rows), strict=True), into, keys)
+
+
+def read_each(
+    read: Callable[[int], Sample],
+    rows: Iterable[tuple[int, int]],
+    into: Rows,
+    keys: Sequence[str] | None,
+) -> None:
+    """Samples ``(position, row)`` read one by one by ``read`` and added together: one part of
+    ``into`` for all of them (a part per sample costs the batch's ordering more).  A row's
+    ShardError or StorageError goes into ``into.errors``, named by its key in ``keys`` (the
+    sidecar's, when known)."""
+    got: list[tuple[int, Sample]] = []
+    for pos, i in rows:
         try:
-            key, fields = reader.read(int(i))
+            got.append((pos, read(i)))
         except (ShardError, StorageError) as err:
-            into.fail(pos, err, "" if keys is None else str(keys[int(i)]))
-            continue
-        into.add([pos], [key], {name: [value] for name, value in fields.items()})
+            into.fail(pos, err, "" if keys is None else str(keys[i]))
+    if got:
+        names = dict.fromkeys(name for _, (_, fields) in got for name in fields)
+        into.add(
+            [pos for pos, _ in got],
+            [key for _, (key, _) in got],
+            {name: [fields.get(name) for _, (_, fields) in got] for name in names},
+        )
+
+
+def damaged(sample: str) -> ChecksumError:
+    """The error of a sample that does not match its sidecar checksum (``sample`` names it and
+    says how), with the remedy every format's reader gives."""
+    return ChecksumError(
+        f"{sample}: the shard is damaged; `shardloader verify` checks the whole dataset "
+        "(ReadOptions(verify_samples=False) skips this per-sample check)"
+    )
 
 
 def read_one(reader: Any, i: int) -> Sample:

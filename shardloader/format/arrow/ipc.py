@@ -24,7 +24,6 @@ _RECORD_BATCH, _DICTIONARY_BATCH = 3, 2
 class BatchSizes:
     """Declared totals over every record and dictionary batch of a file."""
 
-    batches: int
     compressed: bool  # some batch uses IPC buffer compression
     uncompressed_bytes: int  # what its buffers take once decompressed
 
@@ -137,11 +136,11 @@ def declared_sizes(data: memoryview | bytes) -> BatchSizes:
             raise _Bad("bad footer length")
         flat = _Flat(buf, base, size - 10)
         footer = flat.root()
-        compressed, total, count = False, 0, 0
+        compressed, total = False, 0
         for index in (2, 3):  # dictionaries, recordBatches
             for offset, meta_len, body_len in _blocks(flat, footer, index):
                 c, t = _batch_sizes(buf, offset, meta_len, body_len)
-                compressed, total, count = compressed or c, total + t, count + 1
+                compressed, total = compressed or c, total + t
     except (_Bad, struct.error) as err:
         raise ShardError(f"not a readable Arrow IPC shard ({err})") from err
-    return BatchSizes(count, compressed, total)
+    return BatchSizes(compressed, total)

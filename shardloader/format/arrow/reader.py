@@ -15,13 +15,13 @@ import numpy as np
 import pyarrow as pa
 import xxhash
 
-from shardloader.errors import ChecksumError, ShardError
+from shardloader.errors import ShardError
 from shardloader.format.arrow.ipc import declared_sizes
 from shardloader.format.arrow.stream import KEY_COLUMN, arrow_errors, open_ipc
 from shardloader.format.arrow.writer import row_checksum
 from shardloader.format.keys import key_lengths
 from shardloader.format.mapped import LARGE, MappedFile
-from shardloader.format.rows import Rows, Sample, copy_fields, read_one
+from shardloader.format.rows import Rows, Sample, copy_fields, damaged, read_one
 from shardloader.manifest import SampleIndex
 
 __all__ = ["ArrowShardReader"]
@@ -86,22 +86,13 @@ class ArrowShardReader:
         fields = copy_fields(get, self._names, picked, 3, all_fields=True)
         if self._sums is not None:
             got = self._digests(picked, keys, fields)
-            bad = np.flatnonzero(got != picked[:, 0].view(np.uint64)).tolist()
-            if bad:
-                for k in bad:
-                    into.fail(
-                        at[k],
-                        ChecksumError(
-                            f"sample {keys[k]!r} does not match its checksum in "
-                            "the sidecar: the shard is damaged; `shardloader verify` checks the "
-                            "whole dataset (ReadOptions(verify_samples=False) skips this "
-                            "per-sample check)"
-                        ),
-                        keys[k],
-                    )
-                keep = sorted(set(range(len(listed))) - set(bad))
-                at = [at[k] for k in keep]
-                keys = [keys[k] for k in keep]
+            bad = got != picked[:, 0].view(np.uint64)
+            if bad.any():
+                for k in np.flatnonzero(bad).tolist():
+                    what = f"sample {keys[k]!r} does not match its checksum in the sidecar"
+                    into.fail(at[k], damaged(what), keys[k])
+                keep = np.flatnonzero(~bad).tolist()
+                at, keys = [at[k] for k in keep], [keys[k] for k in keep]
                 fields = {name: [column[k] for k in keep] for name, column in fields.items()}
         if keys:
             into.add(at, keys, fields)

@@ -17,7 +17,7 @@ import pyarrow as pa
 from shardloader.errors import ShardError
 from shardloader.format.arrow.ipc import declared_sizes
 from shardloader.format.base import Sample
-from shardloader.format.compress import too_big
+from shardloader.format.compress import check_size, too_big
 from shardloader.format.keys import check_key
 
 __all__ = ["KEY_COLUMN", "arrow_errors", "checked_batch", "iter_arrow", "open_ipc", "stage_arrow"]
@@ -65,19 +65,6 @@ def checked_batch(reader: pa.ipc.RecordBatchFileReader, b: int) -> pa.RecordBatc
     return batch
 
 
-def _rows(batch: pa.RecordBatch) -> Iterator[Sample]:
-    names = [n for n in batch.schema.names if n != KEY_COLUMN]
-    keys = batch.column(KEY_COLUMN).to_pylist()
-    cols = [batch.column(n) for n in names]
-    for r, key in enumerate(keys):
-        fields = {}
-        for name, col in zip(names, cols, strict=False):
-            value = col[r].as_py()
-            if value is not None:
-                fields[name] = value
-        yield key, fields
-
-
 def _open_bounded(src: BinaryIO, limit: int | None) -> pa.ipc.RecordBatchFileReader:
     """The stored IPC file in ``src``, refused first when its batches would decompress past
     ``limit``, before pyarrow does."""
@@ -96,15 +83,12 @@ def iter_arrow(
     reader = _open_bounded(src, limit)
     with arrow_errors():
         for b in range(reader.num_record_batches):
-            for key, fields in _rows(checked_batch(reader, b)):
+            for row in checked_batch(reader, b).to_pylist():
+                key = row.pop(KEY_COLUMN)
+                fields = {name: value for name, value in row.items() if value is not None}
                 check_key(key)
                 for name, value in fields.items():
-                    if max_member is not None and len(value) > max_member:
-                        raise ShardError(
-                            f"field {name!r} of sample {key!r} has {len(value):,} bytes, more "
-                            f"than the {max_member:,} allowed for one sample; the shard is "
-                            "corrupt or hostile"
-                        )
+                    check_size(f"field {name!r} of sample {key!r}", len(value), max_member)
                 yield key, fields
 
 

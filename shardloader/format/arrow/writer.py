@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, BinaryIO
 import pyarrow as pa
 import xxhash
 
-from shardloader.errors import ShardError, UsageError
+from shardloader.errors import ShardError
 from shardloader.format.arrow.stream import KEY_COLUMN
 from shardloader.format.base import Sample, WrittenShard
 from shardloader.format.compress import HashingCounter
@@ -52,10 +52,7 @@ class ArrowShardWriter:
         self._out = HashingCounter(fileobj)
         self._columns = sorted(fields)
         self._schema = _schema(fields)
-        codec = None if compression == "none" else compression
-        if codec not in (None, "zstd"):
-            raise UsageError(f"arrow shards compress with 'zstd' or 'none', not {compression!r}")
-        options = pa.ipc.IpcWriteOptions(compression=codec)
+        options = pa.ipc.IpcWriteOptions(compression=None if compression == "none" else compression)
         self._writer = pa.ipc.new_file(
             pa.PythonFile(self._out, mode="w"), self._schema, options=options
         )

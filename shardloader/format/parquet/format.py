@@ -17,9 +17,10 @@ from typing import TYPE_CHECKING, BinaryIO, NoReturn
 
 from shardloader.errors import UsageError, located
 from shardloader.format.base import CheckedFormat, Sample
+from shardloader.format.compress import stage_stream
 from shardloader.format.parquet.reader import ParquetShardReader
 from shardloader.format.parquet.scan import ParquetScan, scan_parquet
-from shardloader.format.parquet.table import ParquetTable, open_parquet, spool
+from shardloader.format.parquet.table import ParquetTable, open_parquet
 from shardloader.format.registry import register_format
 from shardloader.manifest import SampleIndex
 
@@ -78,7 +79,8 @@ class ParquetFormat(CheckedFormat):
         from shardloader.format.arrow.writer import row_checksum
 
         with located(where), tempfile.TemporaryFile(prefix="shardloader-verify-") as tmp:
-            spool(src, limit, tmp)
+            stage_stream(src, tmp, "none", limit)  # Parquet is read from its end
+            tmp.seek(0)
             rows = ParquetTable(open_parquet(tmp), where).samples()
             for n, (key, fields) in enumerate(rows):
                 if index is not None and n < len(index):

@@ -22,10 +22,10 @@ import numpy as np
 from shardloader.codecs.arrowcells import is_bytes_path
 from shardloader.codecs.sniff import codec_of
 from shardloader.codecs.tableschema import class_names, hf_features
-from shardloader.errors import ShardError
 from shardloader.format.arrow.writer import row_checksum
 from shardloader.format.base import ScannedShard
-from shardloader.format.parquet.table import ParquetTable, open_parquet, spool
+from shardloader.format.compress import check_size, stage_stream
+from shardloader.format.parquet.table import ParquetTable, open_parquet
 from shardloader.manifest import FieldInfo, SampleIndex
 from shardloader.storage.store import Store
 
@@ -50,7 +50,8 @@ def scan_parquet(src: BinaryIO, url: str, max_member: int | None) -> ParquetScan
             tmp: Any = stack.enter_context(open(Store(url).local_path, "rb"))
         else:
             tmp = stack.enter_context(tempfile.TemporaryFile(prefix="shardloader-index-"))
-            spool(src, None, tmp)
+            stage_stream(src, tmp, "none")  # Parquet is read from its end
+            tmp.seek(0)
         pf = open_parquet(tmp)
         features = hf_features(pf.schema_arrow)
         classes = class_names(features, url)  # a damaged ClassLabel fails before any row
@@ -64,11 +65,7 @@ def scan_parquet(src: BinaryIO, url: str, max_member: int | None) -> ParquetScan
         for row, (key, fields) in enumerate(table.samples()):
             for name, value in fields.items():
                 present[name] += 1
-                if max_member is not None and len(value) > max_member:
-                    raise ShardError(
-                        f"row {row}: column {name!r} holds {len(value):,} bytes, more "
-                        f"than the {max_member:,} allowed (--max-member-size)"
-                    )
+                check_size(f"row {row}: column {name!r}", len(value), max_member)
                 first.setdefault(name, value)
             keys.append(key)
             sizes.append(sum(map(len, fields.values())))
@@ -96,7 +93,7 @@ def scan_parquet(src: BinaryIO, url: str, max_member: int | None) -> ParquetScan
         ranges = table.byte_ranges()
     return ParquetScan(
         index,
-        {n: c for n, c in present.items()},
+        present,
         size,
         infos=infos,
         classes=classes,

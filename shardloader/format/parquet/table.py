@@ -9,7 +9,6 @@ field of an adopted file equals the field ``pack`` makes of the same column.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -25,7 +24,7 @@ from shardloader.codecs.tableschema import plan_columns
 from shardloader.errors import ShardError
 from shardloader.format.rows import Sample
 
-__all__ = ["ParquetTable", "key_stem", "open_parquet", "spool"]
+__all__ = ["ParquetTable", "key_stem", "open_parquet"]
 
 
 def key_stem(url: str) -> str:
@@ -135,16 +134,3 @@ class ParquetTable:
                 fields = {name: v for name, c in cells.items() if (v := c[i]) is not None}
                 yield f"{stem}/{row:09d}", fields
                 row += 1
-
-
-def spool(src: Any, limit: int | None, into: Any) -> None:
-    """Copy a stored stream into the seekable file ``into`` (Parquet is read from its end),
-    at most ``limit`` bytes."""
-    total = 0
-    while chunk := src.read(1 << 20):
-        total += len(chunk)
-        if limit is not None and total > limit:
-            raise ShardError(f"more than the {limit:,} bytes the manifest declares")
-        into.write(chunk)
-    into.flush()
-    into.seek(0, os.SEEK_SET)

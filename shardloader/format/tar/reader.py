@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import mmap
 from collections.abc import Callable, Sequence
-from typing import Any, BinaryIO, cast
+from typing import BinaryIO, cast
 
 import numpy as np
 import xxhash
 
-from shardloader.errors import ChecksumError, ShardError
+from shardloader.errors import ShardError
 from shardloader.format.compress import Bounded
 from shardloader.format.keys import key_lengths
 from shardloader.format.mapped import LARGE, MappedFile
-from shardloader.format.rows import Rows, Sample, copy_fields
+from shardloader.format.rows import Rows, Sample, copy_fields, damaged, read_each
 from shardloader.format.tar.layout import EMPTY, derive_layout
 from shardloader.format.tar.stream import BLOCK, iter_members, iter_samples
 from shardloader.manifest import SampleIndex
@@ -115,24 +115,21 @@ class TarShardReader:
         self._names: list[str] = []  # the fields the table has columns for
 
     def read(self, i: int) -> Sample:
-        want = None if self._sums is None else int(self._sums[i])
-        return self._read_one(i, int(self._offsets[i]), int(self._sizes[i]), want)
-
-    def _read_one(self, i: int, offset: int, size: int, want: int | None) -> Sample:
-        """Sample ``i`` (byte range ``offset``, ``size``) checked against its checksum ``want``
-        (None: not checked) before it is parsed: ShardError where the file's end cuts it short
-        or it does not match its checksum or its sidecar."""
+        """Sample ``i`` checked against its sidecar checksum (with ``verify``) before it is
+        parsed: ShardError where the file's end cuts it short or it does not match its
+        checksum or its sidecar (``.item()``: cheaper than numpy's scalars, for the many
+        one-by-one reads)."""
+        offset, size = self._offsets.item(i), self._sizes.item(i)
+        want = None if self._sums is None else self._sums.item(i)
         key = self._keys[i]
         if offset + size > self._size:
             raise ShardError(f"truncated shard: sample {key!r} is cut short")
         if want is not None:
             got = self._file.digest(offset, offset + size)
             if got != want:
-                raise ChecksumError(
+                raise damaged(
                     f"sample {key!r} (bytes {offset}..{offset + size}) has checksum {got:016x}, "
-                    f"its sidecar says {want:016x}: the shard is damaged; `shardloader verify` "
-                    "checks the whole dataset (ReadOptions(verify_samples=False) skips this "
-                    "per-sample check)"
+                    f"its sidecar says {want:016x}"
                 )
         fields = _fields_in(self._map, offset, offset + size, key, self._file.copy)
         if fields is not None:
@@ -219,9 +216,9 @@ class TarShardReader:
             # the first reads of a shard: one by one, no derivation before them, so the first
             # batches (a worker's first bundle: NOTE [raw bundles]) do not wait for a chunk's
             # layout per shard and read (measured: 16 batches of documents over 12 shards
-            # came 28 ms after the first, mostly deriving)
+            # came 28 ms after the first, mostly deriving); no numpy calls at all
             self._early += len(listed)
-            self._read_each(list(zip(at, listed, strict=True)), into)  # no numpy calls at all
+            read_each(self.read, zip(at, listed, strict=True), into, self._keys)
             return
         index = np.array(listed, np.intp)  # one conversion for the table's and the sums' lookups
         picked = self._table()[index]
@@ -251,35 +248,7 @@ class TarShardReader:
         if listed:
             into.add(at, list(map(self._keys.__getitem__, listed)), fields)
         if slow:
-            self._read_each(slow, into)
-
-    def _read_each(self, slow: list[tuple[int, int]], into: Rows) -> None:
-        """Samples ``(position, row)`` one by one (as :meth:`read`), added together: one part of
-        ``into`` for all of them (a part per sample costs the batch's ordering more)."""
-        offset_of, size_of = self._offsets.item, self._sizes.item
-        want_of = None if self._sums is None else self._sums.item
-        where: list[int] = []
-        keys: list[str] = []
-        fields: dict[str, list[Any]] = {}
-        for pos, i in slow:
-            want = None if want_of is None else want_of(i)  # .item(): cheaper than numpy calls
-            try:
-                key, found = self._read_one(i, offset_of(i), size_of(i), want)
-            except ShardError as err:
-                into.fail(pos, err, self._keys[i])
-                continue
-            for name, value in found.items():
-                column = fields.get(name)
-                if column is None:
-                    column = fields[name] = [None] * len(where)
-                column.append(value)
-            where.append(pos)
-            keys.append(key)
-            for column in fields.values():
-                if len(column) < len(where):
-                    column.append(None)
-        if where:
-            into.add(where, keys, fields)
+            read_each(self.read, slow, into, self._keys)
 
     def close(self) -> None:
         self._file.close()

@@ -15,7 +15,7 @@ import xxhash
 
 from shardloader.errors import ShardError
 from shardloader.format.base import Sample
-from shardloader.format.compress import CHUNK, Bounded, decompressed, decompressing
+from shardloader.format.compress import CHUNK, Bounded, check_size, decompressed, decompressing
 from shardloader.format.keys import check_key
 from shardloader.format.tar.layout import EMPTY
 
@@ -141,11 +141,7 @@ def walk_members(
         if kind not in (b"0", b"\0"):  # links, devices, fifos, folders: never sample data
             stream.skip(padded, f"member {name!r}")
             continue
-        if max_member is not None and size > max_member:
-            raise ShardError(
-                f"member {name!r} declares {size:,} bytes, more than the {max_member:,} "
-                "allowed for one sample; the shard is corrupt or hostile (a decompression bomb?)"
-            )
+        check_size(f"member {name!r}", size, max_member)
         stream.reserve(padded, f"member {name!r}")
         start = stream.pos
         yield name, size

@@ -71,9 +71,7 @@ def _ustar_header(name: str, size: int) -> bytes:
 
 def header_size(name: str, size: int) -> int:
     """Bytes of the header(s) :func:`_member_header` writes for a member, computed exactly
-    (the planner asks for every member; building the header costs more)."""
-    if size < USTAR_MAX_SIZE and len(name) <= 100 and name.isascii():
-        return BLOCK  # fits a plain ustar header: no pax record
+    (the planner asks for every member that needs more than a plain ustar header)."""
     return len(_member_header(name, size))
 
 

@@ -34,12 +34,13 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 import numpy as np
 import xxhash
 
-from shardloader.errors import ChecksumError, ShardError, located
+from shardloader.errors import ShardError, located
 from shardloader.format.base import CheckedFormat, Sample, WrittenShard
 from shardloader.format.compress import CHUNK, CompressedSink
 from shardloader.format.mapped import MappedFile
 from shardloader.format.recorder import IndexRecorder
 from shardloader.format.registry import register_format
+from shardloader.format.rows import damaged
 from shardloader.format.tokens.layout import (
     CHUNKS,
     HEADER_BYTES,
@@ -242,7 +243,9 @@ class TokenShardReader(TokenStream):
         self._index = index
         self._offsets = index.offsets.tolist()
         self._sums = index.checksums.tolist() if verify and index.checksums is not None else None
-        self._token_at: list[int] | None = None  # token start of each sample, made on demand
+        lengths = index.lengths if index.lengths is not None and self.header.field else None
+        starts = np.cumsum(lengths) if lengths is not None else np.zeros(len(index), np.int64)
+        self._token_at = [0, *starts.tolist()]  # token start of each sample
 
     @property
     def keys(self) -> Sequence[str]:
@@ -260,11 +263,6 @@ class TokenShardReader(TokenStream):
                 f"sample index says {key_of!r} at byte {pos:,}, found {key!r}; "
                 "the shard and its .idx.arrow sidecar do not match"
             )
-        if self._token_at is None:  # token start of each sample: its lengths, summed up
-            lengths = self._index.lengths
-            if lengths is None or head.field is None:
-                lengths = np.zeros(len(self._index), np.int64)
-            self._token_at = np.concatenate([[0], np.cumsum(lengths)]).tolist()
         t0, t1 = self._token_at[i] * head.itemsize, self._token_at[i + 1] * head.itemsize
         file = self.file
         if self._sums is not None:
@@ -272,11 +270,9 @@ class TokenShardReader(TokenStream):
             if t1 > t0:
                 digest = file.digest(HEADER_BYTES + t0, HEADER_BYTES + t1, seed=digest)
             if digest != self._sums[i]:
-                raise ChecksumError(
+                raise damaged(
                     f"sample {key!r} (bytes {pos}..{end}, tokens {t0}..{t1}) "
-                    f"has checksum {digest:016x}, its sidecar says {self._sums[i]:016x}: the "
-                    "shard is damaged; `shardloader verify` checks the whole dataset "
-                    "(ReadOptions(verify_samples=False) skips this per-sample check)"
+                    f"has checksum {digest:016x}, its sidecar says {self._sums[i]:016x}"
                 )
         out: dict[str, bytes] = {}
         for name, at, size in fields:

@@ -14,7 +14,7 @@ from typing import BinaryIO
 import xxhash
 
 from shardloader.errors import ShardError
-from shardloader.format.compress import Bounded, decompressed, decompressing, too_big
+from shardloader.format.compress import Bounded, check_size, decompressed, decompressing, too_big
 from shardloader.format.keys import check_key
 from shardloader.format.rows import Sample
 from shardloader.format.tokens.layout import HEADER_BYTES, Header, parse_record
@@ -52,11 +52,7 @@ def iter_tokens(
         digest = _XXH3(records_view[pos:end])
         fields: dict[str, bytes] = {}
         for name, at, size in found:
-            if max_member is not None and size > max_member:
-                raise ShardError(
-                    f"field {name!r} of sample {key!r} has {size:,} bytes, more than the "
-                    f"{max_member:,} allowed for one sample; the shard is corrupt or hostile"
-                )
+            check_size(f"field {name!r} of sample {key!r}", size, max_member)
             if at >= 0:
                 fields[name] = records[at : at + size]
                 continue
