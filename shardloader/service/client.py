@@ -272,6 +272,4 @@ def _token_from_env() -> str | None:
                 token = f.read()
         except OSError as err:
             raise UsageError(f"SHARDLOADER_TOKEN_FILE={path}: cannot read it ({err})") from err
-    if token is None or not token.strip():
-        return None
-    return token.strip()
+    return (token or "").strip() or None  # None for no token, or one of whitespace only
