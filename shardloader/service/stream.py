@@ -168,21 +168,31 @@ class Stream:
             view.transform, view.decoder, view.collate_fn
         )  # NOTE [serial pipeline]
         items: Iterator[Any] = iter(loader)
-        try:  # gather batches into frames of ``_per_frame`` (the pass's last may be short)
-            while not self.stop.is_set():
-                batch = self._next(items, serial)
-                if batch is _END:
-                    break
-                self._group.append(batch)
-                del batch
-                full = len(self._group) >= self._per_frame
-                if (full or self._step + len(self._group) >= self.req.steps) and not self._flush():
-                    return False
-            return self.stop.is_set() or self._flush()
+        try:
+            return self._drain(items, serial)
         finally:
             items.close()  # type: ignore[attr-defined]
             self._group = []
             del items, loader  # shuts the DataLoader's workers down now
+
+    def _drain(self, items: Iterator[Any], serial: bool) -> bool:
+        """Queue the pipeline's batches as frames until it ends (False: the stream stopped)."""
+        while not self.stop.is_set():
+            batch = self._next(items, serial)
+            if batch is _END:
+                break
+            if not self._batches(batch):
+                return False
+            del batch
+        return self.stop.is_set() or self._flush()
+
+    def _batches(self, batch: Any) -> bool:
+        """Gather ``batch`` into a frame of ``_per_frame`` (the pass's last may be short) and
+        queue the frame once full (False: the stream stopped)."""
+        self._group.append(batch)
+        if len(self._group) < self._per_frame and self._step + len(self._group) < self.req.steps:
+            return True
+        return self._flush()
 
     def _next(self, items: Iterator[Any], serial: bool) -> Any:
         """The pipeline's next item (``_END`` after the last), the wait counted as busy."""
