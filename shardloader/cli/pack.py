@@ -229,6 +229,9 @@ def pack_command(
 
 def format_report(r: PackReport) -> str:
     """The one-screen summary of a pack."""
+    from shardloader.cli.inspection import presence_lines
+    from shardloader.read.fields import FieldMap, presence
+
     m = r.manifest
     lines = [
         f"packed {r.out}: {m.format}/{m.compression}, layout {m.layout}",
@@ -242,7 +245,8 @@ def format_report(r: PackReport) -> str:
             for k, v in sorted(m.fields.items())
         ),
     ]
-    lines += _presence(m)
+    counts = presence(m.extra.get("field_samples"), FieldMap.of_manifest(m))  # pack's own
+    lines += presence_lines(counts, m.num_samples, "  present   ")
     if m.classes:
         lines.append(f"  classes   {len(m.classes)}")
     if r.ignored:
@@ -258,15 +262,6 @@ def format_report(r: PackReport) -> str:
     ]
     lines += [f"note: {note}" for note in r.notes]
     return "\n".join(lines)
-
-
-def _presence(m: Any) -> list[str]:
-    """Per-field presence from pack's own counts (the manifest's ``extra.field_samples``)."""
-    from shardloader.cli.inspection import presence_lines
-    from shardloader.read.fields import FieldMap, presence
-
-    counts = presence(m.extra.get("field_samples"), FieldMap.of_manifest(m))
-    return presence_lines(counts, m.num_samples, "  present   ")
 
 
 def part_index(part: int | None) -> int:
