@@ -88,9 +88,7 @@ class _TreeMemory:
     """
 
     def __init__(self, interval_s: float = 0.02, refresh_s: float = 0.25) -> None:
-        psutil = require_psutil()
-
-        self._psutil = psutil
+        self._psutil = psutil = require_psutil()
         self._root = psutil.Process()
         self._interval, self._refresh = interval_s, refresh_s
         self._stop = threading.Event()

@@ -28,6 +28,7 @@ def format_table(results: Sequence[BenchResult], rec: Recommendation | None = No
     (memory)`` when the memory limit moved it below the knee), the recommendation last."""
     head = "  ".join(f"{name:>{width}}" for name, width in _COLUMNS)
     lines = [head, "-" * len(head)]
+    chosen = None if rec is None else (rec.decode, rec.num_workers, rec.prefetch_factor)
     for r in results:
         cells = (
             "yes" if r.decode else "no",
@@ -41,11 +42,7 @@ def format_table(results: Sequence[BenchResult], rec: Recommendation | None = No
             "-" if r.pss_mb is None else f"{r.pss_mb:.0f}",
         )
         line = "  ".join(f"{c:>{w}}" for c, (_, w) in zip(cells, _COLUMNS, strict=True))
-        if rec is not None and (r.decode, r.num_workers, r.prefetch_factor) == (
-            rec.decode,
-            rec.num_workers,
-            rec.prefetch_factor,
-        ):
+        if rec is not None and (r.decode, r.num_workers, r.prefetch_factor) == chosen:
             line += "  <- knee" if rec.knee == rec.num_workers else "  <- recommended (memory)"
         lines.append(line)
     if rec is not None:

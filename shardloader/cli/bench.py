@@ -73,7 +73,6 @@ def _memory_limit_mb() -> float | None:
 @click.option(
     "--plot",
     "plot_path",
-    default=None,
     metavar="FILE.png",
     help="draw throughput and memory against num_workers",
 )
@@ -132,15 +131,8 @@ def bench_command(
     rec = bench.recommend(
         results, tolerance=tolerance, cpu_count=os.cpu_count(), memory_limit_mb=_memory_limit_mb()
     )
-    if as_json:
-        click.echo(
-            json.dumps(
-                {"results": [r.as_dict() for r in results], "recommendation": rec.as_dict()},
-                indent=2,
-            )
-        )
-    else:
-        click.echo(bench.format_table(results, rec))
+    as_dicts = {"results": [r.as_dict() for r in results], "recommendation": rec.as_dict()}
+    click.echo(json.dumps(as_dicts, indent=2) if as_json else bench.format_table(results, rec))
     if plot_path is not None:
         bench.plot(results, rec, plot_path)
         click.echo(f"plot written to {plot_path}", err=True)

@@ -33,7 +33,6 @@ if TYPE_CHECKING:
 DIR_ENV = "SHARDLOADER_CACHE_DIR"
 _cache_dir = click.option(
     "--cache-dir",
-    default=None,
     metavar="DIR",
     help=f"Cache root (default: ${DIR_ENV}, else $XDG_CACHE_HOME/shardloader, else "
     "~/.cache/shardloader).",
@@ -63,7 +62,6 @@ def _when(t: float | None) -> str:
 @click.option(
     "--uploads",
     "uploads_out",
-    default=None,
     metavar="OUT",
     help="Instead: the incomplete multipart uploads under OUT (s3://), each marked as a "
     "shardloader run's or another writer's.",

@@ -100,7 +100,6 @@ def retry_options(f: F) -> F:
     f = click.option(
         "--retry-seconds",
         type=click.FloatRange(min=0, min_open=True),
-        default=None,
         metavar="S",
         help="Time budget of a storage request: retry transient faults (timeout, reset, "
         "refused connection, 5xx, throttling) with backoff growing to 10 s between tries, "
@@ -110,7 +109,6 @@ def retry_options(f: F) -> F:
     return click.option(
         "--retries",
         type=click.IntRange(min=0),
-        default=None,
         metavar="N",
         help="At most N retries of a storage request within --retry-seconds: a cap for "
         "failures faster than the backoff; at the default the time budget ends a request "
@@ -156,7 +154,6 @@ def dataset_options(*, batch_size: int | None, transform: str) -> Callable[[F], 
             "--batch-size",
             type=click.IntRange(min=1),
             default=batch_size,
-            show_default=batch_size is not None,
             help="Samples per batch"
             + ("." if batch_size else " (default: none, samples one by one)."),
         ),

@@ -47,7 +47,6 @@ LAYOUTS = ("auto", "class-folders", "key-groups", "records", "tars")
     "--format",
     type=click.Choice(["tar", "arrow", "tokens"]),
     default="tar",
-    show_default=True,
     help="Shard format (tokens: each shard's token ids contiguous, for --tokenizer or "
     "--token-field).",
 )
@@ -55,20 +54,17 @@ LAYOUTS = ("auto", "class-folders", "key-groups", "records", "tars")
     "--compression",
     type=click.Choice(["zstd", "gzip", "none"]),
     default="zstd",
-    show_default=True,
     help="Shard compression (arrow: zstd or none).",
 )
 @click.option(
     "--shard-size",
     default="auto",
-    show_default=True,
     help="Roll over to a new shard at this many uncompressed bytes (0: no limit; auto: "
     f"{DEFAULT_SHARD_SIZE >> 20}MiB, or about an eighth of a smaller input, at least 16MiB).",
 )
-@click.option("--max-samples", type=int, default=None, help="At most this many samples a shard.")
+@click.option("--max-samples", type=int, help="At most this many samples a shard.")
 @click.option(
     "--max-sample-size",
-    default=None,
     help="Refuse (or with --on-error skip, skip) a sample whose input is larger, e.g. 1GiB, "
     "before reading it (default: no limit).",
 )
@@ -76,40 +72,34 @@ LAYOUTS = ("auto", "class-folders", "key-groups", "records", "tars")
     "--layout",
     type=click.Choice(LAYOUTS),
     default="auto",
-    show_default=True,
     help="Input layout (default: detected).",
 )
 @click.option(
     "--workers",
     type=int,
     default=1,
-    show_default=True,
     help="Writer processes (--executor ray: tasks in flight; 1: the cluster's CPUs).",
 )
 @click.option(
     "--executor",
     type=click.Choice(["local", "ray"]),
     default="local",
-    show_default=True,
     help="Where shards are written: local processes, or Ray tasks on a cluster "
     "(pip install 'shardloader[ray]'; OUT must be reachable from every node).",
 )
 @click.option(
     "--address",
-    default=None,
     help="Ray cluster address for --executor ray (default: RAY_ADDRESS, else a local Ray).",
 )
 @click.option(
     "--num-parts",
     type=int,
     default=1,
-    show_default=True,
     help="Split the job into this many parts (one per machine) ...",
 )
 @click.option(
     "--part",
     type=int,
-    default=None,
     help="... and pack only this one (0-based; default: $JOB_COMPLETION_INDEX, as a "
     "Kubernetes Indexed Job sets it, else 0); combine with `shardloader merge`.",
 )
@@ -117,7 +107,6 @@ LAYOUTS = ("auto", "class-folders", "key-groups", "records", "tars")
     "--on-error",
     type=click.Choice(["fail", "skip"]),
     default="fail",
-    show_default=True,
     help="Bad input: stop, or skip it and report it.",
 )
 @click.option(
@@ -137,7 +126,6 @@ LAYOUTS = ("auto", "class-folders", "key-groups", "records", "tars")
 )
 @click.option(
     "--labels",
-    default=None,
     metavar="FILE",
     help="Labels for a flat image folder: a filename,label CSV (header optional) or one label "
     "a line in sorted file order; adds the field cls (names become manifest classes).",
@@ -145,25 +133,21 @@ LAYOUTS = ("auto", "class-folders", "key-groups", "records", "tars")
 @click.option(
     "--tokenizer",
     type=click.Path(dir_okay=False),
-    default=None,
     help="Hugging Face tokenizers JSON file: store token ids in a 'tokens' field.",
 )
 @click.option(
     "--text-field",
     default="text",
-    show_default=True,
     help="JSON key (or field) holding the text to measure / tokenize.",
 )
 @click.option(
     "--token-field",
-    default=None,
     help="Pre-tokenized input: the Parquet/Arrow list column or JSON key holding each "
     "record's token ids, stored as the 'tokens' field without a tokenizer.",
 )
 @click.option(
     "--vocab-size",
     type=click.IntRange(min=1),
-    default=None,
     help="With --token-field: every id is below this (default: the largest id + 1); it picks "
     "uint16 or uint32 ids and is recorded as the tokenizer's vocab_size.",
 )
@@ -245,6 +229,9 @@ def pack_command(
 
 def format_report(r: PackReport) -> str:
     """The one-screen summary of a pack."""
+    from shardloader.cli.inspection import presence_lines
+    from shardloader.read.fields import FieldMap, presence
+
     m = r.manifest
     lines = [
         f"packed {r.out}: {m.format}/{m.compression}, layout {m.layout}",
@@ -258,7 +245,8 @@ def format_report(r: PackReport) -> str:
             for k, v in sorted(m.fields.items())
         ),
     ]
-    lines += _presence(m)
+    counts = presence(m.extra.get("field_samples"), FieldMap.of_manifest(m))  # pack's own
+    lines += presence_lines(counts, m.num_samples, "  present   ")
     if m.classes:
         lines.append(f"  classes   {len(m.classes)}")
     if r.ignored:
@@ -274,15 +262,6 @@ def format_report(r: PackReport) -> str:
     ]
     lines += [f"note: {note}" for note in r.notes]
     return "\n".join(lines)
-
-
-def _presence(m: Any) -> list[str]:
-    """Per-field presence from pack's own counts (the manifest's ``extra.field_samples``)."""
-    from shardloader.cli.inspection import presence_lines
-    from shardloader.read.fields import FieldMap, presence
-
-    counts = presence(m.extra.get("field_samples"), FieldMap.of_manifest(m))
-    return presence_lines(counts, m.num_samples, "  present   ")
 
 
 def part_index(part: int | None) -> int:

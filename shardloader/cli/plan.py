@@ -36,7 +36,6 @@ __all__ = ["plan_command"]
 @click.option(
     "--block",
     type=click.IntRange(min=1),
-    default=None,
     help="Shuffle block in samples (default the dataset's, 65,536).",
 )
 @click.option("--uneven", type=click.Choice(["pad", "drop"]), default="pad")
@@ -66,7 +65,6 @@ __all__ = ["plan_command"]
 @click.option(
     "--epoch-samples",
     type=click.IntRange(min=1),
-    default=None,
     help="With --stage: documents of a mixture epoch (default all sources').",
 )
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
@@ -126,10 +124,7 @@ def plan_command(dataset: str, **flags: Any) -> None:
         from shardloader.cli.balanceplan import balance_figures
 
         out["balance"] = balance_figures(manifest, base, planning, part, flags)
-    if as_json:
-        click.echo(json.dumps(out, indent=1))
-        return
-    click.echo(_text(out))
+    click.echo(json.dumps(out, indent=1) if as_json else _text(out))
 
 
 def _labels(manifest: Any, base: Any) -> Any:

@@ -95,11 +95,10 @@ class RemoteLoader:
         self._endpoints = [service_url(u) for u in listed]
         spelled = zip(_OLD_WORLD, (rank, world_size, ranks_per_node, data_parallel), strict=True)
         old = {k: v for k, v in spelled if v is not None}
-        r, w, per_node = resolve_world(from_old_keywords(world, None, old, "RemoteLoader")[0])
+        resolved = resolve_world(from_old_keywords(world, None, old, "RemoteLoader")[0])
         if prefetch < 1:
             raise UsageError(f"prefetch={prefetch} must be >= 1")
-        self._rank, self._world = r, w
-        self._per_node = per_node
+        self._rank, self._world, self._per_node = resolved
         self._expect: dict[str, Any] = {
             "fingerprint": fingerprint,
             "seed": seed,
@@ -192,14 +191,10 @@ class RemoteLoader:
         for key in ("fingerprint", "seed", "plan", "partitions"):
             mine = self._expect[key]
             if mine is not None and saved.get(key) != mine:
+                hint = ": a state counted in other partitions resumes on a local loader"
                 raise ResumeError(
-                    f"saved {key} {saved.get(key)!r} does not match {mine!r}, "
-                    "which this RemoteLoader reads"
-                    + (
-                        ": a state counted in other partitions resumes on a local loader"
-                        if key == "partitions"
-                        else ""
-                    )
+                    f"saved {key} {saved.get(key)!r} does not match {mine!r}, which this "
+                    f"RemoteLoader reads{hint if key == 'partitions' else ''}"
                 )
             self._expect[key] = saved.get(key)
         self._epoch = int(state["epoch"])
@@ -277,6 +272,4 @@ def _token_from_env() -> str | None:
                 token = f.read()
         except OSError as err:
             raise UsageError(f"SHARDLOADER_TOKEN_FILE={path}: cannot read it ({err})") from err
-    if token is None or not token.strip():
-        return None
-    return token.strip()
+    return (token or "").strip() or None  # None for no token, or one of whitespace only

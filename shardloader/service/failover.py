@@ -7,6 +7,7 @@ HttpClient`: the library has one HTTP client.
 
 from __future__ import annotations
 
+import functools
 import http.client
 import json
 import logging
@@ -155,13 +156,11 @@ def check_status(url: str, body: Any, pipeline: dict[str, Any] | None = None) ->
         raise StorageError(
             f"{where}: {message}; pass RemoteLoader(token=...) with the server's token"
         )
-    if body.status == 409 and "pipeline_spec" in answer and pipeline is not None:
-        differ = differences(pipeline, answer["pipeline_spec"])
-        raise ResumeError(
-            f"{where}: {message}; what differs (here = the pipeline this client pinned, there = "
-            f"{url}): {'; '.join(differ) or 'nothing that can be named'}"
-        )
     if body.status == 409:
+        if "pipeline_spec" in answer and pipeline is not None:
+            differ = "; ".join(differences(pipeline, answer["pipeline_spec"]))
+            message += f"; what differs (here = the pipeline this client pinned, there = {url}): "
+            message += differ or "nothing that can be named"
         raise ResumeError(f"{where}: {message}")
     raise UsageError(f"{where}: {message}")
 
@@ -176,10 +175,7 @@ def get_json(
     body = client.get(f"{url}?{urlencode(params)}", any_status=True)
     try:
         check_status(url, body, pipeline)
-        parts = []
-        while chunk := body.read(1 << 20):
-            parts.append(chunk)
-        answer = json.loads(b"".join(parts))
+        answer = json.loads(b"".join(iter(functools.partial(body.read, 1 << 20), b"")))
     except ValueError as err:
         if isinstance(err, ShardloaderError):
             raise

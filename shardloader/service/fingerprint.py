@@ -104,29 +104,24 @@ def describe(value: Any, depth: int = 0, seen: frozenset[int] = frozenset()) -> 
 def differences(mine: Any, theirs: Any, path: str = "", limit: int = 5) -> list[str]:
     """What differs between two descriptions, in words (at most ``limit`` places)."""
     out: list[str] = []
-    _diff(mine, theirs, path, out, limit)
-    return out
-
-
-def _diff(a: Any, b: Any, path: str, out: list[str], limit: int) -> None:
-    if len(out) >= limit or a == b:
-        return
-    if isinstance(a, dict) and isinstance(b, dict) and _kind(a) == _kind(b):
-        for key in sorted(set(a) | set(b)):
-            if key not in b:
-                out.append(f"{_join(path, key)} is {_words(a[key])} here and absent there")
-            elif key not in a:
-                out.append(f"{_join(path, key)} is absent here and {_words(b[key])} there")
+    if limit <= 0 or mine == theirs:
+        return out
+    if isinstance(mine, dict) and isinstance(theirs, dict) and _kind(mine) == _kind(theirs):
+        for key in sorted(set(mine) | set(theirs)):
+            if key not in theirs:
+                out.append(f"{_join(path, key)} is {_words(mine[key])} here and absent there")
+            elif key not in mine:
+                out.append(f"{_join(path, key)} is absent here and {_words(theirs[key])} there")
             else:
-                _diff(a[key], b[key], _join(path, key), out, limit)
+                out += differences(mine[key], theirs[key], _join(path, key), limit - len(out))
             if len(out) >= limit:
-                return
-        return
-    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
-        for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            _diff(x, y, f"{path}[{i}]", out, limit)
-        return
-    out.append(f"{path or 'the pipeline'} is {_words(a)} here, {_words(b)} there")
+                break
+        return out[:limit]
+    if isinstance(mine, list) and isinstance(theirs, list) and len(mine) == len(theirs):
+        for i, (x, y) in enumerate(zip(mine, theirs, strict=True)):
+            out += differences(x, y, f"{path}[{i}]", limit - len(out))
+        return out[:limit]
+    return [f"{path or 'the pipeline'} is {_words(mine)} here, {_words(theirs)} there"]
 
 
 def _kind(d: dict[str, Any]) -> Any:

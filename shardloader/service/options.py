@@ -26,12 +26,10 @@ class ServeOptions:
     write_timeout: float = 30.0  # seconds a client may take nothing of a response
 
     def __post_init__(self) -> None:
-        if self.workers < 0:
-            raise UsageError(f"--workers {self.workers} must be >= 0")
-        if self.max_inflight < 1:
-            raise UsageError(f"--max-inflight {self.max_inflight} must be >= 1")
-        if self.max_clients < 1:
-            raise UsageError(f"--max-clients {self.max_clients} must be >= 1")
+        for name, least in (("workers", 0), ("max_inflight", 1), ("max_clients", 1)):
+            if getattr(self, name) < least:
+                flag = name.replace("_", "-")
+                raise UsageError(f"--{flag} {getattr(self, name)} must be >= {least}")
         if self.token is not None and not self.token:
             raise UsageError("the token is empty; put a secret in the --token-file")
         if not self.ping_interval > 0:

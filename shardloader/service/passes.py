@@ -62,9 +62,10 @@ def warm_up(dataset: ShardedDataset) -> None:
     process instead of in every worker of every stream, the first shards are staged, and a
     broken pipeline fails at start, not in a client's epoch.
     """
-    if steps_of_pass(dataset, 0, 0, 1) == 0:
+    view = pass_dataset(dataset, 0, 0, 0, 1)
+    if len(view) == 0:
         return
-    batches = iter(make_loader(pass_dataset(dataset, 0, 0, 0, 1), num_workers=0))
+    batches = iter(make_loader(view, num_workers=0))
     try:  # no lock: no stream runs yet
         next(batches)
     finally:

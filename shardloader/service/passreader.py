@@ -86,10 +86,8 @@ class PassReader:
         self.stop.set()
         body = self._body
         if body is not None:
-            try:
+            with contextlib.suppress(OSError):
                 body.abort()  # wakes a blocked read
-            except OSError:
-                pass
         self._thread.join(timeout=10)
 
     def _put(self, item: Any) -> bool:

@@ -34,7 +34,7 @@ def serve(
 ) -> None:
     """Bind ``host:port`` (0: any free port), call ``on_ready(host, port)``, serve until SIGTERM.
 
-    A non-loopback ``host`` needs a token (the CLI checks this too).  ``declared``: the options
+    A non-loopback ``host`` needs a token.  ``declared``: the options
     that built the dataset's pipeline, part of its fingerprint (NOTE [pinned pipeline] in
     :mod:`shardloader.service.fingerprint`).
     """

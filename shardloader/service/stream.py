@@ -144,16 +144,8 @@ class Stream:
         r = self.req
         try:
             if r.start < r.steps:
-                view = pass_dataset(
-                    self.dataset,
-                    r.epoch,
-                    r.position,
-                    r.rank,
-                    r.world_size,
-                    r.start,
-                    r.ranks_per_node,
-                )
-                if not self._read_pass(view):
+                at = (r.epoch, r.position, r.rank, r.world_size, r.start, r.ranks_per_node)
+                if not self._read_pass(pass_dataset(self.dataset, *at)):
                     return
             if not self.stop.is_set():
                 if self._step != r.steps:

@@ -244,14 +244,13 @@ class _Encoder:
                 f"only dense CPU tensors of {', '.join(TORCH_DTYPES)}"
             )
         t = t.detach()
-        layout = "c"
+        shape, layout = list(t.shape), "c"  # the shape sent is always NCHW's
         if (
             t.dim() == 4
             and not t.is_contiguous()
             and t.is_contiguous(memory_format=torch.channels_last)
         ):
             t, layout = t.permute(0, 2, 3, 1), "cl"  # NHWC order: a contiguous view, no copy
-        shape = list(t.shape) if layout == "c" else [t.shape[0], t.shape[3], t.shape[1], t.shape[2]]
         t = t.contiguous()
         raw = t.reshape(-1).view(torch.uint8).numpy().data if t.numel() else memoryview(b"")
         return ["t", self.add(raw), name, shape, layout]

@@ -64,14 +64,22 @@ class DetectionCollate:
     def __call__(self, samples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         if not samples:
             raise UsageError("cannot collate an empty batch")
-        present = [f for f in self.item_fields if samples and f in samples[0]]
+        present = [f for f in self.item_fields if f in samples[0]]
         rest = [{k: v for k, v in s.items() if k not in present} for s in samples]
-        out = collate_samples(rest, ragged="list") if rest and rest[0] else {}
-        counts = self._counts(present, samples)
-        extra = "batch_index" if self.mode == "concat" else "num_items"
+        out = collate_samples(rest, ragged="list") if rest[0] else {}
+        counts: list[int] = []
+        for i, s in enumerate(samples):
+            ns = {f: len(s[f]) for f in present}
+            if len(set(ns.values())) > 1:
+                raise UsageError(
+                    f"sample {i} has different item counts per field ({ns}); every item field "
+                    "needs one row per item"
+                )
+            counts.append(next(iter(ns.values()), 0))
+        concat = self.mode == "concat"
+        extra = "batch_index" if concat else "num_items"
         if extra in out:
             raise UsageError(f"samples already have a field {extra!r}; rename it")
-        concat = self.mode == "concat"
         for name in present:
             arrays = [to_tensor(as_array(name, s[name])) for s in samples]
             if concat:
@@ -82,16 +90,3 @@ class DetectionCollate:
             n = torch.tensor(counts, dtype=torch.int64)
             out[extra] = torch.repeat_interleave(torch.arange(len(samples)), n) if concat else n
         return out
-
-    @staticmethod
-    def _counts(present: Sequence[str], samples: Sequence[Mapping[str, Any]]) -> list[int]:
-        counts: list[int] = []
-        for i, s in enumerate(samples):
-            ns = {f: len(s[f]) for f in present}
-            if len(set(ns.values())) > 1:
-                raise UsageError(
-                    f"sample {i} has different item counts per field ({ns}); every item field "
-                    "needs one row per item"
-                )
-            counts.append(next(iter(ns.values()), 0))
-        return counts

@@ -273,9 +273,7 @@ class ResizeCenterCrop:
             hw_of(self.resize, "resize")
         _check_backend(self.backend)
 
-    def out_shape(self, _: tuple[int, ...] | None) -> tuple[int, ...]:
-        """The (3, height, width) of every result (NOTE [output shapes])."""
-        return (3, *hw_of(self.size, "size"))
+    out_shape = RandomResizedCrop.out_shape  # (3, height, width): the same rule
 
     def __call__(self, img: ImageLike | Encoded) -> torch.Tensor:
         out_hw = hw_of(self.size, "size")
