@@ -31,6 +31,7 @@ __all__ = [
     "MANIFEST_NAME",
     "MAX_MANIFEST_BYTES",
     "FieldInfo",
+    "int_column",
     "ShardInfo",
     "Manifest",
     "SampleIndex",
@@ -239,19 +240,17 @@ class SampleIndex:
                 # process, so every offset, length and string is checked once first
                 table.validate(full=True)
                 names = table.column_names
-                key = table.column("key")
+                key = table["key"]
                 if not (pa.types.is_string(key.type) or pa.types.is_large_string(key.type)):
                     raise ManifestError(f"column 'key' is {key.type}, not a string")
                 return cls(
                     keys=key.to_pylist(),
-                    offsets=_ints(table.column("offset"), "offset"),
-                    sizes=_ints(table.column("size"), "size"),
-                    lengths=_ints(table.column("length"), "length") if "length" in names else None,
-                    checksums=_u64(table.column(CHECKSUM_COLUMN))
-                    if CHECKSUM_COLUMN in names
-                    else None,
+                    offsets=int_column(table["offset"], "offset"),
+                    sizes=int_column(table["size"], "size"),
+                    lengths=int_column(table["length"], "length") if "length" in names else None,
+                    checksums=_u64(table[CHECKSUM_COLUMN]) if CHECKSUM_COLUMN in names else None,
                     field_checksums={
-                        n[len(FIELD_CHECKSUM_PREFIX) :]: _u64(table.column(n), n)
+                        n[len(FIELD_CHECKSUM_PREFIX) :]: _u64(table[n], n)
                         for n in names
                         if n.startswith(FIELD_CHECKSUM_PREFIX)
                     }
@@ -269,14 +268,15 @@ class SampleIndex:
 
 
 def _u64(column: pa.ChunkedArray, name: str = CHECKSUM_COLUMN) -> np.ndarray:
-    """A checksum column as uint64 (``_ints`` would turn half of all digests negative)."""
+    """A checksum column as uint64 (``int_column`` would turn half of all digests negative)."""
     if not pa.types.is_uint64(column.type):
         raise ManifestError(f"column {name!r} is {column.type}, not uint64")
-    return _ints(column, name, np.uint64)
+    return int_column(column, name, np.uint64)
 
 
-def _ints(column: pa.ChunkedArray, name: str, dtype: type = np.int64) -> np.ndarray:
-    """An integer column as ``dtype``, read from its buffer.
+def int_column(column: pa.ChunkedArray, name: str, dtype: type = np.int64) -> np.ndarray:
+    """An integer column of a sample index as ``dtype``, read from its buffer: a column of
+    another type or with nulls is a ManifestError naming ``name``.
 
     ``to_numpy()`` would import pandas (about 1.5 s in every fresh worker) to check for it.
     Unsigned values past 2**63 come out negative as int64, which the sidecar checks refuse.

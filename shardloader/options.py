@@ -9,6 +9,7 @@ planning that takes them, stay clear of the pass machinery.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import warnings
 from collections.abc import Mapping, Sequence
@@ -134,15 +135,21 @@ class ShuffleOptions:
             text += f", first_block={stable_value(self.first_block)}"
         return text + ")"
 
+    def ramp(self, total: int) -> list[int]:
+        """Starts of the ``first_block`` ramp's blocks (size, 2*size, ... below ``block``) over
+        ``total`` samples, then the ramp's end (``[0]`` without a ramp): blocks of ``block``
+        samples follow from there."""
+        ramp, size = [0], min(self.first_block or self.block, self.block)
+        while size < self.block and ramp[-1] < total:
+            ramp.append(ramp[-1] + size)
+            size = min(2 * size, self.block)
+        return ramp
+
     def blocks(self, total: int) -> list[tuple[int, int]]:
         """``(start, stop)`` of each shuffle block of an epoch of ``total`` samples."""
-        out = []
-        lo, size = 0, min(self.first_block or self.block, self.block)
-        while lo < total:
-            hi = min(lo + size, total)
-            out.append((lo, hi))
-            lo, size = hi, min(2 * size, self.block)
-        return out
+        ramp = self.ramp(total)
+        starts = ramp[:-1] + list(range(ramp[-1], total, self.block))
+        return list(itertools.pairwise([*starts, total]))
 
 
 @dataclass(frozen=True)

@@ -76,8 +76,9 @@ class _CellError(Exception):
 
 @dataclass(frozen=True)
 class ColumnPlan:
-    """A column's field and its encoder.  ``sniff``: the codec is decided from the first
-    values (:func:`shardloader.codecs.sniff.codec_of`), ``info`` being the fallback."""
+    """A column's field and its encoder.  ``sniff``: the codec is the one the first value's
+    magic or path gives (:func:`shardloader.codecs.sniff.codec_of`: ``bytes``, as ``info``
+    says, when neither tells)."""
 
     info: FieldInfo
     encode: Callable[[pa.Array, ReadPath], Cells]
@@ -155,7 +156,7 @@ def _json_safe(t: pa.DataType) -> bool:
     return False
 
 
-def is_bytes_path(t: pa.DataType) -> bool:
+def _is_bytes_path(t: pa.DataType) -> bool:
     """A ``struct<bytes: binary, path: string>``: how Hugging Face stores images and audio
     (either child may be of type null, as pyarrow infers it from cells that are all None)."""
     t = _storage(t)
@@ -175,7 +176,7 @@ def plan(name: str, typ: pa.DataType, feature: dict[str, Any] | None) -> ColumnP
     t = _storage(typ)
     kind = (feature or {}).get("_type")
     by_name = codec_for_extension(name)
-    if is_bytes_path(t):
+    if _is_bytes_path(t):
         if kind == "Image":
             return ColumnPlan(FieldInfo("image"), _bytes_path)
         return ColumnPlan(FieldInfo("bytes"), _bytes_path, sniff=True)

@@ -54,7 +54,7 @@ class EpochOrder:
         # blocks counted from lo and drawn as blocks first_block, first_block + 1, ...
         lo, hi = (0, int(self.starts[-1])) if span is None else (int(span[0]), int(span[1]))
         self.offset, self.total, self.first_block = lo, hi - lo, int(first_block)
-        self._ramp = _ramp(self.total, options)  # starts of the ramp's blocks, then its end
+        self._ramp = np.array(options.ramp(self.total), np.int64)  # its blocks' starts, its end
         self._ramp_blocks, self._ramp_end = len(self._ramp) - 1, int(self._ramp[-1])
         self._kept: dict[int, np.ndarray] = {}
 
@@ -213,24 +213,12 @@ class EpochOrder:
         return rng_for(self.seed, self.epoch, _BLOCK, self.first_block + b)
 
 
-def _ramp(total: int, options: ShuffleOptions) -> np.ndarray:
-    """Starts of the ``first_block`` ramp's blocks (size, 2*size, ... below ``block``) over
-    ``total`` samples, then the ramp's end (``[0]`` without a ramp)."""
-    block = options.block
-    ramp, size, lo = [0], min(options.first_block or block, block), 0
-    while size < block and lo < total:
-        lo += size
-        ramp.append(lo)
-        size = min(2 * size, block)
-    return np.array(ramp, np.int64)
-
-
 def count_blocks(total: int, options: ShuffleOptions) -> int:
     """Shuffle blocks of an order of ``total`` samples (:attr:`EpochOrder.num_blocks`)."""
     if total <= 0:
         return 0
-    ramp = _ramp(total, options)  # its blocks all start before total, then full blocks
-    return len(ramp) - 1 + max(-(-(total - int(ramp[-1])) // options.block), 0)
+    ramp = options.ramp(total)  # its blocks all start before total, then full blocks
+    return len(ramp) - 1 + max(-(-(total - ramp[-1]) // options.block), 0)
 
 
 def epoch_order(

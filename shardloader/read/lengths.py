@@ -45,7 +45,7 @@ import pyarrow as pa
 
 from shardloader.errors import ManifestError, ShardError, StorageError, UsageError, located
 from shardloader.format.arrow.ipc import declared_sizes
-from shardloader.manifest import _ints
+from shardloader.manifest import int_column
 from shardloader.read.sidecar import check_digest, read_sidecar
 from shardloader.schema import sidecar_bound
 
@@ -185,7 +185,7 @@ def _lengths_column(data: bytes, count: int, bound: int) -> np.ndarray | None:
             f"its length column ({len(column)} values) does not give the {count} token counts "
             "of its shard"
         )
-    lengths = _ints(column, "length")  # integers without nulls, or a ManifestError
+    lengths = int_column(column, "length")  # integers without nulls, or a ManifestError
     if lengths.size and lengths.min() < 0:
         raise ManifestError("the sample index has negative lengths")
     return lengths
@@ -202,7 +202,7 @@ def _check_fit(
     column = _column(data, "size")
     if column is None or len(column) != len(lengths):
         raise ManifestError("the sample index has no size for every sample")
-    sizes = _ints(column, "size")
+    sizes = int_column(column, "size")
     over = np.flatnonzero((need > sizes) | (sizes < 0))
     if not over.size and total <= info.raw_bytes:
         return

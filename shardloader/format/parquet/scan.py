@@ -19,7 +19,6 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from shardloader.codecs.arrowcells import is_bytes_path
 from shardloader.codecs.sniff import codec_of
 from shardloader.codecs.tableschema import class_names, hf_features
 from shardloader.format.arrow.writer import row_checksum
@@ -73,15 +72,10 @@ def scan_parquet(src: BinaryIO, url: str, max_member: int | None) -> ParquetScan
             for name, column_sums in per_field.items():
                 cell = {name: fields[name]} if name in fields else {}
                 column_sums.append(row_checksum(key, cell))
-        infos = {}
-        for name in table.names:
-            p = table.plans[name]
-            info = p.info
-            if p.sniff:
-                codec = codec_of(first.get(name), None)
-                if codec != "bytes" or is_bytes_path(table.types[name]):
-                    info = FieldInfo(codec)
-            infos[name] = info
+        infos = {
+            name: FieldInfo(codec_of(first.get(name), None)) if p.sniff else p.info
+            for name, p in table.plans.items()
+        }
         index = SampleIndex(
             keys,
             np.arange(len(keys), dtype=np.int64),

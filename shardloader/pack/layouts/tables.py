@@ -22,12 +22,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from shardloader.codecs.arrowcells import (
-    ColumnPlan,
-    ReadPath,
-    _CellError,
-    is_bytes_path,
-)
+from shardloader.codecs.arrowcells import ColumnPlan, ReadPath, _CellError
 from shardloader.codecs.sniff import codec_of
 from shardloader.codecs.tableschema import class_names, hf_features, plan_columns
 from shardloader.errors import InputError, StorageError, UsageError, located
@@ -164,7 +159,7 @@ def describe(f: InputFile, kind: str, store: Store) -> Table:
     fields = {name: p.info for name, p in plans.items()}
     sniff = [name for name, p in plans.items() if p.sniff]
     if sniff:
-        fields.update(_sniffed(f, kind, store, schema, sniff, fields))
+        fields.update(_sniffed(f, kind, store, sniff))
     return Table(fields, class_names(features, f.url))
 
 
@@ -186,14 +181,7 @@ def same_classes(seen: Classes, table: Table, f: InputFile, src: str) -> Classes
     return seen
 
 
-def _sniffed(
-    f: InputFile,
-    kind: str,
-    store: Store,
-    schema: Any,
-    names: list[str],
-    fields: Mapping[str, FieldInfo],
-) -> dict[str, FieldInfo]:
+def _sniffed(f: InputFile, kind: str, store: Store, names: list[str]) -> dict[str, FieldInfo]:
     """The codec of each byte column in ``names``, from its first value (bytes or path)."""
     import pyarrow as pa
 
@@ -214,12 +202,7 @@ def _sniffed(
                 break
     except (OSError, pa.ArrowInvalid, StorageError) as err:
         raise InputError(f"{f.url}: cannot read the table ({err})") from err
-    out = {}
-    for name in names:
-        codec = codec_of(*first.get(name, (None, None)))
-        plain = codec == "bytes" and not is_bytes_path(schema.field(name).type)
-        out[name] = fields[name] if plain else FieldInfo(codec)
-    return out
+    return {name: FieldInfo(codec_of(*first.get(name, (None, None)))) for name in names}
 
 
 def _path_reader(store: Store) -> ReadPath:
