@@ -166,6 +166,19 @@ def test_a_changed_file_fails_its_row_checksums_and_verify(tmp_path):
     assert [b.path for b in report.bad] == ["d/t.parquet"]
 
 
+def test_a_cell_over_the_member_limit_is_refused_naming_the_flag(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from shardloader.errors import ShardError
+
+    (tmp_path / "d").mkdir()
+    pq.write_table(pa.table({"text": ["short", "x" * 5000]}), tmp_path / "d" / "t.parquet")
+    with pytest.raises(ShardError, match=r"row 1: column 'text'.*--max-member-size"):
+        index_shards([str(tmp_path / "d")], str(tmp_path), max_member_bytes=1000)
+    assert not (tmp_path / "index.json").exists()
+
+
 def test_resume_with_other_workers_delivers_the_rest_exactly_once(tmp_path):
     root = hub_dump(tmp_path / "hub")
     index_shards([str(root / "data")], str(root))

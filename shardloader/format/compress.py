@@ -224,13 +224,18 @@ def too_big(what: str, limit: int, reason: str = RAW_REASON) -> ShardError:
     )
 
 
-def check_size(what: str, size: int, max_member: int | None) -> None:
+def check_size(
+    what: str,
+    size: int,
+    max_member: int | None,
+    remedy: str = "the shard is corrupt or hostile (a decompression bomb?)",
+) -> None:
     """ShardError when ``what`` (a member, a field) of ``size`` bytes passes ``max_member``,
-    the most one sample's field may take (``--max-member-size``)."""
+    the most one sample's field may take; ``remedy`` says what to do about it."""
     if max_member is not None and size > max_member:
         raise ShardError(
             f"{what} declares {size:,} bytes, more than the {max_member:,} allowed for one "
-            "sample; the shard is corrupt or hostile (a decompression bomb?)"
+            f"sample; {remedy}"
         )
 
 

@@ -30,6 +30,8 @@ from shardloader.storage.store import Store
 
 __all__ = ["ParquetScan", "scan_parquet"]
 
+_REMEDY = "pass a larger --max-member-size if cells this large are real"
+
 
 @dataclass(frozen=True)
 class ParquetScan(ScannedShard):
@@ -64,7 +66,7 @@ def scan_parquet(src: BinaryIO, url: str, max_member: int | None) -> ParquetScan
         for row, (key, fields) in enumerate(table.samples()):
             for name, value in fields.items():
                 present[name] += 1
-                check_size(f"row {row}: column {name!r}", len(value), max_member)
+                check_size(f"row {row}: column {name!r}", len(value), max_member, _REMEDY)
                 first.setdefault(name, value)
             keys.append(key)
             sizes.append(sum(map(len, fields.values())))
