@@ -9,7 +9,9 @@ import pytest
 from corpus import class_folders, jsonl, key_groups, parquet, write
 
 from shardloader.errors import UsageError
-from shardloader.pack.discover import FileRef, discover, record_kind
+from shardloader.pack.discover import discover
+from shardloader.pack.layouts.records import record_kind
+from shardloader.pack.refs import InputFile
 
 
 def test_class_folders_detected_with_sorted_classes_and_cls_field(tmp_path):
@@ -28,7 +30,7 @@ def test_class_folders_detected_with_sorted_classes_and_cls_field(tmp_path):
     ]
     fields = dict(samples[-1].fields)
     assert fields["cls"] == b"2"
-    assert isinstance(fields["jpg"], FileRef) and fields["jpg"].rel == "zebra/img001.jpg"
+    assert isinstance(fields["jpg"], InputFile) and fields["jpg"].rel == "zebra/img001.jpg"
     assert fields["jpg"].size == os.path.getsize(tmp_path / "zebra/img001.jpg")
     assert src.fields["cls"].codec == "int" and src.fields["jpg"].codec == "image"
 

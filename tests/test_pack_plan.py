@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 
 from shardloader.format.registry import get_format
 from shardloader.format.tar.writer import _member_header, header_size
-from shardloader.pack.discover import FileRef, SampleRef
 from shardloader.pack.plan import Planner, part_of, shard_names
+from shardloader.pack.refs import InputFile, SampleRef
 
 
 def _tarfile_header(name: str, size: int) -> bytes:
@@ -43,7 +43,7 @@ def _raw_size(sample: SampleRef) -> int:
 
 def _samples(sizes: list[int]) -> list[SampleRef]:
     return [
-        SampleRef(f"k/{i:04d}", (("bin", FileRef(f"/x/{i}", f"{i}", s)),))
+        SampleRef(f"k/{i:04d}", (("bin", InputFile(f"{i}", f"/x/{i}", s)),))
         for i, s in enumerate(sizes)
     ]
 

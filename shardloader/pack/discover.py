@@ -16,26 +16,14 @@ from collections.abc import Mapping
 from shardloader.errors import UsageError
 from shardloader.manifest import FieldInfo
 from shardloader.pack.labels import Labelled, attach_labels, read_labels
-from shardloader.pack.layouts.base import Inputs, Layout, OnSkip, Source
-from shardloader.pack.layouts.records import record_kind
+from shardloader.pack.layouts.base import Inputs, Layout, Source
 from shardloader.pack.layouts.registry import AUTO, get_layout, layout_names, registered_layouts
 from shardloader.pack.listing import below, scan_inputs
-from shardloader.pack.refs import FileRef, InputFile, SampleRef, TextRule
+from shardloader.pack.refs import InputFile
 from shardloader.read.fields import Aliases, merge, normalize
 from shardloader.storage.store import Store, as_store
 
-__all__ = [
-    "FileRef",
-    "SampleRef",
-    "InputFile",
-    "OnSkip",
-    "TextRule",
-    "Source",
-    "detect",
-    "discover",
-    "scan_inputs",
-    "record_kind",  # index_existing refuses record files with it
-]
+__all__ = ["discover"]
 
 log = logging.getLogger(__name__)
 

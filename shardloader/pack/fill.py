@@ -22,9 +22,8 @@ import numpy as np
 from shardloader.codecs.allowlist import check_field
 from shardloader.errors import InputError, StorageError
 from shardloader.format.keys import unsafe_key_reason
-from shardloader.pack.discover import TextRule
 from shardloader.pack.plan import ShardPlan
-from shardloader.pack.refs import FileRef, LineRun, SampleRef
+from shardloader.pack.refs import InputFile, LineRun, SampleRef, TextRule
 from shardloader.pack.task import WriteSpec
 from shardloader.pack.token_ids import ids_length
 
@@ -89,7 +88,7 @@ class _Bad(Exception):
     """A sample cannot be packed (``ref``: the file of it to blame); the caller, who knows the
     sample, makes it an InputError (fail) or a skip record (skip): :func:`_refuse_or_skip`."""
 
-    def __init__(self, reason: str, ref: FileRef | None = None) -> None:
+    def __init__(self, reason: str, ref: InputFile | None = None) -> None:
         super().__init__(reason)
         self.reason, self.ref = reason, ref
 
@@ -97,7 +96,7 @@ class _Bad(Exception):
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
 
-def _read(spec: WriteSpec, ref: FileRef) -> bytes:
+def _read(spec: WriteSpec, ref: InputFile) -> bytes:
     try:
         data = spec.input(ref.url).read_bytes()
     except (OSError, StorageError) as err:
@@ -155,22 +154,22 @@ def _load(spec: WriteSpec, sample: SampleRef) -> tuple[dict[str, bytes], int | N
         raise _Bad(_key_reason(problem))
     cap = spec.options.max_sample_size
     if cap is not None:  # before any of it is read
-        size = sum(v.size if isinstance(v, FileRef) else len(v) for _, v in sample.fields)
+        size = sum(v.size if isinstance(v, InputFile) else len(v) for _, v in sample.fields)
         if size > cap:
-            refs = [v for _, v in sample.fields if isinstance(v, FileRef)]
+            refs = [v for _, v in sample.fields if isinstance(v, InputFile)]
             biggest = max(refs, key=lambda r: r.size) if refs else None  # named in the error
             raise _Bad(_too_large(size, cap), biggest)
     fields: dict[str, bytes] = {}
     parsed: dict[str, Any] = {}
     for ext, value in sample.fields:
-        ref = value if isinstance(value, FileRef) else None
+        ref = value if isinstance(value, InputFile) else None
         data: bytes = value if ref is None else _read(spec, ref)  # type: ignore[assignment]
         parsed[ext] = _checked(spec.fields[ext].codec, ext, data, spec.options.validate, ref)
         fields[ext] = data
     return fields, _measure(spec, fields, parsed.get("json"))
 
 
-def _checked(codec: str, ext: str, data: bytes, validate: bool, ref: FileRef | None) -> Any:
+def _checked(codec: str, ext: str, data: bytes, validate: bool, ref: InputFile | None) -> Any:
     """Check field ``ext`` by its codec; a JSON field is parsed (once: the text rule may need
     the value), and its value returned (None for other codecs)."""
     try:
@@ -277,4 +276,4 @@ def _input_size(sample: SampleRef) -> int:
     """Bytes the sample took from the input: its files, or its record (not derived fields)."""
     if sample.file:
         return sum(len(v) for _, v in sample.fields if isinstance(v, bytes))
-    return sum(v.size for _, v in sample.fields if isinstance(v, FileRef))
+    return sum(v.size for _, v in sample.fields if isinstance(v, InputFile))

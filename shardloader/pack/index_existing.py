@@ -35,7 +35,7 @@ from shardloader.format.base import Format, ScannedShard
 from shardloader.format.parquet.scan import ParquetScan
 from shardloader.format.registry import get_format, known_formats
 from shardloader.manifest import MANIFEST_NAME, FieldInfo, Manifest, ShardInfo
-from shardloader.pack.discover import record_kind
+from shardloader.pack.layouts.records import record_kind
 from shardloader.pack.listing import below, scan_inputs
 from shardloader.pack.lock import out_lock
 from shardloader.pack.outdir import list_out, remove_temps

@@ -13,14 +13,15 @@ from typing import TYPE_CHECKING, NamedTuple
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["FileRef", "SampleRef", "LineRun", "InputFile", "TextRule"]
+__all__ = ["InputFile", "SampleRef", "LineRun", "TextRule"]
 
 
-class FileRef(NamedTuple):
-    """A field whose bytes are a whole input file; read by the worker that writes the shard."""
+class InputFile(NamedTuple):
+    """A listed input file; as a sample field, one whose bytes are the whole file, read by the
+    worker that writes the shard."""
 
-    url: str  # what the worker opens
     rel: str  # path relative to SRC: goes into messages, skip reports and resume digests
+    url: str  # what the worker opens
     size: int  # from stat/find; the worker checks the bytes it reads against it
 
 
@@ -28,7 +29,7 @@ class SampleRef(NamedTuple):
     """One planned sample: key, fields in extension order, and where it came from."""
 
     key: str
-    fields: tuple[tuple[str, FileRef | bytes], ...]
+    fields: tuple[tuple[str, InputFile | bytes], ...]
     file: str = ""  # record samples: the record file (relative to SRC); empty for file samples
     where: str = ""  # record samples: "line 12" / "row 3"
 
@@ -68,14 +69,6 @@ class LineRun(NamedTuple):
     def span(self) -> tuple[int, int]:
         """(first byte, end byte) of the run in its file, terminators inside it included."""
         return int(self.starts[0]), int(self.starts[-1] + self.lengths[-1])
-
-
-class InputFile(NamedTuple):
-    """A listed input file: path relative to SRC, URL, size from stat/find."""
-
-    rel: str
-    url: str
-    size: int
 
 
 @dataclass(frozen=True)

@@ -28,8 +28,9 @@ from typing import Any
 
 from shardloader.errors import ShardError, UsageError
 from shardloader.manifest import FORMAT_VERSION, MANIFEST_NAME, FieldInfo, Manifest, ShardInfo
-from shardloader.pack.discover import Source, discover
+from shardloader.pack.discover import discover
 from shardloader.pack.fill import every_sample_skipped, skip_record
+from shardloader.pack.layouts.base import Source
 from shardloader.pack.listing import below
 from shardloader.pack.lock import OutLock, out_lock
 from shardloader.pack.notes import after_notes, shard_size_for

@@ -14,9 +14,9 @@ from typing import Any
 
 from shardloader.format.registry import format_module
 from shardloader.manifest import FieldInfo, ShardInfo
-from shardloader.pack.discover import TextRule
 from shardloader.pack.options import PackOptions
 from shardloader.pack.plan import ShardPlan
+from shardloader.pack.refs import TextRule
 from shardloader.storage.store import Store
 
 __all__ = ["ShardResult", "ShardTask", "WriteSpec"]
@@ -26,7 +26,7 @@ __all__ = ["ShardResult", "ShardTask", "WriteSpec"]
 class WriteSpec:
     """What every shard of one run shares (picklable)."""
 
-    src: Store  # the input (its files' URLs come with each FileRef)
+    src: Store  # the input (its files' URLs come with each InputFile)
     out: Store  # final location; shards are checked there on resume
     staging: str  # local folder for temporary shards (OUT itself when OUT is local)
     run_id: str

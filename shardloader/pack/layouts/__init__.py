@@ -1,7 +1,7 @@
 """Input layouts for ``pack``: one module per layout, one registry (see :mod:`.registry`).
 
 The face a layout module imports from: the contract (:class:`Layout`, its answers), the values a
-layout yields (:class:`SampleRef` of bytes or :class:`FileRef`) and the registry.
+layout yields (:class:`SampleRef` of bytes or :class:`InputFile`) and the registry.
 """
 
 from shardloader.pack.layouts.base import (
@@ -23,13 +23,12 @@ from shardloader.pack.layouts.registry import (
     registered_layouts,
     unregister_layout,
 )
-from shardloader.pack.refs import FileRef, InputFile, SampleRef, TextRule
+from shardloader.pack.refs import InputFile, SampleRef, TextRule
 
 __all__ = [
     "FITS",
     "NO_FIT",
     "Description",
-    "FileRef",
     "InputFile",
     "Inputs",
     "Layout",

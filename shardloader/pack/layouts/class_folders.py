@@ -29,7 +29,7 @@ from shardloader.pack.layouts.base import (
     extension,
     mixed,
 )
-from shardloader.pack.refs import FileRef, InputFile, SampleRef
+from shardloader.pack.refs import InputFile, SampleRef
 
 __all__ = ["ClassFolders", "class_keys"]
 
@@ -118,8 +118,8 @@ class ClassFolders(Layout):
         for key in sorted(keys):
             ext, f = keys[key]
             cls = class_index[f.rel.split("/", 1)[0]]
-            fields: dict[str, FileRef | bytes] = {
-                ext: FileRef(f.url, f.rel, f.size),
+            fields: dict[str, InputFile | bytes] = {
+                ext: f,
                 "cls": str(cls).encode("ascii"),
             }
             out.append(SampleRef(key, tuple(sorted(fields.items()))))

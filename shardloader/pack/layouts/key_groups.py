@@ -29,7 +29,7 @@ from shardloader.codecs.allowlist import IMAGE_EXTENSIONS, codec_for_extension
 from shardloader.errors import UsageError
 from shardloader.manifest import FieldInfo
 from shardloader.pack.layouts.base import FITS, Description, Inputs, Layout, OnSkip, Source, Verdict
-from shardloader.pack.refs import FileRef, InputFile, SampleRef
+from shardloader.pack.refs import InputFile, SampleRef
 
 __all__ = ["KeyGroups", "grouped", "image_alias", "junk"]
 
@@ -147,7 +147,7 @@ class KeyGroups(Layout):
         member_of = source.field_map.member_of
         groups = _groups(source.inputs)
         for key, group in groups.items():
-            filled: dict[str, FileRef] = {}
+            filled: dict[str, InputFile] = {}
             for ext, f in group.items():
                 name = member_of.get(ext)
                 if name and name in filled:
@@ -159,12 +159,12 @@ class KeyGroups(Layout):
         return iter([SampleRef(key, tuple(sorted(groups[key].items()))) for key in sorted(groups)])
 
 
-def _groups(inputs: Inputs) -> dict[str, dict[str, FileRef]]:
+def _groups(inputs: Inputs) -> dict[str, dict[str, InputFile]]:
     """``{key: {extension: file}}``: files sharing a key, in listing order; a file without an
     extension, or two that give one sample the same field, is a UsageError naming them."""
     from shardloader.format.tar.format import split_key
 
-    groups: dict[str, dict[str, FileRef]] = {}
+    groups: dict[str, dict[str, InputFile]] = {}
     for f in inputs.files:
         parts = split_key(f.rel)
         if parts is None or not parts[1]:
@@ -180,7 +180,7 @@ def _groups(inputs: Inputs) -> dict[str, dict[str, FileRef]]:
                 f"{inputs.url}: {group[ext].rel!r} and {f.rel!r} are both field {ext!r} of "
                 f"sample {key!r} (extensions are compared without case); rename one of them"
             )
-        group[ext] = FileRef(f.url, f.rel, f.size)
+        group[ext] = f
     return groups
 
 
