@@ -112,6 +112,31 @@ def test_resume_keeps_intact_shards_and_redoes_the_rest(tmp_path):
     assert tree(str(out)) == reference
 
 
+def test_resume_repacks_a_shard_whose_sidecar_lacks_the_figures(tmp_path):
+    """A sidecar of the same plan without ``field_samples`` (or another figure a kept shard
+    takes from it) is no error: that shard is packed again, the manifest counts every shard."""
+    from shardloader.manifest import SampleIndex
+    from shardloader.pack.resume import sidecar_bytes, sidecar_meta
+
+    src, out = str(tmp_path / "src"), tmp_path / "out"
+    key_groups(src, n=12)
+    first = pack(src, str(out), PackOptions(max_samples=3))
+    reference = tree(str(out))
+    for shard, figure in zip(first.manifest.shards, ("field_samples", "bytes_in"), strict=False):
+        path = str(out / shard.index_path)
+        with open(path, "rb") as f:
+            data = f.read()
+        meta = sidecar_meta(data, path)
+        del meta[figure]
+        with open(path, "wb") as f:
+            f.write(sidecar_bytes(SampleIndex.from_arrow_bytes(data, path), meta))
+    os.remove(out / "index.json")
+    again = pack(src, str(out), PackOptions(max_samples=3, resume=True))
+    assert again.kept_shards == len(first.manifest.shards) - 2
+    assert again.manifest.extra["field_samples"] == first.manifest.extra["field_samples"]
+    assert tree(str(out)) == reference
+
+
 def test_resume_with_other_options_repacks_and_removes_stale_shards(tmp_path):
     src, out = str(tmp_path / "src"), str(tmp_path / "out")
     key_groups(src, n=12)

@@ -60,13 +60,12 @@ def _options_digest(
         "fields": {k: asdict(v) for k, v in sorted(fields.items())},
         "validate": options.validate,
         "on_error": options.on_error,
+        "max_sample_size": options.max_sample_size,  # its skips change the shards
         "text": asdict(source.text) if source.text else None,
         "tokenizer": tok["sha256"] if tok else None,
         "layout": source.layout,
         "classes": list(source.classes),
     }
-    if options.max_sample_size is not None:  # skips change the shards (absent: as before)
-        ident["max_sample_size"] = options.max_sample_size
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()
 
 
@@ -189,8 +188,8 @@ def _pack(
         note_skips(out_store, skips, extra)
         if source.text is not None:
             extra["length_unit"] = "tokens" if options.tokenizer or options.token_field else "bytes"
-        if run.field_samples is not None:  # samples holding each member extension
-            extra["field_samples"] = dict(sorted(run.field_samples.items()))
+        # samples holding each member extension
+        extra["field_samples"] = dict(sorted(run.field_samples.items()))
         if tok_meta:  # the tokenizer's sha256, or the --token-field; and the vocabulary size
             extra["tokenizer"] = {k: v for k, v in tok_meta.items() if k != "path" and v}
         if parted:
@@ -261,7 +260,7 @@ class _Run:
         self.infos: dict[int, ShardInfo] = {}
         self.skips: list[dict[str, Any]] = []
         self.samples = self.bytes_in = self.bytes_out = self.kept = 0
-        self.field_samples: Counter[str] | None = Counter()  # None once a shard has no count
+        self.field_samples: Counter[str] = Counter()
         self.uploads = Uploads()
         self.defer = False  # hold finished shards under temporary names until all are written
         self.deferred: list[ShardResult] = []
@@ -331,10 +330,7 @@ class _Run:
             self._put(r)
         self.infos[r.number] = r.info
         self.skips.extend(r.skips)
-        if r.field_samples is None or self.field_samples is None:
-            self.field_samples = None
-        else:
-            self.field_samples.update(r.field_samples)
+        self.field_samples.update(r.field_samples)
         self.samples += r.info.num_samples
         self.bytes_in += r.bytes_in
         self.bytes_out += r.info.bytes

@@ -61,8 +61,7 @@ class ShardResult:
     info: ShardInfo  # the manifest's entry
     bytes_in: int
     skips: tuple[dict[str, Any], ...]
+    field_samples: Mapping[str, int]  # samples holding each member extension
     temp: str | None = None  # local temporary shard to move into place; None when kept
     sidecar: bytes | None = None  # sidecar to write; None when kept
     kept: bool = False
-    # samples holding each member extension; None: not recorded (kept from an older pack)
-    field_samples: Mapping[str, int] | None = None

@@ -51,6 +51,9 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+# figures a kept shard's result takes from its sidecar unchecked (sha256, bytes, num_samples are
+# checked against the file): a sidecar without them (written by another build) is packed again
+_FIGURES = {"raw_bytes", "bytes_in", "skips", "field_samples"}
 
 
 @contextmanager
@@ -111,8 +114,8 @@ def _try_keep(spec: WriteSpec, task: ShardTask, digest: str) -> ShardResult | No
     try:
         sidecar = index_store.read_bytes()
         meta = sidecar_meta(sidecar, index_url)
-        if meta.get("plan_digest") != digest:
-            log.info("%s: planned differently; packing it again", shard_url)
+        if meta.get("plan_digest") != digest or not _FIGURES <= meta.keys():
+            log.info("%s: planned differently (or by another build); packing it again", shard_url)
             return None
         with shard.open_read() as f:
             stored = HashingReader(f)
@@ -146,9 +149,9 @@ def _result(task: ShardTask, meta: Mapping[str, Any], data: bytes, **more: Any) 
     return ShardResult(
         task.plan.number,
         info,
-        int(meta.get("bytes_in", 0)),
-        tuple(meta.get("skips", ())),
-        field_samples=meta.get("field_samples"),
+        int(meta["bytes_in"]),
+        tuple(meta["skips"]),
+        meta["field_samples"],
         **more,
     )
 
