@@ -122,7 +122,7 @@ def test_bench_reads_s3_through_its_storage_options(s3_data: str, s3_server: str
     (point,) = json.loads(r.stdout)["results"]
     assert (point["num_workers"], point["batches"], point["samples"]) == (0, 2, 8)
     r = cli("bench", s3_data, "-o", "endpoint_url", "--workers", "0")
-    assert r.exit_code == 2 and "use KEY=VALUE" in r.output
+    assert r.exit_code == 2 and "--storage-option 'endpoint_url': give KEY=VALUE" in r.output
 
 
 def test_serve_reads_s3_through_its_storage_options(s3_data: str, s3_server: str, tmp_path: Path):

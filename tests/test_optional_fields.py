@@ -22,9 +22,9 @@ from corpus import jpeg
 
 import shardloader as sl
 from shardloader.cli import main
+from shardloader.cli.options import parse_pairs
 from shardloader.errors import MissingFieldError, UsageError
 from shardloader.presets import DatasetPreset
-from shardloader.read.fields import parse_fill
 from shardloader.service.passes import warm_up
 from shardloader.service.pipeline import load_pipeline
 
@@ -155,9 +155,10 @@ def test_nested_nulls_fill_by_dotted_name_and_options_are_checked():
         sl.Decoder(fill={"txt": ""}, required=("txt",))
     with pytest.raises(UsageError, match="tuple of field names"):
         sl.Decoder(required=("",))
-    assert parse_fill(["txt=", "cls=-1", "note=n/a"]) == {"txt": "", "cls": -1, "note": "n/a"}
-    with pytest.raises(UsageError, match="give FIELD=VALUE"):
-        parse_fill(["txt"])
+    fill = parse_pairs([" txt=", "cls=-1", "note=n/a"], "--fill", "FIELD=VALUE")
+    assert fill == {"txt": "", "cls": -1, "note": "n/a"}
+    with pytest.raises(UsageError, match="--fill 'txt': give FIELD=VALUE"):
+        parse_pairs(["txt"], "--fill", "FIELD=VALUE")
 
 
 @pytest.mark.slow

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import signal
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -24,6 +24,7 @@ __all__ = [
     "dataset_options",
     "dataset_preset",
     "interruptible",
+    "parse_pairs",
     "retry_options",
     "retry_policy",
     "show_progress",
@@ -48,18 +49,28 @@ storage_option = click.option(
 )
 
 
-def storage_options(pairs: tuple[str, ...]) -> dict[str, Any]:
-    """``-o KEY=VALUE`` options as fsspec storage options (VALUE parsed as JSON if it can be)."""
+def parse_pairs(values: Iterable[str], flag: str, form: str) -> dict[str, Any]:
+    """A repeatable ``flag``'s ``NAME=VALUE`` values as ``{name: value}``, the value parsed as
+    JSON where it is JSON (a number, ``null``...), else the text itself: ``--fill txt= --fill
+    cls=-1`` → ``{"txt": "", "cls": -1}``.  A value without ``=`` or name is a UsageError
+    naming ``flag``, the value and the ``form`` to give."""
     out: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise UsageError(f"--storage-option {pair!r}: use KEY=VALUE")
+    for value in values:
+        name, sep, text = value.partition("=")
+        if not sep or not name.strip():
+            raise UsageError(f"{flag} {value!r}: give {form}")
         try:
-            out[key] = json.loads(value)
-        except json.JSONDecodeError:
-            out[key] = value
+            out[name.strip()] = json.loads(text)
+        except ValueError:
+            out[name.strip()] = text
     return out
+
+
+def storage_options(pairs: tuple[str, ...]) -> dict[str, Any]:
+    """``-o KEY=VALUE`` options as fsspec storage options."""
+    return parse_pairs(
+        pairs, "--storage-option", "KEY=VALUE, e.g. -o endpoint_url=http://host:9000"
+    )
 
 
 def show_progress(quiet: bool) -> bool:

@@ -17,7 +17,7 @@ from typing import Any
 import click
 
 from shardloader.cli.group import main
-from shardloader.cli.options import DATASET_FLAGS, dataset_options, dataset_preset
+from shardloader.cli.options import DATASET_FLAGS, dataset_options, dataset_preset, parse_pairs
 from shardloader.errors import UsageError
 from shardloader.presets import IMAGE_DECODES
 
@@ -160,13 +160,15 @@ def serve(
                 f"{pipeline} configures its own dataset"
             )
     else:
-        from shardloader.read.fields import parse_fill
-
         preset = dataset_preset(
             flags,
             uneven=flags.pop("uneven"),
             decode=flags.pop("decode"),
-            fill=parse_fill(flags.pop("fill")),
+            fill=parse_pairs(
+                flags.pop("fill"),
+                "--fill",
+                "FIELD=VALUE, e.g. --fill txt= (an empty caption) or --fill cls=-1",
+            ),
             required=tuple(flags.pop("require")),
         )
     logging.basicConfig(

@@ -16,7 +16,6 @@ the pass adds the shard to that error (``shardloader/read/samplepass.py``).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -30,7 +29,6 @@ __all__ = [
     "complete",
     "merge",
     "normalize",
-    "parse_fill",
     "parse_option",
     "presence",
 ]
@@ -231,24 +229,6 @@ def complete(
                 holder[head] = holder = {}
         holder[key] = value
     return sample
-
-
-def parse_fill(values: Iterable[str]) -> dict[str, Any]:
-    """``--fill txt=`` / ``--fill cls=-1`` (repeatable) → ``{"txt": "", "cls": -1}``: the value
-    parsed as JSON where it is JSON (a number, ``null``...), else the text itself."""
-    out: dict[str, Any] = {}
-    for value in values:
-        name, sep, text = value.partition("=")
-        if not sep or not name.strip():
-            raise UsageError(
-                f"--fill {value!r}: give FIELD=VALUE, e.g. --fill txt= (an empty caption) or "
-                "--fill cls=-1"
-            )
-        try:
-            out[name.strip()] = json.loads(text)
-        except ValueError:
-            out[name.strip()] = text
-    return out
 
 
 def presence(counts: Any, field_map: FieldMap) -> dict[str, int] | None:
