@@ -6,12 +6,24 @@ import os
 
 import numpy as np
 import pytest
-from corpus import class_folders, jsonl, key_groups, parquet, write
+from corpus import class_folders, jsonl, key_groups, parquet, read_back, write
 
 from shardloader.errors import UsageError
+from shardloader.pack import pack
 from shardloader.pack.discover import discover
 from shardloader.pack.layouts.records import record_kind
-from shardloader.pack.refs import InputFile
+from shardloader.pack.refs import InputFile, LineRun
+
+
+def _keys(items):
+    """The sample keys of a stream of samples and runs of lines."""
+    keys = []
+    for item in items:
+        if isinstance(item, LineRun):
+            keys += [item.key(i) for i in range(item.num_lines)]
+        else:
+            keys.append(item.key)
+    return keys
 
 
 def test_class_folders_detected_with_sorted_classes_and_cls_field(tmp_path):
@@ -19,7 +31,7 @@ def test_class_folders_detected_with_sorted_classes_and_cls_field(tmp_path):
     src = discover(str(tmp_path))
     assert src.layout == "class-folders"
     assert src.classes == ("ant", "mole", "zebra")
-    samples = list(src.samples())
+    samples = list(src.items())
     assert [s.key for s in samples] == [
         "ant/img000",
         "ant/img001",
@@ -38,22 +50,22 @@ def test_class_folders_detected_with_sorted_classes_and_cls_field(tmp_path):
 def test_class_folder_keys_have_no_dots_and_collisions_are_refused(tmp_path):
     write(str(tmp_path), "cat/a.b.JPG", b"x")
     src = discover(str(tmp_path))
-    assert [s.key for s in src.samples()] == ["cat/a_b"]
-    assert dict(next(src.samples()).fields).keys() == {"cls", "jpg"}
+    assert [s.key for s in src.items()] == ["cat/a_b"]
+    assert dict(next(src.items()).fields).keys() == {"cls", "jpg"}
     # Two images of one stem keep apart by their extension ...
     write(str(tmp_path), "cat/a_b.png", b"y")
-    assert [s.key for s in discover(str(tmp_path)).samples()] == ["cat/a_b_jpg", "cat/a_b_png"]
+    assert [s.key for s in discover(str(tmp_path)).items()] == ["cat/a_b_jpg", "cat/a_b_png"]
     # ... and only names that still collide are refused, naming both.
     write(str(tmp_path), "cat/a_b.jpg", b"z")
     with pytest.raises(UsageError, match=r"a\.b\.JPG.*a_b\.jpg|a_b\.jpg.*a\.b\.JPG"):
-        list(discover(str(tmp_path)).samples())
+        list(discover(str(tmp_path)).items())
 
 
 def test_key_groups_follow_the_webdataset_rule(tmp_path):
     files = key_groups(str(tmp_path), n=4)
     src = discover(str(tmp_path))
     assert src.layout == "key-groups"
-    samples = list(src.samples())
+    samples = list(src.items())
     assert [s.key for s in samples] == ["a/0000", "a/0002", "b/0001", "b/0003"]
     first = dict(samples[0].fields)
     assert sorted(first) == ["jpg", "json", "seg.png", "txt"]
@@ -63,22 +75,25 @@ def test_key_groups_follow_the_webdataset_rule(tmp_path):
 
 
 def test_records_keys_strip_compression_suffixes_and_count_lines(tmp_path):
-    jsonl(str(tmp_path / "docs/part-0.jsonl.gz"), ["a", "b"], compress="gzip", extra_lines={1: b""})
-    jsonl(str(tmp_path / "docs/part-1.jsonl.zst"), ["c"], compress="zstd")
-    write(str(tmp_path), "notes.v2.txt", b"one\r\n\ntwo")
-    src = discover(str(tmp_path))
+    root = tmp_path / "src"
+    jsonl(str(root / "docs/part-0.jsonl.gz"), ["a", "b"], compress="gzip", extra_lines={1: b""})
+    jsonl(str(root / "docs/part-1.jsonl.zst"), ["c"], compress="zstd")
+    write(str(root), "notes.v2.txt", b"one\r\n\ntwo")
+    src = discover(str(root))
     assert src.layout == "records"
-    samples = list(src.samples())
-    assert [s.key for s in samples] == [
+    items = list(src.items())
+    assert _keys(items) == [
         "docs/part-0/000000001",
         "docs/part-0/000000003",
         "docs/part-1/000000001",
         "notes.v2/000000001",
         "notes.v2/000000003",
     ]
-    assert samples[1].where == "line 3" and samples[1].file == "docs/part-0.jsonl.gz"
-    assert samples[3].fields == (("txt", b"one"),)
+    assert items[1].where == "line 3" and items[1].file == "docs/part-0.jsonl.gz"
+    assert isinstance(items[3], LineRun)  # a plain file: the shard's writer reads its lines
     assert set(src.fields) == {"json", "txt"}
+    pack(str(root), str(tmp_path / "out"))
+    assert dict(read_back(str(tmp_path / "out"))[1])["notes.v2/000000001"] == {"txt": b"one"}
 
 
 def test_tables_become_one_field_per_column(tmp_path):
@@ -92,7 +107,7 @@ def test_tables_become_one_field_per_column(tmp_path):
         "blob": "bytes",
         "tags": "tokens",  # list<int64>: token ids, as Hugging Face's Sequence(int) columns
     }
-    samples = list(src.samples())
+    samples = list(src.items())
     assert [s.key for s in samples] == [f"t/{i:09d}" for i in range(5)]
     f0, f1 = dict(samples[0].fields), dict(samples[1].fields)
     assert f0["blob"] == rows[0]["blob"] and f0["label"] == b"0" and "tags" not in f0
@@ -103,7 +118,7 @@ def test_tables_become_one_field_per_column(tmp_path):
 def test_single_file_source(tmp_path):
     jsonl(str(tmp_path / "corpus.jsonl"), ["x", "y"])
     src = discover(str(tmp_path / "corpus.jsonl"))
-    assert [s.key for s in src.samples()] == ["corpus/000000001", "corpus/000000002"]
+    assert _keys(src.items()) == ["corpus/000000001", "corpus/000000002"]
 
 
 def test_hidden_files_are_ignored(tmp_path):
@@ -125,7 +140,7 @@ def test_bad_layouts_are_usage_errors(tmp_path, files, message):
     for rel, data in files.items():
         write(str(tmp_path), rel, data)
     with pytest.raises(UsageError, match=message):
-        list(discover(str(tmp_path)).samples())
+        list(discover(str(tmp_path)).items())
 
 
 def test_record_files_with_the_same_stem_are_refused(tmp_path):

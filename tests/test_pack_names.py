@@ -388,4 +388,4 @@ def test_a_folder_of_two_kinds_keeps_both(tmp_path):
         (src / f"{i}.flac").write_bytes(b"fLaC")
     found = discover(str(src))
     assert found.ignored == () and set(found.fields) == {"wav", "flac"}
-    assert len(list(found.samples())) == 9
+    assert len(list(found.items())) == 9

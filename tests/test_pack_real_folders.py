@@ -155,7 +155,7 @@ def test_class_folders_of_image_pairs_are_ambiguous_naming_both_readings(tmp_pat
         "with fields jpg, seg.png (--layout key-groups)"
     ) in r.stderr
     assert discover(str(src), "key-groups").layout == "key-groups"
-    assert len(list(discover(str(src), "class-folders").samples())) == 12
+    assert len(list(discover(str(src), "class-folders").items())) == 12
 
 
 def test_a_real_webdataset_tree_is_still_key_groups(tmp_path):

@@ -137,7 +137,7 @@ def test_planned_size_is_the_written_size(tmp_path):
     from shardloader.pack.discover import discover
     from shardloader.pack.plan import Planner
 
-    plans = list(Planner("tar", 6000, None).shards(discover(str(src)).samples()))
+    plans = list(Planner("tar", 6000, None).shards(discover(str(src)).items()))
     report = pack(str(src), str(tmp_path / "out"), PackOptions(shard_size=6000, compression="none"))
     assert [p.raw_bytes for p in plans] == [s.raw_bytes for s in report.manifest.shards]
     assert [s.raw_bytes for s in report.manifest.shards] == [

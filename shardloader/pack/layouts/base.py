@@ -212,16 +212,6 @@ class Source:
         items = self.impl.enumerate(self, on_skip)
         return _labelled(items, self.labels) if self.labels else items
 
-    def samples(self, on_skip: OnSkip | None = None) -> Iterator[SampleRef]:
-        """The same stream one :class:`SampleRef` per sample (line runs read here)."""
-        from shardloader.pack.layouts.lines import read_run, run_samples
-
-        for item in self.items(on_skip):
-            if isinstance(item, LineRun):
-                yield from run_samples(item, read_run(item, self.inputs.open(item)))
-            else:
-                yield item
-
 
 def _labelled(
     items: Iterator[SampleRef | LineRun], labels: Mapping[str, bytes]
