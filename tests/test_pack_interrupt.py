@@ -23,7 +23,7 @@ from fault_proxy import FaultProxy
 
 from shardloader.format import get_format
 from shardloader.pack import PackOptions, pack
-from shardloader.pack.write import sidecar_meta
+from shardloader.pack.resume import sidecar_meta
 
 psutil = pytest.importorskip("psutil")
 

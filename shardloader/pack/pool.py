@@ -20,13 +20,13 @@ from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
 from typing import TYPE_CHECKING, Any, Protocol
 
-from shardloader.pack.startmethod import PRELOAD, context
+from shardloader.pack.startmethod import context
 from shardloader.pack.write import worker_init
 
 if TYPE_CHECKING:
     from shardloader.pack.options import PackOptions
 
-__all__ = ["Executor", "Inline", "Pool", "PRELOAD", "make_executor"]
+__all__ = ["Executor", "make_executor"]
 
 
 class Executor(Protocol):

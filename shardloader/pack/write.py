@@ -37,16 +37,7 @@ from shardloader.pack.task import ShardResult, ShardTask, WriteSpec
 from shardloader.storage.streams import HashingReader
 from shardloader.storage.uploads import put_file_recorded
 
-__all__ = [
-    "writing",
-    "write_shard",
-    "place_shard",
-    "write_and_place",
-    "plan_digest",
-    "sidecar_bytes",
-    "sidecar_meta",
-    "worker_init",
-]
+__all__ = ["writing", "write_shard", "place_shard", "write_and_place", "worker_init"]
 
 log = logging.getLogger(__name__)
 
