@@ -16,7 +16,7 @@ import pytest
 from shardloader.errors import ChecksumError, ShardError, UsageError
 from shardloader.format import WrittenShard, get_format, open_writer
 from shardloader.format.base import Rows, read_rows
-from shardloader.format.embedded import embedded_index, index_frame
+from shardloader.format.embedded import carried_index, index_frame
 from shardloader.manifest import FieldInfo, Manifest, SampleIndex, ShardInfo
 from shardloader.schema import check_sample_index
 
@@ -242,8 +242,8 @@ def check_corrupt_input(tmp: str, fmt: str, compression: str) -> None:
     w = write(tmp, fmt, compression)
     # Cut inside the samples: a zstd tar shard ends with its sample index in a skippable frame
     # (format/embedded.py), which decoders pass over; a cut there leaves the samples whole.
-    carried = embedded_index(w.stored)
-    data_end = len(w.stored) - (len(index_frame(carried)) if carried is not None else 0)
+    carried = carried_index(w.stored)
+    data_end = len(w.stored) - (len(index_frame(carried.data)) if carried is not None else 0)
     for bad in (w.stored[: data_end // 2], os.urandom(4096)):
         with pytest.raises(ShardError):
             list(f.iter_stored(io.BytesIO(bad), compression, w.path))

@@ -125,6 +125,53 @@ def test_default_rules_scalars_strings_nested_and_equal_shapes():
     assert out["attention_mask"].tolist() == [[1, 0, 0], [1, 1, 0], [1, 1, 1]]
 
 
+NUMBERS = {
+    "ints": [1, 2, 3],
+    "floats": [0.5, 2.0],
+    "bools": [True, False],
+    "int then float": [1, 2.5],
+    "float then int": [2.5, 1],
+    "bool and int": [True, 2],
+    "numpy int32": [np.int32(1), np.int32(2)],
+    "numpy float32": [np.float32(1), np.float32(2.5)],
+    "numpy bool": [np.bool_(True), np.bool_(False)],
+    "numpy uint8": [np.uint8(1), np.uint8(200)],
+    "numpy float32 and float64": [np.float32(1), np.float64(2)],
+    "numpy float32 then float": [np.float32(1), 2.5],
+    "int then numpy float32": [1, np.float32(2.5)],
+    "numpy int32 then int": [np.int32(1), 5],
+}
+
+
+@pytest.mark.parametrize("values", NUMBERS.values(), ids=NUMBERS.keys())
+def test_numbers_collate_as_torch_default_collate_does(values):
+    want = torch.utils.data.default_collate(values)
+    got = collate_samples([{"x": v} for v in values])["x"]
+    assert got.dtype == want.dtype and torch.equal(got, want)
+
+
+@pytest.mark.parametrize(
+    ("values", "stacks"),
+    [
+        ([1, 2.5], True),
+        ([np.zeros(2), [1.0, 2.0]], True),  # an array and a list of numbers
+        ([torch.tensor(1), torch.tensor(2)], True),  # 0-d tensors
+        ([1, np.zeros(2)], False),  # a number and an array
+        ([[], []], False),  # empty lists
+        (["a", "b"], False),
+    ],
+)
+def test_a_missing_value_is_an_error_exactly_where_the_field_would_be_a_tensor(values, stacks):
+    full = collate_samples([{"x": v} for v in values])["x"]
+    assert isinstance(full, torch.Tensor) == stacks
+    samples = [{"x": v} for v in values] + [{"x": None}]
+    if stacks:
+        with pytest.raises(MissingFieldError, match="'x' is missing"):
+            collate_samples(samples)
+    else:
+        assert collate_samples(samples)["x"] == [*values, None]
+
+
 def test_lists_of_numbers_tensors_and_two_dim_fields_pad():
     out = PadCollate({"ids": PAD, "emb": 0.0}, mask_field="ids")(
         [

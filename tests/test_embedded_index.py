@@ -25,7 +25,7 @@ from helpers import batch_ids, write_dataset
 import shardloader as sl
 from shardloader.cli import main
 from shardloader.format.arrow.ipc import declared_sizes
-from shardloader.format.embedded import FOOTER, MAGIC, embedded_index, index_frame
+from shardloader.format.embedded import FOOTER, MAGIC, Carried, carried_index, index_frame
 from shardloader.manifest import Manifest, SampleIndex
 from shardloader.read.sidecar import load_sidecar
 from shardloader.read.verify import verify_dataset
@@ -36,10 +36,10 @@ def test_zstd_tar_shards_carry_their_index_and_decoders_pass_over_it(tmp_path: P
     m = write_dataset(str(tmp_path / "ds"), [5, 7], compression="zstd")
     for info in m.shards:
         stored = (tmp_path / "ds" / info.path).read_bytes()
-        carried = embedded_index(stored)
-        assert carried is not None
-        assert declared_sizes(carried).compressed  # zstd buffers, as the sidecar's
-        ours = SampleIndex.from_arrow_bytes(carried)
+        carried = carried_index(stored)
+        assert carried is not None and carried.whole
+        assert declared_sizes(carried.data).compressed  # zstd buffers, as the sidecar's
+        ours = SampleIndex.from_arrow_bytes(carried.data)
         sidecar = load_sidecar(Store(str(tmp_path / "ds" / info.index_path)), "tar", info)
         assert ours.keys == sidecar.keys
         for column in ("offsets", "sizes", "lengths", "checksums"):
@@ -54,19 +54,27 @@ def test_zstd_tar_shards_carry_their_index_and_decoders_pass_over_it(tmp_path: P
             assert cli.returncode == 0 and cli.stdout == tar
     for compression in ("gzip", "none"):
         other = write_dataset(str(tmp_path / compression), [3], compression=compression)
-        assert embedded_index((tmp_path / compression / other.shards[0].path).read_bytes()) is None
+        assert carried_index((tmp_path / compression / other.shards[0].path).read_bytes()) is None
 
 
 def test_the_frame_parser_takes_only_a_whole_frame_of_ours() -> None:
     frame = index_frame(b"index bytes")
     assert int.from_bytes(frame[:4], "little") == MAGIC and frame.endswith(FOOTER)
-    assert embedded_index(b"zstd data" + frame) == b"index bytes"
-    assert embedded_index(lambda n: (b"zstd data" + frame)[-n:]) == b"index bytes"
-    assert embedded_index(frame[5:]) is None  # cut: longer than what was kept
-    assert embedded_index(b"\0" * 4 + frame[4:]) is None  # not a skippable frame of ours
-    assert embedded_index(frame[:-5] + b"\xff" + frame[-4:]) is None  # length disagrees
-    assert embedded_index(b"data ending in" + FOOTER) is None
-    assert embedded_index(b"") is None
+    whole = Carried(b"index bytes", whole=True)
+    assert carried_index(b"zstd data" + frame) == whole
+    assert carried_index(lambda n: (b"zstd data" + frame)[-n:]) == whole
+    assert carried_index(frame[5:]) is None  # cut: longer than what was kept
+    assert carried_index(b"\0" * 4 + frame[4:]) is None  # not a skippable frame of ours
+    assert carried_index(frame[:-5] + b"\xff" + frame[-4:]) is None  # length disagrees
+    assert carried_index(b"data ending in" + FOOTER) is None
+    assert carried_index(b"") is None
+
+
+def _whole(stored: bytes) -> bytes:
+    """The index bytes ``stored`` carries, whole."""
+    carried = carried_index(stored)
+    assert carried is not None and carried.whole
+    return carried.data
 
 
 def _ids(ds: sl.ShardedDataset) -> list[int]:
@@ -99,8 +107,7 @@ def test_a_carried_index_is_checked_like_a_sidecar(
     m = write_dataset(str(folder), [5, 6], compression="zstd")
     first = (folder / m.shards[0].path).read_bytes()
     second = (folder / m.shards[1].path).read_bytes()
-    own, wrong = embedded_index(first), embedded_index(second)
-    assert own is not None and wrong is not None
+    own, wrong = _whole(first), _whole(second)
     crafted = first[: len(first) - len(index_frame(own))] + index_frame(wrong)
     _rewrite_manifest(folder, m, 0, crafted)
     for path in sorted(folder.iterdir()):
@@ -128,8 +135,7 @@ def test_shards_without_a_carried_index_read_their_sidecar(
     m = write_dataset(str(folder), [5, 6], compression="zstd")
     for i, info in enumerate(m.shards):
         stored = (folder / info.path).read_bytes()
-        carried = embedded_index(stored)
-        assert carried is not None
+        carried = _whole(stored)
         _rewrite_manifest(folder, m, i, stored[: len(stored) - len(index_frame(carried))])
         m = Manifest.from_json((folder / "index.json").read_bytes())
     for path in sorted(folder.iterdir()):
@@ -159,8 +165,7 @@ def _carrying(folder: Path, m: Manifest, frame: Any) -> None:
     """Shard 0 of ``m`` carrying ``frame(its own index bytes)`` instead of its frame; the
     manifest entry rewritten to match the stored bytes (its producer hashed the damage)."""
     stored = (folder / m.shards[0].path).read_bytes()
-    own = embedded_index(stored)
-    assert own is not None
+    own = _whole(stored)
     _rewrite_manifest(folder, m, 0, stored[: len(stored) - len(index_frame(own))] + frame(own))
 
 

@@ -22,7 +22,7 @@ import zstandard
 import shardloader as sl
 from shardloader.errors import ShardError
 from shardloader.format.compress import decompressed, decompressing
-from shardloader.format.embedded import MAGIC, embedded_index, index_frame
+from shardloader.format.embedded import MAGIC, Carried, carried_index, index_frame
 from shardloader.format.registry import get_format
 from shardloader.read.verify import verify_dataset
 
@@ -218,12 +218,13 @@ def test_a_damaged_embedded_index_is_passed_over_for_the_sidecar(work: str) -> N
 
 def test_an_embedded_index_is_taken_only_whole() -> None:
     frame = index_frame(b"index bytes")
-    assert embedded_index(b"zstd data" + frame) == b"index bytes"
+    assert carried_index(b"zstd data" + frame) == Carried(b"index bytes", whole=True)
     for at in range(8, len(frame) - 8):  # any byte of the index or its digest
         damaged = bytearray(frame)
         damaged[at] ^= 1
-        assert embedded_index(b"zstd data" + bytes(damaged)) is None
+        found = carried_index(b"zstd data" + bytes(damaged))
+        assert found is not None and not found.whole  # readers pass it over (keep_embedded)
     # a frame written before the digest (SLI1) is still read
     legacy = b"index bytes" + (11).to_bytes(4, "little") + b"SLI1"
     legacy = MAGIC.to_bytes(4, "little") + len(legacy).to_bytes(4, "little") + legacy
-    assert embedded_index(b"zstd data" + legacy) == b"index bytes"
+    assert carried_index(b"zstd data" + legacy) == Carried(b"index bytes", whole=True)

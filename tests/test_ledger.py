@@ -81,12 +81,12 @@ def test_delivered_plus_ledger_dropped_is_every_sample(data, case):
             for i, _, _, pad in batch:
                 (pads if pad else got)[i] += 1
     delivered = set(got)
-    assert not delivered & set(ledger.dropped)
-    assert delivered | set(ledger.dropped) == set(range(200))
-    assert set(ledger.truncated) <= delivered
+    assert not delivered & set(ledger.ids("dropped"))
+    assert delivered | set(ledger.ids("dropped")) == set(range(200))
+    assert set(ledger.ids("truncated")) <= delivered
     if "planner" not in case or not isinstance(case["planner"], PackedBatches):
         assert all(c == 1 for c in got.values())  # whole samples: once each
-        assert pads == Counter(ledger.padded)
+        assert pads == Counter(ledger.ids("padded"))
 
 
 def test_reasons_name_the_policy(data):
@@ -148,9 +148,9 @@ def test_run_time_skips_are_appended_per_rank_and_merged(data, tmp_path):
     assert merge_skips(skips, epoch=1) == []
     ledger = make(data, batch_size=8, shuffle=True, seed=3, world=sl.World(0, 2)).ledger(2)
     full = ledger.with_skips(records)
-    assert full.counts()["skipped"] == 3 and set(full.skipped) == bad
-    assert set(got) | set(full.dropped) | set(full.skipped) == set(range(200))
-    assert not set(got) & set(full.skipped)
+    assert full.counts()["skipped"] == 3 and set(full.ids("skipped")) == bad
+    assert set(got) | set(full.ids("dropped")) | set(full.ids("skipped")) == set(range(200))
+    assert not set(got) & set(full.ids("skipped"))
     path = str(tmp_path / "ledger.jsonl")
     full.write(path)
     assert Ledger.read(path) == full

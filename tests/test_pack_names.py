@@ -7,13 +7,14 @@ import io
 import json
 import os
 import tarfile
+from urllib.parse import unquote_to_bytes
 
 import numpy as np
 import pytest
 from helpers import run_cli
 
 import shardloader as sl
-from shardloader.format.keys import escape_name, name_bytes
+from shardloader.format.keys import escape_name
 from shardloader.pack import PackOptions, pack
 
 
@@ -42,7 +43,7 @@ def test_escape_is_reversible_and_keeps_utf8_names():
         name = os.fsdecode(raw)
         escaped = escape_name(name)
         assert escaped.encode("utf-8")  # text now: goes into keys, JSON and tar headers
-        assert name_bytes(escaped) == raw
+        assert unquote_to_bytes(escaped) == raw
     assert escape_name("Große Katze %41") == "Große Katze %41"  # UTF-8: unchanged
 
 
@@ -56,7 +57,7 @@ def test_non_utf8_file_names_pack_under_escaped_keys(tmp_path):
     assert report.manifest.classes == ("caf%E9", "dog")
     got = _keys(tmp_path / "out")
     assert sorted(got) == ["caf%E9/caf%E9", "caf%E9/ok", "dog/r%E9sum%E9 100%25"]
-    assert name_bytes("dog/r%E9sum%E9 100%25") == b"dog/r\xe9sum\xe9 100%"
+    assert unquote_to_bytes("dog/r%E9sum%E9 100%25") == b"dog/r\xe9sum\xe9 100%"
     assert got["dog/r%E9sum%E9 100%25"]["cls"] == 1
     assert tuple(got["caf%E9/caf%E9"]["image"].shape) == (3, 8, 10)
 

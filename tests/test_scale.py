@@ -23,7 +23,7 @@ import shardloader as sl
 from shardloader.plan.epoch import EpochPlanner
 from shardloader.plan.order import EpochOrder, epoch_order
 from shardloader.plan.shuffle import ShuffleOptions
-from shardloader.plan.split import FixedBatchList, cut_fixed_batches, rank_slots
+from shardloader.plan.split import FixedBatchList, rank_slots
 from shardloader.plan.steps import WorkerSteps
 
 sizes_st = st.lists(st.integers(0, 60), min_size=1, max_size=10).filter(lambda s: sum(s) > 0)
@@ -67,9 +67,9 @@ def test_lazy_order_reads_exactly_the_materialised_order(sizes, seed, epoch, opt
 def test_lazy_batches_are_the_cut_batches(sizes, seed, batch, uneven):
     options = ShuffleOptions(True, 16)
     whole = epoch_order(np.array(sizes), seed, 0, options)
-    cut, padded, dropped = cut_fixed_batches(whole, batch, uneven)
+    cut = FixedBatchList(whole, batch, uneven)  # the whole order, an array
     lazy = FixedBatchList(EpochOrder(np.array(sizes), seed, 0, options), batch, uneven)
-    assert (len(lazy), lazy.padded, lazy.dropped) == (len(cut), padded, dropped)
+    assert (len(lazy), lazy.padded, lazy.dropped) == (len(cut), cut.padded, cut.dropped)
     assert all(np.array_equal(a, b) for a, b in zip(lazy, cut, strict=True))
 
 

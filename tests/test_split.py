@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from shardloader.errors import UsageError
 from shardloader.plan.order import epoch_order
 from shardloader.plan.shuffle import ShuffleOptions
-from shardloader.plan.split import Place, cut_fixed_batches, rank_slots
+from shardloader.plan.split import FixedBatchList, Place, rank_slots
 
 sizes_st = st.lists(st.integers(0, 40), min_size=1, max_size=12).filter(lambda s: sum(s) > 0)
 
@@ -99,8 +99,9 @@ def test_epochs_differ_and_no_shuffle_is_identity():
 @given(st.integers(0, 300), st.integers(1, 17), st.sampled_from(["pad", "drop"]))
 def test_fixed_batches_are_full_and_cover(n, b, uneven):
     order = np.arange(n, dtype=np.int64)[::-1].copy()
-    batches, padded, dropped = cut_fixed_batches(order, b, uneven)
-    assert all(len(x) == b for x in batches)
+    cut = FixedBatchList(order, b, uneven)
+    batches, padded, dropped = list(cut), cut.padded, cut.dropped
+    assert len(batches) == len(cut) and all(len(x) == b for x in batches)
     flat = np.concatenate(batches) if batches else np.zeros(0, np.int64)
     if uneven == "pad":
         assert sorted(set(flat.tolist())) == list(range(n))

@@ -325,3 +325,32 @@ def test_dataset_crops_come_from_a_per_batch_generator(pictures):
         Compose([_noise, RandomResizedCrop(24), _noise, RandomHorizontalFlip(), ToImageTensor()]),
     )
     assert _same(_crops(pictures, noisy, num_workers=2), reference)
+
+
+def test_the_dataset_hands_transforms_the_documented_per_batch_generator(pictures):
+    """``read.seeding.batch_generator`` (DESIGN.md, NOTE [transform generators]) is the rule:
+    each sample of global batch ``b`` gets a generator seeded as it seeds one."""
+    import shardloader as sl
+    from shardloader.read.seeding import batch_generator
+
+    seen: list[tuple[str, int]] = []
+
+    def record(sample, generator=None):
+        seen.append((sample["__key__"], generator.initial_seed()))
+        return sample
+
+    record.takes_generator = True
+    ds = sl.ShardedDataset(
+        pictures,
+        batch_size=4,
+        shuffle=True,
+        seed=3,
+        decoder=sl.Decoder(image="raw"),
+        transform=record,
+        collate_fn=lambda samples: [s["__key__"] for s in samples],
+    )
+    batches = list(sl.make_loader(ds, num_workers=0))
+    assert len(batches) == 5 and len(seen) == 20
+    want = [batch_generator(3, 0, b).initial_seed() for b, keys in enumerate(batches) for _ in keys]
+    assert [seed for _, seed in seen] == want
+    assert [key for key, _ in seen] == [key for keys in batches for key in keys]

@@ -797,7 +797,7 @@ def ttfb(
     stops at its first batch, and any fetch past what was uploaded would fail loudly."""
     from shardloader.plan.order import epoch_order
     from shardloader.plan.shuffle import ShuffleOptions
-    from shardloader.plan.split import cut_fixed_batches
+    from shardloader.plan.split import FixedBatchList
     from shardloader.read.shardset import shard_starts
 
     folder = os.path.join(root, "many")
@@ -811,8 +811,7 @@ def ttfb(
     for _, shuffle in orders:  # the shards of the first 12 batches, from the pure plan
         opt = ShuffleOptions(**shuffle) if isinstance(shuffle, dict) else ShuffleOptions(shuffle)
         order = epoch_order(m.shard_sizes, 0, 0, opt)
-        batches, _, _ = cut_fixed_batches(order[: 12 * args.batch], args.batch, "drop")
-        for b in batches:
+        for b in FixedBatchList(order[: 12 * args.batch], args.batch, "drop"):
             need |= set((np.searchsorted(starts, b, side="right") - 1).tolist())
     names = ["index.json"] + [
         n for i in sorted(need) for n in (m.shards[i].path, m.shards[i].index_path)

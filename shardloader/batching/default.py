@@ -3,9 +3,12 @@
 Every collate of shardloader (PadCollate, PackCollate, DetectionCollate) runs in the worker and
 builds on these rules (``default_collate`` semantics, made explicit):
 
-* numbers stack into a 1-D tensor: Python int → int64, float → float64, bool → bool; numpy
-  scalars and 0-d tensors keep their dtype (as ``torch.utils.data.default_collate``);
-* tensors and numpy arrays of equal shape stack; lists/tuples of numbers count as 1-D arrays;
+* numbers (Python int, float, bool; numpy scalars) stack into a 1-D tensor exactly as
+  ``torch.utils.data.default_collate`` stacks them: int → int64, float → float64, bool → bool,
+  numpy scalars keep their dtype; where types mix, torch follows the first value (an int first
+  and a float later: float32, torch's default dtype; a float first: float64);
+* tensors (0-d too) and numpy arrays of equal shape stack; lists/tuples of numbers count as
+  1-D arrays;
 * strings, bytes, ``None`` and anything else stay a Python list; dicts recurse (a nested
   field is named by its dotted path, e.g. ``"meta.ids"``);
 * a field whose arrays differ in shape is padded only when it has an explicit pad value;
@@ -31,7 +34,6 @@ NOTE [pad values are explicit]
 
 from __future__ import annotations
 
-import numbers
 import operator
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
@@ -47,8 +49,11 @@ from shardloader.errors import MissingFieldError, UsageError
 __all__ = ["collate_samples", "missing_field", "torch_collate"]
 
 
+_NUMBERS = (int, float, np.bool_, np.number)  # what default_collate stacks as numbers
+
+
 def is_number(v: Any) -> bool:
-    return isinstance(v, (numbers.Number, np.generic)) and not isinstance(v, (str, bytes))
+    return isinstance(v, _NUMBERS)  # bool too: an int
 
 
 def is_array(v: Any) -> bool:
@@ -67,18 +72,6 @@ def to_tensor(v: Any) -> torch.Tensor:
             return torch.from_numpy(v.copy())
         return torch.from_numpy(np.ascontiguousarray(v))
     return torch.as_tensor(v)
-
-
-def _stack_numbers(values: Sequence[Any]) -> torch.Tensor:
-    if all(isinstance(v, torch.Tensor) for v in values):
-        return torch.stack(list(values))  # 0-d tensors
-    if all(isinstance(v, (bool, np.bool_)) for v in values):
-        return torch.tensor([bool(v) for v in values])
-    if all(isinstance(v, np.generic) for v in values):
-        return torch.as_tensor(np.asarray(values))  # numpy scalars keep their dtype
-    if all(isinstance(v, (int, np.integer)) for v in values):
-        return torch.as_tensor(np.asarray(values), dtype=torch.int64)
-    return torch.as_tensor(np.asarray(values, dtype=np.float64))
 
 
 def _shape(v: Any) -> tuple[int, ...]:
@@ -135,7 +128,7 @@ def _collate_dicts(
             nested = [{} if v is None else v for v in values]
             out[key] = _collate_dicts(nested, owners, f"{name}.", pad, leaf)
         elif len(present) < len(values):
-            if name in pad or (present and _stacks(present)):
+            if name in pad or (present and _tensor_kind(present)):
                 raise missing_field(name, values, owners)
             out[key] = list(values)
         else:
@@ -147,11 +140,10 @@ def _stacker(ragged: str) -> Callable[[str, list[Any]], Any]:
     """The default rules for one field whose values are all present (module docstring)."""
 
     def stack(name: str, values: list[Any]) -> Any:
-        if all(is_number(v) or (isinstance(v, torch.Tensor) and v.ndim == 0) for v in values):
-            return _stack_numbers(values)
-        if all(is_array(v) or is_number_list(v) for v in values) and not all(
-            isinstance(v, (list, tuple)) and not v for v in values
-        ):
+        kind = _tensor_kind(values)
+        if kind == "numbers":
+            return default_collate(values)
+        if kind == "arrays":
             shapes = {_shape(v) for v in values}
             if len(shapes) == 1:
                 # torch's default_collate stacks straight into shared memory inside a
@@ -166,12 +158,18 @@ def _stacker(ragged: str) -> Callable[[str, list[Any]], Any]:
     return stack
 
 
-def _stacks(present: Sequence[Any]) -> bool:
-    """Whether these values (none missing) collate into a tensor: numbers, arrays, lists of
-    numbers (torch's default_collate makes tensors of each of them)."""
-    return all(is_number(v) or is_array(v) for v in present) or all(
-        is_number_list(v) and len(v) for v in present
-    )
+def _tensor_kind(values: Sequence[Any]) -> str | None:
+    """What the default rules make of these values (none missing): ``"numbers"`` (one 1-D
+    tensor), ``"arrays"`` (tensors, numpy arrays and lists of numbers, not all empty: stacked
+    when their shapes agree), or None: they stay a list.  The one rule for both a full field
+    and one with missing values (NOTE [missing values]: those of a tensor field are an error)."""
+    if all(is_number(v) for v in values):
+        return "numbers"
+    if all(is_array(v) or is_number_list(v) for v in values) and any(
+        is_array(v) or v for v in values
+    ):
+        return "arrays"
+    return None
 
 
 def missing_field(name: str, values: Sequence[Any], owners: Sequence[Any]) -> MissingFieldError:

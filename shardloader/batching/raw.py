@@ -243,7 +243,8 @@ class RawBatch(dict):  # type: ignore[type-arg]
             if name == "__key__" and _joinable(value):
                 parts[name] = "\0".join(value)
             elif name in ("__index__", "__pad__") and _plain_tensor(value):
-                parts[name] = (value.numpy().dtype.str, value.numpy().tobytes())
+                array = value.numpy()
+                parts[name] = (array.dtype.str, array.tobytes())
             else:
                 other[name] = value
         return _batch, (parts, other, list(self))

@@ -28,7 +28,6 @@ __all__ = [
     "native_reason",
     "probe",
     "request",
-    "draft_factor",
     "scaled_box",
     "decode_box",
     "resize",
@@ -86,13 +85,6 @@ def request(
     return math.ceil(width * out_hw[1] / bw), math.ceil(height * out_hw[0] / bh)
 
 
-def draft_factor(size: tuple[int, int], wanted: tuple[int, int]) -> int:
-    """The reduction (1, 2, 4 or 8) PIL ``draft(mode, wanted)`` picks for an image of ``size``:
-    the largest power of two that keeps both sides at least ``wanted``."""
-    slack = min(size[0] // max(wanted[0], 1), size[1] // max(wanted[1], 1))
-    return next((f for f in (8, 4, 2) if slack >= f), 1)
-
-
 def scaled_box(
     box: tuple[int, int, int, int], factor: int, scaled_size: tuple[int, int]
 ) -> tuple[int, int, int, int]:
@@ -121,7 +113,11 @@ def decode_box(
     same native call (no Python object in between)."""
     assert _jpeg is not None, "probe() first"
     width, height = size
-    factor = draft_factor(size, wanted) if wanted is not None else 1
+    # PIL draft(mode, wanted)'s reduction: the largest of 8, 4, 2 that keeps both sides at
+    # least ``wanted``, else 1
+    w, h = wanted or (width, height)
+    slack = min(width // max(w, 1), height // max(h, 1))
+    factor = next((f for f in (8, 4, 2) if slack >= f), 1)
     scaled = (-(-width // factor), -(-height // factor))
     x0, y0, x1, y1 = scaled_box(box or (0, 0, width, height), factor, scaled)
     try:

@@ -25,7 +25,7 @@ from typing import Any
 from shardloader.errors import ResumeError
 from shardloader.plan.elastic import Reshape, check_history
 
-__all__ = ["STATE_VERSIONS", "make_state", "read_state", "resume"]
+__all__ = ["STATE_VERSIONS", "make_state", "read_state", "resume", "state_version"]
 
 _STATE_VERSION = 1
 _RESHAPED_VERSION = 2  # a state with ``reshapes``: readers that predate them must refuse it
@@ -36,16 +36,21 @@ STATE_VERSIONS = (_STATE_VERSION, _RESHAPED_VERSION, _PARTITIONED_VERSION)
 Resume = tuple[int, int, tuple[Reshape, ...], int | None]  # epoch, position, reshapes, partitions
 
 
+def state_version(reshapes: Sequence[Reshape], partitions: int) -> int:
+    """The version of a state counted in ``partitions`` after the links ``reshapes``: the
+    oldest whose readers load it."""
+    if partitions > 1 or any(len(link) == 3 for link in reshapes):
+        return _PARTITIONED_VERSION
+    return _RESHAPED_VERSION if reshapes else _STATE_VERSION
+
+
 def make_state(
     ds: Any, epoch: int, position: int, reshapes: Sequence[Reshape], partitions: int
 ) -> dict[str, Any]:
     """The state of ``ds`` after ``position`` global batches of ``epoch`` (counted in
     ``partitions``, after the links ``reshapes``): the same keys whatever the progress."""
-    version = _RESHAPED_VERSION if reshapes else _STATE_VERSION
-    if partitions > 1 or any(len(link) == 3 for link in reshapes):
-        version = _PARTITIONED_VERSION
     state: dict[str, Any] = {
-        "version": version,
+        "version": state_version(reshapes, partitions),
         "epoch": int(epoch),
         "position": int(position),
         "seed": ds.seed,

@@ -35,7 +35,6 @@ __all__ = [
     "TAIL_KEEP",
     "Carried",
     "carried_index",
-    "embedded_index",
     "index_frame",
     "tail_to_keep",
 ]
@@ -91,10 +90,3 @@ def carried_index(tail: Callable[[int], bytes] | bytes) -> Carried | None:
     index = frame[_HEAD.size : _HEAD.size + length]
     digest = frame[_HEAD.size + length : _HEAD.size + length + _DIGEST[tag]]
     return Carried(index, not digest or hashlib.sha256(index).digest() == digest)
-
-
-def embedded_index(tail: Callable[[int], bytes] | bytes) -> bytes | None:
-    """The index bytes if the stored shard ends with our frame, whole, else None (a damaged
-    copy too: the sidecar is read instead)."""
-    found = carried_index(tail)
-    return found.data if found is not None and found.whole else None

@@ -22,7 +22,6 @@ __all__ = [
     "first_unsafe_key",
     "key_lengths",
     "escape_name",
-    "name_bytes",
     "not_utf8",
 ]
 
@@ -39,7 +38,8 @@ def not_utf8(name: str) -> bool:
 def escape_name(name: str) -> str:
     """A name that is not UTF-8 made into text, reversibly: each byte that is not UTF-8 becomes
     ``%XX`` and so does each ``%`` of that name (``b"caf\\xe9"`` → ``caf%E9``, ``b"5%\\xff"``
-    → ``5%25%FF``); :func:`name_bytes` gives the bytes back.  UTF-8 names are kept as they are.
+    → ``5%25%FF``); ``urllib.parse.unquote_to_bytes`` gives the bytes back.  UTF-8 names are
+    kept as they are.
 
     Keys and messages are UTF-8 text (JSON, Arrow strings, tar headers), so a byte name could
     not be written or named otherwise; ``pack`` keys such files by the escaped name.
@@ -47,14 +47,6 @@ def escape_name(name: str) -> str:
     if not not_utf8(name):
         return name
     return _SURROGATE.sub(lambda m: f"%{ord(m.group()) - 0xDC00:02X}", name.replace("%", "%25"))
-
-
-def name_bytes(escaped: str) -> bytes:
-    """The file name bytes of a name :func:`escape_name` escaped (``caf%E9`` → ``b"caf\\xe9"``);
-    only for names that were escaped: a UTF-8 name is its own UTF-8 bytes."""
-    from urllib.parse import unquote_to_bytes
-
-    return unquote_to_bytes(escaped)
 
 
 def unsafe_key_reason(key: object) -> str | None:

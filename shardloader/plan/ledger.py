@@ -88,22 +88,6 @@ class Ledger:
         """Sample ids with ``status``, one per entry, in entry order."""
         return tuple(e.sample for e in self.entries if e.status == status)
 
-    @property
-    def padded(self) -> tuple[int, ...]:
-        return self.ids(PADDED)
-
-    @property
-    def dropped(self) -> tuple[int, ...]:
-        return self.ids(DROPPED)
-
-    @property
-    def truncated(self) -> tuple[int, ...]:
-        return self.ids(TRUNCATED)
-
-    @property
-    def skipped(self) -> tuple[int, ...]:
-        return self.ids(SKIPPED)
-
     def counts(self) -> dict[str, int]:
         """Entries per status (padded counts repeats, as ``report().padded_samples`` does)."""
         none = dict.fromkeys((PADDED, DROPPED, TRUNCATED, SKIPPED), 0)

@@ -26,7 +26,6 @@ __all__ = [
     "Place",
     "BatchSlots",
     "FixedBatchList",
-    "cut_fixed_batches",
     "common_steps",
     "rank_slots",
 ]
@@ -62,26 +61,16 @@ def _check_policy(uneven: str) -> None:
         raise UsageError(f"uneven={uneven!r} is not one of {UNEVEN_POLICIES}")
 
 
-def cut_fixed_batches(
-    order: np.ndarray, batch_size: int, uneven: str
-) -> tuple[list[np.ndarray], int, int]:
-    """Cut the epoch order into full batches; return (batches, padded samples, dropped samples).
-
-    A partial last batch is never emitted (it would make a 1-sample BatchNorm batch possible):
-    ``pad`` fills it with samples from the start of the order, ``drop`` drops it.
-    """
-    batches = FixedBatchList(order, batch_size, uneven)
-    return list(batches), batches.padded, batches.dropped
-
-
 class FixedBatchList(Sequence[np.ndarray]):
     """Fixed batches of an order, not cut: batch ``i`` is read from the order when asked.
 
     ``order`` is an array or a lazy :class:`~shardloader.plan.order.EpochOrder` (anything with
     ``len``, slices and array indexing), so the batches of a billion-sample epoch cost nothing
     until read (NOTE [lazy order] in plan/order.py).  Batch ``i`` is positions
-    ``[i * batch_size, (i + 1) * batch_size)``; under ``pad`` the positions past the end wrap to
-    the order's start (``np.resize``'s rule).
+    ``[i * batch_size, (i + 1) * batch_size)``.  A partial last batch is never emitted (it would
+    make a 1-sample BatchNorm batch possible): under ``pad`` the positions past the end wrap to
+    the order's start (``np.resize``'s rule), under ``drop`` it is left out; ``padded`` and
+    ``dropped`` count those samples.
     """
 
     def __init__(self, order: Any, batch_size: int, uneven: str) -> None:

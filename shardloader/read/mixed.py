@@ -79,7 +79,10 @@ class MixedShards:
         s = int(np.searchsorted(self.shard_offsets, shard, side="right") - 1)
         return self.sets[s], int(shard - self.shard_offsets[s])
 
-    locate = ShardSet.locate  # (virtual shard number, index inside it) of each virtual id
+    def locate(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(virtual shard number, index inside it) of each virtual id."""
+        shards = np.searchsorted(self.starts, ids, side="right") - 1
+        return shards, ids - self.starts[shards]
 
     def describe(self, shard: int) -> str:
         own, local = self._source_of_shard(shard)

@@ -16,6 +16,7 @@ import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from shardloader.deliver.loaderstate import STATE_VERSIONS, state_version
 from shardloader.errors import ResumeError, UsageError
 from shardloader.options import World, from_old_keywords
 from shardloader.service.failover import Failover, get_json, service_url
@@ -29,8 +30,6 @@ from shardloader.world import resolve_world
 __all__ = ["RemoteLoader", "DEFAULT_REMOTE_RETRY"]
 
 
-_STATE_VERSION = 1  # the local loader's state format (shardloader.deliver.loader)
-_PARTITIONED_VERSION = 3  # ... counted in several partitions
 _OLD_WORLD = ("rank", "world_size", "ranks_per_node", "data_parallel")  # before world=
 
 # 120 s without a batch before the loop gives up: a replica restarted by systemd or
@@ -170,7 +169,7 @@ class RemoteLoader:
         partitions = int(self._expect["partitions"] or 1)
         # the local loader's keys, whatever the progress (NOTE [one state for every rank])
         return {
-            "version": _PARTITIONED_VERSION if partitions > 1 else _STATE_VERSION,
+            "version": state_version((), partitions),
             "epoch": epoch,
             "position": position,
             **self._expect,
@@ -181,11 +180,11 @@ class RemoteLoader:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue a saved run (local or remote); the servers check seed, manifest and plan."""
         version = state.get("version")
-        if version not in (_STATE_VERSION, _PARTITIONED_VERSION) or state.get("reshapes"):
+        if version not in STATE_VERSIONS or state.get("reshapes"):
             raise ResumeError(
-                f"loader state version {version!r} is not {_STATE_VERSION} or "
-                f"{_PARTITIONED_VERSION} without reshapes: a state whose batch shape changed "
-                "resumes on a local loader (make_loader)"
+                f"loader state version {version!r} is not one of {STATE_VERSIONS} without "
+                "reshapes: a state whose batch shape changed resumes on a local loader "
+                "(make_loader)"
             )
         saved = {**state, "partitions": state.get("partitions", 1)}
         for key in ("fingerprint", "seed", "plan", "partitions"):
