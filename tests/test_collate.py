@@ -129,17 +129,19 @@ NUMBERS = {
     "ints": [1, 2, 3],
     "floats": [0.5, 2.0],
     "bools": [True, False],
-    "int then float": [1, 2.5],
-    "float then int": [2.5, 1],
     "bool and int": [True, 2],
     "numpy int32": [np.int32(1), np.int32(2)],
     "numpy float32": [np.float32(1), np.float32(2.5)],
     "numpy bool": [np.bool_(True), np.bool_(False)],
     "numpy uint8": [np.uint8(1), np.uint8(200)],
     "numpy float32 and float64": [np.float32(1), np.float64(2)],
-    "numpy float32 then float": [np.float32(1), 2.5],
-    "int then numpy float32": [1, np.float32(2.5)],
     "numpy int32 then int": [np.int32(1), 5],
+}
+
+MIXED_FLOATS = {
+    "int and float": [1, 2.5],
+    "numpy float32 and float": [np.float32(1), 2.5],
+    "int and numpy float32": [1, np.float32(2.5)],
 }
 
 
@@ -148,6 +150,16 @@ def test_numbers_collate_as_torch_default_collate_does(values):
     want = torch.utils.data.default_collate(values)
     got = collate_samples([{"x": v} for v in values])["x"]
     assert got.dtype == want.dtype and torch.equal(got, want)
+
+
+@pytest.mark.parametrize("values", MIXED_FLOATS.values(), ids=MIXED_FLOATS.keys())
+def test_a_field_mixing_floats_with_other_numbers_is_float64_in_either_order(values):
+    # torch's default_collate follows the first value (float32 one way, float64 the other): the
+    # dtype of a shuffled field would change from batch to batch
+    for ordered in (values, values[::-1]):
+        got = collate_samples([{"x": v} for v in ordered])["x"]
+        assert got.dtype == torch.float64
+        assert got.tolist() == [float(v) for v in ordered]
 
 
 @pytest.mark.parametrize(

@@ -3,10 +3,11 @@
 Every collate of shardloader (PadCollate, PackCollate, DetectionCollate) runs in the worker and
 builds on these rules (``default_collate`` semantics, made explicit):
 
-* numbers (Python int, float, bool; numpy scalars) stack into a 1-D tensor exactly as
+* numbers (Python int, float, bool; numpy scalars) stack into a 1-D tensor as
   ``torch.utils.data.default_collate`` stacks them: int → int64, float → float64, bool → bool,
-  numpy scalars keep their dtype; where types mix, torch follows the first value (an int first
-  and a float later: float32, torch's default dtype; a float first: float64);
+  numpy scalars keep their dtype.  One exception: a field that mixes floats with other number
+  types is float64 whatever the order (torch follows the first value: ``[1, 2.5]`` would be
+  float32 and ``[2.5, 1]`` float64, so the dtype would change with the shuffle);
 * tensors (0-d too) and numpy arrays of equal shape stack; lists/tuples of numbers count as
   1-D arrays;
 * strings, bytes, ``None`` and anything else stay a Python list; dicts recurse (a nested
@@ -142,7 +143,7 @@ def _stacker(ragged: str) -> Callable[[str, list[Any]], Any]:
     def stack(name: str, values: list[Any]) -> Any:
         kind = _tensor_kind(values)
         if kind == "numbers":
-            return default_collate(values)
+            return _stack_numbers(values)
         if kind == "arrays":
             shapes = {_shape(v) for v in values}
             if len(shapes) == 1:
@@ -156,6 +157,13 @@ def _stacker(ragged: str) -> Callable[[str, list[Any]], Any]:
         return list(values)
 
     return stack
+
+
+def _stack_numbers(values: list[Any]) -> torch.Tensor:
+    types = set(map(type, values))
+    if len(types) > 1 and any(issubclass(t, (float, np.floating)) for t in types):
+        return torch.tensor([float(v) for v in values], dtype=torch.float64)  # order-free
+    return default_collate(values)
 
 
 def _tensor_kind(values: Sequence[Any]) -> str | None:
