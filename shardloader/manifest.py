@@ -311,8 +311,7 @@ def load_manifest(store: Store) -> tuple[Manifest, Store]:
     """Fetch and parse the manifest of the dataset at ``store`` (its folder or its
     ``index.json``); return it with the store of the folder its shards' paths start from."""
     from shardloader.errors import ChecksumError, ObjectNotFoundError, StorageError
-    from shardloader.storage.classify import NO_BUCKET
-    from shardloader.storage.protocols import classify
+    from shardloader.storage.protocols import NO_BUCKET, classify
     from shardloader.storage.store import Store
 
     base, murl = manifest_url(store.url)

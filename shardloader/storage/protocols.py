@@ -8,52 +8,146 @@ uploads need.  Out of the box s3fs, botocore and aiohttp each retry on their own
 125 attempts for one read timeout), and surface exhausted retries as unrelated exception types;
 the entries below switch that off.
 
+Every storage error is read as one kind (:func:`classify`): ``transient`` and ``throttled`` are
+worth another attempt; ``not_found``, ``no_bucket``, ``forbidden``, ``credentials`` and
+``permanent`` are not.  The generic rules know the exceptions every fsspec filesystem may raise
+(timeouts, resets, ``FileNotFoundError``); what a protocol adds (S3 error codes, HTTP statuses)
+its entry's ``decide`` says, asked first.
+
 A protocol without an entry works (fsspec opens it) with the generic classification only:
-timeouts, resets and ``FileNotFoundError`` are understood, its own retries and timeouts are
-left as they are, and a warning says so once per process.  ``register_protocol`` adds an entry.
+its own retries and timeouts are left as they are, and a warning says so once per process.
+``register_protocol`` adds an entry.
 """
 
 from __future__ import annotations
 
+import errno
 import http.client
 import logging
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from fsspec.exceptions import FSTimeoutError
+
 from shardloader.errors import ShardloaderError, TruncatedBodyError, UsageError
-from shardloader.storage.classify import (
-    CREDENTIALS,
-    FORBIDDEN,
-    NO_BUCKET,
-    NOT_FOUND,
-    PERMANENT,
-    THROTTLED,
-    TRANSIENT,
-    chain,
-    decide_generic,
-    from_status,
-    status_and_code,
-)
 from shardloader.storage.httpclient import _HttpStatusError, http_client
 
 if TYPE_CHECKING:
     from shardloader.storage.retry import RetryPolicy
 
 __all__ = [
+    "CREDENTIALS",
+    "FORBIDDEN",
+    "NOT_FOUND",
+    "NO_BUCKET",
+    "PERMANENT",
+    "THROTTLED",
+    "TRANSIENT",
     "ProtocolDefaults",
+    "chain",
     "classify",
+    "describe",
     "fsspec_options",
     "is_storage_error",
     "is_transient",
     "protocol_defaults",
     "protocol_of",
     "register_protocol",
+    "status_and_code",
 ]
 
 log = logging.getLogger(__name__)
+
+
+# -- kinds, and the generic rules: what any protocol raises ----------------------------------
+
+TRANSIENT = "transient"
+THROTTLED = "throttled"
+NOT_FOUND = "not_found"
+NO_BUCKET = "no_bucket"
+FORBIDDEN = "forbidden"
+CREDENTIALS = "credentials"
+PERMANENT = "permanent"
+
+
+_TRANSIENT_TYPES = (TimeoutError, ConnectionError, http.client.IncompleteRead, FSTimeoutError)
+_TRANSIENT_ERRNOS = (errno.ECONNRESET, errno.ETIMEDOUT, errno.EPIPE)
+
+
+def chain(err: BaseException) -> Iterator[BaseException]:
+    """``err`` and its causes/contexts, outermost first, each once."""
+    seen: set[int] = set()
+    cur: BaseException | None = err
+    while cur is not None and id(cur) not in seen and len(seen) < 32:
+        seen.add(id(cur))
+        yield cur
+        cur = cur.__cause__ or cur.__context__
+
+
+def status_and_code(err: BaseException) -> tuple[int | None, str]:
+    """The HTTP status and the service's error code ``err`` carries: botocore's ``response``
+    (``ResponseMetadata.HTTPStatusCode``, ``Error.Code``), else an HTTP client's ``status``."""
+    response = getattr(err, "response", None)
+    if isinstance(response, Mapping):
+        code = response.get("Error", {}).get("Code")
+        return response.get("ResponseMetadata", {}).get("HTTPStatusCode"), str(code or "")
+    return getattr(err, "status", None), ""
+
+
+def _from_status(
+    status: int | None, code: str = "", codes: Mapping[str, str] | None = None
+) -> str | None:
+    """The kind an HTTP status says, refined by a service's error ``code`` (``codes`` maps the
+    service's codes to kinds: S3's ``SlowDown`` is ``throttled`` whatever the status)."""
+    by_code = (codes or {}).get(code)
+    if by_code == THROTTLED or status == 429:
+        return THROTTLED
+    if by_code == TRANSIENT or (status is not None and (status >= 500 or status == 408)):
+        return TRANSIENT
+    if by_code == NO_BUCKET:
+        return NO_BUCKET
+    if by_code == NOT_FOUND or status == 404:
+        return NOT_FOUND
+    if by_code == CREDENTIALS or status == 401:
+        return CREDENTIALS
+    if by_code == FORBIDDEN or status == 403:
+        return FORBIDDEN
+    if status is not None or code:
+        return PERMANENT
+    return None
+
+
+def _decide_generic(e: BaseException) -> str | None:
+    """The kind of one exception any filesystem may raise, or None when it says nothing."""
+    if isinstance(e, FileNotFoundError):
+        return NOT_FOUND
+    if isinstance(e, PermissionError):
+        return FORBIDDEN
+    if isinstance(e, _TRANSIENT_TYPES):
+        return TRANSIENT
+    if isinstance(e, OSError) and e.errno in _TRANSIENT_ERRNOS:
+        return TRANSIENT
+    return None
+
+
+def describe(err: BaseException | None) -> str:
+    """``Type: message`` of ``err``, plus its innermost cause when that says more."""
+    if err is None:
+        return "unknown error"
+    causes = list(chain(err))
+    out = f"{type(err).__name__}: {_short(err)}"
+    root = causes[-1]
+    if root is not err:
+        out += f" (from {type(root).__name__}: {_short(root)})"
+    return out
+
+
+def _short(err: BaseException) -> str:
+    text = " ".join(str(err).split())
+    return text if len(text) <= 240 else text[:237] + "..."
 
 
 @dataclass(frozen=True)
@@ -62,7 +156,7 @@ class ProtocolDefaults:
 
     - ``fill_options(options, connect_timeout, read_timeout)``: set what is still unset in the
       fsspec options so the filesystem makes one attempt per request, within the timeouts.
-    - ``decide(err)``: the kind (:mod:`shardloader.storage.classify`) of one exception of this
+    - ``decide(err)``: the kind (``TRANSIENT``, ``THROTTLED``, ...) of one exception of this
       protocol's stack, or None to leave it to the generic rules.
     - ``error_modules``: top-level packages whose exceptions are storage errors (reported with a
       remedy) rather than bugs (passed through).
@@ -152,7 +246,7 @@ def _types(module: str, *names: str) -> tuple[type[BaseException], ...]:
 
 def _http_decide(e: BaseException) -> str | None:
     if isinstance(e, (_HttpStatusError, *_types("aiohttp", "ClientResponseError"))):
-        return from_status(getattr(e, "status", None))
+        return _from_status(getattr(e, "status", None))
     if isinstance(e, http.client.HTTPException):  # a garbled or cut response (fast client)
         return TRANSIENT
     if isinstance(e, _types("aiohttp", "ClientPayloadError", "ClientConnectionError")):
@@ -166,7 +260,7 @@ _BOTOCORE = "botocore.exceptions"
 def _s3_decide(e: BaseException) -> str | None:
     client_errors = _types(_BOTOCORE, "ClientError")
     if isinstance(e, client_errors):
-        return from_status(*status_and_code(e), _S3_CODES)
+        return _from_status(*status_and_code(e), _S3_CODES)
     if isinstance(e, FileNotFoundError | PermissionError) and isinstance(
         e.__cause__, client_errors
     ):  # s3fs's translation of a ClientError: its code tells NoSuchBucket or bad credentials
@@ -380,7 +474,7 @@ def classify(err: BaseException, protocol: str) -> str:
     first exception that says something decides.
     """
     decide = protocol_defaults(protocol).decide
-    rules = [decide_generic] if decide is None else [decide, decide_generic]
+    rules = [_decide_generic] if decide is None else [decide, _decide_generic]
     for e in chain(err):
         for rule in rules:
             if (kind := rule(e)) is not None:
