@@ -6,16 +6,15 @@ once, with timeouts from the :class:`~shardloader.storage.retry.RetryPolicy` (so
 the retries), how to read its errors (which are worth another attempt), and anything its
 uploads need.  Out of the box s3fs, botocore and aiohttp each retry on their own, nested (up to
 125 attempts for one read timeout), and surface exhausted retries as unrelated exception types;
-the entries below switch that off.
+the entries below switch that off (how, beside each fast client: ``s3client.py``,
+``httpclient.py``).
 
 Every storage error is read as one kind (:func:`classify`): ``transient`` and ``throttled`` are
 worth another attempt; ``not_found``, ``no_bucket``, ``forbidden``, ``credentials`` and
-``permanent`` are not.  The generic rules know the exceptions every fsspec filesystem may raise
-(timeouts, resets, ``FileNotFoundError``); what a protocol adds (S3 error codes, HTTP statuses)
-its entry's ``decide`` says, asked first.
-
-A protocol without an entry works (fsspec opens it) with the generic classification only:
-its own retries and timeouts are left as they are, and a warning says so once per process.
+``permanent`` are not.  A protocol's ``decide`` reads its own errors (S3 error codes, HTTP
+statuses) first; generic rules read what any fsspec filesystem raises (timeouts, resets,
+``FileNotFoundError``).  A protocol without an entry works (fsspec opens it) with these alone,
+its own retries and timeouts left as they are (a warning says so once per process);
 ``register_protocol`` adds an entry.
 """
 
@@ -24,7 +23,6 @@ from __future__ import annotations
 import errno
 import http.client
 import logging
-import os
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -33,7 +31,8 @@ from typing import TYPE_CHECKING, Any
 from fsspec.exceptions import FSTimeoutError
 
 from shardloader.errors import ShardloaderError, TruncatedBodyError, UsageError
-from shardloader.storage.httpclient import _HttpStatusError, http_client
+from shardloader.storage.httpclient import _HttpStatusError, fill_http_options, http_client
+from shardloader.storage.s3client import fill_s3_options, prepare_s3fs, s3_client, s3_put_once
 
 if TYPE_CHECKING:
     from shardloader.storage.retry import RetryPolicy
@@ -177,7 +176,7 @@ class ProtocolDefaults:
     client: Callable[[Mapping[str, Any], Any], Any] | None = None
 
 
-# -- s3 ---------------------------------------------------------------------------------------
+# -- what s3's and http's errors mean ---------------------------------------------------------
 
 # S3's error codes by kind.  An error without a body has its HTTP status as its code (botocore's
 # parser): from_status reads that status itself.
@@ -281,118 +280,24 @@ def _s3_decide(e: BaseException) -> str | None:
     return _http_decide(e)  # aiobotocore speaks aiohttp
 
 
-def _s3_options(opts: dict[str, Any], connect: float, read: float) -> None:
-    """botocore ``total_max_attempts: 1`` (``max_attempts: 1`` would still allow one retry: it
-    does not count the first attempt) and its timeouts; the endpoint and credentials are left
-    to botocore, which reads ``AWS_ENDPOINT_URL``, profiles and the usual variables."""
-    config = dict(opts.get("config_kwargs") or {})
-    config.setdefault("retries", {"total_max_attempts": 1, "mode": "standard"})
-    config.setdefault("connect_timeout", connect)
-    config.setdefault("read_timeout", read)
-    opts["config_kwargs"] = config
-
-
-def _s3_prepare(fs: Any) -> None:
-    """s3fs wraps every call in its own retry loop (5 tries, and again around reads); its
-    constructor does not take the count, so set it on the instance.  fsspec caches instances by
-    options, and ours carry single-attempt botocore settings, so a shared instance wants it too."""
-    if getattr(fs, "retries", 1) != 1:
-        fs.retries = 1
-
-
-_MIN_PART = 5 * 2**20  # S3's smallest multipart part
-_MAX_PARTS = 10_000
-
-
-def _s3_put_once(fs: Any, local: str, path: str) -> None:
-    """One upload attempt; on any failure, leave no multipart upload behind for this key.
-
-    s3fs aborts its multipart upload when a part fails, but parts still in flight may land after
-    the abort (S3 documents that an abort may need repeating), and the abort itself can fail or
-    be skipped by an interrupt.  So sweep: abort every incomplete upload of exactly this key.
-    Shard keys have one writer (the pack run), so nothing else's upload is cut short.
-    """
-    size = os.path.getsize(local)
-    block = int(getattr(fs, "default_block_size", 0) or 0)
-    chunksize = max(_MIN_PART, block, -(-size // _MAX_PARTS))
-    try:
-        fs.put_file(local, path, chunksize=chunksize)
-    except BaseException:
-        if size >= 2 * chunksize:
-            _abort_uploads(fs, path)
-        raise
-
-
-def _abort_uploads(fs: Any, path: str) -> None:
-    key = fs.split_path(path)[1]
-    try:
-        for upload in s3_multipart_uploads(fs, path):
-            if upload.get("Key") == key:
-                s3_abort_upload(fs, path, upload["UploadId"])
-    except Exception as err:  # noqa: BLE001 - best effort; the upload's own error matters more
-        log.warning(
-            "could not abort incomplete multipart uploads of s3://%s (%s); a bucket lifecycle "
-            "rule AbortIncompleteMultipartUpload removes them",
-            path,
-            err,
-        )
-
-
-def s3_multipart_uploads(fs: Any, path: str) -> list[dict[str, Any]]:
-    """The incomplete multipart uploads (S3's ``Uploads`` entries) of every key that starts
-    with ``path``'s (s3fs ``fs``), all pages of the listing."""
-    bucket, prefix, _ = fs.split_path(path)
-    kwargs: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix}
-    found: list[dict[str, Any]] = []
-    while True:
-        page = fs.call_s3("list_multipart_uploads", **kwargs)
-        found.extend(page.get("Uploads", []))
-        if not page.get("IsTruncated"):
-            return found
-        kwargs["KeyMarker"] = page.get("NextKeyMarker")
-        kwargs["UploadIdMarker"] = page.get("NextUploadIdMarker")
-
-
-def s3_abort_upload(fs: Any, path: str, upload_id: str) -> None:
-    """Abort the incomplete multipart upload ``upload_id`` of the key at ``path``."""
-    bucket, key, _ = fs.split_path(path)
-    fs.call_s3("abort_multipart_upload", Bucket=bucket, Key=key, UploadId=upload_id)
-
-
-# -- http(s) ----------------------------------------------------------------------------------
-
-
-def _http_options(opts: dict[str, Any], connect: float, read: float) -> None:
-    """An aiohttp ``ClientTimeout(sock_connect=..., sock_read=...)`` with no total limit (a large
-    shard may take long; a stalled one may not).  fsspec's HTTP filesystem does not retry."""
-    import aiohttp
-
-    client = dict(opts.get("client_kwargs") or {})
-    client.setdefault(
-        "timeout", aiohttp.ClientTimeout(total=None, sock_connect=connect, sock_read=read)
-    )
-    opts["client_kwargs"] = client
+# -- the table --------------------------------------------------------------------------------
 
 
 def _s3_client(options: Mapping[str, Any], policy: RetryPolicy) -> Any:
-    from shardloader.storage.s3client import s3_client  # botocore: imported on first use
-
     return s3_client(options, fsspec_options("s3://", options, policy))
 
 
-# -- the table --------------------------------------------------------------------------------
-
 S3 = ProtocolDefaults(
     ("s3", "s3a"),
-    _s3_options,
+    fill_s3_options,
     _s3_decide,
     ("botocore", "aiobotocore", "aiohttp", "s3fs"),
-    _s3_prepare,
-    _s3_put_once,
+    prepare_s3fs,
+    s3_put_once,
     _s3_client,
 )
 HTTP = ProtocolDefaults(
-    ("http", "https"), _http_options, _http_decide, ("aiohttp",), client=http_client
+    ("http", "https"), fill_http_options, _http_decide, ("aiohttp",), client=http_client
 )
 LOCAL = ProtocolDefaults(("file", "local"))  # plain OS calls: nothing to time out or retry
 MEMORY = ProtocolDefaults(("memory",))  # fsspec's in-process store (tests, examples)
@@ -466,8 +371,7 @@ def fsspec_options(
 
 
 def classify(err: BaseException, protocol: str) -> str:
-    """What kind of failure ``err`` is: ``transient``, ``throttled``, ``not_found``,
-    ``no_bucket``, ``forbidden``, ``credentials`` or ``permanent``.
+    """What kind of failure ``err`` is (one of the kinds above).
 
     The stack wraps its errors (s3fs turns a botocore ``ClientError`` into an ``OSError`` whose
     cause it is; botocore wraps aiohttp's), so the cause chain is read outermost first and the
