@@ -12,10 +12,9 @@ row has a non-empty key, so at most ``raw_bytes`` rows.  ``raw_bytes`` itself is
 stored size times the largest expansion the codec can produce (zstd: a 4-byte RLE block expands
 to 128 KiB; deflate: 1032x), and no shard may claim more than 16 TiB or 2**32 samples
 (:data:`MAX_SHARD_BYTES`, :data:`MAX_SHARD_SAMPLES`), so no claim sizes a read or an array
-past what a node could hold.  Paths are checked percent-decoded too: a
-remote manifest is held to the same rule as a local one.  A sidecar is checked
-against its shard's entry (count, byte ranges inside ``raw_bytes``, safe keys) when the shard is
-first used, before its offsets are.
+past what a node could hold.  Paths are checked percent-decoded too: a remote manifest is held
+to the same rule as a local one.  A sidecar is checked against its shard's entry (count, byte
+ranges inside ``raw_bytes``, safe keys) when the shard is first used, before its offsets are.
 """
 
 from __future__ import annotations
