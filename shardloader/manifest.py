@@ -36,7 +36,6 @@ __all__ = [
     "Manifest",
     "SampleIndex",
     "load_manifest",
-    "manifest_url",
     "read_manifest",
 ]
 
@@ -297,25 +296,18 @@ def int_column(column: pa.ChunkedArray, name: str, dtype: type = np.int64) -> np
     return data.astype(dtype)  # a copy: the result outlives the Arrow buffer
 
 
-def manifest_url(url: str) -> tuple[str, str]:
-    """Split a dataset URL (folder or ``.../index.json``) into (base folder, manifest URL)."""
-    from shardloader.storage.store import join
-
-    if url.endswith(".json"):
-        base = url.rsplit("/", 1)[0] if "/" in url else "."
-        return base, url
-    return url.rstrip("/") or "/", join(url, MANIFEST_NAME)
-
-
 def load_manifest(store: Store) -> tuple[Manifest, Store]:
     """Fetch and parse the manifest of the dataset at ``store`` (its folder or its
     ``index.json``); return it with the store of the folder its shards' paths start from."""
     from shardloader.errors import ChecksumError, ObjectNotFoundError, StorageError
-    from shardloader.storage.classify import NO_BUCKET
-    from shardloader.storage.protocols import classify
-    from shardloader.storage.store import Store
+    from shardloader.storage.protocols import NO_BUCKET, classify
+    from shardloader.storage.store import Store, join
 
-    base, murl = manifest_url(store.url)
+    url = store.url
+    if url.endswith(".json"):  # the manifest itself: its folder is the base
+        base, murl = (url.rsplit("/", 1)[0] if "/" in url else "."), url
+    else:
+        base, murl = url.rstrip("/") or "/", join(url, MANIFEST_NAME)
     try:
         data = Store(murl, store.options, store.retry).read_bytes(limit=MAX_MANIFEST_BYTES)
     except ChecksumError as err:  # past the bound: an endless body, a huge file

@@ -12,10 +12,9 @@ row has a non-empty key, so at most ``raw_bytes`` rows.  ``raw_bytes`` itself is
 stored size times the largest expansion the codec can produce (zstd: a 4-byte RLE block expands
 to 128 KiB; deflate: 1032x), and no shard may claim more than 16 TiB or 2**32 samples
 (:data:`MAX_SHARD_BYTES`, :data:`MAX_SHARD_SAMPLES`), so no claim sizes a read or an array
-past what a node could hold.  Paths are checked percent-decoded too (:func:`path_problem`): a
-remote manifest is held to the same rule as a local one.  A sidecar is checked
-against its shard's entry (count, byte ranges inside ``raw_bytes``, safe keys) when the shard is
-first used, before its offsets are.
+past what a node could hold.  Paths are checked percent-decoded too: a remote manifest is held
+to the same rule as a local one.  A sidecar is checked against its shard's entry (count, byte
+ranges inside ``raw_bytes``, safe keys) when the shard is first used, before its offsets are.
 """
 
 from __future__ import annotations
@@ -41,7 +40,6 @@ __all__ = [
     "check_format",
     "check_manifest_dict",
     "check_sample_index",
-    "path_problem",
     "sidecar_bound",
 ]
 
@@ -115,7 +113,7 @@ def _sha256(path: str, value: Any) -> str:
 
 
 def _rel_path(path: str, value: Any) -> str:
-    problem = path_problem(_string(path, value, empty=False))
+    problem = _path_problem(_string(path, value, empty=False))
     if problem is not None:
         raise _fail(
             path,
@@ -125,7 +123,7 @@ def _rel_path(path: str, value: Any) -> str:
     return value
 
 
-def path_problem(path: str) -> str | None:
+def _path_problem(path: str) -> str | None:
     """Why a manifest path (shard, sidecar, report) could leave the dataset folder, or None.
 
     A path is checked as a file name and as the end of a URL alike, whatever store the dataset

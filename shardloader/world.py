@@ -21,32 +21,10 @@ if TYPE_CHECKING:
 
 __all__ = [
     "resolve_world",
-    "detect_world",
     "detect_data_parallel",
     "detect_place",
     "detect_ranks_per_node",
-    "node_ranks",
 ]
-
-
-def detect_world(rank: int | None = None, world_size: int | None = None) -> tuple[int, int]:
-    """(rank, world_size): explicit values win (both given or neither: :class:`World` checks),
-    then torch.distributed, then RANK/WORLD_SIZE."""
-    if rank is not None and world_size is not None:
-        return rank, world_size
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    env_rank, env_world = os.environ.get("RANK"), os.environ.get("WORLD_SIZE")
-    if env_rank is not None and env_world is not None:
-        try:
-            return int(env_rank), int(env_world)
-        except ValueError as err:
-            raise UsageError(
-                f"RANK={env_rank!r} / WORLD_SIZE={env_world!r} are not integers"
-            ) from err
-    return 0, 1
 
 
 def detect_ranks_per_node(rank: int, world_size: int, explicit: int | None = None) -> int | None:
@@ -136,11 +114,27 @@ def detect_data_parallel(group: Any, ranks_per_node: int | None = None) -> Repli
 
 def resolve_world(world: World) -> tuple[int, int, int | None]:
     """(rank, world size, ranks per node) of a :class:`~shardloader.options.World`: from its
-    data-parallel group, else its rank and world size (or the detected ones)."""
+    data-parallel group, else its rank and world size (both given or neither: :class:`World`
+    checks), else torch.distributed's, else ``RANK`` / ``WORLD_SIZE``, else rank 0 of 1."""
     if world.group is not None:
         place = detect_data_parallel(world.group, world.ranks_per_node)
         return place.rank, place.world_size, place.ranks_per_node
-    r, w = detect_world(world.rank, world.world_size)
+    r, w = world.rank, world.world_size
+    if r is None or w is None:
+        import torch.distributed as dist
+
+        env_rank, env_world = os.environ.get("RANK"), os.environ.get("WORLD_SIZE")
+        if dist.is_available() and dist.is_initialized():
+            r, w = dist.get_rank(), dist.get_world_size()
+        elif env_rank is not None and env_world is not None:
+            try:
+                r, w = int(env_rank), int(env_world)
+            except ValueError as err:
+                raise UsageError(
+                    f"RANK={env_rank!r} / WORLD_SIZE={env_world!r} are not integers"
+                ) from err
+        else:
+            r, w = 0, 1
     Place(r, w)  # validate
     return r, w, detect_ranks_per_node(r, w, world.ranks_per_node)
 
@@ -153,21 +147,3 @@ def detect_place(rank: int, world_size: int) -> Place:
     if info is None:
         return Place(rank, world_size, 0, 1)
     return Place(rank, world_size, info.id, info.num_workers)
-
-
-def node_ranks(rank: int, world_size: int) -> list[int]:
-    """The ranks on this node (this one included), for node-wide read-ahead.
-
-    From torchrun's ``LOCAL_RANK`` / ``LOCAL_WORLD_SIZE`` (ranks ``rank - LOCAL_RANK`` up to
-    ``LOCAL_WORLD_SIZE`` of them); just ``[rank]`` when they are unset or do not fit the world.
-    A wrong answer only changes which shards are staged ahead, never what is read.
-    """
-    try:
-        local = int(os.environ["LOCAL_RANK"])
-        count = int(os.environ["LOCAL_WORLD_SIZE"])
-    except (KeyError, ValueError):
-        return [rank]
-    first = rank - local
-    if not (0 <= local < count and first >= 0 and first + count <= world_size):
-        return [rank]
-    return list(range(first, first + count))

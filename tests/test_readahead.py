@@ -13,7 +13,6 @@ from helpers import batch_ids, write_dataset
 
 import shardloader as sl
 from shardloader.read.readahead import ReadAhead, node_schedule
-from shardloader.world import node_ranks
 
 
 def test_schedule_lists_each_shard_at_its_first_need_steps_then_ranks() -> None:
@@ -25,18 +24,6 @@ def test_schedule_lists_each_shard_at_its_first_need_steps_then_ranks() -> None:
     assert schedule == [(0, 3), (0, 2), (1, 1), (1, 0)]
     assert node_schedule([], []) == []
     assert node_schedule([np.zeros(0, np.int64)], [np.zeros(0, np.int64)]) == []
-
-
-def test_node_ranks_come_from_torchrun_variables(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("LOCAL_RANK", raising=False)
-    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
-    assert node_ranks(5, 8) == [5]
-    monkeypatch.setenv("LOCAL_RANK", "1")
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
-    assert node_ranks(5, 8) == [4, 5, 6, 7]
-    assert node_ranks(2, 4) == [2]  # ranks 1..4 do not fit a world of 4
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", "x")
-    assert node_ranks(5, 8) == [5]
 
 
 class _Shards:
@@ -73,9 +60,9 @@ def test_shards_due_now_go_first_and_alone() -> None:
 def test_a_rank_stages_what_its_node_neighbour_needs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Rank 0 of 2 on one node (torchrun's LOCAL_* variables): batches are whole shards, so
-    rank 0 reads the even shards only; its read-ahead stages the odd ones for rank 1 too.
-    Without the variables it stages only its own."""
+    """Rank 0 of 2 on one node (torchrun's variables): batches are whole shards, so rank 0
+    reads the even shards only; its read-ahead stages the odd ones for rank 1 too.  Without
+    the variables it stages only its own."""
     write_dataset(str(tmp_path / "ds"), [4] * 8, compression="zstd")
 
     def staged_after_rank0(cache: str) -> set[int]:
@@ -87,10 +74,11 @@ def test_a_rank_stages_what_its_node_neighbour_needs(
         assert sorted(ids) == [i for s in (0, 2, 4, 6) for i in range(4 * s, 4 * s + 4)]
         return {int(p.name[6:11]) for p in Path(cache).rglob("shard-*.tar.zst.raw")}
 
-    monkeypatch.delenv("LOCAL_RANK", raising=False)
-    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    torchrun = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2"}
+    for name in torchrun:
+        monkeypatch.delenv(name, raising=False)
     assert staged_after_rank0(str(tmp_path / "alone")) == {0, 2, 4, 6}
-    monkeypatch.setenv("LOCAL_RANK", "0")
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    for name, value in torchrun.items():
+        monkeypatch.setenv(name, value)
     staged = staged_after_rank0(str(tmp_path / "node"))
     assert {0, 2, 4, 6} <= staged and staged & {1, 3, 5}  # the neighbour's, ahead of it

@@ -43,7 +43,7 @@ from typing import Any
 import msgspec
 
 from shardloader.errors import OutputLockedError, StorageError, UsageError
-from shardloader.storage.classify import chain, status_and_code
+from shardloader.storage.protocols import chain, status_and_code
 from shardloader.storage.s3client import S3Client
 from shardloader.storage.store import Store
 

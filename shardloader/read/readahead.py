@@ -21,7 +21,7 @@ import numpy as np
 
 from shardloader.batching.base import batch_ids
 from shardloader.plan.steps import is_lazy, node_windows
-from shardloader.world import node_ranks
+from shardloader.world import detect_ranks_per_node
 
 if TYPE_CHECKING:
     from shardloader.plan.epoch import EpochPlan
@@ -127,17 +127,18 @@ def pass_readahead(
     """This node's read-ahead schedule for a pass (NOTE [node-wide read-ahead] above), walked by
     the worker at ``place`` through ``shards``; ``depth`` is ``ReadOptions.readahead``.  The
     node's ranks are its partition's (NOTE [node partitions] in :mod:`shardloader.plan.partition`),
-    or with one partition those torchrun says share this node.  ``shard_of``: the shard of each
-    unit the plan batches (default: of each sample id, ``shards.locate``)."""
+    or with one partition those the launcher says share this node
+    (:func:`~shardloader.world.detect_ranks_per_node`; unknown: this rank alone).  ``shard_of``:
+    the shard of each unit the plan batches (default: of each sample id, ``shards.locate``)."""
     if shard_of is None:
         shard_of = lambda ids: shards.locate(ids)[0]  # noqa: E731
     if shards.in_place or depth <= 0:
         return ReadAhead(shards, [], 0)
-    if partition.nodes > 1:
-        first = partition.node_of(place.rank) * partition.ranks
-        ranks = list(range(first, first + partition.ranks))
-    else:
-        ranks = node_ranks(place.rank, place.world_size)
+    per_node = partition.ranks
+    if partition.nodes == 1:
+        per_node = detect_ranks_per_node(place.rank, place.world_size) or 1
+    first = place.rank - place.rank % per_node
+    ranks = list(range(first, first + per_node))
     per_rank = [plan.slots.of_rank(partition.local_rank(r)) for r in ranks]
     if is_lazy(plan):  # walked lazily: the first steps exact, then by block (plan/steps.py)
         lazy = block_schedule(node_windows(plan, per_rank, shard_of))

@@ -27,8 +27,8 @@ from shardloader.errors import (
     UsageError,
 )
 from shardloader.service.fingerprint import differences
-from shardloader.storage.classify import describe
 from shardloader.storage.httpclient import HttpClient
+from shardloader.storage.protocols import describe
 from shardloader.storage.retry import RetryPolicy, call_with_retries
 
 if TYPE_CHECKING:

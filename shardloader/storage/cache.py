@@ -69,8 +69,8 @@ from shardloader.storage.cachedir import (
     touch,
     write_marker,
 )
-from shardloader.storage.classify import chain
 from shardloader.storage.private import create_private, open_private, own_dir, write_private
+from shardloader.storage.protocols import chain
 from shardloader.storage.streams import HashingReader
 
 __all__ = ["RECOUNT_SECONDS", "CacheOptions", "ShardCache", "is_cache_full"]

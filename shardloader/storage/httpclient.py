@@ -5,7 +5,8 @@ Which redirects it follows and what it carries along is :mod:`~shardloader.stora
 the interface it implements and the per-process cache it is kept in are
 :mod:`~shardloader.storage.clients`.  A ``deadline`` given to :meth:`HttpClient.get` covers the
 response and its body: past it the request's socket is shut down and its reads raise
-:func:`~shardloader.storage.deadline.too_slow`.
+:func:`~shardloader.storage.deadline.too_slow`.  Reads this client cannot make go through
+fsspec's HTTP filesystem, with the timeouts :func:`fill_http_options` gives it.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from shardloader.storage.redirects import REDIRECT_STATUSES, chain_text, next_ho
 if TYPE_CHECKING:
     from shardloader.storage.retry import RetryPolicy
 
-__all__ = ["HttpClient", "http_client"]
+__all__ = ["HttpClient", "fill_http_options", "http_client"]
 
 
 class _HttpStatusError(OSError):
@@ -301,3 +302,15 @@ def http_client(options: Mapping[str, Any], policy: RetryPolicy) -> HttpClient |
     ):
         return None
     return HttpClient(policy.connect_timeout, policy.read_timeout, headers)
+
+
+def fill_http_options(opts: dict[str, Any], connect: float, read: float) -> None:
+    """An aiohttp ``ClientTimeout(sock_connect=..., sock_read=...)`` with no total limit (a large
+    shard may take long; a stalled one may not).  fsspec's HTTP filesystem does not retry."""
+    import aiohttp
+
+    client = dict(opts.get("client_kwargs") or {})
+    client.setdefault(
+        "timeout", aiohttp.ClientTimeout(total=None, sock_connect=connect, sock_read=read)
+    )
+    opts["client_kwargs"] = client

@@ -38,8 +38,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from shardloader.errors import ChecksumError, ObjectChangedError, TruncatedBodyError
-from shardloader.storage.classify import status_and_code
 from shardloader.storage.deadline import Deadline
+from shardloader.storage.protocols import status_and_code
 from shardloader.storage.retry import RetryPolicy, call_with_retries
 from shardloader.storage.streams import Passthrough, too_large
 
@@ -57,7 +57,7 @@ INLINE_BELOW = 4 << 20  # objects up to this size are fetched in the reader's ow
 
 class _HtmlPageError(ConnectionError):
     """A 200 OK whose body is an HTML page, not the object: a proxy's or gateway's error page,
-    transient (classified by its built-in class, :mod:`shardloader.storage.classify`)."""
+    transient (classified by its built-in class, :mod:`shardloader.storage.protocols`)."""
 
 
 @dataclass(slots=True, eq=False)

@@ -6,54 +6,147 @@ once, with timeouts from the :class:`~shardloader.storage.retry.RetryPolicy` (so
 the retries), how to read its errors (which are worth another attempt), and anything its
 uploads need.  Out of the box s3fs, botocore and aiohttp each retry on their own, nested (up to
 125 attempts for one read timeout), and surface exhausted retries as unrelated exception types;
-the entries below switch that off.
+the entries below switch that off (how, beside each fast client: ``s3client.py``,
+``httpclient.py``).
 
-A protocol without an entry works (fsspec opens it) with the generic classification only:
-timeouts, resets and ``FileNotFoundError`` are understood, its own retries and timeouts are
-left as they are, and a warning says so once per process.  ``register_protocol`` adds an entry.
+Every storage error is read as one kind (:func:`classify`): ``transient`` and ``throttled`` are
+worth another attempt; ``not_found``, ``no_bucket``, ``forbidden``, ``credentials`` and
+``permanent`` are not.  A protocol's ``decide`` reads its own errors (S3 error codes, HTTP
+statuses) first; generic rules read what any fsspec filesystem raises (timeouts, resets,
+``FileNotFoundError``).  A protocol without an entry works (fsspec opens it) with these alone,
+its own retries and timeouts left as they are (a warning says so once per process);
+``register_protocol`` adds an entry.
 """
 
 from __future__ import annotations
 
+import errno
 import http.client
 import logging
-import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from fsspec.exceptions import FSTimeoutError
+
 from shardloader.errors import ShardloaderError, TruncatedBodyError, UsageError
-from shardloader.storage.classify import (
-    CREDENTIALS,
-    FORBIDDEN,
-    NO_BUCKET,
-    NOT_FOUND,
-    PERMANENT,
-    THROTTLED,
-    TRANSIENT,
-    chain,
-    decide_generic,
-    from_status,
-    status_and_code,
-)
-from shardloader.storage.httpclient import _HttpStatusError, http_client
+from shardloader.storage.httpclient import _HttpStatusError, fill_http_options, http_client
+from shardloader.storage.s3client import fill_s3_options, prepare_s3fs, s3_client, s3_put_once
 
 if TYPE_CHECKING:
     from shardloader.storage.retry import RetryPolicy
 
 __all__ = [
+    "CREDENTIALS",
+    "FORBIDDEN",
+    "NOT_FOUND",
+    "NO_BUCKET",
+    "PERMANENT",
+    "THROTTLED",
+    "TRANSIENT",
     "ProtocolDefaults",
+    "chain",
     "classify",
+    "describe",
     "fsspec_options",
     "is_storage_error",
     "is_transient",
     "protocol_defaults",
     "protocol_of",
     "register_protocol",
+    "status_and_code",
 ]
 
 log = logging.getLogger(__name__)
+
+
+# -- kinds, and the generic rules: what any protocol raises ----------------------------------
+
+TRANSIENT = "transient"
+THROTTLED = "throttled"
+NOT_FOUND = "not_found"
+NO_BUCKET = "no_bucket"
+FORBIDDEN = "forbidden"
+CREDENTIALS = "credentials"
+PERMANENT = "permanent"
+
+
+_TRANSIENT_TYPES = (TimeoutError, ConnectionError, http.client.IncompleteRead, FSTimeoutError)
+_TRANSIENT_ERRNOS = (errno.ECONNRESET, errno.ETIMEDOUT, errno.EPIPE)
+
+
+def chain(err: BaseException) -> Iterator[BaseException]:
+    """``err`` and its causes/contexts, outermost first, each once."""
+    seen: set[int] = set()
+    cur: BaseException | None = err
+    while cur is not None and id(cur) not in seen and len(seen) < 32:
+        seen.add(id(cur))
+        yield cur
+        cur = cur.__cause__ or cur.__context__
+
+
+def status_and_code(err: BaseException) -> tuple[int | None, str]:
+    """The HTTP status and the service's error code ``err`` carries: botocore's ``response``
+    (``ResponseMetadata.HTTPStatusCode``, ``Error.Code``), else an HTTP client's ``status``."""
+    response = getattr(err, "response", None)
+    if isinstance(response, Mapping):
+        code = response.get("Error", {}).get("Code")
+        return response.get("ResponseMetadata", {}).get("HTTPStatusCode"), str(code or "")
+    return getattr(err, "status", None), ""
+
+
+def _from_status(
+    status: int | None, code: str = "", codes: Mapping[str, str] | None = None
+) -> str | None:
+    """The kind an HTTP status says, refined by a service's error ``code`` (``codes`` maps the
+    service's codes to kinds: S3's ``SlowDown`` is ``throttled`` whatever the status)."""
+    by_code = (codes or {}).get(code)
+    if by_code == THROTTLED or status == 429:
+        return THROTTLED
+    if by_code == TRANSIENT or (status is not None and (status >= 500 or status == 408)):
+        return TRANSIENT
+    if by_code == NO_BUCKET:
+        return NO_BUCKET
+    if by_code == NOT_FOUND or status == 404:
+        return NOT_FOUND
+    if by_code == CREDENTIALS or status == 401:
+        return CREDENTIALS
+    if by_code == FORBIDDEN or status == 403:
+        return FORBIDDEN
+    if status is not None or code:
+        return PERMANENT
+    return None
+
+
+def _decide_generic(e: BaseException) -> str | None:
+    """The kind of one exception any filesystem may raise, or None when it says nothing."""
+    if isinstance(e, FileNotFoundError):
+        return NOT_FOUND
+    if isinstance(e, PermissionError):
+        return FORBIDDEN
+    if isinstance(e, _TRANSIENT_TYPES):
+        return TRANSIENT
+    if isinstance(e, OSError) and e.errno in _TRANSIENT_ERRNOS:
+        return TRANSIENT
+    return None
+
+
+def describe(err: BaseException | None) -> str:
+    """``Type: message`` of ``err``, plus its innermost cause when that says more."""
+    if err is None:
+        return "unknown error"
+    causes = list(chain(err))
+    out = f"{type(err).__name__}: {_short(err)}"
+    root = causes[-1]
+    if root is not err:
+        out += f" (from {type(root).__name__}: {_short(root)})"
+    return out
+
+
+def _short(err: BaseException) -> str:
+    text = " ".join(str(err).split())
+    return text if len(text) <= 240 else text[:237] + "..."
 
 
 @dataclass(frozen=True)
@@ -62,7 +155,7 @@ class ProtocolDefaults:
 
     - ``fill_options(options, connect_timeout, read_timeout)``: set what is still unset in the
       fsspec options so the filesystem makes one attempt per request, within the timeouts.
-    - ``decide(err)``: the kind (:mod:`shardloader.storage.classify`) of one exception of this
+    - ``decide(err)``: the kind (``TRANSIENT``, ``THROTTLED``, ...) of one exception of this
       protocol's stack, or None to leave it to the generic rules.
     - ``error_modules``: top-level packages whose exceptions are storage errors (reported with a
       remedy) rather than bugs (passed through).
@@ -83,7 +176,7 @@ class ProtocolDefaults:
     client: Callable[[Mapping[str, Any], Any], Any] | None = None
 
 
-# -- s3 ---------------------------------------------------------------------------------------
+# -- what s3's and http's errors mean ---------------------------------------------------------
 
 # S3's error codes by kind.  An error without a body has its HTTP status as its code (botocore's
 # parser): from_status reads that status itself.
@@ -152,7 +245,7 @@ def _types(module: str, *names: str) -> tuple[type[BaseException], ...]:
 
 def _http_decide(e: BaseException) -> str | None:
     if isinstance(e, (_HttpStatusError, *_types("aiohttp", "ClientResponseError"))):
-        return from_status(getattr(e, "status", None))
+        return _from_status(getattr(e, "status", None))
     if isinstance(e, http.client.HTTPException):  # a garbled or cut response (fast client)
         return TRANSIENT
     if isinstance(e, _types("aiohttp", "ClientPayloadError", "ClientConnectionError")):
@@ -166,7 +259,7 @@ _BOTOCORE = "botocore.exceptions"
 def _s3_decide(e: BaseException) -> str | None:
     client_errors = _types(_BOTOCORE, "ClientError")
     if isinstance(e, client_errors):
-        return from_status(*status_and_code(e), _S3_CODES)
+        return _from_status(*status_and_code(e), _S3_CODES)
     if isinstance(e, FileNotFoundError | PermissionError) and isinstance(
         e.__cause__, client_errors
     ):  # s3fs's translation of a ClientError: its code tells NoSuchBucket or bad credentials
@@ -187,118 +280,24 @@ def _s3_decide(e: BaseException) -> str | None:
     return _http_decide(e)  # aiobotocore speaks aiohttp
 
 
-def _s3_options(opts: dict[str, Any], connect: float, read: float) -> None:
-    """botocore ``total_max_attempts: 1`` (``max_attempts: 1`` would still allow one retry: it
-    does not count the first attempt) and its timeouts; the endpoint and credentials are left
-    to botocore, which reads ``AWS_ENDPOINT_URL``, profiles and the usual variables."""
-    config = dict(opts.get("config_kwargs") or {})
-    config.setdefault("retries", {"total_max_attempts": 1, "mode": "standard"})
-    config.setdefault("connect_timeout", connect)
-    config.setdefault("read_timeout", read)
-    opts["config_kwargs"] = config
-
-
-def _s3_prepare(fs: Any) -> None:
-    """s3fs wraps every call in its own retry loop (5 tries, and again around reads); its
-    constructor does not take the count, so set it on the instance.  fsspec caches instances by
-    options, and ours carry single-attempt botocore settings, so a shared instance wants it too."""
-    if getattr(fs, "retries", 1) != 1:
-        fs.retries = 1
-
-
-_MIN_PART = 5 * 2**20  # S3's smallest multipart part
-_MAX_PARTS = 10_000
-
-
-def _s3_put_once(fs: Any, local: str, path: str) -> None:
-    """One upload attempt; on any failure, leave no multipart upload behind for this key.
-
-    s3fs aborts its multipart upload when a part fails, but parts still in flight may land after
-    the abort (S3 documents that an abort may need repeating), and the abort itself can fail or
-    be skipped by an interrupt.  So sweep: abort every incomplete upload of exactly this key.
-    Shard keys have one writer (the pack run), so nothing else's upload is cut short.
-    """
-    size = os.path.getsize(local)
-    block = int(getattr(fs, "default_block_size", 0) or 0)
-    chunksize = max(_MIN_PART, block, -(-size // _MAX_PARTS))
-    try:
-        fs.put_file(local, path, chunksize=chunksize)
-    except BaseException:
-        if size >= 2 * chunksize:
-            _abort_uploads(fs, path)
-        raise
-
-
-def _abort_uploads(fs: Any, path: str) -> None:
-    key = fs.split_path(path)[1]
-    try:
-        for upload in s3_multipart_uploads(fs, path):
-            if upload.get("Key") == key:
-                s3_abort_upload(fs, path, upload["UploadId"])
-    except Exception as err:  # noqa: BLE001 - best effort; the upload's own error matters more
-        log.warning(
-            "could not abort incomplete multipart uploads of s3://%s (%s); a bucket lifecycle "
-            "rule AbortIncompleteMultipartUpload removes them",
-            path,
-            err,
-        )
-
-
-def s3_multipart_uploads(fs: Any, path: str) -> list[dict[str, Any]]:
-    """The incomplete multipart uploads (S3's ``Uploads`` entries) of every key that starts
-    with ``path``'s (s3fs ``fs``), all pages of the listing."""
-    bucket, prefix, _ = fs.split_path(path)
-    kwargs: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix}
-    found: list[dict[str, Any]] = []
-    while True:
-        page = fs.call_s3("list_multipart_uploads", **kwargs)
-        found.extend(page.get("Uploads", []))
-        if not page.get("IsTruncated"):
-            return found
-        kwargs["KeyMarker"] = page.get("NextKeyMarker")
-        kwargs["UploadIdMarker"] = page.get("NextUploadIdMarker")
-
-
-def s3_abort_upload(fs: Any, path: str, upload_id: str) -> None:
-    """Abort the incomplete multipart upload ``upload_id`` of the key at ``path``."""
-    bucket, key, _ = fs.split_path(path)
-    fs.call_s3("abort_multipart_upload", Bucket=bucket, Key=key, UploadId=upload_id)
-
-
-# -- http(s) ----------------------------------------------------------------------------------
-
-
-def _http_options(opts: dict[str, Any], connect: float, read: float) -> None:
-    """An aiohttp ``ClientTimeout(sock_connect=..., sock_read=...)`` with no total limit (a large
-    shard may take long; a stalled one may not).  fsspec's HTTP filesystem does not retry."""
-    import aiohttp
-
-    client = dict(opts.get("client_kwargs") or {})
-    client.setdefault(
-        "timeout", aiohttp.ClientTimeout(total=None, sock_connect=connect, sock_read=read)
-    )
-    opts["client_kwargs"] = client
+# -- the table --------------------------------------------------------------------------------
 
 
 def _s3_client(options: Mapping[str, Any], policy: RetryPolicy) -> Any:
-    from shardloader.storage.s3client import s3_client  # botocore: imported on first use
-
     return s3_client(options, fsspec_options("s3://", options, policy))
 
 
-# -- the table --------------------------------------------------------------------------------
-
 S3 = ProtocolDefaults(
     ("s3", "s3a"),
-    _s3_options,
+    fill_s3_options,
     _s3_decide,
     ("botocore", "aiobotocore", "aiohttp", "s3fs"),
-    _s3_prepare,
-    _s3_put_once,
+    prepare_s3fs,
+    s3_put_once,
     _s3_client,
 )
 HTTP = ProtocolDefaults(
-    ("http", "https"), _http_options, _http_decide, ("aiohttp",), client=http_client
+    ("http", "https"), fill_http_options, _http_decide, ("aiohttp",), client=http_client
 )
 LOCAL = ProtocolDefaults(("file", "local"))  # plain OS calls: nothing to time out or retry
 MEMORY = ProtocolDefaults(("memory",))  # fsspec's in-process store (tests, examples)
@@ -372,15 +371,14 @@ def fsspec_options(
 
 
 def classify(err: BaseException, protocol: str) -> str:
-    """What kind of failure ``err`` is: ``transient``, ``throttled``, ``not_found``,
-    ``no_bucket``, ``forbidden``, ``credentials`` or ``permanent``.
+    """What kind of failure ``err`` is (one of the kinds above).
 
     The stack wraps its errors (s3fs turns a botocore ``ClientError`` into an ``OSError`` whose
     cause it is; botocore wraps aiohttp's), so the cause chain is read outermost first and the
     first exception that says something decides.
     """
     decide = protocol_defaults(protocol).decide
-    rules = [decide_generic] if decide is None else [decide, decide_generic]
+    rules = [_decide_generic] if decide is None else [decide, _decide_generic]
     for e in chain(err):
         for rule in rules:
             if (kind := rule(e)) is not None:

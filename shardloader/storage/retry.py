@@ -32,22 +32,21 @@ from shardloader.errors import (
     UsageError,
 )
 from shardloader.storage import protocols
-from shardloader.storage.classify import (
+from shardloader.storage.protocols import (
     CREDENTIALS,
     FORBIDDEN,
     NO_BUCKET,
     NOT_FOUND,
     THROTTLED,
+    classify,
     describe,
+    is_transient,
 )
-from shardloader.storage.protocols import classify, is_transient
 
 __all__ = [
     "RetryPolicy",
     "DEFAULT_POLICY",
     "TruncatedBodyError",
-    "classify",
-    "is_transient",
     "call_with_retries",
 ]
 

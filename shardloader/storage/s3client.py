@@ -15,19 +15,39 @@ the life of the process and inherited by forked DataLoader workers, so each work
 costs tens of milliseconds, not the time a fresh service model takes to load; the *client*
 (its connection pool) is made again in each process
 (:func:`~shardloader.storage.clients.client_for`).
+
+What still goes through s3fs (options this client does not take, uploads in parts, the listing
+of incomplete uploads) is set up here too, for the S3 entry of
+:mod:`~shardloader.storage.protocols`: one attempt per request (:func:`fill_s3_options`,
+:func:`prepare_s3fs`), and uploads that leave no incomplete multipart upload behind
+(:func:`s3_put_once`).
 """
 
 from __future__ import annotations
 
 import base64
 import functools
+import logging
+import os
 from collections.abc import Mapping
 from typing import Any
 
 from shardloader.storage.clients import parse_content_range, request_headers
 from shardloader.storage.deadline import Deadline, Guard, arm, too_slow
 
-__all__ = ["POOL_CONNECTIONS", "S3Client", "s3_client", "split_s3_url"]
+__all__ = [
+    "POOL_CONNECTIONS",
+    "S3Client",
+    "fill_s3_options",
+    "prepare_s3fs",
+    "s3_abort_upload",
+    "s3_client",
+    "s3_multipart_uploads",
+    "s3_put_once",
+    "split_s3_url",
+]
+
+log = logging.getLogger(__name__)
 
 POOL_CONNECTIONS = 64  # concurrent GETs one process may have open (read-ahead x ranges)
 
@@ -201,3 +221,84 @@ def s3_client(options: Mapping[str, Any], opts: Mapping[str, Any]) -> S3Client |
     session = _session(opts.get("profile"))
     client = session.create_client("s3", config=Config(**config_kwargs), **client_kwargs)
     return S3Client(client, extra)
+
+
+# -- through s3fs: one attempt per request, uploads that leave nothing behind ------------------
+
+
+def fill_s3_options(opts: dict[str, Any], connect: float, read: float) -> None:
+    """botocore ``total_max_attempts: 1`` (``max_attempts: 1`` would still allow one retry: it
+    does not count the first attempt) and its timeouts; the endpoint and credentials are left
+    to botocore, which reads ``AWS_ENDPOINT_URL``, profiles and the usual variables."""
+    config = dict(opts.get("config_kwargs") or {})
+    config.setdefault("retries", {"total_max_attempts": 1, "mode": "standard"})
+    config.setdefault("connect_timeout", connect)
+    config.setdefault("read_timeout", read)
+    opts["config_kwargs"] = config
+
+
+def prepare_s3fs(fs: Any) -> None:
+    """s3fs wraps every call in its own retry loop (5 tries, and again around reads); its
+    constructor does not take the count, so set it on the instance.  fsspec caches instances by
+    options, and ours carry single-attempt botocore settings, so a shared instance wants it too."""
+    if getattr(fs, "retries", 1) != 1:
+        fs.retries = 1
+
+
+_MIN_PART = 5 * 2**20  # S3's smallest multipart part
+_MAX_PARTS = 10_000
+
+
+def s3_put_once(fs: Any, local: str, path: str) -> None:
+    """One upload attempt; on any failure, leave no multipart upload behind for this key.
+
+    s3fs aborts its multipart upload when a part fails, but parts still in flight may land after
+    the abort (S3 documents that an abort may need repeating), and the abort itself can fail or
+    be skipped by an interrupt.  So sweep: abort every incomplete upload of exactly this key.
+    Shard keys have one writer (the pack run), so nothing else's upload is cut short.
+    """
+    size = os.path.getsize(local)
+    block = int(getattr(fs, "default_block_size", 0) or 0)
+    chunksize = max(_MIN_PART, block, -(-size // _MAX_PARTS))
+    try:
+        fs.put_file(local, path, chunksize=chunksize)
+    except BaseException:
+        if size >= 2 * chunksize:
+            _abort_uploads(fs, path)
+        raise
+
+
+def _abort_uploads(fs: Any, path: str) -> None:
+    key = fs.split_path(path)[1]
+    try:
+        for upload in s3_multipart_uploads(fs, path):
+            if upload.get("Key") == key:
+                s3_abort_upload(fs, path, upload["UploadId"])
+    except Exception as err:  # noqa: BLE001 - best effort; the upload's own error matters more
+        log.warning(
+            "could not abort incomplete multipart uploads of s3://%s (%s); a bucket lifecycle "
+            "rule AbortIncompleteMultipartUpload removes them",
+            path,
+            err,
+        )
+
+
+def s3_multipart_uploads(fs: Any, path: str) -> list[dict[str, Any]]:
+    """The incomplete multipart uploads (S3's ``Uploads`` entries) of every key that starts
+    with ``path``'s (s3fs ``fs``), all pages of the listing."""
+    bucket, prefix, _ = fs.split_path(path)
+    kwargs: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix}
+    found: list[dict[str, Any]] = []
+    while True:
+        page = fs.call_s3("list_multipart_uploads", **kwargs)
+        found.extend(page.get("Uploads", []))
+        if not page.get("IsTruncated"):
+            return found
+        kwargs["KeyMarker"] = page.get("NextKeyMarker")
+        kwargs["UploadIdMarker"] = page.get("NextUploadIdMarker")
+
+
+def s3_abort_upload(fs: Any, path: str, upload_id: str) -> None:
+    """Abort the incomplete multipart upload ``upload_id`` of the key at ``path``."""
+    bucket, key, _ = fs.split_path(path)
+    fs.call_s3("abort_multipart_upload", Bucket=bucket, Key=key, UploadId=upload_id)

@@ -20,7 +20,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 
-from shardloader.storage.protocols import S3, s3_abort_upload, s3_multipart_uploads
+from shardloader.storage.protocols import S3
+from shardloader.storage.s3client import s3_abort_upload, s3_multipart_uploads
 from shardloader.storage.store import Store, join
 
 __all__ = [
