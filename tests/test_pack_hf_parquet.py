@@ -358,3 +358,30 @@ def test_cli_names_an_unsupported_column_without_a_traceback(tmp_path):
     r = run_cli("pack", tmp_path / "src", tmp_path / "out")
     assert r.returncode == 1, r.stderr
     assert "column 'span' has Arrow type duration[us]" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_batches_keep_timestamps_decimals_and_dates_as_lists(tmp_path):
+    """torch's default_collate refuses datetime and Decimal values: a batch of a table with a
+    timestamp or decimal column used to end in its TypeError; those fields stay lists, as
+    strings do, and the numbers beside them still stack."""
+    stamps = [datetime.datetime(2024, 1, d, 12, tzinfo=_UTC) for d in (1, 2, 3, 4)]
+    prices = [decimal.Decimal(f"{d}.25") for d in range(4)]
+    table = pa.table(
+        {
+            "ts": pa.array(stamps, pa.timestamp("us", tz="UTC")),
+            "price": pa.array(prices, pa.decimal128(8, 2)),
+            "day": pa.array([s.date() for s in stamps], pa.date32()),
+            "n": pa.array([0, 1, 2, 3], pa.int32()),
+        }
+    )
+    _write(table, str(tmp_path / "src/t.parquet"), "parquet")
+    pack(str(tmp_path / "src"), str(tmp_path / "out"))
+    ds = sl.ShardedDataset(str(tmp_path / "out"), batch_size=2, shuffle=False)
+    batches = list(sl.make_loader(ds, num_workers=1))
+    assert [b["ts"] for b in batches] == [stamps[:2], stamps[2:]]
+    assert [b["price"] for b in batches] == [prices[:2], prices[2:]]
+    assert [b["day"] for b in batches] == [
+        [s.date() for s in stamps[:2]],
+        [s.date() for s in stamps[2:]],
+    ]
+    assert [b["n"].tolist() for b in batches] == [[0, 1], [2, 3]]

@@ -258,10 +258,17 @@ def _complete(dicts: Sequence[Mapping[str, Any]]) -> bool:
 
 def _torch_field(name: str, values: list[Any], owners: Sequence[Any]) -> Any:
     """``default_collate(values)``; its shape errors named (``name``: the dotted field, ""
-    for whole samples)."""
+    for whole samples).  A field of values it refuses (``datetime``, ``Decimal``: what a
+    Parquet timestamp or decimal column decodes to) stays a list, as strings do."""
     try:
         return default_collate(values)
     except (RuntimeError, TypeError) as err:
+        if values and all(isinstance(v, Mapping) for v in values) and _refused(values):
+            prefix = f"{name}." if name else ""
+            leaf = partial(_torch_field, owners=owners)
+            return _collate_dicts(values, owners, prefix, {}, leaf)
+        if any(v is not None and not isinstance(v, _TORCH_TAKES) for v in values):
+            return list(values)
         found = _unequal_field([{name: v} for v in values] if name else values)
         if found is None:
             raise
@@ -274,6 +281,16 @@ def _torch_field(name: str, values: list[Any], owners: Sequence[Any]) -> Any:
             "`--transform auto` in `shardloader serve`/`bench`), or pass "
             "collate_fn=PadCollate(pad_values={...}) for variable-length sequences"
         ) from err
+
+
+_TORCH_TAKES = (torch.Tensor, np.ndarray, np.generic, int, float, str, bytes, Mapping, Sequence)
+
+
+def _refused(dicts: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether some field (nested too) holds a value ``default_collate`` refuses."""
+    values = [v for d in dicts for v in d.values() if v is not None]
+    inner = [v for v in values if isinstance(v, Mapping)]
+    return any(not isinstance(v, _TORCH_TAKES) for v in values) or (bool(inner) and _refused(inner))
 
 
 def _unequal_field(
