@@ -336,6 +336,7 @@ class ShardedDataset(DatasetPosition, IterableDataset):  # type: ignore[type-arg
             self.seed,
             self.read_options.readahead,
             self.partition,
+            self._ranks_per_node,
             self.shuffle,
             self._source.shard_set,
             SampleLoader(

@@ -163,6 +163,12 @@ class DatasetPosition:
         values = self._control.get()
         return self._partition_of(values[_WORLD], values[_PER_NODE] or None)
 
+    @property
+    def _ranks_per_node(self) -> int | None:
+        """Ranks (with a data-parallel group: replicas) on each node, as the world was
+        resolved (:func:`~shardloader.world.resolve_world`); None: unknown."""
+        return self._control.get()[_PER_NODE] or None
+
     def _partition_of(self, world: int, per_node: int | None) -> Partition:
         return choose_partition(self.partition_mode, world, per_node, self.manifest.num_samples)
 

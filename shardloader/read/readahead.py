@@ -21,7 +21,6 @@ import numpy as np
 
 from shardloader.batching.base import batch_ids
 from shardloader.plan.steps import is_lazy, node_windows
-from shardloader.world import detect_ranks_per_node
 
 if TYPE_CHECKING:
     from shardloader.plan.epoch import EpochPlan
@@ -122,13 +121,14 @@ def pass_readahead(
     place: Place,
     depth: int,
     partition: Partition,
+    ranks_per_node: int | None,
     shard_of: Callable[[np.ndarray], np.ndarray] | None = None,
 ) -> ReadAhead:
     """This node's read-ahead schedule for a pass (NOTE [node-wide read-ahead] above), walked by
     the worker at ``place`` through ``shards``; ``depth`` is ``ReadOptions.readahead``.  The
     node's ranks are its partition's (NOTE [node partitions] in :mod:`shardloader.plan.partition`),
-    or with one partition those the launcher says share this node
-    (:func:`~shardloader.world.detect_ranks_per_node`; unknown: this rank alone).  ``shard_of``:
+    or with one partition the ``ranks_per_node`` the dataset resolved its world with
+    (:func:`~shardloader.world.resolve_world`; None, unknown: this rank alone).  ``shard_of``:
     the shard of each unit the plan batches (default: of each sample id, ``shards.locate``)."""
     if shard_of is None:
         shard_of = lambda ids: shards.locate(ids)[0]  # noqa: E731
@@ -136,7 +136,7 @@ def pass_readahead(
         return ReadAhead(shards, [], 0)
     per_node = partition.ranks
     if partition.nodes == 1:
-        per_node = detect_ranks_per_node(place.rank, place.world_size) or 1
+        per_node = ranks_per_node or 1
     first = place.rank - place.rank % per_node
     ranks = list(range(first, first + per_node))
     per_rank = [plan.slots.of_rank(partition.local_rank(r)) for r in ranks]

@@ -72,6 +72,7 @@ class PassInputs:
     seed: int  # the run's: each step's seeds derive from it
     readahead: int  # read-ahead: shards staged ahead (ReadOptions.readahead)
     partition: Partition  # read-ahead: how the world is cut (shardloader.plan.partition)
+    ranks_per_node: int | None  # read-ahead: as the dataset resolved its world (None: unknown)
     shuffle: ShuffleOptions  # shards: the working set the node cache must hold
     open_shards: Callable[[str, int], Any]  # shards: (place, working set) -> ShardSet
     load: SampleLoader  # load: fields, decoder, transform, on_error, the plan's lengths
@@ -100,7 +101,15 @@ def run_pass(inputs: PassInputs, plan: EpochPlan, place: Place, epoch: int) -> I
     working = working_set_bytes(inputs.manifest, inputs.shuffle, plan, inputs.readahead, bounds)
     shards = inputs.open_shards(str(place), working)
     try:
-        ahead = pass_readahead(shards, plan, place, inputs.readahead, inputs.partition, shard_of)
+        ahead = pass_readahead(
+            shards,
+            plan,
+            place,
+            inputs.readahead,
+            inputs.partition,
+            inputs.ranks_per_node,
+            shard_of,
+        )
         if layout is None:
             batches = _load_samples(inputs, plan, place, epoch, steps, shards, ahead)
             yield from batches if bundle == 1 else _bundled(batches, bundle)
