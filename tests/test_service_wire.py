@@ -3,6 +3,8 @@ clear errors, never a crash or code run on the receiving side."""
 
 from __future__ import annotations
 
+import datetime
+import decimal
 import io
 import json
 import math
@@ -99,6 +101,8 @@ def assert_same(a, b):
             assert_same(x, y)
     elif isinstance(a, float):
         assert struct.pack("<d", a) == struct.pack("<d", b) or (math.isnan(a) and math.isnan(b))
+    elif isinstance(a, datetime.date | datetime.time | decimal.Decimal):
+        assert str(a) == str(b)  # the offset and every digit (-0.0000 too), not only ==
     else:
         assert a == b
 
@@ -138,7 +142,17 @@ def arrays(draw):
 scalars = (
     st.none() | st.booleans() | st.integers(-(2**80), 2**80) | st.floats() | st.text(max_size=20)
 )
-leaves = scalars | st.binary(max_size=64) | tensors() | arrays()
+# what Parquet timestamp, date, time and decimal columns decode to (codecs/arrowcells.py)
+offsets = st.none() | st.integers(-23 * 60, 23 * 60).map(
+    lambda m: datetime.timezone(datetime.timedelta(minutes=m))
+)
+texts = (
+    st.datetimes(timezones=offsets)
+    | st.dates()
+    | st.times()
+    | st.decimals(allow_nan=False, allow_infinity=False, places=4)
+)
+leaves = scalars | texts | st.binary(max_size=64) | tensors() | arrays()
 values = st.recursive(
     leaves,
     lambda inner: (
@@ -247,6 +261,10 @@ def _frame(header, payload=b""):
         {"kind": "batch", "step": 0, "tree": ["n", 0, "V8", [1]], "buffers": [[0, 8]]},
         {"kind": "batch", "step": 0, "tree": ["p", "cos\nsystem\n(S'echo'\ntR."], "buffers": []},
         {"kind": "batch", "step": 0, "tree": ["J", [[1]]], "buffers": []},
+        {"kind": "batch", "step": 0, "tree": ["x", "datetime", "yesterday"], "buffers": []},
+        {"kind": "batch", "step": 0, "tree": ["x", "decimal", "1.5e"], "buffers": []},
+        {"kind": "batch", "step": 0, "tree": ["x", "timedelta", "1"], "buffers": []},
+        {"kind": "batch", "step": 0, "tree": ["x", "date", 20240101], "buffers": []},
         {"kind": "batch", "step": 0, "tree": ["d", {"a": "x"}], "buffers": []},
         {"kind": "batch", "step": 0, "tree": ["b", 0], "buffers": "all"},
         {"kind": "batch", "step": 0, "tree": ["l", [["l", [["l", []]]]] * 2], "buffers": [[-1, 2]]},

@@ -19,7 +19,9 @@ Protocol 2 adds: ``["r", {str: node}]`` (a :class:`~shardloader.batching.raw.Raw
 ``["c", data, offsets, present]`` (a :class:`~shardloader.batching.raw.ByteColumn`: buffer
 indices; ``offsets`` int64 ``n + 1``, ``present`` bool ``n`` or null when every sample has the
 field); a batch frame may carry ``trees`` (consecutive steps ``step, step + 1, ...``, one node
-each, sharing the buffers) instead of ``tree``.
+each, sharing the buffers) instead of ``tree``; ``["x", kind, text]`` is a value a Parquet
+timestamp, date, time or decimal column decodes to (``kind``: ``datetime``, ``date``, ``time`` or
+``decimal``; ``text``: its ISO-8601 form or exact digits), rebuilt from the text alone.
 
 Only the types the layout names are encoded: anything else (objects, sets, non-string dict
 keys) is a :class:`~shardloader.errors.UsageError` on the sending side, before a byte is sent.
@@ -29,6 +31,8 @@ stream can never make it run code; anything else is a :class:`~shardloader.error
 
 from __future__ import annotations
 
+import datetime
+import decimal
 import json
 import math
 import struct
@@ -72,6 +76,13 @@ TORCH_DTYPES: dict[str, torch.dtype] = {
     if hasattr(torch, name)
 }
 NUMPY_KINDS = frozenset("biufc")  # bool, int, uint, float, complex: plain bytes, nothing else
+# values sent as text, rebuilt by these parsers (datetime first: it is a date too)
+TEXT_VALUES: dict[str, tuple[type[Any], Callable[[str], Any]]] = {
+    "datetime": (datetime.datetime, datetime.datetime.fromisoformat),
+    "date": (datetime.date, datetime.date.fromisoformat),
+    "time": (datetime.time, datetime.time.fromisoformat),
+    "decimal": (decimal.Decimal, decimal.Decimal),
+}
 
 
 @dataclass(frozen=True)
@@ -202,6 +213,10 @@ class _Encoder:
             return ["n", self.add(_raw(arr)), dtype, list(arr.shape)]
         if isinstance(value, bytes):
             return ["b", self.add(memoryview(value))]
+        for kind, (cls, _) in TEXT_VALUES.items():
+            if isinstance(value, cls):  # ISO-8601 (str of a date or time, "T" for a datetime)
+                text = datetime.datetime.isoformat(value) if kind == "datetime" else str(value)
+                return ["x", kind, text]
         if isinstance(value, list | tuple):
             if isinstance(value, list) and all(is_scalar(v) for v in value):
                 return ["J", list(value)]
@@ -232,8 +247,9 @@ class _Encoder:
         raise UsageError(
             f"batch value at {where} is a {type(value).__module__}.{type(value).__qualname__}, "
             "which shardloader serve cannot send: batches may hold tensors, numpy arrays, bytes, "
-            "str/int/float/bool/None and lists, tuples and str-keyed dicts of them (nothing is "
-            "pickled); convert it in the transform or collate function"
+            "str/int/float/bool/None, dates, times and decimals, and lists, tuples and "
+            "str-keyed dicts of them (nothing is pickled); convert it in the transform or "
+            "collate function"
         )
 
     def tensor(self, t: torch.Tensor, where: str) -> list[Any]:
@@ -340,6 +356,11 @@ class _Decoder:
             return self.payload[off : off + n].tobytes()
         if tag == "c" and len(args) == 3:
             return self.column(*args)
+        if tag == "x" and len(args) == 2 and args[0] in TEXT_VALUES and isinstance(args[1], str):
+            try:
+                return TEXT_VALUES[args[0]][1](args[1])
+            except (ValueError, decimal.InvalidOperation) as err:
+                raise DecodeError(f"malformed {args[0]} value {args[1][:80]!r}") from err
         if tag == "t" and len(args) == 4:
             return self.tensor(*args)
         if tag in ("n", "g") and len(args) == (3 if tag == "n" else 2):
