@@ -124,7 +124,6 @@ def test_every_error_is_a_shardloader_error_and_a_builtin():
 # other helpers of issue 12 are restructuring (format registry and storage handle; commands).
 # Anything else fails.
 PENDING_ALL: set[str] = set()
-PENDING_ERRORS = {"shardloader.storage.retry.TruncatedBodyError"}
 
 
 def _public_modules() -> list[types.ModuleType]:
@@ -167,4 +166,4 @@ def test_every_public_exception_class_is_in_the_tree():
             ):
                 if module.__name__ != "shardloader.errors":
                     outside.append(f"{module.__name__}.{name}")
-    assert sorted(set(outside) - PENDING_ERRORS) == []
+    assert sorted(outside) == []

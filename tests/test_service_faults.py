@@ -26,7 +26,7 @@ from test_service_support import (
 
 from shardloader.errors import DecodeError
 from shardloader.service import RemoteLoader
-from shardloader.service.wire import read_frame
+from shardloader.service.frames import read_frame
 from shardloader.storage.retry import RetryPolicy
 
 BIG = ["test_service_support:big_factory", "--workers", "1", "--max-inflight", "2"]

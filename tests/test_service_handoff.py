@@ -12,9 +12,9 @@ import threading
 import time
 
 from shardloader.service import response, stream
+from shardloader.service.frames import frame_size
 from shardloader.service.handoff import Frame, Handoff
 from shardloader.service.metrics import Metrics
-from shardloader.service.wire import frame_size
 
 
 def test_permits_bound_the_frames_until_they_are_written():

@@ -16,9 +16,9 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shardloader.errors import DecodeError, UsageError
+from shardloader.errors import DecodeError, TruncatedBodyError, UsageError
+from shardloader.service import frames as framing
 from shardloader.service import wire
-from shardloader.storage.retry import TruncatedBodyError
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -60,7 +60,7 @@ def encode_batch(step, value):
 def iter_frames(data):
     """The frames of a complete byte string."""
     readinto = io.BytesIO(data).readinto
-    while (frame := wire.read_frame(readinto)) is not None:
+    while (frame := framing.read_frame(readinto)) is not None:
         yield frame
 
 
@@ -174,7 +174,7 @@ def test_any_batch_value_round_trips_exactly(value):
 @given(st.lists(values, min_size=1, max_size=4), st.integers(0, 2**40))
 def test_a_stream_of_frames_keeps_order_and_steps(batches, first):
     data = b"".join(bytes(c) for i, b in enumerate(batches) for c in encode_batch(first + i, b))
-    data += wire.encode_control("end", first + len(batches), steps=len(batches))
+    data += framing.encode_control("end", first + len(batches), steps=len(batches))
     frames = list(iter_frames(data))
     assert [f.kind for f in frames] == ["batch"] * len(batches) + ["end"]
     assert [f.header["step"] for f in frames] == list(range(first, first + len(batches) + 1))
@@ -245,7 +245,7 @@ def test_values_outside_the_allowlist_are_refused(value):
 
 def _frame(header, payload=b""):
     head = json.dumps(header).encode()
-    return struct.pack("<4sIQ", wire.MAGIC, len(head), len(payload)) + head + payload
+    return struct.pack("<4sIQ", framing.MAGIC, len(head), len(payload)) + head + payload
 
 
 @pytest.mark.parametrize(
@@ -289,9 +289,9 @@ def test_nesting_bomb_is_refused():
     "data",
     [
         b"GET / HTTP/1.1\r\n\r\n",
-        struct.pack("<4sIQ", wire.MAGIC, 1 << 30, 0),
-        struct.pack("<4sIQ", wire.MAGIC, 4, 0) + b"nope",
-        struct.pack("<4sIQ", wire.MAGIC, 2, 0) + b"[]",
+        struct.pack("<4sIQ", framing.MAGIC, 1 << 30, 0),
+        struct.pack("<4sIQ", framing.MAGIC, 4, 0) + b"nope",
+        struct.pack("<4sIQ", framing.MAGIC, 2, 0) + b"[]",
         _frame({"kind": "shell", "step": 0}),
         _frame({"kind": "end", "step": "1"}),
     ],
@@ -332,10 +332,10 @@ def test_corrupted_frames_never_escape_the_error_tree(data):
 
 
 def test_control_frames():
-    (end,) = list(iter_frames(wire.encode_control("end", 7, steps=7)))
+    (end,) = list(iter_frames(framing.encode_control("end", 7, steps=7)))
     assert end.kind == "end" and end.header["steps"] == 7 and not end.payload
     with pytest.raises(UsageError):
-        wire.encode_control("batch", 0)
+        framing.encode_control("batch", 0)
     with pytest.raises(DecodeError, match="no batch"):
         decode_batch(end)
 

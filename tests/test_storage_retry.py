@@ -13,10 +13,11 @@ from shardloader.errors import (
     ObjectNotFoundError,
     ShardloaderError,
     StorageError,
+    TruncatedBodyError,
     UsageError,
 )
 from shardloader.storage.protocols import classify, fsspec_options, is_transient
-from shardloader.storage.retry import RetryPolicy, TruncatedBodyError, call_with_retries
+from shardloader.storage.retry import RetryPolicy, call_with_retries
 
 FAST = RetryPolicy(max_attempts=4, initial_backoff=0.001, max_backoff=0.01, max_total_seconds=5.0)
 URL = "s3://bucket/ds/shard-00000.tar.zst"

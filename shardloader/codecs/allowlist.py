@@ -34,6 +34,8 @@ __all__ = [
     "check_field",
     "decode_field",
     "Decoder",
+    "parse_typed",
+    "typed_text",
 ]
 
 # Extensions of images that PIL reads (JPEG's .jfif/.jpe, Netpbm's .pgm/.pbm/.pnm, AVIF, ...).
@@ -101,9 +103,27 @@ def _load_npy(data: bytes) -> np.ndarray:
     return np.load(io.BytesIO(data), allow_pickle=False)
 
 
+def typed_text(value: Any) -> tuple[str, str] | None:
+    """The codec and text of a ``datetime``/``date``/``time``/``Decimal`` value (what a table
+    cell of such a type is stored as, and how ``shardloader serve`` sends it); None for others."""
+    if isinstance(value, decimal.Decimal):
+        return "decimal", str(value)
+    for codec in ("datetime", "date", "time"):  # datetime first: it is a date too
+        if isinstance(value, getattr(datetime, codec)):
+            return codec, value.isoformat()
+    return None
+
+
 def _decode_typed(codec: str, data: bytes) -> Any:
     """A ``datetime``/``date``/``time``/``decimal`` field: its text parsed back to the value."""
-    text = data.decode("ascii")
+    return parse_typed(codec, data.decode("ascii"))
+
+
+def parse_typed(codec: str, text: str) -> Any:
+    """The value :func:`typed_text` gave ``text`` for (a :class:`DecodeError` when it is not
+    one: an unknown codec, a malformed text, a decimal that is not finite)."""
+    if codec not in _TYPED:
+        raise DecodeError(f"{codec!r} is not one of the typed codecs {tuple(_TYPED)}")
     try:
         value = _TYPED[codec](text)
     except (ValueError, decimal.InvalidOperation) as err:

@@ -19,12 +19,12 @@ from shardloader.dataset import ShardedDataset
 from shardloader.errors import UsageError
 from shardloader.plan.partition import choose_partition
 from shardloader.service.fingerprint import fingerprint, pipeline_spec
+from shardloader.service.frames import PROTOCOL
 from shardloader.service.metrics import Metrics
 from shardloader.service.options import ServeOptions
 from shardloader.service.passes import steps_of_pass
 from shardloader.service.response import Receive, Scope, Send
 from shardloader.service.stream import Request, Stream
-from shardloader.service.wire import PROTOCOL
 
 __all__ = ["Service", "create_app"]
 

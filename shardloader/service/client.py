@@ -20,8 +20,8 @@ from shardloader.deliver.loaderstate import STATE_VERSIONS, state_version
 from shardloader.errors import ResumeError, UsageError
 from shardloader.options import World, from_old_keywords
 from shardloader.service.failover import Failover, get_json, service_url
+from shardloader.service.frames import PROTOCOL
 from shardloader.service.passreader import PassReader
-from shardloader.service.wire import PROTOCOL
 from shardloader.storage.clients import client_for
 from shardloader.storage.httpclient import HttpClient, http_client
 from shardloader.storage.retry import RetryPolicy

@@ -20,8 +20,8 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from shardloader.service.frames import frame_size
 from shardloader.service.metrics import Metrics
-from shardloader.service.wire import frame_size
 
 __all__ = ["Frame", "Handoff"]
 

@@ -37,10 +37,10 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
 
 from shardloader import errors
-from shardloader.errors import ShardloaderError
+from shardloader.errors import ShardloaderError, TruncatedBodyError
 from shardloader.service.failover import Failover, _LoopStopped, check_status, remote_error
-from shardloader.service.wire import decode_batches, read_frame
-from shardloader.storage.retry import TruncatedBodyError
+from shardloader.service.frames import read_frame
+from shardloader.service.wire import decode_batches
 
 if TYPE_CHECKING:
     from shardloader.service.client import RemoteLoader

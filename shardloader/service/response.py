@@ -10,8 +10,8 @@ import asyncio
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
+from shardloader.service.frames import PROTOCOL, encode_control
 from shardloader.service.handoff import Handoff
-from shardloader.service.wire import PROTOCOL, encode_control
 
 __all__ = ["Receive", "Scope", "Send", "stream_response"]
 

@@ -32,12 +32,13 @@ from shardloader.deliver.loader import make_loader
 from shardloader.deliver.transport import BUNDLE_BYTES, MAX_BUNDLE
 from shardloader.errors import IncompleteEpochError, ShardloaderError
 from shardloader.read.loading import pipeline_draws
+from shardloader.service.frames import encode_control, frame_size
 from shardloader.service.handoff import Frame, Handoff
 from shardloader.service.metrics import Metrics
 from shardloader.service.options import ServeOptions
 from shardloader.service.passes import SERIAL_PIPELINE, pass_dataset
 from shardloader.service.response import Receive, Scope, Send, stream_response
-from shardloader.service.wire import encode_batches, encode_control, frame_size
+from shardloader.service.wire import encode_batches
 
 __all__ = ["Request", "Stream"]
 

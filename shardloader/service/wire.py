@@ -1,27 +1,21 @@
-"""Frames on the wire between ``shardloader serve`` and :class:`RemoteLoader`: pure, no pickle.
+"""Batches in frames (service/frames.py) between ``shardloader serve`` and
+:class:`RemoteLoader`: pure, no pickle.
 
-NOTE [frame layout, protocol 1]: a batch stream is a sequence of frames::
-
-    prefix   16 bytes   b"SLF1" | header length (uint32 LE) | payload length (uint64 LE)
-    header   UTF-8 JSON {"kind": "batch"|"end"|"error"|"ping", "step": int, ...}
-    payload  raw bytes: every tensor, array and bytes value of the batch, each at an offset
-             aligned to 64 bytes
-
-A batch header carries ``tree``, the batch's structure as tagged JSON nodes, and ``buffers``,
-``[offset, nbytes]`` per raw value.  Nodes (lists, so user keys such as ``"t"`` are never
-ambiguous): ``["j", scalar]`` (None, bool, int, float, str), ``["J", [scalar, ...]]`` (a list
-of scalars), ``["l", [node...]]``, ``["u", [node...]]`` (tuple), ``["d", {str: node}]``,
-``["t", buffer, dtype, shape, layout]`` (torch tensor; layout ``"c"`` contiguous or ``"cl"``
-channels-last), ``["n", buffer, dtype, shape]`` (numpy array), ``["g", buffer, dtype]`` (numpy
-scalar), ``["b", buffer]`` (bytes).
+A batch frame's payload holds every tensor, array and bytes value of the batch, each at an
+offset aligned to 64 bytes; its header carries ``tree``, the batch's structure as tagged JSON
+nodes, and ``buffers``, ``[offset, nbytes]`` per raw value.  Nodes (lists, so user keys such as
+``"t"`` are never ambiguous): ``["j", scalar]`` (None, bool, int, float, str),
+``["J", [scalar, ...]]`` (a list of scalars), ``["l", [node...]]``, ``["u", [node...]]``
+(tuple), ``["d", {str: node}]``, ``["t", buffer, dtype, shape, layout]`` (torch tensor; layout
+``"c"`` contiguous or ``"cl"`` channels-last), ``["n", buffer, dtype, shape]`` (numpy array),
+``["g", buffer, dtype]`` (numpy scalar), ``["b", buffer]`` (bytes).
 
 Protocol 2 adds: ``["r", {str: node}]`` (a :class:`~shardloader.batching.raw.RawBatch`),
 ``["c", data, offsets, present]`` (a :class:`~shardloader.batching.raw.ByteColumn`: buffer
 indices; ``offsets`` int64 ``n + 1``, ``present`` bool ``n`` or null when every sample has the
 field); a batch frame may carry ``trees`` (consecutive steps ``step, step + 1, ...``, one node
-each, sharing the buffers) instead of ``tree``; ``["x", kind, text]`` is a value a Parquet
-timestamp, date, time or decimal column decodes to (``kind``: ``datetime``, ``date``, ``time`` or
-``decimal``; ``text``: its ISO-8601 form or exact digits), rebuilt from the text alone.
+each, sharing the buffers) instead of ``tree``.  Protocol 3 adds ``["x", codec, text]``: a
+``datetime``/``date``/``time``/``decimal`` value as that codec's text (codecs/allowlist.py).
 
 Only the types the layout names are encoded: anything else (objects, sets, non-string dict
 keys) is a :class:`~shardloader.errors.UsageError` on the sending side, before a byte is sent.
@@ -31,41 +25,20 @@ stream can never make it run code; anything else is a :class:`~shardloader.error
 
 from __future__ import annotations
 
-import datetime
-import decimal
-import json
 import math
-import struct
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
 from shardloader.batching.raw import ByteColumn, RawBatch
+from shardloader.codecs.allowlist import parse_typed, typed_text
 from shardloader.errors import DecodeError, UsageError
-from shardloader.storage.retry import TruncatedBodyError
+from shardloader.service.frames import SMALL_PIECE, Frame, frame_chunks
 
-__all__ = [
-    "MAGIC",
-    "PROTOCOL",
-    "Frame",
-    "decode_batches",
-    "encode_batches",
-    "encode_control",
-    "frame_size",
-    "read_frame",
-]
+__all__ = ["decode_batches", "encode_batches"]
 
-MAGIC = b"SLF1"
-PROTOCOL = 2
-_PREFIX = struct.Struct("<4sIQ")
-MAX_HEADER = 64 << 20  # a header this large means a broken or hostile stream
-MAX_PAYLOAD = 1 << 36
 MAX_DEPTH = 64
-KINDS = ("batch", "end", "error", "ping")
-_SMALL = 64 << 10  # smaller pieces are copied together (encode) or into a bytearray (read)
 
 TORCH_DTYPES: dict[str, torch.dtype] = {
     name: getattr(torch, name)
@@ -76,92 +49,11 @@ TORCH_DTYPES: dict[str, torch.dtype] = {
     if hasattr(torch, name)
 }
 NUMPY_KINDS = frozenset("biufc")  # bool, int, uint, float, complex: plain bytes, nothing else
-# values sent as text, rebuilt by these parsers (datetime first: it is a date too)
-TEXT_VALUES: dict[str, tuple[type[Any], Callable[[str], Any]]] = {
-    "datetime": (datetime.datetime, datetime.datetime.fromisoformat),
-    "date": (datetime.date, datetime.date.fromisoformat),
-    "time": (datetime.time, datetime.time.fromisoformat),
-    "decimal": (decimal.Decimal, decimal.Decimal),
-}
-
-
-@dataclass(frozen=True)
-class Frame:
-    """One decoded frame: its header (JSON) and its raw payload."""
-
-    header: dict[str, Any]
-    payload: memoryview  # writable bytes; decoded tensors and arrays share it
-
-    @property
-    def kind(self) -> str:
-        return str(self.header["kind"])
-
-
-def frame_size(chunks: list[Any]) -> int:
-    """Bytes on the wire of an encoded frame (the sum of its chunks)."""
-    return sum(memoryview(c).nbytes for c in chunks)
 
 
 def is_scalar(v: Any) -> bool:
     """Whether a ``j``/``J`` node may hold ``v`` as plain JSON (a numpy scalar is a ``g`` node)."""
     return v is None or (isinstance(v, bool | int | float | str) and not isinstance(v, np.generic))
-
-
-def frame_chunks(header: dict[str, Any], body: list[Any], size: int) -> list[Any]:
-    """A frame's chunks to write in order: prefix and ``header``, then ``body`` (``size`` bytes
-    of payload); :mod:`shardloader.service.response` joins small chunks into one write."""
-    head = json.dumps(header, separators=(",", ":")).encode()
-    return [_PREFIX.pack(MAGIC, len(head), size) + head, *body]
-
-
-ReadInto = Callable[[memoryview], int]
-
-
-def _fill(readinto: ReadInto, view: memoryview) -> int:
-    """Read into ``view`` until it is full or the stream ends; the bytes read."""
-    got = 0
-    while got < len(view) and (k := readinto(view[got:])):
-        got += k
-    return got
-
-
-def _read_exact(readinto: ReadInto, n: int, what: str) -> memoryview:
-    # numpy's empty: no zero-filling pass over a buffer the socket is about to fill
-    try:
-        view = np.empty(n, np.uint8).data if n >= _SMALL else memoryview(bytearray(n))
-    except MemoryError as err:
-        raise DecodeError(f"a frame announces a {what} of {n} bytes; cannot hold it") from err
-    if (got := _fill(readinto, view)) < n:
-        raise TruncatedBodyError(f"stream ended inside a frame's {what} ({got} of {n} bytes)")
-    return view
-
-
-def read_frame(readinto: ReadInto) -> Frame | None:
-    """Read one frame with ``readinto`` (file-like ``readinto``); None at a clean end of stream.
-
-    A stream cut inside a frame raises ``TruncatedBodyError`` (a ``ConnectionError``: worth a
-    reconnect); a malformed frame raises :class:`DecodeError`.
-    """
-    first = memoryview(bytearray(_PREFIX.size))
-    got = _fill(readinto, first)
-    if got == 0:
-        return None
-    if got < len(first):
-        raise TruncatedBodyError(f"stream ended inside a frame prefix ({got} bytes)")
-    magic, head_len, size = _PREFIX.unpack(first)
-    if magic != MAGIC:
-        raise DecodeError(f"not a shardloader frame (magic {bytes(magic)!r}, want {MAGIC!r})")
-    if head_len > MAX_HEADER or size > MAX_PAYLOAD:
-        raise DecodeError(f"frame header {head_len} B / payload {size} B exceed the limits")
-    try:
-        header = json.loads(bytes(_read_exact(readinto, head_len, "header")))
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise DecodeError(f"frame header is not JSON: {err}") from err
-    if not isinstance(header, dict) or header.get("kind") not in KINDS:
-        raise DecodeError(f"frame header has no known kind: {str(header)[:200]}")
-    if not isinstance(header.get("step"), int):
-        raise DecodeError(f"frame header has no integer step: {str(header)[:200]}")
-    return Frame(header, _read_exact(readinto, size, "payload"))
 
 
 # -- batches into frames: the sending side ----------------------------------------------------
@@ -184,7 +76,7 @@ class _Encoder:
         nbytes = raw.nbytes if isinstance(raw, memoryview) else sum(p.nbytes for p in raw)
         self.small += bytes(offset - self.size)  # alignment padding
         for part in raw if isinstance(raw, list) else (raw,):
-            if part.nbytes < _SMALL:
+            if part.nbytes < SMALL_PIECE:
                 self.small += part
             else:  # large values go out without a copy
                 self.chunks += [bytes(self.small), part] if self.small else [part]
@@ -213,10 +105,8 @@ class _Encoder:
             return ["n", self.add(_raw(arr)), dtype, list(arr.shape)]
         if isinstance(value, bytes):
             return ["b", self.add(memoryview(value))]
-        for kind, (cls, _) in TEXT_VALUES.items():
-            if isinstance(value, cls):  # ISO-8601 (str of a date or time, "T" for a datetime)
-                text = datetime.datetime.isoformat(value) if kind == "datetime" else str(value)
-                return ["x", kind, text]
+        if (typed := typed_text(value)) is not None:
+            return ["x", *typed]
         if isinstance(value, list | tuple):
             if isinstance(value, list) and all(is_scalar(v) for v in value):
                 return ["J", list(value)]
@@ -247,9 +137,8 @@ class _Encoder:
         raise UsageError(
             f"batch value at {where} is a {type(value).__module__}.{type(value).__qualname__}, "
             "which shardloader serve cannot send: batches may hold tensors, numpy arrays, bytes, "
-            "str/int/float/bool/None, dates, times and decimals, and lists, tuples and "
-            "str-keyed dicts of them (nothing is pickled); convert it in the transform or "
-            "collate function"
+            "plain values (dates and decimals too) and lists, tuples and str-keyed dicts of them "
+            "(nothing is pickled); convert it in the transform or collate function"
         )
 
     def tensor(self, t: torch.Tensor, where: str) -> list[Any]:
@@ -296,13 +185,6 @@ def encode_batches(step: int, batches: list[Any]) -> list[Any]:
     key, value = ("tree", trees[0]) if len(trees) == 1 else ("trees", trees)
     header = {"kind": "batch", "step": int(step), key: value, "buffers": enc.spans}
     return frame_chunks(header, enc.body(), enc.size)
-
-
-def encode_control(kind: str, step: int, **fields: Any) -> bytes:
-    """An ``end`` / ``error`` / ``ping`` frame (no payload)."""
-    if kind not in KINDS or kind == "batch":
-        raise UsageError(f"control frame kind {kind!r} is not one of end, error, ping")
-    return b"".join(frame_chunks({"kind": kind, "step": int(step), **fields}, [], 0))
 
 
 # -- frames back into batches: the receiving side ---------------------------------------------
@@ -356,11 +238,8 @@ class _Decoder:
             return self.payload[off : off + n].tobytes()
         if tag == "c" and len(args) == 3:
             return self.column(*args)
-        if tag == "x" and len(args) == 2 and args[0] in TEXT_VALUES and isinstance(args[1], str):
-            try:
-                return TEXT_VALUES[args[0]][1](args[1])
-            except (ValueError, decimal.InvalidOperation) as err:
-                raise DecodeError(f"malformed {args[0]} value {args[1][:80]!r}") from err
+        if tag == "x" and len(args) == 2 and all(isinstance(a, str) for a in args):
+            return parse_typed(*args)
         if tag == "t" and len(args) == 4:
             return self.tensor(*args)
         if tag in ("n", "g") and len(args) == (3 if tag == "n" else 2):

@@ -28,7 +28,6 @@ from shardloader.errors import (
     ObjectNotFoundError,
     ShardloaderError,
     StorageError,
-    TruncatedBodyError,
     UsageError,
 )
 from shardloader.storage import protocols
@@ -46,7 +45,6 @@ from shardloader.storage.protocols import (
 __all__ = [
     "RetryPolicy",
     "DEFAULT_POLICY",
-    "TruncatedBodyError",
     "call_with_retries",
 ]
 
