@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import multiprocessing
 import pickle
 from itertools import pairwise
@@ -444,3 +445,17 @@ def _unpack_any(out: dict) -> list[list[int]]:
 
 def _first_fit_order(docs: list[np.ndarray], seq_len: int) -> list[np.ndarray]:
     return [docs[d] for row in pack_rows([len(d) for d in docs], seq_len) for d, _, _ in row]
+
+
+def test_torch_collate_keeps_what_default_collate_refuses_and_names_what_it_cannot_batch():
+    from shardloader.batching.default import torch_collate
+
+    day = [datetime.date(2024, 1, d) for d in (1, 2)]
+    batch = torch_collate([{"day": d, "m": {"n": i, "at": d}} for i, d in enumerate(day)])
+    assert batch["day"] == day and batch["m"]["at"] == day and batch["m"]["n"].tolist() == [0, 1]
+    with pytest.raises(
+        UsageError, match=r"field 'm.box': sample 0 holds a list of 2 and sample 1 one of 0"
+    ):
+        torch_collate([{"m": {"box": [0.5, 1.5]}}, {"m": {"box": []}}])
+    # torch's own rule is kept where it does not fail: lists of one length are transposed
+    assert torch_collate([{"tags": ["a"]}, {"tags": ["b"]}])["tags"] == [("a", "b")]

@@ -385,3 +385,30 @@ def test_batches_keep_timestamps_decimals_and_dates_as_lists(tmp_path):
         [s.date() for s in stamps[2:]],
     ]
     assert [b["n"].tolist() for b in batches] == [[0, 1], [2, 3]]
+
+
+def test_a_list_column_of_unequal_lengths_names_the_field_and_the_collate_that_keeps_it(tmp_path):
+    """torch's default_collate transposes lists, so a list<string> column (tags) of unequal
+    lengths ended in its bare 'each element in list of batch should be of equal size'."""
+    tags = [["cat", "pet"], ["dog"], [], ["bird", "sky", "blue"]]
+    _write(
+        pa.table({"tags": pa.array(tags), "n": pa.array(range(4))}),
+        str(tmp_path / "src/t.parquet"),
+        "parquet",
+    )
+    pack(str(tmp_path / "src"), str(tmp_path / "out"))
+    ds = sl.ShardedDataset(str(tmp_path / "out"), batch_size=2, shuffle=False)
+    with pytest.raises(UsageError) as caught:
+        next(iter(sl.make_loader(ds, num_workers=1)))
+    message = str(caught.value)
+    assert (
+        "cannot batch field 'tags': sample 't/000000000' holds a list of 2 and sample " in message
+    )
+    assert "'t/000000001' one of 1" in message
+    assert "collate_fn=shardloader.collate.collate_samples" in message
+    from shardloader.collate import collate_samples
+
+    kept = sl.ShardedDataset(
+        str(tmp_path / "out"), batch_size=2, shuffle=False, collate_fn=collate_samples
+    )
+    assert [b["tags"] for b in sl.make_loader(kept, num_workers=1)] == [tags[:2], tags[2:]]

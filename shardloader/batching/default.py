@@ -257,61 +257,52 @@ def _complete(dicts: Sequence[Mapping[str, Any]]) -> bool:
 
 
 def _torch_field(name: str, values: list[Any], owners: Sequence[Any]) -> Any:
-    """``default_collate(values)``; its shape errors named (``name``: the dotted field, ""
-    for whole samples).  A field of values it refuses (``datetime``, ``Decimal``: what a
-    Parquet timestamp or decimal column decodes to) stays a list, as strings do."""
+    """``default_collate(values)`` (``name``: the dotted field, "" for whole samples).  Where it
+    fails, the batch is collated field by field, so that the field is kept or named: values it
+    refuses (``datetime``, ``Decimal``: what Parquet timestamp and decimal columns decode to)
+    stay a list, as strings do; arrays of unequal shapes and lists of unequal lengths are a
+    :class:`UsageError` naming the field, two samples and the remedy."""
     try:
         return default_collate(values)
     except (RuntimeError, TypeError) as err:
-        if values and all(isinstance(v, Mapping) for v in values) and _refused(values):
+        if values and all(isinstance(v, Mapping) for v in values):
             prefix = f"{name}." if name else ""
-            leaf = partial(_torch_field, owners=owners)
-            return _collate_dicts(values, owners, prefix, {}, leaf)
+            return _collate_dicts(values, owners, prefix, {}, partial(_torch_field, owners=owners))
         if any(v is not None and not isinstance(v, _TORCH_TAKES) for v in values):
             return list(values)
-        found = _unequal_field([{name: v} for v in values] if name else values)
-        if found is None:
-            raise
-        field, (i, a), (j, b) = found
-        keys = [s.get("__key__") if isinstance(s, Mapping) else None for s in owners]
-        raise UsageError(
-            f"cannot batch field {field!r}: sample {keys[i]!r} has shape {a} and sample "
-            f"{keys[j]!r} has shape {b}; images need one size in a batch: resize them in the "
-            "transform (shardloader.vision.train_transform(224) or eval_transform(224); "
-            "`--transform auto` in `shardloader serve`/`bench`), or pass "
-            "collate_fn=PadCollate(pad_values={...}) for variable-length sequences"
-        ) from err
-
-
-_TORCH_TAKES = (torch.Tensor, np.ndarray, np.generic, int, float, str, bytes, Mapping, Sequence)
-
-
-def _refused(dicts: Sequence[Mapping[str, Any]]) -> bool:
-    """Whether some field (nested too) holds a value ``default_collate`` refuses."""
-    values = [v for d in dicts for v in d.values() if v is not None]
-    inner = [v for v in values if isinstance(v, Mapping)]
-    return any(not isinstance(v, _TORCH_TAKES) for v in values) or (bool(inner) and _refused(inner))
-
-
-def _unequal_field(
-    samples: Sequence[Any], prefix: str = ""
-) -> tuple[str, tuple[int, tuple[int, ...]], tuple[int, tuple[int, ...]]] | None:
-    """The first field whose tensors or arrays differ in shape: (dotted name, (sample index,
-    shape), (sample index, other shape)); None when there is none."""
-    if not samples or not all(isinstance(s, Mapping) for s in samples):
-        return None
-    for key in samples[0]:
-        values = [s.get(key) for s in samples]
-        if all(isinstance(v, Mapping) for v in values):
-            found = _unequal_field(values, f"{prefix}{key}.")
-            if found is not None:
-                return found
-        elif all(is_array(v) for v in values):
+        keys = [_key(s, i) for i, s in enumerate(owners)]
+        if all(is_array(v) for v in values):
             shapes = [tuple(v.shape) for v in values]
             j = next((j for j, sh in enumerate(shapes) if sh != shapes[0]), None)
             if j is not None:
-                return f"{prefix}{key}", (0, shapes[0]), (j, shapes[j])
-    return None
+                raise UsageError(
+                    f"cannot batch field {name!r}: sample {keys[0]!r} has shape {shapes[0]} and "
+                    f"sample {keys[j]!r} has shape {shapes[j]}; images need one size in a batch: "
+                    "resize them in the transform (shardloader.vision.train_transform(224) or "
+                    "eval_transform(224); `--transform auto` in `shardloader serve`/`bench`), or "
+                    "pass collate_fn=PadCollate(pad_values={...}) for variable-length sequences"
+                ) from err
+        if all(isinstance(v, list | tuple) for v in values):
+            sizes = [len(v) for v in values]
+            j = next((j for j, n in enumerate(sizes) if n != sizes[0]), None)
+            if j is not None:
+                raise UsageError(
+                    f"cannot batch field {name!r}: sample {keys[0]!r} holds a list of {sizes[0]} "
+                    f"and sample {keys[j]!r} one of {sizes[j]}; torch's default_collate takes "
+                    "lists of one length only (it transposes them): pass collate_fn=shardloader."
+                    "collate.collate_samples, which keeps a list per sample (a Parquet list of "
+                    f"strings), or PadCollate(pad_values={{{name!r}: ...}}) for lists of numbers"
+                ) from err
+        raise
+
+
+def _key(sample: Any, i: int) -> Any:
+    """What names sample ``i`` of a batch in an error: its key, else its place."""
+    key = sample.get("__key__") if isinstance(sample, Mapping) else None
+    return i if key is None else key
+
+
+_TORCH_TAKES = (torch.Tensor, np.ndarray, np.generic, int, float, str, bytes, Mapping, Sequence)
 
 
 def as_array(name: str, v: Any) -> np.ndarray | torch.Tensor:
