@@ -459,3 +459,18 @@ def test_torch_collate_keeps_what_default_collate_refuses_and_names_what_it_cann
         torch_collate([{"m": {"box": [0.5, 1.5]}}, {"m": {"box": []}}])
     # torch's own rule is kept where it does not fail: lists of one length are transposed
     assert torch_collate([{"tags": ["a"]}, {"tags": ["b"]}])["tags"] == [("a", "b")]
+
+
+def test_torch_collate_names_a_sequence_field_of_unequal_lengths_and_the_padding_remedy():
+    from shardloader.batching.default import torch_collate
+
+    samples = [
+        {"__key__": "doc-a", "input_ids": np.arange(5, dtype=np.uint16)},
+        {"__key__": "doc-b", "input_ids": np.arange(7, dtype=np.uint16)},
+    ]
+    with pytest.raises(UsageError) as caught:
+        torch_collate(samples)
+    assert "field 'input_ids': sample 'doc-a' holds 5 values and sample 'doc-b' 7" in str(
+        caught.value
+    )
+    assert "PadCollate(pad_values={'input_ids': ...})" in str(caught.value)

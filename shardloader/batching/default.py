@@ -274,6 +274,13 @@ def _torch_field(name: str, values: list[Any], owners: Sequence[Any]) -> Any:
         if all(is_array(v) for v in values):
             shapes = [tuple(v.shape) for v in values]
             j = next((j for j, sh in enumerate(shapes) if sh != shapes[0]), None)
+            if j is not None and all(len(sh) == 1 for sh in shapes):  # token ids, features
+                raise UsageError(
+                    f"cannot batch field {name!r}: sample {keys[0]!r} holds {shapes[0][0]} values "
+                    f"and sample {keys[j]!r} {shapes[j][0]}; pad variable-length sequences with "
+                    f"collate_fn=PadCollate(pad_values={{{name!r}: ...}}) (the tokenizer's pad id "
+                    "for token ids), or pack them: batching.PackedBatches"
+                ) from err
             if j is not None:
                 raise UsageError(
                     f"cannot batch field {name!r}: sample {keys[0]!r} has shape {shapes[0]} and "
