@@ -20,7 +20,10 @@ import shardloader as sl
 def main(data, out, ckpt):
     dist.init_process_group("gloo")
     ds = make(data)  # rank and world from torch.distributed: 2 ranks
-    loader = sl.make_loader(ds, num_workers=1)
+    # forkserver, not fork: dcp.load has just run, and CPython 3.11 can deadlock a child forked
+    # while another thread holds the interpreter's thread-state lock (seen once in CI: the
+    # worker hung in PyOS_AfterFork_Child -> _PyThreadState_DeleteExcept)
+    loader = sl.make_loader(ds, num_workers=1, multiprocessing_context="forkserver")
     target = {"model": {"weight": torch.zeros(6)}, "dataloader": loader}
     dcp.load(target, checkpoint_id=os.path.join(ckpt, "a"))
     mine = {"rank": dist.get_rank(), "loaded": loader.state_dict()}
